@@ -1,0 +1,62 @@
+"""Small text helpers shared by the built-in test/demo backends (echo, scripted).
+
+Kept apart so both backends split and count text the same way: a test that runs
+the same words through either backend sees the same deltas and the same usage.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable
+
+# A "word" token is the word plus the whitespace after it; leading whitespace
+# sticks to the first word. Concatenating the tokens gives the text back exactly.
+_WORD = re.compile(r"\s*\S+\s*")
+
+
+def split_words(text: str) -> list[str]:
+    """Split ``text`` into word tokens whose concatenation equals ``text``.
+
+    Whitespace-only text is one token (so it round-trips too); empty text is none.
+    """
+    tokens = _WORD.findall(text)
+    if not tokens and text:
+        return [text]
+    return tokens
+
+
+def content_text(content: Any) -> str:
+    """The text of an OpenAI message ``content``: a string, None, or a list of
+    parts (``{"type": "text", "text": ...}``; non-text parts are skipped)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+        return "".join(parts)
+    return str(content)
+
+
+def count_input_words(messages: Iterable[dict[str, Any]]) -> int:
+    """A rough input token count: words in every message's content. Cheap and
+    predictable, which is what the fake backends need (tests can assert it)."""
+    total = 0
+    for message in messages:
+        content = message.get("content")
+        if content:
+            total += len(content_text(content).split())
+    return total
+
+
+def last_user_text(messages: list[dict[str, Any]]) -> str:
+    """Content of the last ``user`` message, or "" when there is none."""
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            return content_text(message.get("content"))
+    return ""

@@ -1,0 +1,186 @@
+"""``openai``: any OpenAI-compatible chat-completions endpoint, streamed.
+
+One POST to ``{base_url}/chat/completions`` per model call, with ``stream: true``
+and ``stream_options.include_usage``. Text deltas are yielded as they arrive;
+tool-call fragments (streamed by index: id, name and argument pieces) are put
+together and yielded once the stream ends, then the usage.
+
+Transient failures (connect/transport errors, 429, 5xx) are retried with
+exponential backoff and jitter, honouring ``Retry-After`` -- but only while
+nothing has been yielded for the call, since a half-streamed answer cannot be
+taken back. Anything else, or exhausted retries, raises ModelError with the
+status and an excerpt of the body, which fails the turn with LLM_API_FAILURE.
+
+OpenAI function names may not contain '.', while sidecar tool names are dotted
+(``discord.send_message``), so names are mapped to a safe form on the way in
+(``discord__send_message``) and back on the way out.
+
+httpx is imported lazily: worker processes import this package, and only a
+worker that actually uses this backend should pay for httpx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+from typing import Any, AsyncIterator
+
+from agent_sidecar.models.base import ModelError, ModelEvent, ModelRequest
+from agent_sidecar.models.openai_wire import (
+    Retryable,
+    StreamParser,
+    convert_message,
+    events_from_message,
+    excerpt,
+    loads_chunk,
+    retry_after_s,
+    safe_tool_name,
+)
+
+_OPTIONS = frozenset({
+    "base_url", "model", "api_key_env", "temperature", "max_retries", "backoff_initial_s",
+    "backoff_max_s", "retry_after_max_s", "timeout_s", "extra_headers",
+})
+
+
+def _number(options: dict[str, Any], key: str, default: float) -> float:
+    value = options.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"openai backend: {key} must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+class OpenAIModel:
+    """Options: ``model`` (required), ``base_url`` (https://api.openai.com/v1),
+    ``api_key_env`` (env var holding the key; optional for local servers),
+    ``temperature``, ``max_retries`` (4), ``backoff_initial_s`` (0.5),
+    ``backoff_max_s`` (8), ``retry_after_max_s`` (60: cap on a server's
+    Retry-After), ``timeout_s`` (120), ``extra_headers`` (dict)."""
+
+    def __init__(self, options: dict[str, Any] | None = None) -> None:
+        options = dict(options or {})
+        unknown = set(options) - _OPTIONS
+        if unknown:
+            raise ValueError(f"openai backend: unknown option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}")
+        if not isinstance(options.get("model"), str) or not options["model"]:
+            raise ValueError("openai backend: option 'model' is required")
+        self.model: str = options["model"]
+        self.url = str(options.get("base_url") or "https://api.openai.com/v1").rstrip("/") + "/chat/completions"
+        self.temperature = options.get("temperature")
+        self.max_retries = int(_number(options, "max_retries", 4))
+        self.backoff_initial_s = _number(options, "backoff_initial_s", 0.5)
+        self.backoff_max_s = _number(options, "backoff_max_s", 8)
+        self.retry_after_max_s = _number(options, "retry_after_max_s", 60)
+        self.timeout_s = _number(options, "timeout_s", 120)
+        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        key_env = options.get("api_key_env")
+        if key_env:
+            key = os.environ.get(key_env)
+            if not key:
+                raise ValueError(f"openai backend: environment variable {key_env!r} (api_key_env) is not set")
+            self.headers["Authorization"] = f"Bearer {key}"
+        extra = options.get("extra_headers") or {}
+        if not isinstance(extra, dict):
+            raise ValueError("openai backend: extra_headers must be a table of strings")
+        self.headers.update({str(k): str(v) for k, v in extra.items()})
+        self._client: Any = None  # httpx.AsyncClient, created on first use
+
+    def _http(self) -> Any:
+        if self._client is None:
+            import httpx
+
+            self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s), headers=self.headers)
+        return self._client
+
+    async def aclose(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    def build_body(self, request: ModelRequest) -> tuple[dict[str, Any], dict[str, str]]:
+        """The request JSON, plus the safe->original tool-name map for the reply."""
+        names: dict[str, str] = {}
+
+        def safe(name: str) -> str:
+            mapped = safe_tool_name(name)
+            names.setdefault(mapped, name)
+            return mapped
+
+        tools = [
+            {"type": "function", "function": {
+                "name": safe(t["name"]),
+                "description": t.get("description", ""),
+                "parameters": t.get("parameters") or {"type": "object", "properties": {}},
+            }}
+            for t in request.tools
+        ]
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [convert_message(m, safe) for m in request.messages],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if tools:
+            body["tools"] = tools
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
+        return body, names
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        body, names = self.build_body(request)
+        payload = json.dumps(body).encode()
+        attempt = 0
+        while True:
+            yielded = False
+            try:
+                # aclosing: if our consumer stops early, the HTTP response is
+                # closed now rather than whenever the generator is collected.
+                async with contextlib.aclosing(self._attempt(payload, request.iteration, names)) as events:
+                    async for event in events:
+                        yielded = True
+                        yield event
+                return
+            except Retryable as exc:
+                if yielded:
+                    raise ModelError(f"openai backend: stream broke after output started: {exc}") from None
+                if attempt >= self.max_retries:
+                    raise ModelError(f"openai backend: giving up after {attempt + 1} attempts: {exc}") from None
+                delay = min(self.backoff_max_s, self.backoff_initial_s * (2 ** attempt))
+                delay *= 0.5 + random.random() / 2
+                if exc.retry_after is not None:
+                    delay = max(delay, min(exc.retry_after, self.retry_after_max_s))
+                attempt += 1
+                await asyncio.sleep(delay)
+
+    async def _attempt(self, payload: bytes, iteration: int, names: dict[str, str]) -> AsyncIterator[ModelEvent]:
+        """One HTTP exchange. Raises Retryable for transient failures."""
+        import httpx
+
+        try:
+            async with self._http().stream("POST", self.url, content=payload) as response:
+                status = response.status_code
+                if status >= 400:
+                    snippet = excerpt(await response.aread())
+                    message = f"HTTP {status} from {self.url}: {snippet}"
+                    if status == 429 or status >= 500:
+                        raise Retryable(message, retry_after_s(response.headers.get("retry-after")))
+                    raise ModelError(f"openai backend: {message}")
+                if "text/event-stream" not in response.headers.get("content-type", ""):
+                    # A server that ignored stream=true: parse the whole reply.
+                    data = loads_chunk(await response.aread())
+                    for event in events_from_message(data, iteration, names):
+                        yield event
+                    return
+                parser = StreamParser(iteration, names)
+                async for line in response.aiter_lines():
+                    for event in parser.feed(line):
+                        yield event
+                    if parser.done:
+                        break
+                for event in parser.finish():
+                    yield event
+        except httpx.TransportError as exc:
+            raise Retryable(f"{type(exc).__name__}: {exc} ({self.url})") from None

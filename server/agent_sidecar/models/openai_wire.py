@@ -1,0 +1,179 @@
+"""The OpenAI chat-completions wire format: pure functions, no I/O.
+
+Split from openai.py so the HTTP/retry logic stays short and this part -- name
+mapping, message conversion, SSE chunk parsing, tool-call fragment assembly --
+can be tested without a server.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import re
+import time
+from typing import Any
+
+from agent_sidecar.models.base import ModelError, ModelEvent, TextDelta, ToolCallRequest, UsageReport
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def safe_tool_name(name: str) -> str:
+    """The OpenAI-safe form of a dotted tool name: '.' -> '__', other characters
+    outside ``[A-Za-z0-9_-]`` -> '_'."""
+    return _UNSAFE.sub("_", name.replace(".", "__"))
+
+
+def excerpt(body: bytes, limit: int = 500) -> str:
+    """The start of an error body, for a ModelError message a human can act on."""
+    text = body.decode("utf-8", "replace").strip()
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+class Retryable(Exception):
+    """A failure worth another attempt (if nothing was yielded yet)."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def loads_chunk(raw: bytes | str) -> dict[str, Any]:
+    """Parse one JSON object from the server; an ``error`` object (some servers
+    report failures mid-stream this way) becomes a ModelError."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise ModelError(f"openai backend: invalid JSON from server: {excerpt(raw if isinstance(raw, bytes) else raw.encode())}") from None
+    if not isinstance(data, dict):
+        raise ModelError("openai backend: server sent a non-object JSON value")
+    if data.get("error"):
+        raise ModelError(f"openai backend: server error: {json.dumps(data['error'])[:500]}")
+    return data
+
+
+def convert_message(message: dict[str, Any], safe: Any) -> dict[str, Any]:
+    """Map tool names inside a message to the safe form; copy only when needed."""
+    role = message.get("role")
+    if role == "assistant" and message.get("tool_calls"):
+        calls = message["tool_calls"]
+        if isinstance(calls, str):
+            calls = json.loads(calls)
+        out = dict(message)
+        out["tool_calls"] = [
+            {**c, "function": {**c.get("function", {}), "name": safe(c.get("function", {}).get("name", ""))}}
+            for c in calls
+        ]
+        return out
+    if role == "tool" and message.get("name"):
+        return {**message, "name": safe(message["name"])}
+    return message
+
+
+def usage_report(usage: dict[str, Any]) -> UsageReport:
+    """OpenAI usage -> UsageReport. input_tokens is prompt_tokens, which already
+    includes the cached part reported as cache_read_tokens."""
+    details = usage.get("prompt_tokens_details") or {}
+    return UsageReport(
+        input_tokens=int(usage.get("prompt_tokens") or 0),
+        output_tokens=int(usage.get("completion_tokens") or 0),
+        cache_read_tokens=int(details.get("cached_tokens") or 0),
+        cost_usd=float(usage.get("cost") or 0.0),  # OpenRouter-style cost, when sent
+    )
+
+
+def tool_call(call_id: str | None, name: str, args: str, iteration: int, n: int, names: dict[str, str]) -> ToolCallRequest:
+    """A ToolCallRequest with the original (dotted) name restored; a name not
+    in this request's map falls back to reversing the '__' substitution."""
+    return ToolCallRequest(
+        call_id=call_id or f"call_{iteration}_{n}",
+        name=names.get(name) or name.replace("__", "."),
+        arguments_json=args or "{}",
+    )
+
+
+def events_from_message(data: dict[str, Any], iteration: int, names: dict[str, str]) -> list[ModelEvent]:
+    """Events from a non-streamed chat.completion reply."""
+    events: list[ModelEvent] = []
+    choices = data.get("choices") or [{}]
+    message = choices[0].get("message") or {}
+    if message.get("content"):
+        events.append(TextDelta(message["content"]))
+    for n, call in enumerate(message.get("tool_calls") or ()):
+        fn = call.get("function") or {}
+        events.append(tool_call(call.get("id"), fn.get("name", ""), fn.get("arguments", ""), iteration, n, names))
+    if data.get("usage"):
+        events.append(usage_report(data["usage"]))
+    return events
+
+
+class StreamParser:
+    """Turns SSE lines into events. Each ``data:`` line holds one JSON chunk (true
+    of every OpenAI-compatible server in practice); ``data: [DONE]`` ends it."""
+
+    def __init__(self, iteration: int, names: dict[str, str]) -> None:
+        self.iteration = iteration
+        self.names = names
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.usage: dict[str, Any] | None = None
+        self.done = False
+        self.finished = False  # a finish_reason was seen
+
+    def feed(self, line: str) -> list[ModelEvent]:
+        if not line.startswith("data:"):
+            return []  # blank separators, comments (":"), event:/id: fields
+        data = line[5:].strip()
+        if data == "[DONE]":
+            self.done = True
+            return []
+        chunk = loads_chunk(data)
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        events: list[ModelEvent] = []
+        for choice in chunk.get("choices") or ():
+            if choice.get("finish_reason"):
+                self.finished = True
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                events.append(TextDelta(delta["content"]))
+            for frag in delta.get("tool_calls") or ():
+                self._merge(frag)
+        return events
+
+    def _merge(self, frag: dict[str, Any]) -> None:
+        index = frag.get("index")
+        if index is None:  # servers that omit index: a new id starts a new call
+            index = len(self.calls) if frag.get("id") or not self.calls else max(self.calls)
+        call = self.calls.setdefault(index, {"id": None, "name": "", "args": []})
+        if frag.get("id"):
+            call["id"] = frag["id"]
+        fn = frag.get("function") or {}
+        if fn.get("name"):
+            call["name"] += fn["name"]
+        if fn.get("arguments"):
+            call["args"].append(fn["arguments"])
+
+    def finish(self) -> list[ModelEvent]:
+        if not (self.done or self.finished):
+            raise Retryable("stream ended before [DONE] or a finish_reason")
+        events: list[ModelEvent] = [
+            tool_call(c["id"], c["name"], "".join(c["args"]), self.iteration, n, self.names)
+            for n, (_, c) in enumerate(sorted(self.calls.items()))
+        ]
+        if self.usage:
+            events.append(usage_report(self.usage))
+        return events
