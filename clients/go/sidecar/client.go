@@ -1,0 +1,163 @@
+// Package sidecar is the Go client of agent-sidecar: a thin, idiomatic layer
+// over the generated gRPC stubs in package agentsidecarv1.
+//
+//	c, err := sidecar.Dial(ctx, "unix:./data/sidecar.sock")
+//	defer c.Close()
+//	for f, err := range c.Prompt(ctx, sidecar.PromptParams{Source: src, Text: "hi"}) {
+//		if err != nil { ... }           // typed *sidecar.Error; see IsReason
+//		fmt.Print(f.GetTextDelta().GetText())
+//	}
+//
+// Every call takes a context.Context. Every gRPC failure comes back as
+// *Error (use errors.As or IsReason). Prompt and Watch return Go 1.23
+// iterators (iter.Seq2[*Frame, error]) that survive a dropped connection by
+// resuming with WatchActivity, without a gap or a duplicate frame.
+package sidecar
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	pb "github.com/agent-sidecar/agent-sidecar/clients/go/agentsidecarv1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// Client is a connection to one sidecar. It is safe for concurrent use.
+type Client struct {
+	conn *grpc.ClientConn
+
+	// Raw generated stubs, for RPCs this package does not wrap. Their errors
+	// are converted to *Error too.
+	Sessions pb.SessionServiceClient
+	Prompts  pb.PromptServiceClient
+	Tools    pb.ToolServiceClient
+
+	resumeWindow time.Duration
+}
+
+type options struct {
+	token        string
+	dialOpts     []grpc.DialOption
+	resumeWindow time.Duration
+	lazy         bool
+}
+
+// Option configures Dial.
+type Option func(*options)
+
+// WithToken sends "authorization: Bearer <token>" with every call. It works
+// over the plaintext transports the sidecar listens on (TCP and Unix socket).
+func WithToken(token string) Option { return func(o *options) { o.token = token } }
+
+// WithDialOptions appends raw grpc.DialOptions (interceptors, TLS, ...).
+func WithDialOptions(opts ...grpc.DialOption) Option {
+	return func(o *options) { o.dialOpts = append(o.dialOpts, opts...) }
+}
+
+// WithResumeWindow sets how long Prompt and Watch keep trying to resume a
+// dropped stream without receiving a frame (default 30s; 0 disables resume).
+func WithResumeWindow(d time.Duration) Option { return func(o *options) { o.resumeWindow = d } }
+
+// WithLazyConnect makes Dial return at once instead of waiting for the
+// connection to become ready; the first call connects.
+func WithLazyConnect() Option { return func(o *options) { o.lazy = true } }
+
+// Dial connects to a sidecar at target, either "unix:/path/to/sidecar.sock"
+// (also "unix:relative/path" and "unix:///abs/path") or "host:port". Unless
+// WithLazyConnect is given it waits until the connection is ready or ctx
+// ends, so pass a context with a timeout.
+func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
+	o := options{resumeWindow: 30 * time.Second}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if target == "" {
+		return nil, fmt.Errorf("sidecar: empty target")
+	}
+	if strings.HasPrefix(target, "tcp:") { // tolerate an explicit tcp: scheme
+		target = strings.TrimPrefix(strings.TrimPrefix(target, "tcp:"), "//")
+	}
+	dialOpts := []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithChainUnaryInterceptor(unaryErrors),
+		grpc.WithChainStreamInterceptor(streamErrors),
+		// The sidecar is local: reconnect quickly after a restart.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 3 * time.Second},
+			MinConnectTimeout: 5 * time.Second,
+		}),
+	}
+	if o.token != "" {
+		dialOpts = append(dialOpts, grpc.WithPerRPCCredentials(bearer(o.token)))
+	}
+	dialOpts = append(dialOpts, o.dialOpts...)
+	conn, err := grpc.NewClient(target, dialOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("sidecar: dial %s: %w", target, err)
+	}
+	c := &Client{
+		conn:         conn,
+		Sessions:     pb.NewSessionServiceClient(conn),
+		Prompts:      pb.NewPromptServiceClient(conn),
+		Tools:        pb.NewToolServiceClient(conn),
+		resumeWindow: o.resumeWindow,
+	}
+	if o.lazy {
+		return c, nil
+	}
+	conn.Connect()
+	for {
+		s := conn.GetState()
+		if s == connectivity.Ready {
+			return c, nil
+		}
+		if !conn.WaitForStateChange(ctx, s) {
+			conn.Close()
+			return nil, fmt.Errorf("sidecar: dial %s: not ready (%s): %w", target, s, ctx.Err())
+		}
+	}
+}
+
+// Close closes the connection; streams in flight end.
+func (c *Client) Close() error { return c.conn.Close() }
+
+// Conn returns the underlying grpc.ClientConn (for health checks and the like).
+func (c *Client) Conn() *grpc.ClientConn { return c.conn }
+
+// bearer is a PerRPCCredentials that does not require transport security.
+type bearer string
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+
+func (bearer) RequireTransportSecurity() bool { return false }
+
+// unaryErrors converts unary call failures to *Error.
+func unaryErrors(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+	invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	return convertError(ctx, invoker(ctx, method, req, reply, cc, opts...))
+}
+
+// streamErrors converts stream failures (other than io.EOF) to *Error.
+func streamErrors(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string,
+	streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	s, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil {
+		return nil, convertError(ctx, err)
+	}
+	return &errStream{ClientStream: s, ctx: ctx}, nil
+}
+
+type errStream struct {
+	grpc.ClientStream
+	ctx context.Context
+}
+
+func (s *errStream) RecvMsg(m any) error { return convertError(s.ctx, s.ClientStream.RecvMsg(m)) }
+func (s *errStream) SendMsg(m any) error { return convertError(s.ctx, s.ClientStream.SendMsg(m)) }

@@ -1,0 +1,190 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// ErrorDomain is the google.rpc.ErrorInfo domain of every error the sidecar raises.
+const ErrorDomain = "agent-sidecar"
+
+// Reasons of API.md. They appear in ErrorInfo.reason of a failed RPC and in
+// the reason of a failed frame.
+const (
+	ReasonAgentBusy          = "AGENT_BUSY"           // ABORTED: REJECT_IF_BUSY and a turn is in flight
+	ReasonAgentTimeout       = "AGENT_TIMEOUT"        // DEADLINE_EXCEEDED: the turn ran out of time
+	ReasonLLMAPIFailure      = "LLM_API_FAILURE"      // UNAVAILABLE: the model backend failed after retries
+	ReasonMaxIterations      = "MAX_ITERATIONS"       // RESOURCE_EXHAUSTED: the agent loop hit max_iterations
+	ReasonToolScopeViolation = "TOOL_SCOPE_VIOLATION" // PERMISSION_DENIED: a tool outside the profile's subtrees
+	ReasonToolInvokeFailed   = "TOOL_INVOKE_FAILED"   // UNAVAILABLE: the tool host failed
+	ReasonCancelled          = "CANCELLED"            // CANCELLED: Cancel, SuspendSession, INTERRUPT, ResetSession
+	ReasonSessionNotFound    = "SESSION_NOT_FOUND"    // NOT_FOUND: no such key or id
+	ReasonInvalidArgument    = "INVALID_ARGUMENT"     // INVALID_ARGUMENT: malformed or oversized request
+	ReasonUnauthenticated    = "UNAUTHENTICATED"      // UNAUTHENTICATED: missing or wrong credential
+	ReasonPermissionDenied   = "PERMISSION_DENIED"    // PERMISSION_DENIED: credential used outside its platforms
+	ReasonWorkerCrashed      = "WORKER_CRASHED"       // UNAVAILABLE: the worker running the turn died
+)
+
+// reasonCodes maps each reason to the gRPC code API.md pairs it with. It is
+// used when a failed frame has to be turned into an error without a status.
+var reasonCodes = map[string]codes.Code{
+	ReasonAgentBusy:          codes.Aborted,
+	ReasonAgentTimeout:       codes.DeadlineExceeded,
+	ReasonLLMAPIFailure:      codes.Unavailable,
+	ReasonMaxIterations:      codes.ResourceExhausted,
+	ReasonToolScopeViolation: codes.PermissionDenied,
+	ReasonToolInvokeFailed:   codes.Unavailable,
+	ReasonCancelled:          codes.Canceled,
+	ReasonSessionNotFound:    codes.NotFound,
+	ReasonInvalidArgument:    codes.InvalidArgument,
+	ReasonUnauthenticated:    codes.Unauthenticated,
+	ReasonPermissionDenied:   codes.PermissionDenied,
+	ReasonWorkerCrashed:      codes.Unavailable,
+}
+
+// Sentinels for errors.Is: errors.Is(err, sidecar.ErrAgentBusy) holds when err
+// is an *Error with that reason. They match on Reason only.
+var (
+	ErrAgentBusy          = &Error{Code: codes.Aborted, Reason: ReasonAgentBusy}
+	ErrAgentTimeout       = &Error{Code: codes.DeadlineExceeded, Reason: ReasonAgentTimeout}
+	ErrLLMAPIFailure      = &Error{Code: codes.Unavailable, Reason: ReasonLLMAPIFailure}
+	ErrMaxIterations      = &Error{Code: codes.ResourceExhausted, Reason: ReasonMaxIterations}
+	ErrToolScopeViolation = &Error{Code: codes.PermissionDenied, Reason: ReasonToolScopeViolation}
+	ErrToolInvokeFailed   = &Error{Code: codes.Unavailable, Reason: ReasonToolInvokeFailed}
+	ErrCancelled          = &Error{Code: codes.Canceled, Reason: ReasonCancelled}
+	ErrSessionNotFound    = &Error{Code: codes.NotFound, Reason: ReasonSessionNotFound}
+	ErrInvalidArgument    = &Error{Code: codes.InvalidArgument, Reason: ReasonInvalidArgument}
+	ErrUnauthenticated    = &Error{Code: codes.Unauthenticated, Reason: ReasonUnauthenticated}
+	ErrPermissionDenied   = &Error{Code: codes.PermissionDenied, Reason: ReasonPermissionDenied}
+	ErrWorkerCrashed      = &Error{Code: codes.Unavailable, Reason: ReasonWorkerCrashed}
+)
+
+// FieldViolation names a request field a server rejected (google.rpc.BadRequest).
+type FieldViolation struct {
+	Field       string
+	Description string
+}
+
+// Error is every error the sidecar returns: a gRPC status plus, when the
+// sidecar sent one, the reason from its google.rpc.ErrorInfo detail. Every
+// call of this package returns gRPC failures as *Error; read it with
+// errors.As, or test a reason with IsReason.
+type Error struct {
+	Code     codes.Code // the gRPC status code
+	Reason   string     // ErrorInfo.reason (one of the Reason* constants); "" when absent
+	Message  string     // the status message, or the failed frame's message
+	Domain   string     // ErrorInfo.domain, normally ErrorDomain
+	Metadata map[string]string
+	// RetryDelay is the google.rpc.RetryInfo delay (AGENT_BUSY carries one); 0 when absent.
+	RetryDelay time.Duration
+	// FieldViolations lists the fields of a google.rpc.BadRequest detail.
+	FieldViolations []FieldViolation
+
+	status *status.Status
+	cause  error // context error when the call ended because its context did
+}
+
+// Error formats the error as "sidecar: REASON (Code): message".
+func (e *Error) Error() string {
+	if e.Reason != "" {
+		return fmt.Sprintf("sidecar: %s (%s): %s", e.Reason, e.Code, e.Message)
+	}
+	return fmt.Sprintf("sidecar: %s: %s", e.Code, e.Message)
+}
+
+// GRPCStatus lets status.FromError and status.Code read the original status.
+func (e *Error) GRPCStatus() *status.Status {
+	if e.status != nil {
+		return e.status
+	}
+	return status.New(e.Code, e.Message)
+}
+
+// Is reports whether target is an *Error with the same non-empty Reason, so
+// the Err* sentinels work with errors.Is.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Reason != "" && t.Reason == e.Reason
+}
+
+// Unwrap returns context.Canceled or context.DeadlineExceeded when the call
+// failed because its own context ended, else nil.
+func (e *Error) Unwrap() error { return e.cause }
+
+// IsReason reports whether err is (or wraps) a sidecar error with the given
+// reason, e.g. IsReason(err, ReasonAgentBusy). It also understands raw gRPC
+// status errors that did not pass through this package.
+func IsReason(err error, reason string) bool {
+	e, ok := FromError(err)
+	return ok && e.Reason == reason
+}
+
+// FromError returns err as an *Error: the *Error it wraps, or one decoded from
+// a gRPC status error and its details. ok is false for errors that carry no
+// gRPC status (nil, io.EOF, plain errors).
+func FromError(err error) (e *Error, ok bool) {
+	if err == nil {
+		return nil, false
+	}
+	if errors.As(err, &e) {
+		return e, true
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return nil, false
+	}
+	return fromStatus(st), true
+}
+
+// fromStatus decodes a status and its ErrorInfo, RetryInfo and BadRequest details.
+func fromStatus(st *status.Status) *Error {
+	e := &Error{Code: st.Code(), Message: st.Message(), status: st}
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *errdetails.ErrorInfo:
+			// Prefer our own domain when several ErrorInfos are present.
+			if e.Reason == "" || d.GetDomain() == ErrorDomain {
+				e.Reason, e.Domain, e.Metadata = d.GetReason(), d.GetDomain(), d.GetMetadata()
+			}
+		case *errdetails.RetryInfo:
+			e.RetryDelay = d.GetRetryDelay().AsDuration()
+		case *errdetails.BadRequest:
+			for _, v := range d.GetFieldViolations() {
+				e.FieldViolations = append(e.FieldViolations, FieldViolation{v.GetField(), v.GetDescription()})
+			}
+		}
+	}
+	return e
+}
+
+// convertError turns a gRPC error into *Error, remembering the context error
+// when the call ended because ctx did. nil and non-status errors pass through.
+func convertError(ctx context.Context, err error) error {
+	e, ok := FromError(err)
+	if !ok {
+		return err
+	}
+	if e.cause == nil && e.Reason == "" && ctx.Err() != nil &&
+		(e.Code == codes.Canceled || e.Code == codes.DeadlineExceeded) {
+		c := *e
+		c.cause = ctx.Err()
+		return &c
+	}
+	return e
+}
+
+// failedFrameError builds the error for a failed frame when the RPC's status
+// did not carry one (for example a WatchActivity replay that ended with OK).
+func failedFrameError(reason, message string) *Error {
+	code, ok := reasonCodes[reason]
+	if !ok {
+		code = codes.Unknown
+	}
+	return &Error{Code: code, Reason: reason, Message: message, Domain: ErrorDomain}
+}

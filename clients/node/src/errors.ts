@@ -1,0 +1,242 @@
+/**
+ * Typed errors of agent-sidecar (API.md, "Errors").
+ *
+ * Every non-OK status the sidecar sends carries a `google.rpc.Status` in the
+ * `grpc-status-details-bin` trailer whose details hold a `google.rpc.ErrorInfo`
+ * with domain `agent-sidecar`; its `reason` picks the subclass. The same reason
+ * appears in `failed` activity frames, so {@link errorFromFailedFrame} maps a
+ * frame onto the same classes.
+ */
+import { Metadata, status as GrpcCode, type ServiceError } from "@grpc/grpc-js";
+import type { ActivityFrame_Failed } from "./gen/agent_sidecar/v1/prompt_service";
+import { Any } from "./gen/google/protobuf/any";
+import { BadRequest, ErrorInfo, RetryInfo } from "./gen/google/rpc/error_details";
+import { Status } from "./gen/google/rpc/status";
+
+/** The ErrorInfo domain the sidecar uses. */
+export const ERROR_DOMAIN = "agent-sidecar";
+/** The trailer key that carries a serialized google.rpc.Status. */
+export const STATUS_DETAILS_KEY = "grpc-status-details-bin";
+
+const TYPE_PREFIX = "type.googleapis.com/";
+const ERROR_INFO_URL = TYPE_PREFIX + "google.rpc.ErrorInfo";
+const RETRY_INFO_URL = TYPE_PREFIX + "google.rpc.RetryInfo";
+const BAD_REQUEST_URL = TYPE_PREFIX + "google.rpc.BadRequest";
+
+/** One field violation of an INVALID_ARGUMENT error (google.rpc.BadRequest). */
+export interface FieldViolation {
+  field: string;
+  description: string;
+}
+
+/** What a {@link SidecarError} is built from. */
+export interface SidecarErrorInit {
+  /** gRPC status code (`@grpc/grpc-js`'s `status` enum). */
+  code: GrpcCode;
+  /** ErrorInfo reason (`AGENT_BUSY`, …); empty when the status carried none. */
+  reason: string;
+  message: string;
+  /** ErrorInfo metadata. */
+  metadata?: Record<string, string>;
+  /** From RetryInfo (AGENT_BUSY carries one). */
+  retryDelayMs?: number;
+  fieldViolations?: FieldViolation[];
+  /** The underlying gRPC error, when there was one. */
+  cause?: unknown;
+}
+
+/**
+ * Base class of every error the client raises for a non-OK sidecar status or a
+ * `failed` frame. `reason` is empty for statuses without an agent-sidecar
+ * ErrorInfo (for example a client-side deadline or an unreachable server).
+ */
+export class SidecarError extends Error {
+  /** gRPC status code. */
+  readonly code: GrpcCode;
+  /** ErrorInfo reason of API.md, or "" when the status carried none. */
+  readonly reason: string;
+  /** ErrorInfo metadata (string map). */
+  readonly errorMetadata: Record<string, string>;
+  /** Suggested wait before retrying, from RetryInfo, when present. */
+  readonly retryDelayMs?: number;
+  /** Field violations from BadRequest, when present. */
+  readonly fieldViolations: FieldViolation[];
+
+  constructor(init: SidecarErrorInit) {
+    super(init.message, init.cause === undefined ? undefined : { cause: init.cause });
+    this.name = new.target.name;
+    this.code = init.code;
+    this.reason = init.reason;
+    this.errorMetadata = init.metadata ?? {};
+    this.retryDelayMs = init.retryDelayMs;
+    this.fieldViolations = init.fieldViolations ?? [];
+  }
+}
+
+/** `REJECT_IF_BUSY` and a turn is in flight (ABORTED, with RetryInfo). */
+export class AgentBusy extends SidecarError {}
+/** The turn exceeded its timeout or the call's deadline (DEADLINE_EXCEEDED). */
+export class AgentTimeout extends SidecarError {}
+/** The model backend failed after its retries (UNAVAILABLE). */
+export class LlmApiFailure extends SidecarError {}
+/** The agent loop reached `max_iterations` (RESOURCE_EXHAUSTED). */
+export class MaxIterations extends SidecarError {}
+/** The model called a tool outside the session's allowed subtrees (PERMISSION_DENIED). */
+export class ToolScopeViolation extends SidecarError {}
+/** The tool host failed and the turn could not go on (UNAVAILABLE). */
+export class ToolInvokeFailed extends SidecarError {}
+/** The turn was cancelled: Cancel, SuspendSession, INTERRUPT, ResetSession (CANCELLED). */
+export class Cancelled extends SidecarError {}
+/** No such session key or id (NOT_FOUND). */
+export class SessionNotFound extends SidecarError {}
+/** A malformed or oversized request; see `fieldViolations` (INVALID_ARGUMENT). */
+export class InvalidArgument extends SidecarError {}
+/** Missing or wrong credential (UNAUTHENTICATED). */
+export class Unauthenticated extends SidecarError {}
+/** A credential used outside its platforms (PERMISSION_DENIED). */
+export class PermissionDenied extends SidecarError {}
+/** The worker running the turn died; the session is marked resume_pending (UNAVAILABLE). */
+export class WorkerCrashed extends SidecarError {}
+
+type ErrorClass = new (init: SidecarErrorInit) => SidecarError;
+
+/** Reason → subclass and the gRPC code API.md pairs it with. */
+export const REASONS: Readonly<Record<string, { cls: ErrorClass; code: GrpcCode }>> = {
+  AGENT_BUSY: { cls: AgentBusy, code: GrpcCode.ABORTED },
+  AGENT_TIMEOUT: { cls: AgentTimeout, code: GrpcCode.DEADLINE_EXCEEDED },
+  LLM_API_FAILURE: { cls: LlmApiFailure, code: GrpcCode.UNAVAILABLE },
+  MAX_ITERATIONS: { cls: MaxIterations, code: GrpcCode.RESOURCE_EXHAUSTED },
+  TOOL_SCOPE_VIOLATION: { cls: ToolScopeViolation, code: GrpcCode.PERMISSION_DENIED },
+  TOOL_INVOKE_FAILED: { cls: ToolInvokeFailed, code: GrpcCode.UNAVAILABLE },
+  CANCELLED: { cls: Cancelled, code: GrpcCode.CANCELLED },
+  SESSION_NOT_FOUND: { cls: SessionNotFound, code: GrpcCode.NOT_FOUND },
+  INVALID_ARGUMENT: { cls: InvalidArgument, code: GrpcCode.INVALID_ARGUMENT },
+  UNAUTHENTICATED: { cls: Unauthenticated, code: GrpcCode.UNAUTHENTICATED },
+  PERMISSION_DENIED: { cls: PermissionDenied, code: GrpcCode.PERMISSION_DENIED },
+  WORKER_CRASHED: { cls: WorkerCrashed, code: GrpcCode.UNAVAILABLE },
+};
+
+/** Build the subclass for `init.reason` (the base class for an unknown or empty reason). */
+export function makeSidecarError(init: SidecarErrorInit): SidecarError {
+  const cls = REASONS[init.reason]?.cls ?? SidecarError;
+  return new cls(init);
+}
+
+/** The parts of a google.rpc.Status the client understands. */
+export interface DecodedStatus {
+  code: number;
+  message: string;
+  errorInfo?: ErrorInfo;
+  retryDelayMs?: number;
+  fieldViolations: FieldViolation[];
+}
+
+/** Decode a serialized google.rpc.Status (the `grpc-status-details-bin` value). */
+export function decodeStatusDetails(bytes: Uint8Array): DecodedStatus {
+  const st = Status.decode(bytes);
+  const out: DecodedStatus = { code: st.code, message: st.message, fieldViolations: [] };
+  for (const any of st.details) {
+    if (any.typeUrl === ERROR_INFO_URL) {
+      const info = ErrorInfo.decode(any.value);
+      // Prefer our own domain's ErrorInfo when a status carries several.
+      if (!out.errorInfo || info.domain === ERROR_DOMAIN) out.errorInfo = info;
+    } else if (any.typeUrl === RETRY_INFO_URL) {
+      const d = RetryInfo.decode(any.value).retryDelay;
+      if (d) out.retryDelayMs = d.seconds * 1000 + Math.round(d.nanos / 1e6);
+    } else if (any.typeUrl === BAD_REQUEST_URL) {
+      for (const v of BadRequest.decode(any.value).fieldViolations) {
+        out.fieldViolations.push({ field: v.field, description: v.description });
+      }
+    }
+  }
+  return out;
+}
+
+/** What {@link encodeStatusDetails} packs; the inverse of {@link DecodedStatus}. */
+export interface StatusDetailsInit {
+  code: number;
+  message: string;
+  reason?: string;
+  domain?: string;
+  metadata?: Record<string, string>;
+  retryDelayMs?: number;
+  fieldViolations?: FieldViolation[];
+}
+
+/**
+ * Serialize a google.rpc.Status the way the sidecar does. Used by tests and by
+ * fake servers; clients only decode.
+ */
+export function encodeStatusDetails(init: StatusDetailsInit): Buffer {
+  const details: Any[] = [];
+  if (init.reason !== undefined) {
+    const info = ErrorInfo.create({
+      reason: init.reason,
+      domain: init.domain ?? ERROR_DOMAIN,
+      metadata: init.metadata ?? {},
+    });
+    details.push({ typeUrl: ERROR_INFO_URL, value: Buffer.from(ErrorInfo.encode(info).finish()) });
+  }
+  if (init.retryDelayMs !== undefined) {
+    const ms = init.retryDelayMs;
+    const retry = RetryInfo.create({
+      retryDelay: { seconds: Math.floor(ms / 1000), nanos: (ms % 1000) * 1e6 },
+    });
+    details.push({ typeUrl: RETRY_INFO_URL, value: Buffer.from(RetryInfo.encode(retry).finish()) });
+  }
+  if (init.fieldViolations?.length) {
+    const br = BadRequest.create({ fieldViolations: init.fieldViolations });
+    details.push({ typeUrl: BAD_REQUEST_URL, value: Buffer.from(BadRequest.encode(br).finish()) });
+  }
+  const st = Status.create({ code: init.code, message: init.message, details });
+  return Buffer.from(Status.encode(st).finish());
+}
+
+/** True for a @grpc/grpc-js ServiceError (an Error with a numeric `code`). */
+export function isServiceError(err: unknown): err is ServiceError {
+  return err instanceof Error && typeof (err as Partial<ServiceError>).code === "number";
+}
+
+/**
+ * Turn any error from a gRPC call into a {@link SidecarError}: decode the
+ * status details trailer when present; anything else keeps its gRPC code with
+ * an empty reason. Already-decoded errors pass through unchanged.
+ */
+export function fromGrpcError(err: unknown): SidecarError {
+  if (err instanceof SidecarError) return err;
+  if (!isServiceError(err)) {
+    const message = err instanceof Error ? err.message : String(err);
+    return new SidecarError({ code: GrpcCode.UNKNOWN, reason: "", message, cause: err });
+  }
+  const message = err.details || err.message;
+  const raw = err.metadata instanceof Metadata ? err.metadata.get(STATUS_DETAILS_KEY) : [];
+  const bin = raw.find((v): v is Buffer => Buffer.isBuffer(v));
+  if (!bin) return new SidecarError({ code: err.code, reason: "", message, cause: err });
+  let st: DecodedStatus;
+  try {
+    st = decodeStatusDetails(bin);
+  } catch {
+    return new SidecarError({ code: err.code, reason: "", message, cause: err });
+  }
+  const ours = st.errorInfo && st.errorInfo.domain === ERROR_DOMAIN ? st.errorInfo : undefined;
+  return makeSidecarError({
+    code: err.code,
+    reason: ours?.reason ?? "",
+    message: st.message || message,
+    metadata: ours?.metadata,
+    retryDelayMs: st.retryDelayMs,
+    fieldViolations: st.fieldViolations,
+    cause: err,
+  });
+}
+
+/** The typed error for a `failed` frame (its reason picks the class and code). */
+export function errorFromFailedFrame(failed: ActivityFrame_Failed): SidecarError {
+  const code = REASONS[failed.reason]?.code ?? GrpcCode.UNKNOWN;
+  return makeSidecarError({ code, reason: failed.reason, message: failed.message || failed.reason });
+}
+
+/** True when the error came from the sidecar itself (it carries an agent-sidecar reason). */
+export function hasReason(err: unknown): boolean {
+  return err instanceof SidecarError && err.reason !== "";
+}

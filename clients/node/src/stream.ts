@@ -1,0 +1,215 @@
+/**
+ * FrameStream: an async iterable of activity frames over one or more gRPC
+ * server streams. When a stream drops mid-turn it reopens (Prompt again with
+ * the same request id before any frame was seen, WatchActivity with
+ * `after_seq`/`after_cursor` after) and filters with a {@link FrameSequencer},
+ * so the caller sees every frame exactly once, in order.
+ */
+import { status as GrpcCode, type ClientReadableStream } from "@grpc/grpc-js";
+import { errorFromFailedFrame, fromGrpcError, SidecarError } from "./errors";
+import { FrameSequencer, isTerminal } from "./frames";
+import type { ActivityFrame, ActivityFrame_Failed } from "./gen/agent_sidecar/v1/prompt_service";
+
+/** How a dropped stream is resumed. */
+export interface ResumeOptions {
+  /** Consecutive failed reconnects before giving up (default 10). */
+  maxRetries?: number;
+  /** First backoff; doubles per consecutive failure (default 100 ms). */
+  initialBackoffMs?: number;
+  /** Backoff ceiling (default 2000 ms). */
+  maxBackoffMs?: number;
+}
+
+/** Where to reopen from; `null` for the first open. */
+export type ResumePoint = { afterSeq: number; afterCursor: number } | null;
+
+/** Opens one gRPC server stream whose messages carry `frame`. */
+export type StreamOpener = (
+  resume: ResumePoint,
+  started: boolean,
+) => ClientReadableStream<{ frame?: ActivityFrame | undefined }>;
+
+/** Options of a {@link FrameStream}. */
+export interface FrameStreamOptions {
+  /** After yielding a `failed` frame, throw its typed error (turn streams). */
+  throwOnFailed: boolean;
+  /** `false` disables reconnect-and-resume. */
+  resume?: ResumeOptions | false;
+  /** Aborting it ends the iteration quietly (the turn itself goes on). */
+  signal?: AbortSignal;
+  /** The turn's request id, when the stream follows one turn. */
+  requestId?: string;
+}
+
+/** How long to wait for the status that follows a `failed` frame. */
+const FAILED_GRACE_MS = 2000;
+
+/** Codes that mean "the transport dropped" when the status carries no sidecar reason. */
+const TRANSPORT_CODES = new Set<number>([GrpcCode.UNAVAILABLE, GrpcCode.INTERNAL]);
+
+/**
+ * True when an error means the connection dropped (and the stream should be
+ * resumed) rather than the sidecar answering with an error: a status without
+ * an agent-sidecar ErrorInfo whose code is UNAVAILABLE or INTERNAL.
+ */
+export function isTransportError(err: SidecarError): boolean {
+  return err.reason === "" && TRANSPORT_CODES.has(err.code);
+}
+
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+/**
+ * An async iterable of activity frames with transparent reconnect-and-resume.
+ * Iterate it once. Keepalive frames are skipped. For a turn stream, after the
+ * `failed` frame is yielded the iteration throws the typed error.
+ */
+export class FrameStream implements AsyncIterable<ActivityFrame> {
+  /** The turn's request id (undefined for session_key/platform feeds). */
+  readonly requestId?: string;
+  /** How many times the stream was reopened after a drop. */
+  resumes = 0;
+  private call?: ClientReadableStream<{ frame?: ActivityFrame | undefined }>;
+  private dropRequested = false;
+  private closed = false;
+  private iterated = false;
+  private readonly resume: Required<ResumeOptions> | false;
+
+  constructor(
+    private readonly open: StreamOpener,
+    /** The gap/duplicate filter; exposes `lastSeq`/`lastCursor`. */
+    readonly sequencer: FrameSequencer,
+    private readonly opts: FrameStreamOptions,
+  ) {
+    this.requestId = opts.requestId;
+    this.resume =
+      opts.resume === false
+        ? false
+        : { maxRetries: 10, initialBackoffMs: 100, maxBackoffMs: 2000, ...(opts.resume ?? {}) };
+    opts.signal?.addEventListener("abort", () => this.close(), { once: true });
+  }
+
+  /**
+   * Drop the current underlying RPC as if the connection had broken. The
+   * iteration resumes transparently via WatchActivity. For tests and demos of
+   * resume; adapters never need it.
+   */
+  disconnect(): void {
+    if (!this.call) return;
+    this.dropRequested = true;
+    this.call.cancel();
+  }
+
+  /** Stop reading: the iteration ends quietly. The turn on the sidecar goes on (use `cancel` to stop it). */
+  close(): void {
+    this.closed = true;
+    this.call?.cancel();
+  }
+
+  /** Read the stream to its end and return every frame (throws like iteration does). */
+  async collect(): Promise<ActivityFrame[]> {
+    const frames: ActivityFrame[] = [];
+    for await (const f of this) frames.push(f);
+    return frames;
+  }
+
+  [Symbol.asyncIterator](): AsyncIterator<ActivityFrame> {
+    if (this.iterated) throw new Error("a FrameStream can be iterated only once");
+    this.iterated = true;
+    return this.run();
+  }
+
+  private async *run(): AsyncGenerator<ActivityFrame, void, undefined> {
+    let failures = 0;
+    let first = true;
+    for (;;) {
+      if (this.closed) return;
+      const call = this.open(first ? null : this.sequencer.resumePoint(), this.sequencer.started);
+      first = false;
+      this.call = call;
+      this.dropRequested = false;
+      call.on("error", () => {}); // errors are read through the iterator below
+      const it = call[Symbol.asyncIterator]() as AsyncIterator<{ frame?: ActivityFrame }>;
+      let failed: ActivityFrame_Failed | undefined;
+      let endError: unknown;
+      let gap = false;
+      let ended = false;
+      try {
+        for (;;) {
+          const r = failed ? await nextWithin(it, FAILED_GRACE_MS) : await it.next();
+          if (r === undefined || r.done) break;
+          const frame = r.value.frame;
+          if (!frame) continue;
+          const verdict = this.sequencer.offer(frame);
+          if (verdict === "skip") continue;
+          if (verdict === "gap") {
+            gap = true;
+            break;
+          }
+          failures = 0;
+          yield frame;
+          if (frame.event?.$case === "failed" && this.opts.throwOnFailed) {
+            failed = frame.event.value; // read on for the status, then throw
+          } else if (isTerminal(frame) && this.sequencer.mode === "request") {
+            ended = true;
+            return;
+          }
+        }
+        ended = !gap;
+      } catch (err) {
+        endError = err;
+      } finally {
+        if (!ended || failed) call.cancel();
+      }
+
+      if (failed) throw pickFailedError(failed, endError);
+      if (this.closed) return;
+      const dropped = this.dropRequested;
+      let cause: SidecarError | undefined;
+      if (endError !== undefined) {
+        cause = fromGrpcError(endError);
+        if (!dropped && !isTransportError(cause)) throw cause;
+      } else if (!gap && this.sequencer.mode === "feed") {
+        return; // the sidecar closed the feed cleanly
+      }
+      // Dropped, gapped, or ended before the terminal frame: resume.
+      failures += 1;
+      if (this.resume === false || failures > this.resume.maxRetries) {
+        throw (
+          cause ??
+          new SidecarError({
+            code: GrpcCode.UNAVAILABLE,
+            reason: "",
+            message: gap ? "activity stream has a gap" : "activity stream ended before its terminal frame",
+          })
+        );
+      }
+      if (!dropped) {
+        const r = this.resume;
+        await sleep(Math.min(r.maxBackoffMs, r.initialBackoffMs * 2 ** (failures - 1)));
+      }
+      this.resumes += 1;
+    }
+  }
+}
+
+/** Await the next message, or `undefined` after `ms` (the pending read is then abandoned). */
+async function nextWithin<T>(it: AsyncIterator<T>, ms: number): Promise<IteratorResult<T> | undefined> {
+  const next = it.next();
+  next.catch(() => {}); // the caller may abandon it; never leave it unhandled
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<undefined>((r) => (timer = setTimeout(() => r(undefined), ms)));
+  try {
+    return await Promise.race([next, timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** The error to throw after a `failed` frame: the status's, when it carries a reason; else the frame's. */
+function pickFailedError(failed: ActivityFrame_Failed, endError: unknown): SidecarError {
+  if (endError !== undefined) {
+    const e = fromGrpcError(endError);
+    if (e.reason !== "") return e;
+  }
+  return errorFromFailedFrame(failed);
+}

@@ -1,0 +1,201 @@
+"""FrameStream: an async iterator of ActivityFrames that survives dropped connections.
+
+Why a class and not a bare async generator: callers need a handle on the
+stream while it runs (its ``request_id``, how many times it resumed, a way to
+close it deterministically with ``async with``), and the conformance suite
+needs ``drop()`` to cut the transport mid-turn exactly as a network failure
+would.
+
+The loop: read frames from the current call, pass each through the filter
+(see _frames), yield what it admits. When the call breaks without a terminal
+frame -- a transport error (UNAVAILABLE, INTERNAL, UNKNOWN, or CANCELLED
+without a sidecar ErrorInfo), a clean end of stream, a seq gap, or ``drop()``
+-- wait for the channel to be ready again and reopen with ``open_resume``
+(normally ``WatchActivity(request_id, after_seq=last seen)``). An error that
+carries the sidecar's ErrorInfo is a real answer and is raised as the typed
+error. After a ``failed`` frame is yielded, the next step raises the typed
+error, taken from the RPC status when it arrives, else from the frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable
+
+import grpc
+
+from agent_sidecar_client import errors
+from agent_sidecar_client._frames import SequenceGap, frame_kind
+
+# Codes that, without a sidecar ErrorInfo, mean "the transport broke".
+RESUMABLE_CODES = frozenset({
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.CANCELLED,
+})
+
+OpenCall = Callable[[], Any]  # returns a grpc.aio.UnaryStreamCall
+
+
+class FrameStream:
+    """Async iterator over one request's (or one watch's) frames.
+
+    Use as ``async for frame in stream`` or ``async with stream: ...``.
+    ``raise_on_failed`` is True for a single request (Prompt, watch by
+    request_id); a session/platform watch just yields other turns' failures.
+    """
+
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        open_first: OpenCall,
+        open_resume: OpenCall,
+        frame_filter: Any,
+        *,
+        request_id: str = "",
+        raise_on_failed: bool = True,
+        resume_timeout: float = 30.0,
+    ) -> None:
+        self.request_id = request_id
+        self.resumes = 0
+        self._channel = channel
+        self._open_first = open_first
+        self._open_resume = open_resume
+        self._filter = frame_filter
+        self._raise_on_failed = raise_on_failed
+        self._resume_timeout = resume_timeout
+        self._call: Any = None
+        self._drop_requested = False
+        self._gen = self._run()
+        self._closed = False
+
+    @property
+    def last_seq(self) -> int:
+        """The resume point: last seq (request streams) or cursor (watches)."""
+        return self._filter.resume_point
+
+    def __aiter__(self) -> "FrameStream":
+        return self
+
+    async def __anext__(self) -> Any:
+        return await self._gen.__anext__()
+
+    async def __aenter__(self) -> "FrameStream":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop reading and cancel the underlying RPC."""
+        if not self._closed:
+            self._closed = True
+            await self._gen.aclose()
+            if self._call is not None:
+                self._call.cancel()
+
+    def drop(self) -> None:
+        """Cut the current RPC as a network failure would; iteration resumes.
+
+        For tests and the conformance suite (``cut_after_frames``).
+        """
+        if self._call is not None and not self._call.done():
+            self._drop_requested = True
+            self._call.cancel()
+
+    async def collect(self) -> list[Any]:
+        """Read to the end and return every frame (raises like iteration)."""
+        frames = []
+        async with self:
+            async for frame in self:
+                frames.append(frame)
+        return frames
+
+    async def _run(self):
+        call = self._open_first()
+        loop = asyncio.get_running_loop()
+        stalled_since: float | None = None  # when the current outage began
+        failures = 0
+        while True:
+            self._call = call
+            gap = False
+            problem = "stream ended before its terminal frame"
+            try:
+                async for response in call:
+                    frame = response.frame
+                    try:
+                        admitted = self._filter.admit(frame)
+                    except SequenceGap as exc:
+                        gap, problem = True, str(exc)
+                        break
+                    if not admitted:
+                        continue
+                    stalled_since, failures = None, 0
+                    yield frame
+                    if self._filter.done:
+                        await self._after_terminal(call, frame)
+                        return
+            except asyncio.CancelledError:
+                if not self._drop_requested or _task_cancelling():
+                    raise
+                problem = "stream dropped"
+            except grpc.RpcError as exc:
+                code = exc.code() if hasattr(exc, "code") else None
+                if errors.has_error_info(exc) or code not in RESUMABLE_CODES:
+                    raise errors.from_rpc_error(exc) from exc
+                problem = f"{code.name}: {exc.details() if hasattr(exc, 'details') else exc}"
+            finally:
+                if self._closed or gap:
+                    call.cancel()
+            self._drop_requested = False
+            now = loop.time()
+            stalled_since = now if stalled_since is None else stalled_since
+            failures += 1
+            if failures > 1:  # back off only when reopening itself keeps failing
+                await asyncio.sleep(min(0.05 * 2 ** (failures - 2), 1.0))
+            remaining = stalled_since + self._resume_timeout - loop.time()
+            if remaining <= 0 or not await self._wait_ready(remaining):
+                raise errors.SidecarError(
+                    grpc.StatusCode.UNAVAILABLE, "",
+                    f"stream lost and not resumed within {self._resume_timeout:g}s "
+                    f"(request {self.request_id or '-'}, resume point {self.last_seq}): {problem}")
+            self.resumes += 1
+            call = self._open_resume()
+
+    async def _wait_ready(self, timeout: float) -> bool:
+        """Wait until the channel has (re)connected; False on timeout."""
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def _after_terminal(self, call: Any, frame: Any) -> None:
+        """After the terminal frame: let the RPC finish; raise the typed error for ``failed``."""
+        status = None
+        code = grpc.StatusCode.OK
+        wants_error = frame_kind(frame) == "failed" and self._raise_on_failed
+        try:
+            # The status should follow the terminal frame at once; waiting for it
+            # (rather than cancelling) keeps the server's logs free of cancellations.
+            code = await asyncio.wait_for(call.code(), 5.0 if wants_error else 0.5)
+            if code != grpc.StatusCode.OK:
+                status = errors.status_from_trailers(await call.trailing_metadata())
+        except (asyncio.TimeoutError, grpc.RpcError, asyncio.CancelledError):
+            if _task_cancelling():
+                raise
+        finally:
+            call.cancel()
+        if not wants_error:
+            return
+        error = errors.from_status(status, code) if status is not None else None
+        if error is None or error.reason != frame.failed.reason:
+            error = errors.from_failed_frame(frame.failed.reason, frame.failed.message)
+        raise error
+
+
+def _task_cancelling() -> bool:
+    """True when the current task itself is being cancelled (not just the call)."""
+    task = asyncio.current_task()
+    return bool(task is not None and task.cancelling())

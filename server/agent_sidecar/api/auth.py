@@ -1,0 +1,52 @@
+"""Who is calling: the Unix socket (mode 0600, so only our own user) is trusted;
+a TCP caller must present a bearer token, scoped to platforms, possibly admin
+(DECISIONS.md, "Security")."""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+
+import grpc
+
+from ..config import AuthToken
+from ..errors import PERMISSION_DENIED, UNAUTHENTICATED, SidecarError
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    admin: bool
+    platforms: frozenset[str]  # "*" = every platform
+
+    def allows(self, platform: str) -> bool:
+        return "*" in self.platforms or platform in self.platforms
+
+    def require_platform(self, platform: str) -> None:
+        if not self.allows(platform):
+            raise SidecarError(PERMISSION_DENIED, f"credential not valid for platform {platform!r}")
+
+    def require_admin(self) -> None:
+        if not self.admin:
+            raise SidecarError(PERMISSION_DENIED, "this call needs an admin credential")
+
+
+LOCAL = Principal(admin=True, platforms=frozenset({"*"}))
+
+
+class Authenticator:
+    def __init__(self, tokens: list[AuthToken]):
+        self._tokens = [(t.token.encode(), Principal(t.admin, frozenset(t.platforms))) for t in tokens]
+
+    def authenticate(self, context: grpc.aio.ServicerContext) -> Principal:
+        if context.peer().startswith("unix:"):
+            return LOCAL
+        presented = b""
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization" and value.startswith("Bearer "):
+                presented = value[7:].strip().encode()
+        if not presented:
+            raise SidecarError(UNAUTHENTICATED, "a bearer token is required over TCP")
+        for token, principal in self._tokens:
+            if hmac.compare_digest(token, presented):
+                return principal
+        raise SidecarError(UNAUTHENTICATED, "unknown bearer token")

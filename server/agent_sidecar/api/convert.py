@@ -1,0 +1,130 @@
+"""Conversions between protobuf messages and the domain types, plus validation
+of everything a request may carry (INVALID_ARGUMENT naming the field)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import orjson
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from ..config import Config
+from ..errors import invalid
+from ..sessions.entry import SessionEntry
+from ..sessions.source import CHAT_TYPES, SessionSource
+from ..sessions.transcripts import ROLES, Message
+from ..v1 import common_pb2 as c
+
+_SOURCE_FIELDS = [f.name for f in c.SessionSource.DESCRIPTOR.fields]
+
+
+def ts(t: float | None) -> Timestamp | None:
+    if not t:
+        return None
+    out = Timestamp()
+    out.FromNanoseconds(int(t * 1e9))
+    return out
+
+
+def source_from_proto(p: c.SessionSource, cfg: Config, field: str = "source") -> SessionSource:
+    if not p.platform:
+        raise invalid(f"{field}.platform", "is required")
+    limit = cfg.limits.max_id_length
+    for name in _SOURCE_FIELDS:
+        v = getattr(p, name)
+        if isinstance(v, str) and len(v) > limit and name not in ("chat_topic", "chat_name"):
+            raise invalid(f"{field}.{name}", f"longer than {limit} characters")
+        if isinstance(v, str) and len(v) > 4096:
+            raise invalid(f"{field}.{name}", "longer than 4096 characters")
+    if p.chat_type and p.chat_type not in CHAT_TYPES:
+        raise invalid(f"{field}.chat_type", f"must be one of {', '.join(CHAT_TYPES)}")
+    return SessionSource(**{name: getattr(p, name) for name in _SOURCE_FIELDS})
+
+
+def source_to_proto(s: SessionSource | None) -> c.SessionSource | None:
+    if s is None:
+        return None
+    return c.SessionSource(**{name: getattr(s, name) for name in _SOURCE_FIELDS})
+
+
+def entry_to_proto(e: SessionEntry, queue_depth: int = 0) -> c.Session:
+    return c.Session(
+        session_key=e.session_key, session_id=e.session_id,
+        created_at=ts(e.created_at), updated_at=ts(e.updated_at),
+        origin=source_to_proto(e.origin), display_name=e.display_name,
+        platform=e.platform, chat_type=e.chat_type,
+        input_tokens=e.input_tokens, output_tokens=e.output_tokens,
+        cache_read_tokens=e.cache_read_tokens, cache_write_tokens=e.cache_write_tokens,
+        total_tokens=e.total_tokens, estimated_cost_usd=e.estimated_cost_usd,
+        cost_status=e.cost_status, last_prompt_tokens=e.last_prompt_tokens,
+        was_auto_reset=e.was_auto_reset, auto_reset_reason=e.auto_reset_reason,
+        reset_had_activity=e.reset_had_activity, is_fresh_reset=e.is_fresh_reset,
+        expiry_finalized=e.expiry_finalized, suspended=e.suspended,
+        resume_pending=e.resume_pending, resume_reason=e.resume_reason,
+        last_resume_marked_at=ts(e.last_resume_marked_at),
+        state=c.SESSION_STATE_RUNNING if e.running else c.SESSION_STATE_IDLE,
+        turn_count=e.turn_count, queue_depth=queue_depth, profile=e.profile,
+    )
+
+
+def messages_from_proto(msgs, cfg: Config, field: str = "messages") -> list[Message]:
+    if len(msgs) > cfg.limits.max_messages_per_request:
+        raise invalid(field, f"more than {cfg.limits.max_messages_per_request} messages")
+    out = []
+    for i, m in enumerate(msgs):
+        if m.role not in ROLES:
+            raise invalid(f"{field}[{i}].role", f"must be one of {', '.join(ROLES)}")
+        if len(m.content.encode()) > cfg.limits.max_text_bytes:
+            raise invalid(f"{field}[{i}].content", f"larger than {cfg.limits.max_text_bytes} bytes")
+        if m.tool_calls_json:
+            try:
+                if not isinstance(orjson.loads(m.tool_calls_json), list):
+                    raise ValueError
+            except ValueError:
+                raise invalid(f"{field}[{i}].tool_calls_json", "must be a JSON array") from None
+        created = m.created_at.ToNanoseconds() / 1e9 if m.HasField("created_at") else 0.0
+        out.append(Message(role=m.role, content=m.content, tool_call_id=m.tool_call_id,
+                           tool_name=m.tool_name, tool_calls_json=m.tool_calls_json,
+                           created_at=created))
+    return out
+
+
+def message_to_proto(m: Message) -> c.Message:
+    return c.Message(role=m.role, content=m.content, tool_call_id=m.tool_call_id,
+                     tool_name=m.tool_name, tool_calls_json=m.tool_calls_json,
+                     created_at=ts(m.created_at), seq=m.seq, active=m.active)
+
+
+# -- paging (AIP-158): opaque tokens, validated on the way back in ------------
+
+def encode_page_token(data: dict[str, Any]) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps(data)).decode().rstrip("=")
+
+
+def decode_page_token(token: str, kind: str) -> dict[str, Any] | None:
+    if not token:
+        return None
+    try:
+        data = orjson.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        if not isinstance(data, dict) or data.get("k") != kind:
+            raise ValueError
+        return data
+    except (ValueError, TypeError):
+        raise invalid("page_token", "is not a token this call returned") from None
+
+
+def page_size(requested: int, cfg: Config) -> int:
+    if requested < 0:
+        raise invalid("page_size", "must not be negative")
+    if requested == 0:
+        return cfg.limits.default_page_size
+    return min(requested, cfg.limits.max_page_size)
+
+
+def require(value: str, field: str, cfg: Config | None = None) -> str:
+    if not value:
+        raise invalid(field, "is required")
+    if cfg is not None and len(value) > cfg.limits.max_id_length * 4:
+        raise invalid(field, "is too long")
+    return value

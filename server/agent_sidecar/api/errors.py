@@ -1,0 +1,60 @@
+"""From ``SidecarError`` to a gRPC status carrying google.rpc.ErrorInfo.
+
+Every non-OK status the sidecar sends has an ErrorInfo (domain
+``agent-sidecar``, reason of API.md); INVALID_ARGUMENT adds a BadRequest field
+violation naming the field; AGENT_BUSY adds RetryInfo.
+"""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from .. import errors as E
+
+CODE_FOR_REASON: dict[str, grpc.StatusCode] = {
+    E.AGENT_BUSY: grpc.StatusCode.ABORTED,
+    E.AGENT_TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
+    E.LLM_API_FAILURE: grpc.StatusCode.UNAVAILABLE,
+    E.MAX_ITERATIONS: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    E.TOOL_SCOPE_VIOLATION: grpc.StatusCode.PERMISSION_DENIED,
+    E.TOOL_INVOKE_FAILED: grpc.StatusCode.UNAVAILABLE,
+    E.CANCELLED: grpc.StatusCode.CANCELLED,
+    E.SESSION_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    E.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    E.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    E.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    E.WORKER_CRASHED: grpc.StatusCode.UNAVAILABLE,
+    E.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
+    E.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    E.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    "restart_interrupted": grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def _pack(msg) -> any_pb2.Any:
+    a = any_pb2.Any()
+    a.Pack(msg)
+    return a
+
+
+def to_grpc_status(err: E.SidecarError) -> grpc.Status:
+    code = CODE_FOR_REASON.get(err.reason, grpc.StatusCode.INTERNAL)
+    details = [_pack(error_details_pb2.ErrorInfo(reason=err.reason, domain=E.DOMAIN))]
+    if err.field:
+        details.append(_pack(error_details_pb2.BadRequest(field_violations=[
+            error_details_pb2.BadRequest.FieldViolation(field=err.field, description=err.message)
+        ])))
+    if err.retry_after_s is not None:
+        d = duration_pb2.Duration()
+        d.FromMilliseconds(int(err.retry_after_s * 1000))
+        details.append(_pack(error_details_pb2.RetryInfo(retry_delay=d)))
+    st = status_pb2.Status(code=code.value[0], message=err.message, details=details)
+    return rpc_status.to_status(st)
+
+
+async def abort(context: grpc.aio.ServicerContext, err: E.SidecarError):
+    st = to_grpc_status(err)
+    await context.abort(st.code, st.details, st.trailing_metadata)

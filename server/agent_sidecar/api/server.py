@@ -1,0 +1,78 @@
+"""Assemble the grpc.aio server: our services, health, reflection, listeners."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from ..config import Config
+from ..v1 import prompt_service_pb2, session_service_pb2, session_service_pb2_grpc
+from ..v1 import tool_service_pb2
+
+SERVICE_NAMES = (
+    session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name,
+    prompt_service_pb2.DESCRIPTOR.services_by_name["PromptService"].full_name,
+    tool_service_pb2.DESCRIPTOR.services_by_name["ToolService"].full_name,
+)
+
+# Frames and transcripts can be large; keepalive pings keep idle watch streams
+# (adapters waiting for auto-resumed turns) alive through NATs and proxies.
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", 32 * 1024 * 1024),
+    ("grpc.max_send_message_length", 32 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.so_reuseport", 0),
+]
+
+
+def _prepare_unix(path: str) -> None:
+    """Remove a stale socket file; refuse if another sidecar is listening on it."""
+    if not os.path.exists(path):
+        return
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+    except OSError:
+        os.unlink(path)
+        return
+    finally:
+        s.close()
+    raise RuntimeError(f"another process is listening on {path}")
+
+
+def build_server(cfg: Config, servicers: dict) -> tuple[grpc.aio.Server, health.HealthServicer, list[str]]:
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    session_service_pb2_grpc.add_SessionServiceServicer_to_server(servicers["sessions"], server)
+    for add, key in servicers.get("extra", []):
+        add(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        SERVICE_NAMES + (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                         reflection.SERVICE_NAME), server)
+    targets = cfg.listen or [cfg.default_socket]
+    bound = []
+    for target in targets:
+        if target.startswith("unix:"):
+            path = target[5:]
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            _prepare_unix(path)
+            old = os.umask(0o177)  # the socket is born 0600: only our own user
+            try:
+                server.add_insecure_port(target)
+            finally:
+                os.umask(old)
+            bound.append(target)
+        else:
+            if not cfg.tokens:
+                raise RuntimeError(f"listening on TCP ({target}) needs [[auth.tokens]] in the config")
+            port = server.add_insecure_port(target)
+            host = target.rsplit(":", 1)[0]
+            bound.append(f"{host}:{port}")
+    return server, health_servicer, bound

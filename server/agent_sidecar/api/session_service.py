@@ -1,0 +1,301 @@
+"""SessionService over gRPC: thin handlers that validate, run a writer job or a
+read, and convert. The session logic itself lives in sessions/."""
+
+from __future__ import annotations
+
+import time
+
+from ..config import Config
+from ..errors import FAILED_PRECONDITION, SidecarError, invalid, not_found
+from ..sessions import lifecycle as life
+from ..sessions import transcripts as tx
+from ..sessions.context import build_session_context_prompt, shared_multi_user
+from ..sessions.entry import ENTRY_SELECT, SessionEntry, load_entry, load_entry_by_session_id
+from ..sessions.keys import build_session_key, split_session_key
+from ..store import Store
+from ..v1 import session_service_pb2 as pb
+from ..v1 import session_service_pb2_grpc as pb_grpc
+from . import convert as cv
+from .rpc import unary
+
+CLEAR_ALL_CONFIRM = "DELETE ALL SESSIONS"
+
+
+class SessionService(pb_grpc.SessionServiceServicer):
+    def __init__(self, cfg: Config, store: Store, auth, turns):
+        self.cfg, self.store, self.auth, self.turns = cfg, store, auth, turns
+
+    # -- helpers ------------------------------------------------------------
+
+    def _session(self, entry: SessionEntry):
+        return cv.entry_to_proto(entry, self.turns.queue_depth(entry.session_key))
+
+    def key_for(self, source, profile: str, field: str = "source") -> tuple[str, str]:
+        profile = profile or "main"
+        if self.cfg.profile(profile) is None:
+            raise invalid("profile", f"unknown profile {profile!r}")
+        try:
+            key = build_session_key(source, profile,
+                                    group_sessions_per_user=self.cfg.group_sessions_per_user,
+                                    thread_sessions_per_user=self.cfg.thread_sessions_per_user)
+        except ValueError as e:
+            path = str(e).split(":", 1)[0]
+            raise invalid(path if path.startswith("source") else field, str(e)) from None
+        return key, profile
+
+    def _key(self, key: str, principal, field: str = "session_key") -> str:
+        cv.require(key, field, self.cfg)
+        try:
+            _, platform, _ = split_session_key(key)
+        except ValueError:
+            raise invalid(field, "is not a session key (agent:{profile}:{platform}:…)") from None
+        principal.require_platform(platform)
+        return key
+
+    def _entry(self, key: str) -> SessionEntry:
+        entry = self.store.read(lambda c: load_entry(c, key))
+        if entry is None:
+            raise not_found(key)
+        return entry
+
+    def _incarnation_key(self, session_id: str, principal) -> str:
+        cv.require(session_id, "session_id", self.cfg)
+        row = self.store.read(lambda c: c.execute(
+            "SELECT session_key FROM incarnations WHERE session_id = ?", (session_id,)).fetchone())
+        if row is None:
+            raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {session_id}")
+        self._key(row[0], principal)
+        return row[0]
+
+    # -- lanes --------------------------------------------------------------
+
+    @unary
+    async def GetOrCreateSession(self, request, context, principal):
+        source = cv.source_from_proto(request.source, self.cfg)
+        principal.require_platform(source.platform)
+        key, profile = self.key_for(source, request.profile)
+        entry, created = await self.store.write(
+            lambda c: life.get_or_create(c, key, source, profile, request.force_new))
+        return pb.GetOrCreateSessionResponse(session=self._session(entry), created=created)
+
+    @unary
+    async def GetSession(self, request, context, principal):
+        if bool(request.session_key) == bool(request.session_id):
+            raise invalid("session_key", "give exactly one of session_key and session_id")
+        if request.session_key:
+            entry = self._entry(self._key(request.session_key, principal))
+        else:
+            key = self._incarnation_key(request.session_id, principal)
+            entry = self._entry(key)
+            if entry.session_id != request.session_id:
+                raise SidecarError("SESSION_NOT_FOUND",
+                                   f"{request.session_id} is not the current incarnation of {key}")
+        return pb.GetSessionResponse(session=self._session(entry))
+
+    @unary
+    async def ListSessions(self, request, context, principal):
+        size = cv.page_size(request.page_size, self.cfg)
+        token = cv.decode_page_token(request.page_token, "sessions")
+        if request.active_within_seconds < 0:
+            raise invalid("active_within_seconds", "must not be negative")
+        if request.platform:
+            principal.require_platform(request.platform)
+        elif not principal.allows("*"):
+            raise invalid("platform", "is required for a platform-scoped credential")
+        sql, params = ENTRY_SELECT + " WHERE 1", []
+        if request.platform:
+            sql += " AND r.platform = ?"
+            params.append(request.platform)
+        if request.active_within_seconds:
+            sql += " AND r.updated_at >= ?"
+            params.append(time.time() - request.active_within_seconds)
+        if token:
+            sql += " AND (r.updated_at < ? OR (r.updated_at = ? AND r.session_key > ?))"
+            params += [token["u"], token["u"], token["s"]]
+        sql += " ORDER BY r.updated_at DESC, r.session_key LIMIT ?"
+        params.append(size + 1)
+        rows = await self.store.read_async(lambda c: c.execute(sql, params).fetchall())
+        entries = [SessionEntry.from_row(r) for r in rows[:size]]
+        nxt = ""
+        if len(rows) > size:
+            last = entries[-1]
+            nxt = cv.encode_page_token({"k": "sessions", "u": last.updated_at, "s": last.session_key})
+        return pb.ListSessionsResponse(sessions=[self._session(e) for e in entries],
+                                       next_page_token=nxt)
+
+    @unary
+    async def ResetSession(self, request, context, principal):
+        key = self._key(request.session_key, principal)
+        self._entry(key)
+        await self.turns.on_reset(key)
+        entry = await self.store.write(lambda c: life.reset(c, key, request.display_name))
+        return pb.ResetSessionResponse(session=self._session(entry))
+
+    @unary
+    async def SwitchSession(self, request, context, principal):
+        key = self._key(request.session_key, principal)
+        cv.require(request.target_session_id, "target_session_id", self.cfg)
+        entry = await self.store.write(lambda c: life.switch(c, key, request.target_session_id))
+        return pb.SwitchSessionResponse(session=self._session(entry))
+
+    @unary
+    async def SuspendSession(self, request, context, principal):
+        key = self._key(request.session_key, principal)
+        entry = await self.store.write(lambda c: life.suspend(c, key))
+        await self.turns.on_suspend(key)
+        return pb.SuspendSessionResponse(session=self._session(entry))
+
+    @unary
+    async def MarkResumePending(self, request, context, principal):
+        key = self._key(request.session_key, principal)
+        reason = cv.require(request.reason, "reason", self.cfg)
+        entry = await self.store.write(lambda c: life.mark_resume_pending(c, key, reason))
+        return pb.MarkResumePendingResponse(session=self._session(entry))
+
+    @unary
+    async def DeleteSession(self, request, context, principal):
+        key = self._key(request.session_key, principal)
+        if not principal.admin and not principal.allows(split_session_key(key)[1]):
+            principal.require_admin()
+        await self.turns.on_delete(key)
+        deleted = await self.store.write(lambda c: life.delete(c, key))
+        return pb.DeleteSessionResponse(deleted=deleted)
+
+    @unary
+    async def ClearAllSessions(self, request, context, principal):
+        principal.require_admin()
+        if request.confirm != CLEAR_ALL_CONFIRM:
+            raise SidecarError(FAILED_PRECONDITION,
+                               f"confirm must be the literal string {CLEAR_ALL_CONFIRM!r}",
+                               field="confirm")
+        await self.turns.on_clear_all()
+        n = await self.store.write(life.clear_all)
+        return pb.ClearAllSessionsResponse(sessions_deleted=n)
+
+    # -- transcripts ----------------------------------------------------------
+
+    @unary
+    async def SeedSession(self, request, context, principal):
+        messages = cv.messages_from_proto(request.messages, self.cfg)
+        if request.HasField("source") == bool(request.session_key):
+            raise invalid("source", "give exactly one of source and session_key")
+        if request.session_key:
+            key = self._key(request.session_key, principal)
+
+            def job(c):
+                entry = life.require_entry(c, key)
+                tx.append(c, entry.session_id, messages)
+                return load_entry(c, key)
+        else:
+            source = cv.source_from_proto(request.source, self.cfg)
+            principal.require_platform(source.platform)
+            key, profile = self.key_for(source, request.profile)
+
+            def job(c):
+                entry, _ = life.get_or_create(c, key, source, profile)
+                tx.append(c, entry.session_id, messages)
+                return load_entry(c, key)
+        entry = await self.store.write(job)
+        return pb.SeedSessionResponse(session=self._session(entry))
+
+    @unary
+    async def GetTranscript(self, request, context, principal):
+        self._incarnation_key(request.session_id, principal)
+        size = cv.page_size(request.page_size, self.cfg)
+        token = cv.decode_page_token(request.page_token, "transcript")
+        after = token["after"] if token else 0
+        msgs = await self.store.read_async(lambda c: tx.load_page(
+            c, request.session_id, include_rewound=request.include_rewound,
+            after_seq=after, limit=size + 1))
+        nxt = ""
+        if len(msgs) > size:
+            msgs = msgs[:size]
+            nxt = cv.encode_page_token({"k": "transcript", "after": msgs[-1].seq})
+        return pb.GetTranscriptResponse(messages=[cv.message_to_proto(m) for m in msgs],
+                                        next_page_token=nxt)
+
+    @unary
+    async def AppendMessages(self, request, context, principal):
+        self._incarnation_key(request.session_id, principal)
+        messages = cv.messages_from_proto(request.messages, self.cfg)
+        if not messages:
+            raise invalid("messages", "is empty")
+        first, last = await self.store.write(lambda c: tx.append(c, request.session_id, messages))
+        return pb.AppendMessagesResponse(first_seq=first, last_seq=last)
+
+    @unary
+    async def RewriteTranscript(self, request, context, principal):
+        self._incarnation_key(request.session_id, principal)
+        messages = cv.messages_from_proto(request.messages, self.cfg)
+        await self.store.write(lambda c: tx.rewrite(c, request.session_id, messages))
+        return pb.RewriteTranscriptResponse()
+
+    @unary
+    async def RewindSession(self, request, context, principal):
+        self._incarnation_key(request.session_id, principal)
+        if request.n < 0:
+            raise invalid("n", "must not be negative")
+        n = request.n or 1
+        out = await self.store.write(lambda c: tx.rewind(c, request.session_id, n))
+        return pb.RewindSessionResponse(**out)
+
+    @unary
+    async def SearchMessages(self, request, context, principal):
+        query = cv.require(request.query.strip(), "query")
+        if len(query) > 1024:
+            raise invalid("query", "longer than 1024 characters")
+        if request.limit < 0:
+            raise invalid("limit", "must not be negative")
+        if request.session_key:
+            self._key(request.session_key, principal)
+        elif not principal.allows("*"):
+            raise invalid("session_key", "is required for a platform-scoped credential")
+        limit = min(request.limit or 20, 200)
+        hits = await self.store.read_async(
+            lambda c: tx.search(c, query, request.session_key, limit))
+        return pb.SearchMessagesResponse(hits=[
+            pb.SearchHit(session_key=h["session_key"], session_id=h["session_id"], seq=h["seq"],
+                         role=h["role"], snippet=h["snippet"], created_at=cv.ts(h["created_at"]))
+            for h in hits])
+
+    # -- accounting and housekeeping -------------------------------------------
+
+    @unary
+    async def UpdateUsage(self, request, context, principal):
+        key = self._key(request.session_key, principal)
+        d = request.delta
+        for name in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens"):
+            if getattr(d, name) < 0:
+                raise invalid(f"delta.{name}", "must not be negative")
+        if d.cost_usd < 0:
+            raise invalid("delta.cost_usd", "must not be negative")
+        delta = {"input_tokens": d.input_tokens, "output_tokens": d.output_tokens,
+                 "cache_read_tokens": d.cache_read_tokens,
+                 "cache_write_tokens": d.cache_write_tokens, "cost_usd": d.cost_usd}
+        entry = await self.store.write(lambda c: life.update_usage(
+            c, key, delta, request.last_prompt_tokens, request.cost_status))
+        return pb.UpdateUsageResponse(session=self._session(entry))
+
+    @unary
+    async def PruneSessions(self, request, context, principal):
+        principal.require_admin()
+        if request.max_age_days <= 0:
+            raise invalid("max_age_days", "must be at least 1")
+        busy = self.turns.busy_keys()
+        n = await self.store.write(lambda c: life.prune(c, request.max_age_days, busy))
+        return pb.PruneSessionsResponse(pruned=n)
+
+    @unary
+    async def GetSessionContext(self, request, context, principal):
+        source = cv.source_from_proto(request.source, self.cfg)
+        principal.require_platform(source.platform)
+        key, _ = self.key_for(source, request.profile)
+        entry = self.store.read(lambda c: load_entry(c, key))
+        flags = dict(group_sessions_per_user=self.cfg.group_sessions_per_user,
+                     thread_sessions_per_user=self.cfg.thread_sessions_per_user)
+        text = build_session_context_prompt(
+            source, session_key=key, session_id=entry.session_id if entry else "",
+            created_at=None, connected_platforms=self.cfg.connected_platforms,
+            home_channels=self.cfg.home_channels, redact_pii=self.cfg.redact_pii, **flags)
+        return pb.GetSessionContextResponse(prompt_section=text,
+                                            shared_multi_user=shared_multi_user(source, **flags))

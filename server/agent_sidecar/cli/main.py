@@ -1,0 +1,71 @@
+"""``agent-sidecar``: serve, sessions, doctor.
+
+This module is imported by every spawned worker (it is the console script's
+main module, which multiprocessing's spawn re-imports), so it imports nothing
+heavy at module level: grpc and the server come in inside the commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _serve(args) -> int:
+    from .serve import serve
+    return serve(args)
+
+
+def _sessions(args) -> int:
+    from .sessions_cmd import run
+    return run(args)
+
+
+def _doctor(args) -> int:
+    from .doctor import run
+    return run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="agent-sidecar",
+                                description="A gRPC session runtime for chat-bot agents.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the sidecar")
+    s.add_argument("--data-dir", default=None, help="where sidecar.db and sidecar.sock live (default ./data)")
+    s.add_argument("--listen", action="append", default=None, metavar="unix:PATH|HOST:PORT",
+                   help="listen address; repeat for several (default unix:DATA_DIR/sidecar.sock)")
+    s.add_argument("--config", default=None, help="TOML config file")
+    s.add_argument("--workers", type=int, default=None, help="worker processes (default: CPU count)")
+    s.add_argument("--log-format", choices=("json", "text"), default=None)
+    s.add_argument("--log-level", default=None)
+    s.set_defaults(func=_serve)
+
+    ss = sub.add_parser("sessions", help="inspect sessions of a running sidecar")
+    ss.add_argument("--target", default="unix:./data/sidecar.sock",
+                    help="the sidecar's address (default unix:./data/sidecar.sock)")
+    ss.add_argument("--token", default=None, help="bearer token (TCP)")
+    ss_sub = ss.add_subparsers(dest="action", required=True)
+    ls = ss_sub.add_parser("list", help="list sessions, most recently active first")
+    ls.add_argument("--platform", default="")
+    ls.add_argument("--limit", type=int, default=50)
+    show = ss_sub.add_parser("show", help="show one session and its transcript")
+    show.add_argument("key")
+    dl = ss_sub.add_parser("delete", help="delete one session and everything it owns")
+    dl.add_argument("key")
+    ss.set_defaults(func=_sessions)
+
+    d = sub.add_parser("doctor", help="check and repair the store (sidecar may be stopped)")
+    d.add_argument("--data-dir", default="./data")
+    d.add_argument("--rebuild-fts", action="store_true", help="drop and rebuild the full-text index")
+    d.set_defaults(func=_doctor)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""``agent-sidecar serve``: load config, start the sidecar on uvloop, run until
+SIGTERM/SIGINT, stop cleanly."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from ..config import ConfigError, load_config
+from .. import logs
+
+
+def serve(args) -> int:
+    try:
+        cfg = load_config(args.config, data_dir=args.data_dir, listen=args.listen,
+                          workers=args.workers, log_format=args.log_format,
+                          log_level=args.log_level)
+    except ConfigError as e:
+        print(f"agent-sidecar: {e}", file=sys.stderr)
+        return 2
+    logs.setup(cfg.log_format, cfg.log_level)
+    import uvloop
+
+    from ..runtime import Sidecar
+
+    async def main() -> int:
+        sidecar = Sidecar(cfg)
+        try:
+            await sidecar.start()
+        except RuntimeError as e:
+            logging.getLogger("agent_sidecar").error(str(e))
+            await sidecar.stop()
+            return 1
+        await sidecar.run_until_stopped()
+        return 0
+
+    return uvloop.run(main())

@@ -1,0 +1,51 @@
+"""Failure reasons of API.md, raised by domain code that knows nothing of gRPC.
+
+The API layer (api/errors.py) turns a ``SidecarError`` into a gRPC status with a
+google.rpc.ErrorInfo; the same reason strings appear in ``failed`` frames.
+"""
+
+from __future__ import annotations
+
+AGENT_BUSY = "AGENT_BUSY"
+AGENT_TIMEOUT = "AGENT_TIMEOUT"
+LLM_API_FAILURE = "LLM_API_FAILURE"
+MAX_ITERATIONS = "MAX_ITERATIONS"
+TOOL_SCOPE_VIOLATION = "TOOL_SCOPE_VIOLATION"
+TOOL_INVOKE_FAILED = "TOOL_INVOKE_FAILED"
+CANCELLED = "CANCELLED"
+SESSION_NOT_FOUND = "SESSION_NOT_FOUND"
+INVALID_ARGUMENT = "INVALID_ARGUMENT"
+UNAUTHENTICATED = "UNAUTHENTICATED"
+PERMISSION_DENIED = "PERMISSION_DENIED"
+WORKER_CRASHED = "WORKER_CRASHED"
+# Not in API.md's table but needed: a failed precondition (ClearAll's confirm
+# string) and resource limits (queue cap) with their own reasons.
+FAILED_PRECONDITION = "FAILED_PRECONDITION"
+RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+UNAVAILABLE = "UNAVAILABLE"
+
+DOMAIN = "agent-sidecar"
+
+
+class SidecarError(Exception):
+    """An error with a reason of API.md. ``field`` names the offending request
+    field for INVALID_ARGUMENT."""
+
+    def __init__(self, reason: str, message: str, *, field: str | None = None,
+                 retry_after_s: float | None = None):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.field = field
+        self.retry_after_s = retry_after_s
+
+    def __repr__(self) -> str:
+        return f"SidecarError({self.reason!r}, {self.message!r})"
+
+
+def invalid(field: str, message: str) -> SidecarError:
+    return SidecarError(INVALID_ARGUMENT, f"{field}: {message}", field=field)
+
+
+def not_found(what: str) -> SidecarError:
+    return SidecarError(SESSION_NOT_FOUND, f"no such session: {what}")

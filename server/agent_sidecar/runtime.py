@@ -1,0 +1,88 @@
+"""The running sidecar: store, workers, services and the order they start and
+stop in. ``serve`` in cli/ builds one of these; tests run the real thing as a
+subprocess.
+
+Start order matters (DECISIONS.md): workers are spawned and answering *before*
+the gRPC server exists, so no fork/spawn ever happens while gRPC threads run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import signal
+
+from .config import Config
+from .store import Store
+
+log = logging.getLogger("agent_sidecar")
+
+
+class Sidecar:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.store: Store | None = None
+        self.server = None
+        self.health = None
+        self.turns = None
+        self._stopping = asyncio.Event()
+        self._lock_fd: int | None = None
+
+    def _lock_data_dir(self) -> None:
+        os.makedirs(self.cfg.data_dir, mode=0o700, exist_ok=True)
+        fd = os.open(os.path.join(self.cfg.data_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RuntimeError(f"another sidecar is running on {self.cfg.data_dir}") from None
+        self._lock_fd = fd
+
+    async def start(self) -> list[str]:
+        from .api.auth import Authenticator
+        from .api.server import build_server
+        from .api.session_service import SessionService
+        from .turns.manager import TurnManager
+
+        self._lock_data_dir()
+        self.store = Store(self.cfg.db_path, self.cfg.synchronous)
+        self.turns = TurnManager(self.cfg, self.store)
+        await self.turns.start_workers()  # before any gRPC thread exists
+        auth = Authenticator(self.cfg.tokens)
+        sessions = SessionService(self.cfg, self.store, auth, self.turns)
+        self.server, self.health, bound = build_server(
+            self.cfg, {"sessions": sessions, "extra": self.turns.servicers(auth)})
+        await self.server.start()
+        await self.turns.start()
+        from grpc_health.v1 import health_pb2
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving", extra={"listen": bound, "db": self.cfg.db_path,
+                                   "workers": self.cfg.worker_count()})
+        return bound
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def run_until_stopped(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        await self._stopping.wait()
+        await self.stop()
+
+    async def stop(self) -> None:
+        from grpc_health.v1 import health_pb2
+        log.info("stopping")
+        if self.health is not None:
+            await self.health.enter_graceful_shutdown()
+        if self.turns is not None:
+            await self.turns.stop()
+        if self.server is not None:
+            await self.server.stop(grace=2)
+        if self.store is not None:
+            self.store.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+        log.info("stopped")

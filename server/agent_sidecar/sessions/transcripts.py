@@ -1,0 +1,168 @@
+"""Transcripts: append-only message rows per incarnation (seed 000, seed 001 §3).
+
+Rewind, rewrite and rollback never delete: they clear ``active`` and record why
+in ``hidden_by``, so the audit trail stays and ``include_rewound`` can show it.
+Writes are writer jobs (``conn`` first); reads take a reader connection.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import apsw
+import orjson
+
+from ..errors import SidecarError, invalid
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass(slots=True)
+class Message:
+    role: str
+    content: str = ""
+    tool_call_id: str = ""
+    tool_name: str = ""
+    tool_calls_json: str = ""
+    created_at: float = 0.0
+    seq: int = 0
+    active: bool = True
+
+    def extra(self) -> bytes | None:
+        d = {k: v for k, v in (("tool_call_id", self.tool_call_id), ("tool_name", self.tool_name),
+                               ("tool_calls_json", self.tool_calls_json)) if v}
+        return orjson.dumps(d) if d else None
+
+    def to_model(self) -> dict[str, Any]:
+        """OpenAI chat shape, for the agent loop."""
+        m: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls_json:
+            m["tool_calls"] = orjson.loads(self.tool_calls_json)
+        if self.tool_call_id:
+            m["tool_call_id"] = self.tool_call_id
+        if self.tool_name:
+            m["name"] = self.tool_name
+        return m
+
+
+_SELECT = "SELECT seq, role, content, extra, created_at, active FROM messages"
+
+
+def _row_to_message(row) -> Message:
+    seq, role, content, extra, created_at, active = row
+    m = Message(role=role, content=content, created_at=created_at, seq=seq, active=bool(active))
+    if extra:
+        d = orjson.loads(extra)
+        m.tool_call_id = d.get("tool_call_id", "")
+        m.tool_name = d.get("tool_name", "")
+        m.tool_calls_json = d.get("tool_calls_json", "")
+    return m
+
+
+def incarnation_exists(conn, session_id: str) -> bool:
+    return conn.execute("SELECT 1 FROM incarnations WHERE session_id = ?",
+                        (session_id,)).fetchone() is not None
+
+
+def append(conn, session_id: str, messages: Iterable[Message],
+           request_id: str | None = None) -> tuple[int, int]:
+    """Append rows with the next seqs; returns (first_seq, last_seq)."""
+    row = conn.execute("SELECT next_seq, session_key FROM incarnations WHERE session_id = ?",
+                       (session_id,)).fetchone()
+    if row is None:
+        raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {session_id}")
+    first, key = row
+    now = time.time()
+    rows = []
+    seq = first
+    for m in messages:
+        rows.append((session_id, seq, m.role, m.content, m.extra(), m.created_at or now, request_id))
+        seq += 1
+    if not rows:
+        return first, first - 1
+    conn.executemany(
+        "INSERT INTO messages (session_id, seq, role, content, extra, created_at, request_id)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    conn.execute("UPDATE incarnations SET next_seq = ? WHERE session_id = ?", (seq, session_id))
+    conn.execute("UPDATE routing SET updated_at = ? WHERE session_key = ? AND session_id = ?",
+                 (now, key, session_id))
+    return first, seq - 1
+
+
+def load_page(conn, session_id: str, *, include_rewound: bool = False, after_seq: int = 0,
+              limit: int | None = None) -> list[Message]:
+    sql = _SELECT + " WHERE session_id = ? AND seq > ?"
+    if not include_rewound:
+        sql += " AND active = 1"
+    sql += " ORDER BY seq"
+    params: list[Any] = [session_id, after_seq]
+    if limit is not None:
+        sql += " LIMIT ?"
+        params.append(limit)
+    return [_row_to_message(r) for r in conn.execute(sql, params)]
+
+
+def load_active(conn, session_id: str) -> list[Message]:
+    return load_page(conn, session_id)
+
+
+def rewrite(conn, session_id: str, messages: list[Message]) -> None:
+    """Full replacement: hide every live row (kept as audit trail), append the new."""
+    if not incarnation_exists(conn, session_id):
+        raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {session_id}")
+    conn.execute("UPDATE messages SET active = 0, hidden_by = 'rewrite'"
+                 " WHERE session_id = ? AND active = 1", (session_id,))
+    append(conn, session_id, messages)
+
+
+def rewind(conn, session_id: str, n: int) -> dict[str, Any]:
+    """Back up ``n`` user turns by soft delete: the n-th last live user message
+    and everything after it become inactive."""
+    if not incarnation_exists(conn, session_id):
+        raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {session_id}")
+    users = conn.execute(
+        "SELECT seq, content FROM messages WHERE session_id = ? AND active = 1 AND role = 'user'"
+        " ORDER BY seq DESC LIMIT ?", (session_id, n)).fetchall()
+    if not users:
+        return {"rewound_count": 0, "turns_undone": 0, "target_text": ""}
+    target_seq, target_text = users[-1]
+    cur = conn.execute(
+        "UPDATE messages SET active = 0, hidden_by = 'rewind'"
+        " WHERE session_id = ? AND active = 1 AND seq >= ?", (session_id, target_seq))
+    return {"rewound_count": conn.changes(), "turns_undone": len(users), "target_text": target_text}
+
+
+def hide_request(conn, request_id: str, reason: str = "rollback") -> int:
+    """ROLLBACK delivery: soft-delete what one turn wrote."""
+    conn.execute("UPDATE messages SET active = 0, hidden_by = ? WHERE request_id = ? AND active = 1",
+                 (reason, request_id))
+    return conn.changes()
+
+
+def search(conn, query: str, session_key: str = "", limit: int = 20) -> list[dict[str, Any]]:
+    """FTS5 over live messages. A query that is not valid FTS5 syntax is retried
+    as a plain phrase search, so users can type anything."""
+    sql = (
+        "SELECT i.session_key, m.session_id, m.seq, m.role,"
+        " snippet(messages_fts, 0, '[', ']', '…', 12), m.created_at"
+        " FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid"
+        " JOIN incarnations i ON i.session_id = m.session_id"
+        " WHERE messages_fts MATCH ? AND m.active = 1"
+    )
+    params: list[Any] = [query]
+    if session_key:
+        sql += " AND i.session_key = ?"
+        params.append(session_key)
+    sql += " ORDER BY rank LIMIT ?"
+    params.append(limit)
+    try:
+        rows = conn.execute(sql, params).fetchall()
+    except apsw.SQLError:
+        params[0] = " ".join('"' + t.replace('"', '""') + '"' for t in query.split())
+        if not params[0]:
+            raise invalid("query", "is empty")
+        rows = conn.execute(sql, params).fetchall()
+    return [dict(zip(("session_key", "session_id", "seq", "role", "snippet", "created_at"), r))
+            for r in rows]
