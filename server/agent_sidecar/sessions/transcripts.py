@@ -114,6 +114,7 @@ def rewrite(conn, session_id: str, messages: list[Message]) -> None:
         raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {session_id}")
     conn.execute("UPDATE messages SET active = 0, hidden_by = 'rewrite'"
                  " WHERE session_id = ? AND active = 1", (session_id,))
+    _bump_rev(conn, session_id)
     append(conn, session_id, messages)
 
 
@@ -128,17 +129,38 @@ def rewind(conn, session_id: str, n: int) -> dict[str, Any]:
     if not users:
         return {"rewound_count": 0, "turns_undone": 0, "target_text": ""}
     target_seq, target_text = users[-1]
-    cur = conn.execute(
+    conn.execute(
         "UPDATE messages SET active = 0, hidden_by = 'rewind'"
         " WHERE session_id = ? AND active = 1 AND seq >= ?", (session_id, target_seq))
-    return {"rewound_count": conn.changes(), "turns_undone": len(users), "target_text": target_text}
+    count = conn.changes()
+    _bump_rev(conn, session_id)
+    return {"rewound_count": count, "turns_undone": len(users), "target_text": target_text}
 
 
-def hide_request(conn, request_id: str, reason: str = "rollback") -> int:
+def hide_request(conn, session_id: str, request_id: str, reason: str = "rollback") -> int:
     """ROLLBACK delivery: soft-delete what one turn wrote."""
     conn.execute("UPDATE messages SET active = 0, hidden_by = ? WHERE request_id = ? AND active = 1",
                  (reason, request_id))
-    return conn.changes()
+    n = conn.changes()
+    _bump_rev(conn, session_id)
+    return n
+
+
+def _bump_rev(conn, session_id: str) -> None:
+    conn.execute("UPDATE incarnations SET rev = rev + 1 WHERE session_id = ?", (session_id,))
+
+
+def current_rev(conn, session_id: str) -> int:
+    row = conn.execute("SELECT rev FROM incarnations WHERE session_id = ?", (session_id,)).fetchone()
+    return row[0] if row else 0
+
+
+def from_model(msg: dict[str, Any]) -> Message:
+    """The agent loop's OpenAI-shaped message as a transcript row."""
+    calls = msg.get("tool_calls")
+    return Message(role=msg["role"], content=msg.get("content") or "",
+                   tool_call_id=msg.get("tool_call_id", ""), tool_name=msg.get("name", ""),
+                   tool_calls_json=orjson.dumps(calls).decode() if calls else "")
 
 
 def search(conn, query: str, session_key: str = "", limit: int = 20) -> list[dict[str, Any]]:

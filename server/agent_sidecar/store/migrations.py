@@ -59,7 +59,10 @@ CREATE TABLE incarnations (
     ended_at     REAL,
     end_reason   TEXT,
     turn_count   INTEGER NOT NULL DEFAULT 0,
-    next_seq     INTEGER NOT NULL DEFAULT 1
+    next_seq     INTEGER NOT NULL DEFAULT 1,
+    -- bumped whenever live rows are hidden (rewind, rewrite, rollback), so a
+    -- worker's cached transcript knows it no longer matches the store
+    rev          INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX incarnations_by_key ON incarnations (session_key, created_at);
 

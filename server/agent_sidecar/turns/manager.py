@@ -1,38 +1,402 @@
-"""TurnManager: the parent-side owner of turns (placeholder until turns land)."""
+"""TurnManager: the parent-side owner of turns.
+
+It accepts prompts (ledger first, then the ``accepted`` frame), keeps each
+session's lane (running turn, interrupt slot, follow-up slot, FIFO), starts
+turns on the session's worker, turns worker messages into persisted frames and
+transcript rows, routes tool calls, and cleans up after cancels, resets and
+dead workers. Every decision about a lane is made synchronously on the event
+loop, so lanes need no locks; the store mirrors them for recovery.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+from typing import Any
+
+from .. import errors as E
+from ..config import Config
+from ..sessions.entry import load_entry
+from ..sessions.source import SessionSource
+from ..store import Store
+from ..tools.registry import ToolRegistry
+from . import jobs
+from .context import system_prompt_for
+from .frames import FrameBus, Subscriber, build_frame
+from .lanes import FOLLOW_UP, INTERRUPT, QUEUE, REJECT_IF_BUSY, ROLLBACK, STEER, Lane, Turn
+from .memory import budget_per_worker
+from .pool import WorkerHandle, WorkerPool
+
+log = logging.getLogger("agent_sidecar.turns")
+
 
 class TurnManager:
-    def __init__(self, cfg, store):
+    def __init__(self, cfg: Config, store: Store):
         self.cfg, self.store = cfg, store
+        self.bus = FrameBus(store)
+        self.lanes: dict[str, Lane] = {}
+        self.live: dict[str, Turn] = {}
+        self.tools = ToolRegistry()
+        self.pool: WorkerPool | None = None
+        self.ready = asyncio.Event()  # set when startup restore is done
+        self.accepting = True
+        self._steer_waits: dict[str, asyncio.Future] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    # -- lifecycle ------------------------------------------------------------------
 
     async def start_workers(self) -> None:
-        pass
+        n = self.cfg.worker_count()
+        c = self.cfg.agent_cache
+        settings = {"db_path": self.cfg.db_path, "cache": {
+            "max_size": c.max_size, "idle_ttl_secs": c.idle_ttl_secs,
+            "memory_budget_bytes": budget_per_worker(c.memory_high_mb, n),
+            "max_evictions_per_pass": c.max_evictions_per_pass, "protect_recent": c.protect_recent,
+            "sweep_interval_s": min(30.0, max(0.2, c.idle_ttl_secs / 4))}}
+        self.pool = WorkerPool(n, settings, self._on_worker_message, self._on_worker_exit)
+        await self.pool.start()
 
     def servicers(self, auth) -> list:
-        return []
+        from ..api.prompt_service import PromptService
+        from ..api.tool_service import ToolService
+        from ..v1 import prompt_service_pb2_grpc, tool_service_pb2_grpc
+        prompts = PromptService(self.cfg, self.store, auth, self)
+        tools = ToolService(self.cfg, auth, self.tools)
+        return [(lambda s: prompt_service_pb2_grpc.add_PromptServiceServicer_to_server(prompts, s), "prompts"),
+                (lambda s: tool_service_pb2_grpc.add_ToolServiceServicer_to_server(tools, s), "tools")]
 
     async def start(self) -> None:
-        pass
+        self.tools.load_entry_points()
+        self.ready.set()
 
     async def stop(self) -> None:
-        pass
+        self.accepting = False
+        if self.pool is not None:
+            await self.pool.stop()
+
+    def spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- what SessionService asks -----------------------------------------------------
 
     def queue_depth(self, key: str) -> int:
-        return 0
+        lane = self.lanes.get(key)
+        return lane.depth() if lane else 0
 
     def busy_keys(self) -> set[str]:
-        return set()
+        return {k for k, lane in self.lanes.items() if lane.running is not None}
 
     async def on_reset(self, key: str) -> None:
-        pass
+        self._drop_lane(key, "reset")
 
     async def on_suspend(self, key: str) -> None:
-        pass
+        self._drop_lane(key, "suspended")
 
     async def on_delete(self, key: str) -> None:
-        pass
+        self._drop_lane(key, "deleted")
+        if self.pool:
+            self.pool.slot_for(key).send({"t": "evict", "key": key})
 
     async def on_clear_all(self) -> None:
-        pass
+        for key in list(self.lanes):
+            self._drop_lane(key, "cleared")
+        if self.pool:
+            self.pool.broadcast({"t": "clear"})
+
+    def _drop_lane(self, key: str, why: str) -> None:
+        lane = self.lanes.get(key)
+        if lane is None:
+            return
+        for turn in lane.waiting():
+            lane.remove(turn)
+            self._supersede(turn, "")
+        if lane.running is not None:
+            self.cancel_turn(lane.running, E.CANCELLED)
+
+    # -- accepting prompts --------------------------------------------------------------
+
+    async def submit(self, *, rid: str, key: str, platform: str, profile: str, text: str,
+                     delivery: int, source: SessionSource | None, timeout_s: float,
+                     payload: dict[str, Any]) -> Turn | None:
+        """Accept a prompt. Returns the new turn with one subscriber attached
+        (``turn.subscribers[0]``), or None when the request id is already known
+        (the caller replays it)."""
+        if not self.ready.is_set():
+            await self.ready.wait()  # startup restore first: never race it
+        if not self.accepting:
+            raise E.SidecarError(E.UNAVAILABLE, "the sidecar is shutting down")
+        if rid in self.live:
+            return None
+        row = self.store.read(lambda c: jobs.ledger_lookup(c, rid))
+        if row is not None and time.time() - row[1] < self.cfg.dedup_window_s:
+            return None
+        turn = Turn(rid=rid, key=key, platform=platform, profile=profile, text=text,
+                    delivery=delivery or FOLLOW_UP, timeout_s=timeout_s, payload=payload)
+        turn.next_seq = 2  # seq 1 is the accepted frame, written by the accept job
+        lane = self.lanes.get(key)
+        if lane is None:
+            lane = self.lanes[key] = Lane(key)
+        slot = None
+        if lane.busy():
+            slot = await self._place_busy(lane, turn)
+            if rid in self.live:  # a twin arrived while we asked the worker to steer
+                return None
+        else:
+            lane.running = turn
+        payload["queue_position"] = self._position(lane, turn)
+        self.live[rid] = turn
+        sub = Subscriber()
+        turn.subscribers.append(sub)
+        position = lane.next_position()
+        try:
+            sid, frame_id = await self.store.write(
+                lambda c: jobs.accept(c, turn, source, self.cfg.dedup_window_s, slot, position))
+        except jobs.DuplicateRequest:
+            self._unreserve(lane, turn)
+            return None
+        except BaseException:
+            self._unreserve(lane, turn)
+            raise
+        turn.accepted = True
+        frame = build_frame(rid, key, sid, 1, turn.created_at, frame_id, "accepted",
+                            {"queue_position": payload["queue_position"]})
+        self.bus.deliver_committed(turn, frame, "accepted")
+        if turn.pending_end:
+            self._publish_end(turn, *turn.pending_end)
+        elif turn.host is None and lane.running is turn and not turn.started:
+            self._start(turn)
+        return turn
+
+    async def _place_busy(self, lane: Lane, turn: Turn) -> str | None:
+        mode = turn.delivery
+        if mode == REJECT_IF_BUSY:
+            raise E.SidecarError(E.AGENT_BUSY, f"session {lane.key} has a turn in flight",
+                                 retry_after_s=1.0)
+        cap = self.cfg.profile(turn.profile).queue_cap if self.cfg.profile(turn.profile) else 0
+        if cap and mode in (QUEUE, FOLLOW_UP, STEER) and lane.depth() >= cap:
+            raise E.SidecarError(E.RESOURCE_EXHAUSTED,
+                                 f"session {lane.key} already has {lane.depth()} queued prompts (cap {cap})")
+        if mode == STEER:
+            if await self._steer(lane, turn):
+                return None
+            mode = FOLLOW_UP
+        if mode in (INTERRUPT, ROLLBACK):
+            lane.interrupt.append(turn)
+            running = lane.running
+            if running is not None and not running.finished:
+                running.rollback = mode == ROLLBACK
+                self.cancel_turn(running, E.CANCELLED)
+            return "pending"
+        if mode == QUEUE:
+            lane.fifo.append(turn)
+            return "fifo"
+        if lane.pending is not None:  # burst collapse: the newer follow-up wins
+            old, lane.pending = lane.pending, None
+            self._supersede(old, turn.rid)
+        lane.pending = turn
+        return "pending"
+
+    @staticmethod
+    def _position(lane: Lane, turn: Turn) -> int:
+        if lane.running is turn or turn.host is not None:
+            return 0
+        waiting = lane.waiting()
+        return waiting.index(turn) + 1 if turn in waiting else 0
+
+    def _unreserve(self, lane: Lane, turn: Turn) -> None:
+        self.live.pop(turn.rid, None)
+        if lane.running is turn:
+            lane.running = None
+        lane.remove(turn)
+        if turn.host is not None and turn in turn.host.steers:
+            turn.host.steers.remove(turn)
+        self._advance(lane)
+
+    async def _steer(self, lane: Lane, turn: Turn) -> bool:
+        host = lane.running
+        if host is None or not host.started or host.finished or host.worker is None:
+            return False
+        fut = asyncio.get_running_loop().create_future()
+        self._steer_waits[turn.rid] = fut
+        host.worker.send({"t": "steer", "rid": host.rid, "steer_rid": turn.rid, "text": turn.text})
+        try:
+            ok = await asyncio.wait_for(fut, 5)
+        except asyncio.TimeoutError:
+            ok = False
+        finally:
+            self._steer_waits.pop(turn.rid, None)
+        if ok and not host.finished:
+            turn.host = host
+            host.steers.append(turn)
+            return True
+        return False
+
+    # -- running turns --------------------------------------------------------------------
+
+    def _start(self, turn: Turn) -> None:
+        turn.started = True
+        entry = self.store.read(lambda c: load_entry(c, turn.key))
+        if entry is None:
+            self._end(turn, "failed", E.SESSION_NOT_FOUND, f"session {turn.key} no longer exists")
+            return
+        turn.sid = entry.session_id
+        profile = self.cfg.profile(turn.profile) or self.cfg.profile("main")
+        system_prompt = system_prompt_for(self.cfg, profile, entry)
+        self.bus.publish(turn, "started", write=lambda c: jobs.start(c, turn),
+                         then=lambda res: self._dispatch(turn, res, profile, system_prompt))
+
+    def _dispatch(self, turn: Turn, res, profile, system_prompt: str) -> None:
+        if isinstance(res, Exception):
+            self._end(turn, "failed", E.UNAVAILABLE, f"could not start the turn: {res}")
+            return
+        if turn.cancel_reason:
+            self._end(turn, "failed", turn.cancel_reason, "the turn was cancelled")
+            return
+        h = self.pool.slot_for(turn.key)
+        turn.worker = h
+        msg = {"t": "run", "rid": turn.rid, "key": turn.key, "sid": turn.sid, "rev": res["rev"],
+               "base_seq": res["base_seq"], "text": turn.text, "profile": profile.to_wire(),
+               "system_prompt": system_prompt, "tools": self.tools.specs_for(profile.tools),
+               "timeout_s": turn.timeout_s}
+        if h.ready.is_set():
+            h.send(msg)
+        else:
+            self.spawn(self._send_when_ready(h, turn, msg))
+
+    async def _send_when_ready(self, h: WorkerHandle, turn: Turn, msg: dict) -> None:
+        await h.ready.wait()
+        if not turn.finished and not turn.terminal_pending:
+            h.send(msg)
+
+    def cancel_turn(self, turn: Turn, reason: str) -> bool:
+        if turn.finished or turn.terminal_pending:
+            return False
+        if not turn.started:
+            lane = self.lanes.get(turn.key)
+            if lane is not None:
+                if lane.running is turn:
+                    lane.running = None
+                lane.remove(turn)
+            self._publish_end(turn, "failed", reason, "cancelled before it ran")
+            if lane is not None:
+                self._advance(lane)
+            return True
+        turn.cancel_reason = reason
+        if turn.worker is not None:
+            turn.worker.send({"t": "cancel", "rid": turn.rid, "reason": reason})
+        return True
+
+    def _supersede(self, turn: Turn, by_rid: str) -> None:
+        if not turn.finished and not turn.terminal_pending:
+            self._publish_end(turn, "superseded", "", by_rid)
+
+    # -- worker messages ----------------------------------------------------------------
+
+    def _on_worker_message(self, h: WorkerHandle, msg: dict) -> None:
+        t = msg["t"]
+        if t == "log":
+            log.info(msg.pop("msg"), extra={"worker": h.index, **{k: v for k, v in msg.items() if k != "t"}})
+            return
+        if t == "steered":
+            fut = self._steer_waits.get(msg["steer_rid"])
+            if fut is not None and not fut.done():
+                fut.set_result(msg["ok"])
+            return
+        turn = self.live.get(msg.get("rid", ""))
+        if turn is None or turn.terminal_pending:
+            return
+        if t == "frame":
+            kind, body = msg["k"], msg["b"]
+            if kind == "usage":
+                for k, v in body.items():
+                    turn.usage[k] = turn.usage.get(k, 0) + v
+                self.bus.publish(turn, kind, body, write=lambda c: jobs.record_usage(c, turn.key, body))
+            else:
+                self.bus.publish(turn, kind, body)
+        elif t == "msg":
+            m = msg["m"]
+            for call in m.get("tool_calls") or ():
+                turn.open_tool_calls[call["id"]] = call["function"]["name"]
+            if m["role"] == "tool":
+                turn.open_tool_calls.pop(m.get("tool_call_id", ""), None)
+            key = turn.key
+            self.bus.write(lambda c: jobs.append_turn_message(c, turn, m),
+                           then=lambda _: h.send({"t": "ack", "key": key, "n": 1}))
+        elif t == "tool":
+            self.spawn(self._run_tool(h, turn, msg))
+        elif t == "done":
+            if msg["ok"]:
+                self._end(turn, "completed", "", msg.get("final_text", ""))
+            else:
+                self._end(turn, "failed", msg["reason"], msg.get("message", ""))
+
+    async def _run_tool(self, h: WorkerHandle, turn: Turn, msg: dict) -> None:
+        ok, result = await self.tools.invoke(msg["name"], msg["args"], {
+            "session_key": turn.key, "session_id": turn.sid, "request_id": turn.rid})
+        h.send({"t": "tool_result", "rid": turn.rid, "call_id": msg["call_id"], "ok": ok, "result": result})
+
+    def _on_worker_exit(self, h: WorkerHandle) -> None:
+        for turn in list(self.live.values()):
+            if turn.worker is h and turn.started and not turn.finished and not turn.terminal_pending:
+                self._close_dangling_tool_calls(turn, "the worker running this turn died")
+                key = turn.key
+                self.bus.write(lambda c, key=key: jobs.life.mark_resume_pending(c, key, "worker_crashed"))
+                self._end(turn, "failed", E.WORKER_CRASHED, "the worker process running the turn died")
+
+    def _close_dangling_tool_calls(self, turn: Turn, why: str) -> None:
+        import orjson
+        for call_id, name in list(turn.open_tool_calls.items()):
+            m = {"role": "tool", "tool_call_id": call_id, "name": name,
+                 "content": orjson.dumps({"error": why}).decode()}
+            self.bus.write(lambda c, m=m: jobs.append_turn_message(c, turn, m))
+        turn.open_tool_calls.clear()
+
+    # -- ending turns ----------------------------------------------------------------------
+
+    def _end(self, turn: Turn, status: str, reason: str, text: str) -> None:
+        """A started turn is over: persist the end, free the lane, start the next."""
+        lane = self.lanes.get(turn.key)
+        if lane is not None and lane.running is turn:
+            lane.running = None
+        self._publish_end(turn, status, reason, text)
+        for st in turn.steers:
+            self._publish_end(st, status, reason, text)
+        if lane is not None:
+            self._advance(lane)
+
+    def _publish_end(self, turn: Turn, status: str, reason: str, text: str) -> None:
+        if not turn.accepted:  # its accepted frame is not committed yet: end after it
+            turn.pending_end = (status, reason, text)
+            return
+        turn.pending_end = None
+        if status == "completed":
+            kind, body = "completed", {"final_text": text}
+        elif status == "superseded":
+            kind, body = "superseded", {"by_request_id": text}
+        else:
+            kind, body = "failed", {"reason": reason, "message": text}
+        lane = self.lanes.get(turn.key)
+        lane_idle = lane is None or not lane.busy()
+        state = {"request_id": turn.rid, "status": status, "reason": reason, "usage": turn.usage,
+                 "final_text": text if status == "completed" else ""}
+        if turn.started and turn.host is None:
+            write = lambda c: jobs.finish(c, turn, status, reason, lane_idle, state)
+        else:
+            write = lambda c: jobs.close_unstarted(c, turn, status, reason)
+        self.bus.publish(turn, kind, body, write=write,
+                         then=lambda _: self.live.pop(turn.rid, None) if self.live.get(turn.rid) is turn else None)
+
+    def _advance(self, lane: Lane) -> None:
+        if lane.running is not None:
+            return
+        nxt = lane.pop_next()
+        if nxt is None:
+            if self.lanes.get(lane.key) is lane:
+                del self.lanes[lane.key]
+            return
+        lane.running = nxt
+        if nxt.accepted:
+            self._start(nxt)

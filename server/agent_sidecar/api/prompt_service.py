@@ -1,0 +1,245 @@
+"""PromptService over gRPC: Prompt, WatchActivity, Cancel, GetQueue.
+
+A Prompt stream is the turn's frames as they commit; a turn that fails sends
+its ``failed`` frame and then ends the RPC with the matching status and
+ErrorInfo, so clients can both show the frame and raise a typed error.
+Keepalive frames (not persisted, repeating the last seq) keep a long silent
+turn's stream from looking dead.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .. import errors as E
+from ..config import Config
+from ..sessions.keys import build_session_key, split_session_key
+from ..store import Store
+from ..turns import jobs
+from ..turns.frames import FRAME_COLUMNS, TERMINAL, Subscriber, frame_from_row
+from ..v1 import prompt_service_pb2 as pb
+from ..v1 import prompt_service_pb2_grpc as pb_grpc
+from . import convert as cv
+from .rpc import streaming, unary
+
+KEEPALIVE_S = 15.0
+_MODES = set(pb.DeliveryMode.values()) - {0}
+
+
+def _kind(frame) -> str:
+    return frame.WhichOneof("event")
+
+
+class PromptService(pb_grpc.PromptServiceServicer):
+    def __init__(self, cfg: Config, store: Store, auth, turns):
+        self.cfg, self.store, self.auth, self.turns = cfg, store, auth, turns
+
+    # -- Prompt ------------------------------------------------------------------------
+
+    def _validate(self, request, principal):
+        cfg = self.cfg
+        rid = cv.require(request.request_id, "request_id")
+        if len(rid) > cfg.limits.max_id_length:
+            raise E.invalid("request_id", f"longer than {cfg.limits.max_id_length} characters")
+        if len(request.text.encode()) > cfg.limits.max_text_bytes:
+            raise E.invalid("text", f"larger than {cfg.limits.max_text_bytes} bytes")
+        if request.delivery and request.delivery not in _MODES:
+            raise E.invalid("delivery", "is not a known delivery mode")
+        if len(request.attachments) > cfg.limits.max_attachments:
+            raise E.invalid("attachments", f"more than {cfg.limits.max_attachments}")
+        for i, a in enumerate(request.attachments):
+            if len(a.data) > cfg.limits.max_attachment_bytes:
+                raise E.invalid(f"attachments[{i}].data", f"larger than {cfg.limits.max_attachment_bytes} bytes")
+        if request.HasField("source") == bool(request.session_key):
+            raise E.invalid("source", "give exactly one of source and session_key")
+        source = None
+        if request.HasField("source"):
+            source = cv.source_from_proto(request.source, cfg)
+            profile = request.profile or "main"
+            if cfg.profile(profile) is None:
+                raise E.invalid("profile", f"unknown profile {profile!r}")
+            try:
+                key = build_session_key(source, profile,
+                                        group_sessions_per_user=cfg.group_sessions_per_user,
+                                        thread_sessions_per_user=cfg.thread_sessions_per_user)
+            except ValueError as e:
+                raise E.invalid(str(e).split(":", 1)[0], str(e)) from None
+            platform = source.platform
+        else:
+            key = request.session_key
+            try:
+                profile, platform, _ = split_session_key(key)
+            except ValueError:
+                raise E.invalid("session_key", "is not a session key (agent:{profile}:{platform}:…)") from None
+            if cfg.profile(profile) is None:
+                raise E.invalid("session_key", f"names an unknown profile {profile!r}")
+        principal.require_platform(platform)
+        return rid, key, platform, profile, source
+
+    @streaming
+    async def Prompt(self, request, context, principal):
+        rid, key, platform, profile, source = self._validate(request, principal)
+        prof = self.cfg.profile(profile)
+        timeout = prof.timeout_s or self.cfg.gateway_timeout
+        remaining = context.time_remaining()
+        if remaining is not None and math.isfinite(remaining):
+            timeout = min(timeout, max(remaining, 0.001))
+        payload = {"profile": profile,
+                   "source": source.to_dict() if source else None,
+                   "attachments": [{"name": a.name, "mime_type": a.mime_type, "url": a.url,
+                                    "size": len(a.data)} for a in request.attachments]}
+        turn = await self.turns.submit(rid=rid, key=key, platform=platform, profile=profile,
+                                       text=request.text, delivery=request.delivery, source=source,
+                                       timeout_s=timeout, payload=payload)
+        if turn is None:
+            async for frame in self._replay_request(rid, 0):
+                yield pb.PromptResponse(frame=frame)
+            return
+        sub = turn.subscribers[0]
+        try:
+            async for frame in self._follow(sub, turn, 0):
+                yield pb.PromptResponse(frame=frame)
+        finally:
+            if sub in turn.subscribers:
+                turn.subscribers.remove(sub)
+
+    async def _follow(self, sub: Subscriber, turn, last_seq: int):
+        """Live frames of one turn, skipping what was already sent, ending after
+        the terminal frame (raising its reason for a failed turn)."""
+        while True:
+            frame = await sub.get(KEEPALIVE_S)
+            if frame is None:
+                yield self._keepalive(turn.rid, turn.key, turn.sid, last_seq)
+                continue
+            if frame.seq <= last_seq:
+                continue
+            last_seq = frame.seq
+            yield frame
+            kind = _kind(frame)
+            if kind in TERMINAL:
+                if kind == "failed":
+                    raise E.SidecarError(frame.failed.reason, frame.failed.message)
+                return
+
+    @staticmethod
+    def _keepalive(rid, key, sid, seq):
+        f = pb.ActivityFrame(request_id=rid, session_key=key, session_id=sid, seq=seq)
+        f.at.GetCurrentTime()
+        f.keepalive.SetInParent()
+        return f
+
+    async def _replay_request(self, rid: str, after_seq: int):
+        """Persisted frames after ``after_seq``, then live ones if the turn is still going."""
+        turn = self.turns.live.get(rid)
+        sub = None
+        if turn is not None:
+            sub = Subscriber()
+            turn.subscribers.append(sub)  # before reading the store: no gap
+        try:
+            rows = await self.store.read_async(lambda c: c.execute(
+                f"SELECT {FRAME_COLUMNS} FROM frames WHERE request_id = ? AND seq > ? ORDER BY seq",
+                (rid, after_seq)).fetchall())
+            if not rows and turn is None:
+                known = self.store.read(lambda c: jobs.ledger_lookup(c, rid))
+                if known is None:
+                    raise E.SidecarError("REQUEST_NOT_FOUND", f"no such request: {rid}")
+            last = after_seq
+            for row in rows:
+                frame = frame_from_row(row)
+                last = frame.seq
+                yield frame
+                kind = _kind(frame)
+                if kind in TERMINAL:
+                    if kind == "failed":
+                        raise E.SidecarError(frame.failed.reason, frame.failed.message)
+                    return
+            if turn is not None:
+                async for frame in self._follow(sub, turn, last):
+                    yield frame
+        finally:
+            if sub is not None and sub in turn.subscribers:
+                turn.subscribers.remove(sub)
+
+    # -- WatchActivity -------------------------------------------------------------------
+
+    @streaming
+    async def WatchActivity(self, request, context, principal):
+        given = [f for f in ("request_id", "session_key", "platform") if getattr(request, f)]
+        if len(given) != 1:
+            raise E.invalid("request_id", "give exactly one of request_id, session_key and platform")
+        if request.after_seq < 0 or request.after_cursor < 0:
+            raise E.invalid("after_seq", "must not be negative")
+        if request.request_id:
+            row = self.store.read(lambda c: jobs.ledger_lookup(c, request.request_id))
+            live = self.turns.live.get(request.request_id)
+            key = live.key if live else (row[2] if row else "")
+            if key:
+                principal.require_platform(split_session_key(key)[1])
+            async for frame in self._replay_request(request.request_id, request.after_seq):
+                yield pb.WatchActivityResponse(frame=frame)
+            return
+        if request.session_key:
+            try:
+                platform = split_session_key(request.session_key)[1]
+            except ValueError:
+                raise E.invalid("session_key", "is not a session key") from None
+            principal.require_platform(platform)
+            index, name, column = self.turns.bus.by_key, request.session_key, "session_key"
+        else:
+            principal.require_platform(request.platform)
+            index, name, column = self.turns.bus.by_platform, request.platform, "platform"
+        sub = self.turns.bus.watch(index, name)
+        try:
+            last = request.after_cursor
+            if last > 0:
+                rows = await self.store.read_async(lambda c: c.execute(
+                    f"SELECT {FRAME_COLUMNS} FROM frames WHERE {column} = ? AND id > ? ORDER BY id LIMIT 10000",
+                    (name, last)).fetchall())
+                for row in rows:
+                    frame = frame_from_row(row)
+                    last = frame.cursor
+                    yield pb.WatchActivityResponse(frame=frame)
+            while True:
+                frame = await sub.get(KEEPALIVE_S)
+                if frame is None:
+                    yield pb.WatchActivityResponse(frame=self._keepalive("", "", "", 0))
+                    continue
+                if frame.cursor <= last:
+                    continue
+                last = frame.cursor
+                yield pb.WatchActivityResponse(frame=frame)
+        finally:
+            self.turns.bus.unwatch(index, name, sub)
+
+    # -- Cancel, GetQueue ------------------------------------------------------------------
+
+    @unary
+    async def Cancel(self, request, context, principal):
+        if bool(request.session_key) == bool(request.request_id):
+            raise E.invalid("session_key", "give exactly one of session_key and request_id")
+        if request.request_id:
+            turn = self.turns.live.get(request.request_id)
+        else:
+            lane = self.turns.lanes.get(request.session_key)
+            turn = lane.running if lane else None
+        if turn is None:
+            return pb.CancelResponse(cancelled=False)
+        principal.require_platform(turn.platform)
+        return pb.CancelResponse(cancelled=self.turns.cancel_turn(turn, E.CANCELLED))
+
+    @unary
+    async def GetQueue(self, request, context, principal):
+        key = cv.require(request.session_key, "session_key")
+        try:
+            principal.require_platform(split_session_key(key)[1])
+        except ValueError:
+            raise E.invalid("session_key", "is not a session key") from None
+        lane = self.turns.lanes.get(key)
+        if lane is None:
+            return pb.GetQueueResponse()
+
+        def q(t):
+            return pb.QueuedPrompt(request_id=t.rid, text=t.text, delivery=t.delivery,
+                                   enqueued_at=cv.ts(t.created_at))
+        return pb.GetQueueResponse(pending=q(lane.pending) if lane.pending else None,
+                                   queued=[q(t) for t in list(lane.interrupt) + list(lane.fifo)])

@@ -1,0 +1,51 @@
+"""``agent-sidecar sessions list|show KEY|delete KEY``: talk to a running sidecar."""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime, timezone
+
+
+def _when(ts) -> str:
+    if not ts.seconds:
+        return "-"
+    return datetime.fromtimestamp(ts.seconds, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def run(args) -> int:
+    import grpc
+
+    from ..v1 import session_service_pb2 as pb
+    from ..v1 import session_service_pb2_grpc as pb_grpc
+
+    metadata = [("authorization", f"Bearer {args.token}")] if args.token else None
+    with grpc.insecure_channel(args.target) as channel:
+        stub = pb_grpc.SessionServiceStub(channel)
+        try:
+            if args.action == "list":
+                resp = stub.ListSessions(pb.ListSessionsRequest(
+                    platform=args.platform, page_size=args.limit), metadata=metadata, timeout=10)
+                print(f"{'UPDATED (UTC)':19}  {'STATE':7}  {'TURNS':>5}  {'SESSION ID':24}  KEY")
+                for s in resp.sessions:
+                    state = "running" if s.state == 2 else ("suspended" if s.suspended else "idle")
+                    print(f"{_when(s.updated_at):19}  {state:7}  {s.turn_count:>5}  "
+                          f"{s.session_id:24}  {s.session_key}")
+                if resp.next_page_token:
+                    print(f"… more (showing {len(resp.sessions)})")
+            elif args.action == "show":
+                s = stub.GetSession(pb.GetSessionRequest(session_key=args.key),
+                                    metadata=metadata, timeout=10).session
+                print(s)
+                tr = stub.GetTranscript(pb.GetTranscriptRequest(session_id=s.session_id, page_size=50),
+                                        metadata=metadata, timeout=10)
+                for m in tr.messages:
+                    print(f"[{m.seq}] {m.role}: {m.content}")
+            elif args.action == "delete":
+                r = stub.DeleteSession(pb.DeleteSessionRequest(session_key=args.key),
+                                       metadata=metadata, timeout=30)
+                print("deleted" if r.deleted else "not found")
+                return 0 if r.deleted else 1
+        except grpc.RpcError as e:
+            print(f"agent-sidecar: {e.code().name}: {e.details()}", file=sys.stderr)
+            return 1
+    return 0

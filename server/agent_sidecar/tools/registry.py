@@ -1,0 +1,139 @@
+"""Where tools live: remote tool hosts (ToolService streams, any language) and
+in-process Python tools from the ``agent_sidecar.tools`` entry point group.
+
+Names are dotted (``discord.send_message``); a host registers a namespace and
+may only register names under it. The agent loop asks for a call by name; the
+registry routes it to whichever host serves that name and waits for the answer,
+bounded by a timeout. A host that errors, times out or disconnects yields an
+error result, never a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import inspect
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import orjson
+
+from ..turns.agent import in_scope
+
+log = logging.getLogger("agent_sidecar.tools")
+ENTRY_POINT_GROUP = "agent_sidecar.tools"
+
+
+@dataclass
+class ToolSpec:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    host: "ToolHost | None" = None
+    handler: Callable[..., Any] | None = None  # in-process tools
+
+    def for_model(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "parameters": self.parameters}
+
+
+@dataclass(eq=False)
+class ToolHost:
+    """One connected ServeTools stream."""
+    namespace: str
+    outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
+    pending: dict[str, asyncio.Future] = field(default_factory=dict)
+    names: list[str] = field(default_factory=list)
+    closed: bool = False
+
+    def fail_all(self, why: str) -> None:
+        self.closed = True
+        for fut in self.pending.values():
+            if not fut.done():
+                fut.set_result((False, orjson.dumps({"error": why}).decode()))
+        self.pending.clear()
+
+
+class ToolRegistry:
+    def __init__(self, default_timeout_s: float = 60.0):
+        self.tools: dict[str, ToolSpec] = {}
+        self.default_timeout_s = default_timeout_s
+        self._ids = itertools.count(1)
+
+    # -- registration ------------------------------------------------------------
+
+    def load_entry_points(self) -> None:
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                for spec in ep.load()():
+                    self.tools[spec["name"]] = ToolSpec(
+                        spec["name"], spec.get("description", ""),
+                        spec.get("parameters", {"type": "object"}), handler=spec["handler"])
+            except Exception:
+                log.exception("loading tool entry point %s failed", ep.name)
+
+    def register_host(self, host: ToolHost, specs: list[ToolSpec]) -> list[str]:
+        prefix = host.namespace + "."
+        for s in specs:
+            if not s.name.startswith(prefix):
+                raise ValueError(f"tool {s.name!r} is outside namespace {host.namespace!r}")
+        for s in specs:
+            old = self.tools.get(s.name)
+            if old is not None and old.host is not None and old.host is not host:
+                old.host.names.remove(s.name) if s.name in old.host.names else None
+            s.host = host
+            self.tools[s.name] = s
+            host.names.append(s.name)
+        return [s.name for s in specs]
+
+    def unregister_host(self, host: ToolHost) -> None:
+        for name in host.names:
+            spec = self.tools.get(name)
+            if spec is not None and spec.host is host:
+                del self.tools[name]
+        host.fail_all("the tool host disconnected")
+
+    def specs_for(self, scopes: list[str]) -> list[dict[str, Any]]:
+        return [s.for_model() for name, s in sorted(self.tools.items()) if in_scope(name, scopes)]
+
+    # -- invocation ----------------------------------------------------------------
+
+    async def invoke(self, name: str, arguments_json: str, meta: dict[str, str],
+                     timeout_s: float | None = None) -> tuple[bool, str]:
+        spec = self.tools.get(name)
+        if spec is None:
+            return False, orjson.dumps({"error": f"no tool host serves {name!r}"}).decode()
+        timeout = timeout_s or self.default_timeout_s
+        if spec.handler is not None:
+            return await self._invoke_local(spec, arguments_json, timeout)
+        host = spec.host
+        if host is None or host.closed:
+            return False, orjson.dumps({"error": f"the host of {name!r} is gone"}).decode()
+        inv_id = f"inv-{next(self._ids)}"
+        fut = asyncio.get_running_loop().create_future()
+        host.pending[inv_id] = fut
+        await host.outbox.put({"invocation_id": inv_id, "tool_name": name,
+                               "arguments_json": arguments_json, "timeout_ms": int(timeout * 1000),
+                               **meta})
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            return False, orjson.dumps({"error": f"tool {name!r} timed out after {timeout:.0f} s"}).decode()
+        finally:
+            host.pending.pop(inv_id, None)
+
+    async def _invoke_local(self, spec: ToolSpec, arguments_json: str, timeout: float):
+        try:
+            args = orjson.loads(arguments_json or "{}")
+            result = spec.handler(**args) if isinstance(args, dict) else spec.handler(args)
+            if inspect.isawaitable(result):
+                result = await asyncio.wait_for(result, timeout)
+            return True, orjson.dumps(result).decode()
+        except Exception as e:
+            return False, orjson.dumps({"error": f"{type(e).__name__}: {e}"}).decode()
+
+    def answer(self, host: ToolHost, invocation_id: str, ok: bool, result_json: str, error: str) -> None:
+        fut = host.pending.get(invocation_id)
+        if fut is not None and not fut.done():
+            fut.set_result((ok, result_json if ok else orjson.dumps({"error": error or result_json or "tool failed"}).decode()))

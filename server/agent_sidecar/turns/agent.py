@@ -1,0 +1,163 @@
+"""The agent loop, run inside a worker: model call, tool calls, repeat.
+
+One turn: build the model input (system prompt + session context + transcript +
+the user's message), call the model, run the tools it asks for, call it again,
+until it answers without tool calls — at most ``max_iterations`` model calls.
+Everything observable goes out through ``TurnIO``: frames (text deltas, tool
+calls and results, usage) and transcript messages, which the parent persists.
+Timeouts and cancellation are the caller's (worker.py); this module only loops.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from .. import errors as E
+from ..models.base import ModelError, ModelRequest, TextDelta, ToolCallRequest, UsageReport
+
+
+class TurnFailed(Exception):
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason, self.message = reason, message
+
+
+class TurnIO(Protocol):
+    def frame(self, kind: str, body: dict[str, Any]) -> None: ...
+    def message(self, msg: dict[str, Any]) -> None: ...
+    async def invoke_tool(self, call_id: str, name: str, arguments_json: str) -> tuple[bool, str]: ...
+    def take_steered(self) -> list[str]: ...
+    def close_steering(self) -> None: ...
+
+
+@dataclass
+class Agent:
+    """A warm session: its transcript in model shape, as the store has it.
+
+    ``next_seq`` and ``rev`` say which store state the cached transcript matches;
+    ``unpersisted`` counts messages sent to the parent but not yet acknowledged
+    as committed (the cache never sheds such an agent)."""
+
+    session_key: str
+    session_id: str
+    rev: int
+    next_seq: int
+    messages: list[dict[str, Any]]
+    last_used: float = 0.0
+    in_turn: bool = False
+    unpersisted: int = 0
+    approx_bytes: int = 0
+
+    def add(self, msg: dict[str, Any]) -> None:
+        self.messages.append(msg)
+        self.next_seq += 1
+        self.approx_bytes += len(msg.get("content") or "") + 64
+
+
+def in_scope(name: str, scopes: list[str]) -> bool:
+    """A dotted tool name is allowed when it falls under one of the profile's
+    subtrees: ``discord.*`` allows ``discord.send`` and ``discord.a.b``."""
+    for scope in scopes:
+        if scope == "*" or name == scope or fnmatch.fnmatchcase(name, scope):
+            return True
+        if scope.endswith(".*") and name.startswith(scope[:-1]):
+            return True
+    return False
+
+
+def _tool_message(call_id: str, name: str, content: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
+
+
+def _assistant_with_calls(text: str, calls: list[ToolCallRequest]) -> dict[str, Any]:
+    return {"role": "assistant", "content": text, "tool_calls": [
+        {"id": c.call_id, "type": "function",
+         "function": {"name": c.name, "arguments": c.arguments_json}} for c in calls]}
+
+
+@dataclass
+class TurnSpec:
+    system_prompt: str
+    tools: list[dict[str, Any]] = field(default_factory=list)  # specs offered to the model
+    scopes: list[str] = field(default_factory=list)
+    max_iterations: int = 25
+    request_id: str = ""
+
+
+async def run_turn(agent: Agent, backend, spec: TurnSpec, io: TurnIO) -> str:
+    """Run the loop to its final text; raise TurnFailed on a policy failure.
+    The user's message is already the last entry of ``agent.messages``."""
+    iteration = 0
+    final_text = ""
+    while True:
+        for text in io.take_steered():
+            msg = {"role": "user", "content": text}
+            agent.add(msg)
+            io.message(msg)
+        if iteration >= spec.max_iterations:
+            raise TurnFailed(E.MAX_ITERATIONS,
+                             f"the agent loop reached max_iterations ({spec.max_iterations})")
+        request = ModelRequest(messages=[{"role": "system", "content": spec.system_prompt}]
+                               + agent.messages, tools=spec.tools, iteration=iteration,
+                               session_key=agent.session_key, request_id=spec.request_id)
+        iteration += 1
+        parts: list[str] = []
+        calls: list[ToolCallRequest] = []
+        try:
+            async for ev in backend.stream(request):
+                if type(ev) is TextDelta:
+                    parts.append(ev.text)
+                    io.frame("text_delta", {"text": ev.text})
+                elif type(ev) is ToolCallRequest:
+                    calls.append(ev)
+                elif type(ev) is UsageReport:
+                    io.frame("usage", {"input_tokens": ev.input_tokens,
+                                       "output_tokens": ev.output_tokens,
+                                       "cache_read_tokens": ev.cache_read_tokens,
+                                       "cache_write_tokens": ev.cache_write_tokens,
+                                       "cost_usd": ev.cost_usd})
+        except ModelError as e:
+            raise TurnFailed(E.LLM_API_FAILURE, str(e)) from None
+        text = "".join(parts)
+        if not calls:
+            msg = {"role": "assistant", "content": text}
+            agent.add(msg)
+            io.message(msg)
+            final_text = text
+            # A steer that arrived during this last call still gets its model call.
+            steered = io.take_steered()
+            if not steered:
+                io.close_steering()
+                return final_text
+            for t in steered:
+                m = {"role": "user", "content": t}
+                agent.add(m)
+                io.message(m)
+            continue
+        msg = _assistant_with_calls(text, calls)
+        agent.add(msg)
+        io.message(msg)
+        for i, call in enumerate(calls):
+            io.frame("tool_call", {"call_id": call.call_id, "name": call.name,
+                                   "arguments_json": call.arguments_json})
+            if not in_scope(call.name, spec.scopes):
+                # Keep the transcript valid for the next model call: every call
+                # gets a result, even the ones the turn will never run.
+                for later in calls[i:]:
+                    err = orjson.dumps({"error": f"tool {later.name!r} is outside this session's allowed tools"}).decode()
+                    tm = _tool_message(later.call_id, later.name, err)
+                    agent.add(tm)
+                    io.message(tm)
+                io.frame("tool_result", {"call_id": call.call_id, "ok": False,
+                                         "result_json": orjson.dumps({"error": "TOOL_SCOPE_VIOLATION"}).decode()})
+                raise TurnFailed(E.TOOL_SCOPE_VIOLATION,
+                                 f"the model called {call.name!r}, outside the allowed tools {spec.scopes}")
+            ok, result_json = await io.invoke_tool(call.call_id, call.name, call.arguments_json)
+            io.frame("tool_result", {"call_id": call.call_id, "ok": ok, "result_json": result_json})
+            tm = _tool_message(call.call_id, call.name, result_json)
+            agent.add(tm)
+            io.message(tm)

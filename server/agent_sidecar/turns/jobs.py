@@ -1,0 +1,129 @@
+"""Writer jobs for turns: the ledger, the queue mirror, turn start and end.
+
+Each runs on the store's writer thread, inside a group-commit transaction,
+usually together with the frames it reports (see frames.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from ..errors import SidecarError
+from ..sessions import lifecycle as life
+from ..sessions import transcripts as tx
+from ..sessions.entry import load_entry
+from ..sessions.source import SessionSource
+from .lanes import Turn
+
+
+class DuplicateRequest(Exception):
+    """The request id is already in the ledger (within the dedup window)."""
+
+
+def accept(conn, turn: Turn, source: SessionSource | None, dedup_window_s: float,
+           slot: str | None, position: int) -> tuple[str, int]:
+    """Resolve the session, write the ledger row (+ queue row) and the
+    ``accepted`` frame. Returns (session_id, frame id)."""
+    now = time.time()
+    old = conn.execute("SELECT created_at FROM prompts WHERE request_id = ?", (turn.rid,)).fetchone()
+    if old is not None:
+        if now - old[0] < dedup_window_s:
+            raise DuplicateRequest(turn.rid)
+        conn.execute("DELETE FROM frames WHERE request_id = ?", (turn.rid,))
+        conn.execute("DELETE FROM prompts WHERE request_id = ?", (turn.rid,))
+    if source is not None:
+        entry, _ = life.get_or_create(conn, turn.key, source, turn.profile)
+    else:
+        entry = life.require_entry(conn, turn.key)
+        if entry.suspended:  # seed 001 §2: a suspended lane starts over
+            origin = entry.origin or SessionSource(platform=entry.platform)
+            entry, _ = life.get_or_create(conn, turn.key, origin, entry.profile)
+    turn.sid = entry.session_id
+    status = "queued" if slot else "running"
+    conn.execute(
+        "INSERT INTO prompts (request_id, session_key, session_id, platform, status, delivery, text,"
+        " payload, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (turn.rid, turn.key, turn.sid, turn.platform, status, turn.delivery, turn.text,
+         orjson.dumps(turn.payload), turn.created_at))
+    if slot:
+        conn.execute("INSERT INTO prompt_queue (request_id, session_key, slot, position, enqueued_at)"
+                     " VALUES (?, ?, ?, ?, ?)", (turn.rid, turn.key, slot, position, now))
+    body = orjson.dumps({"queue_position": turn.payload.get("queue_position", 0)})
+    conn.execute("INSERT INTO frames (request_id, seq, session_key, session_id, platform, at, kind, body)"
+                 " VALUES (?, 1, ?, ?, ?, ?, 'accepted', ?)",
+                 (turn.rid, turn.key, turn.sid, turn.platform, now, body))
+    return turn.sid, conn.last_insert_rowid()
+
+
+def start(conn, turn: Turn) -> dict[str, Any]:
+    """The turn begins: ledger running, lane marked running, the user's message
+    appended. Returns what the worker needs to match its cache."""
+    now = time.time()
+    conn.execute("UPDATE prompts SET status = 'running', started_at = ?, session_id = ?"
+                 " WHERE request_id = ?", (now, turn.sid, turn.rid))
+    conn.execute("DELETE FROM prompt_queue WHERE request_id = ?", (turn.rid,))
+    conn.execute("UPDATE routing SET running = 1 WHERE session_key = ?", (turn.key,))
+    if turn.is_resume:
+        base = conn.execute("SELECT next_seq FROM incarnations WHERE session_id = ?",
+                            (turn.sid,)).fetchone()[0]
+    else:
+        base, _ = tx.append(conn, turn.sid, [tx.Message(role="user", content=turn.text)],
+                            request_id=turn.rid)
+    return {"base_seq": base, "rev": tx.current_rev(conn, turn.sid)}
+
+
+def finish(conn, turn: Turn, status: str, reason: str, lane_idle: bool,
+           state: dict[str, Any]) -> None:
+    """The turn ended: ledger closed; on success the turn counts, the resume
+    marker and fresh-reset flag clear, the stuck-loop counter resets."""
+    now = time.time()
+    conn.execute("UPDATE prompts SET status = ?, finished_at = ?, reason = ?, last_seq = ?"
+                 " WHERE request_id = ?", (status, now, reason or None, turn.next_seq - 1, turn.rid))
+    conn.execute("DELETE FROM prompt_queue WHERE request_id = ?", (turn.rid,))
+    if turn.rollback and turn.started:
+        tx.hide_request(conn, turn.sid, turn.rid)
+    if status == "completed":
+        conn.execute("UPDATE incarnations SET turn_count = turn_count + 1 WHERE session_id = ?",
+                     (turn.sid,))
+        conn.execute("UPDATE routing SET resume_pending = 0, resume_reason = '', is_fresh_reset = 0"
+                     " WHERE session_key = ?", (turn.key,))
+        conn.execute("DELETE FROM restart_counts WHERE session_key = ?", (turn.key,))
+    if lane_idle:
+        conn.execute("UPDATE routing SET running = 0, updated_at = ? WHERE session_key = ?",
+                     (now, turn.key))
+    if turn.started:
+        conn.execute("INSERT INTO turn_state (session_id, request_id, updated_at, state)"
+                     " VALUES (?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET"
+                     " request_id = excluded.request_id, updated_at = excluded.updated_at,"
+                     " state = excluded.state", (turn.sid, turn.rid, now, orjson.dumps(state)))
+
+
+def close_unstarted(conn, turn: Turn, status: str, reason: str) -> None:
+    """A queued turn that never ran ends (superseded, cancelled, dropped)."""
+    conn.execute("UPDATE prompts SET status = ?, finished_at = ?, reason = ? WHERE request_id = ?",
+                 (status, time.time(), reason or None, turn.rid))
+    conn.execute("DELETE FROM prompt_queue WHERE request_id = ?", (turn.rid,))
+
+
+def record_usage(conn, key: str, usage: dict[str, Any]) -> None:
+    life.update_usage(conn, key, usage, last_prompt_tokens=int(usage.get("input_tokens", 0)))
+
+
+def append_turn_message(conn, turn: Turn, msg: dict[str, Any]) -> int:
+    first, _ = tx.append(conn, turn.sid, [tx.from_model(msg)], request_id=turn.rid)
+    return first
+
+
+def ledger_lookup(conn, rid: str) -> tuple | None:
+    return conn.execute("SELECT status, created_at, session_key FROM prompts WHERE request_id = ?",
+                        (rid,)).fetchone()
+
+
+def current_entry(conn, key: str):
+    entry = load_entry(conn, key)
+    if entry is None:
+        raise SidecarError("SESSION_NOT_FOUND", f"no such session: {key}")
+    return entry

@@ -1,0 +1,104 @@
+"""Turns and lanes: the in-memory view of what each session is doing.
+
+A ``Turn`` is one prompt (one request id) from acceptance to its terminal
+frame. A ``Lane`` is one session key's line of turns: the running one, then the
+interrupt slot, the single follow-up slot (seed 001 §8's pending message) and
+the FIFO of /queue prompts. The store mirrors all of it (``prompts`` and
+``prompt_queue``), so a restart can rebuild lanes; this is the fast path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+# Delivery modes (values of the proto enum DeliveryMode).
+REJECT_IF_BUSY, FOLLOW_UP, QUEUE, INTERRUPT, ROLLBACK, STEER = 1, 2, 3, 4, 5, 6
+MODE_NAMES = {1: "REJECT_IF_BUSY", 2: "FOLLOW_UP", 3: "QUEUE", 4: "INTERRUPT", 5: "ROLLBACK",
+              6: "STEER"}
+
+
+@dataclass(eq=False)
+class Turn:
+    rid: str
+    key: str
+    platform: str
+    profile: str
+    text: str
+    delivery: int
+    sid: str = ""
+    created_at: float = field(default_factory=time.time)
+    source: dict[str, Any] | None = None
+    payload: dict[str, Any] = field(default_factory=dict)
+    next_seq: int = 1
+    accepted: bool = False
+    started: bool = False
+    finished: bool = False
+    terminal_pending: bool = False
+    subscribers: list = field(default_factory=list)
+    terminal: Any = None
+    worker: Any = None
+    open_tool_calls: dict[str, str] = field(default_factory=dict)
+    steers: list["Turn"] = field(default_factory=list)
+    host: "Turn | None" = None  # for a steer: the turn it joined
+    rollback: bool = False
+    cancel_reason: str = ""
+    timeout_s: float = 1800.0
+    final_text: str = ""
+    usage: dict[str, float] = field(default_factory=dict)
+    is_resume: bool = False
+    pending_end: tuple | None = None  # an end decided before the accept committed
+
+    def on_terminal(self, frame) -> None:
+        self.terminal = frame
+        self.finished = True
+
+
+@dataclass(eq=False)
+class Lane:
+    key: str
+    running: Turn | None = None
+    interrupt: deque = field(default_factory=deque)
+    pending: Turn | None = None
+    fifo: deque = field(default_factory=deque)
+    position_counter: int = 0
+
+    def depth(self) -> int:
+        return len(self.interrupt) + (1 if self.pending else 0) + len(self.fifo)
+
+    def busy(self) -> bool:
+        return self.running is not None or self.depth() > 0
+
+    def waiting(self) -> list[Turn]:
+        """Every queued turn in the order they will run."""
+        out = list(self.interrupt)
+        if self.pending:
+            out.append(self.pending)
+        out.extend(self.fifo)
+        return out
+
+    def pop_next(self) -> Turn | None:
+        if self.interrupt:
+            return self.interrupt.popleft()
+        if self.pending:
+            t, self.pending = self.pending, None
+            return t
+        if self.fifo:
+            return self.fifo.popleft()
+        return None
+
+    def remove(self, turn: Turn) -> bool:
+        if self.pending is turn:
+            self.pending = None
+            return True
+        for q in (self.interrupt, self.fifo):
+            if turn in q:
+                q.remove(turn)
+                return True
+        return False
+
+    def next_position(self) -> int:
+        self.position_counter += 1
+        return self.position_counter

@@ -1,0 +1,61 @@
+"""The memory budget behind ``agent.agent_cache.memory_high_mb``.
+
+``auto`` reads the limit the sidecar runs under — cgroup v2 ``memory.high``,
+then ``memory.max``, then cgroup v1's ``memory.limit_in_bytes`` — and falls
+back to total RAM. The budget is shared: each worker gets an equal part.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _read_limit(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    if not text or text == "max":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if 0 < value < (1 << 60) else None
+
+
+def _cgroup_dir() -> str:
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    return "/sys/fs/cgroup" + line.strip()[3:]
+    except OSError:
+        pass
+    return "/sys/fs/cgroup"
+
+
+def detect_limit_bytes() -> int:
+    base = _cgroup_dir()
+    for path in (os.path.join(base, "memory.high"), os.path.join(base, "memory.max"),
+                 "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        value = _read_limit(path)
+        if value:
+            return value
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def budget_per_worker(setting: int | str, workers: int) -> int:
+    """Bytes each worker may hold before shedding; 0 disables the pass."""
+    if isinstance(setting, str):
+        s = setting.strip().lower()
+        if s in ("0", "off", "false", ""):
+            return 0
+        if s != "auto":
+            setting = int(s)
+        else:
+            return detect_limit_bytes() // max(workers, 1)
+    if setting <= 0:
+        return 0
+    return int(setting) * 1024 * 1024 // max(workers, 1)

@@ -1,0 +1,127 @@
+"""The worker pool, parent side: spawn, route, watch, replace.
+
+Workers are spawned (``spawn`` start method) and answering before the gRPC
+server starts. A session key maps to a worker *slot* by rendezvous hashing of
+the key over the slots, so a session always meets its warm agent; a dead
+worker is replaced in the same slot, so its sessions stay put.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import multiprocessing as mp
+from typing import Any, Callable
+
+from .wire import encode, open_stream, read_message
+from .worker import worker_main
+
+log = logging.getLogger("agent_sidecar.workers")
+
+
+def rendezvous(key: str, slots: int) -> int:
+    """Highest-random-weight hashing: the slot with the largest hash(key, slot)."""
+    best, best_score = 0, b""
+    kb = key.encode()
+    for slot in range(slots):
+        score = hashlib.blake2b(kb + slot.to_bytes(4, "big"), digest_size=8).digest()
+        if score > best_score:
+            best, best_score = slot, score
+    return best
+
+
+class WorkerHandle:
+    def __init__(self, index: int):
+        self.index = index
+        self.process: mp.process.BaseProcess | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.ready = asyncio.Event()
+        self.pid = 0
+        self.info: dict[str, Any] = {}
+        self.generation = 0
+
+    def send(self, msg: dict) -> None:
+        if self.writer is not None and not self.writer.is_closing():
+            self.writer.write(encode(msg))
+
+
+class WorkerPool:
+    """``on_message(handle, msg)`` gets every message a worker sends;
+    ``on_exit(handle)`` runs when a worker dies (before its replacement)."""
+
+    def __init__(self, count: int, settings: dict[str, Any],
+                 on_message: Callable[[WorkerHandle, dict], None],
+                 on_exit: Callable[[WorkerHandle], None]):
+        self.ctx = mp.get_context("spawn")
+        self.settings = settings
+        self.handles = [WorkerHandle(i) for i in range(count)]
+        self.on_message, self.on_exit = on_message, on_exit
+        self._readers: list[asyncio.Task] = []
+        self._stopping = False
+
+    def slot_for(self, key: str) -> WorkerHandle:
+        return self.handles[rendezvous(key, len(self.handles))]
+
+    async def start(self) -> None:
+        await asyncio.gather(*(self._spawn(h) for h in self.handles))
+
+    async def _spawn(self, h: WorkerHandle, timeout: float = 60.0) -> None:
+        parent_end, child_end = self.ctx.Pipe(duplex=True)
+        proc = self.ctx.Process(target=worker_main, args=(child_end, h.index, self.settings),
+                                name=f"agent-sidecar-worker-{h.index}", daemon=True)
+        proc.start()
+        child_end.close()
+        reader, writer = await open_stream(parent_end.fileno())
+        parent_end.close()
+        hello = await asyncio.wait_for(read_message(reader), timeout)
+        h.process, h.writer, h.pid, h.info = proc, writer, hello["pid"], hello
+        h.generation += 1
+        h.ready.set()
+        log.info("worker ready", extra={"index": h.index, "pid": h.pid,
+                                        "grpc_loaded": hello.get("grpc_loaded")})
+        self._readers.append(asyncio.get_running_loop().create_task(self._read(h, reader, proc)))
+
+    async def _read(self, h: WorkerHandle, reader: asyncio.StreamReader, proc) -> None:
+        try:
+            while True:
+                msg = await read_message(reader)
+                try:
+                    self.on_message(h, msg)
+                except Exception:
+                    log.exception("handling a worker message failed", extra={"t": msg.get("t")})
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        if self._stopping:
+            return
+        h.ready.clear()
+        h.writer = None
+        await asyncio.get_running_loop().run_in_executor(None, proc.join, 5)
+        log.error("worker died", extra={"index": h.index, "pid": h.pid, "exitcode": proc.exitcode})
+        try:
+            self.on_exit(h)
+        except Exception:
+            log.exception("cleaning up after a dead worker failed")
+        while not self._stopping:
+            try:
+                await self._spawn(h)
+                return
+            except Exception:
+                log.exception("respawning worker failed; retrying")
+                await asyncio.sleep(0.5)
+
+    def broadcast(self, msg: dict) -> None:
+        for h in self.handles:
+            h.send(msg)
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        self._stopping = True
+        self.broadcast({"t": "stop"})
+        loop = asyncio.get_running_loop()
+        for h in self.handles:
+            if h.process is not None:
+                await loop.run_in_executor(None, h.process.join, timeout)
+                if h.process.is_alive():
+                    h.process.kill()
+        for t in self._readers:
+            t.cancel()

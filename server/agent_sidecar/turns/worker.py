@@ -1,0 +1,225 @@
+"""A worker process: runs agent turns for the sessions that hash to it.
+
+Started with multiprocessing's ``spawn`` (never fork: grpcio is not fork-safe),
+eagerly, before the gRPC server exists. It imports no grpc — check
+``grpc_loaded`` in its hello message — which keeps it at about half the memory.
+
+One uvloop loop serves many sessions' turns at once; the parent guarantees one
+turn per session at a time. The worker owns the agent loop and the agent cache;
+the parent owns the store writes, so every frame and message goes back over the
+pipe and the parent acknowledges messages once they are committed.
+
+Messages from the parent: ``run``, ``cancel``, ``steer``, ``tool_result``,
+``ack``, ``evict``, ``clear``, ``stop``. To the parent: ``hello``, ``frame``,
+``msg``, ``tool``, ``steered``, ``done``, ``log``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from typing import Any
+
+import apsw
+import orjson
+
+from .. import errors as E
+from ..models.registry import load_backend
+from ..sessions.transcripts import load_active
+from ..store.db import open_reader
+from .agent import Agent, TurnFailed, TurnSpec, run_turn
+from .cache import AgentCache
+from .wire import encode, open_stream, read_message
+
+
+class _TurnIO:
+    """What one running turn sees of the outside world."""
+
+    def __init__(self, worker: "Worker", rid: str, agent: Agent):
+        self.w, self.rid, self.agent = worker, rid, agent
+        self.steered: list[str] = []
+        self.steering_open = True
+        self.tool_waits: dict[str, asyncio.Future] = {}
+
+    def frame(self, kind: str, body: dict[str, Any]) -> None:
+        self.w.send({"t": "frame", "rid": self.rid, "k": kind, "b": body})
+
+    def message(self, msg: dict[str, Any]) -> None:
+        self.agent.unpersisted += 1
+        self.w.send({"t": "msg", "rid": self.rid, "m": msg})
+
+    async def invoke_tool(self, call_id: str, name: str, arguments_json: str) -> tuple[bool, str]:
+        fut = asyncio.get_running_loop().create_future()
+        self.tool_waits[call_id] = fut
+        self.w.send({"t": "tool", "rid": self.rid, "call_id": call_id, "name": name,
+                     "args": arguments_json})
+        try:
+            return await fut
+        finally:
+            self.tool_waits.pop(call_id, None)
+
+    def take_steered(self) -> list[str]:
+        out, self.steered = self.steered, []
+        return out
+
+    def close_steering(self) -> None:
+        self.steering_open = False
+
+
+class Worker:
+    def __init__(self, fileno: int, index: int, settings: dict[str, Any]):
+        self.fileno, self.index, self.settings = fileno, index, settings
+        c = settings.get("cache", {})
+        self.cache = AgentCache(max_size=c.get("max_size", 128), idle_ttl=c.get("idle_ttl_secs", 3600),
+                                memory_budget_bytes=c.get("memory_budget_bytes", 0),
+                                max_evictions_per_pass=c.get("max_evictions_per_pass", 16),
+                                protect_recent=c.get("protect_recent", 8))
+        self.sweep_interval = float(c.get("sweep_interval_s", 30))
+        self.turns: dict[str, tuple[asyncio.Task, _TurnIO]] = {}
+        self.cancel_reasons: dict[str, str] = {}
+        self.backends: dict[str, tuple[bytes, Any]] = {}
+        self._reader_conn: apsw.Connection | None = None
+        self.writer = None
+
+    # -- plumbing -------------------------------------------------------------
+
+    def send(self, msg: dict) -> None:
+        self.writer.write(encode(msg))
+
+    def log(self, msg: str, **fields) -> None:
+        self.send({"t": "log", "msg": msg, **fields})
+
+    def db(self) -> apsw.Connection:
+        if self._reader_conn is None:
+            self._reader_conn = open_reader(self.settings["db_path"])
+        return self._reader_conn
+
+    def backend(self, profile: dict[str, Any]):
+        sig = orjson.dumps([profile["model"], profile.get("model_options", {})],
+                           option=orjson.OPT_SORT_KEYS)
+        cached = self.backends.get(profile["name"])
+        if cached and cached[0] == sig:
+            return cached[1]
+        b = load_backend(profile["model"], dict(profile.get("model_options", {})))
+        self.backends[profile["name"]] = (sig, b)
+        return b
+
+    async def run(self) -> None:
+        reader, self.writer = await open_stream(self.fileno)
+        self.send({"t": "hello", "pid": os.getpid(), "index": self.index,
+                   "grpc_loaded": any(m == "grpc" or m.startswith("grpc.") for m in sys.modules)})
+        sweeper = asyncio.get_running_loop().create_task(self._housekeeping())
+        try:
+            while True:
+                try:
+                    msg = await read_message(reader)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return  # the parent is gone: so are we
+                if msg["t"] == "stop":
+                    return
+                self.dispatch(msg)
+        finally:
+            sweeper.cancel()
+
+    def dispatch(self, msg: dict) -> None:
+        t = msg["t"]
+        if t == "run":
+            task = asyncio.get_running_loop().create_task(self._turn(msg))
+            self.turns[msg["rid"]] = (task, None)
+        elif t == "cancel":
+            entry = self.turns.get(msg["rid"])
+            if entry:
+                self.cancel_reasons[msg["rid"]] = msg.get("reason", E.CANCELLED)
+                entry[0].cancel()
+        elif t == "steer":
+            entry = self.turns.get(msg["rid"])
+            ok = bool(entry and entry[1] and entry[1].steering_open)
+            if ok:
+                entry[1].steered.append(msg["text"])
+            self.send({"t": "steered", "rid": msg["rid"], "steer_rid": msg["steer_rid"], "ok": ok})
+        elif t == "tool_result":
+            entry = self.turns.get(msg["rid"])
+            fut = entry[1].tool_waits.get(msg["call_id"]) if entry and entry[1] else None
+            if fut is not None and not fut.done():
+                fut.set_result((bool(msg["ok"]), msg["result"]))
+        elif t == "ack":
+            agent = self.cache.peek(msg["key"])
+            if agent is not None:
+                agent.unpersisted -= msg["n"]
+        elif t == "evict":
+            self.cache.remove(msg["key"])
+        elif t == "clear":
+            self.cache.clear()
+
+    # -- one turn ---------------------------------------------------------------
+
+    def _agent_for(self, m: dict) -> Agent:
+        key = m["key"]
+        agent = self.cache.get(key)
+        if (agent is not None and agent.session_id == m["sid"] and agent.rev == m["rev"]
+                and agent.next_seq == m["base_seq"] and agent.unpersisted <= 0):
+            agent.add({"role": "user", "content": m["text"]})
+            return agent
+        # Miss (or the store moved on): rebuild from the committed transcript,
+        # which already holds this turn's user message.
+        rows = load_active(self.db(), m["sid"])
+        msgs = [r.to_model() for r in rows]
+        agent = Agent(key, m["sid"], m["rev"], m["base_seq"] + 1, msgs,
+                      approx_bytes=sum(len(x.get("content") or "") + 64 for x in msgs))
+        for k in self.cache.put(agent):
+            self.log("agent evicted", key=k, why="lru")
+        return agent
+
+    async def _turn(self, m: dict) -> None:
+        rid = m["rid"]
+        profile = m["profile"]
+        outcome: dict[str, Any]
+        agent = None
+        try:
+            agent = self._agent_for(m)
+            io = _TurnIO(self, rid, agent)
+            self.turns[rid] = (self.turns[rid][0], io)
+            agent.in_turn = True
+            spec = TurnSpec(system_prompt=m["system_prompt"], tools=m.get("tools", []),
+                            scopes=profile.get("tools", []),
+                            max_iterations=profile.get("max_iterations", 25), request_id=rid)
+            final = await asyncio.wait_for(run_turn(agent, self.backend(profile), spec, io),
+                                           m["timeout_s"])
+            outcome = {"ok": True, "final_text": final}
+        except TurnFailed as e:
+            outcome = {"ok": False, "reason": e.reason, "message": e.message}
+        except asyncio.TimeoutError:
+            outcome = {"ok": False, "reason": E.AGENT_TIMEOUT,
+                       "message": f"the turn exceeded its timeout ({m['timeout_s']:.1f} s)"}
+        except asyncio.CancelledError:
+            reason = self.cancel_reasons.pop(rid, E.CANCELLED)
+            outcome = {"ok": False, "reason": reason, "message": "the turn was cancelled"}
+        except Exception as e:  # a backend bug must fail the turn, not the worker
+            outcome = {"ok": False, "reason": E.LLM_API_FAILURE, "message": f"{type(e).__name__}: {e}"}
+        finally:
+            if agent is not None:
+                agent.in_turn = False
+                agent.last_used = self.cache.clock()
+            self.turns.pop(rid, None)
+        self.send({"t": "done", "rid": rid, **outcome})
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_interval)
+            for why, keys in (("ttl", self.cache.sweep_idle()), ("pressure", self.cache.sweep_pressure())):
+                if keys:
+                    self.log("agents evicted", why=why, count=len(keys), keys=keys[:16])
+
+
+def worker_main(conn, index: int, settings: dict[str, Any]) -> None:
+    """The spawn target. ``conn`` is our end of a multiprocessing Pipe."""
+    import signal
+
+    import uvloop
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    worker = Worker(conn.fileno(), index, settings)
+    uvloop.run(worker.run())

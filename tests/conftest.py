@@ -1,0 +1,24 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sidecar_proc import Sidecar  # noqa: E402
+
+
+@pytest.fixture
+def sidecar(tmp_path):
+    """A fresh sidecar per test (echo model, Unix socket)."""
+    sc = Sidecar(tmp_path / "data").start()
+    yield sc
+    sc.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_sidecar(tmp_path_factory):
+    """One sidecar for a whole module, for read-mostly tests."""
+    sc = Sidecar(tmp_path_factory.mktemp("shared") / "data", tcp=True).start()
+    yield sc
+    sc.stop()

@@ -1,0 +1,165 @@
+"""A real sidecar in a subprocess, for tests: temp data dir, Unix socket (and
+optionally TCP), generated stubs. No mocks: this is the program users run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+from agent_sidecar.v1 import (
+    prompt_service_pb2_grpc,
+    session_service_pb2_grpc,
+    tool_service_pb2_grpc,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "test-admin-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Sidecar:
+    """Start with ``Sidecar(tmp_path, config="...toml text...").start()``."""
+
+    def __init__(self, data_dir: Path | str | None = None, config: str = "", tcp: bool = False,
+                 workers: int = 2, extra_args: list[str] | None = None):
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="sidecar-"))
+        self.config_text = config
+        self.tcp_port = free_port() if tcp else None
+        self.workers = workers
+        self.extra_args = extra_args or []
+        self.proc: subprocess.Popen | None = None
+        self._channels: list[grpc.Channel] = []
+        self.log_path = self.data_dir / "sidecar.log"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.data_dir / "sidecar.sock"
+
+    @property
+    def target(self) -> str:
+        return f"unix:{self.socket_path}"
+
+    @property
+    def tcp_target(self) -> str:
+        return f"127.0.0.1:{self.tcp_port}"
+
+    def start(self, timeout: float = 30.0) -> "Sidecar":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        cfg_path = self.data_dir / "config.toml"
+        text = self.config_text
+        if self.tcp_port and "[[auth.tokens]]" not in text:
+            text += f'\n[[auth.tokens]]\ntoken = "{TOKEN}"\nadmin = true\n'
+        cfg_path.write_text(text)
+        args = [sys.executable, "-m", "agent_sidecar", "serve", "--data-dir", str(self.data_dir),
+                "--config", str(cfg_path), "--workers", str(self.workers), "--log-format", "json",
+                "--listen", self.target]
+        if self.tcp_port:
+            args += ["--listen", self.tcp_target]
+        args += self.extra_args
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.wait_serving(timeout)
+        return self
+
+    def wait_serving(self, timeout: float = 30.0) -> None:
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sidecar exited with {self.proc.returncode}:\n{self.log()}")
+            if self.socket_path.exists():
+                try:
+                    with grpc.insecure_channel(self.target) as ch:
+                        r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)
+                        if r.status == health_pb2.HealthCheckResponse.SERVING:
+                            return
+                except grpc.RpcError:
+                    pass
+            time.sleep(0.05)
+        raise TimeoutError(f"sidecar not serving after {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text()[-6000:]
+        except OSError:
+            return ""
+
+    def channel(self, tcp: bool = False) -> grpc.Channel:
+        ch = grpc.insecure_channel(self.tcp_target if tcp else self.target)
+        self._channels.append(ch)
+        return ch
+
+    def sessions(self, tcp: bool = False):
+        return session_service_pb2_grpc.SessionServiceStub(self.channel(tcp))
+
+    def prompts(self, tcp: bool = False):
+        return prompt_service_pb2_grpc.PromptServiceStub(self.channel(tcp))
+
+    def tools(self, tcp: bool = False):
+        return tool_service_pb2_grpc.ToolServiceStub(self.channel(tcp))
+
+    def kill9(self) -> None:
+        """A real crash: SIGKILL, no cleanup, workers orphaned then reaped."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self._close_channels()
+
+    def stop(self, timeout: float = 90.0) -> int:
+        """SIGTERM and wait: the clean shutdown path."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._close_channels()
+        return self.proc.returncode if self.proc else 0
+
+    def restart(self, timeout: float = 30.0) -> "Sidecar":
+        return self.start(timeout)
+
+    def _close_channels(self) -> None:
+        for ch in self._channels:
+            ch.close()
+        self._channels.clear()
+
+    def __enter__(self):
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def error_info(err: grpc.RpcError):
+    """(reason, field) from a call's google.rpc.Status details."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+    st = rpc_status.from_call(err)
+    reason, field = None, None
+    if st is None:
+        return None, None
+    for d in st.details:
+        if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            d.Unpack(info)
+            reason = info.reason
+        elif d.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            br = error_details_pb2.BadRequest()
+            d.Unpack(br)
+            if br.field_violations:
+                field = br.field_violations[0].field
+    return reason, field
