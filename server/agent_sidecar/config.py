@@ -57,6 +57,7 @@ class AgentCache:
     memory_high_mb: int | str = "auto"
     max_evictions_per_pass: int = 16
     protect_recent: int = 8
+    sweep_interval_secs: float = 30.0  # the worker's housekeeping tick
 
 
 @dataclass

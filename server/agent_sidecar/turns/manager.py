@@ -53,7 +53,7 @@ class TurnManager:
             "max_size": c.max_size, "idle_ttl_secs": c.idle_ttl_secs,
             "memory_budget_bytes": budget_per_worker(c.memory_high_mb, n),
             "max_evictions_per_pass": c.max_evictions_per_pass, "protect_recent": c.protect_recent,
-            "sweep_interval_s": min(30.0, max(0.2, c.idle_ttl_secs / 4))}}
+            "sweep_interval_s": c.sweep_interval_secs}}
         self.pool = WorkerPool(n, settings, self._on_worker_message, self._on_worker_exit)
         await self.pool.start()
 

@@ -166,6 +166,8 @@ class Worker:
         # which already holds this turn's user message.
         rows = load_active(self.db(), m["sid"])
         msgs = [r.to_model() for r in rows]
+        if len(msgs) > 1:
+            self.log("agent rebuilt from store", key=key, messages=len(msgs))
         agent = Agent(key, m["sid"], m["rev"], m["base_seq"] + 1, msgs,
                       approx_bytes=sum(len(x.get("content") or "") + 64 for x in msgs))
         for k in self.cache.put(agent):
