@@ -73,16 +73,24 @@ class Sidecar:
         await self.stop()
 
     async def stop(self) -> None:
-        from grpc_health.v1 import health_pb2
+        """The clean path: NOT_SERVING, refuse new prompts, drain in-flight
+        turns (bounded), stop gRPC and workers, flush and checkpoint the store,
+        and only then — if the drain finished in time — write the marker."""
+        from .recovery.startup import write_marker
         log.info("stopping")
+        drained = False
         if self.health is not None:
             await self.health.enter_graceful_shutdown()
+        if self.turns is not None and self.turns.ready.is_set():
+            drained = await self.turns.drain(self.cfg.drain_timeout)
+        if self.server is not None:
+            await self.server.stop(grace=1)
         if self.turns is not None:
             await self.turns.stop()
-        if self.server is not None:
-            await self.server.stop(grace=2)
         if self.store is not None:
             self.store.close()
+            if drained:
+                write_marker(self.cfg.data_dir)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
-        log.info("stopped")
+        log.info("stopped", extra={"clean": drained})

@@ -54,7 +54,7 @@ def accept(conn, turn: Turn, source: SessionSource | None, dedup_window_s: float
     body = orjson.dumps({"queue_position": turn.payload.get("queue_position", 0)})
     conn.execute("INSERT INTO frames (request_id, seq, session_key, session_id, platform, at, kind, body)"
                  " VALUES (?, 1, ?, ?, ?, ?, 'accepted', ?)",
-                 (turn.rid, turn.key, turn.sid, turn.platform, now, body))
+                 (turn.rid, turn.key, turn.sid, turn.platform, turn.created_at, body))
     return turn.sid, conn.last_insert_rowid()
 
 
@@ -66,12 +66,8 @@ def start(conn, turn: Turn) -> dict[str, Any]:
                  " WHERE request_id = ?", (now, turn.sid, turn.rid))
     conn.execute("DELETE FROM prompt_queue WHERE request_id = ?", (turn.rid,))
     conn.execute("UPDATE routing SET running = 1 WHERE session_key = ?", (turn.key,))
-    if turn.is_resume:
-        base = conn.execute("SELECT next_seq FROM incarnations WHERE session_id = ?",
-                            (turn.sid,)).fetchone()[0]
-    else:
-        base, _ = tx.append(conn, turn.sid, [tx.Message(role="user", content=turn.text)],
-                            request_id=turn.rid)
+    base, _ = tx.append(conn, turn.sid, [tx.Message(role="user", content=turn.text)],
+                        request_id=turn.rid)
     return {"base_seq": base, "rev": tx.current_rev(conn, turn.sid)}
 
 

@@ -48,7 +48,6 @@ class Turn:
     timeout_s: float = 1800.0
     final_text: str = ""
     usage: dict[str, float] = field(default_factory=dict)
-    is_resume: bool = False
     pending_end: tuple | None = None  # an end decided before the accept committed
 
     def on_terminal(self, frame) -> None:

@@ -30,6 +30,9 @@ from .pool import WorkerHandle, WorkerPool
 
 log = logging.getLogger("agent_sidecar.turns")
 
+RESUME_TEXT = ("[The previous turn was interrupted ({reason}) before it finished. "
+               "Continue where you left off.]")
+
 
 class TurnManager:
     def __init__(self, cfg: Config, store: Store):
@@ -41,6 +44,7 @@ class TurnManager:
         self.pool: WorkerPool | None = None
         self.ready = asyncio.Event()  # set when startup restore is done
         self.accepting = True
+        self.draining = False
         self._steer_waits: dict[str, asyncio.Future] = {}
         self._tasks: set[asyncio.Task] = set()
 
@@ -67,11 +71,72 @@ class TurnManager:
                 (lambda s: tool_service_pb2_grpc.add_ToolServiceServicer_to_server(tools, s), "tools")]
 
     async def start(self) -> None:
+        """Startup restore, then open for prompts (which wait for ``ready``)."""
+        from ..recovery import housekeeping
+        from ..recovery.startup import consume_marker, restore
         self.tools.load_entry_points()
+        clean = consume_marker(self.cfg.data_dir)
+        plan = await self.store.write(
+            lambda c: restore(c, clean, self.cfg.gateway_auto_continue_freshness))
+        log.info("startup restore", extra={"clean": plan.clean, "marked": len(plan.marked),
+                                           "suspended": plan.suspended,
+                                           "closed_turns": plan.closed_turns,
+                                           "queued": len(plan.queued), "resume": len(plan.resume)})
+        for q in plan.queued:
+            self._restore_queued(q)
+        for r in plan.resume:
+            await self.submit(rid=r["rid"], key=r["key"], platform=r["platform"],
+                              profile=r["profile"] if self.cfg.profile(r["profile"]) else "main",
+                              text=RESUME_TEXT.format(reason=r["reason"]), delivery=INTERRUPT,
+                              source=None, timeout_s=self.cfg.gateway_timeout,
+                              payload={"resume": r["reason"]}, internal=True)
+        for lane in list(self.lanes.values()):
+            self._advance(lane)
         self.ready.set()
+        self.spawn(housekeeping.run(self.cfg, self.store, self.busy_keys))
+
+    def _restore_queued(self, q: dict) -> None:
+        turn = Turn(rid=q["rid"], key=q["key"], platform=q["platform"],
+                    profile=q["payload"].get("profile", "main"), text=q["text"],
+                    delivery=q["delivery"], sid=q["sid"], created_at=q["created_at"],
+                    payload=q["payload"], accepted=True,
+                    timeout_s=self.cfg.gateway_timeout)
+        turn.next_seq = q["next_seq"]
+        lane = self.lanes.get(turn.key)
+        if lane is None:
+            lane = self.lanes[turn.key] = Lane(turn.key)
+        if q["slot"] == "pending" and lane.pending is None and turn.delivery not in (INTERRUPT, ROLLBACK):
+            lane.pending = turn
+        elif turn.delivery in (INTERRUPT, ROLLBACK):
+            lane.interrupt.append(turn)
+        else:
+            lane.fifo.append(turn)
+        lane.position_counter = max(lane.position_counter, q["position"])
+        self.live[turn.rid] = turn
+
+    async def drain(self, timeout: float) -> bool:
+        """Stop taking prompts, let in-flight turns finish (queued ones stay
+        queued, persisted, for the next start). Returns whether it finished in
+        time; if not, the lanes still running are marked resume_pending."""
+        self.accepting = False
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.busy_keys() and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        still = sorted(self.busy_keys())
+        if still:
+            from ..sessions import lifecycle as life
+            await self.store.write(lambda c: [life.mark_resume_pending(c, k, "shutdown_timeout")
+                                              for k in still])
+            log.warning("drain timed out", extra={"sessions": still})
+        await self.store.write(lambda c: None)  # every queued frame write has committed
+        return not still
 
     async def stop(self) -> None:
         self.accepting = False
+        for task in list(self._tasks):
+            task.cancel()
         if self.pool is not None:
             await self.pool.stop()
 
@@ -120,11 +185,11 @@ class TurnManager:
 
     async def submit(self, *, rid: str, key: str, platform: str, profile: str, text: str,
                      delivery: int, source: SessionSource | None, timeout_s: float,
-                     payload: dict[str, Any]) -> Turn | None:
+                     payload: dict[str, Any], internal: bool = False) -> Turn | None:
         """Accept a prompt. Returns the new turn with one subscriber attached
         (``turn.subscribers[0]``), or None when the request id is already known
         (the caller replays it)."""
-        if not self.ready.is_set():
+        if not internal and not self.ready.is_set():
             await self.ready.wait()  # startup restore first: never race it
         if not self.accepting:
             raise E.SidecarError(E.UNAVAILABLE, "the sidecar is shutting down")
@@ -161,6 +226,8 @@ class TurnManager:
             self._unreserve(lane, turn)
             raise
         turn.accepted = True
+        if internal:
+            turn.subscribers.clear()  # nobody streams it; WatchActivity can
         frame = build_frame(rid, key, sid, 1, turn.created_at, frame_id, "accepted",
                             {"queue_position": payload["queue_position"]})
         self.bus.deliver_committed(turn, frame, "accepted")
@@ -390,7 +457,7 @@ class TurnManager:
                          then=lambda _: self.live.pop(turn.rid, None) if self.live.get(turn.rid) is turn else None)
 
     def _advance(self, lane: Lane) -> None:
-        if lane.running is not None:
+        if lane.running is not None or self.draining:
             return
         nxt = lane.pop_next()
         if nxt is None:

@@ -1,0 +1,212 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"io"
+	"slices"
+	"testing"
+	"time"
+
+	pb "github.com/agent-sidecar/agent-sidecar/clients/go/agentsidecarv1"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// fr builds a frame of the given kind and seq.
+func fr(seq int64, kind string) *pb.ActivityFrame {
+	f := &pb.ActivityFrame{RequestId: "r1", Seq: seq, Cursor: 100 + seq}
+	switch kind {
+	case KindAccepted:
+		f.Event = &pb.ActivityFrame_Accepted_{Accepted: &pb.ActivityFrame_Accepted{}}
+	case KindStarted:
+		f.Event = &pb.ActivityFrame_Started_{Started: &pb.ActivityFrame_Started{}}
+	case KindTextDelta:
+		f.Event = &pb.ActivityFrame_TextDelta_{TextDelta: &pb.ActivityFrame_TextDelta{Text: "x"}}
+	case KindUsage:
+		f.Event = &pb.ActivityFrame_Usage{Usage: &pb.Usage{}}
+	case KindCompleted:
+		f.Event = &pb.ActivityFrame_Completed_{Completed: &pb.ActivityFrame_Completed{FinalText: "done"}}
+	case KindFailed:
+		f.Event = &pb.ActivityFrame_Failed_{Failed: &pb.ActivityFrame_Failed{Reason: ReasonCancelled, Message: "stopped"}}
+	case KindKeepalive:
+		f.Event = &pb.ActivityFrame_Keepalive_{Keepalive: &pb.ActivityFrame_Keepalive{}}
+	}
+	return f
+}
+
+func TestSeqFilter(t *testing.T) {
+	f := &seqFilter{}
+	steps := []struct {
+		frame *pb.ActivityFrame
+		want  verdict
+	}{
+		{fr(1, KindAccepted), emit},
+		{fr(1, KindKeepalive), skip},
+		{fr(1, KindAccepted), skip}, // duplicate
+		{fr(2, KindStarted), emit},
+		{fr(4, KindTextDelta), gap}, // 3 missing
+		{fr(3, KindTextDelta), emit},
+		{fr(2, KindStarted), skip},
+		{fr(4, KindTextDelta), emit},
+		{nil, skip},
+	}
+	for i, s := range steps {
+		if got := f.admit(s.frame); got != s.want {
+			t.Fatalf("step %d: admit(seq %d) = %v, want %v", i, s.frame.GetSeq(), got, s.want)
+		}
+	}
+	if f.last != 4 {
+		t.Fatalf("last = %d", f.last)
+	}
+}
+
+func TestCursorFilter(t *testing.T) {
+	f := &cursorFilter{last: 101}
+	got := []verdict{f.admit(fr(1, KindAccepted)), f.admit(fr(2, KindStarted)), f.admit(fr(2, KindKeepalive)), f.admit(fr(2, KindStarted))}
+	if !slices.Equal(got, []verdict{skip, emit, skip, skip}) {
+		t.Fatalf("got %v", got)
+	}
+}
+
+// attempt scripts one stream: either open fails, or frames then err.
+type attempt struct {
+	openErr error
+	frames  []*pb.ActivityFrame
+	end     error
+}
+
+var errDrop = status.Error(codes.Unavailable, "error reading from server: EOF")
+
+// runScript drives follow over scripted streams, recording the resume point
+// each stream was opened with.
+func runScript(t *testing.T, window time.Duration, script []attempt) (frames []*Frame, errs []error, opens []int64) {
+	t.Helper()
+	c := &Client{resumeWindow: window}
+	filter := &seqFilter{}
+	n := 0
+	open := func(ctx context.Context) (recvFunc, error) {
+		opens = append(opens, filter.last)
+		if n >= len(script) {
+			return nil, errDrop
+		}
+		a := script[n]
+		n++
+		if a.openErr != nil {
+			return nil, a.openErr
+		}
+		i := 0
+		return func() (*pb.ActivityFrame, error) {
+			if i < len(a.frames) {
+				i++
+				return a.frames[i-1], nil
+			}
+			if a.end == nil {
+				return nil, io.EOF
+			}
+			return nil, a.end
+		}, nil
+	}
+	c.follow(context.Background(), open, filter, true, func(f *Frame, err error) bool {
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			frames = append(frames, f)
+		}
+		return true
+	})
+	return frames, errs, opens
+}
+
+func seqs(frames []*Frame) []int64 {
+	var out []int64
+	for _, f := range frames {
+		out = append(out, f.Seq)
+	}
+	return out
+}
+
+func TestFollowResumesWithoutGapOrDuplicate(t *testing.T) {
+	frames, errs, opens := runScript(t, 5*time.Second, []attempt{
+		{frames: []*pb.ActivityFrame{fr(1, KindAccepted), fr(2, KindStarted), fr(3, KindTextDelta)}, end: errDrop},
+		// The resumed stream overlaps what was already seen and sends a keepalive.
+		{frames: []*pb.ActivityFrame{fr(2, KindStarted), fr(3, KindTextDelta), fr(4, KindTextDelta), fr(4, KindKeepalive)}, end: errors.New("read: connection reset")},
+		{openErr: errDrop}, // sidecar restarting
+		{frames: []*pb.ActivityFrame{fr(6, KindCompleted)}},                                         // a gap: 5 is missing
+		{frames: []*pb.ActivityFrame{fr(5, KindUsage), fr(6, KindCompleted), fr(7, KindTextDelta)}}, // ends at 6
+	})
+	if len(errs) != 0 {
+		t.Fatalf("errors: %v", errs)
+	}
+	if got := seqs(frames); !slices.Equal(got, []int64{1, 2, 3, 4, 5, 6}) {
+		t.Fatalf("seqs = %v", got)
+	}
+	if !slices.Equal(opens, []int64{0, 3, 4, 4, 4}) {
+		t.Fatalf("resume points = %v", opens)
+	}
+	if frames[len(frames)-1].Kind() != KindCompleted {
+		t.Fatal("last frame is not completed")
+	}
+}
+
+func TestFollowFailedFrameThenTypedError(t *testing.T) {
+	st, _ := status.New(codes.Canceled, "cancelled by user").WithDetails(&errdetails.ErrorInfo{Domain: ErrorDomain, Reason: ReasonCancelled})
+	for _, end := range []error{convertError(context.Background(), st.Err()), nil} {
+		frames, errs, _ := runScript(t, time.Second, []attempt{
+			{frames: []*pb.ActivityFrame{fr(1, KindAccepted), fr(2, KindFailed)}, end: end},
+		})
+		if len(frames) != 2 || frames[1].Kind() != KindFailed {
+			t.Fatalf("frames = %v", seqs(frames))
+		}
+		if len(errs) != 1 || !IsReason(errs[0], ReasonCancelled) {
+			t.Fatalf("errs = %v", errs)
+		}
+		var e *Error
+		if !errors.As(errs[0], &e) || e.Code != codes.Canceled {
+			t.Fatalf("not a typed error: %v", errs[0])
+		}
+	}
+}
+
+func TestFollowDoesNotResumeSidecarErrors(t *testing.T) {
+	st, _ := status.New(codes.Aborted, "busy").WithDetails(&errdetails.ErrorInfo{Domain: ErrorDomain, Reason: ReasonAgentBusy})
+	// LLM_API_FAILURE is UNAVAILABLE too, but carries a reason: never resumed.
+	st2, _ := status.New(codes.Unavailable, "model down").WithDetails(&errdetails.ErrorInfo{Domain: ErrorDomain, Reason: ReasonLLMAPIFailure})
+	for _, s := range []*status.Status{st, st2} {
+		frames, errs, opens := runScript(t, 5*time.Second, []attempt{{end: convertError(context.Background(), s.Err())}})
+		if len(frames) != 0 || len(errs) != 1 || len(opens) != 1 {
+			t.Fatalf("frames %v errs %v opens %v", seqs(frames), errs, opens)
+		}
+		if r := s.Details()[0].(*errdetails.ErrorInfo).Reason; !IsReason(errs[0], r) {
+			t.Fatalf("err = %v, want %s", errs[0], r)
+		}
+	}
+}
+
+func TestFollowGivesUpAfterResumeWindow(t *testing.T) {
+	start := time.Now()
+	frames, errs, opens := runScript(t, 300*time.Millisecond, []attempt{
+		{frames: []*pb.ActivityFrame{fr(1, KindAccepted)}, end: errDrop},
+	})
+	if len(frames) != 1 || len(errs) != 1 || status.Code(errs[0]) != codes.Unavailable {
+		t.Fatalf("frames %v errs %v", seqs(frames), errs)
+	}
+	if len(opens) < 3 || time.Since(start) > 3*time.Second {
+		t.Fatalf("opens %v after %v", opens, time.Since(start))
+	}
+}
+
+func TestFollowStopsWhenCallerBreaks(t *testing.T) {
+	c := &Client{resumeWindow: time.Second}
+	opens := 0
+	open := func(ctx context.Context) (recvFunc, error) {
+		opens++
+		return func() (*pb.ActivityFrame, error) { return fr(int64(opens), KindAccepted), nil }, nil
+	}
+	calls := 0
+	c.follow(context.Background(), open, &seqFilter{}, true, func(*Frame, error) bool { calls++; return false })
+	if calls != 1 || opens != 1 {
+		t.Fatalf("calls %d opens %d", calls, opens)
+	}
+}

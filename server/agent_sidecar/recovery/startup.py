@@ -1,0 +1,153 @@
+"""Startup restore (seed 001 §7, DECISIONS.md "Recovery"): one writer job that
+makes the store consistent again after whatever ended the last run.
+
+1. The clean-shutdown marker present → consume it, skip the suspension pass;
+   absent → ``suspend_recently_active(120 s)``.
+2. Stuck loops: each lane that was in flight when the last run ended counts one
+   more consecutive restart; at 3 it is suspended (and not resumed).
+3. Turns that were running are closed in the ledger as failed
+   (``restart_interrupted``) with a terminal frame, and their dangling tool
+   calls get synthetic error results so the next model call is valid.
+4. What was queued is returned, in order, for the manager to run exactly once.
+5. Lanes marked ``resume_pending`` with an auto-resume reason, fresh enough,
+   are returned for a synthesized continue turn.
+
+Every step reads through an index (partial indexes on running lanes, open
+ledger rows, pending resumes): restart time does not grow with history.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from ..sessions import lifecycle as life
+from ..sessions import transcripts as tx
+
+MARKER = ".clean_shutdown"
+RECENT_WINDOW_S = 120
+STUCK_LOOP_RESTARTS = 3
+AUTO_RESUME_REASONS = frozenset({"restart_timeout", "shutdown_timeout", "restart_interrupted",
+                                 "worker_crashed"})
+INTERRUPTED = "restart_interrupted"
+
+
+@dataclass
+class RestorePlan:
+    clean: bool
+    marked: list[str] = field(default_factory=list)
+    suspended: list[str] = field(default_factory=list)
+    closed_turns: int = 0
+    queued: list[dict[str, Any]] = field(default_factory=list)
+    resume: list[dict[str, Any]] = field(default_factory=list)
+
+
+def consume_marker(data_dir: str) -> bool:
+    path = os.path.join(data_dir, MARKER)
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def write_marker(data_dir: str) -> None:
+    path = os.path.join(data_dir, MARKER)
+    with open(path, "w") as f:
+        f.write(f"{time.time()}\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def dangling_tool_calls(conn, request_id: str) -> list[tuple[str, str, str]]:
+    """(session_id, call_id, name) of tool calls a turn made without a result."""
+    calls: dict[str, tuple[str, str]] = {}
+    for sid, role, extra in conn.execute(
+            "SELECT session_id, role, extra FROM messages WHERE request_id = ? ORDER BY seq",
+            (request_id,)):
+        if not extra:
+            continue
+        d = orjson.loads(extra)
+        if role == "assistant" and d.get("tool_calls_json"):
+            for c in orjson.loads(d["tool_calls_json"]):
+                calls[c["id"]] = (sid, c.get("function", {}).get("name", ""))
+        elif role == "tool":
+            calls.pop(d.get("tool_call_id", ""), None)
+    return [(sid, cid, name) for cid, (sid, name) in calls.items()]
+
+
+def close_interrupted_turn(conn, request_id: str, key: str, sid: str, platform: str,
+                           reason: str, message: str) -> None:
+    """Fail one turn that will never finish: synthetic tool results, a terminal
+    frame after its last one, the ledger row closed."""
+    for msid, call_id, name in dangling_tool_calls(conn, request_id):
+        tx.append(conn, msid, [tx.Message(role="tool", tool_call_id=call_id, tool_name=name,
+                                          content=orjson.dumps({"error": message}).decode())],
+                  request_id=request_id)
+    last = conn.execute("SELECT max(seq) FROM frames WHERE request_id = ?", (request_id,)).fetchone()[0] or 0
+    now = time.time()
+    conn.execute(
+        "INSERT INTO frames (request_id, seq, session_key, session_id, platform, at, kind, body)"
+        " VALUES (?, ?, ?, ?, ?, ?, 'failed', ?)",
+        (request_id, last + 1, key, sid, platform, now,
+         orjson.dumps({"reason": reason, "message": message})))
+    conn.execute("UPDATE prompts SET status = 'failed', finished_at = ?, reason = ?, last_seq = ?"
+                 " WHERE request_id = ?", (now, reason, last + 1, request_id))
+
+
+def restore(conn, clean: bool, freshness_s: float) -> RestorePlan:
+    """The whole restore as one writer job."""
+    plan = RestorePlan(clean=clean)
+    now = time.time()
+    if not clean:
+        plan.marked = life.suspend_recently_active(conn, RECENT_WINDOW_S, INTERRUPTED)
+    # Stuck loops: lanes in flight when the last run ended.
+    for (key,) in conn.execute("SELECT session_key FROM routing WHERE running = 1").fetchall():
+        conn.execute("INSERT INTO restart_counts (session_key, count, updated_at) VALUES (?, 1, ?)"
+                     " ON CONFLICT (session_key) DO UPDATE SET count = count + 1, updated_at = ?",
+                     (key, now, now))
+        count = conn.execute("SELECT count FROM restart_counts WHERE session_key = ?", (key,)).fetchone()[0]
+        if count >= STUCK_LOOP_RESTARTS:
+            life.suspend(conn, key)
+            conn.execute("UPDATE routing SET resume_pending = 0 WHERE session_key = ?", (key,))
+            plan.suspended.append(key)
+        else:  # in flight when the last run ended: it resumes (unless already marked)
+            conn.execute("UPDATE routing SET resume_pending = 1, resume_reason = ?,"
+                         " last_resume_marked_at = ? WHERE session_key = ? AND resume_pending = 0"
+                         " AND suspended = 0", (INTERRUPTED, now, key))
+        conn.execute("UPDATE routing SET running = 0 WHERE session_key = ?", (key,))
+    # The ledger: running turns are over; queued ones wait to be run.
+    open_rows = conn.execute(
+        "SELECT p.request_id, p.session_key, p.session_id, p.platform, p.status, p.delivery, p.text,"
+        " p.payload, p.created_at, q.slot, q.position"
+        " FROM prompts p LEFT JOIN prompt_queue q ON q.request_id = p.request_id"
+        " WHERE p.status IN ('queued', 'running') ORDER BY p.session_key, p.created_at").fetchall()
+    for rid, key, sid, platform, status, delivery, text, payload, created, slot, pos in open_rows:
+        if status == "running":
+            close_interrupted_turn(conn, rid, key, sid, platform, INTERRUPTED,
+                                   "the sidecar stopped while this turn was running")
+            plan.closed_turns += 1
+            continue
+        last = conn.execute("SELECT max(seq) FROM frames WHERE request_id = ?", (rid,)).fetchone()[0] or 0
+        plan.queued.append({"rid": rid, "key": key, "sid": sid, "platform": platform,
+                            "delivery": delivery, "text": text, "created_at": created,
+                            "payload": orjson.loads(payload) if payload else {},
+                            "slot": slot or "fifo", "position": pos or 0, "next_seq": last + 1})
+    plan.queued.sort(key=lambda q: (q["key"], q["slot"] != "pending", q["position"]))
+    # Auto-resume: pending, with an auto-resume reason, fresh enough.
+    for key, sid, platform, profile, reason in conn.execute(
+            "SELECT session_key, session_id, platform, profile, resume_reason FROM routing"
+            " WHERE resume_pending = 1 AND updated_at >= ? AND suspended = 0",
+            (now - freshness_s,)).fetchall():
+        if reason not in AUTO_RESUME_REASONS:
+            continue
+        prefix = f"resume:{sid}:"
+        n = conn.execute("SELECT count(*) FROM prompts WHERE request_id >= ? AND request_id < ?",
+                         (prefix, prefix + "\uffff")).fetchone()[0] + 1
+        plan.resume.append({"rid": f"{prefix}{n}", "key": key, "sid": sid, "platform": platform,
+                            "profile": profile, "reason": reason})
+    return plan
