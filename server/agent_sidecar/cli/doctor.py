@@ -1,0 +1,110 @@
+"""``agent-sidecar doctor``: check and repair the store, sidecar running or not.
+
+- ``PRAGMA integrity_check`` (the whole file);
+- the FTS5 index's own integrity check against the canonical ``messages`` rows;
+- ``--rebuild-fts``: drop the derived index and its triggers, recreate them,
+  and refill from ``messages`` in batches (with progress) — canonical rows are
+  never touched;
+- a WAL checkpoint;
+- a summary: sessions, incarnations, messages, frames, ledger, file sizes.
+Exit status 0 when everything checks out (after repair, if asked), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import apsw
+
+from ..store.db import BUSY_TIMEOUT_MS
+from ..store.migrations import FTS_SCHEMA, migrate
+from .progress import Progress
+
+BATCH = 5000
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def fts_ok(conn: apsw.Connection) -> tuple[bool, str]:
+    try:
+        conn.execute("INSERT INTO messages_fts (messages_fts, rank) VALUES ('integrity-check', 1)")
+        return True, "ok"
+    except apsw.Error as e:
+        return False, str(e)
+
+
+def rebuild_fts(conn: apsw.Connection, progress: bool = True) -> int:
+    """Drop and rebuild the derived index; returns rows indexed."""
+    total = conn.execute("SELECT count(*) FROM messages").fetchone()[0]
+    bar = Progress("rebuilding FTS", total) if progress else None
+    with conn:
+        conn.execute("DROP TRIGGER IF EXISTS messages_fts_insert")
+        conn.execute("DROP TRIGGER IF EXISTS messages_fts_delete")
+        conn.execute("DROP TABLE IF EXISTS messages_fts")
+        conn.execute(FTS_SCHEMA)
+    last, done = 0, 0
+    while True:
+        with conn:
+            rows = conn.execute("SELECT id, content FROM messages WHERE id > ? ORDER BY id LIMIT ?",
+                                (last, BATCH)).fetchall()
+            if not rows:
+                break
+            conn.executemany("INSERT INTO messages_fts (rowid, content) VALUES (?, ?)", rows)
+        last = rows[-1][0]
+        done += len(rows)
+        if bar:
+            bar.advance(len(rows))
+    if bar:
+        bar.finish()
+    return done
+
+
+def summary(conn: apsw.Connection, db_path: str) -> dict:
+    def count(table):
+        return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    out = {t: count(t) for t in ("routing", "incarnations", "messages", "frames", "prompts",
+                                 "prompt_queue")}
+    out["db_bytes"] = os.path.getsize(db_path)
+    wal = db_path + "-wal"
+    out["wal_bytes"] = os.path.getsize(wal) if os.path.exists(wal) else 0
+    return out
+
+
+def run(args) -> int:
+    db_path = os.path.join(args.data_dir, "sidecar.db")
+    if not os.path.exists(db_path):
+        print(f"agent-sidecar doctor: no store at {db_path}", file=sys.stderr)
+        return 1
+    conn = apsw.Connection(db_path)
+    conn.setbusytimeout(BUSY_TIMEOUT_MS)
+    conn.execute("PRAGMA journal_mode=WAL")
+    migrate(conn)
+    healthy = True
+
+    _say("integrity check …")
+    result = [r[0] for r in conn.execute("PRAGMA integrity_check")]
+    ok = result == ["ok"]
+    healthy &= ok
+    _say(f"  integrity: {'ok' if ok else '; '.join(result[:5])}")
+
+    ok, detail = fts_ok(conn)
+    _say(f"  full-text index: {'ok' if ok else 'INCONSISTENT (' + detail + ')'}")
+    if args.rebuild_fts:
+        n = rebuild_fts(conn, progress=True)
+        ok, detail = fts_ok(conn)
+        _say(f"  rebuilt full-text index from {n} messages: {'ok' if ok else detail}")
+    elif not ok:
+        _say("  run `agent-sidecar doctor --rebuild-fts` to rebuild it from the messages")
+    healthy &= ok
+
+    log_pages, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+    _say(f"  WAL checkpoint: {done}/{log_pages} pages")
+    s = summary(conn, db_path)
+    _say("summary:")
+    for k, v in s.items():
+        _say(f"  {k:14} {v:>12,}")
+    conn.close()
+    return 0 if healthy else 1
