@@ -86,6 +86,8 @@ class TurnSpec:
     scopes: list[str] = field(default_factory=list)
     max_iterations: int = 25
     request_id: str = ""
+    # Consecutive failed tool calls after which the turn cannot usefully go on.
+    max_tool_failures: int = 3
 
 
 async def run_turn(agent: Agent, backend, spec: TurnSpec, io: TurnIO) -> str:
@@ -93,6 +95,7 @@ async def run_turn(agent: Agent, backend, spec: TurnSpec, io: TurnIO) -> str:
     The user's message is already the last entry of ``agent.messages``."""
     iteration = 0
     final_text = ""
+    tool_failures = 0
     while True:
         for text in io.take_steered():
             msg = {"role": "user", "content": text}
@@ -161,3 +164,14 @@ async def run_turn(agent: Agent, backend, spec: TurnSpec, io: TurnIO) -> str:
             tm = _tool_message(call.call_id, call.name, result_json)
             agent.add(tm)
             io.message(tm)
+            # The model sees every error and may recover; a run of failures
+            # means the tool host is gone for good and the turn cannot go on.
+            tool_failures = 0 if ok else tool_failures + 1
+            if tool_failures >= spec.max_tool_failures:
+                for later in calls[i + 1:]:
+                    err = orjson.dumps({"error": "not run: earlier tool calls failed"}).decode()
+                    lm = _tool_message(later.call_id, later.name, err)
+                    agent.add(lm)
+                    io.message(lm)
+                raise TurnFailed(E.TOOL_INVOKE_FAILED,
+                                 f"{tool_failures} tool calls failed in a row (last: {call.name}: {result_json[:200]})")

@@ -46,6 +46,7 @@ class Turn:
     rollback: bool = False
     cancel_reason: str = ""
     timeout_s: float = 1800.0
+    deadline: float = 0.0  # loop time after which the watchdog kills the worker
     final_text: str = ""
     usage: dict[str, float] = field(default_factory=dict)
     pending_end: tuple | None = None  # an end decided before the accept committed

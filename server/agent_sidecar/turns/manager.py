@@ -21,7 +21,7 @@ from ..sessions.entry import load_entry
 from ..sessions.source import SessionSource
 from ..store import Store
 from ..tools.registry import ToolRegistry
-from . import jobs
+from . import jobs, supervision
 from .context import system_prompt_for
 from .frames import FrameBus, Subscriber, build_frame
 from .lanes import FOLLOW_UP, INTERRUPT, QUEUE, REJECT_IF_BUSY, ROLLBACK, STEER, Lane, Turn
@@ -30,8 +30,6 @@ from .pool import WorkerHandle, WorkerPool
 
 log = logging.getLogger("agent_sidecar.turns")
 
-RESUME_TEXT = ("[The previous turn was interrupted ({reason}) before it finished. "
-               "Continue where you left off.]")
 
 
 class TurnManager:
@@ -73,65 +71,14 @@ class TurnManager:
     async def start(self) -> None:
         """Startup restore, then open for prompts (which wait for ``ready``)."""
         from ..recovery import housekeeping
-        from ..recovery.startup import consume_marker, restore
         self.tools.load_entry_points()
-        clean = consume_marker(self.cfg.data_dir)
-        plan = await self.store.write(
-            lambda c: restore(c, clean, self.cfg.gateway_auto_continue_freshness))
-        log.info("startup restore", extra={"clean": plan.clean, "marked": len(plan.marked),
-                                           "suspended": plan.suspended,
-                                           "closed_turns": plan.closed_turns,
-                                           "queued": len(plan.queued), "resume": len(plan.resume)})
-        for q in plan.queued:
-            self._restore_queued(q)
-        for r in plan.resume:
-            await self.submit(rid=r["rid"], key=r["key"], platform=r["platform"],
-                              profile=r["profile"] if self.cfg.profile(r["profile"]) else "main",
-                              text=RESUME_TEXT.format(reason=r["reason"]), delivery=INTERRUPT,
-                              source=None, timeout_s=self.cfg.gateway_timeout,
-                              payload={"resume": r["reason"]}, internal=True)
-        for lane in list(self.lanes.values()):
-            self._advance(lane)
+        await supervision.restore(self)
         self.ready.set()
         self.spawn(housekeeping.run(self.cfg, self.store, self.busy_keys))
-
-    def _restore_queued(self, q: dict) -> None:
-        turn = Turn(rid=q["rid"], key=q["key"], platform=q["platform"],
-                    profile=q["payload"].get("profile", "main"), text=q["text"],
-                    delivery=q["delivery"], sid=q["sid"], created_at=q["created_at"],
-                    payload=q["payload"], accepted=True,
-                    timeout_s=self.cfg.gateway_timeout)
-        turn.next_seq = q["next_seq"]
-        lane = self.lanes.get(turn.key)
-        if lane is None:
-            lane = self.lanes[turn.key] = Lane(turn.key)
-        if q["slot"] == "pending" and lane.pending is None and turn.delivery not in (INTERRUPT, ROLLBACK):
-            lane.pending = turn
-        elif turn.delivery in (INTERRUPT, ROLLBACK):
-            lane.interrupt.append(turn)
-        else:
-            lane.fifo.append(turn)
-        lane.position_counter = max(lane.position_counter, q["position"])
-        self.live[turn.rid] = turn
+        self.spawn(supervision.watchdog(self))
 
     async def drain(self, timeout: float) -> bool:
-        """Stop taking prompts, let in-flight turns finish (queued ones stay
-        queued, persisted, for the next start). Returns whether it finished in
-        time; if not, the lanes still running are marked resume_pending."""
-        self.accepting = False
-        self.draining = True
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while self.busy_keys() and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        still = sorted(self.busy_keys())
-        if still:
-            from ..sessions import lifecycle as life
-            await self.store.write(lambda c: [life.mark_resume_pending(c, k, "shutdown_timeout")
-                                              for k in still])
-            log.warning("drain timed out", extra={"sessions": still})
-        await self.store.write(lambda c: None)  # every queued frame write has committed
-        return not still
+        return await supervision.drain(self, timeout)
 
     async def stop(self) -> None:
         self.accepting = False
@@ -332,6 +279,7 @@ class TurnManager:
             h.send(msg)
         else:
             self.spawn(self._send_when_ready(h, turn, msg))
+        turn.deadline = asyncio.get_running_loop().time() + turn.timeout_s + supervision.WATCHDOG_GRACE_S
 
     async def _send_when_ready(self, h: WorkerHandle, turn: Turn, msg: dict) -> None:
         await h.ready.wait()

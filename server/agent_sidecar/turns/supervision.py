@@ -1,0 +1,101 @@
+"""Supervision of the turn system across its life: the startup restore
+(rebuilding lanes from the store and starting auto-resume turns), the drain on
+shutdown, and the watchdog for workers whose loop is blocked.
+
+Functions over a TurnManager, kept apart so the manager stays about accepting
+and running turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from .lanes import INTERRUPT, ROLLBACK, Lane, Turn
+
+log = logging.getLogger("agent_sidecar.turns")
+
+WATCHDOG_GRACE_S = 15.0
+RESUME_TEXT = ("[The previous turn was interrupted ({reason}) before it finished. "
+               "Continue where you left off.]")
+
+
+async def restore(m) -> None:
+    """Run the store's restore job, rebuild queued lanes, submit auto-resume turns."""
+    from ..recovery.startup import consume_marker, restore as restore_job
+    clean = consume_marker(m.cfg.data_dir)
+    plan = await m.store.write(lambda c: restore_job(c, clean, m.cfg.gateway_auto_continue_freshness))
+    log.info("startup restore", extra={"clean": plan.clean, "marked": len(plan.marked),
+                                       "suspended": plan.suspended,
+                                       "closed_turns": plan.closed_turns,
+                                       "queued": len(plan.queued), "resume": len(plan.resume)})
+    for q in plan.queued:
+        _restore_queued(m, q)
+    for r in plan.resume:
+        await m.submit(rid=r["rid"], key=r["key"], platform=r["platform"],
+                       profile=r["profile"] if m.cfg.profile(r["profile"]) else "main",
+                       text=RESUME_TEXT.format(reason=r["reason"]), delivery=INTERRUPT,
+                       source=None, timeout_s=m.cfg.gateway_timeout,
+                       payload={"resume": r["reason"]}, internal=True)
+    for lane in list(m.lanes.values()):
+        m._advance(lane)
+
+
+def _restore_queued(m, q: dict) -> None:
+    turn = Turn(rid=q["rid"], key=q["key"], platform=q["platform"],
+                profile=q["payload"].get("profile", "main"), text=q["text"],
+                delivery=q["delivery"], sid=q["sid"], created_at=q["created_at"],
+                payload=q["payload"], accepted=True, timeout_s=m.cfg.gateway_timeout)
+    turn.next_seq = q["next_seq"]
+    lane = m.lanes.get(turn.key)
+    if lane is None:
+        lane = m.lanes[turn.key] = Lane(turn.key)
+    if turn.delivery in (INTERRUPT, ROLLBACK):
+        lane.interrupt.append(turn)
+    elif q["slot"] == "pending" and lane.pending is None:
+        lane.pending = turn
+    else:
+        lane.fifo.append(turn)
+    lane.position_counter = max(lane.position_counter, q["position"])
+    m.live[turn.rid] = turn
+
+
+async def drain(m, timeout: float) -> bool:
+    """Stop taking prompts, let in-flight turns finish (queued ones stay
+    queued, persisted, for the next start). Returns whether it finished in
+    time; if not, the lanes still running are marked resume_pending."""
+    m.accepting = False
+    m.draining = True
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while m.busy_keys() and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    still = sorted(m.busy_keys())
+    if still:
+        from ..sessions import lifecycle as life
+        await m.store.write(lambda c: [life.mark_resume_pending(c, k, "shutdown_timeout")
+                                       for k in still])
+        log.warning("drain timed out", extra={"sessions": still})
+    await m.store.write(lambda c: None)  # every queued frame write has committed
+    return not still
+
+
+async def watchdog(m) -> None:
+    """The worker enforces turn timeouts itself; this catches a worker whose
+    loop is blocked (a backend doing CPU-bound or blocking work): past the
+    deadline plus a grace, the worker is killed and its turns end
+    WORKER_CRASHED like any other dead worker's."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(WATCHDOG_GRACE_S / 3)
+        now = loop.time()
+        for turn in list(m.live.values()):
+            h = turn.worker
+            if (h is None or not turn.deadline or now < turn.deadline or turn.finished
+                    or turn.terminal_pending):
+                continue
+            log.error("worker did not end a timed-out turn; killing it",
+                      extra={"request_id": turn.rid, "worker": h.index, "pid": h.pid})
+            turn.deadline = 0.0
+            if h.process is not None and h.process.is_alive():
+                h.process.kill()
