@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""Conformance runner for the Python client (protocol: clients/conformance/README.md).
+
+Runs every scenario of scenarios.json, in file order, against a live sidecar
+using only the public API of agent_sidecar_client (that is the point: the
+suite checks the library, not the wire), and prints one JSON line per
+scenario. Exit 0 whenever every scenario ran, whatever the outcomes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import traceback
+import uuid
+from typing import Any
+
+import agent_sidecar_client as asc
+
+SCENARIO_TIMEOUT = 20.0
+
+
+def substitute(value: Any, lang: str) -> Any:
+    """Replace {lang} in every string of a scenario."""
+    if isinstance(value, str):
+        return value.replace("{lang}", lang)
+    if isinstance(value, list):
+        return [substitute(v, lang) for v in value]
+    if isinstance(value, dict):
+        return {k: substitute(v, lang) for k, v in value.items()}
+    return value
+
+
+class Failure(Exception):
+    """A scenario expectation that did not hold."""
+
+
+def check(cond: bool, message: str) -> None:
+    if not cond:
+        raise Failure(message)
+
+
+def kinds_of(frames: list) -> list[str]:
+    return [asc.frame_kind(f) for f in frames]
+
+
+def matches_pattern(kinds: list[str], pattern: list[str]) -> bool:
+    """``["accepted", "text_delta+", "usage?", "x*"]`` against a list of kinds."""
+    regex = "".join(f"(?:{re.escape(p.rstrip('+*?'))},){p[-1] if p[-1] in '+*?' else ''}" for p in pattern)
+    return re.fullmatch(regex, "".join(k + "," for k in kinds)) is not None
+
+
+def check_gapless(frames: list) -> None:
+    seqs = [f.seq for f in frames]
+    check(seqs == list(range(1, len(seqs) + 1)), f"seq not gapless from 1: {seqs}")
+
+
+def frame_summary(frames: list) -> list[tuple]:
+    """What must be identical between a turn and its replay."""
+    return [(f.request_id, f.session_id, f.seq, f.WhichOneof("event"),
+             getattr(f, f.WhichOneof("event") or "keepalive").SerializeToString(deterministic=True))
+            for f in frames]
+
+
+async def wait_for_kind(stream: asc.FrameStream, kind: str, into: list) -> None:
+    async for f in stream:
+        into.append(f)
+        if asc.frame_kind(f) == kind:
+            return
+    raise Failure(f"stream ended before a {kind!r} frame: {kinds_of(into)}")
+
+
+async def drain(stream: asc.FrameStream, into: list) -> None:
+    async with stream:
+        async for f in stream:
+            into.append(f)
+
+
+class Runner:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.unix: asc.SidecarClient | None = None
+        self.tcp: asc.SidecarClient | None = None
+
+    async def client(self, transport: str) -> asc.SidecarClient:
+        if transport == "tcp":
+            if self.tcp is None:
+                self.tcp = await asc.connect(self.args.tcp, token=self.args.token)
+            return self.tcp
+        if self.unix is None:
+            self.unix = await asc.connect(self.args.unix)
+        return self.unix
+
+    async def close(self) -> None:
+        for c in (self.unix, self.tcp):
+            if c is not None:
+                await c.close()
+
+    # -- scenarios, named by id ---------------------------------------------
+
+    async def get_or_create_idempotent(self, s: dict) -> None:
+        client = await self.client("unix")
+        sessions = await asyncio.gather(*(client.get_or_create_session(s["source"])
+                                          for _ in range(s.get("concurrency", 8))))
+        ids = {x.session_id for x in sessions}
+        check(len(ids) == s["expect"]["distinct_session_ids"], f"distinct session ids: {sorted(ids)}")
+        keys = {x.session_key for x in sessions}
+        check(keys == {s["expect"]["session_key"]}, f"session keys: {sorted(keys)}")
+
+    async def echo_prompt(self, s: dict) -> None:
+        client = await self.client("unix")
+        frames = await client.prompt(s["text"], source=s["source"], profile=s.get("profile")).collect()
+        check_gapless(frames)
+        check(matches_pattern(kinds_of(frames), s["expect"]["kinds_pattern"]),
+              f"frame kinds {kinds_of(frames)} do not match {s['expect']['kinds_pattern']}")
+        final = frames[-1].completed.final_text
+        check(final == s["expect"]["final_text"], f"final_text {final!r}")
+        text = "".join(f.text_delta.text for f in frames if asc.frame_kind(f) == "text_delta")
+        check(text == final, f"text deltas concatenate to {text!r}, final_text is {final!r}")
+
+    async def duplicate_request_id(self, s: dict) -> None:
+        client = await self.client("unix")
+        rid = str(uuid.uuid4())
+        first = await client.prompt(s["text"], source=s["source"], profile=s.get("profile"), request_id=rid).collect()
+        second = await client.prompt(s["text"], source=s["source"], profile=s.get("profile"), request_id=rid).collect()
+        if s["expect"].get("same_frames"):
+            check(frame_summary(first) == frame_summary(second),
+                  f"replay differs: {kinds_of(first)} vs {kinds_of(second)}")
+        session = await client.get_session(session_key=first[0].session_key)
+        check(session.turn_count == s["expect"]["turn_count"], f"turn_count {session.turn_count}")
+
+    async def reject_if_busy(self, s: dict) -> None:
+        client = await self.client("unix")
+        first = client.prompt(s["first_text"], source=s["source"], profile=s.get("profile"))
+        first_frames: list = []
+        await wait_for_kind(first, "started", first_frames)
+        rest = asyncio.create_task(drain(first, first_frames))
+        try:
+            got: list = []
+            try:
+                async for f in client.prompt(s["second_text"], source=s["source"], profile=s.get("profile"),
+                                             delivery="reject_if_busy"):
+                    got.append(f)
+                raise Failure(f"second prompt was not rejected; frames {kinds_of(got)}")
+            except asc.AgentBusy as err:
+                check(err.reason == s["expect"]["error_reason"], f"reason {err.reason}")
+                check(not got, f"frames before the rejection: {kinds_of(got)}")
+        finally:
+            await rest
+        if s["expect"].get("first_completes"):
+            check(kinds_of(first_frames)[-1:] == ["completed"], f"first turn ended {kinds_of(first_frames)[-1:]}")
+
+    async def queue_order(self, s: dict) -> None:
+        client = await self.client("unix")
+        completions: list[str] = []
+        positions: list[int] = []
+
+        async def finish(stream: asc.FrameStream, frames: list) -> None:
+            await drain(stream, frames)
+            end = frames[-1] if frames else None
+            completions.append(end.completed.final_text if end is not None and end.HasField("completed")
+                               else f"<{kinds_of(frames)[-1:]}>")
+
+        first = client.prompt(s["first_text"], source=s["source"], profile=s.get("profile"))
+        frames: list = []
+        await wait_for_kind(first, "started", frames)
+        tasks = [asyncio.create_task(finish(first, frames))]
+        for text in s["queued_texts"]:
+            stream = client.prompt(text, source=s["source"], profile=s.get("profile"), delivery="queue")
+            qframes: list = []
+            await wait_for_kind(stream, "accepted", qframes)  # in order: one accepted before the next is sent
+            positions.append(qframes[-1].accepted.queue_position)
+            tasks.append(asyncio.create_task(finish(stream, qframes)))
+        await asyncio.gather(*tasks)
+        check(positions == s["expect"]["queue_positions"], f"queue positions {positions}")
+        check(completions == s["expect"]["completion_order"], f"completion order {completions}")
+
+    async def stream_resume(self, s: dict) -> None:
+        client = await self.client("unix")
+        stream = client.prompt(s["text"], source=s["source"], profile=s.get("profile"))
+        frames: list = []
+        async with stream:
+            async for f in stream:
+                frames.append(f)
+                if len(frames) == s["cut_after_frames"]:
+                    stream.drop()
+        check(stream.resumes >= 1, "the stream was never cut and resumed")
+        check_gapless(frames)
+        check(kinds_of(frames)[-1] == s["expect"]["last_kind"], f"last kind {kinds_of(frames)[-1]}")
+        check(frames[-1].completed.final_text == s["expect"]["final_text"],
+              f"final_text {frames[-1].completed.final_text!r}")
+
+    async def tool_call(self, s: dict) -> None:
+        client = await self.client("unix")
+        spec = s["tool"]
+        host = asc.ToolHost(spec["namespace"])
+
+        @host.tool(name=spec["name"], description=spec["description"], schema=spec["schema"])
+        def add(a: int, b: int) -> int:
+            return a + b
+
+        async with host.running(client):
+            frames = await client.prompt(s["text"], source=s["source"], profile=s.get("profile")).collect()
+        exp = s["expect"]
+        calls = [f.tool_call for f in frames if asc.frame_kind(f) == "tool_call"]
+        check([c.name for c in calls] == [exp["tool_call_name"]], f"tool calls {[c.name for c in calls]}")
+        results = [f.tool_result for f in frames if asc.frame_kind(f) == "tool_result"]
+        check([r.ok for r in results] == [exp["tool_result_ok"]], f"tool results {[(r.ok, r.result_json) for r in results]}")
+        check(results[0].call_id == calls[0].call_id, "tool_result.call_id differs from tool_call.call_id")
+        final = frames[-1].completed.final_text
+        check(exp["final_text_contains"] in final, f"final_text {final!r}")
+
+    async def tool_scope_violation(self, s: dict) -> None:
+        client = await self.client("unix")
+        frames: list = []
+        try:
+            async for f in client.prompt(s["text"], source=s["source"], profile=s.get("profile")):
+                frames.append(f)
+            raise Failure(f"no error raised; frames {kinds_of(frames)}")
+        except asc.ToolScopeViolation as err:
+            check(err.reason == s["expect"]["error_reason"], f"reason {err.reason}")
+        check(kinds_of(frames)[-1:] == [s["expect"]["last_kind"]], f"frames {kinds_of(frames)}")
+        check(frames[-1].failed.reason == s["expect"]["error_reason"], f"failed.reason {frames[-1].failed.reason}")
+
+    async def unix_and_tcp(self, s: dict) -> None:
+        via_unix = await (await self.client("unix")).get_or_create_session(s["source"])
+        via_tcp = await (await self.client("tcp")).get_or_create_session(s["source"])
+        check(via_unix.session_id == via_tcp.session_id,
+              f"unix {via_unix.session_id} vs tcp {via_tcp.session_id}")
+        async with await asc.connect(self.args.tcp) as anonymous:
+            try:
+                await anonymous.get_or_create_session(s["source"])
+                raise Failure("TCP call without a token succeeded")
+            except asc.Unauthenticated as err:
+                check(err.reason == s["expect"]["tcp_without_token_reason"], f"reason {err.reason}")
+
+    # -- driver -----------------------------------------------------------
+
+    async def run_one(self, scenario: dict) -> dict:
+        sid = scenario.get("id", "?")
+        handler = SCENARIOS.get(sid)
+        if handler is None:
+            return {"scenario": sid, "ok": False, "error": "scenario not implemented by the python runner"}
+        try:
+            await asyncio.wait_for(handler(self, scenario), SCENARIO_TIMEOUT)
+            return {"scenario": sid, "ok": True}
+        except Failure as exc:
+            return {"scenario": sid, "ok": False, "error": str(exc)}
+        except asyncio.TimeoutError:
+            return {"scenario": sid, "ok": False, "error": f"timed out after {SCENARIO_TIMEOUT:g}s"}
+        except Exception as exc:  # noqa: BLE001 - a crashing scenario is a failed cell, not a crashed runner
+            traceback.print_exc(file=sys.stderr)
+            return {"scenario": sid, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+
+    async def run_all(self, scenarios: list[dict]) -> None:
+        try:
+            for scenario in scenarios:
+                print(json.dumps(await self.run_one(substitute(scenario, self.args.lang))), flush=True)
+        finally:
+            await self.close()
+
+
+SCENARIOS = {name: getattr(Runner, name) for name in (
+    "get_or_create_idempotent", "echo_prompt", "duplicate_request_id", "reject_if_busy", "queue_order",
+    "stream_resume", "tool_call", "tool_scope_violation", "unix_and_tcp")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lang", default="python")
+    parser.add_argument("--unix", required=True, help="unix:/path/sidecar.sock")
+    parser.add_argument("--tcp", required=True, help="127.0.0.1:PORT")
+    parser.add_argument("--token", required=True)
+    parser.add_argument("--scenarios", required=True)
+    parser.add_argument("--only", default="", help="comma-separated scenario ids (debugging)")
+    args = parser.parse_args()
+    with open(args.scenarios, encoding="utf-8") as fh:
+        scenarios = json.load(fh)["scenarios"]
+    if args.only:
+        wanted = set(args.only.split(","))
+        scenarios = [s for s in scenarios if s.get("id") in wanted]
+    asyncio.run(Runner(args).run_all(scenarios))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

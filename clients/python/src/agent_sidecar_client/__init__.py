@@ -1,0 +1,47 @@
+"""Python asyncio client for agent-sidecar.
+
+    from agent_sidecar_client import connect
+
+    async with await connect("unix:./data/sidecar.sock") as client:
+        session = await client.get_or_create_session({"platform": "local", "chat_id": "me"})
+        async for frame in client.prompt("hello", session_key=session.session_key):
+            if frame.WhichOneof("event") == "text_delta":
+                print(frame.text_delta.text, end="")
+
+Frames and sessions are the generated protobuf messages (re-exported below);
+errors are the typed classes of ``errors`` (one per reason of API.md).
+"""
+
+from agent_sidecar_client._frames import TERMINAL_KINDS, CursorFilter, SeqFilter, SequenceGap, frame_kind
+from agent_sidecar_client._proto.common_pb2 import Message, Session, SessionSource, SessionState, Usage
+from agent_sidecar_client._proto.prompt_service_pb2 import ActivityFrame, Attachment, DeliveryMode
+from agent_sidecar_client._proto.tool_service_pb2 import ToolInvocation
+from agent_sidecar_client._stream import FrameStream
+from agent_sidecar_client.client import DEFAULT_TARGET, SidecarClient, connect
+from agent_sidecar_client.errors import (
+    AgentBusy,
+    AgentTimeout,
+    Cancelled,
+    InvalidArgument,
+    LlmApiFailure,
+    MaxIterations,
+    PermissionDenied,
+    SessionNotFound,
+    SidecarError,
+    ToolInvokeFailed,
+    ToolScopeViolation,
+    Unauthenticated,
+    WorkerCrashed,
+)
+from agent_sidecar_client.tools import ToolHost
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_TARGET", "SidecarClient", "connect", "FrameStream", "ToolHost",
+    "ActivityFrame", "Attachment", "DeliveryMode", "Message", "Session", "SessionSource", "SessionState",
+    "ToolInvocation", "Usage", "TERMINAL_KINDS", "frame_kind", "SeqFilter", "CursorFilter", "SequenceGap",
+    "SidecarError", "AgentBusy", "AgentTimeout", "LlmApiFailure", "MaxIterations", "ToolScopeViolation",
+    "ToolInvokeFailed", "Cancelled", "SessionNotFound", "InvalidArgument", "Unauthenticated",
+    "PermissionDenied", "WorkerCrashed",
+]

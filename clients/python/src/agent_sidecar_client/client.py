@@ -1,0 +1,305 @@
+"""SidecarClient: the asyncio client for one sidecar (grpc.aio).
+
+Why thin wrappers: the proto is the contract, so every method maps to one RPC
+and returns the response's main content (the ``session`` field where there is
+one). What the wrappers add is what every adapter would otherwise rewrite:
+dicts accepted where a message is expected, the bearer token on every call,
+typed errors instead of grpc.RpcError, and a ``prompt`` that hides reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any, AsyncIterator, Iterable, Mapping
+
+import grpc
+
+from agent_sidecar_client import errors
+from agent_sidecar_client._frames import CursorFilter, SeqFilter
+from agent_sidecar_client._proto import common_pb2 as common
+from agent_sidecar_client._proto import prompt_service_pb2 as prompt_pb
+from agent_sidecar_client._proto import prompt_service_pb2_grpc as prompt_grpc
+from agent_sidecar_client._proto import session_service_pb2 as session_pb
+from agent_sidecar_client._proto import session_service_pb2_grpc as session_grpc
+from agent_sidecar_client._proto import tool_service_pb2_grpc as tool_grpc
+from agent_sidecar_client._stream import FrameStream
+
+DEFAULT_TARGET = "unix:./data/sidecar.sock"
+
+# Quick reconnects: a resumed stream should not sit in gRPC's default backoff
+# (which grows to two minutes) after a sidecar restart.
+_CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
+
+_DELIVERY = {
+    "follow_up": prompt_pb.DELIVERY_MODE_FOLLOW_UP,
+    "reject_if_busy": prompt_pb.DELIVERY_MODE_REJECT_IF_BUSY,
+    "queue": prompt_pb.DELIVERY_MODE_QUEUE,
+    "interrupt": prompt_pb.DELIVERY_MODE_INTERRUPT,
+    "rollback": prompt_pb.DELIVERY_MODE_ROLLBACK,
+    "steer": prompt_pb.DELIVERY_MODE_STEER,
+}
+
+SourceLike = common.SessionSource | Mapping[str, Any]
+MessageLike = common.Message | Mapping[str, Any]
+
+
+def as_source(source: SourceLike) -> common.SessionSource:
+    """A SessionSource from a proto or a dict of its field names."""
+    return source if isinstance(source, common.SessionSource) else common.SessionSource(**source)
+
+
+def as_message(message: MessageLike) -> common.Message:
+    return message if isinstance(message, common.Message) else common.Message(**message)
+
+
+def as_delivery(delivery: str | int) -> int:
+    """'follow_up', 'QUEUE', 'DELIVERY_MODE_STEER' or the enum value."""
+    if isinstance(delivery, int):
+        return delivery
+    name = delivery.lower().removeprefix("delivery_mode_")
+    try:
+        return _DELIVERY[name]
+    except KeyError:
+        raise ValueError(f"unknown delivery {delivery!r}; one of {sorted(_DELIVERY)}") from None
+
+
+class SidecarClient:
+    """One channel to a sidecar plus the three service stubs (``sessions``,
+    ``prompts``, ``tools``, for anything the wrappers do not cover; pass
+    ``metadata=client.metadata`` when calling them directly)."""
+
+    def __init__(self, target: str = DEFAULT_TARGET, token: str | None = None,
+                 *, options: Iterable[tuple[str, Any]] = ()) -> None:
+        self.target = target
+        self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        self.channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS + tuple(options))
+        self.sessions = session_grpc.SessionServiceStub(self.channel)
+        self.prompts = prompt_grpc.PromptServiceStub(self.channel)
+        self.tools = tool_grpc.ToolServiceStub(self.channel)
+
+    async def wait_ready(self, timeout: float = 10.0) -> None:
+        """Wait until the channel is connected (raises SidecarError UNAVAILABLE)."""
+        try:
+            await asyncio.wait_for(self.channel.channel_ready(), timeout)
+        except asyncio.TimeoutError:
+            raise errors.SidecarError(grpc.StatusCode.UNAVAILABLE, "",
+                                      f"no sidecar reachable at {self.target} within {timeout:g}s") from None
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def __aenter__(self) -> "SidecarClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
+        try:
+            return await method(request, metadata=self.metadata, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise errors.from_rpc_error(exc) from exc
+
+    # -- SessionService ---------------------------------------------------
+
+    async def get_or_create_session(self, source: SourceLike, profile: str | None = None,
+                                    force_new: bool = False) -> common.Session:
+        response = await self._call(self.sessions.GetOrCreateSession, session_pb.GetOrCreateSessionRequest(
+            source=as_source(source), profile=profile or "", force_new=force_new))
+        return response.session
+
+    async def get_session(self, session_key: str = "", session_id: str = "") -> common.Session:
+        return (await self._call(self.sessions.GetSession, session_pb.GetSessionRequest(
+            session_key=session_key, session_id=session_id))).session
+
+    async def list_sessions(self, platform: str = "", active_within_seconds: int = 0,
+                            page_size: int = 0, page_token: str = "") -> session_pb.ListSessionsResponse:
+        return await self._call(self.sessions.ListSessions, session_pb.ListSessionsRequest(
+            platform=platform, active_within_seconds=active_within_seconds,
+            page_size=page_size, page_token=page_token))
+
+    async def iter_sessions(self, platform: str = "", active_within_seconds: int = 0,
+                            page_size: int = 100) -> AsyncIterator[common.Session]:
+        """Every session, following next_page_token."""
+        token = ""
+        while True:
+            page = await self.list_sessions(platform, active_within_seconds, page_size, token)
+            for session in page.sessions:
+                yield session
+            if not page.next_page_token:
+                return
+            token = page.next_page_token
+
+    async def reset_session(self, session_key: str, display_name: str = "") -> common.Session:
+        return (await self._call(self.sessions.ResetSession, session_pb.ResetSessionRequest(
+            session_key=session_key, display_name=display_name))).session
+
+    async def switch_session(self, session_key: str, target_session_id: str) -> common.Session:
+        return (await self._call(self.sessions.SwitchSession, session_pb.SwitchSessionRequest(
+            session_key=session_key, target_session_id=target_session_id))).session
+
+    async def suspend_session(self, session_key: str) -> common.Session:
+        return (await self._call(self.sessions.SuspendSession, session_pb.SuspendSessionRequest(
+            session_key=session_key))).session
+
+    async def mark_resume_pending(self, session_key: str, reason: str) -> common.Session:
+        return (await self._call(self.sessions.MarkResumePending, session_pb.MarkResumePendingRequest(
+            session_key=session_key, reason=reason))).session
+
+    async def delete_session(self, session_key: str) -> bool:
+        return (await self._call(self.sessions.DeleteSession, session_pb.DeleteSessionRequest(
+            session_key=session_key))).deleted
+
+    async def clear_all_sessions(self, confirm: str) -> int:
+        """``confirm`` must be the literal ``DELETE ALL SESSIONS``."""
+        return (await self._call(self.sessions.ClearAllSessions, session_pb.ClearAllSessionsRequest(
+            confirm=confirm))).sessions_deleted
+
+    async def seed_session(self, messages: Iterable[MessageLike], *, source: SourceLike | None = None,
+                           session_key: str = "", profile: str | None = None) -> common.Session:
+        return (await self._call(self.sessions.SeedSession, session_pb.SeedSessionRequest(
+            source=as_source(source) if source is not None else None, session_key=session_key,
+            messages=[as_message(m) for m in messages], profile=profile or ""))).session
+
+    async def get_transcript(self, session_id: str, include_rewound: bool = False, page_size: int = 0,
+                             page_token: str = "") -> session_pb.GetTranscriptResponse:
+        return await self._call(self.sessions.GetTranscript, session_pb.GetTranscriptRequest(
+            session_id=session_id, include_rewound=include_rewound, page_size=page_size, page_token=page_token))
+
+    async def append_messages(self, session_id: str, messages: Iterable[MessageLike]) -> tuple[int, int]:
+        """Returns ``(first_seq, last_seq)``; durable when it returns."""
+        response = await self._call(self.sessions.AppendMessages, session_pb.AppendMessagesRequest(
+            session_id=session_id, messages=[as_message(m) for m in messages]))
+        return response.first_seq, response.last_seq
+
+    async def rewrite_transcript(self, session_id: str, messages: Iterable[MessageLike]) -> None:
+        await self._call(self.sessions.RewriteTranscript, session_pb.RewriteTranscriptRequest(
+            session_id=session_id, messages=[as_message(m) for m in messages]))
+
+    async def rewind_session(self, session_id: str, n: int = 1) -> session_pb.RewindSessionResponse:
+        return await self._call(self.sessions.RewindSession, session_pb.RewindSessionRequest(
+            session_id=session_id, n=n))
+
+    async def search_messages(self, query: str, session_key: str = "", limit: int = 0) -> list[Any]:
+        return list((await self._call(self.sessions.SearchMessages, session_pb.SearchMessagesRequest(
+            query=query, session_key=session_key, limit=limit))).hits)
+
+    async def update_usage(self, session_key: str, delta: common.Usage | Mapping[str, Any],
+                           last_prompt_tokens: int = 0, cost_status: str = "") -> common.Session:
+        usage = delta if isinstance(delta, common.Usage) else common.Usage(**delta)
+        return (await self._call(self.sessions.UpdateUsage, session_pb.UpdateUsageRequest(
+            session_key=session_key, delta=usage, last_prompt_tokens=last_prompt_tokens,
+            cost_status=cost_status))).session
+
+    async def prune_sessions(self, max_age_days: int) -> int:
+        return (await self._call(self.sessions.PruneSessions, session_pb.PruneSessionsRequest(
+            max_age_days=max_age_days))).pruned
+
+    async def get_session_context(self, source: SourceLike,
+                                  profile: str | None = None) -> session_pb.GetSessionContextResponse:
+        return await self._call(self.sessions.GetSessionContext, session_pb.GetSessionContextRequest(
+            source=as_source(source), profile=profile or ""))
+
+    # -- PromptService ----------------------------------------------------
+
+    def prompt(self, text: str, *, source: SourceLike | None = None, session_key: str = "",
+               request_id: str | None = None, delivery: str | int = "follow_up",
+               profile: str | None = None, attachments: Iterable[Any] = (),
+               timeout: float | None = None, resume_timeout: float = 30.0) -> FrameStream:
+        """Run one turn; iterate the result for its frames (keepalives skipped).
+
+        The stream resumes by itself after a dropped connection, with the same
+        ``request_id`` (a fresh uuid4 when None): first by repeating the Prompt
+        while no frame has arrived (idempotent), then with
+        ``WatchActivity(request_id, after_seq=last seen)``. After a ``failed``
+        frame the next step raises the typed error (e.g. ``AgentBusy``).
+        ``timeout`` is the gRPC deadline of the whole turn.
+        """
+        if (source is None) == (not session_key):
+            raise ValueError("give exactly one of source and session_key")
+        request = prompt_pb.PromptRequest(
+            request_id=request_id or str(uuid.uuid4()), text=text, delivery=as_delivery(delivery),
+            profile=profile or "", session_key=session_key, attachments=list(attachments),
+            source=as_source(source) if source is not None else None)
+        frame_filter = SeqFilter()
+        deadline = _Deadline(timeout)
+
+        def open_first() -> Any:
+            return self.prompts.Prompt(request, metadata=self.metadata, timeout=deadline.left())
+
+        def open_resume() -> Any:
+            if frame_filter.last_seq == 0:
+                return open_first()  # nothing seen: the Prompt itself may not have arrived
+            return self.prompts.WatchActivity(
+                prompt_pb.WatchActivityRequest(request_id=request.request_id, after_seq=frame_filter.last_seq),
+                metadata=self.metadata, timeout=deadline.left())
+
+        return FrameStream(self.channel, open_first, open_resume, frame_filter,
+                           request_id=request.request_id, resume_timeout=resume_timeout)
+
+    def watch(self, *, request_id: str = "", session_key: str = "", platform: str = "",
+              after_seq: int = 0, after_cursor: int = 0, resume_timeout: float = 30.0) -> FrameStream:
+        """WatchActivity with the same resume logic as ``prompt``.
+
+        By ``request_id``: that turn's frames after ``after_seq``, ending at its
+        terminal frame (raising after ``failed``). By ``session_key`` or
+        ``platform``: every turn's frames after ``after_cursor`` (0 = live
+        only), endlessly, resuming from the last cursor seen.
+        """
+        if sum(map(bool, (request_id, session_key, platform))) != 1:
+            raise ValueError("give exactly one of request_id, session_key and platform")
+        frame_filter: Any = SeqFilter(after_seq) if request_id else CursorFilter(after_cursor)
+
+        def open_call() -> Any:
+            point = frame_filter.resume_point
+            return self.prompts.WatchActivity(prompt_pb.WatchActivityRequest(
+                request_id=request_id, session_key=session_key, platform=platform,
+                after_seq=point if request_id else 0, after_cursor=0 if request_id else point),
+                metadata=self.metadata)
+
+        return FrameStream(self.channel, open_call, open_call, frame_filter, request_id=request_id,
+                           raise_on_failed=bool(request_id), resume_timeout=resume_timeout)
+
+    async def cancel(self, session_key: str = "", request_id: str = "") -> bool:
+        """Stop the in-flight turn (it ends with failed{CANCELLED})."""
+        return (await self._call(self.prompts.Cancel, prompt_pb.CancelRequest(
+            session_key=session_key, request_id=request_id))).cancelled
+
+    async def get_queue(self, session_key: str) -> prompt_pb.GetQueueResponse:
+        """``.pending`` (the follow-up slot, check ``HasField``) and ``.queued``."""
+        return await self._call(self.prompts.GetQueue, prompt_pb.GetQueueRequest(session_key=session_key))
+
+
+class _Deadline:
+    """The remaining part of an overall timeout, for the calls of one turn."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self._end = None if timeout is None else time.monotonic() + timeout
+
+    def left(self) -> float | None:
+        return None if self._end is None else max(0.001, self._end - time.monotonic())
+
+
+async def connect(target: str = DEFAULT_TARGET, token: str | None = None, *, wait_ready: bool = True,
+                  timeout: float = 10.0, options: Iterable[tuple[str, Any]] = ()) -> SidecarClient:
+    """Open a client: ``"unix:./data/sidecar.sock"``, ``"unix:///abs/path"`` or ``"host:port"``.
+
+    ``token`` is sent as ``authorization: Bearer <token>`` metadata on every
+    call (plain metadata, so it works over the insecure channel the sidecar
+    serves). With ``wait_ready`` the call fails fast (SidecarError,
+    UNAVAILABLE) when nothing answers within ``timeout`` seconds.
+    """
+    client = SidecarClient(target, token, options=options)
+    if wait_ready:
+        try:
+            await client.wait_ready(timeout)
+        except BaseException:
+            await client.close()
+            raise
+    return client

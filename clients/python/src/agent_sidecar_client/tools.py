@@ -1,0 +1,208 @@
+"""ToolHost: serve Python functions as agent tools over ToolService.ServeTools.
+
+Why a decorator: an adapter's tools are ordinary functions; the host does the
+protocol (open the stream, register the specs, wait for ToolsRegistered, run
+every invocation concurrently, send results back) so the function only sees
+its keyword arguments and returns something JSON-serialisable.
+
+    host = ToolHost("conf.python")
+
+    @host.tool(description="Add two integers.")
+    def add(a: int, b: int) -> int:        # registered as conf.python.add
+        return a + b
+
+    async with host.running(client):       # registered when the block starts
+        ...
+
+A raised exception, a non-JSON result or exceeding the invocation's
+``timeout_ms`` is reported as ``ok=False`` with the error text (the sidecar
+then fails the call with TOOL_INVOKE_FAILED). ``serve`` re-opens the stream
+after a transport failure (and re-registers), so a sidecar restart does not
+orphan the tools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+import grpc
+
+from agent_sidecar_client import errors
+from agent_sidecar_client._proto import tool_service_pb2 as tool_pb
+from agent_sidecar_client._stream import RESUMABLE_CODES
+
+_JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
+
+
+@dataclass
+class Tool:
+    name: str
+    description: str
+    schema: dict[str, Any]
+    func: Callable[..., Any]
+    pass_invocation: bool = False
+
+
+def schema_from_signature(func: Callable[..., Any]) -> dict[str, Any]:
+    """A JSON schema for ``func``'s keyword arguments from its annotations.
+
+    Good enough for simple tools; pass ``schema=`` for anything richer.
+    """
+    props: dict[str, Any] = {}
+    required: list[str] = []
+    for name, param in inspect.signature(func).parameters.items():
+        if name == "invocation" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        annotation = param.annotation
+        if isinstance(annotation, str):  # from __future__ import annotations
+            annotation = {"int": int, "float": float, "str": str, "bool": bool, "list": list,
+                          "dict": dict}.get(annotation, annotation)
+        props[name] = {"type": _JSON_TYPES[annotation]} if annotation in _JSON_TYPES else {}
+        if param.default is param.empty:
+            required.append(name)
+    schema: dict[str, Any] = {"type": "object", "properties": props}
+    if required:
+        schema["required"] = required
+    return schema
+
+
+class ToolHost:
+    """A set of tools under one namespace (a dotted prefix such as ``discord``)."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace.rstrip(".")
+        self.tools: dict[str, Tool] = {}
+        self.registered: tool_pb.ToolsRegistered | None = None
+        self._registered_event = asyncio.Event()
+
+    def tool(self, func: Callable[..., Any] | None = None, *, name: str | None = None,
+             description: str | None = None, schema: dict[str, Any] | None = None,
+             pass_invocation: bool = False) -> Any:
+        """Register a sync or async function; usable bare (``@host.tool``) or
+        with options. ``name`` defaults to namespace + "." + function name;
+        ``description`` to the docstring. With ``pass_invocation`` the function
+        also gets ``invocation=`` (the ToolInvocation: session_key, request_id...)."""
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            full = name or f"{self.namespace}.{fn.__name__}"
+            if not full.startswith(self.namespace + "."):
+                raise ValueError(f"tool name {full!r} is outside namespace {self.namespace!r}")
+            self.tools[full] = Tool(full, description if description is not None else inspect.getdoc(fn) or "",
+                                    schema if schema is not None else schema_from_signature(fn), fn,
+                                    pass_invocation)
+            return fn
+
+        return register(func) if func is not None else register
+
+    def _register_message(self) -> tool_pb.ServeToolsRequest:
+        return tool_pb.ServeToolsRequest(register=tool_pb.RegisterTools(namespace=self.namespace, tools=[
+            tool_pb.ToolSpec(name=t.name, description=t.description,
+                             parameters_json_schema=json.dumps(t.schema, sort_keys=True))
+            for t in self.tools.values()]))
+
+    async def invoke(self, invocation: tool_pb.ToolInvocation) -> tool_pb.ToolInvocationResult:
+        """Run one invocation and build its result (never raises)."""
+        result = tool_pb.ToolInvocationResult(invocation_id=invocation.invocation_id)
+        tool = self.tools.get(invocation.tool_name)
+        try:
+            if tool is None:
+                raise LookupError(f"no tool {invocation.tool_name!r} on this host")
+            args = json.loads(invocation.arguments_json or "{}")
+            if not isinstance(args, dict):
+                raise TypeError("arguments must be a JSON object")
+            if tool.pass_invocation:
+                args["invocation"] = invocation
+            if inspect.iscoroutinefunction(tool.func):
+                work = tool.func(**args)
+            else:
+                work = asyncio.to_thread(tool.func, **args)
+            timeout = invocation.timeout_ms / 1000 if invocation.timeout_ms > 0 else None
+            value = await asyncio.wait_for(work, timeout)
+            result.result_json = json.dumps(value)
+            result.ok = True
+        except asyncio.TimeoutError:
+            result.error = f"tool {invocation.tool_name} timed out after {invocation.timeout_ms} ms"
+        except Exception as exc:  # noqa: BLE001 - any tool failure goes back to the model
+            result.error = f"{type(exc).__name__}: {exc}"
+        if not result.ok:
+            result.result_json = json.dumps({"error": result.error})
+        return result
+
+    async def _serve_once(self, client: Any) -> None:
+        """One ServeTools stream: register, then answer until it ends."""
+        outbox: asyncio.Queue[tool_pb.ServeToolsRequest] = asyncio.Queue()
+        outbox.put_nowait(self._register_message())
+        tasks: set[asyncio.Task[Any]] = set()
+
+        async def requests() -> AsyncIterator[tool_pb.ServeToolsRequest]:
+            while True:
+                yield await outbox.get()
+
+        async def answer(invocation: tool_pb.ToolInvocation) -> None:
+            outbox.put_nowait(tool_pb.ServeToolsRequest(result=await self.invoke(invocation)))
+
+        call = client.tools.ServeTools(requests(), metadata=client.metadata)
+        try:
+            async for response in call:
+                kind = response.WhichOneof("message")
+                if kind == "registered":
+                    self.registered = response.registered
+                    self._registered_event.set()
+                elif kind == "invocation":
+                    task = asyncio.create_task(answer(response.invocation))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+        finally:
+            call.cancel()
+            for task in tasks:
+                task.cancel()
+            self.registered = None
+            self._registered_event.clear()
+
+    async def serve(self, client: Any, *, reconnect: bool = True) -> None:
+        """Host the tools until cancelled. Transport failures re-open the
+        stream (and re-register) when ``reconnect``; a sidecar refusal (bad
+        namespace, auth) raises its typed error."""
+        while True:
+            try:
+                await self._serve_once(client)
+                failure: Exception | None = None
+            except grpc.RpcError as exc:
+                if errors.has_error_info(exc) or exc.code() not in RESUMABLE_CODES or not reconnect:
+                    raise errors.from_rpc_error(exc) from exc
+                failure = exc
+            if not reconnect:
+                return
+            await asyncio.sleep(0.2 if failure is None else 0.5)
+            with contextlib.suppress(errors.SidecarError):
+                await client.wait_ready(30.0)
+
+    async def wait_registered(self, timeout: float | None = None) -> tool_pb.ToolsRegistered:
+        await asyncio.wait_for(self._registered_event.wait(), timeout)
+        assert self.registered is not None
+        return self.registered
+
+    @contextlib.asynccontextmanager
+    async def running(self, client: Any, timeout: float = 10.0) -> AsyncIterator["ToolHost"]:
+        """Serve in the background; the block starts once the tools are registered."""
+        task = asyncio.create_task(self.serve(client))
+        waiter = asyncio.create_task(self._registered_event.wait())
+        try:
+            done, _ = await asyncio.wait({task, waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if task in done:
+                task.result()  # raises the refusal
+                raise errors.SidecarError(grpc.StatusCode.UNAVAILABLE, "", "ServeTools ended before registration")
+            if waiter not in done:
+                raise errors.SidecarError(grpc.StatusCode.DEADLINE_EXCEEDED, "",
+                                          f"tools of {self.namespace} not registered within {timeout:g}s")
+            yield self
+        finally:
+            waiter.cancel()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, errors.SidecarError):
+                await task

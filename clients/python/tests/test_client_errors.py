@@ -1,0 +1,72 @@
+"""Error decoding: a google.rpc.Status with ErrorInfo becomes the typed exception."""
+
+import grpc
+from google.protobuf import duration_pb2
+from google.rpc import error_details_pb2
+
+import agent_sidecar_client as asc
+from agent_sidecar_client import errors
+
+from _client_fakes import FakeRpcError, status_trailers
+
+
+def test_agent_busy_with_retry_info():
+    retry = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=1, nanos=500_000_000))
+    exc = FakeRpcError(grpc.StatusCode.ABORTED, "busy",
+                       status_trailers(grpc.StatusCode.ABORTED, "AGENT_BUSY", "a turn is in flight", retry))
+    err = errors.from_rpc_error(exc)
+    assert isinstance(err, asc.AgentBusy) and isinstance(err, asc.SidecarError)
+    assert (err.code, err.reason, err.message) == (grpc.StatusCode.ABORTED, "AGENT_BUSY", "a turn is in flight")
+    assert err.retry_delay == 1.5
+    assert err.__cause__ is exc
+
+
+def test_invalid_argument_field_violations():
+    bad = error_details_pb2.BadRequest(field_violations=[
+        error_details_pb2.BadRequest.FieldViolation(field="request_id", description="required")])
+    exc = FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT, "",
+                       status_trailers(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", "bad", bad))
+    err = errors.from_rpc_error(exc)
+    assert isinstance(err, asc.InvalidArgument)
+    assert err.field_violations == [("request_id", "required")]
+
+
+def test_every_reason_maps_to_its_class():
+    for reason, cls in errors.BY_REASON.items():
+        exc = FakeRpcError(cls.default_code, "x", status_trailers(cls.default_code, reason, "m"))
+        err = errors.from_rpc_error(exc)
+        assert type(err) is cls and err.reason == reason and err.code == cls.default_code
+
+
+def test_aio_style_metadata_object():
+    trailers = grpc.aio.Metadata(*status_trailers(grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND", "gone"))
+    err = errors.from_rpc_error(FakeRpcError(grpc.StatusCode.NOT_FOUND, "gone", trailers))
+    assert isinstance(err, asc.SessionNotFound) and err.message == "gone"
+
+
+def test_no_error_info_falls_back_on_code():
+    err = errors.from_rpc_error(FakeRpcError(grpc.StatusCode.UNAUTHENTICATED, "no token"))
+    assert isinstance(err, asc.Unauthenticated) and err.reason == "UNAUTHENTICATED"
+    err = errors.from_rpc_error(FakeRpcError(grpc.StatusCode.UNIMPLEMENTED, "later"))
+    assert type(err) is asc.SidecarError and err.reason == "" and err.code == grpc.StatusCode.UNIMPLEMENTED
+    assert not errors.has_error_info(FakeRpcError(grpc.StatusCode.UNAVAILABLE))
+
+
+def test_unknown_reason_is_base_class_keeping_reason():
+    exc = FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, "",
+                       status_trailers(grpc.StatusCode.FAILED_PRECONDITION, "FAILED_PRECONDITION", "confirm"))
+    err = errors.from_rpc_error(exc)
+    assert type(err) is asc.SidecarError and err.reason == "FAILED_PRECONDITION"
+    assert errors.has_error_info(exc)
+
+
+def test_failed_frame_error():
+    err = errors.from_failed_frame("TOOL_SCOPE_VIOLATION", "other.x")
+    assert isinstance(err, asc.ToolScopeViolation) and err.code == grpc.StatusCode.PERMISSION_DENIED
+    err = errors.from_failed_frame("SOMETHING_NEW", "m")
+    assert type(err) is asc.SidecarError and err.reason == "SOMETHING_NEW"
+
+
+def test_garbled_trailer_is_ignored():
+    exc = FakeRpcError(grpc.StatusCode.PERMISSION_DENIED, "no", (("grpc-status-details-bin", b"\xff\xff"),))
+    assert isinstance(errors.from_rpc_error(exc), asc.PermissionDenied)

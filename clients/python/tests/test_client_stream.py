@@ -1,0 +1,113 @@
+"""FrameStream over fake calls: resume after a drop, no gap, no duplicate, typed errors."""
+
+import asyncio
+
+import grpc
+import pytest
+
+import agent_sidecar_client as asc
+from agent_sidecar_client._stream import FrameStream
+
+from _client_fakes import FakeCall, FakeChannel, FakeRpcError, frame, status_trailers
+
+
+def make_stream(calls, resume_log=None, **kw):
+    """A FrameStream whose first open returns calls[0] and each resume the next."""
+    calls = list(calls)
+    flt = asc.SeqFilter()
+
+    def open_first():
+        return calls.pop(0)
+
+    def open_resume():
+        if resume_log is not None:
+            resume_log.append(flt.last_seq)
+        return calls.pop(0)
+
+    return FrameStream(FakeChannel(), open_first, open_resume, flt, request_id="r1", **kw)
+
+
+async def seqs(stream):
+    return [f.seq async for f in stream]
+
+
+def test_resume_after_unavailable_has_no_gap_or_duplicate():
+    log = []
+    first = FakeCall([frame(1, "accepted"), frame(2, "started"), frame(3)],
+                     FakeRpcError(grpc.StatusCode.UNAVAILABLE, "connection reset"))
+    # The resumed stream overlaps (2, 3 again) and carries a keepalive.
+    second = FakeCall([frame(2, "started"), frame(3), frame(3, "keepalive"), frame(4), frame(5, "completed")])
+    stream = make_stream([first, second], log)
+    assert asyncio.run(seqs(stream)) == [1, 2, 3, 4, 5]
+    assert stream.resumes == 1 and log == [3]
+
+
+def test_gap_triggers_resume_from_last_good_seq():
+    log = []
+    first = FakeCall([frame(1), frame(2), frame(4)], hang=True)
+    second = FakeCall([frame(3), frame(4), frame(5, "completed")])
+    stream = make_stream([first, second], log)
+    assert asyncio.run(seqs(stream)) == [1, 2, 3, 4, 5]
+    assert log == [2] and first.cancelled
+
+
+def test_clean_end_without_terminal_resumes():
+    stream = make_stream([FakeCall([frame(1)]), FakeCall([frame(2, "completed")])])
+    assert asyncio.run(seqs(stream)) == [1, 2]
+
+
+def test_drop_cuts_the_live_call_and_resumes():
+    first = FakeCall([frame(1), frame(2), frame(3)], hang=True)
+    second = FakeCall([frame(4), frame(5, "completed")])
+    stream = make_stream([first, second])
+
+    async def run():
+        got = []
+        async for f in stream:
+            got.append(f.seq)
+            if f.seq == 3:
+                stream.drop()
+        return got
+
+    assert asyncio.run(run()) == [1, 2, 3, 4, 5]
+    assert first.cancelled and stream.resumes == 1
+
+
+def test_failed_frame_is_yielded_then_typed_error_raised():
+    trailers = status_trailers(grpc.StatusCode.PERMISSION_DENIED, "TOOL_SCOPE_VIOLATION", "other.x")
+    call = FakeCall([frame(1, "accepted"), frame(2, "failed", reason="TOOL_SCOPE_VIOLATION", message="other.x")],
+                    FakeRpcError(grpc.StatusCode.PERMISSION_DENIED, "other.x", trailers))
+    stream = make_stream([call])
+
+    async def run():
+        got = []
+        with pytest.raises(asc.ToolScopeViolation) as info:
+            async for f in stream:
+                got.append(asc.frame_kind(f))
+        return got, info.value
+
+    kinds, err = asyncio.run(run())
+    assert kinds == ["accepted", "failed"]
+    assert err.reason == "TOOL_SCOPE_VIOLATION" and err.code == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_failed_frame_without_status_still_raises():
+    stream = make_stream([FakeCall([frame(1, "failed", reason="CANCELLED")])])
+    with pytest.raises(asc.Cancelled):
+        asyncio.run(seqs(stream))
+
+
+def test_error_with_error_info_is_not_resumed():
+    busy = FakeRpcError(grpc.StatusCode.ABORTED, "busy", status_trailers(grpc.StatusCode.ABORTED, "AGENT_BUSY"))
+    stream = make_stream([FakeCall([], busy)])
+    with pytest.raises(asc.AgentBusy):
+        asyncio.run(seqs(stream))
+    assert stream.resumes == 0
+
+
+def test_resume_gives_up_after_resume_timeout():
+    down = [FakeCall([], FakeRpcError(grpc.StatusCode.UNAVAILABLE, "down")) for _ in range(100)]
+    stream = make_stream(down, resume_timeout=0.3)
+    with pytest.raises(asc.SidecarError) as info:
+        asyncio.run(seqs(stream))
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE and "not resumed" in info.value.message
