@@ -68,22 +68,34 @@ def entry_to_proto(e: SessionEntry, queue_depth: int = 0) -> c.Session:
     )
 
 
+def check_size(value: str, field: str, limit: int) -> str:
+    if len(value.encode()) > limit:
+        raise invalid(field, f"larger than {limit} bytes")
+    return value
+
+
 def messages_from_proto(msgs, cfg: Config, field: str = "messages") -> list[Message]:
     if len(msgs) > cfg.limits.max_messages_per_request:
         raise invalid(field, f"more than {cfg.limits.max_messages_per_request} messages")
     out = []
+    lim = cfg.limits
     for i, m in enumerate(msgs):
         if m.role not in ROLES:
             raise invalid(f"{field}[{i}].role", f"must be one of {', '.join(ROLES)}")
-        if len(m.content.encode()) > cfg.limits.max_text_bytes:
-            raise invalid(f"{field}[{i}].content", f"larger than {cfg.limits.max_text_bytes} bytes")
+        check_size(m.content, f"{field}[{i}].content", lim.max_text_bytes)
+        check_size(m.tool_calls_json, f"{field}[{i}].tool_calls_json", lim.max_text_bytes)
+        check_size(m.tool_name, f"{field}[{i}].tool_name", lim.max_id_length)
+        check_size(m.tool_call_id, f"{field}[{i}].tool_call_id", lim.max_id_length)
         if m.tool_calls_json:
             try:
                 if not isinstance(orjson.loads(m.tool_calls_json), list):
                     raise ValueError
             except ValueError:
                 raise invalid(f"{field}[{i}].tool_calls_json", "must be a JSON array") from None
-        created = m.created_at.ToNanoseconds() / 1e9 if m.HasField("created_at") else 0.0
+        try:
+            created = m.created_at.ToNanoseconds() / 1e9 if m.HasField("created_at") else 0.0
+        except ValueError:
+            raise invalid(f"{field}[{i}].created_at", "is outside the valid timestamp range") from None
         out.append(Message(role=m.role, content=m.content, tool_call_id=m.tool_call_id,
                            tool_name=m.tool_name, tool_calls_json=m.tool_calls_json,
                            created_at=created))
@@ -102,13 +114,18 @@ def encode_page_token(data: dict[str, Any]) -> str:
     return base64.urlsafe_b64encode(orjson.dumps(data)).decode().rstrip("=")
 
 
-def decode_page_token(token: str, kind: str) -> dict[str, Any] | None:
+def decode_page_token(token: str, kind: str, fields: dict[str, type | tuple]) -> dict[str, Any] | None:
+    """Decode and type-check a token; ``fields`` maps each key to its type(s)."""
     if not token:
         return None
     try:
         data = orjson.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
         if not isinstance(data, dict) or data.get("k") != kind:
             raise ValueError
+        for name, kinds in fields.items():
+            v = data.get(name)
+            if not isinstance(v, kinds) or isinstance(v, bool):
+                raise ValueError
         return data
     except (ValueError, TypeError):
         raise invalid("page_token", "is not a token this call returned") from None

@@ -27,8 +27,14 @@ def unary(fn):
             raise
         except Exception:
             log.exception("rpc %s failed", fn.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}")
+            await abort(context, _internal(fn.__name__))
     return wrapper
+
+
+def _internal(name: str) -> SidecarError:
+    # Still a google.rpc.Status with ErrorInfo, as API.md promises for every
+    # non-OK status; the details are in the sidecar's log.
+    return SidecarError("INTERNAL", f"internal error in {name} (see the sidecar log)")
 
 
 def streaming(fn):
@@ -44,5 +50,5 @@ def streaming(fn):
             raise
         except Exception:
             log.exception("rpc %s failed", fn.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}")
+            await abort(context, _internal(fn.__name__))
     return wrapper

@@ -3,7 +3,9 @@ read, and convert. The session logic itself lives in sessions/."""
 
 from __future__ import annotations
 
+import math
 import time
+from datetime import datetime, timezone
 
 from ..config import Config
 from ..errors import FAILED_PRECONDITION, SidecarError, invalid, not_found
@@ -19,6 +21,11 @@ from . import convert as cv
 from .rpc import unary
 
 CLEAR_ALL_CONFIRM = "DELETE ALL SESSIONS"
+# Per-call accounting bounds: far above any real turn, far below int64 overflow
+# (a counter that overflowed would turn into a REAL and poison every read).
+MAX_TOKEN_DELTA = 2 ** 40
+MAX_COST_DELTA = 1e9
+PAGE_BYTES = 3 * 1024 * 1024
 
 
 class SessionService(pb_grpc.SessionServiceServicer):
@@ -95,7 +102,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
     @unary
     async def ListSessions(self, request, context, principal):
         size = cv.page_size(request.page_size, self.cfg)
-        token = cv.decode_page_token(request.page_token, "sessions")
+        token = cv.decode_page_token(request.page_token, "sessions", {"u": (int, float), "s": str})
         if request.active_within_seconds < 0:
             raise invalid("active_within_seconds", "must not be negative")
         if request.platform:
@@ -126,6 +133,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
     @unary
     async def ResetSession(self, request, context, principal):
         key = self._key(request.session_key, principal)
+        cv.check_size(request.display_name, "display_name", self.cfg.limits.max_id_length)
         self._entry(key)
         await self.turns.on_reset(key)
         entry = await self.store.write(lambda c: life.reset(c, key, request.display_name))
@@ -148,7 +156,8 @@ class SessionService(pb_grpc.SessionServiceServicer):
     @unary
     async def MarkResumePending(self, request, context, principal):
         key = self._key(request.session_key, principal)
-        reason = cv.require(request.reason, "reason", self.cfg)
+        reason = cv.check_size(cv.require(request.reason, "reason"), "reason",
+                               self.cfg.limits.max_id_length)
         entry = await self.store.write(lambda c: life.mark_resume_pending(c, key, reason))
         return pb.MarkResumePendingResponse(session=self._session(entry))
 
@@ -202,15 +211,23 @@ class SessionService(pb_grpc.SessionServiceServicer):
     async def GetTranscript(self, request, context, principal):
         self._incarnation_key(request.session_id, principal)
         size = cv.page_size(request.page_size, self.cfg)
-        token = cv.decode_page_token(request.page_token, "transcript")
+        token = cv.decode_page_token(request.page_token, "transcript", {"after": int})
         after = token["after"] if token else 0
         msgs = await self.store.read_async(lambda c: tx.load_page(
             c, request.session_id, include_rewound=request.include_rewound,
             after_seq=after, limit=size + 1))
+        # A page ends at page_size or at a byte budget (always holding at least
+        # one message), so a client with default receive limits can read it.
+        page, used = [], 0
+        for m in msgs[:size]:
+            used += len(m.content) + len(m.tool_calls_json) + 64
+            if page and used > PAGE_BYTES:
+                break
+            page.append(m)
         nxt = ""
-        if len(msgs) > size:
-            msgs = msgs[:size]
-            nxt = cv.encode_page_token({"k": "transcript", "after": msgs[-1].seq})
+        if len(page) < len(msgs):
+            nxt = cv.encode_page_token({"k": "transcript", "after": page[-1].seq})
+        msgs = page
         return pb.GetTranscriptResponse(messages=[cv.message_to_proto(m) for m in msgs],
                                         next_page_token=nxt)
 
@@ -265,10 +282,13 @@ class SessionService(pb_grpc.SessionServiceServicer):
         key = self._key(request.session_key, principal)
         d = request.delta
         for name in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens"):
-            if getattr(d, name) < 0:
-                raise invalid(f"delta.{name}", "must not be negative")
-        if d.cost_usd < 0:
-            raise invalid("delta.cost_usd", "must not be negative")
+            if not 0 <= getattr(d, name) <= MAX_TOKEN_DELTA:
+                raise invalid(f"delta.{name}", f"must be between 0 and {MAX_TOKEN_DELTA}")
+        if not math.isfinite(d.cost_usd) or not 0 <= d.cost_usd <= MAX_COST_DELTA:
+            raise invalid("delta.cost_usd", f"must be a finite number between 0 and {MAX_COST_DELTA}")
+        if not 0 <= request.last_prompt_tokens <= MAX_TOKEN_DELTA:
+            raise invalid("last_prompt_tokens", f"must be between 0 and {MAX_TOKEN_DELTA}")
+        cv.check_size(request.cost_status, "cost_status", 64)
         delta = {"input_tokens": d.input_tokens, "output_tokens": d.output_tokens,
                  "cache_read_tokens": d.cache_read_tokens,
                  "cache_write_tokens": d.cache_write_tokens, "cost_usd": d.cost_usd}
@@ -291,11 +311,12 @@ class SessionService(pb_grpc.SessionServiceServicer):
         principal.require_platform(source.platform)
         key, _ = self.key_for(source, request.profile)
         entry = self.store.read(lambda c: load_entry(c, key))
+        started = datetime.fromtimestamp(entry.created_at, timezone.utc) if entry else None
         flags = dict(group_sessions_per_user=self.cfg.group_sessions_per_user,
                      thread_sessions_per_user=self.cfg.thread_sessions_per_user)
         text = build_session_context_prompt(
             source, session_key=key, session_id=entry.session_id if entry else "",
-            created_at=None, connected_platforms=self.cfg.connected_platforms,
+            created_at=started, connected_platforms=self.cfg.connected_platforms,
             home_channels=self.cfg.home_channels, redact_pii=self.cfg.redact_pii, **flags)
         return pb.GetSessionContextResponse(prompt_section=text,
                                             shared_multi_user=shared_multi_user(source, **flags))
