@@ -53,7 +53,7 @@ class Profile:
 @dataclass
 class AgentCache:
     max_size: int = 128
-    idle_ttl_secs: float = 3600
+    idle_ttl_secs: float = 3600.0
     memory_high_mb: int | str = "auto"
     max_evictions_per_pass: int = 16
     protect_recent: int = 8
@@ -89,16 +89,16 @@ class Config:
     group_sessions_per_user: bool = True
     thread_sessions_per_user: bool = False
     session_store_max_age_days: int = 0
-    gateway_auto_continue_freshness: float = 3600
-    gateway_timeout: float = 1800
+    gateway_auto_continue_freshness: float = 3600.0
+    gateway_timeout: float = 1800.0
     agent_cache: AgentCache = field(default_factory=AgentCache)
     # the sidecar's own settings
     workers: int = 0  # 0: CPU count
     synchronous: str = "FULL"
-    drain_timeout: float = 60
-    retention_days: float = 7
-    dedup_window_s: float = 300
-    housekeeping_interval_s: float = 60
+    drain_timeout: float = 60.0
+    retention_days: float = 7.0
+    dedup_window_s: float = 300.0
+    housekeeping_interval_s: float = 60.0
     redact_pii: bool = False
     connected_platforms: list[str] = field(default_factory=list)
     home_channels: dict[str, Any] = field(default_factory=dict)

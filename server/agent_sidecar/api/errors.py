@@ -30,6 +30,8 @@ CODE_FOR_REASON: dict[str, grpc.StatusCode] = {
     E.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
     E.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     E.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    E.REQUEST_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    E.INTERNAL: grpc.StatusCode.INTERNAL,
     "restart_interrupted": grpc.StatusCode.UNAVAILABLE,
 }
 

@@ -142,7 +142,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
             if not rows and turn is None:
                 known = self.store.read(lambda c: jobs.ledger_lookup(c, rid))
                 if known is None:
-                    raise E.SidecarError("REQUEST_NOT_FOUND", f"no such request: {rid}")
+                    raise E.SidecarError(E.REQUEST_NOT_FOUND, f"no such request: {rid}")
             last = after_seq
             for row in rows:
                 frame = frame_from_row(row)

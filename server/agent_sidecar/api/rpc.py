@@ -9,7 +9,7 @@ import logging
 
 import grpc
 
-from ..errors import SidecarError
+from ..errors import INTERNAL, SidecarError
 from .errors import abort
 
 log = logging.getLogger("agent_sidecar.api")
@@ -34,7 +34,7 @@ def unary(fn):
 def _internal(name: str) -> SidecarError:
     # Still a google.rpc.Status with ErrorInfo, as API.md promises for every
     # non-OK status; the details are in the sidecar's log.
-    return SidecarError("INTERNAL", f"internal error in {name} (see the sidecar log)")
+    return SidecarError(INTERNAL, f"internal error in {name} (see the sidecar log)")
 
 
 def streaming(fn):

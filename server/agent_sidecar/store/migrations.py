@@ -119,9 +119,11 @@ CREATE TABLE prompt_queue (
 );
 CREATE INDEX prompt_queue_by_key ON prompt_queue (session_key, slot, position);
 
--- Activity frames; id is the global cursor, seq is per request.
+-- Activity frames; id is the global cursor, seq is per request. AUTOINCREMENT:
+-- a cursor handed to a client must never be handed out again, even after the
+-- newest frames are deleted (DeleteSession, ClearAll).
 CREATE TABLE frames (
-    id           INTEGER PRIMARY KEY,
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
     request_id   TEXT NOT NULL,
     seq          INTEGER NOT NULL,
     session_key  TEXT NOT NULL,

@@ -159,7 +159,18 @@ async def run_turn(agent: Agent, backend, spec: TurnSpec, io: TurnIO) -> str:
                                          "result_json": orjson.dumps({"error": "TOOL_SCOPE_VIOLATION"}).decode()})
                 raise TurnFailed(E.TOOL_SCOPE_VIOLATION,
                                  f"the model called {call.name!r}, outside the allowed tools {spec.scopes}")
-            ok, result_json = await io.invoke_tool(call.call_id, call.name, call.arguments_json)
+            try:
+                ok, result_json = await io.invoke_tool(call.call_id, call.name, call.arguments_json)
+            except BaseException:
+                # Cancelled or timed out while waiting: every call of this
+                # assistant message still gets a result, in the cache and the
+                # store, so the next model call sees a valid transcript.
+                for later in calls[i:]:
+                    err = orjson.dumps({"error": "the turn ended before this tool call finished"}).decode()
+                    lm = _tool_message(later.call_id, later.name, err)
+                    agent.add(lm)
+                    io.message(lm)
+                raise
             io.frame("tool_result", {"call_id": call.call_id, "ok": ok, "result_json": result_json})
             tm = _tool_message(call.call_id, call.name, result_json)
             agent.add(tm)
