@@ -71,6 +71,11 @@ export class SidecarError extends Error {
     this.retryDelayMs = init.retryDelayMs;
     this.fieldViolations = init.fieldViolations ?? [];
   }
+
+  /** The gRPC code's name, e.g. `"ABORTED"`. */
+  get codeName(): string {
+    return GrpcCode[this.code] ?? String(this.code);
+  }
 }
 
 /** `REJECT_IF_BUSY` and a turn is in flight (ABORTED, with RetryInfo). */

@@ -6,7 +6,7 @@
  * so the caller sees every frame exactly once, in order.
  */
 import { status as GrpcCode, type ClientReadableStream } from "@grpc/grpc-js";
-import { errorFromFailedFrame, fromGrpcError, SidecarError } from "./errors";
+import { errorFromFailedFrame, fromGrpcError, makeSidecarError, SidecarError } from "./errors";
 import { FrameSequencer, isTerminal } from "./frames";
 import type { ActivityFrame, ActivityFrame_Failed } from "./gen/agent_sidecar/v1/prompt_service";
 
@@ -167,7 +167,7 @@ export class FrameStream implements AsyncIterable<ActivityFrame> {
       let cause: SidecarError | undefined;
       if (endError !== undefined) {
         cause = fromGrpcError(endError);
-        if (!dropped && !isTransportError(cause)) throw cause;
+        if (!dropped && !isTransportError(cause)) throw asTurnError(cause);
       } else if (!gap && this.sequencer.mode === "feed") {
         return; // the sidecar closed the feed cleanly
       }
@@ -190,6 +190,15 @@ export class FrameStream implements AsyncIterable<ActivityFrame> {
       this.resumes += 1;
     }
   }
+}
+
+/**
+ * A turn stream's own deadline passing shows up locally as DEADLINE_EXCEEDED
+ * with no details; API.md names that AGENT_TIMEOUT, so raise AgentTimeout.
+ */
+function asTurnError(e: SidecarError): SidecarError {
+  if (e.reason !== "" || e.code !== GrpcCode.DEADLINE_EXCEEDED) return e;
+  return makeSidecarError({ code: e.code, reason: "AGENT_TIMEOUT", message: e.message, cause: e });
 }
 
 /** Await the next message, or `undefined` after `ms` (the pending read is then abandoned). */

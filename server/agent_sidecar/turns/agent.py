@@ -125,6 +125,14 @@ async def run_turn(agent: Agent, backend, spec: TurnSpec, io: TurnIO) -> str:
                                        "cost_usd": ev.cost_usd})
         except ModelError as e:
             raise TurnFailed(E.LLM_API_FAILURE, str(e)) from None
+        except BaseException:
+            # Interrupted mid-answer (cancel, INTERRUPT, timeout): what the user
+            # already saw streamed stays in the transcript.
+            if parts:
+                partial = {"role": "assistant", "content": "".join(parts)}
+                agent.add(partial)
+                io.message(partial)
+            raise
         text = "".join(parts)
         if not calls:
             msg = {"role": "assistant", "content": text}

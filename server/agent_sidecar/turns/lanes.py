@@ -40,6 +40,7 @@ class Turn:
     subscribers: list = field(default_factory=list)
     terminal: Any = None
     worker: Any = None
+    worker_gen: int = -1  # which incarnation of the worker slot got the run message
     open_tool_calls: dict[str, str] = field(default_factory=dict)
     steers: list["Turn"] = field(default_factory=list)
     host: "Turn | None" = None  # for a steer: the turn it joined

@@ -189,14 +189,18 @@ class TurnManager:
         if mode == REJECT_IF_BUSY:
             raise E.SidecarError(E.AGENT_BUSY, f"session {lane.key} has a turn in flight",
                                  retry_after_s=1.0)
-        cap = self.cfg.profile(turn.profile).queue_cap if self.cfg.profile(turn.profile) else 0
-        if cap and mode in (QUEUE, FOLLOW_UP, STEER) and lane.depth() >= cap:
-            raise E.SidecarError(E.RESOURCE_EXHAUSTED,
-                                 f"session {lane.key} already has {lane.depth()} queued prompts (cap {cap})")
         if mode == STEER:
             if await self._steer(lane, turn):
                 return None
             mode = FOLLOW_UP
+        # The cap bounds how deep the queue gets: a follow-up that only
+        # replaces the pending one does not deepen it.
+        profile = self.cfg.profile(turn.profile)
+        cap = profile.queue_cap if profile else 0
+        deepens = mode == QUEUE or (mode == FOLLOW_UP and lane.pending is None)
+        if cap and deepens and lane.depth() >= cap:
+            raise E.SidecarError(E.RESOURCE_EXHAUSTED,
+                                 f"session {lane.key} already has {lane.depth()} queued prompts (cap {cap})")
         if mode in (INTERRUPT, ROLLBACK):
             lane.interrupt.append(turn)
             running = lane.running
@@ -271,6 +275,7 @@ class TurnManager:
             return
         h = self.pool.slot_for(turn.key)
         turn.worker = h
+        turn.worker_gen = h.generation if h.ready.is_set() else -1
         msg = {"t": "run", "rid": turn.rid, "key": turn.key, "sid": turn.sid, "rev": res["rev"],
                "base_seq": res["base_seq"], "text": turn.text, "profile": profile.to_wire(),
                "system_prompt": system_prompt, "tools": self.tools.specs_for(profile.tools),
@@ -284,6 +289,7 @@ class TurnManager:
     async def _send_when_ready(self, h: WorkerHandle, turn: Turn, msg: dict) -> None:
         await h.ready.wait()
         if not turn.finished and not turn.terminal_pending:
+            turn.worker_gen = h.generation
             h.send(msg)
 
     def cancel_turn(self, turn: Turn, reason: str) -> bool:
@@ -355,7 +361,8 @@ class TurnManager:
 
     def _on_worker_exit(self, h: WorkerHandle) -> None:
         for turn in list(self.live.values()):
-            if turn.worker is h and turn.started and not turn.finished and not turn.terminal_pending:
+            if (turn.worker is h and turn.worker_gen == h.generation and turn.started
+                    and not turn.finished and not turn.terminal_pending):
                 self._close_dangling_tool_calls(turn, "the worker running this turn died")
                 key = turn.key
                 self.bus.write(lambda c, key=key: jobs.life.mark_resume_pending(c, key, "worker_crashed"))

@@ -170,8 +170,9 @@ class Worker:
             self.log("agent rebuilt from store", key=key, messages=len(msgs))
         agent = Agent(key, m["sid"], m["rev"], m["base_seq"] + 1, msgs,
                       approx_bytes=sum(len(x.get("content") or "") + 64 for x in msgs))
-        for k in self.cache.put(agent):
-            self.log("agent evicted", key=k, why="lru")
+        evicted = self.cache.put(agent)
+        if evicted:
+            self.log("agents evicted", why="lru", count=len(evicted), keys=evicted[:16])
         return agent
 
     async def _turn(self, m: dict) -> None:

@@ -1,0 +1,88 @@
+#!/usr/bin/env node
+/**
+ * Conformance runner for the Node client (protocol: clients/conformance/README.md).
+ *
+ *     node dist/conformance/runner.js --lang node --unix unix:/p/sidecar.sock \
+ *       --tcp 127.0.0.1:PORT --token TOKEN --scenarios clients/conformance/scenarios.json
+ *
+ * Runs every scenario in file order with `{lang}` replaced, and prints one JSON
+ * line per scenario: {"scenario": id, "ok": bool, "error"?: text}. Exits 0 when
+ * it ran them all, whatever their outcome. Uses the library only.
+ */
+import { readFileSync } from "node:fs";
+import { parseArgs } from "node:util";
+import { connect } from "../src/client";
+import { SidecarError } from "../src/errors";
+import { HANDLERS, type Ctx, type Scenario } from "./scenarios";
+import { substitute } from "./substitute";
+
+/** Each scenario should finish within this (README: 20 s). */
+const SCENARIO_TIMEOUT_MS = 20_000;
+
+function describe(err: unknown): string {
+  if (err instanceof SidecarError) {
+    return `${err.name} (${err.codeName}${err.reason ? `, reason ${err.reason}` : ""}): ${err.message}`;
+  }
+  return err instanceof Error ? err.message : String(err);
+}
+
+async function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const t = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what} did not finish within ${ms / 1000} s`)), ms);
+  });
+  try {
+    return await Promise.race([p, t]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+async function main(): Promise<number> {
+  const { values } = parseArgs({
+    options: {
+      lang: { type: "string", default: "node" },
+      unix: { type: "string" },
+      tcp: { type: "string" },
+      token: { type: "string", default: "" },
+      scenarios: { type: "string", default: "clients/conformance/scenarios.json" },
+      only: { type: "string", multiple: true },
+    },
+  });
+  if (!values.unix) {
+    process.stderr.write("runner: --unix is required\n");
+    return 2;
+  }
+  const lang = values.lang!;
+  const doc = JSON.parse(readFileSync(values.scenarios!, "utf8")) as { scenarios: Scenario[] };
+  const scenarios = substitute(doc.scenarios, lang);
+
+  const unix = connect(values.unix);
+  const tcp = values.tcp ? connect(values.tcp, { token: values.token || undefined }) : undefined;
+  const ctx: Ctx = { lang, unix, tcp, tcpTarget: values.tcp, token: values.token ?? "" };
+
+  for (const sc of scenarios) {
+    if (values.only && !values.only.includes(sc.id)) continue;
+    const handler = HANDLERS[sc.id];
+    let line: { scenario: string; ok: boolean; error?: string };
+    try {
+      if (!handler) throw new Error(`scenario ${sc.id} is not implemented by the node runner`);
+      await withTimeout(handler(sc, ctx), SCENARIO_TIMEOUT_MS, sc.id);
+      line = { scenario: sc.id, ok: true };
+    } catch (err) {
+      line = { scenario: sc.id, ok: false, error: describe(err) };
+    }
+    process.stdout.write(JSON.stringify(line) + "\n");
+  }
+  unix.close();
+  tcp?.close();
+  return 0;
+}
+
+main().then(
+  (code) => process.exit(code),
+  (err) => {
+    process.stderr.write(`runner: ${describe(err)}\n`);
+    process.exit(1);
+  },
+);

@@ -1,0 +1,275 @@
+/**
+ * One handler per scenario id of clients/conformance/scenarios.json. A handler
+ * resolves when the scenario passes and throws an Error saying what differed.
+ */
+import { isDeepStrictEqual } from "node:util";
+import { connect, type SidecarClient, type SourceInput } from "../src/client";
+import { REASONS, SidecarError } from "../src/errors";
+import { frameKind, type FrameKind } from "../src/frames";
+import { ActivityFrame } from "../src/gen/agent_sidecar/v1/prompt_service";
+import type { FrameStream } from "../src/stream";
+import { ToolHost } from "../src/tools";
+
+/** A scenario after `{lang}` substitution (fields as in scenarios.json). */
+export type Scenario = { id: string; transport?: string; expect: Record<string, any> } & Record<string, any>;
+
+/** What every handler gets: the runner's connections and arguments. */
+export interface Ctx {
+  lang: string;
+  unix: SidecarClient;
+  /** Connected with the bearer token; undefined when --tcp was not given. */
+  tcp?: SidecarClient;
+  tcpTarget?: string;
+  token: string;
+}
+
+type Handler = (sc: Scenario, ctx: Ctx) => Promise<void>;
+
+function check(cond: unknown, message: string): asserts cond {
+  if (!cond) throw new Error(message);
+}
+
+/** scenarios.json writes sources in proto (snake_case) names; the library takes camelCase. */
+function toSource(src: Record<string, unknown>): SourceInput {
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(src)) out[k.replace(/_([a-z])/g, (_, c: string) => c.toUpperCase())] = v;
+  return out as SourceInput;
+}
+
+function client(sc: Scenario, ctx: Ctx): SidecarClient {
+  if (sc.transport === "tcp") {
+    check(ctx.tcp, "scenario needs --tcp");
+    return ctx.tcp;
+  }
+  return ctx.unix;
+}
+
+const kinds = (frames: ActivityFrame[]) => frames.map((f) => frameKind(f) ?? "?");
+
+/** Match kinds against a pattern like ["accepted", "text_delta+", "usage?", "x*"]. */
+export function matchKinds(actual: string[], pattern: string[]): boolean {
+  const re = pattern
+    .map((p) => {
+      const m = /^([a-z_]+)([+*?]?)$/.exec(p);
+      if (!m) throw new Error(`bad kinds pattern entry: ${p}`);
+      return `(?:${m[1]},)${m[2]}`;
+    })
+    .join("");
+  return new RegExp(`^${re}$`).test(actual.map((k) => k + ",").join(""));
+}
+
+function checkGapless(frames: ActivityFrame[]): void {
+  const seqs = frames.map((f) => f.seq);
+  check(
+    seqs.every((s, i) => s === i + 1),
+    `seq is not gapless from 1: [${seqs.join(", ")}]`,
+  );
+}
+
+function finalText(frames: ActivityFrame[]): string | undefined {
+  const last = frames[frames.length - 1];
+  return last?.event?.$case === "completed" ? last.event.value.finalText : undefined;
+}
+
+/** Read a turn to its end, keeping the frames and the error it ended with. */
+async function drain(stream: FrameStream, onFrame?: (f: ActivityFrame) => void) {
+  const frames: ActivityFrame[] = [];
+  let error: unknown;
+  try {
+    for await (const f of stream) {
+      frames.push(f);
+      onFrame?.(f);
+    }
+  } catch (err) {
+    error = err;
+  }
+  return { frames, error };
+}
+
+/** Start reading a turn in the background; `first(kind)` resolves when that kind arrives. */
+function background(stream: FrameStream) {
+  const waiters = new Map<FrameKind, (f: ActivityFrame) => void>();
+  const seen = new Map<FrameKind, ActivityFrame>();
+  const done = drain(stream, (f) => {
+    const k = frameKind(f)!;
+    if (!seen.has(k)) seen.set(k, f);
+    waiters.get(k)?.(f);
+  });
+  const first = (kind: FrameKind) =>
+    new Promise<ActivityFrame>((resolve, reject) => {
+      const s = seen.get(kind);
+      if (s) return resolve(s);
+      waiters.set(kind, resolve);
+      void done.then(({ frames, error }) =>
+        reject(new Error(`turn ended before a ${kind} frame (kinds ${kinds(frames)}; ${error ?? "no error"})`)),
+      );
+    });
+  return { done, first };
+}
+
+/** The error must be the typed error of `reason`. */
+function checkTypedError(error: unknown, reason: string): void {
+  check(error !== undefined, `expected ${reason}, but no error was raised`);
+  const cls = REASONS[reason]?.cls;
+  check(cls, `unknown reason ${reason}`);
+  check(
+    error instanceof cls && (error as SidecarError).reason === reason,
+    `expected ${cls.name} (${reason}), got ${error instanceof SidecarError ? `${error.name} reason=${error.reason || "none"}: ${error.message}` : String(error)}`,
+  );
+}
+
+/** A frame as comparable JSON (every field, `at` included). */
+const asJson = (f: ActivityFrame) => ActivityFrame.toJSON(f);
+
+export const HANDLERS: Record<string, Handler> = {
+  async get_or_create_idempotent(sc, ctx) {
+    const c = client(sc, ctx);
+    const n = Number(sc.concurrency ?? 8);
+    const sessions = await Promise.all(Array.from({ length: n }, () => c.getOrCreateSession(toSource(sc.source))));
+    const keys = [...new Set(sessions.map((s) => s.sessionKey))];
+    const ids = [...new Set(sessions.map((s) => s.sessionId))];
+    check(isDeepStrictEqual(keys, [sc.expect.session_key]), `session keys were [${keys}]`);
+    check(ids.length === sc.expect.distinct_session_ids, `${ids.length} distinct session ids: [${ids}]`);
+  },
+
+  async echo_prompt(sc, ctx) {
+    const frames = await client(sc, ctx).prompt({ source: toSource(sc.source), profile: sc.profile, text: sc.text }).collect();
+    const k = kinds(frames);
+    check(matchKinds(k, sc.expect.kinds_pattern), `kinds were [${k}]`);
+    checkGapless(frames);
+    check(finalText(frames) === sc.expect.final_text, `final_text was ${JSON.stringify(finalText(frames))}`);
+  },
+
+  async duplicate_request_id(sc, ctx) {
+    const c = client(sc, ctx);
+    const source = toSource(sc.source);
+    const before = await c.getOrCreateSession(source, { profile: sc.profile });
+    const requestId = `conf-${ctx.lang}-dup-${Date.now()}-${process.pid}`;
+    const req = { requestId, source, profile: sc.profile, text: sc.text };
+    const first = await c.prompt(req).collect();
+    const second = await c.prompt(req).collect();
+    checkGapless(first);
+    if (sc.expect.same_frames) {
+      check(first.length === second.length, `frame counts differ: ${first.length} vs ${second.length}`);
+      first.forEach((f, i) =>
+        check(
+          isDeepStrictEqual(asJson(f), asJson(second[i])),
+          `frame ${i + 1} differs: ${JSON.stringify(asJson(f))} vs ${JSON.stringify(asJson(second[i]))}`,
+        ),
+      );
+    }
+    const after = await c.getSession({ sessionKey: first[0].sessionKey });
+    const turns = after.turnCount - (after.sessionId === before.sessionId ? before.turnCount : 0);
+    check(turns === sc.expect.turn_count, `turn_count grew by ${turns} (was ${before.turnCount}, now ${after.turnCount})`);
+  },
+
+  async reject_if_busy(sc, ctx) {
+    const c = client(sc, ctx);
+    const source = toSource(sc.source);
+    const first = background(c.prompt({ source, profile: sc.profile, text: sc.first_text }));
+    await first.first("started");
+    const second = await drain(c.prompt({ source, profile: sc.profile, text: sc.second_text, delivery: "reject_if_busy" }));
+    check(second.frames.length === 0, `the rejected prompt yielded frames [${kinds(second.frames)}]`);
+    checkTypedError(second.error, sc.expect.error_reason);
+    const { frames, error } = await first.done;
+    if (sc.expect.first_completes) {
+      check(!error && frameKind(frames[frames.length - 1]) === "completed", `first turn ended with [${kinds(frames)}] ${error ?? ""}`);
+    }
+  },
+
+  async queue_order(sc, ctx) {
+    const c = client(sc, ctx);
+    const source = toSource(sc.source);
+    const completed: string[] = [];
+    const start = (text: string, delivery?: "queue") => {
+      const t = background(c.prompt({ source, profile: sc.profile, text, delivery }));
+      void t.first("completed").then(() => completed.push(text), () => {});
+      return t;
+    };
+    const turns = [start(sc.first_text)];
+    await turns[0].first("started");
+    const positions: number[] = [];
+    for (const text of sc.queued_texts as string[]) {
+      const t = start(text, "queue");
+      turns.push(t);
+      const acc = await t.first("accepted");
+      positions.push(acc.event?.$case === "accepted" ? acc.event.value.queuePosition : -1);
+    }
+    const results = await Promise.all(turns.map((t) => t.done));
+    results.forEach(({ error }, i) => check(!error, `turn ${i} failed: ${error}`));
+    check(isDeepStrictEqual(positions, sc.expect.queue_positions), `queue positions were [${positions}]`);
+    check(isDeepStrictEqual(completed, sc.expect.completion_order), `completion order was ${JSON.stringify(completed)}`);
+  },
+
+  async stream_resume(sc, ctx) {
+    const stream = client(sc, ctx).prompt({ source: toSource(sc.source), profile: sc.profile, text: sc.text });
+    const cutAfter = Number(sc.cut_after_frames);
+    const frames: ActivityFrame[] = [];
+    for await (const f of stream) {
+      frames.push(f);
+      if (frames.length === cutAfter) stream.disconnect();
+    }
+    check(frames.length > cutAfter, `the turn ended after ${frames.length} frames, before the cut could matter`);
+    check(stream.resumes >= 1, "the stream was never resumed");
+    if (sc.expect.gapless) checkGapless(frames);
+    check(frameKind(frames[frames.length - 1]) === sc.expect.last_kind, `kinds were [${kinds(frames)}]`);
+    check(finalText(frames) === sc.expect.final_text, `final_text was ${JSON.stringify(finalText(frames))}`);
+  },
+
+  async tool_call(sc, ctx) {
+    const c = client(sc, ctx);
+    const t = sc.tool;
+    const host = new ToolHost(t.namespace).tool(t.name, t.description, t.schema, ({ a, b }: { a: unknown; b: unknown }) => {
+      if (!Number.isInteger(a) || !Number.isInteger(b)) throw new Error("a and b must be integers");
+      return (a as number) + (b as number);
+    });
+    await host.serve(c);
+    try {
+      const { frames, error } = await drain(c.prompt({ source: toSource(sc.source), profile: sc.profile, text: sc.text }));
+      check(!error, `turn failed: ${error} (kinds [${kinds(frames)}])`);
+      const call = frames.find((f) => f.event?.$case === "toolCall");
+      const name = call?.event?.$case === "toolCall" ? call.event.value.name : undefined;
+      check(name === sc.expect.tool_call_name, `tool_call name was ${name} (kinds [${kinds(frames)}])`);
+      const result = frames.find((f) => f.event?.$case === "toolResult");
+      const ok = result?.event?.$case === "toolResult" ? result.event.value.ok : undefined;
+      check(ok === sc.expect.tool_result_ok, `tool_result ok was ${ok}`);
+      const text = finalText(frames) ?? "";
+      check(text.includes(sc.expect.final_text_contains), `final_text was ${JSON.stringify(text)}`);
+    } finally {
+      host.close();
+    }
+  },
+
+  async tool_scope_violation(sc, ctx) {
+    const { frames, error } = await drain(
+      client(sc, ctx).prompt({ source: toSource(sc.source), profile: sc.profile, text: sc.text }),
+    );
+    checkTypedError(error, sc.expect.error_reason);
+    check(frameKind(frames[frames.length - 1]) === sc.expect.last_kind, `kinds were [${kinds(frames)}]`);
+    const last = frames[frames.length - 1];
+    const reason = last?.event?.$case === "failed" ? last.event.value.reason : undefined;
+    check(reason === sc.expect.error_reason, `failed frame reason was ${reason}`);
+  },
+
+  async unix_and_tcp(sc, ctx) {
+    check(ctx.tcp && ctx.tcpTarget, "scenario needs --tcp");
+    const source = toSource(sc.source);
+    const viaUnix = await ctx.unix.getOrCreateSession(source);
+    const viaTcp = await ctx.tcp.getOrCreateSession(source);
+    if (sc.expect.same_session_id) {
+      check(viaUnix.sessionId === viaTcp.sessionId, `session ids differ: ${viaUnix.sessionId} vs ${viaTcp.sessionId}`);
+    }
+    const anon = connect(ctx.tcpTarget);
+    try {
+      let error: unknown;
+      try {
+        await anon.getOrCreateSession(source);
+      } catch (err) {
+        error = err;
+      }
+      checkTypedError(error, sc.expect.tcp_without_token_reason);
+    } finally {
+      anon.close();
+    }
+  },
+};

@@ -1,0 +1,238 @@
+/**
+ * ToolHost: host tools for the agent over ToolService.ServeTools. Register
+ * functions, `serve` the namespace on a client, and the host answers
+ * invocations concurrently until `close`.
+ *
+ *     const host = new ToolHost("local");
+ *     host.tool("local.clock.now", "Current time", { type: "object" }, async () => new Date().toISOString());
+ *     await host.serve(client);
+ */
+import { Metadata, status as GrpcCode, type ClientDuplexStream } from "@grpc/grpc-js";
+import type { SidecarClient } from "./client";
+import { fromGrpcError, SidecarError } from "./errors";
+import type {
+  ServeToolsRequest,
+  ServeToolsResponse,
+  ToolInvocation,
+  ToolInvocationResult,
+  ToolSpec,
+} from "./gen/agent_sidecar/v1/tool_service";
+
+/** What a tool handler learns about the call besides its arguments. */
+export interface ToolContext {
+  invocationId: string;
+  /** Full dotted tool name. */
+  toolName: string;
+  sessionKey: string;
+  sessionId: string;
+  requestId: string;
+  /** How long the sidecar waits for the result (0 if unknown). */
+  timeoutMs: number;
+  /** Aborted when the sidecar's timeout passes or the host closes. */
+  signal: AbortSignal;
+}
+
+/**
+ * A tool implementation: receives the parsed arguments object and returns a
+ * JSON-serializable result (or a promise of one). Throwing reports
+ * `ok=false` with the error's message to the model.
+ */
+export type ToolHandler = (args: any, ctx: ToolContext) => unknown;
+
+interface Registered {
+  spec: ToolSpec;
+  handler: ToolHandler;
+}
+
+type ToolStream = ClientDuplexStream<ServeToolsRequest, ServeToolsResponse>;
+
+/** Options of {@link ToolHost.serve}. */
+export interface ServeOptions {
+  /** Re-open and re-register after the stream drops (default true). */
+  reconnect?: boolean;
+  /** Ceiling of the backoff between re-registration attempts (default 5000 ms). */
+  maxBackoffMs?: number;
+}
+
+/** Codes worth retrying a registration on (the sidecar is down or restarting). */
+const RETRY_CODES = new Set<number>([GrpcCode.UNAVAILABLE, GrpcCode.INTERNAL, GrpcCode.CANCELLED]);
+
+/** Hosts tools under one namespace (a dotted prefix such as `discord` or `conf.node`). */
+export class ToolHost {
+  private readonly tools = new Map<string, Registered>();
+  /** How many times the stream was re-opened and re-registered after a drop. */
+  reconnects = 0;
+  private client?: SidecarClient;
+  private call?: ToolStream;
+  private reconnect = true;
+  private maxBackoffMs = 5000;
+  private closing = false;
+  private ended = false;
+  private endError?: SidecarError;
+  private readonly waiters: Array<() => void> = [];
+  private readonly inFlight = new Map<string, AbortController>();
+
+  constructor(readonly namespace: string) {}
+
+  /**
+   * Add a tool. `name` is the full dotted name (`local.clock.now`); a name
+   * without the namespace prefix gets it (`clock.now` → `local.clock.now`).
+   * `schema` is the JSON Schema of the arguments object (object or JSON text).
+   */
+  tool(name: string, description: string, schema: object | string, handler: ToolHandler): this {
+    if (this.client) throw new Error("ToolHost: add tools before serve()");
+    const full = name === this.namespace || name.startsWith(this.namespace + ".") ? name : `${this.namespace}.${name}`;
+    const parametersJsonSchema = typeof schema === "string" ? schema : JSON.stringify(schema);
+    this.tools.set(full, { spec: { name: full, description, parametersJsonSchema }, handler });
+    return this;
+  }
+
+  /** Names of the tools added so far. */
+  get toolNames(): string[] {
+    return [...this.tools.keys()];
+  }
+
+  /**
+   * Open ServeTools on `client`, register the tools, and resolve with the
+   * registered names once the sidecar confirms (ToolsRegistered). Rejects with
+   * the typed error when the sidecar refuses the first registration. Later, if
+   * the stream drops (a sidecar restart), the host re-opens it and registers
+   * again with backoff, unless `reconnect: false`.
+   */
+  serve(client: SidecarClient, opts: ServeOptions = {}): Promise<string[]> {
+    if (this.client) throw new Error("ToolHost: serve() was already called");
+    this.client = client;
+    this.reconnect = opts.reconnect ?? true;
+    this.maxBackoffMs = opts.maxBackoffMs ?? 5000;
+    return this.open();
+  }
+
+  /**
+   * Resolve when hosting has ended: after {@link close}, or when the stream
+   * ended for good (reconnect off, or a permanent error while re-registering);
+   * rejects with that error in the latter case.
+   */
+  wait(): Promise<void> {
+    return new Promise<void>((resolve, reject) => {
+      const settle = () => (this.endError ? reject(this.endError) : resolve());
+      if (this.ended) settle();
+      else this.waiters.push(settle);
+    });
+  }
+
+  /** Stop hosting: end the stream and abort the handlers still running. */
+  close(): void {
+    if (this.closing) return;
+    this.closing = true;
+    this.abortInFlight();
+    const call = this.call;
+    if (call) {
+      call.end();
+      call.cancel();
+    } else {
+      this.finish();
+    }
+  }
+
+  /** Open one ServeTools stream and register; resolves on ToolsRegistered. */
+  private open(): Promise<string[]> {
+    let call: ToolStream;
+    try {
+      call = this.client!.raw.tools.serveTools(new Metadata());
+    } catch (err) {
+      return Promise.reject(fromGrpcError(err)); // e.g. the client was closed
+    }
+    this.call = call;
+    return new Promise<string[]>((resolve, reject) => {
+      let registered = false;
+      let over = false;
+      const ended = (err?: SidecarError) => {
+        if (over) return;
+        over = true;
+        if (this.call === call) this.call = undefined;
+        this.abortInFlight();
+        const e = err ?? new SidecarError({ code: GrpcCode.UNAVAILABLE, reason: "", message: "ServeTools stream ended" });
+        if (!registered) reject(e);
+        else if (this.closing) this.finish();
+        else if (!this.reconnect) this.finish(e);
+        else void this.reopen();
+      };
+      call.on("data", (msg: ServeToolsResponse) => {
+        const m = msg.message;
+        if (m?.$case === "registered") {
+          registered = true;
+          resolve(m.value.toolNames);
+        } else if (m?.$case === "invocation") {
+          void this.invoke(m.value, call);
+        }
+      });
+      call.on("error", (err) => ended(fromGrpcError(err)));
+      call.on("end", () => ended());
+      const tools = [...this.tools.values()].map((t) => t.spec);
+      call.write({ message: { $case: "register", value: { namespace: this.namespace, tools } } });
+    });
+  }
+
+  /** Re-open after a drop, with backoff, until registered, closed, or refused for good. */
+  private async reopen(): Promise<void> {
+    let delay = 100;
+    while (!this.closing) {
+      await new Promise((r) => setTimeout(r, delay));
+      if (this.closing) break;
+      try {
+        await this.open();
+        this.reconnects += 1;
+        return;
+      } catch (err) {
+        const e = fromGrpcError(err);
+        if (e.reason !== "" || !RETRY_CODES.has(e.code)) return this.finish(e);
+        delay = Math.min(delay * 2, this.maxBackoffMs);
+      }
+    }
+    this.finish();
+  }
+
+  private abortInFlight(): void {
+    for (const c of this.inFlight.values()) c.abort();
+  }
+
+  private finish(err?: SidecarError): void {
+    if (this.ended) return;
+    this.ended = true;
+    this.endError = this.closing ? undefined : err;
+    this.abortInFlight();
+    for (const w of this.waiters.splice(0)) w();
+  }
+
+  private async invoke(inv: ToolInvocation, call: ToolStream): Promise<void> {
+    const ac = new AbortController();
+    this.inFlight.set(inv.invocationId, ac);
+    const timer = inv.timeoutMs > 0 ? setTimeout(() => ac.abort(), inv.timeoutMs) : undefined;
+    let result: ToolInvocationResult;
+    try {
+      const tool = this.tools.get(inv.toolName);
+      if (!tool) throw new Error(`unknown tool: ${inv.toolName}`);
+      const args: unknown = inv.argumentsJson ? JSON.parse(inv.argumentsJson) : {};
+      const ctx: ToolContext = {
+        invocationId: inv.invocationId,
+        toolName: inv.toolName,
+        sessionKey: inv.sessionKey,
+        sessionId: inv.sessionId,
+        requestId: inv.requestId,
+        timeoutMs: inv.timeoutMs,
+        signal: ac.signal,
+      };
+      const value = await tool.handler(args, ctx);
+      result = { invocationId: inv.invocationId, ok: true, resultJson: JSON.stringify(value) ?? "null", error: "" };
+    } catch (err) {
+      const message = err instanceof Error ? err.message : String(err);
+      result = { invocationId: inv.invocationId, ok: false, resultJson: "", error: message || "tool failed" };
+    } finally {
+      clearTimeout(timer);
+      this.inFlight.delete(inv.invocationId);
+    }
+    if (this.call === call && !this.closing) {
+      call.write({ message: { $case: "result", value: result } });
+    }
+  }
+}

@@ -1,0 +1,73 @@
+/** Test helpers: frame builders and an in-process fake sidecar (grpc-js server on a Unix socket). */
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { Server, ServerCredentials } from "@grpc/grpc-js";
+import type { FrameKind } from "../src/frames";
+import type { ActivityFrame } from "../src/gen/agent_sidecar/v1/prompt_service";
+
+/** Build a frame of a kind; `text` fills text_delta/completed. */
+export function frame(
+  seq: number,
+  kind: FrameKind,
+  text = "",
+  requestId = "r1",
+  cursor = 100 + seq,
+): ActivityFrame {
+  const base = { requestId, sessionKey: "agent:main:test:dm:x", sessionId: "s1", seq, at: undefined, cursor };
+  switch (kind) {
+    case "accepted":
+      return { ...base, event: { $case: "accepted", value: { queuePosition: 0 } } };
+    case "started":
+      return { ...base, event: { $case: "started", value: {} } };
+    case "text_delta":
+      return { ...base, event: { $case: "textDelta", value: { text } } };
+    case "tool_call":
+      return { ...base, event: { $case: "toolCall", value: { callId: "c1", name: "t.x", argumentsJson: "{}" } } };
+    case "tool_result":
+      return { ...base, event: { $case: "toolResult", value: { callId: "c1", ok: true, resultJson: "1" } } };
+    case "usage":
+      return {
+        ...base,
+        event: {
+          $case: "usage",
+          value: { inputTokens: 1, outputTokens: 1, cacheReadTokens: 0, cacheWriteTokens: 0, costUsd: 0 },
+        },
+      };
+    case "completed":
+      return { ...base, event: { $case: "completed", value: { finalText: text } } };
+    case "failed":
+      return { ...base, event: { $case: "failed", value: { reason: text, message: text.toLowerCase() } } };
+    case "superseded":
+      return { ...base, event: { $case: "superseded", value: { byRequestId: "r2" } } };
+    case "keepalive":
+      return { ...base, event: { $case: "keepalive", value: {} } };
+  }
+}
+
+/** A started grpc-js server on a fresh Unix socket; `stop()` removes it. */
+export interface TestServer {
+  server: Server;
+  target: string;
+  stop(): Promise<void>;
+}
+
+/** Start `server` (services already added) on a Unix socket in a temp dir. */
+export async function listenUnix(server: Server): Promise<TestServer> {
+  const dir = mkdtempSync(join(tmpdir(), "sidecar-node-test-"));
+  const target = `unix:${join(dir, "s.sock")}`;
+  await new Promise<void>((resolve, reject) =>
+    server.bindAsync(target, ServerCredentials.createInsecure(), (err) => (err ? reject(err) : resolve())),
+  );
+  return {
+    server,
+    target,
+    stop: async () => {
+      server.forceShutdown();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** Resolve after `ms`. */
+export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));

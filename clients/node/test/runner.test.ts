@@ -1,0 +1,46 @@
+/**
+ * The conformance handlers against the fake sidecar: proves the runner's own
+ * logic (concurrency, queue order, cut-and-resume, typed errors) before a real
+ * sidecar is at hand. `make test` runs them against the real one.
+ */
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { after, before, test } from "node:test";
+import { connect, type SidecarClient } from "../src/client";
+import { HANDLERS, matchKinds, type Ctx, type Scenario } from "../conformance/scenarios";
+import { substitute } from "../conformance/substitute";
+import { FakeSidecar } from "./fake-sidecar";
+
+const SCENARIOS = join(__dirname, "..", "..", "..", "conformance", "scenarios.json");
+const fake = new FakeSidecar();
+let ctx: Ctx;
+
+before(async () => {
+  await fake.start();
+  const unix: SidecarClient = connect(fake.unixTarget);
+  const tcp = connect(fake.tcpTarget, { token: fake.token });
+  ctx = { lang: "node", unix, tcp, tcpTarget: fake.tcpTarget, token: fake.token };
+});
+
+after(async () => {
+  ctx.unix.close();
+  ctx.tcp?.close();
+  await fake.stop();
+});
+
+test("kinds patterns", () => {
+  const p = ["accepted", "started", "text_delta+", "usage", "completed"];
+  assert.ok(matchKinds(["accepted", "started", "text_delta", "text_delta", "usage", "completed"], p));
+  assert.ok(!matchKinds(["accepted", "started", "usage", "completed"], p));
+  assert.ok(matchKinds(["a", "c"], ["a", "b?", "c*"]));
+});
+
+const doc = JSON.parse(readFileSync(SCENARIOS, "utf8")) as { scenarios: Scenario[] };
+for (const sc of substitute(doc.scenarios, "node")) {
+  test(`scenario ${sc.id} passes against the fake sidecar`, { timeout: 20_000 }, async () => {
+    const handler = HANDLERS[sc.id];
+    assert.ok(handler, `no handler for ${sc.id}`);
+    await handler(sc, ctx);
+  });
+}
