@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 TOOLS := .tools
 PYTEST_ARGS ?=
 
-.PHONY: install run test pytest conformance lint proto clients check-generated bench clean
+.PHONY: install run test pytest client-tests conformance lint proto clients check-generated bench clean
 
 install: $(STAMP)
 
@@ -47,13 +47,18 @@ lint: $(TOOLS)/node_modules/.bin/buf
 	$(TOOLS)/node_modules/.bin/buf lint
 
 pytest: install
-	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests clients/python/tests $(PYTEST_ARGS)
+
+# The Go and Node clients' own unit tests (no sidecar needed).
+client-tests:
+	cd clients/go && go vet ./... && go test ./...
+	cd clients/node && { test -d node_modules || npm ci --no-fund --no-audit; } && npm test
 
 # One sidecar, every client's runner, a scenario × language table.
 conformance: install
 	$(BIN)/python clients/conformance/run.py --langs python,node,go
 
-test: install lint check-generated pytest conformance
+test: install lint check-generated pytest client-tests conformance
 
 bench: install
 	$(BIN)/python benchmarks/store_bench.py
