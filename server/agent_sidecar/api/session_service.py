@@ -15,6 +15,7 @@ from ..sessions.context import build_session_context_prompt, shared_multi_user
 from ..sessions.entry import ENTRY_SELECT, SessionEntry, load_entry, load_entry_by_session_id
 from ..sessions.keys import build_session_key, split_session_key
 from ..store import Store
+from ..store.batcher import Batcher
 from ..v1 import session_service_pb2 as pb
 from ..v1 import session_service_pb2_grpc as pb_grpc
 from . import convert as cv
@@ -31,6 +32,7 @@ PAGE_BYTES = 3 * 1024 * 1024
 class SessionService(pb_grpc.SessionServiceServicer):
     def __init__(self, cfg: Config, store: Store, auth, turns):
         self.cfg, self.store, self.auth, self.turns = cfg, store, auth, turns
+        self.appender = Batcher(store, tx.append_many)  # concurrent appends share one job
 
     # -- helpers ------------------------------------------------------------
 
@@ -237,7 +239,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         messages = cv.messages_from_proto(request.messages, self.cfg)
         if not messages:
             raise invalid("messages", "is empty")
-        first, last = await self.store.write(lambda c: tx.append(c, request.session_id, messages))
+        first, last = await self.appender.submit((request.session_id, messages, None))
         return pb.AppendMessagesResponse(first_seq=first, last_seq=last)
 
     @unary

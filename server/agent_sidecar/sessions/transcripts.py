@@ -66,29 +66,49 @@ def incarnation_exists(conn, session_id: str) -> bool:
                         (session_id,)).fetchone() is not None
 
 
+_INSERT = ("INSERT INTO messages (session_id, seq, role, content, extra, created_at, request_id)"
+           " VALUES (?, ?, ?, ?, ?, ?, ?)")
+
+
+def append_many(conn, items: list[tuple[str, list[Message], str | None]]) -> list:
+    """Append for many callers at once: one executemany for every row, seqs
+    handed out per session in item order. Returns per item (first_seq,
+    last_seq) or the SidecarError for an unknown session id."""
+    now = time.time()
+    state: dict[str, list] = {}  # session_id -> [next_seq, session_key]
+    rows: list[tuple] = []
+    results: list = []
+    for session_id, messages, request_id in items:
+        st = state.get(session_id)
+        if st is None:
+            row = conn.execute("SELECT next_seq, session_key FROM incarnations WHERE session_id = ?",
+                               (session_id,)).fetchone()
+            if row is None:
+                results.append(SidecarError("SESSION_NOT_FOUND", f"no such session id: {session_id}"))
+                continue
+            st = state[session_id] = [row[0], row[1]]
+        first = st[0]
+        for m in messages:
+            rows.append((session_id, st[0], m.role, m.content, m.extra(), m.created_at or now,
+                         request_id))
+            st[0] += 1
+        results.append((first, st[0] - 1))
+    if rows:
+        conn.executemany(_INSERT, rows)
+        conn.executemany("UPDATE incarnations SET next_seq = ? WHERE session_id = ?",
+                         [(st[0], sid) for sid, st in state.items()])
+        conn.executemany("UPDATE routing SET updated_at = ? WHERE session_key = ? AND session_id = ?",
+                         [(now, st[1], sid) for sid, st in state.items()])
+    return results
+
+
 def append(conn, session_id: str, messages: Iterable[Message],
            request_id: str | None = None) -> tuple[int, int]:
     """Append rows with the next seqs; returns (first_seq, last_seq)."""
-    row = conn.execute("SELECT next_seq, session_key FROM incarnations WHERE session_id = ?",
-                       (session_id,)).fetchone()
-    if row is None:
-        raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {session_id}")
-    first, key = row
-    now = time.time()
-    rows = []
-    seq = first
-    for m in messages:
-        rows.append((session_id, seq, m.role, m.content, m.extra(), m.created_at or now, request_id))
-        seq += 1
-    if not rows:
-        return first, first - 1
-    conn.executemany(
-        "INSERT INTO messages (session_id, seq, role, content, extra, created_at, request_id)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
-    conn.execute("UPDATE incarnations SET next_seq = ? WHERE session_id = ?", (seq, session_id))
-    conn.execute("UPDATE routing SET updated_at = ? WHERE session_key = ? AND session_id = ?",
-                 (now, key, session_id))
-    return first, seq - 1
+    result = append_many(conn, [(session_id, list(messages), request_id)])[0]
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def load_page(conn, session_id: str, *, include_rewound: bool = False, after_seq: int = 0,

@@ -31,9 +31,6 @@ Job = Callable[[apsw.Connection], Any]
 # Upper bound on jobs per transaction: keeps one commit's latency bounded when a
 # flood arrives, while still amortising the fsync over hundreds of writes.
 MAX_BATCH = 2000
-# Checkpoint the WAL (PASSIVE, never blocking readers) once it grows past this
-# many pages, between batches.
-CHECKPOINT_PAGES = 4000
 
 
 class StoreClosed(RuntimeError):
@@ -151,7 +148,6 @@ class GroupCommitWriter:
         self.commits += 1
         self.jobs += len(batch)
         self._answer(batch)
-        self._maybe_checkpoint()
 
     def _answer(self, batch: list[tuple[Job, _Waiter]]) -> None:
         loops: dict[asyncio.AbstractEventLoop, list] = {}
@@ -166,16 +162,6 @@ class GroupCommitWriter:
                 loop.call_soon_threadsafe(_settle, items)
             except RuntimeError:  # loop closed: nobody is waiting any more
                 pass
-
-    def _maybe_checkpoint(self) -> None:
-        if self._queue.qsize():
-            return  # busy: checkpoint when the queue is quiet
-        try:
-            wal_pages, done = self.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
-        except apsw.Error:
-            return
-        if wal_pages - done > CHECKPOINT_PAGES:
-            log.info("wal has %d pages not yet checkpointed (readers open)", wal_pages - done)
 
     def _drain_closed(self) -> None:
         while True:

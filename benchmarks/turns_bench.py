@@ -1,0 +1,521 @@
+#!/usr/bin/env python3
+"""Turns benchmark: echo turns per second and latency through a REAL sidecar,
+next to a bare grpc.aio server that streams the same five frames.
+
+    .venv/bin/python benchmarks/turns_bench.py            # full run (~30 s)
+    .venv/bin/python benchmarks/turns_bench.py --quick    # smoke run (~5 s)
+
+Processes (all separate, so no one borrows another's event loop):
+
+* **sidecar** — ``python -m agent_sidecar serve`` on a temporary data dir and Unix
+  socket, default config: echo model, workers = CPU count, durable store
+  (synchronous=FULL), JSON logs to a file. Every frame is committed before it is
+  sent.
+* **bare** — this file with ``--bare-server``: a grpc.aio server on uvloop,
+  same server options and transport (Unix socket), whose ``Prompt`` builds and
+  streams the same five ActivityFrame messages (accepted, started, text_delta,
+  usage, completed) with no persistence, no workers, no lanes.
+* **client(s)** — this file with ``--client``: grpc.aio on uvloop, one channel,
+  ``in_flight / clients`` concurrent ``Prompt`` calls each.
+
+Sessions: ``--sessions`` (1,000) are created up front with GetOrCreateSession;
+prompts name them by ``session_key``. Each client owns a disjoint share of them
+and every call goes to a session picked at random among the client's sessions
+that have no turn in flight, so a turn never waits behind another turn of its
+session (no queueing, no FOLLOW_UP collapse). Delivery is QUEUE (3) anyway, as a
+safety net: nothing is ever superseded. The text is one word ("hello"), so a
+turn is exactly five frames; the client checks that.
+
+Per point (in-flight level × server): a warm-up (every session once in the full
+run), then a fixed number of turns is timed from the first call to the last
+completed frame. Latency is per call, from the call to the ``completed`` frame.
+CPU seconds of every process group and of the rest of the machine are read from
+/proc over the same window, so the table says where the cores went.
+
+Goal (issue 3): sidecar turns/s ≥ 0.6 × bare turns/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import _common  # noqa: F401  (sets sys.path)
+from _common import CpuWindow, children_of, goal_line, load_average, machine_line, percentile, table
+
+GOAL = 0.6
+HERE = Path(__file__).resolve()
+TEXT = "hello"
+KINDS = ["accepted", "started", "text_delta", "usage", "completed"]
+DELIVERY_QUEUE = 3
+
+
+# ===================================================================================
+# The bare server: five frames per Prompt, nothing else.
+# ===================================================================================
+
+def bare_server_main(sock_path: str) -> int:
+    import grpc
+    import uvloop
+
+    from agent_sidecar.api.server import SERVER_OPTIONS
+    from agent_sidecar.v1 import prompt_service_pb2 as pb
+    from agent_sidecar.v1 import prompt_service_pb2_grpc as pb_grpc
+
+    cursor = [0]
+
+    def frame(req, sid: str, seq: int, kind: str, **body):
+        cursor[0] += 1
+        f = pb.ActivityFrame(request_id=req.request_id, session_key=req.session_key,
+                             session_id=sid, seq=seq, cursor=cursor[0])
+        f.at.FromNanoseconds(time.time_ns())
+        sub = getattr(f, kind)
+        sub.SetInParent()
+        for k, v in body.items():
+            setattr(sub, k, v)
+        return pb.PromptResponse(frame=f)
+
+    class Bare(pb_grpc.PromptServiceServicer):
+        async def Prompt(self, request, context):
+            sid = "bare-" + request.session_key[-12:]
+            words = len(request.text.split())
+            yield frame(request, sid, 1, "accepted", queue_position=0)
+            yield frame(request, sid, 2, "started")
+            yield frame(request, sid, 3, "text_delta", text=request.text)
+            yield frame(request, sid, 4, "usage", input_tokens=words + 5, output_tokens=words,
+                        cache_read_tokens=0, cache_write_tokens=0, cost_usd=0.0)
+            yield frame(request, sid, 5, "completed", final_text=request.text)
+
+    async def main() -> None:
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        pb_grpc.add_PromptServiceServicer_to_server(Bare(), server)
+        server.add_insecure_port(f"unix:{sock_path}")
+        await server.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        print("serving", flush=True)
+        await stop.wait()
+        await server.stop(grace=1)
+
+    uvloop.run(main())
+    return 0
+
+
+# ===================================================================================
+# The client: N concurrent Prompt calls over one channel.
+# ===================================================================================
+
+def client_main(spec_json: str) -> int:
+    import grpc
+    import uvloop
+
+    from agent_sidecar.v1 import prompt_service_pb2 as pb
+    from agent_sidecar.v1 import prompt_service_pb2_grpc as pb_grpc
+
+    spec = json.loads(spec_json)
+    keys: list[str] = spec["keys"]
+    rng = random.Random(spec["seed"])
+    prefix = f"{spec['run']}-{spec['index']}"
+
+    async def main() -> dict:
+        async with grpc.aio.insecure_channel(spec["target"], options=[
+                ("grpc.max_receive_message_length", 32 * 1024 * 1024)]) as ch:
+            await asyncio.wait_for(ch.channel_ready(), 30)
+            stub = pb_grpc.PromptServiceStub(ch)
+            idle = list(keys)
+            counter = [0]
+            errors: list[str] = []
+
+            async def one_turn(latencies: list | None) -> None:
+                i = rng.randrange(len(idle))
+                idle[i], idle[-1] = idle[-1], idle[i]
+                key = idle.pop()  # this session is now busy (for this client)
+                counter[0] += 1
+                rid = f"{prefix}-{counter[0]}"
+                req = pb.PromptRequest(request_id=rid, session_key=key, text=TEXT,
+                                       delivery=DELIVERY_QUEUE)
+                t0 = time.monotonic()
+                kinds = []
+                try:
+                    async for resp in stub.Prompt(req, timeout=120):
+                        kinds.append(resp.frame.WhichOneof("event"))
+                except grpc.aio.AioRpcError as e:
+                    errors.append(f"{e.code().name}: {e.details()}")
+                    kinds = None
+                finally:
+                    idle.append(key)
+                if kinds is not None and kinds != KINDS:
+                    errors.append("frames: " + ",".join(kinds))
+                elif latencies is not None and kinds is not None:
+                    latencies.append(time.monotonic() - t0)
+
+            async def run(total: int, in_flight: int, latencies: list | None) -> tuple[float, float]:
+                remaining = [total]
+
+                async def lane() -> None:
+                    while remaining[0] > 0:
+                        remaining[0] -= 1
+                        await one_turn(latencies)
+
+                t0 = time.monotonic()
+                await asyncio.gather(*(lane() for _ in range(min(in_flight, total))))
+                return t0, time.monotonic()
+
+            if spec["warmup"]:
+                await run(spec["warmup"], spec["in_flight"], None)
+            warm_errors = list(errors)
+            errors.clear()
+            print("ready", flush=True)
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+            latencies: list[float] = []
+            t0, t1 = await run(spec["turns"], spec["in_flight"], latencies)
+            return {"start": t0, "end": t1, "latencies": latencies, "errors": errors[:20],
+                    "error_count": len(errors), "warmup_errors": len(warm_errors),
+                    "turns": len(latencies)}
+
+    result = uvloop.run(main())
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+    sys.stdin.readline()  # stay alive until the driver has read our CPU time
+    return 0
+
+
+# ===================================================================================
+# The driver.
+# ===================================================================================
+
+def _py() -> str:
+    return sys.executable
+
+
+def _wait_socket(path: Path, proc: subprocess.Popen, timeout: float, log: Path | None = None) -> None:
+    import grpc
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text()[-3000:] if log and log.exists() else ""
+            raise RuntimeError(f"server exited with {proc.returncode}\n{tail}")
+        if path.exists():
+            try:
+                with grpc.insecure_channel(f"unix:{path}") as ch:
+                    grpc.channel_ready_future(ch).result(timeout=1)
+                    return
+            except grpc.FutureTimeoutError:
+                pass
+        time.sleep(0.05)
+    raise TimeoutError(f"no server on {path} after {timeout}s")
+
+
+class SidecarServer:
+    name = "sidecar"
+
+    def __init__(self, root: Path, workers: int | None):
+        self.dir = root / "sidecar"
+        self.dir.mkdir()
+        self.sock = self.dir / "sidecar.sock"
+        self.log = self.dir / "sidecar.log"
+        self.workers = workers
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        cfg = self.dir / "config.toml"
+        cfg.write_text("# defaults: echo model on profile main, synchronous = FULL\n")
+        args = [_py(), *os.environ.get("BENCH_SIDECAR_WRAP", "").split(), "-m", "agent_sidecar",
+                "serve", "--data-dir", str(self.dir), "--config", str(cfg), "--log-format", "json",
+                "--listen", f"unix:{self.sock}"]
+        if self.workers:
+            args += ["--workers", str(self.workers)]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(_common.ROOT / "server"), os.environ.get("PYTHONPATH", "")]))
+        self._logf = open(self.log, "ab")
+        self.proc = subprocess.Popen(args, stdout=self._logf, stderr=subprocess.STDOUT, env=env,
+                                     cwd=self.dir)
+        _wait_socket(self.sock, self.proc, 60, self.log)
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        with grpc.insecure_channel(f"unix:{self.sock}") as ch:
+            for _ in range(200):
+                r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+                if r.status == health_pb2.HealthCheckResponse.SERVING:
+                    break
+                time.sleep(0.05)
+
+    def create_sessions(self, n: int) -> list[str]:
+        import grpc
+        from agent_sidecar.v1 import common_pb2, session_service_pb2 as spb
+        from agent_sidecar.v1 import session_service_pb2_grpc as spb_grpc
+
+        async def go() -> list[str]:
+            async with grpc.aio.insecure_channel(f"unix:{self.sock}") as ch:
+                stub = spb_grpc.SessionServiceStub(ch)
+                sem = asyncio.Semaphore(64)
+
+                async def one(i: int) -> str:
+                    async with sem:
+                        r = await stub.GetOrCreateSession(spb.GetOrCreateSessionRequest(
+                            source=common_pb2.SessionSource(platform="bench", chat_id=f"chat{i}",
+                                                            user_id=f"user{i}", chat_type="dm")),
+                            timeout=60)
+                        return r.session.session_key
+                return list(await asyncio.gather(*(one(i) for i in range(n))))
+        return asyncio.run(go())
+
+    def pids(self) -> dict[str, list[int]]:
+        pid = self.proc.pid
+        # multiprocessing's resource tracker is a child too; it idles, count it with the workers
+        return {"sidecar loop thread": [(pid, pid)],
+                "sidecar other threads": [("rest", pid, pid)],
+                "workers": children_of(pid)}
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(90)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if getattr(self, "_logf", None):
+            self._logf.close()
+
+    def verify(self, expected_turns: int) -> str:
+        """After stop: what the store holds (proves the frames were persisted)."""
+        db = self.dir / "sidecar.db"
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            frames = conn.execute("SELECT count(*) FROM frames").fetchone()[0]
+            done = conn.execute("SELECT count(*) FROM prompts WHERE status = 'completed'").fetchone()[0]
+            msgs = conn.execute("SELECT count(*) FROM messages").fetchone()[0]
+        finally:
+            conn.close()
+        ok = "ok" if done == expected_turns and frames == 5 * expected_turns else "MISMATCH"
+        return (f"store after the run: {done:,} completed prompts, {frames:,} frames, "
+                f"{msgs:,} transcript messages (expected {expected_turns:,} turns, "
+                f"{5 * expected_turns:,} frames) -> {ok}")
+
+
+class BareServer:
+    name = "bare"
+
+    def __init__(self, root: Path):
+        self.dir = root / "bare"
+        self.dir.mkdir()
+        self.sock = self.dir / "bare.sock"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([_py(), str(HERE), "--bare-server", str(self.sock)],
+                                     stdout=subprocess.DEVNULL)
+        _wait_socket(self.sock, self.proc, 30)
+
+    def pids(self) -> dict[str, list[int]]:
+        return {"bare server": [self.proc.pid]}
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def run_point(server, keys: list[str], in_flight: int, turns: int, warmup: int, clients: int,
+              seed: int) -> dict:
+    run = uuid.uuid4().hex[:8]
+    shares = [keys[i::clients] for i in range(clients)]
+    procs = []
+    for i in range(clients):
+        n_turns = turns // clients + (1 if i < turns % clients else 0)
+        n_warm = warmup // clients + (1 if i < warmup % clients else 0)
+        spec = {"target": f"unix:{server.sock}", "keys": shares[i], "seed": seed + i, "run": run,
+                "index": i, "in_flight": max(1, in_flight // clients + (1 if i < in_flight % clients else 0)),
+                "turns": n_turns, "warmup": n_warm}
+        procs.append(subprocess.Popen([_py(), str(HERE), "--client", json.dumps(spec)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+    try:
+        for p in procs:
+            line = p.stdout.readline()
+            if line.strip() != "ready":
+                raise RuntimeError(f"a client did not get ready (exit {p.poll()}): {line!r}")
+        groups = dict(server.pids())
+        groups["client" + ("s" if clients > 1 else "")] = [p.pid for p in procs]
+        cpu = CpuWindow(groups)
+        cpu.start()
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        results = []
+        for p in procs:
+            line = p.stdout.readline()
+            if not line:
+                raise RuntimeError(f"a client died mid-run (exit {p.wait()})")
+            results.append(json.loads(line))
+        usage = cpu.stop()
+        for p in procs:
+            p.stdin.write("exit\n")
+            p.stdin.close()
+            p.wait(30)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    start = min(r["start"] for r in results)
+    end = max(r["end"] for r in results)
+    lat = sorted(x for r in results for x in r["latencies"])
+    done = sum(r["turns"] for r in results)
+    errors = sum(r["error_count"] for r in results)
+    sample = [e for r in results for e in r["errors"]][:3]
+    return {"server": server.name, "in_flight": in_flight, "turns": done, "errors": errors,
+            "error_sample": sample, "warmup_errors": sum(r["warmup_errors"] for r in results),
+            "seconds": end - start, "rate": done / (end - start) if end > start else 0.0,
+            "p50_ms": percentile(lat, 50) * 1e3, "p99_ms": percentile(lat, 99) * 1e3,
+            "max_ms": (lat[-1] * 1e3) if lat else float("nan"), "cpu": usage}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smoke run: fewer turns and sessions")
+    ap.add_argument("--in-flight", default="64,256", help="comma-separated concurrent Prompt calls")
+    ap.add_argument("--turns", type=int, default=None, help="timed turns per point (default 3000, quick 300)")
+    ap.add_argument("--sessions", type=int, default=None, help="sessions (default 1000, quick 300)")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="warm-up turns per point (default: one per session; quick 100)")
+    ap.add_argument("--clients", type=int, default=1, help="client processes (default 1)")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="rounds, alternating the servers; each row reports its best round (default 2, quick 1)")
+    ap.add_argument("--workers", type=int, default=None, help="sidecar workers (default: its own default, CPU count)")
+    ap.add_argument("--only", choices=("sidecar", "bare"), default=None)
+    ap.add_argument("--dir", default=None, help="parent directory for the temporary data dirs")
+    ap.add_argument("--keep", action="store_true", help="keep the data dirs (sidecar.db, sidecar.log)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--bare-server", metavar="SOCK", help=argparse.SUPPRESS)
+    ap.add_argument("--client", metavar="SPEC", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.bare_server:
+        return bare_server_main(args.bare_server)
+    if args.client:
+        return client_main(args.client)
+    sys.stdout.reconfigure(line_buffering=True)
+
+    levels = [int(x) for x in args.in_flight.split(",")]
+    turns = args.turns or (300 if args.quick else 3000)
+    n_sessions = args.sessions or (300 if args.quick else 1000)
+    warmup = args.warmup if args.warmup is not None else (100 if args.quick else n_sessions)
+    repeat = args.repeat or (1 if args.quick else 2)
+    if max(levels) > n_sessions:
+        ap.error("--in-flight must not exceed --sessions (each in-flight turn needs an idle session)")
+
+    print(f"turns_bench · {machine_line()} · load avg {load_average()}"
+          + (" · QUICK" if args.quick else ""))
+    print(f"{n_sessions:,} sessions · {turns:,} timed turns per point · warm-up {warmup:,} turns · "
+          f"{args.clients} client process(es) · text {TEXT!r} (5 frames per turn) · delivery QUEUE, "
+          f"each in-flight turn on its own idle session · best of {repeat} round(s)")
+    root = Path(tempfile.mkdtemp(prefix="turns-bench-", dir=args.dir))
+    servers = []
+    results: list[dict] = []
+    all_runs: list[dict] = []
+    sidecar = None
+    try:
+        if args.only != "bare":
+            sidecar = SidecarServer(root, args.workers)
+            sidecar.start()
+            servers.append(sidecar)
+            keys = sidecar.create_sessions(n_sessions)
+            print(f"sidecar up: pid {sidecar.proc.pid}, {len(sidecar.pids()['workers'])} child "
+                  f"processes (workers + multiprocessing resource tracker), data {sidecar.dir}",
+                  file=sys.stderr)
+        else:
+            keys = [f"agent:main:bench:dm:chat{i}" for i in range(n_sessions)]
+        if args.only != "sidecar":
+            bare = BareServer(root)
+            bare.start()
+            servers.append(bare)
+        for rnd in range(repeat):
+            for level in levels:
+                for server in servers:
+                    r = run_point(server, keys, level, turns, warmup, args.clients, args.seed + 1000 * rnd)
+                    all_runs.append(r)
+                    print(f"  … round {rnd + 1}: {server.name} @ {level}: {r['rate']:,.0f} turns/s, "
+                          f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, errors {r['errors']}, "
+                          f"others' CPU {100 * r['cpu']['others'] / r['cpu']['wall']:.0f}%", file=sys.stderr)
+    finally:
+        for s in servers:
+            s.stop()
+    for level in levels:
+        for server in servers:
+            mine = [r for r in all_runs if r["server"] == server.name and r["in_flight"] == level]
+            if mine:
+                results.append(max(mine, key=lambda r: r["rate"]))
+
+    print()
+    rows = []
+    for r in results:
+        rows.append([r["server"], r["in_flight"], r["turns"], r["rate"], r["rate"] * 5, r["p50_ms"],
+                     r["p99_ms"], r["max_ms"], r["errors"]])
+    print(table(["server", "in flight", "turns", "turns/s", "frames/s", "p50 ms", "p99 ms", "max ms",
+                 "errors"], rows, title="Echo turns (one word, 5 frames per turn)"))
+    if repeat > 1:
+        print("all rounds (turns/s): " + "; ".join(
+            f"{srv.name} @{lv}: " + "/".join(f"{r['rate']:,.0f}" for r in all_runs
+                                             if r["server"] == srv.name and r["in_flight"] == lv)
+            for lv in levels for srv in servers))
+    for r in all_runs:
+        if r["errors"] or r["warmup_errors"]:
+            print(f"  {r['server']} @ {r['in_flight']}: {r['errors']} errors "
+                  f"({r['warmup_errors']} during warm-up), e.g. {r['error_sample']}")
+
+    print()
+    cpu_rows = []
+    for r in results:
+        u = r["cpu"]
+        cores = u["cores"]
+        parts = [f"{g} {100 * s / u['wall']:.0f}%" for g, s in u["groups"].items()]
+        cpu_rows.append([r["server"], r["in_flight"], "  ".join(parts),
+                         f"{100 * u['others'] / u['wall']:.0f}%",
+                         f"{100 * u['machine_busy'] / (u['wall'] * cores):.0f}%",
+                         1e3 * sum(u["groups"].values()) / max(1, r["turns"])])
+    print(table(["server", "in flight", "CPU by process group (100% = one core)", "other programs",
+                 "machine busy", "our CPU ms/turn"], cpu_rows,
+                title=f"Where the CPU went during each timed window ({os.cpu_count()} cores)"))
+
+    if sidecar is not None:
+        expected = sum(r["turns"] for r in all_runs if r["server"] == "sidecar")
+        expected += len([1 for r in all_runs if r["server"] == "sidecar"]) * warmup
+        try:
+            print(sidecar.verify(expected))
+        except sqlite3.Error as e:
+            print(f"store check failed: {e}")
+
+    print()
+    by = {(r["server"], r["in_flight"]): r for r in results}
+    for level in levels:
+        s, b = by.get(("sidecar", level)), by.get(("bare", level))
+        if s and b and b["rate"]:
+            print(goal_line(f"sidecar / bare turns/s at {level} in flight "
+                            f"({s['rate']:,.0f} / {b['rate']:,.0f})", s["rate"] / b["rate"], GOAL))
+    if args.keep:
+        print(f"data kept in {root}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
