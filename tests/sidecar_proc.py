@@ -65,6 +65,7 @@ class Sidecar:
         cfg_path.write_text(text)
         args = [sys.executable, "-m", "agent_sidecar", "serve", "--data-dir", str(self.data_dir),
                 "--config", str(cfg_path), "--workers", str(self.workers), "--log-format", "json",
+                "--log-level", "debug",
                 "--listen", self.target]
         if self.tcp_port:
             args += ["--listen", self.tcp_target]

@@ -45,9 +45,14 @@ class Profile:
     timeout_s: float = 0.0  # 0: use agent.gateway_timeout
     queue_cap: int = 0  # 0: no cap on queued prompts per session
 
-    def to_wire(self) -> dict[str, Any]:
-        """The dict a worker receives (orjson-able)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+    @property
+    def wire(self) -> dict[str, Any]:
+        """The dict a worker receives with every turn (orjson-able); profiles
+        do not change while the sidecar runs, so it is built once."""
+        w = self.__dict__.get("_wire")
+        if w is None:
+            w = self.__dict__["_wire"] = {f.name: getattr(self, f.name) for f in fields(self)}
+        return w
 
 
 @dataclass

@@ -60,6 +60,8 @@ class ToolRegistry:
         self.tools: dict[str, ToolSpec] = {}
         self.default_timeout_s = default_timeout_s
         self._ids = itertools.count(1)
+        self.version = 0  # bumped on every (un)registration
+        self._specs: dict[tuple, tuple[int, list]] = {}
 
     # -- registration ------------------------------------------------------------
 
@@ -72,6 +74,7 @@ class ToolRegistry:
                         spec.get("parameters", {"type": "object"}), handler=spec["handler"])
             except Exception:
                 log.exception("loading tool entry point %s failed", ep.name)
+        self.version += 1
 
     def register_host(self, host: ToolHost, specs: list[ToolSpec]) -> list[str]:
         prefix = host.namespace + "."
@@ -85,6 +88,7 @@ class ToolRegistry:
             s.host = host
             self.tools[s.name] = s
             host.names.append(s.name)
+        self.version += 1
         return [s.name for s in specs]
 
     def unregister_host(self, host: ToolHost) -> None:
@@ -92,10 +96,20 @@ class ToolRegistry:
             spec = self.tools.get(name)
             if spec is not None and spec.host is host:
                 del self.tools[name]
+        self.version += 1
         host.fail_all("the tool host disconnected")
 
     def specs_for(self, scopes: list[str]) -> list[dict[str, Any]]:
-        return [s.for_model() for name, s in sorted(self.tools.items()) if in_scope(name, scopes)]
+        """The tool specs a profile's model is offered; cached until the set of
+        registered tools changes."""
+        if not scopes:
+            return []
+        key = tuple(scopes)
+        cached = self._specs.get(key)
+        if cached is None or cached[0] != self.version:
+            specs = [s.for_model() for name, s in sorted(self.tools.items()) if in_scope(name, scopes)]
+            cached = self._specs[key] = (self.version, specs)
+        return cached[1]
 
     # -- invocation ----------------------------------------------------------------
 

@@ -7,15 +7,19 @@ from datetime import datetime, timezone
 
 from ..config import Config, Profile
 from ..sessions.context import build_session_context_prompt
-from ..sessions.entry import SessionEntry
+import orjson
+
+from ..sessions.source import SessionSource
 
 
-def system_prompt_for(cfg: Config, profile: Profile, entry: SessionEntry) -> str:
-    if entry.origin is None:
+def system_prompt_for(cfg: Config, profile: Profile, key: str, row: tuple) -> str:
+    """``row`` is (session_id, created_at, origin JSON) of the lane."""
+    session_id, created_at, origin = row
+    if not origin:
         return profile.system_prompt
     section = build_session_context_prompt(
-        entry.origin, session_key=entry.session_key, session_id=entry.session_id,
-        created_at=datetime.fromtimestamp(entry.created_at, timezone.utc),
+        SessionSource.from_dict(orjson.loads(origin)), session_key=key, session_id=session_id,
+        created_at=datetime.fromtimestamp(created_at, timezone.utc),
         connected_platforms=cfg.connected_platforms, home_channels=cfg.home_channels,
         redact_pii=cfg.redact_pii, group_sessions_per_user=cfg.group_sessions_per_user,
         thread_sessions_per_user=cfg.thread_sessions_per_user)

@@ -18,11 +18,13 @@ from typing import Any, Callable
 
 import orjson
 
+from ..sessions import transcripts as tx
 from ..v1 import prompt_service_pb2 as ppb
 
 log = logging.getLogger("agent_sidecar.frames")
 
 TERMINAL = frozenset(("completed", "failed", "superseded"))
+_FN, _MSG = "fn", "msg"  # kinds of queued writes
 _INSERT = ("INSERT INTO frames (request_id, seq, session_key, session_id, platform, at, kind, body)"
            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
 
@@ -86,7 +88,7 @@ class FrameBus:
     def __init__(self, store):
         self.store = store
         self._frames: list[tuple] = []  # (row, turn, kind, body)
-        self._writes: list[tuple[Callable, Callable | None]] = []
+        self._writes: list[tuple] = []  # (kind, fn or message item, then)
         self._scheduled = False
         self.by_key: dict[str, set[Subscriber]] = {}
         self.by_platform: dict[str, set[Subscriber]] = {}
@@ -103,7 +105,7 @@ class FrameBus:
         turn.next_seq += 1
         at = time.time()
         if write is not None or then is not None:
-            self._writes.append((write, then))
+            self._writes.append((_FN, write, then))
         self._frames.append(((turn.rid, seq, turn.key, turn.sid, turn.platform, at, kind,
                               orjson.dumps(body) if body else None), turn, kind, body))
         if kind in TERMINAL:
@@ -112,7 +114,14 @@ class FrameBus:
 
     def write(self, fn: Callable, then: Callable | None = None) -> None:
         """Queue a write (no frame) into the next flush, keeping order with frames."""
-        self._writes.append((fn, then))
+        self._writes.append((_FN, fn, then))
+        self._schedule()
+
+    def append_message(self, session_id: str, msg: dict[str, Any], request_id: str,
+                       then: Callable | None = None) -> None:
+        """Queue a transcript message of a turn; consecutive ones in a flush
+        become one ``append_many`` (one executemany for all turns)."""
+        self._writes.append((_MSG, (session_id, [tx.from_model(msg)], request_id), then))
         self._schedule()
 
     def _schedule(self) -> None:
@@ -140,7 +149,7 @@ class FrameBus:
             cursor += 1
             self.frames_written += 1
             self._deliver(turn, frame, kind)
-        for (fn, then), result in zip(writes, results):
+        for (_, _, then), result in zip(writes, results):
             if then is not None:
                 try:
                     then(result)
@@ -186,14 +195,30 @@ def _run_flush(conn, frames, writes) -> tuple[list, int]:
     one transaction — a ``completed`` frame commits with its ledger update and
     transcript rows or not at all. Returns each write's result and the first
     frame id (rows inserted by one executemany get consecutive ids)."""
-    results = []
-    for fn, _ in writes:
-        if fn is None:
+    results: list = []
+    i, n = 0, len(writes)
+    while i < n:
+        kind, payload, _ = writes[i]
+        if kind is _MSG:
+            j = i
+            while j < n and writes[j][0] is _MSG:
+                j += 1
+            items = [w[1] for w in writes[i:j]]
+            try:
+                with conn:
+                    results.extend(tx.append_many(conn, items))
+            except Exception as e:
+                log.exception("appending turn messages failed")
+                results.extend([e] * len(items))
+            i = j
+            continue
+        i += 1
+        if payload is None:
             results.append(None)
             continue
         try:
             with conn:  # a savepoint: one failing write must not take the batch
-                results.append(fn(conn))
+                results.append(payload(conn))
         except Exception as e:
             log.exception("a write queued with frames failed")
             results.append(e)

@@ -34,14 +34,23 @@ def accept(conn, turn: Turn, source: SessionSource | None, dedup_window_s: float
             raise DuplicateRequest(turn.rid)
         conn.execute("DELETE FROM frames WHERE request_id = ?", (turn.rid,))
         conn.execute("DELETE FROM prompts WHERE request_id = ?", (turn.rid,))
-    if source is not None:
+    row = conn.execute("SELECT session_id, suspended, resume_pending FROM routing"
+                       " WHERE session_key = ?", (turn.key,)).fetchone()
+    if row is not None and not row[1]:
+        # The common case, kept to two statements: the lane exists and is usable.
+        if not row[2] and source is not None:  # get_or_create's "keep and bump"
+            conn.execute("UPDATE routing SET updated_at = ?, origin = ? WHERE session_key = ?",
+                         (now, orjson.dumps(source.to_dict()), turn.key))
+        turn.sid = row[0]
+    elif source is not None:
         entry, _ = life.get_or_create(conn, turn.key, source, turn.profile)
+        turn.sid = entry.session_id
     else:
         entry = life.require_entry(conn, turn.key)
-        if entry.suspended:  # seed 001 §2: a suspended lane starts over
-            origin = entry.origin or SessionSource(platform=entry.platform)
-            entry, _ = life.get_or_create(conn, turn.key, origin, entry.profile)
-    turn.sid = entry.session_id
+        # seed 001 §2: a suspended lane starts over
+        origin = entry.origin or SessionSource(platform=entry.platform)
+        entry, _ = life.get_or_create(conn, turn.key, origin, entry.profile)
+        turn.sid = entry.session_id
     status = "queued" if slot else "running"
     conn.execute(
         "INSERT INTO prompts (request_id, session_key, session_id, platform, status, delivery, text,"
@@ -64,11 +73,16 @@ def start(conn, turn: Turn) -> dict[str, Any]:
     now = time.time()
     conn.execute("UPDATE prompts SET status = 'running', started_at = ?, session_id = ?"
                  " WHERE request_id = ?", (now, turn.sid, turn.rid))
-    conn.execute("DELETE FROM prompt_queue WHERE request_id = ?", (turn.rid,))
-    conn.execute("UPDATE routing SET running = 1 WHERE session_key = ?", (turn.key,))
-    base, _ = tx.append(conn, turn.sid, [tx.Message(role="user", content=turn.text)],
-                        request_id=turn.rid)
-    return {"base_seq": base, "rev": tx.current_rev(conn, turn.sid)}
+    if turn.queued:
+        conn.execute("DELETE FROM prompt_queue WHERE request_id = ?", (turn.rid,))
+    base, rev = conn.execute("SELECT next_seq, rev FROM incarnations WHERE session_id = ?",
+                             (turn.sid,)).fetchone()
+    conn.execute("INSERT INTO messages (session_id, seq, role, content, created_at, request_id)"
+                 " VALUES (?, ?, 'user', ?, ?, ?)", (turn.sid, base, turn.text, now, turn.rid))
+    conn.execute("UPDATE incarnations SET next_seq = ? WHERE session_id = ?", (base + 1, turn.sid))
+    conn.execute("UPDATE routing SET running = 1, updated_at = ? WHERE session_key = ?",
+                 (now, turn.key))
+    return {"base_seq": base, "rev": rev}
 
 
 def finish(conn, turn: Turn, status: str, reason: str, lane_idle: bool,
@@ -78,18 +92,22 @@ def finish(conn, turn: Turn, status: str, reason: str, lane_idle: bool,
     now = time.time()
     conn.execute("UPDATE prompts SET status = ?, finished_at = ?, reason = ?, last_seq = ?"
                  " WHERE request_id = ?", (status, now, reason or None, turn.next_seq - 1, turn.rid))
-    conn.execute("DELETE FROM prompt_queue WHERE request_id = ?", (turn.rid,))
     if turn.rollback and turn.started:
         tx.hide_request(conn, turn.sid, turn.rid)
     if status == "completed":
         conn.execute("UPDATE incarnations SET turn_count = turn_count + 1 WHERE session_id = ?",
                      (turn.sid,))
-        conn.execute("UPDATE routing SET resume_pending = 0, resume_reason = '', is_fresh_reset = 0"
-                     " WHERE session_key = ?", (turn.key,))
         conn.execute("DELETE FROM restart_counts WHERE session_key = ?", (turn.key,))
-    if lane_idle:
-        conn.execute("UPDATE routing SET running = 0, updated_at = ? WHERE session_key = ?",
-                     (now, turn.key))
+    # One statement for the lane: a good turn clears the resume marker and the
+    # fresh-reset flag; an idle lane stops being "running".
+    done = status == "completed"
+    conn.execute(
+        "UPDATE routing SET updated_at = ?,"
+        " running = CASE WHEN ? THEN 0 ELSE running END,"
+        " resume_pending = CASE WHEN ? THEN 0 ELSE resume_pending END,"
+        " resume_reason = CASE WHEN ? THEN '' ELSE resume_reason END,"
+        " is_fresh_reset = CASE WHEN ? THEN 0 ELSE is_fresh_reset END"
+        " WHERE session_key = ?", (now, lane_idle, done, done, done, turn.key))
     if turn.started:
         conn.execute("INSERT INTO turn_state (session_id, request_id, updated_at, state)"
                      " VALUES (?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET"
@@ -104,13 +122,17 @@ def close_unstarted(conn, turn: Turn, status: str, reason: str) -> None:
     conn.execute("DELETE FROM prompt_queue WHERE request_id = ?", (turn.rid,))
 
 
-def record_usage(conn, key: str, usage: dict[str, Any]) -> None:
-    life.update_usage(conn, key, usage, last_prompt_tokens=int(usage.get("input_tokens", 0)))
-
-
-def append_turn_message(conn, turn: Turn, msg: dict[str, Any]) -> int:
-    first, _ = tx.append(conn, turn.sid, [tx.from_model(msg)], request_id=turn.rid)
-    return first
+def record_usage(conn, key: str, u: dict[str, Any]) -> None:
+    """A usage frame's accounting: one UPDATE (seed 001 §2's counters)."""
+    i, o = int(u.get("input_tokens", 0)), int(u.get("output_tokens", 0))
+    cr, cw = int(u.get("cache_read_tokens", 0)), int(u.get("cache_write_tokens", 0))
+    conn.execute(
+        "UPDATE routing SET input_tokens = input_tokens + ?, output_tokens = output_tokens + ?,"
+        " cache_read_tokens = cache_read_tokens + ?, cache_write_tokens = cache_write_tokens + ?,"
+        " total_tokens = total_tokens + ?, estimated_cost_usd = estimated_cost_usd + ?,"
+        " last_prompt_tokens = CASE WHEN ? > 0 THEN ? ELSE last_prompt_tokens END"
+        " WHERE session_key = ?",
+        (i, o, cr, cw, i + o + cr + cw, float(u.get("cost_usd", 0.0)), i, i, key))
 
 
 def ledger_lookup(conn, rid: str) -> tuple | None:

@@ -34,6 +34,7 @@ class Turn:
     payload: dict[str, Any] = field(default_factory=dict)
     next_seq: int = 1
     accepted: bool = False
+    queued: bool = False  # has a prompt_queue row (waited in the lane)
     started: bool = False
     finished: bool = False
     terminal_pending: bool = False

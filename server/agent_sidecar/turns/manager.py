@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from typing import Any
 
 from .. import errors as E
@@ -43,6 +44,10 @@ class TurnManager:
         self.ready = asyncio.Event()  # set when startup restore is done
         self.accepting = True
         self.draining = False
+        # Request ids accepted within the dedup window, oldest first: the
+        # duplicate check on every prompt is a dict lookup, not a store read.
+        self.recent: OrderedDict[str, float] = OrderedDict()
+        self._prompt_cache: dict[tuple, str] = {}
         self._steer_waits: dict[str, asyncio.Future] = {}
         self._tasks: set[asyncio.Task] = set()
 
@@ -51,7 +56,9 @@ class TurnManager:
     async def start_workers(self) -> None:
         n = self.cfg.worker_count()
         c = self.cfg.agent_cache
-        settings = {"db_path": self.cfg.db_path, "cache": {
+        settings = {"db_path": self.cfg.db_path,
+                    "debug": logging.getLogger("agent_sidecar").isEnabledFor(logging.DEBUG),
+                    "cache": {
             "max_size": c.max_size, "idle_ttl_secs": c.idle_ttl_secs,
             "memory_budget_bytes": budget_per_worker(c.memory_high_mb, n),
             "max_evictions_per_pass": c.max_evictions_per_pass, "protect_recent": c.protect_recent,
@@ -142,8 +149,8 @@ class TurnManager:
             raise E.SidecarError(E.UNAVAILABLE, "the sidecar is shutting down")
         if rid in self.live:
             return None
-        row = self.store.read(lambda c: jobs.ledger_lookup(c, rid))
-        if row is not None and time.time() - row[1] < self.cfg.dedup_window_s:
+        seen = self.recent.get(rid)
+        if seen is not None and time.time() - seen < self.cfg.dedup_window_s:
             return None
         turn = Turn(rid=rid, key=key, platform=platform, profile=profile, text=text,
                     delivery=delivery or FOLLOW_UP, timeout_s=timeout_s, payload=payload)
@@ -156,6 +163,7 @@ class TurnManager:
             slot = await self._place_busy(lane, turn)
             if rid in self.live:  # a twin arrived while we asked the worker to steer
                 return None
+            turn.queued = slot is not None
         else:
             lane.running = turn
         payload["queue_position"] = self._position(lane, turn)
@@ -173,6 +181,7 @@ class TurnManager:
             self._unreserve(lane, turn)
             raise
         turn.accepted = True
+        self.remember(rid, turn.created_at)
         if internal:
             turn.subscribers.clear()  # nobody streams it; WatchActivity can
         frame = build_frame(rid, key, sid, 1, turn.created_at, frame_id, "accepted",
@@ -183,6 +192,16 @@ class TurnManager:
         elif turn.host is None and lane.running is turn and not turn.started:
             self._start(turn)
         return turn
+
+    def remember(self, rid: str, at: float) -> None:
+        self.recent[rid] = at
+        self.recent.move_to_end(rid)
+        horizon = time.time() - self.cfg.dedup_window_s
+        while self.recent:
+            oldest, t = next(iter(self.recent.items()))
+            if t >= horizon:
+                break
+            del self.recent[oldest]
 
     async def _place_busy(self, lane: Lane, turn: Turn) -> str | None:
         mode = turn.delivery
@@ -256,15 +275,28 @@ class TurnManager:
 
     def _start(self, turn: Turn) -> None:
         turn.started = True
-        entry = self.store.read(lambda c: load_entry(c, turn.key))
-        if entry is None:
+        row = self.store.read(lambda c: c.execute(
+            "SELECT session_id, created_at, origin FROM routing WHERE session_key = ?",
+            (turn.key,)).fetchone())
+        if row is None:
             self._end(turn, "failed", E.SESSION_NOT_FOUND, f"session {turn.key} no longer exists")
             return
-        turn.sid = entry.session_id
+        turn.sid = row[0]
         profile = self.cfg.profile(turn.profile) or self.cfg.profile("main")
-        system_prompt = system_prompt_for(self.cfg, profile, entry)
+        system_prompt = self._system_prompt(profile, turn.key, row)
         self.bus.publish(turn, "started", write=lambda c: jobs.start(c, turn),
                          then=lambda res: self._dispatch(turn, res, profile, system_prompt))
+
+    def _system_prompt(self, profile, key: str, row) -> str:
+        """The profile's prompt plus the session context; the same for every
+        turn of one incarnation, so it is built once and cached."""
+        cache_key = (profile.name, key, row[0])
+        text = self._prompt_cache.get(cache_key)
+        if text is None:
+            if len(self._prompt_cache) >= 8192:
+                self._prompt_cache.clear()
+            text = self._prompt_cache[cache_key] = system_prompt_for(self.cfg, profile, key, row)
+        return text
 
     def _dispatch(self, turn: Turn, res, profile, system_prompt: str) -> None:
         if isinstance(res, Exception):
@@ -277,7 +309,7 @@ class TurnManager:
         turn.worker = h
         turn.worker_gen = h.generation if h.ready.is_set() else -1
         msg = {"t": "run", "rid": turn.rid, "key": turn.key, "sid": turn.sid, "rev": res["rev"],
-               "base_seq": res["base_seq"], "text": turn.text, "profile": profile.to_wire(),
+               "base_seq": res["base_seq"], "text": turn.text, "profile": profile.wire,
                "system_prompt": system_prompt, "tools": self.tools.specs_for(profile.tools),
                "timeout_s": turn.timeout_s}
         if h.ready.is_set():
@@ -319,7 +351,8 @@ class TurnManager:
     def _on_worker_message(self, h: WorkerHandle, msg: dict) -> None:
         t = msg["t"]
         if t == "log":
-            log.info(msg.pop("msg"), extra={"worker": h.index, **{k: v for k, v in msg.items() if k != "t"}})
+            level = logging.DEBUG if msg.pop("level", "info") == "debug" else logging.INFO
+            log.log(level, msg.pop("msg"), extra={"worker": h.index, **{k: v for k, v in msg.items() if k != "t"}})
             return
         if t == "steered":
             fut = self._steer_waits.get(msg["steer_rid"])
@@ -344,8 +377,8 @@ class TurnManager:
             if m["role"] == "tool":
                 turn.open_tool_calls.pop(m.get("tool_call_id", ""), None)
             key = turn.key
-            self.bus.write(lambda c: jobs.append_turn_message(c, turn, m),
-                           then=lambda _: h.send({"t": "ack", "key": key, "n": 1}))
+            self.bus.append_message(turn.sid, m, turn.rid,
+                                    then=lambda _: h.send({"t": "ack", "key": key, "n": 1}))
         elif t == "tool":
             self.spawn(self._run_tool(h, turn, msg))
         elif t == "done":
@@ -373,7 +406,7 @@ class TurnManager:
         for call_id, name in list(turn.open_tool_calls.items()):
             m = {"role": "tool", "tool_call_id": call_id, "name": name,
                  "content": orjson.dumps({"error": why}).decode()}
-            self.bus.write(lambda c, m=m: jobs.append_turn_message(c, turn, m))
+            self.bus.append_message(turn.sid, m, turn.rid)
         turn.open_tool_calls.clear()
 
     # -- ending turns ----------------------------------------------------------------------

@@ -77,6 +77,7 @@ class Worker:
                                 max_evictions_per_pass=c.get("max_evictions_per_pass", 16),
                                 protect_recent=c.get("protect_recent", 8))
         self.sweep_interval = float(c.get("sweep_interval_s", 30))
+        self.debug = bool(settings.get("debug"))
         self.turns: dict[str, tuple[asyncio.Task, _TurnIO]] = {}
         self.cancel_reasons: dict[str, str] = {}
         self.backends: dict[str, tuple[bytes, Any]] = {}
@@ -88,8 +89,10 @@ class Worker:
     def send(self, msg: dict) -> None:
         self.writer.write(encode(msg))
 
-    def log(self, msg: str, **fields) -> None:
-        self.send({"t": "log", "msg": msg, **fields})
+    def log(self, msg: str, level: str = "info", **fields) -> None:
+        if level == "debug" and not self.debug:
+            return  # per-turn chatter costs the parent's loop; only when asked for
+        self.send({"t": "log", "msg": msg, "level": level, **fields})
 
     def db(self) -> apsw.Connection:
         if self._reader_conn is None:
@@ -167,12 +170,12 @@ class Worker:
         rows = load_active(self.db(), m["sid"])
         msgs = [r.to_model() for r in rows]
         if len(msgs) > 1:
-            self.log("agent rebuilt from store", key=key, messages=len(msgs))
+            self.log("agent rebuilt from store", "debug", key=key, messages=len(msgs))
         agent = Agent(key, m["sid"], m["rev"], m["base_seq"] + 1, msgs,
                       approx_bytes=sum(len(x.get("content") or "") + 64 for x in msgs))
         evicted = self.cache.put(agent)
         if evicted:
-            self.log("agents evicted", why="lru", count=len(evicted), keys=evicted[:16])
+            self.log("agents evicted", "debug", why="lru", count=len(evicted), keys=evicted[:16])
         return agent
 
     async def _turn(self, m: dict) -> None:
