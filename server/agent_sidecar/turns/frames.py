@@ -194,7 +194,26 @@ def _run_flush(conn, frames, writes) -> tuple[list, int]:
     """The writer job: every write in publish order, then every frame row, in
     one transaction — a ``completed`` frame commits with its ledger update and
     transcript rows or not at all. Returns each write's result and the first
-    frame id (rows inserted by one executemany get consecutive ids)."""
+    frame id (rows inserted by one executemany get consecutive ids).
+
+    The fast path runs the writes bare; if one raises, everything is rolled
+    back to a savepoint and replayed with a savepoint per write, so one bad
+    write fails alone and the batch's frames still land."""
+    try:
+        with conn:
+            results = _run_writes(conn, writes, isolate=False)
+    except Exception:
+        log.exception("a write queued with frames failed; replaying the batch write by write")
+        results = _run_writes(conn, writes, isolate=True)
+    rows = [item[0] for item in frames]
+    first_id = 0
+    if rows:
+        conn.executemany(_INSERT, rows)
+        first_id = conn.last_insert_rowid() - len(rows) + 1
+    return results, first_id
+
+
+def _run_writes(conn, writes, isolate: bool) -> list:
     results: list = []
     i, n = 0, len(writes)
     while i < n:
@@ -204,27 +223,26 @@ def _run_flush(conn, frames, writes) -> tuple[list, int]:
             while j < n and writes[j][0] is _MSG:
                 j += 1
             items = [w[1] for w in writes[i:j]]
-            try:
-                with conn:
-                    results.extend(tx.append_many(conn, items))
-            except Exception as e:
-                log.exception("appending turn messages failed")
-                results.extend([e] * len(items))
+            results.extend(_guarded(conn, isolate, tx.append_many, items, len(items)))
             i = j
             continue
         i += 1
         if payload is None:
             results.append(None)
-            continue
-        try:
-            with conn:  # a savepoint: one failing write must not take the batch
-                results.append(payload(conn))
-        except Exception as e:
-            log.exception("a write queued with frames failed")
-            results.append(e)
-    rows = [item[0] for item in frames]
-    first_id = 0
-    if rows:
-        conn.executemany(_INSERT, rows)
-        first_id = conn.last_insert_rowid() - len(rows) + 1
-    return results, first_id
+        else:
+            results.extend(_guarded(conn, isolate, payload, None, 1))
+    return results
+
+
+def _guarded(conn, isolate: bool, fn, arg, count: int) -> list:
+    call = (lambda: fn(conn, arg)) if arg is not None else (lambda: fn(conn))
+    if not isolate:
+        out = call()
+        return out if arg is not None else [out]
+    try:
+        with conn:
+            out = call()
+        return out if arg is not None else [out]
+    except Exception as e:
+        log.exception("a write queued with frames failed")
+        return [e] * count

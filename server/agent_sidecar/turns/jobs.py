@@ -34,14 +34,16 @@ def accept(conn, turn: Turn, source: SessionSource | None, dedup_window_s: float
             raise DuplicateRequest(turn.rid)
         conn.execute("DELETE FROM frames WHERE request_id = ?", (turn.rid,))
         conn.execute("DELETE FROM prompts WHERE request_id = ?", (turn.rid,))
-    row = conn.execute("SELECT session_id, suspended, resume_pending FROM routing"
-                       " WHERE session_key = ?", (turn.key,)).fetchone()
+    row = conn.execute("SELECT session_id, suspended, resume_pending, created_at, origin"
+                       " FROM routing WHERE session_key = ?", (turn.key,)).fetchone()
     if row is not None and not row[1]:
         # The common case, kept to two statements: the lane exists and is usable.
         if not row[2] and source is not None:  # get_or_create's "keep and bump"
             conn.execute("UPDATE routing SET updated_at = ?, origin = ? WHERE session_key = ?",
                          (now, orjson.dumps(source.to_dict()), turn.key))
         turn.sid = row[0]
+        # What _start needs for the system prompt, saving it a read.
+        turn.routing_row = (row[0], row[3], orjson.dumps(source.to_dict()) if source else row[4])
     elif source is not None:
         entry, _ = life.get_or_create(conn, turn.key, source, turn.profile)
         turn.sid = entry.session_id
@@ -65,6 +67,19 @@ def accept(conn, turn: Turn, source: SessionSource | None, dedup_window_s: float
                  " VALUES (?, 1, ?, ?, ?, ?, 'accepted', ?)",
                  (turn.rid, turn.key, turn.sid, turn.platform, turn.created_at, body))
     return turn.sid, conn.last_insert_rowid()
+
+
+def accept_many(conn, items: list[tuple]) -> list:
+    """Many prompts' accept jobs as one writer job (see store/batcher.py).
+    ``accept`` raises its refusals (unknown session, duplicate) before writing
+    anything, so no per-item savepoint is needed."""
+    out: list = []
+    for args in items:
+        try:
+            out.append(accept(conn, *args))
+        except (SidecarError, DuplicateRequest) as e:
+            out.append(e)
+    return out
 
 
 def start(conn, turn: Turn) -> dict[str, Any]:

@@ -35,6 +35,7 @@ class Turn:
     next_seq: int = 1
     accepted: bool = False
     queued: bool = False  # has a prompt_queue row (waited in the lane)
+    routing_row: tuple | None = None  # (session_id, created_at, origin) seen at accept
     started: bool = False
     finished: bool = False
     terminal_pending: bool = False

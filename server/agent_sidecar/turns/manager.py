@@ -21,6 +21,7 @@ from ..config import Config
 from ..sessions.entry import load_entry
 from ..sessions.source import SessionSource
 from ..store import Store
+from ..store.batcher import Batcher
 from ..tools.registry import ToolRegistry
 from . import jobs, supervision
 from .context import system_prompt_for
@@ -37,6 +38,7 @@ class TurnManager:
     def __init__(self, cfg: Config, store: Store):
         self.cfg, self.store = cfg, store
         self.bus = FrameBus(store)
+        self.accepts = Batcher(store, jobs.accept_many)  # prompts accepted together commit together
         self.lanes: dict[str, Lane] = {}
         self.live: dict[str, Turn] = {}
         self.tools = ToolRegistry()
@@ -172,8 +174,8 @@ class TurnManager:
         turn.subscribers.append(sub)
         position = lane.next_position()
         try:
-            sid, frame_id = await self.store.write(
-                lambda c: jobs.accept(c, turn, source, self.cfg.dedup_window_s, slot, position))
+            sid, frame_id = await self.accepts.submit(
+                (turn, source, self.cfg.dedup_window_s, slot, position))
         except jobs.DuplicateRequest:
             self._unreserve(lane, turn)
             return None
@@ -275,9 +277,11 @@ class TurnManager:
 
     def _start(self, turn: Turn) -> None:
         turn.started = True
-        row = self.store.read(lambda c: c.execute(
-            "SELECT session_id, created_at, origin FROM routing WHERE session_key = ?",
-            (turn.key,)).fetchone())
+        row = turn.routing_row if not turn.queued else None
+        if row is None:  # it waited: the lane may have moved to another incarnation
+            row = self.store.read(lambda c: c.execute(
+                "SELECT session_id, created_at, origin FROM routing WHERE session_key = ?",
+                (turn.key,)).fetchone())
         if row is None:
             self._end(turn, "failed", E.SESSION_NOT_FOUND, f"session {turn.key} no longer exists")
             return
