@@ -54,9 +54,11 @@ class Sidecar:
         sessions = SessionService(self.cfg, self.store, auth, self.turns)
         self.server, self.health, bound = build_server(
             self.cfg, {"sessions": sessions, "extra": self.turns.servicers(auth)})
+        from grpc_health.v1 import health_pb2
+        # grpc's servicer starts SERVING; we are not, until the restore is done.
+        await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.start()
         await self.turns.start()
-        from grpc_health.v1 import health_pb2
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         log.info("serving", extra={"listen": bound, "db": self.cfg.db_path,
                                    "workers": self.cfg.worker_count()})

@@ -33,6 +33,7 @@ CODE_FOR_REASON: dict[str, grpc.StatusCode] = {
     E.REQUEST_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     E.INTERNAL: grpc.StatusCode.INTERNAL,
     "restart_interrupted": grpc.StatusCode.UNAVAILABLE,
+    "shutdown_timeout": grpc.StatusCode.UNAVAILABLE,
 }
 
 

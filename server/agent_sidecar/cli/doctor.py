@@ -96,6 +96,10 @@ def run(args) -> int:
         n = rebuild_fts(conn, progress=True)
         ok, detail = fts_ok(conn)
         _say(f"  rebuilt full-text index from {n} messages: {'ok' if ok else detail}")
+        # The first integrity check also saw the broken index: judge again.
+        result = [r[0] for r in conn.execute("PRAGMA integrity_check")]
+        healthy = result == ["ok"]
+        _say(f"  integrity after rebuild: {'ok' if healthy else '; '.join(result[:5])}")
     elif not ok:
         _say("  run `agent-sidecar doctor --rebuild-fts` to rebuild it from the messages")
     healthy &= ok

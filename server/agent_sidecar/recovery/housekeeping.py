@@ -22,7 +22,9 @@ BATCH = 1000
 def frame_cutoff_id(conn, cutoff: float) -> int:
     """The smallest frame id with ``at >= cutoff`` (binary search over rowids;
     each probe is a primary-key lookup)."""
-    lo_row = conn.execute("SELECT min(id), max(id) FROM frames").fetchone()
+    # Two subqueries, each one step to an end of the rowid b-tree (a combined
+    # min/max would scan the whole table).
+    lo_row = conn.execute("SELECT (SELECT min(id) FROM frames), (SELECT max(id) FROM frames)").fetchone()
     lo, hi = lo_row
     if lo is None:
         return 0
@@ -52,7 +54,7 @@ def delete_ledger_before(conn, cutoff: float, limit: int = BATCH) -> int:
 
 async def prune_retention(store, retention_s: float) -> dict[str, int]:
     cutoff = time.time() - retention_s
-    cutoff_id = store.read(lambda c: frame_cutoff_id(c, cutoff))
+    cutoff_id = await store.read_async(lambda c: frame_cutoff_id(c, cutoff))
     totals = {"frames": 0, "prompts": 0}
     while cutoff_id:
         n = await store.write(lambda c: delete_frames_before(c, cutoff_id))

@@ -105,8 +105,15 @@ def restore(conn, clean: bool, freshness_s: float) -> RestorePlan:
     now = time.time()
     if not clean:
         plan.marked = life.suspend_recently_active(conn, RECENT_WINDOW_S, INTERRUPTED)
-    # Stuck loops: lanes in flight when the last run ended.
-    for (key,) in conn.execute("SELECT session_key FROM routing WHERE running = 1").fetchall():
+    open_rows = conn.execute(
+        "SELECT p.request_id, p.session_key, p.session_id, p.platform, p.status, p.delivery, p.text,"
+        " p.payload, p.created_at, p.started_at, q.slot, q.position"
+        " FROM prompts p LEFT JOIN prompt_queue q ON q.request_id = p.request_id"
+        " WHERE p.status IN ('queued', 'running') ORDER BY p.session_key, p.created_at").fetchall()
+    # In flight = a turn that had started and not ended (the ledger says so; the
+    # lane's ``running`` flag may also be up for a lane that only had queued work).
+    in_flight = sorted({r[1] for r in open_rows if r[4] == "running" and r[9] is not None})
+    for key in in_flight:  # stuck loops: consecutive restarts with the lane in flight
         conn.execute("INSERT INTO restart_counts (session_key, count, updated_at) VALUES (?, 1, ?)"
                      " ON CONFLICT (session_key) DO UPDATE SET count = count + 1, updated_at = ?",
                      (key, now, now))
@@ -115,29 +122,26 @@ def restore(conn, clean: bool, freshness_s: float) -> RestorePlan:
             life.suspend(conn, key)
             conn.execute("UPDATE routing SET resume_pending = 0 WHERE session_key = ?", (key,))
             plan.suspended.append(key)
-        else:  # in flight when the last run ended: it resumes (unless already marked)
+        else:  # it resumes (unless already marked, e.g. shutdown_timeout)
             conn.execute("UPDATE routing SET resume_pending = 1, resume_reason = ?,"
                          " last_resume_marked_at = ? WHERE session_key = ? AND resume_pending = 0"
                          " AND suspended = 0", (INTERRUPTED, now, key))
-        conn.execute("UPDATE routing SET running = 0 WHERE session_key = ?", (key,))
-    # The ledger: running turns are over; queued ones wait to be run.
-    open_rows = conn.execute(
-        "SELECT p.request_id, p.session_key, p.session_id, p.platform, p.status, p.delivery, p.text,"
-        " p.payload, p.created_at, q.slot, q.position"
-        " FROM prompts p LEFT JOIN prompt_queue q ON q.request_id = p.request_id"
-        " WHERE p.status IN ('queued', 'running') ORDER BY p.session_key, p.created_at").fetchall()
-    for rid, key, sid, platform, status, delivery, text, payload, created, slot, pos in open_rows:
-        if status == "running":
+    conn.execute("UPDATE routing SET running = 0 WHERE running = 1")
+    for rid, key, sid, platform, status, delivery, text, payload, created, started, slot, pos in open_rows:
+        if status == "running" and started is not None:
             close_interrupted_turn(conn, rid, key, sid, platform, INTERRUPTED,
                                    "the sidecar stopped while this turn was running")
             plan.closed_turns += 1
             continue
+        # Queued, or acknowledged and about to start (its lane's next turn): it
+        # runs after the restart, exactly once, in its place.
         last = conn.execute("SELECT max(seq) FROM frames WHERE request_id = ?", (rid,)).fetchone()[0] or 0
         plan.queued.append({"rid": rid, "key": key, "sid": sid, "platform": platform,
                             "delivery": delivery, "text": text, "created_at": created,
                             "payload": orjson.loads(payload) if payload else {},
-                            "slot": slot or "fifo", "position": pos or 0, "next_seq": last + 1})
-    plan.queued.sort(key=lambda q: (q["key"], q["slot"] != "pending", q["position"]))
+                            "slot": slot or "next", "position": pos or 0, "next_seq": last + 1})
+    order = {"next": 0, "pending": 1, "fifo": 2}
+    plan.queued.sort(key=lambda q: (q["key"], order[q["slot"]], q["position"], q["created_at"]))
     # Auto-resume: pending, with an auto-resume reason, fresh enough.
     for key, sid, platform, profile, reason in conn.execute(
             "SELECT session_key, session_id, platform, profile, resume_reason FROM routing"

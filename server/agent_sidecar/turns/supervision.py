@@ -31,12 +31,14 @@ async def restore(m) -> None:
                                        "queued": len(plan.queued), "resume": len(plan.resume)})
     for q in plan.queued:
         _restore_queued(m, q)
-    for r in plan.resume:
-        await m.submit(rid=r["rid"], key=r["key"], platform=r["platform"],
-                       profile=r["profile"] if m.cfg.profile(r["profile"]) else "main",
-                       text=RESUME_TEXT.format(reason=r["reason"]), delivery=INTERRUPT,
-                       source=None, timeout_s=m.cfg.gateway_timeout,
-                       payload={"resume": r["reason"]}, internal=True)
+    # Submitted together, the resume turns' accepts share a few commits.
+    await asyncio.gather(*(
+        m.submit(rid=r["rid"], key=r["key"], platform=r["platform"],
+                 profile=r["profile"] if m.cfg.profile(r["profile"]) else "main",
+                 text=RESUME_TEXT.format(reason=r["reason"]), delivery=INTERRUPT,
+                 source=None, timeout_s=m.cfg.gateway_timeout,
+                 payload={"resume": r["reason"]}, internal=True)
+        for r in plan.resume))
     for lane in list(m.lanes.values()):
         m._advance(lane)
 
@@ -47,10 +49,13 @@ def _restore_queued(m, q: dict) -> None:
                 delivery=q["delivery"], sid=q["sid"], created_at=q["created_at"],
                 payload=q["payload"], accepted=True, timeout_s=m.cfg.gateway_timeout)
     turn.next_seq = q["next_seq"]
+    turn.queued = q["slot"] != "next"
     lane = m.lanes.get(turn.key)
     if lane is None:
         lane = m.lanes[turn.key] = Lane(turn.key)
-    if turn.delivery in (INTERRUPT, ROLLBACK):
+    if q["slot"] == "next":  # it was about to run when the last run ended
+        lane.interrupt.appendleft(turn)
+    elif turn.delivery in (INTERRUPT, ROLLBACK):
         lane.interrupt.append(turn)
     elif q["slot"] == "pending" and lane.pending is None:
         lane.pending = turn
@@ -76,6 +81,15 @@ async def drain(m, timeout: float) -> bool:
         await m.store.write(lambda c: [life.mark_resume_pending(c, k, "shutdown_timeout")
                                        for k in still])
         log.warning("drain timed out", extra={"sessions": still})
+        # End them as what they are, cut off by the drain (their tool calls get
+        # results in the worker), and give the workers a moment to say so.
+        for key in still:
+            lane = m.lanes.get(key)
+            if lane is not None and lane.running is not None:
+                m.cancel_turn(lane.running, "shutdown_timeout")
+        end = loop.time() + 2.0
+        while m.busy_keys() and loop.time() < end:
+            await asyncio.sleep(0.02)
     await m.store.write(lambda c: None)  # every queued frame write has committed
     return not still
 
