@@ -56,7 +56,7 @@ QUERIES = {
     "resume counter": ("SELECT count(*) FROM prompts WHERE request_id >= ? AND request_id < ?",
                        ("resume:x:", "resume:x:\uffff")),
     "accept: ledger lookup": ("SELECT created_at FROM prompts WHERE request_id = ?", ("r",)),
-    "housekeeping: frame id range": ("SELECT min(id), max(id) FROM frames", ()),
+    "housekeeping: frame id range": ("SELECT (SELECT min(id) FROM frames), (SELECT max(id) FROM frames)", ()),
     "housekeeping: frame probe": ("SELECT id, at FROM frames WHERE id >= ? ORDER BY id LIMIT 1", (1,)),
     "housekeeping: delete frames": ("DELETE FROM frames WHERE id IN (SELECT id FROM frames WHERE id < ?"
                                     " ORDER BY id LIMIT ?)", (1, 1000)),
