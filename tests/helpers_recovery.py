@@ -5,37 +5,24 @@ reads of a data dir. Plain functions and classes, no fixtures."""
 
 from __future__ import annotations
 
-import itertools
-import json
-import os
 import queue
 import sqlite3
 import threading
-import time
 from contextlib import closing
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as spb
 from agent_sidecar.v1 import tool_service_pb2 as tpb
+from helpers_common import PromptRun, rid, source, toml_value, wait_until  # noqa: F401
 from sidecar_proc import error_info
 
 D = ppb.DeliveryMode
 TERMINAL = ("completed", "failed", "superseded")
 RESUME_PREFIX = "[The previous turn was interrupted"
-_ids = itertools.count(1)
-
-
-def rid(prefix: str = "r") -> str:
-    return f"{prefix}-{os.getpid()}-{next(_ids)}"
-
-
-def source(chat_id: str | None = None, platform: str = "telegram") -> c.SessionSource:
-    return c.SessionSource(platform=platform, chat_id=chat_id or f"chat{os.getpid()}x{next(_ids)}")
 
 
 def kind(frame) -> str:
@@ -44,19 +31,7 @@ def kind(frame) -> str:
 
 # -- TOML --------------------------------------------------------------------------------
 
-def tv(v: Any) -> str:
-    """A Python value as an inline TOML value."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(tv(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{json.dumps(str(k))} = {tv(x)}" for k, x in v.items()) + " }"
-    raise TypeError(type(v))
+tv = toml_value
 
 
 def table(name: str, **kv: Any) -> str:
@@ -78,74 +53,6 @@ def scripted(name: str, steps: list, **extra: Any) -> str:
 
 
 # -- streams -----------------------------------------------------------------------------
-
-class PromptRun:
-    """One Prompt RPC read on a background thread."""
-
-    def __init__(self, stub, *, text: str, src: c.SessionSource | None = None, key: str = "",
-                 delivery: int = 0, profile: str = "", request_id: str | None = None,
-                 timeout: float = 60):
-        self.request_id = request_id or rid()
-        req = ppb.PromptRequest(request_id=self.request_id, text=text, delivery=delivery,
-                                profile=profile)
-        if src is not None:
-            req.source.CopyFrom(src)
-        else:
-            req.session_key = key
-        self.frames: list = []
-        self.error: grpc.RpcError | None = None
-        self.done = threading.Event()
-        self._cv = threading.Condition()
-        self.call = stub.Prompt(req, timeout=timeout)
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            for r in self.call:
-                if kind(r.frame) != "keepalive":
-                    with self._cv:
-                        self.frames.append(r.frame)
-                        self._cv.notify_all()
-        except grpc.RpcError as e:
-            self.error = e
-        finally:
-            with self._cv:
-                self.done.set()
-                self._cv.notify_all()
-
-    def kinds(self) -> list[str]:
-        with self._cv:
-            return [kind(f) for f in self.frames]
-
-    def wait_for(self, k: str, timeout: float = 15):
-        deadline = time.monotonic() + timeout
-        with self._cv:
-            while True:
-                for f in self.frames:
-                    if kind(f) == k:
-                        return f
-                left = deadline - time.monotonic()
-                if self.done.is_set() or left <= 0:
-                    raise AssertionError(f"no {k!r} frame for {self.request_id}: "
-                                         f"{[kind(f) for f in self.frames]} error={self.error}")
-                self._cv.wait(left)
-
-    @property
-    def code(self):
-        return self.error.code() if self.error is not None else grpc.StatusCode.OK
-
-    @property
-    def reason(self):
-        return error_info(self.error)[0] if self.error is not None else None
-
-    @property
-    def key(self) -> str:
-        return self.frames[0].session_key
-
-    @property
-    def session_id(self) -> str:
-        return self.frames[0].session_id
-
 
 def watch_request(prompts, request_id: str, timeout: float = 20) -> tuple[list, str | None]:
     """WatchActivity(request_id): persisted frames then live ones up to the
@@ -261,17 +168,6 @@ def restart(sc, timeout: float = 30):
     sc.start(timeout)
     wait_until(lambda: serving_lines(sc) > before, timeout, 0.01, "the 'serving' log line")
     return sc
-
-
-def wait_until(pred: Callable[[], Any], timeout: float = 10, interval: float = 0.05, what: str = ""):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or pred}")
-        time.sleep(interval)
 
 
 # -- the store, read with stdlib sqlite3 -------------------------------------------------------

@@ -18,26 +18,12 @@ from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as spb
 from agent_sidecar.v1 import tool_service_pb2 as tpb
 from helpers_sessions import transcript, uniq
+from helpers_common import toml_value
 from sidecar_proc import error_info
 
 TERMINAL = ("completed", "failed", "superseded")
 
 # -- config -------------------------------------------------------------------------
-
-
-def toml_value(v: Any) -> str:
-    """A TOML value on one line (inline tables, arrays) from Python data."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(x)}" for k, x in v.items()) + " }"
-    raise TypeError(type(v))
 
 
 def config(profiles: dict[str, dict[str, Any]], gateway_timeout: float | None = None) -> str:

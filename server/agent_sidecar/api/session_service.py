@@ -12,7 +12,7 @@ from ..errors import FAILED_PRECONDITION, SidecarError, invalid, not_found
 from ..sessions import lifecycle as life
 from ..sessions import transcripts as tx
 from ..sessions.context import build_session_context_prompt, shared_multi_user
-from ..sessions.entry import ENTRY_SELECT, SessionEntry, load_entry, load_entry_by_session_id
+from ..sessions.entry import ENTRY_SELECT, SessionEntry, load_entry
 from ..sessions.keys import build_session_key, split_session_key
 from ..store import Store
 from ..store.batcher import Batcher

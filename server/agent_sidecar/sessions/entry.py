@@ -83,12 +83,6 @@ def load_entry(conn, session_key: str) -> SessionEntry | None:
     return SessionEntry.from_row(row) if row else None
 
 
-def load_entry_by_session_id(conn, session_id: str) -> SessionEntry | None:
-    """The routing entry whose *current* incarnation is ``session_id``."""
-    row = conn.execute(ENTRY_SELECT + " WHERE r.session_id = ?", (session_id,)).fetchone()
-    return SessionEntry.from_row(row) if row else None
-
-
 def new_session_id(now: float | None = None) -> str:
     """seed 001's format, UTC: ``YYYYMMDD_HHMMSS_<8hex>``."""
     t = datetime.fromtimestamp(now if now is not None else time.time(), tz=timezone.utc)

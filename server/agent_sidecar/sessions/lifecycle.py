@@ -163,12 +163,6 @@ def mark_resume_pending(conn, key: str, reason: str) -> SessionEntry:
     return load_entry(conn, key)
 
 
-def clear_resume_pending(conn, key: str) -> None:
-    conn.execute(
-        "UPDATE routing SET resume_pending = 0, resume_reason = '' WHERE session_key = ?", (key,)
-    )
-
-
 def suspend_recently_active(conn, max_age_seconds: float, reason: str = "restart_interrupted") -> list[str]:
     """Crash recovery (seed 001 §7): mark lanes updated within the window
     ``resume_pending``, skipping suspended and already-pending ones."""

@@ -47,9 +47,6 @@ class Store:
     async def write(self, fn: Callable[[apsw.Connection], Any]) -> Any:
         return await self.writer.submit(fn)
 
-    def write_sync(self, fn: Callable[[apsw.Connection], Any]) -> Any:
-        return self.writer.run_sync(fn)
-
     # -- reads ------------------------------------------------------------
 
     def _reader(self) -> apsw.Connection:

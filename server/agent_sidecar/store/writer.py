@@ -18,7 +18,6 @@ import asyncio
 import logging
 import queue
 import threading
-import time
 from typing import Any, Callable
 
 import apsw
@@ -38,15 +37,13 @@ class StoreClosed(RuntimeError):
 
 
 class _Waiter:
-    """Where a job's outcome goes: an asyncio future (async callers) or an event
-    (synchronous callers, e.g. the CLI or startup code running before the loop)."""
+    """Where a job's outcome goes: the submitting loop's future."""
 
-    __slots__ = ("loop", "future", "event", "result", "error")
+    __slots__ = ("loop", "future", "result", "error")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop | None):
+    def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
-        self.future = loop.create_future() if loop else None
-        self.event = None if loop else threading.Event()
+        self.future = loop.create_future()
         self.result: Any = None
         self.error: BaseException | None = None
 
@@ -55,7 +52,7 @@ def _settle(batch: list[tuple[Job, _Waiter]]) -> None:
     """Runs on the event loop: resolve every future of one committed batch."""
     for _, w in batch:
         f = w.future
-        if f is None or f.done():
+        if f.done():
             continue
         if w.error is not None:
             f.set_exception(w.error)
@@ -82,21 +79,6 @@ class GroupCommitWriter:
         w = _Waiter(asyncio.get_running_loop())
         self._queue.put((fn, w))
         return w.future
-
-    async def run(self, fn: Job) -> Any:
-        return await self.submit(fn)
-
-    def run_sync(self, fn: Job, timeout: float | None = None) -> Any:
-        """Run a job from a thread that is not the event loop (startup, CLI)."""
-        if self._closed:
-            raise StoreClosed("store is closed")
-        w = _Waiter(None)
-        self._queue.put((fn, w))
-        if not w.event.wait(timeout):
-            raise TimeoutError("store write timed out")
-        if w.error is not None:
-            raise w.error
-        return w.result
 
     # -- the thread -------------------------------------------------------
 
@@ -152,11 +134,7 @@ class GroupCommitWriter:
     def _answer(self, batch: list[tuple[Job, _Waiter]]) -> None:
         loops: dict[asyncio.AbstractEventLoop, list] = {}
         for item in batch:
-            w = item[1]
-            if w.loop is None:
-                w.event.set()
-            else:
-                loops.setdefault(w.loop, []).append(item)
+            loops.setdefault(item[1].loop, []).append(item)
         for loop, items in loops.items():
             try:
                 loop.call_soon_threadsafe(_settle, items)
@@ -189,5 +167,3 @@ class GroupCommitWriter:
             log.warning("final WAL checkpoint incomplete (a reader was open)")
         self.conn.close()
 
-    def stats(self) -> dict[str, Any]:
-        return {"commits": self.commits, "jobs": self.jobs, "at": time.time()}

@@ -16,7 +16,7 @@ import inspect
 import itertools
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 import orjson
 

@@ -14,7 +14,7 @@ import orjson
 from ..errors import SidecarError
 from ..sessions import lifecycle as life
 from ..sessions import transcripts as tx
-from ..sessions.entry import load_entry
+
 from ..sessions.source import SessionSource
 from .lanes import Turn
 
@@ -159,8 +159,3 @@ def ledger_lookup(conn, rid: str) -> tuple | None:
                         (rid,)).fetchone()
 
 
-def current_entry(conn, key: str):
-    entry = load_entry(conn, key)
-    if entry is None:
-        raise SidecarError("SESSION_NOT_FOUND", f"no such session: {key}")
-    return entry

@@ -18,7 +18,6 @@ from typing import Any
 
 from .. import errors as E
 from ..config import Config
-from ..sessions.entry import load_entry
 from ..sessions.source import SessionSource
 from ..store import Store
 from ..store.batcher import Batcher

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import time
 from typing import Any
 
 import apsw
