@@ -187,6 +187,33 @@ def _baseline_point(path: str, n: int, seconds: float, shape: str) -> dict:
 
 # -- transcript loads ------------------------------------------------------------------
 
+def _ceiling_point(path: str, seconds: float, per_commit: int = 100) -> dict:
+    """What SQLite itself does on this schema: one thread, ``per_commit`` rows per
+    transaction through a bare executemany (FULL sync, FTS trigger included), no
+    event loop, no per-caller work. No store API can beat this; it tells how far
+    the 30x goal is from the floor of the machine."""
+    import apsw
+
+    from agent_sidecar.store.db import open_writer
+    from agent_sidecar.store.migrations import migrate
+
+    conn = open_writer(path, "FULL")
+    migrate(conn)
+    with conn:
+        conn.execute("INSERT INTO incarnations (session_id, session_key, created_at) VALUES ('s', 'k', 0)")
+    seq, total = 1, 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        rows = [("s", seq + i, "user", TEXT, None, time.time(), None) for i in range(per_commit)]
+        with conn:
+            conn.executemany(tx._INSERT, rows)
+        seq += per_commit
+        total += per_commit
+    rate = total / (time.perf_counter() - t0)
+    conn.close()
+    return {"rate": rate, "per_commit": per_commit, "apsw": apsw.sqlite_lib_version()}
+
+
 async def _load_points(path: str, sizes: list[int], min_runs: int, budget_s: float) -> list[dict]:
     store = Store(path, synchronous="FULL")
     out = []
@@ -295,6 +322,11 @@ def main() -> int:
         print()
         n = 100 if 100 in summary else levels[-1]
         s, base = summary[n]
+        ceiling = _ceiling_point(os.path.join(base_dir, "ceiling.db"), seconds)
+        print(f"SQLite ceiling on this schema (one thread, {ceiling['per_commit']} rows per commit, bare "
+              f"executemany, FULL, FTS trigger; SQLite {ceiling['apsw']}): {ceiling['rate']:,.0f} rows/s = "
+              f"{ceiling['rate'] / base['rate']:.1f}x the baseline; the store at {n} sessions reaches "
+              f"{s['rate'] / ceiling['rate']:.0%} of it")
         print(goal_line(f"store at {n} sessions vs one-row-per-commit baseline ({base['shape']}, "
                         f"{base['rate']:,.0f}/s)", s["rate"] / base["rate"], GOAL))
     finally:
