@@ -34,12 +34,14 @@ class Sidecar:
     """Start with ``Sidecar(tmp_path, config="...toml text...").start()``."""
 
     def __init__(self, data_dir: Path | str | None = None, config: str = "", tcp: bool = False,
-                 workers: int = 2, extra_args: list[str] | None = None):
+                 workers: int = 2, extra_args: list[str] | None = None,
+                 env: dict[str, str] | None = None):
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="sidecar-"))
         self.config_text = config
         self.tcp_port = free_port() if tcp else None
         self.workers = workers
         self.extra_args = extra_args or []
+        self.env = env  # extra environment for the sidecar (and so its workers)
         self.proc: subprocess.Popen | None = None
         self._channels: list[grpc.Channel] = []
         self.log_path = self.data_dir / "sidecar.log"
@@ -71,7 +73,8 @@ class Sidecar:
             args += ["--listen", self.tcp_target]
         args += self.extra_args
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
+        env = {**os.environ, **self.env} if self.env else None
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
         self.wait_serving(timeout)
         return self
 

@@ -117,6 +117,7 @@ def test_serve_text_logs_and_sigterm(tmp_path):
     ("[agent]\ngateway_timout = 5\n", "agent.gateway_timout"),
     ('[profiles.main]\nmodel = "echo"\nmodle = "x"\n', "profiles.main.modle"),
     ('group_sessions_per_user = "yes"\n', "group_sessions_per_user"),
+    ('[profiles.main]\nmodel = "ecoh"\n', "profiles.main.model"),
 ])
 def test_serve_bad_config_exit_2(tmp_path, text, key):
     cfg = tmp_path / "config.toml"

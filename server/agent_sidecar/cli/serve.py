@@ -15,6 +15,12 @@ def serve(args) -> int:
         cfg = load_config(args.config, data_dir=args.data_dir, listen=args.listen,
                           workers=args.workers, log_format=args.log_format,
                           log_level=args.log_level)
+        from ..models.registry import backend_names
+        known = set(backend_names())
+        for p in cfg.profiles.values():
+            if p.model not in known:
+                raise ConfigError(f"profiles.{p.name}.model: unknown model backend {p.model!r} "
+                                  f"(known: {', '.join(sorted(known))})")
     except ConfigError as e:
         print(f"agent-sidecar: {e}", file=sys.stderr)
         return 2
