@@ -16,8 +16,11 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+import orjson
+
 from .. import errors as E
 from ..config import Config
+from ..sessions import lifecycle as life
 from ..sessions.source import SessionSource
 from ..store import Store
 from ..store.batcher import Batcher
@@ -30,7 +33,6 @@ from .memory import budget_per_worker
 from .pool import WorkerHandle, WorkerPool
 
 log = logging.getLogger("agent_sidecar.turns")
-
 
 
 class TurnManager:
@@ -48,6 +50,7 @@ class TurnManager:
         # Request ids accepted within the dedup window, oldest first: the
         # duplicate check on every prompt is a dict lookup, not a store read.
         self.recent: OrderedDict[str, float] = OrderedDict()
+        self.started_at = time.time()
         self._prompt_cache: dict[tuple, str] = {}
         self._steer_waits: dict[str, asyncio.Future] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -110,23 +113,24 @@ class TurnManager:
         return {k for k, lane in self.lanes.items() if lane.running is not None}
 
     async def on_reset(self, key: str) -> None:
-        self._drop_lane(key, "reset")
+        self._drop_lane(key)
 
     async def on_suspend(self, key: str) -> None:
-        self._drop_lane(key, "suspended")
+        self._drop_lane(key)
 
     async def on_delete(self, key: str) -> None:
-        self._drop_lane(key, "deleted")
+        self._drop_lane(key)
         if self.pool:
             self.pool.slot_for(key).send({"t": "evict", "key": key})
 
     async def on_clear_all(self) -> None:
         for key in list(self.lanes):
-            self._drop_lane(key, "cleared")
+            self._drop_lane(key)
         if self.pool:
             self.pool.broadcast({"t": "clear"})
 
-    def _drop_lane(self, key: str, why: str) -> None:
+    def _drop_lane(self, key: str) -> None:
+        """The lane's queued prompts end superseded; its running turn is cancelled."""
         lane = self.lanes.get(key)
         if lane is None:
             return
@@ -150,8 +154,14 @@ class TurnManager:
             raise E.SidecarError(E.UNAVAILABLE, "the sidecar is shutting down")
         if rid in self.live:
             return None
+        now = time.time()
         seen = self.recent.get(rid)
-        if seen is not None and time.time() - seen < self.cfg.dedup_window_s:
+        if seen is None and now - self.started_at < self.cfg.dedup_window_s:
+            # Within one window of a restart the index is still filling up: the
+            # ledger (persisted) knows request ids the last run accepted.
+            row = self.store.read(lambda c: jobs.ledger_lookup(c, rid))
+            seen = row[1] if row else None
+        if seen is not None and now - seen < self.cfg.dedup_window_s:
             return None
         turn = Turn(rid=rid, key=key, platform=platform, profile=profile, text=text,
                     delivery=delivery or FOLLOW_UP, timeout_s=timeout_s, payload=payload)
@@ -401,11 +411,10 @@ class TurnManager:
                     and not turn.finished and not turn.terminal_pending):
                 self._close_dangling_tool_calls(turn, "the worker running this turn died")
                 key = turn.key
-                self.bus.write(lambda c, key=key: jobs.life.mark_resume_pending(c, key, "worker_crashed"))
+                self.bus.write(lambda c, key=key: life.mark_resume_pending(c, key, "worker_crashed"))
                 self._end(turn, "failed", E.WORKER_CRASHED, "the worker process running the turn died")
 
     def _close_dangling_tool_calls(self, turn: Turn, why: str) -> None:
-        import orjson
         for call_id, name in list(turn.open_tool_calls.items()):
             m = {"role": "tool", "tool_call_id": call_id, "name": name,
                  "content": orjson.dumps({"error": why}).decode()}
