@@ -310,3 +310,25 @@ def test_sessions_spread_over_workers_and_stay_on_theirs(sc):
         assert rebuilt[key] == [rendezvous(key, 2)], (key, rebuilt[key])
         assert session(sc, key).turn_count == 2
     assert {rendezvous(k, 2) for k in keys} == {0, 1}
+
+
+def test_a_silent_turn_sends_keepalives_that_are_not_persisted(tmp_path):
+    """API.md: a long silent turn sends keepalives. They repeat the last seq and
+    never reach the store (a replay has none)."""
+    from sidecar_proc import Sidecar
+    cfg = ('[sidecar]\nkeepalive_s = 0.2\n'
+           '[profiles.quiet]\nmodel = "scripted"\n'
+           'model_options = { steps = [ { sleep_ms = 1200, text = "done" } ] }\n')
+    sc = Sidecar(tmp_path / "data", config=cfg).start()
+    try:
+        req = ppb.PromptRequest(request_id="quiet-1", text="hi", profile="quiet",
+                                source=c.SessionSource(platform="t", chat_id="quiet"))
+        live = [(r.frame.seq, r.frame.WhichOneof("event")) for r in sc.prompts().Prompt(req, timeout=30)]
+        keepalives = [seq for seq, kind in live if kind == "keepalive"]
+        assert len(keepalives) >= 3, live
+        assert all(seq == 2 for seq in keepalives), live  # the last seq before them: started
+        replay = [r.frame.WhichOneof("event") for r in
+                  sc.prompts().WatchActivity(ppb.WatchActivityRequest(request_id="quiet-1"), timeout=30)]
+        assert "keepalive" not in replay and replay[-1] == "completed", replay
+    finally:
+        sc.stop()

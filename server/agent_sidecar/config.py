@@ -104,6 +104,7 @@ class Config:
     retention_days: float = 7.0
     dedup_window_s: float = 300.0
     housekeeping_interval_s: float = 60.0
+    keepalive_s: float = 15.0  # a silent stream gets a keepalive frame this often
     redact_pii: bool = False
     connected_platforms: list[str] = field(default_factory=list)
     home_channels: dict[str, Any] = field(default_factory=dict)
@@ -181,7 +182,7 @@ def load_config(path: str | None = None, **overrides: Any) -> Config:
         _fill(cfg.limits, dict(limits), "sidecar.limits.")
     for f in ("data_dir", "listen", "log_format", "log_level", "workers", "synchronous",
               "drain_timeout", "retention_days", "dedup_window_s", "housekeeping_interval_s",
-              "redact_pii", "connected_platforms", "home_channels"):
+              "keepalive_s", "redact_pii", "connected_platforms", "home_channels"):
         if f in sidecar:
             current = getattr(cfg, f)
             setattr(cfg, f, _take(sidecar, f, type(current), "sidecar."))

@@ -22,7 +22,6 @@ from ..v1 import prompt_service_pb2_grpc as pb_grpc
 from . import convert as cv
 from .rpc import streaming, unary
 
-KEEPALIVE_S = 15.0
 _MODES = set(pb.DeliveryMode.values()) - {0}
 
 
@@ -107,7 +106,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
         """Live frames of one turn, skipping what was already sent, ending after
         the terminal frame (raising its reason for a failed turn)."""
         while True:
-            frame = await sub.get(KEEPALIVE_S)
+            frame = await sub.get(self.cfg.keepalive_s)
             if frame is None:
                 yield self._keepalive(turn.rid, turn.key, turn.sid, last_seq)
                 continue
@@ -200,7 +199,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
                     last = frame.cursor
                     yield pb.WatchActivityResponse(frame=frame)
             while True:
-                frame = await sub.get(KEEPALIVE_S)
+                frame = await sub.get(self.cfg.keepalive_s)
                 if frame is None:
                     yield pb.WatchActivityResponse(frame=self._keepalive("", "", "", 0))
                     continue
