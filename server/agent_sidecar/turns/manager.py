@@ -333,9 +333,13 @@ class TurnManager:
 
     async def _send_when_ready(self, h: WorkerHandle, turn: Turn, msg: dict) -> None:
         await h.ready.wait()
-        if not turn.finished and not turn.terminal_pending:
-            turn.worker_gen = h.generation
-            h.send(msg)
+        if turn.finished or turn.terminal_pending:
+            return
+        if turn.cancel_reason:  # cancelled while it waited for the worker
+            self._end(turn, "failed", turn.cancel_reason, "the turn was cancelled")
+            return
+        turn.worker_gen = h.generation
+        h.send(msg)
 
     def cancel_turn(self, turn: Turn, reason: str) -> bool:
         if turn.finished or turn.terminal_pending:

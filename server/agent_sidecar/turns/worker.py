@@ -129,6 +129,7 @@ class Worker:
         t = msg["t"]
         if t == "run":
             task = asyncio.get_running_loop().create_task(self._turn(msg))
+            task.add_done_callback(lambda task, rid=msg["rid"]: self._never_ran(rid, task))
             self.turns[msg["rid"]] = (task, None)
         elif t == "cancel":
             entry = self.turns.get(msg["rid"])
@@ -154,6 +155,15 @@ class Worker:
             self.cache.remove(msg["key"])
         elif t == "clear":
             self.cache.clear()
+
+    def _never_ran(self, rid: str, task: asyncio.Task) -> None:
+        """A cancel that arrived with its run (same read) cancels the task
+        before its coroutine starts, so _turn never reports: report here."""
+        if task.cancelled() and rid in self.turns:
+            self.turns.pop(rid, None)
+            reason = self.cancel_reasons.pop(rid, E.CANCELLED)
+            self.send({"t": "done", "rid": rid, "ok": False, "reason": reason,
+                       "message": "the turn was cancelled before it started"})
 
     # -- one turn ---------------------------------------------------------------
 
