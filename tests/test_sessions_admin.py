@@ -15,6 +15,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase)
 
 from agent_sidecar.v1 import common_pb2 as c
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as pb
 from helpers_sessions import create, rpc_error, seed, src, transcript, turns, uniq
 from sidecar_proc import TOKEN, Sidecar
@@ -280,9 +281,20 @@ def test_scoped_tokens(tmp_path):
             tcp.ListSessions(pb.ListSessionsRequest(), timeout=10, metadata=tg)
         mine = tcp.ListSessions(pb.ListSessionsRequest(platform="telegram"), timeout=10, metadata=tg)
         assert [x.session_key for x in mine.sessions] == [s.session_key]
+        # A discord turn's frames stay out of reach of a telegram token, even
+        # when it re-sends that turn's request id (the replay path) or watches it.
+        prompts = sc.prompts(tcp=True)
+        list(prompts.Prompt(ppb.PromptRequest(request_id="dc-turn", source=src("discord"), text="hi"),
+                            timeout=10, metadata=adm))
+        with rpc_error(denied, "PERMISSION_DENIED"):
+            list(prompts.Prompt(ppb.PromptRequest(request_id="dc-turn", source=src("telegram"), text="hi"),
+                                timeout=10, metadata=tg))
+        with rpc_error(denied, "PERMISSION_DENIED"):
+            list(prompts.WatchActivity(ppb.WatchActivityRequest(request_id="dc-turn"),
+                                       timeout=10, metadata=tg))
         r = tcp.ClearAllSessions(pb.ClearAllSessionsRequest(confirm="DELETE ALL SESSIONS"),
                                  timeout=10, metadata=adm)
-        assert r.sessions_deleted == 2
+        assert r.sessions_deleted == 3
 
 
 # -- health and reflection -------------------------------------------------------------------

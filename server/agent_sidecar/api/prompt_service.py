@@ -90,7 +90,8 @@ class PromptService(pb_grpc.PromptServiceServicer):
         turn = await self.turns.submit(rid=rid, key=key, platform=platform, profile=profile,
                                        text=request.text, delivery=request.delivery, source=source,
                                        timeout_s=timeout, payload=payload)
-        if turn is None:
+        if turn is None:  # a known request id: its original turn's frames
+            self._authorize_request(rid, principal)
             async for frame in self._replay_request(rid, 0):
                 yield pb.PromptResponse(frame=frame)
             return
@@ -101,6 +102,16 @@ class PromptService(pb_grpc.PromptServiceServicer):
         finally:
             if sub in turn.subscribers:
                 turn.subscribers.remove(sub)
+
+    def _authorize_request(self, rid: str, principal) -> None:
+        """A request's frames are readable only with a credential for its platform."""
+        live = self.turns.live.get(rid)
+        if live is not None:
+            principal.require_platform(live.platform)
+            return
+        row = self.store.read(lambda c: jobs.ledger_lookup(c, rid))
+        if row is not None:
+            principal.require_platform(split_session_key(row[2])[1])
 
     async def _follow(self, sub: Subscriber, turn, last_seq: int):
         """Live frames of one turn, skipping what was already sent, ending after
@@ -169,11 +180,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
         if request.after_seq < 0 or request.after_cursor < 0:
             raise E.invalid("after_seq", "must not be negative")
         if request.request_id:
-            row = self.store.read(lambda c: jobs.ledger_lookup(c, request.request_id))
-            live = self.turns.live.get(request.request_id)
-            key = live.key if live else (row[2] if row else "")
-            if key:
-                principal.require_platform(split_session_key(key)[1])
+            self._authorize_request(request.request_id, principal)
             async for frame in self._replay_request(request.request_id, request.after_seq):
                 yield pb.WatchActivityResponse(frame=frame)
             return
