@@ -44,6 +44,7 @@ class FakeOpenAI:
         self.model = model
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.arrivals: list[float] = []  # monotonic arrival time of each request
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -90,6 +91,7 @@ class FakeOpenAI:
             n = len(self.requests)
             self.requests.append(body)
             self.headers.append(headers)
+            self.arrivals.append(time.monotonic())
             return self.script[min(n, len(self.script) - 1)]
 
     def _handle(self, h: BaseHTTPRequestHandler) -> None:

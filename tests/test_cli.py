@@ -23,14 +23,6 @@ from sidecar_proc import ROOT, TOKEN
 EXE = ROOT / ".venv" / "bin" / "agent-sidecar"
 CLI = [str(EXE)] if EXE.exists() else [sys.executable, "-m", "agent_sidecar"]
 
-try:
-    import agent_sidecar.cli.sessions_cmd  # noqa: F401
-    HAVE_SESSIONS_CMD = True
-except ImportError:
-    HAVE_SESSIONS_CMD = False
-
-needs_sessions_cmd = pytest.mark.xfail(not HAVE_SESSIONS_CMD, reason="cli not yet written",
-                                       strict=False)
 
 
 def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -146,7 +138,6 @@ def test_serve_tcp_needs_tokens(tmp_path):
 
 # -- sessions list / show / delete ---------------------------------------------------------------
 
-@needs_sessions_cmd
 def test_sessions_list(sidecar):
     stub = sidecar.sessions()
     a = seed(stub, src("telegram"), turns("hello", "hi"))
@@ -165,7 +156,6 @@ def test_sessions_list(sidecar):
     assert "suspended" in r.stdout
 
 
-@needs_sessions_cmd
 def test_sessions_show(sidecar):
     stub = sidecar.sessions()
     a = seed(stub, src("telegram"), turns("hello there", "general kenobi"))
@@ -178,7 +168,6 @@ def test_sessions_show(sidecar):
     assert r.returncode != 0 and "NOT_FOUND" in r.stderr
 
 
-@needs_sessions_cmd
 def test_sessions_delete(sidecar):
     stub = sidecar.sessions()
     a = seed(stub, src("telegram"), turns("bye"))
@@ -191,7 +180,6 @@ def test_sessions_delete(sidecar):
     assert r.returncode != 0 and "not found" in r.stdout
 
 
-@needs_sessions_cmd
 def test_sessions_over_tcp_with_token(shared_sidecar):
     stub = shared_sidecar.sessions()
     a, _ = create(stub, src("telegram"))

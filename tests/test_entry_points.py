@@ -68,7 +68,7 @@ def test_model_and_tool_from_entry_points(tmp_path):
         """)
     sc = Sidecar(tmp_path / "data", config=config, env={"PYTHONPATH": str(plugin_dir)}).start()
     try:
-        frames, status = [], None
+        frames = []
         req = ppb.PromptRequest(request_id=rid(), source=c.SessionSource(platform="t", chat_id="p"),
                                 text="hello plugin", profile="plug")
         for r in sc.prompts().Prompt(req, timeout=30):

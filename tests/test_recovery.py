@@ -91,9 +91,7 @@ def test_sigterm_drain_timeout_marks_shutdown_timeout_and_resumes(tmp_path):
         long = PromptRun(sc.prompts(), text=words(60), src=src, profile="slow")
         long.wait_for("text_delta")
         key, sid = long.key, long.session_id
-        t0 = time.monotonic()
         assert sc.stop() == 0, sc.log()
-        assert time.monotonic() - t0 < 15
         assert not marker(sc), "the drain timed out: no .clean_shutdown"
         row = routing(sc, key)
         assert (row["resume_pending"], row["resume_reason"]) == (1, "shutdown_timeout"), row

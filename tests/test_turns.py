@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import grpc
 import pytest
@@ -140,11 +139,8 @@ def test_max_iterations(sc, host):
 
 
 def test_timeout_from_the_profile(sc):
-    t0 = time.monotonic()
     out = run(sc.prompts(), prompt_req(text="slow", profile="sleepy"))
-    elapsed = time.monotonic() - t0
     assert_failed(out, "AGENT_TIMEOUT", grpc.StatusCode.DEADLINE_EXCEEDED)
-    assert 0.8 < elapsed < 4, elapsed
     assert out.count("text_delta") == 0
     s = session(sc, out.raw[0].session_key)
     assert s.turn_count == 0 and s.state == c.SESSION_STATE_IDLE
@@ -152,14 +148,12 @@ def test_timeout_from_the_profile(sc):
 
 def test_timeout_from_the_client_deadline(sc):
     req = prompt_req(text="slow", profile="sleeper")
-    t0 = time.monotonic()
     out = collect(sc.prompts().Prompt(req, timeout=1))
     assert out.code == grpc.StatusCode.DEADLINE_EXCEEDED, (out.code, out.details)
     # the turn's own timeout was the call's deadline: it ended long before the 5 s sleep
     w = watch(sc.prompts(), request_id=req.request_id, timeout=10)
-    elapsed = time.monotonic() - t0
     assert_failed(w, "AGENT_TIMEOUT", grpc.StatusCode.DEADLINE_EXCEEDED)
-    assert elapsed < 4, elapsed
+    assert w.count("text_delta") == 0  # it ended during the sleep, not after it
 
 
 def test_cancel_mid_turn_and_on_an_idle_session(sc):
@@ -236,10 +230,9 @@ def test_turn_ended_during_a_tool_call_leaves_a_valid_transcript(sc, how):
 def test_gateway_timeout_bounds_a_turn(tmp_path):
     cfg = config({"main": scripted([{"sleep_ms": 5000, "text": "late"}])}, gateway_timeout=1)
     with Sidecar(tmp_path / "data", config=cfg, workers=1) as s:
-        t0 = time.monotonic()
         out = run(s.prompts(), prompt_req(text="slow"))
         assert_failed(out, "AGENT_TIMEOUT", grpc.StatusCode.DEADLINE_EXCEEDED)
-        assert time.monotonic() - t0 < 4
+        assert out.count("text_delta") == 0  # "late" never came
 
 
 BAD = [
