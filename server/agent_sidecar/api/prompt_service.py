@@ -25,8 +25,13 @@ from .rpc import streaming, unary
 _MODES = set(pb.DeliveryMode.values()) - {0}
 
 
-def _kind(frame) -> str:
-    return frame.WhichOneof("event")
+def _ends_stream(frame) -> bool:
+    """After a turn's terminal frame its stream ends: OK for completed and
+    superseded, with the failure's status (and ErrorInfo) for failed."""
+    kind = frame.WhichOneof("event")
+    if kind == "failed":
+        raise E.SidecarError(frame.failed.reason, frame.failed.message)
+    return kind in TERMINAL
 
 
 class PromptService(pb_grpc.PromptServiceServicer):
@@ -125,10 +130,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
                 continue
             last_seq = frame.seq
             yield frame
-            kind = _kind(frame)
-            if kind in TERMINAL:
-                if kind == "failed":
-                    raise E.SidecarError(frame.failed.reason, frame.failed.message)
+            if _ends_stream(frame):
                 return
 
     @staticmethod
@@ -158,10 +160,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
                 frame = frame_from_row(row)
                 last = frame.seq
                 yield frame
-                kind = _kind(frame)
-                if kind in TERMINAL:
-                    if kind == "failed":
-                        raise E.SidecarError(frame.failed.reason, frame.failed.message)
+                if _ends_stream(frame):
                     return
             if turn is not None:
                 async for frame in self._follow(sub, turn, last):
