@@ -52,23 +52,24 @@ def delete_ledger_before(conn, cutoff: float, limit: int = BATCH) -> int:
     return conn.changes()
 
 
+async def _in_batches(store, delete) -> int:
+    """Run ``delete(conn)`` as its own small writer job until a batch comes back
+    short, yielding to the loop between batches; returns the rows deleted."""
+    total = 0
+    while True:
+        n = await store.write(delete)
+        total += n
+        if n < BATCH:
+            return total
+        await asyncio.sleep(0)
+
+
 async def prune_retention(store, retention_s: float) -> dict[str, int]:
     cutoff = time.time() - retention_s
     cutoff_id = await store.read_async(lambda c: frame_cutoff_id(c, cutoff))
-    totals = {"frames": 0, "prompts": 0}
-    while cutoff_id:
-        n = await store.write(lambda c: delete_frames_before(c, cutoff_id))
-        totals["frames"] += n
-        if n < BATCH:
-            break
-        await asyncio.sleep(0)
-    while True:
-        n = await store.write(lambda c: delete_ledger_before(c, cutoff))
-        totals["prompts"] += n
-        if n < BATCH:
-            break
-        await asyncio.sleep(0)
-    return totals
+    frames = await _in_batches(store, lambda c: delete_frames_before(c, cutoff_id)) if cutoff_id else 0
+    prompts = await _in_batches(store, lambda c: delete_ledger_before(c, cutoff))
+    return {"frames": frames, "prompts": prompts}
 
 
 async def run(cfg, store, busy_keys) -> None:

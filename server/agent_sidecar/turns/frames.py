@@ -92,7 +92,6 @@ class FrameBus:
         self._scheduled = False
         self.by_key: dict[str, set[Subscriber]] = {}
         self.by_platform: dict[str, set[Subscriber]] = {}
-        self.frames_written = 0
 
     # -- producing ----------------------------------------------------------------
 
@@ -147,7 +146,6 @@ class FrameBus:
         for row, turn, kind, body in frames:
             frame = build_frame(row[0], row[2], row[3], row[1], row[5], cursor, kind, body)
             cursor += 1
-            self.frames_written += 1
             self._deliver(turn, frame, kind)
         for (_, _, then), result in zip(writes, results):
             if then is not None:
@@ -172,7 +170,6 @@ class FrameBus:
 
     def deliver_committed(self, turn, frame, kind: str) -> None:
         """For frames written by a job of their own (``accepted``)."""
-        self.frames_written += 1
         self._deliver(turn, frame, kind)
 
     # -- watching by key or platform --------------------------------------------
