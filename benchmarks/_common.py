@@ -107,6 +107,15 @@ def children_of(pid: int) -> list[int]:
     return out
 
 
+def proc_comm(pid: int) -> str:
+    """A process's own name (``/proc/<pid>/comm``), which it may set itself."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
 def proc_name(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:

@@ -44,7 +44,7 @@ import threading
 import time
 
 import _common  # noqa: F401  (sets sys.path)
-from _common import goal_line, load_average, machine_cpu, machine_line, percentile, table
+from _common import goal_line, load_average, machine_cpu, machine_line, percentile, proc_cpu_seconds, table
 
 from agent_sidecar.sessions import lifecycle as life
 from agent_sidecar.sessions import transcripts as tx
@@ -60,13 +60,13 @@ TEXT = "hello from a benchmark session"
 
 async def _store_point(path: str, n: int, seconds: float) -> dict:
     store = Store(path, synchronous="FULL")
+    await store.start()
     try:
         sync = store.read(lambda c: c.execute("PRAGMA synchronous").fetchone()[0])
         sids = []
         for i in range(n):
             src = SessionSource(platform="bench", chat_id=f"c{i}", user_id=f"u{i}")
-            entry, _ = await store.write(
-                lambda c, i=i, src=src: life.get_or_create(c, f"agent:main:bench:dm:c{i}", src, "main"))
+            entry, _ = await store.write(life.get_or_create, f"agent:main:bench:dm:c{i}", src, "main")
             sids.append(entry.session_id)
         writer = store.writer
         appends = Batcher(store, tx.append_many)  # the append path AppendMessages uses
@@ -88,13 +88,13 @@ async def _store_point(path: str, n: int, seconds: float) -> dict:
         tasks = [asyncio.create_task(appender(i, s)) for i, s in enumerate(sids)]
         await asyncio.sleep(min(0.3, seconds / 3))  # warm up: caches, WAL file growth
         c0 = writer.commits
-        own0, busy0 = time.process_time(), machine_cpu()[0]
+        own0, busy0 = _own_cpu(store), machine_cpu()[0]
         measuring = True
         t0 = time.perf_counter()
         await asyncio.sleep(seconds)
         measuring = False
         elapsed = time.perf_counter() - t0
-        own1, busy1 = time.process_time(), machine_cpu()[0]
+        own1, busy1 = _own_cpu(store), machine_cpu()[0]
         c1 = writer.commits
         stop = True
         await asyncio.gather(*tasks)
@@ -106,7 +106,12 @@ async def _store_point(path: str, n: int, seconds: float) -> dict:
                 "synchronous": sync, "own_cpu": (own1 - own0) / elapsed,
                 "others": max(0.0, (busy1 - busy0) - (own1 - own0)) / elapsed}
     finally:
-        store.close()
+        await store.close()
+
+
+def _own_cpu(store) -> float:
+    """This process's CPU seconds plus the store's writer process's."""
+    return time.process_time() + proc_cpu_seconds(store.writer.pid)
 
 
 # -- the stdlib sqlite3 baseline -----------------------------------------------------
@@ -216,18 +221,18 @@ def _ceiling_point(path: str, seconds: float, per_commit: int = 100) -> dict:
 
 async def _load_points(path: str, sizes: list[int], min_runs: int, budget_s: float) -> list[dict]:
     store = Store(path, synchronous="FULL")
+    await store.start()
     out = []
     try:
         for size in sizes:
             src = SessionSource(platform="bench", chat_id=f"load{size}", user_id="u")
-            entry, _ = await store.write(
-                lambda c, src=src, size=size: life.get_or_create(c, f"agent:main:bench:dm:load{size}", src, "main"))
+            entry, _ = await store.write(life.get_or_create, f"agent:main:bench:dm:load{size}", src, "main")
             sid = entry.session_id
             for start in range(0, size, 500):
                 batch = [tx.Message(role="user" if (start + k) % 2 == 0 else "assistant",
                                     content=f"message {start + k}: {TEXT}, and a few more words")
                          for k in range(min(500, size - start))]
-                await store.write(lambda c, b=batch: tx.append(c, sid, b))
+                await store.write(tx.append, sid, batch)
             got = store.read(lambda c: tx.load_active(c, sid))
             assert len(got) == size, (len(got), size)
             times = []
@@ -243,7 +248,7 @@ async def _load_points(path: str, sizes: list[int], min_runs: int, budget_s: flo
             out.append({"size": size, "median_ms": med * 1e3, "best_ms": min(times) * 1e3,
                         "us_per_msg": med * 1e6 / size, "runs": len(times), "async_ms": async_ms})
     finally:
-        store.close()
+        await store.close()
     return out
 
 

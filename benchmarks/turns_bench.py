@@ -276,10 +276,14 @@ class SidecarServer:
 
     def pids(self) -> dict[str, list[int]]:
         pid = self.proc.pid
-        # multiprocessing's resource tracker is a child too; it idles, count it with the workers
+        # Children name themselves (sidecar-writer, sidecar-work-N); multiprocessing's
+        # resource tracker is a child too, it idles: count it with the workers.
+        kids = children_of(pid)
+        writer = [k for k in kids if _common.proc_comm(k) == "sidecar-writer"]
         return {"sidecar loop thread": [(pid, pid)],
                 "sidecar other threads": [("rest", pid, pid)],
-                "workers": children_of(pid)}
+                "store writer": writer,
+                "workers": [k for k in kids if k not in writer]}
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -4,6 +4,7 @@ parent↔worker protocol that are hard to hit through gRPC timing."""
 from __future__ import annotations
 
 import asyncio
+import os
 import multiprocessing as mp
 
 from agent_sidecar.sessions import transcripts as tx
@@ -31,7 +32,7 @@ async def _with_worker(tmp_path, body):
     conn.close()
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=True)
-    proc = ctx.Process(target=worker_main, args=(child, 0, {"db_path": db}), daemon=True)
+    proc = ctx.Process(target=worker_main, args=(child, 0, {"db_path": db, "parent_pid": os.getpid()}), daemon=True)
     proc.start()
     child.close()
     reader, writer = await open_stream(parent.fileno())

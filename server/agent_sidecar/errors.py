@@ -44,6 +44,15 @@ class SidecarError(Exception):
     def __repr__(self) -> str:
         return f"SidecarError({self.reason!r}, {self.message!r})"
 
+    def __reduce__(self):
+        # Raised in the store's writer process, re-raised in the parent: the
+        # keyword-only fields must survive pickling.
+        return (_rebuild, (type(self), self.reason, self.message, self.field, self.retry_after_s))
+
+
+def _rebuild(cls, reason, message, field, retry_after_s):
+    return cls(reason, message, field=field, retry_after_s=retry_after_s)
+
 
 def invalid(field: str, message: str) -> SidecarError:
     return SidecarError(INVALID_ARGUMENT, f"{field}: {message}", field=field)

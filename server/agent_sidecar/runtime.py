@@ -28,6 +28,7 @@ class Sidecar:
         self.health = None
         self.turns = None
         self._stopping = asyncio.Event()
+        self.exit_code = 0
         self._lock_fd: int | None = None
 
     def _lock_data_dir(self) -> None:
@@ -47,9 +48,11 @@ class Sidecar:
         from .turns.manager import TurnManager
 
         self._lock_data_dir()
-        self.store = Store(self.cfg.db_path, self.cfg.synchronous)
+        self.store = Store(self.cfg.db_path, self.cfg.synchronous, log_format=self.cfg.log_format,
+                           log_level=self.cfg.log_level, on_lost=self._store_lost)
         self.turns = TurnManager(self.cfg, self.store)
-        await self.turns.start_workers()  # before any gRPC thread exists
+        # Spawned before any gRPC thread exists, the writer and the workers in parallel.
+        await asyncio.gather(self.store.start(), self.turns.start_workers())
         auth = Authenticator(self.cfg.tokens)
         sessions = SessionService(self.cfg, self.store, auth, self.turns)
         self.server, self.health, bound = build_server(
@@ -63,6 +66,12 @@ class Sidecar:
         log.info("serving", extra={"listen": bound, "db": self.cfg.db_path,
                                    "workers": self.cfg.worker_count()})
         return bound
+
+    def _store_lost(self) -> None:
+        """Without its writer the sidecar cannot acknowledge anything: stop
+        (not cleanly: no marker), and let the supervisor restart us."""
+        self.exit_code = 1
+        self.request_stop()
 
     def request_stop(self) -> None:
         self._stopping.set()
@@ -83,14 +92,14 @@ class Sidecar:
         drained = False
         if self.health is not None:
             await self.health.enter_graceful_shutdown()
-        if self.turns is not None and self.turns.ready.is_set():
+        if self.turns is not None and self.turns.ready.is_set() and not self.exit_code:
             drained = await self.turns.drain(self.cfg.drain_timeout)
         if self.server is not None:
             await self.server.stop(grace=1)
         if self.turns is not None:
             await self.turns.stop()
         if self.store is not None:
-            self.store.close()
+            await self.store.close()
             if drained:
                 write_marker(self.cfg.data_dir)
         if self._lock_fd is not None:

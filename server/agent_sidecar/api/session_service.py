@@ -83,8 +83,8 @@ class SessionService(pb_grpc.SessionServiceServicer):
         source = cv.source_from_proto(request.source, self.cfg)
         principal.require_platform(source.platform)
         key, profile = self.key_for(source, request.profile)
-        entry, created = await self.store.write(
-            lambda c: life.get_or_create(c, key, source, profile, request.force_new))
+        entry, created = await self.store.write(life.get_or_create, key, source, profile,
+                                                request.force_new)
         return pb.GetOrCreateSessionResponse(session=self._session(entry), created=created)
 
     @unary
@@ -138,20 +138,20 @@ class SessionService(pb_grpc.SessionServiceServicer):
         cv.check_size(request.display_name, "display_name", self.cfg.limits.max_id_length)
         self._entry(key)
         await self.turns.on_reset(key)
-        entry = await self.store.write(lambda c: life.reset(c, key, request.display_name))
+        entry = await self.store.write(life.reset, key, request.display_name)
         return pb.ResetSessionResponse(session=self._session(entry))
 
     @unary
     async def SwitchSession(self, request, context, principal):
         key = self._key(request.session_key, principal)
         cv.require(request.target_session_id, "target_session_id", self.cfg)
-        entry = await self.store.write(lambda c: life.switch(c, key, request.target_session_id))
+        entry = await self.store.write(life.switch, key, request.target_session_id)
         return pb.SwitchSessionResponse(session=self._session(entry))
 
     @unary
     async def SuspendSession(self, request, context, principal):
         key = self._key(request.session_key, principal)
-        entry = await self.store.write(lambda c: life.suspend(c, key))
+        entry = await self.store.write(life.suspend, key)
         await self.turns.on_suspend(key)
         return pb.SuspendSessionResponse(session=self._session(entry))
 
@@ -160,7 +160,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         key = self._key(request.session_key, principal)
         reason = cv.check_size(cv.require(request.reason, "reason"), "reason",
                                self.cfg.limits.max_id_length)
-        entry = await self.store.write(lambda c: life.mark_resume_pending(c, key, reason))
+        entry = await self.store.write(life.mark_resume_pending, key, reason)
         return pb.MarkResumePendingResponse(session=self._session(entry))
 
     @unary
@@ -169,7 +169,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         if not principal.admin and not principal.allows(split_session_key(key)[1]):
             principal.require_admin()
         await self.turns.on_delete(key)
-        deleted = await self.store.write(lambda c: life.delete(c, key))
+        deleted = await self.store.write(life.delete, key)
         return pb.DeleteSessionResponse(deleted=deleted)
 
     @unary
@@ -192,21 +192,12 @@ class SessionService(pb_grpc.SessionServiceServicer):
             raise invalid("source", "give exactly one of source and session_key")
         if request.session_key:
             key = self._key(request.session_key, principal)
-
-            def job(c):
-                entry = life.require_entry(c, key)
-                tx.append(c, entry.session_id, messages)
-                return load_entry(c, key)
+            entry = await self.store.write(life.seed, key, messages)
         else:
             source = cv.source_from_proto(request.source, self.cfg)
             principal.require_platform(source.platform)
             key, profile = self.key_for(source, request.profile)
-
-            def job(c):
-                entry, _ = life.get_or_create(c, key, source, profile)
-                tx.append(c, entry.session_id, messages)
-                return load_entry(c, key)
-        entry = await self.store.write(job)
+            entry = await self.store.write(life.seed, key, messages, source, profile)
         return pb.SeedSessionResponse(session=self._session(entry))
 
     @unary
@@ -246,7 +237,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
     async def RewriteTranscript(self, request, context, principal):
         self._incarnation_key(request.session_id, principal)
         messages = cv.messages_from_proto(request.messages, self.cfg)
-        await self.store.write(lambda c: tx.rewrite(c, request.session_id, messages))
+        await self.store.write(tx.rewrite, request.session_id, messages)
         return pb.RewriteTranscriptResponse()
 
     @unary
@@ -255,7 +246,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         if request.n < 0:
             raise invalid("n", "must not be negative")
         n = request.n or 1
-        out = await self.store.write(lambda c: tx.rewind(c, request.session_id, n))
+        out = await self.store.write(tx.rewind, request.session_id, n)
         return pb.RewindSessionResponse(**out)
 
     @unary
@@ -294,8 +285,8 @@ class SessionService(pb_grpc.SessionServiceServicer):
         delta = {"input_tokens": d.input_tokens, "output_tokens": d.output_tokens,
                  "cache_read_tokens": d.cache_read_tokens,
                  "cache_write_tokens": d.cache_write_tokens, "cost_usd": d.cost_usd}
-        entry = await self.store.write(lambda c: life.update_usage(
-            c, key, delta, request.last_prompt_tokens, request.cost_status))
+        entry = await self.store.write(life.update_usage, key, delta, request.last_prompt_tokens,
+                                       request.cost_status)
         return pb.UpdateUsageResponse(session=self._session(entry))
 
     @unary
@@ -304,7 +295,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         if request.max_age_days <= 0:
             raise invalid("max_age_days", "must be at least 1")
         busy = self.turns.busy_keys()
-        n = await self.store.write(lambda c: life.prune(c, request.max_age_days, busy))
+        n = await self.store.write(life.prune, request.max_age_days, busy)
         return pb.PruneSessionsResponse(pruned=n)
 
     @unary

@@ -38,6 +38,6 @@ def serve(args) -> int:
             await sidecar.stop()
             return 1
         await sidecar.run_until_stopped()
-        return 0
+        return sidecar.exit_code
 
     return uvloop.run(main())

@@ -52,12 +52,13 @@ def delete_ledger_before(conn, cutoff: float, limit: int = BATCH) -> int:
     return conn.changes()
 
 
-async def _in_batches(store, delete) -> int:
-    """Run ``delete(conn)`` as its own small writer job until a batch comes back
-    short, yielding to the loop between batches; returns the rows deleted."""
+async def _in_batches(store, delete, *args) -> int:
+    """Run ``delete(conn, *args)`` as its own small writer job until a batch
+    comes back short, yielding to the loop between batches; returns the rows
+    deleted."""
     total = 0
     while True:
-        n = await store.write(delete)
+        n = await store.write(delete, *args)
         total += n
         if n < BATCH:
             return total
@@ -67,8 +68,8 @@ async def _in_batches(store, delete) -> int:
 async def prune_retention(store, retention_s: float) -> dict[str, int]:
     cutoff = time.time() - retention_s
     cutoff_id = await store.read_async(lambda c: frame_cutoff_id(c, cutoff))
-    frames = await _in_batches(store, lambda c: delete_frames_before(c, cutoff_id)) if cutoff_id else 0
-    prompts = await _in_batches(store, lambda c: delete_ledger_before(c, cutoff))
+    frames = await _in_batches(store, delete_frames_before, cutoff_id) if cutoff_id else 0
+    prompts = await _in_batches(store, delete_ledger_before, cutoff)
     return {"frames": frames, "prompts": prompts}
 
 
@@ -84,7 +85,7 @@ async def run(cfg, store, busy_keys) -> None:
             if cfg.session_store_max_age_days > 0 and now - last_prune >= 3600:
                 last_prune = now
                 busy = busy_keys()
-                n = await store.write(lambda c: life.prune(c, cfg.session_store_max_age_days, busy))
+                n = await store.write(life.prune, cfg.session_store_max_age_days, busy)
                 if n:
                     log.info("routing entries pruned", extra={"pruned": n})
         except asyncio.CancelledError:

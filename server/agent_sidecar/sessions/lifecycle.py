@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from ..errors import SidecarError, not_found, invalid
+from . import transcripts as tx
 from .entry import SessionEntry, load_entry, new_session_id
 from .source import SessionSource
 
@@ -97,6 +98,18 @@ def get_or_create(conn, key: str, source: SessionSource, profile: str,
         (now, origin, source.chat_name, source.chat_name, key),
     )
     return load_entry(conn, key), False
+
+
+def seed(conn, key: str, messages: list, source: SessionSource | None = None,
+         profile: str = "") -> SessionEntry:
+    """SeedSession: messages into an existing lane (``source`` None) or into
+    the lane ``source`` resolves to, created if need be."""
+    if source is None:
+        entry = require_entry(conn, key)
+    else:
+        entry, _ = get_or_create(conn, key, source, profile)
+    tx.append(conn, entry.session_id, messages)
+    return load_entry(conn, key)
 
 
 def require_entry(conn, key: str) -> SessionEntry:

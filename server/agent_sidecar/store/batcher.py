@@ -1,7 +1,8 @@
 """Coalescing writes of one kind into one writer job per loop iteration.
 
 ``Batcher(store, run_many)``: every ``submit(item)`` made during one event-loop
-iteration goes to the writer as ONE job, ``run_many(conn, items)``, which
+iteration goes to the writer as ONE job, ``run_many(conn, items)`` (a
+module-level function; items are plain data, pickled to the writer), which
 returns one result (or exception) per item. Group commit already shares the
 fsync; this also shares the Python work — one executemany instead of a job
 per caller — which is what lets a hundred sessions appending at once approach
@@ -35,7 +36,7 @@ class Batcher:
     def _flush(self) -> None:
         items, futures = self._items, self._futures
         self._items, self._futures, self._scheduled = [], [], False
-        job = self.store.submit(lambda conn: self.run_many(conn, items))
+        job = self.store.submit(self.run_many, items)
         job.add_done_callback(lambda j: _resolve(j, futures))
 
 

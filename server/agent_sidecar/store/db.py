@@ -22,7 +22,7 @@ def open_writer(path: str, synchronous: str = "FULL") -> apsw.Connection:
     conn.execute("PRAGMA foreign_keys=OFF")
     conn.execute("PRAGMA temp_store=MEMORY")
     # SQLite's own PASSIVE autocheckpoint (every 1000 WAL pages) runs on the
-    # committing thread, which is always the writer thread: readers never pay
+    # committing connection, which is always the writer process's: readers never pay
     # for it, and the WAL stays small enough that each fsync stays cheap.
     conn.execute("PRAGMA wal_autocheckpoint=1000")
     return conn

@@ -1,4 +1,4 @@
-"""``Store``: the writer plus reader connections, opened on one database file.
+"""``Store``: the writer process plus reader connections, on one database file.
 
 Reads come in two speeds. ``read(fn)`` runs on the calling thread with that
 thread's own read-only connection: indexed lookups take microseconds, so the
@@ -29,23 +29,40 @@ __all__ = ["Store", "StoreClosed"]
 
 
 class Store:
-    def __init__(self, path: str, synchronous: str = "FULL", read_threads: int = 4):
+    """``await start()`` before writing; ``await close()`` at the end."""
+
+    def __init__(self, path: str, synchronous: str = "FULL", read_threads: int = 4,
+                 log_format: str = "json", log_level: str = "info",
+                 on_lost: Callable[[], None] | None = None):
         self.path = os.fspath(path)
         conn = open_writer(self.path, synchronous)
-        self.migrated = migrate(conn)  # before the writer thread takes the connection
-        self.writer = GroupCommitWriter(conn)
+        try:
+            self.migrated = migrate(conn)  # before the writer process opens it
+        finally:
+            conn.close()
+        self.writer = GroupCommitWriter(self.path, synchronous, log_format, log_level, on_lost)
         self._local = threading.local()
         self._pool = ThreadPoolExecutor(max_workers=read_threads, thread_name_prefix="store-read")
         self._readers: list[apsw.Connection] = []
         self._readers_lock = threading.Lock()
 
+    async def start(self) -> None:
+        """Spawn the writer process (before any gRPC thread exists)."""
+        await self.writer.start()
+
     # -- writes -----------------------------------------------------------
 
-    def submit(self, fn: Callable[[apsw.Connection], Any]) -> asyncio.Future:
-        return self.writer.submit(fn)
+    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+        """``fn(conn, *args)`` in the writer process: ``fn`` must be a
+        module-level function and ``args`` picklable plain data."""
+        return self.writer.submit(fn, *args)
 
-    async def write(self, fn: Callable[[apsw.Connection], Any]) -> Any:
-        return await self.writer.submit(fn)
+    async def write(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await self.writer.submit(fn, *args)
+
+    async def barrier(self) -> None:
+        """Returns once every write submitted before it has committed."""
+        await self.writer.submit(_nothing)
 
     # -- reads ------------------------------------------------------------
 
@@ -70,7 +87,7 @@ class Store:
 
     # -- lifecycle ----------------------------------------------------------
 
-    def close(self) -> None:
+    async def close(self) -> None:
         self._pool.shutdown(wait=True)
         with self._readers_lock:
             for conn in self._readers:
@@ -79,4 +96,8 @@ class Store:
                 except apsw.Error:
                     pass
             self._readers.clear()
-        self.writer.close()
+        await self.writer.close()
+
+
+def _nothing(conn) -> None:
+    return None

@@ -1,169 +1,194 @@
-"""The single writer: one connection on one thread, committing in groups.
+"""The parent's side of the writer process (see writer_process.py).
 
-Every write in the sidecar is a *job*: a function ``fn(conn) -> result`` run on
-this thread. The thread takes every job waiting, runs them all inside one
-``BEGIN IMMEDIATE … COMMIT`` (each job in its own savepoint, so one failing job
-rolls back alone), and answers the callers only after that commit is durable.
-Many sessions' writes therefore share one transaction and one fsync — the
-measured difference on this machine between ~3,400 rows/s and ~60,000 rows/s.
+``submit(fn, *args)`` pickles the job at once — so a lambda or a closure fails
+at the call site, not later on the other side — and returns a future. Jobs
+submitted during one event-loop iteration travel as one pipe message; the
+writer answers each group commit with one message, and the futures resolve
+only then, i.e. once the write is durable.
 
-Because jobs run one after another on one connection, a job is also a critical
-section: read-then-write logic inside a job (get-or-create, queue positions) is
-race-free without any lock.
+If the writer process dies, every pending and later write fails with
+``StoreClosed`` and ``on_lost`` is called: the sidecar cannot acknowledge
+anything without its store, so it stops (and its supervisor restarts it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
-import threading
+import multiprocessing as mp
+import os
+import pickle
+import socket
+import struct
 from typing import Any, Callable
 
-import apsw
+from .writer_process import CLOSE, writer_main
 
+log = logging.getLogger("agent_sidecar.store")
 
-log = logging.getLogger(__name__)
-
-Job = Callable[[apsw.Connection], Any]
-
-# Upper bound on jobs per transaction: keeps one commit's latency bounded when a
-# flood arrives, while still amortising the fsync over hundreds of writes.
-MAX_BATCH = 2000
+_HEADER = struct.Struct("!i")  # multiprocessing.Connection's framing
 
 
 class StoreClosed(RuntimeError):
-    """The store was closed; no more writes are accepted."""
+    """The store was closed (or its writer died); no more writes are accepted."""
 
 
-class _Waiter:
-    """Where a job's outcome goes: the submitting loop's future."""
+class _Replies(asyncio.Protocol):
+    """Reads the writer's length-prefixed messages off the socket."""
 
-    __slots__ = ("loop", "future", "result", "error")
+    def __init__(self, owner: "GroupCommitWriter"):
+        self.owner = owner
+        self.buf = bytearray()
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self.future = loop.create_future()
-        self.result: Any = None
-        self.error: BaseException | None = None
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        pos = 0
+        while len(buf) - pos >= 4:
+            (n,) = _HEADER.unpack_from(buf, pos)
+            start = pos + 4
+            if n == -1:  # > 2 GiB: an 8-byte length follows
+                if len(buf) - start < 8:
+                    break
+                (n,) = struct.unpack_from("!Q", buf, start)
+                start += 8
+            if len(buf) - start < n:
+                break
+            self.owner._on_message(bytes(buf[start:start + n]))
+            pos = start + n
+        if pos:
+            del buf[:pos]
 
-
-def _settle(batch: list[tuple[Job, _Waiter]]) -> None:
-    """Runs on the event loop: resolve every future of one committed batch."""
-    for _, w in batch:
-        f = w.future
-        if f.done():
-            continue
-        if w.error is not None:
-            f.set_exception(w.error)
-        else:
-            f.set_result(w.result)
+    def connection_lost(self, exc) -> None:
+        self.owner._on_lost()
 
 
 class GroupCommitWriter:
-    def __init__(self, conn: apsw.Connection):
-        self.conn = conn
-        self._queue: queue.SimpleQueue[tuple[Job, _Waiter] | None] = queue.SimpleQueue()
-        self._closed = False
+    def __init__(self, path: str, synchronous: str, log_format: str = "json",
+                 log_level: str = "info", on_lost: Callable[[], None] | None = None):
+        self.path, self.synchronous = path, synchronous
+        self.log_format, self.log_level = log_format, log_level
+        self.on_lost = on_lost
+        self.pid = 0
+        self.info: dict[str, Any] = {}
         self.commits = 0
         self.jobs = 0
-        self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
-        self._thread.start()
+        self._process: mp.process.BaseProcess | None = None
+        self._transport: asyncio.Transport | None = None
+        self._pending: dict[int, asyncio.Future] = {}
+        self._outbox: list[tuple[int, bytes]] = []
+        self._scheduled = False
+        self._next_id = 0
+        self._closed = False
+        self._hello: asyncio.Future | None = None
+        self._done: asyncio.Future | None = None
+
+    async def start(self, timeout: float = 60.0) -> None:
+        ctx = mp.get_context("spawn")
+        parent_end, child_end = ctx.Pipe(duplex=True)
+        self._process = ctx.Process(
+            target=writer_main, name="agent-sidecar-store-writer", daemon=True,
+            args=(child_end, self.path, self.synchronous, os.getpid(), self.log_format, self.log_level))
+        self._process.start()
+        child_end.close()
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(fileno=os.dup(parent_end.fileno()))
+        parent_end.close()
+        sock.setblocking(False)
+        self._hello = loop.create_future()
+        self._done = loop.create_future()
+        self._transport, _ = await loop.create_unix_connection(lambda: _Replies(self), sock=sock)
+        self.info = await asyncio.wait_for(self._hello, timeout)
+        self.pid = self.info["pid"]
+        log.info("store writer ready", extra={"pid": self.pid, "grpc_loaded": self.info["grpc_loaded"]})
 
     # -- submitting -------------------------------------------------------
 
-    def submit(self, fn: Job) -> asyncio.Future:
-        """Queue a job from the event loop; await the returned future."""
+    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+        """Queue ``fn(conn, *args)`` (``fn`` module-level, args picklable);
+        await the returned future for its result."""
         if self._closed:
             raise StoreClosed("store is closed")
-        w = _Waiter(asyncio.get_running_loop())
-        self._queue.put((fn, w))
-        return w.future
+        blob = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        jid = self._next_id = self._next_id + 1
+        self._pending[jid] = fut
+        self._outbox.append((jid, blob))
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._send)
+        return fut
 
-    # -- the thread -------------------------------------------------------
+    def _send(self) -> None:
+        self._scheduled = False
+        jobs, self._outbox = self._outbox, []
+        if jobs and self._transport is not None:
+            self._write(pickle.dumps(jobs, protocol=pickle.HIGHEST_PROTOCOL))
 
-    def _run(self) -> None:
-        q = self._queue
-        while True:
-            item = q.get()
-            if item is None:
-                break
-            batch = [item]
-            stop = False
-            while len(batch) < MAX_BATCH:
-                try:
-                    nxt = q.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                    break
-                batch.append(nxt)
-            self._commit(batch)
-            if stop:
-                break
-        self._drain_closed()
+    def _write(self, body: bytes) -> None:
+        if len(body) > 0x7FFFFFFF:
+            raise StoreClosed("a store write batch over 2 GiB")
+        self._transport.write(_HEADER.pack(len(body)) + body)
 
-    def _commit(self, batch: list[tuple[Job, _Waiter]]) -> None:
-        conn = self.conn
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            for fn, w in batch:
-                conn.execute("SAVEPOINT job")
-                try:
-                    w.result = fn(conn)
-                    conn.execute("RELEASE job")
-                except BaseException as e:  # the job's own failure: undo it alone
-                    w.error = e
-                    conn.execute("ROLLBACK TO job")
-                    conn.execute("RELEASE job")
-            conn.execute("COMMIT")
-        except BaseException as e:  # the commit itself failed: nobody's write is durable
-            log.exception("store commit failed")
-            try:
-                conn.execute("ROLLBACK")
-            except apsw.Error:
-                pass
-            for _, w in batch:
-                w.error = e
-                w.result = None
+    # -- answers ----------------------------------------------------------
+
+    def _on_message(self, raw: bytes) -> None:
+        if raw == CLOSE:
+            if self._done is not None and not self._done.done():
+                self._done.set_result(None)
+            return
+        msg = pickle.loads(raw)
+        if isinstance(msg, dict):  # hello
+            if self._hello is not None and not self._hello.done():
+                self._hello.set_result(msg)
+            return
         self.commits += 1
-        self.jobs += len(batch)
-        self._answer(batch)
-
-    def _answer(self, batch: list[tuple[Job, _Waiter]]) -> None:
-        loops: dict[asyncio.AbstractEventLoop, list] = {}
-        for item in batch:
-            loops.setdefault(item[1].loop, []).append(item)
-        for loop, items in loops.items():
-            try:
-                loop.call_soon_threadsafe(_settle, items)
-            except RuntimeError:  # loop closed: nobody is waiting any more
-                pass
-
-    def _drain_closed(self) -> None:
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if item is None:
+        self.jobs += len(msg)
+        pending = self._pending
+        for jid, ok, value in msg:
+            fut = pending.pop(jid, None)
+            if fut is None or fut.done():
                 continue
-            item[1].error = StoreClosed("store is closed")
-            self._answer([item])
+            if ok:
+                fut.set_result(value)
+            else:
+                fut.set_exception(value)
+
+    def _on_lost(self) -> None:
+        if self._hello is not None and not self._hello.done():
+            self._hello.set_exception(StoreClosed("the store writer process exited"))
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(StoreClosed("the store writer process exited"))
+        was_closing = self._closed
+        self._closed = True
+        self._transport = None
+        if not was_closing:
+            code = self._process.exitcode if self._process is not None else None
+            log.critical("the store writer process died", extra={"pid": self.pid, "exitcode": code})
+            if self.on_lost is not None:
+                self.on_lost()
 
     # -- closing ----------------------------------------------------------
 
-    def close(self, timeout: float = 30.0) -> None:
-        """Commit everything queued, checkpoint and truncate the WAL, close."""
+    async def close(self, timeout: float = 30.0) -> None:
+        """Commit everything queued, checkpoint and truncate the WAL, stop."""
         if self._closed:
             return
+        self._send()  # anything submitted in this loop iteration goes first
         self._closed = True
-        self._queue.put(None)
-        self._thread.join(timeout)
-        try:
-            self.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
-        except apsw.Error:
-            log.warning("final WAL checkpoint incomplete (a reader was open)")
-        self.conn.close()
-
+        if self._transport is not None:
+            self._write(CLOSE)
+            try:
+                await asyncio.wait_for(asyncio.shield(self._done), timeout)
+            except asyncio.TimeoutError:
+                log.warning("the store writer did not confirm its close")
+            self._transport.close()
+        if self._process is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._process.join, 5)
+            if self._process.is_alive():
+                self._process.kill()

@@ -20,13 +20,11 @@ import orjson
 
 from ..sessions import transcripts as tx
 from ..v1 import prompt_service_pb2 as ppb
+from .jobs import FN, MSG, run_flush
 
 log = logging.getLogger("agent_sidecar.frames")
 
 TERMINAL = frozenset(("completed", "failed", "superseded"))
-_FN, _MSG = "fn", "msg"  # kinds of queued writes
-_INSERT = ("INSERT INTO frames (request_id, seq, session_key, session_id, platform, at, kind, body)"
-           " VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
 
 
 def build_frame(rid: str, key: str, sid: str, seq: int, at: float, cursor: int, kind: str,
@@ -88,7 +86,8 @@ class FrameBus:
     def __init__(self, store):
         self.store = store
         self._frames: list[tuple] = []  # (row, turn, kind, body)
-        self._writes: list[tuple] = []  # (kind, fn or message item, then)
+        self._writes: list[tuple] = []  # (FN, (fn, args) or None) or (MSG, append_many item)
+        self._thens: list[Callable | None] = []  # one per write: run after commit
         self._scheduled = False
         self.by_key: dict[str, set[Subscriber]] = {}
         self.by_platform: dict[str, set[Subscriber]] = {}
@@ -96,31 +95,35 @@ class FrameBus:
     # -- producing ----------------------------------------------------------------
 
     def publish(self, turn, kind: str, body: dict[str, Any] | None = None,
-                write: Callable | None = None, then: Callable | None = None) -> None:
-        """Queue a frame for ``turn`` (with an optional write committed in the
-        same transaction, before it, and a ``then(result)`` run after commit)."""
+                write: tuple | None = None, then: Callable | None = None) -> None:
+        """Queue a frame for ``turn``, with an optional ``write = (fn, args)``
+        (a writer job, see turns/jobs.py) committed in the same transaction
+        before it, and a ``then(result)`` run after the commit."""
         body = body or {}
         seq = turn.next_seq
         turn.next_seq += 1
         at = time.time()
         if write is not None or then is not None:
-            self._writes.append((_FN, write, then))
+            self._writes.append((FN, write))
+            self._thens.append(then)
         self._frames.append(((turn.rid, seq, turn.key, turn.sid, turn.platform, at, kind,
                               orjson.dumps(body) if body else None), turn, kind, body))
         if kind in TERMINAL:
             turn.terminal_pending = True
         self._schedule()
 
-    def write(self, fn: Callable, then: Callable | None = None) -> None:
-        """Queue a write (no frame) into the next flush, keeping order with frames."""
-        self._writes.append((_FN, fn, then))
+    def write(self, fn: Callable, *args: Any, then: Callable | None = None) -> None:
+        """Queue a writer job (no frame) into the next flush, keeping order with frames."""
+        self._writes.append((FN, (fn, args)))
+        self._thens.append(then)
         self._schedule()
 
     def append_message(self, session_id: str, msg: dict[str, Any], request_id: str,
                        then: Callable | None = None) -> None:
         """Queue a transcript message of a turn; consecutive ones in a flush
         become one ``append_many`` (one executemany for all turns)."""
-        self._writes.append((_MSG, (session_id, [tx.from_model(msg)], request_id), then))
+        self._writes.append((MSG, (session_id, [tx.from_model(msg)], request_id)))
+        self._thens.append(then)
         self._schedule()
 
     def _schedule(self) -> None:
@@ -130,14 +133,14 @@ class FrameBus:
 
     def _flush(self) -> None:
         self._scheduled = False
-        frames, writes = self._frames, self._writes
-        self._frames, self._writes = [], []
+        frames, writes, thens = self._frames, self._writes, self._thens
+        self._frames, self._writes, self._thens = [], [], []
         if not frames and not writes:
             return
-        fut = self.store.submit(lambda conn: _run_flush(conn, frames, writes))
-        fut.add_done_callback(lambda f: self._committed(f, frames, writes))
+        fut = self.store.submit(run_flush, [item[0] for item in frames], writes)
+        fut.add_done_callback(lambda f: self._committed(f, frames, thens))
 
-    def _committed(self, fut: asyncio.Future, frames, writes) -> None:
+    def _committed(self, fut: asyncio.Future, frames, thens) -> None:
         if fut.cancelled() or fut.exception() is not None:
             log.error("frame flush failed", exc_info=fut.exception())
             return
@@ -147,7 +150,7 @@ class FrameBus:
             frame = build_frame(row[0], row[2], row[3], row[1], row[5], cursor, kind, body)
             cursor += 1
             self._deliver(turn, frame, kind)
-        for (_, _, then), result in zip(writes, results):
+        for then, result in zip(thens, results):
             if then is not None:
                 try:
                     then(result)
@@ -186,60 +189,3 @@ class FrameBus:
             if not subs:
                 del index[name]
 
-
-def _run_flush(conn, frames, writes) -> tuple[list, int]:
-    """The writer job: every write in publish order, then every frame row, in
-    one transaction — a ``completed`` frame commits with its ledger update and
-    transcript rows or not at all. Returns each write's result and the first
-    frame id (rows inserted by one executemany get consecutive ids).
-
-    The fast path runs the writes bare; if one raises, everything is rolled
-    back to a savepoint and replayed with a savepoint per write, so one bad
-    write fails alone and the batch's frames still land."""
-    try:
-        with conn:
-            results = _run_writes(conn, writes, isolate=False)
-    except Exception:
-        log.exception("a write queued with frames failed; replaying the batch write by write")
-        results = _run_writes(conn, writes, isolate=True)
-    rows = [item[0] for item in frames]
-    first_id = 0
-    if rows:
-        conn.executemany(_INSERT, rows)
-        first_id = conn.last_insert_rowid() - len(rows) + 1
-    return results, first_id
-
-
-def _run_writes(conn, writes, isolate: bool) -> list:
-    results: list = []
-    i, n = 0, len(writes)
-    while i < n:
-        kind, payload, _ = writes[i]
-        if kind is _MSG:
-            j = i
-            while j < n and writes[j][0] is _MSG:
-                j += 1
-            items = [w[1] for w in writes[i:j]]
-            results.extend(_guarded(conn, isolate, tx.append_many, items, len(items)))
-            i = j
-            continue
-        i += 1
-        if payload is None:
-            results.append(None)
-        else:
-            results.extend(_guarded(conn, isolate, payload, None, 1))
-    return results
-
-
-def _guarded(conn, isolate: bool, fn, arg, count: int) -> list:
-    call = (lambda: fn(conn, arg)) if arg is not None else (lambda: fn(conn))
-    if not isolate:
-        out = call()
-        return out if arg is not None else [out]
-    try:
-        with conn:
-            out = call()
-        return out if arg is not None else [out]
-    except Exception as e:
-        log.exception("a write queued with frames failed")
-        return [e] * count

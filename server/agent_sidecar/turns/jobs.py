@@ -1,72 +1,95 @@
-"""Writer jobs for turns: the ledger, the queue mirror, turn start and end.
+"""Writer jobs for turns: the ledger, the queue mirror, turn start and end,
+and the frame flush that carries them.
 
-Each runs on the store's writer thread, inside a group-commit transaction,
-usually together with the frames it reports (see frames.py).
+They run in the store's writer process (store/writer_process.py), inside a
+group-commit transaction, so they take plain data — never a ``Turn`` — and
+return plain data; the manager applies the results to its turns.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
+import apsw
 import orjson
 
 from ..errors import SidecarError
 from ..sessions import lifecycle as life
 from ..sessions import transcripts as tx
-
 from ..sessions.source import SessionSource
-from .lanes import Turn
 
+log = logging.getLogger("agent_sidecar.frames")
 
 class DuplicateRequest(Exception):
     """The request id is already in the ledger (within the dedup window)."""
 
 
-def accept(conn, turn: Turn, source: SessionSource | None, dedup_window_s: float,
-           slot: str | None, position: int) -> tuple[str, int]:
+def accept(conn, t: tuple, source: SessionSource | None, dedup_window_s: float,
+           slot: str | None, position: int) -> tuple[str, int, tuple | None]:
     """Resolve the session, write the ledger row (+ queue row) and the
-    ``accepted`` frame. Returns (session_id, frame id)."""
+    ``accepted`` frame. ``t`` is ``Turn.ledger_fields()``. Returns (session_id,
+    frame id, the routing row the turn's start needs, or None)."""
+    rid, key, platform, profile, delivery, text, payload, created_at = t
     now = time.time()
-    old = conn.execute("SELECT created_at FROM prompts WHERE request_id = ?", (turn.rid,)).fetchone()
-    if old is not None:
-        if now - old[0] < dedup_window_s:
-            raise DuplicateRequest(turn.rid)
-        conn.execute("DELETE FROM frames WHERE request_id = ?", (turn.rid,))
-        conn.execute("DELETE FROM prompts WHERE request_id = ?", (turn.rid,))
     row = conn.execute("SELECT session_id, suspended, resume_pending, created_at, origin"
-                       " FROM routing WHERE session_key = ?", (turn.key,)).fetchone()
+                       " FROM routing WHERE session_key = ?", (key,)).fetchone()
+    status = "queued" if slot else "running"
+    ledger = (rid, key, "", platform, status, delivery, text, orjson.dumps(payload), created_at)
+    routing_row = None
     if row is not None and not row[1]:
-        # The common case, kept to two statements: the lane exists and is usable.
+        # The common case: the lane exists and is usable. The ledger row goes
+        # first: a duplicate request id is refused before anything is written.
+        sid = row[0]
+        _insert_ledger(conn, (*ledger[:2], sid, *ledger[3:]), dedup_window_s, now)
         if not row[2] and source is not None:  # get_or_create's "keep and bump"
             conn.execute("UPDATE routing SET updated_at = ?, origin = ? WHERE session_key = ?",
-                         (now, orjson.dumps(source.to_dict()), turn.key))
-        turn.sid = row[0]
-        # What _start needs for the system prompt, saving it a read.
-        turn.routing_row = (row[0], row[3], orjson.dumps(source.to_dict()) if source else row[4])
-    elif source is not None:
-        entry, _ = life.get_or_create(conn, turn.key, source, turn.profile)
-        turn.sid = entry.session_id
+                         (now, orjson.dumps(source.to_dict()), key))
+        # What the turn's start needs for the system prompt, saving it a read.
+        routing_row = (sid, row[3], orjson.dumps(source.to_dict()) if source else row[4])
     else:
-        entry = life.require_entry(conn, turn.key)
-        # seed 001 §2: a suspended lane starts over
-        origin = entry.origin or SessionSource(platform=entry.platform)
-        entry, _ = life.get_or_create(conn, turn.key, origin, entry.profile)
-        turn.sid = entry.session_id
-    status = "queued" if slot else "running"
-    conn.execute(
-        "INSERT INTO prompts (request_id, session_key, session_id, platform, status, delivery, text,"
-        " payload, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (turn.rid, turn.key, turn.sid, turn.platform, status, turn.delivery, turn.text,
-         orjson.dumps(turn.payload), turn.created_at))
+        _check_duplicate(conn, rid, dedup_window_s, now)
+        if source is not None:
+            entry, _ = life.get_or_create(conn, key, source, profile)
+        else:
+            entry = life.require_entry(conn, key)
+            # seed 001 §2: a suspended lane starts over
+            origin = entry.origin or SessionSource(platform=entry.platform)
+            entry, _ = life.get_or_create(conn, key, origin, entry.profile)
+        sid = entry.session_id
+        _insert_ledger(conn, (*ledger[:2], sid, *ledger[3:]), dedup_window_s, now)
     if slot:
         conn.execute("INSERT INTO prompt_queue (request_id, session_key, slot, position, enqueued_at)"
-                     " VALUES (?, ?, ?, ?, ?)", (turn.rid, turn.key, slot, position, now))
-    body = orjson.dumps({"queue_position": turn.payload.get("queue_position", 0)})
+                     " VALUES (?, ?, ?, ?, ?)", (rid, key, slot, position, now))
+    body = orjson.dumps({"queue_position": payload.get("queue_position", 0)})
     conn.execute("INSERT INTO frames (request_id, seq, session_key, session_id, platform, at, kind, body)"
                  " VALUES (?, 1, ?, ?, ?, ?, 'accepted', ?)",
-                 (turn.rid, turn.key, turn.sid, turn.platform, turn.created_at, body))
-    return turn.sid, conn.last_insert_rowid()
+                 (rid, key, sid, platform, created_at, body))
+    return sid, conn.last_insert_rowid(), routing_row
+
+
+_INSERT_LEDGER = ("INSERT INTO prompts (request_id, session_key, session_id, platform, status, delivery,"
+                  " text, payload, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+
+
+def _insert_ledger(conn, row: tuple, dedup_window_s: float, now: float) -> None:
+    try:
+        conn.execute(_INSERT_LEDGER, row)
+    except apsw.ConstraintError:  # the request id is in the ledger
+        _check_duplicate(conn, row[0], dedup_window_s, now)
+        conn.execute(_INSERT_LEDGER, row)
+
+
+def _check_duplicate(conn, rid: str, dedup_window_s: float, now: float) -> None:
+    """Refuse a request id seen within the window; forget an older one."""
+    old = conn.execute("SELECT created_at FROM prompts WHERE request_id = ?", (rid,)).fetchone()
+    if old is None:
+        return
+    if now - old[0] < dedup_window_s:
+        raise DuplicateRequest(rid)
+    conn.execute("DELETE FROM frames WHERE request_id = ?", (rid,))
+    conn.execute("DELETE FROM prompts WHERE request_id = ?", (rid,))
 
 
 def accept_many(conn, items: list[tuple]) -> list:
@@ -82,41 +105,41 @@ def accept_many(conn, items: list[tuple]) -> list:
     return out
 
 
-def start(conn, turn: Turn) -> dict[str, Any]:
+def start(conn, rid: str, key: str, sid: str, text: str, queued: bool) -> dict[str, Any]:
     """The turn begins: ledger running, lane marked running, the user's message
     appended. Returns what the worker needs to match its cache."""
     now = time.time()
-    if turn.queued:  # it waited: its ledger row and queue row change state now
+    if queued:  # it waited: its ledger row and queue row change state now
         conn.execute("UPDATE prompts SET status = 'running', started_at = ?, session_id = ?"
-                     " WHERE request_id = ?", (now, turn.sid, turn.rid))
-        conn.execute("DELETE FROM prompt_queue WHERE request_id = ?", (turn.rid,))
+                     " WHERE request_id = ?", (now, sid, rid))
+        conn.execute("DELETE FROM prompt_queue WHERE request_id = ?", (rid,))
     else:  # accepted as running: only the start time (and no index) changes
         conn.execute("UPDATE prompts SET started_at = ?, session_id = ? WHERE request_id = ?",
-                     (now, turn.sid, turn.rid))
+                     (now, sid, rid))
     base, rev = conn.execute("SELECT next_seq, rev FROM incarnations WHERE session_id = ?",
-                             (turn.sid,)).fetchone()
+                             (sid,)).fetchone()
     conn.execute("INSERT INTO messages (session_id, seq, role, content, created_at, request_id)"
-                 " VALUES (?, ?, 'user', ?, ?, ?)", (turn.sid, base, turn.text, now, turn.rid))
-    conn.execute("UPDATE incarnations SET next_seq = ? WHERE session_id = ?", (base + 1, turn.sid))
+                 " VALUES (?, ?, 'user', ?, ?, ?)", (sid, base, text, now, rid))
+    conn.execute("UPDATE incarnations SET next_seq = ? WHERE session_id = ?", (base + 1, sid))
     # updated_at moved at accept and moves again at the end; leaving it alone
     # here spares two index updates per turn.
-    conn.execute("UPDATE routing SET running = 1 WHERE session_key = ?", (turn.key,))
+    conn.execute("UPDATE routing SET running = 1 WHERE session_key = ?", (key,))
     return {"base_seq": base, "rev": rev}
 
 
-def finish(conn, turn: Turn, status: str, reason: str, lane_idle: bool,
-           state: dict[str, Any]) -> None:
+def finish(conn, rid: str, key: str, sid: str, status: str, reason: str, last_seq: int,
+           rollback: bool, lane_idle: bool, state: dict[str, Any]) -> None:
     """The turn ended: ledger closed; on success the turn counts, the resume
     marker and fresh-reset flag clear, the stuck-loop counter resets."""
     now = time.time()
     conn.execute("UPDATE prompts SET status = ?, finished_at = ?, reason = ?, last_seq = ?"
-                 " WHERE request_id = ?", (status, now, reason or None, turn.next_seq - 1, turn.rid))
-    if turn.rollback and turn.started:
-        tx.hide_request(conn, turn.sid, turn.rid)
+                 " WHERE request_id = ?", (status, now, reason or None, last_seq, rid))
+    if rollback:
+        tx.hide_request(conn, sid, rid)
     if status == "completed":
         conn.execute("UPDATE incarnations SET turn_count = turn_count + 1 WHERE session_id = ?",
-                     (turn.sid,))
-        conn.execute("DELETE FROM restart_counts WHERE session_key = ?", (turn.key,))
+                     (sid,))
+        conn.execute("DELETE FROM restart_counts WHERE session_key = ?", (key,))
     # One statement for the lane: a good turn clears the resume marker and the
     # fresh-reset flag; an idle lane stops being "running".
     done = status == "completed"
@@ -126,19 +149,18 @@ def finish(conn, turn: Turn, status: str, reason: str, lane_idle: bool,
         " resume_pending = CASE WHEN ? THEN 0 ELSE resume_pending END,"
         " resume_reason = CASE WHEN ? THEN '' ELSE resume_reason END,"
         " is_fresh_reset = CASE WHEN ? THEN 0 ELSE is_fresh_reset END"
-        " WHERE session_key = ?", (now, lane_idle, done, done, done, turn.key))
-    if turn.started:
-        conn.execute("INSERT INTO turn_state (session_id, request_id, updated_at, state)"
-                     " VALUES (?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET"
-                     " request_id = excluded.request_id, updated_at = excluded.updated_at,"
-                     " state = excluded.state", (turn.sid, turn.rid, now, orjson.dumps(state)))
+        " WHERE session_key = ?", (now, lane_idle, done, done, done, key))
+    conn.execute("INSERT INTO turn_state (session_id, request_id, updated_at, state)"
+                 " VALUES (?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET"
+                 " request_id = excluded.request_id, updated_at = excluded.updated_at,"
+                 " state = excluded.state", (sid, rid, now, orjson.dumps(state)))
 
 
-def close_unstarted(conn, turn: Turn, status: str, reason: str) -> None:
+def close_unstarted(conn, rid: str, status: str, reason: str) -> None:
     """A queued turn that never ran ends (superseded, cancelled, dropped)."""
     conn.execute("UPDATE prompts SET status = ?, finished_at = ?, reason = ? WHERE request_id = ?",
-                 (status, time.time(), reason or None, turn.rid))
-    conn.execute("DELETE FROM prompt_queue WHERE request_id = ?", (turn.rid,))
+                 (status, time.time(), reason or None, rid))
+    conn.execute("DELETE FROM prompt_queue WHERE request_id = ?", (rid,))
 
 
 def record_usage(conn, key: str, u: dict[str, Any]) -> None:
@@ -159,3 +181,73 @@ def ledger_lookup(conn, rid: str) -> tuple | None:
                         (rid,)).fetchone()
 
 
+
+
+def mark_resume_pending_many(conn, keys: list[str], reason: str) -> None:
+    for key in keys:
+        life.mark_resume_pending(conn, key, reason)
+
+
+# -- the frame flush (see frames.py) ----------------------------------------------------
+
+FN, MSG = "fn", "msg"  # kinds of writes queued with frames
+_INSERT_FRAME = ("INSERT INTO frames (request_id, seq, session_key, session_id, platform, at, kind, body)"
+                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+
+
+def run_flush(conn, rows: list[tuple], writes: list[tuple]) -> tuple[list, int]:
+    """One flush of the frame bus: every write in publish order, then every
+    frame row, in one transaction — a ``completed`` frame commits with its
+    ledger update and transcript rows or not at all. ``writes`` holds
+    ``(FN, (fn, args) or None)`` and ``(MSG, append_many item)``. Returns each
+    write's result (an exception for one that failed) and the first frame id
+    (rows inserted by one executemany get consecutive ids).
+
+    The fast path runs the writes bare; if one raises, everything is rolled
+    back to a savepoint and replayed with a savepoint per write, so one bad
+    write fails alone and the batch's frames still land."""
+    try:
+        with conn:
+            results = _run_writes(conn, writes, isolate=False)
+    except Exception:
+        log.exception("a write queued with frames failed; replaying the batch write by write")
+        results = _run_writes(conn, writes, isolate=True)
+    first_id = 0
+    if rows:
+        conn.executemany(_INSERT_FRAME, rows)
+        first_id = conn.last_insert_rowid() - len(rows) + 1
+    return results, first_id
+
+
+def _run_writes(conn, writes: list[tuple], isolate: bool) -> list:
+    results: list = []
+    i, n = 0, len(writes)
+    while i < n:
+        kind, payload = writes[i]
+        if kind == MSG:
+            j = i
+            while j < n and writes[j][0] == MSG:
+                j += 1
+            items = [w[1] for w in writes[i:j]]
+            results.extend(_guarded(conn, isolate, tx.append_many, (items,), len(items), True))
+            i = j
+            continue
+        i += 1
+        if payload is None:
+            results.append(None)
+        else:
+            results.extend(_guarded(conn, isolate, payload[0], payload[1], 1, False))
+    return results
+
+
+def _guarded(conn, isolate: bool, fn, args: tuple, count: int, many: bool) -> list:
+    if not isolate:
+        out = fn(conn, *args)
+        return out if many else [out]
+    try:
+        with conn:
+            out = fn(conn, *args)
+        return out if many else [out]
+    except Exception as e:
+        log.exception("a write queued with frames failed")
+        return [e] * count

@@ -54,6 +54,12 @@ class Turn:
     usage: dict[str, float] = field(default_factory=dict)
     pending_end: tuple | None = None  # an end decided before the accept committed
 
+    def ledger_fields(self) -> tuple:
+        """What the accept job writes to the ledger (plain data: it is pickled
+        to the store's writer process)."""
+        return (self.rid, self.key, self.platform, self.profile, self.delivery, self.text,
+                self.payload, self.created_at)
+
     def on_terminal(self, frame) -> None:
         self.terminal = frame
         self.finished = True

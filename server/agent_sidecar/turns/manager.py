@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import OrderedDict
 from typing import Any
@@ -60,7 +61,7 @@ class TurnManager:
     async def start_workers(self) -> None:
         n = self.cfg.worker_count()
         c = self.cfg.agent_cache
-        settings = {"db_path": self.cfg.db_path,
+        settings = {"db_path": self.cfg.db_path, "parent_pid": os.getpid(),
                     "debug": logging.getLogger("agent_sidecar").isEnabledFor(logging.DEBUG),
                     "cache": {
             "max_size": c.max_size, "idle_ttl_secs": c.idle_ttl_secs,
@@ -183,14 +184,15 @@ class TurnManager:
         turn.subscribers.append(sub)
         position = lane.next_position()
         try:
-            sid, frame_id = await self.accepts.submit(
-                (turn, source, self.cfg.dedup_window_s, slot, position))
+            sid, frame_id, turn.routing_row = await self.accepts.submit(
+                (turn.ledger_fields(), source, self.cfg.dedup_window_s, slot, position))
         except jobs.DuplicateRequest:
             self._unreserve(lane, turn)
             return None
         except BaseException:
             self._unreserve(lane, turn)
             raise
+        turn.sid = sid
         turn.accepted = True
         self.remember(rid, turn.created_at)
         if internal:
@@ -297,7 +299,8 @@ class TurnManager:
         turn.sid = row[0]
         profile = self.cfg.profile(turn.profile) or self.cfg.profile("main")
         system_prompt = self._system_prompt(profile, turn.key, row)
-        self.bus.publish(turn, "started", write=lambda c: jobs.start(c, turn),
+        start = (jobs.start, (turn.rid, turn.key, turn.sid, turn.text, turn.queued))
+        self.bus.publish(turn, "started", write=start,
                          then=lambda res: self._dispatch(turn, res, profile, system_prompt))
 
     def _system_prompt(self, profile, key: str, row) -> str:
@@ -384,7 +387,7 @@ class TurnManager:
             if kind == "usage":
                 for k, v in body.items():
                     turn.usage[k] = turn.usage.get(k, 0) + v
-                self.bus.publish(turn, kind, body, write=lambda c: jobs.record_usage(c, turn.key, body))
+                self.bus.publish(turn, kind, body, write=(jobs.record_usage, (turn.key, body)))
             else:
                 self.bus.publish(turn, kind, body)
         elif t == "msg":
@@ -414,8 +417,7 @@ class TurnManager:
             if (turn.worker is h and turn.worker_gen == h.generation and turn.started
                     and not turn.finished and not turn.terminal_pending):
                 self._close_dangling_tool_calls(turn, "the worker running this turn died")
-                key = turn.key
-                self.bus.write(lambda c, key=key: life.mark_resume_pending(c, key, "worker_crashed"))
+                self.bus.write(life.mark_resume_pending, turn.key, "worker_crashed")
                 self._end(turn, "failed", E.WORKER_CRASHED, "the worker process running the turn died")
 
     def _close_dangling_tool_calls(self, turn: Turn, why: str) -> None:
@@ -454,9 +456,11 @@ class TurnManager:
         state = {"request_id": turn.rid, "status": status, "reason": reason, "usage": turn.usage,
                  "final_text": text if status == "completed" else ""}
         if turn.started and turn.host is None:
-            write = lambda c: jobs.finish(c, turn, status, reason, lane_idle, state)
+            # last_seq: the seq this terminal frame is about to get
+            write = (jobs.finish, (turn.rid, turn.key, turn.sid, status, reason, turn.next_seq,
+                                   turn.rollback, lane_idle, state))
         else:
-            write = lambda c: jobs.close_unstarted(c, turn, status, reason)
+            write = (jobs.close_unstarted, (turn.rid, status, reason))
         self.bus.publish(turn, kind, body, write=write,
                          then=lambda _: self.live.pop(turn.rid, None) if self.live.get(turn.rid) is turn else None)
 

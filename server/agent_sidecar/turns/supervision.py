@@ -24,7 +24,7 @@ async def restore(m) -> None:
     """Run the store's restore job, rebuild queued lanes, submit auto-resume turns."""
     from ..recovery.startup import consume_marker, restore as restore_job
     clean = consume_marker(m.cfg.data_dir)
-    plan = await m.store.write(lambda c: restore_job(c, clean, m.cfg.gateway_auto_continue_freshness))
+    plan = await m.store.write(restore_job, clean, m.cfg.gateway_auto_continue_freshness)
     log.info("startup restore", extra={"clean": plan.clean, "marked": len(plan.marked),
                                        "suspended": plan.suspended,
                                        "closed_turns": plan.closed_turns,
@@ -77,9 +77,8 @@ async def drain(m, timeout: float) -> bool:
         await asyncio.sleep(0.05)
     still = sorted(m.busy_keys())
     if still:
-        from ..sessions import lifecycle as life
-        await m.store.write(lambda c: [life.mark_resume_pending(c, k, "shutdown_timeout")
-                                       for k in still])
+        from .jobs import mark_resume_pending_many
+        await m.store.write(mark_resume_pending_many, still, "shutdown_timeout")
         log.warning("drain timed out", extra={"sessions": still})
         # End them as what they are, cut off by the drain (their tool calls get
         # results in the worker), and give the workers a moment to say so.
@@ -90,7 +89,8 @@ async def drain(m, timeout: float) -> bool:
         end = loop.time() + 2.0
         while m.busy_keys() and loop.time() < end:
             await asyncio.sleep(0.02)
-    await m.store.write(lambda c: None)  # every queued frame write has committed
+    await asyncio.sleep(0)  # let a flush the bus has scheduled go first
+    await m.store.barrier()  # every queued frame write has committed
     return not still
 
 

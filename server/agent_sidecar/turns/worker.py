@@ -230,11 +230,9 @@ class Worker:
 
 def worker_main(conn, index: int, settings: dict[str, Any]) -> None:
     """The spawn target. ``conn`` is our end of a multiprocessing Pipe."""
-    import signal
-
     import uvloop
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from ..children import become_child
+    become_child(f"sidecar-work-{index}", settings["parent_pid"])
     worker = Worker(conn.fileno(), index, settings)
     uvloop.run(worker.run())

@@ -1,0 +1,135 @@
+"""The store's writer process: one connection, committing in groups.
+
+Every write in the sidecar is a *job*: a module-level function
+``fn(conn, *args) -> result``, sent here by reference (pickle names it by module
+and qualified name; the arguments are plain data). This process takes every
+job waiting on its pipe, runs them all inside one ``BEGIN IMMEDIATE … COMMIT``
+(each job in its own savepoint, so one failing job rolls back alone), and
+answers only after that commit is durable. Many sessions' writes therefore
+share one transaction and one fsync — on this machine the difference between
+~3,400 rows/s and ~60,000 rows/s.
+
+Why a process and not a thread: apsw gives up the GIL around every statement,
+so a writer *thread* and the gRPC event loop handed the GIL back and forth
+~50 times per turn, and the parent could never use more than one core. Here
+SQL runs on its own core, and the parent only pickles job references.
+
+Because jobs run one after another on one connection, a job is also a critical
+section: read-then-write logic inside a job (get-or-create, queue positions) is
+race-free without any lock.
+
+Like the turn workers it is spawned, ignores SIGINT/SIGTERM (the parent decides
+when it stops) and never imports grpc. On Linux it is killed with its parent,
+so a writer can never outlive a ``kill -9``'d sidecar and commit behind the back
+of the next one's startup recovery.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import sys
+from typing import Any
+
+import apsw
+
+log = logging.getLogger("agent_sidecar.store")
+
+# Upper bound on jobs per transaction: keeps one commit's latency bounded when a
+# flood arrives, while still amortising the fsync over hundreds of writes.
+MAX_BATCH = 2000
+MAX_MESSAGES = 256
+CLOSE = b"close"
+
+
+def writer_main(pipe, path: str, synchronous: str, parent_pid: int, log_format: str,
+                log_level: str) -> None:
+    """The spawn target. ``pipe`` is our end of a multiprocessing Pipe."""
+    from .. import logs
+    from ..children import become_child
+    become_child("sidecar-writer", parent_pid)
+    from .db import open_writer
+    logs.setup(log_format, log_level)
+    conn = open_writer(path, synchronous)
+    pipe.send_bytes(pickle.dumps({"pid": os.getpid(), "grpc_loaded": "grpc" in sys.modules}))
+    try:
+        _serve(pipe, conn)
+    finally:
+        try:
+            conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+        except apsw.Error:
+            log.warning("final WAL checkpoint incomplete (a reader was open)")
+        conn.close()
+    pipe.send_bytes(CLOSE)
+
+
+def _serve(pipe, conn: apsw.Connection) -> None:
+    while True:
+        try:
+            messages = [pipe.recv_bytes()]
+        except EOFError:  # the parent is gone without closing us
+            return
+        jobs: list = []
+        stop = False
+        for raw in _drain(pipe, messages):
+            if raw == CLOSE:
+                stop = True
+                continue
+            jobs.extend(pickle.loads(raw))
+        for i in range(0, len(jobs), MAX_BATCH):
+            pipe.send_bytes(_encode_results(commit(conn, jobs[i:i + MAX_BATCH])))
+        if stop:
+            return
+
+
+def _drain(pipe, messages: list[bytes]) -> list[bytes]:
+    """Everything already waiting on the pipe joins this group (each message is
+    one parent loop iteration's jobs; ``commit`` is fed at most MAX_BATCH)."""
+    while len(messages) < MAX_MESSAGES and messages[-1] != CLOSE and pipe.poll(0):
+        try:
+            messages.append(pipe.recv_bytes())
+        except EOFError:
+            break
+    return messages
+
+
+def commit(conn: apsw.Connection, jobs: list[tuple[int, bytes]]) -> list[tuple[int, bool, Any]]:
+    """Run each job in its own savepoint inside one transaction; return
+    ``(job id, ok, result or exception)`` for each, after COMMIT."""
+    out: list[tuple[int, bool, Any]] = []
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        for jid, blob in jobs:
+            conn.execute("SAVEPOINT job")
+            try:
+                fn, args = pickle.loads(blob)
+                out.append((jid, True, fn(conn, *args)))
+                conn.execute("RELEASE job")
+            except Exception as e:  # the job's own failure: undo it alone
+                out.append((jid, False, e))
+                conn.execute("ROLLBACK TO job")
+                conn.execute("RELEASE job")
+        conn.execute("COMMIT")
+    except Exception as e:  # the commit itself failed: nobody's write is durable
+        log.exception("store commit failed")
+        try:
+            conn.execute("ROLLBACK")
+        except apsw.Error:
+            pass
+        out = [(jid, False, e) for jid, _ in jobs]
+    return out
+
+
+def _encode_results(results: list[tuple[int, bool, Any]]) -> bytes:
+    try:
+        return pickle.dumps(results, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # some result will not pickle: send that one as an error
+        safe = []
+        for jid, ok, value in results:
+            try:
+                pickle.dumps(value)
+            except Exception as e:
+                ok, value = False, RuntimeError(f"store job result could not be sent: {e!r} ({value!r:.200})")
+            safe.append((jid, ok, value))
+        return pickle.dumps(safe, protocol=pickle.HIGHEST_PROTOCOL)

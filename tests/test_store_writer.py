@@ -1,0 +1,103 @@
+"""The store's writer process (store/writer_process.py): a named child without
+grpc, that never outlives the sidecar, whose death stops the sidecar instead of
+leaving it unable to persist; and jobs that must be module-level functions."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import signal
+
+import pytest
+
+from agent_sidecar.errors import SidecarError
+from agent_sidecar.sessions import lifecycle as life
+from agent_sidecar.sessions.source import SessionSource
+from agent_sidecar.store import Store, StoreClosed
+from agent_sidecar.v1 import session_service_pb2 as spb
+from helpers_busy import log_lines, source, wait_until
+from sidecar_proc import Sidecar
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def comm(pid: int) -> str:
+    with open(f"/proc/{pid}/comm") as f:
+        return f.read().strip()
+
+
+def child_pids(sc) -> dict[str, int]:
+    writer = log_lines(sc, "store writer ready")[-1]["pid"]
+    workers = [x["pid"] for x in log_lines(sc, "worker ready")]
+    return {"writer": writer, **{f"worker{i}": p for i, p in enumerate(workers)}}
+
+
+def test_writer_is_a_named_child_without_grpc(tmp_path):
+    with Sidecar(tmp_path / "data", workers=1).start() as sc:
+        line = wait_until(lambda: log_lines(sc, "store writer ready"), what="writer ready")[-1]
+        assert line["grpc_loaded"] is False
+        assert comm(line["pid"]) == "sidecar-writer"
+        assert comm(log_lines(sc, "worker ready")[-1]["pid"]) == "sidecar-work-0"
+
+
+def test_children_die_with_a_killed_sidecar(tmp_path):
+    sc = Sidecar(tmp_path / "data", workers=2).start()
+    pids = child_pids(sc)
+    assert all(alive(p) for p in pids.values())
+    sc.kill9()
+    wait_until(lambda: not any(alive(p) for p in pids.values()), timeout=10,
+               what=f"children {pids} gone after kill -9 of the sidecar")
+
+
+def test_sidecar_stops_when_its_writer_dies(tmp_path):
+    data = tmp_path / "data"
+    sc = Sidecar(data, workers=1).start()
+    try:
+        made = sc.sessions().GetOrCreateSession(spb.GetOrCreateSessionRequest(source=source()),
+                                                timeout=10).session
+        os.kill(child_pids(sc)["writer"], signal.SIGKILL)
+        sc.proc.wait(30)
+        assert sc.proc.returncode == 1, sc.log()
+        assert any(x.get("msg") == "the store writer process died" for x in log_lines(sc))
+        assert not (data / ".clean_shutdown").exists()
+    finally:
+        sc.stop()
+    with Sidecar(data, workers=1).start() as again:  # nothing acknowledged was lost
+        got = again.sessions().GetSession(spb.GetSessionRequest(session_key=made.session_key),
+                                          timeout=10).session
+        assert got.session_id == made.session_id
+
+
+def test_jobs_are_module_level_functions_with_plain_arguments(tmp_path):
+    """A closure cannot cross to the writer process: refused at the call site.
+    A domain error raised there arrives whole (reason and field)."""
+
+    async def go():
+        store = Store(str(tmp_path / "s.db"), log_format="text")
+        await store.start()
+        try:
+            with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
+                store.submit(lambda c: None)
+            entry, created = await store.write(life.get_or_create, "agent:main:t:dm:1",
+                                               SessionSource(platform="t", chat_id="1"), "main")
+            assert created and entry.session_key == "agent:main:t:dm:1"
+            with pytest.raises(SidecarError) as err:
+                await store.write(life.reset, "agent:main:t:dm:nope", "")
+            assert err.value.reason == "SESSION_NOT_FOUND"
+            before = store.writer.commits
+            await asyncio.gather(*(store.write(life.mark_resume_pending, entry.session_key, f"r{i}")
+                                   for i in range(200)))
+            assert store.writer.commits - before == 1, "writes of one loop iteration share a commit"
+        finally:
+            await store.close()
+        with pytest.raises(StoreClosed):
+            store.submit(life.suspend, "agent:main:t:dm:1")
+
+    asyncio.run(go())
