@@ -22,27 +22,36 @@ from ..sessions.source import SessionSource
 
 log = logging.getLogger("agent_sidecar.frames")
 
+_INSERT_FRAME = ("INSERT INTO frames (request_id, seq, session_key, session_id, platform, at, kind, body)"
+                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+
 class DuplicateRequest(Exception):
     """The request id is already in the ledger (within the dedup window)."""
 
 
 def accept(conn, t: tuple, source: SessionSource | None, dedup_window_s: float,
-           slot: str | None, position: int) -> tuple[str, int, tuple | None]:
+           slot: str | None, position: int, start_now: bool = False) -> tuple:
     """Resolve the session, write the ledger row (+ queue row) and the
-    ``accepted`` frame. ``t`` is ``Turn.ledger_fields()``. Returns (session_id,
-    frame id, the routing row the turn's start needs, or None)."""
+    ``accepted`` frame. ``t`` is ``Turn.ledger_fields()``. With ``start_now``
+    (the lane is idle) the turn's start commits in the same transaction: one
+    commit instead of two before the worker gets the turn.
+
+    Returns (session_id, accepted frame id, the routing row the system prompt
+    needs or None, and for ``start_now`` what ``start`` returns plus the
+    ``started`` frame's id and time, else None)."""
     rid, key, platform, profile, delivery, text, payload, created_at = t
     now = time.time()
     row = conn.execute("SELECT session_id, suspended, resume_pending, created_at, origin"
                        " FROM routing WHERE session_key = ?", (key,)).fetchone()
     status = "queued" if slot else "running"
-    ledger = (rid, key, "", platform, status, delivery, text, orjson.dumps(payload), created_at)
+    started_at = now if start_now else None
     routing_row = None
     if row is not None and not row[1]:
         # The common case: the lane exists and is usable. The ledger row goes
         # first: a duplicate request id is refused before anything is written.
         sid = row[0]
-        _insert_ledger(conn, (*ledger[:2], sid, *ledger[3:]), dedup_window_s, now)
+        _insert_ledger(conn, (rid, key, sid, platform, status, delivery, text, orjson.dumps(payload),
+                              created_at, started_at), dedup_window_s, now)
         if not row[2] and source is not None:  # get_or_create's "keep and bump"
             conn.execute("UPDATE routing SET updated_at = ?, origin = ? WHERE session_key = ?",
                          (now, orjson.dumps(source.to_dict()), key))
@@ -58,19 +67,27 @@ def accept(conn, t: tuple, source: SessionSource | None, dedup_window_s: float,
             origin = entry.origin or SessionSource(platform=entry.platform)
             entry, _ = life.get_or_create(conn, key, origin, entry.profile)
         sid = entry.session_id
-        _insert_ledger(conn, (*ledger[:2], sid, *ledger[3:]), dedup_window_s, now)
+        _insert_ledger(conn, (rid, key, sid, platform, status, delivery, text, orjson.dumps(payload),
+                              created_at, started_at), dedup_window_s, now)
     if slot:
         conn.execute("INSERT INTO prompt_queue (request_id, session_key, slot, position, enqueued_at)"
                      " VALUES (?, ?, ?, ?, ?)", (rid, key, slot, position, now))
     body = orjson.dumps({"queue_position": payload.get("queue_position", 0)})
-    conn.execute("INSERT INTO frames (request_id, seq, session_key, session_id, platform, at, kind, body)"
-                 " VALUES (?, 1, ?, ?, ?, ?, 'accepted', ?)",
-                 (rid, key, sid, platform, created_at, body))
-    return sid, conn.last_insert_rowid(), routing_row
+    frames = [(rid, 1, key, sid, platform, created_at, "accepted", body)]
+    started = None
+    if start_now:
+        started = _begin(conn, rid, key, sid, text, now)
+        started["at"] = now
+        frames.append((rid, 2, key, sid, platform, now, "started", None))
+    conn.executemany(_INSERT_FRAME, frames)
+    first_id = conn.last_insert_rowid() - len(frames) + 1
+    if started is not None:
+        started["frame_id"] = first_id + 1
+    return sid, first_id, routing_row, started
 
 
 _INSERT_LEDGER = ("INSERT INTO prompts (request_id, session_key, session_id, platform, status, delivery,"
-                  " text, payload, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                  " text, payload, created_at, started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 
 
 def _insert_ledger(conn, row: tuple, dedup_window_s: float, now: float) -> None:
@@ -106,8 +123,9 @@ def accept_many(conn, items: list[tuple]) -> list:
 
 
 def start(conn, rid: str, key: str, sid: str, text: str, queued: bool) -> dict[str, Any]:
-    """The turn begins: ledger running, lane marked running, the user's message
-    appended. Returns what the worker needs to match its cache."""
+    """A turn that waited in its lane begins: ledger running, lane marked
+    running, the user's message appended. Returns what the worker needs to
+    match its cache."""
     now = time.time()
     if queued:  # it waited: its ledger row and queue row change state now
         conn.execute("UPDATE prompts SET status = 'running', started_at = ?, session_id = ?"
@@ -116,6 +134,11 @@ def start(conn, rid: str, key: str, sid: str, text: str, queued: bool) -> dict[s
     else:  # accepted as running: only the start time (and no index) changes
         conn.execute("UPDATE prompts SET started_at = ?, session_id = ? WHERE request_id = ?",
                      (now, sid, rid))
+    return _begin(conn, rid, key, sid, text, now)
+
+
+def _begin(conn, rid: str, key: str, sid: str, text: str, now: float) -> dict[str, Any]:
+    """The user's message into the transcript, the lane marked running."""
     base, rev = conn.execute("SELECT next_seq, rev FROM incarnations WHERE session_id = ?",
                              (sid,)).fetchone()
     conn.execute("INSERT INTO messages (session_id, seq, role, content, created_at, request_id)"
@@ -191,8 +214,6 @@ def mark_resume_pending_many(conn, keys: list[str], reason: str) -> None:
 # -- the frame flush (see frames.py) ----------------------------------------------------
 
 FN, MSG = "fn", "msg"  # kinds of writes queued with frames
-_INSERT_FRAME = ("INSERT INTO frames (request_id, seq, session_key, session_id, platform, at, kind, body)"
-                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
 
 
 def run_flush(conn, rows: list[tuple], writes: list[tuple]) -> tuple[list, int]:

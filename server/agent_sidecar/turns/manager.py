@@ -183,9 +183,10 @@ class TurnManager:
         sub = Subscriber()
         turn.subscribers.append(sub)
         position = lane.next_position()
+        start_now = slot is None and lane.running is turn  # an idle lane: accept and start at once
         try:
-            sid, frame_id, turn.routing_row = await self.accepts.submit(
-                (turn.ledger_fields(), source, self.cfg.dedup_window_s, slot, position))
+            sid, frame_id, turn.routing_row, started = await self.accepts.submit(
+                (turn.ledger_fields(), source, self.cfg.dedup_window_s, slot, position, start_now))
         except jobs.DuplicateRequest:
             self._unreserve(lane, turn)
             return None
@@ -200,7 +201,16 @@ class TurnManager:
         frame = build_frame(rid, key, sid, 1, turn.created_at, frame_id, "accepted",
                             {"queue_position": payload["queue_position"]})
         self.bus.deliver_committed(turn, frame, "accepted")
-        if turn.pending_end:
+        if started is not None:  # the accept job started it too
+            turn.started = True
+            turn.next_seq = 3
+            frame = build_frame(rid, key, sid, 2, started["at"], started["frame_id"], "started", {})
+            self.bus.deliver_committed(turn, frame, "started")
+            if turn.pending_end:  # ended (cancelled, superseded) before the commit came back
+                self._publish_end(turn, *turn.pending_end)
+            else:
+                self._dispatch(turn, started, *self._prompt_for(turn))
+        elif turn.pending_end:
             self._publish_end(turn, *turn.pending_end)
         elif turn.host is None and lane.running is turn and not turn.started:
             self._start(turn)
@@ -287,21 +297,32 @@ class TurnManager:
     # -- running turns --------------------------------------------------------------------
 
     def _start(self, turn: Turn) -> None:
+        """A turn that waited in its lane starts (one accepted on an idle lane
+        was started by its accept job)."""
         turn.started = True
         row = turn.routing_row if not turn.queued else None
         if row is None:  # it waited: the lane may have moved to another incarnation
-            row = self.store.read(lambda c: c.execute(
-                "SELECT session_id, created_at, origin FROM routing WHERE session_key = ?",
-                (turn.key,)).fetchone())
+            row = self._routing_row(turn.key)
         if row is None:
             self._end(turn, "failed", E.SESSION_NOT_FOUND, f"session {turn.key} no longer exists")
             return
         turn.sid = row[0]
-        profile = self.cfg.profile(turn.profile) or self.cfg.profile("main")
-        system_prompt = self._system_prompt(profile, turn.key, row)
+        turn.routing_row = row
+        profile, system_prompt = self._prompt_for(turn)
         start = (jobs.start, (turn.rid, turn.key, turn.sid, turn.text, turn.queued))
         self.bus.publish(turn, "started", write=start,
                          then=lambda res: self._dispatch(turn, res, profile, system_prompt))
+
+    def _routing_row(self, key: str):
+        return self.store.read(lambda c: c.execute(
+            "SELECT session_id, created_at, origin FROM routing WHERE session_key = ?",
+            (key,)).fetchone())
+
+    def _prompt_for(self, turn: Turn):
+        """The turn's profile and system prompt."""
+        profile = self.cfg.profile(turn.profile) or self.cfg.profile("main")
+        row = turn.routing_row or self._routing_row(turn.key) or (turn.sid, turn.created_at, None)
+        return profile, self._system_prompt(profile, turn.key, row)
 
     def _system_prompt(self, profile, key: str, row) -> str:
         """The profile's prompt plus the session context; the same for every
