@@ -14,7 +14,7 @@ import logging
 import multiprocessing as mp
 from typing import Any, Callable
 
-from .wire import encode, open_stream, read_message
+from .wire import Channel, open_channel
 from .worker import worker_main
 
 log = logging.getLogger("agent_sidecar.workers")
@@ -35,15 +35,15 @@ class WorkerHandle:
     def __init__(self, index: int):
         self.index = index
         self.process: mp.process.BaseProcess | None = None
-        self.writer: asyncio.StreamWriter | None = None
+        self.channel: Channel | None = None
         self.ready = asyncio.Event()
         self.pid = 0
         self.info: dict[str, Any] = {}
         self.generation = 0
 
     def send(self, msg: dict) -> None:
-        if self.writer is not None and not self.writer.is_closing():
-            self.writer.write(encode(msg))
+        if self.channel is not None:
+            self.channel.send(msg)
 
 
 class WorkerPool:
@@ -72,30 +72,42 @@ class WorkerPool:
                                 name=f"agent-sidecar-worker-{h.index}", daemon=True)
         proc.start()
         child_end.close()
-        reader, writer = await open_stream(parent_end.fileno())
+        loop = asyncio.get_running_loop()
+        hello: asyncio.Future = loop.create_future()
+        lost = asyncio.Event()
+
+        def on_message(msg: dict) -> None:
+            if not hello.done():
+                hello.set_result(msg)
+                return
+            try:
+                self.on_message(h, msg)
+            except Exception:
+                log.exception("handling a worker message failed", extra={"t": msg.get("t")})
+
+        def on_lost() -> None:
+            if not hello.done():
+                hello.set_exception(ConnectionError("the worker exited before saying hello"))
+            lost.set()
+
+        channel = await open_channel(parent_end.fileno(), on_message, on_lost)
         parent_end.close()
-        hello = await asyncio.wait_for(read_message(reader), timeout)
-        h.process, h.writer, h.pid, h.info = proc, writer, hello["pid"], hello
+        info = await asyncio.wait_for(hello, timeout)
+        h.process, h.channel, h.pid, h.info = proc, channel, info["pid"], info
         h.generation += 1
         h.ready.set()
         log.info("worker ready", extra={"index": h.index, "pid": h.pid,
-                                        "grpc_loaded": hello.get("grpc_loaded")})
-        self._readers.append(asyncio.get_running_loop().create_task(self._read(h, reader, proc)))
+                                        "grpc_loaded": info.get("grpc_loaded")})
+        self._readers.append(loop.create_task(self._watch(h, channel, lost, proc)))
 
-    async def _read(self, h: WorkerHandle, reader: asyncio.StreamReader, proc) -> None:
-        try:
-            while True:
-                msg = await read_message(reader)
-                try:
-                    self.on_message(h, msg)
-                except Exception:
-                    log.exception("handling a worker message failed", extra={"t": msg.get("t")})
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+    async def _watch(self, h: WorkerHandle, channel: Channel, lost: asyncio.Event, proc) -> None:
+        """Wait for the worker's end of the pipe to close; replace a dead worker."""
+        await lost.wait()
         if self._stopping:
             return
         h.ready.clear()
-        h.writer = None
+        if h.channel is channel:
+            h.channel = None
         await asyncio.get_running_loop().run_in_executor(None, proc.join, 5)
         log.error("worker died", extra={"index": h.index, "pid": h.pid, "exitcode": proc.exitcode})
         try:

@@ -30,7 +30,7 @@ from ..sessions.transcripts import load_active
 from ..store.db import open_reader
 from .agent import Agent, TurnFailed, TurnSpec, run_turn
 from .cache import AgentCache
-from .wire import encode, open_stream, read_message
+from .wire import Channel, open_channel
 
 
 class _TurnIO:
@@ -81,12 +81,12 @@ class Worker:
         self.cancel_reasons: dict[str, str] = {}
         self.backends: dict[str, tuple[bytes, Any]] = {}
         self._reader_conn: apsw.Connection | None = None
-        self.writer = None
+        self.channel: Channel | None = None
 
     # -- plumbing -------------------------------------------------------------
 
     def send(self, msg: dict) -> None:
-        self.writer.write(encode(msg))
+        self.channel.send(msg)
 
     def log(self, msg: str, level: str = "info", **fields) -> None:
         if level == "debug" and not self.debug:
@@ -109,21 +109,28 @@ class Worker:
         return b
 
     async def run(self) -> None:
-        reader, self.writer = await open_stream(self.fileno)
+        done = asyncio.get_running_loop().create_future()
+
+        def on_message(msg: dict) -> None:
+            if msg["t"] == "stop":
+                if not done.done():
+                    done.set_result(None)
+            else:
+                self.dispatch(msg)
+
+        def on_lost() -> None:  # the parent is gone: so are we
+            if not done.done():
+                done.set_result(None)
+
+        self.channel = await open_channel(self.fileno, on_message, on_lost)
         self.send({"t": "hello", "pid": os.getpid(), "index": self.index,
                    "grpc_loaded": any(m == "grpc" or m.startswith("grpc.") for m in sys.modules)})
         sweeper = asyncio.get_running_loop().create_task(self._housekeeping())
         try:
-            while True:
-                try:
-                    msg = await read_message(reader)
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return  # the parent is gone: so are we
-                if msg["t"] == "stop":
-                    return
-                self.dispatch(msg)
+            await done
         finally:
             sweeper.cancel()
+            self.channel.close()
 
     def dispatch(self, msg: dict) -> None:
         t = msg["t"]
