@@ -16,7 +16,7 @@ from helpers_busy import D, PromptRun, get_queue, get_session, run, scripted, sl
 from sidecar_proc import Sidecar
 
 CONFIG = (slow_echo("main")
-          + scripted("steer", [{"text": "first", "delay_ms": 600}, {"echo_input": True}])
+          + scripted("steer", [{"text": "first answer", "token_latency_ms": 500}, {"echo_input": True}])
           + slow_echo("capped", queue_cap=2)
           + slow_echo("capone", queue_cap=1))
 
@@ -140,7 +140,11 @@ def test_rollback_hides_the_cancelled_turn(stubs):
 def test_steer_reaches_the_next_model_call(stubs):
     prompts, sessions = stubs
     host = run(prompts, text="hello", src=source(), profile="steer")
-    host.wait_for("started")
+    # Its first token proves the first model call is under way (the second
+    # token is 500 ms off): the steer must wait for the next call. (After
+    # only "started", the steer may reach the worker before the first call
+    # begins, and rightly joins that one.)
+    host.wait_for("text_delta")
     st = run(prompts, text="actually, bananas", key=host.key, delivery=D.DELIVERY_MODE_STEER)
     host.result(10)
     assert host.end == "completed", (host.kinds(), host.error)
@@ -149,7 +153,7 @@ def test_steer_reaches_the_next_model_call(stubs):
     assert st.end == "completed" and st.final_text == "actually, bananas"
     msgs = transcript(sessions, host.session_id)
     assert [(m.role, m.content) for m in msgs] == [
-        ("user", "hello"), ("assistant", "first"), ("user", "actually, bananas"),
+        ("user", "hello"), ("assistant", "first answer"), ("user", "actually, bananas"),
         ("assistant", "actually, bananas")]
 
 
@@ -159,7 +163,7 @@ def test_steer_on_an_idle_session_is_a_normal_turn(stubs):
     assert p.position == 0
     p.result(10)
     assert p.kinds()[:2] == ["accepted", "started"]
-    assert p.end == "completed" and p.final_text == "first"
+    assert p.end == "completed" and p.final_text == "first answer"
 
 
 def test_reset_drops_the_queue_and_cancels_the_running_turn(stubs):

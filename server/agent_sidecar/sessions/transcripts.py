@@ -35,17 +35,6 @@ class Message:
                                ("tool_calls_json", self.tool_calls_json)) if v}
         return orjson.dumps(d) if d else None
 
-    def to_model(self) -> dict[str, Any]:
-        """OpenAI chat shape, for the agent loop."""
-        m: dict[str, Any] = {"role": self.role, "content": self.content}
-        if self.tool_calls_json:
-            m["tool_calls"] = orjson.loads(self.tool_calls_json)
-        if self.tool_call_id:
-            m["tool_call_id"] = self.tool_call_id
-        if self.tool_name:
-            m["name"] = self.tool_name
-        return m
-
 
 _SELECT = "SELECT seq, role, content, extra, created_at, active FROM messages"
 
@@ -70,10 +59,13 @@ _INSERT = ("INSERT INTO messages (session_id, seq, role, content, extra, created
            " VALUES (?, ?, ?, ?, ?, ?, ?)")
 
 
-def append_many(conn, items: list[tuple[str, list[Message], str | None]]) -> list:
+def append_many(conn, items: list[tuple[str, list[Message], str | None]],
+                touch_routing: bool = True) -> list:
     """Append for many callers at once: one executemany for every row, seqs
     handed out per session in item order. Returns per item (first_seq,
-    last_seq) or the SidecarError for an unknown session id."""
+    last_seq) or the SidecarError for an unknown session id. A turn's own
+    messages pass ``touch_routing=False``: the turn's end moves the lane's
+    ``updated_at`` anyway (two index updates saved per message)."""
     now = time.time()
     state: dict[str, list] = {}  # session_id -> [next_seq, session_key]
     rows: list[tuple] = []
@@ -97,8 +89,9 @@ def append_many(conn, items: list[tuple[str, list[Message], str | None]]) -> lis
         conn.executemany(_INSERT, rows)
         conn.executemany("UPDATE incarnations SET next_seq = ? WHERE session_id = ?",
                          [(st[0], sid) for sid, st in state.items()])
-        conn.executemany("UPDATE routing SET updated_at = ? WHERE session_key = ? AND session_id = ?",
-                         [(now, st[1], sid) for sid, st in state.items()])
+        if touch_routing:
+            conn.executemany("UPDATE routing SET updated_at = ? WHERE session_key = ? AND session_id = ?",
+                             [(now, st[1], sid) for sid, st in state.items()])
     return results
 
 
@@ -126,6 +119,27 @@ def load_page(conn, session_id: str, *, include_rewound: bool = False, after_seq
 
 def load_active(conn, session_id: str) -> list[Message]:
     return load_page(conn, session_id)
+
+
+def load_for_model(conn, session_id: str) -> list[dict[str, Any]]:
+    """The live transcript straight into the model's chat shape (what
+    ``Message.to_model`` gives), for a worker rebuilding an agent: no
+    intermediate objects on this path, which runs on every cache miss."""
+    out: list[dict[str, Any]] = []
+    for role, content, extra in conn.execute(
+            "SELECT role, content, extra FROM messages WHERE session_id = ? AND active = 1 ORDER BY seq",
+            (session_id,)):
+        m: dict[str, Any] = {"role": role, "content": content}
+        if extra:
+            d = orjson.loads(extra)
+            if d.get("tool_calls_json"):
+                m["tool_calls"] = orjson.loads(d["tool_calls_json"])
+            if d.get("tool_call_id"):
+                m["tool_call_id"] = d["tool_call_id"]
+            if d.get("tool_name"):
+                m["name"] = d["tool_name"]
+        out.append(m)
+    return out
 
 
 def rewrite(conn, session_id: str, messages: list[Message]) -> None:

@@ -250,7 +250,7 @@ def _run_writes(conn, writes: list[tuple], isolate: bool) -> list:
             while j < n and writes[j][0] == MSG:
                 j += 1
             items = [w[1] for w in writes[i:j]]
-            results.extend(_guarded(conn, isolate, tx.append_many, (items,), len(items), True))
+            results.extend(_guarded(conn, isolate, tx.append_many, (items, False), len(items), True))
             i = j
             continue
         i += 1

@@ -35,6 +35,8 @@ from .pool import WorkerHandle, WorkerPool
 
 log = logging.getLogger("agent_sidecar.turns")
 
+RECENT_PRELOAD = 200_000  # request ids loaded from the ledger at startup, at most
+
 
 class TurnManager:
     def __init__(self, cfg: Config, store: Store):
@@ -51,7 +53,9 @@ class TurnManager:
         # Request ids accepted within the dedup window, oldest first: the
         # duplicate check on every prompt is a dict lookup, not a store read.
         self.recent: OrderedDict[str, float] = OrderedDict()
-        self.started_at = time.time()
+        # Until this time, a request id missing from ``recent`` may still be in
+        # the ledger from the last run (see load_recent).
+        self.ledger_until = time.time() + cfg.dedup_window_s
         self._prompt_cache: dict[tuple, str] = {}
         self._steer_waits: dict[str, asyncio.Future] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -157,7 +161,7 @@ class TurnManager:
             return None
         now = time.time()
         seen = self.recent.get(rid)
-        if seen is None and now - self.started_at < self.cfg.dedup_window_s:
+        if seen is None and now < self.ledger_until:
             # Within one window of a restart the index is still filling up: the
             # ledger (persisted) knows request ids the last run accepted.
             row = self.store.read(lambda c: jobs.ledger_lookup(c, rid))
@@ -215,6 +219,20 @@ class TurnManager:
         elif turn.host is None and lane.running is turn and not turn.started:
             self._start(turn)
         return turn
+
+    def load_recent(self, limit: int = RECENT_PRELOAD) -> None:
+        """At startup: the request ids the last run accepted within the dedup
+        window go into ``recent``, so the duplicate check stays a dict lookup.
+        Past ``limit`` (a very busy last run) the ledger is still asked, for
+        one window, about ids not found here."""
+        now = time.time()
+        rows = self.store.read(lambda c: c.execute(
+            "SELECT request_id, created_at FROM prompts WHERE created_at >= ?"
+            " ORDER BY created_at DESC LIMIT ?", (now - self.cfg.dedup_window_s, limit + 1)).fetchall())
+        for rid, at in reversed(rows[:limit]):
+            self.recent[rid] = at
+        if len(rows) <= limit:
+            self.ledger_until = 0.0
 
     def remember(self, rid: str, at: float) -> None:
         self.recent[rid] = at

@@ -26,7 +26,7 @@ import orjson
 
 from .. import errors as E
 from ..models.registry import load_backend
-from ..sessions.transcripts import load_active
+from ..sessions.transcripts import load_for_model
 from ..store.db import open_reader
 from .agent import Agent, TurnFailed, TurnSpec, run_turn
 from .cache import AgentCache
@@ -183,8 +183,7 @@ class Worker:
             return agent
         # Miss (or the store moved on): rebuild from the committed transcript,
         # which already holds this turn's user message.
-        rows = load_active(self.db(), m["sid"])
-        msgs = [r.to_model() for r in rows]
+        msgs = load_for_model(self.db(), m["sid"])
         if len(msgs) > 1:
             self.log("agent rebuilt from store", "debug", key=key, messages=len(msgs))
         agent = Agent(key, m["sid"], m["rev"], m["base_seq"] + 1, msgs,
