@@ -36,18 +36,16 @@ class Batcher:
     def _flush(self) -> None:
         items, futures = self._items, self._futures
         self._items, self._futures, self._scheduled = [], [], False
-        job = self.store.submit(self.run_many, items)
-        job.add_done_callback(lambda j: _resolve(j, futures))
+        self.store.send_now(self.run_many, (items,), lambda ok, value: _resolve(ok, value, futures))
 
 
-def _resolve(job: asyncio.Future, futures: list[asyncio.Future]) -> None:
-    if job.cancelled() or job.exception() is not None:
-        err = job.exception() if not job.cancelled() else asyncio.CancelledError()
+def _resolve(ok: bool, value: Any, futures: list[asyncio.Future]) -> None:
+    if not ok:
         for f in futures:
             if not f.done():
-                f.set_exception(err)
+                f.set_exception(value)
         return
-    for f, result in zip(futures, job.result()):
+    for f, result in zip(futures, value):
         if f.done():
             continue
         if isinstance(result, BaseException):

@@ -57,6 +57,11 @@ class Store:
         module-level function and ``args`` picklable plain data."""
         return self.writer.submit(fn, *args)
 
+    def send_now(self, fn: Callable[..., Any], args: tuple,
+                 on_done: Callable[[bool, Any], None]) -> None:
+        """``submit`` for aggregators; see GroupCommitWriter.send_now."""
+        self.writer.send_now(fn, args, on_done)
+
     async def write(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await self.writer.submit(fn, *args)
 

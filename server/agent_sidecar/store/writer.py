@@ -63,6 +63,13 @@ class _Replies(asyncio.Protocol):
         self.owner._on_lost()
 
 
+def _call(on_done: Callable[[bool, Any], None], ok: bool, value: Any) -> None:
+    try:
+        on_done(ok, value)
+    except Exception:
+        log.exception("a store write callback failed")
+
+
 class GroupCommitWriter:
     def __init__(self, path: str, synchronous: str, log_format: str = "json",
                  log_level: str = "info", on_lost: Callable[[], None] | None = None):
@@ -75,7 +82,7 @@ class GroupCommitWriter:
         self.jobs = 0
         self._process: mp.process.BaseProcess | None = None
         self._transport: asyncio.Transport | None = None
-        self._pending: dict[int, asyncio.Future] = {}
+        self._pending: dict[int, asyncio.Future | Callable[[bool, Any], None]] = {}
         self._outbox: list[tuple[int, bytes]] = []
         self._scheduled = False
         self._next_id = 0
@@ -120,6 +127,20 @@ class GroupCommitWriter:
             loop.call_soon(self._send)
         return fut
 
+    def send_now(self, fn: Callable[..., Any], args: tuple,
+                 on_done: Callable[[bool, Any], None]) -> None:
+        """For callers that already gathered one loop iteration's writes (the
+        frame bus, batchers): the job leaves at once instead of on the next
+        iteration, and ``on_done(ok, result or exception)`` runs as soon as
+        the answer arrives — two event-loop hops fewer than ``submit``."""
+        if self._closed:
+            raise StoreClosed("store is closed")
+        blob = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
+        jid = self._next_id = self._next_id + 1
+        self._pending[jid] = on_done
+        self._outbox.append((jid, blob))
+        self._send()
+
     def _send(self) -> None:
         self._scheduled = False
         jobs, self._outbox = self._outbox, []
@@ -148,9 +169,13 @@ class GroupCommitWriter:
         pending = self._pending
         for jid, ok, value in msg:
             fut = pending.pop(jid, None)
-            if fut is None or fut.done():
+            if fut is None:
                 continue
-            if ok:
+            if not isinstance(fut, asyncio.Future):
+                _call(fut, ok, value)
+            elif fut.done():
+                continue
+            elif ok:
                 fut.set_result(value)
             else:
                 fut.set_exception(value)
@@ -162,7 +187,9 @@ class GroupCommitWriter:
             self._done.set_result(None)
         pending, self._pending = self._pending, {}
         for fut in pending.values():
-            if not fut.done():
+            if not isinstance(fut, asyncio.Future):
+                _call(fut, False, StoreClosed("the store writer process exited"))
+            elif not fut.done():
                 fut.set_exception(StoreClosed("the store writer process exited"))
         was_closing = self._closed
         self._closed = True

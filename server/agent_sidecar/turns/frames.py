@@ -137,14 +137,14 @@ class FrameBus:
         self._frames, self._writes, self._thens = [], [], []
         if not frames and not writes:
             return
-        fut = self.store.submit(run_flush, [item[0] for item in frames], writes)
-        fut.add_done_callback(lambda f: self._committed(f, frames, thens))
+        self.store.send_now(run_flush, ([item[0] for item in frames], writes),
+                            lambda ok, value: self._committed(ok, value, frames, thens))
 
-    def _committed(self, fut: asyncio.Future, frames, thens) -> None:
-        if fut.cancelled() or fut.exception() is not None:
-            log.error("frame flush failed", exc_info=fut.exception())
+    def _committed(self, ok: bool, value, frames, thens) -> None:
+        if not ok:
+            log.error("frame flush failed", exc_info=value)
             return
-        results, first_id = fut.result()
+        results, first_id = value
         cursor = first_id
         for row, turn, kind, body in frames:
             frame = build_frame(row[0], row[2], row[3], row[1], row[5], cursor, kind, body)
