@@ -15,6 +15,7 @@ import os
 import signal
 
 from .config import Config
+from .sessions.transcripts import index_pending
 from .store import Store
 
 log = logging.getLogger("agent_sidecar")
@@ -100,6 +101,11 @@ class Sidecar:
         if self.turns is not None:
             await self.turns.stop()
         if self.store is not None:
+            if not self.exit_code:
+                try:  # the full-text index complete on disk, as a clean stop should leave it
+                    await self.store.write(index_pending)
+                except Exception:
+                    log.exception("final full-text indexing failed")
             await self.store.close()
             if drained:
                 write_marker(self.cfg.data_dir)

@@ -14,6 +14,7 @@ import logging
 import time
 
 from ..sessions import lifecycle as life
+from ..sessions import transcripts as tx
 
 log = logging.getLogger("agent_sidecar.housekeeping")
 BATCH = 1000
@@ -71,6 +72,24 @@ async def prune_retention(store, retention_s: float) -> dict[str, int]:
     frames = await _in_batches(store, delete_frames_before, cutoff_id) if cutoff_id else 0
     prompts = await _in_batches(store, delete_ledger_before, cutoff)
     return {"frames": frames, "prompts": prompts}
+
+
+INDEX_INTERVAL_S = 1.0
+INDEX_BATCH = 20_000
+
+
+async def index_messages(store) -> None:
+    """Keep the full-text index at most about a second behind the transcripts
+    (see sessions/transcripts.py); cancelled at shutdown."""
+    while True:
+        try:
+            while await store.write(tx.index_pending, INDEX_BATCH) == INDEX_BATCH:
+                await asyncio.sleep(0)  # a backlog (after a crash): in batches
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("full-text indexing failed")
+        await asyncio.sleep(INDEX_INTERVAL_S)
 
 
 async def run(cfg, store, busy_keys) -> None:

@@ -214,9 +214,11 @@ def delete(conn, key: str) -> bool:
         return False
     sids = [r[0] for r in conn.execute(
         "SELECT session_id FROM incarnations WHERE session_key = ?", (key,))]
+    tx.index_pending(conn)  # the delete trigger then takes every row out of the index
     for sid in sids:
         conn.execute("DELETE FROM messages WHERE session_id = ?", (sid,))
         conn.execute("DELETE FROM turn_state WHERE session_id = ?", (sid,))
+    tx.index_after_delete(conn)
     conn.execute("DELETE FROM incarnations WHERE session_key = ?", (key,))
     conn.execute("DELETE FROM frames WHERE session_key = ?", (key,))
     conn.execute("DELETE FROM prompt_queue WHERE session_key = ?", (key,))
@@ -229,10 +231,11 @@ def delete(conn, key: str) -> bool:
 def clear_all(conn) -> int:
     """seed 000's $sessionClearAll: everything goes, no trash."""
     n = conn.execute("SELECT count(*) FROM routing").fetchone()[0]
+    conn.execute("INSERT INTO messages_fts (messages_fts) VALUES ('delete-all')")
+    tx.set_index_mark(conn, 0)  # nothing indexed: the delete trigger stays quiet
     for table in ("routing", "incarnations", "messages", "turn_state", "frames", "prompts",
                   "prompt_queue", "restart_counts"):
         conn.execute(f"DELETE FROM {table}")
-    conn.execute("INSERT INTO messages_fts (messages_fts) VALUES ('delete-all')")
     return n
 
 

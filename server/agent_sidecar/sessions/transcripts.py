@@ -197,6 +197,43 @@ def from_model(msg: dict[str, Any]) -> Message:
                    tool_calls_json=orjson.dumps(calls).decode() if calls else "")
 
 
+# -- the full-text index ------------------------------------------------------------
+#
+# Messages are indexed in batches, not by a trigger on every insert: FTS5 writes
+# a new index segment for every transaction that touches it, and a turn's
+# commit paying for that cost about a sixth of the store's time per turn. The
+# index is caught up every second (recovery/housekeeping.py), before every
+# search (so a search always sees every message), and at shutdown.
+
+FTS_MARK = "fts_indexed_id"  # meta key: every message id up to it is indexed
+
+
+def index_pending(conn, limit: int | None = None) -> int:
+    """Index messages added since the last call (at most ``limit``); returns
+    how many. A writer job."""
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (FTS_MARK,)).fetchone()
+    last = row[0] if row else 0
+    sql = "SELECT id, content FROM messages WHERE id > ? ORDER BY id"
+    rows = conn.execute(sql + (" LIMIT ?" if limit else ""),
+                        (last, limit) if limit else (last,)).fetchall()
+    if rows:
+        conn.executemany("INSERT INTO messages_fts (rowid, content) VALUES (?, ?)", rows)
+        set_index_mark(conn, rows[-1][0])
+    return len(rows)
+
+
+def index_after_delete(conn) -> None:
+    """After deleting messages (everything having been indexed first): the
+    mark comes down to the highest id left, because SQLite hands the freed ids
+    above it out again and those new rows must still be indexed."""
+    set_index_mark(conn, conn.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0])
+
+
+def set_index_mark(conn, value: int) -> None:
+    conn.execute("INSERT INTO meta (key, value) VALUES (?, ?)"
+                 " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (FTS_MARK, value))
+
+
 def search(conn, query: str, session_key: str = "", limit: int = 20) -> list[dict[str, Any]]:
     """FTS5 over live messages. A query that is not valid FTS5 syntax is retried
     as a plain phrase search, so users can type anything."""

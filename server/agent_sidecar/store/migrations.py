@@ -161,9 +161,33 @@ CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
     INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
 END;
 """),
+    (3, "deferred full-text indexing", """
+-- Messages are indexed in batches (sessions/transcripts.py: index_pending), not
+-- by a trigger per row: meta.fts_indexed_id is the last message id indexed.
+-- Every message id up to it is in the index, none above it.
+DROP TRIGGER messages_fts_insert;
+DROP TRIGGER messages_fts_delete;
+CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages
+WHEN old.id <= coalesce((SELECT value FROM meta WHERE key = 'fts_indexed_id'), 0) BEGIN
+    INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+END;
+INSERT INTO meta (key, value) VALUES ('fts_indexed_id', (SELECT coalesce(max(id), 0) FROM messages))
+    ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+"""),
 ]
 
-FTS_SCHEMA = MIGRATIONS[1][2]
+# What `doctor --rebuild-fts` recreates (then it indexes every message).
+FTS_SCHEMA = """
+CREATE VIRTUAL TABLE messages_fts USING fts5 (
+    content, content='messages', content_rowid='id', tokenize='unicode61'
+);
+CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages
+WHEN old.id <= coalesce((SELECT value FROM meta WHERE key = 'fts_indexed_id'), 0) BEGIN
+    INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+END;
+INSERT INTO meta (key, value) VALUES ('fts_indexed_id', 0)
+    ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+"""
 
 
 def applied_versions(conn: apsw.Connection) -> set[int]:

@@ -91,6 +91,7 @@ class TurnManager:
         await supervision.restore(self)
         self.ready.set()
         self.spawn(housekeeping.run(self.cfg, self.store, self.busy_keys))
+        self.spawn(housekeeping.index_messages(self.store))
         self.spawn(supervision.watchdog(self))
 
     async def drain(self, timeout: float) -> bool:
