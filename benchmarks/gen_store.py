@@ -3,8 +3,8 @@
     python benchmarks/gen_store.py DIR --sessions 100000 --frames 1000000
 
 The schema is the server's own (``agent_sidecar.store.migrations.migrate`` on a
-fresh file); rows are bulk-inserted with apsw in big transactions, with the FTS
-triggers dropped meanwhile and the index rebuilt once at the end. What a crash
+fresh file); rows are bulk-inserted with apsw in big transactions and the
+full-text index is built once at the end. What a crash
 leaves behind is included: lanes with ``running = 1`` and an open ``running``
 ledger row (some with a dangling tool call), lanes active within the last two
 minutes (which startup marks ``resume_pending``), lanes already
@@ -27,7 +27,8 @@ import _common  # noqa: F401  (import path to the in-tree server)
 import apsw
 import orjson
 
-from agent_sidecar.store.migrations import FTS_SCHEMA, migrate
+from agent_sidecar.sessions import transcripts as tx
+from agent_sidecar.store.migrations import migrate
 
 PLATFORMS = ("telegram", "discord", "slack", "whatsapp")
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
@@ -68,8 +69,7 @@ def generate(out: Path, sessions: int, frames: int, running: int, recent: int, p
     conn.execute("PRAGMA journal_mode=OFF")
     conn.execute("PRAGMA synchronous=OFF")
     conn.execute("PRAGMA cache_size=-262144")
-    migrate(conn)
-    conn.execute("DROP TRIGGER messages_fts_insert; DROP TRIGGER messages_fts_delete")
+    migrate(conn)  # the full-text index is filled once at the end (no trigger fills it)
 
     now = time.time()
     month = 30 * 86400
@@ -189,10 +189,9 @@ def generate(out: Path, sessions: int, frames: int, running: int, recent: int, p
                              " body) VALUES (?,1,?,?,?,?,'accepted',?)", (rid, keys[i], sids[i], plats[i], t,
                                                                        orjson.dumps({"queue_position": pos})))
     counts["queued"] = q
-    with conn:  # the derived index, once, from the canonical rows; then the triggers back
+    with conn:  # the derived index, once, from the canonical rows
         conn.execute("INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')")
-        for trig in FTS_SCHEMA.split("CREATE TRIGGER")[1:]:
-            conn.execute("CREATE TRIGGER" + trig)
+        tx.set_index_mark(conn, conn.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0])
     with conn:  # lets the benchmark shift activity times to "just now" on each copy
         conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('gen_store_at', ?)", (str(now),))
     conn.execute("PRAGMA journal_mode=WAL")
