@@ -206,6 +206,7 @@ class GroupCommitWriter:
         """Commit everything queued, checkpoint and truncate the WAL, stop."""
         if self._closed:
             return
+        log.info("store writer closing", extra={"commits": self.commits, "jobs": self.jobs})
         self._send()  # anything submitted in this loop iteration goes first
         self._closed = True
         if self._transport is not None:
