@@ -93,17 +93,21 @@ class AgentCache:
         return not agent.in_turn and agent.unpersisted <= 0
 
     def _enforce_cap(self) -> list[str]:
-        evicted = []
-        if len(self._agents) <= self.max_size:
-            return evicted
-        for key in list(self._agents):
-            if len(self._agents) <= self.max_size:
-                break
-            agent = self._agents[key]
-            if key == next(reversed(self._agents)) or not self._sheddable(agent):
-                continue
+        """Evict least recently used agents down to ``max_size``, skipping the
+        newest and any that is busy or unpersisted. Walks from the LRU end only
+        as far as it must: this runs on every cache miss of a full cache."""
+        excess = len(self._agents) - self.max_size
+        if excess <= 0:
+            return []
+        newest = next(reversed(self._agents))
+        evicted: list[str] = []
+        for key, agent in self._agents.items():
+            if key != newest and self._sheddable(agent):
+                evicted.append(key)
+                if len(evicted) == excess:
+                    break
+        for key in evicted:
             del self._agents[key]
-            evicted.append(key)
         self.evictions["lru"] += len(evicted)
         return evicted
 
