@@ -223,8 +223,8 @@ def _wait_socket(path: Path, proc: subprocess.Popen, timeout: float, log: Path |
 class SidecarServer:
     name = "sidecar"
 
-    def __init__(self, root: Path, workers: int | None):
-        self.dir = root / "sidecar"
+    def __init__(self, root: Path, workers: int | None, name: str = "sidecar"):
+        self.dir = root / name
         self.dir.mkdir()
         self.sock = self.dir / "sidecar.sock"
         self.log = self.dir / "sidecar.log"
@@ -310,6 +310,11 @@ class SidecarServer:
         return (f"store after the run: {done:,} completed prompts, {frames:,} frames, "
                 f"{msgs:,} transcript messages (expected {expected_turns:,} turns, "
                 f"{5 * expected_turns:,} frames) -> {ok}")
+
+
+class _Named:
+    def __init__(self, name: str):
+        self.name = name
 
 
 class BareServer:
@@ -435,33 +440,47 @@ def main() -> int:
     servers = []
     results: list[dict] = []
     all_runs: list[dict] = []
-    sidecar = None
+    checks: list[str] = []
     try:
-        if args.only != "bare":
-            sidecar = SidecarServer(root, args.workers)
-            sidecar.start()
-            servers.append(sidecar)
-            keys = sidecar.create_sessions(n_sessions)
-            print(f"sidecar up: pid {sidecar.proc.pid}, {len(sidecar.pids()['workers'])} child "
-                  f"processes (workers + multiprocessing resource tracker), data {sidecar.dir}",
-                  file=sys.stderr)
-        else:
-            keys = [f"agent:main:bench:dm:chat{i}" for i in range(n_sessions)]
-        if args.only != "sidecar":
+        names = [n for n in ("sidecar", "bare") if args.only in (None, n)]
+        bare_keys = [f"agent:main:bench:dm:chat{i}" for i in range(n_sessions)]
+        if "bare" in names:
             bare = BareServer(root)
             bare.start()
             servers.append(bare)
         for rnd in range(repeat):
             for level in levels:
-                for server in servers:
-                    r = run_point(server, keys, level, turns, warmup, args.clients, args.seed + 1000 * rnd)
+                for name in names:
+                    if name == "sidecar":
+                        # Every point on a fresh sidecar and data dir: rounds are
+                        # true repeats (transcripts do not grow from one to the next).
+                        server = SidecarServer(root, args.workers, f"sidecar-{rnd}-{level}")
+                        server.start()
+                        keys = server.create_sessions(n_sessions)
+                        print(f"sidecar up: pid {server.proc.pid}, {len(server.pids()['workers'])} child "
+                              f"processes (workers + multiprocessing resource tracker), data {server.dir}",
+                              file=sys.stderr)
+                    else:
+                        server, keys = bare, bare_keys
+                    try:
+                        r = run_point(server, keys, level, turns, warmup, args.clients,
+                                      args.seed + 1000 * rnd)
+                    finally:
+                        if name == "sidecar":
+                            server.stop()
+                    if name == "sidecar":
+                        try:
+                            checks.append(server.verify(turns + warmup))
+                        except sqlite3.Error as e:
+                            checks.append(f"store check failed: {e}")
                     all_runs.append(r)
-                    print(f"  … round {rnd + 1}: {server.name} @ {level}: {r['rate']:,.0f} turns/s, "
+                    print(f"  … round {rnd + 1}: {name} @ {level}: {r['rate']:,.0f} turns/s, "
                           f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, errors {r['errors']}, "
                           f"others' CPU {100 * r['cpu']['others'] / r['cpu']['wall']:.0f}%", file=sys.stderr)
     finally:
         for s in servers:
             s.stop()
+    servers = [_Named(n) for n in names]
     for level in levels:
         for server in servers:
             mine = [r for r in all_runs if r["server"] == server.name and r["in_flight"] == level]
@@ -499,13 +518,10 @@ def main() -> int:
                  "machine busy", "our CPU ms/turn"], cpu_rows,
                 title=f"Where the CPU went during each timed window ({os.cpu_count()} cores)"))
 
-    if sidecar is not None:
-        expected = sum(r["turns"] for r in all_runs if r["server"] == "sidecar")
-        expected += len([1 for r in all_runs if r["server"] == "sidecar"]) * warmup
-        try:
-            print(sidecar.verify(expected))
-        except sqlite3.Error as e:
-            print(f"store check failed: {e}")
+    if checks:
+        bad = [c for c in checks if not c.endswith("-> ok")]
+        print(f"store after each sidecar point ({len(checks)}): "
+              + ("every turn's frames and messages persisted -> ok" if not bad else "; ".join(bad)))
 
     print()
     by = {(r["server"], r["in_flight"]): r for r in results}
