@@ -63,8 +63,8 @@ class Sidecar:
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.start()
         await self.turns.start()
-        _tune_gc()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        _tune_gc()
         log.info("serving", extra={"listen": bound, "db": self.cfg.db_path,
                                    "workers": self.cfg.worker_count()})
         return bound

@@ -51,6 +51,7 @@ def writer_main(pipe, path: str, synchronous: str, parent_pid: int, log_format: 
     become_child("sidecar-writer", parent_pid)
     from .db import open_writer
     logs.setup(log_format, log_level)
+    _import_job_modules()
     conn = open_writer(path, synchronous)
     pipe.send_bytes(pickle.dumps({"pid": os.getpid(), "grpc_loaded": "grpc" in sys.modules}))
     try:
@@ -62,6 +63,15 @@ def writer_main(pipe, path: str, synchronous: str, parent_pid: int, log_format: 
             log.warning("final WAL checkpoint incomplete (a reader was open)")
         conn.close()
     pipe.send_bytes(CLOSE)
+
+
+def _import_job_modules() -> None:
+    """Import where the sidecar's jobs live now, while the parent is still
+    starting its workers, rather than when the first job (the startup restore)
+    arrives and health waits for it. None of them imports grpc."""
+    from ..recovery import housekeeping, startup  # noqa: F401
+    from ..sessions import lifecycle, transcripts  # noqa: F401
+    from ..turns import jobs  # noqa: F401
 
 
 def _serve(pipe, conn: apsw.Connection) -> None:

@@ -188,7 +188,10 @@ class TurnManager:
         sub = Subscriber()
         turn.subscribers.append(sub)
         position = lane.next_position()
-        start_now = slot is None and lane.running is turn  # an idle lane: accept and start at once
+        # An idle lane: accept and start in one transaction. Not for the startup
+        # restore's resume turns: their starts (and system prompts) should not
+        # hold up SERVING, so they start after their accept, through the bus.
+        start_now = slot is None and lane.running is turn and not internal
         try:
             sid, frame_id, turn.routing_row, started = await self.accepts.submit(
                 (turn.ledger_fields(), source, self.cfg.dedup_window_s, slot, position, start_now))
