@@ -30,12 +30,9 @@ def _say(msg: str) -> None:
 
 
 def fts_ok(conn: apsw.Connection) -> tuple[bool, str]:
-    """FTS5's integrity check compares the index with every message, so the
-    messages not yet indexed (the sidecar indexes in batches) go in first."""
+    """FTS5's own integrity check: the index against every message (``run``
+    indexes what the sidecar had not indexed yet before asking)."""
     try:
-        with conn:
-            tx.index_pending(conn)
-
         conn.execute("INSERT INTO messages_fts (messages_fts, rank) VALUES ('integrity-check', 1)")
         return True, "ok"
     except apsw.Error as e:
@@ -86,8 +83,8 @@ def run(args) -> int:
     conn.execute("PRAGMA journal_mode=WAL")
     migrate(conn)
     healthy = True
-    try:  # messages the sidecar has not indexed yet: both checks below look at them
-        with conn:
+    try:  # messages the sidecar has not indexed yet (it indexes in batches): both
+        with conn:  # checks below compare the index with every message
             tx.index_pending(conn)
     except apsw.Error:
         pass  # a broken index: the checks below say so

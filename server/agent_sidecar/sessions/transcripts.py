@@ -200,10 +200,10 @@ def from_model(msg: dict[str, Any]) -> Message:
 # -- the full-text index ------------------------------------------------------------
 #
 # Messages are indexed in batches, not by a trigger on every insert: FTS5 writes
-# a new index segment for every transaction that touches it, and a turn's
-# commit paying for that cost about a sixth of the store's time per turn. The
-# index is caught up every second (recovery/housekeeping.py), before every
-# search (so a search always sees every message), and at shutdown.
+# a new index segment for every transaction that touches it, which cost about a
+# sixth of the store writer's time per turn. The index is caught up every second
+# (recovery/housekeeping.py), before every search (so a search always sees
+# every message written before it), at a clean stop, and by doctor.
 
 FTS_MARK = "fts_indexed_id"  # meta key: every message id up to it is indexed
 

@@ -27,6 +27,7 @@ from .writer_process import CLOSE, writer_main
 log = logging.getLogger("agent_sidecar.store")
 
 _HEADER = struct.Struct("!i")  # multiprocessing.Connection's framing
+_MAX_MESSAGE = 0x7FFFFFFF  # what that 4-byte length can say
 
 
 class StoreClosed(RuntimeError):
@@ -144,12 +145,20 @@ class GroupCommitWriter:
     def _send(self) -> None:
         self._scheduled = False
         jobs, self._outbox = self._outbox, []
-        if jobs and self._transport is not None:
-            self._write(pickle.dumps(jobs, protocol=pickle.HIGHEST_PROTOCOL))
+        if not jobs or self._transport is None:
+            return
+        body = pickle.dumps(jobs, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(body) <= _MAX_MESSAGE:
+            self._write(body)
+            return
+        for job in jobs:  # a huge batch goes job by job; a job that alone is too big fails
+            body = pickle.dumps([job], protocol=pickle.HIGHEST_PROTOCOL)
+            if len(body) <= _MAX_MESSAGE:
+                self._write(body)
+            else:
+                self._answer(job[0], False, ValueError("a store write larger than 2 GiB"))
 
     def _write(self, body: bytes) -> None:
-        if len(body) > 0x7FFFFFFF:
-            raise StoreClosed("a store write batch over 2 GiB")
         self._transport.write(_HEADER.pack(len(body)) + body)
 
     # -- answers ----------------------------------------------------------
@@ -166,19 +175,21 @@ class GroupCommitWriter:
             return
         self.commits += 1
         self.jobs += len(msg)
-        pending = self._pending
         for jid, ok, value in msg:
-            fut = pending.pop(jid, None)
-            if fut is None:
-                continue
-            if not isinstance(fut, asyncio.Future):
-                _call(fut, ok, value)
-            elif fut.done():
-                continue
-            elif ok:
-                fut.set_result(value)
-            else:
-                fut.set_exception(value)
+            self._answer(jid, ok, value)
+
+    def _answer(self, jid: int, ok: bool, value: Any) -> None:
+        fut = self._pending.pop(jid, None)
+        if fut is None:
+            return
+        if not isinstance(fut, asyncio.Future):
+            _call(fut, ok, value)
+        elif fut.done():
+            return
+        elif ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
 
     def _on_lost(self) -> None:
         if self._hello is not None and not self._hello.done():

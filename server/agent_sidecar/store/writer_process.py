@@ -46,9 +46,9 @@ CLOSE = b"close"
 def writer_main(pipe, path: str, synchronous: str, parent_pid: int, log_format: str,
                 log_level: str) -> None:
     """The spawn target. ``pipe`` is our end of a multiprocessing Pipe."""
-    from .. import logs
     from ..children import become_child
     become_child("sidecar-writer", parent_pid)
+    from .. import logs
     from .db import open_writer
     logs.setup(log_format, log_level)
     _import_job_modules()
@@ -69,9 +69,10 @@ def _import_job_modules() -> None:
     """Import where the sidecar's jobs live now, while the parent is still
     starting its workers, rather than when the first job (the startup restore)
     arrives and health waits for it. None of them imports grpc."""
-    from ..recovery import housekeeping, startup  # noqa: F401
-    from ..sessions import lifecycle, transcripts  # noqa: F401
-    from ..turns import jobs  # noqa: F401
+    import importlib
+    for name in ("recovery.housekeeping", "recovery.startup", "sessions.lifecycle",
+                 "sessions.transcripts", "turns.jobs"):
+        importlib.import_module(f"agent_sidecar.{name}")
 
 
 def _serve(pipe, conn: apsw.Connection) -> None:
