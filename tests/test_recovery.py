@@ -14,7 +14,6 @@ import time
 from contextlib import closing
 
 import grpc
-import pytest
 
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as spb
