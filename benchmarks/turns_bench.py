@@ -455,14 +455,15 @@ def main() -> int:
                         # Every point on a fresh sidecar and data dir: rounds are
                         # true repeats (transcripts do not grow from one to the next).
                         server = SidecarServer(root, args.workers, f"sidecar-{rnd}-{level}")
-                        server.start()
-                        keys = server.create_sessions(n_sessions)
-                        print(f"sidecar up: pid {server.proc.pid}, {len(server.pids()['workers'])} child "
-                              f"processes (workers + multiprocessing resource tracker), data {server.dir}",
-                              file=sys.stderr)
                     else:
                         server, keys = bare, bare_keys
                     try:
+                        if name == "sidecar":
+                            server.start()
+                            keys = server.create_sessions(n_sessions)
+                            print(f"sidecar up: pid {server.proc.pid}, {len(server.pids()['workers'])} "
+                                  f"child processes (writer, workers, multiprocessing resource tracker), "
+                                  f"data {server.dir}", file=sys.stderr)
                         r = run_point(server, keys, level, turns, warmup, args.clients,
                                       args.seed + 1000 * rnd)
                     finally:
