@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import platform
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -179,3 +181,15 @@ def load_average() -> str:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return "?"
+
+
+def terminate(proc: subprocess.Popen | None, grace: float) -> None:
+    """SIGTERM (the clean stop), then SIGKILL if it is not gone within ``grace`` s."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import ROOT, machine_line, table
+from _common import ROOT, machine_line, table, terminate
 
 import apsw
 import grpc
@@ -129,12 +128,7 @@ def one_run(store: Path, run_dir: Path, workers: int, timeout: float = 120) -> d
                 time.sleep(0.005)
             time.sleep(1.0)  # let the first housekeeping pass and the resume turns run
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            terminate(proc, 60)
     out = {"serving_s": serving, "ready_s": ready}
     ready = []
     for line in log_path.read_text().splitlines():

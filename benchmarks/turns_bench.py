@@ -53,7 +53,7 @@ import uuid
 from pathlib import Path
 
 import _common  # noqa: F401  (sets sys.path)
-from _common import CpuWindow, children_of, goal_line, load_average, machine_line, percentile, table
+from _common import CpuWindow, children_of, goal_line, load_average, machine_line, percentile, table, terminate
 
 GOAL = 0.6
 HERE = Path(__file__).resolve()
@@ -286,13 +286,7 @@ class SidecarServer:
                 "workers": [k for k in kids if k not in writer]}
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(90)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        terminate(self.proc, 90)
         if getattr(self, "_logf", None):
             self._logf.close()
 
@@ -335,13 +329,7 @@ class BareServer:
         return {"bare server": [self.proc.pid]}
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, 10)
 
 
 def run_point(server, keys: list[str], in_flight: int, turns: int, warmup: int, clients: int,
