@@ -21,14 +21,19 @@ def unary(fn):
         try:
             principal = self.auth.authenticate(context)
             return await fn(self, request, context, principal)
-        except SidecarError as e:
-            await abort(context, e)
-        except (grpc.aio.AbortError, grpc.aio.UsageError):
-            raise
-        except Exception:
-            log.exception("rpc %s failed", fn.__name__)
-            await abort(context, _internal(fn.__name__))
+        except Exception as e:
+            await _fail(context, fn.__name__, e)
     return wrapper
+
+
+async def _fail(context, name: str, e: Exception) -> None:
+    """The one mapping from what a handler raised to the call's status."""
+    if isinstance(e, (grpc.aio.AbortError, grpc.aio.UsageError)):
+        raise e  # gRPC's own: the status is already set
+    if not isinstance(e, SidecarError):
+        log.error("rpc %s failed", name, exc_info=e)
+        e = _internal(name)
+    await abort(context, e)
 
 
 def _internal(name: str) -> SidecarError:
@@ -44,11 +49,6 @@ def streaming(fn):
             principal = self.auth.authenticate(context)
             async for item in fn(self, request, context, principal):
                 yield item
-        except SidecarError as e:
-            await abort(context, e)
-        except (grpc.aio.AbortError, grpc.aio.UsageError):
-            raise
-        except Exception:
-            log.exception("rpc %s failed", fn.__name__)
-            await abort(context, _internal(fn.__name__))
+        except Exception as e:
+            await _fail(context, fn.__name__, e)
     return wrapper
