@@ -1,17 +1,39 @@
-"""What every spawned child of the sidecar (turn workers, the store writer)
-does first: take a name ``top``/``ps -o comm`` shows, and die with the parent.
+"""The sidecar's spawned children (turn workers, the store writer), both sides.
 
-Dying with the parent matters most for the store writer: a writer that
-outlived a ``kill -9``'d sidecar could commit behind the back of the next
-sidecar's startup recovery. Linux only (prctl); elsewhere a child notices its
-parent is gone when its pipe reaches EOF.
+Child side, ``become_child``: what every child does first: take a name
+``top``/``ps -o comm`` shows, and die with the parent. Dying with the parent
+matters most for the store writer: a writer that outlived a ``kill -9``'d
+sidecar could commit behind the back of the next sidecar's startup recovery.
+Linux only (prctl); elsewhere a child notices its parent is gone when its pipe
+reaches EOF.
+
+Both sides, ``Channel``: length-prefixed messages over the multiprocessing
+Pipe (a Unix socketpair), in ``multiprocessing.Connection``'s own framing, so
+a child may use a plain ``Connection`` on its end. The protocol parses whole
+messages out of whatever the socket delivers and coalesces everything sent in
+one event-loop iteration into one write — a turn's frames, its message and its
+``done`` usually cross in one syscall and wake the other side once. Workers
+speak orjson; the store writer speaks pickle.
+
+Parent side, ``spawn``: start a child with ``spawn`` (never fork: grpcio is not
+fork-safe), wrap our end in a Channel, wait for the child's hello.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import multiprocessing as mp
 import os
 import signal
+import socket
+import struct
 import sys
+from typing import Any, Callable
+
+import orjson
+
+log = logging.getLogger("agent_sidecar.children")
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
@@ -37,3 +59,127 @@ def become_child(name: str, parent_pid: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if os.getppid() != parent_pid:  # the parent died before we asked
         os._exit(1)
+
+
+# -- the pipe ----------------------------------------------------------------------------
+
+_LEN = struct.Struct("!i")  # multiprocessing.Connection's header; -1 then "!Q" past 2 GiB
+_LEN_LONG = struct.Struct("!Q")
+
+
+def frame(body: bytes) -> bytes:
+    """One message as it travels: its length, then its bytes."""
+    if len(body) > 0x7FFFFFFF:
+        return _LEN.pack(-1) + _LEN_LONG.pack(len(body)) + body
+    return _LEN.pack(len(body)) + body
+
+
+class Channel(asyncio.Protocol):
+    def __init__(self, on_message: Callable[[Any], Any], on_lost: Callable[[], Any],
+                 loads: Callable[[bytes], Any] = orjson.loads,
+                 dumps: Callable[[Any], bytes] = orjson.dumps):
+        self.on_message, self.on_lost = on_message, on_lost
+        self.loads, self.dumps = loads, dumps
+        self.transport: asyncio.Transport | None = None
+        self._in = bytearray()
+        self._out: list[bytes] = []
+        self._scheduled = False
+
+    # -- sending ------------------------------------------------------------------
+
+    def send(self, msg: Any, now: bool = False) -> None:
+        """Queue ``msg`` for the write at the end of this loop iteration, or,
+        with ``now``, write it (and anything queued before it) at once."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        self._out.append(frame(self.dumps(msg)))
+        if now:
+            self._flush()
+        elif not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        out, self._out = self._out, []
+        if out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+
+    def close(self) -> None:
+        self._flush()
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- receiving ----------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._in
+        buf += data
+        pos, end = 0, len(buf)
+        while end - pos >= _LEN.size:
+            (n,) = _LEN.unpack_from(buf, pos)
+            start = pos + _LEN.size
+            if n == -1:
+                if end - start < _LEN_LONG.size:
+                    break
+                (n,) = _LEN_LONG.unpack_from(buf, start)
+                start += _LEN_LONG.size
+            if end - start < n:
+                break
+            pos = start + n
+            try:
+                self.on_message(self.loads(buf[start:pos]))
+            except Exception:
+                log.exception("handling a message failed")
+        if pos:
+            del buf[:pos]
+
+    def connection_lost(self, exc) -> None:
+        self.transport = None
+        self.on_lost()
+
+
+async def open_channel(fileno: int, on_message: Callable[[Any], Any], on_lost: Callable[[], Any],
+                       **codec) -> Channel:
+    """Wrap one end of a multiprocessing Pipe in a Channel (``codec``: its
+    ``loads``/``dumps``, orjson by default)."""
+    sock = socket.socket(fileno=os.dup(fileno))
+    sock.setblocking(False)
+    _, channel = await asyncio.get_running_loop().create_unix_connection(
+        lambda: Channel(on_message, on_lost, **codec), sock=sock)
+    return channel
+
+
+async def spawn(target: Callable, args: tuple, name: str, on_message: Callable[[Any], Any],
+                on_lost: Callable[[], Any], timeout: float = 60.0,
+                **codec) -> tuple[mp.process.BaseProcess, Channel, Any]:
+    """Start ``target(child_end, *args)`` in a spawned process and return
+    (process, channel, hello) once its first message, the hello, arrived.
+    ``on_message`` gets every later message; ``on_lost`` runs when the
+    child's end of the pipe closes (before the hello too, which then fails)."""
+    ctx = mp.get_context("spawn")
+    parent_end, child_end = ctx.Pipe(duplex=True)
+    proc = ctx.Process(target=target, args=(child_end, *args), name=name, daemon=True)
+    proc.start()
+    child_end.close()
+    hello: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    def first_then_on(msg: Any) -> None:
+        if hello.done():
+            on_message(msg)
+        else:
+            hello.set_result(msg)
+
+    def lost() -> None:
+        if not hello.done():
+            hello.set_exception(ConnectionError(f"{name} exited before saying hello"))
+        on_lost()
+
+    try:
+        channel = await open_channel(parent_end.fileno(), first_then_on, lost, **codec)
+    finally:
+        parent_end.close()
+    return proc, channel, await asyncio.wait_for(hello, timeout)

@@ -18,50 +18,16 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
-import socket
-import struct
 from typing import Any, Callable
 
+from ..children import Channel, spawn
 from .writer_process import CLOSE, writer_main
 
 log = logging.getLogger("agent_sidecar.store")
 
-_HEADER = struct.Struct("!i")  # multiprocessing.Connection's framing
-_MAX_MESSAGE = 0x7FFFFFFF  # what that 4-byte length can say
-
 
 class StoreClosed(RuntimeError):
     """The store was closed (or its writer died); no more writes are accepted."""
-
-
-class _Replies(asyncio.Protocol):
-    """Reads the writer's length-prefixed messages off the socket."""
-
-    def __init__(self, owner: "GroupCommitWriter"):
-        self.owner = owner
-        self.buf = bytearray()
-
-    def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        pos = 0
-        while len(buf) - pos >= 4:
-            (n,) = _HEADER.unpack_from(buf, pos)
-            start = pos + 4
-            if n == -1:  # > 2 GiB: an 8-byte length follows
-                if len(buf) - start < 8:
-                    break
-                (n,) = struct.unpack_from("!Q", buf, start)
-                start += 8
-            if len(buf) - start < n:
-                break
-            self.owner._on_message(bytes(buf[start:start + n]))
-            pos = start + n
-        if pos:
-            del buf[:pos]
-
-    def connection_lost(self, exc) -> None:
-        self.owner._on_lost()
 
 
 def _call(on_done: Callable[[bool, Any], None], ok: bool, value: Any) -> None:
@@ -82,31 +48,20 @@ class GroupCommitWriter:
         self.commits = 0
         self.jobs = 0
         self._process: mp.process.BaseProcess | None = None
-        self._transport: asyncio.Transport | None = None
+        self._channel: Channel | None = None
         self._pending: dict[int, asyncio.Future | Callable[[bool, Any], None]] = {}
         self._outbox: list[tuple[int, bytes]] = []
         self._scheduled = False
         self._next_id = 0
         self._closed = False
-        self._hello: asyncio.Future | None = None
         self._done: asyncio.Future | None = None
 
     async def start(self, timeout: float = 60.0) -> None:
-        ctx = mp.get_context("spawn")
-        parent_end, child_end = ctx.Pipe(duplex=True)
-        self._process = ctx.Process(
-            target=writer_main, name="agent-sidecar-store-writer", daemon=True,
-            args=(child_end, self.path, self.synchronous, os.getpid(), self.log_format, self.log_level))
-        self._process.start()
-        child_end.close()
-        loop = asyncio.get_running_loop()
-        sock = socket.socket(fileno=os.dup(parent_end.fileno()))
-        parent_end.close()
-        sock.setblocking(False)
-        self._hello = loop.create_future()
-        self._done = loop.create_future()
-        self._transport, _ = await loop.create_unix_connection(lambda: _Replies(self), sock=sock)
-        self.info = await asyncio.wait_for(self._hello, timeout)
+        self._done = asyncio.get_running_loop().create_future()
+        self._process, self._channel, self.info = await spawn(
+            writer_main, (self.path, self.synchronous, os.getpid(), self.log_format, self.log_level),
+            "agent-sidecar-store-writer", self._on_message, self._on_lost, timeout,
+            loads=pickle.loads, dumps=_dumps)
         self.pid = self.info["pid"]
         log.info("store writer ready", extra={"pid": self.pid, "grpc_loaded": self.info["grpc_loaded"]})
 
@@ -145,33 +100,15 @@ class GroupCommitWriter:
     def _send(self) -> None:
         self._scheduled = False
         jobs, self._outbox = self._outbox, []
-        if not jobs or self._transport is None:
-            return
-        body = pickle.dumps(jobs, protocol=pickle.HIGHEST_PROTOCOL)
-        if len(body) <= _MAX_MESSAGE:
-            self._write(body)
-            return
-        for job in jobs:  # a huge batch goes job by job; a job that alone is too big fails
-            body = pickle.dumps([job], protocol=pickle.HIGHEST_PROTOCOL)
-            if len(body) <= _MAX_MESSAGE:
-                self._write(body)
-            else:
-                self._answer(job[0], False, ValueError("a store write larger than 2 GiB"))
-
-    def _write(self, body: bytes) -> None:
-        self._transport.write(_HEADER.pack(len(body)) + body)
+        if jobs and self._channel is not None:
+            self._channel.send(jobs, now=True)
 
     # -- answers ----------------------------------------------------------
 
-    def _on_message(self, raw: bytes) -> None:
-        if raw == CLOSE:
+    def _on_message(self, msg) -> None:
+        if msg == CLOSE:
             if self._done is not None and not self._done.done():
                 self._done.set_result(None)
-            return
-        msg = pickle.loads(raw)
-        if isinstance(msg, dict):  # hello
-            if self._hello is not None and not self._hello.done():
-                self._hello.set_result(msg)
             return
         self.commits += 1
         self.jobs += len(msg)
@@ -192,8 +129,6 @@ class GroupCommitWriter:
             fut.set_exception(value)
 
     def _on_lost(self) -> None:
-        if self._hello is not None and not self._hello.done():
-            self._hello.set_exception(StoreClosed("the store writer process exited"))
         if self._done is not None and not self._done.done():
             self._done.set_result(None)
         pending, self._pending = self._pending, {}
@@ -204,7 +139,7 @@ class GroupCommitWriter:
                 fut.set_exception(StoreClosed("the store writer process exited"))
         was_closing = self._closed
         self._closed = True
-        self._transport = None
+        self._channel = None
         if not was_closing:
             code = self._process.exitcode if self._process is not None else None
             log.critical("the store writer process died", extra={"pid": self.pid, "exitcode": code})
@@ -220,14 +155,19 @@ class GroupCommitWriter:
         log.info("store writer closing", extra={"commits": self.commits, "jobs": self.jobs})
         self._send()  # anything submitted in this loop iteration goes first
         self._closed = True
-        if self._transport is not None:
-            self._write(CLOSE)
+        if self._channel is not None:
+            self._channel.send(CLOSE, now=True)
             try:
                 await asyncio.wait_for(asyncio.shield(self._done), timeout)
             except asyncio.TimeoutError:
                 log.warning("the store writer did not confirm its close")
-            self._transport.close()
+            if self._channel is not None:
+                self._channel.close()
         if self._process is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._process.join, 5)
             if self._process.is_alive():
                 self._process.kill()
+
+
+def _dumps(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)

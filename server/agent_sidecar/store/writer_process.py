@@ -40,7 +40,7 @@ log = logging.getLogger("agent_sidecar.store")
 # flood arrives, while still amortising the fsync over hundreds of writes.
 MAX_BATCH = 2000
 MAX_MESSAGES = 256
-CLOSE = b"close"
+CLOSE = "close"  # the parent's last message, and our answer to it
 
 
 def writer_main(pipe, path: str, synchronous: str, parent_pid: int, log_format: str,
@@ -62,7 +62,7 @@ def writer_main(pipe, path: str, synchronous: str, parent_pid: int, log_format: 
         except apsw.Error:
             log.warning("final WAL checkpoint incomplete (a reader was open)")
         conn.close()
-    pipe.send_bytes(CLOSE)
+    pipe.send_bytes(pickle.dumps(CLOSE))
 
 
 def _import_job_modules() -> None:
@@ -76,33 +76,25 @@ def _import_job_modules() -> None:
 
 
 def _serve(pipe, conn: apsw.Connection) -> None:
+    """Each message is one parent loop iteration's jobs, or CLOSE. Everything
+    already waiting on the pipe joins one group (``commit`` is fed at most
+    MAX_BATCH jobs at a time)."""
     while True:
         try:
-            messages = [pipe.recv_bytes()]
+            messages = [pickle.loads(pipe.recv_bytes())]
         except EOFError:  # the parent is gone without closing us
             return
-        jobs: list = []
-        stop = False
-        for raw in _drain(pipe, messages):
-            if raw == CLOSE:
-                stop = True
-                continue
-            jobs.extend(pickle.loads(raw))
+        while len(messages) < MAX_MESSAGES and messages[-1] != CLOSE and pipe.poll(0):
+            try:
+                messages.append(pickle.loads(pipe.recv_bytes()))
+            except EOFError:
+                break
+        stop = messages[-1] == CLOSE
+        jobs = [job for msg in messages if msg != CLOSE for job in msg]
         for i in range(0, len(jobs), MAX_BATCH):
             pipe.send_bytes(_encode_results(commit(conn, jobs[i:i + MAX_BATCH])))
         if stop:
             return
-
-
-def _drain(pipe, messages: list[bytes]) -> list[bytes]:
-    """Everything already waiting on the pipe joins this group (each message is
-    one parent loop iteration's jobs; ``commit`` is fed at most MAX_BATCH)."""
-    while len(messages) < MAX_MESSAGES and messages[-1] != CLOSE and pipe.poll(0):
-        try:
-            messages.append(pipe.recv_bytes())
-        except EOFError:
-            break
-    return messages
 
 
 def commit(conn: apsw.Connection, jobs: list[tuple[int, bytes]]) -> list[tuple[int, bool, Any]]:

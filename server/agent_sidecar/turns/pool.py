@@ -14,7 +14,7 @@ import logging
 import multiprocessing as mp
 from typing import Any, Callable
 
-from .wire import Channel, open_channel
+from ..children import Channel, spawn
 from .worker import worker_main
 
 log = logging.getLogger("agent_sidecar.workers")
@@ -53,7 +53,6 @@ class WorkerPool:
     def __init__(self, count: int, settings: dict[str, Any],
                  on_message: Callable[[WorkerHandle, dict], None],
                  on_exit: Callable[[WorkerHandle], None]):
-        self.ctx = mp.get_context("spawn")
         self.settings = settings
         self.handles = [WorkerHandle(i) for i in range(count)]
         self.on_message, self.on_exit = on_message, on_exit
@@ -67,38 +66,16 @@ class WorkerPool:
         await asyncio.gather(*(self._spawn(h) for h in self.handles))
 
     async def _spawn(self, h: WorkerHandle, timeout: float = 60.0) -> None:
-        parent_end, child_end = self.ctx.Pipe(duplex=True)
-        proc = self.ctx.Process(target=worker_main, args=(child_end, h.index, self.settings),
-                                name=f"agent-sidecar-worker-{h.index}", daemon=True)
-        proc.start()
-        child_end.close()
-        loop = asyncio.get_running_loop()
-        hello: asyncio.Future = loop.create_future()
         lost = asyncio.Event()
-
-        def on_message(msg: dict) -> None:
-            if not hello.done():
-                hello.set_result(msg)
-                return
-            try:
-                self.on_message(h, msg)
-            except Exception:
-                log.exception("handling a worker message failed", extra={"t": msg.get("t")})
-
-        def on_lost() -> None:
-            if not hello.done():
-                hello.set_exception(ConnectionError("the worker exited before saying hello"))
-            lost.set()
-
-        channel = await open_channel(parent_end.fileno(), on_message, on_lost)
-        parent_end.close()
-        info = await asyncio.wait_for(hello, timeout)
+        proc, channel, info = await spawn(
+            worker_main, (h.index, self.settings), f"agent-sidecar-worker-{h.index}",
+            lambda msg: self.on_message(h, msg), lost.set, timeout)
         h.process, h.channel, h.pid, h.info = proc, channel, info["pid"], info
         h.generation += 1
         h.ready.set()
         log.info("worker ready", extra={"index": h.index, "pid": h.pid,
                                         "grpc_loaded": info.get("grpc_loaded")})
-        self._readers.append(loop.create_task(self._watch(h, channel, lost, proc)))
+        self._readers.append(asyncio.get_running_loop().create_task(self._watch(h, channel, lost, proc)))
 
     async def _watch(self, h: WorkerHandle, channel: Channel, lost: asyncio.Event, proc) -> None:
         """Wait for the worker's end of the pipe to close; replace a dead worker."""

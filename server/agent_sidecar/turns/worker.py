@@ -30,7 +30,7 @@ from ..sessions.transcripts import load_for_model
 from ..store.db import open_reader
 from .agent import Agent, TurnFailed, TurnSpec, run_turn
 from .cache import AgentCache
-from .wire import Channel, open_channel
+from ..children import Channel, open_channel
 
 
 class _TurnIO:
