@@ -30,13 +30,22 @@ def _say(msg: str) -> None:
 
 
 def fts_ok(conn: apsw.Connection) -> tuple[bool, str]:
-    """FTS5's own integrity check: the index against every message (``run``
-    indexes what the sidecar had not indexed yet before asking)."""
+    """FTS5's own integrity check, which compares the index with every message.
+    The sidecar indexes in batches, so the messages it has not indexed yet go
+    in first, in the same write transaction: a running sidecar cannot add one
+    between the catch-up and the check."""
     try:
-        conn.execute("INSERT INTO messages_fts (messages_fts, rank) VALUES ('integrity-check', 1)")
-        return True, "ok"
+        conn.execute("BEGIN IMMEDIATE")
     except apsw.Error as e:
         return False, str(e)
+    try:
+        tx.index_pending(conn)
+        conn.execute("INSERT INTO messages_fts (messages_fts, rank) VALUES ('integrity-check', 1)")
+    except apsw.Error as e:
+        conn.execute("ROLLBACK")
+        return False, str(e)
+    conn.execute("COMMIT")
+    return True, "ok"
 
 
 def rebuild_fts(conn: apsw.Connection, progress: bool = True) -> int:
@@ -83,11 +92,6 @@ def run(args) -> int:
     conn.execute("PRAGMA journal_mode=WAL")
     migrate(conn)
     healthy = True
-    try:  # messages the sidecar has not indexed yet (it indexes in batches): both
-        with conn:  # checks below compare the index with every message
-            tx.index_pending(conn)
-    except apsw.Error:
-        pass  # a broken index: the checks below say so
 
     _say("integrity check …")
     result = [r[0] for r in conn.execute("PRAGMA integrity_check")]
