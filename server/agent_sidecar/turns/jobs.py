@@ -43,21 +43,10 @@ def accept(conn, t: tuple, source: SessionSource | None, dedup_window_s: float,
     now = time.time()
     row = conn.execute("SELECT session_id, suspended, resume_pending, created_at, origin"
                        " FROM routing WHERE session_key = ?", (key,)).fetchone()
-    status = "queued" if slot else "running"
-    started_at = now if start_now else None
-    routing_row = None
-    if row is not None and not row[1]:
-        # The common case: the lane exists and is usable. The ledger row goes
-        # first: a duplicate request id is refused before anything is written.
+    usable = row is not None and not row[1]
+    if usable:  # the common case: the lane exists and is usable
         sid = row[0]
-        _insert_ledger(conn, (rid, key, sid, platform, status, delivery, text, orjson.dumps(payload),
-                              created_at, started_at), dedup_window_s, now)
-        if not row[2] and source is not None:  # get_or_create's "keep and bump"
-            conn.execute("UPDATE routing SET updated_at = ?, origin = ? WHERE session_key = ?",
-                         (now, orjson.dumps(source.to_dict()), key))
-        # What the turn's start needs for the system prompt, saving it a read.
-        routing_row = (sid, row[3], orjson.dumps(source.to_dict()) if source else row[4])
-    else:
+    else:  # the session comes into being (or a suspended lane starts over) first
         _check_duplicate(conn, rid, dedup_window_s, now)
         if source is not None:
             entry, _ = life.get_or_create(conn, key, source, profile)
@@ -67,8 +56,19 @@ def accept(conn, t: tuple, source: SessionSource | None, dedup_window_s: float,
             origin = entry.origin or SessionSource(platform=entry.platform)
             entry, _ = life.get_or_create(conn, key, origin, entry.profile)
         sid = entry.session_id
-        _insert_ledger(conn, (rid, key, sid, platform, status, delivery, text, orjson.dumps(payload),
-                              created_at, started_at), dedup_window_s, now)
+    # On a usable lane the ledger row is the first write: a duplicate request
+    # id is refused before anything is written.
+    _insert_ledger(conn, (rid, key, sid, platform, "queued" if slot else "running", delivery, text,
+                          orjson.dumps(payload), created_at, now if start_now else None),
+                   dedup_window_s, now)
+    routing_row = None
+    if usable:
+        origin = orjson.dumps(source.to_dict()) if source is not None else row[4]
+        if not row[2] and source is not None:  # get_or_create's "keep and bump"
+            conn.execute("UPDATE routing SET updated_at = ?, origin = ? WHERE session_key = ?",
+                         (now, origin, key))
+        # What the turn's start needs for the system prompt, saving it a read.
+        routing_row = (sid, row[3], origin)
     if slot:
         conn.execute("INSERT INTO prompt_queue (request_id, session_key, slot, position, enqueued_at)"
                      " VALUES (?, ?, ?, ?, ?)", (rid, key, slot, position, now))
