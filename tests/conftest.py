@@ -22,3 +22,11 @@ def shared_sidecar(tmp_path_factory):
     sc = Sidecar(tmp_path_factory.mktemp("shared") / "data", tcp=True).start()
     yield sc
     sc.stop()
+
+
+@pytest.fixture(scope="module")
+def host(sc):
+    """Tool host "test" (``test.add``) on the module's own ``sc`` sidecar."""
+    from helpers_turns import ToolHost
+    with ToolHost(sc, "test", {"test.add": lambda a: a["a"] + a["b"]}) as h:
+        yield h

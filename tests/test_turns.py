@@ -53,12 +53,6 @@ def sc(tmp_path_factory):
     s.stop()
 
 
-@pytest.fixture(scope="module")
-def host(sc):
-    with ToolHost(sc, "test", {"test.add": lambda a: a["a"] + a["b"]}) as h:
-        yield h
-
-
 def test_echo_turn_end_to_end(sc):
     text = "hello there brave new world"
     out = run(sc.prompts(), prompt_req(text=text))

@@ -10,7 +10,6 @@ import pytest
 
 from fake_openai import FakeOpenAI
 from helpers_turns import (
-    ToolHost,
     assert_failed,
     assert_well_formed,
     config,
@@ -47,12 +46,6 @@ def sc(tmp_path_factory, fakes):
     s = Sidecar(tmp_path_factory.mktemp("openai") / "data", config=config(profiles), workers=2).start()
     yield s
     s.stop()
-
-
-@pytest.fixture(scope="module")
-def host(sc):
-    with ToolHost(sc, "test", {"test.add": lambda a: a["a"] + a["b"]}) as h:
-        yield h
 
 
 def test_streaming_text(sc, fakes):
