@@ -125,10 +125,12 @@ def generate(out: Path, sessions: int, frames: int, running: int, recent: int, p
         for r in range(n_req):
             i, t = req_sess[r], req_times[r]
             yield (f"h{r}", keys[i], sids[i], plats[i], "completed", 2, sentence(rng, 6), None, t,
-                   t + 0.01, t + 0.5, None, FRAMES_PER_REQUEST)
+                   t + 0.01, t + 0.5, None, FRAMES_PER_REQUEST, r * FRAMES_PER_REQUEST + 1)
+    # first_frame: the frames below go in request by request into an empty table
     counts["prompts"] = batched(conn, "INSERT INTO prompts (request_id, session_key, session_id, platform,"
                                 " status, delivery, text, payload, created_at, started_at, finished_at,"
-                                " reason, last_seq) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", prompt_rows())
+                                " reason, last_seq, first_frame) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                                prompt_rows())
     kinds = ("accepted", "started", "text_delta", "text_delta", "text_delta", "text_delta", "usage",
              "completed")
     body = orjson.dumps({"text": "word "})
@@ -171,6 +173,8 @@ def generate(out: Path, sessions: int, frames: int, running: int, recent: int, p
             for s, k in enumerate(("accepted", "started", "text_delta"), 1):
                 conn.execute("INSERT INTO frames (request_id, seq, session_key, session_id, platform, at,"
                              " kind, body) VALUES (?,?,?,?,?,?,?,?)", (rid, s, keys[i], sids[i], plats[i], t, k, body))
+            conn.execute("UPDATE prompts SET first_frame = ?, first_seq = ? WHERE request_id = ?",
+                         (conn.last_insert_rowid() - 2, seq, rid))
             if n % 2 == 0:
                 conn.execute("INSERT INTO restart_counts (session_key, count, updated_at) VALUES (?,?,?)",
                              (keys[i], 1 + n % 3, t))
@@ -188,6 +192,8 @@ def generate(out: Path, sessions: int, frames: int, running: int, recent: int, p
                 conn.execute("INSERT INTO frames (request_id, seq, session_key, session_id, platform, at, kind,"
                              " body) VALUES (?,1,?,?,?,?,'accepted',?)", (rid, keys[i], sids[i], plats[i], t,
                                                                        orjson.dumps({"queue_position": pos})))
+                conn.execute("UPDATE prompts SET first_frame = ? WHERE request_id = ?",
+                             (conn.last_insert_rowid(), rid))
     counts["queued"] = q
     with conn:  # the derived index, once, from the canonical rows
         conn.execute("INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')")

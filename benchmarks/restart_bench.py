@@ -33,6 +33,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import gen_store
+from agent_sidecar.turns.jobs import REQUEST_FRAMES
 
 GOAL_S = 1.0
 # The queries of recovery/startup.py's restore() and of the first housekeeping
@@ -46,9 +47,10 @@ QUERIES = {
                          " p.text, p.payload, p.created_at, q.slot, q.position FROM prompts p"
                          " LEFT JOIN prompt_queue q ON q.request_id = p.request_id"
                          " WHERE p.status IN ('queued', 'running') ORDER BY p.session_key, p.created_at", ()),
-    "last frame seq of a request": ("SELECT max(seq) FROM frames WHERE request_id = ?", ("r",)),
-    "dangling tool calls": ("SELECT session_id, role, extra FROM messages WHERE request_id = ? ORDER BY seq",
-                            ("r",)),
+    "last frame seq of a request": (f"SELECT max(seq) {REQUEST_FRAMES}", ("r",)),
+    "dangling tool calls": ("SELECT m.session_id, m.role, m.extra FROM prompts p JOIN messages m"
+                            " ON m.session_id = p.session_id AND m.seq >= coalesce(p.first_seq, 0)"
+                            " WHERE p.request_id = ?1 AND m.request_id = ?1 ORDER BY m.seq", ("r",)),
     "auto-resume candidates": ("SELECT session_key, session_id, platform, profile, resume_reason FROM routing"
                                " WHERE resume_pending = 1 AND updated_at >= ? AND suspended = 0",
                                (time.time() - 3600,)),

@@ -149,7 +149,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
             turn.subscribers.append(sub)  # before reading the store: no gap
         try:
             rows = await self.store.read_async(lambda c: c.execute(
-                f"SELECT {FRAME_COLUMNS} FROM frames WHERE request_id = ? AND seq > ? ORDER BY seq",
+                f"SELECT {FRAME_COLUMNS} {jobs.REQUEST_FRAMES} AND seq > ?2 ORDER BY seq",
                 (rid, after_seq)).fetchall())
             if not rows and turn is None:
                 known = self.store.read(lambda c: jobs.ledger_lookup(c, rid))

@@ -27,6 +27,7 @@ import orjson
 
 from ..sessions import lifecycle as life
 from ..sessions import transcripts as tx
+from ..turns.jobs import last_frame_seq
 
 MARKER = ".clean_shutdown"
 RECENT_WINDOW_S = 120
@@ -67,8 +68,9 @@ def dangling_tool_calls(conn, request_id: str) -> list[tuple[str, str, str]]:
     """(session_id, call_id, name) of tool calls a turn made without a result."""
     calls: dict[str, tuple[str, str]] = {}
     for sid, role, extra in conn.execute(
-            "SELECT session_id, role, extra FROM messages WHERE request_id = ? ORDER BY seq",
-            (request_id,)):
+            "SELECT m.session_id, m.role, m.extra FROM prompts p JOIN messages m"
+            " ON m.session_id = p.session_id AND m.seq >= coalesce(p.first_seq, 0)"
+            " WHERE p.request_id = ?1 AND m.request_id = ?1 ORDER BY m.seq", (request_id,)):
         if not extra:
             continue
         d = orjson.loads(extra)
@@ -88,7 +90,7 @@ def close_interrupted_turn(conn, request_id: str, key: str, sid: str, platform: 
         tx.append(conn, msid, [tx.Message(role="tool", tool_call_id=call_id, tool_name=name,
                                           content=orjson.dumps({"error": message}).decode())],
                   request_id=request_id)
-    last = conn.execute("SELECT max(seq) FROM frames WHERE request_id = ?", (request_id,)).fetchone()[0] or 0
+    last = last_frame_seq(conn, request_id)
     now = time.time()
     conn.execute(
         "INSERT INTO frames (request_id, seq, session_key, session_id, platform, at, kind, body)"
@@ -135,7 +137,7 @@ def restore(conn, clean: bool, freshness_s: float) -> RestorePlan:
             continue
         # Queued, or acknowledged and about to start (its lane's next turn): it
         # runs after the restart, exactly once, in its place.
-        last = conn.execute("SELECT max(seq) FROM frames WHERE request_id = ?", (rid,)).fetchone()[0] or 0
+        last = last_frame_seq(conn, rid)
         plan.queued.append({"rid": rid, "key": key, "sid": sid, "platform": platform,
                             "delivery": delivery, "text": text, "created_at": created,
                             "payload": orjson.loads(payload) if payload else {},

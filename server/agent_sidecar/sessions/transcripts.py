@@ -172,9 +172,11 @@ def rewind(conn, session_id: str, n: int) -> dict[str, Any]:
 
 
 def hide_request(conn, session_id: str, request_id: str, reason: str = "rollback") -> int:
-    """ROLLBACK delivery: soft-delete what one turn wrote."""
-    conn.execute("UPDATE messages SET active = 0, hidden_by = ? WHERE request_id = ? AND active = 1",
-                 (reason, request_id))
+    """ROLLBACK delivery: soft-delete what one turn wrote. Its rows are found from
+    the turn's first seq (in its ledger row) on, through UNIQUE (session_id, seq)."""
+    conn.execute("UPDATE messages SET active = 0, hidden_by = ? WHERE session_id = ?"
+                 " AND seq >= coalesce((SELECT first_seq FROM prompts WHERE request_id = ?), 0)"
+                 " AND request_id = ? AND active = 1", (reason, session_id, request_id, request_id))
     n = conn.changes()
     _bump_rev(conn, session_id)
     return n

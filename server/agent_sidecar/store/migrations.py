@@ -174,6 +174,42 @@ END;
 INSERT INTO meta (key, value) VALUES ('fts_indexed_id', (SELECT coalesce(max(id), 0) FROM messages))
     ON CONFLICT (key) DO UPDATE SET value = excluded.value;
 """),
+    (4, "frames and transcript rows found through the ledger", """
+-- A request id is random, so an index keyed on it costs a random b-tree page per
+-- turn in every commit that touches the turn. The ledger row now records where
+-- its frames start (first_frame: the accepted frame's id) and where its transcript
+-- rows start (first_seq), and a request's frames and messages are found through
+-- frames_by_key and UNIQUE (session_id, seq) from there.
+ALTER TABLE prompts ADD COLUMN first_frame INTEGER;
+ALTER TABLE prompts ADD COLUMN first_seq INTEGER;
+UPDATE prompts SET
+    first_frame = (SELECT min(id) FROM frames WHERE frames.request_id = prompts.request_id),
+    first_seq = (SELECT min(seq) FROM messages WHERE messages.request_id = prompts.request_id
+                 AND messages.session_id = prompts.session_id);
+DROP INDEX messages_by_request;
+-- frames without UNIQUE (request_id, seq): seq is handed out by the one process
+-- that owns the turn, gapless per request.
+CREATE TABLE frames_v4 (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    request_id   TEXT NOT NULL,
+    seq          INTEGER NOT NULL,
+    session_key  TEXT NOT NULL,
+    session_id   TEXT NOT NULL,
+    platform     TEXT NOT NULL,
+    at           REAL NOT NULL,
+    kind         TEXT NOT NULL,
+    body         BLOB
+);
+INSERT INTO frames_v4 (id, request_id, seq, session_key, session_id, platform, at, kind, body)
+    SELECT id, request_id, seq, session_key, session_id, platform, at, kind, body FROM frames;
+-- The cursor high-water mark carries over: a cursor once handed out is never reused.
+DELETE FROM sqlite_sequence WHERE name = 'frames_v4';
+INSERT INTO sqlite_sequence (name, seq) SELECT 'frames_v4', seq FROM sqlite_sequence WHERE name = 'frames';
+DROP TABLE frames;
+ALTER TABLE frames_v4 RENAME TO frames;
+CREATE INDEX frames_by_key ON frames (session_key, id);
+CREATE INDEX frames_by_platform ON frames (platform, id);
+"""),
 ]
 
 # What `doctor --rebuild-fts` recreates (then it indexes every message).

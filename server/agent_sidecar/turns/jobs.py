@@ -25,6 +25,18 @@ log = logging.getLogger("agent_sidecar.frames")
 _INSERT_FRAME = ("INSERT INTO frames (request_id, seq, session_key, session_id, platform, at, kind, body)"
                  " VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
 
+# One request's frames (?1 is the request id), found through its ledger row: its
+# session key and first frame id bound a range of ``frames_by_key``. There is no
+# index on the request id: ids are random, so one would cost a random b-tree page
+# per turn in every commit (migration 4).
+REQUEST_FRAMES = ("FROM frames WHERE session_key = (SELECT session_key FROM prompts WHERE request_id = ?1)"
+                  " AND id >= (SELECT coalesce(first_frame, 0) FROM prompts WHERE request_id = ?1)"
+                  " AND request_id = ?1")
+
+
+def last_frame_seq(conn, rid: str) -> int:
+    return conn.execute(f"SELECT max(seq) {REQUEST_FRAMES}", (rid,)).fetchone()[0] or 0
+
 class DuplicateRequest(Exception):
     """The request id is already in the ledger (within the dedup window)."""
 
@@ -61,6 +73,7 @@ def accept(conn, t: tuple, source: SessionSource | None, dedup_window_s: float,
     _insert_ledger(conn, (rid, key, sid, platform, "queued" if slot else "running", delivery, text,
                           orjson.dumps(payload), created_at, now if start_now else None),
                    dedup_window_s, now)
+    ledger_rowid = conn.last_insert_rowid()
     routing_row = None
     if usable:
         origin = orjson.dumps(source.to_dict()) if source is not None else row[4]
@@ -81,6 +94,9 @@ def accept(conn, t: tuple, source: SessionSource | None, dedup_window_s: float,
         frames.append((rid, 2, key, sid, platform, now, "started", None))
     conn.executemany(_INSERT_FRAME, frames)
     first_id = conn.last_insert_rowid() - len(frames) + 1
+    # Where this request's frames and transcript rows start (see REQUEST_FRAMES).
+    conn.execute("UPDATE prompts SET first_frame = ?, first_seq = ? WHERE rowid = ?",
+                 (first_id, started["base_seq"] if started else None, ledger_rowid))
     if started is not None:
         started["frame_id"] = first_id + 1
     return sid, first_id, routing_row, started
@@ -105,7 +121,7 @@ def _check_duplicate(conn, rid: str, dedup_window_s: float, now: float) -> None:
         return
     if now - old[0] < dedup_window_s:
         raise DuplicateRequest(rid)
-    conn.execute("DELETE FROM frames WHERE request_id = ?", (rid,))
+    conn.execute(f"DELETE {REQUEST_FRAMES}", (rid,))  # before the ledger row it is found by
     conn.execute("DELETE FROM prompts WHERE request_id = ?", (rid,))
 
 
@@ -127,14 +143,15 @@ def start(conn, rid: str, key: str, sid: str, text: str, queued: bool) -> dict[s
     running, the user's message appended. Returns what the worker needs to
     match its cache."""
     now = time.time()
+    begun = _begin(conn, rid, key, sid, text, now)
     if queued:  # it waited: its ledger row and queue row change state now
-        conn.execute("UPDATE prompts SET status = 'running', started_at = ?, session_id = ?"
-                     " WHERE request_id = ?", (now, sid, rid))
+        conn.execute("UPDATE prompts SET status = 'running', started_at = ?, session_id = ?,"
+                     " first_seq = ? WHERE request_id = ?", (now, sid, begun["base_seq"], rid))
         conn.execute("DELETE FROM prompt_queue WHERE request_id = ?", (rid,))
     else:  # accepted as running: only the start time (and no index) changes
-        conn.execute("UPDATE prompts SET started_at = ?, session_id = ? WHERE request_id = ?",
-                     (now, sid, rid))
-    return _begin(conn, rid, key, sid, text, now)
+        conn.execute("UPDATE prompts SET started_at = ?, session_id = ?, first_seq = ?"
+                     " WHERE request_id = ?", (now, sid, begun["base_seq"], rid))
+    return begun
 
 
 def _begin(conn, rid: str, key: str, sid: str, text: str, now: float) -> dict[str, Any]:
