@@ -23,8 +23,12 @@ def open_writer(path: str, synchronous: str = "FULL") -> apsw.Connection:
     conn.execute("PRAGMA temp_store=MEMORY")
     # SQLite's own PASSIVE autocheckpoint (every 1000 WAL pages) runs on the
     # committing connection, which is always the writer process's: readers never pay
-    # for it, and the WAL stays small enough that each fsync stays cheap.
+    # for it. A 10x larger WAL measured slower: readers look pages up in a bigger
+    # WAL index, and the fsyncs of a growing file cost more.
     conn.execute("PRAGMA wal_autocheckpoint=1000")
+    # 32 MB of page cache (default 2 MB): the writer's random index leaves stay
+    # cached instead of being read back from the OS on every commit.
+    conn.execute("PRAGMA cache_size=-32768")
     return conn
 
 

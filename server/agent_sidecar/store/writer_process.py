@@ -30,6 +30,7 @@ import logging
 import os
 import pickle
 import sys
+import time
 from typing import Any
 
 import apsw
@@ -41,6 +42,15 @@ log = logging.getLogger("agent_sidecar.store")
 MAX_BATCH = 2000
 MAX_MESSAGES = 256
 CLOSE = "close"  # the parent's last message, and our answer to it
+# Under concurrent load (the last commit carried at least GATHER_MIN_JOBS jobs and
+# ended less than BUSY_GAP_S ago) the writer sleeps GATHER_S before taking what
+# waits on its pipe: fewer, larger commits. Each commit costs ~150 µs of CPU beyond
+# its rows (hot pages rewritten, the WAL write, the fsync), and at a few turns per
+# commit that was a fifth of the writer's time. An idle store, or one caller
+# writing in sequence, commits at once: nothing would join its group.
+GATHER_S = 0.001
+BUSY_GAP_S = 0.002
+GATHER_MIN_JOBS = 3
 
 
 def writer_main(pipe, path: str, synchronous: str, parent_pid: int, log_format: str,
@@ -79,11 +89,15 @@ def _serve(pipe, conn: apsw.Connection) -> None:
     """Each message is one parent loop iteration's jobs, or CLOSE. Everything
     already waiting on the pipe joins one group (``commit`` is fed at most
     MAX_BATCH jobs at a time)."""
+    last_commit, last_jobs = 0.0, 0
     while True:
         try:
             messages = [pickle.loads(pipe.recv_bytes())]
         except EOFError:  # the parent is gone without closing us
             return
+        if (messages[-1] != CLOSE and last_jobs >= GATHER_MIN_JOBS
+                and time.monotonic() - last_commit < BUSY_GAP_S):
+            time.sleep(GATHER_S)  # busy: let the group grow (one sleep, not a wakeup per message)
         while len(messages) < MAX_MESSAGES and messages[-1] != CLOSE and pipe.poll(0):
             try:
                 messages.append(pickle.loads(pipe.recv_bytes()))
@@ -93,6 +107,7 @@ def _serve(pipe, conn: apsw.Connection) -> None:
         jobs = [job for msg in messages if msg != CLOSE for job in msg]
         for i in range(0, len(jobs), MAX_BATCH):
             pipe.send_bytes(_encode_results(commit(conn, jobs[i:i + MAX_BATCH])))
+        last_commit, last_jobs = time.monotonic(), len(jobs)
         if stop:
             return
 
