@@ -11,6 +11,7 @@ import signal
 
 import pytest
 
+from agent_sidecar.children import CHILD_NICE
 from agent_sidecar.errors import SidecarError
 from agent_sidecar.sessions import lifecycle as life
 from agent_sidecar.sessions.source import SessionSource
@@ -45,6 +46,18 @@ def test_writer_is_a_named_child_without_grpc(tmp_path):
         assert line["grpc_loaded"] is False
         assert comm(line["pid"]) == "sidecar-writer"
         assert comm(log_lines(sc, "worker ready")[-1]["pid"]) == "sidecar-work-0"
+
+
+def niceness(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])
+
+
+def test_children_yield_the_cpu_to_the_event_loop(tmp_path):
+    with Sidecar(tmp_path / "data", workers=2).start() as sc:
+        parent = niceness(sc.proc.pid)
+        for name, pid in child_pids(sc).items():
+            assert niceness(pid) == min(parent + CHILD_NICE, 19), name
 
 
 def test_children_die_with_a_killed_sidecar(tmp_path):
