@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 
+from .children import tune_gc
 from .config import Config
 from .sessions.transcripts import index_pending
 from .store import Store
@@ -64,7 +65,7 @@ class Sidecar:
         await self.server.start()
         await self.turns.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        _tune_gc()
+        tune_gc()
         log.info("serving", extra={"listen": bound, "db": self.cfg.db_path,
                                    "workers": self.cfg.worker_count()})
         return bound
@@ -112,14 +113,3 @@ class Sidecar:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
         log.info("stopped", extra={"clean": drained})
-
-
-def _tune_gc() -> None:
-    """Everything built at startup (modules, config, protobuf descriptors,
-    restored lanes) lives as long as the process: freeze it out of the cyclic
-    GC's reach. A larger first generation suits a server that allocates many
-    short-lived objects per request and rarely makes cycles."""
-    import gc
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 20)

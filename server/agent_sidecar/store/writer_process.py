@@ -56,7 +56,7 @@ GATHER_MIN_JOBS = 3
 def writer_main(pipe, path: str, synchronous: str, parent_pid: int, log_format: str,
                 log_level: str) -> None:
     """The spawn target. ``pipe`` is our end of a multiprocessing Pipe."""
-    from ..children import become_child
+    from ..children import become_child, tune_gc
     become_child("sidecar-writer", parent_pid)
     from .. import logs
     from .db import open_writer
@@ -64,6 +64,7 @@ def writer_main(pipe, path: str, synchronous: str, parent_pid: int, log_format: 
     _import_job_modules()
     conn = open_writer(path, synchronous)
     pipe.send_bytes(pickle.dumps({"pid": os.getpid(), "grpc_loaded": "grpc" in sys.modules}))
+    tune_gc()
     try:
         _serve(pipe, conn)
     finally:

@@ -25,12 +25,12 @@ import apsw
 import orjson
 
 from .. import errors as E
+from ..children import Channel, open_channel, tune_gc
 from ..models.registry import load_backend
 from ..sessions.transcripts import load_for_model
 from ..store.db import open_reader
 from .agent import Agent, TurnFailed, TurnSpec, run_turn
 from .cache import AgentCache
-from ..children import Channel, open_channel
 
 
 class _TurnIO:
@@ -125,6 +125,7 @@ class Worker:
         self.channel = await open_channel(self.fileno, on_message, on_lost)
         self.send({"t": "hello", "pid": os.getpid(), "index": self.index,
                    "grpc_loaded": any(m == "grpc" or m.startswith("grpc.") for m in sys.modules)})
+        tune_gc()
         sweeper = asyncio.get_running_loop().create_task(self._housekeeping())
         try:
             await done
