@@ -37,6 +37,7 @@ REQUEST_FRAMES = ("FROM frames WHERE session_key = (SELECT session_key FROM prom
 def last_frame_seq(conn, rid: str) -> int:
     return conn.execute(f"SELECT max(seq) {REQUEST_FRAMES}", (rid,)).fetchone()[0] or 0
 
+
 class DuplicateRequest(Exception):
     """The request id is already in the ledger (within the dedup window)."""
 
