@@ -33,6 +33,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import gen_store
+from agent_sidecar.recovery.startup import TURN_MESSAGES
 from agent_sidecar.turns.jobs import REQUEST_FRAMES
 
 GOAL_S = 1.0
@@ -48,9 +49,7 @@ QUERIES = {
                          " LEFT JOIN prompt_queue q ON q.request_id = p.request_id"
                          " WHERE p.status IN ('queued', 'running') ORDER BY p.session_key, p.created_at", ()),
     "last frame seq of a request": (f"SELECT max(seq) {REQUEST_FRAMES}", ("r",)),
-    "dangling tool calls": ("SELECT m.session_id, m.role, m.extra FROM prompts p JOIN messages m"
-                            " ON m.session_id = p.session_id AND m.seq >= coalesce(p.first_seq, 0)"
-                            " WHERE p.request_id = ?1 AND m.request_id = ?1 ORDER BY m.seq", ("r",)),
+    "dangling tool calls": (TURN_MESSAGES, ("r",)),
     "auto-resume candidates": ("SELECT session_key, session_id, platform, profile, resume_reason FROM routing"
                                " WHERE resume_pending = 1 AND updated_at >= ? AND suspended = 0",
                                (time.time() - 3600,)),

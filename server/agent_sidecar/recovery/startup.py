@@ -64,13 +64,17 @@ def write_marker(data_dir: str) -> None:
         os.fsync(f.fileno())
 
 
+# A turn's transcript rows (?1 is the request id), from the first seq its ledger
+# row records on, through UNIQUE (session_id, seq): no index on the request id.
+TURN_MESSAGES = ("SELECT m.session_id, m.role, m.extra FROM prompts p JOIN messages m"
+                 " ON m.session_id = p.session_id AND m.seq >= coalesce(p.first_seq, 0)"
+                 " WHERE p.request_id = ?1 AND m.request_id = ?1 ORDER BY m.seq")
+
+
 def dangling_tool_calls(conn, request_id: str) -> list[tuple[str, str, str]]:
     """(session_id, call_id, name) of tool calls a turn made without a result."""
     calls: dict[str, tuple[str, str]] = {}
-    for sid, role, extra in conn.execute(
-            "SELECT m.session_id, m.role, m.extra FROM prompts p JOIN messages m"
-            " ON m.session_id = p.session_id AND m.seq >= coalesce(p.first_seq, 0)"
-            " WHERE p.request_id = ?1 AND m.request_id = ?1 ORDER BY m.seq", (request_id,)):
+    for sid, role, extra in conn.execute(TURN_MESSAGES, (request_id,)):
         if not extra:
             continue
         d = orjson.loads(extra)
