@@ -70,7 +70,7 @@ def bare_server_main(sock_path: str) -> int:
     import grpc
     import uvloop
 
-    from agent_sidecar.api.server import SERVER_OPTIONS
+    from agent_sidecar.api.server import SERVER_OPTIONS, calm_grpc_threads
     from agent_sidecar.v1 import prompt_service_pb2 as pb
     from agent_sidecar.v1 import prompt_service_pb2_grpc as pb_grpc
 
@@ -103,6 +103,7 @@ def bare_server_main(sock_path: str) -> int:
         pb_grpc.add_PromptServiceServicer_to_server(Bare(), server)
         server.add_insecure_port(f"unix:{sock_path}")
         await server.start()
+        calm_grpc_threads()  # as the sidecar does (api/server.py): a comparison of equals
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -60,6 +60,31 @@ def test_children_yield_the_cpu_to_the_event_loop(tmp_path):
             assert niceness(pid) == min(parent + CHILD_NICE, 19), name
 
 
+def sched_policy(pid: int, tid: int | None = None) -> int:
+    with open(f"/proc/{pid}/task/{tid or pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[38])
+
+
+def test_grpc_threads_do_not_preempt_the_event_loop(tmp_path):
+    """gRPC's threads run SCHED_BATCH; the event loop (the main thread) and the
+    children keep the default policy (api/server.py, calm_grpc_threads)."""
+    with Sidecar(tmp_path / "data", workers=1).start() as sc:
+        pid = sc.proc.pid
+        threads = {int(t): comm_of(pid, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+        grpc_threads = [t for t, name in threads.items() if name in ("event_engine", "lifeguard")]
+        assert grpc_threads, threads
+        assert all(sched_policy(pid, t) == os.SCHED_BATCH for t in grpc_threads), threads
+        assert sched_policy(pid) == os.SCHED_OTHER
+        for name, child in child_pids(sc).items():
+            assert sched_policy(child) == os.SCHED_OTHER, name
+        assert log_lines(sc, "serving")[-1]["batch_threads"] >= len(grpc_threads)
+
+
+def comm_of(pid: int, tid: int) -> str:
+    with open(f"/proc/{pid}/task/{tid}/comm") as f:
+        return f.read().strip()
+
+
 def test_children_die_with_a_killed_sidecar(tmp_path):
     sc = Sidecar(tmp_path / "data", workers=2).start()
     pids = child_pids(sc)

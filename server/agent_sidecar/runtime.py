@@ -45,7 +45,7 @@ class Sidecar:
 
     async def start(self) -> list[str]:
         from .api.auth import Authenticator
-        from .api.server import build_server
+        from .api.server import build_server, calm_grpc_threads
         from .api.session_service import SessionService
         from .turns.manager import TurnManager
 
@@ -63,11 +63,12 @@ class Sidecar:
         # grpc's servicer starts SERVING; we are not, until the restore is done.
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.start()
+        calmed = calm_grpc_threads()
         await self.turns.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         tune_gc()
         log.info("serving", extra={"listen": bound, "db": self.cfg.db_path,
-                                   "workers": self.cfg.worker_count()})
+                                   "workers": self.cfg.worker_count(), "batch_threads": calmed})
         return bound
 
     def _store_lost(self) -> None:
