@@ -2,40 +2,36 @@
 
 It accepts prompts (ledger first, then the ``accepted`` frame), keeps each
 session's lane (running turn, interrupt slot, follow-up slot, FIFO), starts
-turns on the session's worker, turns worker messages into persisted frames and
-transcript rows, routes tool calls, and cleans up after cancels, resets and
-dead workers. Every decision about a lane is made synchronously on the event
+turns on the session's worker, ends them, and cleans up after cancels and
+resets. Beside it: worker_events.py turns what workers say into frames and
+transcript rows (and handles dead workers), supervision.py restores, drains
+and watches, dedup.py answers "seen this request id?", context.py builds
+system prompts. Every decision about a lane is made synchronously on the event
 loop, so lanes need no locks; the store mirrors them for recovery.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
-from collections import OrderedDict
 from typing import Any
-
-import orjson
 
 from .. import errors as E
 from ..config import Config
-from ..sessions import lifecycle as life
 from ..sessions.source import SessionSource
 from ..store import Store
 from ..store.batcher import Batcher
 from ..tools.registry import ToolRegistry
-from . import jobs, supervision
-from .context import system_prompt_for
+from . import jobs, supervision, worker_events
+from .context import SystemPrompts
+from .dedup import RecentRequests
 from .frames import FrameBus, Subscriber, build_frame
 from .lanes import FOLLOW_UP, INTERRUPT, QUEUE, REJECT_IF_BUSY, ROLLBACK, STEER, Lane, Turn
 from .memory import budget_per_worker
 from .pool import WorkerHandle, WorkerPool
-
-log = logging.getLogger("agent_sidecar.turns")
-
-RECENT_PRELOAD = 200_000  # request ids loaded from the ledger at startup, at most
 
 
 class TurnManager:
@@ -44,20 +40,15 @@ class TurnManager:
         self.bus = FrameBus(store)
         self.accepts = Batcher(store, jobs.accept_many)  # prompts accepted together commit together
         self.lanes: dict[str, Lane] = {}
+        self.recent = RecentRequests(cfg.dedup_window_s)  # the dedup window's request ids
+        self.prompts = SystemPrompts(cfg, store)
         self.live: dict[str, Turn] = {}
         self.tools = ToolRegistry()
         self.pool: WorkerPool | None = None
         self.ready = asyncio.Event()  # set when startup restore is done
         self.accepting = True
         self.draining = False
-        # Request ids accepted within the dedup window, oldest first: the
-        # duplicate check on every prompt is a dict lookup, not a store read.
-        self.recent: OrderedDict[str, float] = OrderedDict()
-        # Until this time, a request id missing from ``recent`` may still be in
-        # the ledger from the last run (see load_recent).
-        self.ledger_until = time.time() + cfg.dedup_window_s
-        self._prompt_cache: dict[tuple, str] = {}
-        self._steer_waits: dict[str, asyncio.Future] = {}
+        self.steer_waits: dict[str, asyncio.Future] = {}
         self._tasks: set[asyncio.Task] = set()
 
     # -- lifecycle ------------------------------------------------------------------
@@ -72,7 +63,8 @@ class TurnManager:
             "memory_budget_bytes": budget_per_worker(c.memory_high_mb, n),
             "max_evictions_per_pass": c.max_evictions_per_pass, "protect_recent": c.protect_recent,
             "sweep_interval_s": c.sweep_interval_secs}}
-        self.pool = WorkerPool(n, settings, self._on_worker_message, self._on_worker_exit)
+        self.pool = WorkerPool(n, settings, functools.partial(worker_events.on_message, self),
+                               functools.partial(worker_events.on_exit, self))
         await self.pool.start()
 
     def servicers(self, auth) -> list:
@@ -160,14 +152,7 @@ class TurnManager:
             raise E.SidecarError(E.UNAVAILABLE, "the sidecar is shutting down")
         if rid in self.live:
             return None
-        now = time.time()
-        seen = self.recent.get(rid)
-        if seen is None and now < self.ledger_until:
-            # Within one window of a restart the index is still filling up: the
-            # ledger (persisted) knows request ids the last run accepted.
-            row = self.store.read(lambda c: jobs.ledger_lookup(c, rid))
-            seen = row[1] if row else None
-        if seen is not None and now - seen < self.cfg.dedup_window_s:
+        if self.recent.seen(rid, self.store, time.time()):
             return None
         turn = Turn(rid=rid, key=key, platform=platform, profile=profile, text=text,
                     delivery=delivery or FOLLOW_UP, timeout_s=timeout_s, payload=payload)
@@ -203,7 +188,7 @@ class TurnManager:
             raise
         turn.sid = sid
         turn.accepted = True
-        self.remember(rid, turn.created_at)
+        self.recent.remember(rid, turn.created_at)
         if internal:
             turn.subscribers.clear()  # nobody streams it; WatchActivity can
         frame = build_frame(rid, key, sid, 1, turn.created_at, frame_id, "accepted",
@@ -217,36 +202,12 @@ class TurnManager:
             if turn.pending_end:  # ended (cancelled, superseded) before the commit came back
                 self._publish_end(turn, *turn.pending_end)
             else:
-                self._dispatch(turn, started, *self._prompt_for(turn))
+                self._dispatch(turn, started, *self.prompts.for_turn(turn))
         elif turn.pending_end:
             self._publish_end(turn, *turn.pending_end)
         elif turn.host is None and lane.running is turn and not turn.started:
             self._start(turn)
         return turn
-
-    def load_recent(self, limit: int = RECENT_PRELOAD) -> None:
-        """At startup: the request ids the last run accepted within the dedup
-        window go into ``recent``, so the duplicate check stays a dict lookup.
-        Past ``limit`` (a very busy last run) the ledger is still asked, for
-        one window, about ids not found here."""
-        now = time.time()
-        rows = self.store.read(lambda c: c.execute(
-            "SELECT request_id, created_at FROM prompts WHERE created_at >= ?"
-            " ORDER BY created_at DESC LIMIT ?", (now - self.cfg.dedup_window_s, limit + 1)).fetchall())
-        for rid, at in reversed(rows[:limit]):
-            self.recent[rid] = at
-        if len(rows) <= limit:
-            self.ledger_until = 0.0
-
-    def remember(self, rid: str, at: float) -> None:
-        self.recent[rid] = at
-        self.recent.move_to_end(rid)
-        horizon = time.time() - self.cfg.dedup_window_s
-        while self.recent:
-            oldest, t = next(iter(self.recent.items()))
-            if t >= horizon:
-                break
-            del self.recent[oldest]
 
     async def _place_busy(self, lane: Lane, turn: Turn) -> str | None:
         mode = turn.delivery
@@ -302,14 +263,14 @@ class TurnManager:
         if host is None or not host.started or host.finished or host.worker is None:
             return False
         fut = asyncio.get_running_loop().create_future()
-        self._steer_waits[turn.rid] = fut
+        self.steer_waits[turn.rid] = fut
         host.worker.send({"t": "steer", "rid": host.rid, "steer_rid": turn.rid, "text": turn.text})
         try:
             ok = await asyncio.wait_for(fut, 5)
         except asyncio.TimeoutError:
             ok = False
         finally:
-            self._steer_waits.pop(turn.rid, None)
+            self.steer_waits.pop(turn.rid, None)
         if ok and not host.finished:
             turn.host = host
             host.steers.append(turn)
@@ -324,45 +285,23 @@ class TurnManager:
         turn.started = True
         row = turn.routing_row if not turn.queued else None
         if row is None:  # it waited: the lane may have moved to another incarnation
-            row = self._routing_row(turn.key)
+            row = self.prompts.routing_row(turn.key)
         if row is None:
-            self._end(turn, "failed", E.SESSION_NOT_FOUND, f"session {turn.key} no longer exists")
+            self.end(turn, "failed", E.SESSION_NOT_FOUND, f"session {turn.key} no longer exists")
             return
         turn.sid = row[0]
         turn.routing_row = row
-        profile, system_prompt = self._prompt_for(turn)
+        profile, system_prompt = self.prompts.for_turn(turn)
         start = (jobs.start, (turn.rid, turn.key, turn.sid, turn.text, turn.queued))
         self.bus.publish(turn, "started", write=start,
                          then=lambda res: self._dispatch(turn, res, profile, system_prompt))
 
-    def _routing_row(self, key: str):
-        return self.store.read(lambda c: c.execute(
-            "SELECT session_id, created_at, origin FROM routing WHERE session_key = ?",
-            (key,)).fetchone())
-
-    def _prompt_for(self, turn: Turn):
-        """The turn's profile and system prompt."""
-        profile = self.cfg.profile(turn.profile) or self.cfg.profile("main")
-        row = turn.routing_row or self._routing_row(turn.key) or (turn.sid, turn.created_at, None)
-        return profile, self._system_prompt(profile, turn.key, row)
-
-    def _system_prompt(self, profile, key: str, row) -> str:
-        """The profile's prompt plus the session context; the same for every
-        turn of one incarnation, so it is built once and cached."""
-        cache_key = (profile.name, key, row[0])
-        text = self._prompt_cache.get(cache_key)
-        if text is None:
-            if len(self._prompt_cache) >= 8192:
-                self._prompt_cache.clear()
-            text = self._prompt_cache[cache_key] = system_prompt_for(self.cfg, profile, key, row)
-        return text
-
     def _dispatch(self, turn: Turn, res, profile, system_prompt: str) -> None:
         if isinstance(res, Exception):
-            self._end(turn, "failed", E.UNAVAILABLE, f"could not start the turn: {res}")
+            self.end(turn, "failed", E.UNAVAILABLE, f"could not start the turn: {res}")
             return
         if turn.cancel_reason:
-            self._end(turn, "failed", turn.cancel_reason, "the turn was cancelled")
+            self.end(turn, "failed", turn.cancel_reason, "the turn was cancelled")
             return
         h = self.pool.slot_for(turn.key)
         turn.worker = h
@@ -382,7 +321,7 @@ class TurnManager:
         if turn.finished or turn.terminal_pending:
             return
         if turn.cancel_reason:  # cancelled while it waited for the worker
-            self._end(turn, "failed", turn.cancel_reason, "the turn was cancelled")
+            self.end(turn, "failed", turn.cancel_reason, "the turn was cancelled")
             return
         turn.worker_gen = h.generation
         h.send(msg)
@@ -409,70 +348,9 @@ class TurnManager:
         if not turn.finished and not turn.terminal_pending:
             self._publish_end(turn, "superseded", "", by_rid)
 
-    # -- worker messages ----------------------------------------------------------------
-
-    def _on_worker_message(self, h: WorkerHandle, msg: dict) -> None:
-        t = msg["t"]
-        if t == "log":
-            level = logging.DEBUG if msg.pop("level", "info") == "debug" else logging.INFO
-            log.log(level, msg.pop("msg"), extra={"worker": h.index, **{k: v for k, v in msg.items() if k != "t"}})
-            return
-        if t == "steered":
-            fut = self._steer_waits.get(msg["steer_rid"])
-            if fut is not None and not fut.done():
-                fut.set_result(msg["ok"])
-            return
-        turn = self.live.get(msg.get("rid", ""))
-        if turn is None or turn.terminal_pending:
-            return
-        if t == "frame":
-            kind, body = msg["k"], msg["b"]
-            if kind == "usage":
-                for k, v in body.items():
-                    turn.usage[k] = turn.usage.get(k, 0) + v
-                self.bus.publish(turn, kind, body, write=(jobs.record_usage, (turn.key, body)))
-            else:
-                self.bus.publish(turn, kind, body)
-        elif t == "msg":
-            m = msg["m"]
-            for call in m.get("tool_calls") or ():
-                turn.open_tool_calls[call["id"]] = call["function"]["name"]
-            if m["role"] == "tool":
-                turn.open_tool_calls.pop(m.get("tool_call_id", ""), None)
-            key = turn.key
-            self.bus.append_message(turn.sid, m, turn.rid,
-                                    then=lambda _: h.send({"t": "ack", "key": key, "n": 1}))
-        elif t == "tool":
-            self.spawn(self._run_tool(h, turn, msg))
-        elif t == "done":
-            if msg["ok"]:
-                self._end(turn, "completed", "", msg.get("final_text", ""))
-            else:
-                self._end(turn, "failed", msg["reason"], msg.get("message", ""))
-
-    async def _run_tool(self, h: WorkerHandle, turn: Turn, msg: dict) -> None:
-        ok, result = await self.tools.invoke(msg["name"], msg["args"], {
-            "session_key": turn.key, "session_id": turn.sid, "request_id": turn.rid})
-        h.send({"t": "tool_result", "rid": turn.rid, "call_id": msg["call_id"], "ok": ok, "result": result})
-
-    def _on_worker_exit(self, h: WorkerHandle) -> None:
-        for turn in list(self.live.values()):
-            if (turn.worker is h and turn.worker_gen == h.generation and turn.started
-                    and not turn.finished and not turn.terminal_pending):
-                self._close_dangling_tool_calls(turn, "the worker running this turn died")
-                self.bus.write(life.mark_resume_pending, turn.key, "worker_crashed")
-                self._end(turn, "failed", E.WORKER_CRASHED, "the worker process running the turn died")
-
-    def _close_dangling_tool_calls(self, turn: Turn, why: str) -> None:
-        for call_id, name in list(turn.open_tool_calls.items()):
-            m = {"role": "tool", "tool_call_id": call_id, "name": name,
-                 "content": orjson.dumps({"error": why}).decode()}
-            self.bus.append_message(turn.sid, m, turn.rid)
-        turn.open_tool_calls.clear()
-
     # -- ending turns ----------------------------------------------------------------------
 
-    def _end(self, turn: Turn, status: str, reason: str, text: str) -> None:
+    def end(self, turn: Turn, status: str, reason: str, text: str) -> None:
         """A started turn is over: persist the end, free the lane, start the next."""
         lane = self.lanes.get(turn.key)
         if lane is not None and lane.running is turn:

@@ -25,7 +25,7 @@ async def restore(m) -> None:
     from ..recovery.startup import consume_marker, restore as restore_job
     clean = consume_marker(m.cfg.data_dir)
     plan = await m.store.write(restore_job, clean, m.cfg.gateway_auto_continue_freshness)
-    m.load_recent()
+    m.recent.load(m.store)
     log.info("startup restore", extra={"clean": plan.clean, "marked": len(plan.marked),
                                        "suspended": plan.suspended,
                                        "closed_turns": plan.closed_turns,

@@ -1,0 +1,87 @@
+"""What the workers say, turned into the turn's persisted frames, transcript
+rows and end; and what a worker's death means for the turns it was running.
+
+Functions over a TurnManager (like supervision.py), called on the event loop
+for each message a worker sends (see worker.py for the protocol).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+
+from .. import errors as E
+from ..sessions import lifecycle as life
+from . import jobs
+from .lanes import Turn
+from .pool import WorkerHandle
+
+log = logging.getLogger("agent_sidecar.turns")
+
+
+def on_message(m, h: WorkerHandle, msg: dict) -> None:
+    t = msg["t"]
+    if t == "log":
+        level = logging.DEBUG if msg.pop("level", "info") == "debug" else logging.INFO
+        log.log(level, msg.pop("msg"), extra={"worker": h.index, **{k: v for k, v in msg.items() if k != "t"}})
+        return
+    if t == "steered":
+        fut = m.steer_waits.get(msg["steer_rid"])
+        if fut is not None and not fut.done():
+            fut.set_result(msg["ok"])
+        return
+    turn = m.live.get(msg.get("rid", ""))
+    if turn is None or turn.terminal_pending:
+        return
+    if t == "frame":
+        kind, body = msg["k"], msg["b"]
+        if kind == "usage":
+            for k, v in body.items():
+                turn.usage[k] = turn.usage.get(k, 0) + v
+            m.bus.publish(turn, kind, body, write=(jobs.record_usage, (turn.key, body)))
+        else:
+            m.bus.publish(turn, kind, body)
+    elif t == "msg":
+        message = msg["m"]
+        for call in message.get("tool_calls") or ():
+            turn.open_tool_calls[call["id"]] = call["function"]["name"]
+        if message["role"] == "tool":
+            turn.open_tool_calls.pop(message.get("tool_call_id", ""), None)
+        key = turn.key
+        # The ack tells the worker this message reached the store: until then
+        # its agent may not be evicted (seed 001 §11) nor reused as is.
+        m.bus.append_message(turn.sid, message, turn.rid,
+                             then=lambda _: h.send({"t": "ack", "key": key, "n": 1}))
+    elif t == "tool":
+        m.spawn(_run_tool(m, h, turn, msg))
+    elif t == "done":
+        if msg["ok"]:
+            m.end(turn, "completed", "", msg.get("final_text", ""))
+        else:
+            m.end(turn, "failed", msg["reason"], msg.get("message", ""))
+
+
+async def _run_tool(m, h: WorkerHandle, turn: Turn, msg: dict) -> None:
+    ok, result = await m.tools.invoke(msg["name"], msg["args"], {
+        "session_key": turn.key, "session_id": turn.sid, "request_id": turn.rid})
+    h.send({"t": "tool_result", "rid": turn.rid, "call_id": msg["call_id"], "ok": ok, "result": result})
+
+
+def on_exit(m, h: WorkerHandle) -> None:
+    """The worker died: each turn it was running fails WORKER_CRASHED, its open
+    tool calls are closed in the transcript, and its lane is marked for resume."""
+    for turn in list(m.live.values()):
+        if (turn.worker is h and turn.worker_gen == h.generation and turn.started
+                and not turn.finished and not turn.terminal_pending):
+            _close_dangling_tool_calls(m, turn, "the worker running this turn died")
+            m.bus.write(life.mark_resume_pending, turn.key, "worker_crashed")
+            m.end(turn, "failed", E.WORKER_CRASHED, "the worker process running the turn died")
+
+
+def _close_dangling_tool_calls(m, turn: Turn, why: str) -> None:
+    for call_id, name in list(turn.open_tool_calls.items()):
+        message = {"role": "tool", "tool_call_id": call_id, "name": name,
+                   "content": orjson.dumps({"error": why}).decode()}
+        m.bus.append_message(turn.sid, message, turn.rid)
+    turn.open_tool_calls.clear()
