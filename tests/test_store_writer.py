@@ -1,6 +1,8 @@
 """The store's writer process (store/writer_process.py): a named child without
 grpc, that never outlives the sidecar, whose death stops the sidecar instead of
-leaving it unable to persist; and jobs that must be module-level functions."""
+leaving it unable to persist; and jobs that must be module-level functions.
+Also how the sidecar's processes and threads are scheduled around its event
+loop (children at a lower priority, gRPC's threads SCHED_BATCH)."""
 
 from __future__ import annotations
 
@@ -29,8 +31,8 @@ def alive(pid: int) -> bool:
         return False
 
 
-def comm(pid: int) -> str:
-    with open(f"/proc/{pid}/comm") as f:
+def comm(pid: int, tid: int | None = None) -> str:
+    with open(f"/proc/{pid}/task/{tid or pid}/comm") as f:
         return f.read().strip()
 
 
@@ -70,7 +72,7 @@ def test_grpc_threads_do_not_preempt_the_event_loop(tmp_path):
     children keep the default policy (api/server.py, calm_grpc_threads)."""
     with Sidecar(tmp_path / "data", workers=1).start() as sc:
         pid = sc.proc.pid
-        threads = {int(t): comm_of(pid, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+        threads = {int(t): comm(pid, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
         grpc_threads = [t for t, name in threads.items() if name in ("event_engine", "lifeguard")]
         assert grpc_threads, threads
         assert all(sched_policy(pid, t) == os.SCHED_BATCH for t in grpc_threads), threads
@@ -78,11 +80,6 @@ def test_grpc_threads_do_not_preempt_the_event_loop(tmp_path):
         for name, child in child_pids(sc).items():
             assert sched_policy(child) == os.SCHED_OTHER, name
         assert log_lines(sc, "serving")[-1]["batch_threads"] >= len(grpc_threads)
-
-
-def comm_of(pid: int, tid: int) -> str:
-    with open(f"/proc/{pid}/task/{tid}/comm") as f:
-        return f.read().strip()
 
 
 def test_children_die_with_a_killed_sidecar(tmp_path):
