@@ -85,9 +85,7 @@ async def index_messages(store) -> None:
         try:
             while await store.write(tx.index_pending, INDEX_BATCH) == INDEX_BATCH:
                 await asyncio.sleep(0)  # a backlog (after a crash): in batches
-        except asyncio.CancelledError:
-            raise
-        except Exception:
+        except Exception:  # not CancelledError (a BaseException): shutdown still stops us
             log.exception("full-text indexing failed")
         await asyncio.sleep(INDEX_INTERVAL_S)
 
@@ -107,8 +105,6 @@ async def run(cfg, store, busy_keys) -> None:
                 n = await store.write(life.prune, cfg.session_store_max_age_days, busy)
                 if n:
                     log.info("routing entries pruned", extra={"pruned": n})
-        except asyncio.CancelledError:
-            raise
-        except Exception:
+        except Exception:  # not CancelledError (a BaseException): shutdown still stops us
             log.exception("housekeeping pass failed")
         await asyncio.sleep(cfg.housekeeping_interval_s)

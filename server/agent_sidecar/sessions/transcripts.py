@@ -122,9 +122,9 @@ def load_active(conn, session_id: str) -> list[Message]:
 
 
 def load_for_model(conn, session_id: str) -> list[dict[str, Any]]:
-    """The live transcript straight into the model's chat shape (what
-    ``Message.to_model`` gives), for a worker rebuilding an agent: no
-    intermediate objects on this path, which runs on every cache miss."""
+    """The live transcript straight into the model's chat shape (the inverse
+    of ``from_model``), for a worker rebuilding an agent: no intermediate
+    objects on this path, which runs on every cache miss."""
     out: list[dict[str, Any]] = []
     for role, content, extra in conn.execute(
             "SELECT role, content, extra FROM messages WHERE session_id = ? AND active = 1 ORDER BY seq",

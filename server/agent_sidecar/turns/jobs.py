@@ -222,8 +222,6 @@ def ledger_lookup(conn, rid: str) -> tuple | None:
                         (rid,)).fetchone()
 
 
-
-
 def mark_resume_pending_many(conn, keys: list[str], reason: str) -> None:
     for key in keys:
         life.mark_resume_pending(conn, key, reason)
