@@ -2,7 +2,7 @@
 """Turns benchmark: echo turns per second and latency through a REAL sidecar,
 next to a bare grpc.aio server that streams the same five frames.
 
-    .venv/bin/python benchmarks/turns_bench.py            # full run (~30 s)
+    .venv/bin/python benchmarks/turns_bench.py            # full run (~1 min)
     .venv/bin/python benchmarks/turns_bench.py --quick    # smoke run (~5 s)
 
 Processes (all separate, so no one borrows another's event loop):
@@ -14,7 +14,11 @@ Processes (all separate, so no one borrows another's event loop):
 * **bare** — this file with ``--bare-server``: a grpc.aio server on uvloop,
   same server options and transport (Unix socket), whose ``Prompt`` builds and
   streams the same five ActivityFrame messages (accepted, started, text_delta,
-  usage, completed) with no persistence, no workers, no lanes.
+  usage, completed) with no persistence, no workers, no lanes. Its gRPC helper
+  threads get the sidecar's scheduler setting (``calm_grpc_threads``), so the
+  ratio prices persistence and workers only.
+* **bare-plain** — the same bare server without that setting, as anyone would
+  first write it: printed for reference, not used for the goal.
 * **client(s)** — this file with ``--client``: grpc.aio on uvloop, one channel,
   ``in_flight / clients`` concurrent ``Prompt`` calls each.
 
@@ -66,7 +70,7 @@ DELIVERY_QUEUE = 3
 # The bare server: five frames per Prompt, nothing else.
 # ===================================================================================
 
-def bare_server_main(sock_path: str) -> int:
+def bare_server_main(sock_path: str, calm: bool = True) -> int:
     import grpc
     import uvloop
 
@@ -103,7 +107,8 @@ def bare_server_main(sock_path: str) -> int:
         pb_grpc.add_PromptServiceServicer_to_server(Bare(), server)
         server.add_insecure_port(f"unix:{sock_path}")
         await server.start()
-        calm_grpc_threads()  # as the sidecar does (api/server.py): a comparison of equals
+        if calm:
+            calm_grpc_threads()  # as the sidecar does (api/server.py): a comparison of equals
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -313,16 +318,17 @@ class _Named:
 
 
 class BareServer:
-    name = "bare"
-
-    def __init__(self, root: Path):
-        self.dir = root / "bare"
+    def __init__(self, root: Path, calm: bool = True):
+        self.name = "bare" if calm else "bare-plain"
+        self.calm = calm
+        self.dir = root / self.name
         self.dir.mkdir()
         self.sock = self.dir / "bare.sock"
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([_py(), str(HERE), "--bare-server", str(self.sock)],
+        self.proc = subprocess.Popen([_py(), str(HERE), "--bare-server", str(self.sock)]
+                                     + ([] if self.calm else ["--plain"]),
                                      stdout=subprocess.DEVNULL)
         _wait_socket(self.sock, self.proc, 30)
 
@@ -399,15 +405,18 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=None,
                     help="rounds, alternating the servers; each row reports its best round (default 2, quick 1)")
     ap.add_argument("--workers", type=int, default=None, help="sidecar workers (default: its own default, CPU count)")
-    ap.add_argument("--only", choices=("sidecar", "bare"), default=None)
+    ap.add_argument("--only", choices=("sidecar", "bare", "bare-plain"), default=None)
+    ap.add_argument("--no-plain", action="store_true",
+                    help="skip the bare-plain reference server (saves a third of the run)")
     ap.add_argument("--dir", default=None, help="parent directory for the temporary data dirs")
     ap.add_argument("--keep", action="store_true", help="keep the data dirs (sidecar.db, sidecar.log)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--bare-server", metavar="SOCK", help=argparse.SUPPRESS)
     ap.add_argument("--client", metavar="SPEC", help=argparse.SUPPRESS)
+    ap.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.bare_server:
-        return bare_server_main(args.bare_server)
+        return bare_server_main(args.bare_server, calm=not args.plain)
     if args.client:
         return client_main(args.client)
     sys.stdout.reconfigure(line_buffering=True)
@@ -431,12 +440,15 @@ def main() -> int:
     all_runs: list[dict] = []
     checks: list[str] = []
     try:
-        names = [n for n in ("sidecar", "bare") if args.only in (None, n)]
+        names = [n for n in ("sidecar", "bare", "bare-plain") if args.only in (None, n)
+                 and not (n == "bare-plain" and args.no_plain and args.only != n)]
         bare_keys = [f"agent:main:bench:dm:chat{i}" for i in range(n_sessions)]
-        if "bare" in names:
-            bare = BareServer(root)
-            bare.start()
-            servers.append(bare)
+        bares = {}
+        for name in names:
+            if name != "sidecar":
+                bares[name] = BareServer(root, calm=(name == "bare"))
+                bares[name].start()
+                servers.append(bares[name])
         for rnd in range(repeat):
             for level in levels:
                 for name in names:
@@ -445,7 +457,7 @@ def main() -> int:
                         # true repeats (transcripts do not grow from one to the next).
                         server = SidecarServer(root, args.workers, f"sidecar-{rnd}-{level}")
                     else:
-                        server, keys = bare, bare_keys
+                        server, keys = bares[name], bare_keys
                     try:
                         if name == "sidecar":
                             server.start()
@@ -520,6 +532,10 @@ def main() -> int:
         if s and b and b["rate"]:
             print(goal_line(f"sidecar / bare turns/s at {level} in flight "
                             f"({s['rate']:,.0f} / {b['rate']:,.0f})", s["rate"] / b["rate"], GOAL))
+        p = by.get(("bare-plain", level))
+        if s and p and p["rate"]:
+            print(f"  for reference, not the goal: sidecar / bare-plain at {level} in flight "
+                  f"({s['rate']:,.0f} / {p['rate']:,.0f}) = {s['rate'] / p['rate']:.2f}x")
     if args.keep:
         print(f"data kept in {root}")
     else:
