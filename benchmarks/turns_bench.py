@@ -2,7 +2,7 @@
 """Turns benchmark: echo turns per second and latency through a REAL sidecar,
 next to a bare grpc.aio server that streams the same five frames.
 
-    .venv/bin/python benchmarks/turns_bench.py            # full run (~1 min)
+    .venv/bin/python benchmarks/turns_bench.py            # full run (~25 s)
     .venv/bin/python benchmarks/turns_bench.py --quick    # smoke run (~5 s)
 
 Processes (all separate, so no one borrows another's event loop):
