@@ -27,7 +27,7 @@ import orjson
 
 from ..sessions import lifecycle as life
 from ..sessions import transcripts as tx
-from ..turns.jobs import last_frame_seq
+from ..turns.jobs import INSERT_FRAME, last_frame_seq
 
 MARKER = ".clean_shutdown"
 RECENT_WINDOW_S = 120
@@ -96,11 +96,8 @@ def close_interrupted_turn(conn, request_id: str, key: str, sid: str, platform: 
                   request_id=request_id)
     last = last_frame_seq(conn, request_id)
     now = time.time()
-    conn.execute(
-        "INSERT INTO frames (request_id, seq, session_key, session_id, platform, at, kind, body)"
-        " VALUES (?, ?, ?, ?, ?, ?, 'failed', ?)",
-        (request_id, last + 1, key, sid, platform, now,
-         orjson.dumps({"reason": reason, "message": message})))
+    conn.execute(INSERT_FRAME, (request_id, last + 1, key, sid, platform, now, "failed",
+                                orjson.dumps({"reason": reason, "message": message})))
     conn.execute("UPDATE prompts SET status = 'failed', finished_at = ?, reason = ?, last_seq = ?"
                  " WHERE request_id = ?", (now, reason, last + 1, request_id))
 

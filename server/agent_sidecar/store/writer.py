@@ -70,14 +70,9 @@ class GroupCommitWriter:
     def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
         """Queue ``fn(conn, *args)`` (``fn`` module-level, args picklable);
         await the returned future for its result."""
-        if self._closed:
-            raise StoreClosed("store is closed")
-        blob = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        jid = self._next_id = self._next_id + 1
-        self._pending[jid] = fut
-        self._outbox.append((jid, blob))
+        self._enqueue(fn, args, fut)
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._send)
@@ -89,13 +84,19 @@ class GroupCommitWriter:
         frame bus, batchers): the job leaves at once instead of on the next
         iteration, and ``on_done(ok, result or exception)`` runs as soon as
         the answer arrives — two event-loop hops fewer than ``submit``."""
+        self._enqueue(fn, args, on_done)
+        self._send()
+
+    def _enqueue(self, fn: Callable[..., Any], args: tuple,
+                 waiter: asyncio.Future | Callable[[bool, Any], None]) -> None:
+        """Pickle the job now (an unpicklable one fails at the call site) and
+        queue it for the next pipe message; ``waiter`` gets its answer."""
         if self._closed:
             raise StoreClosed("store is closed")
-        blob = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
+        blob = _dumps((fn, args))
         jid = self._next_id = self._next_id + 1
-        self._pending[jid] = on_done
+        self._pending[jid] = waiter
         self._outbox.append((jid, blob))
-        self._send()
 
     def _send(self) -> None:
         self._scheduled = False

@@ -22,7 +22,7 @@ from ..sessions.source import SessionSource
 
 log = logging.getLogger("agent_sidecar.frames")
 
-_INSERT_FRAME = ("INSERT INTO frames (request_id, seq, session_key, session_id, platform, at, kind, body)"
+INSERT_FRAME = ("INSERT INTO frames (request_id, seq, session_key, session_id, platform, at, kind, body)"
                  " VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
 
 # One request's frames (?1 is the request id), found through its ledger row: its
@@ -93,7 +93,7 @@ def accept(conn, t: tuple, source: SessionSource | None, dedup_window_s: float,
         started = _begin(conn, rid, key, sid, text, now)
         started["at"] = now
         frames.append((rid, 2, key, sid, platform, now, "started", None))
-    conn.executemany(_INSERT_FRAME, frames)
+    conn.executemany(INSERT_FRAME, frames)
     first_id = conn.last_insert_rowid() - len(frames) + 1
     # Where this request's frames and transcript rows start (see REQUEST_FRAMES).
     conn.execute("UPDATE prompts SET first_frame = ?, first_seq = ? WHERE rowid = ?",
@@ -251,7 +251,7 @@ def run_flush(conn, rows: list[tuple], writes: list[tuple]) -> tuple[list, int]:
         results = _run_writes(conn, writes, isolate=True)
     first_id = 0
     if rows:
-        conn.executemany(_INSERT_FRAME, rows)
+        conn.executemany(INSERT_FRAME, rows)
         first_id = conn.last_insert_rowid() - len(rows) + 1
     return results, first_id
 
