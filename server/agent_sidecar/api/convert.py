@@ -4,6 +4,7 @@ of everything a request may carry (INVALID_ARGUMENT naming the field)."""
 from __future__ import annotations
 
 import base64
+import math
 from typing import Any
 
 import orjson
@@ -19,11 +20,16 @@ from ..v1 import common_pb2 as c
 _SOURCE_FIELDS = [f.name for f in c.SessionSource.DESCRIPTOR.fields]
 
 
+# The range a Timestamp can hold (0001-01-01 .. 9999-12-31T23:59:59.999999999Z).
+# A time stored as a float may round just past an end of it.
+_MIN_NS, _MAX_NS = -62135596800 * 10**9, 253402300799 * 10**9 + 999999999
+
+
 def ts(t: float | None) -> Timestamp | None:
     if not t:
         return None
     out = Timestamp()
-    out.FromNanoseconds(int(t * 1e9))
+    out.FromNanoseconds(min(max(int(t * 1e9), _MIN_NS), _MAX_NS))
     return out
 
 
@@ -125,6 +131,10 @@ def decode_page_token(token: str, kind: str, fields: dict[str, type | tuple]) ->
         for name, kinds in fields.items():
             v = data.get(name)
             if not isinstance(v, kinds) or isinstance(v, bool):
+                raise ValueError
+            if isinstance(v, int) and not -2**63 <= v < 2**63:  # SQLite's integers
+                raise ValueError
+            if isinstance(v, float) and not math.isfinite(v):
                 raise ValueError
         return data
     except (ValueError, TypeError):

@@ -212,8 +212,9 @@ class SessionService(pb_grpc.SessionServiceServicer):
         # A page ends at page_size or at a byte budget (always holding at least
         # one message), so a client with default receive limits can read it.
         page, used = [], 0
-        for m in msgs[:size]:
-            used += len(m.content) + len(m.tool_calls_json) + 64
+        for m in msgs[:size]:  # bytes on the wire, not characters
+            used += 64 + sum(len(v.encode()) for v in
+                             (m.content, m.tool_calls_json, m.tool_name, m.tool_call_id))
             if page and used > PAGE_BYTES:
                 break
             page.append(m)

@@ -60,6 +60,8 @@ def _replace_incarnation(conn, entry: SessionEntry, end_reason: str, now: float,
         (sid, now, now, int(was_auto_reset), auto_reset_reason, int(had_activity),
          int(is_fresh_reset), display_name, entry.session_key),
     )
+    # Stuck-loop restarts count against a conversation; a new one starts at zero.
+    conn.execute("DELETE FROM restart_counts WHERE session_key = ?", (entry.session_key,))
     return sid
 
 
@@ -146,12 +148,14 @@ def switch(conn, key: str, target_session_id: str) -> SessionEntry:
         "UPDATE incarnations SET ended_at = NULL, end_reason = NULL WHERE session_id = ?",
         (target_session_id,),
     )
+    # The lane's entry starts afresh (seed 001 §2's switch_session makes a new
+    # entry): its counters were the other incarnation's.
     conn.execute(
-        "UPDATE routing SET session_id = ?, updated_at = ?, suspended = 0, resume_pending = 0,"
-        " resume_reason = '', is_fresh_reset = 0, was_auto_reset = 0, auto_reset_reason = ''"
-        " WHERE session_key = ?",
-        (target_session_id, now, key),
+        f"UPDATE routing SET session_id = ?, created_at = ?, updated_at = ?, {_FRESH},"
+        " is_fresh_reset = 0, was_auto_reset = 0, auto_reset_reason = '' WHERE session_key = ?",
+        (target_session_id, now, now, key),
     )
+    conn.execute("DELETE FROM restart_counts WHERE session_key = ?", (key,))
     return load_entry(conn, key)
 
 
