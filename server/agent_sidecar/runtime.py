@@ -90,13 +90,18 @@ class Sidecar:
     async def stop(self) -> None:
         """The clean path: NOT_SERVING, refuse new prompts, drain in-flight
         turns (bounded), stop gRPC and workers, flush and checkpoint the store,
-        and only then — if the drain finished in time — write the marker."""
+        and only then write the marker (seed 001 §7: at the end of any graceful
+        shutdown). A drain that timed out has marked its lanes
+        ``shutdown_timeout`` already; without the marker the next start would
+        also mark every lane active in the last two minutes, idle ones too."""
         from .recovery.startup import write_marker
         log.info("stopping")
         drained = False
+        # Graceful: startup restore finished and nothing failed under us.
+        graceful = self.turns is not None and self.turns.ready.is_set() and not self.exit_code
         if self.health is not None:
             await self.health.enter_graceful_shutdown()
-        if self.turns is not None and self.turns.ready.is_set() and not self.exit_code:
+        if graceful:
             drained = await self.turns.drain(self.cfg.drain_timeout)
         if self.server is not None:
             await self.server.stop(grace=1)
@@ -109,8 +114,8 @@ class Sidecar:
                 except Exception:
                     log.exception("final full-text indexing failed")
             await self.store.close()
-            if drained:
+            if graceful and not self.exit_code:
                 write_marker(self.cfg.data_dir)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
-        log.info("stopped", extra={"clean": drained})
+        log.info("stopped", extra={"clean": graceful and not self.exit_code, "drained": drained})

@@ -90,16 +90,28 @@ def close_interrupted_turn(conn, request_id: str, key: str, sid: str, platform: 
                            reason: str, message: str) -> None:
     """Fail one turn that will never finish: synthetic tool results, a terminal
     frame after its last one, the ledger row closed."""
-    for msid, call_id, name in dangling_tool_calls(conn, request_id):
-        tx.append(conn, msid, [tx.Message(role="tool", tool_call_id=call_id, tool_name=name,
-                                          content=orjson.dumps({"error": message}).decode())],
-                  request_id=request_id)
+    # The synthetic results leave routing.updated_at alone: the freshness check
+    # of auto-resume reads it as the time the lane was last active.
+    tx.append_many(conn, [(msid, [tx.Message(role="tool", tool_call_id=call_id, tool_name=name,
+                                             content=orjson.dumps({"error": message}).decode())],
+                           request_id)
+                          for msid, call_id, name in dangling_tool_calls(conn, request_id)],
+                   touch_routing=False)
+    _close(conn, request_id, key, sid, platform, "failed", reason,
+           {"reason": reason, "message": message})
+
+
+def _close(conn, request_id: str, key: str, sid: str, platform: str, status: str,
+           reason: str | None, body: dict[str, Any]) -> None:
+    """A terminal frame after the request's last one; the ledger row (and any
+    queue row) closed."""
     last = last_frame_seq(conn, request_id)
     now = time.time()
-    conn.execute(INSERT_FRAME, (request_id, last + 1, key, sid, platform, now, "failed",
-                                orjson.dumps({"reason": reason, "message": message})))
-    conn.execute("UPDATE prompts SET status = 'failed', finished_at = ?, reason = ?, last_seq = ?"
-                 " WHERE request_id = ?", (now, reason, last + 1, request_id))
+    conn.execute(INSERT_FRAME, (request_id, last + 1, key, sid, platform, now, status,
+                                orjson.dumps(body)))
+    conn.execute("UPDATE prompts SET status = ?, finished_at = ?, reason = ?, last_seq = ?"
+                 " WHERE request_id = ?", (status, now, reason, last + 1, request_id))
+    conn.execute("DELETE FROM prompt_queue WHERE request_id = ?", (request_id,))
 
 
 def restore(conn, clean: bool, freshness_s: float) -> RestorePlan:
@@ -116,6 +128,10 @@ def restore(conn, clean: bool, freshness_s: float) -> RestorePlan:
     # In flight = a turn that had started and not ended (the ledger says so; the
     # lane's ``running`` flag may also be up for a lane that only had queued work).
     in_flight = sorted({r[1] for r in open_rows if r[4] == "running" and r[9] is not None})
+    # Only consecutive restarts count: a lane that was not in flight this time
+    # starts again from zero.
+    conn.execute("DELETE FROM restart_counts WHERE session_key NOT IN (SELECT value FROM json_each(?))",
+                 (orjson.dumps(in_flight),))
     for key in in_flight:  # stuck loops: consecutive restarts with the lane in flight
         conn.execute("INSERT INTO restart_counts (session_key, count, updated_at) VALUES (?, 1, ?)"
                      " ON CONFLICT (session_key) DO UPDATE SET count = count + 1, updated_at = ?",
@@ -136,6 +152,9 @@ def restore(conn, clean: bool, freshness_s: float) -> RestorePlan:
                                    "the sidecar stopped while this turn was running")
             plan.closed_turns += 1
             continue
+        if key in plan.suspended:  # as SuspendSession does: its waiting prompts end
+            _close(conn, rid, key, sid, platform, "superseded", None, {"by_request_id": ""})
+            continue
         # Queued, or acknowledged and about to start (its lane's next turn): it
         # runs after the restart, exactly once, in its place.
         last = last_frame_seq(conn, rid)
@@ -153,8 +172,12 @@ def restore(conn, clean: bool, freshness_s: float) -> RestorePlan:
         if reason not in AUTO_RESUME_REASONS:
             continue
         prefix = f"resume:{sid}:"
-        n = conn.execute("SELECT count(*) FROM prompts WHERE request_id >= ? AND request_id < ?",
-                         (prefix, prefix + "\uffff")).fetchone()[0] + 1
+        # One more than the highest number still in the ledger (retention may
+        # have dropped lower ones, so a count could hand out a live id again).
+        taken = [r[0][len(prefix):] for r in conn.execute(
+            "SELECT request_id FROM prompts WHERE request_id >= ? AND request_id < ?",
+            (prefix, prefix + "\uffff"))]
+        n = max((int(t) for t in taken if t.isdigit()), default=0) + 1
         plan.resume.append({"rid": f"{prefix}{n}", "key": key, "sid": sid, "platform": platform,
                             "profile": profile, "reason": reason})
     return plan

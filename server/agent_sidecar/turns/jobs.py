@@ -182,15 +182,16 @@ def finish(conn, rid: str, key: str, sid: str, status: str, reason: str, last_se
                      (sid,))
         conn.execute("DELETE FROM restart_counts WHERE session_key = ?", (key,))
     # One statement for the lane: a good turn clears the resume marker and the
-    # fresh-reset flag; an idle lane stops being "running".
+    # fresh-reset flag — of its own incarnation only (a reset or switch may have
+    # moved the lane on while it finished); an idle lane stops being "running".
     done = status == "completed"
     conn.execute(
         "UPDATE routing SET updated_at = ?,"
         " running = CASE WHEN ? THEN 0 ELSE running END,"
-        " resume_pending = CASE WHEN ? THEN 0 ELSE resume_pending END,"
-        " resume_reason = CASE WHEN ? THEN '' ELSE resume_reason END,"
-        " is_fresh_reset = CASE WHEN ? THEN 0 ELSE is_fresh_reset END"
-        " WHERE session_key = ?", (now, lane_idle, done, done, done, key))
+        " resume_pending = CASE WHEN ? AND session_id = ? THEN 0 ELSE resume_pending END,"
+        " resume_reason = CASE WHEN ? AND session_id = ? THEN '' ELSE resume_reason END,"
+        " is_fresh_reset = CASE WHEN ? AND session_id = ? THEN 0 ELSE is_fresh_reset END"
+        " WHERE session_key = ?", (now, lane_idle, done, sid, done, sid, done, sid, key))
     conn.execute("INSERT INTO turn_state (session_id, request_id, updated_at, state)"
                  " VALUES (?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET"
                  " request_id = excluded.request_id, updated_at = excluded.updated_at,"

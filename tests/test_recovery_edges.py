@@ -1,0 +1,175 @@
+"""Recovery decisions at their edges (seed 001 §7, DECISIONS.md "Recovery"),
+through real processes, SIGTERM and kill -9: the clean-shutdown marker after a
+drain that timed out, the stuck-loop counter counting only consecutive
+restarts with the lane in flight, a suspended lane's waiting prompts, the
+auto-resume freshness window, and resume request ids after retention."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from contextlib import closing
+
+from agent_sidecar.v1 import session_service_pb2 as spb
+from helpers_recovery import (D, PromptRun, SilentToolHost, echo, db_path, marker, query, restart,
+                              resume_rows, routing, scripted, source, table, wait_until, watch_request,
+                              kind, words)
+from sidecar_proc import Sidecar
+
+QUEUE = D.Value("DELIVERY_MODE_QUEUE")
+NO_AUTO_RESUME = "[agent]\ngateway_auto_continue_freshness = 0.001\n\n"
+
+
+def crash_mid_turn(sc, src) -> PromptRun:
+    """kill -9 with a turn of this source's lane running."""
+    run = PromptRun(sc.prompts(), text=words(80), src=src)
+    run.wait_for("started")
+    sc.kill9()
+    return run
+
+
+def restart_count(sc, key: str) -> int:
+    rows = query(sc, "SELECT count FROM restart_counts WHERE session_key = ?", (key,))
+    return rows[0][0] if rows else 0
+
+
+def test_drain_timeout_still_writes_the_marker_and_leaves_idle_lanes_alone(tmp_path):
+    """A graceful stop whose drain timed out is still graceful: the marker is
+    written, the cut-off lane is marked shutdown_timeout, and a lane whose turn
+    had completed is neither marked nor resumed at the next start."""
+    sc = Sidecar(tmp_path / "data", config=echo("main", 200) + table("sidecar", drain_timeout=1),
+                 workers=1).start()
+    try:
+        idle = PromptRun(sc.prompts(), text="hi", src=source()).result(30)
+        assert idle.end == "completed", idle.kinds()
+        busy = PromptRun(sc.prompts(), text=words(100), src=source())
+        busy.wait_for("started")
+        assert sc.stop() == 0, sc.log()
+        assert marker(sc), "a graceful stop writes .clean_shutdown, drained in time or not"
+        restart(sc)
+        b = routing(sc, busy.key)
+        assert (b["resume_pending"], b["resume_reason"]) == (1, "shutdown_timeout"), b
+        i = routing(sc, idle.key)
+        assert (i["resume_pending"], i["resume_reason"]) == (0, ""), i
+        assert resume_rows(sc, idle.session_id) == []
+        frames, _ = watch_request(sc.prompts(), f"resume:{busy.session_id}:1", timeout=30)
+        assert kind(frames[-1]) == "completed", [kind(f) for f in frames]
+    finally:
+        sc.stop()
+
+
+def test_stuck_loop_counts_only_consecutive_in_flight_restarts(tmp_path):
+    """In flight, then a restart with the lane idle, then in flight twice: two
+    consecutive, not three, so the lane is not suspended. (Auto-resume is off,
+    so no completed resume turn clears the count in between.)"""
+    sc = Sidecar(tmp_path / "data", config=echo("main", 200) + NO_AUTO_RESUME, workers=1).start()
+    try:
+        src = source()
+        key = crash_mid_turn(sc, src).key
+        restart(sc)
+        assert restart_count(sc, key) == 1
+        sc.stop()  # a restart at which the lane was idle
+        restart(sc)
+        assert restart_count(sc, key) == 0, "an idle restart ends the run of consecutive ones"
+        for n in (1, 2):
+            crash_mid_turn(sc, src)
+            restart(sc)
+            assert restart_count(sc, key) == n
+        assert not routing(sc, key)["suspended"]
+        crash_mid_turn(sc, src)
+        restart(sc)
+        assert routing(sc, key)["suspended"], "the third consecutive one suspends"
+    finally:
+        sc.stop()
+
+
+def test_reset_starts_the_stuck_loop_count_again(tmp_path):
+    sc = Sidecar(tmp_path / "data", config=echo("main", 200) + NO_AUTO_RESUME, workers=1).start()
+    try:
+        src = source()
+        for n in (1, 2):
+            key = crash_mid_turn(sc, src).key
+            restart(sc)
+            assert restart_count(sc, key) == n
+        sc.sessions().ResetSession(spb.ResetSessionRequest(session_key=key), timeout=10)
+        assert restart_count(sc, key) == 0, "/new starts a conversation with no restarts against it"
+        crash_mid_turn(sc, src)
+        restart(sc)
+        assert restart_count(sc, key) == 1 and not routing(sc, key)["suspended"]
+    finally:
+        sc.stop()
+
+
+def test_stuck_loop_suspension_supersedes_the_lanes_waiting_prompts(tmp_path):
+    """As SuspendSession does: a prompt queued on a lane the restart suspends
+    ends superseded; it never runs on the abandoned incarnation."""
+    sc = Sidecar(tmp_path / "data", config=echo("main", 200) + NO_AUTO_RESUME, workers=1).start()
+    try:
+        src = source()
+        for _ in range(2):
+            run = crash_mid_turn(sc, src)
+            restart(sc)
+        old_sid, key = run.session_id, run.key
+        third = PromptRun(sc.prompts(), text=words(80), key=key)
+        third.wait_for("started")
+        queued = PromptRun(sc.prompts(), text="queued behind", key=key, delivery=QUEUE)
+        queued.wait_for("accepted")
+        sc.kill9()
+        restart(sc)
+        assert routing(sc, key)["suspended"]
+        frames, _ = watch_request(sc.prompts(), queued.request_id)
+        assert [kind(f) for f in frames] == ["accepted", "superseded"], [kind(f) for f in frames]
+        assert [f.seq for f in frames] == [1, 2]
+        assert query(sc, "SELECT status FROM prompts WHERE request_id = ?",
+                     (queued.request_id,)) == [("superseded",)]
+        assert query(sc, "SELECT count(*) FROM prompt_queue")[0][0] == 0
+        assert query(sc, "SELECT count(*) FROM messages WHERE session_id = ? AND content = ?",
+                     (old_sid, "queued behind"))[0][0] == 0
+    finally:
+        sc.stop()
+
+
+def test_synthetic_tool_results_do_not_make_a_stale_lane_fresh(tmp_path):
+    """Two lanes in flight at a kill -9, the restart after the freshness
+    window: neither resumes, though one had a dangling tool call whose
+    synthetic result is written at startup."""
+    steps = [{"tool_calls": [{"name": "test.wait", "arguments": {}}]},
+             {"text_from_last_tool_result": True}]
+    cfg = (scripted("tw", steps, tools=["test.*"]) + echo("main", 200)
+           + "[agent]\ngateway_auto_continue_freshness = 2.0\n\n")
+    sc = Sidecar(tmp_path / "data", config=cfg, workers=1).start()
+    try:
+        host = SilentToolHost(sc.tools(), "test", ["test.wait"])
+        a = PromptRun(sc.prompts(), text="wait for it", src=source(), profile="tw")
+        a.wait_for("tool_call")
+        assert host.invoked.wait(10)
+        b = PromptRun(sc.prompts(), text=words(80), src=source())
+        b.wait_for("started")
+        sc.kill9()
+        host.close()
+        time.sleep(3)  # past the 2 s freshness window
+        restart(sc)
+        assert resume_rows(sc, a.session_id) == [] and resume_rows(sc, b.session_id) == []
+        assert query(sc, "SELECT count(*) FROM messages WHERE session_id = ? AND role = 'tool'",
+                     (a.session_id,))[0][0] == 1, "the dangling call got its synthetic result"
+    finally:
+        sc.stop()
+
+
+def test_resume_request_id_follows_the_highest_one_left(tmp_path):
+    """Retention dropped resume:{sid}:1 and kept :2: the next resume turn is :3
+    (a count would hand out :2 again, and dedup would swallow the turn)."""
+    sc = Sidecar(tmp_path / "data", config=echo("main", 200), workers=1).start()
+    try:
+        run = crash_mid_turn(sc, source())
+        sid, key = run.session_id, run.key
+        with closing(sqlite3.connect(db_path(sc), timeout=10)) as conn, conn:
+            conn.execute("INSERT INTO prompts (request_id, session_key, session_id, platform, status,"
+                         " delivery, text, created_at) VALUES (?, ?, ?, 'telegram', 'completed', 2,"
+                         " 'continue', ?)", (f"resume:{sid}:2", key, sid, time.time()))
+        restart(sc)
+        frames, _ = watch_request(sc.prompts(), f"resume:{sid}:3", timeout=30)
+        assert frames and kind(frames[-1]) == "completed", [kind(f) for f in frames]
+        wait_until(lambda: not routing(sc, key)["resume_pending"], 10, what="resume_pending cleared")
+    finally:
+        sc.stop()
