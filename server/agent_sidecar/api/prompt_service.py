@@ -23,6 +23,7 @@ from . import convert as cv
 from .rpc import streaming, unary
 
 _MODES = set(pb.DeliveryMode.values()) - {0}
+WATCH_PAGE = 10_000  # rows per read when WatchActivity replays after a cursor
 
 
 def _ends_stream(frame) -> bool:
@@ -126,6 +127,8 @@ class PromptService(pb_grpc.PromptServiceServicer):
             if frame is None:
                 yield self._keepalive(turn.rid, turn.key, turn.sid, last_seq)
                 continue
+            if isinstance(frame, BaseException):  # the turn was refused before its accept
+                raise frame
             if frame.seq <= last_seq:
                 continue
             last_seq = frame.seq
@@ -163,8 +166,12 @@ class PromptService(pb_grpc.PromptServiceServicer):
                 if _ends_stream(frame):
                     return
             if turn is not None:
-                async for frame in self._follow(sub, turn, last):
-                    yield frame
+                try:
+                    async for frame in self._follow(sub, turn, last):
+                        yield frame
+                except jobs.DuplicateRequest:  # it was an earlier run's request: from the store
+                    async for frame in self._replay_request(rid, last):
+                        yield frame
         finally:
             if sub is not None and sub in turn.subscribers:
                 turn.subscribers.remove(sub)
@@ -196,14 +203,16 @@ class PromptService(pb_grpc.PromptServiceServicer):
         sub = self.turns.bus.watch(index, name)
         try:
             last = request.after_cursor
-            if last > 0:
+            while last > 0:  # the persisted frames after the cursor, a page at a time
                 rows = await self.store.read_async(lambda c: c.execute(
-                    f"SELECT {FRAME_COLUMNS} FROM frames WHERE {column} = ? AND id > ? ORDER BY id LIMIT 10000",
-                    (name, last)).fetchall())
+                    f"SELECT {FRAME_COLUMNS} FROM frames WHERE {column} = ? AND id > ? ORDER BY id"
+                    f" LIMIT {WATCH_PAGE}", (name, last)).fetchall())
                 for row in rows:
                     frame = frame_from_row(row)
                     last = frame.cursor
                     yield pb.WatchActivityResponse(frame=frame)
+                if len(rows) < WATCH_PAGE:
+                    break
             while True:
                 frame = await sub.get(self.cfg.keepalive_s)
                 if frame is None:

@@ -198,10 +198,10 @@ def finish(conn, rid: str, key: str, sid: str, status: str, reason: str, last_se
                  " state = excluded.state", (sid, rid, now, orjson.dumps(state)))
 
 
-def close_unstarted(conn, rid: str, status: str, reason: str) -> None:
+def close_unstarted(conn, rid: str, status: str, reason: str, last_seq: int) -> None:
     """A queued turn that never ran ends (superseded, cancelled, dropped)."""
-    conn.execute("UPDATE prompts SET status = ?, finished_at = ?, reason = ? WHERE request_id = ?",
-                 (status, time.time(), reason or None, rid))
+    conn.execute("UPDATE prompts SET status = ?, finished_at = ?, reason = ?, last_seq = ?"
+                 " WHERE request_id = ?", (status, time.time(), reason or None, last_seq, rid))
     conn.execute("DELETE FROM prompt_queue WHERE request_id = ?", (rid,))
 
 

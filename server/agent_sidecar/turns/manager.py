@@ -4,8 +4,9 @@ It accepts prompts (ledger first, then the ``accepted`` frame), keeps each
 session's lane (running turn, interrupt slot, follow-up slot, FIFO), starts
 turns on the session's worker, ends them, and cleans up after cancels and
 resets. Beside it: worker_events.py turns what workers say into frames and
-transcript rows (and handles dead workers), supervision.py restores, drains
-and watches, dedup.py answers "seen this request id?", context.py builds
+transcript rows (and handles dead workers), placement.py puts a prompt for a
+busy lane where its delivery mode says, supervision.py restores, drains and
+watches, dedup.py answers "seen this request id?", context.py builds
 system prompts. Every decision about a lane is made synchronously on the event
 loop, so lanes need no locks; the store mirrors them for recovery.
 """
@@ -25,11 +26,11 @@ from ..sessions.source import SessionSource
 from ..store import Store
 from ..store.batcher import Batcher
 from ..tools.registry import ToolRegistry
-from . import jobs, supervision, worker_events
+from . import jobs, placement, supervision, worker_events
 from .context import SystemPrompts
 from .dedup import RecentRequests
 from .frames import FrameBus, Subscriber, build_frame
-from .lanes import FOLLOW_UP, INTERRUPT, QUEUE, REJECT_IF_BUSY, ROLLBACK, STEER, Lane, Turn
+from .lanes import FOLLOW_UP, Lane, Turn
 from .memory import budget_per_worker
 from .pool import WorkerHandle, WorkerPool
 
@@ -117,15 +118,18 @@ class TurnManager:
         self._drop_lane(key)
 
     async def on_delete(self, key: str) -> None:
+        """Before the delete job: the lane's turns end and their ends commit."""
         self._drop_lane(key)
         if self.pool:
             self.pool.slot_for(key).send({"t": "evict", "key": key})
+        await supervision.until_ended([t for t in self.live.values() if t.key == key])
 
     async def on_clear_all(self) -> None:
         for key in list(self.lanes):
             self._drop_lane(key)
         if self.pool:
             self.pool.broadcast({"t": "clear"})
+        await supervision.until_ended(list(self.live.values()))
 
     def _drop_lane(self, key: str) -> None:
         """The lane's queued prompts end superseded; its running turn is cancelled."""
@@ -157,42 +161,66 @@ class TurnManager:
         turn = Turn(rid=rid, key=key, platform=platform, profile=profile, text=text,
                     delivery=delivery or FOLLOW_UP, timeout_s=timeout_s, payload=payload)
         turn.next_seq = 2  # seq 1 is the accepted frame, written by the accept job
+        # Reserved before any await: a twin call with this request id follows
+        # this turn (and hears it if it is refused) instead of placing its own.
+        self.live[rid] = turn
+        sub = Subscriber()
+        turn.subscribers.append(sub)
         lane = self.lanes.get(key)
         if lane is None:
             lane = self.lanes[key] = Lane(key)
         slot = None
-        if lane.busy():
-            slot = await self._place_busy(lane, turn)
-            if rid in self.live:  # a twin arrived while we asked the worker to steer
-                return None
-            turn.queued = slot is not None
-        else:
-            lane.running = turn
-        payload["queue_position"] = self._position(lane, turn)
-        self.live[rid] = turn
-        sub = Subscriber()
-        turn.subscribers.append(sub)
+        try:
+            if lane.busy():
+                slot = await placement.place_busy(self, lane, turn)
+                lane = self.lanes.get(key, lane)  # a steer's wait may have seen the lane end and a new one begin
+                turn.queued = slot is not None
+            else:
+                lane.running = turn
+        except BaseException as e:
+            self._unreserve(self.lanes.get(key, lane), turn, e)
+            raise
+        if turn.pending_end:  # cancelled while a steer waited: accepted, then ended, never run
+            if lane.running is turn:
+                lane.running = None
+            lane.remove(turn)
+            if turn.host is not None and turn in turn.host.steers:
+                turn.host.steers.remove(turn)
+            turn.host = None
+        payload["queue_position"] = placement.position(lane, turn)
         position = lane.next_position()
         # An idle lane: accept and start in one transaction. Not for the startup
         # restore's resume turns: their starts (and system prompts) should not
         # hold up SERVING, so they start after their accept, through the bus.
         start_now = slot is None and lane.running is turn and not internal
+        accepted = self.accepts.submit(
+            (turn.ledger_fields(), source, self.cfg.dedup_window_s, slot, position, start_now),
+            then=functools.partial(self._accepted, turn, lane, internal))
         try:
-            sid, frame_id, turn.routing_row, started = await self.accepts.submit(
-                (turn.ledger_fields(), source, self.cfg.dedup_window_s, slot, position, start_now))
+            await accepted
         except jobs.DuplicateRequest:
-            self._unreserve(lane, turn)
             return None
-        except BaseException:
-            self._unreserve(lane, turn)
+        except asyncio.CancelledError:  # the caller went away; the turn goes on without it
+            if sub in turn.subscribers:
+                turn.subscribers.remove(sub)
             raise
+        return turn
+
+    def _accepted(self, turn: Turn, lane: Lane, internal: bool, result) -> None:
+        """The accept job's answer, run as it commits (in commit order with the
+        bus's frames, so watchers by key or platform see cursors in order)."""
+        if isinstance(result, BaseException):
+            self._unreserve(lane, turn, result)
+            return
+        sid, frame_id, turn.routing_row, started = result
+        rid, key = turn.rid, turn.key
         turn.sid = sid
         turn.accepted = True
         self.recent.remember(rid, turn.created_at)
         if internal:
             turn.subscribers.clear()  # nobody streams it; WatchActivity can
         frame = build_frame(rid, key, sid, 1, turn.created_at, frame_id, "accepted",
-                            {"queue_position": payload["queue_position"]})
+                            {"queue_position": turn.payload["queue_position"]})
         self.bus.deliver_committed(turn, frame, "accepted")
         if started is not None:  # the accept job started it too
             turn.started = True
@@ -207,75 +235,23 @@ class TurnManager:
             self._publish_end(turn, *turn.pending_end)
         elif turn.host is None and lane.running is turn and not turn.started:
             self._start(turn)
-        return turn
 
-    async def _place_busy(self, lane: Lane, turn: Turn) -> str | None:
-        mode = turn.delivery
-        if mode == REJECT_IF_BUSY:
-            raise E.SidecarError(E.AGENT_BUSY, f"session {lane.key} has a turn in flight",
-                                 retry_after_s=1.0)
-        if mode == STEER:
-            if await self._steer(lane, turn):
-                return None
-            mode = FOLLOW_UP
-        # The cap bounds how deep the queue gets: a follow-up that only
-        # replaces the pending one does not deepen it.
-        profile = self.cfg.profile(turn.profile)
-        cap = profile.queue_cap if profile else 0
-        deepens = mode == QUEUE or (mode == FOLLOW_UP and lane.pending is None)
-        if cap and deepens and lane.depth() >= cap:
-            raise E.SidecarError(E.RESOURCE_EXHAUSTED,
-                                 f"session {lane.key} already has {lane.depth()} queued prompts (cap {cap})")
-        if mode in (INTERRUPT, ROLLBACK):
-            lane.interrupt.append(turn)
-            running = lane.running
-            if running is not None and not running.finished:
-                running.rollback = mode == ROLLBACK
-                self.cancel_turn(running, E.CANCELLED)
-            return "pending"
-        if mode == QUEUE:
-            lane.fifo.append(turn)
-            return "fifo"
-        if lane.pending is not None:  # burst collapse: the newer follow-up wins
-            old, lane.pending = lane.pending, None
-            self._supersede(old, turn.rid)
-        lane.pending = turn
-        return "pending"
-
-    @staticmethod
-    def _position(lane: Lane, turn: Turn) -> int:
-        if lane.running is turn or turn.host is not None:
-            return 0
-        waiting = lane.waiting()
-        return waiting.index(turn) + 1 if turn in waiting else 0
-
-    def _unreserve(self, lane: Lane, turn: Turn) -> None:
-        self.live.pop(turn.rid, None)
+    def _unreserve(self, lane: Lane, turn: Turn, error: BaseException) -> None:
+        """A prompt refused before its accept committed leaves no trace; a twin
+        call following it gets the same answer (see PromptService._follow)."""
+        if self.live.get(turn.rid) is turn:
+            del self.live[turn.rid]
         if lane.running is turn:
             lane.running = None
         lane.remove(turn)
         if turn.host is not None and turn in turn.host.steers:
             turn.host.steers.remove(turn)
+        if not isinstance(error, (E.SidecarError, jobs.DuplicateRequest)):
+            error = E.SidecarError(E.UNAVAILABLE, "the prompt with this request id was not accepted; retry")
+        for sub in turn.subscribers:
+            sub.push(error)
+        turn.subscribers.clear()
         self._advance(lane)
-
-    async def _steer(self, lane: Lane, turn: Turn) -> bool:
-        host = lane.running
-        if host is None or not host.started or host.finished or host.worker is None:
-            return False
-        fut = asyncio.get_running_loop().create_future()
-        self.steer_waits[turn.rid] = fut
-        host.worker.send({"t": "steer", "rid": host.rid, "steer_rid": turn.rid, "text": turn.text})
-        try:
-            ok = await asyncio.wait_for(fut, 5)
-        except asyncio.TimeoutError:
-            ok = False
-        finally:
-            self.steer_waits.pop(turn.rid, None)
-        if ok and not host.finished:
-            turn.host = host
-            host.steers.append(turn)
-            return True
-        return False
 
     # -- running turns --------------------------------------------------------------------
 
@@ -335,6 +311,10 @@ class TurnManager:
                 if lane.running is turn:
                     lane.running = None
                 lane.remove(turn)
+            if turn.host is not None:  # a steer: it no longer ends with its host
+                if turn in turn.host.steers:
+                    turn.host.steers.remove(turn)
+                turn.host = None
             self._publish_end(turn, "failed", reason, "cancelled before it ran")
             if lane is not None:
                 self._advance(lane)
@@ -362,6 +342,8 @@ class TurnManager:
             self._advance(lane)
 
     def _publish_end(self, turn: Turn, status: str, reason: str, text: str) -> None:
+        if turn.finished or turn.terminal_pending:  # a turn ends once
+            return
         if not turn.accepted:  # its accepted frame is not committed yet: end after it
             turn.pending_end = (status, reason, text)
             return
@@ -381,7 +363,7 @@ class TurnManager:
             write = (jobs.finish, (turn.rid, turn.key, turn.sid, status, reason, turn.next_seq,
                                    turn.rollback, lane_idle, state))
         else:
-            write = (jobs.close_unstarted, (turn.rid, status, reason))
+            write = (jobs.close_unstarted, (turn.rid, status, reason, turn.next_seq))
         self.bus.publish(turn, kind, body, write=write,
                          then=lambda _: self.live.pop(turn.rid, None) if self.live.get(turn.rid) is turn else None)
 

@@ -95,6 +95,21 @@ async def drain(m, timeout: float) -> bool:
     return not still
 
 
+async def until_ended(turns, timeout: float = 10.0) -> None:
+    """Wait (bounded) until these turns' terminal frames have committed, so a
+    DeleteSession or ClearAllSessions that follows removes their last writes
+    (the terminal frame, the turn-state row) instead of racing them."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    pending = [t for t in turns if not t.finished]
+    while pending and loop.time() < end:
+        await asyncio.sleep(0.02)
+        pending = [t for t in pending if not t.finished]
+    if pending:
+        log.warning("turns still running after their cancel",
+                    extra={"request_ids": [t.rid for t in pending]})
+
+
 async def watchdog(m) -> None:
     """The worker enforces turn timeouts itself; this catches a worker whose
     loop is blocked (a backend doing CPU-bound or blocking work): past the

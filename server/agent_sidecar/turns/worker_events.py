@@ -35,6 +35,12 @@ def on_message(m, h: WorkerHandle, msg: dict) -> None:
     if turn is None or turn.terminal_pending:
         return
     if t == "frame":
+        if turn.next_seq >= m.cfg.limits.max_frames_per_turn:  # one seq left: the terminal frame
+            if not turn.cancel_reason:
+                log.warning("turn reached max_frames_per_turn; cancelling it",
+                            extra={"request_id": turn.rid})
+                m.cancel_turn(turn, E.RESOURCE_EXHAUSTED)
+            return
         kind, body = msg["k"], msg["b"]
         if kind == "usage":
             for k, v in body.items():
@@ -56,7 +62,10 @@ def on_message(m, h: WorkerHandle, msg: dict) -> None:
     elif t == "tool":
         m.spawn(_run_tool(m, h, turn, msg))
     elif t == "done":
-        if msg["ok"]:
+        if turn.cancel_reason == E.RESOURCE_EXHAUSTED:  # frames were dropped, even if it then finished
+            m.end(turn, "failed", E.RESOURCE_EXHAUSTED,
+                  f"the turn reached limits.max_frames_per_turn ({m.cfg.limits.max_frames_per_turn} frames)")
+        elif msg["ok"]:
             m.end(turn, "completed", "", msg.get("final_text", ""))
         else:
             m.end(turn, "failed", msg["reason"], msg.get("message", ""))

@@ -1,0 +1,88 @@
+"""Where a prompt for a busy lane goes (API.md delivery modes, seed 001 §8):
+rejected, queued (FIFO), collapsed into the single follow-up slot, put
+ahead as an interrupt or rollback, or steered into the running turn.
+
+Functions over a TurnManager (like supervision.py and worker_events.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from .. import errors as E
+from .lanes import FOLLOW_UP, INTERRUPT, QUEUE, REJECT_IF_BUSY, ROLLBACK, STEER, Lane, Turn
+
+
+async def place_busy(m, lane: Lane, turn: Turn) -> str | None:
+    """Put a prompt for a busy lane where its delivery mode says; returns its
+    queue slot (``pending``/``fifo``) or None when it joined the running turn
+    (STEER) or the lane turned out idle. Raises AGENT_BUSY, RESOURCE_EXHAUSTED."""
+    mode = turn.delivery
+    if mode == REJECT_IF_BUSY:
+        raise E.SidecarError(E.AGENT_BUSY, f"session {lane.key} has a turn in flight",
+                             retry_after_s=1.0)
+    if mode == STEER:
+        if await steer(m, lane, turn):
+            return None
+        # While it waited the lane may have ended (and been dropped): place
+        # the turn in the key's lane as it is now; an idle one runs it.
+        lane = m.lanes.get(turn.key)
+        if lane is None:
+            lane = m.lanes[turn.key] = Lane(turn.key)
+        if not lane.busy():
+            lane.running = turn
+            return None
+        mode = FOLLOW_UP
+    # The cap bounds how deep the queue gets: a follow-up that only
+    # replaces the pending one does not deepen it.
+    profile = m.cfg.profile(turn.profile)
+    cap = profile.queue_cap if profile else 0
+    deepens = mode == QUEUE or (mode == FOLLOW_UP and lane.pending is None)
+    if cap and deepens and lane.depth() >= cap:
+        raise E.SidecarError(E.RESOURCE_EXHAUSTED,
+                             f"session {lane.key} already has {lane.depth()} queued prompts (cap {cap})")
+    if mode in (INTERRUPT, ROLLBACK):
+        lane.interrupt.append(turn)
+        running = lane.running
+        if running is not None and not running.finished:
+            running.rollback = mode == ROLLBACK
+            m.cancel_turn(running, E.CANCELLED)
+        return "pending"
+    if mode == QUEUE:
+        lane.fifo.append(turn)
+        return "fifo"
+    if lane.pending is not None:  # burst collapse: the newer follow-up wins
+        old, lane.pending = lane.pending, None
+        m._supersede(old, turn.rid)
+    lane.pending = turn
+    return "pending"
+
+
+def position(lane: Lane, turn: Turn) -> int:
+    """0 runs now (or joined the running turn); n = n-th in line."""
+    if lane.running is turn or turn.host is not None:
+        return 0
+    waiting = lane.waiting()
+    return waiting.index(turn) + 1 if turn in waiting else 0
+
+
+async def steer(m, lane: Lane, turn: Turn) -> bool:
+    """Ask the running turn's worker to take the text into its turn (seed 001
+    §8's /steer); its answer comes through ``m.steer_waits`` (worker_events)."""
+    host = lane.running
+    if host is None or not host.started or host.finished or host.worker is None:
+        return False
+    fut = asyncio.get_running_loop().create_future()
+    m.steer_waits[turn.rid] = fut
+    host.worker.send({"t": "steer", "rid": host.rid, "steer_rid": turn.rid, "text": turn.text})
+    try:
+        ok = await asyncio.wait_for(fut, 5)
+    except asyncio.TimeoutError:
+        ok = False
+    finally:
+        m.steer_waits.pop(turn.rid, None)
+    if ok and not (host.finished or host.terminal_pending):
+        turn.host = host
+        host.steers.append(turn)
+        return True
+    return False

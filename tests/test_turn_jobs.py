@@ -1,0 +1,38 @@
+"""The turn's writer jobs (turns/jobs.py) run directly on a real SQLite store:
+the interleavings that gRPC timing rarely produces."""
+
+from __future__ import annotations
+
+from agent_sidecar.sessions import lifecycle as life
+from agent_sidecar.sessions.source import SessionSource
+from agent_sidecar.store.db import open_writer
+from agent_sidecar.store.migrations import migrate
+from agent_sidecar.turns import jobs
+
+KEY = "agent:main:telegram:dm:42"
+
+
+def _flags(conn) -> tuple:
+    return conn.execute("SELECT is_fresh_reset, resume_pending, resume_reason FROM routing"
+                        " WHERE session_key = ?", (KEY,)).fetchone()
+
+
+def test_a_turn_finishing_after_a_reset_leaves_the_new_incarnations_flags(tmp_path):
+    """A turn of the old incarnation completes just after /new: the fresh-reset
+    flag and a resume marker belong to the new incarnation and stay; the new
+    incarnation's own completed turn clears them."""
+    conn = open_writer(str(tmp_path / "s.db"))
+    migrate(conn)
+    with conn:
+        old, _ = life.get_or_create(conn, KEY, SessionSource(platform="telegram", chat_id="42"), "main")
+        new = life.reset(conn, KEY)
+        life.mark_resume_pending(conn, KEY, "restart_interrupted")
+    assert new.session_id != old.session_id
+    assert _flags(conn) == (1, 1, "restart_interrupted")
+    with conn:
+        jobs.finish(conn, "r-old", KEY, old.session_id, "completed", "", 5, False, True, {})
+    assert _flags(conn) == (1, 1, "restart_interrupted"), "another incarnation's turn cleared them"
+    with conn:
+        jobs.finish(conn, "r-new", KEY, new.session_id, "completed", "", 5, False, True, {})
+    assert _flags(conn) == (0, 0, "")
+    conn.close()
