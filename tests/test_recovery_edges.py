@@ -2,7 +2,8 @@
 through real processes, SIGTERM and kill -9: the clean-shutdown marker after a
 drain that timed out, the stuck-loop counter counting only consecutive
 restarts with the lane in flight, a suspended lane's waiting prompts, the
-auto-resume freshness window, and resume request ids after retention."""
+auto-resume freshness window, resume request ids after retention, and a steer
+whose host was interrupted."""
 
 from __future__ import annotations
 
@@ -171,5 +172,29 @@ def test_resume_request_id_follows_the_highest_one_left(tmp_path):
         frames, _ = watch_request(sc.prompts(), f"resume:{sid}:3", timeout=30)
         assert frames and kind(frames[-1]) == "completed", [kind(f) for f in frames]
         wait_until(lambda: not routing(sc, key)["resume_pending"], 10, what="resume_pending cleared")
+    finally:
+        sc.stop()
+
+
+def test_a_steer_ends_with_its_interrupted_host_and_never_reruns(tmp_path):
+    """kill -9 while a steer has joined the running turn: at the restart the
+    steer ends failed with its host; it does not run again as a turn of its own."""
+    cfg = scripted("main", [{"text": "first answer", "token_latency_ms": 500}, {"echo_input": True}])
+    sc = Sidecar(tmp_path / "data", config=cfg, workers=1).start()
+    try:
+        host = PromptRun(sc.prompts(), text="hello", src=source())
+        host.wait_for("text_delta")
+        steer = PromptRun(sc.prompts(), text="actually, bananas", key=host.key,
+                          delivery=D.Value("DELIVERY_MODE_STEER"))
+        steer.wait_for("accepted")
+        sc.kill9()
+        restart(sc)
+        frames, reason = watch_request(sc.prompts(), steer.request_id)
+        assert [kind(f) for f in frames] == ["accepted", "failed"], [kind(f) for f in frames]
+        assert reason == "restart_interrupted", reason
+        time.sleep(0.5)  # the lane's auto-resume turn runs meanwhile; the steer must not
+        assert query(sc, "SELECT count(*) FROM frames WHERE request_id = ? AND kind = 'started'",
+                     (steer.request_id,))[0][0] == 0
+        assert query(sc, "SELECT count(*) FROM messages WHERE content = 'actually, bananas'")[0][0] <= 1
     finally:
         sc.stop()

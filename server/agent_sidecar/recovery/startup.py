@@ -28,6 +28,7 @@ import orjson
 from ..sessions import lifecycle as life
 from ..sessions import transcripts as tx
 from ..turns.jobs import INSERT_FRAME, last_frame_seq
+from ..turns.lanes import STEER
 
 MARKER = ".clean_shutdown"
 RECENT_WINDOW_S = 120
@@ -147,7 +148,10 @@ def restore(conn, clean: bool, freshness_s: float) -> RestorePlan:
                          " AND suspended = 0", (INTERRUPTED, now, key))
     conn.execute("UPDATE routing SET running = 0 WHERE running = 1")
     for rid, key, sid, platform, status, delivery, text, payload, created, started, slot, pos in open_rows:
-        if status == "running" and started is not None:
+        if status == "running" and (started is not None or delivery == STEER):
+            # A steer in the ledger as running had joined its lane's running
+            # turn (whose model may have read it already): it ends with that
+            # turn, never re-runs as a turn of its own.
             close_interrupted_turn(conn, rid, key, sid, platform, INTERRUPTED,
                                    "the sidecar stopped while this turn was running")
             plan.closed_turns += 1
