@@ -138,7 +138,7 @@ class TurnManager:
             return
         for turn in lane.waiting():
             lane.remove(turn)
-            self._supersede(turn, "")
+            self.supersede(turn, "")
         if lane.running is not None:
             self.cancel_turn(lane.running, E.CANCELLED)
 
@@ -324,7 +324,7 @@ class TurnManager:
             turn.worker.send({"t": "cancel", "rid": turn.rid, "reason": reason})
         return True
 
-    def _supersede(self, turn: Turn, by_rid: str) -> None:
+    def supersede(self, turn: Turn, by_rid: str) -> None:
         if not turn.finished and not turn.terminal_pending:
             self._publish_end(turn, "superseded", "", by_rid)
 

@@ -53,7 +53,7 @@ async def place_busy(m, lane: Lane, turn: Turn) -> str | None:
         return "fifo"
     if lane.pending is not None:  # burst collapse: the newer follow-up wins
         old, lane.pending = lane.pending, None
-        m._supersede(old, turn.rid)
+        m.supersede(old, turn.rid)
     lane.pending = turn
     return "pending"
 
