@@ -17,6 +17,8 @@ from sidecar_proc import Sidecar
 
 CONFIG = (slow_echo("main")
           + scripted("steer", [{"text": "first answer", "token_latency_ms": 500}, {"echo_input": True}])
+          + scripted("steerlast", [{"text": "first answer", "token_latency_ms": 500}, {"echo_input": True}],
+                     max_iterations=1)
           + slow_echo("capped", queue_cap=2)
           + slow_echo("capone", queue_cap=1))
 
@@ -155,6 +157,23 @@ def test_steer_reaches_the_next_model_call(stubs):
     assert [(m.role, m.content) for m in msgs] == [
         ("user", "hello"), ("assistant", "first answer"), ("user", "actually, bananas"),
         ("assistant", "actually, bananas")]
+
+
+def test_steer_during_the_last_allowed_model_call_becomes_a_follow_up(stubs):
+    """API.md: a turn past its last model call treats a steer as FOLLOW_UP. The
+    host keeps its complete answer; the steer runs as the next turn."""
+    prompts, sessions = stubs
+    host = run(prompts, text="hello", src=source(), profile="steerlast")  # max_iterations = 1
+    host.wait_for("text_delta")
+    st = run(prompts, text="bananas", key=host.key, delivery=D.DELIVERY_MODE_STEER)
+    host.result(10)
+    assert host.end == "completed" and host.final_text == "first answer", (host.kinds(), host.reason)
+    st.result(10)
+    assert st.end == "completed", (st.kinds(), st.reason)
+    assert "started" in st.kinds(), "it ran as a turn of its own"
+    msgs = [(m.role, m.content) for m in transcript(sessions, host.session_id)]
+    assert msgs[:3] == [("user", "hello"), ("assistant", "first answer"), ("user", "bananas")], msgs
+    assert msgs[-1][0] == "assistant" and len(msgs) == 4, msgs
 
 
 def test_steer_on_an_idle_session_is_a_normal_turn(stubs):

@@ -9,8 +9,9 @@ import textwrap
 
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
+from helpers_busy import ToolHost
 from helpers_common import rid
-from sidecar_proc import Sidecar
+from sidecar_proc import Sidecar, error_info
 
 PLUGIN = '''
 from agent_sidecar.models.base import TextDelta, ToolCallRequest, UsageReport
@@ -80,5 +81,17 @@ def test_model_and_tool_from_entry_points(tmp_path):
         assert call.name == "plug.upper"
         assert result.ok and result.result_json == '"HELLO PLUGIN"'
         assert frames[-1].completed.final_text == "HELLO PLUGIN!"
+        # A remote host may not take an in-process tool's name: once it left,
+        # the tool would be gone until the next restart.
+        host = ToolHost(sc.tools(), "plug", [("plug.upper", "shadow", {"type": "object"})])
+        try:
+            assert host.ended.wait(10) and not host.registered.is_set()
+            assert error_info(host.error) == ("INVALID_ARGUMENT", "register.tools[0].name")
+        finally:
+            host.close()
+        frames = [r.frame for r in sc.prompts().Prompt(ppb.PromptRequest(
+            request_id=rid(), source=c.SessionSource(platform="t", chat_id="p2"),
+            text="still here", profile="plug"), timeout=30)]
+        assert frames[-1].completed.final_text == "STILL HERE!", [f.WhichOneof("event") for f in frames]
     finally:
         sc.stop()

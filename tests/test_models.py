@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import time
@@ -266,7 +267,8 @@ def test_openai_streams_text_and_usage():
                                 "prompt_tokens_details": {"cached_tokens": 8}}}]) as fake:
         events = openai_events(fake, temperature=0.2)
     assert [e.text for e in of_type(events, TextDelta)] == ["hello ", "there ", "world"]
-    assert events[-1] == UsageReport(input_tokens=12, output_tokens=3, cache_read_tokens=8)
+    # prompt_tokens 12 includes the 8 cached ones: the counters are disjoint
+    assert events[-1] == UsageReport(input_tokens=4, output_tokens=3, cache_read_tokens=8)
     (body,) = fake.requests
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     assert body["model"] == "fake-model" and body["temperature"] == 0.2
@@ -359,7 +361,12 @@ def test_openai_truncated_stream_after_output_is_not_retried():
 def test_openai_non_streaming_reply_is_accepted():
     model = OpenAIModel({"model": "m"})
     body, names = model.build_body(ModelRequest(messages=user("x"), tools=TOOLS))
-    assert names == {"test__add": "test.add"} and safe_tool_name("a.b-c d") == "a__b-c_d"
+    assert names == {"test__add": "test.add"} and safe_tool_name("discord.send-it") == "discord__send-it"
+    # one to one: names that could map alike carry a hash of themselves
+    odd = ["a.b-c d", "a.b-c_d", "t.a.b", "t.a__b", "t.a:b"]
+    safe = [safe_tool_name(n) for n in odd]
+    assert len(set(safe)) == len(odd) and all(re.fullmatch(r"[A-Za-z0-9_-]+", x) for x in safe), safe
+    assert safe_tool_name("t.a.b") == "t__a__b"
     reply = {"choices": [{"message": {"content": "hi", "tool_calls": [
         {"id": "c", "function": {"name": "test__add", "arguments": '{"a": 1}'}}]}}],
              "usage": {"prompt_tokens": 1, "completion_tokens": 2}}

@@ -161,6 +161,18 @@ def test_registering_outside_the_namespace_is_invalid_argument(sc):
     assert error_info(host.error) == ("INVALID_ARGUMENT", "register.tools[1].name")
 
 
+def test_a_second_namespace_on_one_stream_is_invalid_argument(sc):
+    host = ToolHost(sc.tools(), "test", [("test.a", "a", {"type": "object"})])
+    try:
+        host.wait_registered()
+        host.send_register("other", [("other.b", "b", {"type": "object"})])
+        assert host.ended.wait(10)
+        assert host.error.code() == grpc.StatusCode.INVALID_ARGUMENT, host.error.details()
+        assert error_info(host.error) == ("INVALID_ARGUMENT", "register.namespace")
+    finally:
+        host.close()
+
+
 def test_bad_schema_is_invalid_argument(sc):
     host = ToolHost(sc.tools(), "test", [], register=False)
     host._out.put(tpb.ServeToolsRequest(register=tpb.RegisterTools(namespace="test", tools=[

@@ -26,6 +26,9 @@ SCRIPTS = {
               {"text": "the answer is 5"}],
     "flaky": [{"status": 500}, {"text": "recovered fine"}],
     "down": [{"status": 500}],
+    "cached": [{"text": "cached answer", "usage": {
+        "prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110,
+        "prompt_tokens_details": {"cached_tokens": 80}}}],
 }
 
 
@@ -65,6 +68,16 @@ def test_streaming_text(sc, fakes):
     assert body["messages"][-1]["content"] == "hi there"
     assert [(m.role, m.content) for m in messages(sc, out.raw[0].session_id)] == [
         ("user", "hi there"), ("assistant", "hello from the fake model")]
+
+
+def test_cached_prompt_tokens_count_once(sc):
+    """80 of 100 prompt tokens came from the provider's cache: the session's
+    counters are disjoint and total what the provider billed (110)."""
+    out = run(sc.prompts(), prompt_req(text="hello", profile="cached"))
+    assert_well_formed(out)
+    s = session(sc, out.raw[0].session_key)
+    assert (s.input_tokens, s.cache_read_tokens, s.output_tokens, s.total_tokens) == (20, 80, 10, 110), s
+    assert s.last_prompt_tokens == 100, "the prompt's whole size, as the provider reported it"
 
 
 def test_tool_call_round_trip(sc, fakes, host):

@@ -42,6 +42,9 @@ class ToolService(pb_grpc.ToolServiceServicer):
                     if not ns:
                         raise E.invalid("register.namespace", "is required")
                     principal.require_platform(ns.split(".")[0]) if not principal.admin else None
+                    if host is not None and ns != host.namespace:
+                        raise E.invalid("register.namespace",
+                                        f"this stream serves {host.namespace!r}; open another for {ns!r}")
                     specs = []
                     for i, t in enumerate(reg.tools):
                         try:
@@ -52,6 +55,9 @@ class ToolService(pb_grpc.ToolServiceServicer):
                         if not t.name.startswith(ns + "."):
                             raise E.invalid(f"register.tools[{i}].name",
                                             f"must start with the namespace {ns!r}")
+                        if self.registry.served_in_process(t.name):
+                            raise E.invalid(f"register.tools[{i}].name",
+                                            "names a tool the sidecar serves in process")
                         specs.append(ToolSpec(t.name, t.description, params))
                     if host is None:
                         host = ToolHost(namespace=ns)

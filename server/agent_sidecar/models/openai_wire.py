@@ -8,6 +8,7 @@ can be tested without a server.
 from __future__ import annotations
 
 import email.utils
+import hashlib
 import json
 import re
 import time
@@ -20,8 +21,13 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 def safe_tool_name(name: str) -> str:
     """The OpenAI-safe form of a dotted tool name: '.' -> '__', other characters
-    outside ``[A-Za-z0-9_-]`` -> '_'."""
-    return _UNSAFE.sub("_", name.replace(".", "__"))
+    outside ``[A-Za-z0-9_-]`` -> '_'. One to one: a name that already holds
+    '__' or an unsafe character (so that two names could map alike, as
+    ``t.a__b`` and ``t.a.b`` would) gets a short hash of itself appended."""
+    safe = _UNSAFE.sub("_", name.replace(".", "__"))
+    if "__" in name or _UNSAFE.search(name.replace(".", "")):
+        safe += "_" + hashlib.sha1(name.encode()).hexdigest()[:8]
+    return safe
 
 
 def excerpt(body: bytes, limit: int = 500) -> str:
@@ -85,13 +91,17 @@ def convert_message(message: dict[str, Any], safe: Any) -> dict[str, Any]:
 
 
 def usage_report(usage: dict[str, Any]) -> UsageReport:
-    """OpenAI usage -> UsageReport. input_tokens is prompt_tokens, which already
-    includes the cached part reported as cache_read_tokens."""
+    """OpenAI usage -> UsageReport. OpenAI's prompt_tokens includes the cached
+    part; the session's counters are disjoint (seed 001: input, output, cache
+    read, cache write, and total = their sum), so input_tokens is the uncached
+    rest."""
     details = usage.get("prompt_tokens_details") or {}
+    prompt = int(usage.get("prompt_tokens") or 0)
+    cached = min(int(details.get("cached_tokens") or 0), prompt)
     return UsageReport(
-        input_tokens=int(usage.get("prompt_tokens") or 0),
+        input_tokens=prompt - cached,
         output_tokens=int(usage.get("completion_tokens") or 0),
-        cache_read_tokens=int(details.get("cached_tokens") or 0),
+        cache_read_tokens=cached,
         cost_usd=float(usage.get("cost") or 0.0),  # OpenRouter-style cost, when sent
     )
 

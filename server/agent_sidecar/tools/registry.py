@@ -76,6 +76,12 @@ class ToolRegistry:
                 log.exception("loading tool entry point %s failed", ep.name)
         self.version += 1
 
+    def served_in_process(self, name: str) -> bool:
+        """An entry-point tool: a remote host may not take its name over (it
+        would be gone for good once that host disconnected)."""
+        spec = self.tools.get(name)
+        return spec is not None and spec.host is None
+
     def register_host(self, host: ToolHost, specs: list[ToolSpec]) -> list[str]:
         prefix = host.namespace + "."
         for s in specs:

@@ -104,6 +104,10 @@ async def run_turn(agent: Agent, backend, spec: TurnSpec, io: TurnIO) -> str:
         if iteration >= spec.max_iterations:
             raise TurnFailed(E.MAX_ITERATIONS,
                              f"the agent loop reached max_iterations ({spec.max_iterations})")
+        if iteration + 1 == spec.max_iterations:
+            # The last model call this turn may make: a steer arriving during it
+            # could not get a call of its own, so it becomes a follow-up instead.
+            io.close_steering()
         request = ModelRequest(messages=[{"role": "system", "content": spec.system_prompt}]
                                + agent.messages, tools=spec.tools, iteration=iteration,
                                session_key=agent.session_key, request_id=spec.request_id)

@@ -215,7 +215,8 @@ def record_usage(conn, key: str, u: dict[str, Any]) -> None:
         " total_tokens = total_tokens + ?, estimated_cost_usd = estimated_cost_usd + ?,"
         " last_prompt_tokens = CASE WHEN ? > 0 THEN ? ELSE last_prompt_tokens END"
         " WHERE session_key = ?",
-        (i, o, cr, cw, i + o + cr + cw, float(u.get("cost_usd", 0.0)), i, i, key))
+        # the prompt's whole size, cached parts included (seed 001: what the API reported)
+        (i, o, cr, cw, i + o + cr + cw, float(u.get("cost_usd", 0.0)), i + cr + cw, i + cr + cw, key))
 
 
 def ledger_lookup(conn, rid: str) -> tuple | None:
