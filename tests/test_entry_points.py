@@ -6,6 +6,8 @@ model backend (``agent_sidecar.models``) and an in-process tool
 from __future__ import annotations
 
 import textwrap
+import threading
+import time
 
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
@@ -39,7 +41,14 @@ class ShoutModel:
 def tools():
     return [{"name": "plug.upper", "description": "Upper-case a text.",
              "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
-             "handler": lambda text: text.upper()}]
+             "handler": upper}]
+
+
+def upper(text):
+    if text == "nap":  # a plain function that blocks: it must hold up its own turn only
+        import time
+        time.sleep(3)
+    return text.upper()
 '''
 
 
@@ -93,5 +102,20 @@ def test_model_and_tool_from_entry_points(tmp_path):
             request_id=rid(), source=c.SessionSource(platform="t", chat_id="p2"),
             text="still here", profile="plug"), timeout=30)]
         assert frames[-1].completed.final_text == "STILL HERE!", [f.WhichOneof("event") for f in frames]
+        # A blocking in-process tool runs off the event loop: a turn started
+        # after it, on another session, ends first.
+        done: list[str] = []
+
+        def turn(chat_id, text):
+            out = [r.frame for r in sc.prompts().Prompt(ppb.PromptRequest(
+                request_id=rid(), source=c.SessionSource(platform="t", chat_id=chat_id),
+                text=text, profile="plug"), timeout=30)]
+            done.append(out[-1].completed.final_text)
+        napper = threading.Thread(target=turn, args=("p3", "nap"))
+        napper.start()
+        time.sleep(0.5)
+        turn("p4", "quick")
+        napper.join()
+        assert done == ["QUICK!", "NAP!"], done
     finally:
         sc.stop()

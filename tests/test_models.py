@@ -25,7 +25,7 @@ from agent_sidecar.models import (
 )
 from agent_sidecar.models.echo import EchoModel
 from agent_sidecar.models.openai import OpenAIModel
-from agent_sidecar.models.openai_wire import StreamParser, events_from_message, safe_tool_name
+from agent_sidecar.models.openai_wire import StreamParser, call_tag, events_from_message, safe_tool_name
 from agent_sidecar.models.scripted import ScriptedModel
 
 try:
@@ -370,12 +370,12 @@ def test_openai_non_streaming_reply_is_accepted():
     reply = {"choices": [{"message": {"content": "hi", "tool_calls": [
         {"id": "c", "function": {"name": "test__add", "arguments": '{"a": 1}'}}]}}],
              "usage": {"prompt_tokens": 1, "completion_tokens": 2}}
-    assert events_from_message(reply, 0, names) == [
+    assert events_from_message(reply, "t0", names) == [
         TextDelta("hi"), ToolCallRequest("c", "test.add", '{"a": 1}'), UsageReport(1, 2)]
 
 
 def test_stream_parser_fragments_without_index_and_error_chunks():
-    parser = StreamParser(iteration=3, names={})
+    parser = StreamParser(tag="t3", names={})
     lines = [
         ": keepalive comment", "",
         'data: {"choices": [{"delta": {"tool_calls": [{"id": "a", "function": {"name": "x__", "arguments": "{\\"k\\""}}]}}]}',
@@ -386,4 +386,13 @@ def test_stream_parser_fragments_without_index_and_error_chunks():
         assert parser.feed(line) == []
     assert parser.finish() == [ToolCallRequest("a", "x.yz", '{"k": 1}')]
     with pytest.raises(ModelError, match="rate limited"):
-        StreamParser(0, {}).feed('data: {"error": {"message": "rate limited"}}')
+        StreamParser("t0", {}).feed('data: {"error": {"message": "rate limited"}}')
+
+
+def test_fallback_call_ids_are_unique_across_turns():
+    """A server that sends no call ids: the ids made up for it differ between
+    turns (a transcript with two 'call_0_0' is refused by stricter backends)."""
+    reply = {"choices": [{"message": {"content": "", "tool_calls": [
+        {"function": {"name": "test__add", "arguments": "{}"}}]}}]}
+    ids = {events_from_message(reply, call_tag(rid, 0), {})[0].call_id for rid in ("r-1", "r-2")}
+    assert len(ids) == 2 and all(i.startswith("call_") for i in ids), ids

@@ -26,6 +26,7 @@ SCRIPTS = {
               {"text": "the answer is 5"}],
     "flaky": [{"status": 500}, {"text": "recovered fine"}],
     "down": [{"status": 500}],
+    "broken": [{"text": "half an answer", "truncate": True}],
     "cached": [{"text": "cached answer", "usage": {
         "prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110,
         "prompt_tokens_details": {"cached_tokens": 80}}}],
@@ -78,6 +79,17 @@ def test_cached_prompt_tokens_count_once(sc):
     s = session(sc, out.raw[0].session_key)
     assert (s.input_tokens, s.cache_read_tokens, s.output_tokens, s.total_tokens) == (20, 80, 10, 110), s
     assert s.last_prompt_tokens == 100, "the prompt's whole size, as the provider reported it"
+
+
+def test_text_streamed_before_a_model_failure_stays_in_the_transcript(sc):
+    """The stream breaks after text went out: the turn fails LLM_API_FAILURE and
+    the transcript keeps what the user already saw."""
+    out = run(sc.prompts(), prompt_req(text="go on", profile="broken"))
+    assert_failed(out, "LLM_API_FAILURE", grpc.StatusCode.UNAVAILABLE)
+    streamed = "".join(f.text_delta.text for f in out.raw if f.WhichOneof("event") == "text_delta")
+    assert streamed == "half an answer"
+    assert [(m.role, m.content) for m in messages(sc, out.raw[0].session_id)] == [
+        ("user", "go on"), ("assistant", "half an answer")]
 
 
 def test_tool_call_round_trip(sc, fakes, host):

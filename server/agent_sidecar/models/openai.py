@@ -32,6 +32,7 @@ from agent_sidecar.models.base import ModelError, ModelEvent, ModelRequest
 from agent_sidecar.models.openai_wire import (
     Retryable,
     StreamParser,
+    call_tag,
     convert_message,
     events_from_message,
     excerpt,
@@ -132,13 +133,14 @@ class OpenAIModel:
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         body, names = self.build_body(request)
         payload = json.dumps(body).encode()
+        tag = call_tag(request.request_id, request.iteration)  # for call ids the server leaves out
         attempt = 0
         while True:
             yielded = False
             try:
                 # aclosing: if our consumer stops early, the HTTP response is
                 # closed now rather than whenever the generator is collected.
-                async with contextlib.aclosing(self._attempt(payload, request.iteration, names)) as events:
+                async with contextlib.aclosing(self._attempt(payload, tag, names)) as events:
                     async for event in events:
                         yielded = True
                         yield event
@@ -155,7 +157,7 @@ class OpenAIModel:
                 attempt += 1
                 await asyncio.sleep(delay)
 
-    async def _attempt(self, payload: bytes, iteration: int, names: dict[str, str]) -> AsyncIterator[ModelEvent]:
+    async def _attempt(self, payload: bytes, tag: str, names: dict[str, str]) -> AsyncIterator[ModelEvent]:
         """One HTTP exchange. Raises Retryable for transient failures."""
         import httpx
 
@@ -171,10 +173,10 @@ class OpenAIModel:
                 if "text/event-stream" not in response.headers.get("content-type", ""):
                     # A server that ignored stream=true: parse the whole reply.
                     data = loads_chunk(await response.aread())
-                    for event in events_from_message(data, iteration, names):
+                    for event in events_from_message(data, tag, names):
                         yield event
                     return
-                parser = StreamParser(iteration, names)
+                parser = StreamParser(tag, names)
                 async for line in response.aiter_lines():
                     for event in parser.feed(line):
                         yield event

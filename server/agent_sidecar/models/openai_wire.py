@@ -106,17 +106,23 @@ def usage_report(usage: dict[str, Any]) -> UsageReport:
     )
 
 
-def tool_call(call_id: str | None, name: str, args: str, iteration: int, n: int, names: dict[str, str]) -> ToolCallRequest:
+def call_tag(request_id: str, iteration: int) -> str:
+    """What makes a fallback call id (for servers that send none) unique in a
+    transcript: a short hash of the turn's request id, and the model call."""
+    return f"{hashlib.sha1(request_id.encode()).hexdigest()[:8]}_{iteration}"
+
+
+def tool_call(call_id: str | None, name: str, args: str, tag: str, n: int, names: dict[str, str]) -> ToolCallRequest:
     """A ToolCallRequest with the original (dotted) name restored; a name not
     in this request's map falls back to reversing the '__' substitution."""
     return ToolCallRequest(
-        call_id=call_id or f"call_{iteration}_{n}",
+        call_id=call_id or f"call_{tag}_{n}",
         name=names.get(name) or name.replace("__", "."),
         arguments_json=args or "{}",
     )
 
 
-def events_from_message(data: dict[str, Any], iteration: int, names: dict[str, str]) -> list[ModelEvent]:
+def events_from_message(data: dict[str, Any], tag: str, names: dict[str, str]) -> list[ModelEvent]:
     """Events from a non-streamed chat.completion reply."""
     events: list[ModelEvent] = []
     choices = data.get("choices") or [{}]
@@ -125,7 +131,7 @@ def events_from_message(data: dict[str, Any], iteration: int, names: dict[str, s
         events.append(TextDelta(message["content"]))
     for n, call in enumerate(message.get("tool_calls") or ()):
         fn = call.get("function") or {}
-        events.append(tool_call(call.get("id"), fn.get("name", ""), fn.get("arguments", ""), iteration, n, names))
+        events.append(tool_call(call.get("id"), fn.get("name", ""), fn.get("arguments", ""), tag, n, names))
     if data.get("usage"):
         events.append(usage_report(data["usage"]))
     return events
@@ -135,8 +141,8 @@ class StreamParser:
     """Turns SSE lines into events. Each ``data:`` line holds one JSON chunk (true
     of every OpenAI-compatible server in practice); ``data: [DONE]`` ends it."""
 
-    def __init__(self, iteration: int, names: dict[str, str]) -> None:
-        self.iteration = iteration
+    def __init__(self, tag: str, names: dict[str, str]) -> None:
+        self.tag = tag
         self.names = names
         self.calls: dict[int, dict[str, Any]] = {}
         self.usage: dict[str, Any] | None = None
@@ -181,7 +187,7 @@ class StreamParser:
         if not (self.done or self.finished):
             raise Retryable("stream ended before [DONE] or a finish_reason")
         events: list[ModelEvent] = [
-            tool_call(c["id"], c["name"], "".join(c["args"]), self.iteration, n, self.names)
+            tool_call(c["id"], c["name"], "".join(c["args"]), self.tag, n, self.names)
             for n, (_, c) in enumerate(sorted(self.calls.items()))
         ]
         if self.usage:

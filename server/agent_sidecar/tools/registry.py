@@ -11,6 +11,7 @@ error result, never a hang.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.metadata
 import inspect
 import itertools
@@ -144,12 +145,21 @@ class ToolRegistry:
             host.pending.pop(inv_id, None)
 
     async def _invoke_local(self, spec: ToolSpec, arguments_json: str, timeout: float):
+        """An entry-point tool. A plain function runs in a thread: a slow or
+        blocking one holds up its own turn only, never the event loop."""
         try:
             args = orjson.loads(arguments_json or "{}")
-            result = spec.handler(**args) if isinstance(args, dict) else spec.handler(args)
-            if inspect.isawaitable(result):
-                result = await asyncio.wait_for(result, timeout)
+            call = functools.partial(spec.handler, **args) if isinstance(args, dict) \
+                else functools.partial(spec.handler, args)
+            if inspect.iscoroutinefunction(spec.handler):
+                result = await asyncio.wait_for(call(), timeout)
+            else:
+                result = await asyncio.wait_for(asyncio.to_thread(call), timeout)
+                if inspect.isawaitable(result):
+                    result = await asyncio.wait_for(result, timeout)
             return True, orjson.dumps(result).decode()
+        except TimeoutError:
+            return False, orjson.dumps({"error": f"tool {spec.name!r} timed out after {timeout:.0f} s"}).decode()
         except Exception as e:
             return False, orjson.dumps({"error": f"{type(e).__name__}: {e}"}).decode()
 

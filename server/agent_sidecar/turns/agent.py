@@ -127,15 +127,15 @@ async def run_turn(agent: Agent, backend, spec: TurnSpec, io: TurnIO) -> str:
                                        "cache_read_tokens": ev.cache_read_tokens,
                                        "cache_write_tokens": ev.cache_write_tokens,
                                        "cost_usd": ev.cost_usd})
-        except ModelError as e:
-            raise TurnFailed(E.LLM_API_FAILURE, str(e)) from None
-        except BaseException:
-            # Interrupted mid-answer (cancel, INTERRUPT, timeout): what the user
-            # already saw streamed stays in the transcript.
+        except BaseException as e:
+            # Cut off mid-answer (the model failed, cancel, INTERRUPT, timeout):
+            # what the user already saw streamed stays in the transcript.
             if parts:
                 partial = {"role": "assistant", "content": "".join(parts)}
                 agent.add(partial)
                 io.message(partial)
+            if isinstance(e, ModelError):
+                raise TurnFailed(E.LLM_API_FAILURE, str(e)) from None
             raise
         text = "".join(parts)
         if not calls:
