@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -188,3 +189,53 @@ def test_sessions_over_tcp_with_token(shared_sidecar):
     r = run("sessions", "--target", shared_sidecar.tcp_target, "--token", TOKEN, "list")
     assert r.returncode == 0, r.stderr
     assert a.session_key in r.stdout
+
+
+# -- bad data dirs and stores: one clear line and a non-zero exit, never a traceback -------------
+
+def _garbage_store(tmp_path) -> Path:
+    data = tmp_path / "garbage"
+    data.mkdir()
+    (data / "sidecar.db").write_bytes(b"this is not a database, just bytes " * 200)
+    return data
+
+
+def test_doctor_on_a_file_that_is_no_store(tmp_path):
+    data = _garbage_store(tmp_path)
+    r = run("doctor", "--data-dir", str(data))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "cannot open" in r.stderr and "sidecar.db" in r.stderr, r.stderr
+
+
+def test_serve_on_a_file_that_is_no_store(tmp_path):
+    data = _garbage_store(tmp_path)
+    r = run("serve", "--data-dir", str(data), "--workers", "1", "--log-format", "text")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "Traceback" not in out, out
+    assert "cannot start" in out, out
+
+
+def test_serve_with_a_data_dir_that_is_a_file(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    r = run("serve", "--data-dir", str(afile), "--workers", "1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "is not a directory" in r.stderr, r.stderr
+
+
+def test_doctor_on_a_locked_store_says_so(tmp_path):
+    """Another writer holds the store past the busy timeout: doctor says the
+    store is locked (not that the index is broken) and changes nothing."""
+    data = tmp_path / "d"
+    data.mkdir()
+    conn = sqlite3.connect(data / "sidecar.db", isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE held (x)")
+        conn.execute("BEGIN EXCLUSIVE")
+        r = run("doctor", "--data-dir", str(data), timeout=60)
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()
+    assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr, r.stderr
+    assert "locked by another writer" in r.stderr and "INCONSISTENT" not in r.stdout, (r.stdout, r.stderr)

@@ -36,11 +36,16 @@ def fts_ok(conn: apsw.Connection) -> tuple[bool, str]:
     between the catch-up and the check."""
     try:
         conn.execute("BEGIN IMMEDIATE")
+    except apsw.BusyError:  # another writer holds the store: no verdict, the caller says so
+        raise
     except apsw.Error as e:
         return False, str(e)
     try:
         tx.index_pending(conn)
         conn.execute("INSERT INTO messages_fts (messages_fts, rank) VALUES ('integrity-check', 1)")
+    except apsw.BusyError:
+        conn.execute("ROLLBACK")
+        raise
     except apsw.Error as e:
         conn.execute("ROLLBACK")
         return False, str(e)
@@ -87,10 +92,32 @@ def run(args) -> int:
     if not os.path.exists(db_path):
         print(f"agent-sidecar doctor: no store at {db_path}", file=sys.stderr)
         return 1
-    conn = apsw.Connection(db_path)
-    conn.setbusytimeout(BUSY_TIMEOUT_MS)
-    conn.execute("PRAGMA journal_mode=WAL")
-    migrate(conn)
+    try:
+        conn = apsw.Connection(db_path)
+        conn.setbusytimeout(BUSY_TIMEOUT_MS)
+        conn.execute("PRAGMA journal_mode=WAL")
+        migrate(conn)
+    except apsw.BusyError:
+        return _busy(db_path)
+    except apsw.Error as e:
+        print(f"agent-sidecar doctor: cannot open {db_path}: {e}", file=sys.stderr)
+        return 1
+    try:
+        return _check(args, conn, db_path)
+    except apsw.BusyError:
+        return _busy(db_path)
+    finally:
+        conn.close()
+
+
+def _busy(db_path: str) -> int:
+    print(f"agent-sidecar doctor: {db_path} stayed locked by another writer for "
+          f"{BUSY_TIMEOUT_MS // 1000} s; nothing was checked or changed, try again",
+          file=sys.stderr)
+    return 1
+
+
+def _check(args, conn: apsw.Connection, db_path: str) -> int:
     healthy = True
 
     _say("integrity check …")
@@ -119,5 +146,4 @@ def run(args) -> int:
     _say("summary:")
     for k, v in s.items():
         _say(f"  {k:14} {v:>12,}")
-    conn.close()
     return 0 if healthy else 1

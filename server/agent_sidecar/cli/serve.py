@@ -4,7 +4,10 @@ SIGTERM/SIGINT, stop cleanly."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
+
+import apsw
 
 from ..config import ConfigError, load_config
 from .. import logs
@@ -24,6 +27,9 @@ def serve(args) -> int:
     except ConfigError as e:
         print(f"agent-sidecar: {e}", file=sys.stderr)
         return 2
+    if os.path.exists(cfg.data_dir) and not os.path.isdir(cfg.data_dir):
+        print(f"agent-sidecar: --data-dir {cfg.data_dir} is not a directory", file=sys.stderr)
+        return 2
     logs.setup(cfg.log_format, cfg.log_level)
     import uvloop
 
@@ -33,8 +39,8 @@ def serve(args) -> int:
         sidecar = Sidecar(cfg)
         try:
             await sidecar.start()
-        except RuntimeError as e:
-            logging.getLogger("agent_sidecar").error(str(e))
+        except (RuntimeError, OSError, apsw.Error) as e:  # e.g. another sidecar, a file that is no store
+            logging.getLogger("agent_sidecar").error(f"cannot start: {e}")
             await sidecar.stop()
             return 1
         await sidecar.run_until_stopped()
