@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -79,7 +80,7 @@ type Error struct {
 	Code     codes.Code // the gRPC status code
 	Reason   string     // ErrorInfo.reason (one of the Reason* constants); "" when absent
 	Message  string     // the status message, or the failed frame's message
-	Domain   string     // ErrorInfo.domain, normally ErrorDomain
+	Domain   string     // ErrorDomain when Reason is set, else ""
 	Metadata map[string]string
 	// RetryDelay is the google.rpc.RetryInfo delay (AGENT_BUSY carries one); 0 when absent.
 	RetryDelay time.Duration
@@ -87,7 +88,7 @@ type Error struct {
 	FieldViolations []FieldViolation
 
 	status *status.Status
-	cause  error // context error when the call ended because its context did
+	cause  error // context error when the call ended because its context did, or the broken stream's error
 }
 
 // Error formats the error as "sidecar: REASON (Code): message".
@@ -114,7 +115,8 @@ func (e *Error) Is(target error) bool {
 }
 
 // Unwrap returns context.Canceled or context.DeadlineExceeded when the call
-// failed because its own context ended, else nil.
+// failed because its own context ended; for a stream given up after a
+// transport failure it may return that failure; else nil.
 func (e *Error) Unwrap() error { return e.cause }
 
 // IsReason reports whether err is (or wraps) a sidecar error with the given
@@ -142,14 +144,16 @@ func FromError(err error) (e *Error, ok bool) {
 	return fromStatus(st), true
 }
 
-// fromStatus decodes a status and its ErrorInfo, RetryInfo and BadRequest details.
+// fromStatus decodes a status and its ErrorInfo, RetryInfo and BadRequest
+// details. Only an ErrorInfo of ErrorDomain gives the reason: one from another
+// domain (a proxy, a load balancer) is ignored, so the error stays a
+// transport error without a reason.
 func fromStatus(st *status.Status) *Error {
 	e := &Error{Code: st.Code(), Message: st.Message(), status: st}
 	for _, d := range st.Details() {
 		switch d := d.(type) {
 		case *errdetails.ErrorInfo:
-			// Prefer our own domain when several ErrorInfos are present.
-			if e.Reason == "" || d.GetDomain() == ErrorDomain {
+			if d.GetDomain() == ErrorDomain {
 				e.Reason, e.Domain, e.Metadata = d.GetReason(), d.GetDomain(), d.GetMetadata()
 			}
 		case *errdetails.RetryInfo:
@@ -175,6 +179,43 @@ func convertError(ctx context.Context, err error) error {
 		c := *e
 		c.cause = ctx.Err()
 		return &c
+	}
+	return e
+}
+
+// streamError is the error a Prompt or Watch iterator ends with, always an
+// *Error. The call's own deadline (or a DEADLINE_EXCEEDED without a sidecar
+// reason) is AGENT_TIMEOUT, as API.md names it; a stream given up on after an
+// early end, a seq gap or an I/O error is UNAVAILABLE without a reason.
+func streamError(ctx context.Context, err error) *Error {
+	e, ok := FromError(convertError(ctx, err))
+	var g gapError
+	switch {
+	case ok:
+	case errors.Is(err, io.EOF):
+		// io.EOF is not kept as the cause: callers read it as a clean end.
+		e = &Error{Code: codes.Unavailable, Message: "stream ended before the turn's terminal frame"}
+	case errors.As(err, &g):
+		e = &Error{Code: codes.Unavailable, Message: g.Error(), cause: g}
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		// The context ended while no stream was open (waiting to reconnect).
+		e = &Error{Code: status.FromContextError(ctx.Err()).Code(), Message: ctx.Err().Error(), cause: ctx.Err()}
+	default:
+		e = &Error{Code: codes.Unavailable, Message: err.Error(), cause: err}
+	}
+	deadline := errors.Is(ctx.Err(), context.DeadlineExceeded)
+	switch {
+	case e.Reason == "" && (deadline || e.Code == codes.DeadlineExceeded):
+		t := *e
+		t.Code, t.Reason, t.Domain, t.status = codes.DeadlineExceeded, ReasonAgentTimeout, ErrorDomain, nil
+		if deadline {
+			t.cause = ctx.Err()
+		}
+		e = &t
+	case e.Reason == ReasonAgentTimeout && deadline && e.cause == nil:
+		t := *e
+		t.cause = ctx.Err()
+		e = &t
 	}
 	return e
 }

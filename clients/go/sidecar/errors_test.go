@@ -104,3 +104,41 @@ func TestFailedFrameError(t *testing.T) {
 		t.Fatal("unknown reason should map to Unknown")
 	}
 }
+
+// checkAgentTimeout asserts err is the AGENT_TIMEOUT *Error of a call whose
+// own deadline passed.
+func checkAgentTimeout(t *testing.T, err error) {
+	t.Helper()
+	var e *Error
+	if !errors.As(err, &e) {
+		t.Fatalf("not an *Error: %#v", err)
+	}
+	if e.Code != codes.DeadlineExceeded || e.Reason != ReasonAgentTimeout {
+		t.Fatalf("got code %v reason %q (%v)", e.Code, e.Reason, err)
+	}
+	if !errors.Is(err, ErrAgentTimeout) || !IsReason(err, ReasonAgentTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("errors.Is/IsReason failed on %v", err)
+	}
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("status.Code = %v", status.Code(err))
+	}
+}
+
+func TestFromErrorIgnoresForeignDomain(t *testing.T) {
+	st, _ := status.New(codes.Unavailable, "upstream connect error").WithDetails(
+		&errdetails.ErrorInfo{Domain: "proxy.example", Reason: "UPSTREAM_RESET", Metadata: map[string]string{"k": "v"}},
+	)
+	for _, err := range []error{st.Err(), convertError(context.Background(), st.Err())} {
+		e, ok := FromError(err)
+		if !ok || e.Code != codes.Unavailable || e.Reason != "" || e.Domain != "" || e.Metadata != nil {
+			t.Fatalf("got %+v", e)
+		}
+		if IsReason(err, "UPSTREAM_RESET") {
+			t.Fatal("foreign reason taken")
+		}
+		// Without a sidecar reason it is a transport error: resumed.
+		if !(&Client{resumeWindow: time.Second}).resumable(context.Background(), err) {
+			t.Fatal("foreign-domain UNAVAILABLE not resumable")
+		}
+	}
+}

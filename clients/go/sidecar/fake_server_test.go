@@ -78,6 +78,10 @@ func (f *fakePrompt) Prompt(req *pb.PromptRequest, s grpc.ServerStreamingServer[
 }
 
 func (f *fakePrompt) WatchActivity(req *pb.WatchActivityRequest, s grpc.ServerStreamingServer[pb.WatchActivityResponse]) error {
+	if req.GetRequestId() == "hang" { // a turn that never produces a frame
+		<-s.Context().Done()
+		return nil
+	}
 	f.mu.Lock()
 	f.watchAfter = append(f.watchAfter, req.GetAfterSeq())
 	f.mu.Unlock()
@@ -161,6 +165,26 @@ func TestPromptResumesAcrossRealDisconnect(t *testing.T) {
 	if !slices.Equal(fp.auth, []string{"Bearer tok"}) {
 		t.Fatalf("authorization = %v", fp.auth)
 	}
+}
+
+// The call's own deadline, reached while the stream is connected, ends the
+// iterator with AGENT_TIMEOUT (as Python's and Node's clients raise AgentTimeout).
+func TestWatchDeadlineIsAgentTimeout(t *testing.T) {
+	_, _, target := startFake(t)
+	dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := Dial(dctx, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel2 := context.WithTimeout(dctx, 200*time.Millisecond)
+	defer cancel2()
+	frames, err := Collect(c.Watch(ctx, WatchParams{RequestID: "hang"}))
+	if len(frames) != 0 {
+		t.Fatalf("frames = %v", seqs(frames))
+	}
+	checkAgentTimeout(t, err)
 }
 
 func TestToolHostServes(t *testing.T) {

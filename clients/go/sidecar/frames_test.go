@@ -83,6 +83,11 @@ var errDrop = status.Error(codes.Unavailable, "error reading from server: EOF")
 // each stream was opened with.
 func runScript(t *testing.T, window time.Duration, script []attempt) (frames []*Frame, errs []error, opens []int64) {
 	t.Helper()
+	return runScriptCtx(t, context.Background(), window, script)
+}
+
+func runScriptCtx(t *testing.T, ctx context.Context, window time.Duration, script []attempt) (frames []*Frame, errs []error, opens []int64) {
+	t.Helper()
 	c := &Client{resumeWindow: window}
 	filter := &seqFilter{}
 	n := 0
@@ -108,7 +113,7 @@ func runScript(t *testing.T, window time.Duration, script []attempt) (frames []*
 			return nil, a.end
 		}, nil
 	}
-	c.follow(context.Background(), open, filter, true, func(f *Frame, err error) bool {
+	c.follow(ctx, open, filter, true, func(f *Frame, err error) bool {
 		if err != nil {
 			errs = append(errs, err)
 		} else {
@@ -208,5 +213,82 @@ func TestFollowStopsWhenCallerBreaks(t *testing.T) {
 	c.follow(context.Background(), open, &seqFilter{}, true, func(*Frame, error) bool { calls++; return false })
 	if calls != 1 || opens != 1 {
 		t.Fatalf("calls %d opens %d", calls, opens)
+	}
+}
+
+// The deadline passing while the iterator waits to reconnect is AGENT_TIMEOUT
+// too, not a bare context.DeadlineExceeded; a cancelled context is an *Error.
+func TestFollowDeadlineDuringOutage(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	frames, errs, opens := runScriptCtx(t, ctx, 10*time.Second, []attempt{
+		{frames: []*pb.ActivityFrame{fr(1, KindAccepted)}, end: errDrop},
+	})
+	if len(frames) != 1 || len(errs) != 1 || len(opens) < 2 {
+		t.Fatalf("frames %v errs %v opens %v", seqs(frames), errs, opens)
+	}
+	checkAgentTimeout(t, errs[0])
+
+	ctx, cancel = context.WithCancel(context.Background())
+	time.AfterFunc(200*time.Millisecond, cancel)
+	_, errs, _ = runScriptCtx(t, ctx, 10*time.Second, nil)
+	var e *Error
+	if len(errs) != 1 || !errors.As(errs[0], &e) || e.Code != codes.Canceled || e.Reason != "" || !errors.Is(errs[0], context.Canceled) {
+		t.Fatalf("errs = %#v", errs)
+	}
+}
+
+// A status DEADLINE_EXCEEDED with no sidecar reason is the turn's deadline.
+func TestFollowDeadlineStatusIsAgentTimeout(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	<-ctx.Done()
+	_, errs, _ := runScriptCtx(t, ctx, time.Second, []attempt{
+		{openErr: convertError(ctx, status.Error(codes.DeadlineExceeded, "context deadline exceeded"))},
+	})
+	if len(errs) != 1 {
+		t.Fatalf("errs = %v", errs)
+	}
+	checkAgentTimeout(t, errs[0])
+}
+
+// Giving up on an early end of stream, a seq gap or an I/O error yields an
+// *Error with code UNAVAILABLE and no reason.
+func TestFollowGiveUpIsUnavailableError(t *testing.T) {
+	for name, a := range map[string]attempt{
+		"eof":   {frames: []*pb.ActivityFrame{fr(1, KindAccepted)}},
+		"gap":   {frames: []*pb.ActivityFrame{fr(1, KindAccepted), fr(3, KindTextDelta)}},
+		"reset": {frames: []*pb.ActivityFrame{fr(1, KindAccepted)}, end: errors.New("read: connection reset")},
+	} {
+		// A zero window disables resume, so the first break is final.
+		frames, errs, _ := runScript(t, 0, []attempt{a})
+		var e *Error
+		if len(frames) != 1 || len(errs) != 1 || !errors.As(errs[0], &e) {
+			t.Fatalf("%s: frames %v errs %#v", name, seqs(frames), errs)
+		}
+		if e.Code != codes.Unavailable || e.Reason != "" || status.Code(errs[0]) != codes.Unavailable {
+			t.Fatalf("%s: got %+v", name, e)
+		}
+		if errors.Is(errs[0], io.EOF) {
+			t.Fatalf("%s: io.EOF leaks through (callers read it as a clean end)", name)
+		}
+	}
+}
+
+// grpc-go reports an HTTP/2 reset stream (e.g. from a proxy) as INTERNAL with
+// no details: resumed like UNAVAILABLE. With a sidecar reason it is final.
+func TestFollowResumesInternalWithoutReason(t *testing.T) {
+	rst := status.Error(codes.Internal, "stream terminated by RST_STREAM with error code: INTERNAL_ERROR")
+	frames, errs, opens := runScript(t, 5*time.Second, []attempt{
+		{frames: []*pb.ActivityFrame{fr(1, KindAccepted)}, end: convertError(context.Background(), rst)},
+		{frames: []*pb.ActivityFrame{fr(2, KindCompleted)}},
+	})
+	if len(errs) != 0 || !slices.Equal(seqs(frames), []int64{1, 2}) || !slices.Equal(opens, []int64{0, 1}) {
+		t.Fatalf("frames %v errs %v opens %v", seqs(frames), errs, opens)
+	}
+	st, _ := status.New(codes.Internal, "bug").WithDetails(&errdetails.ErrorInfo{Domain: ErrorDomain, Reason: "SOMETHING_NEW"})
+	_, errs, opens = runScript(t, 5*time.Second, []attempt{{end: convertError(context.Background(), st.Err())}})
+	if len(errs) != 1 || len(opens) != 1 || !IsReason(errs[0], "SOMETHING_NEW") {
+		t.Fatalf("errs %v opens %v", errs, opens)
 	}
 }

@@ -67,8 +67,11 @@ func NewRequestID() string {
 // WatchActivity(request_id, after_seq=last seen), so the caller sees every
 // frame exactly once, in seq order. A turn ending with a failed frame yields
 // that frame and then (nil, *Error) carrying its reason. Errors such as
-// AGENT_BUSY arrive as (nil, *Error) with no frame before them. Ranging the
-// same iterator twice replays the turn (same request id, no second turn).
+// AGENT_BUSY arrive as (nil, *Error) with no frame before them. When ctx's
+// deadline passes the error is AGENT_TIMEOUT (errors.Is(err,
+// context.DeadlineExceeded) holds too); when resuming gives up it is
+// UNAVAILABLE without a reason. Ranging the same iterator twice replays the
+// turn (same request id, no second turn).
 func (c *Client) Prompt(ctx context.Context, p PromptParams) iter.Seq2[*Frame, error] {
 	req := &pb.PromptRequest{
 		RequestId:   p.RequestID,
@@ -115,7 +118,8 @@ type WatchParams struct {
 // Watch replays persisted frames after a point, then follows live ones.
 // With RequestID it behaves like Prompt's iterator (ends at the terminal
 // frame, typed error after failed). With SessionKey or Platform it follows
-// every turn until ctx ends (the last value is then the context error),
+// every turn until ctx ends (the last value is then an *Error wrapping the
+// context error; AGENT_TIMEOUT when its deadline passed),
 // resuming after the last cursor seen when the connection drops; failed
 // frames are yielded as frames, not errors.
 func (c *Client) Watch(ctx context.Context, p WatchParams) iter.Seq2[*Frame, error] {
@@ -180,15 +184,12 @@ func (c *Client) follow(ctx context.Context, open func(context.Context) (recvFun
 			dropped, delay = time.Now(), 50*time.Millisecond
 		}
 		if !c.resumable(ctx, err) || time.Since(dropped) > c.resumeWindow {
-			if errors.Is(err, io.EOF) {
-				err = errors.New("sidecar: stream ended before the turn's terminal frame")
-			}
-			yield(nil, err)
+			yield(nil, streamError(ctx, err))
 			return
 		}
 		select {
 		case <-ctx.Done():
-			yield(nil, convertError(ctx, ctx.Err()))
+			yield(nil, streamError(ctx, ctx.Err()))
 			return
 		case <-time.After(delay):
 		}
@@ -254,8 +255,10 @@ func failedError(fl *pb.ActivityFrame_Failed, recv recvFunc) error {
 }
 
 // resumable reports whether a broken stream should be resumed: the
-// connection dropped (UNAVAILABLE without a sidecar reason, an I/O error, an
-// early end of stream, a seq gap), and ctx is still alive.
+// connection dropped (UNAVAILABLE or INTERNAL without a sidecar reason, an
+// I/O error, an early end of stream, a seq gap), and ctx is still alive.
+// grpc-go reports an HTTP/2 stream reset (RST_STREAM, e.g. from a proxy) as
+// INTERNAL without details.
 func (c *Client) resumable(ctx context.Context, err error) bool {
 	if ctx.Err() != nil || c.resumeWindow <= 0 {
 		return false
@@ -265,7 +268,7 @@ func (c *Client) resumable(ctx context.Context, err error) bool {
 		return true
 	}
 	if e, ok := FromError(err); ok {
-		return e.Reason == "" && e.Code == codes.Unavailable
+		return e.Reason == "" && (e.Code == codes.Unavailable || e.Code == codes.Internal)
 	}
 	return err != nil
 }
