@@ -1,8 +1,9 @@
 """Error decoding: a google.rpc.Status with ErrorInfo becomes the typed exception."""
 
 import grpc
-from google.protobuf import duration_pb2
-from google.rpc import error_details_pb2
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
 import agent_sidecar_client as asc
 from agent_sidecar_client import errors
@@ -70,3 +71,36 @@ def test_failed_frame_error():
 def test_garbled_trailer_is_ignored():
     exc = FakeRpcError(grpc.StatusCode.PERMISSION_DENIED, "no", (("grpc-status-details-bin", b"\xff\xff"),))
     assert isinstance(errors.from_rpc_error(exc), asc.PermissionDenied)
+
+
+def _foreign_status(code: grpc.StatusCode, reason: str, *extra) -> grpc.Status:
+    """A grpc.Status whose ErrorInfo comes from another domain (a proxy's)."""
+    details = []
+    for msg in (error_details_pb2.ErrorInfo(reason=reason, domain="envoy.example.com",
+                                            metadata={"upstream": "x"}), *extra):
+        packed = any_pb2.Any()
+        packed.Pack(msg)
+        details.append(packed)
+    return rpc_status.to_status(status_pb2.Status(code=code.value[0], message="upstream connect error",
+                                                  details=details))
+
+
+def test_foreign_domain_error_info_is_not_a_sidecar_reason():
+    st = _foreign_status(grpc.StatusCode.UNAVAILABLE, "CANCELLED")
+    exc = FakeRpcError(st.code, st.details, st.trailing_metadata)
+    err = errors.from_rpc_error(exc)
+    assert type(err) is asc.SidecarError and err.reason == "" and err.metadata == {}
+    assert err.code == grpc.StatusCode.UNAVAILABLE and err.message == "upstream connect error"
+    assert not errors.has_error_info(exc)  # a transport error: resumable
+    # Without a sidecar reason the code decides, as with no ErrorInfo at all.
+    st = _foreign_status(grpc.StatusCode.PERMISSION_DENIED, "AGENT_BUSY")
+    err = errors.from_rpc_error(FakeRpcError(st.code, st.details, st.trailing_metadata))
+    assert type(err) is asc.PermissionDenied and err.reason == "PERMISSION_DENIED"
+
+
+def test_sidecar_error_info_wins_over_a_foreign_one():
+    ours = error_details_pb2.ErrorInfo(reason="AGENT_BUSY", domain=errors.DOMAIN)
+    st = _foreign_status(grpc.StatusCode.ABORTED, "CANCELLED", ours)
+    exc = FakeRpcError(st.code, st.details, st.trailing_metadata)
+    assert isinstance(errors.from_rpc_error(exc), asc.AgentBusy)
+    assert errors.has_error_info(exc)

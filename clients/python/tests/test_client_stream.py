@@ -4,9 +4,12 @@ import asyncio
 
 import grpc
 import pytest
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
 
 import agent_sidecar_client as asc
 from agent_sidecar_client._stream import FrameStream
+from agent_sidecar_client.client import _Deadline
 
 from _client_fakes import FakeCall, FakeChannel, FakeRpcError, frame, status_trailers
 
@@ -111,3 +114,45 @@ def test_resume_gives_up_after_resume_timeout():
     with pytest.raises(asc.SidecarError) as info:
         asyncio.run(seqs(stream))
     assert info.value.code == grpc.StatusCode.UNAVAILABLE and "not resumed" in info.value.message
+
+
+def test_unavailable_with_foreign_error_info_is_resumed():
+    st = _foreign_unavailable()
+    first = FakeCall([frame(1, "accepted"), frame(2, "started")],
+                     FakeRpcError(grpc.StatusCode.UNAVAILABLE, "upstream connect error", st))
+    second = FakeCall([frame(3, "completed")])
+    stream = make_stream([first, second])
+    assert asyncio.run(seqs(stream)) == [1, 2, 3]
+    assert stream.resumes == 1
+
+
+def _foreign_unavailable() -> tuple:
+    """A proxy's trailer: UNAVAILABLE with an ErrorInfo of a foreign domain."""
+    packed = any_pb2.Any()
+    packed.Pack(error_details_pb2.ErrorInfo(reason="CANCELLED", domain="envoy.example.com"))
+    status = status_pb2.Status(code=grpc.StatusCode.UNAVAILABLE.value[0], message="upstream", details=[packed])
+    return (("grpc-status-details-bin", status.SerializeToString()),)
+
+
+class _NeverReady:
+    """A channel whose sidecar never comes back."""
+
+    async def channel_ready(self) -> None:
+        await asyncio.Event().wait()
+
+
+def test_turn_deadline_bounds_the_resume_wait():
+    flt = asc.SeqFilter()
+    calls = [FakeCall([frame(1, "accepted")], FakeRpcError(grpc.StatusCode.UNAVAILABLE, "gone"))]
+    stream = FrameStream(_NeverReady(), lambda: calls.pop(0), lambda: calls.pop(0), flt,
+                         request_id="r1", resume_timeout=30.0, deadline=_Deadline(0.3))
+
+    async def run():
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(asc.AgentTimeout) as info:
+            await asyncio.wait_for(seqs(stream), 5.0)
+        return info.value, asyncio.get_running_loop().time() - t0
+
+    err, elapsed = asyncio.run(run())
+    assert (err.code, err.reason) == (grpc.StatusCode.DEADLINE_EXCEEDED, "AGENT_TIMEOUT")
+    assert "deadline" in err.message and elapsed < 2.0

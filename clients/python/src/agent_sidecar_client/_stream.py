@@ -11,7 +11,9 @@ The loop: read frames from the current call, pass each through the filter
 frame -- a transport error (UNAVAILABLE, INTERNAL, UNKNOWN, or CANCELLED
 without a sidecar ErrorInfo), a clean end of stream, a seq gap, or ``drop()``
 -- wait for the channel to be ready again and reopen with ``open_resume``
-(normally ``WatchActivity(request_id, after_seq=last seen)``). An error that
+(normally ``WatchActivity(request_id, after_seq=last seen)``). A turn's
+deadline (``prompt(timeout=)``) bounds those waits too: once it has passed the
+stream raises AgentTimeout, whatever is left of ``resume_timeout``. An error that
 carries the sidecar's ErrorInfo is a real answer and is raised as the typed
 error. After a ``failed`` frame is yielded, the next step raises the typed
 error, taken from the RPC status when it arrives, else from the frame.
@@ -56,6 +58,7 @@ class FrameStream:
         request_id: str = "",
         raise_on_failed: bool = True,
         resume_timeout: float = 30.0,
+        deadline: Any = None,
     ) -> None:
         self.request_id = request_id
         self.resumes = 0
@@ -65,6 +68,7 @@ class FrameStream:
         self._filter = frame_filter
         self._raise_on_failed = raise_on_failed
         self._resume_timeout = resume_timeout
+        self._deadline = deadline  # the turn's _Deadline (client.py), or None
         self._call: Any = None
         self._drop_requested = False
         self._gen = self._run()
@@ -153,15 +157,28 @@ class FrameStream:
             stalled_since = now if stalled_since is None else stalled_since
             failures += 1
             if failures > 1:  # back off only when reopening itself keeps failing
-                await asyncio.sleep(min(0.05 * 2 ** (failures - 2), 1.0))
+                pause = min(0.05 * 2 ** (failures - 2), 1.0)
+                turn_left = self._turn_left()
+                await asyncio.sleep(pause if turn_left is None else max(0.0, min(pause, turn_left)))
             remaining = stalled_since + self._resume_timeout - loop.time()
-            if remaining <= 0 or not await self._wait_ready(remaining):
+            turn_left = self._turn_left()
+            wait = remaining if turn_left is None else min(remaining, turn_left)
+            if wait <= 0 or not await self._wait_ready(wait):
+                if turn_left is not None and turn_left <= remaining:
+                    raise errors.AgentTimeout(
+                        grpc.StatusCode.DEADLINE_EXCEEDED, "AGENT_TIMEOUT",
+                        f"turn deadline of {self._deadline.timeout:g}s passed while resuming the stream "
+                        f"(request {self.request_id or '-'}, resume point {self.last_seq}): {problem}")
                 raise errors.SidecarError(
                     grpc.StatusCode.UNAVAILABLE, "",
                     f"stream lost and not resumed within {self._resume_timeout:g}s "
                     f"(request {self.request_id or '-'}, resume point {self.last_seq}): {problem}")
             self.resumes += 1
             call = self._open_resume()
+
+    def _turn_left(self) -> float | None:
+        """Seconds left before the turn's deadline (<= 0 once passed); None without one."""
+        return None if self._deadline is None else self._deadline.remaining()
 
     async def _wait_ready(self, timeout: float) -> bool:
         """Wait until the channel has (re)connected; False on timeout."""

@@ -219,7 +219,10 @@ class SidecarClient:
         while no frame has arrived (idempotent), then with
         ``WatchActivity(request_id, after_seq=last seen)``. After a ``failed``
         frame the next step raises the typed error (e.g. ``AgentBusy``).
-        ``timeout`` is the gRPC deadline of the whole turn.
+        ``timeout`` is the deadline of the whole turn, in seconds: every call
+        of the turn gets what is left of it, and waiting to resume stops when
+        it passes (before ``resume_timeout`` if that is longer). Passing it
+        raises ``AgentTimeout``.
         """
         if (source is None) == (not session_key):
             raise ValueError("give exactly one of source and session_key")
@@ -241,7 +244,8 @@ class SidecarClient:
                 metadata=self.metadata, timeout=deadline.left())
 
         return FrameStream(self.channel, open_first, open_resume, frame_filter,
-                           request_id=request.request_id, resume_timeout=resume_timeout)
+                           request_id=request.request_id, resume_timeout=resume_timeout,
+                           deadline=deadline if timeout is not None else None)
 
     def watch(self, *, request_id: str = "", session_key: str = "", platform: str = "",
               after_seq: int = 0, after_cursor: int = 0, resume_timeout: float = 30.0) -> FrameStream:
@@ -280,10 +284,16 @@ class _Deadline:
     """The remaining part of an overall timeout, for the calls of one turn."""
 
     def __init__(self, timeout: float | None) -> None:
+        self.timeout = timeout
         self._end = None if timeout is None else time.monotonic() + timeout
 
     def left(self) -> float | None:
+        """The gRPC timeout for the next call (at least 1 ms); None without a timeout."""
         return None if self._end is None else max(0.001, self._end - time.monotonic())
+
+    def remaining(self) -> float | None:
+        """Seconds left, <= 0 once passed; None without a timeout."""
+        return None if self._end is None else self._end - time.monotonic()
 
 
 async def connect(target: str = DEFAULT_TARGET, token: str | None = None, *, wait_ready: bool = True,

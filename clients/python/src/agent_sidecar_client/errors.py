@@ -7,8 +7,9 @@ trailer with an ``ErrorInfo`` (domain ``agent-sidecar``); its ``reason`` picks
 the class. The same reason appears in ``failed`` frames, so a turn that fails
 mid-stream raises the same class as one refused up front.
 
-When a status has no ErrorInfo (a proxy, gRPC itself, a client-side deadline)
-the class is inferred from the status code where that is unambiguous.
+When a status has no ErrorInfo of that domain (a proxy, gRPC itself, a
+client-side deadline; a foreign domain's ErrorInfo is ignored) the class is
+inferred from the status code where that is unambiguous.
 """
 
 from __future__ import annotations
@@ -197,8 +198,9 @@ def from_status(status: status_pb2.Status, code: grpc.StatusCode | None = None) 
     for detail in status.details:
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = _unpack(detail, error_details_pb2.ErrorInfo)
-            # Prefer our domain's ErrorInfo; otherwise keep the first one seen.
-            if info is not None and (reason is None or info.domain == DOMAIN):
+            # Only the sidecar's domain names a reason; another domain's (a
+            # proxy's, say) is not one of API.md's reasons and is ignored.
+            if info is not None and info.domain == DOMAIN and reason is None:
                 reason, metadata = info.reason, dict(info.metadata)
         elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
             info = _unpack(detail, error_details_pb2.RetryInfo)
@@ -235,12 +237,18 @@ def from_rpc_error(error: grpc.RpcError) -> SidecarError:
 
 
 def has_error_info(error: grpc.RpcError) -> bool:
-    """True when the status carries a sidecar ErrorInfo: a real, final answer
-    from the sidecar rather than a transport failure worth resuming."""
+    """True when the status carries a sidecar ErrorInfo (domain ``agent-sidecar``):
+    a real, final answer from the sidecar rather than a transport failure worth
+    resuming. An ErrorInfo of another domain does not count."""
     status = status_from_trailers(error.trailing_metadata() if hasattr(error, "trailing_metadata") else None)
     if status is None:
         return False
-    return any(d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR) for d in status.details)
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = _unpack(detail, error_details_pb2.ErrorInfo)
+            if info is not None and info.domain == DOMAIN:
+                return True
+    return False
 
 
 def from_failed_frame(reason: str, message: str) -> SidecarError:
