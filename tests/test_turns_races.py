@@ -95,6 +95,23 @@ def _settle(sc) -> None:
     assert p.end == "completed", _frames(p)
 
 
+def _steer_twins(prompts, key: str, text: str, request_id: str) -> list[PromptRun]:
+    """Two STEER calls with one request id, sent at the same moment (a client retrying blindly)."""
+    barrier = threading.Barrier(2)
+    twins: list[PromptRun] = []
+
+    def go():
+        barrier.wait()
+        twins.append(PromptRun(prompts, text=text, key=key, delivery=D.DELIVERY_MODE_STEER,
+                               request_id=request_id))
+    threads = [threading.Thread(target=go) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return twins
+
+
 # -- STEER ------------------------------------------------------------------------------------
 
 def test_cancelled_steer_ends_once(sc):
@@ -126,19 +143,7 @@ def test_steer_twins_steer_once(sc):
     for attempt in range(3):
         host = run(prompts, text="hello", src=source(), profile="host")
         host.wait_for("text_delta")
-        rid = f"twin-steer-{attempt}-{host.key}"
-        barrier = threading.Barrier(2)
-        twins: list[PromptRun] = []
-
-        def go():
-            barrier.wait()
-            twins.append(PromptRun(prompts, text="bananas", key=host.key,
-                                   delivery=D.DELIVERY_MODE_STEER, request_id=rid))
-        threads = [threading.Thread(target=go) for _ in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        twins = _steer_twins(prompts, host.key, "bananas", f"twin-steer-{attempt}-{host.key}")
         host.result(15)
         for t in twins:
             t.result(15)
@@ -172,19 +177,7 @@ def test_unanswered_steer_twins_leave_the_lane_usable(sc):
     _crash_the_worker(prompts)
     host = run(prompts, text=words(10), src=source(), profile="slowhost")  # ~8 s once running
     host.wait_for("started")
-    rid = f"twin-followup-{host.key}"
-    barrier = threading.Barrier(2)
-    twins: list[PromptRun] = []
-
-    def go():
-        barrier.wait()
-        twins.append(PromptRun(prompts, text="steer me", key=host.key,
-                               delivery=D.DELIVERY_MODE_STEER, request_id=rid))
-    threads = [threading.Thread(target=go) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    twins = _steer_twins(prompts, host.key, "steer me", f"twin-followup-{host.key}")
     host.result(30)
     assert host.end == "completed", _frames(host)
     for t in twins:
