@@ -27,7 +27,7 @@ import orjson
 
 from ..sessions import lifecycle as life
 from ..sessions import transcripts as tx
-from ..turns.jobs import INSERT_FRAME, last_frame_seq
+from ..turns.jobs import INSERT_FRAME, close_unstarted, last_frame_seq
 from ..turns.lanes import STEER
 
 MARKER = ".clean_shutdown"
@@ -103,16 +103,13 @@ def close_interrupted_turn(conn, request_id: str, key: str, sid: str, platform: 
 
 
 def _close(conn, request_id: str, key: str, sid: str, platform: str, status: str,
-           reason: str | None, body: dict[str, Any]) -> None:
-    """A terminal frame after the request's last one; the ledger row (and any
-    queue row) closed."""
+           reason: str, body: dict[str, Any]) -> None:
+    """A terminal frame after the request's last one, then the ledger row (and
+    any queue row) closed."""
     last = last_frame_seq(conn, request_id)
-    now = time.time()
-    conn.execute(INSERT_FRAME, (request_id, last + 1, key, sid, platform, now, status,
+    conn.execute(INSERT_FRAME, (request_id, last + 1, key, sid, platform, time.time(), status,
                                 orjson.dumps(body)))
-    conn.execute("UPDATE prompts SET status = ?, finished_at = ?, reason = ?, last_seq = ?"
-                 " WHERE request_id = ?", (status, now, reason, last + 1, request_id))
-    conn.execute("DELETE FROM prompt_queue WHERE request_id = ?", (request_id,))
+    close_unstarted(conn, request_id, status, reason, last + 1)
 
 
 def restore(conn, clean: bool, freshness_s: float) -> RestorePlan:
@@ -157,7 +154,7 @@ def restore(conn, clean: bool, freshness_s: float) -> RestorePlan:
             plan.closed_turns += 1
             continue
         if key in plan.suspended:  # as SuspendSession does: its waiting prompts end
-            _close(conn, rid, key, sid, platform, "superseded", None, {"by_request_id": ""})
+            _close(conn, rid, key, sid, platform, "superseded", "", {"by_request_id": ""})
             continue
         # Queued, or acknowledged and about to start (its lane's next turn): it
         # runs after the restart, exactly once, in its place.

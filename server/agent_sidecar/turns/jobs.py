@@ -199,7 +199,9 @@ def finish(conn, rid: str, key: str, sid: str, status: str, reason: str, last_se
 
 
 def close_unstarted(conn, rid: str, status: str, reason: str, last_seq: int) -> None:
-    """A queued turn that never ran ends (superseded, cancelled, dropped)."""
+    """The ledger closes a turn that has no ``finish`` of its own: a queued one
+    that never ran (superseded, cancelled, dropped), or one the startup restore
+    closes. Its queue row, if any, goes."""
     conn.execute("UPDATE prompts SET status = ?, finished_at = ?, reason = ?, last_seq = ?"
                  " WHERE request_id = ?", (status, time.time(), reason or None, last_seq, rid))
     conn.execute("DELETE FROM prompt_queue WHERE request_id = ?", (rid,))
