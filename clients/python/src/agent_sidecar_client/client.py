@@ -289,7 +289,8 @@ class _Deadline:
 
     def left(self) -> float | None:
         """The gRPC timeout for the next call (at least 1 ms); None without a timeout."""
-        return None if self._end is None else max(0.001, self._end - time.monotonic())
+        left = self.remaining()
+        return None if left is None else max(0.001, left)
 
     def remaining(self) -> float | None:
         """Seconds left, <= 0 once passed; None without a timeout."""
