@@ -154,6 +154,14 @@ def _fill(obj, table: dict, where: str) -> None:
     _reject_rest(table, where)
 
 
+def _platform_names(names: list, where: str) -> list[str]:
+    """Platform names as the sidecar compares them: lower case ("Telegram" and
+    "telegram" are one platform)."""
+    if not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(f"{where}: expected non-empty strings")
+    return [n.lower() for n in names]
+
+
 def load_config(path: str | None = None, **overrides: Any) -> Config:
     """Read the TOML file (if any), then apply non-None ``overrides`` (CLI flags)."""
     cfg = Config()
@@ -193,7 +201,8 @@ def load_config(path: str | None = None, **overrides: Any) -> Config:
         tok = AuthToken(token=_take(t, "token", str, f"auth.tokens[{i}]."))
         if not tok.token:
             raise ConfigError(f"auth.tokens[{i}].token: required")
-        tok.platforms = _take(t, "platforms", list, f"auth.tokens[{i}].", ["*"])
+        tok.platforms = _platform_names(_take(t, "platforms", list, f"auth.tokens[{i}].", ["*"]),
+                                        f"auth.tokens[{i}].platforms")
         tok.admin = _take(t, "admin", bool, f"auth.tokens[{i}].", False)
         _reject_rest(t, f"auth.tokens[{i}].")
         cfg.tokens.append(tok)

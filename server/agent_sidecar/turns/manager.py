@@ -284,7 +284,7 @@ class TurnManager:
         turn.worker_gen = h.generation if h.ready.is_set() else -1
         msg = {"t": "run", "rid": turn.rid, "key": turn.key, "sid": turn.sid, "rev": res["rev"],
                "base_seq": res["base_seq"], "text": turn.text, "profile": profile.wire,
-               "system_prompt": system_prompt, "tools": self.tools.specs_for(profile.tools),
+               "system_prompt": system_prompt, "tools": self.tools.specs_for(profile.tools, turn.platform),
                "timeout_s": turn.timeout_s}
         if h.ready.is_set():
             h.send(msg)
