@@ -26,6 +26,8 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .sessions.context import DEFAULT_PII_SAFE, NEVER_REDACTED
+
 DEFAULT_PROFILE = "main"
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
@@ -85,6 +87,15 @@ class Limits:
 
 
 @dataclass
+class PlatformConfig:
+    """``[platforms.NAME]``: settings of one platform. ``pii_safe``: its ids
+    may be hashed in the system prompt when ``redact_pii`` is on (seed 001
+    §9); None keeps the built-in default (the known chat platforms are, a
+    plugin platform is not)."""
+    pii_safe: bool | None = None
+
+
+@dataclass
 class Config:
     data_dir: str = "./data"
     listen: list[str] = field(default_factory=list)  # empty: unix:<data_dir>/sidecar.sock
@@ -111,6 +122,8 @@ class Config:
     limits: Limits = field(default_factory=Limits)
     tokens: list[AuthToken] = field(default_factory=list)
     profiles: dict[str, Profile] = field(default_factory=dict)
+    # [platforms.NAME], names in lower case (platform names are case-insensitive)
+    platforms: dict[str, PlatformConfig] = field(default_factory=dict)
 
     @property
     def db_path(self) -> str:
@@ -125,6 +138,16 @@ class Config:
 
     def worker_count(self) -> int:
         return self.workers if self.workers > 0 else (os.cpu_count() or 1)
+
+    def pii_safe_platforms(self) -> frozenset[str]:
+        """The built-in pii-safe set with ``[platforms.*] pii_safe`` applied."""
+        out = set(DEFAULT_PII_SAFE)
+        for name, p in self.platforms.items():
+            if p.pii_safe is True:
+                out.add(name)
+            elif p.pii_safe is False:
+                out.discard(name)
+        return frozenset(out)
 
 
 def _take(table: dict, key: str, kind, where: str, default=None):
@@ -160,6 +183,25 @@ def _platform_names(names: list, where: str) -> list[str]:
     if not all(isinstance(n, str) and n for n in names):
         raise ConfigError(f"{where}: expected non-empty strings")
     return [n.lower() for n in names]
+
+
+def _load_platforms(cfg: Config, tables: dict) -> None:
+    """``[platforms.NAME]`` tables; two spellings of one name are an error."""
+    for name, table in tables.items():
+        key = name.lower()
+        where = f"platforms.{name}."
+        if not isinstance(table, dict):
+            raise ConfigError(f"platforms.{name}: expected a table")
+        if not key or ":" in key:
+            raise ConfigError(f"platforms.{name}: a platform name must be non-empty and have no ':'")
+        if key in cfg.platforms:
+            raise ConfigError(f"platforms.{name}: the same platform as another [platforms] table"
+                              " (names are case-insensitive)")
+        p = PlatformConfig(pii_safe=_take(table, "pii_safe", bool, where))
+        if p.pii_safe and key in NEVER_REDACTED:
+            raise ConfigError(f"{where}pii_safe: {key} ids are never redacted (mentions need them)")
+        _reject_rest(table, where)
+        cfg.platforms[key] = p
 
 
 def load_config(path: str | None = None, **overrides: Any) -> Config:
@@ -213,6 +255,7 @@ def load_config(path: str | None = None, **overrides: Any) -> Config:
         p = Profile(name=name)
         _fill(p, dict(table), f"profiles.{name}.")
         cfg.profiles[name] = p
+    _load_platforms(cfg, dict(raw.pop("platforms", {})))
     _reject_rest(raw, "")
     cfg.profiles.setdefault(DEFAULT_PROFILE, Profile(name=DEFAULT_PROFILE))
     for key, value in overrides.items():

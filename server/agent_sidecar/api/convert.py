@@ -45,7 +45,9 @@ def source_from_proto(p: c.SessionSource, cfg: Config, field: str = "source") ->
             raise invalid(f"{field}.{name}", "longer than 4096 characters")
     if p.chat_type and p.chat_type not in CHAT_TYPES:
         raise invalid(f"{field}.chat_type", f"must be one of {', '.join(CHAT_TYPES)}")
-    return SessionSource(**{name: getattr(p, name) for name in _SOURCE_FIELDS})
+    values = {name: getattr(p, name) for name in _SOURCE_FIELDS}
+    values["platform"] = p.platform.lower()  # platform names are case-insensitive (sessions/keys.py)
+    return SessionSource(**values)
 
 
 def source_to_proto(s: SessionSource | None) -> c.SessionSource | None:
