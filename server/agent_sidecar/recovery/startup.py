@@ -137,7 +137,8 @@ def restore(conn, clean: bool, freshness_s: float) -> RestorePlan:
         count = conn.execute("SELECT count FROM restart_counts WHERE session_key = ?", (key,)).fetchone()[0]
         if count >= STUCK_LOOP_RESTARTS:
             life.suspend(conn, key)
-            conn.execute("UPDATE routing SET resume_pending = 0 WHERE session_key = ?", (key,))
+            conn.execute("UPDATE routing SET resume_pending = 0, resume_reason = '',"
+                         " last_resume_marked_at = NULL WHERE session_key = ?", (key,))
             plan.suspended.append(key)
         else:  # it resumes (unless already marked, e.g. shutdown_timeout)
             conn.execute("UPDATE routing SET resume_pending = 1, resume_reason = ?,"
