@@ -95,6 +95,9 @@ class PlatformConfig:
     pii_safe: bool | None = None
 
 
+AUTO_RESUME_MODES = ("interrupted", "recent", "off")
+
+
 @dataclass
 class Config:
     data_dir: str = "./data"
@@ -124,6 +127,9 @@ class Config:
     profiles: dict[str, Profile] = field(default_factory=dict)
     # [platforms.NAME], names in lower case (platform names are case-insensitive)
     platforms: dict[str, PlatformConfig] = field(default_factory=dict)
+    # [recovery] auto_resume: which lanes get a continue turn after a restart
+    # (DECISIONS.md "Recovery"): "interrupted", "recent" or "off"
+    auto_resume: str = "interrupted"
 
     @property
     def db_path(self) -> str:
@@ -256,6 +262,11 @@ def load_config(path: str | None = None, **overrides: Any) -> Config:
         _fill(p, dict(table), f"profiles.{name}.")
         cfg.profiles[name] = p
     _load_platforms(cfg, dict(raw.pop("platforms", {})))
+    recovery = dict(raw.pop("recovery", {}))
+    cfg.auto_resume = _take(recovery, "auto_resume", str, "recovery.", cfg.auto_resume)
+    if cfg.auto_resume not in AUTO_RESUME_MODES:
+        raise ConfigError(f"recovery.auto_resume: must be one of {', '.join(AUTO_RESUME_MODES)}")
+    _reject_rest(recovery, "recovery.")
     _reject_rest(raw, "")
     cfg.profiles.setdefault(DEFAULT_PROFILE, Profile(name=DEFAULT_PROFILE))
     for key, value in overrides.items():

@@ -106,14 +106,15 @@ def messages_from_proto(msgs, cfg: Config, field: str = "messages") -> list[Mess
             raise invalid(f"{field}[{i}].created_at", "is outside the valid timestamp range") from None
         out.append(Message(role=m.role, content=m.content, tool_call_id=m.tool_call_id,
                            tool_name=m.tool_name, tool_calls_json=m.tool_calls_json,
-                           created_at=created))
+                           created_at=created, synthetic=m.synthetic))
     return out
 
 
 def message_to_proto(m: Message) -> c.Message:
     return c.Message(role=m.role, content=m.content, tool_call_id=m.tool_call_id,
                      tool_name=m.tool_name, tool_calls_json=m.tool_calls_json,
-                     created_at=ts(m.created_at), seq=m.seq, active=m.active)
+                     created_at=ts(m.created_at), seq=m.seq, active=m.active,
+                     synthetic=m.synthetic)
 
 
 # -- paging (AIP-158): opaque tokens, validated on the way back in ------------

@@ -90,7 +90,7 @@ def accept(conn, t: tuple, source: SessionSource | None, dedup_window_s: float,
     frames = [(rid, 1, key, sid, platform, created_at, "accepted", body)]
     started = None
     if start_now:
-        started = _begin(conn, rid, key, sid, text, now)
+        started = _begin(conn, rid, key, sid, text, now, "resume" in payload)
         started["at"] = now
         frames.append((rid, 2, key, sid, platform, now, "started", None))
     conn.executemany(INSERT_FRAME, frames)
@@ -139,12 +139,13 @@ def accept_many(conn, items: list[tuple]) -> list:
     return out
 
 
-def start(conn, rid: str, key: str, sid: str, text: str, queued: bool) -> dict[str, Any]:
+def start(conn, rid: str, key: str, sid: str, text: str, queued: bool,
+          synthetic: bool = False) -> dict[str, Any]:
     """A turn that waited in its lane begins: ledger running, lane marked
     running, the user's message appended. Returns what the worker needs to
     match its cache."""
     now = time.time()
-    begun = _begin(conn, rid, key, sid, text, now)
+    begun = _begin(conn, rid, key, sid, text, now, synthetic)
     if queued:  # it waited: its ledger row and queue row change state now
         conn.execute("UPDATE prompts SET status = 'running', started_at = ?, session_id = ?,"
                      " first_seq = ? WHERE request_id = ?", (now, sid, begun["base_seq"], rid))
@@ -155,12 +156,16 @@ def start(conn, rid: str, key: str, sid: str, text: str, queued: bool) -> dict[s
     return begun
 
 
-def _begin(conn, rid: str, key: str, sid: str, text: str, now: float) -> dict[str, Any]:
-    """The user's message into the transcript, the lane marked running."""
+def _begin(conn, rid: str, key: str, sid: str, text: str, now: float,
+           synthetic: bool) -> dict[str, Any]:
+    """The user's message into the transcript, the lane marked running.
+    ``synthetic``: the sidecar's own prompt (an auto-resume turn's note), kept
+    as role "user" for the model but marked as written by nobody."""
     base, rev = conn.execute("SELECT next_seq, rev FROM incarnations WHERE session_id = ?",
                              (sid,)).fetchone()
-    conn.execute("INSERT INTO messages (session_id, seq, role, content, created_at, request_id)"
-                 " VALUES (?, ?, 'user', ?, ?, ?)", (sid, base, text, now, rid))
+    conn.execute("INSERT INTO messages (session_id, seq, role, content, extra, created_at, request_id)"
+                 " VALUES (?, ?, 'user', ?, ?, ?, ?)",
+                 (sid, base, text, tx.SYNTHETIC_EXTRA if synthetic else None, now, rid))
     conn.execute("UPDATE incarnations SET next_seq = ? WHERE session_id = ?", (base + 1, sid))
     # updated_at moved at accept and moves again at the end; leaving it alone
     # here spares two index updates per turn.

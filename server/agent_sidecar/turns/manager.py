@@ -268,7 +268,8 @@ class TurnManager:
         turn.sid = row[0]
         turn.routing_row = row
         profile, system_prompt = self.prompts.for_turn(turn)
-        start = (jobs.start, (turn.rid, turn.key, turn.sid, turn.text, turn.queued))
+        start = (jobs.start, (turn.rid, turn.key, turn.sid, turn.text, turn.queued,
+                              "resume" in turn.payload))  # an auto-resume note is synthetic
         self.bus.publish(turn, "started", write=start,
                          then=lambda res: self._dispatch(turn, res, profile, system_prompt))
 
