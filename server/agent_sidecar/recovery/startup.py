@@ -171,11 +171,15 @@ def restore(conn, clean: bool, freshness_s: float, auto_resume: str = "interrupt
                             "slot": slot or "next", "position": pos or 0, "next_seq": last + 1})
     order = {"next": 0, "pending": 1, "fifo": 2}
     plan.queued.sort(key=lambda q: (q["key"], order[q["slot"]], q["position"], q["created_at"]))
-    plan.resume = resume_turns(conn, now - freshness_s, auto_resume, set(in_flight))
+    # A lane whose continue turn from the last start never ran has it queued
+    # (it runs now, in its place): it gets no second one.
+    waiting = {q["key"] for q in plan.queued if q["rid"].startswith("resume:")}
+    plan.resume = resume_turns(conn, now - freshness_s, auto_resume, set(in_flight), waiting)
     return plan
 
 
-def resume_turns(conn, fresh_since: float, mode: str, in_flight: set[str]) -> list[dict[str, Any]]:
+def resume_turns(conn, fresh_since: float, mode: str, in_flight: set[str],
+                 waiting: set[str] = frozenset()) -> list[dict[str, Any]]:
     """The continue turns to run (DECISIONS.md "Recovery"): lanes marked
     ``resume_pending``, not suspended, active since ``fresh_since``, and
 
@@ -185,8 +189,9 @@ def resume_turns(conn, fresh_since: float, mode: str, in_flight: set[str]) -> li
       the recent window keeps its mark (and its id) but gets no turn: a
       finished conversation must not hear from the bot unasked;
     * ``"recent"``: every lane with an auto-resume reason (hermes' rule);
-    * ``"off"``: none.
+    * ``"off"``: none;
 
+    never one for a lane in ``waiting`` (its earlier continue turn is queued).
     Reads the lanes through the partial index on pending resumes."""
     if mode == "off":
         return []
@@ -198,6 +203,8 @@ def resume_turns(conn, fresh_since: float, mode: str, in_flight: set[str]) -> li
         if mode == "recent" and reason not in AUTO_RESUME_REASONS:
             continue
         if mode == "interrupted" and key not in in_flight and reason not in CUT_OFF_REASONS:
+            continue
+        if key in waiting:
             continue
         prefix = f"resume:{sid}:"
         # One more than the highest number still in the ledger (retention may
