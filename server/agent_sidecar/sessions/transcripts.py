@@ -2,13 +2,13 @@
 
 Rewind, rewrite and rollback never delete: they clear ``active`` and record why
 in ``hidden_by``, so the audit trail stays and ``include_rewound`` can show it.
+Writes are writer jobs (``conn`` first); reads take a reader connection.
 
 A ``synthetic`` message is one nobody wrote: the sidecar's own note (the
 continue note of an auto-resume turn) stored with the role the model must read
 it in. The flag lives in the row's ``extra`` blob beside the tool fields (no
 column, no migration) and reaches clients as ``Message.synthetic``, so an
 adapter never shows the note as something its user said.
-Writes are writer jobs (``conn`` first); reads take a reader connection.
 """
 
 from __future__ import annotations

@@ -197,7 +197,8 @@ async def run_turn(agent: Agent, backend, spec: TurnSpec, io: TurnIO) -> str:
                 ok, result_json = await io.invoke_tool(call.call_id, call.name, call.arguments_json)
             except ToolRefused as e:
                 _refuse(agent, io, calls[i:], e.result_json)
-                raise TurnFailed(e.reason, f"the call of {call.name!r} was refused: {e.result_json}") from None
+                raise TurnFailed(e.reason,
+                                 f"the call of {call.name!r} was refused: {e.result_json}") from None
             except BaseException:
                 # Cancelled or timed out while waiting: every call of this
                 # assistant message still gets a result, in the cache and the
