@@ -261,9 +261,11 @@ def test_crash_loop(tmp_path):
 
 
 def test_health_not_serving_until_startup_restore_is_done(tmp_path):
-    """300 lanes active just before a kill -9 all get an auto-resume turn at startup;
-    health must not say SERVING before every one of them is submitted."""
-    sc = Sidecar(tmp_path / "data", config=echo("main"), workers=1).start()
+    """300 lanes active just before a kill -9 all get an auto-resume turn at startup
+    (``auto_resume = "recent"``, hermes' rule: by default only interrupted lanes are
+    resumed); health must not say SERVING before every one of them is submitted."""
+    cfg = echo("main") + '[recovery]\nauto_resume = "recent"\n'
+    sc = Sidecar(tmp_path / "data", config=cfg, workers=1).start()
     try:
         stub = sc.sessions()
         for i in range(300):

@@ -3,6 +3,8 @@ the interleavings that gRPC timing rarely produces."""
 
 from __future__ import annotations
 
+import time
+
 from agent_sidecar.sessions import lifecycle as life
 from agent_sidecar.sessions.source import SessionSource
 from agent_sidecar.store.db import open_writer
@@ -35,4 +37,24 @@ def test_a_turn_finishing_after_a_reset_leaves_the_new_incarnations_flags(tmp_pa
     with conn:
         jobs.finish(conn, "r-new", KEY, new.session_id, "completed", "", 5, False, True, {})
     assert _flags(conn) == (0, 0, "")
+    conn.close()
+
+
+def test_restore_gives_a_lane_whose_continue_turn_is_queued_no_second_one(tmp_path):
+    """A crash after a continue turn was accepted but before it started: the
+    restore runs that turn in its place and plans no second continue turn for
+    the lane, under either auto-resume rule that would pick it."""
+    from agent_sidecar.recovery.startup import restore
+    conn = open_writer(str(tmp_path / "s.db"))
+    migrate(conn)
+    with conn:
+        entry, _ = life.get_or_create(conn, KEY, SessionSource(platform="telegram", chat_id="42"), "main")
+        rid = f"resume:{entry.session_id}:1"
+        jobs.accept(conn, (rid, KEY, "telegram", "main", 4, "the note", {"resume": "restart_interrupted"},
+                           time.time()), None, 300.0, None, 0)
+        life.mark_resume_pending(conn, KEY, "restart_interrupted")
+    for mode in ("recent", "interrupted"):
+        with conn:
+            plan = restore(conn, False, 3600.0, mode)
+        assert [q["rid"] for q in plan.queued] == [rid] and plan.resume == [], (mode, plan)
     conn.close()

@@ -517,6 +517,11 @@ type Message struct {
 	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	Seq           int64                  `protobuf:"varint,7,opt,name=seq,proto3" json:"seq,omitempty"`
 	Active        bool                   `protobuf:"varint,8,opt,name=active,proto3" json:"active,omitempty"`
+	// True for a message nobody wrote: the sidecar's own note, e.g. the one an
+	// auto-resume turn runs with after a restart. It keeps the role the model
+	// reads it in ("user"), but no user said it; adapters should not show it as
+	// theirs.
+	Synthetic     bool `protobuf:"varint,9,opt,name=synthetic,proto3" json:"synthetic,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -603,6 +608,13 @@ func (x *Message) GetSeq() int64 {
 func (x *Message) GetActive() bool {
 	if x != nil {
 		return x.Active
+	}
+	return false
+}
+
+func (x *Message) GetSynthetic() bool {
+	if x != nil {
+		return x.Synthetic
 	}
 	return false
 }
@@ -745,7 +757,7 @@ const file_agent_sidecar_v1_common_proto_rawDesc = "" +
 	"turn_count\x18\x1b \x01(\x03R\tturnCount\x12\x1f\n" +
 	"\vqueue_depth\x18\x1c \x01(\x05R\n" +
 	"queueDepth\x12\x18\n" +
-	"\aprofile\x18\x1d \x01(\tR\aprofile\"\x83\x02\n" +
+	"\aprofile\x18\x1d \x01(\tR\aprofile\"\xa1\x02\n" +
 	"\aMessage\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\x12 \n" +
@@ -756,7 +768,8 @@ const file_agent_sidecar_v1_common_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x10\n" +
 	"\x03seq\x18\a \x01(\x03R\x03seq\x12\x16\n" +
-	"\x06active\x18\b \x01(\bR\x06active\"\xc4\x01\n" +
+	"\x06active\x18\b \x01(\bR\x06active\x12\x1c\n" +
+	"\tsynthetic\x18\t \x01(\bR\tsynthetic\"\xc4\x01\n" +
 	"\x05Usage\x12!\n" +
 	"\finput_tokens\x18\x01 \x01(\x03R\vinputTokens\x12#\n" +
 	"\routput_tokens\x18\x02 \x01(\x03R\foutputTokens\x12*\n" +

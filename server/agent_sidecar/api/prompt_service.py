@@ -13,7 +13,7 @@ import math
 
 from .. import errors as E
 from ..config import Config
-from ..sessions.keys import build_session_key, split_session_key
+from ..sessions.keys import build_session_key, canonical_session_key, split_session_key
 from ..store import Store
 from ..turns import jobs
 from ..turns.frames import FRAME_COLUMNS, TERMINAL, Subscriber, frame_from_row
@@ -71,8 +71,8 @@ class PromptService(pb_grpc.PromptServiceServicer):
                 raise E.invalid(str(e).split(":", 1)[0], str(e)) from None
             platform = source.platform
         else:
-            key = request.session_key
             try:
+                key = canonical_session_key(request.session_key)
                 profile, platform, _ = split_session_key(key)
             except ValueError:
                 raise E.invalid("session_key", "is not a session key (agent:{profile}:{platform}:…)") from None
@@ -192,14 +192,15 @@ class PromptService(pb_grpc.PromptServiceServicer):
             return
         if request.session_key:
             try:
-                platform = split_session_key(request.session_key)[1]
+                key = canonical_session_key(request.session_key)
             except ValueError:
                 raise E.invalid("session_key", "is not a session key") from None
-            principal.require_platform(platform)
-            index, name, column = self.turns.bus.by_key, request.session_key, "session_key"
+            principal.require_platform(split_session_key(key)[1])
+            index, name, column = self.turns.bus.by_key, key, "session_key"
         else:
-            principal.require_platform(request.platform)
-            index, name, column = self.turns.bus.by_platform, request.platform, "platform"
+            platform = request.platform.lower()
+            principal.require_platform(platform)
+            index, name, column = self.turns.bus.by_platform, platform, "platform"
         sub = self.turns.bus.watch(index, name)
         try:
             last = request.after_cursor
@@ -234,7 +235,10 @@ class PromptService(pb_grpc.PromptServiceServicer):
         if request.request_id:
             turn = self.turns.live.get(request.request_id)
         else:
-            lane = self.turns.lanes.get(request.session_key)
+            try:
+                lane = self.turns.lanes.get(canonical_session_key(request.session_key))
+            except ValueError:  # not a key: no lane has it
+                lane = None
             turn = lane.running if lane else None
         if turn is None:
             return pb.CancelResponse(cancelled=False)
@@ -245,6 +249,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
     async def GetQueue(self, request, context, principal):
         key = cv.require(request.session_key, "session_key")
         try:
+            key = canonical_session_key(key)
             principal.require_platform(split_session_key(key)[1])
         except ValueError:
             raise E.invalid("session_key", "is not a session key") from None

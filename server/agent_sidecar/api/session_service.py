@@ -13,7 +13,7 @@ from ..sessions import lifecycle as life
 from ..sessions import transcripts as tx
 from ..sessions.context import build_session_context_prompt, shared_multi_user
 from ..sessions.entry import ENTRY_SELECT, SessionEntry, load_entry
-from ..sessions.keys import build_session_key, split_session_key
+from ..sessions.keys import build_session_key, canonical_session_key, split_session_key
 from ..store import Store
 from ..store.batcher import Batcher
 from ..v1 import session_service_pb2 as pb
@@ -55,6 +55,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
     def _key(self, key: str, principal, field: str = "session_key") -> str:
         cv.require(key, field, self.cfg)
         try:
+            key = canonical_session_key(key)
             _, platform, _ = split_session_key(key)
         except ValueError:
             raise invalid(field, "is not a session key (agent:{profile}:{platform}:…)") from None
@@ -107,14 +108,15 @@ class SessionService(pb_grpc.SessionServiceServicer):
         token = cv.decode_page_token(request.page_token, "sessions", {"u": (int, float), "s": str})
         if request.active_within_seconds < 0:
             raise invalid("active_within_seconds", "must not be negative")
-        if request.platform:
-            principal.require_platform(request.platform)
+        platform = request.platform.lower()
+        if platform:
+            principal.require_platform(platform)
         elif not principal.allows("*"):
             raise invalid("platform", "is required for a platform-scoped credential")
         sql, params = ENTRY_SELECT + " WHERE 1", []
-        if request.platform:
+        if platform:
             sql += " AND r.platform = ?"
-            params.append(request.platform)
+            params.append(platform)
         if request.active_within_seconds:
             sql += " AND r.updated_at >= ?"
             params.append(time.time() - request.active_within_seconds)
@@ -312,6 +314,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         text = build_session_context_prompt(
             source, session_key=key, session_id=entry.session_id if entry else "",
             created_at=started, connected_platforms=self.cfg.connected_platforms,
-            home_channels=self.cfg.home_channels, redact_pii=self.cfg.redact_pii, **flags)
+            home_channels=self.cfg.home_channels, redact_pii=self.cfg.redact_pii,
+            pii_safe_platforms=self.cfg.pii_safe_platforms(), **flags)
         return pb.GetSessionContextResponse(prompt_section=text,
                                             shared_multi_user=shared_multi_user(source, **flags))

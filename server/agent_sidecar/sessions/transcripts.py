@@ -3,6 +3,12 @@
 Rewind, rewrite and rollback never delete: they clear ``active`` and record why
 in ``hidden_by``, so the audit trail stays and ``include_rewound`` can show it.
 Writes are writer jobs (``conn`` first); reads take a reader connection.
+
+A ``synthetic`` message is one nobody wrote: the sidecar's own note (the
+continue note of an auto-resume turn) stored with the role the model must read
+it in. The flag lives in the row's ``extra`` blob beside the tool fields (no
+column, no migration) and reaches clients as ``Message.synthetic``, so an
+adapter never shows the note as something its user said.
 """
 
 from __future__ import annotations
@@ -29,11 +35,16 @@ class Message:
     created_at: float = 0.0
     seq: int = 0
     active: bool = True
+    synthetic: bool = False
 
     def extra(self) -> bytes | None:
         d = {k: v for k, v in (("tool_call_id", self.tool_call_id), ("tool_name", self.tool_name),
-                               ("tool_calls_json", self.tool_calls_json)) if v}
+                               ("tool_calls_json", self.tool_calls_json),
+                               ("synthetic", self.synthetic)) if v}
         return orjson.dumps(d) if d else None
+
+
+SYNTHETIC_EXTRA = Message(role="user", synthetic=True).extra()
 
 
 _SELECT = "SELECT seq, role, content, extra, created_at, active FROM messages"
@@ -47,6 +58,7 @@ def _row_to_message(row) -> Message:
         m.tool_call_id = d.get("tool_call_id", "")
         m.tool_name = d.get("tool_name", "")
         m.tool_calls_json = d.get("tool_calls_json", "")
+        m.synthetic = bool(d.get("synthetic", False))
     return m
 
 

@@ -90,7 +90,7 @@ def accept(conn, t: tuple, source: SessionSource | None, dedup_window_s: float,
     frames = [(rid, 1, key, sid, platform, created_at, "accepted", body)]
     started = None
     if start_now:
-        started = _begin(conn, rid, key, sid, text, now)
+        started = _begin(conn, rid, key, sid, text, now, "resume" in payload)
         started["at"] = now
         frames.append((rid, 2, key, sid, platform, now, "started", None))
     conn.executemany(INSERT_FRAME, frames)
@@ -139,12 +139,13 @@ def accept_many(conn, items: list[tuple]) -> list:
     return out
 
 
-def start(conn, rid: str, key: str, sid: str, text: str, queued: bool) -> dict[str, Any]:
+def start(conn, rid: str, key: str, sid: str, text: str, queued: bool,
+          synthetic: bool = False) -> dict[str, Any]:
     """A turn that waited in its lane begins: ledger running, lane marked
     running, the user's message appended. Returns what the worker needs to
     match its cache."""
     now = time.time()
-    begun = _begin(conn, rid, key, sid, text, now)
+    begun = _begin(conn, rid, key, sid, text, now, synthetic)
     if queued:  # it waited: its ledger row and queue row change state now
         conn.execute("UPDATE prompts SET status = 'running', started_at = ?, session_id = ?,"
                      " first_seq = ? WHERE request_id = ?", (now, sid, begun["base_seq"], rid))
@@ -155,12 +156,16 @@ def start(conn, rid: str, key: str, sid: str, text: str, queued: bool) -> dict[s
     return begun
 
 
-def _begin(conn, rid: str, key: str, sid: str, text: str, now: float) -> dict[str, Any]:
-    """The user's message into the transcript, the lane marked running."""
+def _begin(conn, rid: str, key: str, sid: str, text: str, now: float,
+           synthetic: bool) -> dict[str, Any]:
+    """The user's message into the transcript, the lane marked running.
+    ``synthetic``: the sidecar's own prompt (an auto-resume turn's note), kept
+    as role "user" for the model but marked as written by nobody."""
     base, rev = conn.execute("SELECT next_seq, rev FROM incarnations WHERE session_id = ?",
                              (sid,)).fetchone()
-    conn.execute("INSERT INTO messages (session_id, seq, role, content, created_at, request_id)"
-                 " VALUES (?, ?, 'user', ?, ?, ?)", (sid, base, text, now, rid))
+    conn.execute("INSERT INTO messages (session_id, seq, role, content, extra, created_at, request_id)"
+                 " VALUES (?, ?, 'user', ?, ?, ?, ?)",
+                 (sid, base, text, tx.SYNTHETIC_EXTRA if synthetic else None, now, rid))
     conn.execute("UPDATE incarnations SET next_seq = ? WHERE session_id = ?", (base + 1, sid))
     # updated_at moved at accept and moves again at the end; leaving it alone
     # here spares two index updates per turn.
@@ -168,10 +173,25 @@ def _begin(conn, rid: str, key: str, sid: str, text: str, now: float) -> dict[st
     return {"base_seq": base, "rev": rev}
 
 
+# What a completed turn consumes (seed 001 §2, §7): the resume marker with its
+# reason and time, and the notices of a new incarnation (fresh reset, auto
+# reset and its reason), which are for its first turn. A failed or cancelled
+# turn consumes nothing: the next one still needs them.
+_CONSUMED = (("resume_pending", "0"), ("resume_reason", "''"), ("last_resume_marked_at", "NULL"),
+             ("is_fresh_reset", "0"), ("was_auto_reset", "0"), ("auto_reset_reason", "''"))
+# One statement for the lane at a turn's end: the consumed flags clear only on
+# the turn's own incarnation (a reset or switch may have moved the lane on
+# while it finished); an idle lane stops being "running".
+_FINISH_LANE = ("UPDATE routing SET updated_at = :now, running = CASE WHEN :idle THEN 0 ELSE running END, "
+                + ", ".join(f"{col} = CASE WHEN :done AND session_id = :sid THEN {v} ELSE {col} END"
+                            for col, v in _CONSUMED)
+                + " WHERE session_key = :key")
+
+
 def finish(conn, rid: str, key: str, sid: str, status: str, reason: str, last_seq: int,
            rollback: bool, lane_idle: bool, state: dict[str, Any]) -> None:
-    """The turn ended: ledger closed; on success the turn counts, the resume
-    marker and fresh-reset flag clear, the stuck-loop counter resets."""
+    """The turn ended: ledger closed; on success the turn counts, the flags
+    of _CONSUMED clear, the stuck-loop counter resets."""
     now = time.time()
     conn.execute("UPDATE prompts SET status = ?, finished_at = ?, reason = ?, last_seq = ?"
                  " WHERE request_id = ?", (status, now, reason or None, last_seq, rid))
@@ -181,17 +201,8 @@ def finish(conn, rid: str, key: str, sid: str, status: str, reason: str, last_se
         conn.execute("UPDATE incarnations SET turn_count = turn_count + 1 WHERE session_id = ?",
                      (sid,))
         conn.execute("DELETE FROM restart_counts WHERE session_key = ?", (key,))
-    # One statement for the lane: a good turn clears the resume marker and the
-    # fresh-reset flag — of its own incarnation only (a reset or switch may have
-    # moved the lane on while it finished); an idle lane stops being "running".
-    done = status == "completed"
-    conn.execute(
-        "UPDATE routing SET updated_at = ?,"
-        " running = CASE WHEN ? THEN 0 ELSE running END,"
-        " resume_pending = CASE WHEN ? AND session_id = ? THEN 0 ELSE resume_pending END,"
-        " resume_reason = CASE WHEN ? AND session_id = ? THEN '' ELSE resume_reason END,"
-        " is_fresh_reset = CASE WHEN ? AND session_id = ? THEN 0 ELSE is_fresh_reset END"
-        " WHERE session_key = ?", (now, lane_idle, done, sid, done, sid, done, sid, key))
+    conn.execute(_FINISH_LANE, {"now": now, "idle": lane_idle, "done": status == "completed",
+                                "sid": sid, "key": key})
     conn.execute("INSERT INTO turn_state (session_id, request_id, updated_at, state)"
                  " VALUES (?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET"
                  " request_id = excluded.request_id, updated_at = excluded.updated_at,"

@@ -268,7 +268,8 @@ class TurnManager:
         turn.sid = row[0]
         turn.routing_row = row
         profile, system_prompt = self.prompts.for_turn(turn)
-        start = (jobs.start, (turn.rid, turn.key, turn.sid, turn.text, turn.queued))
+        start = (jobs.start, (turn.rid, turn.key, turn.sid, turn.text, turn.queued,
+                              "resume" in turn.payload))  # an auto-resume note is synthetic
         self.bus.publish(turn, "started", write=start,
                          then=lambda res: self._dispatch(turn, res, profile, system_prompt))
 
@@ -284,7 +285,7 @@ class TurnManager:
         turn.worker_gen = h.generation if h.ready.is_set() else -1
         msg = {"t": "run", "rid": turn.rid, "key": turn.key, "sid": turn.sid, "rev": res["rev"],
                "base_seq": res["base_seq"], "text": turn.text, "profile": profile.wire,
-               "system_prompt": system_prompt, "tools": self.tools.specs_for(profile.tools),
+               "system_prompt": system_prompt, "tools": self.tools.specs_for(profile.tools, turn.platform),
                "timeout_s": turn.timeout_s}
         if h.ready.is_set():
             h.send(msg)

@@ -16,15 +16,24 @@ from .lanes import INTERRUPT, ROLLBACK, Lane, Turn
 log = logging.getLogger("agent_sidecar.turns")
 
 WATCHDOG_GRACE_S = 15.0
-RESUME_TEXT = ("[The previous turn was interrupted ({reason}) before it finished. "
-               "Continue where you left off.]")
+# The note an auto-resume turn runs with. It is stored as the turn's user
+# message marked synthetic (nobody wrote it; adapters can tell), and the model
+# reads it as written: its last turn was cut off, what it already did may have
+# happened, so it reports where things stand instead of redoing finished work
+# or repeating tool calls that may have taken effect.
+RESUME_TEXT = ("[The previous turn was interrupted ({reason}) before it finished. This note comes from "
+               "the system, not from the user. Tool calls made in that turn may already have taken "
+               "effect: check their results above and do not repeat any of them blindly. Tell the "
+               "user where things stand (what was done, what is left) instead of redoing finished "
+               "work.]")
 
 
 async def restore(m) -> None:
     """Run the store's restore job, rebuild queued lanes, submit auto-resume turns."""
     from ..recovery.startup import consume_marker, restore as restore_job
     clean = consume_marker(m.cfg.data_dir)
-    plan = await m.store.write(restore_job, clean, m.cfg.gateway_auto_continue_freshness)
+    plan = await m.store.write(restore_job, clean, m.cfg.gateway_auto_continue_freshness,
+                               m.cfg.auto_resume)
     m.recent.load(m.store)
     log.info("startup restore", extra={"clean": plan.clean, "marked": len(plan.marked),
                                        "suspended": plan.suspended,

@@ -72,9 +72,18 @@ def on_message(m, h: WorkerHandle, msg: dict) -> None:
 
 
 async def _run_tool(m, h: WorkerHandle, turn: Turn, msg: dict) -> None:
-    ok, result = await m.tools.invoke(msg["name"], msg["args"], {
-        "session_key": turn.key, "session_id": turn.sid, "request_id": turn.rid})
-    h.send({"t": "tool_result", "rid": turn.rid, "call_id": msg["call_id"], "ok": ok, "result": result})
+    """One tool call, answered to the worker. A call the registry refuses
+    (the host may not serve this session's platform) is answered with
+    ``refused``: the agent loop then ends the turn with that reason."""
+    reply = {"t": "tool_result", "rid": turn.rid, "call_id": msg["call_id"]}
+    try:
+        reply["ok"], reply["result"] = await m.tools.invoke(msg["name"], msg["args"], {
+            "session_key": turn.key, "session_id": turn.sid, "request_id": turn.rid},
+            platform=turn.platform)
+    except E.SidecarError as e:
+        reply.update(ok=False, result=orjson.dumps({"error": e.message, "reason": e.reason}).decode(),
+                     refused=e.reason)
+    h.send(reply)
 
 
 def on_exit(m, h: WorkerHandle) -> None:

@@ -126,6 +126,13 @@ export interface Message {
   createdAt?: Date | undefined;
   seq: number;
   active: boolean;
+  /**
+   * True for a message nobody wrote: the sidecar's own note, e.g. the one an
+   * auto-resume turn runs with after a restart. It keeps the role the model
+   * reads it in ("user"), but no user said it; adapters should not show it as
+   * theirs.
+   */
+  synthetic: boolean;
 }
 
 /** Usage is one turn's (or one delta's) token and cost accounting. */
@@ -1157,6 +1164,7 @@ function createBaseMessage(): Message {
     createdAt: undefined,
     seq: 0,
     active: false,
+    synthetic: false,
   };
 }
 
@@ -1185,6 +1193,9 @@ export const Message: MessageFns<Message> = {
     }
     if (message.active !== false) {
       writer.uint32(64).bool(message.active);
+    }
+    if (message.synthetic !== false) {
+      writer.uint32(72).bool(message.synthetic);
     }
     return writer;
   },
@@ -1266,6 +1277,14 @@ export const Message: MessageFns<Message> = {
             message.active = reader.bool();
             continue;
           }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.synthetic = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1304,6 +1323,7 @@ export const Message: MessageFns<Message> = {
         : undefined,
       seq: isSet(object.seq) ? globalThis.Number(object.seq) : 0,
       active: isSet(object.active) ? globalThis.Boolean(object.active) : false,
+      synthetic: isSet(object.synthetic) ? globalThis.Boolean(object.synthetic) : false,
     };
   },
 
@@ -1333,6 +1353,9 @@ export const Message: MessageFns<Message> = {
     if (message.active !== false) {
       obj.active = message.active;
     }
+    if (message.synthetic !== false) {
+      obj.synthetic = message.synthetic;
+    }
     return obj;
   },
 
@@ -1349,6 +1372,7 @@ export const Message: MessageFns<Message> = {
     message.createdAt = object.createdAt ?? undefined;
     message.seq = object.seq ?? 0;
     message.active = object.active ?? false;
+    message.synthetic = object.synthetic ?? false;
     return message;
   },
 };
