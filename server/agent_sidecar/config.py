@@ -82,6 +82,11 @@ class Limits:
     default_page_size: int = 100
     max_frames_per_turn: int = 20_000
     max_id_length: int = 256
+    # Load limits (issue 14). A stream (Prompt, WatchActivity) whose reader
+    # falls this far behind is ended with STREAM_TOO_SLOW (it resumes from the
+    # store).
+    stream_buffer_frames: int = 10_000
+    stream_buffer_bytes: int = 8 * 1024 * 1024
 
 
 @dataclass
@@ -214,4 +219,13 @@ def load_config(path: str | None = None, **overrides: Any) -> Config:
     cfg.synchronous = cfg.synchronous.upper()
     if cfg.log_format not in ("json", "text"):
         raise ConfigError("log_format must be json or text")
+    _check_load_limits(cfg)
     return cfg
+
+
+def _check_load_limits(cfg: Config) -> None:
+    """The load limits (issue 14): stream buffers need room for a frame."""
+    lim = cfg.limits
+    for key in ("stream_buffer_frames", "stream_buffer_bytes"):
+        if getattr(lim, key) < 1:
+            raise ConfigError(f"sidecar.limits.{key}: must be at least 1")

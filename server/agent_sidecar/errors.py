@@ -25,6 +25,10 @@ RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
 UNAVAILABLE = "UNAVAILABLE"
 REQUEST_NOT_FOUND = "REQUEST_NOT_FOUND"  # WatchActivity for a request id never seen
 INTERNAL = "INTERNAL"
+# Load limits (issue 14), RESOURCE_EXHAUSTED with RetryInfo: a stream whose
+# reader fell behind its buffer bound (it resumes with WatchActivity from the
+# cursor or seq its message names).
+STREAM_TOO_SLOW = "STREAM_TOO_SLOW"
 
 DOMAIN = "agent-sidecar"
 

@@ -29,7 +29,7 @@ from ..tools.registry import ToolRegistry
 from . import jobs, placement, supervision, worker_events
 from .context import SystemPrompts
 from .dedup import RecentRequests
-from .frames import FrameBus, Subscriber, build_frame
+from .frames import FrameBus, build_frame
 from .lanes import FOLLOW_UP, Lane, Turn
 from .memory import budget_per_worker
 from .pool import WorkerHandle, WorkerPool
@@ -38,7 +38,7 @@ from .pool import WorkerHandle, WorkerPool
 class TurnManager:
     def __init__(self, cfg: Config, store: Store):
         self.cfg, self.store = cfg, store
-        self.bus = FrameBus(store)
+        self.bus = FrameBus(store, cfg.limits.stream_buffer_frames, cfg.limits.stream_buffer_bytes)
         self.accepts = Batcher(store, jobs.accept_many)  # prompts accepted together commit together
         self.lanes: dict[str, Lane] = {}
         self.recent = RecentRequests(cfg.dedup_window_s)  # the dedup window's request ids
@@ -164,7 +164,7 @@ class TurnManager:
         # Reserved before any await: a twin call with this request id follows
         # this turn (and hears it if it is refused) instead of placing its own.
         self.live[rid] = turn
-        sub = Subscriber()
+        sub = self.bus.subscriber()
         turn.subscribers.append(sub)
         lane = self.lanes.get(key)
         if lane is None:
