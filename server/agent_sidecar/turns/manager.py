@@ -26,7 +26,7 @@ from ..sessions.source import SessionSource
 from ..store import Store
 from ..store.batcher import Batcher
 from ..tools.registry import ToolRegistry
-from . import jobs, placement, supervision, worker_events
+from . import admission, jobs, placement, supervision, worker_events
 from .context import SystemPrompts
 from .dedup import RecentRequests
 from .frames import FrameBus, build_frame
@@ -43,7 +43,7 @@ class TurnManager:
         self.lanes: dict[str, Lane] = {}
         self.recent = RecentRequests(cfg.dedup_window_s)  # the dedup window's request ids
         self.prompts = SystemPrompts(cfg, store)
-        self.live: dict[str, Turn] = {}
+        self.live = admission.LiveTurns()  # request id -> every turn not yet ended
         self.tools = ToolRegistry()
         self.pool: WorkerPool | None = None
         self.ready = asyncio.Event()  # set when startup restore is done
@@ -158,6 +158,8 @@ class TurnManager:
             return None
         if self.recent.seen(rid, self.store, time.time()):
             return None
+        if not internal:
+            admission.check(self.live, self.cfg.limits)
         turn = Turn(rid=rid, key=key, platform=platform, profile=profile, text=text,
                     delivery=delivery or FOLLOW_UP, timeout_s=timeout_s, payload=payload)
         turn.next_seq = 2  # seq 1 is the accepted frame, written by the accept job
