@@ -26,12 +26,12 @@ from helpers_sessions import uniq
 from helpers_turns import collect, wait_until, watch
 from sidecar_proc import Sidecar
 
-BUFFER_FRAMES = 40
+BUFFER_FRAMES = 50
 MAX_PROMPTS = 3
 MAX_BYTES = 5000
 CONFIG = (f"[sidecar.limits]\nstream_buffer_frames = {BUFFER_FRAMES}\n"
           f"max_prompts_in_flight = {MAX_PROMPTS}\nmax_prompt_bytes_in_flight = {MAX_BYTES}\n\n"
-          + slow_echo("main", latency_ms=0) + slow_echo("trickle", latency_ms=3)
+          + slow_echo("main", latency_ms=0) + slow_echo("trickle", latency_ms=8)
           + slow_echo("slow", latency_ms=100))
 SMALL_WINDOW = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]
 
@@ -104,7 +104,8 @@ def test_a_prompt_stream_whose_client_stops_reading_resumes_by_request_id(sc, st
     """A Prompt call left unread is ended STREAM_TOO_SLOW naming its seq; the turn itself
     completes, and WatchActivity(request_id, after_seq) gives the rest."""
     prompts = sc.prompts()
-    req = ppb.PromptRequest(request_id=uniq("r"), text=words(200), profile="trickle",
+    # trickled, so a reader that keeps reading never falls BUFFER_FRAMES behind
+    req = ppb.PromptRequest(request_id=uniq("r"), text=words(250), profile="trickle",
                             source=c.SessionSource(platform="telegram", chat_id=uniq()))
     call = stalled.Prompt(req, timeout=60)
     def known():  # another reader: once the prompt is accepted, the whole turn
