@@ -224,7 +224,10 @@ def test_queue_cap_is_resource_exhausted(stubs):
     b = run(prompts, text="b", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
     c = PromptRun(prompts, text="c", key=first.key, delivery=D.DELIVERY_MODE_QUEUE).result(10)
     assert c.frames == [] and c.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert c.reason == "RESOURCE_EXHAUSTED"
+    assert c.reason == "QUEUE_FULL"
+    assert "profiles.capped.queue_cap" in c.error.details(), c.error.details()
+    st = rpc_status.from_call(c.error)
+    assert any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in st.details)
     q = get_queue(prompts, first.key)
     assert [x.text for x in q.queued] == ["a", "b"]
     for p in (first, a, b):

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
+from agent_sidecar.errors import SidecarError
 from agent_sidecar.sessions import lifecycle as life
 from agent_sidecar.sessions.source import SessionSource
 from agent_sidecar.store.db import open_writer
@@ -57,4 +60,28 @@ def test_restore_gives_a_lane_whose_continue_turn_is_queued_no_second_one(tmp_pa
         with conn:
             plan = restore(conn, False, 3600.0, mode)
         assert [q["rid"] for q in plan.queued] == [rid] and plan.resume == [], (mode, plan)
+    conn.close()
+
+
+def test_accept_refuses_a_request_id_of_another_session_before_writing(tmp_path):
+    """The ledger's answer when the dedup index does not know an id: the same key is a twin
+    (DuplicateRequest), another key INVALID_ARGUMENT on request_id, and nothing is written."""
+    conn = open_writer(str(tmp_path / "s.db"))
+    migrate(conn)
+    other = "agent:main:discord:dm:7"
+
+    def accept(key, platform):
+        t = ("r1", key, platform, "main", 2, "hi", {"queue_position": 0}, time.time())
+        with conn:
+            return jobs.accept(conn, t, SessionSource(platform=platform, chat_id=key.rsplit(":", 1)[1]),
+                               300.0, None, 1)
+    accept(KEY, "telegram")
+    with pytest.raises(jobs.DuplicateRequest):
+        accept(KEY, "telegram")
+    with pytest.raises(SidecarError) as e:
+        accept(other, "discord")
+    assert (e.value.reason, e.value.field) == ("INVALID_ARGUMENT", "request_id")
+    assert KEY not in e.value.message
+    assert conn.execute("SELECT count(*) FROM routing WHERE session_key = ?", (other,)).fetchone()[0] == 0
+    assert conn.execute("SELECT session_key FROM prompts WHERE request_id = 'r1'").fetchall() == [(KEY,)]
     conn.close()

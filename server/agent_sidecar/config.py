@@ -45,7 +45,7 @@ class Profile:
     tools: list[str] = field(default_factory=list)
     max_iterations: int = 25
     timeout_s: float = 0.0  # 0: use agent.gateway_timeout
-    queue_cap: int = 0  # 0: no cap on queued prompts per session
+    queue_cap: int = 32  # queued prompts per session (QUEUE_FULL past it); 0: no cap
 
     @property
     def wire(self) -> dict[str, Any]:
@@ -84,6 +84,15 @@ class Limits:
     default_page_size: int = 100
     max_frames_per_turn: int = 20_000
     max_id_length: int = 256
+    # Load limits (issue 14). A stream (Prompt, WatchActivity) whose reader
+    # falls this far behind is ended with STREAM_TOO_SLOW (it resumes from the
+    # store); prompts in flight or queued, and the bytes of their text and
+    # attachments, are capped sidecar-wide (OVERLOADED; 0: no cap). The
+    # defaults keep a hostile burst within a small (2 GB) host.
+    stream_buffer_frames: int = 10_000
+    stream_buffer_bytes: int = 8 * 1024 * 1024
+    max_prompts_in_flight: int = 1000
+    max_prompt_bytes_in_flight: int = 16 * 1024 * 1024
 
 
 @dataclass
@@ -277,4 +286,20 @@ def load_config(path: str | None = None, **overrides: Any) -> Config:
     cfg.synchronous = cfg.synchronous.upper()
     if cfg.log_format not in ("json", "text"):
         raise ConfigError("log_format must be json or text")
+    _check_load_limits(cfg)
     return cfg
+
+
+def _check_load_limits(cfg: Config) -> None:
+    """The load limits (issue 14): stream buffers need room for a frame;
+    admission caps and queue caps may be 0 (no cap), never negative."""
+    lim = cfg.limits
+    for key in ("stream_buffer_frames", "stream_buffer_bytes"):
+        if getattr(lim, key) < 1:
+            raise ConfigError(f"sidecar.limits.{key}: must be at least 1")
+    for key in ("max_prompts_in_flight", "max_prompt_bytes_in_flight"):
+        if getattr(lim, key) < 0:
+            raise ConfigError(f"sidecar.limits.{key}: must be 0 (no cap) or more")
+    for p in cfg.profiles.values():
+        if p.queue_cap < 0:
+            raise ConfigError(f"profiles.{p.name}.queue_cap: must be 0 (no cap) or more")

@@ -32,6 +32,9 @@ CODE_FOR_REASON: dict[str, grpc.StatusCode] = {
     E.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     E.REQUEST_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     E.INTERNAL: grpc.StatusCode.INTERNAL,
+    E.STREAM_TOO_SLOW: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    E.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    E.QUEUE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
     "restart_interrupted": grpc.StatusCode.UNAVAILABLE,
     "shutdown_timeout": grpc.StatusCode.UNAVAILABLE,
 }

@@ -172,6 +172,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
             principal.require_admin()
         await self.turns.on_delete(key)
         deleted = await self.store.write(life.delete, key)
+        self.turns.recent.forget(key)  # its ledger rows went: a reuse of their ids runs anew
         return pb.DeleteSessionResponse(deleted=deleted)
 
     @unary
@@ -183,6 +184,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
                                field="confirm")
         await self.turns.on_clear_all()
         n = await self.store.write(life.clear_all)
+        self.turns.recent.forget(None)
         return pb.ClearAllSessionsResponse(sessions_deleted=n)
 
     # -- transcripts ----------------------------------------------------------

@@ -47,23 +47,64 @@ def frame_from_row(row) -> ppb.ActivityFrame:
 FRAME_COLUMNS = "id, request_id, seq, session_key, session_id, at, kind, body"
 
 
+class TooSlow(Exception):
+    """Raised by ``Subscriber.get`` once the subscriber was dropped for falling behind."""
+
+
+def frame_size(item) -> int:
+    """What a queued item counts against a subscriber's byte bound."""
+    return item.ByteSize() if isinstance(item, ppb.ActivityFrame) else 0
+
+
 class Subscriber:
-    """A frame queue for one stream; ``get`` returns None on keepalive timeout."""
+    """A bounded frame queue for one stream (a Prompt call, a WatchActivity);
+    ``get`` returns None on keepalive timeout.
 
-    __slots__ = ("buf", "waiter")
+    Bounded because the stream's reader sets its pace: gRPC's write to a client
+    that stopped reading waits for HTTP/2 flow control (it blocks only that
+    stream's handler, never the loop), and every frame published meanwhile
+    would wait here, without end, for every such stream. With more than
+    ``max_frames`` frames or ``max_bytes`` bytes waiting (a frame that finds the
+    queue empty is always taken, however large), the subscriber is dropped:
+    its queue is freed at once, ``push`` answers False from then on so the bus
+    takes it out of its fan-out (a dropped stream costs the bus nothing), and
+    the stream's next ``get`` raises ``TooSlow``; the stream then ends telling
+    its client where to resume. Nothing is lost by that: every frame is
+    persisted before it is pushed, and WatchActivity replays from the store."""
 
-    def __init__(self):
+    __slots__ = ("buf", "waiter", "held", "max_frames", "max_bytes", "dropped", "first_cursor")
+
+    def __init__(self, max_frames: int = 10_000, max_bytes: int = 8 << 20):
         self.buf: deque = deque()
         self.waiter: asyncio.Future | None = None
+        self.held = 0  # bytes of the frames in ``buf``
+        self.max_frames, self.max_bytes = max_frames, max_bytes
+        self.dropped = False
+        self.first_cursor = 0  # cursor of the first frame pushed (0: none yet)
 
-    def push(self, frame) -> None:
-        self.buf.append(frame)
-        w = self.waiter
+    def push(self, frame, size: int = 0) -> bool:
+        """Queue ``frame`` (``size`` = ``frame_size(frame)``); False once dropped."""
+        if self.dropped:
+            return False
+        buf = self.buf
+        if buf:
+            if len(buf) >= self.max_frames or self.held + size > self.max_bytes:
+                self.dropped = True
+                buf.clear()
+                self.held = 0
+                _wake(self.waiter)
+                return False
+        elif not self.first_cursor:
+            self.first_cursor = getattr(frame, "cursor", 0)
+        buf.append(frame)
+        self.held += size
+        w = self.waiter  # None while the stream's handler is busy writing
         if w is not None and not w.done():
             w.set_result(None)
+        return True
 
     async def get(self, timeout: float):
-        if not self.buf:
+        if not self.buf and not self.dropped:
             loop = asyncio.get_running_loop()
             self.waiter = loop.create_future()
             handle = loop.call_later(timeout, _wake, self.waiter)
@@ -72,19 +113,25 @@ class Subscriber:
             finally:
                 handle.cancel()
                 self.waiter = None
-            if not self.buf:
-                return None
-        return self.buf.popleft()
+        if self.dropped:
+            raise TooSlow()
+        if not self.buf:
+            return None
+        frame = self.buf.popleft()
+        if self.held:
+            self.held = max(0, self.held - frame_size(frame))
+        return frame
 
 
-def _wake(fut: asyncio.Future) -> None:
-    if not fut.done():
+def _wake(fut: asyncio.Future | None) -> None:
+    if fut is not None and not fut.done():
         fut.set_result(None)
 
 
 class FrameBus:
-    def __init__(self, store):
+    def __init__(self, store, buffer_frames: int = 10_000, buffer_bytes: int = 8 << 20):
         self.store = store
+        self.buffer_frames, self.buffer_bytes = buffer_frames, buffer_bytes  # per Subscriber
         self._frames: list[tuple] = []  # (row, turn, kind, body)
         self._writes: list[tuple] = []  # (FN, (fn, args) or None) or (MSG, append_many item)
         self._thens: list[Callable | None] = []  # one per write: run after commit
@@ -158,16 +205,21 @@ class FrameBus:
                     log.exception("post-commit callback failed")
 
     def _deliver(self, turn, frame, kind: str) -> None:
-        for sub in tuple(turn.subscribers):
-            sub.push(frame)
-        subs = self.by_key.get(turn.key)
+        """Hand a committed frame to the turn's streams and to the watchers of
+        its key and platform; a subscriber that falls behind its bound leaves
+        its fan-out here and now (see Subscriber)."""
+        size = frame.ByteSize()
+        subs = turn.subscribers
         if subs:
             for sub in tuple(subs):
-                sub.push(frame)
-        subs = self.by_platform.get(turn.platform)
-        if subs:
-            for sub in tuple(subs):
-                sub.push(frame)
+                if not sub.push(frame, size):
+                    subs.remove(sub)
+        for index, name in ((self.by_key, turn.key), (self.by_platform, turn.platform)):
+            subs = index.get(name)
+            if subs:
+                for sub in tuple(subs):
+                    if not sub.push(frame, size):
+                        self.unwatch(index, name, sub)
         if kind in TERMINAL:
             turn.on_terminal(frame)
 
@@ -177,8 +229,12 @@ class FrameBus:
 
     # -- watching by key or platform --------------------------------------------
 
+    def subscriber(self) -> Subscriber:
+        """A new stream's queue, with the configured bounds."""
+        return Subscriber(self.buffer_frames, self.buffer_bytes)
+
     def watch(self, index: dict[str, set[Subscriber]], name: str) -> Subscriber:
-        sub = Subscriber()
+        sub = self.subscriber()
         index.setdefault(name, set()).add(sub)
         return sub
 

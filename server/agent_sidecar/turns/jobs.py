@@ -15,7 +15,7 @@ from typing import Any
 import apsw
 import orjson
 
-from ..errors import SidecarError
+from ..errors import INVALID_ARGUMENT, SidecarError
 from ..sessions import lifecycle as life
 from ..sessions import transcripts as tx
 from ..sessions.source import SessionSource
@@ -39,7 +39,14 @@ def last_frame_seq(conn, rid: str) -> int:
 
 
 class DuplicateRequest(Exception):
-    """The request id is already in the ledger (within the dedup window)."""
+    """The request id is already in the ledger (within the dedup window), for the same session key."""
+
+
+def request_id_reused(rid: str) -> SidecarError:
+    """A request id known for another session key (turns/dedup.py): refused,
+    naming neither that session nor anything of its turn."""
+    return SidecarError(INVALID_ARGUMENT, f"request_id: {rid!r} is already used by another session"
+                        " within the dedup window; use a new request id", field="request_id")
 
 
 def accept(conn, t: tuple, source: SessionSource | None, dedup_window_s: float,
@@ -60,7 +67,7 @@ def accept(conn, t: tuple, source: SessionSource | None, dedup_window_s: float,
     if usable:  # the common case: the lane exists and is usable
         sid = row[0]
     else:  # the session comes into being (or a suspended lane starts over) first
-        _check_duplicate(conn, rid, dedup_window_s, now)
+        _check_duplicate(conn, rid, key, dedup_window_s, now)
         if source is not None:
             entry, _ = life.get_or_create(conn, key, source, profile)
         else:
@@ -111,17 +118,19 @@ def _insert_ledger(conn, row: tuple, dedup_window_s: float, now: float) -> None:
     try:
         conn.execute(_INSERT_LEDGER, row)
     except apsw.ConstraintError:  # the request id is in the ledger
-        _check_duplicate(conn, row[0], dedup_window_s, now)
+        _check_duplicate(conn, row[0], row[1], dedup_window_s, now)
         conn.execute(_INSERT_LEDGER, row)
 
 
-def _check_duplicate(conn, rid: str, dedup_window_s: float, now: float) -> None:
-    """Refuse a request id seen within the window; forget an older one."""
-    old = conn.execute("SELECT created_at FROM prompts WHERE request_id = ?", (rid,)).fetchone()
+def _check_duplicate(conn, rid: str, key: str, dedup_window_s: float, now: float) -> None:
+    """Refuse a request id seen within the window (a twin for the same key,
+    INVALID_ARGUMENT for another); forget an older one."""
+    old = conn.execute("SELECT created_at, session_key FROM prompts WHERE request_id = ?",
+                       (rid,)).fetchone()
     if old is None:
         return
     if now - old[0] < dedup_window_s:
-        raise DuplicateRequest(rid)
+        raise DuplicateRequest(rid) if old[1] == key else request_id_reused(rid)
     conn.execute(f"DELETE {REQUEST_FRAMES}", (rid,))  # before the ledger row it is found by
     conn.execute("DELETE FROM prompts WHERE request_id = ?", (rid,))
 

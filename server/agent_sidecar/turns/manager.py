@@ -17,7 +17,6 @@ import asyncio
 import functools
 import logging
 import os
-import time
 from typing import Any
 
 from .. import errors as E
@@ -26,10 +25,9 @@ from ..sessions.source import SessionSource
 from ..store import Store
 from ..store.batcher import Batcher
 from ..tools.registry import ToolRegistry
-from . import jobs, placement, supervision, worker_events
+from . import admission, dedup, jobs, placement, supervision, worker_events
 from .context import SystemPrompts
-from .dedup import RecentRequests
-from .frames import FrameBus, Subscriber, build_frame
+from .frames import FrameBus, build_frame
 from .lanes import FOLLOW_UP, Lane, Turn
 from .memory import budget_per_worker
 from .pool import WorkerHandle, WorkerPool
@@ -38,12 +36,12 @@ from .pool import WorkerHandle, WorkerPool
 class TurnManager:
     def __init__(self, cfg: Config, store: Store):
         self.cfg, self.store = cfg, store
-        self.bus = FrameBus(store)
+        self.bus = FrameBus(store, cfg.limits.stream_buffer_frames, cfg.limits.stream_buffer_bytes)
         self.accepts = Batcher(store, jobs.accept_many)  # prompts accepted together commit together
         self.lanes: dict[str, Lane] = {}
-        self.recent = RecentRequests(cfg.dedup_window_s)  # the dedup window's request ids
+        self.recent = dedup.RecentRequests(cfg.dedup_window_s)  # the dedup window's request ids
         self.prompts = SystemPrompts(cfg, store)
-        self.live: dict[str, Turn] = {}
+        self.live = admission.LiveTurns()  # request id -> every turn not yet ended
         self.tools = ToolRegistry()
         self.pool: WorkerPool | None = None
         self.ready = asyncio.Event()  # set when startup restore is done
@@ -154,17 +152,17 @@ class TurnManager:
             await self.ready.wait()  # startup restore first: never race it
         if not self.accepting:
             raise E.SidecarError(E.UNAVAILABLE, "the sidecar is shutting down")
-        if rid in self.live:
+        if dedup.is_twin(self, rid, key):  # the caller replays the original turn
             return None
-        if self.recent.seen(rid, self.store, time.time()):
-            return None
+        if not internal:
+            admission.check(self.live, self.cfg.limits)
         turn = Turn(rid=rid, key=key, platform=platform, profile=profile, text=text,
                     delivery=delivery or FOLLOW_UP, timeout_s=timeout_s, payload=payload)
         turn.next_seq = 2  # seq 1 is the accepted frame, written by the accept job
         # Reserved before any await: a twin call with this request id follows
         # this turn (and hears it if it is refused) instead of placing its own.
         self.live[rid] = turn
-        sub = Subscriber()
+        sub = self.bus.subscriber()
         turn.subscribers.append(sub)
         lane = self.lanes.get(key)
         if lane is None:
@@ -216,7 +214,7 @@ class TurnManager:
         rid, key = turn.rid, turn.key
         turn.sid = sid
         turn.accepted = True
-        self.recent.remember(rid, turn.created_at)
+        self.recent.remember(rid, turn.created_at, key)
         if internal:
             turn.subscribers.clear()  # nobody streams it; WatchActivity can
         frame = build_frame(rid, key, sid, 1, turn.created_at, frame_id, "accepted",

@@ -16,7 +16,7 @@ from .lanes import FOLLOW_UP, INTERRUPT, QUEUE, REJECT_IF_BUSY, ROLLBACK, STEER,
 async def place_busy(m, lane: Lane, turn: Turn) -> str | None:
     """Put a prompt for a busy lane where its delivery mode says; returns its
     queue slot (``pending``/``fifo``) or None when it joined the running turn
-    (STEER) or the lane turned out idle. Raises AGENT_BUSY, RESOURCE_EXHAUSTED."""
+    (STEER) or the lane turned out idle. Raises AGENT_BUSY, QUEUE_FULL."""
     mode = turn.delivery
     if mode == REJECT_IF_BUSY:
         raise E.SidecarError(E.AGENT_BUSY, f"session {lane.key} has a turn in flight",
@@ -39,8 +39,10 @@ async def place_busy(m, lane: Lane, turn: Turn) -> str | None:
     cap = profile.queue_cap if profile else 0
     deepens = mode == QUEUE or (mode == FOLLOW_UP and lane.pending is None)
     if cap and deepens and lane.depth() >= cap:
-        raise E.SidecarError(E.RESOURCE_EXHAUSTED,
-                             f"session {lane.key} already has {lane.depth()} queued prompts (cap {cap})")
+        raise E.SidecarError(E.QUEUE_FULL,
+                             f"session {lane.key} already has {lane.depth()} queued prompts"
+                             f" (profiles.{turn.profile}.queue_cap = {cap}); retry later",
+                             retry_after_s=1.0)
     if mode in (INTERRUPT, ROLLBACK):
         lane.interrupt.append(turn)
         running = lane.running
