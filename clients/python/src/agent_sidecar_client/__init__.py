@@ -9,7 +9,7 @@
                 print(frame.text_delta.text, end="")
 
 Frames and sessions are the generated protobuf messages (re-exported below);
-errors are the typed classes of ``errors`` (one per reason of API.md).
+errors are the typed classes of ``errors`` (one per reason of docs/api.md).
 """
 
 from agent_sidecar_client._frames import TERMINAL_KINDS, CursorFilter, SeqFilter, SequenceGap, frame_kind
