@@ -81,7 +81,12 @@ client-tests:
 conformance: install
 	$(BIN)/python clients/conformance/run.py --langs python,node,go
 
-test: install lint breaking check-generated pytest client-tests conformance
+test: install lint breaking check-generated pytest client-tests conformance package-check
+
+# Pack every artifact (wheels, npm tarball, Go module), install each into a scratch
+# project outside the repo and make one call from it to a sidecar run from the wheel.
+package-check: install
+	clients/packaging/check.sh
 
 bench: install
 	$(BIN)/python benchmarks/store_bench.py
