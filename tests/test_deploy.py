@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import configparser
 import fnmatch
+import json
 import os
 import re
 import shlex
@@ -22,6 +23,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import tomllib
 import uuid
@@ -63,7 +65,6 @@ def dockerfile() -> list[tuple[str, str]]:
 
 
 def exec_form(args: str) -> list[str]:
-    import json
     assert args.startswith("["), f"use the exec form (JSON array): {args}"
     return json.loads(args)
 
@@ -149,7 +150,7 @@ def test_the_systemd_unit_waits_for_readiness_restarts_on_failure_and_outlasts_t
 
 @pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="no systemd-analyze here")
 def test_systemd_analyze_finds_nothing_to_say_about_the_unit(tmp_path):
-    venv_exe = shutil.which("agent-sidecar") or str(Path(os.sys.executable).parent / "agent-sidecar")
+    venv_exe = str(Path(sys.executable).parent / "agent-sidecar")  # ExecStart must name an executable
     text = (DEPLOY / "agent-sidecar.service").read_text()
     text = re.sub(r"ExecStart=\S+", f"ExecStart={venv_exe}", text)
     path = tmp_path / "agent-sidecar.service"
@@ -178,7 +179,6 @@ def test_the_kubernetes_example_shares_the_socket_as_one_uid_and_waits_out_the_d
     sharing = [name for name, path in mounts if path == sock_dir]
     assert len(sharing) == 2 and len(set(sharing)) == 1, mounts
     for probe in re.findall(r'command: (\[.+\])', text):
-        import json
         cmd = json.loads(probe)
         assert cmd[0] == "agent-sidecar" and build_parser().parse_args(cmd[1:]).target == args.listen[0]
 
@@ -243,7 +243,7 @@ def test_ready_reaches_an_abstract_namespace_notify_socket(tmp_path):
 
 
 def test_the_health_command_exits_0_only_when_serving(tmp_path):
-    exe = [os.sys.executable, "-m", "agent_sidecar", "health"]
+    exe = [sys.executable, "-m", "agent_sidecar", "health"]
     absent = subprocess.run(exe + ["--target", f"unix:{tmp_path}/none.sock", "--timeout", "1"],
                             capture_output=True, text=True, timeout=30)
     assert absent.returncode == 1, absent.stdout + absent.stderr
