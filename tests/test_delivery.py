@@ -1,4 +1,4 @@
-"""Delivery modes on a busy session, through a real sidecar (issue 4, API.md
+"""Delivery modes on a busy session, through a real sidecar (issue 4, docs/semantics.md
 "delivery"): REJECT_IF_BUSY, FOLLOW_UP burst collapse, QUEUE FIFO, INTERRUPT,
 ROLLBACK, STEER; ResetSession / SuspendSession on a busy lane; the queue cap;
 GetQueue. The busy turn is a slow echo (100 ms a word)."""
@@ -160,7 +160,7 @@ def test_steer_reaches_the_next_model_call(stubs):
 
 
 def test_steer_during_the_last_allowed_model_call_becomes_a_follow_up(stubs):
-    """API.md: a turn past its last model call treats a steer as FOLLOW_UP. The
+    """docs/semantics.md: a turn past its last model call treats a steer as FOLLOW_UP. The
     host keeps its complete answer; the steer runs as the next turn."""
     prompts, sessions = stubs
     host = run(prompts, text="hello", src=source(), profile="steerlast")  # max_iterations = 1

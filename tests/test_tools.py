@@ -1,4 +1,4 @@
-"""ToolService through a real sidecar (issue 4, API.md "ToolService"): a tool
+"""ToolService through a real sidecar (issue 4, docs/api.md "ToolService"): a tool
 host in the test process registers tools over ServeTools and answers
 invocations; a scripted model calls them. Scope violations, hosts that error
 or disconnect mid-call, tools with no host, and namespace checks."""

@@ -1,7 +1,11 @@
-"""Failure reasons of API.md, raised by domain code that knows nothing of gRPC.
+"""Failure reasons of the API (docs/api.md, "Error reasons"), raised by domain
+code that knows nothing of gRPC.
 
 The API layer (api/errors.py) turns a ``SidecarError`` into a gRPC status with a
-google.rpc.ErrorInfo; the same reason strings appear in ``failed`` frames.
+google.rpc.ErrorInfo; the same reason strings appear in ``failed`` frames. A new
+reason goes here, in api/errors.py's CODE_FOR_REASON and, as
+``ERROR_REASON_<NAME>`` with its gRPC status, in
+proto/agent_sidecar/v1/error_reason.proto (tests/test_error_reasons.py checks).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ INVALID_ARGUMENT = "INVALID_ARGUMENT"
 UNAUTHENTICATED = "UNAUTHENTICATED"
 PERMISSION_DENIED = "PERMISSION_DENIED"
 WORKER_CRASHED = "WORKER_CRASHED"
-# Not in API.md's table but needed: a failed precondition (ClearAll's confirm
+# Beyond the contract's first table, also declared in ErrorReason: a failed precondition (ClearAll's confirm
 # string) and resource limits (queue cap) with their own reasons.
 FAILED_PRECONDITION = "FAILED_PRECONDITION"
 RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
@@ -37,7 +41,7 @@ DOMAIN = "agent-sidecar"
 
 
 class SidecarError(Exception):
-    """An error with a reason of API.md. ``field`` names the offending request
+    """An error with a reason of docs/api.md. ``field`` names the offending request
     field for INVALID_ARGUMENT."""
 
     def __init__(self, reason: str, message: str, *, field: str | None = None,

@@ -16,6 +16,7 @@ import signal
 
 from .children import tune_gc
 from .config import Config
+from .sdnotify import notify
 from .sessions.transcripts import index_pending
 from .store import Store
 
@@ -66,6 +67,7 @@ class Sidecar:
         calmed = calm_grpc_threads()
         await self.turns.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        notify("READY=1\nSTATUS=serving")  # systemd Type=notify: the restore is done
         tune_gc()
         log.info("serving", extra={"listen": bound, "db": self.cfg.db_path,
                                    "workers": self.cfg.worker_count(), "batch_threads": calmed})
@@ -96,6 +98,7 @@ class Sidecar:
         also mark every lane active in the last two minutes, idle ones too."""
         from .recovery.startup import write_marker
         log.info("stopping")
+        notify("STOPPING=1")
         drained = False
         # Graceful: startup restore finished and nothing failed under us.
         graceful = self.turns is not None and self.turns.ready.is_set() and not self.exit_code

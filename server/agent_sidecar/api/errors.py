@@ -1,7 +1,7 @@
 """From ``SidecarError`` to a gRPC status carrying google.rpc.ErrorInfo.
 
 Every non-OK status the sidecar sends has an ErrorInfo (domain
-``agent-sidecar``, reason of API.md); INVALID_ARGUMENT adds a BadRequest field
+``agent-sidecar``, reason of docs/api.md); INVALID_ARGUMENT adds a BadRequest field
 violation naming the field; AGENT_BUSY adds RetryInfo.
 """
 

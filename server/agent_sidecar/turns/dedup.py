@@ -1,5 +1,5 @@
 """The dedup window's index of request ids: a request id accepted within the
-last ``dedup_window_s`` (API.md: five minutes) never starts a second turn.
+last ``dedup_window_s`` (docs/semantics.md: five minutes) never starts a second turn.
 
 Every prompt asks, so the answer is a dict lookup, not a store read: the ids
 accepted within the window, oldest first, trimmed as they age out. The ledger

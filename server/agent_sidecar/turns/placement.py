@@ -1,4 +1,4 @@
-"""Where a prompt for a busy lane goes (API.md delivery modes, seed 001 §8):
+"""Where a prompt for a busy lane goes (docs/semantics.md delivery modes, seed 001 §8):
 rejected, queued (FIFO), collapsed into the single follow-up slot, put
 ahead as an interrupt or rollback, or steered into the running turn.
 
