@@ -10,9 +10,10 @@ tool (``local.clock.now``) so a model with ``tools = ["local.*"]`` can call it.
 
 Commands: /new and /reset (fresh session), /stop (cancel the turn and
 suspend), /queue TEXT (run TEXT as its own turn after the current ones),
-/undo (rewind the last user turn), /help, /quit. Any other line is a prompt;
-sent while a reply is streaming, it becomes the follow-up (a newer one absorbs
-an older one that has not started: one turn answers both). End of input waits for the
+/undo (take back the last user turn, even one still waiting or running),
+/help, /quit. Any other line is a prompt; sent while a reply is streaming, it
+becomes the follow-up (a newer one absorbs an older one that has not started:
+one turn answers both). End of input waits for the
 replies in flight, so ``echo hello | console_chat.py`` works.
 """
 

@@ -60,6 +60,9 @@ class Turn:
     absorbed_from: "Turn | None" = None
     absorbed_by: "Turn | None" = None
     absorbed: list[dict[str, Any]] = field(default_factory=list)
+    # Taken back by RewindSession / RewriteTranscript while it ran: what the
+    # worker still sends is refused, and the turn ends CANCELLED (turns/undo.py).
+    taken_back: str = ""
 
     def ledger_fields(self) -> tuple:
         """What the accept job writes to the ledger (plain data: it is pickled

@@ -26,7 +26,7 @@ from ..sessions.source import SessionSource
 from ..store import Store
 from ..store.batcher import Batcher
 from ..tools.registry import ToolRegistry
-from . import burst, jobs, placement, supervision, worker_events
+from . import burst, jobs, placement, supervision, undo, worker_events
 from .context import SystemPrompts
 from .dedup import RecentRequests
 from .frames import FrameBus, Subscriber, build_frame
@@ -123,6 +123,14 @@ class TurnManager:
         if self.pool:
             self.pool.slot_for(key).send({"t": "evict", "key": key})
         await supervision.until_ended([t for t in self.live.values() if t.key == key])
+
+    async def rewind(self, key: str, session_id: str, n: int) -> dict[str, Any]:
+        """RewindSession: the lane's waiting prompts and running turn count first (undo.py)."""
+        return await undo.rewind(self, key, session_id, n)
+
+    async def rewrite(self, key: str, session_id: str, messages: list) -> None:
+        """RewriteTranscript: the running turn is taken back first (undo.py)."""
+        await undo.rewrite(self, key, session_id, messages)
 
     async def on_clear_all(self) -> None:
         for key in list(self.lanes):

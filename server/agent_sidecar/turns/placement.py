@@ -47,7 +47,7 @@ async def place_busy(m, lane: Lane, turn: Turn) -> str | None:
         lane.interrupt.append(turn)
         running = lane.running
         if running is not None and not running.finished:
-            running.rollback = mode == ROLLBACK
+            running.rollback = running.rollback or mode == ROLLBACK
             m.cancel_turn(running, E.CANCELLED)
         return "pending"
     if mode == QUEUE:
