@@ -85,3 +85,35 @@ def test_accept_refuses_a_request_id_of_another_session_before_writing(tmp_path)
     assert conn.execute("SELECT count(*) FROM routing WHERE session_key = ?", (other,)).fetchone()[0] == 0
     assert conn.execute("SELECT session_key FROM prompts WHERE request_id = 'r1'").fetchall() == [(KEY,)]
     conn.close()
+
+
+def _prompt(rid: str, text: str, at: float, absorb: list[str] | None = None) -> tuple:
+    """``Turn.ledger_fields()`` of a follow-up (``absorb``: burst.candidates)."""
+    payload = {"queue_position": 1, **({"absorb": absorb} if absorb else {})}
+    return (rid, KEY, "telegram", "main", 2, text, payload, at)
+
+
+def test_an_absorbing_accept_skips_a_refused_prompt_and_closes_the_open_one(tmp_path):
+    """Burst collapse when the middle follow-up's own accept was refused: ``c``
+    absorbed ``b``, which had absorbed ``a``; ``b`` never reached the ledger, so
+    ``c``'s accept closes ``a`` (superseded by ``c``, with its terminal frame, in
+    the same transaction) and links to it. The chain reads back oldest first."""
+    conn = open_writer(str(tmp_path / "s.db"))
+    migrate(conn)
+    with conn:
+        life.get_or_create(conn, KEY, SessionSource(platform="telegram", chat_id="42"), "main")
+        jobs.accept(conn, _prompt("a", "first", 1.0), None, 300, "pending", 1)
+    with conn:
+        absorbed = jobs.accept(conn, _prompt("c", "third", 3.0, ["b", "a"]), None, 300, "pending", 2)[4]
+    assert absorbed["link"] == "a" and absorbed["closed"][:2] == ("a", 2)
+    assert conn.execute("SELECT status FROM prompts WHERE request_id = 'a'").fetchone() == ("superseded",)
+    frames = conn.execute("SELECT seq, kind, body, id FROM frames WHERE request_id = 'a' ORDER BY seq").fetchall()
+    assert [(s, k, b) for s, k, b, _ in frames] == [(1, "accepted", b'{"queue_position":1}'),
+                                                    (2, "superseded", b'{"by_request_id":"c"}')]
+    assert frames[1][3] == absorbed["closed"][4]
+    assert conn.execute("SELECT count(*) FROM prompt_queue WHERE request_id = 'a'").fetchone() == (0,)
+    with conn:
+        absorbed = jobs.accept(conn, _prompt("d", "fourth", 4.0, ["c"]), None, 300, "pending", 3)[4]
+    assert absorbed["link"] == "c"
+    assert jobs.absorbed_texts(conn, "c") == [{"text": "first", "at": 1.0}, {"text": "third", "at": 3.0}]
+    conn.close()

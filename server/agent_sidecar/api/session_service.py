@@ -240,18 +240,18 @@ class SessionService(pb_grpc.SessionServiceServicer):
 
     @unary
     async def RewriteTranscript(self, request, context, principal):
-        self._incarnation_key(request.session_id, principal)
+        key = self._incarnation_key(request.session_id, principal)
         messages = cv.messages_from_proto(request.messages, self.cfg)
-        await self.store.write(tx.rewrite, request.session_id, messages)
+        await self.turns.rewrite(key, request.session_id, messages)  # the running turn goes first
         return pb.RewriteTranscriptResponse()
 
     @unary
     async def RewindSession(self, request, context, principal):
-        self._incarnation_key(request.session_id, principal)
+        key = self._incarnation_key(request.session_id, principal)
         if request.n < 0:
             raise invalid("n", "must not be negative")
         n = request.n or 1
-        out = await self.store.write(tx.rewind, request.session_id, n)
+        out = await self.turns.rewind(key, request.session_id, n)  # waiting prompts count first
         return pb.RewindSessionResponse(**out)
 
     @unary

@@ -164,23 +164,26 @@ def rewrite(conn, session_id: str, messages: list[Message]) -> None:
     append(conn, session_id, messages)
 
 
-def rewind(conn, session_id: str, n: int) -> dict[str, Any]:
+def rewind(conn, session_id: str, n: int, taken: Iterable[str] = ()) -> dict[str, Any]:
     """Back up ``n`` user turns by soft delete: the n-th last live user message
-    and everything after it become inactive."""
+    and everything after it become inactive. ``taken``: request ids of turns the
+    lane already took back (turns/undo.py): what they wrote is hidden first, so
+    it is neither counted nor left behind."""
     if not incarnation_exists(conn, session_id):
         raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {session_id}")
+    hidden = sum(hide_request(conn, session_id, rid, "rewind") for rid in taken)
     users = conn.execute(
         "SELECT seq, content FROM messages WHERE session_id = ? AND active = 1 AND role = 'user'"
-        " ORDER BY seq DESC LIMIT ?", (session_id, n)).fetchall()
+        " ORDER BY seq DESC LIMIT ?", (session_id, n)).fetchall() if n > 0 else []
     if not users:
-        return {"rewound_count": 0, "turns_undone": 0, "target_text": ""}
+        return {"rewound_count": hidden, "turns_undone": 0, "target_text": ""}
     target_seq, target_text = users[-1]
     conn.execute(
         "UPDATE messages SET active = 0, hidden_by = 'rewind'"
         " WHERE session_id = ? AND active = 1 AND seq >= ?", (session_id, target_seq))
     count = conn.changes()
     _bump_rev(conn, session_id)
-    return {"rewound_count": count, "turns_undone": len(users), "target_text": target_text}
+    return {"rewound_count": hidden + count, "turns_undone": len(users), "target_text": target_text}
 
 
 def hide_request(conn, session_id: str, request_id: str, reason: str = "rollback") -> int:

@@ -122,7 +122,7 @@ def _refuse(agent: Agent, io: TurnIO, calls: list[ToolCallRequest], result_json:
 
 async def run_turn(agent: Agent, backend, spec: TurnSpec, io: TurnIO) -> str:
     """Run the loop to its final text; raise TurnFailed on a policy failure.
-    The user's message is already the last entry of ``agent.messages``."""
+    The turn's user messages are already the last entries of ``agent.messages``."""
     iteration = 0
     final_text = ""
     tool_failures = 0

@@ -178,6 +178,11 @@ class FrameBus:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
+    def flush_now(self) -> None:
+        """Hand what is queued to the store's writer now, so that a job
+        submitted right after it commits after it (turns/undo.py)."""
+        self._flush()
+
     def _flush(self) -> None:
         self._scheduled = False
         frames, writes, thens = self._frames, self._writes, self._thens

@@ -56,11 +56,24 @@ def accept(conn, t: tuple, source: SessionSource | None, dedup_window_s: float,
     (the lane is idle) the turn's start commits in the same transaction: one
     commit instead of two before the worker gets the turn.
 
+    A follow-up that absorbed the pending prompt (turns/burst.py) links to it
+    in its ledger payload (``absorbed_from``) and closes that prompt's ledger
+    row with its ``superseded`` frame here too: one transaction moves the texts
+    from the prompts that carried them to the one that carries them now.
+
     Returns (session_id, accepted frame id, the routing row the system prompt
-    needs or None, and for ``start_now`` what ``start`` returns plus the
-    ``started`` frame's id and time, else None)."""
+    needs or None, for ``start_now`` what ``start`` returns plus the
+    ``started`` frame's id and time else None, and for an absorbing prompt
+    ``{"link": absorbed request id or None, "closed": (rid, seq, session_id,
+    at, frame_id) of its superseded frame or None}`` else None)."""
     rid, key, platform, profile, delivery, text, payload, created_at = t
     now = time.time()
+    absorbing, link = "absorb" in payload, None
+    if absorbing:  # reads only: a refusal below still comes before any write
+        link = _absorb_link(conn, key, payload["absorb"])
+        payload = {k: v for k, v in payload.items() if k != "absorb"}
+        if link is not None:
+            payload["absorbed_from"] = link[0]
     row = conn.execute("SELECT session_id, suspended, resume_pending, created_at, origin"
                        " FROM routing WHERE session_key = ?", (key,)).fetchone()
     usable = row is not None and not row[1]
@@ -97,9 +110,14 @@ def accept(conn, t: tuple, source: SessionSource | None, dedup_window_s: float,
     frames = [(rid, 1, key, sid, platform, created_at, "accepted", body)]
     started = None
     if start_now:
-        started = _begin(conn, rid, key, sid, text, now, "resume" in payload)
+        started = _begin(conn, rid, key, sid, [text], now, "resume" in payload)
         started["at"] = now
         frames.append((rid, 2, key, sid, platform, now, "started", None))
+    if link is not None:
+        seq = last_frame_seq(conn, link[0]) + 1
+        close_unstarted(conn, link[0], "superseded", "", seq)
+        frames.append((link[0], seq, key, link[1], link[2], now, "superseded",
+                       orjson.dumps({"by_request_id": rid})))
     conn.executemany(INSERT_FRAME, frames)
     first_id = conn.last_insert_rowid() - len(frames) + 1
     # Where this request's frames and transcript rows start (see REQUEST_FRAMES).
@@ -107,7 +125,43 @@ def accept(conn, t: tuple, source: SessionSource | None, dedup_window_s: float,
                  (first_id, started["base_seq"] if started else None, ledger_rowid))
     if started is not None:
         started["frame_id"] = first_id + 1
-    return sid, first_id, routing_row, started
+    absorbed = None
+    if absorbing:
+        absorbed = {"link": link[0] if link else None,
+                    "closed": (link[0], seq, link[1], now, first_id + len(frames) - 1) if link else None}
+    return sid, first_id, routing_row, started, absorbed
+
+
+def _absorb_link(conn, key: str, candidates: list[str]) -> tuple | None:
+    """(request id, session id, platform) of the prompt an absorbing follow-up
+    takes over: the first of ``candidates`` (see burst.candidates) still open.
+    One with no ledger row was refused (its caller got the error; its text is
+    not carried); one that ended some other way ends the chain."""
+    for rid in candidates:
+        row = conn.execute("SELECT status, session_id, platform FROM prompts"
+                           " WHERE request_id = ? AND session_key = ?", (rid, key)).fetchone()
+        if row is None:
+            continue
+        return (rid, row[1], row[2]) if row[0] == "queued" else None
+    return None
+
+
+def absorbed_texts(conn, rid: str) -> list[dict[str, Any]]:
+    """The chain of prompts ``rid`` absorbed (itself first, then the one it
+    absorbed, …) read back from their ledger rows, oldest first, as {"text",
+    "at"}: for the startup restore of a queued follow-up."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    while rid and rid not in seen:
+        seen.add(rid)
+        row = conn.execute("SELECT text, created_at, payload FROM prompts WHERE request_id = ?",
+                           (rid,)).fetchone()
+        if row is None:  # retention dropped it
+            break
+        out.append({"text": row[0], "at": row[1]})
+        rid = orjson.loads(row[2]).get("absorbed_from") if row[2] else None
+    out.reverse()
+    return out
 
 
 _INSERT_LEDGER = ("INSERT INTO prompts (request_id, session_key, session_id, platform, status, delivery,"
@@ -148,13 +202,13 @@ def accept_many(conn, items: list[tuple]) -> list:
     return out
 
 
-def start(conn, rid: str, key: str, sid: str, text: str, queued: bool,
+def start(conn, rid: str, key: str, sid: str, texts: list[str], queued: bool,
           synthetic: bool = False) -> dict[str, Any]:
     """A turn that waited in its lane begins: ledger running, lane marked
-    running, the user's message appended. Returns what the worker needs to
-    match its cache."""
+    running, its user messages appended (one, or a burst's, oldest first: see
+    Turn.user_texts). Returns what the worker needs to match its cache."""
     now = time.time()
-    begun = _begin(conn, rid, key, sid, text, now, synthetic)
+    begun = _begin(conn, rid, key, sid, texts, now, synthetic)
     if queued:  # it waited: its ledger row and queue row change state now
         conn.execute("UPDATE prompts SET status = 'running', started_at = ?, session_id = ?,"
                      " first_seq = ? WHERE request_id = ?", (now, sid, begun["base_seq"], rid))
@@ -165,17 +219,27 @@ def start(conn, rid: str, key: str, sid: str, text: str, queued: bool,
     return begun
 
 
-def _begin(conn, rid: str, key: str, sid: str, text: str, now: float,
+_INSERT_USER = ("INSERT INTO messages (session_id, seq, role, content, extra, created_at, request_id)"
+                " VALUES (?, ?, 'user', ?, ?, ?, ?)")
+
+
+def _begin(conn, rid: str, key: str, sid: str, texts: list[str], now: float,
            synthetic: bool) -> dict[str, Any]:
-    """The user's message into the transcript, the lane marked running.
-    ``synthetic``: the sidecar's own prompt (an auto-resume turn's note), kept
-    as role "user" for the model but marked as written by nobody."""
+    """The user's messages into the transcript (seqs from ``base_seq`` on, all
+    tagged with this request, so a rollback hides them with the turn), the lane
+    marked running. ``synthetic``: the sidecar's own prompt (an auto-resume
+    turn's note), kept as role "user" for the model but marked as written by
+    nobody."""
     base, rev = conn.execute("SELECT next_seq, rev FROM incarnations WHERE session_id = ?",
                              (sid,)).fetchone()
-    conn.execute("INSERT INTO messages (session_id, seq, role, content, extra, created_at, request_id)"
-                 " VALUES (?, ?, 'user', ?, ?, ?, ?)",
-                 (sid, base, text, tx.SYNTHETIC_EXTRA if synthetic else None, now, rid))
-    conn.execute("UPDATE incarnations SET next_seq = ? WHERE session_id = ?", (base + 1, sid))
+    extra = tx.SYNTHETIC_EXTRA if synthetic else None
+    rows = [(sid, base + i, text, extra, now, rid) for i, text in enumerate(texts)]
+    if len(rows) == 1:  # the common case: one prompt, one message
+        conn.execute(_INSERT_USER, rows[0])
+    else:
+        conn.executemany(_INSERT_USER, rows)
+    conn.execute("UPDATE incarnations SET next_seq = ? WHERE session_id = ?",
+                 (base + len(texts), sid))
     # updated_at moved at accept and moves again at the end; leaving it alone
     # here spares two index updates per turn.
     conn.execute("UPDATE routing SET running = 1 WHERE session_key = ?", (key,))

@@ -25,7 +25,7 @@ from ..sessions.source import SessionSource
 from ..store import Store
 from ..store.batcher import Batcher
 from ..tools.registry import ToolRegistry
-from . import admission, dedup, jobs, placement, supervision, worker_events
+from . import admission, burst, dedup, jobs, placement, supervision, undo, worker_events
 from .context import SystemPrompts
 from .frames import FrameBus, build_frame
 from .lanes import FOLLOW_UP, Lane, Turn
@@ -122,6 +122,14 @@ class TurnManager:
             self.pool.slot_for(key).send({"t": "evict", "key": key})
         await supervision.until_ended([t for t in self.live.values() if t.key == key])
 
+    async def rewind(self, key: str, session_id: str, n: int) -> dict[str, Any]:
+        """RewindSession: the lane's waiting prompts and running turn count first (undo.py)."""
+        return await undo.rewind(self, key, session_id, n)
+
+    async def rewrite(self, key: str, session_id: str, messages: list) -> None:
+        """RewriteTranscript: the running turn is taken back first (undo.py)."""
+        await undo.rewrite(self, key, session_id, messages)
+
     async def on_clear_all(self) -> None:
         for key in list(self.lanes):
             self._drop_lane(key)
@@ -210,7 +218,7 @@ class TurnManager:
         if isinstance(result, BaseException):
             self._unreserve(lane, turn, result)
             return
-        sid, frame_id, turn.routing_row, started = result
+        sid, frame_id, turn.routing_row, started, absorbed = result
         rid, key = turn.rid, turn.key
         turn.sid = sid
         turn.accepted = True
@@ -220,6 +228,8 @@ class TurnManager:
         frame = build_frame(rid, key, sid, 1, turn.created_at, frame_id, "accepted",
                             {"queue_position": turn.payload["queue_position"]})
         self.bus.deliver_committed(turn, frame, "accepted")
+        if absorbed is not None:
+            burst.committed(self, turn, absorbed)
         if started is not None:  # the accept job started it too
             turn.started = True
             turn.next_seq = 3
@@ -244,6 +254,7 @@ class TurnManager:
         lane.remove(turn)
         if turn.host is not None and turn in turn.host.steers:
             turn.host.steers.remove(turn)
+        burst.reinstate(self, turn)
         if not isinstance(error, (E.SidecarError, jobs.DuplicateRequest)):
             error = E.SidecarError(E.UNAVAILABLE, "the prompt with this request id was not accepted; retry")
         for sub in turn.subscribers:
@@ -266,7 +277,7 @@ class TurnManager:
         turn.sid = row[0]
         turn.routing_row = row
         profile, system_prompt = self.prompts.for_turn(turn)
-        start = (jobs.start, (turn.rid, turn.key, turn.sid, turn.text, turn.queued,
+        start = (jobs.start, (turn.rid, turn.key, turn.sid, turn.user_texts(), turn.queued,
                               "resume" in turn.payload))  # an auto-resume note is synthetic
         self.bus.publish(turn, "started", write=start,
                          then=lambda res: self._dispatch(turn, res, profile, system_prompt))
@@ -282,7 +293,7 @@ class TurnManager:
         turn.worker = h
         turn.worker_gen = h.generation if h.ready.is_set() else -1
         msg = {"t": "run", "rid": turn.rid, "key": turn.key, "sid": turn.sid, "rev": res["rev"],
-               "base_seq": res["base_seq"], "text": turn.text, "profile": profile.wire,
+               "base_seq": res["base_seq"], "texts": turn.user_texts(), "profile": profile.wire,
                "system_prompt": system_prompt, "tools": self.tools.specs_for(profile.tools, turn.platform),
                "timeout_s": turn.timeout_s}
         if h.ready.is_set():

@@ -1,6 +1,7 @@
 """Where a prompt for a busy lane goes (docs/semantics.md delivery modes, seed 001 §8):
-rejected, queued (FIFO), collapsed into the single follow-up slot, put
-ahead as an interrupt or rollback, or steered into the running turn.
+rejected, queued (FIFO), collapsed into the single follow-up slot (absorbing
+the pending prompt), put ahead as an interrupt or rollback, or steered into
+the running turn.
 
 Functions over a TurnManager (like supervision.py and worker_events.py).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from .. import errors as E
+from . import burst
 from .lanes import FOLLOW_UP, INTERRUPT, QUEUE, REJECT_IF_BUSY, ROLLBACK, STEER, Lane, Turn
 
 
@@ -47,15 +49,14 @@ async def place_busy(m, lane: Lane, turn: Turn) -> str | None:
         lane.interrupt.append(turn)
         running = lane.running
         if running is not None and not running.finished:
-            running.rollback = mode == ROLLBACK
+            running.rollback = running.rollback or mode == ROLLBACK
             m.cancel_turn(running, E.CANCELLED)
         return "pending"
     if mode == QUEUE:
         lane.fifo.append(turn)
         return "fifo"
-    if lane.pending is not None:  # burst collapse: the newer follow-up wins
-        old, lane.pending = lane.pending, None
-        m.supersede(old, turn.rid)
+    if lane.pending is not None:  # burst collapse: the newer follow-up absorbs the pending one
+        burst.absorb(lane.pending, turn)
     lane.pending = turn
     return "pending"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from . import jobs
 from .lanes import INTERRUPT, ROLLBACK, Lane, Turn
 
 log = logging.getLogger("agent_sidecar.turns")
@@ -59,6 +60,9 @@ def _restore_queued(m, q: dict) -> None:
                 delivery=q["delivery"], sid=q["sid"], created_at=q["created_at"],
                 payload=q["payload"], accepted=True, timeout_s=m.cfg.gateway_timeout)
     turn.next_seq = q["next_seq"]
+    link = q["payload"].get("absorbed_from")  # a follow-up that absorbed a burst (burst.py)
+    if link:
+        turn.absorbed = m.store.read(lambda c: jobs.absorbed_texts(c, link))
     turn.queued = q["slot"] != "next"
     lane = m.lanes.get(turn.key)
     if lane is None:

@@ -181,16 +181,18 @@ class Worker:
     def _agent_for(self, m: dict) -> Agent:
         key = m["key"]
         agent = self.cache.get(key)
+        texts = m["texts"]  # the turn's user messages: one, or a burst's (seqs base_seq on)
         if (agent is not None and agent.session_id == m["sid"] and agent.rev == m["rev"]
                 and agent.next_seq == m["base_seq"] and agent.unpersisted <= 0):
-            agent.add({"role": "user", "content": m["text"]})
+            for text in texts:
+                agent.add({"role": "user", "content": text})
             return agent
         # Miss (or the store moved on): rebuild from the committed transcript,
-        # which already holds this turn's user message.
+        # which already holds this turn's user messages.
         msgs = load_for_model(self.db(), m["sid"])
         if len(msgs) > 1:
             self.log("agent rebuilt from store", "debug", key=key, messages=len(msgs))
-        agent = Agent(key, m["sid"], m["rev"], m["base_seq"] + 1, msgs,
+        agent = Agent(key, m["sid"], m["rev"], m["base_seq"] + len(texts), msgs,
                       approx_bytes=sum(len(x.get("content") or "") + 64 for x in msgs))
         evicted = self.cache.put(agent)
         if evicted:
