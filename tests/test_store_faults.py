@@ -145,7 +145,7 @@ def assert_ended_once(sc, run: PromptRun) -> str:
     end = kinds[-1]
     if end == "failed":
         assert run.terminal.failed.reason == "STORE_UNAVAILABLE", run.terminal.failed
-        assert run.code == grpc.StatusCode.UNAVAILABLE and run.reason == "STORE_UNAVAILABLE"
+        assert_store_unavailable(run.error)
     else:
         assert end == "completed", kinds
     return end
@@ -174,6 +174,10 @@ def test_turns_end_once_and_the_store_recovers_when_the_disk_fills(disk, tmp_pat
         late = PromptRun(prompts, text="late", src=source(), timeout=30).result()
         assert late.frames == [] and late.error is not None, late.kinds()
         assert_store_unavailable(late.error)
+        # Reads still answer.
+        assert sessions.GetSession(spb.GetSessionRequest(session_key=spare.session_key),
+                                   timeout=10).session.session_id == spare.session_id
+        sessions.SearchMessages(spb.SearchMessagesRequest(query="w1"), timeout=10)
         disk.free()
         wait_until(lambda: health(sc) == health_pb2.HealthCheckResponse.SERVING, timeout=30,
                    what="SERVING once the store can write again")

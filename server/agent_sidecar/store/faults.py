@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import time
 from typing import Callable
 
@@ -37,6 +38,7 @@ log = logging.getLogger("agent_sidecar.store")
 
 RETRY_AFTER_S = 1.0  # the RetryInfo delay clients get; the slowest retry round comes this often
 FIRST_ROUND_S = 0.05  # the first retry round: a brief fault (a checkpoint's burst) ends fast
+HEADROOM_BYTES = 4 << 20  # wal_autocheckpoint (1000 pages of 4 KiB): the WAL's size between checkpoints
 _APSW_FAULTS = (apsw.FullError, apsw.IOError, apsw.ReadOnlyError, apsw.CantOpenError,
                 apsw.BusyError)
 _ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
@@ -68,7 +70,20 @@ def unavailable(e: BaseException) -> StoreUnavailable:
 
 def probe(conn) -> None:
     """The retry round's own write: one real row, so its commit needs the WAL
-    to take a page, as every write does."""
+    to take a page, as every write does; and, on a filesystem that ran full,
+    some headroom. A small commit can succeed on a full disk (into WAL space a
+    failed commit had allocated), and a store called writable again while the
+    next write fails would flap; so the round fails until the filesystem has
+    room for a WAL's worth of pages between checkpoints (HEADROOM_BYTES, at
+    most a tenth of a small filesystem)."""
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(conn.filename)))
+    except OSError:  # no figures here: the commit alone decides
+        st = None
+    if st is not None:
+        free, size = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+        if free < min(HEADROOM_BYTES, size // 10):
+            raise OSError(errno.ENOSPC, f"only {free} bytes free on the store's filesystem")
     conn.execute("INSERT INTO meta (key, value) VALUES ('store_probe', ?)"
                  " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (time.time(),))
 
@@ -88,6 +103,7 @@ class FaultMonitor:
         self._round_ok = True
         self._round_done: asyncio.Future | None = None
         self._task: asyncio.Task | None = None
+        self._closed = False
 
     def listen(self, listener: Callable[[StoreUnavailable | None], None]) -> None:
         """``listener(fault)`` when the store starts failing, ``listener(None)``
@@ -110,18 +126,20 @@ class FaultMonitor:
         if self._round is not None:
             self._round.add(jid)
 
-    def answered(self, jid: int, fault: StoreUnavailable | None) -> None:
-        """Job ``jid`` was answered; ``fault`` if it failed for a store fault."""
+    def answered(self, jid: int, ok: bool, fault: StoreUnavailable | None) -> None:
+        """Job ``jid`` was answered (``ok``: it committed); ``fault`` if it
+        failed for a store fault."""
         if fault is not None:
             self._failing(fault)
         if jid in self._waiting:
             self._waiting.discard(jid)
-            self._round_ok = self._round_ok and fault is None
+            self._round_ok = self._round_ok and ok
             if not self._waiting:
                 self._end_round(self._round_ok)
 
     def closed(self) -> None:
         """The writer is gone or closing: no more rounds."""
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
         self._end_round(False)
@@ -135,7 +153,8 @@ class FaultMonitor:
         log.error("the store cannot write; refusing writes until it can",
                   extra={"error": fault.message})
         self._tell(fault)
-        self._task = asyncio.get_running_loop().create_task(self._recover())
+        if not self._closed:
+            self._task = asyncio.get_running_loop().create_task(self._recover())
 
     async def _recover(self) -> None:
         """Retry rounds with a doubling delay (up to RETRY_AFTER_S) until one
@@ -145,6 +164,8 @@ class FaultMonitor:
             await asyncio.sleep(delay)
             if await self._retry_round():
                 break
+            if self._closed:
+                return
             delay = min(delay * 2, RETRY_AFTER_S)
         log.warning("the store can write again",
                     extra={"failing_s": round(time.monotonic() - self.since, 3)})

@@ -139,7 +139,7 @@ class GroupCommitWriter:
             fault = None
             if not ok and is_store_fault(value):  # the one place store faults are mapped
                 value = fault = unavailable(value)
-            self.faults.answered(jid, fault)  # failing first: a caller's retry waits for a round
+            self.faults.answered(jid, ok, fault)  # failing first: a caller's retry waits for a round
             self._answer(jid, ok, value)
 
     def _answer(self, jid: int, ok: bool, value: Any) -> None:
