@@ -392,3 +392,8 @@ def test_store_files_are_private(tmp_path):
     os.chmod(data / "sidecar.db", 0o644)
     with Sidecar(data).start():
         assert mode(data / "sidecar.db") == 0o600
+    # A data dir the sidecar creates is 0700 (the last --data-dir wins).
+    fresh = tmp_path / "fresh" / "store"
+    with Sidecar(tmp_path / "run", extra_args=["--data-dir", str(fresh)]).start():
+        assert mode(fresh) == 0o700 and mode(fresh.parent) == 0o700
+        assert mode(fresh / "sidecar.db") == 0o600
