@@ -36,6 +36,10 @@ INTERNAL = "INTERNAL"
 STREAM_TOO_SLOW = "STREAM_TOO_SLOW"
 OVERLOADED = "OVERLOADED"
 QUEUE_FULL = "QUEUE_FULL"
+# The store cannot write right now (disk full, I/O error, read-only, its writer
+# gone): nothing can be made durable, so nothing is acknowledged; retryable
+# (UNAVAILABLE with RetryInfo). See store/faults.py.
+STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
 
 DOMAIN = "agent-sidecar"
 

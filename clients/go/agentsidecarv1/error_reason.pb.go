@@ -135,6 +135,13 @@ const (
 	// The session already has `queue_cap` prompts waiting. Comes with RetryInfo.
 	// gRPC status: RESOURCE_EXHAUSTED
 	ErrorReason_ERROR_REASON_QUEUE_FULL ErrorReason = 22
+	// The store cannot write right now (disk full, I/O error, read-only
+	// filesystem, its writer process gone): nothing was acknowledged, so a retry
+	// with the same request id is safe. Health is NOT_SERVING meanwhile; running
+	// turns end with a `failed` frame of this reason once the store can write
+	// again. Comes with RetryInfo.
+	// gRPC status: UNAVAILABLE
+	ErrorReason_ERROR_REASON_STORE_UNAVAILABLE ErrorReason = 23
 )
 
 // Enum value maps for ErrorReason.
@@ -163,6 +170,7 @@ var (
 		20: "ERROR_REASON_STREAM_TOO_SLOW",
 		21: "ERROR_REASON_OVERLOADED",
 		22: "ERROR_REASON_QUEUE_FULL",
+		23: "ERROR_REASON_STORE_UNAVAILABLE",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":          0,
@@ -188,6 +196,7 @@ var (
 		"ERROR_REASON_STREAM_TOO_SLOW":      20,
 		"ERROR_REASON_OVERLOADED":           21,
 		"ERROR_REASON_QUEUE_FULL":           22,
+		"ERROR_REASON_STORE_UNAVAILABLE":    23,
 	}
 )
 
@@ -222,7 +231,7 @@ var File_agent_sidecar_v1_error_reason_proto protoreflect.FileDescriptor
 
 const file_agent_sidecar_v1_error_reason_proto_rawDesc = "" +
 	"\n" +
-	"#agent_sidecar/v1/error_reason.proto\x12\x10agent_sidecar.v1*\x8e\x06\n" +
+	"#agent_sidecar/v1/error_reason.proto\x12\x10agent_sidecar.v1*\xb2\x06\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17ERROR_REASON_AGENT_BUSY\x10\x01\x12\x1e\n" +
@@ -247,7 +256,8 @@ const file_agent_sidecar_v1_error_reason_proto_rawDesc = "" +
 	"\x1dERROR_REASON_SHUTDOWN_TIMEOUT\x10\x13\x12 \n" +
 	"\x1cERROR_REASON_STREAM_TOO_SLOW\x10\x14\x12\x1b\n" +
 	"\x17ERROR_REASON_OVERLOADED\x10\x15\x12\x1b\n" +
-	"\x17ERROR_REASON_QUEUE_FULL\x10\x16BQZOgithub.com/agent-sidecar/agent-sidecar/clients/go/agentsidecarv1;agentsidecarv1b\x06proto3"
+	"\x17ERROR_REASON_QUEUE_FULL\x10\x16\x12\"\n" +
+	"\x1eERROR_REASON_STORE_UNAVAILABLE\x10\x17BQZOgithub.com/agent-sidecar/agent-sidecar/clients/go/agentsidecarv1;agentsidecarv1b\x06proto3"
 
 var (
 	file_agent_sidecar_v1_error_reason_proto_rawDescOnce sync.Once

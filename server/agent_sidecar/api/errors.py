@@ -2,7 +2,7 @@
 
 Every non-OK status the sidecar sends has an ErrorInfo (domain
 ``agent-sidecar``, reason of docs/api.md); INVALID_ARGUMENT adds a BadRequest field
-violation naming the field; AGENT_BUSY adds RetryInfo.
+violation naming the field; AGENT_BUSY and STORE_UNAVAILABLE add RetryInfo.
 """
 
 from __future__ import annotations
@@ -37,6 +37,13 @@ CODE_FOR_REASON: dict[str, grpc.StatusCode] = {
     E.QUEUE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
     "restart_interrupted": grpc.StatusCode.UNAVAILABLE,
     "shutdown_timeout": grpc.StatusCode.UNAVAILABLE,
+    E.STORE_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+}
+
+# RetryInfo for reasons that are always worth retrying, when the error does not
+# name its own delay (a turn's ``failed`` frame re-raised on its Prompt stream).
+DEFAULT_RETRY_S: dict[str, float] = {
+    E.STORE_UNAVAILABLE: 1.0,
 }
 
 
@@ -53,9 +60,12 @@ def to_grpc_status(err: E.SidecarError) -> grpc.Status:
         details.append(_pack(error_details_pb2.BadRequest(field_violations=[
             error_details_pb2.BadRequest.FieldViolation(field=err.field, description=err.message)
         ])))
-    if err.retry_after_s is not None:
+    retry_after_s = err.retry_after_s
+    if retry_after_s is None:
+        retry_after_s = DEFAULT_RETRY_S.get(err.reason)
+    if retry_after_s is not None:
         d = duration_pb2.Duration()
-        d.FromMilliseconds(int(err.retry_after_s * 1000))
+        d.FromMilliseconds(int(retry_after_s * 1000))
         details.append(_pack(error_details_pb2.RetryInfo(retry_delay=d)))
     st = status_pb2.Status(code=code.value[0], message=err.message, details=details)
     return rpc_status.to_status(st)

@@ -6,6 +6,15 @@ iteration as ONE writer job: many turns' frames share one transaction and one
 fsync. Only after the commit are frames handed to subscribers (the Prompt
 stream, WatchActivity by request, by session key, by platform), so a client
 never sees a frame that a crash could take back.
+
+When the store cannot write (store/faults.py), a flush that did not commit
+keeps its frames, writes and callbacks, in order: they go back to the head of
+the queue and the store's retry rounds send them again until they commit.
+Flushes are numbered and each names its predecessor; the writer runs a flush
+only right after its predecessor (jobs.run_flush), so the ones already in
+flight behind a failed flush fail too (FlushOutOfOrder) and are re-sent
+behind it. Seqs stay gapless, nothing acknowledged is lost or reordered, and
+nothing is delivered before it is durable.
 """
 
 from __future__ import annotations
@@ -19,8 +28,9 @@ from typing import Any, Callable
 import orjson
 
 from ..sessions import transcripts as tx
+from ..store import StoreUnavailable
 from ..v1 import prompt_service_pb2 as ppb
-from .jobs import FN, MSG, run_flush
+from .jobs import FN, MSG, FlushOutOfOrder, run_flush
 
 log = logging.getLogger("agent_sidecar.frames")
 
@@ -136,8 +146,15 @@ class FrameBus:
         self._writes: list[tuple] = []  # (FN, (fn, args) or None) or (MSG, append_many item)
         self._thens: list[Callable | None] = []  # one per write: run after commit
         self._scheduled = False
+        self._flights: deque = deque()  # sent, not answered yet: (no, frames, writes, thens)
+        self._undone: list[tuple] = []  # answered without committing, to send again
+        self._sent_no = 0  # the number of the last flush sent
+        self._committed_no = 0  # the number of the last flush that committed
+        self._resync = False  # a flush failed: wait for those in flight, then send again
         self.by_key: dict[str, set[Subscriber]] = {}
         self.by_platform: dict[str, set[Subscriber]] = {}
+        store.add_retrier(self._retry)
+        store.watch_faults(self._store_changed)
 
     # -- producing ----------------------------------------------------------------
 
@@ -185,17 +202,68 @@ class FrameBus:
 
     def _flush(self) -> None:
         self._scheduled = False
+        self._send(retry=False)
+
+    def _send(self, retry: bool) -> None:
+        """Everything queued, as one numbered job. After a failed flush it
+        waits until every flush in flight has been answered, then sends the
+        undone ones first, numbered after the last that committed. Refused by
+        a failing store, it all stays queued for the next retry round."""
+        if self._resync:
+            if self._flights:
+                return
+            self._resync = False
+            for _, frames, writes, thens in reversed(self._undone):
+                self._requeue(frames, writes, thens)
+            self._undone.clear()
+            self._sent_no = self._committed_no
+        if not self._frames and not self._writes:
+            return
         frames, writes, thens = self._frames, self._writes, self._thens
         self._frames, self._writes, self._thens = [], [], []
-        if not frames and not writes:
+        no = self._sent_no + 1
+        flight = (no, frames, writes, thens)
+        try:
+            self.store.send_now(run_flush, ((no, self._sent_no), [item[0] for item in frames], writes),
+                                lambda ok, value: self._committed(ok, value, flight), retry)
+        except StoreUnavailable:
+            self._requeue(frames, writes, thens)
             return
-        self.store.send_now(run_flush, ([item[0] for item in frames], writes),
-                            lambda ok, value: self._committed(ok, value, frames, thens))
+        self._sent_no = no
+        self._flights.append(flight)
 
-    def _committed(self, ok: bool, value, frames, thens) -> None:
+    def _retry(self) -> None:
+        """The store's retry round (it is failing): re-send what is queued."""
+        self._send(retry=True)
+
+    def _store_changed(self, fault) -> None:
+        if fault is None:  # writable again: what waited goes now
+            self._schedule()
+
+    def _requeue(self, frames, writes, thens) -> None:
+        """Put a flush that did not commit back at the head of the queue."""
+        self._frames, self._writes, self._thens = frames + self._frames, writes + self._writes, thens + self._thens
+
+    def idle(self) -> bool:
+        """Nothing published is waiting for its commit (queued or in flight)."""
+        return not self._flights and not self._undone and not self._frames and not self._writes
+
+    def _committed(self, ok: bool, value, flight: tuple) -> None:
+        """A flush's answer (they come in the order sent)."""
+        if self._flights and self._flights[0] is flight:
+            self._flights.popleft()
+        elif flight in self._flights:
+            self._flights.remove(flight)
         if not ok:
-            log.error("frame flush failed", exc_info=value)
+            self._resync = True
+            if isinstance(value, (StoreUnavailable, FlushOutOfOrder)):  # kept, in order
+                self._undone.append(flight)
+            else:  # not the store's fault: a retry would fail the same way
+                log.error("frame flush failed", exc_info=value)
+            self._send(retry=False)
             return
+        self._committed_no = flight[0]
+        _, frames, _, thens = flight
         results, first_id = value
         cursor = first_id
         for row, turn, kind, body in frames:

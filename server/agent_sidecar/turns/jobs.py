@@ -8,6 +8,7 @@ return plain data; the manager applies the results to its turns.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any
@@ -19,6 +20,8 @@ from ..errors import INVALID_ARGUMENT, SidecarError
 from ..sessions import lifecycle as life
 from ..sessions import transcripts as tx
 from ..sessions.source import SessionSource
+from ..store.faults import is_store_fault
+from ..store.writer_process import at_end
 
 log = logging.getLogger("agent_sidecar.frames")
 
@@ -320,7 +323,27 @@ def mark_resume_pending_many(conn, keys: list[str], reason: str) -> None:
 FN, MSG = "fn", "msg"  # kinds of writes queued with frames
 
 
-def run_flush(conn, rows: list[tuple], writes: list[tuple]) -> tuple[list, int]:
+class FlushOutOfOrder(Exception):
+    """A frame flush whose predecessor did not commit: it must not commit
+    either (the bus sends it again, behind its predecessor)."""
+
+
+class _FlushOrder:
+    """In the writer process: the number of the last flush that ran (in the
+    open transaction or committed) and of the last one that committed."""
+    ran = 0
+    committed = 0
+
+
+def _flush_committed(no: int) -> None:
+    _FlushOrder.committed = no
+
+
+def _flush_undone() -> None:
+    _FlushOrder.ran = _FlushOrder.committed
+
+
+def run_flush(conn, order: tuple[int, int], rows: list[tuple], writes: list[tuple]) -> tuple[list, int]:
     """One flush of the frame bus: every write in publish order, then every
     frame row, in one transaction — a ``completed`` frame commits with its
     ledger update and transcript rows or not at all. ``writes`` holds
@@ -328,19 +351,35 @@ def run_flush(conn, rows: list[tuple], writes: list[tuple]) -> tuple[list, int]:
     write's result (an exception for one that failed) and the first frame id
     (rows inserted by one executemany get consecutive ids).
 
+    ``order`` is (this flush's number, the number of the flush before it).
+    The bus keeps several flushes in flight; if one does not commit (a full
+    disk), those sent behind it must not commit before it is sent again, or
+    seqs would skip and transcript rows swap. So a flush runs only right
+    after its predecessor (here, in the writer process, which sees every
+    flush in order), else raises FlushOutOfOrder.
+
     The fast path runs the writes bare; if one raises, everything is rolled
     back to a savepoint and replayed with a savepoint per write, so one bad
-    write fails alone and the batch's frames still land."""
+    write fails alone and the batch's frames still land. Not so a store fault
+    (a full disk): it fails the whole flush, which the bus keeps and retries —
+    a frame must never commit without the writes queued before it."""
+    no, prev = order
+    if prev != _FlushOrder.ran:
+        raise FlushOutOfOrder(f"flush {no} follows {prev}, but {_FlushOrder.ran} ran last")
     try:
         with conn:
             results = _run_writes(conn, writes, isolate=False)
-    except Exception:
+    except Exception as e:
+        if is_store_fault(e):
+            raise
         log.exception("a write queued with frames failed; replaying the batch write by write")
         results = _run_writes(conn, writes, isolate=True)
     first_id = 0
     if rows:
         conn.executemany(INSERT_FRAME, rows)
         first_id = conn.last_insert_rowid() - len(rows) + 1
+    _FlushOrder.ran = no
+    at_end(functools.partial(_flush_committed, no), _flush_undone)
     return results, first_id
 
 
@@ -374,5 +413,7 @@ def _guarded(conn, isolate: bool, fn, args: tuple, count: int, many: bool) -> li
             out = fn(conn, *args)
         return out if many else [out]
     except Exception as e:
+        if is_store_fault(e):
+            raise
         log.exception("a write queued with frames failed")
         return [e] * count

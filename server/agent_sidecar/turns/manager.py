@@ -49,6 +49,7 @@ class TurnManager:
         self.draining = False
         self.steer_waits: dict[str, asyncio.Future] = {}
         self._tasks: set[asyncio.Task] = set()
+        store.watch_faults(functools.partial(supervision.on_store_fault, self))
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -110,6 +111,7 @@ class TurnManager:
         return {k for k, lane in self.lanes.items() if lane.running is not None}
 
     async def on_reset(self, key: str) -> None:
+        self.store.check_writable()  # refused before its turns are ended
         self._drop_lane(key)
 
     async def on_suspend(self, key: str) -> None:
@@ -117,6 +119,7 @@ class TurnManager:
 
     async def on_delete(self, key: str) -> None:
         """Before the delete job: the lane's turns end and their ends commit."""
+        self.store.check_writable()
         self._drop_lane(key)
         if self.pool:
             self.pool.slot_for(key).send({"t": "evict", "key": key})
@@ -124,13 +127,16 @@ class TurnManager:
 
     async def rewind(self, key: str, session_id: str, n: int) -> dict[str, Any]:
         """RewindSession: the lane's waiting prompts and running turn count first (undo.py)."""
+        self.store.check_writable()  # refused before it drops or cancels anything
         return await undo.rewind(self, key, session_id, n)
 
     async def rewrite(self, key: str, session_id: str, messages: list) -> None:
         """RewriteTranscript: the running turn is taken back first (undo.py)."""
+        self.store.check_writable()
         await undo.rewrite(self, key, session_id, messages)
 
     async def on_clear_all(self) -> None:
+        self.store.check_writable()
         for key in list(self.lanes):
             self._drop_lane(key)
         if self.pool:
@@ -162,6 +168,9 @@ class TurnManager:
             raise E.SidecarError(E.UNAVAILABLE, "the sidecar is shutting down")
         if dedup.is_twin(self, rid, key):  # the caller replays the original turn
             return None
+        # A known request id replays (reads work); a new one is refused before
+        # placement could end or move anything in its lane.
+        self.store.check_writable()
         if not internal:
             admission.check(self.live, self.cfg.limits)
         turn = Turn(rid=rid, key=key, platform=platform, profile=profile, text=text,

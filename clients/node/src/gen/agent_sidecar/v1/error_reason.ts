@@ -168,6 +168,15 @@ export enum ErrorReason {
    * gRPC status: RESOURCE_EXHAUSTED
    */
   QUEUE_FULL = 22,
+  /**
+   * STORE_UNAVAILABLE - The store cannot write right now (disk full, I/O error, read-only
+   * filesystem, its writer process gone): nothing was acknowledged, so a retry
+   * with the same request id is safe. Health is NOT_SERVING meanwhile; running
+   * turns end with a `failed` frame of this reason once the store can write
+   * again. Comes with RetryInfo.
+   * gRPC status: UNAVAILABLE
+   */
+  STORE_UNAVAILABLE = 23,
 }
 
 export function errorReasonFromJSON(object: any): ErrorReason {
@@ -241,6 +250,9 @@ export function errorReasonFromJSON(object: any): ErrorReason {
     case 22:
     case "ERROR_REASON_QUEUE_FULL":
       return ErrorReason.QUEUE_FULL;
+    case 23:
+    case "ERROR_REASON_STORE_UNAVAILABLE":
+      return ErrorReason.STORE_UNAVAILABLE;
     default:
       throw new globalThis.Error("Unrecognized enum value " + object + " for enum ErrorReason");
   }
@@ -294,6 +306,8 @@ export function errorReasonToJSON(object: ErrorReason): string {
       return "ERROR_REASON_OVERLOADED";
     case ErrorReason.QUEUE_FULL:
       return "ERROR_REASON_QUEUE_FULL";
+    case ErrorReason.STORE_UNAVAILABLE:
+      return "ERROR_REASON_STORE_UNAVAILABLE";
     default:
       throw new globalThis.Error("Unrecognized enum value " + object + " for enum ErrorReason");
   }
