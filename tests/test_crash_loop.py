@@ -7,7 +7,7 @@ it settles, stops cleanly, and the store is read with stdlib sqlite3:
   one ledger row, ended: completed, superseded, or failed with a recovery reason
   and then its session got a completed `resume:` turn or a later completed turn;
 - every started prompt's user messages are in its transcript exactly once, in
-  order: the texts of the follow-ups it absorbed (burst collapse, API.md), then its
+  order: the texts of the follow-ups it absorbed (burst collapse, docs/semantics.md), then its
   own (none for one superseded before it started); no request id has two
   `started` frames;
 - each session's completed QUEUE prompts completed in submission order;

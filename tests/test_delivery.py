@@ -89,7 +89,7 @@ def test_ten_follow_ups_collapse_to_the_last(stubs):
 
 @pytest.mark.parametrize("mode", ["follow_up", "steer"])
 def test_a_burst_of_three_is_one_turn_that_sees_all_three(sc, stubs, mode):
-    """API.md FOLLOW_UP: a newer follow-up absorbs the pending one, which ends
+    """docs/semantics.md, FOLLOW_UP: a newer follow-up absorbs the pending one, which ends
     superseded by it; its text runs in the newer one's turn as its own user
     message, in the order sent. A STEER that falls back to FOLLOW_UP (here every
     call is the turn's last, max_iterations = 1) absorbs the same way."""

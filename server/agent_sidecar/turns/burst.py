@@ -1,4 +1,4 @@
-"""Burst collapse (API.md FOLLOW_UP, seed 001 §8): a newer follow-up absorbs
+"""Burst collapse (docs/semantics.md FOLLOW_UP, seed 001 §8): a newer follow-up absorbs
 the pending one. The older ends ``superseded{by_request_id}``; its text runs in
 the newer one's turn as its own user message before the newer text, so a burst
 of three messages is one turn that sees all three, and nothing is dropped.

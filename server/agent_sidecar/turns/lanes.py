@@ -53,7 +53,7 @@ class Turn:
     final_text: str = ""
     usage: dict[str, float] = field(default_factory=dict)
     pending_end: tuple | None = None  # an end decided before the accept committed
-    # Burst collapse (API.md FOLLOW_UP, turns/burst.py): the pending prompt this
+    # Burst collapse (docs/semantics.md FOLLOW_UP, turns/burst.py): the pending prompt this
     # one absorbed (whose own ``absorbed_from`` goes on back), who absorbed this
     # one, and for a turn restored from the store the absorbed texts read back
     # from the ledger, oldest first, as {"text", "at"}.
