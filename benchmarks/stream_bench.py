@@ -4,7 +4,7 @@ stream of many deltas at a model's pace, through a REAL sidecar and the bare
 server in one run, with the knee of each.
 
     .venv/bin/python benchmarks/stream_bench.py                 # standard sweep (~5 min)
-    .venv/bin/python benchmarks/stream_bench.py --quick         # smoke run (~30 s)
+    .venv/bin/python benchmarks/stream_bench.py --quick         # smoke run (~20 s)
     make bench-report                                           # the same, PNG + JSON into benchmarks/results/
 
 The standard case: 200 words per turn, echo with ``token_latency_ms = 20``

@@ -272,6 +272,8 @@ class _Run:
         for i, level in enumerate(levels):
             for name, client, pool, tree in self.servers:
                 label = f"{name} c={level} [{i + 1}/{len(levels)}]"
+                if tree:  # re-read per point: a crashed worker's replacement is a new pid
+                    tree = procs.process_tree(tree[0][1], tree[0][0])
                 window = procs.TreeWindow(tree) if tree else None
                 result = await load.run_point(client, pool, _spec(self.opts, level),
                                               lambda p, lb=label: self.status(lb, p), window)
