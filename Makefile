@@ -12,14 +12,14 @@ TOOLS := .tools
 PYTEST_ARGS ?=
 
 .PHONY: install run test pytest client-tests conformance lint breaking proto-baseline proto clients docs \
-	check-generated package-check bench clean
+	check-generated package-check bench bench-report clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml clients/python/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]' -e clients/python
+	$(BIN)/pip install -q -e '.[dev,bench]' -e clients/python
 	touch $(STAMP)
 
 run: install
@@ -91,6 +91,17 @@ package-check: install
 bench: install
 	$(BIN)/python benchmarks/store_bench.py
 	$(BIN)/python benchmarks/turns_bench.py
+	$(BIN)/python benchmarks/stream_bench.py
+
+# The standard sweep (agent-sidecar bench --compare-bare) against a fresh sidecar on
+# the echo model at 20 ms per token: benchmarks/results/bench-report.{png,json}.
+# A few minutes; smaller: make bench-report SWEEP=2,4 DURATION=3 WORDS=20
+SWEEP ?= 25,50,100,200,400
+DURATION ?= 20
+WORDS ?= 200
+bench-report: install
+	$(BIN)/python benchmarks/stream_bench.py --sweep $(SWEEP) --duration $(DURATION) \
+		--prompt-words $(WORDS) --out benchmarks/results --name bench-report
 
 clean:
 	rm -rf $(VENV) $(TOOLS)

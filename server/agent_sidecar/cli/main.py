@@ -1,4 +1,4 @@
-"""``agent-sidecar``: serve, sessions, doctor, health.
+"""``agent-sidecar``: serve, sessions, doctor, health, bench.
 
 This module is imported by every spawned worker (it is the console script's
 main module, which multiprocessing's spawn re-imports), so it imports nothing
@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--service", default="", help="the service name to ask about (default: the server)")
     h.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer (default 3)")
     h.set_defaults(func=_health)
+
+    from .bench_cmd import add_arguments as add_bench  # light: its imports come in when it runs
+    add_bench(sub)
     return p
 
 

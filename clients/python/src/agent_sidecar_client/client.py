@@ -83,12 +83,16 @@ class SidecarClient:
 
     def __init__(self, target: str = DEFAULT_TARGET, token: str | None = None,
                  *, options: Iterable[tuple[str, Any]] = (),
-                 call_timeout: float | None = DEFAULT_CALL_TIMEOUT) -> None:
+                 call_timeout: float | None = DEFAULT_CALL_TIMEOUT,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
         self.target = target
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
         #: Deadline in seconds of every unary call the wrappers make (None: no deadline).
         self.call_timeout = call_timeout
-        self.channel = grpc.aio.insecure_channel(target, options=channel_options(options))
+        if credentials is None:
+            self.channel = grpc.aio.insecure_channel(target, options=channel_options(options))
+        else:  # TLS, e.g. a proxy in front of the sidecar: grpc.ssl_channel_credentials(...)
+            self.channel = grpc.aio.secure_channel(target, credentials, options=channel_options(options))
         self.sessions = session_grpc.SessionServiceStub(self.channel)
         self.prompts = prompt_grpc.PromptServiceStub(self.channel)
         self.tools = tool_grpc.ToolServiceStub(self.channel)
@@ -319,7 +323,8 @@ def channel_options(options: Iterable[tuple[str, Any]] = ()) -> tuple[tuple[str,
 
 async def connect(target: str = DEFAULT_TARGET, token: str | None = None, *, wait_ready: bool = True,
                   timeout: float = 10.0, options: Iterable[tuple[str, Any]] = (),
-                  call_timeout: float | None = DEFAULT_CALL_TIMEOUT) -> SidecarClient:
+                  call_timeout: float | None = DEFAULT_CALL_TIMEOUT,
+                  credentials: grpc.ChannelCredentials | None = None) -> SidecarClient:
     """Open a client: ``"unix:./data/sidecar.sock"``, ``"unix:///abs/path"`` or ``"host:port"``.
 
     ``token`` is sent as ``authorization: Bearer <token>`` metadata on every
@@ -328,8 +333,12 @@ async def connect(target: str = DEFAULT_TARGET, token: str | None = None, *, wai
     UNAVAILABLE) when nothing answers within ``timeout`` seconds.
     ``call_timeout`` is the deadline of each unary call (default 30 s; None
     for none); the idempotent reads are retried on UNAVAILABLE within it.
+    ``credentials`` (``grpc.ssl_channel_credentials(...)``) makes the channel
+    TLS, for a sidecar behind a TLS-terminating proxy; the token is sent the
+    same way.
     """
-    client = SidecarClient(target, token, options=options, call_timeout=call_timeout)
+    client = SidecarClient(target, token, options=options, call_timeout=call_timeout,
+                           credentials=credentials)
     if wait_ready:
         try:
             await client.wait_ready(timeout)
