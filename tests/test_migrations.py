@@ -13,7 +13,7 @@ from pathlib import Path
 import apsw
 
 from agent_sidecar.recovery import startup
-from agent_sidecar.store import migrations
+from agent_sidecar.store.sqlite import schema as migrations
 from helpers_recovery import query
 from helpers_turns import assert_well_formed, prompt_req, run, watch
 from sidecar_proc import Sidecar

@@ -17,7 +17,7 @@ from agent_sidecar.children import CHILD_NICE
 from agent_sidecar.errors import SidecarError
 from agent_sidecar.sessions import lifecycle as life
 from agent_sidecar.sessions.source import SessionSource
-from agent_sidecar.store import Store, StoreClosed
+from agent_sidecar.store import StoreClosed, open_store
 from agent_sidecar.v1 import session_service_pb2 as spb
 from helpers_busy import log_lines, source, wait_until
 from sidecar_proc import Sidecar
@@ -115,11 +115,11 @@ def test_jobs_are_module_level_functions_with_plain_arguments(tmp_path):
     A domain error raised there arrives whole (reason and field)."""
 
     async def go():
-        store = Store(str(tmp_path / "s.db"), log_format="text")
+        store = open_store(str(tmp_path / "s.db"), log_format="text")
         await store.start()
         try:
             with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
-                store.submit(lambda c: None)
+                store.write(lambda uow: None)
             entry, created = await store.write(life.get_or_create, "agent:main:t:dm:1",
                                                SessionSource(platform="t", chat_id="1"), "main")
             assert created and entry.session_key == "agent:main:t:dm:1"
@@ -133,6 +133,6 @@ def test_jobs_are_module_level_functions_with_plain_arguments(tmp_path):
         finally:
             await store.close()
         with pytest.raises(StoreClosed):
-            store.submit(life.suspend, "agent:main:t:dm:1")
+            store.write(life.suspend, "agent:main:t:dm:1")
 
     asyncio.run(go())

@@ -8,10 +8,9 @@ import os
 import multiprocessing as mp
 
 from agent_sidecar.sessions import transcripts as tx
-from agent_sidecar.store.db import open_writer
-from agent_sidecar.store.migrations import migrate
 from agent_sidecar.turns.wire import encode, open_stream, read_message
 from agent_sidecar.turns.worker import worker_main
+from store_local import local_store
 
 PROFILE = {"name": "main", "model": "echo", "model_options": {}, "tools": [], "max_iterations": 25}
 
@@ -24,15 +23,13 @@ def _run(msg_rid: str, text: str = "hi") -> dict:
 
 async def _with_worker(tmp_path, body):
     db = str(tmp_path / "w.db")
-    conn = open_writer(db)
-    migrate(conn)
-    with conn:  # what the parent commits before a run: the incarnation and the user message
-        conn.execute("INSERT INTO incarnations (session_id, session_key, created_at) VALUES ('s1', 'k', 0)")
-        tx.append(conn, "s1", [tx.Message(role="user", content="still here")])
-    conn.close()
+    with local_store(db) as s:  # what the parent commits before a run: the incarnation and the user message
+        s.job(lambda uow: uow.incarnations.insert("s1", "k", 0.0))
+        s.job(tx.append, "s1", [tx.Message(role="user", content="still here")])
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=True)
-    proc = ctx.Process(target=worker_main, args=(child, 0, {"db_path": db, "parent_pid": os.getpid()}), daemon=True)
+    proc = ctx.Process(target=worker_main, args=(child, 0, {"reader": ("agent_sidecar.store.sqlite.reader:open_reader", (db,)),
+                                                                 "parent_pid": os.getpid()}), daemon=True)
     proc.start()
     child.close()
     reader, writer = await open_stream(parent.fileno())

@@ -1,6 +1,8 @@
-"""The running sidecar: store, workers, services and the order they start and
-stop in. ``serve`` in cli/ builds one of these; tests run the real thing as a
-subprocess.
+"""The running sidecar, wired in one place: the store, the turn engine and its
+workers, the services and the server, and the order they start and stop in.
+``serve`` in cli/ builds one of these; tests run the real thing as a
+subprocess. Nothing below this module builds another layer's objects: api/
+gets its services' collaborators from here, turns/ its store and tools.
 
 Start order matters (DECISIONS.md): workers are spawned and answering *before*
 the gRPC server exists, so no fork/spawn ever happens while gRPC threads run.
@@ -18,10 +20,16 @@ import stat
 from .children import tune_gc
 from .config import Config
 from .sdnotify import notify
-from .sessions.transcripts import index_pending
-from .store import Store, StoreUnavailable
+from .store import Store, StoreUnavailable, open_store
+from .store.jobs import index_messages
 
 log = logging.getLogger("agent_sidecar")
+
+# Where the store jobs live: the writer process imports them while the workers
+# start, not when the first job (the startup restore) arrives.
+JOB_MODULES = ("agent_sidecar.recovery.housekeeping", "agent_sidecar.recovery.startup",
+               "agent_sidecar.sessions.lifecycle", "agent_sidecar.sessions.transcripts",
+               "agent_sidecar.turns.jobs", "agent_sidecar.turns.flush", "agent_sidecar.store.jobs")
 
 
 class Sidecar:
@@ -67,21 +75,27 @@ class Sidecar:
 
     async def start(self) -> list[str]:
         from .api.auth import Authenticator
+        from .api.prompt_service import PromptService
         from .api.server import build_server, calm_grpc_threads
         from .api.session_service import SessionService
+        from .api.tool_service import ToolService
+        from .tools.registry import ToolRegistry
         from .turns.manager import TurnManager
 
         self._private_data_dir()
         self._lock_data_dir()
-        self.store = Store(self.cfg.db_path, self.cfg.synchronous, log_format=self.cfg.log_format,
-                           log_level=self.cfg.log_level, on_lost=self._store_lost)
-        self.turns = TurnManager(self.cfg, self.store)
+        self.store = open_store(self.cfg.db_path, self.cfg.synchronous, preload=JOB_MODULES,
+                                log_format=self.cfg.log_format, log_level=self.cfg.log_level,
+                                on_lost=self._store_lost)
+        tools = ToolRegistry()
+        self.turns = TurnManager(self.cfg, self.store, tools)
         # Spawned before any gRPC thread exists, the writer and the workers in parallel.
         await asyncio.gather(self.store.start(), self.turns.start_workers())
         auth = Authenticator(self.cfg.tokens)
-        sessions = SessionService(self.cfg, self.store, auth, self.turns)
-        self.server, self.health, bound = build_server(
-            self.cfg, {"sessions": sessions, "extra": self.turns.servicers(auth)})
+        self.server, self.health, bound = build_server(self.cfg, [
+            SessionService(self.cfg, self.store, auth, self.turns),
+            PromptService(self.cfg, self.store, auth, self.turns),
+            ToolService(self.cfg, auth, tools)])
         from grpc_health.v1 import health_pb2
         # grpc's servicer starts SERVING; we are not, until the restore is done.
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -156,12 +170,14 @@ class Sidecar:
         if self.store is not None:
             if not self.exit_code:
                 try:  # the full-text index complete on disk, as a clean stop should leave it
-                    await self.store.write(index_pending)
+                    await self.store.write(index_messages)
                 except StoreUnavailable as e:
                     log.warning("final full-text indexing skipped", extra={"error": e.message})
                 except Exception:
                     log.exception("final full-text indexing failed")
-            unsaved = self.turns is not None and not self.turns.bus.idle()
+            # Held by the bus, or (the store cannot write) turns whose end never came.
+            unsaved = self.turns is not None and (not self.turns.bus.idle() or (
+                self.store.fault is not None and self.turns.open_turns() > 0))
             if unsaved and self.store.fault is not None:
                 error = f"frames of turns were not saved: {self.store.fault.message}"
             else:

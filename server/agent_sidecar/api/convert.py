@@ -12,7 +12,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from ..config import Config
 from ..errors import invalid
-from ..sessions.entry import SessionEntry
+from ..sessions.entry import SessionEntry, origin_of
 from ..sessions.source import CHAT_TYPES, SessionSource
 from ..sessions.transcripts import ROLES, Message
 from ..v1 import common_pb2 as c
@@ -60,7 +60,7 @@ def entry_to_proto(e: SessionEntry, queue_depth: int = 0) -> c.Session:
     return c.Session(
         session_key=e.session_key, session_id=e.session_id,
         created_at=ts(e.created_at), updated_at=ts(e.updated_at),
-        origin=source_to_proto(e.origin), display_name=e.display_name,
+        origin=source_to_proto(origin_of(e) if e.origin else None), display_name=e.display_name,
         platform=e.platform, chat_type=e.chat_type,
         input_tokens=e.input_tokens, output_tokens=e.output_tokens,
         cache_read_tokens=e.cache_read_tokens, cache_write_tokens=e.cache_write_tokens,

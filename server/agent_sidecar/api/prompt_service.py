@@ -16,7 +16,7 @@ from ..config import Config
 from ..sessions.keys import build_session_key, canonical_session_key, split_session_key
 from ..store import Store
 from ..turns import jobs
-from ..turns.frames import FRAME_COLUMNS, TERMINAL, Subscriber, TooSlow, frame_from_row
+from ..turns.frames import TERMINAL, Subscriber, TooSlow, frame_from_record
 from ..v1 import prompt_service_pb2 as pb
 from ..v1 import prompt_service_pb2_grpc as pb_grpc
 from . import convert as cv
@@ -107,7 +107,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
                                        text=request.text, delivery=request.delivery, source=source,
                                        timeout_s=timeout, payload=payload)
         if turn is None:  # a known request id: its original turn's frames
-            self._authorize_request(rid, principal)
+            await self._authorize_request(rid, principal)
             async for frame in self._replay_request(rid, 0):
                 yield pb.PromptResponse(frame=frame)
             return
@@ -119,15 +119,15 @@ class PromptService(pb_grpc.PromptServiceServicer):
             if sub in turn.subscribers:
                 turn.subscribers.remove(sub)
 
-    def _authorize_request(self, rid: str, principal) -> None:
+    async def _authorize_request(self, rid: str, principal) -> None:
         """A request's frames are readable only with a credential for its platform."""
         live = self.turns.live.get(rid)
         if live is not None:
             principal.require_platform(live.platform)
             return
-        row = self.store.read(lambda c: jobs.ledger_lookup(c, rid))
-        if row is not None:
-            principal.require_platform(split_session_key(row[2])[1])
+        entry = await self.store.ledger(rid)
+        if entry is not None:
+            principal.require_platform(entry.platform)
 
     async def _follow(self, sub: Subscriber, turn, last_seq: int):
         """Live frames of one turn, skipping what was already sent, ending after
@@ -164,16 +164,12 @@ class PromptService(pb_grpc.PromptServiceServicer):
             sub = self.turns.bus.subscriber()
             turn.subscribers.append(sub)  # before reading the store: no gap
         try:
-            rows = await self.store.read_async(lambda c: c.execute(
-                f"SELECT {FRAME_COLUMNS} {jobs.REQUEST_FRAMES} AND seq > ?2 ORDER BY seq",
-                (rid, after_seq)).fetchall())
-            if not rows and turn is None:
-                known = self.store.read(lambda c: jobs.ledger_lookup(c, rid))
-                if known is None:
-                    raise E.SidecarError(E.REQUEST_NOT_FOUND, f"no such request: {rid}")
+            records = await self.store.request_frames(rid, after_seq)
+            if not records and turn is None and await self.store.ledger(rid) is None:
+                raise E.SidecarError(E.REQUEST_NOT_FOUND, f"no such request: {rid}")
             last = after_seq
-            for row in rows:
-                frame = frame_from_row(row)
+            for record in records:
+                frame = frame_from_record(record)
                 last = frame.seq
                 yield frame
                 if _ends_stream(frame):
@@ -199,7 +195,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
         if request.after_seq < 0 or request.after_cursor < 0:
             raise E.invalid("after_seq", "must not be negative")
         if request.request_id:
-            self._authorize_request(request.request_id, principal)
+            await self._authorize_request(request.request_id, principal)
             async for frame in self._replay_request(request.request_id, request.after_seq):
                 yield pb.WatchActivityResponse(frame=frame)
             return
@@ -210,22 +206,22 @@ class PromptService(pb_grpc.PromptServiceServicer):
                 raise E.invalid("session_key", "is not a session key") from None
             principal.require_platform(split_session_key(key)[1])
             index, name, column = self.turns.bus.by_key, key, "session_key"
+            where = {"session_key": key}
         else:
             platform = request.platform.lower()
             principal.require_platform(platform)
             index, name, column = self.turns.bus.by_platform, platform, "platform"
+            where = {"platform": platform}
         sub = self.turns.bus.watch(index, name)
         try:
             last = request.after_cursor
             while last > 0:  # the persisted frames after the cursor, a page at a time
-                rows = await self.store.read_async(lambda c: c.execute(
-                    f"SELECT {FRAME_COLUMNS} FROM frames WHERE {column} = ? AND id > ? ORDER BY id"
-                    f" LIMIT {WATCH_PAGE}", (name, last)).fetchall())
-                for row in rows:
-                    frame = frame_from_row(row)
+                records = await self.store.frames_after(last, limit=WATCH_PAGE, **where)
+                for record in records:
+                    frame = frame_from_record(record)
                     last = frame.cursor
                     yield pb.WatchActivityResponse(frame=frame)
-                if len(rows) < WATCH_PAGE:
+                if len(records) < WATCH_PAGE:
                     break
             while True:
                 try:

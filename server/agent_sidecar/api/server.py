@@ -27,8 +27,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ..config import Config
-from ..v1 import prompt_service_pb2, session_service_pb2, session_service_pb2_grpc
-from ..v1 import tool_service_pb2
+from ..v1 import prompt_service_pb2, prompt_service_pb2_grpc, session_service_pb2
+from ..v1 import session_service_pb2_grpc, tool_service_pb2, tool_service_pb2_grpc
+
+_ADD = {"SessionService": session_service_pb2_grpc.add_SessionServiceServicer_to_server,
+        "PromptService": prompt_service_pb2_grpc.add_PromptServiceServicer_to_server,
+        "ToolService": tool_service_pb2_grpc.add_ToolServiceServicer_to_server}
 
 SERVICE_NAMES = (
     session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name,
@@ -63,11 +67,12 @@ def _prepare_unix(path: str) -> None:
     raise RuntimeError(f"another process is listening on {path}")
 
 
-def build_server(cfg: Config, servicers: dict) -> tuple[grpc.aio.Server, health.HealthServicer, list[str]]:
+def build_server(cfg: Config, services: list) -> tuple[grpc.aio.Server, health.HealthServicer, list[str]]:
+    """The server with ``services`` (SessionService, PromptService, ToolService
+    instances), health and reflection, bound to every configured listener."""
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    session_service_pb2_grpc.add_SessionServiceServicer_to_server(servicers["sessions"], server)
-    for add, key in servicers.get("extra", []):
-        add(server)
+    for service in services:
+        _ADD[type(service).__name__](service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

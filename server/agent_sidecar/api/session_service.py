@@ -12,10 +12,10 @@ from ..errors import FAILED_PRECONDITION, SidecarError, invalid, not_found
 from ..sessions import lifecycle as life
 from ..sessions import transcripts as tx
 from ..sessions.context import build_session_context_prompt, shared_multi_user
-from ..sessions.entry import ENTRY_SELECT, SessionEntry, load_entry
+from ..sessions.entry import SessionEntry
 from ..sessions.keys import build_session_key, canonical_session_key, split_session_key
 from ..store import Store
-from ..store.batcher import Batcher
+from ..store.records import UsageDelta
 from ..v1 import session_service_pb2 as pb
 from ..v1 import session_service_pb2_grpc as pb_grpc
 from . import convert as cv
@@ -32,7 +32,6 @@ PAGE_BYTES = 3 * 1024 * 1024
 class SessionService(pb_grpc.SessionServiceServicer):
     def __init__(self, cfg: Config, store: Store, auth, turns):
         self.cfg, self.store, self.auth, self.turns = cfg, store, auth, turns
-        self.appender = Batcher(store, tx.append_many)  # concurrent appends share one job
 
     # -- helpers ------------------------------------------------------------
 
@@ -62,20 +61,19 @@ class SessionService(pb_grpc.SessionServiceServicer):
         principal.require_platform(platform)
         return key
 
-    def _entry(self, key: str) -> SessionEntry:
-        entry = self.store.read(lambda c: load_entry(c, key))
+    async def _entry(self, key: str) -> SessionEntry:
+        entry = await self.store.entry(key)
         if entry is None:
             raise not_found(key)
         return entry
 
-    def _incarnation_key(self, session_id: str, principal) -> str:
+    async def _incarnation_key(self, session_id: str, principal) -> str:
         cv.require(session_id, "session_id", self.cfg)
-        row = self.store.read(lambda c: c.execute(
-            "SELECT session_key FROM incarnations WHERE session_id = ?", (session_id,)).fetchone())
-        if row is None:
+        key = await self.store.session_key_of(session_id)
+        if key is None:
             raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {session_id}")
-        self._key(row[0], principal)
-        return row[0]
+        self._key(key, principal)
+        return key
 
     # -- lanes --------------------------------------------------------------
 
@@ -93,10 +91,10 @@ class SessionService(pb_grpc.SessionServiceServicer):
         if bool(request.session_key) == bool(request.session_id):
             raise invalid("session_key", "give exactly one of session_key and session_id")
         if request.session_key:
-            entry = self._entry(self._key(request.session_key, principal))
+            entry = await self._entry(self._key(request.session_key, principal))
         else:
-            key = self._incarnation_key(request.session_id, principal)
-            entry = self._entry(key)
+            key = await self._incarnation_key(request.session_id, principal)
+            entry = await self._entry(key)
             if entry.session_id != request.session_id:
                 raise SidecarError("SESSION_NOT_FOUND",
                                    f"{request.session_id} is not the current incarnation of {key}")
@@ -113,22 +111,12 @@ class SessionService(pb_grpc.SessionServiceServicer):
             principal.require_platform(platform)
         elif not principal.allows("*"):
             raise invalid("platform", "is required for a platform-scoped credential")
-        sql, params = ENTRY_SELECT + " WHERE 1", []
-        if platform:
-            sql += " AND r.platform = ?"
-            params.append(platform)
-        if request.active_within_seconds:
-            sql += " AND r.updated_at >= ?"
-            params.append(time.time() - request.active_within_seconds)
-        if token:
-            sql += " AND (r.updated_at < ? OR (r.updated_at = ? AND r.session_key > ?))"
-            params += [token["u"], token["u"], token["s"]]
-        sql += " ORDER BY r.updated_at DESC, r.session_key LIMIT ?"
-        params.append(size + 1)
-        rows = await self.store.read_async(lambda c: c.execute(sql, params).fetchall())
-        entries = [SessionEntry.from_row(r) for r in rows[:size]]
+        since = time.time() - request.active_within_seconds if request.active_within_seconds else None
+        found = await self.store.list_entries(platform=platform, active_since=since, limit=size + 1,
+                                              after=(token["u"], token["s"]) if token else None)
+        entries = found[:size]
         nxt = ""
-        if len(rows) > size:
+        if len(found) > size:
             last = entries[-1]
             nxt = cv.encode_page_token({"k": "sessions", "u": last.updated_at, "s": last.session_key})
         return pb.ListSessionsResponse(sessions=[self._session(e) for e in entries],
@@ -138,7 +126,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
     async def ResetSession(self, request, context, principal):
         key = self._key(request.session_key, principal)
         cv.check_size(request.display_name, "display_name", self.cfg.limits.max_id_length)
-        self._entry(key)
+        await self._entry(key)
         await self.turns.on_reset(key)
         entry = await self.store.write(life.reset, key, request.display_name)
         return pb.ResetSessionResponse(session=self._session(entry))
@@ -206,13 +194,12 @@ class SessionService(pb_grpc.SessionServiceServicer):
 
     @unary
     async def GetTranscript(self, request, context, principal):
-        self._incarnation_key(request.session_id, principal)
+        await self._incarnation_key(request.session_id, principal)
         size = cv.page_size(request.page_size, self.cfg)
         token = cv.decode_page_token(request.page_token, "transcript", {"after": int})
         after = token["after"] if token else 0
-        msgs = await self.store.read_async(lambda c: tx.load_page(
-            c, request.session_id, include_rewound=request.include_rewound,
-            after_seq=after, limit=size + 1))
+        msgs = await self.store.transcript(request.session_id, include_rewound=request.include_rewound,
+                                           after_seq=after, limit=size + 1)
         # A page ends at page_size or at a byte budget (always holding at least
         # one message), so a client with default receive limits can read it.
         page, used = [], 0
@@ -231,23 +218,23 @@ class SessionService(pb_grpc.SessionServiceServicer):
 
     @unary
     async def AppendMessages(self, request, context, principal):
-        self._incarnation_key(request.session_id, principal)
+        await self._incarnation_key(request.session_id, principal)
         messages = cv.messages_from_proto(request.messages, self.cfg)
         if not messages:
             raise invalid("messages", "is empty")
-        first, last = await self.appender.submit((request.session_id, messages, None))
+        first, last = await self.store.write(tx.append_messages, request.session_id, messages)
         return pb.AppendMessagesResponse(first_seq=first, last_seq=last)
 
     @unary
     async def RewriteTranscript(self, request, context, principal):
-        key = self._incarnation_key(request.session_id, principal)
+        key = await self._incarnation_key(request.session_id, principal)
         messages = cv.messages_from_proto(request.messages, self.cfg)
         await self.turns.rewrite(key, request.session_id, messages)  # the running turn goes first
         return pb.RewriteTranscriptResponse()
 
     @unary
     async def RewindSession(self, request, context, principal):
-        key = self._incarnation_key(request.session_id, principal)
+        key = await self._incarnation_key(request.session_id, principal)
         if request.n < 0:
             raise invalid("n", "must not be negative")
         n = request.n or 1
@@ -265,14 +252,11 @@ class SessionService(pb_grpc.SessionServiceServicer):
             self._key(request.session_key, principal)
         elif not principal.allows("*"):
             raise invalid("session_key", "is required for a platform-scoped credential")
-        limit = min(request.limit or 20, 200)
-        if self.store.fault is None:  # a store that cannot write still answers from its index
-            await self.store.write(tx.index_pending)  # every message so far is searchable
-        hits = await self.store.read_async(
-            lambda c: tx.search(c, query, request.session_key, limit))
+        hits = await self.store.search(query, session_key=request.session_key,
+                                       limit=min(request.limit or 20, 200))
         return pb.SearchMessagesResponse(hits=[
-            pb.SearchHit(session_key=h["session_key"], session_id=h["session_id"], seq=h["seq"],
-                         role=h["role"], snippet=h["snippet"], created_at=cv.ts(h["created_at"]))
+            pb.SearchHit(session_key=h.session_key, session_id=h.session_id, seq=h.seq,
+                         role=h.role, snippet=h.snippet, created_at=cv.ts(h.created_at))
             for h in hits])
 
     # -- accounting and housekeeping -------------------------------------------
@@ -289,11 +273,10 @@ class SessionService(pb_grpc.SessionServiceServicer):
         if not 0 <= request.last_prompt_tokens <= MAX_TOKEN_DELTA:
             raise invalid("last_prompt_tokens", f"must be between 0 and {MAX_TOKEN_DELTA}")
         cv.check_size(request.cost_status, "cost_status", 64)
-        delta = {"input_tokens": d.input_tokens, "output_tokens": d.output_tokens,
-                 "cache_read_tokens": d.cache_read_tokens,
-                 "cache_write_tokens": d.cache_write_tokens, "cost_usd": d.cost_usd}
-        entry = await self.store.write(life.update_usage, key, delta, request.last_prompt_tokens,
-                                       request.cost_status)
+        delta = UsageDelta(d.input_tokens, d.output_tokens, d.cache_read_tokens,
+                           d.cache_write_tokens, d.cost_usd, request.last_prompt_tokens,
+                           request.cost_status)
+        entry = await self.store.write(life.update_usage, key, delta)
         return pb.UpdateUsageResponse(session=self._session(entry))
 
     @unary
@@ -310,7 +293,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         source = cv.source_from_proto(request.source, self.cfg)
         principal.require_platform(source.platform)
         key, _ = self.key_for(source, request.profile)
-        entry = self.store.read(lambda c: load_entry(c, key))
+        entry = await self.store.entry(key)
         started = datetime.fromtimestamp(entry.created_at, timezone.utc) if entry else None
         flags = dict(group_sessions_per_user=self.cfg.group_sessions_per_user,
                      thread_sessions_per_user=self.cfg.thread_sessions_per_user)

@@ -1,14 +1,15 @@
 """When the store cannot write: one error, one state, one way back.
 
 A full disk, an I/O error, a read-only remount, a database locked past the busy
-timeout: SQLite (apsw) raises them in the writer process, from a job or from
-COMMIT. For a client they are one condition (nothing can be made durable now;
-retry later), so they become one error, ``StoreUnavailable``: a SidecarError
-with reason STORE_UNAVAILABLE and a RetryInfo delay, which the API layer sends
-as UNAVAILABLE. The mapping happens in ONE place, the parent's side of the
-writer (writer.py maps every answer that carries a store fault), so handlers
-never see an apsw error and never answer INTERNAL for one. ``StoreClosed``
-(the writer gone) is a ``StoreUnavailable`` too.
+timeout, a lost database connection: the backend's driver raises them in the
+writer process, from a job or from COMMIT. For a client they are one condition
+(nothing can be made durable now; retry later), so they become one error,
+``StoreUnavailable``: a SidecarError with reason STORE_UNAVAILABLE and a
+RetryInfo delay, which the API layer sends as UNAVAILABLE. The mapping happens
+in ONE place, the writer process (writer/process.py asks its backend which
+exceptions are faults), so handlers never see a driver's error and never
+answer INTERNAL for one. ``StoreClosed`` (the writer gone) is a
+``StoreUnavailable`` too.
 
 ``FaultMonitor`` is the state. The first store fault makes the store *failing*:
 listeners hear it (health goes NOT_SERVING, the turn manager ends its running
@@ -26,11 +27,8 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import os
 import time
 from typing import Callable
-
-import apsw
 
 from ..errors import STORE_UNAVAILABLE, SidecarError
 
@@ -38,9 +36,6 @@ log = logging.getLogger("agent_sidecar.store")
 
 RETRY_AFTER_S = 1.0  # the RetryInfo delay clients get; the slowest retry round comes this often
 FIRST_ROUND_S = 0.05  # the first retry round: a brief fault (a checkpoint's burst) ends fast
-HEADROOM_BYTES = 4 << 20  # wal_autocheckpoint (1000 pages of 4 KiB): the WAL's size between checkpoints
-_APSW_FAULTS = (apsw.FullError, apsw.IOError, apsw.ReadOnlyError, apsw.CantOpenError,
-                apsw.BusyError)
 _ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
 
 
@@ -54,10 +49,12 @@ class StoreUnavailable(SidecarError):
         return (type(self), (self.message,))
 
 
-def is_store_fault(e: BaseException) -> bool:
+def is_store_fault(e: BaseException, driver_faults: tuple[type, ...] = ()) -> bool:
     """Whether ``e`` says the store cannot write (as opposed to a job's own
-    failure, a domain refusal or a bug, which a retry would not cure)."""
-    if isinstance(e, (StoreUnavailable, _APSW_FAULTS)):
+    failure, a domain refusal or a bug, which a retry would not cure).
+    ``driver_faults``: the backend driver's exception types that mean it
+    (a full disk, an I/O error, a lost connection)."""
+    if isinstance(e, StoreUnavailable) or (driver_faults and isinstance(e, driver_faults)):
         return True
     return isinstance(e, OSError) and e.errno in _ERRNOS
 
@@ -68,32 +65,18 @@ def unavailable(e: BaseException) -> StoreUnavailable:
     return StoreUnavailable(f"the store cannot write ({e}); retry later")
 
 
-def probe(conn) -> None:
-    """The retry round's own write: one real row, so its commit needs the WAL
-    to take a page, as every write does; and, on a filesystem that ran full,
-    some headroom. A small commit can succeed on a full disk (into WAL space a
-    failed commit had allocated), and a store called writable again while the
-    next write fails would flap; so the round fails until the filesystem has
-    room for a WAL's worth of pages between checkpoints (HEADROOM_BYTES, at
-    most a tenth of a small filesystem)."""
-    try:
-        st = os.statvfs(os.path.dirname(os.path.abspath(conn.filename)))
-    except OSError:  # no figures here: the commit alone decides
-        st = None
-    if st is not None:
-        free, size = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
-        if free < min(HEADROOM_BYTES, size // 10):
-            raise OSError(errno.ENOSPC, f"only {free} bytes free on the store's filesystem")
-    conn.execute("INSERT INTO meta (key, value) VALUES ('store_probe', ?)"
-                 " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (time.time(),))
+def probe(uow) -> None:
+    """The retry round's own write (a job): the backend's proof that it can
+    write again (see UnitOfWork.probe)."""
+    uow.probe()
 
 
 class FaultMonitor:
     """Whether the store is failing, for one writer (see the module docstring).
-    ``send(fn, args, on_done)`` sends a retry job through that writer."""
+    ``send_probe()`` sends the probe job (a retry job) through that writer."""
 
-    def __init__(self, send: Callable):
-        self._send = send
+    def __init__(self, send_probe: Callable):
+        self._send_probe = send_probe
         self.fault: StoreUnavailable | None = None
         self.since = 0.0
         self._listeners: list[Callable[[StoreUnavailable | None], None]] = []
@@ -183,7 +166,7 @@ class FaultMonitor:
                     raise
                 except Exception:
                     log.exception("a store retrier failed")
-            self._send(probe, (), _ignore)
+            self._send_probe().add_done_callback(_consume)
         except StoreUnavailable:  # closed meanwhile
             self._round = None
             return False
@@ -203,5 +186,8 @@ class FaultMonitor:
                 log.exception("a store fault listener failed")
 
 
-def _ignore(ok: bool, value) -> None:
-    return None
+def _consume(fut: asyncio.Future) -> None:
+    """The probe's answer counts through ``answered``; its exception is read
+    here only so asyncio does not report it as never retrieved."""
+    if not fut.cancelled():
+        fut.exception()

@@ -31,7 +31,7 @@ from typing import Any, Callable
 import orjson
 
 from .. import errors as E
-from ..turns.agent import in_scope
+from .scope import in_scope
 
 log = logging.getLogger("agent_sidecar.tools")
 ENTRY_POINT_GROUP = "agent_sidecar.tools"

@@ -10,13 +10,13 @@ Timeouts and cancellation are the caller's (worker.py); this module only loops.
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
 
 from .. import errors as E
+from ..tools.scope import in_scope
 from ..models.base import ModelError, ModelRequest, TextDelta, ToolCallRequest, UsageReport
 
 
@@ -66,17 +66,6 @@ class Agent:
         self.messages.append(msg)
         self.next_seq += 1
         self.approx_bytes += len(msg.get("content") or "") + 64
-
-
-def in_scope(name: str, scopes: list[str]) -> bool:
-    """A dotted tool name is allowed when it falls under one of the profile's
-    subtrees: ``discord.*`` allows ``discord.send`` and ``discord.a.b``."""
-    for scope in scopes:
-        if scope == "*" or name == scope or fnmatch.fnmatchcase(name, scope):
-            return True
-        if scope.endswith(".*") and name.startswith(scope[:-1]):
-            return True
-    return False
 
 
 def _tool_message(call_id: str, name: str, content: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from (``Turn.absorbed_from`` in memory, ``payload["absorbed_from"]`` in its
 ledger row), and each of those keeps its own text in its own ledger row. A new
 follow-up therefore writes O(1) whatever the length of the burst (a list copied
 into every newer payload would grow the writes with the square of it), and the
-chain is read back only by the startup restore (``jobs.absorbed_texts``).
+chain is read back only by the startup restore (``recovery.startup.absorbed_texts``).
 
 Durability: the absorbing prompt's accept job records the link and closes the
 absorbed prompt's ledger row with its ``superseded`` frame in one transaction
@@ -21,9 +21,9 @@ Functions over a TurnManager (like placement.py).
 from __future__ import annotations
 
 from .frames import build_frame
+from .jobs import ABSORB, Absorbed
 from .lanes import Lane, Turn
 
-ABSORB = "absorb"  # transient payload key: the ids the accept job tries (see candidates)
 
 
 def absorb(old: Turn, new: Turn) -> None:
@@ -48,22 +48,23 @@ def candidates(old: Turn) -> list[str]:
     return out
 
 
-def committed(m, turn: Turn, result: dict) -> None:
-    """``turn``'s accept committed: ``result["link"]`` is the prompt it
-    absorbed (its chain is cut past any prompt whose accept was refused: that
-    caller got the error, its text is not ours), ``result["closed"]`` that
-    prompt's ``superseded`` frame, written by the same job."""
+def committed(m, turn: Turn, result: Absorbed) -> None:
+    """``turn``'s accept committed: ``result.link`` is the prompt it absorbed
+    (its chain is cut past any prompt whose accept was refused: that caller
+    got the error, its text is not ours), ``result.closed`` that prompt's
+    ``superseded`` frame, written by the same job."""
     turn.payload.pop(ABSORB, None)
-    link = result["link"]
+    link = result.link
     t = turn.absorbed_from
     while t is not None and t.rid != link:
         t = t.absorbed_from
     turn.absorbed_from = t
     if link is not None:
         turn.payload["absorbed_from"] = link
-    if result["closed"] is None:
+    if result.closed is None:
         return
-    rid, seq, sid, at, frame_id = result["closed"]
+    rid, seq, sid, at, frame_id = (result.closed.request_id, result.closed.seq,
+                                   result.closed.session_id, result.closed.at, result.closed.cursor)
     old = m.live.get(rid)
     if old is not None:
         old.next_seq = seq + 1

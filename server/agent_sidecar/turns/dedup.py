@@ -37,27 +37,27 @@ class RecentRequests:
     def __len__(self) -> int:
         return len(self._at)
 
-    def load(self, store, limit: int = RECENT_PRELOAD) -> None:
+    async def load(self, store, limit: int = RECENT_PRELOAD) -> None:
         """At startup: the ids the last run accepted within the window."""
-        now = time.time()
-        rows = store.read(lambda c: c.execute(
-            "SELECT request_id, created_at, session_key FROM prompts WHERE created_at >= ?"
-            " ORDER BY created_at DESC LIMIT ?", (now - self.window_s, limit + 1)).fetchall())
+        rows = await store.recent_requests(time.time() - self.window_s, limit + 1)
         for rid, at, key in reversed(rows[:limit]):
             self._at[rid] = (at, key)
         if len(rows) <= limit:
             self._ledger_until = 0.0
 
-    def seen(self, rid: str, store, now: float) -> str | None:
+    def seen(self, rid: str, now: float) -> str | None:
         """The session key ``rid`` was accepted for within the window before
-        ``now``, or None."""
+        ``now``, or None (for an id this index does not hold, ask the ledger
+        while ``may_be_in_ledger``)."""
         entry = self._at.get(rid)
-        if entry is None and now < self._ledger_until:
-            row = store.read(lambda c: jobs.ledger_lookup(c, rid))
-            entry = (row[1], row[2]) if row else None
         if entry is None or now - entry[0] >= self.window_s:
             return None
         return entry[1]
+
+    def may_be_in_ledger(self, rid: str, now: float) -> bool:
+        """Whether an id missing here may still be in the ledger from the last
+        run (the startup preload was cut at its limit)."""
+        return rid not in self._at and now < self._ledger_until
 
     def remember(self, rid: str, at: float, key: str) -> None:
         self._at[rid] = (at, key)
@@ -79,14 +79,26 @@ class RecentRequests:
             del self._at[rid]
 
 
-def is_twin(m, rid: str, key: str) -> bool:
+async def is_twin(m, rid: str, key: str) -> bool:
     """Is this Prompt a twin of a known one (live, or accepted within the
     window) for the same session key? Raises INVALID_ARGUMENT naming
-    ``request_id`` when the id is known for another key (see the module doc)."""
-    twin = m.live.get(rid)
-    owner = twin.key if twin is not None else m.recent.seen(rid, m.store, time.time())
+    ``request_id`` when the id is known for another key (see the module doc).
+    Answered from memory; the ledger is read only for ids the startup preload
+    may have missed, and then the live turns are asked again after that read."""
+    now = time.time()
+    owner = _owner(m, rid, now)
+    if owner is None and m.recent.may_be_in_ledger(rid, now):
+        e = await m.store.ledger(rid)
+        if e is not None and now - e.created_at < m.recent.window_s:
+            owner = e.session_key
+        owner = _owner(m, rid, now) or owner
     if owner is None:
         return False
     if owner != key:
         raise jobs.request_id_reused(rid)
     return True
+
+
+def _owner(m, rid: str, now: float) -> str | None:
+    twin = m.live.get(rid)
+    return twin.key if twin is not None else m.recent.seen(rid, now)

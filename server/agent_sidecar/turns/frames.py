@@ -20,6 +20,7 @@ nothing is delivered before it is durable.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
@@ -29,8 +30,9 @@ import orjson
 
 from ..sessions import transcripts as tx
 from ..store import StoreUnavailable
+from ..store.records import Append, FrameRecord
 from ..v1 import prompt_service_pb2 as ppb
-from .jobs import FN, MSG, FlushOutOfOrder, run_flush
+from .flush import FN, MSG, FlushOutOfOrder, run_flush
 
 log = logging.getLogger("agent_sidecar.frames")
 
@@ -48,13 +50,9 @@ def build_frame(rid: str, key: str, sid: str, seq: int, at: float, cursor: int, 
     return f
 
 
-def frame_from_row(row) -> ppb.ActivityFrame:
-    """A row of ``SELECT id, request_id, seq, session_key, session_id, at, kind, body``."""
-    cursor, rid, seq, key, sid, at, kind, body = row
-    return build_frame(rid, key, sid, seq, at, cursor, kind, orjson.loads(body) if body else {})
-
-
-FRAME_COLUMNS = "id, request_id, seq, session_key, session_id, at, kind, body"
+def frame_from_record(r: FrameRecord) -> ppb.ActivityFrame:
+    """A frame as the store read it back."""
+    return build_frame(r.request_id, r.session_key, r.session_id, r.seq, r.at, r.cursor, r.kind, r.body)
 
 
 class TooSlow(Exception):
@@ -177,7 +175,7 @@ class FrameBus:
         self._schedule()
 
     def write(self, fn: Callable, *args: Any, then: Callable | None = None) -> None:
-        """Queue a writer job (no frame) into the next flush, keeping order with frames."""
+        """Queue a store job (no frame) into the next flush, keeping order with frames."""
         self._writes.append((FN, (fn, args)))
         self._thens.append(then)
         self._schedule()
@@ -186,7 +184,8 @@ class FrameBus:
                        then: Callable | None = None) -> None:
         """Queue a transcript message of a turn; consecutive ones in a flush
         become one ``append_many`` (one executemany for all turns)."""
-        self._writes.append((MSG, (session_id, [tx.from_model(msg)], request_id)))
+        self._writes.append((MSG, Append(session_id, (tx.from_model(msg),), request_id,
+                                         touch_lane=False)))
         self._thens.append(then)
         self._schedule()
 
@@ -224,11 +223,13 @@ class FrameBus:
         no = self._sent_no + 1
         flight = (no, frames, writes, thens)
         try:
-            self.store.send_now(run_flush, ((no, self._sent_no), [item[0] for item in frames], writes),
-                                lambda ok, value: self._committed(ok, value, flight), retry)
+            fut = self.store.write(run_flush, (no, self._sent_no), [item[0] for item in frames],
+                                   writes, retry=retry)
         except StoreUnavailable:
             self._requeue(frames, writes, thens)
             return
+        self.store.flush()  # this loop iteration's frames are gathered: no need to wait for the next
+        fut.add_done_callback(functools.partial(self._committed, flight))
         self._sent_no = no
         self._flights.append(flight)
 
@@ -248,8 +249,10 @@ class FrameBus:
         """Nothing published is waiting for its commit (queued or in flight)."""
         return not self._flights and not self._undone and not self._frames and not self._writes
 
-    def _committed(self, ok: bool, value, flight: tuple) -> None:
+    def _committed(self, flight: tuple, fut: asyncio.Future) -> None:
         """A flush's answer (they come in the order sent)."""
+        ok = not fut.cancelled() and fut.exception() is None
+        value = fut.result() if ok else (fut.exception() if not fut.cancelled() else StoreUnavailable("cancelled"))
         if self._flights and self._flights[0] is flight:
             self._flights.popleft()
         elif flight in self._flights:

@@ -1,44 +1,26 @@
-"""Writer jobs for turns: the ledger, the queue mirror, turn start and end,
-and the frame flush that carries them.
+"""The prompt ledger's rules as store jobs: accepting a prompt, a turn's start
+and end, usage accounting.
 
-They run in the store's writer process (store/writer_process.py), inside a
-group-commit transaction, so they take plain data — never a ``Turn`` — and
-return plain data; the manager applies the results to its turns.
+They run as store jobs (store/interface.py), so they take plain data — never
+a ``Turn`` — and return plain data (the frozen records below); the manager
+applies the results to its turns. Only rules live here; rows are the store's.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
-import apsw
 import orjson
 
-from ..errors import INVALID_ARGUMENT, SidecarError
+from ..errors import INVALID_ARGUMENT, SidecarError, not_found
 from ..sessions import lifecycle as life
 from ..sessions import transcripts as tx
 from ..sessions.source import SessionSource
-from ..store.faults import is_store_fault
-from ..store.writer_process import at_end
-
-log = logging.getLogger("agent_sidecar.frames")
-
-INSERT_FRAME = ("INSERT INTO frames (request_id, seq, session_key, session_id, platform, at, kind, body)"
-                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
-
-# One request's frames (?1 is the request id), found through its ledger row: its
-# session key and first frame id bound a range of ``frames_by_key``. There is no
-# index on the request id: ids are random, so one would cost a random b-tree page
-# per turn in every commit (migration 4).
-REQUEST_FRAMES = ("FROM frames WHERE session_key = (SELECT session_key FROM prompts WHERE request_id = ?1)"
-                  " AND id >= (SELECT coalesce(first_frame, 0) FROM prompts WHERE request_id = ?1)"
-                  " AND request_id = ?1")
-
-
-def last_frame_seq(conn, rid: str) -> int:
-    return conn.execute(f"SELECT max(seq) {REQUEST_FRAMES}", (rid,)).fetchone()[0] or 0
+from ..store import UnitOfWork, batched
+from ..store.records import (UNSET, Append, LedgerEntry, Message, QueueSlot, RoutingPatch,
+                             UsageDelta)
 
 
 class DuplicateRequest(Exception):
@@ -52,368 +34,277 @@ def request_id_reused(rid: str) -> SidecarError:
                         " within the dedup window; use a new request id", field="request_id")
 
 
-def accept(conn, t: tuple, source: SessionSource | None, dedup_window_s: float,
-           slot: str | None, position: int, start_now: bool = False) -> tuple:
-    """Resolve the session, write the ledger row (+ queue row) and the
-    ``accepted`` frame. ``t`` is ``Turn.ledger_fields()``. With ``start_now``
-    (the lane is idle) the turn's start commits in the same transaction: one
-    commit instead of two before the worker gets the turn.
+@dataclass(frozen=True, slots=True)
+class PromptRecord:
+    """What the ledger keeps of a prompt (``Turn.record()``)."""
 
-    A follow-up that absorbed the pending prompt (turns/burst.py) links to it
-    in its ledger payload (``absorbed_from``) and closes that prompt's ledger
-    row with its ``superseded`` frame here too: one transaction moves the texts
-    from the prompts that carried them to the one that carries them now.
-
-    Returns (session_id, accepted frame id, the routing row the system prompt
-    needs or None, for ``start_now`` what ``start`` returns plus the
-    ``started`` frame's id and time else None, and for an absorbing prompt
-    ``{"link": absorbed request id or None, "closed": (rid, seq, session_id,
-    at, frame_id) of its superseded frame or None}`` else None)."""
-    rid, key, platform, profile, delivery, text, payload, created_at = t
-    now = time.time()
-    absorbing, link = "absorb" in payload, None
-    if absorbing:  # reads only: a refusal below still comes before any write
-        link = _absorb_link(conn, key, payload["absorb"])
-        payload = {k: v for k, v in payload.items() if k != "absorb"}
-        if link is not None:
-            payload["absorbed_from"] = link[0]
-    row = conn.execute("SELECT session_id, suspended, resume_pending, created_at, origin"
-                       " FROM routing WHERE session_key = ?", (key,)).fetchone()
-    usable = row is not None and not row[1]
-    if usable:  # the common case: the lane exists and is usable
-        sid = row[0]
-    else:  # the session comes into being (or a suspended lane starts over) first
-        _check_duplicate(conn, rid, key, dedup_window_s, now)
-        if source is not None:
-            entry, _ = life.get_or_create(conn, key, source, profile)
-        else:
-            entry = life.require_entry(conn, key)
-            # seed 001 §2: a suspended lane starts over
-            origin = entry.origin or SessionSource(platform=entry.platform)
-            entry, _ = life.get_or_create(conn, key, origin, entry.profile)
-        sid = entry.session_id
-    # On a usable lane the ledger row is the first write: a duplicate request
-    # id is refused before anything is written.
-    _insert_ledger(conn, (rid, key, sid, platform, "queued" if slot else "running", delivery, text,
-                          orjson.dumps(payload), created_at, now if start_now else None),
-                   dedup_window_s, now)
-    ledger_rowid = conn.last_insert_rowid()
-    routing_row = None
-    if usable:
-        origin = orjson.dumps(source.to_dict()) if source is not None else row[4]
-        if not row[2] and source is not None:  # get_or_create's "keep and bump"
-            conn.execute("UPDATE routing SET updated_at = ?, origin = ? WHERE session_key = ?",
-                         (now, origin, key))
-        # What the turn's start needs for the system prompt, saving it a read.
-        routing_row = (sid, row[3], origin)
-    if slot:
-        conn.execute("INSERT INTO prompt_queue (request_id, session_key, slot, position, enqueued_at)"
-                     " VALUES (?, ?, ?, ?, ?)", (rid, key, slot, position, now))
-    body = orjson.dumps({"queue_position": payload.get("queue_position", 0)})
-    frames = [(rid, 1, key, sid, platform, created_at, "accepted", body)]
-    started = None
-    if start_now:
-        started = _begin(conn, rid, key, sid, [text], now, "resume" in payload)
-        started["at"] = now
-        frames.append((rid, 2, key, sid, platform, now, "started", None))
-    if link is not None:
-        seq = last_frame_seq(conn, link[0]) + 1
-        close_unstarted(conn, link[0], "superseded", "", seq)
-        frames.append((link[0], seq, key, link[1], link[2], now, "superseded",
-                       orjson.dumps({"by_request_id": rid})))
-    conn.executemany(INSERT_FRAME, frames)
-    first_id = conn.last_insert_rowid() - len(frames) + 1
-    # Where this request's frames and transcript rows start (see REQUEST_FRAMES).
-    conn.execute("UPDATE prompts SET first_frame = ?, first_seq = ? WHERE rowid = ?",
-                 (first_id, started["base_seq"] if started else None, ledger_rowid))
-    if started is not None:
-        started["frame_id"] = first_id + 1
-    absorbed = None
-    if absorbing:
-        absorbed = {"link": link[0] if link else None,
-                    "closed": (link[0], seq, link[1], now, first_id + len(frames) - 1) if link else None}
-    return sid, first_id, routing_row, started, absorbed
+    request_id: str
+    session_key: str
+    platform: str
+    profile: str
+    delivery: int
+    text: str
+    payload: dict[str, Any]
+    created_at: float
 
 
-def _absorb_link(conn, key: str, candidates: list[str]) -> tuple | None:
+@dataclass(frozen=True, slots=True)
+class AcceptRequest:
+    prompt: PromptRecord
+    source: SessionSource | None  # None: the prompt named its lane by key
+    dedup_window_s: float
+    slot: str | None  # its queue slot when it waits (pending, fifo), None when it runs now
+    position: int
+    start_now: bool  # the lane is idle: its start commits with its accept
+
+
+@dataclass(frozen=True, slots=True)
+class LaneState:
+    """What a turn's system prompt needs of its lane, as the job saw it."""
+
+    session_id: str
+    created_at: float
+    origin: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A turn's start: where its user messages went (``base_seq`` on, in
+    incarnation revision ``rev``: what the worker's cache must match)."""
+
+    session_id: str
+    base_seq: int
+    rev: int
+    at: float
+    lane: LaneState
+    cursor: int = 0  # of its ``started`` frame when the accept job wrote it
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedFrame:
+    request_id: str
+    seq: int
+    session_id: str
+    at: float
+    cursor: int
+
+
+@dataclass(frozen=True, slots=True)
+class Absorbed:
+    """An absorbing follow-up's accept (burst.py): the prompt it links to, and
+    that prompt's ``superseded`` frame, written by the same job."""
+
+    link: str | None
+    closed: ClosedFrame | None
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    session_id: str
+    cursor: int  # of the ``accepted`` frame
+    lane: LaneState
+    started: Started | None = None
+    absorbed: Absorbed | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StartRequest:
+    request_id: str
+    session_key: str
+    texts: tuple[str, ...]  # its user messages: one, or a burst's, oldest first
+    queued: bool  # it waited in the lane (has a queue row)
+    synthetic: bool = False  # an auto-resume note (nobody wrote it)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnd:
+    request_id: str
+    session_key: str
+    session_id: str
+    status: str
+    reason: str
+    last_seq: int  # the seq of its terminal frame
+    rollback: bool
+    lane_idle: bool
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+def _check_duplicate(uow: UnitOfWork, rid: str, key: str, window_s: float, now: float) -> None:
+    """Refuse a request id seen within the window (a twin for the same key,
+    INVALID_ARGUMENT for another); forget an older one."""
+    old = uow.ledger.get(rid)
+    if old is None:
+        return
+    if now - old.created_at < window_s:
+        raise DuplicateRequest(rid) if old.session_key == key else request_id_reused(rid)
+    uow.ledger.forget(rid)
+
+
+ABSORB = "absorb"  # payload key: the request ids an absorbing follow-up may close (burst.candidates)
+
+
+def _absorb_link(uow: UnitOfWork, key: str, candidates: list[str]) -> tuple | None:
     """(request id, session id, platform) of the prompt an absorbing follow-up
     takes over: the first of ``candidates`` (see burst.candidates) still open.
     One with no ledger row was refused (its caller got the error; its text is
     not carried); one that ended some other way ends the chain."""
     for rid in candidates:
-        row = conn.execute("SELECT status, session_id, platform FROM prompts"
-                           " WHERE request_id = ? AND session_key = ?", (rid, key)).fetchone()
-        if row is None:
+        e = uow.ledger.get(rid)
+        if e is None or e.session_key != key:
             continue
-        return (rid, row[1], row[2]) if row[0] == "queued" else None
+        return (rid, e.session_id, e.platform) if e.status == "queued" else None
     return None
 
 
-def absorbed_texts(conn, rid: str) -> list[dict[str, Any]]:
-    """The chain of prompts ``rid`` absorbed (itself first, then the one it
-    absorbed, …) read back from their ledger rows, oldest first, as {"text",
-    "at"}: for the startup restore of a queued follow-up."""
-    out: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    while rid and rid not in seen:
-        seen.add(rid)
-        row = conn.execute("SELECT text, created_at, payload FROM prompts WHERE request_id = ?",
-                           (rid,)).fetchone()
-        if row is None:  # retention dropped it
-            break
-        out.append({"text": row[0], "at": row[1]})
-        rid = orjson.loads(row[2]).get("absorbed_from") if row[2] else None
-    out.reverse()
-    return out
+def _lane_for(uow: UnitOfWork, req: AcceptRequest, now: float) -> LaneState:
+    """The lane a prompt lands in: as it is (the common case, nothing written
+    yet), or the session comes into being, or a suspended lane starts over
+    (seed 001 §2), after the dedup check."""
+    p = req.prompt
+    head = uow.routing.head(p.session_key)
+    if head is not None and not head.suspended:
+        origin = head.origin
+        if req.source is not None:
+            origin = req.source.to_dict()
+            if not head.resume_pending:  # get_or_create's "keep and bump"
+                uow.routing.patch(p.session_key, RoutingPatch(updated_at=now, origin=origin))
+        return LaneState(head.session_id, head.created_at, origin)
+    _check_duplicate(uow, p.request_id, p.session_key, req.dedup_window_s, now)
+    if req.source is not None:
+        entry = life.get_or_create(uow, p.session_key, req.source, p.profile)[0]
+    else:
+        entry = life.starting_over(uow, p.session_key)
+    return LaneState(entry.session_id, entry.created_at, entry.origin)
 
 
-_INSERT_LEDGER = ("INSERT INTO prompts (request_id, session_key, session_id, platform, status, delivery,"
-                  " text, payload, created_at, started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-
-
-def _insert_ledger(conn, row: tuple, dedup_window_s: float, now: float) -> None:
-    try:
-        conn.execute(_INSERT_LEDGER, row)
-    except apsw.ConstraintError:  # the request id is in the ledger
-        _check_duplicate(conn, row[0], row[1], dedup_window_s, now)
-        conn.execute(_INSERT_LEDGER, row)
-
-
-def _check_duplicate(conn, rid: str, key: str, dedup_window_s: float, now: float) -> None:
-    """Refuse a request id seen within the window (a twin for the same key,
-    INVALID_ARGUMENT for another); forget an older one."""
-    old = conn.execute("SELECT created_at, session_key FROM prompts WHERE request_id = ?",
-                       (rid,)).fetchone()
-    if old is None:
-        return
-    if now - old[0] < dedup_window_s:
-        raise DuplicateRequest(rid) if old[1] == key else request_id_reused(rid)
-    conn.execute(f"DELETE {REQUEST_FRAMES}", (rid,))  # before the ledger row it is found by
-    conn.execute("DELETE FROM prompts WHERE request_id = ?", (rid,))
-
-
-def accept_many(conn, items: list[tuple]) -> list:
-    """Many prompts' accept jobs as one writer job (see store/batcher.py).
-    ``accept`` raises its refusals (unknown session, duplicate) before writing
-    anything, so no per-item savepoint is needed."""
+def _accept_many(uow: UnitOfWork, calls: list[tuple]) -> list:
+    """Many prompts' accepts as one call: ``accept`` raises its refusals
+    (unknown session, duplicate) before writing anything, so a refusal needs
+    no savepoint of its own."""
     out: list = []
-    for args in items:
+    for (req,) in calls:
         try:
-            out.append(accept(conn, *args))
+            out.append(accept(uow, req))
         except (SidecarError, DuplicateRequest) as e:
             out.append(e)
     return out
 
 
-def start(conn, rid: str, key: str, sid: str, texts: list[str], queued: bool,
-          synthetic: bool = False) -> dict[str, Any]:
-    """A turn that waited in its lane begins: ledger running, lane marked
-    running, its user messages appended (one, or a burst's, oldest first: see
-    Turn.user_texts). Returns what the worker needs to match its cache."""
-    now = time.time()
-    begun = _begin(conn, rid, key, sid, texts, now, synthetic)
-    if queued:  # it waited: its ledger row and queue row change state now
-        conn.execute("UPDATE prompts SET status = 'running', started_at = ?, session_id = ?,"
-                     " first_seq = ? WHERE request_id = ?", (now, sid, begun["base_seq"], rid))
-        conn.execute("DELETE FROM prompt_queue WHERE request_id = ?", (rid,))
-    else:  # accepted as running: only the start time (and no index) changes
-        conn.execute("UPDATE prompts SET started_at = ?, session_id = ?, first_seq = ?"
-                     " WHERE request_id = ?", (now, sid, begun["base_seq"], rid))
-    return begun
+@batched(_accept_many)
+def accept(uow: UnitOfWork, req: AcceptRequest) -> Accepted:
+    """Resolve the session, write the ledger row (+ queue row) and the
+    ``accepted`` frame. With ``start_now`` the turn's start commits in the same
+    transaction: one commit instead of two before the worker gets the turn.
+    On a usable lane the ledger row is the first write: a duplicate request id
+    is refused before anything is written.
+
+    A follow-up that absorbed the pending prompt (burst.py) links to it in its
+    ledger payload and closes that prompt's ledger row with its ``superseded``
+    frame here too: one transaction moves the texts from the prompt that
+    carried them to the one that carries them now."""
+    p, now = req.prompt, time.time()
+    payload, link = p.payload, None
+    if ABSORB in payload:  # reads only: a refusal below still comes before any write
+        link = _absorb_link(uow, p.session_key, payload[ABSORB])
+        payload = {k: v for k, v in payload.items() if k != ABSORB}
+        if link is not None:
+            payload["absorbed_from"] = link[0]
+    lane = _lane_for(uow, req, now)
+    sid = lane.session_id
+    entry = LedgerEntry(p.request_id, p.session_key, sid, p.platform,
+                        "queued" if req.slot else "running", p.delivery, p.text, payload,
+                        p.created_at, started_at=now if req.start_now else None)
+    if not uow.ledger.insert(entry):
+        _check_duplicate(uow, p.request_id, p.session_key, req.dedup_window_s, now)
+        uow.ledger.insert(entry)
+    if req.slot:
+        uow.queue.insert(QueueSlot(p.request_id, p.session_key, req.slot, req.position, now))
+    body = orjson.dumps({"queue_position": payload.get("queue_position", 0)})
+    frames = [(p.request_id, 1, p.session_key, sid, p.platform, p.created_at, "accepted", body)]
+    begun = None
+    if req.start_now:
+        begun = _begin(uow, p.request_id, p.session_key, sid, (p.text,), now, "resume" in payload)
+        frames.append((p.request_id, 2, p.session_key, sid, p.platform, now, "started", None))
+    closed = None
+    if link is not None:
+        seq = uow.frames.last_seq(link[0]) + 1
+        close_unstarted(uow, link[0], "superseded", "", seq)
+        frames.append((link[0], seq, p.session_key, link[1], link[2], now, "superseded",
+                       orjson.dumps({"by_request_id": p.request_id})))
+        closed = (link[0], seq, link[1], now)
+    cursor = uow.frames.insert(frames)
+    uow.ledger.set_first_frame(p.request_id, cursor, begun[0] if begun else None)
+    started = Started(sid, begun[0], begun[1], now, lane, cursor + 1) if begun else None
+    absorbed = None
+    if ABSORB in p.payload:
+        absorbed = Absorbed(link[0] if link else None,
+                            ClosedFrame(*closed, cursor + len(frames) - 1) if closed else None)
+    return Accepted(sid, cursor, lane, started, absorbed)
 
 
-_INSERT_USER = ("INSERT INTO messages (session_id, seq, role, content, extra, created_at, request_id)"
-                " VALUES (?, ?, 'user', ?, ?, ?, ?)")
 
 
-def _begin(conn, rid: str, key: str, sid: str, texts: list[str], now: float,
-           synthetic: bool) -> dict[str, Any]:
-    """The user's messages into the transcript (seqs from ``base_seq`` on, all
-    tagged with this request, so a rollback hides them with the turn), the lane
-    marked running. ``synthetic``: the sidecar's own prompt (an auto-resume
-    turn's note), kept as role "user" for the model but marked as written by
-    nobody."""
-    base, rev = conn.execute("SELECT next_seq, rev FROM incarnations WHERE session_id = ?",
-                             (sid,)).fetchone()
-    extra = tx.SYNTHETIC_EXTRA if synthetic else None
-    rows = [(sid, base + i, text, extra, now, rid) for i, text in enumerate(texts)]
-    if len(rows) == 1:  # the common case: one prompt, one message
-        conn.execute(_INSERT_USER, rows[0])
-    else:
-        conn.executemany(_INSERT_USER, rows)
-    conn.execute("UPDATE incarnations SET next_seq = ? WHERE session_id = ?",
-                 (base + len(texts), sid))
+def _begin(uow: UnitOfWork, rid: str, key: str, sid: str, texts: tuple[str, ...], now: float,
+           synthetic: bool) -> tuple[int, int]:
+    """The turn's user messages into the transcript (all tagged with this
+    request, so a rollback hides them with the turn), the lane marked running.
+    Returns (base_seq, rev)."""
+    msgs = tuple(Message("user", t, created_at=now, synthetic=synthetic) for t in texts)
+    result = uow.messages.append([Append(sid, msgs, rid, touch_lane=False)])[0]
+    if isinstance(result, BaseException):
+        raise result
     # updated_at moved at accept and moves again at the end; leaving it alone
     # here spares two index updates per turn.
-    conn.execute("UPDATE routing SET running = 1 WHERE session_key = ?", (key,))
-    return {"base_seq": base, "rev": rev}
+    uow.routing.patch(key, RoutingPatch(running=True))
+    return result[0], result[2]
 
 
-# What a completed turn consumes (seed 001 §2, §7): the resume marker with its
-# reason and time, and the notices of a new incarnation (fresh reset, auto
-# reset and its reason), which are for its first turn. A failed or cancelled
-# turn consumes nothing: the next one still needs them.
-_CONSUMED = (("resume_pending", "0"), ("resume_reason", "''"), ("last_resume_marked_at", "NULL"),
-             ("is_fresh_reset", "0"), ("was_auto_reset", "0"), ("auto_reset_reason", "''"))
-# One statement for the lane at a turn's end: the consumed flags clear only on
-# the turn's own incarnation (a reset or switch may have moved the lane on
-# while it finished); an idle lane stops being "running".
-_FINISH_LANE = ("UPDATE routing SET updated_at = :now, running = CASE WHEN :idle THEN 0 ELSE running END, "
-                + ", ".join(f"{col} = CASE WHEN :done AND session_id = :sid THEN {v} ELSE {col} END"
-                            for col, v in _CONSUMED)
-                + " WHERE session_key = :key")
-
-
-def finish(conn, rid: str, key: str, sid: str, status: str, reason: str, last_seq: int,
-           rollback: bool, lane_idle: bool, state: dict[str, Any]) -> None:
-    """The turn ended: ledger closed; on success the turn counts, the flags
-    of _CONSUMED clear, the stuck-loop counter resets."""
+def start(uow: UnitOfWork, req: StartRequest) -> Started:
+    """A turn that waited in its lane begins, in the lane's incarnation as it
+    is now (a switch may have moved it while the turn waited): ledger running,
+    lane running, its user messages appended."""
     now = time.time()
-    conn.execute("UPDATE prompts SET status = ?, finished_at = ?, reason = ?, last_seq = ?"
-                 " WHERE request_id = ?", (status, now, reason or None, last_seq, rid))
-    if rollback:
-        tx.hide_request(conn, sid, rid)
-    if status == "completed":
-        conn.execute("UPDATE incarnations SET turn_count = turn_count + 1 WHERE session_id = ?",
-                     (sid,))
-        conn.execute("DELETE FROM restart_counts WHERE session_key = ?", (key,))
-    conn.execute(_FINISH_LANE, {"now": now, "idle": lane_idle, "done": status == "completed",
-                                "sid": sid, "key": key})
-    conn.execute("INSERT INTO turn_state (session_id, request_id, updated_at, state)"
-                 " VALUES (?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET"
-                 " request_id = excluded.request_id, updated_at = excluded.updated_at,"
-                 " state = excluded.state", (sid, rid, now, orjson.dumps(state)))
+    head = uow.routing.head(req.session_key)
+    if head is None:
+        raise not_found(req.session_key)
+    base, rev = _begin(uow, req.request_id, req.session_key, head.session_id, req.texts, now,
+                       req.synthetic)
+    uow.ledger.mark_started(req.request_id, head.session_id, now, base, req.queued)
+    return Started(head.session_id, base, rev, now, LaneState(head.session_id, head.created_at,
+                                                              head.origin))
 
 
-def close_unstarted(conn, rid: str, status: str, reason: str, last_seq: int) -> None:
+def finish(uow: UnitOfWork, end: TurnEnd) -> None:
+    """The turn ended: ledger closed; on success the turn counts, the flags
+    it consumes clear (of its own incarnation only: a reset or switch may have
+    moved the lane on while it finished), the stuck-loop counter resets; an
+    idle lane stops being "running"."""
+    now = time.time()
+    uow.ledger.close(end.request_id, end.status, end.reason, end.last_seq, now)
+    if end.rollback:
+        tx.hide_request(uow, end.session_id, end.request_id)
+    done = end.status == "completed"
+    if done:
+        uow.incarnations.add_turn(end.session_id)
+        uow.restarts.reset(end.session_key)
+    uow.routing.patch(end.session_key,
+                      RoutingPatch(updated_at=now, running=False if end.lane_idle else UNSET),
+                      session_id=end.session_id, if_current=life.CONSUMED_BY_A_TURN if done else None)
+    uow.turn_state.put(end.session_id, end.request_id, now, end.state)
+
+
+def close_unstarted(uow: UnitOfWork, rid: str, status: str, reason: str, last_seq: int) -> None:
     """The ledger closes a turn that has no ``finish`` of its own: a queued one
     that never ran (superseded, cancelled, dropped), or one the startup restore
     closes. Its queue row, if any, goes."""
-    conn.execute("UPDATE prompts SET status = ?, finished_at = ?, reason = ?, last_seq = ?"
-                 " WHERE request_id = ?", (status, time.time(), reason or None, last_seq, rid))
-    conn.execute("DELETE FROM prompt_queue WHERE request_id = ?", (rid,))
+    uow.ledger.close(rid, status, reason, last_seq, time.time())
+    uow.queue.remove(rid)
 
 
-def record_usage(conn, key: str, u: dict[str, Any]) -> None:
-    """A usage frame's accounting: one UPDATE (seed 001 §2's counters)."""
-    i, o = int(u.get("input_tokens", 0)), int(u.get("output_tokens", 0))
-    cr, cw = int(u.get("cache_read_tokens", 0)), int(u.get("cache_write_tokens", 0))
-    conn.execute(
-        "UPDATE routing SET input_tokens = input_tokens + ?, output_tokens = output_tokens + ?,"
-        " cache_read_tokens = cache_read_tokens + ?, cache_write_tokens = cache_write_tokens + ?,"
-        " total_tokens = total_tokens + ?, estimated_cost_usd = estimated_cost_usd + ?,"
-        " last_prompt_tokens = CASE WHEN ? > 0 THEN ? ELSE last_prompt_tokens END"
-        " WHERE session_key = ?",
-        # the prompt's whole size, cached parts included (seed 001: what the API reported)
-        (i, o, cr, cw, i + o + cr + cw, float(u.get("cost_usd", 0.0)), i + cr + cw, i + cr + cw, key))
-
-
-def ledger_lookup(conn, rid: str) -> tuple | None:
-    return conn.execute("SELECT status, created_at, session_key FROM prompts WHERE request_id = ?",
-                        (rid,)).fetchone()
-
-
-def mark_resume_pending_many(conn, keys: list[str], reason: str) -> None:
-    for key in keys:
-        life.mark_resume_pending(conn, key, reason)
-
-
-# -- the frame flush (see frames.py) ----------------------------------------------------
-
-FN, MSG = "fn", "msg"  # kinds of writes queued with frames
-
-
-class FlushOutOfOrder(Exception):
-    """A frame flush whose predecessor did not commit: it must not commit
-    either (the bus sends it again, behind its predecessor)."""
-
-
-class _FlushOrder:
-    """In the writer process: the number of the last flush that ran (in the
-    open transaction or committed) and of the last one that committed."""
-    ran = 0
-    committed = 0
-
-
-def _flush_committed(no: int) -> None:
-    _FlushOrder.committed = no
-
-
-def _flush_undone() -> None:
-    _FlushOrder.ran = _FlushOrder.committed
-
-
-def run_flush(conn, order: tuple[int, int], rows: list[tuple], writes: list[tuple]) -> tuple[list, int]:
-    """One flush of the frame bus: every write in publish order, then every
-    frame row, in one transaction — a ``completed`` frame commits with its
-    ledger update and transcript rows or not at all. ``writes`` holds
-    ``(FN, (fn, args) or None)`` and ``(MSG, append_many item)``. Returns each
-    write's result (an exception for one that failed) and the first frame id
-    (rows inserted by one executemany get consecutive ids).
-
-    ``order`` is (this flush's number, the number of the flush before it).
-    The bus keeps several flushes in flight; if one does not commit (a full
-    disk), those sent behind it must not commit before it is sent again, or
-    seqs would skip and transcript rows swap. So a flush runs only right
-    after its predecessor (here, in the writer process, which sees every
-    flush in order), else raises FlushOutOfOrder.
-
-    The fast path runs the writes bare; if one raises, everything is rolled
-    back to a savepoint and replayed with a savepoint per write, so one bad
-    write fails alone and the batch's frames still land. Not so a store fault
-    (a full disk): it fails the whole flush, which the bus keeps and retries —
-    a frame must never commit without the writes queued before it."""
-    no, prev = order
-    if prev != _FlushOrder.ran:
-        raise FlushOutOfOrder(f"flush {no} follows {prev}, but {_FlushOrder.ran} ran last")
-    try:
-        with conn:
-            results = _run_writes(conn, writes, isolate=False)
-    except Exception as e:
-        if is_store_fault(e):
-            raise
-        log.exception("a write queued with frames failed; replaying the batch write by write")
-        results = _run_writes(conn, writes, isolate=True)
-    first_id = 0
-    if rows:
-        conn.executemany(INSERT_FRAME, rows)
-        first_id = conn.last_insert_rowid() - len(rows) + 1
-    _FlushOrder.ran = no
-    at_end(functools.partial(_flush_committed, no), _flush_undone)
-    return results, first_id
-
-
-def _run_writes(conn, writes: list[tuple], isolate: bool) -> list:
-    results: list = []
-    i, n = 0, len(writes)
-    while i < n:
-        kind, payload = writes[i]
-        if kind == MSG:
-            j = i
-            while j < n and writes[j][0] == MSG:
-                j += 1
-            items = [w[1] for w in writes[i:j]]
-            results.extend(_guarded(conn, isolate, tx.append_many, (items, False), len(items), True))
-            i = j
-            continue
-        i += 1
-        if payload is None:
-            results.append(None)
-        else:
-            results.extend(_guarded(conn, isolate, payload[0], payload[1], 1, False))
-    return results
-
-
-def _guarded(conn, isolate: bool, fn, args: tuple, count: int, many: bool) -> list:
-    if not isolate:
-        out = fn(conn, *args)
-        return out if many else [out]
-    try:
-        with conn:
-            out = fn(conn, *args)
-        return out if many else [out]
-    except Exception as e:
-        if is_store_fault(e):
-            raise
-        log.exception("a write queued with frames failed")
-        return [e] * count
+def record_usage(uow: UnitOfWork, key: str, u: dict[str, Any]) -> None:
+    """A usage frame's accounting (seed 001 §2's counters); the prompt's whole
+    size, cached parts included, is what the API reported as its prompt."""
+    i, cr, cw = int(u.get("input_tokens", 0)), int(u.get("cache_read_tokens", 0)), \
+        int(u.get("cache_write_tokens", 0))
+    uow.routing.add_usage(key, UsageDelta(i, int(u.get("output_tokens", 0)), cr, cw,
+                                          float(u.get("cost_usd", 0.0)), i + cr + cw), None)

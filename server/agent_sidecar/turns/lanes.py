@@ -14,10 +14,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-# Delivery modes (values of the proto enum DeliveryMode).
-REJECT_IF_BUSY, FOLLOW_UP, QUEUE, INTERRUPT, ROLLBACK, STEER = 1, 2, 3, 4, 5, 6
-MODE_NAMES = {1: "REJECT_IF_BUSY", 2: "FOLLOW_UP", 3: "QUEUE", 4: "INTERRUPT", 5: "ROLLBACK",
-              6: "STEER"}
+from ..delivery import FOLLOW_UP, INTERRUPT, QUEUE, REJECT_IF_BUSY, ROLLBACK, STEER  # noqa: F401
+from .jobs import PromptRecord
 
 
 @dataclass(eq=False)
@@ -35,7 +33,6 @@ class Turn:
     next_seq: int = 1
     accepted: bool = False
     queued: bool = False  # has a prompt_queue row (waited in the lane)
-    routing_row: tuple | None = None  # (session_id, created_at, origin) seen at accept
     started: bool = False
     finished: bool = False
     terminal_pending: bool = False
@@ -64,11 +61,11 @@ class Turn:
     # worker still sends is refused, and the turn ends CANCELLED (turns/undo.py).
     taken_back: str = ""
 
-    def ledger_fields(self) -> tuple:
+    def record(self) -> PromptRecord:
         """What the accept job writes to the ledger (plain data: it is pickled
         to the store's writer process)."""
-        return (self.rid, self.key, self.platform, self.profile, self.delivery, self.text,
-                self.payload, self.created_at)
+        return PromptRecord(self.rid, self.key, self.platform, self.profile, self.delivery,
+                            self.text, self.payload, self.created_at)
 
     def user_texts(self) -> list[str]:
         """The user messages this turn starts with: the texts of the prompts it

@@ -23,7 +23,6 @@ from .. import errors as E
 from ..config import Config
 from ..sessions.source import SessionSource
 from ..store import Store
-from ..store.batcher import Batcher
 from ..tools.registry import ToolRegistry
 from . import admission, burst, dedup, jobs, placement, supervision, undo, worker_events
 from .context import SystemPrompts
@@ -34,15 +33,14 @@ from .pool import WorkerHandle, WorkerPool
 
 
 class TurnManager:
-    def __init__(self, cfg: Config, store: Store):
+    def __init__(self, cfg: Config, store: Store, tools: ToolRegistry):
         self.cfg, self.store = cfg, store
         self.bus = FrameBus(store, cfg.limits.stream_buffer_frames, cfg.limits.stream_buffer_bytes)
-        self.accepts = Batcher(store, jobs.accept_many)  # prompts accepted together commit together
         self.lanes: dict[str, Lane] = {}
         self.recent = dedup.RecentRequests(cfg.dedup_window_s)  # the dedup window's request ids
-        self.prompts = SystemPrompts(cfg, store)
+        self.prompts = SystemPrompts(cfg)
         self.live = admission.LiveTurns()  # request id -> every turn not yet ended
-        self.tools = ToolRegistry()
+        self.tools = tools
         self.pool: WorkerPool | None = None
         self.ready = asyncio.Event()  # set when startup restore is done
         self.accepting = True
@@ -56,7 +54,7 @@ class TurnManager:
     async def start_workers(self) -> None:
         n = self.cfg.worker_count()
         c = self.cfg.agent_cache
-        settings = {"db_path": self.cfg.db_path, "parent_pid": os.getpid(),
+        settings = {"reader": self.store.reader_spec(), "parent_pid": os.getpid(),
                     "debug": logging.getLogger("agent_sidecar").isEnabledFor(logging.DEBUG),
                     "cache": {
             "max_size": c.max_size, "idle_ttl_secs": c.idle_ttl_secs,
@@ -66,15 +64,6 @@ class TurnManager:
         self.pool = WorkerPool(n, settings, functools.partial(worker_events.on_message, self),
                                functools.partial(worker_events.on_exit, self))
         await self.pool.start()
-
-    def servicers(self, auth) -> list:
-        from ..api.prompt_service import PromptService
-        from ..api.tool_service import ToolService
-        from ..v1 import prompt_service_pb2_grpc, tool_service_pb2_grpc
-        prompts = PromptService(self.cfg, self.store, auth, self)
-        tools = ToolService(self.cfg, auth, self.tools)
-        return [(lambda s: prompt_service_pb2_grpc.add_PromptServiceServicer_to_server(prompts, s), "prompts"),
-                (lambda s: tool_service_pb2_grpc.add_ToolServiceServicer_to_server(tools, s), "tools")]
 
     async def start(self) -> None:
         """Startup restore, then open for prompts (which wait for ``ready``)."""
@@ -106,6 +95,10 @@ class TurnManager:
     def queue_depth(self, key: str) -> int:
         lane = self.lanes.get(key)
         return lane.depth() if lane else 0
+
+    def open_turns(self) -> int:
+        """Turns that started and whose end has not committed."""
+        return sum(1 for t in self.live.values() if t.started and not t.finished)
 
     def busy_keys(self) -> set[str]:
         return {k for k, lane in self.lanes.items() if lane.running is not None}
@@ -166,7 +159,7 @@ class TurnManager:
             await self.ready.wait()  # startup restore first: never race it
         if not self.accepting:
             raise E.SidecarError(E.UNAVAILABLE, "the sidecar is shutting down")
-        if dedup.is_twin(self, rid, key):  # the caller replays the original turn
+        if await dedup.is_twin(self, rid, key):  # the caller replays the original turn
             return None
         # A known request id replays (reads work); a new one is refused before
         # placement could end or move anything in its lane.
@@ -208,11 +201,12 @@ class TurnManager:
         # restore's resume turns: their starts (and system prompts) should not
         # hold up SERVING, so they start after their accept, through the bus.
         start_now = slot is None and lane.running is turn and not internal
-        accepted = self.accepts.submit(
-            (turn.ledger_fields(), source, self.cfg.dedup_window_s, slot, position, start_now),
-            then=functools.partial(self._accepted, turn, lane, internal))
+        accepted = self.store.write(jobs.accept, jobs.AcceptRequest(
+            turn.record(), source, self.cfg.dedup_window_s, slot, position, start_now))
+        # Registered before anyone awaits it: runs first, as the accept commits.
+        accepted.add_done_callback(functools.partial(self._accepted, turn, lane, internal))
         try:
-            await accepted
+            await asyncio.shield(accepted)  # a caller going away must not cancel the accept
         except jobs.DuplicateRequest:
             return None
         except asyncio.CancelledError:  # the caller went away; the turn goes on without it
@@ -221,33 +215,34 @@ class TurnManager:
             raise
         return turn
 
-    def _accepted(self, turn: Turn, lane: Lane, internal: bool, result) -> None:
+    def _accepted(self, turn: Turn, lane: Lane, internal: bool, fut: asyncio.Future) -> None:
         """The accept job's answer, run as it commits (in commit order with the
         bus's frames, so watchers by key or platform see cursors in order)."""
-        if isinstance(result, BaseException):
-            self._unreserve(lane, turn, result)
+        error = fut.exception() if not fut.cancelled() else E.SidecarError(E.UNAVAILABLE, "cancelled")
+        if error is not None:
+            self._unreserve(lane, turn, error)
             return
-        sid, frame_id, turn.routing_row, started, absorbed = result
-        rid, key = turn.rid, turn.key
+        result: jobs.Accepted = fut.result()
+        rid, key, sid, started = turn.rid, turn.key, result.session_id, result.started
         turn.sid = sid
         turn.accepted = True
         self.recent.remember(rid, turn.created_at, key)
         if internal:
             turn.subscribers.clear()  # nobody streams it; WatchActivity can
-        frame = build_frame(rid, key, sid, 1, turn.created_at, frame_id, "accepted",
+        frame = build_frame(rid, key, sid, 1, turn.created_at, result.cursor, "accepted",
                             {"queue_position": turn.payload["queue_position"]})
         self.bus.deliver_committed(turn, frame, "accepted")
-        if absorbed is not None:
-            burst.committed(self, turn, absorbed)
+        if result.absorbed is not None:
+            burst.committed(self, turn, result.absorbed)
         if started is not None:  # the accept job started it too
             turn.started = True
             turn.next_seq = 3
-            frame = build_frame(rid, key, sid, 2, started["at"], started["frame_id"], "started", {})
+            frame = build_frame(rid, key, sid, 2, started.at, started.cursor, "started", {})
             self.bus.deliver_committed(turn, frame, "started")
             if turn.pending_end:  # ended (cancelled, superseded) before the commit came back
                 self._publish_end(turn, *turn.pending_end)
             else:
-                self._dispatch(turn, started, *self.prompts.for_turn(turn))
+                self._dispatch(turn, started)
         elif turn.pending_end:
             self._publish_end(turn, *turn.pending_end)
         elif turn.host is None and lane.running is turn and not turn.started:
@@ -275,34 +270,29 @@ class TurnManager:
 
     def _start(self, turn: Turn) -> None:
         """A turn that waited in its lane starts (one accepted on an idle lane
-        was started by its accept job)."""
+        was started by its accept job): its start job commits with its
+        ``started`` frame, then the worker gets it."""
         turn.started = True
-        row = turn.routing_row if not turn.queued else None
-        if row is None:  # it waited: the lane may have moved to another incarnation
-            row = self.prompts.routing_row(turn.key)
-        if row is None:
-            self.end(turn, "failed", E.SESSION_NOT_FOUND, f"session {turn.key} no longer exists")
-            return
-        turn.sid = row[0]
-        turn.routing_row = row
-        profile, system_prompt = self.prompts.for_turn(turn)
-        start = (jobs.start, (turn.rid, turn.key, turn.sid, turn.user_texts(), turn.queued,
-                              "resume" in turn.payload))  # an auto-resume note is synthetic
-        self.bus.publish(turn, "started", write=start,
-                         then=lambda res: self._dispatch(turn, res, profile, system_prompt))
+        req = jobs.StartRequest(turn.rid, turn.key, tuple(turn.user_texts()), turn.queued,
+                                "resume" in turn.payload)  # an auto-resume note is synthetic
+        self.bus.publish(turn, "started", write=(jobs.start, (req,)),
+                         then=lambda res: self._dispatch(turn, res))
 
-    def _dispatch(self, turn: Turn, res, profile, system_prompt: str) -> None:
-        if isinstance(res, Exception):
-            self.end(turn, "failed", E.UNAVAILABLE, f"could not start the turn: {res}")
+    def _dispatch(self, turn: Turn, res: "jobs.Started | BaseException") -> None:
+        if isinstance(res, BaseException):
+            reason = res.reason if isinstance(res, E.SidecarError) else E.UNAVAILABLE
+            self.end(turn, "failed", reason, f"could not start the turn: {res}")
             return
         if turn.cancel_reason:
             self.end(turn, "failed", turn.cancel_reason, "the turn was cancelled")
             return
+        turn.sid = res.session_id  # a switch may have moved the lane while it waited
+        profile, system_prompt = self.prompts.for_turn(turn, res.lane)
         h = self.pool.slot_for(turn.key)
         turn.worker = h
         turn.worker_gen = h.generation if h.ready.is_set() else -1
-        msg = {"t": "run", "rid": turn.rid, "key": turn.key, "sid": turn.sid, "rev": res["rev"],
-               "base_seq": res["base_seq"], "texts": turn.user_texts(), "profile": profile.wire,
+        msg = {"t": "run", "rid": turn.rid, "key": turn.key, "sid": turn.sid, "rev": res.rev,
+               "base_seq": res.base_seq, "texts": turn.user_texts(), "profile": profile.wire,
                "system_prompt": system_prompt, "tools": self.tools.specs_for(profile.tools, turn.platform),
                "timeout_s": turn.timeout_s}
         if h.ready.is_set():
@@ -379,8 +369,8 @@ class TurnManager:
                  "final_text": text if status == "completed" else ""}
         if turn.started and turn.host is None:
             # last_seq: the seq this terminal frame is about to get
-            write = (jobs.finish, (turn.rid, turn.key, turn.sid, status, reason, turn.next_seq,
-                                   turn.rollback, lane_idle, state))
+            write = (jobs.finish, (jobs.TurnEnd(turn.rid, turn.key, turn.sid, status, reason,
+                                                turn.next_seq, turn.rollback, lane_idle, state),))
         else:
             write = (jobs.close_unstarted, (turn.rid, status, reason, turn.next_seq))
         self.bus.publish(turn, kind, body, write=write,

@@ -13,9 +13,11 @@ import asyncio
 import logging
 
 from .. import errors as E
+from ..delivery import INTERRUPT, ROLLBACK
+from ..recovery.startup import RestoredPrompt
+from ..sessions import lifecycle as life
 from ..store import StoreUnavailable
-from . import jobs
-from .lanes import INTERRUPT, ROLLBACK, Lane, Turn
+from .lanes import Lane, Turn
 
 log = logging.getLogger("agent_sidecar.turns")
 
@@ -38,7 +40,7 @@ async def restore(m) -> None:
     clean = consume_marker(m.cfg.data_dir)
     plan = await m.store.write(restore_job, clean, m.cfg.gateway_auto_continue_freshness,
                                m.cfg.auto_resume)
-    m.recent.load(m.store)
+    await m.recent.load(m.store)
     log.info("startup restore", extra={"clean": plan.clean, "marked": len(plan.marked),
                                        "suspended": plan.suspended,
                                        "closed_turns": plan.closed_turns,
@@ -47,38 +49,37 @@ async def restore(m) -> None:
         _restore_queued(m, q)
     # Submitted together, the resume turns' accepts share a few commits.
     await asyncio.gather(*(
-        m.submit(rid=r["rid"], key=r["key"], platform=r["platform"],
-                 profile=r["profile"] if m.cfg.profile(r["profile"]) else "main",
-                 text=RESUME_TEXT.format(reason=r["reason"]), delivery=INTERRUPT,
+        m.submit(rid=r.request_id, key=r.session_key, platform=r.platform,
+                 profile=r.profile if m.cfg.profile(r.profile) else "main",
+                 text=RESUME_TEXT.format(reason=r.reason), delivery=INTERRUPT,
                  source=None, timeout_s=m.cfg.gateway_timeout,
-                 payload={"resume": r["reason"]}, internal=True)
+                 payload={"resume": r.reason}, internal=True)
         for r in plan.resume))
     for lane in list(m.lanes.values()):
         m._advance(lane)
 
 
-def _restore_queued(m, q: dict) -> None:
-    turn = Turn(rid=q["rid"], key=q["key"], platform=q["platform"],
-                profile=q["payload"].get("profile", "main"), text=q["text"],
-                delivery=q["delivery"], sid=q["sid"], created_at=q["created_at"],
-                payload=q["payload"], accepted=True, timeout_s=m.cfg.gateway_timeout)
-    turn.next_seq = q["next_seq"]
-    link = q["payload"].get("absorbed_from")  # a follow-up that absorbed a burst (burst.py)
-    if link:
-        turn.absorbed = m.store.read(lambda c: jobs.absorbed_texts(c, link))
-    turn.queued = q["slot"] != "next"
+def _restore_queued(m, q: RestoredPrompt) -> None:
+    e = q.entry
+    turn = Turn(rid=e.request_id, key=e.session_key, platform=e.platform,
+                profile=e.payload.get("profile", "main"), text=e.text, delivery=e.delivery,
+                sid=e.session_id, created_at=e.created_at, payload=e.payload, accepted=True,
+                timeout_s=m.cfg.gateway_timeout)
+    turn.next_seq = q.next_seq
+    turn.absorbed = list(q.absorbed)  # a follow-up that absorbed a burst (burst.py)
+    turn.queued = q.slot != "next"
     lane = m.lanes.get(turn.key)
     if lane is None:
         lane = m.lanes[turn.key] = Lane(turn.key)
-    if q["slot"] == "next":  # it was about to run when the last run ended
+    if q.slot == "next":  # it was about to run when the last run ended
         lane.interrupt.appendleft(turn)
     elif turn.delivery in (INTERRUPT, ROLLBACK):
         lane.interrupt.append(turn)
-    elif q["slot"] == "pending" and lane.pending is None:
+    elif q.slot == "pending" and lane.pending is None:
         lane.pending = turn
     else:
         lane.fifo.append(turn)
-    lane.position_counter = max(lane.position_counter, q["position"])
+    lane.position_counter = max(lane.position_counter, q.position)
     m.live[turn.rid] = turn
 
 
@@ -96,9 +97,8 @@ async def drain(m, timeout: float) -> bool:
         return _undrained(m)
     still = sorted(m.busy_keys())
     if still:
-        from .jobs import mark_resume_pending_many
         try:
-            await m.store.write(mark_resume_pending_many, still, "shutdown_timeout")
+            await m.store.write(life.mark_resume_pending_many, still, "shutdown_timeout")
         except StoreUnavailable:
             return _undrained(m)
         log.warning("drain timed out", extra={"sessions": still})

@@ -57,13 +57,13 @@ async def rewind(m, key: str, session_id: str, n: int) -> dict[str, Any]:
     module docstring). Returns the RewindSessionResponse fields: ``turns_undone``
     counts dropped prompts and the cancelled turn too; ``target_text`` is the
     first text of the oldest user turn undone."""
+    entry = await m.store.entry(key)  # before the lane is read: no await from here on
     lane = m.lanes.get(key)
     undone: list[Turn] = []  # newest first
     wrote: list[str] = []  # request ids whose rows must go with them
     advance = False
     if lane is not None:
-        row = m.prompts.routing_row(key)
-        if row is not None and row[0] == session_id:  # waiting prompts run in this incarnation
+        if entry is not None and entry.session_id == session_id:  # waiting prompts run in this incarnation
             waiting = [t for t in lane.waiting() if _open(t)]
             if _open(lane.running) and not lane.running.started:
                 waiting.append(lane.running)
@@ -132,7 +132,6 @@ def _take_back(m, turn: Turn, why: str) -> None:
 
 def _submit_after_lane_writes(m, fn, *args) -> asyncio.Future:
     """Queue a transcript job behind every write already published (the frame
-    bus's, the accepts'): the store's writer runs jobs in the order queued."""
+    bus's, the accepts'): the store runs jobs in the order they were written."""
     m.bus.flush_now()
-    m.accepts.flush_now()
-    return m.store.submit(fn, *args)
+    return m.store.write(fn, *args)

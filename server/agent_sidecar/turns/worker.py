@@ -21,14 +21,12 @@ import os
 import sys
 from typing import Any
 
-import apsw
+import importlib
 import orjson
 
 from .. import errors as E
 from ..children import Channel, open_channel, tune_gc
 from ..models.registry import load_backend
-from ..sessions.transcripts import load_for_model
-from ..store.db import open_reader
 from .agent import Agent, ToolRefused, TurnFailed, TurnSpec, run_turn
 from .cache import AgentCache
 
@@ -83,7 +81,7 @@ class Worker:
         self.turns: dict[str, tuple[asyncio.Task, _TurnIO]] = {}
         self.cancel_reasons: dict[str, str] = {}
         self.backends: dict[str, tuple[bytes, Any]] = {}
-        self._reader_conn: apsw.Connection | None = None
+        self._transcripts = None  # the store's TranscriptReader, opened on the first miss
         self.channel: Channel | None = None
 
     # -- plumbing -------------------------------------------------------------
@@ -96,10 +94,14 @@ class Worker:
             return  # per-turn chatter costs the parent's loop; only when asked for
         self.send({"t": "log", "msg": msg, "level": level, **fields})
 
-    def db(self) -> apsw.Connection:
-        if self._reader_conn is None:
-            self._reader_conn = open_reader(self.settings["db_path"])
-        return self._reader_conn
+    def transcripts(self):
+        """The store's reader for this process (store/interface.py
+        TranscriptReader), from the recipe the parent sent."""
+        if self._transcripts is None:
+            opener, args = self.settings["reader"]
+            module, _, fn = opener.partition(":")
+            self._transcripts = getattr(importlib.import_module(module), fn)(*args)
+        return self._transcripts
 
     def backend(self, profile: dict[str, Any]):
         sig = orjson.dumps([profile["model"], profile.get("model_options", {})],
@@ -189,7 +191,7 @@ class Worker:
             return agent
         # Miss (or the store moved on): rebuild from the committed transcript,
         # which already holds this turn's user messages.
-        msgs = load_for_model(self.db(), m["sid"])
+        msgs = self.transcripts().load_for_model(m["sid"])
         if len(msgs) > 1:
             self.log("agent rebuilt from store", "debug", key=key, messages=len(msgs))
         agent = Agent(key, m["sid"], m["rev"], m["base_seq"] + len(texts), msgs,

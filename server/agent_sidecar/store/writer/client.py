@@ -1,34 +1,35 @@
-"""The parent's side of the writer process (see writer_process.py).
+"""The parent's side of the writer process (see process.py).
 
-``submit(fn, *args)`` pickles the job at once — so a lambda or a closure fails
+``write(job, *args)`` pickles the job at once — so a lambda or a closure fails
 at the call site, not later on the other side — and returns a future. Jobs
-submitted during one event-loop iteration travel as one pipe message; the
-writer answers each group commit with one message, and the futures resolve
-only then, i.e. once the write is durable.
+written during one event-loop iteration travel as one pipe message (``flush``
+sends what is queued at once, for a caller that gathered a loop iteration's
+writes itself); the writer answers each group commit with one message, and
+the futures resolve in commit order, only then, i.e. once the write is
+durable.
 
 If the writer process dies, every pending and later write fails with
 ``StoreClosed`` and ``on_lost`` is called: the sidecar cannot acknowledge
 anything without its store, so it stops (and its supervisor restarts it).
 
-Every answer that carries a store fault (a full disk, an I/O error; see
-faults.py) reaches its caller as ``StoreUnavailable`` and puts the store in
-its failing state (``faults``), in which new jobs are refused at once and only
-retry jobs (``retry=True``) are sent.
+An answer that carries a store fault arrives as ``StoreUnavailable`` (the
+writer process maps its driver's errors) and puts the store in its failing
+state (``faults``), in which new jobs are refused at once and only retry jobs
+(``retry=True``) are sent.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import multiprocessing as mp
 import os
 import pickle
 from typing import Any, Callable
 
-from ..children import Channel, spawn
-from .faults import FaultMonitor, StoreUnavailable, is_store_fault, unavailable
-from .writer_process import CLOSE, writer_main
+from ...children import Channel, spawn
+from ..faults import FaultMonitor, StoreUnavailable, probe
+from .process import CLOSE, writer_main
 
 log = logging.getLogger("agent_sidecar.store")
 
@@ -39,17 +40,13 @@ class StoreClosed(StoreUnavailable):
     STORE_UNAVAILABLE, retry (the next sidecar will take it)."""
 
 
-def _call(on_done: Callable[[bool, Any], None], ok: bool, value: Any) -> None:
-    try:
-        on_done(ok, value)
-    except Exception:
-        log.exception("a store write callback failed")
-
-
 class GroupCommitWriter:
-    def __init__(self, path: str, synchronous: str, log_format: str = "json",
+    """``backend`` is what the writer process opens (``("module:function",
+    args)``, see process.writer_main); ``preload`` the modules jobs live in."""
+
+    def __init__(self, backend: tuple, preload: tuple[str, ...] = (), log_format: str = "json",
                  log_level: str = "info", on_lost: Callable[[], None] | None = None):
-        self.path, self.synchronous = path, synchronous
+        self.backend, self.preload = backend, preload
         self.log_format, self.log_level = log_format, log_level
         self.on_lost = on_lost
         self.pid = 0
@@ -58,13 +55,13 @@ class GroupCommitWriter:
         self.jobs = 0
         self._process: mp.process.BaseProcess | None = None
         self._channel: Channel | None = None
-        self._pending: dict[int, asyncio.Future | Callable[[bool, Any], None]] = {}
+        self._pending: dict[int, asyncio.Future] = {}
         self._outbox: list[tuple[int, bytes]] = []
         self._scheduled = False
         self._next_id = 0
         self._closed = False
         self._done: asyncio.Future | None = None
-        self.faults = FaultMonitor(functools.partial(self.send_now, retry=True))
+        self.faults = FaultMonitor(self._retry_probe)
 
     @property
     def closed(self) -> bool:
@@ -74,7 +71,7 @@ class GroupCommitWriter:
     async def start(self, timeout: float = 60.0) -> None:
         self._done = asyncio.get_running_loop().create_future()
         self._process, self._channel, self.info = await spawn(
-            writer_main, (self.path, self.synchronous, os.getpid(), self.log_format, self.log_level),
+            writer_main, (self.backend, os.getpid(), self.log_format, self.log_level, self.preload),
             "agent-sidecar-store-writer", self._on_message, self._on_lost, timeout,
             loads=pickle.loads, dumps=_dumps)
         self.pid = self.info["pid"]
@@ -82,43 +79,38 @@ class GroupCommitWriter:
 
     # -- submitting -------------------------------------------------------
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
-        """Queue ``fn(conn, *args)`` (``fn`` module-level, args picklable);
-        await the returned future for its result."""
+    def write(self, fn: Callable[..., Any], *args: Any, retry: bool = False) -> asyncio.Future:
+        """Queue ``fn(uow, *args)`` (``fn`` module-level, args picklable) for
+        the pipe message that leaves at the end of this loop iteration (or at
+        ``flush``); the future resolves with its result. ``retry``: taken even
+        while the store is failing (faults.py)."""
+        if self._closed:
+            raise StoreClosed("the store is closed")
+        if not retry:
+            self.faults.refuse()
         loop = asyncio.get_running_loop()
+        blob = _dumps((fn, args))
         fut = loop.create_future()
-        self._enqueue(fn, args, fut)
+        jid = self._next_id = self._next_id + 1
+        self._pending[jid] = fut
+        self._outbox.append((jid, blob))
+        if retry:
+            self.faults.sent(jid)
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._send)
         return fut
 
-    def send_now(self, fn: Callable[..., Any], args: tuple,
-                 on_done: Callable[[bool, Any], None], retry: bool = False) -> None:
-        """For callers that already gathered one loop iteration's writes (the
-        frame bus, batchers): the job leaves at once instead of on the next
-        iteration, and ``on_done(ok, result or exception)`` runs as soon as
-        the answer arrives — two event-loop hops fewer than ``submit``.
-        ``retry``: sent even while the store is failing (faults.py)."""
-        self._enqueue(fn, args, on_done, retry)
+    def flush(self) -> None:
+        """Send what is queued now: for a caller that gathered one loop
+        iteration's writes itself (the frame bus), one event-loop hop earlier."""
         self._send()
 
-    def _enqueue(self, fn: Callable[..., Any], args: tuple,
-                 waiter: asyncio.Future | Callable[[bool, Any], None], retry: bool = False) -> None:
-        """Pickle the job now (an unpicklable one fails at the call site) and
-        queue it for the next pipe message; ``waiter`` gets its answer. While
-        the store is failing only a retry job is taken; others raise
-        StoreUnavailable here, before anything is queued."""
-        if self._closed:
-            raise StoreClosed("the store is closed")
-        if not retry:
-            self.faults.refuse()
-        blob = _dumps((fn, args))
-        jid = self._next_id = self._next_id + 1
-        self._pending[jid] = waiter
-        self._outbox.append((jid, blob))
-        if retry:
-            self.faults.sent(jid)
+    def _retry_probe(self) -> asyncio.Future:
+        """The fault monitor's probe of a retry round (faults.probe)."""
+        fut = self.write(probe, retry=True)
+        self._send()
+        return fut
 
     def _send(self) -> None:
         self._scheduled = False
@@ -136,21 +128,15 @@ class GroupCommitWriter:
         self.commits += 1
         self.jobs += len(msg)
         for jid, ok, value in msg:
-            fault = None
-            if not ok and is_store_fault(value):  # the one place store faults are mapped
-                value = fault = unavailable(value)
+            fault = value if not ok and isinstance(value, StoreUnavailable) else None
             self.faults.answered(jid, ok, fault)  # failing first: a caller's retry waits for a round
             self._answer(jid, ok, value)
 
     def _answer(self, jid: int, ok: bool, value: Any) -> None:
         fut = self._pending.pop(jid, None)
-        if fut is None:
+        if fut is None or fut.done():
             return
-        if not isinstance(fut, asyncio.Future):
-            _call(fut, ok, value)
-        elif fut.done():
-            return
-        elif ok:
+        if ok:
             fut.set_result(value)
         else:
             fut.set_exception(value)
@@ -160,9 +146,7 @@ class GroupCommitWriter:
             self._done.set_result(None)
         pending, self._pending = self._pending, {}
         for fut in pending.values():
-            if not isinstance(fut, asyncio.Future):
-                _call(fut, False, StoreClosed("the store writer process exited"))
-            elif not fut.done():
+            if not fut.done():
                 fut.set_exception(StoreClosed("the store writer process exited"))
         was_closing = self._closed
         self._closed = True

@@ -1,0 +1,265 @@
+"""The values that cross the storage seam, in both directions.
+
+Everything here is plain data — frozen dataclasses of strings, numbers and
+JSON-able dicts — because it travels: pickled to the store's writer process
+and back, and read by backends that know nothing of the domain above them.
+Times are seconds since the epoch (UTC) as floats, on every backend.
+
+``UNSET`` marks a field of a patch that is left as it is (``None`` is a value:
+``last_resume_marked_at=None`` clears it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Final
+
+
+class _Unset:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+    def __reduce__(self):
+        return (_unset, ())
+
+
+def _unset() -> "_Unset":
+    return UNSET
+
+
+UNSET: Final = _Unset()
+
+
+# -- lanes ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class SessionEntry:
+    """One routing row (seed 001 §2's SessionEntry) plus its incarnation's
+    ``turn_count`` (seed 000's session row). ``origin`` is the SessionSource
+    that last reached the lane, as its dict (``SessionSource.to_dict``)."""
+
+    session_key: str
+    session_id: str
+    profile: str
+    platform: str
+    chat_type: str
+    created_at: float
+    updated_at: float
+    origin: dict[str, Any] | None = None
+    display_name: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    total_tokens: int = 0
+    estimated_cost_usd: float = 0.0
+    cost_status: str = "unknown"
+    last_prompt_tokens: int = 0
+    was_auto_reset: bool = False
+    auto_reset_reason: str = ""
+    reset_had_activity: bool = False
+    is_fresh_reset: bool = False
+    expiry_finalized: bool = False
+    suspended: bool = False
+    resume_pending: bool = False
+    resume_reason: str = ""
+    last_resume_marked_at: float | None = None
+    running: bool = False
+    turn_count: int = 0
+
+
+ROUTING_FIELDS: Final = tuple(f.name for f in fields(SessionEntry) if f.name != "turn_count")
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingPatch:
+    """The columns of a routing row to change; every field left ``UNSET`` stays."""
+
+    session_id: Any = UNSET
+    created_at: Any = UNSET
+    updated_at: Any = UNSET
+    origin: Any = UNSET
+    display_name: Any = UNSET
+    input_tokens: Any = UNSET
+    output_tokens: Any = UNSET
+    cache_read_tokens: Any = UNSET
+    cache_write_tokens: Any = UNSET
+    total_tokens: Any = UNSET
+    estimated_cost_usd: Any = UNSET
+    cost_status: Any = UNSET
+    last_prompt_tokens: Any = UNSET
+    was_auto_reset: Any = UNSET
+    auto_reset_reason: Any = UNSET
+    reset_had_activity: Any = UNSET
+    is_fresh_reset: Any = UNSET
+    expiry_finalized: Any = UNSET
+    suspended: Any = UNSET
+    resume_pending: Any = UNSET
+    resume_reason: Any = UNSET
+    last_resume_marked_at: Any = UNSET
+    running: Any = UNSET
+
+    def changes(self) -> dict[str, Any]:
+        """The fields this patch sets, in declaration order."""
+        return {f: v for f in PATCH_FIELDS if (v := getattr(self, f)) is not UNSET}
+
+
+PATCH_FIELDS: Final = tuple(f.name for f in fields(RoutingPatch))
+
+
+@dataclass(frozen=True, slots=True)
+class LaneHead:
+    """What accepting a prompt needs of its lane, without decoding the rest."""
+
+    session_id: str
+    suspended: bool
+    resume_pending: bool
+    created_at: float
+    origin: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class UsageDelta:
+    """Token and cost counters to add (seed 001 §2); ``last_prompt_tokens``
+    replaces the lane's when positive."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cost_usd: float = 0.0
+    last_prompt_tokens: int = 0
+    cost_status: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Incarnation:
+    """One session id a key has had."""
+
+    session_id: str
+    session_key: str
+    created_at: float
+    ended_at: float | None = None
+    end_reason: str | None = None
+    turn_count: int = 0
+    next_seq: int = 1
+    rev: int = 0
+
+    @property
+    def had_activity(self) -> bool:
+        return self.turn_count > 0 or self.next_seq > 1
+
+
+# -- transcripts ---------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Message:
+    """A transcript row. ``seq`` and ``active`` are the store's (as read
+    back); ``synthetic`` marks text the sidecar wrote, not a user."""
+
+    role: str
+    content: str = ""
+    tool_call_id: str = ""
+    tool_name: str = ""
+    tool_calls_json: str = ""
+    created_at: float = 0.0
+    seq: int = 0
+    active: bool = True
+    synthetic: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """Messages to append to one incarnation; ``request_id`` names the turn
+    that wrote them (None for AppendMessages/SeedSession)."""
+
+    session_id: str
+    messages: tuple[Message, ...]
+    request_id: str | None = None
+    touch_lane: bool = True  # move the lane's updated_at (a turn's end moves it anyway)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    session_key: str
+    session_id: str
+    seq: int
+    role: str
+    snippet: str
+    created_at: float
+
+
+# -- the prompt ledger and queue -------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """One request id's row: what was asked, where, and how it ended.
+    ``first_frame`` is the cursor of its ``accepted`` frame and ``first_seq``
+    the seq of its first transcript row (where a backend may start looking)."""
+
+    request_id: str
+    session_key: str
+    session_id: str
+    platform: str
+    status: str  # queued | running | completed | failed | superseded
+    delivery: int
+    text: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    created_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    reason: str | None = None
+    last_seq: int = 0
+    first_frame: int | None = None
+    first_seq: int | None = None
+
+    @property
+    def open(self) -> bool:
+        return self.status in ("queued", "running")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSlot:
+    """A prompt waiting for its lane: the single follow-up slot (``pending``)
+    or the FIFO (``fifo``); ``position`` orders a lane's prompts."""
+
+    request_id: str
+    session_key: str
+    slot: str
+    position: int
+    enqueued_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class OpenPrompt:
+    """A ledger row still queued or running, with its queue slot if any."""
+
+    entry: LedgerEntry
+    slot: str | None
+    position: int | None
+
+
+# -- activity frames ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class FrameRecord:
+    """A persisted activity frame; ``cursor`` is its global position (grows
+    with commit order, never reused), ``seq`` its place in its request."""
+
+    cursor: int
+    request_id: str
+    seq: int
+    session_key: str
+    session_id: str
+    platform: str
+    at: float
+    kind: str
+    body: dict[str, Any]
+
+
+# A frame to insert: (request_id, seq, session_key, session_id, platform, at,
+# kind, body as orjson bytes or None). A tuple, not a dataclass: a busy sidecar
+# inserts tens of thousands a second and pickles each one to the writer.
+NewFrame = tuple

@@ -1,0 +1,118 @@
+"""Opening SQLite connections (one place that sets the pragmas every connection
+needs), and the writer process's side of the backend (``SqliteWriter``)."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import apsw
+
+from ..faults import is_store_fault
+
+# A writer that finds the database locked (doctor running, a reader checkpointing)
+# waits this long before "database is locked" could surface; it never should.
+BUSY_TIMEOUT_MS = 10_000
+# The driver's exceptions that mean "the store cannot write now" (faults.py).
+DRIVER_FAULTS = (apsw.FullError, apsw.IOError, apsw.ReadOnlyError, apsw.CantOpenError,
+                 apsw.BusyError)
+HEADROOM_BYTES = 4 << 20  # wal_autocheckpoint (1000 pages of 4 KiB): the WAL's size between checkpoints
+
+
+def open_writer(path: str, synchronous: str = "FULL") -> apsw.Connection:
+    """The one read-write connection. WAL so readers never block it; ``synchronous``
+    FULL (default) fsyncs the WAL on every commit, NORMAL leaves the last commits to
+    the OS on power loss but still loses nothing on a process crash."""
+    if synchronous.upper() not in ("FULL", "NORMAL"):
+        raise ValueError("store.synchronous must be FULL or NORMAL")
+    conn = apsw.Connection(path)
+    conn.setbusytimeout(BUSY_TIMEOUT_MS)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
+    conn.execute("PRAGMA foreign_keys=OFF")
+    conn.execute("PRAGMA temp_store=MEMORY")
+    # SQLite's own PASSIVE autocheckpoint (every 1000 WAL pages) runs on the
+    # committing connection, which is always the writer process's: readers never pay
+    # for it. A 10x larger WAL measured slower: readers look pages up in a bigger
+    # WAL index, and the fsyncs of a growing file cost more.
+    conn.execute("PRAGMA wal_autocheckpoint=1000")
+    # 32 MB of page cache (default 2 MB): the writer's random index leaves stay
+    # cached instead of being read back from the OS on every commit.
+    conn.execute("PRAGMA cache_size=-32768")
+    return conn
+
+
+def open_reader(path: str) -> apsw.Connection:
+    """A read-only connection. Readers see the last committed state (WAL snapshot
+    per statement or per explicit read transaction)."""
+    conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
+    conn.setbusytimeout(BUSY_TIMEOUT_MS)
+    conn.execute("PRAGMA query_only=1")
+    return conn
+
+
+def is_fault(e: BaseException) -> bool:
+    return is_store_fault(e, DRIVER_FAULTS)
+
+
+def check_headroom(path: str) -> None:
+    """A small commit can succeed on a full disk (into WAL space a failed
+    commit had allocated), and a store called writable again while the next
+    write fails would flap; so a retry round's probe fails until the
+    filesystem has room for a WAL's worth of pages between checkpoints
+    (HEADROOM_BYTES, at most a tenth of a small filesystem)."""
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except OSError:  # no figures here: the commit alone decides
+        return
+    free, size = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    if free < min(HEADROOM_BYTES, size // 10):
+        raise OSError(errno.ENOSPC, f"only {free} bytes free on the store's filesystem")
+
+
+class SqliteWriter:
+    """The writer process's backend: one connection, ``BEGIN IMMEDIATE``, a
+    savepoint per job (process.WriterBackend)."""
+
+    def __init__(self, path: str, synchronous: str):
+        self.path = path
+        self.conn = open_writer(path, synchronous)
+
+    def begin(self) -> None:
+        self.conn.execute("BEGIN IMMEDIATE")
+
+    def commit(self) -> None:
+        self.conn.execute("COMMIT")
+
+    def rollback(self) -> None:
+        self.conn.execute("ROLLBACK")
+
+    def savepoint(self) -> None:
+        self.conn.execute("SAVEPOINT job")
+
+    def release(self) -> None:
+        self.conn.execute("RELEASE job")
+
+    def rollback_to(self) -> None:
+        self.conn.execute("ROLLBACK TO job")
+
+    def unit_of_work(self):
+        from .uow import SqliteUnitOfWork
+        return SqliteUnitOfWork(self.conn)
+
+    def is_fault(self, e: BaseException) -> bool:
+        return is_fault(e)
+
+    def close(self) -> None:
+        import logging
+        try:
+            self.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+        except apsw.Error:
+            logging.getLogger("agent_sidecar.store").warning(
+                "final WAL checkpoint incomplete (a reader was open)")
+        self.conn.close()
+
+
+def open_backend(path: str, synchronous: str) -> SqliteWriter:
+    """The writer process's entry (process.writer_main's ``backend``)."""
+    return SqliteWriter(path, synchronous)

@@ -1,0 +1,166 @@
+"""SQLite repositories of the lanes: routing rows, incarnations, stuck-loop
+counters, turn state (interface.RoutingRepo and friends).
+
+Statements are built once per shape and cached: a patch of the same columns
+is the same SQL text, so SQLite's statement cache finds it prepared.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import apsw
+import orjson
+
+from ..records import Incarnation, LaneHead, RoutingPatch, SessionEntry, UsageDelta
+from . import rows
+
+_INSERT_ROUTING = ("INSERT INTO routing (" + ", ".join(rows.ROUTING_FIELDS) + ") VALUES ("
+                   + ", ".join("?" for _ in rows.ROUTING_FIELDS) + ") ON CONFLICT DO NOTHING")
+
+
+class SqliteRouting:
+    def __init__(self, conn: apsw.Connection):
+        self.conn = conn
+        self._patches: dict[tuple, str] = {}
+
+    def get(self, key: str) -> SessionEntry | None:
+        row = self.conn.execute(rows.ENTRY_SELECT + " WHERE r.session_key = ?", (key,)).fetchone()
+        return rows.entry(row) if row else None
+
+    def head(self, key: str) -> LaneHead | None:
+        row = self.conn.execute("SELECT session_id, suspended, resume_pending, created_at, origin"
+                                " FROM routing WHERE session_key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        return LaneHead(row[0], bool(row[1]), bool(row[2]), row[3],
+                        orjson.loads(row[4]) if row[4] else None)
+
+    def insert(self, entry: SessionEntry) -> bool:
+        self.conn.execute(_INSERT_ROUTING, tuple(rows.column_value(f, getattr(entry, f))
+                                                 for f in rows.ROUTING_FIELDS))
+        return self.conn.changes() == 1
+
+    def patch(self, key: str, patch: RoutingPatch, *, session_id: str | None = None,
+              if_current: RoutingPatch | None = None) -> bool:
+        plain = patch.changes()
+        guarded = if_current.changes() if if_current is not None else {}
+        shape = (tuple(plain), tuple(guarded))
+        sql = self._patches.get(shape)
+        if sql is None:
+            sets = [f"{c} = ?" for c in plain]
+            sets += [f"{c} = CASE WHEN session_id = ? THEN ? ELSE {c} END" for c in guarded]
+            sql = self._patches[shape] = f"UPDATE routing SET {', '.join(sets)} WHERE session_key = ?"
+        params: list[Any] = [rows.column_value(c, v) for c, v in plain.items()]
+        for c, v in guarded.items():
+            params += [session_id, rows.column_value(c, v)]
+        params.append(key)
+        self.conn.execute(sql, params)
+        return self.conn.changes() == 1
+
+    def add_usage(self, key: str, d: UsageDelta, updated_at: float | None) -> bool:
+        total = d.input_tokens + d.output_tokens + d.cache_read_tokens + d.cache_write_tokens
+        self.conn.execute(
+            "UPDATE routing SET input_tokens = input_tokens + ?, output_tokens = output_tokens + ?,"
+            " cache_read_tokens = cache_read_tokens + ?, cache_write_tokens = cache_write_tokens + ?,"
+            " total_tokens = total_tokens + ?, estimated_cost_usd = estimated_cost_usd + ?,"
+            " last_prompt_tokens = CASE WHEN ? > 0 THEN ? ELSE last_prompt_tokens END,"
+            " cost_status = CASE WHEN ? != '' THEN ? ELSE cost_status END,"
+            " updated_at = coalesce(?, updated_at) WHERE session_key = ?",
+            (d.input_tokens, d.output_tokens, d.cache_read_tokens, d.cache_write_tokens, total,
+             d.cost_usd, d.last_prompt_tokens, d.last_prompt_tokens, d.cost_status, d.cost_status,
+             updated_at, key))
+        return self.conn.changes() == 1
+
+    def keys_active_since(self, since: float) -> list[str]:
+        return [r[0] for r in self.conn.execute(
+            "SELECT session_key FROM routing WHERE updated_at >= ? AND suspended = 0"
+            " AND resume_pending = 0", (since,))]
+
+    def resume_candidates(self, since: float) -> list[SessionEntry]:
+        # Through the partial index on pending resumes.
+        return [rows.entry(r) for r in self.conn.execute(
+            rows.ENTRY_SELECT + " WHERE r.resume_pending = 1 AND r.updated_at >= ?"
+            " AND r.suspended = 0", (since,))]
+
+    def idle_before(self, cutoff: float) -> list[str]:
+        return [r[0] for r in self.conn.execute(
+            "SELECT session_key FROM routing WHERE updated_at < ? AND suspended = 0 AND running = 0",
+            (cutoff,))]
+
+    def clear_running(self) -> None:
+        self.conn.execute("UPDATE routing SET running = 0 WHERE running = 1")
+
+    def delete(self, key: str) -> bool:
+        self.conn.execute("DELETE FROM routing WHERE session_key = ?", (key,))
+        return self.conn.changes() == 1
+
+    def count(self) -> int:
+        return self.conn.execute("SELECT count(*) FROM routing").fetchone()[0]
+
+
+_INCARNATION = "SELECT session_id, session_key, created_at, ended_at, end_reason, turn_count, next_seq, rev" \
+               " FROM incarnations WHERE session_id = ?"
+
+
+class SqliteIncarnations:
+    def __init__(self, conn: apsw.Connection):
+        self.conn = conn
+
+    def insert(self, session_id: str, key: str, created_at: float) -> None:
+        self.conn.execute("INSERT INTO incarnations (session_id, session_key, created_at)"
+                          " VALUES (?, ?, ?)", (session_id, key, created_at))
+
+    def get(self, session_id: str) -> Incarnation | None:
+        row = self.conn.execute(_INCARNATION, (session_id,)).fetchone()
+        return Incarnation(*row) if row else None
+
+    def end(self, session_id: str, reason: str, at: float) -> Incarnation | None:
+        self.conn.execute("UPDATE incarnations SET ended_at = ?, end_reason = ?"
+                          " WHERE session_id = ? AND ended_at IS NULL", (at, reason, session_id))
+        return self.get(session_id)
+
+    def reopen(self, session_id: str) -> None:
+        self.conn.execute("UPDATE incarnations SET ended_at = NULL, end_reason = NULL"
+                          " WHERE session_id = ?", (session_id,))
+
+    def add_turn(self, session_id: str) -> None:
+        self.conn.execute("UPDATE incarnations SET turn_count = turn_count + 1 WHERE session_id = ?",
+                          (session_id,))
+
+    def bump_rev(self, session_id: str) -> None:
+        self.conn.execute("UPDATE incarnations SET rev = rev + 1 WHERE session_id = ?", (session_id,))
+
+    def of_key(self, key: str) -> list[str]:
+        return [r[0] for r in self.conn.execute(
+            "SELECT session_id FROM incarnations WHERE session_key = ?", (key,))]
+
+
+class SqliteRestarts:
+    def __init__(self, conn: apsw.Connection):
+        self.conn = conn
+
+    def keep_only(self, keys: Iterable[str]) -> None:
+        self.conn.execute("DELETE FROM restart_counts WHERE session_key NOT IN"
+                          " (SELECT value FROM json_each(?))", (orjson.dumps(list(keys)),))
+
+    def increment(self, key: str, at: float) -> int:
+        self.conn.execute("INSERT INTO restart_counts (session_key, count, updated_at) VALUES (?, 1, ?)"
+                          " ON CONFLICT (session_key) DO UPDATE SET count = count + 1, updated_at = ?",
+                          (key, at, at))
+        return self.conn.execute("SELECT count FROM restart_counts WHERE session_key = ?",
+                                 (key,)).fetchone()[0]
+
+    def reset(self, key: str) -> None:
+        self.conn.execute("DELETE FROM restart_counts WHERE session_key = ?", (key,))
+
+
+class SqliteTurnState:
+    def __init__(self, conn: apsw.Connection):
+        self.conn = conn
+
+    def put(self, session_id: str, request_id: str, at: float, state: dict[str, Any]) -> None:
+        self.conn.execute("INSERT INTO turn_state (session_id, request_id, updated_at, state)"
+                          " VALUES (?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET"
+                          " request_id = excluded.request_id, updated_at = excluded.updated_at,"
+                          " state = excluded.state", (session_id, request_id, at, orjson.dumps(state)))

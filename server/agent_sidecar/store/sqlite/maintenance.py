@@ -1,0 +1,126 @@
+"""Maintenance of an SQLite store, sidecar running or not (``agent-sidecar
+doctor``): integrity, the full-text index's check and rebuild, a checkpoint,
+a summary. Canonical rows are never touched: the index is derived and can be
+dropped and rebuilt from ``messages`` at any time.
+
+A store another writer keeps locked past the busy timeout raises
+``StoreLocked`` (nothing was checked or changed); a file that is no store
+raises ``NotAStore``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import apsw
+
+from .connection import BUSY_TIMEOUT_MS
+from .messages import SqliteMessages
+from .schema import FTS_SCHEMA, migrate
+
+BATCH = 5000
+
+
+class StoreLocked(RuntimeError):
+    """Another writer held the store past the busy timeout."""
+
+
+class NotAStore(RuntimeError):
+    """The file cannot be opened as a store."""
+
+
+class SqliteMaintenance:
+    def __init__(self, db_path: str):
+        self.path = db_path
+        try:
+            self.conn = apsw.Connection(db_path)
+            self.conn.setbusytimeout(BUSY_TIMEOUT_MS)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            migrate(self.conn)
+        except apsw.BusyError:
+            raise StoreLocked(self._locked()) from None
+        except apsw.Error as e:
+            raise NotAStore(f"cannot open {db_path}: {e}") from None
+        self.messages = SqliteMessages(self.conn)
+
+    def _locked(self) -> str:
+        return (f"{self.path} stayed locked by another writer for {BUSY_TIMEOUT_MS // 1000} s;"
+                " nothing was checked or changed, try again")
+
+    def _guard(self, fn: Callable, *args):
+        try:
+            return fn(*args)
+        except apsw.BusyError:
+            raise StoreLocked(self._locked()) from None
+
+    def integrity(self) -> list[str]:
+        """SQLite's integrity check of the whole file: ``["ok"]`` when healthy."""
+        return self._guard(lambda: [r[0] for r in self.conn.execute("PRAGMA integrity_check")])
+
+    def fts_check(self) -> tuple[bool, str]:
+        """FTS5's own integrity check, which compares the index with every
+        message. The sidecar indexes in batches, so the messages it has not
+        indexed yet go in first, in the same write transaction: a running
+        sidecar cannot add one between the catch-up and the check."""
+        return self._guard(self._fts_check)
+
+    def _fts_check(self) -> tuple[bool, str]:
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except apsw.BusyError:
+            raise
+        except apsw.Error as e:
+            return False, str(e)
+        try:
+            self.messages.index_pending()
+            self.conn.execute("INSERT INTO messages_fts (messages_fts, rank) VALUES ('integrity-check', 1)")
+        except apsw.BusyError:
+            self.conn.execute("ROLLBACK")
+            raise
+        except apsw.Error as e:
+            self.conn.execute("ROLLBACK")
+            return False, str(e)
+        self.conn.execute("COMMIT")
+        return True, "ok"
+
+    def message_count(self) -> int:
+        return self.conn.execute("SELECT count(*) FROM messages").fetchone()[0]
+
+    def rebuild_fts(self, advance: Callable[[int], None] | None = None) -> int:
+        """Drop and rebuild the derived index in batches (``advance(n)`` after
+        each); returns the rows indexed."""
+        return self._guard(self._rebuild_fts, advance)
+
+    def _rebuild_fts(self, advance) -> int:
+        with self.conn:
+            self.conn.execute("DROP TRIGGER IF EXISTS messages_fts_insert")
+            self.conn.execute("DROP TRIGGER IF EXISTS messages_fts_delete")
+            self.conn.execute("DROP TABLE IF EXISTS messages_fts")
+            self.conn.execute(FTS_SCHEMA)  # indexed up to id 0
+        done = 0
+        while True:
+            with self.conn:
+                n = self.messages.index_pending(BATCH)
+            if not n:
+                return done
+            done += n
+            if advance is not None:
+                advance(n)
+
+    def checkpoint(self) -> tuple[int, int]:
+        """A PASSIVE WAL checkpoint: (pages in the WAL, pages checkpointed)."""
+        return self._guard(self.conn.wal_checkpoint, None, apsw.SQLITE_CHECKPOINT_PASSIVE)
+
+    def summary(self) -> dict[str, int]:
+        def count(table):
+            return self.conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        out = {t: count(t) for t in ("routing", "incarnations", "messages", "frames", "prompts",
+                                     "prompt_queue")}
+        out["db_bytes"] = os.path.getsize(self.path)
+        wal = self.path + "-wal"
+        out["wal_bytes"] = os.path.getsize(wal) if os.path.exists(wal) else 0
+        return out
+
+    def close(self) -> None:
+        self.conn.close()

@@ -1,0 +1,133 @@
+"""The SQLite transcript repository (interface.MessageRepo) and the full-text
+index's batch indexing.
+
+Rows are append-only; hiding clears ``active`` and records why in
+``hidden_by``, so the audit trail stays. A turn's rows are found from the
+first seq its ledger row records on, through UNIQUE (session_id, seq): there
+is no index on the request id (ids are random, so one would cost a random
+b-tree page per turn in every commit).
+
+The full-text index is filled in batches, not by a trigger per insert: FTS5
+writes a new index segment for every transaction that touches it, which cost
+about a sixth of the writer's time per turn. ``meta.fts_indexed_id`` is the
+last message id indexed (every id up to it is in the index, none above it);
+the delete trigger of schema.py takes indexed rows back out.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import apsw
+
+from ...errors import SidecarError
+from ..records import Append, Message
+from . import rows
+
+_INSERT = ("INSERT INTO messages (session_id, seq, role, content, extra, created_at, request_id)"
+           " VALUES (?, ?, ?, ?, ?, ?, ?)")
+# A turn's rows (?1 is the request id), from the first seq its ledger row records on.
+TURN_ROWS = ("SELECT m.seq, m.role, m.content, m.extra, m.created_at, m.active"
+             " FROM prompts p JOIN messages m"
+             " ON m.session_id = p.session_id AND m.seq >= coalesce(p.first_seq, 0)"
+             " WHERE p.request_id = ?1 AND m.request_id = ?1 ORDER BY m.seq")
+FTS_MARK = "fts_indexed_id"
+
+
+def unknown_session(session_id: str) -> SidecarError:
+    return SidecarError("SESSION_NOT_FOUND", f"no such session id: {session_id}")
+
+
+class SqliteMessages:
+    def __init__(self, conn: apsw.Connection):
+        self.conn = conn
+
+    def append(self, items: Sequence[Append]) -> list:
+        """One executemany for every row of every item, seqs handed out per
+        incarnation in item order; the lanes' ``updated_at`` moves for items
+        that ask (a turn's end moves it anyway: two index updates saved per
+        message)."""
+        now = time.time()
+        state: dict[str, list] = {}  # session_id -> [next_seq, session_key, rev, touch]
+        out_rows: list[tuple] = []
+        results: list = []
+        for item in items:
+            sid = item.session_id
+            st = state.get(sid)
+            if st is None:
+                row = self.conn.execute("SELECT next_seq, session_key, rev FROM incarnations"
+                                        " WHERE session_id = ?", (sid,)).fetchone()
+                if row is None:
+                    results.append(unknown_session(sid))
+                    continue
+                st = state[sid] = [row[0], row[1], row[2], False]
+            st[3] = st[3] or item.touch_lane
+            first = st[0]
+            for m in item.messages:
+                out_rows.append((sid, st[0], m.role, m.content, rows.message_extra(m),
+                                 m.created_at or now, item.request_id))
+                st[0] += 1
+            results.append((first, st[0] - 1, st[2]))
+        if out_rows:
+            self.conn.executemany(_INSERT, out_rows)
+            self.conn.executemany("UPDATE incarnations SET next_seq = ? WHERE session_id = ?",
+                                  [(st[0], sid) for sid, st in state.items()])
+            touched = [(now, st[1], sid) for sid, st in state.items() if st[3]]
+            if touched:
+                self.conn.executemany("UPDATE routing SET updated_at = ? WHERE session_key = ?"
+                                      " AND session_id = ?", touched)
+        return results
+
+    def hide_live(self, session_id: str, reason: str) -> int:
+        self.conn.execute("UPDATE messages SET active = 0, hidden_by = ? WHERE session_id = ?"
+                          " AND active = 1", (reason, session_id))
+        return self.conn.changes()
+
+    def hide_from(self, session_id: str, seq: int, reason: str) -> int:
+        self.conn.execute("UPDATE messages SET active = 0, hidden_by = ? WHERE session_id = ?"
+                          " AND active = 1 AND seq >= ?", (reason, session_id, seq))
+        return self.conn.changes()
+
+    def hide_request(self, session_id: str, request_id: str, reason: str) -> int:
+        self.conn.execute(
+            "UPDATE messages SET active = 0, hidden_by = ? WHERE session_id = ?"
+            " AND seq >= coalesce((SELECT first_seq FROM prompts WHERE request_id = ?), 0)"
+            " AND request_id = ? AND active = 1", (reason, session_id, request_id, request_id))
+        return self.conn.changes()
+
+    def last_user(self, session_id: str, n: int) -> list[tuple[int, str]]:
+        return [tuple(r) for r in self.conn.execute(
+            "SELECT seq, content FROM messages WHERE session_id = ? AND active = 1 AND role = 'user'"
+            " ORDER BY seq DESC LIMIT ?", (session_id, n))]
+
+    def of_request(self, request_id: str) -> list[Message]:
+        """Every row one turn wrote (in its ledger row's incarnation), in seq order."""
+        return [rows.message(r) for r in self.conn.execute(TURN_ROWS, (request_id,))]
+
+    # -- the full-text index ---------------------------------------------------------------
+
+    def index_pending(self, limit: int | None = None) -> int:
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (FTS_MARK,)).fetchone()
+        last = row[0] if row else 0
+        sql = "SELECT id, content FROM messages WHERE id > ? ORDER BY id"
+        found = self.conn.execute(sql + (" LIMIT ?" if limit else ""),
+                                  (last, limit) if limit else (last,)).fetchall()
+        if found:
+            self.conn.executemany("INSERT INTO messages_fts (rowid, content) VALUES (?, ?)", found)
+            self.set_index_mark(found[-1][0])
+        return len(found)
+
+    def set_index_mark(self, value: int) -> None:
+        self.conn.execute("INSERT INTO meta (key, value) VALUES (?, ?)"
+                          " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (FTS_MARK, value))
+
+    def delete_sessions(self, session_ids: list[str]) -> None:
+        """Drop incarnations' rows (everything indexed first, so the delete
+        trigger takes each out of the index); the mark comes down to the
+        highest id left, because SQLite hands freed ids above it out again
+        and those new rows must still be indexed."""
+        self.index_pending()
+        for sid in session_ids:
+            self.conn.execute("DELETE FROM messages WHERE session_id = ?", (sid,))
+        self.set_index_mark(self.conn.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0])

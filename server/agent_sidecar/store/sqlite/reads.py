@@ -1,0 +1,126 @@
+"""The SQLite backend's read queries, one function per ``Store`` read, each
+run in one read transaction on a read-only connection (store.py). Every one
+goes through an index: keyset pages on ``routing_by_updated`` and
+``routing_by_platform``, a request's frames through its ledger row, frame
+replays on ``frames_by_key`` / ``frames_by_platform``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import apsw
+
+from ...errors import invalid
+from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry
+from . import rows
+from .ledger import REQUEST_FRAMES
+
+
+def entry(conn: apsw.Connection, key: str) -> SessionEntry | None:
+    row = conn.execute(rows.ENTRY_SELECT + " WHERE r.session_key = ?", (key,)).fetchone()
+    return rows.entry(row) if row else None
+
+
+def session_key_of(conn: apsw.Connection, session_id: str) -> str | None:
+    row = conn.execute("SELECT session_key FROM incarnations WHERE session_id = ?",
+                       (session_id,)).fetchone()
+    return row[0] if row else None
+
+
+def list_entries(conn: apsw.Connection, platform: str, active_since: float | None,
+                 after: tuple[float, str] | None, limit: int) -> list[SessionEntry]:
+    sql, params = rows.ENTRY_SELECT + " WHERE 1", []
+    if platform:
+        sql += " AND r.platform = ?"
+        params.append(platform)
+    if active_since is not None:
+        sql += " AND r.updated_at >= ?"
+        params.append(active_since)
+    if after is not None:
+        sql += " AND (r.updated_at < ? OR (r.updated_at = ? AND r.session_key > ?))"
+        params += [after[0], after[0], after[1]]
+    sql += " ORDER BY r.updated_at DESC, r.session_key LIMIT ?"
+    params.append(limit)
+    return [rows.entry(r) for r in conn.execute(sql, params)]
+
+
+def transcript(conn: apsw.Connection, session_id: str, include_rewound: bool, after_seq: int,
+               limit: int | None) -> list[Message]:
+    sql = rows.MESSAGE_SELECT + " WHERE session_id = ? AND seq > ?"
+    if not include_rewound:
+        sql += " AND active = 1"
+    sql += " ORDER BY seq"
+    params: list[Any] = [session_id, after_seq]
+    if limit is not None:
+        sql += " LIMIT ?"
+        params.append(limit)
+    return [rows.message(r) for r in conn.execute(sql, params)]
+
+
+def load_for_model(conn: apsw.Connection, session_id: str) -> list[dict[str, Any]]:
+    return [rows.model_message(role, content, extra) for role, content, extra in conn.execute(
+        "SELECT role, content, extra FROM messages WHERE session_id = ? AND active = 1 ORDER BY seq",
+        (session_id,))]
+
+
+_SEARCH = ("SELECT i.session_key, m.session_id, m.seq, m.role,"
+           " snippet(messages_fts, 0, '[', ']', '…', 12), m.created_at"
+           " FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid"
+           " JOIN incarnations i ON i.session_id = m.session_id"
+           " WHERE messages_fts MATCH ? AND m.active = 1")
+
+
+def phrase_query(query: str) -> str:
+    """Any text as an FTS5 query of its words, each a quoted phrase (quotes
+    doubled): what a user typed is searched for as words, never parsed as
+    FTS5 syntax. NUL and other control characters separate words."""
+    words = "".join(" " if ord(ch) < 32 else ch for ch in query).split()
+    return " ".join('"' + w.replace('"', '""') + '"' for w in words)
+
+
+def search(conn: apsw.Connection, query: str, session_key: str, limit: int) -> list[SearchHit]:
+    """FTS5 over live messages. A query that is not valid FTS5 syntax is
+    retried as a phrase search of its words, so users can type anything."""
+    sql, params = _SEARCH, [query]
+    if session_key:
+        sql += " AND i.session_key = ?"
+        params.append(session_key)
+    sql += " ORDER BY rank LIMIT ?"
+    params.append(limit)
+    try:
+        found = conn.execute(sql, params).fetchall()
+    except apsw.SQLError:
+        params[0] = phrase_query(query)
+        if not params[0]:
+            raise invalid("query", "has no words to search for") from None
+        found = conn.execute(sql, params).fetchall()
+    return [SearchHit(*r) for r in found]
+
+
+def ledger(conn: apsw.Connection, request_id: str) -> LedgerEntry | None:
+    row = conn.execute(rows.LEDGER_SELECT + " WHERE request_id = ?", (request_id,)).fetchone()
+    return rows.ledger(row) if row else None
+
+
+def recent_requests(conn: apsw.Connection, since: float, limit: int) -> list[tuple[str, float, str]]:
+    return [tuple(r) for r in conn.execute(
+        "SELECT request_id, created_at, session_key FROM prompts WHERE created_at >= ?"
+        " ORDER BY created_at DESC LIMIT ?", (since, limit))]
+
+
+_FRAME_COLS = "id, request_id, seq, session_key, session_id, platform, at, kind, body"
+
+
+def request_frames(conn: apsw.Connection, request_id: str, after_seq: int) -> list[FrameRecord]:
+    return [rows.frame(r) for r in conn.execute(
+        f"SELECT {_FRAME_COLS} {REQUEST_FRAMES} AND seq > ?2 ORDER BY seq", (request_id, after_seq))]
+
+
+def frames_after(conn: apsw.Connection, cursor: int, session_key: str, platform: str,
+                 limit: int) -> list[FrameRecord]:
+    if session_key:
+        where, name = "session_key = ?", session_key
+    else:
+        where, name = "platform = ?", platform
+    return [rows.frame(r) for r in conn.execute(
+        f"{rows.FRAME_SELECT} WHERE {where} AND id > ? ORDER BY id LIMIT ?", (name, cursor, limit))]

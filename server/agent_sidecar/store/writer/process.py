@@ -1,0 +1,246 @@
+"""The store's writer process: one connection, committing in groups.
+
+Every write in the sidecar is a *job*: a module-level function
+``job(uow, *args) -> result`` (a domain rule in sessions/, turns/,
+recovery/), sent here by reference (pickle names it by module and qualified
+name; the arguments are plain data). This process takes every job waiting on
+its pipe, runs them all inside one transaction of its backend — each job in
+its own savepoint, so one failing job rolls back alone — and answers only after
+that transaction committed durably. Many sessions' writes therefore share one
+transaction and one fsync.
+
+The process knows no SQL: a *backend* (store/sqlite/, store/postgres/) opens
+the connection and gives it the calls it needs (``WriterBackend``): begin,
+commit, savepoints, the unit of work a job runs against, and which exceptions
+mean "the store cannot write" (``is_fault``). Those become
+``StoreUnavailable`` here, before they travel, so the parent never needs to
+know a driver's exception types.
+
+Why a process and not a thread: a database driver gives up the GIL around
+every statement, so a writer *thread* and the gRPC event loop handed the GIL
+back and forth many times per turn and the parent could never use more than
+one core. Here SQL runs on its own core; the parent only pickles references.
+
+Jobs marked ``@batched(many)`` (store/interface.py) run as one ``many`` call
+per run of consecutive calls in a group: one executemany where there would be
+one statement per caller.
+
+Like the turn workers it is spawned, ignores SIGINT/SIGTERM (the parent
+decides when it stops) and never imports grpc. On Linux it is killed with its
+parent, so a writer can never outlive a ``kill -9``'d sidecar and commit behind
+the back of the next one's startup recovery.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import pickle
+import sys
+import time
+from typing import Any, Callable, Protocol
+
+from ..faults import StoreUnavailable, unavailable
+
+log = logging.getLogger("agent_sidecar.store")
+
+# Upper bound on jobs per transaction: keeps one commit's latency bounded when a
+# flood arrives, while still amortising the fsync over hundreds of writes.
+MAX_BATCH = 2000
+MAX_MESSAGES = 256
+CLOSE = "close"  # the parent's last message, and our answer to it
+# Under concurrent load (the last commit carried at least GATHER_MIN_JOBS jobs and
+# ended less than BUSY_GAP_S ago) the writer sleeps GATHER_S before taking what
+# waits on its pipe: fewer, larger commits. Each commit has a fixed cost beyond
+# its rows (hot pages rewritten, the log write, the fsync). An idle store, or one
+# caller writing in sequence, commits at once: nothing would join its group.
+GATHER_S = 0.001
+BUSY_GAP_S = 0.002
+GATHER_MIN_JOBS = 3
+
+
+class WriterBackend(Protocol):
+    """What a backend gives the writer process (one connection)."""
+
+    def begin(self) -> None: ...
+    def commit(self) -> None: ...
+    def rollback(self) -> None: ...
+    def savepoint(self) -> None: ...
+    def release(self) -> None: ...
+    def rollback_to(self) -> None: ...
+    def unit_of_work(self) -> Any: ...
+    def is_fault(self, e: BaseException) -> bool: ...
+    def close(self) -> None: ...
+
+
+def writer_main(pipe, backend: tuple, parent_pid: int, log_format: str, log_level: str,
+                preload: tuple[str, ...] = ()) -> None:
+    """The spawn target. ``pipe`` is our end of a multiprocessing Pipe;
+    ``backend`` is ``("module:function", args)``, the function opening the
+    WriterBackend; ``preload`` names the modules jobs live in, imported now
+    (while the parent still starts its workers) rather than when the first
+    job arrives and health waits for it."""
+    from ...children import become_child, tune_gc
+    become_child("sidecar-writer", parent_pid)
+    from ... import logs
+    logs.setup(log_format, log_level)
+    for name in preload:
+        importlib.import_module(name)
+    opener, args = backend
+    module, _, fn = opener.partition(":")
+    db: WriterBackend = getattr(importlib.import_module(module), fn)(*args)
+    pipe.send_bytes(pickle.dumps({"pid": os.getpid(), "grpc_loaded": "grpc" in sys.modules}))
+    tune_gc()
+    try:
+        _serve(pipe, db)
+    finally:
+        db.close()
+    pipe.send_bytes(pickle.dumps(CLOSE))
+
+
+def _serve(pipe, db: WriterBackend) -> None:
+    """Each message is one parent loop iteration's jobs, or CLOSE. Everything
+    already waiting on the pipe joins one group (``commit`` is fed at most
+    MAX_BATCH jobs at a time)."""
+    last_commit, last_jobs = 0.0, 0
+    uow = db.unit_of_work()
+    while True:
+        try:
+            messages = [pickle.loads(pipe.recv_bytes())]
+        except EOFError:  # the parent is gone without closing us
+            return
+        if (messages[-1] != CLOSE and last_jobs >= GATHER_MIN_JOBS
+                and time.monotonic() - last_commit < BUSY_GAP_S):
+            time.sleep(GATHER_S)  # busy: let the group grow (one sleep, not a wakeup per message)
+        while len(messages) < MAX_MESSAGES and messages[-1] != CLOSE and pipe.poll(0):
+            try:
+                messages.append(pickle.loads(pipe.recv_bytes()))
+            except EOFError:
+                break
+        stop = messages[-1] == CLOSE
+        jobs = [job for msg in messages if msg != CLOSE for job in msg]
+        for i in range(0, len(jobs), MAX_BATCH):
+            pipe.send_bytes(_encode_results(commit(db, uow, jobs[i:i + MAX_BATCH])))
+        last_commit, last_jobs = time.monotonic(), len(jobs)
+        if stop:
+            return
+
+
+# What jobs asked to hear about the end of the open transaction: (on_commit, on_rollback).
+_at_end: list[tuple[Callable[[], None], Callable[[], None]]] = []
+
+
+def at_end(on_commit: Callable[[], None], on_rollback: Callable[[], None]) -> None:
+    """For a job that keeps state in this process across transactions (the
+    frame bus's flush order, turns/flush.py): ``on_commit()`` once its
+    transaction committed, ``on_rollback()`` if its work was undone (its own
+    savepoint, or the whole transaction)."""
+    _at_end.append((on_commit, on_rollback))
+
+
+def _ended(hooks: list, committed: bool) -> None:
+    for on_commit, on_rollback in hooks:
+        try:
+            (on_commit if committed else on_rollback)()
+        except Exception:
+            log.exception("a job's end-of-transaction hook failed")
+
+
+def _runs(jobs: list[tuple[int, bytes]]) -> list[tuple[list[int], Callable, list[tuple]]]:
+    """Unpickle and group: consecutive calls of one ``@batched`` job become one
+    run; every other job is a run of one. A job that does not unpickle is a
+    run whose function raises its error."""
+    runs: list[tuple[list[int], Callable, list[tuple]]] = []
+    for jid, blob in jobs:
+        try:
+            fn, args = pickle.loads(blob)
+        except Exception as e:
+            fn, args = _raiser(e), ()
+        if runs and getattr(fn, "many", None) is not None and runs[-1][1] is fn:
+            runs[-1][0].append(jid)
+            runs[-1][2].append(args)
+        else:
+            runs.append(([jid], fn, [args]))
+    return runs
+
+
+def _raiser(e: Exception) -> Callable:
+    def raise_it(uow, *args):
+        raise e
+    return raise_it
+
+
+def _run(db: WriterBackend, uow, fn: Callable, args: list[tuple]) -> list[tuple[bool, Any]]:
+    """One run in its own savepoint: ``(ok, result or exception)`` per call.
+    A batched run that raises is undone and replayed call by call, so one bad
+    call fails alone."""
+    mark = len(_at_end)
+    db.savepoint()
+    try:
+        if len(args) > 1:
+            results = fn.many(uow, args)
+            out = [(not isinstance(r, BaseException), r) for r in results]
+        else:
+            out = [(True, fn(uow, *args[0]))]
+        db.release()
+        return out
+    except Exception as e:
+        _ended(_at_end[mark:], False)
+        del _at_end[mark:]
+        # After a full disk SQLite may have rolled the whole transaction
+        # back: then this raises, and nobody's write counts.
+        db.rollback_to()
+        db.release()
+        if len(args) == 1 or db.is_fault(e):
+            return [(False, e)] * len(args)
+    return [r for a in args for r in _run(db, uow, fn, [a])]
+
+
+def commit(db: WriterBackend, uow, jobs: list[tuple[int, bytes]]) -> list[tuple[int, bool, Any]]:
+    """Run every job inside one transaction; return ``(job id, ok, result or
+    exception)`` for each, after COMMIT. A store fault travels as
+    StoreUnavailable."""
+    out: list[tuple[int, bool, Any]] = []
+    fault: BaseException | None = None  # the first store fault a job met
+    _at_end.clear()
+    try:
+        db.begin()
+        for jids, fn, args in _runs(jobs):
+            for jid, (ok, value) in zip(jids, _run(db, uow, fn, args)):
+                if not ok and fault is None and db.is_fault(value):
+                    fault = value
+                out.append((jid, ok, value))
+        db.commit()
+        _ended(_at_end, True)
+    except Exception as e:  # the commit itself failed: nobody's write is durable
+        _ended(_at_end, False)
+        e = fault or e  # "no such savepoint" after a full disk is the full disk
+        if db.is_fault(e):  # the parent logs the state change; no traceback per commit
+            log.warning("store commit failed: %s", e)
+        else:
+            log.exception("store commit failed")
+        try:
+            db.rollback()
+        except Exception:
+            pass
+        out = [(jid, False, e) for jid, _ in jobs]
+    _at_end.clear()
+    return [(jid, ok, unavailable(v) if not ok and db.is_fault(v) else v) for jid, ok, v in out]
+
+
+def _encode_results(results: list[tuple[int, bool, Any]]) -> bytes:
+    try:
+        return pickle.dumps(results, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # some result will not pickle: send that one as an error
+        safe = []
+        for jid, ok, value in results:
+            try:
+                pickle.dumps(value)
+            except Exception as e:
+                ok, value = False, RuntimeError(f"store job result could not be sent: {e!r} ({value!r:.200})")
+            safe.append((jid, ok, value))
+        return pickle.dumps(safe, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+__all__ = ["CLOSE", "StoreUnavailable", "WriterBackend", "at_end", "commit", "writer_main"]
