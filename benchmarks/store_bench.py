@@ -10,7 +10,7 @@ What runs (each point on a fresh database in a temporary directory, WAL,
 synchronous=FULL everywhere — equal durability, checked and printed):
 
 * **store API** — N asyncio tasks (N sessions) on uvloop, each appending one
-  message per ``await Batcher(store, tx.append_many).submit((sid, [Message(...)], None))``
+  message per ``await store.write(tx.append_messages, sid, [Message(...)])``
   (the path ``AppendMessages`` takes: appends made in one loop iteration share one
   writer job, and every job in the writer's queue shares one commit)
   in a loop. A task counts an append only after the write is answered, i.e. after
@@ -24,7 +24,7 @@ synchronous=FULL everywhere — equal durability, checked and printed):
       own locking arbitrates.
   The baseline row is lighter than the store's (no FTS, no counters): that favours
   the baseline.
-* **transcript load** — ``store.read(lambda c: tx.load_active(c, sid))`` for a
+* **transcript load** — the SQLite backend's transcript read on one connection for a
   session holding 100, 1,000 and 10,000 messages (warm page cache; median of
   several runs).
 
@@ -51,8 +51,9 @@ from agent_sidecar.sessions import lifecycle as life
 from agent_sidecar.recovery import housekeeping
 from agent_sidecar.sessions import transcripts as tx
 from agent_sidecar.sessions.source import SessionSource
-from agent_sidecar.store import Store
-from agent_sidecar.store.batcher import Batcher
+from agent_sidecar.store import open_store
+from agent_sidecar.store.sqlite import reads
+from agent_sidecar.store.sqlite.connection import open_reader
 
 GOAL = 30.0
 TEXT = "hello from a benchmark session"
@@ -61,17 +62,18 @@ TEXT = "hello from a benchmark session"
 # -- the store API ------------------------------------------------------------------
 
 async def _store_point(path: str, n: int, seconds: float) -> dict:
-    store = Store(path, synchronous="FULL")
+    store = open_store(path, synchronous="FULL")
     await store.start()
     try:
-        sync = store.read(lambda c: c.execute("PRAGMA synchronous").fetchone()[0])
+        conn = open_reader(path)
+        sync = conn.execute("PRAGMA synchronous").fetchone()[0]
+        conn.close()
         sids = []
         for i in range(n):
             src = SessionSource(platform="bench", chat_id=f"c{i}", user_id=f"u{i}")
             entry, _ = await store.write(life.get_or_create, f"agent:main:bench:dm:c{i}", src, "main")
             sids.append(entry.session_id)
         writer = store.writer
-        appends = Batcher(store, tx.append_many)  # the append path AppendMessages uses
         stop = False
         measuring = False
         counts = [0] * n
@@ -82,7 +84,7 @@ async def _store_point(path: str, n: int, seconds: float) -> dict:
             pc = time.perf_counter
             while not stop:
                 t0 = pc()
-                await appends.submit((sid, msgs, None))
+                await store.write(tx.append_messages, sid, msgs)  # AppendMessages' path
                 if measuring:
                     counts[idx] += 1
                     lat.append(pc() - t0)
@@ -204,8 +206,9 @@ def _ceiling_point(path: str, seconds: float, per_commit: int = 100) -> dict:
     the 30x goal is from the floor of the machine."""
     import apsw
 
-    from agent_sidecar.store.db import open_writer
-    from agent_sidecar.store.migrations import migrate
+    from agent_sidecar.store.sqlite.connection import open_writer
+    from agent_sidecar.store.sqlite.messages import _INSERT, SqliteMessages
+    from agent_sidecar.store.sqlite.schema import migrate
 
     conn = open_writer(path, "FULL")
     migrate(conn)
@@ -216,8 +219,8 @@ def _ceiling_point(path: str, seconds: float, per_commit: int = 100) -> dict:
     while time.perf_counter() - t0 < seconds:
         rows = [("s", seq + i, "user", TEXT, None, time.time(), None) for i in range(per_commit)]
         with conn:
-            conn.executemany(tx._INSERT, rows)
-            tx.index_pending(conn)
+            conn.executemany(_INSERT, rows)
+            SqliteMessages(conn).index_pending()
         seq += per_commit
         total += per_commit
     rate = total / (time.perf_counter() - t0)
@@ -226,8 +229,9 @@ def _ceiling_point(path: str, seconds: float, per_commit: int = 100) -> dict:
 
 
 async def _load_points(path: str, sizes: list[int], min_runs: int, budget_s: float) -> list[dict]:
-    store = Store(path, synchronous="FULL")
+    store = open_store(path, synchronous="FULL")
     await store.start()
+    reader = open_reader(path)
     out = []
     try:
         for size in sizes:
@@ -239,21 +243,23 @@ async def _load_points(path: str, sizes: list[int], min_runs: int, budget_s: flo
                                     content=f"message {start + k}: {TEXT}, and a few more words")
                          for k in range(min(500, size - start))]
                 await store.write(tx.append, sid, batch)
-            got = store.read(lambda c: tx.load_active(c, sid))
+            got = reads.transcript(reader, sid, False, 0, None)
             assert len(got) == size, (len(got), size)
             times = []
             deadline = time.perf_counter() + budget_s
             while len(times) < min_runs or (time.perf_counter() < deadline and len(times) < 200):
                 t0 = time.perf_counter()
-                store.read(lambda c: tx.load_active(c, sid))
+                with reader:
+                    reads.transcript(reader, sid, False, 0, None)
                 times.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            await store.read_async(lambda c: tx.load_active(c, sid))
+            await store.transcript(sid)
             async_ms = (time.perf_counter() - t0) * 1e3
             med = statistics.median(times)
             out.append({"size": size, "median_ms": med * 1e3, "best_ms": min(times) * 1e3,
                         "us_per_msg": med * 1e6 / size, "runs": len(times), "async_ms": async_ms})
     finally:
+        reader.close()
         await store.close()
     return out
 
@@ -326,10 +332,10 @@ def main() -> int:
                                          min_runs=3 if args.quick else 7,
                                          budget_s=0.3 if args.quick else 2.0))
         print()
-        print(table(["messages", "median ms", "best ms", "µs/message", "runs", "read_async ms (1 run)"],
+        print(table(["messages", "median ms", "best ms", "µs/message", "runs", "store.transcript ms (1 run)"],
                     [[r["size"], r["median_ms"], r["best_ms"], r["us_per_msg"], r["runs"], r["async_ms"]]
                      for r in loaded],
-                    title="Transcript load: store.read(tx.load_active) (warm cache)"))
+                    title="Transcript load: one read transaction on a reader connection (warm cache)"))
         print()
         n = 100 if 100 in summary else levels[-1]
         s, base = summary[n]

@@ -52,23 +52,28 @@ class SqliteMessages:
         state: dict[str, list] = {}  # session_id -> [next_seq, session_key, rev, touch]
         out_rows: list[tuple] = []
         results: list = []
+        execute, extra_of = self.conn.execute, rows.message_extra
         for item in items:
             sid = item.session_id
             st = state.get(sid)
             if st is None:
-                row = self.conn.execute("SELECT next_seq, session_key, rev FROM incarnations"
-                                        " WHERE session_id = ?", (sid,)).fetchone()
+                row = execute("SELECT next_seq, session_key, rev FROM incarnations"
+                              " WHERE session_id = ?", (sid,)).fetchone()
                 if row is None:
                     results.append(unknown_session(sid))
                     continue
                 st = state[sid] = [row[0], row[1], row[2], False]
-            st[3] = st[3] or item.touch_lane
-            first = st[0]
+            if item.touch_lane:
+                st[3] = True
+            first = seq = st[0]
+            rid = item.request_id
             for m in item.messages:
-                out_rows.append((sid, st[0], m.role, m.content, rows.message_extra(m),
-                                 m.created_at or now, item.request_id))
-                st[0] += 1
-            results.append((first, st[0] - 1, st[2]))
+                extra = extra_of(m) if (m.tool_call_id or m.tool_name or m.tool_calls_json
+                                        or m.synthetic) else None
+                out_rows.append((sid, seq, m.role, m.content, extra, m.created_at or now, rid))
+                seq += 1
+            st[0] = seq
+            results.append((first, seq - 1, st[2]))
         if out_rows:
             self.conn.executemany(_INSERT, out_rows)
             self.conn.executemany("UPDATE incarnations SET next_seq = ? WHERE session_id = ?",

@@ -56,7 +56,7 @@ class GroupCommitWriter:
         self._process: mp.process.BaseProcess | None = None
         self._channel: Channel | None = None
         self._pending: dict[int, asyncio.Future] = {}
-        self._outbox: list[tuple[int, bytes]] = []
+        self._outbox: list = []  # (job id, blob), or [job, job ids, args] for a run of a @batched job
         self._scheduled = False
         self._next_id = 0
         self._closed = False
@@ -89,11 +89,23 @@ class GroupCommitWriter:
         if not retry:
             self.faults.refuse()
         loop = asyncio.get_running_loop()
-        blob = _dumps((fn, args))
+        out = self._outbox
+        if getattr(fn, "many", None) is not None:  # joins a run of its kind: one pickle for all
+            run = out[-1] if out and type(out[-1]) is list and out[-1][0] is fn else None
+            if run is None:
+                run = [fn, [], []]
+                out.append(run)
+            blob = None
+        else:
+            blob = _dumps((fn, args))
         fut = loop.create_future()
         jid = self._next_id = self._next_id + 1
         self._pending[jid] = fut
-        self._outbox.append((jid, blob))
+        if blob is None:
+            run[1].append(jid)
+            run[2].append(args)
+        else:
+            out.append((jid, blob))
         if retry:
             self.faults.sent(jid)
         if not self._scheduled:
@@ -116,7 +128,19 @@ class GroupCommitWriter:
         self._scheduled = False
         jobs, self._outbox = self._outbox, []
         if jobs and self._channel is not None:
-            self._channel.send(jobs, now=True)
+            self._channel.send([self._packed(j) if type(j) is list else j for j in jobs], now=True)
+
+    def _packed(self, run: list) -> tuple:
+        """A run of one @batched job as it travels: its job ids, then one blob
+        of (job, [args of each call]). Arguments that will not pickle fail
+        their callers here."""
+        fn, jids, args = run
+        try:
+            return tuple(jids), _dumps((fn, args))
+        except Exception as e:
+            for jid in jids:
+                self._answer(jid, False, e)
+            return (), _dumps((fn, []))
 
     # -- answers ----------------------------------------------------------
 

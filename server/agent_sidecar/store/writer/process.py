@@ -50,7 +50,8 @@ log = logging.getLogger("agent_sidecar.store")
 MAX_BATCH = 2000
 MAX_MESSAGES = 256
 CLOSE = "close"  # the parent's last message, and our answer to it
-# Under concurrent load (the last commit carried at least GATHER_MIN_JOBS jobs and
+# Under concurrent load (the last commit carried at least GATHER_MIN_JOBS runs —
+# a run of one @batched job counts once: its callers were gathered already — and
 # ended less than BUSY_GAP_S ago) the writer sleeps GATHER_S before taking what
 # waits on its pipe: fewer, larger commits. Each commit has a fixed cost beyond
 # its rows (hot pages rewritten, the log write, the fsync). An idle store, or one
@@ -120,9 +121,12 @@ def _serve(pipe, db: WriterBackend) -> None:
                 break
         stop = messages[-1] == CLOSE
         jobs = [job for msg in messages if msg != CLOSE for job in msg]
+        last_jobs = 0
         for i in range(0, len(jobs), MAX_BATCH):
-            pipe.send_bytes(_encode_results(commit(db, uow, jobs[i:i + MAX_BATCH])))
-        last_commit, last_jobs = time.monotonic(), len(jobs)
+            runs = _runs(jobs[i:i + MAX_BATCH])
+            last_jobs += len(runs)
+            pipe.send_bytes(_encode_results(commit(db, uow, runs)))
+        last_commit = time.monotonic()
         if stop:
             return
 
@@ -153,6 +157,15 @@ def _runs(jobs: list[tuple[int, bytes]]) -> list[tuple[list[int], Callable, list
     run whose function raises its error."""
     runs: list[tuple[list[int], Callable, list[tuple]]] = []
     for jid, blob in jobs:
+        if type(jid) is tuple:  # a run the parent packed itself (client._packed)
+            if not jid:
+                continue
+            try:
+                fn, calls = pickle.loads(blob)
+            except Exception as e:
+                fn, calls = _raiser(e), [()] * len(jid)
+            runs.append((list(jid), fn, calls))
+            continue
         try:
             fn, args = pickle.loads(blob)
         except Exception as e:
@@ -197,16 +210,17 @@ def _run(db: WriterBackend, uow, fn: Callable, args: list[tuple]) -> list[tuple[
     return [r for a in args for r in _run(db, uow, fn, [a])]
 
 
-def commit(db: WriterBackend, uow, jobs: list[tuple[int, bytes]]) -> list[tuple[int, bool, Any]]:
-    """Run every job inside one transaction; return ``(job id, ok, result or
-    exception)`` for each, after COMMIT. A store fault travels as
+def commit(db: WriterBackend, uow, runs: list[tuple[list[int], Callable, list[tuple]]]
+           ) -> list[tuple[int, bool, Any]]:
+    """Run every job (``_runs``) inside one transaction; return ``(job id, ok,
+    result or exception)`` for each, after COMMIT. A store fault travels as
     StoreUnavailable."""
     out: list[tuple[int, bool, Any]] = []
     fault: BaseException | None = None  # the first store fault a job met
     _at_end.clear()
     try:
         db.begin()
-        for jids, fn, args in _runs(jobs):
+        for jids, fn, args in runs:
             for jid, (ok, value) in zip(jids, _run(db, uow, fn, args)):
                 if not ok and fault is None and db.is_fault(value):
                     fault = value
@@ -224,7 +238,7 @@ def commit(db: WriterBackend, uow, jobs: list[tuple[int, bytes]]) -> list[tuple[
             db.rollback()
         except Exception:
             pass
-        out = [(jid, False, e) for jid, _ in jobs]
+        out = [(jid, False, e) for jids, _, _ in runs for jid in jids]
     _at_end.clear()
     return [(jid, ok, unavailable(v) if not ok and db.is_fault(v) else v) for jid, ok, v in out]
 
