@@ -37,6 +37,16 @@ CODE_FOR_REASON: dict[str, grpc.StatusCode] = {
 }
 
 
+# A status message travels in the trailers, which clients cap (8-16 KiB): one
+# that quotes too much input would reach the caller as a transport error instead.
+# Messages quote input through errors.excerpt; this is the backstop.
+MAX_MESSAGE_CHARS = 1024
+
+
+def _bounded(message: str) -> str:
+    return message if len(message) <= MAX_MESSAGE_CHARS else message[:MAX_MESSAGE_CHARS] + "…"
+
+
 def _pack(msg) -> any_pb2.Any:
     a = any_pb2.Any()
     a.Pack(msg)
@@ -48,13 +58,14 @@ def to_grpc_status(err: E.SidecarError) -> grpc.Status:
     details = [_pack(error_details_pb2.ErrorInfo(reason=err.reason, domain=E.DOMAIN))]
     if err.field:
         details.append(_pack(error_details_pb2.BadRequest(field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(field=err.field, description=err.message)
+            error_details_pb2.BadRequest.FieldViolation(field=_bounded(err.field),
+                                                        description=_bounded(err.message))
         ])))
     if err.retry_after_s is not None:
         d = duration_pb2.Duration()
         d.FromMilliseconds(int(err.retry_after_s * 1000))
         details.append(_pack(error_details_pb2.RetryInfo(retry_delay=d)))
-    st = status_pb2.Status(code=code.value[0], message=err.message, details=details)
+    st = status_pb2.Status(code=code.value[0], message=_bounded(err.message), details=details)
     return rpc_status.to_status(st)
 
 

@@ -44,7 +44,8 @@ class ToolService(pb_grpc.ToolServiceServicer):
                     principal.require_platform(ns.split(".")[0]) if not principal.admin else None
                     if host is not None and ns != host.namespace:
                         raise E.invalid("register.namespace",
-                                        f"this stream serves {host.namespace!r}; open another for {ns!r}")
+                                        f"this stream serves {E.excerpt(host.namespace)};"
+                                        f" open another for {E.excerpt(ns)}")
                     specs = []
                     for i, t in enumerate(reg.tools):
                         try:
@@ -54,7 +55,7 @@ class ToolService(pb_grpc.ToolServiceServicer):
                                             "is not valid JSON") from None
                         if not t.name.startswith(ns + "."):
                             raise E.invalid(f"register.tools[{i}].name",
-                                            f"must start with the namespace {ns!r}")
+                                            f"must start with the namespace {E.excerpt(ns)}")
                         if self.registry.served_in_process(t.name):
                             raise E.invalid(f"register.tools[{i}].name",
                                             "names a tool the sidecar serves in process")

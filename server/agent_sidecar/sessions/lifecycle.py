@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from ..errors import SidecarError, not_found, invalid
+from ..errors import SidecarError, excerpt, not_found, invalid
 from . import transcripts as tx
 from .entry import SessionEntry, load_entry, new_session_id
 from .source import SessionSource
@@ -137,7 +137,7 @@ def switch(conn, key: str, target_session_id: str) -> SessionEntry:
         "SELECT session_key FROM incarnations WHERE session_id = ?", (target_session_id,)
     ).fetchone()
     if row is None:
-        raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {target_session_id}")
+        raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {excerpt(target_session_id)}")
     if row[0] != key:
         raise invalid("target_session_id", "belongs to another session key")
     if target_session_id == entry.session_id:

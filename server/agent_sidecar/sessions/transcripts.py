@@ -14,7 +14,7 @@ from typing import Any, Iterable
 import apsw
 import orjson
 
-from ..errors import SidecarError, invalid
+from ..errors import SidecarError, excerpt, invalid
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -76,7 +76,8 @@ def append_many(conn, items: list[tuple[str, list[Message], str | None]],
             row = conn.execute("SELECT next_seq, session_key FROM incarnations WHERE session_id = ?",
                                (session_id,)).fetchone()
             if row is None:
-                results.append(SidecarError("SESSION_NOT_FOUND", f"no such session id: {session_id}"))
+                results.append(SidecarError("SESSION_NOT_FOUND",
+                                            f"no such session id: {excerpt(session_id)}"))
                 continue
             st = state[session_id] = [row[0], row[1]]
         first = st[0]
@@ -145,7 +146,7 @@ def load_for_model(conn, session_id: str) -> list[dict[str, Any]]:
 def rewrite(conn, session_id: str, messages: list[Message]) -> None:
     """Full replacement: hide every live row (kept as audit trail), append the new."""
     if not incarnation_exists(conn, session_id):
-        raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {session_id}")
+        raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {excerpt(session_id)}")
     conn.execute("UPDATE messages SET active = 0, hidden_by = 'rewrite'"
                  " WHERE session_id = ? AND active = 1", (session_id,))
     _bump_rev(conn, session_id)
@@ -156,7 +157,7 @@ def rewind(conn, session_id: str, n: int) -> dict[str, Any]:
     """Back up ``n`` user turns by soft delete: the n-th last live user message
     and everything after it become inactive."""
     if not incarnation_exists(conn, session_id):
-        raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {session_id}")
+        raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {excerpt(session_id)}")
     users = conn.execute(
         "SELECT seq, content FROM messages WHERE session_id = ? AND active = 1 AND role = 'user'"
         " ORDER BY seq DESC LIMIT ?", (session_id, n)).fetchall()
