@@ -82,6 +82,9 @@ class Limits:
     default_page_size: int = 100
     max_frames_per_turn: int = 20_000
     max_id_length: int = 256
+    # The largest request message accepted, whatever its fields' limits allow
+    # (api/caps.py derives each RPC's own, smaller bound from the limits above).
+    max_request_bytes: int = 32 * 1024 * 1024
 
 
 @dataclass
@@ -214,4 +217,6 @@ def load_config(path: str | None = None, **overrides: Any) -> Config:
     cfg.synchronous = cfg.synchronous.upper()
     if cfg.log_format not in ("json", "text"):
         raise ConfigError("log_format must be json or text")
+    if not 0 < cfg.limits.max_request_bytes < 2**31:  # gRPC takes it as an int32
+        raise ConfigError("sidecar.limits.max_request_bytes: must be between 1 and 2147483647")
     return cfg

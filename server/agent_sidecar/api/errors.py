@@ -69,6 +69,15 @@ def to_grpc_status(err: E.SidecarError) -> grpc.Status:
     return rpc_status.to_status(st)
 
 
-async def abort(context: grpc.aio.ServicerContext, err: E.SidecarError):
+async def abort(context: grpc.aio.ServicerContext, err: E.SidecarError) -> None:
+    """End the call with ``err``'s status and details once the handler returns.
+
+    It sets the status and returns, where ``context.abort`` raises an
+    ``AbortError``: the call's state keeps that exception, whose traceback keeps
+    the handler's frames and so the request alive, and they keep the call's
+    state: a reference cycle that only the cyclic GC frees, which runs rarely
+    in this process (children.tune_gc). Callers return right after it."""
     st = to_grpc_status(err)
-    await context.abort(st.code, st.details, st.trailing_metadata)
+    context.set_code(st.code)
+    context.set_details(st.details)
+    context.set_trailing_metadata(st.trailing_metadata)

@@ -22,12 +22,9 @@ class ToolService(pb_grpc.ToolServiceServicer):
     def __init__(self, cfg, auth, registry):
         self.cfg, self.auth, self.registry = cfg, auth, registry
 
-    async def ServeTools(self, request_iterator, context):
-        try:
-            principal = self.auth.authenticate(context)
-        except E.SidecarError as e:
-            await abort(context, e)
-            return
+    async def ServeTools(self, request_iterator, context, principal):
+        """Authenticated by api/boundary.py, which also checks each message
+        ``context.read()`` returns (size, parse, caps) or raises SidecarError."""
         host: ToolHost | None = None
         sender: asyncio.Task | None = None
         try:
