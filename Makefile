@@ -1,6 +1,7 @@
 # agent-sidecar — every entry point a developer or CI needs.
 #   make run     install into .venv, then serve ./data (Unix socket ./data/sidecar.sock)
-#   make test    install, lint, check generated code, the test suite, the conformance table
+#   make test    install, lint, breaking-change check, generated code and docs up to date, the test
+#                suite, the conformance table, and the pack-and-install check of every package
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
@@ -10,14 +11,15 @@ STAMP := $(VENV)/.installed
 TOOLS := .tools
 PYTEST_ARGS ?=
 
-.PHONY: install run test pytest client-tests conformance lint proto clients check-generated bench clean
+.PHONY: install run test pytest client-tests conformance lint breaking proto-baseline proto clients docs \
+	check-generated package-check bench bench-report clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml clients/python/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]' -e clients/python
+	$(BIN)/pip install -q -e '.[dev,bench]' -e clients/python
 	touch $(STAMP)
 
 run: install
@@ -29,22 +31,43 @@ proto: install
 		--grpc_python_out=server proto/agent_sidecar/v1/*.proto
 	touch server/agent_sidecar/v1/__init__.py
 
-# Every client's generated code (Python, Go, TypeScript), from the same protoc.
+# Every client's generated code (Python, Go, TypeScript), from the same protoc, and each
+# client's copy of the shared gRPC service config (retry policy of the idempotent reads).
+SERVICE_CONFIG_COPIES := clients/python/src/agent_sidecar_client clients/node/src clients/go/sidecar
 clients: proto
 	clients/python/generate.sh
 	clients/go/generate.sh
 	clients/node/generate.sh
+	for d in $(SERVICE_CONFIG_COPIES); do cp clients/service_config.json $$d/service_config.json; done
 
-# CI: generated code must match proto/ (regenerate, then no diff).
-check-generated: clients
-	git diff --exit-code -- server/agent_sidecar/v1 clients/python/src clients/go/agentsidecarv1 clients/node/src/gen \
-		|| { echo "generated code is stale: run 'make clients' and commit"; exit 1; }
+# The API reference docs/api.md (and semantics.md's reason table) from the protos' comments.
+docs: install
+	$(BIN)/python docs/gen/api_reference.py
+
+GENERATED := server/agent_sidecar/v1 clients/python/src clients/go/agentsidecarv1 clients/node/src/gen \
+	clients/python/src/agent_sidecar_client/service_config.json clients/node/src/service_config.json \
+	clients/go/sidecar/service_config.json docs/api.md docs/semantics.md
+
+# CI: generated code and docs must match proto/ (regenerate, then no diff and no new file).
+check-generated: clients docs
+	git diff --exit-code -- $(GENERATED) && test -z "$$(git status --porcelain -- $(GENERATED))" \
+		|| { git status --short -- $(GENERATED); echo "generated code or docs are stale: run 'make clients docs' and commit"; exit 1; }
 
 $(TOOLS)/node_modules/.bin/buf:
 	mkdir -p $(TOOLS) && cd $(TOOLS) && npm install --silent --no-fund --no-audit @bufbuild/buf@1.75.0
 
 lint: $(TOOLS)/node_modules/.bin/buf
 	$(TOOLS)/node_modules/.bin/buf lint
+
+# v1 must stay wire- and source-compatible with the recorded baseline (buf's FILE rules).
+# A recorded image, not git history: CI's clone may be shallow.
+breaking: $(TOOLS)/node_modules/.bin/buf
+	$(TOOLS)/node_modules/.bin/buf breaking --against proto/v1-baseline.json
+
+# Re-record the baseline: only when a version ships (it is what `breaking` protects).
+proto-baseline: $(TOOLS)/node_modules/.bin/buf
+	$(TOOLS)/node_modules/.bin/buf build --exclude-source-info -o -#format=json \
+		| $(PY) -m json.tool --indent 1 > proto/v1-baseline.json
 
 pytest: install
 	$(BIN)/python -m pytest tests clients/python/tests $(PYTEST_ARGS)
@@ -58,11 +81,27 @@ client-tests:
 conformance: install
 	$(BIN)/python clients/conformance/run.py --langs python,node,go
 
-test: install lint check-generated pytest client-tests conformance
+test: install lint breaking check-generated pytest client-tests conformance package-check
+
+# Pack every artifact (wheels, npm tarball, Go module), install each into a scratch
+# project outside the repo and make one call from it to a sidecar run from the wheel.
+package-check: install
+	clients/packaging/check.sh
 
 bench: install
 	$(BIN)/python benchmarks/store_bench.py
 	$(BIN)/python benchmarks/turns_bench.py
+	$(BIN)/python benchmarks/stream_bench.py
+
+# The standard sweep (agent-sidecar bench --compare-bare) against a fresh sidecar on
+# the echo model at 20 ms per token: benchmarks/results/bench-report.{png,json}.
+# A few minutes; smaller: make bench-report SWEEP=2,4 DURATION=3 WORDS=20
+SWEEP ?= 25,50,100,200,400
+DURATION ?= 20
+WORDS ?= 200
+bench-report: install
+	$(BIN)/python benchmarks/stream_bench.py --sweep $(SWEEP) --duration $(DURATION) \
+		--prompt-words $(WORDS) --out benchmarks/results --name bench-report
 
 clean:
 	rm -rf $(VENV) $(TOOLS)

@@ -11,8 +11,10 @@ Processes (all separate, so no one borrows another's event loop):
   socket, default config: echo model, workers = CPU count, durable store
   (synchronous=FULL), JSON logs to a file. Every frame is committed before it is
   sent.
-* **bare** — this file with ``--bare-server``: a grpc.aio server on uvloop,
-  same server options and transport (Unix socket), whose ``Prompt`` builds and
+* **bare** — ``python -m agent_sidecar.bench.bare`` (the server behind
+  ``agent-sidecar bench --compare-bare``, with no token latency): a grpc.aio
+  server on uvloop, same server options and transport (Unix socket), whose
+  ``Prompt`` builds and
   streams the same five ActivityFrame messages (accepted, started, text_delta,
   usage, completed) with no persistence, no workers, no lanes. Its gRPC helper
   threads get the sidecar's scheduler setting (``calm_grpc_threads``), so the
@@ -47,7 +49,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -64,61 +65,6 @@ HERE = Path(__file__).resolve()
 TEXT = "hello"
 KINDS = ["accepted", "started", "text_delta", "usage", "completed"]
 DELIVERY_QUEUE = 3
-
-
-# ===================================================================================
-# The bare server: five frames per Prompt, nothing else.
-# ===================================================================================
-
-def bare_server_main(sock_path: str, calm: bool = True) -> int:
-    import grpc
-    import uvloop
-
-    from agent_sidecar.api.server import SERVER_OPTIONS, calm_grpc_threads
-    from agent_sidecar.v1 import prompt_service_pb2 as pb
-    from agent_sidecar.v1 import prompt_service_pb2_grpc as pb_grpc
-
-    cursor = [0]
-
-    def frame(req, sid: str, seq: int, kind: str, **body):
-        cursor[0] += 1
-        f = pb.ActivityFrame(request_id=req.request_id, session_key=req.session_key,
-                             session_id=sid, seq=seq, cursor=cursor[0])
-        f.at.FromNanoseconds(time.time_ns())
-        sub = getattr(f, kind)
-        sub.SetInParent()
-        for k, v in body.items():
-            setattr(sub, k, v)
-        return pb.PromptResponse(frame=f)
-
-    class Bare(pb_grpc.PromptServiceServicer):
-        async def Prompt(self, request, context):
-            sid = "bare-" + request.session_key[-12:]
-            words = len(request.text.split())
-            yield frame(request, sid, 1, "accepted", queue_position=0)
-            yield frame(request, sid, 2, "started")
-            yield frame(request, sid, 3, "text_delta", text=request.text)
-            yield frame(request, sid, 4, "usage", input_tokens=words + 5, output_tokens=words,
-                        cache_read_tokens=0, cache_write_tokens=0, cost_usd=0.0)
-            yield frame(request, sid, 5, "completed", final_text=request.text)
-
-    async def main() -> None:
-        server = grpc.aio.server(options=SERVER_OPTIONS)
-        pb_grpc.add_PromptServiceServicer_to_server(Bare(), server)
-        server.add_insecure_port(f"unix:{sock_path}")
-        await server.start()
-        if calm:
-            calm_grpc_threads()  # as the sidecar does (api/server.py): a comparison of equals
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        print("serving", flush=True)
-        await stop.wait()
-        await server.stop(grace=1)
-
-    uvloop.run(main())
-    return 0
 
 
 # ===================================================================================
@@ -229,17 +175,19 @@ def _wait_socket(path: Path, proc: subprocess.Popen, timeout: float, log: Path |
 class SidecarServer:
     name = "sidecar"
 
-    def __init__(self, root: Path, workers: int | None, name: str = "sidecar"):
+    def __init__(self, root: Path, workers: int | None, name: str = "sidecar",
+                 config: str = "# defaults: echo model on profile main, synchronous = FULL\n"):
         self.dir = root / name
         self.dir.mkdir()
         self.sock = self.dir / "sidecar.sock"
         self.log = self.dir / "sidecar.log"
         self.workers = workers
+        self.config = config
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         cfg = self.dir / "config.toml"
-        cfg.write_text("# defaults: echo model on profile main, synchronous = FULL\n")
+        cfg.write_text(self.config)
         args = [_py(), *os.environ.get("BENCH_SIDECAR_WRAP", "").split(), "-m", "agent_sidecar",
                 "serve", "--data-dir", str(self.dir), "--config", str(cfg), "--log-format", "json",
                 "--listen", f"unix:{self.sock}"]
@@ -327,9 +275,14 @@ class BareServer:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([_py(), str(HERE), "--bare-server", str(self.sock)]
+        # The package's bare server (agent_sidecar/bench/bare.py, also behind
+        # `agent-sidecar bench --compare-bare`): no token latency, and the
+        # one-word prompt is echoed as one delta, so a turn is the five frames.
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(_common.ROOT / "server"), os.environ.get("PYTHONPATH", "")]))
+        self.proc = subprocess.Popen([_py(), "-m", "agent_sidecar.bench.bare", "--listen", f"unix:{self.sock}"]
                                      + ([] if self.calm else ["--plain"]),
-                                     stdout=subprocess.DEVNULL)
+                                     stdout=subprocess.DEVNULL, env=env)
         _wait_socket(self.sock, self.proc, 30)
 
     def pids(self) -> dict[str, list[int]]:
@@ -411,12 +364,8 @@ def main() -> int:
     ap.add_argument("--dir", default=None, help="parent directory for the temporary data dirs")
     ap.add_argument("--keep", action="store_true", help="keep the data dirs (sidecar.db, sidecar.log)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--bare-server", metavar="SOCK", help=argparse.SUPPRESS)
     ap.add_argument("--client", metavar="SPEC", help=argparse.SUPPRESS)
-    ap.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.bare_server:
-        return bare_server_main(args.bare_server, calm=not args.plain)
     if args.client:
         return client_main(args.client)
     sys.stdout.reconfigure(line_buffering=True)

@@ -1,5 +1,5 @@
 """Bad input over gRPC: every malformed, oversized or unknown request gets the
-documented status (API.md "Errors": INVALID_ARGUMENT with a field violation
+documented status (docs/semantics.md "Errors": INVALID_ARGUMENT with a field violation
 naming the field, NOT_FOUND/SESSION_NOT_FOUND, …) and the sidecar keeps serving."""
 
 from __future__ import annotations

@@ -111,6 +111,13 @@ def test_serve_text_logs_and_sigterm(tmp_path):
     ('[profiles.main]\nmodel = "echo"\nmodle = "x"\n', "profiles.main.modle"),
     ('group_sessions_per_user = "yes"\n', "group_sessions_per_user"),
     ('[profiles.main]\nmodel = "ecoh"\n', "profiles.main.model"),
+    ('[platforms.myplugin]\npii_safe = "yes"\n', "platforms.myplugin.pii_safe"),
+    ('[platforms.myplugin]\npii_sfe = true\n', "platforms.myplugin.pii_sfe"),
+    ('[platforms.discord]\npii_safe = true\n', "platforms.discord.pii_safe"),
+    ('[platforms.Telegram]\npii_safe = true\n[platforms.telegram]\npii_safe = false\n',
+     "platforms.telegram"),
+    ('[recovery]\nauto_resume = "always"\n', "recovery.auto_resume"),
+    ('[recovery]\nauto_resum = "off"\n', "recovery.auto_resum"),
 ])
 def test_serve_bad_config_exit_2(tmp_path, text, key):
     cfg = tmp_path / "config.toml"

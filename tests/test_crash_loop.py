@@ -6,8 +6,10 @@ it settles, stops cleanly, and the store is read with stdlib sqlite3:
 - every acknowledged prompt (its `accepted` frame reached the client) has exactly
   one ledger row, ended: completed, superseded, or failed with a recovery reason
   and then its session got a completed `resume:` turn or a later completed turn;
-- every started prompt's user message is in its transcript exactly once (0 for
-  one superseded before it started); no request id has two `started` frames;
+- every started prompt's user messages are in its transcript exactly once, in
+  order: the texts of the follow-ups it absorbed (burst collapse, docs/semantics.md), then its
+  own (none for one superseded before it started); no request id has two
+  `started` frames;
 - each session's completed QUEUE prompts completed in submission order;
 - `PRAGMA integrity_check` is ok.
 
@@ -17,6 +19,7 @@ would); acknowledgement may then come from the dedup replay."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import sqlite3
 import threading
@@ -182,8 +185,14 @@ def test_crash_loop(tmp_path):
         ledger = {r[0]: r for r in db.execute(
             "SELECT request_id, session_key, status, reason, started_at, finished_at FROM prompts")}
         started = Counter(r for (r,) in db.execute("SELECT request_id FROM frames WHERE kind = 'started'"))
-        user_rows = Counter(r for (r,) in db.execute(
-            "SELECT request_id FROM messages WHERE role = 'user' AND request_id IS NOT NULL"))
+        users = defaultdict(list)  # request id -> its user messages, in seq order
+        for r, content in db.execute("SELECT request_id, content FROM messages WHERE role = 'user'"
+                                     " AND request_id IS NOT NULL ORDER BY session_id, seq"):
+            users[r].append(content)
+        user_rows = Counter({r: len(v) for r, v in users.items()})
+        texts = {}  # request id -> (its text, the request id it absorbed)
+        for r, text, payload in db.execute("SELECT request_id, text, payload FROM prompts"):
+            texts[r] = (text, json.loads(payload).get("absorbed_from") if payload else None)
         terminal = {r: (k, fid) for r, k, fid in db.execute(
             "SELECT request_id, kind, id FROM frames WHERE kind IN ('completed', 'failed', 'superseded')")}
         completed_by_key = defaultdict(list)
@@ -211,9 +220,10 @@ def test_crash_loop(tmp_path):
             problems.append(f"{a.rid}: not ended ({st})")
         if n_started > 1:
             problems.append(f"{a.rid}: started {n_started} times")
-        want_user = 1 if n_started else 0
-        if user_rows[a.rid] != want_user:
-            problems.append(f"{a.rid}: {user_rows[a.rid]} user messages, started={n_started}, status={st}")
+        want = carried(texts, a.rid) if n_started else []
+        if users[a.rid] != want:
+            problems.append(f"{a.rid}: user messages {users[a.rid]}, want {want}, started={n_started},"
+                            f" status={st}")
         if st == "failed":
             if reason not in RECOVERY_REASONS:
                 problems.append(f"{a.rid}: failed with {reason}")
@@ -229,8 +239,8 @@ def test_crash_loop(tmp_path):
         if n > 1:
             problems.append(f"{rid}: two started frames")
     for rid, n in user_rows.items():
-        if n > 1:
-            problems.append(f"{rid}: its user message appears {n} times")
+        if n != len(carried(texts, rid)):
+            problems.append(f"{rid}: {n} user messages for {len(carried(texts, rid))} texts")
     order_checked = 0
     by_session = defaultdict(list)
     for a in acks:
@@ -260,10 +270,22 @@ def test_crash_loop(tmp_path):
     assert not problems, (counts, problems[:20])
 
 
+def carried(texts: dict, rid: str) -> list[str]:
+    """The texts a prompt's turn starts with: those of the chain of follow-ups it
+    absorbed (each ledger row links to the one before), oldest first, then its own."""
+    out = []
+    while rid in texts:
+        text, rid = texts[rid]
+        out.append(text)
+    return out[::-1]
+
+
 def test_health_not_serving_until_startup_restore_is_done(tmp_path):
-    """300 lanes active just before a kill -9 all get an auto-resume turn at startup;
-    health must not say SERVING before every one of them is submitted."""
-    sc = Sidecar(tmp_path / "data", config=echo("main"), workers=1).start()
+    """300 lanes active just before a kill -9 all get an auto-resume turn at startup
+    (``auto_resume = "recent"``, hermes' rule: by default only interrupted lanes are
+    resumed); health must not say SERVING before every one of them is submitted."""
+    cfg = echo("main") + '[recovery]\nauto_resume = "recent"\n'
+    sc = Sidecar(tmp_path / "data", config=cfg, workers=1).start()
     try:
         stub = sc.sessions()
         for i in range(300):

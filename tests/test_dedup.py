@@ -33,6 +33,8 @@ def test_preload_then_the_ledger_for_ids_past_the_limit(tmp_path):
         assert len(capped) == 2  # the newest two: b and c
         assert capped.seen("b", store, now) and capped.seen("c", store, now)
         assert capped.seen("a", store, now)  # not preloaded: the ledger knows it
+        # and for which session: the key decides twin or reuse (turns/dedup.is_twin)
+        assert capped.seen("a", store, now) == capped.seen("c", store, now) == "agent:main:t:dm:1"
         assert not capped.seen("old", store, now)  # in the ledger, out of the window
         assert not capped.seen("never", store, now)
 
@@ -52,11 +54,29 @@ def test_remembered_ids_age_out_of_the_window(tmp_path):
         recent = RecentRequests(window_s=0.2)
         recent.load(store)
         now = time.time()
-        recent.remember("r1", now)
+        recent.remember("r1", now, "agent:main:t:dm:1")
         assert recent.seen("r1", store, now + 0.1)
         assert not recent.seen("r1", store, now + 0.3)  # the window passed
         time.sleep(0.25)
-        recent.remember("r2", time.time())  # remembering trims what aged out
+        recent.remember("r2", time.time(), "agent:main:t:dm:1")  # remembering trims what aged out
         assert len(recent) == 1
+    finally:
+        asyncio.run(store.close())
+
+
+def test_forget_drops_the_ids_of_a_deleted_session(tmp_path):
+    """DeleteSession / ClearAllSessions: the index forgets what the ledger lost."""
+    store = Store(tmp_path / "sidecar.db")
+    try:
+        recent = RecentRequests(window_s=300)
+        recent.load(store)
+        now = time.time()
+        recent.remember("a1", now, "agent:main:t:dm:a")
+        recent.remember("b1", now, "agent:main:t:dm:b")
+        recent.remember("a2", now, "agent:main:t:dm:a")
+        recent.forget("agent:main:t:dm:a")
+        assert [recent.seen(r, store, now) for r in ("a1", "b1", "a2")] == [None, "agent:main:t:dm:b", None]
+        recent.forget(None)
+        assert len(recent) == 0
     finally:
         asyncio.run(store.close())

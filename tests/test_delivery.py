@@ -1,4 +1,4 @@
-"""Delivery modes on a busy session, through a real sidecar (issue 4, API.md
+"""Delivery modes on a busy session, through a real sidecar (issue 4, docs/semantics.md
 "delivery"): REJECT_IF_BUSY, FOLLOW_UP burst collapse, QUEUE FIFO, INTERRUPT,
 ROLLBACK, STEER; ResetSession / SuspendSession on a busy lane; the queue cap;
 GetQueue. The busy turn is a slow echo (100 ms a word)."""
@@ -12,7 +12,8 @@ from grpc_status import rpc_status
 
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as spb
-from helpers_busy import D, PromptRun, get_queue, get_session, run, scripted, slow_echo, source, transcript, words
+from helpers_busy import (D, PromptRun, get_queue, get_session, log_lines, run, scripted, slow_echo, source,
+                          transcript, words)
 from sidecar_proc import Sidecar
 
 CONFIG = (slow_echo("main")
@@ -20,7 +21,10 @@ CONFIG = (slow_echo("main")
           + scripted("steerlast", [{"text": "first answer", "token_latency_ms": 500}, {"echo_input": True}],
                      max_iterations=1)
           + slow_echo("capped", queue_cap=2)
-          + slow_echo("capone", queue_cap=1))
+          + slow_echo("capone", queue_cap=1)
+          # what the model received: every user message since its last answer
+          + scripted("burst", [{"echo_input": True, "token_latency_ms": 100}])
+          + scripted("burststeer", [{"echo_input": True, "token_latency_ms": 100}], max_iterations=1))
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +84,40 @@ def test_ten_follow_ups_collapse_to_the_last(stubs):
     last = fus[-1].result()
     assert last.end == "completed" and last.final_text == "follow 9"
     users = [m.content for m in transcript(sessions, first.session_id) if m.role == "user"]
-    assert users == [words(20, "busy"), "follow 9"]
+    assert users == [words(20, "busy")] + [f"follow {i}" for i in range(10)], "nothing sent is dropped"
+
+
+@pytest.mark.parametrize("mode", ["follow_up", "steer"])
+def test_a_burst_of_three_is_one_turn_that_sees_all_three(sc, stubs, mode):
+    """docs/semantics.md, FOLLOW_UP: a newer follow-up absorbs the pending one, which ends
+    superseded by it; its text runs in the newer one's turn as its own user
+    message, in the order sent. A STEER that falls back to FOLLOW_UP (here every
+    call is the turn's last, max_iterations = 1) absorbs the same way."""
+    prompts, sessions = stubs
+    profile = "burst" if mode == "follow_up" else "burststeer"
+    delivery = D.DELIVERY_MODE_FOLLOW_UP if mode == "follow_up" else D.DELIVERY_MODE_STEER
+    first = busy(prompts, 20, profile=profile)
+    first.wait_for("text_delta")  # its one model call is under way: a steer cannot join it
+    burst = [run(prompts, text=f"part {i}", key=first.key, delivery=delivery) for i in range(3)]
+    q = get_queue(prompts, first.key)  # the pending prompt is the newest; what it absorbed has ended
+    assert q.pending.request_id == burst[-1].request_id and q.pending.text == "part 2"
+    assert get_session(sessions, first.key).queue_depth == 1
+    for older, newer in zip(burst, burst[1:]):
+        older.result(10)
+        assert older.kinds() == ["accepted", "superseded"] and older.error is None
+        assert older.terminal.superseded.by_request_id == newer.request_id
+    assert first.result(10).end == "completed"
+    last = burst[-1].result(15)
+    assert last.end == "completed", (last.kinds(), last.reason)
+    assert last.final_text == "part 0\npart 1\npart 2", "the model saw all three, in order"
+    msgs = [(m.role, m.content) for m in transcript(sessions, first.session_id)]
+    assert msgs[2:] == [("user", "part 0"), ("user", "part 1"), ("user", "part 2"),
+                        ("assistant", "part 0\npart 1\npart 2")], msgs
+    after = run(prompts, text="and then", key=first.key, delivery=delivery).result(10)
+    assert after.final_text == "and then"
+    assert [m.content for m in transcript(sessions, first.session_id)][-2:] == ["and then"] * 2
+    # the warm agent took all three messages in step with the store: never rebuilt
+    assert [x for x in log_lines(sc, "agent rebuilt from store") if x.get("key") == first.key] == []
 
 
 def test_twenty_queued_prompts_run_in_order(stubs):
@@ -160,7 +197,7 @@ def test_steer_reaches_the_next_model_call(stubs):
 
 
 def test_steer_during_the_last_allowed_model_call_becomes_a_follow_up(stubs):
-    """API.md: a turn past its last model call treats a steer as FOLLOW_UP. The
+    """docs/semantics.md: a turn past its last model call treats a steer as FOLLOW_UP. The
     host keeps its complete answer; the steer runs as the next turn."""
     prompts, sessions = stubs
     host = run(prompts, text="hello", src=source(), profile="steerlast")  # max_iterations = 1
@@ -224,7 +261,10 @@ def test_queue_cap_is_resource_exhausted(stubs):
     b = run(prompts, text="b", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
     c = PromptRun(prompts, text="c", key=first.key, delivery=D.DELIVERY_MODE_QUEUE).result(10)
     assert c.frames == [] and c.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert c.reason == "RESOURCE_EXHAUSTED"
+    assert c.reason == "QUEUE_FULL"
+    assert "profiles.capped.queue_cap" in c.error.details(), c.error.details()
+    st = rpc_status.from_call(c.error)
+    assert any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in st.details)
     q = get_queue(prompts, first.key)
     assert [x.text for x in q.queued] == ["a", "b"]
     for p in (first, a, b):

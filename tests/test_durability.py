@@ -1,5 +1,5 @@
 """Durability: a message whose AppendMessages call returned survives `kill -9` of
-the sidecar (API.md: "Durable when it returns").
+the sidecar (docs/api.md, AppendMessages: "durable when it returns").
 
 After a crash the sidecar marks recently active lanes ``resume_pending``
 (``restart_interrupted``) and runs a synthesized continue turn for them (seed 001 §7,

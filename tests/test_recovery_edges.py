@@ -2,8 +2,8 @@
 through real processes, SIGTERM and kill -9: the clean-shutdown marker after a
 drain that timed out, the stuck-loop counter counting only consecutive
 restarts with the lane in flight, a suspended lane's waiting prompts, the
-auto-resume freshness window, resume request ids after retention, and a steer
-whose host was interrupted."""
+auto-resume freshness window, resume request ids after retention, a steer
+whose host was interrupted, and a follow-up burst acknowledged just before the kill."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from contextlib import closing
 
 from agent_sidecar.v1 import session_service_pb2 as spb
 from helpers_recovery import (D, PromptRun, SilentToolHost, echo, db_path, marker, query, restart,
-                              resume_rows, routing, scripted, source, table, wait_until, watch_request,
-                              kind, words)
+                              resume_rows, routing, scripted, source, table, transcript, wait_until,
+                              watch_request, kind, words)
 from sidecar_proc import Sidecar
 
 QUEUE = D.Value("DELIVERY_MODE_QUEUE")
@@ -196,5 +196,37 @@ def test_a_steer_ends_with_its_interrupted_host_and_never_reruns(tmp_path):
         assert query(sc, "SELECT count(*) FROM frames WHERE request_id = ? AND kind = 'started'",
                      (steer.request_id,))[0][0] == 0
         assert query(sc, "SELECT count(*) FROM messages WHERE content = 'actually, bananas'")[0][0] <= 1
+    finally:
+        sc.stop()
+
+
+def test_an_acknowledged_burst_runs_once_in_order_after_a_kill9(tmp_path):
+    """Three follow-ups on a busy lane, kill -9 right after the third is
+    acknowledged: its accept recorded the two texts it absorbed and closed their
+    ledger rows in one transaction, so after the restart one turn runs all three,
+    in order, exactly once, and the older two stay superseded by the next."""
+    cfg = scripted("main", [{"echo_input": True, "token_latency_ms": 100}]) + NO_AUTO_RESUME
+    sc = Sidecar(tmp_path / "data", config=cfg, workers=1).start()
+    try:
+        busy = PromptRun(sc.prompts(), text=words(40), src=source())
+        busy.wait_for("started")
+        burst = []
+        for i in range(3):
+            burst.append(PromptRun(sc.prompts(), text=f"part {i}", key=busy.key))
+            burst[-1].wait_for("accepted")
+        sc.kill9()
+        restart(sc)
+        last = burst[-1].request_id
+        frames, reason = watch_request(sc.prompts(), last, timeout=30)
+        kinds = [kind(f) for f in frames]
+        assert kinds.count("started") == 1 and kinds[-1] == "completed", (kinds, reason)
+        # what the model saw since its last answer: the interrupted prompt, then all three
+        assert frames[-1].completed.final_text == words(40) + "\npart 0\npart 1\npart 2"
+        for older, newer in zip(burst, burst[1:]):
+            frames, _ = watch_request(sc.prompts(), older.request_id)
+            assert [kind(f) for f in frames] == ["accepted", "superseded"], [kind(f) for f in frames]
+            assert frames[-1].superseded.by_request_id == newer.request_id
+        users = [m.content for m in transcript(sc, busy.session_id) if m.role == "user"]
+        assert users == [words(40), "part 0", "part 1", "part 2"], users
     finally:
         sc.stop()

@@ -282,11 +282,12 @@ def test_scoped_tokens(tmp_path):
         mine = tcp.ListSessions(pb.ListSessionsRequest(platform="telegram"), timeout=10, metadata=tg)
         assert [x.session_key for x in mine.sessions] == [s.session_key]
         # A discord turn's frames stay out of reach of a telegram token, even
-        # when it re-sends that turn's request id (the replay path) or watches it.
+        # when it re-sends that turn's request id (refused as reused by another
+        # session, test_request_ids.py) or watches it.
         prompts = sc.prompts(tcp=True)
         list(prompts.Prompt(ppb.PromptRequest(request_id="dc-turn", source=src("discord"), text="hi"),
                             timeout=10, metadata=adm))
-        with rpc_error(denied, "PERMISSION_DENIED"):
+        with rpc_error(INVALID, "INVALID_ARGUMENT", "request_id"):
             list(prompts.Prompt(ppb.PromptRequest(request_id="dc-turn", source=src("telegram"), text="hi"),
                                 timeout=10, metadata=tg))
         with rpc_error(denied, "PERMISSION_DENIED"):

@@ -214,6 +214,10 @@ def test_append_contiguous_seqs_and_fields_roundtrip(stub):
     assert got[4].created_at.seconds == 1_700_000_000
     assert abs(got[4].created_at.nanos - 123_000_000) < 1000
     assert got[0].created_at.seconds > 1_700_000_000 and all(m.active for m in got)
+    # a message the adapter marks as nobody's (its own note) reads back so
+    stub.AppendMessages(pb.AppendMessagesRequest(session_id=s.session_id, messages=[
+        msg("user", "[adapter note]", synthetic=True)]), timeout=10)
+    assert [m.synthetic for m in transcript(stub, s.session_id)] == [False] * 5 + [True]
 
 
 def test_transcript_paging(stub):

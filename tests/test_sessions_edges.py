@@ -1,7 +1,9 @@
 """SessionService at the edges of its input and of a lane's history: page
 tokens that decode but do not fit SQLite, a timestamp at the end of the
 Timestamp range, transcript pages of multi-byte text read by a client with
-gRPC's default 4 MiB receive limit, and SwitchSession's fresh entry."""
+gRPC's default 4 MiB receive limit, SwitchSession's fresh entry, and the
+lifecycle of the entry's flags (seed 001 §2: what a new incarnation's first
+turn consumes, the resume marker's time going with the marker)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from agent_sidecar.v1 import session_service_pb2 as pb
-from helpers_sessions import create, msg, rpc_error, seed, transcript
+from helpers_common import PromptRun
+from helpers_sessions import create, msg, rpc_error, seed, src, transcript
 from sidecar_proc import Sidecar
 
 
@@ -90,3 +93,56 @@ def test_switch_session_starts_a_fresh_entry(sc):
     assert back.session_id == first.session_id
     assert (back.input_tokens, back.total_tokens) == (0, 0), back
     assert not back.is_fresh_reset and not back.suspended
+
+
+def _turn(sc, key: str) -> None:
+    run = PromptRun(sc.prompts(), text="hello", key=key).result(20)
+    assert run.end == "completed", (run.kinds(), run.error)
+
+
+def _marked(stub, key: str):
+    return stub.MarkResumePending(pb.MarkResumePendingRequest(
+        session_key=key, reason="restart_timeout"), timeout=10).session
+
+
+def test_the_first_completed_turn_consumes_the_new_incarnations_flags(sc):
+    """was_auto_reset (with its reason) and is_fresh_reset are for the first
+    turn of the new incarnation; once it has completed they are gone."""
+    stub = sc.sessions()
+    source = src()
+    first, _ = create(stub, source)
+    stub.SuspendSession(pb.SuspendSessionRequest(session_key=first.session_key), timeout=10)
+    auto, created = create(stub, source)
+    assert created and auto.was_auto_reset and auto.auto_reset_reason == "suspended"
+    _turn(sc, auto.session_key)
+    after = stub.GetSession(pb.GetSessionRequest(session_key=auto.session_key), timeout=10).session
+    assert (after.session_id, after.turn_count) == (auto.session_id, 1)
+    assert not after.was_auto_reset and after.auto_reset_reason == "", after
+    fresh = stub.ResetSession(pb.ResetSessionRequest(session_key=auto.session_key), timeout=10).session
+    assert fresh.is_fresh_reset
+    _turn(sc, fresh.session_key)
+    after = stub.GetSession(pb.GetSessionRequest(session_key=fresh.session_key), timeout=10).session
+    assert not after.is_fresh_reset and not after.was_auto_reset, after
+
+
+def test_last_resume_marked_at_goes_with_resume_pending(sc):
+    """Cleared by the completed turn that clears resume_pending, and a reset or
+    a switch starts the lane's flags clean."""
+    stub = sc.sessions()
+    s, _ = create(stub)
+    key = s.session_key
+    assert _marked(stub, key).last_resume_marked_at.seconds > 0
+    _turn(sc, key)
+    done = stub.GetSession(pb.GetSessionRequest(session_key=key), timeout=10).session
+    assert not done.resume_pending and done.last_resume_marked_at.seconds == 0, done
+    _marked(stub, key)
+    reset = stub.ResetSession(pb.ResetSessionRequest(session_key=key), timeout=10).session
+    assert not reset.resume_pending and reset.last_resume_marked_at.seconds == 0, reset
+    assert reset.reset_had_activity and reset.is_fresh_reset
+    _marked(stub, key)
+    back = stub.SwitchSession(pb.SwitchSessionRequest(
+        session_key=key, target_session_id=s.session_id), timeout=10).session
+    assert back.session_id == s.session_id
+    assert not (back.resume_pending or back.is_fresh_reset or back.was_auto_reset
+                or back.reset_had_activity), back
+    assert back.last_resume_marked_at.seconds == 0 and back.resume_reason == "", back

@@ -1,4 +1,4 @@
-"""ToolService through a real sidecar (issue 4, API.md "ToolService"): a tool
+"""ToolService through a real sidecar (issue 4, docs/api.md "ToolService"): a tool
 host in the test process registers tools over ServeTools and answers
 invocations; a scripted model calls them. Scope violations, hosts that error
 or disconnect mid-call, tools with no host, and namespace checks."""
@@ -211,3 +211,91 @@ def test_turn_ended_during_a_tool_call_leaves_a_valid_transcript(sc, how):
         assert unanswered_calls(msgs) == [], [(m.role, m.tool_call_id, m.tool_calls_json) for m in msgs]
     finally:
         host.close()
+
+
+# -- every ServeTools stream ends with a status (issue 14, item 8) ---------------------------
+
+def _register(ns: str) -> tpb.ServeToolsRequest:
+    return tpb.ServeToolsRequest(register=tpb.RegisterTools(namespace=ns, tools=[
+        tpb.ToolSpec(name=f"{ns}.x" if ns else "x", parameters_json_schema='{"type": "object"}')]))
+
+
+@pytest.mark.parametrize("second, code, field", [
+    (None, grpc.StatusCode.OK, None),  # register, then half-close
+    ("", grpc.StatusCode.INVALID_ARGUMENT, "register.namespace"),  # then register("")
+    ("ztwo", grpc.StatusCode.INVALID_ARGUMENT, "register.namespace"),  # then a second namespace
+])
+def test_serve_tools_ends_with_a_status_before_the_deadline(sc, second, code, field):
+    """Register, then end the stream one of three ways, 20 times each: every
+    call ends with its status (the first registration acknowledged first),
+    never a hang past the client's deadline, never INTERNAL or UNKNOWN."""
+    outcomes = []
+    for _ in range(20):
+        msgs = [_register("zone")] + ([] if second is None else [_register(second)])
+        got, status = [], grpc.StatusCode.OK
+        try:
+            for r in sc.tools().ServeTools(iter(msgs), timeout=5):
+                got.append(r.WhichOneof("message"))
+        except grpc.RpcError as e:
+            status = e.code()
+            assert error_info(e) == ("INVALID_ARGUMENT", field), (e.code(), e.details())
+        outcomes.append((status, got))
+    assert outcomes == [(code, ["registered"])] * 20, outcomes
+
+
+# -- a host serves only the platforms of its credential (issue 14, item 7) -------------------
+
+class _Bearer:
+    """A ToolService stub whose ServeTools calls carry a bearer token."""
+
+    def __init__(self, stub, token: str):
+        self.stub, self.metadata = stub, [("authorization", f"Bearer {token}")]
+
+    def ServeTools(self, requests, timeout=None):
+        return self.stub.ServeTools(requests, timeout=timeout, metadata=self.metadata)
+
+
+def _prompt(prompts, token: str, platform: str):
+    """One turn over TCP with ``token``: (frames, error or None)."""
+    frames = []
+    req = ppb.PromptRequest(request_id=f"spy-{platform}", text="go", profile="spy",
+                            source=source(platform=platform))
+    try:
+        for r in prompts.Prompt(req, timeout=20, metadata=[("authorization", f"Bearer {token}")]):
+            if r.frame.WhichOneof("event") != "keepalive":
+                frames.append(r.frame)
+    except grpc.RpcError as e:
+        return frames, e
+    return frames, None
+
+
+def test_a_host_never_serves_a_session_of_a_platform_its_token_does_not_cover(tmp_path):
+    """A host on a telegram token registers telegram.spy; a discord session
+    whose profile allows telegram.* calls it: the call never reaches the host,
+    the model gets an error result, the turn fails TOOL_SCOPE_VIOLATION. The
+    same tool called from a telegram session is served as usual."""
+    cfg = (scripted("spy", calls_then_echo("telegram.spy", {}, "s1"), tools=["telegram.*"])
+           + '[[auth.tokens]]\ntoken = "tg"\nplatforms = ["Telegram"]\n'
+           + '[[auth.tokens]]\ntoken = "dc"\nplatforms = ["discord"]\n')
+    sc = Sidecar(tmp_path / "data", config=cfg, tcp=True, workers=1).start()
+    host = ToolHost(_Bearer(sc.tools(tcp=True), "tg"), "telegram",
+                    [("telegram.spy", "reads a telegram chat", {"type": "object"})],
+                    lambda inv: (True, json.dumps("telegram secrets"), ""))
+    try:
+        host.wait_registered()
+        prompts = sc.prompts(tcp=True)
+        frames, err = _prompt(prompts, "dc", "discord")
+        assert err is not None and err.code() == grpc.StatusCode.PERMISSION_DENIED, err
+        assert error_info(err)[0] == "TOOL_SCOPE_VIOLATION"
+        assert frames[-1].failed.reason == "TOOL_SCOPE_VIOLATION"
+        assert host.invocations == [], "the call must never reach the host"
+        msgs = transcript(sc.sessions(), frames[0].session_id)
+        assert unanswered_calls(msgs) == [] and msgs[-1].role == "tool"
+        assert json.loads(msgs[-1].content)["reason"] == "TOOL_SCOPE_VIOLATION"
+        assert "telegram secrets" not in " ".join(m.content for m in msgs)
+        frames, err = _prompt(prompts, "tg", "telegram")
+        assert err is None and frames[-1].completed.final_text == '"telegram secrets"', (err, frames[-1])
+        assert [i.tool_name for i in host.invocations] == ["telegram.spy"]
+    finally:
+        host.cancel()
+        sc.stop()

@@ -313,7 +313,7 @@ def test_sessions_spread_over_workers_and_stay_on_theirs(sc):
 
 
 def test_a_silent_turn_sends_keepalives_that_are_not_persisted(tmp_path):
-    """API.md: a long silent turn sends keepalives. They repeat the last seq and
+    """docs/semantics.md: a long silent turn sends keepalives. They repeat the last seq and
     never reach the store (a replay has none)."""
     from sidecar_proc import Sidecar
     cfg = ('[sidecar]\nkeepalive_s = 0.2\n'

@@ -21,7 +21,10 @@ WATCH_PAGE = 10_000  # rows per read of a WatchActivity replay (prompt_service.W
 
 @pytest.fixture(scope="module")
 def sc(tmp_path_factory):
-    s = Sidecar(tmp_path_factory.mktemp("watch") / "data", config=profile("main", "echo"),
+    # One turn here streams more frames than a stream may buffer by default
+    # (limits.stream_buffer_frames), faster than the test reads them.
+    limits = "[sidecar.limits]\nstream_buffer_frames = 100000\n\n"
+    s = Sidecar(tmp_path_factory.mktemp("watch") / "data", config=limits + profile("main", "echo"),
                 workers=2).start()
     yield s
     s.stop()

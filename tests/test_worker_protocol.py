@@ -18,7 +18,7 @@ PROFILE = {"name": "main", "model": "echo", "model_options": {}, "tools": [], "m
 
 def _run(msg_rid: str, text: str = "hi") -> dict:
     return {"t": "run", "rid": msg_rid, "key": "agent:main:t:dm:1", "sid": "s1", "rev": 0,
-            "base_seq": 1, "text": text, "profile": PROFILE, "system_prompt": "x", "tools": [],
+            "base_seq": 1, "texts": [text], "profile": PROFILE, "system_prompt": "x", "tools": [],
             "timeout_s": 5}
 
 

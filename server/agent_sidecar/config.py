@@ -26,6 +26,8 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .sessions.context import DEFAULT_PII_SAFE, NEVER_REDACTED
+
 DEFAULT_PROFILE = "main"
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
@@ -43,7 +45,7 @@ class Profile:
     tools: list[str] = field(default_factory=list)
     max_iterations: int = 25
     timeout_s: float = 0.0  # 0: use agent.gateway_timeout
-    queue_cap: int = 0  # 0: no cap on queued prompts per session
+    queue_cap: int = 32  # queued prompts per session (QUEUE_FULL past it); 0: no cap
 
     @property
     def wire(self) -> dict[str, Any]:
@@ -82,9 +84,30 @@ class Limits:
     default_page_size: int = 100
     max_frames_per_turn: int = 20_000
     max_id_length: int = 256
+    # Load limits (issue 14). A stream (Prompt, WatchActivity) whose reader
+    # falls this far behind is ended with STREAM_TOO_SLOW (it resumes from the
+    # store); prompts in flight or queued, and the bytes of their text and
+    # attachments, are capped sidecar-wide (OVERLOADED; 0: no cap). The
+    # defaults keep a hostile burst within a small (2 GB) host.
+    stream_buffer_frames: int = 10_000
+    stream_buffer_bytes: int = 8 * 1024 * 1024
+    max_prompts_in_flight: int = 1000
+    max_prompt_bytes_in_flight: int = 16 * 1024 * 1024
     # The largest request message accepted, whatever its fields' limits allow
     # (api/caps.py derives each RPC's own, smaller bound from the limits above).
     max_request_bytes: int = 32 * 1024 * 1024
+
+
+@dataclass
+class PlatformConfig:
+    """``[platforms.NAME]``: settings of one platform. ``pii_safe``: its ids
+    may be hashed in the system prompt when ``redact_pii`` is on (seed 001
+    §9); None keeps the built-in default (the known chat platforms are, a
+    plugin platform is not)."""
+    pii_safe: bool | None = None
+
+
+AUTO_RESUME_MODES = ("interrupted", "recent", "off")
 
 
 @dataclass
@@ -114,6 +137,11 @@ class Config:
     limits: Limits = field(default_factory=Limits)
     tokens: list[AuthToken] = field(default_factory=list)
     profiles: dict[str, Profile] = field(default_factory=dict)
+    # [platforms.NAME], names in lower case (platform names are case-insensitive)
+    platforms: dict[str, PlatformConfig] = field(default_factory=dict)
+    # [recovery] auto_resume: which lanes get a continue turn after a restart
+    # (DECISIONS.md "Recovery"): "interrupted", "recent" or "off"
+    auto_resume: str = "interrupted"
 
     @property
     def db_path(self) -> str:
@@ -128,6 +156,16 @@ class Config:
 
     def worker_count(self) -> int:
         return self.workers if self.workers > 0 else (os.cpu_count() or 1)
+
+    def pii_safe_platforms(self) -> frozenset[str]:
+        """The built-in pii-safe set with ``[platforms.*] pii_safe`` applied."""
+        out = set(DEFAULT_PII_SAFE)
+        for name, p in self.platforms.items():
+            if p.pii_safe is True:
+                out.add(name)
+            elif p.pii_safe is False:
+                out.discard(name)
+        return frozenset(out)
 
 
 def _take(table: dict, key: str, kind, where: str, default=None):
@@ -155,6 +193,33 @@ def _fill(obj, table: dict, where: str) -> None:
                 kind = (int, str)
             setattr(obj, f.name, _take(table, f.name, kind, where))
     _reject_rest(table, where)
+
+
+def _platform_names(names: list, where: str) -> list[str]:
+    """Platform names as the sidecar compares them: lower case ("Telegram" and
+    "telegram" are one platform)."""
+    if not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(f"{where}: expected non-empty strings")
+    return [n.lower() for n in names]
+
+
+def _load_platforms(cfg: Config, tables: dict) -> None:
+    """``[platforms.NAME]`` tables; two spellings of one name are an error."""
+    for name, table in tables.items():
+        key = name.lower()
+        where = f"platforms.{name}."
+        if not isinstance(table, dict):
+            raise ConfigError(f"platforms.{name}: expected a table")
+        if not key or ":" in key:
+            raise ConfigError(f"platforms.{name}: a platform name must be non-empty and have no ':'")
+        if key in cfg.platforms:
+            raise ConfigError(f"platforms.{name}: the same platform as another [platforms] table"
+                              " (names are case-insensitive)")
+        p = PlatformConfig(pii_safe=_take(table, "pii_safe", bool, where))
+        if p.pii_safe and key in NEVER_REDACTED:
+            raise ConfigError(f"{where}pii_safe: {key} ids are never redacted (mentions need them)")
+        _reject_rest(table, where)
+        cfg.platforms[key] = p
 
 
 def load_config(path: str | None = None, **overrides: Any) -> Config:
@@ -196,7 +261,8 @@ def load_config(path: str | None = None, **overrides: Any) -> Config:
         tok = AuthToken(token=_take(t, "token", str, f"auth.tokens[{i}]."))
         if not tok.token:
             raise ConfigError(f"auth.tokens[{i}].token: required")
-        tok.platforms = _take(t, "platforms", list, f"auth.tokens[{i}].", ["*"])
+        tok.platforms = _platform_names(_take(t, "platforms", list, f"auth.tokens[{i}].", ["*"]),
+                                        f"auth.tokens[{i}].platforms")
         tok.admin = _take(t, "admin", bool, f"auth.tokens[{i}].", False)
         _reject_rest(t, f"auth.tokens[{i}].")
         cfg.tokens.append(tok)
@@ -207,6 +273,12 @@ def load_config(path: str | None = None, **overrides: Any) -> Config:
         p = Profile(name=name)
         _fill(p, dict(table), f"profiles.{name}.")
         cfg.profiles[name] = p
+    _load_platforms(cfg, dict(raw.pop("platforms", {})))
+    recovery = dict(raw.pop("recovery", {}))
+    cfg.auto_resume = _take(recovery, "auto_resume", str, "recovery.", cfg.auto_resume)
+    if cfg.auto_resume not in AUTO_RESUME_MODES:
+        raise ConfigError(f"recovery.auto_resume: must be one of {', '.join(AUTO_RESUME_MODES)}")
+    _reject_rest(recovery, "recovery.")
     _reject_rest(raw, "")
     cfg.profiles.setdefault(DEFAULT_PROFILE, Profile(name=DEFAULT_PROFILE))
     for key, value in overrides.items():
@@ -217,6 +289,22 @@ def load_config(path: str | None = None, **overrides: Any) -> Config:
     cfg.synchronous = cfg.synchronous.upper()
     if cfg.log_format not in ("json", "text"):
         raise ConfigError("log_format must be json or text")
+    _check_load_limits(cfg)
     if not 0 < cfg.limits.max_request_bytes < 2**31:  # gRPC takes it as an int32
         raise ConfigError("sidecar.limits.max_request_bytes: must be between 1 and 2147483647")
     return cfg
+
+
+def _check_load_limits(cfg: Config) -> None:
+    """The load limits (issue 14): stream buffers need room for a frame;
+    admission caps and queue caps may be 0 (no cap), never negative."""
+    lim = cfg.limits
+    for key in ("stream_buffer_frames", "stream_buffer_bytes"):
+        if getattr(lim, key) < 1:
+            raise ConfigError(f"sidecar.limits.{key}: must be at least 1")
+    for key in ("max_prompts_in_flight", "max_prompt_bytes_in_flight"):
+        if getattr(lim, key) < 0:
+            raise ConfigError(f"sidecar.limits.{key}: must be 0 (no cap) or more")
+    for p in cfg.profiles.values():
+        if p.queue_cap < 0:
+            raise ConfigError(f"profiles.{p.name}.queue_cap: must be 0 (no cap) or more")

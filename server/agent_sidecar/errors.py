@@ -1,7 +1,11 @@
-"""Failure reasons of API.md, raised by domain code that knows nothing of gRPC.
+"""Failure reasons of the API (docs/api.md, "Error reasons"), raised by domain
+code that knows nothing of gRPC.
 
 The API layer (api/errors.py) turns a ``SidecarError`` into a gRPC status with a
-google.rpc.ErrorInfo; the same reason strings appear in ``failed`` frames.
+google.rpc.ErrorInfo; the same reason strings appear in ``failed`` frames. A new
+reason goes here, in api/errors.py's CODE_FOR_REASON and, as
+``ERROR_REASON_<NAME>`` with its gRPC status, in
+proto/agent_sidecar/v1/error_reason.proto (tests/test_error_reasons.py checks).
 """
 
 from __future__ import annotations
@@ -18,19 +22,30 @@ INVALID_ARGUMENT = "INVALID_ARGUMENT"
 UNAUTHENTICATED = "UNAUTHENTICATED"
 PERMISSION_DENIED = "PERMISSION_DENIED"
 WORKER_CRASHED = "WORKER_CRASHED"
-# Not in API.md's table but needed: a failed precondition (ClearAll's confirm
+# Beyond the contract's first table, also declared in ErrorReason: a failed precondition (ClearAll's confirm
 # string) and resource limits (queue cap) with their own reasons.
 FAILED_PRECONDITION = "FAILED_PRECONDITION"
 RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
 UNAVAILABLE = "UNAVAILABLE"
 REQUEST_NOT_FOUND = "REQUEST_NOT_FOUND"  # WatchActivity for a request id never seen
 INTERNAL = "INTERNAL"
+# Load limits (issue 14), all RESOURCE_EXHAUSTED with RetryInfo: a stream whose
+# reader fell behind its buffer bound (it resumes with WatchActivity from the
+# cursor or seq its message names), the sidecar's admission limits on prompts
+# in flight, a session's queue cap.
+STREAM_TOO_SLOW = "STREAM_TOO_SLOW"
+OVERLOADED = "OVERLOADED"
+QUEUE_FULL = "QUEUE_FULL"
+# The store cannot write right now (disk full, I/O error, read-only, its writer
+# gone): nothing can be made durable, so nothing is acknowledged; retryable
+# (UNAVAILABLE with RetryInfo). See store/faults.py.
+STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
 
 DOMAIN = "agent-sidecar"
 
 
 class SidecarError(Exception):
-    """An error with a reason of API.md. ``field`` names the offending request
+    """An error with a reason of docs/api.md. ``field`` names the offending request
     field for INVALID_ARGUMENT."""
 
     def __init__(self, reason: str, message: str, *, field: str | None = None,

@@ -13,12 +13,14 @@ import fcntl
 import logging
 import os
 import signal
+import stat
 
 from .children import tune_gc
 from .config import Config
 from .heap import return_large_blocks
+from .sdnotify import notify
 from .sessions.transcripts import index_pending
-from .store import Store
+from .store import Store, StoreUnavailable
 
 log = logging.getLogger("agent_sidecar")
 
@@ -33,9 +35,29 @@ class Sidecar:
         self._stopping = asyncio.Event()
         self.exit_code = 0
         self._lock_fd: int | None = None
+        self._health_tasks: set[asyncio.Task] = set()
+
+    def _private_data_dir(self) -> None:
+        """Transcripts are private to the sidecar's user: umask 077 for this
+        process and the children it spawns (so the database and its WAL and
+        SHM files, the lock, the marker are born 0600, a new data dir 0700),
+        an existing store made 0600, and a warning when the data dir itself
+        lets others in (its mode is the operator's; we do not change it)."""
+        os.umask(0o077)
+        os.makedirs(self.cfg.data_dir, mode=0o700, exist_ok=True)
+        mode = stat.S_IMODE(os.stat(self.cfg.data_dir).st_mode)
+        if mode & 0o077:
+            log.warning("the data dir is readable by other users",
+                        extra={"path": self.cfg.data_dir, "mode": f"{mode:04o}"})
+        for path in (self.cfg.db_path, self.cfg.db_path + "-wal", self.cfg.db_path + "-shm"):
+            try:
+                if stat.S_IMODE(os.stat(path).st_mode) & 0o077:
+                    os.chmod(path, 0o600)
+                    log.warning("store file made private (0600)", extra={"path": path})
+            except FileNotFoundError:
+                pass
 
     def _lock_data_dir(self) -> None:
-        os.makedirs(self.cfg.data_dir, mode=0o700, exist_ok=True)
         fd = os.open(os.path.join(self.cfg.data_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -50,6 +72,7 @@ class Sidecar:
         from .api.session_service import SessionService
         from .turns.manager import TurnManager
 
+        self._private_data_dir()
         self._lock_data_dir()
         self.store = Store(self.cfg.db_path, self.cfg.synchronous, log_format=self.cfg.log_format,
                            log_level=self.cfg.log_level, on_lost=self._store_lost)
@@ -67,16 +90,36 @@ class Sidecar:
         await self.server.start()
         calmed = calm_grpc_threads()
         await self.turns.start()
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self.store.watch_faults(self._store_changed)
+        if self.store.fault is None:
+            await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        notify("READY=1\nSTATUS=serving")  # systemd Type=notify: the restore is done
         tune_gc()
         log.info("serving", extra={"listen": bound, "db": self.cfg.db_path,
                                    "workers": self.cfg.worker_count(), "batch_threads": calmed})
         return bound
 
+    def _store_changed(self, fault) -> None:
+        """Health follows the store: NOT_SERVING while it cannot write (every
+        write and new prompt is refused then), SERVING again when it can."""
+        from grpc_health.v1 import health_pb2
+        if self._stopping.is_set():
+            return
+        status = (health_pb2.HealthCheckResponse.NOT_SERVING if fault is not None
+                  else health_pb2.HealthCheckResponse.SERVING)
+        task = asyncio.get_running_loop().create_task(self.health.set("", status))
+        self._health_tasks.add(task)
+        task.add_done_callback(self._health_tasks.discard)
+
     def _store_lost(self) -> None:
         """Without its writer the sidecar cannot acknowledge anything: stop
-        (not cleanly: no marker), and let the supervisor restart us."""
+        (not cleanly: no marker), and let the supervisor restart us. Calls in
+        flight end UNAVAILABLE / STORE_UNAVAILABLE, not with the shutdown."""
+        from .store import StoreClosed
+        from .turns.supervision import end_streams
         self.exit_code = 1
+        if self.turns is not None:
+            end_streams(self.turns, StoreClosed("the store writer process exited"))
         self.request_stop()
 
     def request_stop(self) -> None:
@@ -96,8 +139,8 @@ class Sidecar:
         shutdown). A drain that timed out has marked its lanes
         ``shutdown_timeout`` already; without the marker the next start would
         also mark every lane active in the last two minutes, idle ones too."""
-        from .recovery.startup import write_marker
         log.info("stopping")
+        notify("STOPPING=1")
         drained = False
         # Graceful: startup restore finished and nothing failed under us.
         graceful = self.turns is not None and self.turns.ready.is_set() and not self.exit_code
@@ -105,6 +148,9 @@ class Sidecar:
             await self.health.enter_graceful_shutdown()
         if graceful:
             drained = await self.turns.drain(self.cfg.drain_timeout)
+        if self.store is not None and self.store.fault is not None and self.turns is not None:
+            from .turns.supervision import end_streams  # their ends cannot commit now
+            end_streams(self.turns, StoreUnavailable(self.store.fault.message))
         if self.server is not None:
             await self.server.stop(grace=1)
         if self.turns is not None:
@@ -113,11 +159,35 @@ class Sidecar:
             if not self.exit_code:
                 try:  # the full-text index complete on disk, as a clean stop should leave it
                     await self.store.write(index_pending)
+                except StoreUnavailable as e:
+                    log.warning("final full-text indexing skipped", extra={"error": e.message})
                 except Exception:
                     log.exception("final full-text indexing failed")
+            unsaved = self.turns is not None and not self.turns.bus.idle()
+            if unsaved and self.store.fault is not None:
+                error = f"frames of turns were not saved: {self.store.fault.message}"
+            else:
+                error = "frames of turns were not saved" if unsaved else None
             await self.store.close()
             if graceful and not self.exit_code:
-                write_marker(self.cfg.data_dir)
+                self._mark_clean(error)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
         log.info("stopped", extra={"clean": graceful and not self.exit_code, "drained": drained})
+
+    def _mark_clean(self, error: str | None) -> None:
+        """The marker, only when everything acknowledged is on disk. When
+        the store could not write it all (frames held for a full disk) or the
+        marker itself cannot be written, no marker and exit status 1: the next
+        start treats this stop as a crash (its restore closes the turns whose
+        ends did not commit), and the log says why."""
+        from .recovery.startup import write_marker
+        if error is None:
+            try:
+                write_marker(self.cfg.data_dir)
+                return
+            except OSError as e:
+                error = f"cannot write the marker: {e.strerror or e}"
+        log.error("stopped without a clean-shutdown marker", extra={
+            "error": error, "next_start": "recovers as after a crash"})
+        self.exit_code = 1

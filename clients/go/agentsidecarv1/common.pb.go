@@ -27,9 +27,12 @@ const (
 type SessionState int32
 
 const (
+	// Not sent.
 	SessionState_SESSION_STATE_UNSPECIFIED SessionState = 0
-	SessionState_SESSION_STATE_IDLE        SessionState = 1
-	SessionState_SESSION_STATE_RUNNING     SessionState = 2
+	// No turn in flight.
+	SessionState_SESSION_STATE_IDLE SessionState = 1
+	// A turn is in flight (prompts for it wait, or follow their delivery mode).
+	SessionState_SESSION_STATE_RUNNING SessionState = 2
 )
 
 // Enum value maps for SessionState.
@@ -76,24 +79,48 @@ func (SessionState) EnumDescriptor() ([]byte, []int) {
 // SessionSource is where a message came from (seed 001 §1). Field names are the
 // seed's; `platform` and `chat_type` are strings so plugin platforms need no
 // proto change. Empty strings mean "not set".
+//
+// The session key is derived from it (docs/semantics.md, "Session keys"):
+// `agent:{profile}:{platform}:{chat_type}[:{chat_id}][:{thread_id}][:{participant}]`,
+// where the participant is `user_id_alt`, else `user_id`. Ids are at most
+// `limits.max_id_length` characters (default 256); `chat_name` and
+// `chat_topic` at most 4096.
 type SessionSource struct {
-	state    protoimpl.MessageState `protogen:"open.v1"`
-	Platform string                 `protobuf:"bytes,1,opt,name=platform,proto3" json:"platform,omitempty"`
-	ChatId   string                 `protobuf:"bytes,2,opt,name=chat_id,json=chatId,proto3" json:"chat_id,omitempty"`
-	ChatName string                 `protobuf:"bytes,3,opt,name=chat_name,json=chatName,proto3" json:"chat_name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required. The messaging platform: "telegram", "discord", "slack",
+	// "local", or any plugin's name. Credentials are scoped to platforms.
+	Platform string `protobuf:"bytes,1,opt,name=platform,proto3" json:"platform,omitempty"`
+	// The platform's chat, group or channel id (WhatsApp ids are canonicalized).
+	ChatId string `protobuf:"bytes,2,opt,name=chat_id,json=chatId,proto3" json:"chat_id,omitempty"`
+	// Human-readable chat name; becomes the session's display_name.
+	ChatName string `protobuf:"bytes,3,opt,name=chat_name,json=chatName,proto3" json:"chat_name,omitempty"`
 	// One of "dm", "group", "channel", "thread". Empty means "dm".
-	ChatType       string `protobuf:"bytes,4,opt,name=chat_type,json=chatType,proto3" json:"chat_type,omitempty"`
-	UserId         string `protobuf:"bytes,5,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"`
-	UserName       string `protobuf:"bytes,6,opt,name=user_name,json=userName,proto3" json:"user_name,omitempty"`
-	ThreadId       string `protobuf:"bytes,7,opt,name=thread_id,json=threadId,proto3" json:"thread_id,omitempty"`
-	ChatTopic      string `protobuf:"bytes,8,opt,name=chat_topic,json=chatTopic,proto3" json:"chat_topic,omitempty"`
-	UserIdAlt      string `protobuf:"bytes,9,opt,name=user_id_alt,json=userIdAlt,proto3" json:"user_id_alt,omitempty"`
-	ChatIdAlt      string `protobuf:"bytes,10,opt,name=chat_id_alt,json=chatIdAlt,proto3" json:"chat_id_alt,omitempty"`
-	IsBot          bool   `protobuf:"varint,11,opt,name=is_bot,json=isBot,proto3" json:"is_bot,omitempty"`
-	GuildId        string `protobuf:"bytes,12,opt,name=guild_id,json=guildId,proto3" json:"guild_id,omitempty"`
-	ParentChatId   string `protobuf:"bytes,13,opt,name=parent_chat_id,json=parentChatId,proto3" json:"parent_chat_id,omitempty"`
-	MessageId      string `protobuf:"bytes,14,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
-	RoleAuthorized bool   `protobuf:"varint,15,opt,name=role_authorized,json=roleAuthorized,proto3" json:"role_authorized,omitempty"`
+	ChatType string `protobuf:"bytes,4,opt,name=chat_type,json=chatType,proto3" json:"chat_type,omitempty"`
+	// The author's platform id: per-user isolation in groups (when
+	// `group_sessions_per_user`) and authorization use it.
+	UserId string `protobuf:"bytes,5,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"`
+	// The author's display name, shown to the model in the session context.
+	UserName string `protobuf:"bytes,6,opt,name=user_name,json=userName,proto3" json:"user_name,omitempty"`
+	// Forum topic, Discord thread or Slack thread id: a thread is its own lane.
+	ThreadId string `protobuf:"bytes,7,opt,name=thread_id,json=threadId,proto3" json:"thread_id,omitempty"`
+	// Channel topic or purpose.
+	ChatTopic string `protobuf:"bytes,8,opt,name=chat_topic,json=chatTopic,proto3" json:"chat_topic,omitempty"`
+	// A stable alternative user id (Signal UUID, Feishu union_id); preferred
+	// over user_id as the participant when set.
+	UserIdAlt string `protobuf:"bytes,9,opt,name=user_id_alt,json=userIdAlt,proto3" json:"user_id_alt,omitempty"`
+	// A canonical alternative chat id (Signal group V2).
+	ChatIdAlt string `protobuf:"bytes,10,opt,name=chat_id_alt,json=chatIdAlt,proto3" json:"chat_id_alt,omitempty"`
+	// True when the author is a bot or webhook.
+	IsBot bool `protobuf:"varint,11,opt,name=is_bot,json=isBot,proto3" json:"is_bot,omitempty"`
+	// Discord guild, Slack workspace or Matrix server.
+	GuildId string `protobuf:"bytes,12,opt,name=guild_id,json=guildId,proto3" json:"guild_id,omitempty"`
+	// The parent channel when chat_id is a thread.
+	ParentChatId string `protobuf:"bytes,13,opt,name=parent_chat_id,json=parentChatId,proto3" json:"parent_chat_id,omitempty"`
+	// The id of the message that triggered the call (for replies, pins, reactions).
+	MessageId string `protobuf:"bytes,14,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	// True when the adapter admitted the author through a platform role rather
+	// than by user id.
+	RoleAuthorized bool `protobuf:"varint,15,opt,name=role_authorized,json=roleAuthorized,proto3" json:"role_authorized,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -235,39 +262,75 @@ func (x *SessionSource) GetRoleAuthorized() bool {
 
 // Session is one conversation lane (session_key) and its current incarnation
 // (session_id): every field and flag of seed 001 §2 plus seed 000's lifecycle.
+// A lane keeps its key for ever; ResetSession, SuspendSession (on next access)
+// and `force_new` give it a new incarnation, whose transcript starts empty.
 type Session struct {
-	state              protoimpl.MessageState `protogen:"open.v1"`
-	SessionKey         string                 `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
-	SessionId          string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	CreatedAt          *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	UpdatedAt          *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
-	Origin             *SessionSource         `protobuf:"bytes,5,opt,name=origin,proto3" json:"origin,omitempty"`
-	DisplayName        string                 `protobuf:"bytes,6,opt,name=display_name,json=displayName,proto3" json:"display_name,omitempty"`
-	Platform           string                 `protobuf:"bytes,7,opt,name=platform,proto3" json:"platform,omitempty"`
-	ChatType           string                 `protobuf:"bytes,8,opt,name=chat_type,json=chatType,proto3" json:"chat_type,omitempty"`
-	InputTokens        int64                  `protobuf:"varint,9,opt,name=input_tokens,json=inputTokens,proto3" json:"input_tokens,omitempty"`
-	OutputTokens       int64                  `protobuf:"varint,10,opt,name=output_tokens,json=outputTokens,proto3" json:"output_tokens,omitempty"`
-	CacheReadTokens    int64                  `protobuf:"varint,11,opt,name=cache_read_tokens,json=cacheReadTokens,proto3" json:"cache_read_tokens,omitempty"`
-	CacheWriteTokens   int64                  `protobuf:"varint,12,opt,name=cache_write_tokens,json=cacheWriteTokens,proto3" json:"cache_write_tokens,omitempty"`
-	TotalTokens        int64                  `protobuf:"varint,13,opt,name=total_tokens,json=totalTokens,proto3" json:"total_tokens,omitempty"`
-	EstimatedCostUsd   float64                `protobuf:"fixed64,14,opt,name=estimated_cost_usd,json=estimatedCostUsd,proto3" json:"estimated_cost_usd,omitempty"`
-	CostStatus         string                 `protobuf:"bytes,15,opt,name=cost_status,json=costStatus,proto3" json:"cost_status,omitempty"`
-	LastPromptTokens   int64                  `protobuf:"varint,16,opt,name=last_prompt_tokens,json=lastPromptTokens,proto3" json:"last_prompt_tokens,omitempty"`
-	WasAutoReset       bool                   `protobuf:"varint,17,opt,name=was_auto_reset,json=wasAutoReset,proto3" json:"was_auto_reset,omitempty"`
-	AutoResetReason    string                 `protobuf:"bytes,18,opt,name=auto_reset_reason,json=autoResetReason,proto3" json:"auto_reset_reason,omitempty"`
-	ResetHadActivity   bool                   `protobuf:"varint,19,opt,name=reset_had_activity,json=resetHadActivity,proto3" json:"reset_had_activity,omitempty"`
-	IsFreshReset       bool                   `protobuf:"varint,20,opt,name=is_fresh_reset,json=isFreshReset,proto3" json:"is_fresh_reset,omitempty"`
-	ExpiryFinalized    bool                   `protobuf:"varint,21,opt,name=expiry_finalized,json=expiryFinalized,proto3" json:"expiry_finalized,omitempty"`
-	Suspended          bool                   `protobuf:"varint,22,opt,name=suspended,proto3" json:"suspended,omitempty"`
-	ResumePending      bool                   `protobuf:"varint,23,opt,name=resume_pending,json=resumePending,proto3" json:"resume_pending,omitempty"`
-	ResumeReason       string                 `protobuf:"bytes,24,opt,name=resume_reason,json=resumeReason,proto3" json:"resume_reason,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lane: `agent:{profile}:{platform}:{chat_type}[:…]`, derived from the
+	// SessionSource; stable across resets.
+	SessionKey string `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	// The current incarnation, `YYYYMMDD_HHMMSS_<8hex>` (UTC).
+	SessionId string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// When this incarnation was created.
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// Last activity (get-or-create, a turn, an append); ListSessions sorts by it.
+	UpdatedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	// The source that created the lane, for routing replies.
+	Origin *SessionSource `protobuf:"bytes,5,opt,name=origin,proto3" json:"origin,omitempty"`
+	// From the source's chat_name, or ResetSession's display_name.
+	DisplayName string `protobuf:"bytes,6,opt,name=display_name,json=displayName,proto3" json:"display_name,omitempty"`
+	// The origin's platform.
+	Platform string `protobuf:"bytes,7,opt,name=platform,proto3" json:"platform,omitempty"`
+	// The origin's chat type ("dm", "group", "channel", "thread").
+	ChatType string `protobuf:"bytes,8,opt,name=chat_type,json=chatType,proto3" json:"chat_type,omitempty"`
+	// Cumulative model input tokens of this incarnation.
+	InputTokens int64 `protobuf:"varint,9,opt,name=input_tokens,json=inputTokens,proto3" json:"input_tokens,omitempty"`
+	// Cumulative model output tokens.
+	OutputTokens int64 `protobuf:"varint,10,opt,name=output_tokens,json=outputTokens,proto3" json:"output_tokens,omitempty"`
+	// Cumulative prompt-cache read tokens.
+	CacheReadTokens int64 `protobuf:"varint,11,opt,name=cache_read_tokens,json=cacheReadTokens,proto3" json:"cache_read_tokens,omitempty"`
+	// Cumulative prompt-cache write tokens.
+	CacheWriteTokens int64 `protobuf:"varint,12,opt,name=cache_write_tokens,json=cacheWriteTokens,proto3" json:"cache_write_tokens,omitempty"`
+	// The sum of the four token counters above.
+	TotalTokens int64 `protobuf:"varint,13,opt,name=total_tokens,json=totalTokens,proto3" json:"total_tokens,omitempty"`
+	// Estimated cumulative cost, USD.
+	EstimatedCostUsd float64 `protobuf:"fixed64,14,opt,name=estimated_cost_usd,json=estimatedCostUsd,proto3" json:"estimated_cost_usd,omitempty"`
+	// A cost-tracking label, "unknown" until UpdateUsage sets one.
+	CostStatus string `protobuf:"bytes,15,opt,name=cost_status,json=costStatus,proto3" json:"cost_status,omitempty"`
+	// The last prompt size the model backend reported (for compression checks).
+	LastPromptTokens int64 `protobuf:"varint,16,opt,name=last_prompt_tokens,json=lastPromptTokens,proto3" json:"last_prompt_tokens,omitempty"`
+	// This incarnation replaced one automatically (see auto_reset_reason).
+	WasAutoReset bool `protobuf:"varint,17,opt,name=was_auto_reset,json=wasAutoReset,proto3" json:"was_auto_reset,omitempty"`
+	// Why: "suspended" when the previous incarnation was suspended.
+	AutoResetReason string `protobuf:"bytes,18,opt,name=auto_reset_reason,json=autoResetReason,proto3" json:"auto_reset_reason,omitempty"`
+	// The replaced incarnation had messages.
+	ResetHadActivity bool `protobuf:"varint,19,opt,name=reset_had_activity,json=resetHadActivity,proto3" json:"reset_had_activity,omitempty"`
+	// Set on the incarnation ResetSession (/new, /reset) creates.
+	IsFreshReset bool `protobuf:"varint,20,opt,name=is_fresh_reset,json=isFreshReset,proto3" json:"is_fresh_reset,omitempty"`
+	// Seed 001's finalization fence; kept for compatibility, nothing sets it.
+	ExpiryFinalized bool `protobuf:"varint,21,opt,name=expiry_finalized,json=expiryFinalized,proto3" json:"expiry_finalized,omitempty"`
+	// Set by SuspendSession (/stop) or the stuck-loop guard (3 consecutive
+	// crashed restarts with a turn in flight): the next get-or-create gives a
+	// new session_id.
+	Suspended bool `protobuf:"varint,22,opt,name=suspended,proto3" json:"suspended,omitempty"`
+	// Soft recovery marker (crash, drain timeout, worker crash): the next
+	// get-or-create keeps the session_id; cleared by the next completed turn.
+	ResumePending bool `protobuf:"varint,23,opt,name=resume_pending,json=resumePending,proto3" json:"resume_pending,omitempty"`
+	// Why resume_pending was set: "restart_timeout", "shutdown_timeout",
+	// "restart_interrupted", "worker_crashed" or MarkResumePending's label.
+	ResumeReason string `protobuf:"bytes,24,opt,name=resume_reason,json=resumeReason,proto3" json:"resume_reason,omitempty"`
+	// When resume_pending was last set.
 	LastResumeMarkedAt *timestamppb.Timestamp `protobuf:"bytes,25,opt,name=last_resume_marked_at,json=lastResumeMarkedAt,proto3" json:"last_resume_marked_at,omitempty"`
-	State              SessionState           `protobuf:"varint,26,opt,name=state,proto3,enum=agent_sidecar.v1.SessionState" json:"state,omitempty"`
-	TurnCount          int64                  `protobuf:"varint,27,opt,name=turn_count,json=turnCount,proto3" json:"turn_count,omitempty"`
-	QueueDepth         int32                  `protobuf:"varint,28,opt,name=queue_depth,json=queueDepth,proto3" json:"queue_depth,omitempty"`
-	Profile            string                 `protobuf:"bytes,29,opt,name=profile,proto3" json:"profile,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// IDLE or RUNNING.
+	State SessionState `protobuf:"varint,26,opt,name=state,proto3,enum=agent_sidecar.v1.SessionState" json:"state,omitempty"`
+	// Turns run in this incarnation.
+	TurnCount int64 `protobuf:"varint,27,opt,name=turn_count,json=turnCount,proto3" json:"turn_count,omitempty"`
+	// Prompts waiting: the follow-up slot plus the FIFO (GetQueue lists them).
+	QueueDepth int32 `protobuf:"varint,28,opt,name=queue_depth,json=queueDepth,proto3" json:"queue_depth,omitempty"`
+	// The profile in the key (default "main").
+	Profile       string `protobuf:"bytes,29,opt,name=profile,proto3" json:"profile,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Session) Reset() {
@@ -508,15 +571,27 @@ func (x *Session) GetProfile() string {
 type Message struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One of "system", "user", "assistant", "tool".
-	Role       string `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
-	Content    string `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
+	Role string `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	// The text; at most `limits.max_text_bytes` (default 256 KiB).
+	Content string `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
+	// On "tool" messages: the id of the assistant tool call this answers.
 	ToolCallId string `protobuf:"bytes,3,opt,name=tool_call_id,json=toolCallId,proto3" json:"tool_call_id,omitempty"`
-	ToolName   string `protobuf:"bytes,4,opt,name=tool_name,json=toolName,proto3" json:"tool_name,omitempty"`
+	// On "tool" messages: the tool's dotted name.
+	ToolName string `protobuf:"bytes,4,opt,name=tool_name,json=toolName,proto3" json:"tool_name,omitempty"`
 	// OpenAI-style tool_calls array, as JSON, on assistant messages.
-	ToolCallsJson string                 `protobuf:"bytes,5,opt,name=tool_calls_json,json=toolCallsJson,proto3" json:"tool_calls_json,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	Seq           int64                  `protobuf:"varint,7,opt,name=seq,proto3" json:"seq,omitempty"`
-	Active        bool                   `protobuf:"varint,8,opt,name=active,proto3" json:"active,omitempty"`
+	ToolCallsJson string `protobuf:"bytes,5,opt,name=tool_calls_json,json=toolCallsJson,proto3" json:"tool_calls_json,omitempty"`
+	// When written; the sidecar sets it when unset.
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// Position in the incarnation's transcript, from 1, increasing (read back only).
+	Seq int64 `protobuf:"varint,7,opt,name=seq,proto3" json:"seq,omitempty"`
+	// False for soft-deleted rows (read back only; GetTranscript shows them
+	// with include_rewound).
+	Active bool `protobuf:"varint,8,opt,name=active,proto3" json:"active,omitempty"`
+	// True for a message nobody wrote: the sidecar's own note, e.g. the one an
+	// auto-resume turn runs with after a restart. It keeps the role the model
+	// reads it in ("user"), but no user said it; adapters should not show it as
+	// theirs.
+	Synthetic     bool `protobuf:"varint,9,opt,name=synthetic,proto3" json:"synthetic,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -607,16 +682,28 @@ func (x *Message) GetActive() bool {
 	return false
 }
 
+func (x *Message) GetSynthetic() bool {
+	if x != nil {
+		return x.Synthetic
+	}
+	return false
+}
+
 // Usage is one turn's (or one delta's) token and cost accounting.
 type Usage struct {
-	state            protoimpl.MessageState `protogen:"open.v1"`
-	InputTokens      int64                  `protobuf:"varint,1,opt,name=input_tokens,json=inputTokens,proto3" json:"input_tokens,omitempty"`
-	OutputTokens     int64                  `protobuf:"varint,2,opt,name=output_tokens,json=outputTokens,proto3" json:"output_tokens,omitempty"`
-	CacheReadTokens  int64                  `protobuf:"varint,3,opt,name=cache_read_tokens,json=cacheReadTokens,proto3" json:"cache_read_tokens,omitempty"`
-	CacheWriteTokens int64                  `protobuf:"varint,4,opt,name=cache_write_tokens,json=cacheWriteTokens,proto3" json:"cache_write_tokens,omitempty"`
-	CostUsd          float64                `protobuf:"fixed64,5,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Model input (prompt) tokens.
+	InputTokens int64 `protobuf:"varint,1,opt,name=input_tokens,json=inputTokens,proto3" json:"input_tokens,omitempty"`
+	// Model output (completion) tokens.
+	OutputTokens int64 `protobuf:"varint,2,opt,name=output_tokens,json=outputTokens,proto3" json:"output_tokens,omitempty"`
+	// Prompt-cache read tokens.
+	CacheReadTokens int64 `protobuf:"varint,3,opt,name=cache_read_tokens,json=cacheReadTokens,proto3" json:"cache_read_tokens,omitempty"`
+	// Prompt-cache write tokens.
+	CacheWriteTokens int64 `protobuf:"varint,4,opt,name=cache_write_tokens,json=cacheWriteTokens,proto3" json:"cache_write_tokens,omitempty"`
+	// Cost in USD, when the backend knows it.
+	CostUsd       float64 `protobuf:"fixed64,5,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Usage) Reset() {
@@ -745,7 +832,7 @@ const file_agent_sidecar_v1_common_proto_rawDesc = "" +
 	"turn_count\x18\x1b \x01(\x03R\tturnCount\x12\x1f\n" +
 	"\vqueue_depth\x18\x1c \x01(\x05R\n" +
 	"queueDepth\x12\x18\n" +
-	"\aprofile\x18\x1d \x01(\tR\aprofile\"\x83\x02\n" +
+	"\aprofile\x18\x1d \x01(\tR\aprofile\"\xa1\x02\n" +
 	"\aMessage\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\x12 \n" +
@@ -756,7 +843,8 @@ const file_agent_sidecar_v1_common_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x10\n" +
 	"\x03seq\x18\a \x01(\x03R\x03seq\x12\x16\n" +
-	"\x06active\x18\b \x01(\bR\x06active\"\xc4\x01\n" +
+	"\x06active\x18\b \x01(\bR\x06active\x12\x1c\n" +
+	"\tsynthetic\x18\t \x01(\bR\tsynthetic\"\xc4\x01\n" +
 	"\x05Usage\x12!\n" +
 	"\finput_tokens\x18\x01 \x01(\x03R\vinputTokens\x12#\n" +
 	"\routput_tokens\x18\x02 \x01(\x03R\foutputTokens\x12*\n" +

@@ -23,16 +23,28 @@ const (
 )
 
 // DeliveryMode says what a prompt does when its session already has a turn in flight.
+// With no turn in flight every mode runs at once. docs/semantics.md,
+// "Delivery modes", has the details.
 type DeliveryMode int32
 
 const (
-	DeliveryMode_DELIVERY_MODE_UNSPECIFIED    DeliveryMode = 0 // means FOLLOW_UP
+	DeliveryMode_DELIVERY_MODE_UNSPECIFIED DeliveryMode = 0 // means FOLLOW_UP
+	// Fail at once with AGENT_BUSY (ABORTED, with RetryInfo).
 	DeliveryMode_DELIVERY_MODE_REJECT_IF_BUSY DeliveryMode = 1
-	DeliveryMode_DELIVERY_MODE_FOLLOW_UP      DeliveryMode = 2
-	DeliveryMode_DELIVERY_MODE_QUEUE          DeliveryMode = 3
-	DeliveryMode_DELIVERY_MODE_INTERRUPT      DeliveryMode = 4
-	DeliveryMode_DELIVERY_MODE_ROLLBACK       DeliveryMode = 5
-	DeliveryMode_DELIVERY_MODE_STEER          DeliveryMode = 6
+	// Take the single pending slot. A newer follow-up absorbs the pending one:
+	// the older ends `superseded{by_request_id}` and its text runs in the newer
+	// one's turn, as its own user message before the newer text.
+	DeliveryMode_DELIVERY_MODE_FOLLOW_UP DeliveryMode = 2
+	// Join the session's FIFO: each queued prompt gets its own full turn, in
+	// order, never merged.
+	DeliveryMode_DELIVERY_MODE_QUEUE DeliveryMode = 3
+	// Cancel the in-flight turn (it keeps what it wrote), then run this one.
+	DeliveryMode_DELIVERY_MODE_INTERRUPT DeliveryMode = 4
+	// Cancel the in-flight turn, soft-delete what it wrote, then run this one.
+	DeliveryMode_DELIVERY_MODE_ROLLBACK DeliveryMode = 5
+	// Hand the text to the running turn, which sees it as a user message before
+	// its next model call; past its last model call, behave as FOLLOW_UP.
+	DeliveryMode_DELIVERY_MODE_STEER DeliveryMode = 6
 )
 
 // Enum value maps for DeliveryMode.
@@ -84,12 +96,19 @@ func (DeliveryMode) EnumDescriptor() ([]byte, []int) {
 	return file_agent_sidecar_v1_prompt_service_proto_rawDescGZIP(), []int{0}
 }
 
+// Attachment is a file that comes with a prompt. Its metadata is recorded with
+// the turn; at most `limits.max_attachments` (16) per prompt, each at most
+// `limits.max_attachment_bytes` (8 MiB).
 type Attachment struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	MimeType      string                 `protobuf:"bytes,2,opt,name=mime_type,json=mimeType,proto3" json:"mime_type,omitempty"`
-	Data          []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
-	Url           string                 `protobuf:"bytes,4,opt,name=url,proto3" json:"url,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// File name as the user sent it.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// MIME type, e.g. "image/png".
+	MimeType string `protobuf:"bytes,2,opt,name=mime_type,json=mimeType,proto3" json:"mime_type,omitempty"`
+	// The content, when sent inline.
+	Data []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	// Where the content can be fetched, when not inline.
+	Url           string `protobuf:"bytes,4,opt,name=url,proto3" json:"url,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -152,17 +171,27 @@ func (x *Attachment) GetUrl() string {
 	return ""
 }
 
+// PromptRequest asks for one agent turn on one session.
 type PromptRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Client-chosen; required. Idempotency key for this turn.
+	// At most `limits.max_id_length` (256) characters. A request_id seen within
+	// the dedup window (`dedup_window_s`, default 5 minutes, persisted) never
+	// starts a second turn: the call gets the original turn's frames.
 	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// One of source and session_key.
-	Source      *SessionSource `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
-	SessionKey  string         `protobuf:"bytes,3,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
-	Text        string         `protobuf:"bytes,4,opt,name=text,proto3" json:"text,omitempty"`
-	Attachments []*Attachment  `protobuf:"bytes,5,rep,name=attachments,proto3" json:"attachments,omitempty"`
-	Delivery    DeliveryMode   `protobuf:"varint,6,opt,name=delivery,proto3,enum=agent_sidecar.v1.DeliveryMode" json:"delivery,omitempty"`
+	// With source, the session is got or created as by GetOrCreateSession.
+	Source *SessionSource `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	// An existing lane's key; its profile is the one in the key.
+	SessionKey string `protobuf:"bytes,3,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	// The user's message; at most `limits.max_text_bytes` (256 KiB).
+	Text string `protobuf:"bytes,4,opt,name=text,proto3" json:"text,omitempty"`
+	// Files that come with the message.
+	Attachments []*Attachment `protobuf:"bytes,5,rep,name=attachments,proto3" json:"attachments,omitempty"`
+	// What to do when the session is busy; UNSPECIFIED means FOLLOW_UP.
+	Delivery DeliveryMode `protobuf:"varint,6,opt,name=delivery,proto3,enum=agent_sidecar.v1.DeliveryMode" json:"delivery,omitempty"`
 	// Profile name; empty means "main". Used when the session is created from source.
+	// An unknown profile is INVALID_ARGUMENT.
 	Profile       string `protobuf:"bytes,7,opt,name=profile,proto3" json:"profile,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -250,16 +279,29 @@ func (x *PromptRequest) GetProfile() string {
 // ActivityFrame is one step of a turn's progress. seq is per request, from 1,
 // gapless; every frame is persisted before it is sent. Keepalive frames are not
 // persisted and repeat the last seq.
+//
+// A turn's frames are `accepted`, then `started` when it runs, then any number
+// of `text_delta`, `tool_call`, `tool_result` and `usage`, and exactly one
+// terminal frame: `completed`, `failed` or `superseded`. A prompt that waits in
+// the queue has only `accepted` until it starts.
 type ActivityFrame struct {
-	state      protoimpl.MessageState `protogen:"open.v1"`
-	RequestId  string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	SessionKey string                 `protobuf:"bytes,2,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
-	SessionId  string                 `protobuf:"bytes,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Seq        int64                  `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
-	At         *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=at,proto3" json:"at,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The turn's request id (for a resumed session, `resume:{session_id}:{n}`).
+	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The session the turn runs on.
+	SessionKey string `protobuf:"bytes,2,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	// The incarnation the turn runs in.
+	SessionId string `protobuf:"bytes,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Position in the turn's frames, from 1, gapless; a resume point for
+	// WatchActivity by request_id.
+	Seq int64 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
+	// When the frame was made.
+	At *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=at,proto3" json:"at,omitempty"`
 	// Global, increasing position of this frame in the store; a resume point for
 	// WatchActivity by session_key or platform.
 	Cursor int64 `protobuf:"varint,6,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	// What happened.
+	//
 	// Types that are valid to be assigned to Event:
 	//
 	//	*ActivityFrame_Accepted_
@@ -471,6 +513,7 @@ type ActivityFrame_ToolResult_ struct {
 }
 
 type ActivityFrame_Usage struct {
+	// Token and cost accounting of a model call.
 	Usage *Usage `protobuf:"bytes,15,opt,name=usage,proto3,oneof"`
 }
 
@@ -510,9 +553,11 @@ func (*ActivityFrame_Superseded_) isActivityFrame_Event() {}
 
 func (*ActivityFrame_Keepalive_) isActivityFrame_Event() {}
 
+// PromptResponse is one frame of the Prompt stream.
 type PromptResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Frame         *ActivityFrame         `protobuf:"bytes,1,opt,name=frame,proto3" json:"frame,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The frame.
+	Frame         *ActivityFrame `protobuf:"bytes,1,opt,name=frame,proto3" json:"frame,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -554,12 +599,16 @@ func (x *PromptResponse) GetFrame() *ActivityFrame {
 	return nil
 }
 
+// WatchActivityRequest names what to watch and from where.
 type WatchActivityRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Exactly one of request_id, session_key and platform.
-	RequestId  string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// An unknown request_id ends the call with REQUEST_NOT_FOUND.
+	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Every turn of one session.
 	SessionKey string `protobuf:"bytes,2,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
-	Platform   string `protobuf:"bytes,3,opt,name=platform,proto3" json:"platform,omitempty"`
+	// Every turn of every session on one platform (what an adapter watches).
+	Platform string `protobuf:"bytes,3,opt,name=platform,proto3" json:"platform,omitempty"`
 	// With request_id: replay frames whose seq is greater than this.
 	AfterSeq int64 `protobuf:"varint,4,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
 	// With session_key or platform: replay frames whose cursor is greater than
@@ -634,9 +683,11 @@ func (x *WatchActivityRequest) GetAfterCursor() int64 {
 	return 0
 }
 
+// WatchActivityResponse is one frame of the WatchActivity stream.
 type WatchActivityResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Frame         *ActivityFrame         `protobuf:"bytes,1,opt,name=frame,proto3" json:"frame,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The frame.
+	Frame         *ActivityFrame `protobuf:"bytes,1,opt,name=frame,proto3" json:"frame,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -678,10 +729,13 @@ func (x *WatchActivityResponse) GetFrame() *ActivityFrame {
 	return nil
 }
 
+// CancelRequest names the turn to stop.
 type CancelRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One of session_key and request_id.
-	SessionKey    string `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	// With session_key: the session's running turn.
+	SessionKey string `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	// The turn with this request id, running or waiting in the queue.
 	RequestId     string `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -731,9 +785,11 @@ func (x *CancelRequest) GetRequestId() string {
 	return ""
 }
 
+// CancelResponse says whether a turn was stopped.
 type CancelResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Cancelled     bool                   `protobuf:"varint,1,opt,name=cancelled,proto3" json:"cancelled,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when there was no such turn in flight.
+	Cancelled     bool `protobuf:"varint,1,opt,name=cancelled,proto3" json:"cancelled,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -775,9 +831,11 @@ func (x *CancelResponse) GetCancelled() bool {
 	return false
 }
 
+// GetQueueRequest names the session.
 type GetQueueRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionKey    string                 `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionKey    string `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -819,11 +877,16 @@ func (x *GetQueueRequest) GetSessionKey() string {
 	return ""
 }
 
+// QueuedPrompt is a prompt waiting for its session's turn.
 type QueuedPrompt struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Text          string                 `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
-	Delivery      DeliveryMode           `protobuf:"varint,3,opt,name=delivery,proto3,enum=agent_sidecar.v1.DeliveryMode" json:"delivery,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The prompt's request id.
+	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Its text.
+	Text string `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
+	// The mode it was sent with.
+	Delivery DeliveryMode `protobuf:"varint,3,opt,name=delivery,proto3,enum=agent_sidecar.v1.DeliveryMode" json:"delivery,omitempty"`
+	// When it was accepted.
 	EnqueuedAt    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=enqueued_at,json=enqueuedAt,proto3" json:"enqueued_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -887,6 +950,7 @@ func (x *QueuedPrompt) GetEnqueuedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+// GetQueueResponse lists what waits on a session, in the order it will run.
 type GetQueueResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The single follow-up slot; unset when empty.
@@ -941,6 +1005,7 @@ func (x *GetQueueResponse) GetQueued() []*QueuedPrompt {
 	return nil
 }
 
+// The prompt is durable (its request row is committed): it survives a crash.
 type ActivityFrame_Accepted struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// 0 when the turn starts at once; otherwise its place in the session's queue (1 = next).
@@ -986,6 +1051,7 @@ func (x *ActivityFrame_Accepted) GetQueuePosition() int32 {
 	return 0
 }
 
+// The turn began running on its worker.
 type ActivityFrame_Started struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1022,9 +1088,11 @@ func (*ActivityFrame_Started) Descriptor() ([]byte, []int) {
 	return file_agent_sidecar_v1_prompt_service_proto_rawDescGZIP(), []int{2, 1}
 }
 
+// A piece of the model's reply, in order; concatenated they are the reply.
 type ActivityFrame_TextDelta struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Text          string                 `protobuf:"bytes,1,opt,name=text,proto3" json:"text,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The next piece of text.
+	Text          string `protobuf:"bytes,1,opt,name=text,proto3" json:"text,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1066,11 +1134,15 @@ func (x *ActivityFrame_TextDelta) GetText() string {
 	return ""
 }
 
+// The model called a tool.
 type ActivityFrame_ToolCall struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	CallId        string                 `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	ArgumentsJson string                 `protobuf:"bytes,3,opt,name=arguments_json,json=argumentsJson,proto3" json:"arguments_json,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The model's id for the call; the matching ToolResult has the same.
+	CallId string `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	// The tool's dotted name, e.g. "local.clock.now".
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// The arguments, a JSON object.
+	ArgumentsJson string `protobuf:"bytes,3,opt,name=arguments_json,json=argumentsJson,proto3" json:"arguments_json,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1126,11 +1198,15 @@ func (x *ActivityFrame_ToolCall) GetArgumentsJson() string {
 	return ""
 }
 
+// A tool call's outcome, as the model sees it.
 type ActivityFrame_ToolResult struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	CallId        string                 `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
-	Ok            bool                   `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
-	ResultJson    string                 `protobuf:"bytes,3,opt,name=result_json,json=resultJson,proto3" json:"result_json,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The ToolCall's call_id.
+	CallId string `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	// False when the tool failed; result_json then describes the error.
+	Ok bool `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
+	// The result as JSON.
+	ResultJson    string `protobuf:"bytes,3,opt,name=result_json,json=resultJson,proto3" json:"result_json,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1186,9 +1262,11 @@ func (x *ActivityFrame_ToolResult) GetResultJson() string {
 	return ""
 }
 
+// Terminal: the turn finished.
 type ActivityFrame_Completed struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	FinalText     string                 `protobuf:"bytes,1,opt,name=final_text,json=finalText,proto3" json:"final_text,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The whole final reply (what the text deltas added up to).
+	FinalText     string `protobuf:"bytes,1,opt,name=final_text,json=finalText,proto3" json:"final_text,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1230,10 +1308,14 @@ func (x *ActivityFrame_Completed) GetFinalText() string {
 	return ""
 }
 
+// Terminal: the turn failed. Prompt and WatchActivity by request_id then end
+// with the status of the reason.
 type ActivityFrame_Failed struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// A reason of API.md: AGENT_TIMEOUT, LLM_API_FAILURE, MAX_ITERATIONS, CANCELLED, ...
-	Reason        string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	// A reason of ErrorReason (docs/api.md, "Error reasons"): AGENT_TIMEOUT,
+	// LLM_API_FAILURE, MAX_ITERATIONS, CANCELLED, ...
+	Reason string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	// A human-readable explanation.
 	Message       string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1283,9 +1365,14 @@ func (x *ActivityFrame_Failed) GetMessage() string {
 	return ""
 }
 
+// Terminal: a newer FOLLOW_UP absorbed this prompt before it ran; its text
+// runs in that prompt's turn. Also sent, with by_request_id empty, to
+// waiting prompts that ResetSession, SuspendSession, DeleteSession or
+// ClearAllSessions dropped.
 type ActivityFrame_Superseded struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ByRequestId   string                 `protobuf:"bytes,1,opt,name=by_request_id,json=byRequestId,proto3" json:"by_request_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The request that absorbed this one.
+	ByRequestId   string `protobuf:"bytes,1,opt,name=by_request_id,json=byRequestId,proto3" json:"by_request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1327,6 +1414,8 @@ func (x *ActivityFrame_Superseded) GetByRequestId() string {
 	return ""
 }
 
+// Nothing new: sent after `keepalive_s` (15 s) of silence so that a long
+// turn's stream does not look dead. Not persisted; skip it.
 type ActivityFrame_Keepalive struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields

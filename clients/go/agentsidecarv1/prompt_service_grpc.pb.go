@@ -33,12 +33,30 @@ const (
 type PromptServiceClient interface {
 	// Run one agent turn. request_id makes it idempotent: a repeated call gets the
 	// original turn's frames, replayed and then live.
+	//
+	// The stream sends the turn's frames as they commit (`accepted` first, one
+	// terminal frame last) and then ends: OK after `completed` or `superseded`;
+	// after `failed`, with the gRPC status and ErrorInfo of its reason. The
+	// turn is bounded by the profile's timeout and the call's deadline. Errors
+	// before the accept (bad request, AGENT_BUSY, UNAVAILABLE while shutting
+	// down) end the call with no frame.
 	Prompt(ctx context.Context, in *PromptRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[PromptResponse], error)
 	// Replay persisted frames after a point, then follow live ones.
+	//
+	// By request_id (after_seq): one turn's frames, ending after its terminal
+	// frame like Prompt; this is how a client resumes a dropped Prompt stream.
+	// By session_key or platform (after_cursor): every turn's frames in commit
+	// order, endlessly; this is how an adapter sees turns it did not start
+	// (auto-resume after a restart). Keepalive frames are sent on silence.
 	WatchActivity(ctx context.Context, in *WatchActivityRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchActivityResponse], error)
 	// Stop the in-flight turn; it ends with failed{CANCELLED}.
+	//
+	// `cancelled` is false when there was nothing to cancel. What the turn
+	// wrote stays in the transcript.
 	Cancel(ctx context.Context, in *CancelRequest, opts ...grpc.CallOption) (*CancelResponse, error)
 	// The single follow-up slot and the FIFO overflow (seed 001 §8).
+	//
+	// Read-only; an unknown session_key gives an empty queue.
 	GetQueue(ctx context.Context, in *GetQueueRequest, opts ...grpc.CallOption) (*GetQueueResponse, error)
 }
 
@@ -116,12 +134,30 @@ func (c *promptServiceClient) GetQueue(ctx context.Context, in *GetQueueRequest,
 type PromptServiceServer interface {
 	// Run one agent turn. request_id makes it idempotent: a repeated call gets the
 	// original turn's frames, replayed and then live.
+	//
+	// The stream sends the turn's frames as they commit (`accepted` first, one
+	// terminal frame last) and then ends: OK after `completed` or `superseded`;
+	// after `failed`, with the gRPC status and ErrorInfo of its reason. The
+	// turn is bounded by the profile's timeout and the call's deadline. Errors
+	// before the accept (bad request, AGENT_BUSY, UNAVAILABLE while shutting
+	// down) end the call with no frame.
 	Prompt(*PromptRequest, grpc.ServerStreamingServer[PromptResponse]) error
 	// Replay persisted frames after a point, then follow live ones.
+	//
+	// By request_id (after_seq): one turn's frames, ending after its terminal
+	// frame like Prompt; this is how a client resumes a dropped Prompt stream.
+	// By session_key or platform (after_cursor): every turn's frames in commit
+	// order, endlessly; this is how an adapter sees turns it did not start
+	// (auto-resume after a restart). Keepalive frames are sent on silence.
 	WatchActivity(*WatchActivityRequest, grpc.ServerStreamingServer[WatchActivityResponse]) error
 	// Stop the in-flight turn; it ends with failed{CANCELLED}.
+	//
+	// `cancelled` is false when there was nothing to cancel. What the turn
+	// wrote stays in the transcript.
 	Cancel(context.Context, *CancelRequest) (*CancelResponse, error)
 	// The single follow-up slot and the FIFO overflow (seed 001 §8).
+	//
+	// Read-only; an unknown session_key gives an empty queue.
 	GetQueue(context.Context, *GetQueueRequest) (*GetQueueResponse, error)
 	mustEmbedUnimplementedPromptServiceServer()
 }

@@ -22,10 +22,13 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// GetOrCreateSessionRequest names a conversation by where it comes from.
 type GetOrCreateSessionRequest struct {
-	state    protoimpl.MessageState `protogen:"open.v1"`
-	Source   *SessionSource         `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
-	ForceNew bool                   `protobuf:"varint,2,opt,name=force_new,json=forceNew,proto3" json:"force_new,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required (at least `platform`); the key is derived from it.
+	Source *SessionSource `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	// Start a new incarnation even when the lane has one.
+	ForceNew bool `protobuf:"varint,2,opt,name=force_new,json=forceNew,proto3" json:"force_new,omitempty"`
 	// Profile name; empty means "main".
 	Profile       string `protobuf:"bytes,3,opt,name=profile,proto3" json:"profile,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -83,9 +86,11 @@ func (x *GetOrCreateSessionRequest) GetProfile() string {
 	return ""
 }
 
+// GetOrCreateSessionResponse is the session, new or existing.
 type GetOrCreateSessionResponse struct {
-	state   protoimpl.MessageState `protogen:"open.v1"`
-	Session *Session               `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lane and its current incarnation.
+	Session *Session `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
 	// True when this call created a new incarnation.
 	Created       bool `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -136,10 +141,12 @@ func (x *GetOrCreateSessionResponse) GetCreated() bool {
 	return false
 }
 
+// GetSessionRequest names one session.
 type GetSessionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Exactly one of session_key and session_id.
-	SessionKey    string `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	SessionKey string `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	// An incarnation id; it must be the key's current one.
 	SessionId     string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -189,9 +196,11 @@ func (x *GetSessionRequest) GetSessionId() string {
 	return ""
 }
 
+// GetSessionResponse is the session.
 type GetSessionResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Session       *Session               `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lane and its current incarnation.
+	Session       *Session `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -233,15 +242,19 @@ func (x *GetSessionResponse) GetSession() *Session {
 	return nil
 }
 
+// ListSessionsRequest filters and pages the sessions.
 type ListSessionsRequest struct {
-	state    protoimpl.MessageState `protogen:"open.v1"`
-	Platform string                 `protobuf:"bytes,1,opt,name=platform,proto3" json:"platform,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this platform's sessions; required for a platform-scoped credential.
+	Platform string `protobuf:"bytes,1,opt,name=platform,proto3" json:"platform,omitempty"`
 	// 0 means no activity filter.
-	ActiveWithinSeconds int64  `protobuf:"varint,2,opt,name=active_within_seconds,json=activeWithinSeconds,proto3" json:"active_within_seconds,omitempty"`
-	PageSize            int32  `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
-	PageToken           string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	ActiveWithinSeconds int64 `protobuf:"varint,2,opt,name=active_within_seconds,json=activeWithinSeconds,proto3" json:"active_within_seconds,omitempty"`
+	// 0 means `limits.default_page_size` (100); at most `limits.max_page_size` (1000).
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// From the previous page's next_page_token; empty for the first page.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListSessionsRequest) Reset() {
@@ -302,10 +315,13 @@ func (x *ListSessionsRequest) GetPageToken() string {
 	return ""
 }
 
+// ListSessionsResponse is one page of sessions.
 type ListSessionsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sessions      []*Session             `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
-	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Most recently active first.
+	Sessions []*Session `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	// Pass it as page_token for the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -354,10 +370,13 @@ func (x *ListSessionsResponse) GetNextPageToken() string {
 	return ""
 }
 
+// ResetSessionRequest names the lane to start afresh.
 type ResetSessionRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionKey    string                 `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
-	DisplayName   string                 `protobuf:"bytes,2,opt,name=display_name,json=displayName,proto3" json:"display_name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionKey string `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	// When set, the new incarnation's display name.
+	DisplayName   string `protobuf:"bytes,2,opt,name=display_name,json=displayName,proto3" json:"display_name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -406,9 +425,11 @@ func (x *ResetSessionRequest) GetDisplayName() string {
 	return ""
 }
 
+// ResetSessionResponse is the lane with its new incarnation.
 type ResetSessionResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Session       *Session               `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// is_fresh_reset is true.
+	Session       *Session `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -450,10 +471,13 @@ func (x *ResetSessionResponse) GetSession() *Session {
 	return nil
 }
 
+// SwitchSessionRequest names the lane and the incarnation to return to.
 type SwitchSessionRequest struct {
-	state           protoimpl.MessageState `protogen:"open.v1"`
-	SessionKey      string                 `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
-	TargetSessionId string                 `protobuf:"bytes,2,opt,name=target_session_id,json=targetSessionId,proto3" json:"target_session_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionKey string `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	// Required: an earlier incarnation of the same key.
+	TargetSessionId string `protobuf:"bytes,2,opt,name=target_session_id,json=targetSessionId,proto3" json:"target_session_id,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -502,9 +526,11 @@ func (x *SwitchSessionRequest) GetTargetSessionId() string {
 	return ""
 }
 
+// SwitchSessionResponse is the lane, now on the target incarnation.
 type SwitchSessionResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Session       *Session               `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lane; its counters start afresh.
+	Session       *Session `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -546,9 +572,11 @@ func (x *SwitchSessionResponse) GetSession() *Session {
 	return nil
 }
 
+// SuspendSessionRequest names the lane to stop.
 type SuspendSessionRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionKey    string                 `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionKey    string `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -590,9 +618,11 @@ func (x *SuspendSessionRequest) GetSessionKey() string {
 	return ""
 }
 
+// SuspendSessionResponse is the suspended lane.
 type SuspendSessionResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Session       *Session               `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// suspended is true.
+	Session       *Session `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -634,10 +664,13 @@ func (x *SuspendSessionResponse) GetSession() *Session {
 	return nil
 }
 
+// MarkResumePendingRequest names the lane and the reason label.
 type MarkResumePendingRequest struct {
-	state      protoimpl.MessageState `protogen:"open.v1"`
-	SessionKey string                 `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionKey string `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
 	// "restart_timeout", "shutdown_timeout", "restart_interrupted", "worker_crashed" or another label.
+	// Required; at most `limits.max_id_length` bytes.
 	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -687,9 +720,11 @@ func (x *MarkResumePendingRequest) GetReason() string {
 	return ""
 }
 
+// MarkResumePendingResponse is the marked lane.
 type MarkResumePendingResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Session       *Session               `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// resume_pending is true unless the lane is suspended.
+	Session       *Session `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -731,9 +766,11 @@ func (x *MarkResumePendingResponse) GetSession() *Session {
 	return nil
 }
 
+// DeleteSessionRequest names the lane to drop.
 type DeleteSessionRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionKey    string                 `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionKey    string `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -775,9 +812,11 @@ func (x *DeleteSessionRequest) GetSessionKey() string {
 	return ""
 }
 
+// DeleteSessionResponse says whether the lane existed.
 type DeleteSessionResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Deleted       bool                   `protobuf:"varint,1,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when there was no such session.
+	Deleted       bool `protobuf:"varint,1,opt,name=deleted,proto3" json:"deleted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -819,6 +858,7 @@ func (x *DeleteSessionResponse) GetDeleted() bool {
 	return false
 }
 
+// ClearAllSessionsRequest carries the confirmation.
 type ClearAllSessionsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Must equal the literal string "DELETE ALL SESSIONS".
@@ -864,9 +904,11 @@ func (x *ClearAllSessionsRequest) GetConfirm() string {
 	return ""
 }
 
+// ClearAllSessionsResponse counts what was dropped.
 type ClearAllSessionsResponse struct {
-	state           protoimpl.MessageState `protogen:"open.v1"`
-	SessionsDeleted int64                  `protobuf:"varint,1,opt,name=sessions_deleted,json=sessionsDeleted,proto3" json:"sessions_deleted,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Routing entries deleted.
+	SessionsDeleted int64 `protobuf:"varint,1,opt,name=sessions_deleted,json=sessionsDeleted,proto3" json:"sessions_deleted,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -908,13 +950,18 @@ func (x *ClearAllSessionsResponse) GetSessionsDeleted() int64 {
 	return 0
 }
 
+// SeedSessionRequest names the session and the messages to write.
 type SeedSessionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One of source and session_key.
-	Source        *SessionSource `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
-	SessionKey    string         `protobuf:"bytes,2,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
-	Messages      []*Message     `protobuf:"bytes,3,rep,name=messages,proto3" json:"messages,omitempty"`
-	Profile       string         `protobuf:"bytes,4,opt,name=profile,proto3" json:"profile,omitempty"`
+	// With source, the session is got or created as by GetOrCreateSession.
+	Source *SessionSource `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	// An existing lane.
+	SessionKey string `protobuf:"bytes,2,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	// At most `limits.max_messages_per_request` (1000).
+	Messages []*Message `protobuf:"bytes,3,rep,name=messages,proto3" json:"messages,omitempty"`
+	// With source: the profile; empty means "main".
+	Profile       string `protobuf:"bytes,4,opt,name=profile,proto3" json:"profile,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -977,9 +1024,11 @@ func (x *SeedSessionRequest) GetProfile() string {
 	return ""
 }
 
+// SeedSessionResponse is the seeded session.
 type SeedSessionResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Session       *Session               `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lane and its current incarnation.
+	Session       *Session `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1021,14 +1070,19 @@ func (x *SeedSessionResponse) GetSession() *Session {
 	return nil
 }
 
+// GetTranscriptRequest names the incarnation and the page.
 type GetTranscriptRequest struct {
-	state          protoimpl.MessageState `protogen:"open.v1"`
-	SessionId      string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	IncludeRewound bool                   `protobuf:"varint,2,opt,name=include_rewound,json=includeRewound,proto3" json:"include_rewound,omitempty"`
-	PageSize       int32                  `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
-	PageToken      string                 `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required: any incarnation, current or ended.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Also return soft-deleted rows (rewind, rewrite, rollback), with active=false.
+	IncludeRewound bool `protobuf:"varint,2,opt,name=include_rewound,json=includeRewound,proto3" json:"include_rewound,omitempty"`
+	// 0 means `limits.default_page_size` (100); at most `limits.max_page_size` (1000).
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// From the previous page's next_page_token; empty for the first page.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetTranscriptRequest) Reset() {
@@ -1089,10 +1143,13 @@ func (x *GetTranscriptRequest) GetPageToken() string {
 	return ""
 }
 
+// GetTranscriptResponse is one page of messages.
 type GetTranscriptResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Messages      []*Message             `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
-	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// In seq order.
+	Messages []*Message `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
+	// Pass it as page_token for the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1141,10 +1198,13 @@ func (x *GetTranscriptResponse) GetNextPageToken() string {
 	return ""
 }
 
+// AppendMessagesRequest names the incarnation and the messages.
 type AppendMessagesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Messages      []*Message             `protobuf:"bytes,2,rep,name=messages,proto3" json:"messages,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Required, at most `limits.max_messages_per_request` (1000).
+	Messages      []*Message `protobuf:"bytes,2,rep,name=messages,proto3" json:"messages,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1193,10 +1253,13 @@ func (x *AppendMessagesRequest) GetMessages() []*Message {
 	return nil
 }
 
+// AppendMessagesResponse gives the seqs the messages got.
 type AppendMessagesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	FirstSeq      int64                  `protobuf:"varint,1,opt,name=first_seq,json=firstSeq,proto3" json:"first_seq,omitempty"`
-	LastSeq       int64                  `protobuf:"varint,2,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The first appended message's seq.
+	FirstSeq int64 `protobuf:"varint,1,opt,name=first_seq,json=firstSeq,proto3" json:"first_seq,omitempty"`
+	// The last appended message's seq.
+	LastSeq       int64 `protobuf:"varint,2,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1245,10 +1308,13 @@ func (x *AppendMessagesResponse) GetLastSeq() int64 {
 	return 0
 }
 
+// RewriteTranscriptRequest names the incarnation and its new transcript.
 type RewriteTranscriptRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Messages      []*Message             `protobuf:"bytes,2,rep,name=messages,proto3" json:"messages,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The whole new transcript; may be empty.
+	Messages      []*Message `protobuf:"bytes,2,rep,name=messages,proto3" json:"messages,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1297,6 +1363,7 @@ func (x *RewriteTranscriptRequest) GetMessages() []*Message {
 	return nil
 }
 
+// RewriteTranscriptResponse is empty: the rewrite is durable.
 type RewriteTranscriptResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1333,9 +1400,11 @@ func (*RewriteTranscriptResponse) Descriptor() ([]byte, []int) {
 	return file_agent_sidecar_v1_session_service_proto_rawDescGZIP(), []int{25}
 }
 
+// RewindSessionRequest names the incarnation and how far to back up.
 type RewindSessionRequest struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// User turns to back up; 0 means 1.
 	N             int32 `protobuf:"varint,2,opt,name=n,proto3" json:"n,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1386,10 +1455,13 @@ func (x *RewindSessionRequest) GetN() int32 {
 	return 0
 }
 
+// RewindSessionResponse says what was undone.
 type RewindSessionResponse struct {
-	state        protoimpl.MessageState `protogen:"open.v1"`
-	RewoundCount int32                  `protobuf:"varint,1,opt,name=rewound_count,json=rewoundCount,proto3" json:"rewound_count,omitempty"`
-	TurnsUndone  int32                  `protobuf:"varint,2,opt,name=turns_undone,json=turnsUndone,proto3" json:"turns_undone,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Messages hidden.
+	RewoundCount int32 `protobuf:"varint,1,opt,name=rewound_count,json=rewoundCount,proto3" json:"rewound_count,omitempty"`
+	// User turns undone (at most n).
+	TurnsUndone int32 `protobuf:"varint,2,opt,name=turns_undone,json=turnsUndone,proto3" json:"turns_undone,omitempty"`
 	// The text of the earliest user message that was rewound (to re-send or edit).
 	TargetText    string `protobuf:"bytes,3,opt,name=target_text,json=targetText,proto3" json:"target_text,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1447,12 +1519,16 @@ func (x *RewindSessionResponse) GetTargetText() string {
 	return ""
 }
 
+// SearchMessagesRequest is a full-text query.
 type SearchMessagesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// FTS5 query text.
-	Query         string `protobuf:"bytes,1,opt,name=query,proto3" json:"query,omitempty"`
-	SessionKey    string `protobuf:"bytes,2,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
-	Limit         int32  `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Required, at most 1024 characters.
+	Query string `protobuf:"bytes,1,opt,name=query,proto3" json:"query,omitempty"`
+	// Only this lane's messages; required for a platform-scoped credential.
+	SessionKey string `protobuf:"bytes,2,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	// 0 means 20; at most 200.
+	Limit         int32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1508,13 +1584,20 @@ func (x *SearchMessagesRequest) GetLimit() int32 {
 	return 0
 }
 
+// SearchHit is one matching message.
 type SearchHit struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionKey    string                 `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
-	SessionId     string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Seq           int64                  `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
-	Role          string                 `protobuf:"bytes,4,opt,name=role,proto3" json:"role,omitempty"`
-	Snippet       string                 `protobuf:"bytes,5,opt,name=snippet,proto3" json:"snippet,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The message's lane.
+	SessionKey string `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	// The message's incarnation.
+	SessionId string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The message's seq in that incarnation.
+	Seq int64 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	// The message's role.
+	Role string `protobuf:"bytes,4,opt,name=role,proto3" json:"role,omitempty"`
+	// The matching text with the match marked.
+	Snippet string `protobuf:"bytes,5,opt,name=snippet,proto3" json:"snippet,omitempty"`
+	// When the message was written.
 	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1592,9 +1675,11 @@ func (x *SearchHit) GetCreatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+// SearchMessagesResponse lists the hits, best first.
 type SearchMessagesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Hits          []*SearchHit           `protobuf:"bytes,1,rep,name=hits,proto3" json:"hits,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most `limit`.
+	Hits          []*SearchHit `protobuf:"bytes,1,rep,name=hits,proto3" json:"hits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1636,10 +1721,14 @@ func (x *SearchMessagesResponse) GetHits() []*SearchHit {
 	return nil
 }
 
+// UpdateUsageRequest carries a usage delta for one lane.
 type UpdateUsageRequest struct {
-	state      protoimpl.MessageState `protogen:"open.v1"`
-	SessionKey string                 `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
-	Delta      *Usage                 `protobuf:"bytes,2,opt,name=delta,proto3" json:"delta,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionKey string `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	// Added to the counters; each token count between 0 and 2^40, cost finite
+	// and between 0 and 1e9.
+	Delta *Usage `protobuf:"bytes,2,opt,name=delta,proto3" json:"delta,omitempty"`
 	// When > 0, recorded as the session's last_prompt_tokens.
 	LastPromptTokens int64 `protobuf:"varint,3,opt,name=last_prompt_tokens,json=lastPromptTokens,proto3" json:"last_prompt_tokens,omitempty"`
 	// When set, replaces the session's cost_status.
@@ -1706,9 +1795,11 @@ func (x *UpdateUsageRequest) GetCostStatus() string {
 	return ""
 }
 
+// UpdateUsageResponse is the session with its new counters.
 type UpdateUsageResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Session       *Session               `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lane and its current incarnation.
+	Session       *Session `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1750,9 +1841,11 @@ func (x *UpdateUsageResponse) GetSession() *Session {
 	return nil
 }
 
+// PruneSessionsRequest gives the idle age past which entries go.
 type PruneSessionsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	MaxAgeDays    int32                  `protobuf:"varint,1,opt,name=max_age_days,json=maxAgeDays,proto3" json:"max_age_days,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At least 1.
+	MaxAgeDays    int32 `protobuf:"varint,1,opt,name=max_age_days,json=maxAgeDays,proto3" json:"max_age_days,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1794,9 +1887,11 @@ func (x *PruneSessionsRequest) GetMaxAgeDays() int32 {
 	return 0
 }
 
+// PruneSessionsResponse counts what was pruned.
 type PruneSessionsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Pruned        int64                  `protobuf:"varint,1,opt,name=pruned,proto3" json:"pruned,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Routing entries deleted.
+	Pruned        int64 `protobuf:"varint,1,opt,name=pruned,proto3" json:"pruned,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1838,10 +1933,13 @@ func (x *PruneSessionsResponse) GetPruned() int64 {
 	return 0
 }
 
+// GetSessionContextRequest names the conversation.
 type GetSessionContextRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Source        *SessionSource         `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
-	Profile       string                 `protobuf:"bytes,2,opt,name=profile,proto3" json:"profile,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required (at least `platform`).
+	Source *SessionSource `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	// Empty means "main".
+	Profile       string `protobuf:"bytes,2,opt,name=profile,proto3" json:"profile,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1890,10 +1988,14 @@ func (x *GetSessionContextRequest) GetProfile() string {
 	return ""
 }
 
+// GetSessionContextResponse is the prompt section.
 type GetSessionContextResponse struct {
-	state           protoimpl.MessageState `protogen:"open.v1"`
-	PromptSection   string                 `protobuf:"bytes,1,opt,name=prompt_section,json=promptSection,proto3" json:"prompt_section,omitempty"`
-	SharedMultiUser bool                   `protobuf:"varint,2,opt,name=shared_multi_user,json=sharedMultiUser,proto3" json:"shared_multi_user,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Markdown text to put in the system prompt.
+	PromptSection string `protobuf:"bytes,1,opt,name=prompt_section,json=promptSection,proto3" json:"prompt_section,omitempty"`
+	// True when several users share the session (a group without per-user
+	// isolation): the model is told so.
+	SharedMultiUser bool `protobuf:"varint,2,opt,name=shared_multi_user,json=sharedMultiUser,proto3" json:"shared_multi_user,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }

@@ -48,26 +48,61 @@ const (
 type SessionServiceClient interface {
 	// Derive the key from the source and apply get_or_create's priority:
 	// suspended → new id; resume_pending → keep; else keep and bump updated_at.
+	// Idempotent: concurrent calls for one key return one session_id.
 	GetOrCreateSession(ctx context.Context, in *GetOrCreateSessionRequest, opts ...grpc.CallOption) (*GetOrCreateSessionResponse, error)
+	// One session by key or by id. Read-only; SESSION_NOT_FOUND when absent.
 	GetSession(ctx context.Context, in *GetSessionRequest, opts ...grpc.CallOption) (*GetSessionResponse, error)
+	// Sessions, most recently active first (updated_at descending), paged
+	// (AIP-158). Read-only.
 	ListSessions(ctx context.Context, in *ListSessionsRequest, opts ...grpc.CallOption) (*ListSessionsResponse, error)
 	// /new, /reset: new session_id, is_fresh_reset, queued prompts dropped.
+	// The old incarnation ends (its transcript stays readable by id); waiting
+	// prompts end `superseded` and the running turn is cancelled.
 	ResetSession(ctx context.Context, in *ResetSessionRequest, opts ...grpc.CallOption) (*ResetSessionResponse, error)
 	// /resume: point the key at an earlier incarnation.
+	// The target must be an incarnation of the same key (else SESSION_NOT_FOUND).
 	SwitchSession(ctx context.Context, in *SwitchSessionRequest, opts ...grpc.CallOption) (*SwitchSessionResponse, error)
 	// /stop: cancel the in-flight turn and force a new id on next access.
+	// Waiting prompts end `superseded`; the session's `suspended` flag is set.
 	SuspendSession(ctx context.Context, in *SuspendSessionRequest, opts ...grpc.CallOption) (*SuspendSessionResponse, error)
+	// Set resume_pending with a reason label: the next access keeps the
+	// session_id. Never overrides `suspended`.
 	MarkResumePending(ctx context.Context, in *MarkResumePendingRequest, opts ...grpc.CallOption) (*MarkResumePendingResponse, error)
+	// Drop the lane: its routing entry, every incarnation, their messages,
+	// state and frames, and its cached agent. `deleted` is false when it did
+	// not exist. Needs a credential for the session's platform, or admin.
 	DeleteSession(ctx context.Context, in *DeleteSessionRequest, opts ...grpc.CallOption) (*DeleteSessionResponse, error)
+	// Drop every session and every cached agent. Admin only; refused
+	// (FAILED_PRECONDITION) unless confirm is the literal "DELETE ALL SESSIONS".
 	ClearAllSessions(ctx context.Context, in *ClearAllSessionsRequest, opts ...grpc.CallOption) (*ClearAllSessionsResponse, error)
+	// Write a synthetic transcript (tests, tooling, imports): the messages are
+	// appended to the session (created from source if need be).
 	SeedSession(ctx context.Context, in *SeedSessionRequest, opts ...grpc.CallOption) (*SeedSessionResponse, error)
+	// One incarnation's messages in seq order, paged; a page also ends before
+	// about 3 MiB so that default gRPC receive limits hold. Read-only.
 	GetTranscript(ctx context.Context, in *GetTranscriptRequest, opts ...grpc.CallOption) (*GetTranscriptResponse, error)
+	// Append messages to an incarnation; durable when it returns. Not
+	// idempotent: a retried call appends again.
 	AppendMessages(ctx context.Context, in *AppendMessagesRequest, opts ...grpc.CallOption) (*AppendMessagesResponse, error)
+	// Full replacement (/retry, /undo, /compress): every live message is hidden
+	// (kept as an audit trail, shown by GetTranscript with include_rewound),
+	// then the given messages are appended.
 	RewriteTranscript(ctx context.Context, in *RewriteTranscriptRequest, opts ...grpc.CallOption) (*RewriteTranscriptResponse, error)
+	// Back up n user turns by soft delete (seed 001 §3): the n-th last live user
+	// message and everything after it become inactive.
 	RewindSession(ctx context.Context, in *RewindSessionRequest, opts ...grpc.CallOption) (*RewindSessionResponse, error)
+	// FTS5 full-text search over live messages, with snippets; every message
+	// written before the call is searchable. Read-only.
 	SearchMessages(ctx context.Context, in *SearchMessagesRequest, opts ...grpc.CallOption) (*SearchMessagesResponse, error)
+	// Add a usage delta to the session's token and cost counters (seed 001 §2).
+	// Not idempotent: a retried call adds again.
 	UpdateUsage(ctx context.Context, in *UpdateUsageRequest, opts ...grpc.CallOption) (*UpdateUsageResponse, error)
+	// Seed 001 §3: delete routing entries idle for more than max_age_days,
+	// skipping suspended ones and sessions with a turn in flight; transcripts
+	// are never deleted. Admin only.
 	PruneSessions(ctx context.Context, in *PruneSessionsRequest, opts ...grpc.CallOption) (*PruneSessionsResponse, error)
+	// The `## Current Session Context` prompt section of seed 001 §9 for a
+	// source, with PII redacted when `redact_pii` is on. Read-only.
 	GetSessionContext(ctx context.Context, in *GetSessionContextRequest, opts ...grpc.CallOption) (*GetSessionContextResponse, error)
 }
 
@@ -268,26 +303,61 @@ func (c *sessionServiceClient) GetSessionContext(ctx context.Context, in *GetSes
 type SessionServiceServer interface {
 	// Derive the key from the source and apply get_or_create's priority:
 	// suspended → new id; resume_pending → keep; else keep and bump updated_at.
+	// Idempotent: concurrent calls for one key return one session_id.
 	GetOrCreateSession(context.Context, *GetOrCreateSessionRequest) (*GetOrCreateSessionResponse, error)
+	// One session by key or by id. Read-only; SESSION_NOT_FOUND when absent.
 	GetSession(context.Context, *GetSessionRequest) (*GetSessionResponse, error)
+	// Sessions, most recently active first (updated_at descending), paged
+	// (AIP-158). Read-only.
 	ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error)
 	// /new, /reset: new session_id, is_fresh_reset, queued prompts dropped.
+	// The old incarnation ends (its transcript stays readable by id); waiting
+	// prompts end `superseded` and the running turn is cancelled.
 	ResetSession(context.Context, *ResetSessionRequest) (*ResetSessionResponse, error)
 	// /resume: point the key at an earlier incarnation.
+	// The target must be an incarnation of the same key (else SESSION_NOT_FOUND).
 	SwitchSession(context.Context, *SwitchSessionRequest) (*SwitchSessionResponse, error)
 	// /stop: cancel the in-flight turn and force a new id on next access.
+	// Waiting prompts end `superseded`; the session's `suspended` flag is set.
 	SuspendSession(context.Context, *SuspendSessionRequest) (*SuspendSessionResponse, error)
+	// Set resume_pending with a reason label: the next access keeps the
+	// session_id. Never overrides `suspended`.
 	MarkResumePending(context.Context, *MarkResumePendingRequest) (*MarkResumePendingResponse, error)
+	// Drop the lane: its routing entry, every incarnation, their messages,
+	// state and frames, and its cached agent. `deleted` is false when it did
+	// not exist. Needs a credential for the session's platform, or admin.
 	DeleteSession(context.Context, *DeleteSessionRequest) (*DeleteSessionResponse, error)
+	// Drop every session and every cached agent. Admin only; refused
+	// (FAILED_PRECONDITION) unless confirm is the literal "DELETE ALL SESSIONS".
 	ClearAllSessions(context.Context, *ClearAllSessionsRequest) (*ClearAllSessionsResponse, error)
+	// Write a synthetic transcript (tests, tooling, imports): the messages are
+	// appended to the session (created from source if need be).
 	SeedSession(context.Context, *SeedSessionRequest) (*SeedSessionResponse, error)
+	// One incarnation's messages in seq order, paged; a page also ends before
+	// about 3 MiB so that default gRPC receive limits hold. Read-only.
 	GetTranscript(context.Context, *GetTranscriptRequest) (*GetTranscriptResponse, error)
+	// Append messages to an incarnation; durable when it returns. Not
+	// idempotent: a retried call appends again.
 	AppendMessages(context.Context, *AppendMessagesRequest) (*AppendMessagesResponse, error)
+	// Full replacement (/retry, /undo, /compress): every live message is hidden
+	// (kept as an audit trail, shown by GetTranscript with include_rewound),
+	// then the given messages are appended.
 	RewriteTranscript(context.Context, *RewriteTranscriptRequest) (*RewriteTranscriptResponse, error)
+	// Back up n user turns by soft delete (seed 001 §3): the n-th last live user
+	// message and everything after it become inactive.
 	RewindSession(context.Context, *RewindSessionRequest) (*RewindSessionResponse, error)
+	// FTS5 full-text search over live messages, with snippets; every message
+	// written before the call is searchable. Read-only.
 	SearchMessages(context.Context, *SearchMessagesRequest) (*SearchMessagesResponse, error)
+	// Add a usage delta to the session's token and cost counters (seed 001 §2).
+	// Not idempotent: a retried call adds again.
 	UpdateUsage(context.Context, *UpdateUsageRequest) (*UpdateUsageResponse, error)
+	// Seed 001 §3: delete routing entries idle for more than max_age_days,
+	// skipping suspended ones and sessions with a turn in flight; transcripts
+	// are never deleted. Admin only.
 	PruneSessions(context.Context, *PruneSessionsRequest) (*PruneSessionsResponse, error)
+	// The `## Current Session Context` prompt section of seed 001 §9 for a
+	// source, with PII redacted when `redact_pii` is on. Read-only.
 	GetSessionContext(context.Context, *GetSessionContextRequest) (*GetSessionContextResponse, error)
 	mustEmbedUnimplementedSessionServiceServer()
 }

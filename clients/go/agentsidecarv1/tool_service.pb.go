@@ -21,12 +21,15 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ToolSpec describes one tool to the model.
 type ToolSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Dotted full name inside the namespace, e.g. "discord.send_message".
-	Name        string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// What the tool does, for the model.
 	Description string `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
 	// JSON Schema of the arguments object.
+	// Empty means `{"type": "object"}`.
 	ParametersJsonSchema string `protobuf:"bytes,3,opt,name=parameters_json_schema,json=parametersJsonSchema,proto3" json:"parameters_json_schema,omitempty"`
 	unknownFields        protoimpl.UnknownFields
 	sizeCache            protoimpl.SizeCache
@@ -83,10 +86,14 @@ func (x *ToolSpec) GetParametersJsonSchema() string {
 	return ""
 }
 
+// RegisterTools registers (or re-registers) tools under the stream's namespace.
 type RegisterTools struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Dotted prefix every tool name must start with, e.g. "discord".
-	Namespace     string      `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// A credential scoped to platforms may only register a namespace whose
+	// first part is one of them.
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// The tools; each name starts with the namespace and a dot.
 	Tools         []*ToolSpec `protobuf:"bytes,2,rep,name=tools,proto3" json:"tools,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -136,12 +143,16 @@ func (x *RegisterTools) GetTools() []*ToolSpec {
 	return nil
 }
 
+// ToolInvocationResult answers one ToolInvocation.
 type ToolInvocationResult struct {
-	state        protoimpl.MessageState `protogen:"open.v1"`
-	InvocationId string                 `protobuf:"bytes,1,opt,name=invocation_id,json=invocationId,proto3" json:"invocation_id,omitempty"`
-	Ok           bool                   `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The ToolInvocation's invocation_id.
+	InvocationId string `protobuf:"bytes,1,opt,name=invocation_id,json=invocationId,proto3" json:"invocation_id,omitempty"`
+	// False when the tool failed.
+	Ok bool `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
 	// The result as JSON when ok; otherwise an error description.
-	ResultJson    string `protobuf:"bytes,3,opt,name=result_json,json=resultJson,proto3" json:"result_json,omitempty"`
+	ResultJson string `protobuf:"bytes,3,opt,name=result_json,json=resultJson,proto3" json:"result_json,omitempty"`
+	// With ok=false: what went wrong (the model sees it).
 	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -205,8 +216,11 @@ func (x *ToolInvocationResult) GetError() string {
 	return ""
 }
 
+// ServeToolsRequest is a message from the tool host.
 type ServeToolsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
+	// Register first, then answer invocations.
+	//
 	// Types that are valid to be assigned to Message:
 	//
 	//	*ServeToolsRequest_Register
@@ -287,10 +301,13 @@ func (*ServeToolsRequest_Register) isServeToolsRequest_Message() {}
 
 func (*ServeToolsRequest_Result) isServeToolsRequest_Message() {}
 
+// ToolsRegistered acknowledges a RegisterTools: the tools are callable now.
 type ToolsRegistered struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	ToolNames     []string               `protobuf:"bytes,2,rep,name=tool_names,json=toolNames,proto3" json:"tool_names,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The namespace registered.
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// The full names of the registered tools.
+	ToolNames     []string `protobuf:"bytes,2,rep,name=tool_names,json=toolNames,proto3" json:"tool_names,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -339,14 +356,21 @@ func (x *ToolsRegistered) GetToolNames() []string {
 	return nil
 }
 
+// ToolInvocation asks the host to run one tool call of a turn.
 type ToolInvocation struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	InvocationId  string                 `protobuf:"bytes,1,opt,name=invocation_id,json=invocationId,proto3" json:"invocation_id,omitempty"`
-	ToolName      string                 `protobuf:"bytes,2,opt,name=tool_name,json=toolName,proto3" json:"tool_name,omitempty"`
-	ArgumentsJson string                 `protobuf:"bytes,3,opt,name=arguments_json,json=argumentsJson,proto3" json:"arguments_json,omitempty"`
-	SessionKey    string                 `protobuf:"bytes,4,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
-	SessionId     string                 `protobuf:"bytes,5,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	RequestId     string                 `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sidecar's id for this invocation; echo it in the result.
+	InvocationId string `protobuf:"bytes,1,opt,name=invocation_id,json=invocationId,proto3" json:"invocation_id,omitempty"`
+	// The tool's full dotted name.
+	ToolName string `protobuf:"bytes,2,opt,name=tool_name,json=toolName,proto3" json:"tool_name,omitempty"`
+	// The arguments the model gave, a JSON object.
+	ArgumentsJson string `protobuf:"bytes,3,opt,name=arguments_json,json=argumentsJson,proto3" json:"arguments_json,omitempty"`
+	// The session whose turn calls the tool.
+	SessionKey string `protobuf:"bytes,4,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	// Its incarnation.
+	SessionId string `protobuf:"bytes,5,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The turn's request id.
+	RequestId string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// How long the sidecar waits for the result.
 	TimeoutMs     int64 `protobuf:"varint,7,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -432,8 +456,11 @@ func (x *ToolInvocation) GetTimeoutMs() int64 {
 	return 0
 }
 
+// ServeToolsResponse is a message from the sidecar to the tool host.
 type ServeToolsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
+	// A registration's acknowledgement, or an invocation to answer.
+	//
 	// Types that are valid to be assigned to Message:
 	//
 	//	*ServeToolsResponse_Registered

@@ -29,8 +29,12 @@ const (
 // ToolService lets an adapter in any language host tools for the agent.
 type ToolServiceClient interface {
 	// A tool host opens the stream, registers its tools under a namespace, then
-	// answers invocations. ServeToolsRequest is the host's message (API.md's
-	// ToolHostMessage); ServeToolsResponse carries the ToolInvocations.
+	// answers invocations. ServeToolsRequest is the host's message (the
+	// contract's ToolHostMessage); ServeToolsResponse carries the ToolInvocations.
+	//
+	// One stream serves one namespace; its tools are registered while it is
+	// open and gone when it closes (invocations in flight then fail). A tool
+	// name served in process (a Python entry point) cannot be taken over.
 	ServeTools(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ServeToolsRequest, ServeToolsResponse], error)
 }
 
@@ -62,8 +66,12 @@ type ToolService_ServeToolsClient = grpc.BidiStreamingClient[ServeToolsRequest, 
 // ToolService lets an adapter in any language host tools for the agent.
 type ToolServiceServer interface {
 	// A tool host opens the stream, registers its tools under a namespace, then
-	// answers invocations. ServeToolsRequest is the host's message (API.md's
-	// ToolHostMessage); ServeToolsResponse carries the ToolInvocations.
+	// answers invocations. ServeToolsRequest is the host's message (the
+	// contract's ToolHostMessage); ServeToolsResponse carries the ToolInvocations.
+	//
+	// One stream serves one namespace; its tools are registered while it is
+	// open and gone when it closes (invocations in flight then fail). A tool
+	// name served in process (a Python entry point) cannot be taken over.
 	ServeTools(grpc.BidiStreamingServer[ServeToolsRequest, ServeToolsResponse]) error
 	mustEmbedUnimplementedToolServiceServer()
 }

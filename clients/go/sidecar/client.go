@@ -86,6 +86,7 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithChainUnaryInterceptor(unaryErrors),
 		grpc.WithChainStreamInterceptor(streamErrors),
+		grpc.WithDefaultServiceConfig(ServiceConfig), // retries of the idempotent reads
 		// The sidecar is local: reconnect quickly after a restart.
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 3 * time.Second},

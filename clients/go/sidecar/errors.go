@@ -15,7 +15,7 @@ import (
 // ErrorDomain is the google.rpc.ErrorInfo domain of every error the sidecar raises.
 const ErrorDomain = "agent-sidecar"
 
-// Reasons of API.md. They appear in ErrorInfo.reason of a failed RPC and in
+// Reasons of the API (ErrorReason in proto/, docs/api.md). They appear in ErrorInfo.reason of a failed RPC and in
 // the reason of a failed frame.
 const (
 	ReasonAgentBusy          = "AGENT_BUSY"           // ABORTED: REJECT_IF_BUSY and a turn is in flight
@@ -32,7 +32,7 @@ const (
 	ReasonWorkerCrashed      = "WORKER_CRASHED"       // UNAVAILABLE: the worker running the turn died
 )
 
-// reasonCodes maps each reason to the gRPC code API.md pairs it with. It is
+// reasonCodes maps each reason to the gRPC code docs/api.md pairs it with. It is
 // used when a failed frame has to be turned into an error without a status.
 var reasonCodes = map[string]codes.Code{
 	ReasonAgentBusy:          codes.Aborted,
@@ -185,7 +185,7 @@ func convertError(ctx context.Context, err error) error {
 
 // streamError is the error a Prompt or Watch iterator ends with, always an
 // *Error. The call's own deadline (or a DEADLINE_EXCEEDED without a sidecar
-// reason) is AGENT_TIMEOUT, as API.md names it; a stream given up on after an
+// reason) is AGENT_TIMEOUT, as docs/semantics.md names it; a stream given up on after an
 // early end, a seq gap or an I/O error is UNAVAILABLE without a reason.
 func streamError(ctx context.Context, err error) *Error {
 	e, ok := FromError(convertError(ctx, err))

@@ -16,7 +16,7 @@ import (
 // Delivery says what a prompt does when its session already has a turn in flight.
 type Delivery = pb.DeliveryMode
 
-// Delivery modes (API.md).
+// Delivery modes (docs/semantics.md, "Delivery modes").
 const (
 	DeliveryDefault      = pb.DeliveryMode_DELIVERY_MODE_UNSPECIFIED // FOLLOW_UP
 	DeliveryRejectIfBusy = pb.DeliveryMode_DELIVERY_MODE_REJECT_IF_BUSY

@@ -383,5 +383,6 @@ function toMessage(m: Partial<Message>): Message {
     createdAt: m.createdAt,
     seq: m.seq ?? 0,
     active: m.active ?? false,
+    synthetic: m.synthetic ?? false,
   };
 }

@@ -16,6 +16,7 @@ import {
 } from "@grpc/grpc-js";
 import { Metadata as GrpcMetadata } from "@grpc/grpc-js";
 import { fromGrpcError } from "./errors";
+import serviceConfig from "./service_config.json";
 
 /**
  * Normalize a target: `unix:/abs/sock`, `unix:./rel/sock` and `host:port` pass
@@ -39,10 +40,23 @@ export function bearerInterceptor(token: string): Interceptor {
     });
 }
 
-/** Channel defaults: reconnect fast, so resuming a dropped stream is quick. */
+/**
+ * The gRPC service config every client of agent-sidecar ships
+ * (clients/service_config.json in the repository): the idempotent reads
+ * (GetSession, ListSessions, GetTranscript, SearchMessages, GetSessionContext,
+ * GetQueue) are retried on UNAVAILABLE; writes and streams never are.
+ */
+export const SERVICE_CONFIG: string = JSON.stringify(serviceConfig);
+
+/**
+ * Channel defaults: reconnect fast, so resuming a dropped stream is quick, and
+ * the shipped service config (a `grpc.service_config` in `channelOptions`
+ * replaces it).
+ */
 export const DEFAULT_CHANNEL_OPTIONS: ChannelOptions = {
   "grpc.initial_reconnect_backoff_ms": 100,
   "grpc.max_reconnect_backoff_ms": 2000,
+  "grpc.service_config": SERVICE_CONFIG,
 };
 
 /** Open one channel to `target` (insecure unless `creds` is given). */

@@ -1,5 +1,5 @@
 /**
- * Typed errors of agent-sidecar (API.md, "Errors").
+ * Typed errors of agent-sidecar (docs/semantics.md, "Errors").
  *
  * Every non-OK status the sidecar sends carries a `google.rpc.Status` in the
  * `grpc-status-details-bin` trailer whose details hold a `google.rpc.ErrorInfo`
@@ -53,7 +53,7 @@ export interface SidecarErrorInit {
 export class SidecarError extends Error {
   /** gRPC status code. */
   readonly code: GrpcCode;
-  /** ErrorInfo reason of API.md, or "" when the status carried none. */
+  /** ErrorInfo reason (ErrorReason in docs/api.md), or "" when the status carried none. */
   readonly reason: string;
   /** ErrorInfo metadata (string map). */
   readonly errorMetadata: Record<string, string>;
@@ -105,7 +105,7 @@ export class WorkerCrashed extends SidecarError {}
 
 type ErrorClass = new (init: SidecarErrorInit) => SidecarError;
 
-/** Reason → subclass and the gRPC code API.md pairs it with. */
+/** Reason → subclass and the gRPC code docs/api.md pairs it with. */
 export const REASONS: Readonly<Record<string, { cls: ErrorClass; code: GrpcCode }>> = {
   AGENT_BUSY: { cls: AgentBusy, code: GrpcCode.ABORTED },
   AGENT_TIMEOUT: { cls: AgentTimeout, code: GrpcCode.DEADLINE_EXCEEDED },

@@ -5,7 +5,7 @@
  */
 import type { ActivityFrame } from "./gen/agent_sidecar/v1/prompt_service";
 
-/** A frame's kind, named as in API.md and the proto's `oneof event` fields. */
+/** A frame's kind, named as in docs/api.md and the proto's `oneof event` fields. */
 export type FrameKind =
   | "accepted"
   | "started"

@@ -19,7 +19,7 @@ export {
   type SourceInput,
   type WatchOptions,
 } from "./client";
-export { bearerInterceptor, normalizeTarget } from "./connection";
+export { bearerInterceptor, DEFAULT_CHANNEL_OPTIONS, normalizeTarget, SERVICE_CONFIG } from "./connection";
 export {
   AgentBusy,
   AgentTimeout,
@@ -55,6 +55,8 @@ export type { Message, Session, SessionSource, Usage } from "./gen/agent_sidecar
 export { SessionState } from "./gen/agent_sidecar/v1/common";
 export type { ActivityFrame, GetQueueResponse, QueuedPrompt } from "./gen/agent_sidecar/v1/prompt_service";
 export { DeliveryMode } from "./gen/agent_sidecar/v1/prompt_service";
+/** Every reason the sidecar sends; the wire string is `ErrorReason[value]` (docs/api.md). */
+export { ErrorReason } from "./gen/agent_sidecar/v1/error_reason";
 
 /** The generated protobuf messages and gRPC stubs (ts-proto output). */
 export * as pb from "./pb";

@@ -5,3 +5,4 @@ export * as session from "./gen/agent_sidecar/v1/session_service";
 export * as tool from "./gen/agent_sidecar/v1/tool_service";
 export * as rpcStatus from "./gen/google/rpc/status";
 export * as rpcErrorDetails from "./gen/google/rpc/error_details";
+export * as errorReason from "./gen/agent_sidecar/v1/error_reason";

@@ -194,7 +194,7 @@ export class FrameStream implements AsyncIterable<ActivityFrame> {
 
 /**
  * A turn stream's own deadline passing shows up locally as DEADLINE_EXCEEDED
- * with no details; API.md names that AGENT_TIMEOUT, so raise AgentTimeout.
+ * with no details; docs/semantics.md names that AGENT_TIMEOUT, so raise AgentTimeout.
  */
 function asTurnError(e: SidecarError): SidecarError {
   if (e.reason !== "" || e.code !== GrpcCode.DEADLINE_EXCEEDED) return e;

@@ -44,7 +44,7 @@ test("AGENT_BUSY with RetryInfo decodes to AgentBusy", () => {
   assert.equal(isTransportError(err), false);
 });
 
-test("every reason of API.md maps to its own subclass", () => {
+test("every reason of docs/api.md maps to its own subclass", () => {
   const names = new Set<string>();
   for (const [reason, { cls, code }] of Object.entries(REASONS)) {
     const bin = encodeStatusDetails({ code, message: reason.toLowerCase(), reason });

@@ -56,7 +56,7 @@ test("feed mode orders by cursor across requests", () => {
   assert.equal(s.resumePoint().afterCursor, 103);
 });
 
-test("frameKind names kinds as API.md does", () => {
+test("frameKind names kinds as docs/api.md does", () => {
   assert.equal(frameKind(frame(1, "text_delta", "x")), "text_delta");
   assert.equal(frameKind(frame(1, "tool_result")), "tool_result");
   assert.equal(frameKind({ ...frame(1, "started"), event: undefined }), undefined);

@@ -10,9 +10,10 @@ tool (``local.clock.now``) so a model with ``tools = ["local.*"]`` can call it.
 
 Commands: /new and /reset (fresh session), /stop (cancel the turn and
 suspend), /queue TEXT (run TEXT as its own turn after the current ones),
-/undo (rewind the last user turn), /help, /quit. Any other line is a prompt;
-sent while a reply is streaming, it becomes the follow-up (a newer one
-replaces an older one that has not started). End of input waits for the
+/undo (take back the last user turn, even one still waiting or running),
+/help, /quit. Any other line is a prompt; sent while a reply is streaming, it
+becomes the follow-up (a newer one absorbs an older one that has not started:
+one turn answers both). End of input waits for the
 replies in flight, so ``echo hello | console_chat.py`` works.
 """
 
@@ -58,7 +59,8 @@ async def show_reply(stream) -> None:
             elif kind == "completed":
                 say("")
             elif kind == "superseded":
-                say("[replaced by a newer message]")
+                by = frame.superseded.by_request_id
+                say("[answered with the newer message]" if by else "[dropped]")
     except SidecarError as err:
         say(f"\n[turn failed: {err}]")
 

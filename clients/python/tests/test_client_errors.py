@@ -104,3 +104,10 @@ def test_sidecar_error_info_wins_over_a_foreign_one():
     exc = FakeRpcError(st.code, st.details, st.trailing_metadata)
     assert isinstance(errors.from_rpc_error(exc), asc.AgentBusy)
     assert errors.has_error_info(exc)
+
+
+def test_every_typed_error_reason_is_declared_in_the_proto():
+    from agent_sidecar_client import ErrorReason
+    from agent_sidecar_client.errors import BY_REASON
+    declared = {name.removeprefix("ERROR_REASON_") for name in ErrorReason.keys()}
+    assert set(BY_REASON) <= declared, set(BY_REASON) - declared

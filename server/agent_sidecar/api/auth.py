@@ -16,10 +16,10 @@ from ..errors import PERMISSION_DENIED, UNAUTHENTICATED, SidecarError, excerpt
 @dataclass(frozen=True, slots=True)
 class Principal:
     admin: bool
-    platforms: frozenset[str]  # "*" = every platform
+    platforms: frozenset[str]  # "*" = every platform; names in lower case (config.py)
 
     def allows(self, platform: str) -> bool:
-        return "*" in self.platforms or platform in self.platforms
+        return "*" in self.platforms or platform.lower() in self.platforms
 
     def require_platform(self, platform: str) -> None:
         if not self.allows(platform):

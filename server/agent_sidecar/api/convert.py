@@ -45,7 +45,9 @@ def source_from_proto(p: c.SessionSource, cfg: Config, field: str = "source") ->
             raise invalid(f"{field}.{name}", "longer than 4096 characters")
     if p.chat_type and p.chat_type not in CHAT_TYPES:
         raise invalid(f"{field}.chat_type", f"must be one of {', '.join(CHAT_TYPES)}")
-    return SessionSource(**{name: getattr(p, name) for name in _SOURCE_FIELDS})
+    values = {name: getattr(p, name) for name in _SOURCE_FIELDS}
+    values["platform"] = p.platform.lower()  # platform names are case-insensitive (sessions/keys.py)
+    return SessionSource(**values)
 
 
 def source_to_proto(s: SessionSource | None) -> c.SessionSource | None:
@@ -104,14 +106,15 @@ def messages_from_proto(msgs, cfg: Config, field: str = "messages") -> list[Mess
             raise invalid(f"{field}[{i}].created_at", "is outside the valid timestamp range") from None
         out.append(Message(role=m.role, content=m.content, tool_call_id=m.tool_call_id,
                            tool_name=m.tool_name, tool_calls_json=m.tool_calls_json,
-                           created_at=created))
+                           created_at=created, synthetic=m.synthetic))
     return out
 
 
 def message_to_proto(m: Message) -> c.Message:
     return c.Message(role=m.role, content=m.content, tool_call_id=m.tool_call_id,
                      tool_name=m.tool_name, tool_calls_json=m.tool_calls_json,
-                     created_at=ts(m.created_at), seq=m.seq, active=m.active)
+                     created_at=ts(m.created_at), seq=m.seq, active=m.active,
+                     synthetic=m.synthetic)
 
 
 # -- paging (AIP-158): opaque tokens, validated on the way back in ------------

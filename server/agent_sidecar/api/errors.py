@@ -1,8 +1,8 @@
 """From ``SidecarError`` to a gRPC status carrying google.rpc.ErrorInfo.
 
 Every non-OK status the sidecar sends has an ErrorInfo (domain
-``agent-sidecar``, reason of API.md); INVALID_ARGUMENT adds a BadRequest field
-violation naming the field; AGENT_BUSY adds RetryInfo.
+``agent-sidecar``, reason of docs/api.md); INVALID_ARGUMENT adds a BadRequest field
+violation naming the field; AGENT_BUSY and STORE_UNAVAILABLE add RetryInfo.
 """
 
 from __future__ import annotations
@@ -32,8 +32,18 @@ CODE_FOR_REASON: dict[str, grpc.StatusCode] = {
     E.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     E.REQUEST_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     E.INTERNAL: grpc.StatusCode.INTERNAL,
+    E.STREAM_TOO_SLOW: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    E.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    E.QUEUE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
     "restart_interrupted": grpc.StatusCode.UNAVAILABLE,
     "shutdown_timeout": grpc.StatusCode.UNAVAILABLE,
+    E.STORE_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+}
+
+# RetryInfo for reasons that are always worth retrying, when the error does not
+# name its own delay (a turn's ``failed`` frame re-raised on its Prompt stream).
+DEFAULT_RETRY_S: dict[str, float] = {
+    E.STORE_UNAVAILABLE: 1.0,
 }
 
 
@@ -61,9 +71,12 @@ def to_grpc_status(err: E.SidecarError) -> grpc.Status:
             error_details_pb2.BadRequest.FieldViolation(field=_bounded(err.field),
                                                         description=_bounded(err.message))
         ])))
-    if err.retry_after_s is not None:
+    retry_after_s = err.retry_after_s
+    if retry_after_s is None:
+        retry_after_s = DEFAULT_RETRY_S.get(err.reason)
+    if retry_after_s is not None:
         d = duration_pb2.Duration()
-        d.FromMilliseconds(int(err.retry_after_s * 1000))
+        d.FromMilliseconds(int(retry_after_s * 1000))
         details.append(_pack(error_details_pb2.RetryInfo(retry_delay=d)))
     st = status_pb2.Status(code=code.value[0], message=_bounded(err.message), details=details)
     return rpc_status.to_status(st)

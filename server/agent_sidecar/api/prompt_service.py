@@ -13,10 +13,10 @@ import math
 
 from .. import errors as E
 from ..config import Config
-from ..sessions.keys import build_session_key, split_session_key
+from ..sessions.keys import build_session_key, canonical_session_key, split_session_key
 from ..store import Store
 from ..turns import jobs
-from ..turns.frames import FRAME_COLUMNS, TERMINAL, Subscriber, frame_from_row
+from ..turns.frames import FRAME_COLUMNS, TERMINAL, Subscriber, TooSlow, frame_from_row
 from ..v1 import prompt_service_pb2 as pb
 from ..v1 import prompt_service_pb2_grpc as pb_grpc
 from . import convert as cv
@@ -33,6 +33,16 @@ def _ends_stream(frame) -> bool:
     if kind == "failed":
         raise E.SidecarError(frame.failed.reason, frame.failed.message)
     return kind in TERMINAL
+
+
+def _too_slow(resume: str) -> E.SidecarError:
+    """A stream dropped by its Subscriber: nothing is lost (the frames are
+    persisted), so the error says exactly where to pick up."""
+    return E.SidecarError(
+        E.STREAM_TOO_SLOW,
+        "the stream's reader fell behind (more than limits.stream_buffer_frames frames or"
+        f" limits.stream_buffer_bytes bytes waiting) and the stream was ended; resume with {resume}",
+        retry_after_s=0.1)
 
 
 class PromptService(pb_grpc.PromptServiceServicer):
@@ -71,8 +81,8 @@ class PromptService(pb_grpc.PromptServiceServicer):
                 raise E.invalid(str(e).split(":", 1)[0], str(e)) from None
             platform = source.platform
         else:
-            key = request.session_key
             try:
+                key = canonical_session_key(request.session_key)
                 profile, platform, _ = split_session_key(key)
             except ValueError:
                 raise E.invalid("session_key", "is not a session key (agent:{profile}:{platform}:…)") from None
@@ -123,7 +133,10 @@ class PromptService(pb_grpc.PromptServiceServicer):
         """Live frames of one turn, skipping what was already sent, ending after
         the terminal frame (raising its reason for a failed turn)."""
         while True:
-            frame = await sub.get(self.cfg.keepalive_s)
+            try:
+                frame = await sub.get(self.cfg.keepalive_s)
+            except TooSlow:
+                raise _too_slow(f"WatchActivity(request_id={turn.rid!r}, after_seq={last_seq})") from None
             if frame is None:
                 yield self._keepalive(turn.rid, turn.key, turn.sid, last_seq)
                 continue
@@ -148,7 +161,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
         turn = self.turns.live.get(rid)
         sub = None
         if turn is not None:
-            sub = Subscriber()
+            sub = self.turns.bus.subscriber()
             turn.subscribers.append(sub)  # before reading the store: no gap
         try:
             rows = await self.store.read_async(lambda c: c.execute(
@@ -192,14 +205,15 @@ class PromptService(pb_grpc.PromptServiceServicer):
             return
         if request.session_key:
             try:
-                platform = split_session_key(request.session_key)[1]
+                key = canonical_session_key(request.session_key)
             except ValueError:
                 raise E.invalid("session_key", "is not a session key") from None
-            principal.require_platform(platform)
-            index, name, column = self.turns.bus.by_key, request.session_key, "session_key"
+            principal.require_platform(split_session_key(key)[1])
+            index, name, column = self.turns.bus.by_key, key, "session_key"
         else:
-            principal.require_platform(request.platform)
-            index, name, column = self.turns.bus.by_platform, request.platform, "platform"
+            platform = request.platform.lower()
+            principal.require_platform(platform)
+            index, name, column = self.turns.bus.by_platform, platform, "platform"
         sub = self.turns.bus.watch(index, name)
         try:
             last = request.after_cursor
@@ -214,7 +228,11 @@ class PromptService(pb_grpc.PromptServiceServicer):
                 if len(rows) < WATCH_PAGE:
                     break
             while True:
-                frame = await sub.get(self.cfg.keepalive_s)
+                try:
+                    frame = await sub.get(self.cfg.keepalive_s)
+                except TooSlow:  # resume after the last frame sent, or before the first one due
+                    cursor = last or max(sub.first_cursor - 1, 0)
+                    raise _too_slow(f"WatchActivity({column}={name!r}, after_cursor={cursor})") from None
                 if frame is None:
                     yield pb.WatchActivityResponse(frame=self._keepalive("", "", "", 0))
                     continue
@@ -234,7 +252,10 @@ class PromptService(pb_grpc.PromptServiceServicer):
         if request.request_id:
             turn = self.turns.live.get(request.request_id)
         else:
-            lane = self.turns.lanes.get(request.session_key)
+            try:
+                lane = self.turns.lanes.get(canonical_session_key(request.session_key))
+            except ValueError:  # not a key: no lane has it
+                lane = None
             turn = lane.running if lane else None
         if turn is None:
             return pb.CancelResponse(cancelled=False)
@@ -245,6 +266,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
     async def GetQueue(self, request, context, principal):
         key = cv.require(request.session_key, "session_key")
         try:
+            key = canonical_session_key(key)
             principal.require_platform(split_session_key(key)[1])
         except ValueError:
             raise E.invalid("session_key", "is not a session key") from None

@@ -38,7 +38,7 @@ async def _fail(context, name: str, e: Exception) -> None:
 
 
 def _internal(name: str) -> SidecarError:
-    # Still a google.rpc.Status with ErrorInfo, as API.md promises for every
+    # Still a google.rpc.Status with ErrorInfo, as docs/semantics.md promises for every
     # non-OK status; the details are in the sidecar's log.
     return SidecarError(INTERNAL, f"internal error in {name} (see the sidecar log)")
 

@@ -13,7 +13,7 @@ from ..sessions import lifecycle as life
 from ..sessions import transcripts as tx
 from ..sessions.context import build_session_context_prompt, shared_multi_user
 from ..sessions.entry import ENTRY_SELECT, SessionEntry, load_entry
-from ..sessions.keys import build_session_key, split_session_key
+from ..sessions.keys import build_session_key, canonical_session_key, split_session_key
 from ..store import Store
 from ..store.batcher import Batcher
 from ..v1 import session_service_pb2 as pb
@@ -55,6 +55,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
     def _key(self, key: str, principal, field: str = "session_key") -> str:
         cv.require(key, field, self.cfg)
         try:
+            key = canonical_session_key(key)
             _, platform, _ = split_session_key(key)
         except ValueError:
             raise invalid(field, "is not a session key (agent:{profile}:{platform}:…)") from None
@@ -108,14 +109,15 @@ class SessionService(pb_grpc.SessionServiceServicer):
         token = cv.decode_page_token(request.page_token, "sessions", {"u": (int, float), "s": str})
         if request.active_within_seconds < 0:
             raise invalid("active_within_seconds", "must not be negative")
-        if request.platform:
-            principal.require_platform(request.platform)
+        platform = request.platform.lower()
+        if platform:
+            principal.require_platform(platform)
         elif not principal.allows("*"):
             raise invalid("platform", "is required for a platform-scoped credential")
         sql, params = ENTRY_SELECT + " WHERE 1", []
-        if request.platform:
+        if platform:
             sql += " AND r.platform = ?"
-            params.append(request.platform)
+            params.append(platform)
         if request.active_within_seconds:
             sql += " AND r.updated_at >= ?"
             params.append(time.time() - request.active_within_seconds)
@@ -171,6 +173,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
             principal.require_admin()
         await self.turns.on_delete(key)
         deleted = await self.store.write(life.delete, key)
+        self.turns.recent.forget(key)  # its ledger rows went: a reuse of their ids runs anew
         return pb.DeleteSessionResponse(deleted=deleted)
 
     @unary
@@ -182,6 +185,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
                                field="confirm")
         await self.turns.on_clear_all()
         n = await self.store.write(life.clear_all)
+        self.turns.recent.forget(None)
         return pb.ClearAllSessionsResponse(sessions_deleted=n)
 
     # -- transcripts ----------------------------------------------------------
@@ -237,18 +241,18 @@ class SessionService(pb_grpc.SessionServiceServicer):
 
     @unary
     async def RewriteTranscript(self, request, context, principal):
-        self._incarnation_key(request.session_id, principal)
+        key = self._incarnation_key(request.session_id, principal)
         messages = cv.messages_from_proto(request.messages, self.cfg)
-        await self.store.write(tx.rewrite, request.session_id, messages)
+        await self.turns.rewrite(key, request.session_id, messages)  # the running turn goes first
         return pb.RewriteTranscriptResponse()
 
     @unary
     async def RewindSession(self, request, context, principal):
-        self._incarnation_key(request.session_id, principal)
+        key = self._incarnation_key(request.session_id, principal)
         if request.n < 0:
             raise invalid("n", "must not be negative")
         n = request.n or 1
-        out = await self.store.write(tx.rewind, request.session_id, n)
+        out = await self.turns.rewind(key, request.session_id, n)  # waiting prompts count first
         return pb.RewindSessionResponse(**out)
 
     @unary
@@ -263,7 +267,8 @@ class SessionService(pb_grpc.SessionServiceServicer):
         elif not principal.allows("*"):
             raise invalid("session_key", "is required for a platform-scoped credential")
         limit = min(request.limit or 20, 200)
-        await self.store.write(tx.index_pending)  # every message so far is searchable
+        if self.store.fault is None:  # a store that cannot write still answers from its index
+            await self.store.write(tx.index_pending)  # every message so far is searchable
         hits = await self.store.read_async(
             lambda c: tx.search(c, query, request.session_key, limit))
         return pb.SearchMessagesResponse(hits=[
@@ -313,6 +318,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         text = build_session_context_prompt(
             source, session_key=key, session_id=entry.session_id if entry else "",
             created_at=started, connected_platforms=self.cfg.connected_platforms,
-            home_channels=self.cfg.home_channels, redact_pii=self.cfg.redact_pii, **flags)
+            home_channels=self.cfg.home_channels, redact_pii=self.cfg.redact_pii,
+            pii_safe_platforms=self.cfg.pii_safe_platforms(), **flags)
         return pb.GetSessionContextResponse(prompt_section=text,
                                             shared_multi_user=shared_multi_user(source, **flags))

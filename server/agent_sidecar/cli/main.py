@@ -1,4 +1,4 @@
-"""``agent-sidecar``: serve, sessions, doctor.
+"""``agent-sidecar``: serve, sessions, doctor, health, bench.
 
 This module is imported by every spawned worker (it is the console script's
 main module, which multiprocessing's spawn re-imports), so it imports nothing
@@ -23,6 +23,11 @@ def _sessions(args) -> int:
 
 def _doctor(args) -> int:
     from .doctor import run
+    return run(args)
+
+
+def _health(args) -> int:
+    from .health import run
     return run(args)
 
 
@@ -59,6 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--data-dir", default="./data")
     d.add_argument("--rebuild-fts", action="store_true", help="drop and rebuild the full-text index")
     d.set_defaults(func=_doctor)
+
+    h = sub.add_parser("health", help="ask a running sidecar's health service (exit 0 when SERVING)")
+    h.add_argument("--target", default="unix:./data/sidecar.sock",
+                   help="the sidecar's address (default unix:./data/sidecar.sock)")
+    h.add_argument("--token", default=None, help="bearer token (TCP)")
+    h.add_argument("--service", default="", help="the service name to ask about (default: the server)")
+    h.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer (default 3)")
+    h.set_defaults(func=_health)
+
+    from .bench_cmd import add_arguments as add_bench  # light: its imports come in when it runs
+    add_bench(sub)
     return p
 
 

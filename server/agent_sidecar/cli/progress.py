@@ -38,3 +38,43 @@ class Progress:
         if self.tty:
             self.stream.write(f"  {time.monotonic() - self._start:.1f}s\n")
         self.stream.flush()
+
+
+class LiveLine:
+    """One status line for work whose end is a rate, not a count (the bench):
+    on a TTY ``show`` redraws it in place, cut to the terminal's width; ``log``
+    writes a line that stays. Elsewhere (a log file, CI) ``show`` writes
+    nothing and ``log`` lines are all there is, so a log gets one line per step
+    instead of hundreds of redraws."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self._shown = False
+
+    def _width(self) -> int:
+        import shutil
+        return max(20, shutil.get_terminal_size((100, 20)).columns - 1)
+
+    def show(self, text: str) -> None:
+        if self.tty:
+            self.stream.write("\r" + text[:self._width()] + "\x1b[K")
+            self.stream.flush()
+            self._shown = True
+
+    def log(self, text: str) -> None:
+        self.stream.write(("\r\x1b[K" if self._shown else "") + text + "\n")
+        self.stream.flush()
+        self._shown = False
+
+    def close(self) -> None:
+        if self._shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self._shown = False
+
+
+def bar(fraction: float, width: int = 20) -> str:
+    """``[#######-------------]`` for a fraction in 0..1."""
+    filled = int(max(0.0, min(1.0, fraction)) * width)
+    return "[" + "#" * filled + "-" * (width - filled) + "]"

@@ -10,6 +10,7 @@ import sys
 import apsw
 
 from ..config import ConfigError, load_config
+from ..errors import SidecarError
 from .. import logs
 
 
@@ -39,7 +40,7 @@ def serve(args) -> int:
         sidecar = Sidecar(cfg)
         try:
             await sidecar.start()
-        except (RuntimeError, OSError, apsw.Error) as e:  # e.g. another sidecar, a file that is no store
+        except (RuntimeError, OSError, apsw.Error, SidecarError) as e:  # e.g. another sidecar, a file that is no store, a full disk
             logging.getLogger("agent_sidecar").error(f"cannot start: {e}")
             await sidecar.stop()
             return 1

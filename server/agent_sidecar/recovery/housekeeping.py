@@ -15,6 +15,7 @@ import time
 
 from ..sessions import lifecycle as life
 from ..sessions import transcripts as tx
+from ..store import StoreUnavailable
 
 log = logging.getLogger("agent_sidecar.housekeeping")
 BATCH = 1000
@@ -85,6 +86,8 @@ async def index_messages(store) -> None:
         try:
             while await store.write(tx.index_pending, INDEX_BATCH) == INDEX_BATCH:
                 await asyncio.sleep(0)  # a backlog (after a crash): in batches
+        except StoreUnavailable:  # the store says so itself; we catch up when it can write
+            pass
         except Exception:  # not CancelledError (a BaseException): shutdown still stops us
             log.exception("full-text indexing failed")
         await asyncio.sleep(INDEX_INTERVAL_S)
@@ -105,6 +108,8 @@ async def run(cfg, store, busy_keys) -> None:
                 n = await store.write(life.prune, cfg.session_store_max_age_days, busy)
                 if n:
                     log.info("routing entries pruned", extra={"pruned": n})
+        except StoreUnavailable:  # the next pass retries
+            pass
         except Exception:  # not CancelledError (a BaseException): shutdown still stops us
             log.exception("housekeeping pass failed")
         await asyncio.sleep(cfg.housekeeping_interval_s)

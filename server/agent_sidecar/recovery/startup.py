@@ -9,8 +9,8 @@ makes the store consistent again after whatever ended the last run.
    (``restart_interrupted``) with a terminal frame, and their dangling tool
    calls get synthetic error results so the next model call is valid.
 4. What was queued is returned, in order, for the manager to run exactly once.
-5. Lanes marked ``resume_pending`` with an auto-resume reason, fresh enough,
-   are returned for a synthesized continue turn.
+5. Lanes whose turn was really interrupted, fresh enough, are returned for a
+   synthesized continue turn (``recovery.auto_resume``, see resume_turns).
 
 Every step reads through an index (partial indexes on running lanes, open
 ledger rows, pending resumes): restart time does not grow with history.
@@ -35,6 +35,10 @@ RECENT_WINDOW_S = 120
 STUCK_LOOP_RESTARTS = 3
 AUTO_RESUME_REASONS = frozenset({"restart_timeout", "shutdown_timeout", "restart_interrupted",
                                  "worker_crashed"})
+# Marks that by themselves prove a turn was cut off: the drain timed out on it,
+# or its worker died under it. "restart_interrupted" does not: the crash pass
+# gives it to every lane merely active in the last RECENT_WINDOW_S as well.
+CUT_OFF_REASONS = frozenset({"restart_timeout", "shutdown_timeout", "worker_crashed"})
 INTERRUPTED = "restart_interrupted"
 
 
@@ -112,8 +116,9 @@ def _close(conn, request_id: str, key: str, sid: str, platform: str, status: str
     close_unstarted(conn, request_id, status, reason, last + 1)
 
 
-def restore(conn, clean: bool, freshness_s: float) -> RestorePlan:
-    """The whole restore as one writer job."""
+def restore(conn, clean: bool, freshness_s: float, auto_resume: str = "interrupted") -> RestorePlan:
+    """The whole restore as one writer job. ``auto_resume`` is
+    ``recovery.auto_resume`` (see resume_turns)."""
     plan = RestorePlan(clean=clean)
     now = time.time()
     if not clean:
@@ -137,7 +142,8 @@ def restore(conn, clean: bool, freshness_s: float) -> RestorePlan:
         count = conn.execute("SELECT count FROM restart_counts WHERE session_key = ?", (key,)).fetchone()[0]
         if count >= STUCK_LOOP_RESTARTS:
             life.suspend(conn, key)
-            conn.execute("UPDATE routing SET resume_pending = 0 WHERE session_key = ?", (key,))
+            conn.execute("UPDATE routing SET resume_pending = 0, resume_reason = '',"
+                         " last_resume_marked_at = NULL WHERE session_key = ?", (key,))
             plan.suspended.append(key)
         else:  # it resumes (unless already marked, e.g. shutdown_timeout)
             conn.execute("UPDATE routing SET resume_pending = 1, resume_reason = ?,"
@@ -165,12 +171,40 @@ def restore(conn, clean: bool, freshness_s: float) -> RestorePlan:
                             "slot": slot or "next", "position": pos or 0, "next_seq": last + 1})
     order = {"next": 0, "pending": 1, "fifo": 2}
     plan.queued.sort(key=lambda q: (q["key"], order[q["slot"]], q["position"], q["created_at"]))
-    # Auto-resume: pending, with an auto-resume reason, fresh enough.
+    # A lane whose continue turn from the last start never ran has it queued
+    # (it runs now, in its place): it gets no second one.
+    waiting = {q["key"] for q in plan.queued if q["rid"].startswith("resume:")}
+    plan.resume = resume_turns(conn, now - freshness_s, auto_resume, set(in_flight), waiting)
+    return plan
+
+
+def resume_turns(conn, fresh_since: float, mode: str, in_flight: set[str],
+                 waiting: set[str] = frozenset()) -> list[dict[str, Any]]:
+    """The continue turns to run (DECISIONS.md "Recovery"): lanes marked
+    ``resume_pending``, not suspended, active since ``fresh_since``, and
+
+    * ``"interrupted"`` (the default): whose turn was really cut off — in
+      flight when the last run ended (the ledger says so: ``in_flight``), or
+      marked for a drain timeout or a dead worker. A lane merely active in
+      the recent window keeps its mark (and its id) but gets no turn: a
+      finished conversation must not hear from the bot unasked;
+    * ``"recent"``: every lane with an auto-resume reason (hermes' rule);
+    * ``"off"``: none;
+
+    never one for a lane in ``waiting`` (its earlier continue turn is queued).
+    Reads the lanes through the partial index on pending resumes."""
+    if mode == "off":
+        return []
+    out = []
     for key, sid, platform, profile, reason in conn.execute(
             "SELECT session_key, session_id, platform, profile, resume_reason FROM routing"
             " WHERE resume_pending = 1 AND updated_at >= ? AND suspended = 0",
-            (now - freshness_s,)).fetchall():
-        if reason not in AUTO_RESUME_REASONS:
+            (fresh_since,)).fetchall():
+        if mode == "recent" and reason not in AUTO_RESUME_REASONS:
+            continue
+        if mode == "interrupted" and key not in in_flight and reason not in CUT_OFF_REASONS:
+            continue
+        if key in waiting:
             continue
         prefix = f"resume:{sid}:"
         # One more than the highest number still in the ledger (retention may
@@ -179,6 +213,6 @@ def restore(conn, clean: bool, freshness_s: float) -> RestorePlan:
             "SELECT request_id FROM prompts WHERE request_id >= ? AND request_id < ?",
             (prefix, prefix + "\uffff"))]
         n = max((int(t) for t in taken if t.isdigit()), default=0) + 1
-        plan.resume.append({"rid": f"{prefix}{n}", "key": key, "sid": sid, "platform": platform,
-                            "profile": profile, "reason": reason})
-    return plan
+        out.append({"rid": f"{prefix}{n}", "key": key, "sid": sid, "platform": platform,
+                    "profile": profile, "reason": reason or INTERRUPTED})
+    return out

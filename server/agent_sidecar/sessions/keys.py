@@ -9,6 +9,11 @@ must never give two keys. Layout::
 
 With the default profile ``main`` the keys are exactly seed 001's.
 
+Platform names are case-insensitive: the platform field of a key is always in lower case
+(:func:`build_session_key` lowers it, :func:`canonical_session_key` lowers it in a key a
+caller spelled), so ``agent:main:Telegram:dm:1`` and ``agent:main:telegram:dm:1`` name one
+lane. The other fields keep their case: profiles are config names, ids are the platform's.
+
 Only the leading fields (``agent``, profile, platform, chat_type) are guaranteed to be free of
 ``:`` and can be parsed back (:func:`split_session_key`); chat/thread/user ids are
 platform-defined and may themselves contain ``:`` (a Matrix room id is ``!room:server``).
@@ -28,6 +33,7 @@ __all__ = [
     "KEY_PREFIX",
     "canonical_whatsapp_identifier",
     "build_session_key",
+    "canonical_session_key",
     "is_shared_multi_user_session",
     "split_session_key",
 ]
@@ -107,7 +113,7 @@ def _check_key_part(name: str, value: str) -> str:
 
 
 def _is_whatsapp(source: SessionSource) -> bool:
-    return source.platform == "whatsapp"
+    return source.platform.lower() == "whatsapp"
 
 
 def _participant(source: SessionSource) -> str:
@@ -150,7 +156,7 @@ def build_session_key(
         chat_id = canonical_whatsapp_identifier(chat_id) or chat_id
     thread_id = source.thread_id or ""
 
-    parts = [KEY_PREFIX, profile, source.platform, chat_type]
+    parts = [KEY_PREFIX, profile, source.platform.lower(), chat_type]
     if chat_type == "dm":
         # A DM chat id already names one private conversation; the sender id is only the
         # fallback so chat-id-less DMs of different users do not collapse together.
@@ -200,3 +206,13 @@ def split_session_key(key: str) -> tuple[str, str, str]:
     if len(parts) == 5 and not parts[4]:
         raise ValueError(f"session_key: malformed {excerpt(key)}, empty part after chat_type")
     return parts[1], parts[2], parts[3]
+
+
+def canonical_session_key(key: str) -> str:
+    """*key* with its platform field in lower case: the one spelling of the lane.
+
+    Raises :class:`ValueError` as :func:`split_session_key` does for a malformed key.
+    """
+    split_session_key(key)
+    head, profile, platform, rest = key.split(":", 3)
+    return ":".join((head, profile, platform.lower(), rest)) if platform != platform.lower() else key

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from ..errors import SidecarError, excerpt, not_found, invalid
+from ..errors import SidecarError, not_found, invalid
 from . import transcripts as tx
 from .entry import SessionEntry, load_entry, new_session_id
 from .source import SessionSource
@@ -40,10 +40,13 @@ def _end_incarnation(conn, session_id: str, reason: str, now: float) -> bool:
 
 # Columns reset when a lane moves to a fresh incarnation: counters and flags
 # belong to the incarnation's conversation (seed 001 builds a new SessionEntry).
+# The resume marker goes with its time: ``last_resume_marked_at`` is set and
+# cleared together with ``resume_pending``.
 _FRESH = (
     "input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0,"
     " total_tokens = 0, estimated_cost_usd = 0, cost_status = 'unknown', last_prompt_tokens = 0,"
-    " suspended = 0, resume_pending = 0, resume_reason = '', expiry_finalized = 0"
+    " suspended = 0, resume_pending = 0, resume_reason = '', last_resume_marked_at = NULL,"
+    " expiry_finalized = 0"
 )
 
 
@@ -137,7 +140,7 @@ def switch(conn, key: str, target_session_id: str) -> SessionEntry:
         "SELECT session_key FROM incarnations WHERE session_id = ?", (target_session_id,)
     ).fetchone()
     if row is None:
-        raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {excerpt(target_session_id)}")
+        raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {target_session_id}")
     if row[0] != key:
         raise invalid("target_session_id", "belongs to another session key")
     if target_session_id == entry.session_id:
@@ -149,10 +152,11 @@ def switch(conn, key: str, target_session_id: str) -> SessionEntry:
         (target_session_id,),
     )
     # The lane's entry starts afresh (seed 001 §2's switch_session makes a new
-    # entry): its counters were the other incarnation's.
+    # entry): its counters and flags were the other incarnation's.
     conn.execute(
         f"UPDATE routing SET session_id = ?, created_at = ?, updated_at = ?, {_FRESH},"
-        " is_fresh_reset = 0, was_auto_reset = 0, auto_reset_reason = '' WHERE session_key = ?",
+        " is_fresh_reset = 0, was_auto_reset = 0, auto_reset_reason = '', reset_had_activity = 0"
+        " WHERE session_key = ?",
         (target_session_id, now, now, key),
     )
     conn.execute("DELETE FROM restart_counts WHERE session_key = ?", (key,))

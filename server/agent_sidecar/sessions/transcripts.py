@@ -3,6 +3,12 @@
 Rewind, rewrite and rollback never delete: they clear ``active`` and record why
 in ``hidden_by``, so the audit trail stays and ``include_rewound`` can show it.
 Writes are writer jobs (``conn`` first); reads take a reader connection.
+
+A ``synthetic`` message is one nobody wrote: the sidecar's own note (the
+continue note of an auto-resume turn) stored with the role the model must read
+it in. The flag lives in the row's ``extra`` blob beside the tool fields (no
+column, no migration) and reaches clients as ``Message.synthetic``, so an
+adapter never shows the note as something its user said.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from typing import Any, Iterable
 import apsw
 import orjson
 
-from ..errors import SidecarError, excerpt, invalid
+from ..errors import SidecarError, invalid
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -29,11 +35,16 @@ class Message:
     created_at: float = 0.0
     seq: int = 0
     active: bool = True
+    synthetic: bool = False
 
     def extra(self) -> bytes | None:
         d = {k: v for k, v in (("tool_call_id", self.tool_call_id), ("tool_name", self.tool_name),
-                               ("tool_calls_json", self.tool_calls_json)) if v}
+                               ("tool_calls_json", self.tool_calls_json),
+                               ("synthetic", self.synthetic)) if v}
         return orjson.dumps(d) if d else None
+
+
+SYNTHETIC_EXTRA = Message(role="user", synthetic=True).extra()
 
 
 _SELECT = "SELECT seq, role, content, extra, created_at, active FROM messages"
@@ -47,6 +58,7 @@ def _row_to_message(row) -> Message:
         m.tool_call_id = d.get("tool_call_id", "")
         m.tool_name = d.get("tool_name", "")
         m.tool_calls_json = d.get("tool_calls_json", "")
+        m.synthetic = bool(d.get("synthetic", False))
     return m
 
 
@@ -76,8 +88,7 @@ def append_many(conn, items: list[tuple[str, list[Message], str | None]],
             row = conn.execute("SELECT next_seq, session_key FROM incarnations WHERE session_id = ?",
                                (session_id,)).fetchone()
             if row is None:
-                results.append(SidecarError("SESSION_NOT_FOUND",
-                                            f"no such session id: {excerpt(session_id)}"))
+                results.append(SidecarError("SESSION_NOT_FOUND", f"no such session id: {session_id}"))
                 continue
             st = state[session_id] = [row[0], row[1]]
         first = st[0]
@@ -146,30 +157,33 @@ def load_for_model(conn, session_id: str) -> list[dict[str, Any]]:
 def rewrite(conn, session_id: str, messages: list[Message]) -> None:
     """Full replacement: hide every live row (kept as audit trail), append the new."""
     if not incarnation_exists(conn, session_id):
-        raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {excerpt(session_id)}")
+        raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {session_id}")
     conn.execute("UPDATE messages SET active = 0, hidden_by = 'rewrite'"
                  " WHERE session_id = ? AND active = 1", (session_id,))
     _bump_rev(conn, session_id)
     append(conn, session_id, messages)
 
 
-def rewind(conn, session_id: str, n: int) -> dict[str, Any]:
+def rewind(conn, session_id: str, n: int, taken: Iterable[str] = ()) -> dict[str, Any]:
     """Back up ``n`` user turns by soft delete: the n-th last live user message
-    and everything after it become inactive."""
+    and everything after it become inactive. ``taken``: request ids of turns the
+    lane already took back (turns/undo.py): what they wrote is hidden first, so
+    it is neither counted nor left behind."""
     if not incarnation_exists(conn, session_id):
-        raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {excerpt(session_id)}")
+        raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {session_id}")
+    hidden = sum(hide_request(conn, session_id, rid, "rewind") for rid in taken)
     users = conn.execute(
         "SELECT seq, content FROM messages WHERE session_id = ? AND active = 1 AND role = 'user'"
-        " ORDER BY seq DESC LIMIT ?", (session_id, n)).fetchall()
+        " ORDER BY seq DESC LIMIT ?", (session_id, n)).fetchall() if n > 0 else []
     if not users:
-        return {"rewound_count": 0, "turns_undone": 0, "target_text": ""}
+        return {"rewound_count": hidden, "turns_undone": 0, "target_text": ""}
     target_seq, target_text = users[-1]
     conn.execute(
         "UPDATE messages SET active = 0, hidden_by = 'rewind'"
         " WHERE session_id = ? AND active = 1 AND seq >= ?", (session_id, target_seq))
     count = conn.changes()
     _bump_rev(conn, session_id)
-    return {"rewound_count": count, "turns_undone": len(users), "target_text": target_text}
+    return {"rewound_count": hidden + count, "turns_undone": len(users), "target_text": target_text}
 
 
 def hide_request(conn, session_id: str, request_id: str, reason: str = "rollback") -> int:

@@ -5,6 +5,6 @@ module-level functions run in the writer process inside a shared transaction; re
 reader connections. DECISIONS.md ("One store, no side files") is the contract.
 """
 
-from .store import Store, StoreClosed
+from .store import Store, StoreClosed, StoreUnavailable
 
-__all__ = ["Store", "StoreClosed"]
+__all__ = ["Store", "StoreClosed", "StoreUnavailable"]

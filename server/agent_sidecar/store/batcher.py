@@ -42,7 +42,15 @@ class Batcher:
             loop.call_soon(self._flush)
         return fut
 
+    def flush_now(self) -> None:
+        """Send what is queued now instead of at the next loop iteration, so a
+        job submitted right after it runs after it."""
+        self._flush()
+
     def _flush(self) -> None:
+        if not self._items:  # flushed early by flush_now
+            self._scheduled = False
+            return
         items, futures, thens = self._items, self._futures, self._thens
         self._items, self._futures, self._thens, self._scheduled = [], [], [], False
         try:

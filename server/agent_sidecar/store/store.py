@@ -22,10 +22,11 @@ from typing import Any, Callable
 import apsw
 
 from .db import open_reader, open_writer
+from .faults import StoreUnavailable, is_store_fault, unavailable
 from .migrations import migrate
 from .writer import GroupCommitWriter, StoreClosed
 
-__all__ = ["Store", "StoreClosed"]
+__all__ = ["Store", "StoreClosed", "StoreUnavailable"]
 
 
 class Store:
@@ -58,9 +59,9 @@ class Store:
         return self.writer.submit(fn, *args)
 
     def send_now(self, fn: Callable[..., Any], args: tuple,
-                 on_done: Callable[[bool, Any], None]) -> None:
+                 on_done: Callable[[bool, Any], None], retry: bool = False) -> None:
         """``submit`` for aggregators; see GroupCommitWriter.send_now."""
-        self.writer.send_now(fn, args, on_done)
+        self.writer.send_now(fn, args, on_done, retry)
 
     async def write(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await self.writer.submit(fn, *args)
@@ -68,6 +69,30 @@ class Store:
     async def barrier(self) -> None:
         """Returns once every write submitted before it has committed."""
         await self.writer.submit(_nothing)
+
+    # -- when it cannot write (faults.py) --------------------------------------
+
+    @property
+    def fault(self) -> StoreUnavailable | None:
+        """What keeps the store from writing now, or None when it can."""
+        return self.writer.faults.fault
+
+    def check_writable(self) -> None:
+        """Raise StoreUnavailable while the store is failing: for callers that
+        would change state in memory before their first write."""
+        if self.writer.closed:
+            raise StoreClosed("the store is closed")
+        self.writer.faults.refuse()
+
+    def watch_faults(self, listener: Callable[[StoreUnavailable | None], None]) -> None:
+        """``listener(fault)`` when the store starts failing, ``listener(None)``
+        when it can write again."""
+        self.writer.faults.listen(listener)
+
+    def add_retrier(self, retrier: Callable[[], None]) -> None:
+        """``retrier()`` at each retry round while the store is failing; it
+        re-sends what it holds with ``send_now(..., retry=True)``."""
+        self.writer.faults.add_retrier(retrier)
 
     # -- reads ------------------------------------------------------------
 
@@ -81,10 +106,16 @@ class Store:
         return conn
 
     def read(self, fn: Callable[[apsw.Connection], Any]) -> Any:
-        """A short read on this thread's reader, in one read transaction."""
+        """A short read on this thread's reader, in one read transaction. A
+        store fault (an I/O error) surfaces as StoreUnavailable, as for writes."""
         conn = self._reader()
-        with conn:
-            return fn(conn)
+        try:
+            with conn:
+                return fn(conn)
+        except apsw.Error as e:
+            if is_store_fault(e):
+                raise unavailable(e) from e
+            raise
 
     async def read_async(self, fn: Callable[[apsw.Connection], Any]) -> Any:
         loop = asyncio.get_running_loop()

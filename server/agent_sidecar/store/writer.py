@@ -9,11 +9,17 @@ only then, i.e. once the write is durable.
 If the writer process dies, every pending and later write fails with
 ``StoreClosed`` and ``on_lost`` is called: the sidecar cannot acknowledge
 anything without its store, so it stops (and its supervisor restarts it).
+
+Every answer that carries a store fault (a full disk, an I/O error; see
+faults.py) reaches its caller as ``StoreUnavailable`` and puts the store in
+its failing state (``faults``), in which new jobs are refused at once and only
+retry jobs (``retry=True``) are sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import multiprocessing as mp
 import os
@@ -21,13 +27,16 @@ import pickle
 from typing import Any, Callable
 
 from ..children import Channel, spawn
+from .faults import FaultMonitor, StoreUnavailable, is_store_fault, unavailable
 from .writer_process import CLOSE, writer_main
 
 log = logging.getLogger("agent_sidecar.store")
 
 
-class StoreClosed(RuntimeError):
-    """The store was closed (or its writer died); no more writes are accepted."""
+class StoreClosed(StoreUnavailable):
+    """The store was closed (or its writer died); no more writes are accepted.
+    For a client the same as any store that cannot write: UNAVAILABLE,
+    STORE_UNAVAILABLE, retry (the next sidecar will take it)."""
 
 
 def _call(on_done: Callable[[bool, Any], None], ok: bool, value: Any) -> None:
@@ -55,6 +64,12 @@ class GroupCommitWriter:
         self._next_id = 0
         self._closed = False
         self._done: asyncio.Future | None = None
+        self.faults = FaultMonitor(functools.partial(self.send_now, retry=True))
+
+    @property
+    def closed(self) -> bool:
+        """Closed, or its process gone: every job is refused with StoreClosed."""
+        return self._closed
 
     async def start(self, timeout: float = 60.0) -> None:
         self._done = asyncio.get_running_loop().create_future()
@@ -79,24 +94,31 @@ class GroupCommitWriter:
         return fut
 
     def send_now(self, fn: Callable[..., Any], args: tuple,
-                 on_done: Callable[[bool, Any], None]) -> None:
+                 on_done: Callable[[bool, Any], None], retry: bool = False) -> None:
         """For callers that already gathered one loop iteration's writes (the
         frame bus, batchers): the job leaves at once instead of on the next
         iteration, and ``on_done(ok, result or exception)`` runs as soon as
-        the answer arrives — two event-loop hops fewer than ``submit``."""
-        self._enqueue(fn, args, on_done)
+        the answer arrives — two event-loop hops fewer than ``submit``.
+        ``retry``: sent even while the store is failing (faults.py)."""
+        self._enqueue(fn, args, on_done, retry)
         self._send()
 
     def _enqueue(self, fn: Callable[..., Any], args: tuple,
-                 waiter: asyncio.Future | Callable[[bool, Any], None]) -> None:
+                 waiter: asyncio.Future | Callable[[bool, Any], None], retry: bool = False) -> None:
         """Pickle the job now (an unpicklable one fails at the call site) and
-        queue it for the next pipe message; ``waiter`` gets its answer."""
+        queue it for the next pipe message; ``waiter`` gets its answer. While
+        the store is failing only a retry job is taken; others raise
+        StoreUnavailable here, before anything is queued."""
         if self._closed:
-            raise StoreClosed("store is closed")
+            raise StoreClosed("the store is closed")
+        if not retry:
+            self.faults.refuse()
         blob = _dumps((fn, args))
         jid = self._next_id = self._next_id + 1
         self._pending[jid] = waiter
         self._outbox.append((jid, blob))
+        if retry:
+            self.faults.sent(jid)
 
     def _send(self) -> None:
         self._scheduled = False
@@ -114,6 +136,10 @@ class GroupCommitWriter:
         self.commits += 1
         self.jobs += len(msg)
         for jid, ok, value in msg:
+            fault = None
+            if not ok and is_store_fault(value):  # the one place store faults are mapped
+                value = fault = unavailable(value)
+            self.faults.answered(jid, ok, fault)  # failing first: a caller's retry waits for a round
             self._answer(jid, ok, value)
 
     def _answer(self, jid: int, ok: bool, value: Any) -> None:
@@ -141,6 +167,7 @@ class GroupCommitWriter:
         was_closing = self._closed
         self._closed = True
         self._channel = None
+        self.faults.closed()
         if not was_closing:
             code = self._process.exitcode if self._process is not None else None
             log.critical("the store writer process died", extra={"pid": self.pid, "exitcode": code})
@@ -156,6 +183,7 @@ class GroupCommitWriter:
         log.info("store writer closing", extra={"commits": self.commits, "jobs": self.jobs})
         self._send()  # anything submitted in this loop iteration goes first
         self._closed = True
+        self.faults.closed()
         if self._channel is not None:
             self._channel.send(CLOSE, now=True)
             try:

@@ -31,9 +31,11 @@ import os
 import pickle
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import apsw
+
+from .faults import is_store_fault
 
 log = logging.getLogger("agent_sidecar.store")
 
@@ -113,30 +115,66 @@ def _serve(pipe, conn: apsw.Connection) -> None:
             return
 
 
+# What jobs asked to hear about the end of the open transaction: (on_commit, on_rollback).
+_at_end: list[tuple[Callable[[], None], Callable[[], None]]] = []
+
+
+def at_end(on_commit: Callable[[], None], on_rollback: Callable[[], None]) -> None:
+    """For a job that keeps state in this process across transactions (the
+    frame bus's flush order, turns/jobs.py): ``on_commit()`` once its
+    transaction committed, ``on_rollback()`` if its work was undone (its own
+    savepoint, or the whole transaction)."""
+    _at_end.append((on_commit, on_rollback))
+
+
+def _ended(hooks: list, committed: bool) -> None:
+    for on_commit, on_rollback in hooks:
+        try:
+            (on_commit if committed else on_rollback)()
+        except Exception:
+            log.exception("a job's end-of-transaction hook failed")
+
+
 def commit(conn: apsw.Connection, jobs: list[tuple[int, bytes]]) -> list[tuple[int, bool, Any]]:
     """Run each job in its own savepoint inside one transaction; return
     ``(job id, ok, result or exception)`` for each, after COMMIT."""
     out: list[tuple[int, bool, Any]] = []
+    fault: BaseException | None = None  # the first store fault a job met
+    _at_end.clear()
     try:
         conn.execute("BEGIN IMMEDIATE")
         for jid, blob in jobs:
             conn.execute("SAVEPOINT job")
+            mark = len(_at_end)
             try:
                 fn, args = pickle.loads(blob)
                 out.append((jid, True, fn(conn, *args)))
                 conn.execute("RELEASE job")
             except Exception as e:  # the job's own failure: undo it alone
                 out.append((jid, False, e))
+                if fault is None and is_store_fault(e):
+                    fault = e
+                _ended(_at_end[mark:], False)
+                del _at_end[mark:]
+                # After a full disk SQLite may have rolled the whole transaction
+                # back: then this raises, and nobody's write counts.
                 conn.execute("ROLLBACK TO job")
                 conn.execute("RELEASE job")
         conn.execute("COMMIT")
+        _ended(_at_end, True)
     except Exception as e:  # the commit itself failed: nobody's write is durable
-        log.exception("store commit failed")
+        _ended(_at_end, False)
+        e = fault or e  # "no such savepoint" after a full disk is the full disk
+        if is_store_fault(e):  # the parent logs the state change; no traceback per commit
+            log.warning("store commit failed: %s", e)
+        else:
+            log.exception("store commit failed")
         try:
             conn.execute("ROLLBACK")
         except apsw.Error:
             pass
         out = [(jid, False, e) for jid, _ in jobs]
+    _at_end.clear()
     return out
 
 

@@ -6,6 +6,15 @@ may only register names under it. The agent loop asks for a call by name; the
 registry routes it to whichever host serves that name and waits for the answer,
 bounded by a timeout. A host that errors, times out or disconnects yields an
 error result, never a hang.
+
+A remote host serves only sessions of the platforms its credential covers (the
+credential it opened its ServeTools stream with): a profile's tool scope says
+which names a session may call, the host's credential says whose conversations
+it may see. A call from a session of another platform never reaches the host:
+``invoke`` raises TOOL_SCOPE_VIOLATION (the agent loop ends the turn with it,
+as for a name outside the profile's scope), and ``specs_for`` does not offer
+such a host's tools to that session's model. In-process tools belong to the
+sidecar itself and serve every platform.
 """
 
 from __future__ import annotations
@@ -21,10 +30,12 @@ from typing import Any, Callable
 
 import orjson
 
+from .. import errors as E
 from ..turns.agent import in_scope
 
 log = logging.getLogger("agent_sidecar.tools")
 ENTRY_POINT_GROUP = "agent_sidecar.tools"
+SPECS_CACHE_MAX = 1024  # (scopes, platform) pairs whose offered specs are kept
 
 
 @dataclass
@@ -41,12 +52,17 @@ class ToolSpec:
 
 @dataclass(eq=False)
 class ToolHost:
-    """One connected ServeTools stream."""
+    """One connected ServeTools stream. ``platforms``: those of the credential
+    it registered with (``"*"``: every platform)."""
     namespace: str
+    platforms: frozenset[str] = frozenset({"*"})
     outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
     pending: dict[str, asyncio.Future] = field(default_factory=dict)
     names: list[str] = field(default_factory=list)
     closed: bool = False
+
+    def covers(self, platform: str) -> bool:
+        return "*" in self.platforms or platform.lower() in self.platforms
 
     def fail_all(self, why: str) -> None:
         self.closed = True
@@ -106,22 +122,29 @@ class ToolRegistry:
         self.version += 1
         host.fail_all("the tool host disconnected")
 
-    def specs_for(self, scopes: list[str]) -> list[dict[str, Any]]:
-        """The tool specs a profile's model is offered; cached until the set of
-        registered tools changes."""
+    def specs_for(self, scopes: list[str], platform: str) -> list[dict[str, Any]]:
+        """The tool specs a profile's model is offered in a session of
+        ``platform``: in the profile's scope and served for that platform;
+        cached until the set of registered tools changes."""
         if not scopes:
             return []
-        key = tuple(scopes)
+        key = (tuple(scopes), platform)
         cached = self._specs.get(key)
         if cached is None or cached[0] != self.version:
-            specs = [s.for_model() for name, s in sorted(self.tools.items()) if in_scope(name, scopes)]
+            if len(self._specs) >= SPECS_CACHE_MAX:  # platforms are caller-chosen names
+                self._specs.clear()
+            specs = [s.for_model() for name, s in sorted(self.tools.items())
+                     if in_scope(name, scopes) and (s.host is None or s.host.covers(platform))]
             cached = self._specs[key] = (self.version, specs)
         return cached[1]
 
     # -- invocation ----------------------------------------------------------------
 
-    async def invoke(self, name: str, arguments_json: str, meta: dict[str, str],
-                     timeout_s: float | None = None) -> tuple[bool, str]:
+    async def invoke(self, name: str, arguments_json: str, meta: dict[str, str], *,
+                     platform: str, timeout_s: float | None = None) -> tuple[bool, str]:
+        """(ok, result JSON) of one call made in a session of ``platform``.
+        Raises SidecarError TOOL_SCOPE_VIOLATION, before the host hears of
+        the call, when the host's credential does not cover that platform."""
         spec = self.tools.get(name)
         if spec is None:
             return False, orjson.dumps({"error": f"no tool host serves {name!r}"}).decode()
@@ -131,6 +154,10 @@ class ToolRegistry:
         host = spec.host
         if host is None or host.closed:
             return False, orjson.dumps({"error": f"the host of {name!r} is gone"}).decode()
+        if not host.covers(platform):
+            raise E.SidecarError(E.TOOL_SCOPE_VIOLATION,
+                                 f"the host serving {name!r} holds a credential that does not cover"
+                                 f" platform {platform!r}")
         inv_id = f"inv-{next(self._ids)}"
         fut = asyncio.get_running_loop().create_future()
         host.pending[inv_id] = fut

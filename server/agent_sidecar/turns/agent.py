@@ -26,6 +26,16 @@ class TurnFailed(Exception):
         self.reason, self.message = reason, message
 
 
+class ToolRefused(Exception):
+    """A tool call the parent refused before any host saw it (the host's
+    credential does not cover the session's platform). ``result_json`` is the
+    error result the model gets for it."""
+
+    def __init__(self, reason: str, result_json: str):
+        super().__init__(result_json)
+        self.reason, self.result_json = reason, result_json
+
+
 class TurnIO(Protocol):
     def frame(self, kind: str, body: dict[str, Any]) -> None: ...
     def message(self, msg: dict[str, Any]) -> None: ...
@@ -90,9 +100,29 @@ class TurnSpec:
     max_tool_failures: int = 3
 
 
+def _refuse(agent: Agent, io: TurnIO, calls: list[ToolCallRequest], result_json: str | None) -> None:
+    """The turn ends at ``calls[0]``, which the model may not make: every call
+    left still gets a result (the transcript stays valid for the next model
+    call), and the refused one a TOOL_SCOPE_VIOLATION ``tool_result`` frame.
+    ``result_json``: the refusal's own error result for ``calls[0]``; None for
+    a name outside the profile's scope."""
+    for n, later in enumerate(calls):
+        if result_json is None:
+            err = orjson.dumps({"error": f"tool {later.name!r} is outside this session's allowed tools"}).decode()
+        elif n == 0:
+            err = result_json
+        else:
+            err = orjson.dumps({"error": "not run: an earlier tool call was refused"}).decode()
+        tm = _tool_message(later.call_id, later.name, err)
+        agent.add(tm)
+        io.message(tm)
+    io.frame("tool_result", {"call_id": calls[0].call_id, "ok": False,
+                             "result_json": orjson.dumps({"error": "TOOL_SCOPE_VIOLATION"}).decode()})
+
+
 async def run_turn(agent: Agent, backend, spec: TurnSpec, io: TurnIO) -> str:
     """Run the loop to its final text; raise TurnFailed on a policy failure.
-    The user's message is already the last entry of ``agent.messages``."""
+    The turn's user messages are already the last entries of ``agent.messages``."""
     iteration = 0
     final_text = ""
     tool_failures = 0
@@ -160,19 +190,15 @@ async def run_turn(agent: Agent, backend, spec: TurnSpec, io: TurnIO) -> str:
             io.frame("tool_call", {"call_id": call.call_id, "name": call.name,
                                    "arguments_json": call.arguments_json})
             if not in_scope(call.name, spec.scopes):
-                # Keep the transcript valid for the next model call: every call
-                # gets a result, even the ones the turn will never run.
-                for later in calls[i:]:
-                    err = orjson.dumps({"error": f"tool {later.name!r} is outside this session's allowed tools"}).decode()
-                    tm = _tool_message(later.call_id, later.name, err)
-                    agent.add(tm)
-                    io.message(tm)
-                io.frame("tool_result", {"call_id": call.call_id, "ok": False,
-                                         "result_json": orjson.dumps({"error": "TOOL_SCOPE_VIOLATION"}).decode()})
+                _refuse(agent, io, calls[i:], None)
                 raise TurnFailed(E.TOOL_SCOPE_VIOLATION,
                                  f"the model called {call.name!r}, outside the allowed tools {spec.scopes}")
             try:
                 ok, result_json = await io.invoke_tool(call.call_id, call.name, call.arguments_json)
+            except ToolRefused as e:
+                _refuse(agent, io, calls[i:], e.result_json)
+                raise TurnFailed(e.reason,
+                                 f"the call of {call.name!r} was refused: {e.result_json}") from None
             except BaseException:
                 # Cancelled or timed out while waiting: every call of this
                 # assistant message still gets a result, in the cache and the

@@ -28,7 +28,8 @@ def system_prompt_for(cfg: Config, profile: Profile, key: str, row: tuple) -> st
         SessionSource.from_dict(orjson.loads(origin)), session_key=key, session_id=session_id,
         created_at=datetime.fromtimestamp(created_at, timezone.utc),
         connected_platforms=cfg.connected_platforms, home_channels=cfg.home_channels,
-        redact_pii=cfg.redact_pii, group_sessions_per_user=cfg.group_sessions_per_user,
+        redact_pii=cfg.redact_pii, pii_safe_platforms=cfg.pii_safe_platforms(),
+        group_sessions_per_user=cfg.group_sessions_per_user,
         thread_sessions_per_user=cfg.thread_sessions_per_user)
     return f"{profile.system_prompt}\n\n{section}"
 

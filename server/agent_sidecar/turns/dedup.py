@@ -1,5 +1,5 @@
 """The dedup window's index of request ids: a request id accepted within the
-last ``dedup_window_s`` (API.md: five minutes) never starts a second turn.
+last ``dedup_window_s`` (docs/semantics.md: five minutes) never starts a second turn.
 
 Every prompt asks, so the answer is a dict lookup, not a store read: the ids
 accepted within the window, oldest first, trimmed as they age out. The ledger
@@ -7,6 +7,13 @@ accepted within the window, oldest first, trimmed as they age out. The ledger
 run's ids of the window into memory at startup, and only when there were more
 than ``limit`` of them is the ledger asked, for one window, about an id not
 found here.
+
+A request id belongs to the session key it was accepted for: a call naming
+the same key is a twin and replays the original turn; a call naming another
+key is refused (INVALID_ARGUMENT on ``request_id``), so one caller's retry can
+never land on, or reveal, another session's turn. DeleteSession and
+ClearAllSessions delete the ledger rows of the lanes they remove, and their
+ids leave this index with them (``forget``): a reuse after them runs a new turn.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ RECENT_PRELOAD = 200_000  # request ids loaded from the ledger at startup, at mo
 class RecentRequests:
     def __init__(self, window_s: float):
         self.window_s = window_s
-        self._at: OrderedDict[str, float] = OrderedDict()
+        self._at: OrderedDict[str, tuple[float, str]] = OrderedDict()  # rid -> (accepted at, key)
         # Until this time, an id missing from ``_at`` may still be in the ledger
         # from the last run (see load).
         self._ledger_until = time.time() + window_s
@@ -34,27 +41,52 @@ class RecentRequests:
         """At startup: the ids the last run accepted within the window."""
         now = time.time()
         rows = store.read(lambda c: c.execute(
-            "SELECT request_id, created_at FROM prompts WHERE created_at >= ?"
+            "SELECT request_id, created_at, session_key FROM prompts WHERE created_at >= ?"
             " ORDER BY created_at DESC LIMIT ?", (now - self.window_s, limit + 1)).fetchall())
-        for rid, at in reversed(rows[:limit]):
-            self._at[rid] = at
+        for rid, at, key in reversed(rows[:limit]):
+            self._at[rid] = (at, key)
         if len(rows) <= limit:
             self._ledger_until = 0.0
 
-    def seen(self, rid: str, store, now: float) -> bool:
-        """Was ``rid`` accepted within the window before ``now``?"""
-        at = self._at.get(rid)
-        if at is None and now < self._ledger_until:
+    def seen(self, rid: str, store, now: float) -> str | None:
+        """The session key ``rid`` was accepted for within the window before
+        ``now``, or None."""
+        entry = self._at.get(rid)
+        if entry is None and now < self._ledger_until:
             row = store.read(lambda c: jobs.ledger_lookup(c, rid))
-            at = row[1] if row else None
-        return at is not None and now - at < self.window_s
+            entry = (row[1], row[2]) if row else None
+        if entry is None or now - entry[0] >= self.window_s:
+            return None
+        return entry[1]
 
-    def remember(self, rid: str, at: float) -> None:
-        self._at[rid] = at
+    def remember(self, rid: str, at: float, key: str) -> None:
+        self._at[rid] = (at, key)
         self._at.move_to_end(rid)
         horizon = time.time() - self.window_s
         while self._at:
-            oldest, t = next(iter(self._at.items()))
+            oldest, (t, _) = next(iter(self._at.items()))
             if t >= horizon:
                 break
             del self._at[oldest]
+
+    def forget(self, key: str | None) -> None:
+        """Drop the ids of session ``key`` (every id for None): their ledger
+        rows were deleted. A scan: deletes are rare, lookups are not."""
+        if key is None:
+            self._at.clear()
+            return
+        for rid in [rid for rid, (_, k) in self._at.items() if k == key]:
+            del self._at[rid]
+
+
+def is_twin(m, rid: str, key: str) -> bool:
+    """Is this Prompt a twin of a known one (live, or accepted within the
+    window) for the same session key? Raises INVALID_ARGUMENT naming
+    ``request_id`` when the id is known for another key (see the module doc)."""
+    twin = m.live.get(rid)
+    owner = twin.key if twin is not None else m.recent.seen(rid, m.store, time.time())
+    if owner is None:
+        return False
+    if owner != key:
+        raise jobs.request_id_reused(rid)
+    return True

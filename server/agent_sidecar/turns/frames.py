@@ -6,6 +6,15 @@ iteration as ONE writer job: many turns' frames share one transaction and one
 fsync. Only after the commit are frames handed to subscribers (the Prompt
 stream, WatchActivity by request, by session key, by platform), so a client
 never sees a frame that a crash could take back.
+
+When the store cannot write (store/faults.py), a flush that did not commit
+keeps its frames, writes and callbacks, in order: they go back to the head of
+the queue and the store's retry rounds send them again until they commit.
+Flushes are numbered and each names its predecessor; the writer runs a flush
+only right after its predecessor (jobs.run_flush), so the ones already in
+flight behind a failed flush fail too (FlushOutOfOrder) and are re-sent
+behind it. Seqs stay gapless, nothing acknowledged is lost or reordered, and
+nothing is delivered before it is durable.
 """
 
 from __future__ import annotations
@@ -19,8 +28,9 @@ from typing import Any, Callable
 import orjson
 
 from ..sessions import transcripts as tx
+from ..store import StoreUnavailable
 from ..v1 import prompt_service_pb2 as ppb
-from .jobs import FN, MSG, run_flush
+from .jobs import FN, MSG, FlushOutOfOrder, run_flush
 
 log = logging.getLogger("agent_sidecar.frames")
 
@@ -47,23 +57,64 @@ def frame_from_row(row) -> ppb.ActivityFrame:
 FRAME_COLUMNS = "id, request_id, seq, session_key, session_id, at, kind, body"
 
 
+class TooSlow(Exception):
+    """Raised by ``Subscriber.get`` once the subscriber was dropped for falling behind."""
+
+
+def frame_size(item) -> int:
+    """What a queued item counts against a subscriber's byte bound."""
+    return item.ByteSize() if isinstance(item, ppb.ActivityFrame) else 0
+
+
 class Subscriber:
-    """A frame queue for one stream; ``get`` returns None on keepalive timeout."""
+    """A bounded frame queue for one stream (a Prompt call, a WatchActivity);
+    ``get`` returns None on keepalive timeout.
 
-    __slots__ = ("buf", "waiter")
+    Bounded because the stream's reader sets its pace: gRPC's write to a client
+    that stopped reading waits for HTTP/2 flow control (it blocks only that
+    stream's handler, never the loop), and every frame published meanwhile
+    would wait here, without end, for every such stream. With more than
+    ``max_frames`` frames or ``max_bytes`` bytes waiting (a frame that finds the
+    queue empty is always taken, however large), the subscriber is dropped:
+    its queue is freed at once, ``push`` answers False from then on so the bus
+    takes it out of its fan-out (a dropped stream costs the bus nothing), and
+    the stream's next ``get`` raises ``TooSlow``; the stream then ends telling
+    its client where to resume. Nothing is lost by that: every frame is
+    persisted before it is pushed, and WatchActivity replays from the store."""
 
-    def __init__(self):
+    __slots__ = ("buf", "waiter", "held", "max_frames", "max_bytes", "dropped", "first_cursor")
+
+    def __init__(self, max_frames: int = 10_000, max_bytes: int = 8 << 20):
         self.buf: deque = deque()
         self.waiter: asyncio.Future | None = None
+        self.held = 0  # bytes of the frames in ``buf``
+        self.max_frames, self.max_bytes = max_frames, max_bytes
+        self.dropped = False
+        self.first_cursor = 0  # cursor of the first frame pushed (0: none yet)
 
-    def push(self, frame) -> None:
-        self.buf.append(frame)
-        w = self.waiter
+    def push(self, frame, size: int = 0) -> bool:
+        """Queue ``frame`` (``size`` = ``frame_size(frame)``); False once dropped."""
+        if self.dropped:
+            return False
+        buf = self.buf
+        if buf:
+            if len(buf) >= self.max_frames or self.held + size > self.max_bytes:
+                self.dropped = True
+                buf.clear()
+                self.held = 0
+                _wake(self.waiter)
+                return False
+        elif not self.first_cursor:
+            self.first_cursor = getattr(frame, "cursor", 0)
+        buf.append(frame)
+        self.held += size
+        w = self.waiter  # None while the stream's handler is busy writing
         if w is not None and not w.done():
             w.set_result(None)
+        return True
 
     async def get(self, timeout: float):
-        if not self.buf:
+        if not self.buf and not self.dropped:
             loop = asyncio.get_running_loop()
             self.waiter = loop.create_future()
             handle = loop.call_later(timeout, _wake, self.waiter)
@@ -72,25 +123,38 @@ class Subscriber:
             finally:
                 handle.cancel()
                 self.waiter = None
-            if not self.buf:
-                return None
-        return self.buf.popleft()
+        if self.dropped:
+            raise TooSlow()
+        if not self.buf:
+            return None
+        frame = self.buf.popleft()
+        if self.held:
+            self.held = max(0, self.held - frame_size(frame))
+        return frame
 
 
-def _wake(fut: asyncio.Future) -> None:
-    if not fut.done():
+def _wake(fut: asyncio.Future | None) -> None:
+    if fut is not None and not fut.done():
         fut.set_result(None)
 
 
 class FrameBus:
-    def __init__(self, store):
+    def __init__(self, store, buffer_frames: int = 10_000, buffer_bytes: int = 8 << 20):
         self.store = store
+        self.buffer_frames, self.buffer_bytes = buffer_frames, buffer_bytes  # per Subscriber
         self._frames: list[tuple] = []  # (row, turn, kind, body)
         self._writes: list[tuple] = []  # (FN, (fn, args) or None) or (MSG, append_many item)
         self._thens: list[Callable | None] = []  # one per write: run after commit
         self._scheduled = False
+        self._flights: deque = deque()  # sent, not answered yet: (no, frames, writes, thens)
+        self._undone: list[tuple] = []  # answered without committing, to send again
+        self._sent_no = 0  # the number of the last flush sent
+        self._committed_no = 0  # the number of the last flush that committed
+        self._resync = False  # a flush failed: wait for those in flight, then send again
         self.by_key: dict[str, set[Subscriber]] = {}
         self.by_platform: dict[str, set[Subscriber]] = {}
+        store.add_retrier(self._retry)
+        store.watch_faults(self._store_changed)
 
     # -- producing ----------------------------------------------------------------
 
@@ -131,19 +195,75 @@ class FrameBus:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
+    def flush_now(self) -> None:
+        """Hand what is queued to the store's writer now, so that a job
+        submitted right after it commits after it (turns/undo.py)."""
+        self._flush()
+
     def _flush(self) -> None:
         self._scheduled = False
+        self._send(retry=False)
+
+    def _send(self, retry: bool) -> None:
+        """Everything queued, as one numbered job. After a failed flush it
+        waits until every flush in flight has been answered, then sends the
+        undone ones first, numbered after the last that committed. Refused by
+        a failing store, it all stays queued for the next retry round."""
+        if self._resync:
+            if self._flights:
+                return
+            self._resync = False
+            for _, frames, writes, thens in reversed(self._undone):
+                self._requeue(frames, writes, thens)
+            self._undone.clear()
+            self._sent_no = self._committed_no
+        if not self._frames and not self._writes:
+            return
         frames, writes, thens = self._frames, self._writes, self._thens
         self._frames, self._writes, self._thens = [], [], []
-        if not frames and not writes:
+        no = self._sent_no + 1
+        flight = (no, frames, writes, thens)
+        try:
+            self.store.send_now(run_flush, ((no, self._sent_no), [item[0] for item in frames], writes),
+                                lambda ok, value: self._committed(ok, value, flight), retry)
+        except StoreUnavailable:
+            self._requeue(frames, writes, thens)
             return
-        self.store.send_now(run_flush, ([item[0] for item in frames], writes),
-                            lambda ok, value: self._committed(ok, value, frames, thens))
+        self._sent_no = no
+        self._flights.append(flight)
 
-    def _committed(self, ok: bool, value, frames, thens) -> None:
+    def _retry(self) -> None:
+        """The store's retry round (it is failing): re-send what is queued."""
+        self._send(retry=True)
+
+    def _store_changed(self, fault) -> None:
+        if fault is None:  # writable again: what waited goes now
+            self._schedule()
+
+    def _requeue(self, frames, writes, thens) -> None:
+        """Put a flush that did not commit back at the head of the queue."""
+        self._frames, self._writes, self._thens = frames + self._frames, writes + self._writes, thens + self._thens
+
+    def idle(self) -> bool:
+        """Nothing published is waiting for its commit (queued or in flight)."""
+        return not self._flights and not self._undone and not self._frames and not self._writes
+
+    def _committed(self, ok: bool, value, flight: tuple) -> None:
+        """A flush's answer (they come in the order sent)."""
+        if self._flights and self._flights[0] is flight:
+            self._flights.popleft()
+        elif flight in self._flights:
+            self._flights.remove(flight)
         if not ok:
-            log.error("frame flush failed", exc_info=value)
+            self._resync = True
+            if isinstance(value, (StoreUnavailable, FlushOutOfOrder)):  # kept, in order
+                self._undone.append(flight)
+            else:  # not the store's fault: a retry would fail the same way
+                log.error("frame flush failed", exc_info=value)
+            self._send(retry=False)
             return
+        self._committed_no = flight[0]
+        _, frames, _, thens = flight
         results, first_id = value
         cursor = first_id
         for row, turn, kind, body in frames:
@@ -158,16 +278,21 @@ class FrameBus:
                     log.exception("post-commit callback failed")
 
     def _deliver(self, turn, frame, kind: str) -> None:
-        for sub in tuple(turn.subscribers):
-            sub.push(frame)
-        subs = self.by_key.get(turn.key)
+        """Hand a committed frame to the turn's streams and to the watchers of
+        its key and platform; a subscriber that falls behind its bound leaves
+        its fan-out here and now (see Subscriber)."""
+        size = frame.ByteSize()
+        subs = turn.subscribers
         if subs:
             for sub in tuple(subs):
-                sub.push(frame)
-        subs = self.by_platform.get(turn.platform)
-        if subs:
-            for sub in tuple(subs):
-                sub.push(frame)
+                if not sub.push(frame, size):
+                    subs.remove(sub)
+        for index, name in ((self.by_key, turn.key), (self.by_platform, turn.platform)):
+            subs = index.get(name)
+            if subs:
+                for sub in tuple(subs):
+                    if not sub.push(frame, size):
+                        self.unwatch(index, name, sub)
         if kind in TERMINAL:
             turn.on_terminal(frame)
 
@@ -177,8 +302,12 @@ class FrameBus:
 
     # -- watching by key or platform --------------------------------------------
 
+    def subscriber(self) -> Subscriber:
+        """A new stream's queue, with the configured bounds."""
+        return Subscriber(self.buffer_frames, self.buffer_bytes)
+
     def watch(self, index: dict[str, set[Subscriber]], name: str) -> Subscriber:
-        sub = Subscriber()
+        sub = self.subscriber()
         index.setdefault(name, set()).add(sub)
         return sub
 

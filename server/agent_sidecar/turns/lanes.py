@@ -53,12 +53,37 @@ class Turn:
     final_text: str = ""
     usage: dict[str, float] = field(default_factory=dict)
     pending_end: tuple | None = None  # an end decided before the accept committed
+    # Burst collapse (docs/semantics.md FOLLOW_UP, turns/burst.py): the pending prompt this
+    # one absorbed (whose own ``absorbed_from`` goes on back), who absorbed this
+    # one, and for a turn restored from the store the absorbed texts read back
+    # from the ledger, oldest first, as {"text", "at"}.
+    absorbed_from: "Turn | None" = None
+    absorbed_by: "Turn | None" = None
+    absorbed: list[dict[str, Any]] = field(default_factory=list)
+    # Taken back by RewindSession / RewriteTranscript while it ran: what the
+    # worker still sends is refused, and the turn ends CANCELLED (turns/undo.py).
+    taken_back: str = ""
 
     def ledger_fields(self) -> tuple:
         """What the accept job writes to the ledger (plain data: it is pickled
         to the store's writer process)."""
         return (self.rid, self.key, self.platform, self.profile, self.delivery, self.text,
                 self.payload, self.created_at)
+
+    def user_texts(self) -> list[str]:
+        """The user messages this turn starts with: the texts of the prompts it
+        absorbed and its own, in the order the sidecar received them."""
+        if self.absorbed_from is None and not self.absorbed:
+            return [self.text]
+        newest_first, t = [], self
+        while t is not None:
+            newest_first.append((t.created_at, t.text))
+            newest_first.extend((e["at"], e["text"]) for e in reversed(t.absorbed))
+            t = t.absorbed_from
+        # Received order is chain order; the sort only moves a steer that fell
+        # back to FOLLOW_UP after a newer follow-up took the slot (burst.absorb).
+        ordered = sorted(reversed(newest_first), key=lambda e: e[0])
+        return [text for _, text in ordered]
 
     def on_terminal(self, frame) -> None:
         self.terminal = frame

@@ -17,7 +17,6 @@ import asyncio
 import functools
 import logging
 import os
-import time
 from typing import Any
 
 from .. import errors as E
@@ -26,10 +25,9 @@ from ..sessions.source import SessionSource
 from ..store import Store
 from ..store.batcher import Batcher
 from ..tools.registry import ToolRegistry
-from . import jobs, placement, supervision, worker_events
+from . import admission, burst, dedup, jobs, placement, supervision, undo, worker_events
 from .context import SystemPrompts
-from .dedup import RecentRequests
-from .frames import FrameBus, Subscriber, build_frame
+from .frames import FrameBus, build_frame
 from .lanes import FOLLOW_UP, Lane, Turn
 from .memory import budget_per_worker
 from .pool import WorkerHandle, WorkerPool
@@ -38,12 +36,12 @@ from .pool import WorkerHandle, WorkerPool
 class TurnManager:
     def __init__(self, cfg: Config, store: Store):
         self.cfg, self.store = cfg, store
-        self.bus = FrameBus(store)
+        self.bus = FrameBus(store, cfg.limits.stream_buffer_frames, cfg.limits.stream_buffer_bytes)
         self.accepts = Batcher(store, jobs.accept_many)  # prompts accepted together commit together
         self.lanes: dict[str, Lane] = {}
-        self.recent = RecentRequests(cfg.dedup_window_s)  # the dedup window's request ids
+        self.recent = dedup.RecentRequests(cfg.dedup_window_s)  # the dedup window's request ids
         self.prompts = SystemPrompts(cfg, store)
-        self.live: dict[str, Turn] = {}
+        self.live = admission.LiveTurns()  # request id -> every turn not yet ended
         self.tools = ToolRegistry()
         self.pool: WorkerPool | None = None
         self.ready = asyncio.Event()  # set when startup restore is done
@@ -51,6 +49,7 @@ class TurnManager:
         self.draining = False
         self.steer_waits: dict[str, asyncio.Future] = {}
         self._tasks: set[asyncio.Task] = set()
+        store.watch_faults(functools.partial(supervision.on_store_fault, self))
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -112,6 +111,7 @@ class TurnManager:
         return {k for k, lane in self.lanes.items() if lane.running is not None}
 
     async def on_reset(self, key: str) -> None:
+        self.store.check_writable()  # refused before its turns are ended
         self._drop_lane(key)
 
     async def on_suspend(self, key: str) -> None:
@@ -119,12 +119,24 @@ class TurnManager:
 
     async def on_delete(self, key: str) -> None:
         """Before the delete job: the lane's turns end and their ends commit."""
+        self.store.check_writable()
         self._drop_lane(key)
         if self.pool:
             self.pool.slot_for(key).send({"t": "evict", "key": key})
         await supervision.until_ended([t for t in self.live.values() if t.key == key])
 
+    async def rewind(self, key: str, session_id: str, n: int) -> dict[str, Any]:
+        """RewindSession: the lane's waiting prompts and running turn count first (undo.py)."""
+        self.store.check_writable()  # refused before it drops or cancels anything
+        return await undo.rewind(self, key, session_id, n)
+
+    async def rewrite(self, key: str, session_id: str, messages: list) -> None:
+        """RewriteTranscript: the running turn is taken back first (undo.py)."""
+        self.store.check_writable()
+        await undo.rewrite(self, key, session_id, messages)
+
     async def on_clear_all(self) -> None:
+        self.store.check_writable()
         for key in list(self.lanes):
             self._drop_lane(key)
         if self.pool:
@@ -154,17 +166,20 @@ class TurnManager:
             await self.ready.wait()  # startup restore first: never race it
         if not self.accepting:
             raise E.SidecarError(E.UNAVAILABLE, "the sidecar is shutting down")
-        if rid in self.live:
+        if dedup.is_twin(self, rid, key):  # the caller replays the original turn
             return None
-        if self.recent.seen(rid, self.store, time.time()):
-            return None
+        # A known request id replays (reads work); a new one is refused before
+        # placement could end or move anything in its lane.
+        self.store.check_writable()
+        if not internal:
+            admission.check(self.live, self.cfg.limits)
         turn = Turn(rid=rid, key=key, platform=platform, profile=profile, text=text,
                     delivery=delivery or FOLLOW_UP, timeout_s=timeout_s, payload=payload)
         turn.next_seq = 2  # seq 1 is the accepted frame, written by the accept job
         # Reserved before any await: a twin call with this request id follows
         # this turn (and hears it if it is refused) instead of placing its own.
         self.live[rid] = turn
-        sub = Subscriber()
+        sub = self.bus.subscriber()
         turn.subscribers.append(sub)
         lane = self.lanes.get(key)
         if lane is None:
@@ -212,16 +227,18 @@ class TurnManager:
         if isinstance(result, BaseException):
             self._unreserve(lane, turn, result)
             return
-        sid, frame_id, turn.routing_row, started = result
+        sid, frame_id, turn.routing_row, started, absorbed = result
         rid, key = turn.rid, turn.key
         turn.sid = sid
         turn.accepted = True
-        self.recent.remember(rid, turn.created_at)
+        self.recent.remember(rid, turn.created_at, key)
         if internal:
             turn.subscribers.clear()  # nobody streams it; WatchActivity can
         frame = build_frame(rid, key, sid, 1, turn.created_at, frame_id, "accepted",
                             {"queue_position": turn.payload["queue_position"]})
         self.bus.deliver_committed(turn, frame, "accepted")
+        if absorbed is not None:
+            burst.committed(self, turn, absorbed)
         if started is not None:  # the accept job started it too
             turn.started = True
             turn.next_seq = 3
@@ -246,6 +263,7 @@ class TurnManager:
         lane.remove(turn)
         if turn.host is not None and turn in turn.host.steers:
             turn.host.steers.remove(turn)
+        burst.reinstate(self, turn)
         if not isinstance(error, (E.SidecarError, jobs.DuplicateRequest)):
             error = E.SidecarError(E.UNAVAILABLE, "the prompt with this request id was not accepted; retry")
         for sub in turn.subscribers:
@@ -268,7 +286,8 @@ class TurnManager:
         turn.sid = row[0]
         turn.routing_row = row
         profile, system_prompt = self.prompts.for_turn(turn)
-        start = (jobs.start, (turn.rid, turn.key, turn.sid, turn.text, turn.queued))
+        start = (jobs.start, (turn.rid, turn.key, turn.sid, turn.user_texts(), turn.queued,
+                              "resume" in turn.payload))  # an auto-resume note is synthetic
         self.bus.publish(turn, "started", write=start,
                          then=lambda res: self._dispatch(turn, res, profile, system_prompt))
 
@@ -283,8 +302,8 @@ class TurnManager:
         turn.worker = h
         turn.worker_gen = h.generation if h.ready.is_set() else -1
         msg = {"t": "run", "rid": turn.rid, "key": turn.key, "sid": turn.sid, "rev": res["rev"],
-               "base_seq": res["base_seq"], "text": turn.text, "profile": profile.wire,
-               "system_prompt": system_prompt, "tools": self.tools.specs_for(profile.tools),
+               "base_seq": res["base_seq"], "texts": turn.user_texts(), "profile": profile.wire,
+               "system_prompt": system_prompt, "tools": self.tools.specs_for(profile.tools, turn.platform),
                "timeout_s": turn.timeout_s}
         if h.ready.is_set():
             h.send(msg)

@@ -1,6 +1,7 @@
-"""Where a prompt for a busy lane goes (API.md delivery modes, seed 001 §8):
-rejected, queued (FIFO), collapsed into the single follow-up slot, put
-ahead as an interrupt or rollback, or steered into the running turn.
+"""Where a prompt for a busy lane goes (docs/semantics.md delivery modes, seed 001 §8):
+rejected, queued (FIFO), collapsed into the single follow-up slot (absorbing
+the pending prompt), put ahead as an interrupt or rollback, or steered into
+the running turn.
 
 Functions over a TurnManager (like supervision.py and worker_events.py).
 """
@@ -10,13 +11,14 @@ from __future__ import annotations
 import asyncio
 
 from .. import errors as E
+from . import burst
 from .lanes import FOLLOW_UP, INTERRUPT, QUEUE, REJECT_IF_BUSY, ROLLBACK, STEER, Lane, Turn
 
 
 async def place_busy(m, lane: Lane, turn: Turn) -> str | None:
     """Put a prompt for a busy lane where its delivery mode says; returns its
     queue slot (``pending``/``fifo``) or None when it joined the running turn
-    (STEER) or the lane turned out idle. Raises AGENT_BUSY, RESOURCE_EXHAUSTED."""
+    (STEER) or the lane turned out idle. Raises AGENT_BUSY, QUEUE_FULL."""
     mode = turn.delivery
     if mode == REJECT_IF_BUSY:
         raise E.SidecarError(E.AGENT_BUSY, f"session {lane.key} has a turn in flight",
@@ -39,21 +41,22 @@ async def place_busy(m, lane: Lane, turn: Turn) -> str | None:
     cap = profile.queue_cap if profile else 0
     deepens = mode == QUEUE or (mode == FOLLOW_UP and lane.pending is None)
     if cap and deepens and lane.depth() >= cap:
-        raise E.SidecarError(E.RESOURCE_EXHAUSTED,
-                             f"session {lane.key} already has {lane.depth()} queued prompts (cap {cap})")
+        raise E.SidecarError(E.QUEUE_FULL,
+                             f"session {lane.key} already has {lane.depth()} queued prompts"
+                             f" (profiles.{turn.profile}.queue_cap = {cap}); retry later",
+                             retry_after_s=1.0)
     if mode in (INTERRUPT, ROLLBACK):
         lane.interrupt.append(turn)
         running = lane.running
         if running is not None and not running.finished:
-            running.rollback = mode == ROLLBACK
+            running.rollback = running.rollback or mode == ROLLBACK
             m.cancel_turn(running, E.CANCELLED)
         return "pending"
     if mode == QUEUE:
         lane.fifo.append(turn)
         return "fifo"
-    if lane.pending is not None:  # burst collapse: the newer follow-up wins
-        old, lane.pending = lane.pending, None
-        m.supersede(old, turn.rid)
+    if lane.pending is not None:  # burst collapse: the newer follow-up absorbs the pending one
+        burst.absorb(lane.pending, turn)
     lane.pending = turn
     return "pending"
 

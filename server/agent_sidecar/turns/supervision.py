@@ -1,6 +1,7 @@
 """Supervision of the turn system across its life: the startup restore
 (rebuilding lanes from the store and starting auto-resume turns), the drain on
-shutdown, and the watchdog for workers whose loop is blocked.
+shutdown, the watchdog for workers whose loop is blocked, and what a store
+that cannot write (or has lost its writer) means for the turns.
 
 Functions over a TurnManager, kept apart so the manager stays about accepting
 and running turns.
@@ -11,20 +12,32 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from .. import errors as E
+from ..store import StoreUnavailable
+from . import jobs
 from .lanes import INTERRUPT, ROLLBACK, Lane, Turn
 
 log = logging.getLogger("agent_sidecar.turns")
 
 WATCHDOG_GRACE_S = 15.0
-RESUME_TEXT = ("[The previous turn was interrupted ({reason}) before it finished. "
-               "Continue where you left off.]")
+# The note an auto-resume turn runs with. It is stored as the turn's user
+# message marked synthetic (nobody wrote it; adapters can tell), and the model
+# reads it as written: its last turn was cut off, what it already did may have
+# happened, so it reports where things stand instead of redoing finished work
+# or repeating tool calls that may have taken effect.
+RESUME_TEXT = ("[The previous turn was interrupted ({reason}) before it finished. This note comes from "
+               "the system, not from the user. Tool calls made in that turn may already have taken "
+               "effect: check their results above and do not repeat any of them blindly. Tell the "
+               "user where things stand (what was done, what is left) instead of redoing finished "
+               "work.]")
 
 
 async def restore(m) -> None:
     """Run the store's restore job, rebuild queued lanes, submit auto-resume turns."""
     from ..recovery.startup import consume_marker, restore as restore_job
     clean = consume_marker(m.cfg.data_dir)
-    plan = await m.store.write(restore_job, clean, m.cfg.gateway_auto_continue_freshness)
+    plan = await m.store.write(restore_job, clean, m.cfg.gateway_auto_continue_freshness,
+                               m.cfg.auto_resume)
     m.recent.load(m.store)
     log.info("startup restore", extra={"clean": plan.clean, "marked": len(plan.marked),
                                        "suspended": plan.suspended,
@@ -50,6 +63,9 @@ def _restore_queued(m, q: dict) -> None:
                 delivery=q["delivery"], sid=q["sid"], created_at=q["created_at"],
                 payload=q["payload"], accepted=True, timeout_s=m.cfg.gateway_timeout)
     turn.next_seq = q["next_seq"]
+    link = q["payload"].get("absorbed_from")  # a follow-up that absorbed a burst (burst.py)
+    if link:
+        turn.absorbed = m.store.read(lambda c: jobs.absorbed_texts(c, link))
     turn.queued = q["slot"] != "next"
     lane = m.lanes.get(turn.key)
     if lane is None:
@@ -74,12 +90,17 @@ async def drain(m, timeout: float) -> bool:
     m.draining = True
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while m.busy_keys() and loop.time() < deadline:
+    while m.busy_keys() and loop.time() < deadline and m.store.fault is None:
         await asyncio.sleep(0.05)
+    if m.store.fault is not None:
+        return _undrained(m)
     still = sorted(m.busy_keys())
     if still:
         from .jobs import mark_resume_pending_many
-        await m.store.write(mark_resume_pending_many, still, "shutdown_timeout")
+        try:
+            await m.store.write(mark_resume_pending_many, still, "shutdown_timeout")
+        except StoreUnavailable:
+            return _undrained(m)
         log.warning("drain timed out", extra={"sessions": still})
         # End them as what they are, cut off by the drain (their tool calls get
         # results in the worker), and give the workers a moment to say so.
@@ -90,9 +111,24 @@ async def drain(m, timeout: float) -> bool:
         end = loop.time() + 2.0
         while m.busy_keys() and loop.time() < end:
             await asyncio.sleep(0.02)
-    await asyncio.sleep(0)  # let a flush the bus has scheduled go first
-    await m.store.barrier()  # every queued frame write has committed
-    return not still
+    # Every frame the bus holds, and every write queued before now, committed.
+    end = loop.time() + 5.0
+    while not m.bus.idle() and m.store.fault is None and loop.time() < end:
+        await asyncio.sleep(0.01)
+    try:
+        await m.store.barrier()
+    except StoreUnavailable:
+        return _undrained(m)
+    return not still and m.bus.idle()
+
+
+def _undrained(m) -> bool:
+    """The store cannot write: nothing more can end durably, so the drain
+    stops waiting. What the bus still holds is lost with this process; the
+    next start's restore closes those turns (their ledger rows are open)."""
+    log.error("the store cannot write: stopping without finishing the drain",
+              extra={"busy_sessions": sorted(m.busy_keys()), "unsaved_flush": not m.bus.idle()})
+    return False
 
 
 async def until_ended(turns, timeout: float = 10.0) -> None:
@@ -129,3 +165,33 @@ async def watchdog(m) -> None:
             turn.deadline = 0.0
             if h.process is not None and h.process.is_alive():
                 h.process.kill()
+
+
+def on_store_fault(m, fault) -> None:
+    """The store cannot write: every turn running on a worker is cancelled
+    (reason STORE_UNAVAILABLE), so workers stop producing frames that could
+    only pile up in memory; their ``failed`` frames commit, like everything
+    the bus holds, once the store can write again. Queued turns stay queued
+    and run then: a lane's next turn starts, but its ``started`` frame waits
+    for the store, and its worker gets the turn only after that commit. With
+    new prompts and writes refused, this is what bounds the memory held while
+    the store cannot write: per lane, what its turn produced before the cancel
+    took effect (at most limits.max_frames_per_turn frames), its end, and the
+    next turn's start."""
+    if fault is None:
+        return
+    for lane in list(m.lanes.values()):
+        turn = lane.running
+        if turn is not None and turn.worker is not None:
+            m.cancel_turn(turn, E.STORE_UNAVAILABLE)
+
+
+def end_streams(m, err: BaseException) -> None:
+    """Nothing more will commit in this process (the store's writer died, or
+    the sidecar stops while the store cannot write): the turns' streams end
+    now with ``err`` (UNAVAILABLE, STORE_UNAVAILABLE) instead of waiting for
+    frames that will never come; the next start's restore closes the turns."""
+    for turn in list(m.live.values()):
+        for sub in turn.subscribers:
+            sub.push(err)
+        turn.subscribers.clear()

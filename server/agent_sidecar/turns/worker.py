@@ -29,7 +29,7 @@ from ..children import Channel, open_channel, tune_gc
 from ..models.registry import load_backend
 from ..sessions.transcripts import load_for_model
 from ..store.db import open_reader
-from .agent import Agent, TurnFailed, TurnSpec, run_turn
+from .agent import Agent, ToolRefused, TurnFailed, TurnSpec, run_turn
 from .cache import AgentCache
 
 
@@ -55,9 +55,12 @@ class _TurnIO:
         self.w.send({"t": "tool", "rid": self.rid, "call_id": call_id, "name": name,
                      "args": arguments_json})
         try:
-            return await fut
+            ok, result, refused = await fut
         finally:
             self.tool_waits.pop(call_id, None)
+        if refused:
+            raise ToolRefused(refused, result)
+        return ok, result
 
     def take_steered(self) -> list[str]:
         out, self.steered = self.steered, []
@@ -154,7 +157,7 @@ class Worker:
             entry = self.turns.get(msg["rid"])
             fut = entry[1].tool_waits.get(msg["call_id"]) if entry and entry[1] else None
             if fut is not None and not fut.done():
-                fut.set_result((bool(msg["ok"]), msg["result"]))
+                fut.set_result((bool(msg["ok"]), msg["result"], msg.get("refused", "")))
         elif t == "ack":
             agent = self.cache.peek(msg["key"])
             if agent is not None:
@@ -178,16 +181,18 @@ class Worker:
     def _agent_for(self, m: dict) -> Agent:
         key = m["key"]
         agent = self.cache.get(key)
+        texts = m["texts"]  # the turn's user messages: one, or a burst's (seqs base_seq on)
         if (agent is not None and agent.session_id == m["sid"] and agent.rev == m["rev"]
                 and agent.next_seq == m["base_seq"] and agent.unpersisted <= 0):
-            agent.add({"role": "user", "content": m["text"]})
+            for text in texts:
+                agent.add({"role": "user", "content": text})
             return agent
         # Miss (or the store moved on): rebuild from the committed transcript,
-        # which already holds this turn's user message.
+        # which already holds this turn's user messages.
         msgs = load_for_model(self.db(), m["sid"])
         if len(msgs) > 1:
             self.log("agent rebuilt from store", "debug", key=key, messages=len(msgs))
-        agent = Agent(key, m["sid"], m["rev"], m["base_seq"] + 1, msgs,
+        agent = Agent(key, m["sid"], m["rev"], m["base_seq"] + len(texts), msgs,
                       approx_bytes=sum(len(x.get("content") or "") + 64 for x in msgs))
         evicted = self.cache.put(agent)
         if evicted:

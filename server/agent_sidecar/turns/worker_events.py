@@ -34,6 +34,8 @@ def on_message(m, h: WorkerHandle, msg: dict) -> None:
     turn = m.live.get(msg.get("rid", ""))
     if turn is None or turn.terminal_pending:
         return
+    if turn.taken_back and t != "done" and _refused(h, turn, msg):
+        return
     if t == "frame":
         if turn.next_seq >= m.cfg.limits.max_frames_per_turn:  # one seq left: the terminal frame
             if not turn.cancel_reason:
@@ -62,7 +64,9 @@ def on_message(m, h: WorkerHandle, msg: dict) -> None:
     elif t == "tool":
         m.spawn(_run_tool(m, h, turn, msg))
     elif t == "done":
-        if turn.cancel_reason == E.RESOURCE_EXHAUSTED:  # frames were dropped, even if it then finished
+        if turn.taken_back:  # even if it finished first: its reply was refused
+            m.end(turn, "failed", E.CANCELLED, turn.taken_back)
+        elif turn.cancel_reason == E.RESOURCE_EXHAUSTED:  # frames were dropped, even if it then finished
             m.end(turn, "failed", E.RESOURCE_EXHAUSTED,
                   f"the turn reached limits.max_frames_per_turn ({m.cfg.limits.max_frames_per_turn} frames)")
         elif msg["ok"]:
@@ -71,10 +75,37 @@ def on_message(m, h: WorkerHandle, msg: dict) -> None:
             m.end(turn, "failed", msg["reason"], msg.get("message", ""))
 
 
+def _refused(h: WorkerHandle, turn: Turn, msg: dict) -> bool:
+    """A turn taken back by RewindSession / RewriteTranscript (turns/undo.py)
+    writes nothing more: its frames and transcript messages are dropped (a
+    message is still acknowledged, so the worker's agent is not held as
+    unpersisted; its rev moved on, so the next turn rebuilds it) and its tool
+    calls are answered with an error unrun. Usage frames pass: the tokens were
+    spent. Returns whether ``msg`` was refused."""
+    t = msg["t"]
+    if t == "frame" and msg["k"] == "usage":
+        return False
+    if t == "msg":
+        h.send({"t": "ack", "key": turn.key, "n": 1})
+    elif t == "tool":
+        h.send({"t": "tool_result", "rid": turn.rid, "call_id": msg["call_id"], "ok": False,
+                "result": orjson.dumps({"error": "the turn was cancelled"}).decode()})
+    return True
+
+
 async def _run_tool(m, h: WorkerHandle, turn: Turn, msg: dict) -> None:
-    ok, result = await m.tools.invoke(msg["name"], msg["args"], {
-        "session_key": turn.key, "session_id": turn.sid, "request_id": turn.rid})
-    h.send({"t": "tool_result", "rid": turn.rid, "call_id": msg["call_id"], "ok": ok, "result": result})
+    """One tool call, answered to the worker. A call the registry refuses
+    (the host may not serve this session's platform) is answered with
+    ``refused``: the agent loop then ends the turn with that reason."""
+    reply = {"t": "tool_result", "rid": turn.rid, "call_id": msg["call_id"]}
+    try:
+        reply["ok"], reply["result"] = await m.tools.invoke(msg["name"], msg["args"], {
+            "session_key": turn.key, "session_id": turn.sid, "request_id": turn.rid},
+            platform=turn.platform)
+    except E.SidecarError as e:
+        reply.update(ok=False, result=orjson.dumps({"error": e.message, "reason": e.reason}).decode(),
+                     refused=e.reason)
+    h.send(reply)
 
 
 def on_exit(m, h: WorkerHandle) -> None:

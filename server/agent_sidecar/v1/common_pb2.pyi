@@ -115,7 +115,7 @@ class Session(_message.Message):
     def __init__(self, session_key: _Optional[str] = ..., session_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., origin: _Optional[_Union[SessionSource, _Mapping]] = ..., display_name: _Optional[str] = ..., platform: _Optional[str] = ..., chat_type: _Optional[str] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., cache_read_tokens: _Optional[int] = ..., cache_write_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ..., estimated_cost_usd: _Optional[float] = ..., cost_status: _Optional[str] = ..., last_prompt_tokens: _Optional[int] = ..., was_auto_reset: _Optional[bool] = ..., auto_reset_reason: _Optional[str] = ..., reset_had_activity: _Optional[bool] = ..., is_fresh_reset: _Optional[bool] = ..., expiry_finalized: _Optional[bool] = ..., suspended: _Optional[bool] = ..., resume_pending: _Optional[bool] = ..., resume_reason: _Optional[str] = ..., last_resume_marked_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[SessionState, str]] = ..., turn_count: _Optional[int] = ..., queue_depth: _Optional[int] = ..., profile: _Optional[str] = ...) -> None: ...
 
 class Message(_message.Message):
-    __slots__ = ("role", "content", "tool_call_id", "tool_name", "tool_calls_json", "created_at", "seq", "active")
+    __slots__ = ("role", "content", "tool_call_id", "tool_name", "tool_calls_json", "created_at", "seq", "active", "synthetic")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +124,7 @@ class Message(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    SYNTHETIC_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: str
     tool_call_id: str
@@ -132,7 +133,8 @@ class Message(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     seq: int
     active: bool
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., tool_name: _Optional[str] = ..., tool_calls_json: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., seq: _Optional[int] = ..., active: _Optional[bool] = ...) -> None: ...
+    synthetic: bool
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., tool_name: _Optional[str] = ..., tool_calls_json: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., seq: _Optional[int] = ..., active: _Optional[bool] = ..., synthetic: _Optional[bool] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost_usd")

@@ -9,11 +9,14 @@
                 print(frame.text_delta.text, end="")
 
 Frames and sessions are the generated protobuf messages (re-exported below);
-errors are the typed classes of ``errors`` (one per reason of API.md).
+errors are the typed classes of ``errors`` (one per reason of docs/api.md).
+``ErrorReason`` is the proto's enum of every reason: a reason string is
+``ErrorReason.Name(v)`` without the ``ERROR_REASON_`` prefix.
 """
 
 from agent_sidecar_client._frames import TERMINAL_KINDS, CursorFilter, SeqFilter, SequenceGap, frame_kind
 from agent_sidecar_client._proto.common_pb2 import Message, Session, SessionSource, SessionState, Usage
+from agent_sidecar_client._proto.error_reason_pb2 import ErrorReason
 from agent_sidecar_client._proto.prompt_service_pb2 import ActivityFrame, Attachment, DeliveryMode
 from agent_sidecar_client._proto.tool_service_pb2 import ToolInvocation
 from agent_sidecar_client._stream import FrameStream
@@ -40,7 +43,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_TARGET", "SidecarClient", "connect", "FrameStream", "ToolHost",
     "ActivityFrame", "Attachment", "DeliveryMode", "Message", "Session", "SessionSource", "SessionState",
-    "ToolInvocation", "Usage", "TERMINAL_KINDS", "frame_kind", "SeqFilter", "CursorFilter", "SequenceGap",
+    "ToolInvocation", "Usage", "ErrorReason", "TERMINAL_KINDS", "frame_kind", "SeqFilter", "CursorFilter", "SequenceGap",
     "SidecarError", "AgentBusy", "AgentTimeout", "LlmApiFailure", "MaxIterations", "ToolScopeViolation",
     "ToolInvokeFailed", "Cancelled", "SessionNotFound", "InvalidArgument", "Unauthenticated",
     "PermissionDenied", "WorkerCrashed",

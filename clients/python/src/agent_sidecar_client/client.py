@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from importlib import resources
 from typing import Any, AsyncIterator, Iterable, Mapping
 
 import grpc
@@ -27,6 +28,12 @@ from agent_sidecar_client._proto import tool_service_pb2_grpc as tool_grpc
 from agent_sidecar_client._stream import FrameStream
 
 DEFAULT_TARGET = "unix:./data/sidecar.sock"
+# The deadline of a unary call unless the client is given another (None: none).
+DEFAULT_CALL_TIMEOUT = 30.0
+# The gRPC service config every client of this repository ships
+# (clients/service_config.json): the idempotent reads are retried on
+# UNAVAILABLE, writes and streams never.
+SERVICE_CONFIG = resources.files("agent_sidecar_client").joinpath("service_config.json").read_text()
 
 # Quick reconnects: a resumed stream should not sit in gRPC's default backoff
 # (which grows to two minutes) after a sidecar restart.
@@ -75,10 +82,17 @@ class SidecarClient:
     ``metadata=client.metadata`` when calling them directly)."""
 
     def __init__(self, target: str = DEFAULT_TARGET, token: str | None = None,
-                 *, options: Iterable[tuple[str, Any]] = ()) -> None:
+                 *, options: Iterable[tuple[str, Any]] = (),
+                 call_timeout: float | None = DEFAULT_CALL_TIMEOUT,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
         self.target = target
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
-        self.channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS + tuple(options))
+        #: Deadline in seconds of every unary call the wrappers make (None: no deadline).
+        self.call_timeout = call_timeout
+        if credentials is None:
+            self.channel = grpc.aio.insecure_channel(target, options=channel_options(options))
+        else:  # TLS, e.g. a proxy in front of the sidecar: grpc.ssl_channel_credentials(...)
+            self.channel = grpc.aio.secure_channel(target, credentials, options=channel_options(options))
         self.sessions = session_grpc.SessionServiceStub(self.channel)
         self.prompts = prompt_grpc.PromptServiceStub(self.channel)
         self.tools = tool_grpc.ToolServiceStub(self.channel)
@@ -100,9 +114,9 @@ class SidecarClient:
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
-    async def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
+    async def _call(self, method: Any, request: Any) -> Any:
         try:
-            return await method(request, metadata=self.metadata, timeout=timeout)
+            return await method(request, metadata=self.metadata, timeout=self.call_timeout)
         except grpc.RpcError as exc:
             raise errors.from_rpc_error(exc) from exc
 
@@ -297,16 +311,34 @@ class _Deadline:
         return None if self._end is None else self._end - time.monotonic()
 
 
+def channel_options(options: Iterable[tuple[str, Any]] = ()) -> tuple[tuple[str, Any], ...]:
+    """The client's channel options: quick reconnects and the shipped service
+    config, then ``options`` (a ``grpc.service_config`` there replaces ours)."""
+    extra = tuple(options)
+    ours = _CHANNEL_OPTIONS
+    if not any(name == "grpc.service_config" for name, _ in extra):
+        ours += (("grpc.service_config", SERVICE_CONFIG),)
+    return ours + extra
+
+
 async def connect(target: str = DEFAULT_TARGET, token: str | None = None, *, wait_ready: bool = True,
-                  timeout: float = 10.0, options: Iterable[tuple[str, Any]] = ()) -> SidecarClient:
+                  timeout: float = 10.0, options: Iterable[tuple[str, Any]] = (),
+                  call_timeout: float | None = DEFAULT_CALL_TIMEOUT,
+                  credentials: grpc.ChannelCredentials | None = None) -> SidecarClient:
     """Open a client: ``"unix:./data/sidecar.sock"``, ``"unix:///abs/path"`` or ``"host:port"``.
 
     ``token`` is sent as ``authorization: Bearer <token>`` metadata on every
     call (plain metadata, so it works over the insecure channel the sidecar
     serves). With ``wait_ready`` the call fails fast (SidecarError,
     UNAVAILABLE) when nothing answers within ``timeout`` seconds.
+    ``call_timeout`` is the deadline of each unary call (default 30 s; None
+    for none); the idempotent reads are retried on UNAVAILABLE within it.
+    ``credentials`` (``grpc.ssl_channel_credentials(...)``) makes the channel
+    TLS, for a sidecar behind a TLS-terminating proxy; the token is sent the
+    same way.
     """
-    client = SidecarClient(target, token, options=options)
+    client = SidecarClient(target, token, options=options, call_timeout=call_timeout,
+                           credentials=credentials)
     if wait_ready:
         try:
             await client.wait_ready(timeout)

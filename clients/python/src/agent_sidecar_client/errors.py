@@ -1,4 +1,4 @@
-"""Typed errors, one class per reason of API.md's error table.
+"""Typed errors, one class per reason of the API (docs/api.md, "Error reasons").
 
 Why a class per reason: an adapter wants ``except AgentBusy:`` (retry later)
 rather than string-matching status details. Every non-OK status from the
@@ -199,7 +199,7 @@ def from_status(status: status_pb2.Status, code: grpc.StatusCode | None = None) 
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = _unpack(detail, error_details_pb2.ErrorInfo)
             # Only the sidecar's domain names a reason; another domain's (a
-            # proxy's, say) is not one of API.md's reasons and is ignored.
+            # proxy's, say) is not one of the API's reasons and is ignored.
             if info is not None and info.domain == DOMAIN and reason is None:
                 reason, metadata = info.reason, dict(info.metadata)
         elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):

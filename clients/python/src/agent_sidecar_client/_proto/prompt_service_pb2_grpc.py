@@ -64,6 +64,13 @@ class PromptServiceServicer:
     def Prompt(self, request, context):
         """Run one agent turn. request_id makes it idempotent: a repeated call gets the
         original turn's frames, replayed and then live.
+
+        The stream sends the turn's frames as they commit (`accepted` first, one
+        terminal frame last) and then ends: OK after `completed` or `superseded`;
+        after `failed`, with the gRPC status and ErrorInfo of its reason. The
+        turn is bounded by the profile's timeout and the call's deadline. Errors
+        before the accept (bad request, AGENT_BUSY, UNAVAILABLE while shutting
+        down) end the call with no frame.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -71,6 +78,12 @@ class PromptServiceServicer:
 
     def WatchActivity(self, request, context):
         """Replay persisted frames after a point, then follow live ones.
+
+        By request_id (after_seq): one turn's frames, ending after its terminal
+        frame like Prompt; this is how a client resumes a dropped Prompt stream.
+        By session_key or platform (after_cursor): every turn's frames in commit
+        order, endlessly; this is how an adapter sees turns it did not start
+        (auto-resume after a restart). Keepalive frames are sent on silence.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -78,6 +91,9 @@ class PromptServiceServicer:
 
     def Cancel(self, request, context):
         """Stop the in-flight turn; it ends with failed{CANCELLED}.
+
+        `cancelled` is false when there was nothing to cancel. What the turn
+        wrote stays in the transcript.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -85,6 +101,8 @@ class PromptServiceServicer:
 
     def GetQueue(self, request, context):
         """The single follow-up slot and the FIFO overflow (seed 001 §8).
+
+        Read-only; an unknown session_key gives an empty queue.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

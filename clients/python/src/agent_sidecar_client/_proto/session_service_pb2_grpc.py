@@ -136,25 +136,31 @@ class SessionServiceServicer:
     def GetOrCreateSession(self, request, context):
         """Derive the key from the source and apply get_or_create's priority:
         suspended → new id; resume_pending → keep; else keep and bump updated_at.
+        Idempotent: concurrent calls for one key return one session_id.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetSession(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """One session by key or by id. Read-only; SESSION_NOT_FOUND when absent.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListSessions(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Sessions, most recently active first (updated_at descending), paged
+        (AIP-158). Read-only.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ResetSession(self, request, context):
         """/new, /reset: new session_id, is_fresh_reset, queued prompts dropped.
+        The old incarnation ends (its transcript stays readable by id); waiting
+        prompts end `superseded` and the running turn is cancelled.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -162,6 +168,7 @@ class SessionServiceServicer:
 
     def SwitchSession(self, request, context):
         """/resume: point the key at an earlier incarnation.
+        The target must be an incarnation of the same key (else SESSION_NOT_FOUND).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -169,79 +176,107 @@ class SessionServiceServicer:
 
     def SuspendSession(self, request, context):
         """/stop: cancel the in-flight turn and force a new id on next access.
+        Waiting prompts end `superseded`; the session's `suspended` flag is set.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def MarkResumePending(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Set resume_pending with a reason label: the next access keeps the
+        session_id. Never overrides `suspended`.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DeleteSession(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Drop the lane: its routing entry, every incarnation, their messages,
+        state and frames, and its cached agent. `deleted` is false when it did
+        not exist. Needs a credential for the session's platform, or admin.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ClearAllSessions(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Drop every session and every cached agent. Admin only; refused
+        (FAILED_PRECONDITION) unless confirm is the literal "DELETE ALL SESSIONS".
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def SeedSession(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Write a synthetic transcript (tests, tooling, imports): the messages are
+        appended to the session (created from source if need be).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetTranscript(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """One incarnation's messages in seq order, paged; a page also ends before
+        about 3 MiB so that default gRPC receive limits hold. Read-only.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def AppendMessages(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Append messages to an incarnation; durable when it returns. Not
+        idempotent: a retried call appends again.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RewriteTranscript(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Full replacement (/retry, /undo, /compress): every live message is hidden
+        (kept as an audit trail, shown by GetTranscript with include_rewound),
+        then the given messages are appended.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RewindSession(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Back up n user turns by soft delete (seed 001 §3): the n-th last live user
+        message and everything after it become inactive.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def SearchMessages(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """FTS5 full-text search over live messages, with snippets; every message
+        written before the call is searchable. Read-only.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def UpdateUsage(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Add a usage delta to the session's token and cost counters (seed 001 §2).
+        Not idempotent: a retried call adds again.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PruneSessions(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Seed 001 §3: delete routing entries idle for more than max_age_days,
+        skipping suspended ones and sessions with a turn in flight; transcripts
+        are never deleted. Admin only.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetSessionContext(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The `## Current Session Context` prompt section of seed 001 §9 for a
+        source, with PII redacted when `redact_pii` is on. Read-only.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

@@ -48,8 +48,12 @@ class ToolServiceServicer:
 
     def ServeTools(self, request_iterator, context):
         """A tool host opens the stream, registers its tools under a namespace, then
-        answers invocations. ServeToolsRequest is the host's message (API.md's
-        ToolHostMessage); ServeToolsResponse carries the ToolInvocations.
+        answers invocations. ServeToolsRequest is the host's message (the
+        contract's ToolHostMessage); ServeToolsResponse carries the ToolInvocations.
+
+        One stream serves one namespace; its tools are registered while it is
+        open and gone when it closes (invocations in flight then fail). A tool
+        name served in process (a Python entry point) cannot be taken over.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

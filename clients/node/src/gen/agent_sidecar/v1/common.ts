@@ -17,8 +17,11 @@ export const protobufFileName = "agent_sidecar/v1/common.proto";
  * RUNNING while a turn is in flight.
  */
 export enum SessionState {
+  /** UNSPECIFIED - Not sent. */
   UNSPECIFIED = 0,
+  /** IDLE - No turn in flight. */
   IDLE = 1,
+  /** RUNNING - A turn is in flight (prompts for it wait, or follow their delivery mode). */
   RUNNING = 2,
 }
 
@@ -55,59 +58,143 @@ export function sessionStateToJSON(object: SessionState): string {
  * SessionSource is where a message came from (seed 001 §1). Field names are the
  * seed's; `platform` and `chat_type` are strings so plugin platforms need no
  * proto change. Empty strings mean "not set".
+ *
+ * The session key is derived from it (docs/semantics.md, "Session keys"):
+ * `agent:{profile}:{platform}:{chat_type}[:{chat_id}][:{thread_id}][:{participant}]`,
+ * where the participant is `user_id_alt`, else `user_id`. Ids are at most
+ * `limits.max_id_length` characters (default 256); `chat_name` and
+ * `chat_topic` at most 4096.
  */
 export interface SessionSource {
+  /**
+   * Required. The messaging platform: "telegram", "discord", "slack",
+   * "local", or any plugin's name. Credentials are scoped to platforms.
+   */
   platform: string;
+  /** The platform's chat, group or channel id (WhatsApp ids are canonicalized). */
   chatId: string;
+  /** Human-readable chat name; becomes the session's display_name. */
   chatName: string;
   /** One of "dm", "group", "channel", "thread". Empty means "dm". */
   chatType: string;
+  /**
+   * The author's platform id: per-user isolation in groups (when
+   * `group_sessions_per_user`) and authorization use it.
+   */
   userId: string;
+  /** The author's display name, shown to the model in the session context. */
   userName: string;
+  /** Forum topic, Discord thread or Slack thread id: a thread is its own lane. */
   threadId: string;
+  /** Channel topic or purpose. */
   chatTopic: string;
+  /**
+   * A stable alternative user id (Signal UUID, Feishu union_id); preferred
+   * over user_id as the participant when set.
+   */
   userIdAlt: string;
+  /** A canonical alternative chat id (Signal group V2). */
   chatIdAlt: string;
+  /** True when the author is a bot or webhook. */
   isBot: boolean;
+  /** Discord guild, Slack workspace or Matrix server. */
   guildId: string;
+  /** The parent channel when chat_id is a thread. */
   parentChatId: string;
+  /** The id of the message that triggered the call (for replies, pins, reactions). */
   messageId: string;
+  /**
+   * True when the adapter admitted the author through a platform role rather
+   * than by user id.
+   */
   roleAuthorized: boolean;
 }
 
 /**
  * Session is one conversation lane (session_key) and its current incarnation
  * (session_id): every field and flag of seed 001 §2 plus seed 000's lifecycle.
+ * A lane keeps its key for ever; ResetSession, SuspendSession (on next access)
+ * and `force_new` give it a new incarnation, whose transcript starts empty.
  */
 export interface Session {
+  /**
+   * The lane: `agent:{profile}:{platform}:{chat_type}[:…]`, derived from the
+   * SessionSource; stable across resets.
+   */
   sessionKey: string;
+  /** The current incarnation, `YYYYMMDD_HHMMSS_<8hex>` (UTC). */
   sessionId: string;
-  createdAt?: Date | undefined;
-  updatedAt?: Date | undefined;
-  origin?: SessionSource | undefined;
+  /** When this incarnation was created. */
+  createdAt?:
+    | Date
+    | undefined;
+  /** Last activity (get-or-create, a turn, an append); ListSessions sorts by it. */
+  updatedAt?:
+    | Date
+    | undefined;
+  /** The source that created the lane, for routing replies. */
+  origin?:
+    | SessionSource
+    | undefined;
+  /** From the source's chat_name, or ResetSession's display_name. */
   displayName: string;
+  /** The origin's platform. */
   platform: string;
+  /** The origin's chat type ("dm", "group", "channel", "thread"). */
   chatType: string;
+  /** Cumulative model input tokens of this incarnation. */
   inputTokens: number;
+  /** Cumulative model output tokens. */
   outputTokens: number;
+  /** Cumulative prompt-cache read tokens. */
   cacheReadTokens: number;
+  /** Cumulative prompt-cache write tokens. */
   cacheWriteTokens: number;
+  /** The sum of the four token counters above. */
   totalTokens: number;
+  /** Estimated cumulative cost, USD. */
   estimatedCostUsd: number;
+  /** A cost-tracking label, "unknown" until UpdateUsage sets one. */
   costStatus: string;
+  /** The last prompt size the model backend reported (for compression checks). */
   lastPromptTokens: number;
+  /** This incarnation replaced one automatically (see auto_reset_reason). */
   wasAutoReset: boolean;
+  /** Why: "suspended" when the previous incarnation was suspended. */
   autoResetReason: string;
+  /** The replaced incarnation had messages. */
   resetHadActivity: boolean;
+  /** Set on the incarnation ResetSession (/new, /reset) creates. */
   isFreshReset: boolean;
+  /** Seed 001's finalization fence; kept for compatibility, nothing sets it. */
   expiryFinalized: boolean;
+  /**
+   * Set by SuspendSession (/stop) or the stuck-loop guard (3 consecutive
+   * crashed restarts with a turn in flight): the next get-or-create gives a
+   * new session_id.
+   */
   suspended: boolean;
+  /**
+   * Soft recovery marker (crash, drain timeout, worker crash): the next
+   * get-or-create keeps the session_id; cleared by the next completed turn.
+   */
   resumePending: boolean;
+  /**
+   * Why resume_pending was set: "restart_timeout", "shutdown_timeout",
+   * "restart_interrupted", "worker_crashed" or MarkResumePending's label.
+   */
   resumeReason: string;
-  lastResumeMarkedAt?: Date | undefined;
+  /** When resume_pending was last set. */
+  lastResumeMarkedAt?:
+    | Date
+    | undefined;
+  /** IDLE or RUNNING. */
   state: SessionState;
+  /** Turns run in this incarnation. */
   turnCount: number;
+  /** Prompts waiting: the follow-up slot plus the FIFO (GetQueue lists them). */
   queueDepth: number;
+  /** The profile in the key (default "main"). */
   profile: string;
 }
 
@@ -118,22 +205,45 @@ export interface Session {
 export interface Message {
   /** One of "system", "user", "assistant", "tool". */
   role: string;
+  /** The text; at most `limits.max_text_bytes` (default 256 KiB). */
   content: string;
+  /** On "tool" messages: the id of the assistant tool call this answers. */
   toolCallId: string;
+  /** On "tool" messages: the tool's dotted name. */
   toolName: string;
   /** OpenAI-style tool_calls array, as JSON, on assistant messages. */
   toolCallsJson: string;
-  createdAt?: Date | undefined;
+  /** When written; the sidecar sets it when unset. */
+  createdAt?:
+    | Date
+    | undefined;
+  /** Position in the incarnation's transcript, from 1, increasing (read back only). */
   seq: number;
+  /**
+   * False for soft-deleted rows (read back only; GetTranscript shows them
+   * with include_rewound).
+   */
   active: boolean;
+  /**
+   * True for a message nobody wrote: the sidecar's own note, e.g. the one an
+   * auto-resume turn runs with after a restart. It keeps the role the model
+   * reads it in ("user"), but no user said it; adapters should not show it as
+   * theirs.
+   */
+  synthetic: boolean;
 }
 
 /** Usage is one turn's (or one delta's) token and cost accounting. */
 export interface Usage {
+  /** Model input (prompt) tokens. */
   inputTokens: number;
+  /** Model output (completion) tokens. */
   outputTokens: number;
+  /** Prompt-cache read tokens. */
   cacheReadTokens: number;
+  /** Prompt-cache write tokens. */
   cacheWriteTokens: number;
+  /** Cost in USD, when the backend knows it. */
   costUsd: number;
 }
 
@@ -1157,6 +1267,7 @@ function createBaseMessage(): Message {
     createdAt: undefined,
     seq: 0,
     active: false,
+    synthetic: false,
   };
 }
 
@@ -1185,6 +1296,9 @@ export const Message: MessageFns<Message> = {
     }
     if (message.active !== false) {
       writer.uint32(64).bool(message.active);
+    }
+    if (message.synthetic !== false) {
+      writer.uint32(72).bool(message.synthetic);
     }
     return writer;
   },
@@ -1266,6 +1380,14 @@ export const Message: MessageFns<Message> = {
             message.active = reader.bool();
             continue;
           }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.synthetic = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1304,6 +1426,7 @@ export const Message: MessageFns<Message> = {
         : undefined,
       seq: isSet(object.seq) ? globalThis.Number(object.seq) : 0,
       active: isSet(object.active) ? globalThis.Boolean(object.active) : false,
+      synthetic: isSet(object.synthetic) ? globalThis.Boolean(object.synthetic) : false,
     };
   },
 
@@ -1333,6 +1456,9 @@ export const Message: MessageFns<Message> = {
     if (message.active !== false) {
       obj.active = message.active;
     }
+    if (message.synthetic !== false) {
+      obj.synthetic = message.synthetic;
+    }
     return obj;
   },
 
@@ -1349,6 +1475,7 @@ export const Message: MessageFns<Message> = {
     message.createdAt = object.createdAt ?? undefined;
     message.seq = object.seq ?? 0;
     message.active = object.active ?? false;
+    message.synthetic = object.synthetic ?? false;
     return message;
   },
 };

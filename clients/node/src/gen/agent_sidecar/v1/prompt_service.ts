@@ -27,15 +27,35 @@ export const protobufPackage = "agent_sidecar.v1";
 
 export const protobufFileName = "agent_sidecar/v1/prompt_service.proto";
 
-/** DeliveryMode says what a prompt does when its session already has a turn in flight. */
+/**
+ * DeliveryMode says what a prompt does when its session already has a turn in flight.
+ * With no turn in flight every mode runs at once. docs/semantics.md,
+ * "Delivery modes", has the details.
+ */
 export enum DeliveryMode {
   /** UNSPECIFIED - means FOLLOW_UP */
   UNSPECIFIED = 0,
+  /** REJECT_IF_BUSY - Fail at once with AGENT_BUSY (ABORTED, with RetryInfo). */
   REJECT_IF_BUSY = 1,
+  /**
+   * FOLLOW_UP - Take the single pending slot. A newer follow-up absorbs the pending one:
+   * the older ends `superseded{by_request_id}` and its text runs in the newer
+   * one's turn, as its own user message before the newer text.
+   */
   FOLLOW_UP = 2,
+  /**
+   * QUEUE - Join the session's FIFO: each queued prompt gets its own full turn, in
+   * order, never merged.
+   */
   QUEUE = 3,
+  /** INTERRUPT - Cancel the in-flight turn (it keeps what it wrote), then run this one. */
   INTERRUPT = 4,
+  /** ROLLBACK - Cancel the in-flight turn, soft-delete what it wrote, then run this one. */
   ROLLBACK = 5,
+  /**
+   * STEER - Hand the text to the running turn, which sees it as a user message before
+   * its next model call; past its last model call, behave as FOLLOW_UP.
+   */
   STEER = 6,
 }
 
@@ -88,23 +108,50 @@ export function deliveryModeToJSON(object: DeliveryMode): string {
   }
 }
 
+/**
+ * Attachment is a file that comes with a prompt. Its metadata is recorded with
+ * the turn; at most `limits.max_attachments` (16) per prompt, each at most
+ * `limits.max_attachment_bytes` (8 MiB).
+ */
 export interface Attachment {
+  /** File name as the user sent it. */
   name: string;
+  /** MIME type, e.g. "image/png". */
   mimeType: string;
+  /** The content, when sent inline. */
   data: Buffer;
+  /** Where the content can be fetched, when not inline. */
   url: string;
 }
 
+/** PromptRequest asks for one agent turn on one session. */
 export interface PromptRequest {
-  /** Client-chosen; required. Idempotency key for this turn. */
+  /**
+   * Client-chosen; required. Idempotency key for this turn.
+   * At most `limits.max_id_length` (256) characters. A request_id seen within
+   * the dedup window (`dedup_window_s`, default 5 minutes, persisted) never
+   * starts a second turn: the call gets the original turn's frames.
+   */
   requestId: string;
-  /** One of source and session_key. */
-  source?: SessionSource | undefined;
+  /**
+   * One of source and session_key.
+   * With source, the session is got or created as by GetOrCreateSession.
+   */
+  source?:
+    | SessionSource
+    | undefined;
+  /** An existing lane's key; its profile is the one in the key. */
   sessionKey: string;
+  /** The user's message; at most `limits.max_text_bytes` (256 KiB). */
   text: string;
+  /** Files that come with the message. */
   attachments: Attachment[];
+  /** What to do when the session is busy; UNSPECIFIED means FOLLOW_UP. */
   delivery: DeliveryMode;
-  /** Profile name; empty means "main". Used when the session is created from source. */
+  /**
+   * Profile name; empty means "main". Used when the session is created from source.
+   * An unknown profile is INVALID_ARGUMENT.
+   */
   profile: string;
 }
 
@@ -112,12 +159,25 @@ export interface PromptRequest {
  * ActivityFrame is one step of a turn's progress. seq is per request, from 1,
  * gapless; every frame is persisted before it is sent. Keepalive frames are not
  * persisted and repeat the last seq.
+ *
+ * A turn's frames are `accepted`, then `started` when it runs, then any number
+ * of `text_delta`, `tool_call`, `tool_result` and `usage`, and exactly one
+ * terminal frame: `completed`, `failed` or `superseded`. A prompt that waits in
+ * the queue has only `accepted` until it starts.
  */
 export interface ActivityFrame {
+  /** The turn's request id (for a resumed session, `resume:{session_id}:{n}`). */
   requestId: string;
+  /** The session the turn runs on. */
   sessionKey: string;
+  /** The incarnation the turn runs in. */
   sessionId: string;
+  /**
+   * Position in the turn's frames, from 1, gapless; a resume point for
+   * WatchActivity by request_id.
+   */
   seq: number;
+  /** When the frame was made. */
   at?:
     | Date
     | undefined;
@@ -126,13 +186,16 @@ export interface ActivityFrame {
    * WatchActivity by session_key or platform.
    */
   cursor: number;
+  /** What happened. */
   event?:
     | { $case: "accepted"; value: ActivityFrame_Accepted }
     | { $case: "started"; value: ActivityFrame_Started }
     | { $case: "textDelta"; value: ActivityFrame_TextDelta }
     | { $case: "toolCall"; value: ActivityFrame_ToolCall }
     | { $case: "toolResult"; value: ActivityFrame_ToolResult }
-    | { $case: "usage"; value: Usage }
+    | //
+    /** Token and cost accounting of a model call. */
+    { $case: "usage"; value: Usage }
     | { $case: "completed"; value: ActivityFrame_Completed }
     | { $case: "failed"; value: ActivityFrame_Failed }
     | { $case: "superseded"; value: ActivityFrame_Superseded }
@@ -140,55 +203,96 @@ export interface ActivityFrame {
     | undefined;
 }
 
+/** The prompt is durable (its request row is committed): it survives a crash. */
 export interface ActivityFrame_Accepted {
   /** 0 when the turn starts at once; otherwise its place in the session's queue (1 = next). */
   queuePosition: number;
 }
 
+/** The turn began running on its worker. */
 export interface ActivityFrame_Started {
 }
 
+/** A piece of the model's reply, in order; concatenated they are the reply. */
 export interface ActivityFrame_TextDelta {
+  /** The next piece of text. */
   text: string;
 }
 
+/** The model called a tool. */
 export interface ActivityFrame_ToolCall {
+  /** The model's id for the call; the matching ToolResult has the same. */
   callId: string;
+  /** The tool's dotted name, e.g. "local.clock.now". */
   name: string;
+  /** The arguments, a JSON object. */
   argumentsJson: string;
 }
 
+/** A tool call's outcome, as the model sees it. */
 export interface ActivityFrame_ToolResult {
+  /** The ToolCall's call_id. */
   callId: string;
+  /** False when the tool failed; result_json then describes the error. */
   ok: boolean;
+  /** The result as JSON. */
   resultJson: string;
 }
 
+/** Terminal: the turn finished. */
 export interface ActivityFrame_Completed {
+  /** The whole final reply (what the text deltas added up to). */
   finalText: string;
 }
 
+/**
+ * Terminal: the turn failed. Prompt and WatchActivity by request_id then end
+ * with the status of the reason.
+ */
 export interface ActivityFrame_Failed {
-  /** A reason of API.md: AGENT_TIMEOUT, LLM_API_FAILURE, MAX_ITERATIONS, CANCELLED, ... */
+  /**
+   * A reason of ErrorReason (docs/api.md, "Error reasons"): AGENT_TIMEOUT,
+   * LLM_API_FAILURE, MAX_ITERATIONS, CANCELLED, ...
+   */
   reason: string;
+  /** A human-readable explanation. */
   message: string;
 }
 
+/**
+ * Terminal: a newer FOLLOW_UP absorbed this prompt before it ran; its text
+ * runs in that prompt's turn. Also sent, with by_request_id empty, to
+ * waiting prompts that ResetSession, SuspendSession, DeleteSession or
+ * ClearAllSessions dropped.
+ */
 export interface ActivityFrame_Superseded {
+  /** The request that absorbed this one. */
   byRequestId: string;
 }
 
+/**
+ * Nothing new: sent after `keepalive_s` (15 s) of silence so that a long
+ * turn's stream does not look dead. Not persisted; skip it.
+ */
 export interface ActivityFrame_Keepalive {
 }
 
+/** PromptResponse is one frame of the Prompt stream. */
 export interface PromptResponse {
+  /** The frame. */
   frame?: ActivityFrame | undefined;
 }
 
+/** WatchActivityRequest names what to watch and from where. */
 export interface WatchActivityRequest {
-  /** Exactly one of request_id, session_key and platform. */
+  /**
+   * Exactly one of request_id, session_key and platform.
+   * An unknown request_id ends the call with REQUEST_NOT_FOUND.
+   */
   requestId: string;
+  /** Every turn of one session. */
   sessionKey: string;
+  /** Every turn of every session on one platform (what an adapter watches). */
   platform: string;
   /** With request_id: replay frames whose seq is greater than this. */
   afterSeq: number;
@@ -199,31 +303,48 @@ export interface WatchActivityRequest {
   afterCursor: number;
 }
 
+/** WatchActivityResponse is one frame of the WatchActivity stream. */
 export interface WatchActivityResponse {
+  /** The frame. */
   frame?: ActivityFrame | undefined;
 }
 
+/** CancelRequest names the turn to stop. */
 export interface CancelRequest {
-  /** One of session_key and request_id. */
+  /**
+   * One of session_key and request_id.
+   * With session_key: the session's running turn.
+   */
   sessionKey: string;
+  /** The turn with this request id, running or waiting in the queue. */
   requestId: string;
 }
 
+/** CancelResponse says whether a turn was stopped. */
 export interface CancelResponse {
+  /** False when there was no such turn in flight. */
   cancelled: boolean;
 }
 
+/** GetQueueRequest names the session. */
 export interface GetQueueRequest {
+  /** Required. */
   sessionKey: string;
 }
 
+/** QueuedPrompt is a prompt waiting for its session's turn. */
 export interface QueuedPrompt {
+  /** The prompt's request id. */
   requestId: string;
+  /** Its text. */
   text: string;
+  /** The mode it was sent with. */
   delivery: DeliveryMode;
+  /** When it was accepted. */
   enqueuedAt?: Date | undefined;
 }
 
+/** GetQueueResponse lists what waits on a session, in the order it will run. */
 export interface GetQueueResponse {
   /** The single follow-up slot; unset when empty. */
   pending?:
@@ -2345,6 +2466,13 @@ export const PromptServiceService = {
   /**
    * Run one agent turn. request_id makes it idempotent: a repeated call gets the
    * original turn's frames, replayed and then live.
+   *
+   * The stream sends the turn's frames as they commit (`accepted` first, one
+   * terminal frame last) and then ends: OK after `completed` or `superseded`;
+   * after `failed`, with the gRPC status and ErrorInfo of its reason. The
+   * turn is bounded by the profile's timeout and the call's deadline. Errors
+   * before the accept (bad request, AGENT_BUSY, UNAVAILABLE while shutting
+   * down) end the call with no frame.
    */
   prompt: {
     path: "/agent_sidecar.v1.PromptService/Prompt" as const,
@@ -2355,7 +2483,15 @@ export const PromptServiceService = {
     responseSerialize: (value: PromptResponse): Buffer => Buffer.from(PromptResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): PromptResponse => PromptResponse.decode(value),
   },
-  /** Replay persisted frames after a point, then follow live ones. */
+  /**
+   * Replay persisted frames after a point, then follow live ones.
+   *
+   * By request_id (after_seq): one turn's frames, ending after its terminal
+   * frame like Prompt; this is how a client resumes a dropped Prompt stream.
+   * By session_key or platform (after_cursor): every turn's frames in commit
+   * order, endlessly; this is how an adapter sees turns it did not start
+   * (auto-resume after a restart). Keepalive frames are sent on silence.
+   */
   watchActivity: {
     path: "/agent_sidecar.v1.PromptService/WatchActivity" as const,
     requestStream: false as const,
@@ -2366,7 +2502,12 @@ export const PromptServiceService = {
       Buffer.from(WatchActivityResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): WatchActivityResponse => WatchActivityResponse.decode(value),
   },
-  /** Stop the in-flight turn; it ends with failed{CANCELLED}. */
+  /**
+   * Stop the in-flight turn; it ends with failed{CANCELLED}.
+   *
+   * `cancelled` is false when there was nothing to cancel. What the turn
+   * wrote stays in the transcript.
+   */
   cancel: {
     path: "/agent_sidecar.v1.PromptService/Cancel" as const,
     requestStream: false as const,
@@ -2376,7 +2517,11 @@ export const PromptServiceService = {
     responseSerialize: (value: CancelResponse): Buffer => Buffer.from(CancelResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): CancelResponse => CancelResponse.decode(value),
   },
-  /** The single follow-up slot and the FIFO overflow (seed 001 §8). */
+  /**
+   * The single follow-up slot and the FIFO overflow (seed 001 §8).
+   *
+   * Read-only; an unknown session_key gives an empty queue.
+   */
   getQueue: {
     path: "/agent_sidecar.v1.PromptService/GetQueue" as const,
     requestStream: false as const,
@@ -2392,13 +2537,37 @@ export interface PromptServiceServer extends UntypedServiceImplementation {
   /**
    * Run one agent turn. request_id makes it idempotent: a repeated call gets the
    * original turn's frames, replayed and then live.
+   *
+   * The stream sends the turn's frames as they commit (`accepted` first, one
+   * terminal frame last) and then ends: OK after `completed` or `superseded`;
+   * after `failed`, with the gRPC status and ErrorInfo of its reason. The
+   * turn is bounded by the profile's timeout and the call's deadline. Errors
+   * before the accept (bad request, AGENT_BUSY, UNAVAILABLE while shutting
+   * down) end the call with no frame.
    */
   prompt: handleServerStreamingCall<PromptRequest, PromptResponse>;
-  /** Replay persisted frames after a point, then follow live ones. */
+  /**
+   * Replay persisted frames after a point, then follow live ones.
+   *
+   * By request_id (after_seq): one turn's frames, ending after its terminal
+   * frame like Prompt; this is how a client resumes a dropped Prompt stream.
+   * By session_key or platform (after_cursor): every turn's frames in commit
+   * order, endlessly; this is how an adapter sees turns it did not start
+   * (auto-resume after a restart). Keepalive frames are sent on silence.
+   */
   watchActivity: handleServerStreamingCall<WatchActivityRequest, WatchActivityResponse>;
-  /** Stop the in-flight turn; it ends with failed{CANCELLED}. */
+  /**
+   * Stop the in-flight turn; it ends with failed{CANCELLED}.
+   *
+   * `cancelled` is false when there was nothing to cancel. What the turn
+   * wrote stays in the transcript.
+   */
   cancel: handleUnaryCall<CancelRequest, CancelResponse>;
-  /** The single follow-up slot and the FIFO overflow (seed 001 §8). */
+  /**
+   * The single follow-up slot and the FIFO overflow (seed 001 §8).
+   *
+   * Read-only; an unknown session_key gives an empty queue.
+   */
   getQueue: handleUnaryCall<GetQueueRequest, GetQueueResponse>;
 }
 
@@ -2406,6 +2575,13 @@ export interface PromptServiceClient extends Client {
   /**
    * Run one agent turn. request_id makes it idempotent: a repeated call gets the
    * original turn's frames, replayed and then live.
+   *
+   * The stream sends the turn's frames as they commit (`accepted` first, one
+   * terminal frame last) and then ends: OK after `completed` or `superseded`;
+   * after `failed`, with the gRPC status and ErrorInfo of its reason. The
+   * turn is bounded by the profile's timeout and the call's deadline. Errors
+   * before the accept (bad request, AGENT_BUSY, UNAVAILABLE while shutting
+   * down) end the call with no frame.
    */
   prompt(request: PromptRequest, options?: Partial<CallOptions>): ClientReadableStream<PromptResponse>;
   prompt(
@@ -2413,7 +2589,15 @@ export interface PromptServiceClient extends Client {
     metadata?: Metadata,
     options?: Partial<CallOptions>,
   ): ClientReadableStream<PromptResponse>;
-  /** Replay persisted frames after a point, then follow live ones. */
+  /**
+   * Replay persisted frames after a point, then follow live ones.
+   *
+   * By request_id (after_seq): one turn's frames, ending after its terminal
+   * frame like Prompt; this is how a client resumes a dropped Prompt stream.
+   * By session_key or platform (after_cursor): every turn's frames in commit
+   * order, endlessly; this is how an adapter sees turns it did not start
+   * (auto-resume after a restart). Keepalive frames are sent on silence.
+   */
   watchActivity(
     request: WatchActivityRequest,
     options?: Partial<CallOptions>,
@@ -2423,7 +2607,12 @@ export interface PromptServiceClient extends Client {
     metadata?: Metadata,
     options?: Partial<CallOptions>,
   ): ClientReadableStream<WatchActivityResponse>;
-  /** Stop the in-flight turn; it ends with failed{CANCELLED}. */
+  /**
+   * Stop the in-flight turn; it ends with failed{CANCELLED}.
+   *
+   * `cancelled` is false when there was nothing to cancel. What the turn
+   * wrote stays in the transcript.
+   */
   cancel(
     request: CancelRequest,
     callback: (error: ServiceError | null, response: CancelResponse) => void,
@@ -2439,7 +2628,11 @@ export interface PromptServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: CancelResponse) => void,
   ): ClientUnaryCall;
-  /** The single follow-up slot and the FIFO overflow (seed 001 §8). */
+  /**
+   * The single follow-up slot and the FIFO overflow (seed 001 §8).
+   *
+   * Read-only; an unknown session_key gives an empty queue.
+   */
   getQueue(
     request: GetQueueRequest,
     callback: (error: ServiceError | null, response: GetQueueResponse) => void,

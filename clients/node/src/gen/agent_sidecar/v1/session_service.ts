@@ -25,14 +25,21 @@ export const protobufPackage = "agent_sidecar.v1";
 
 export const protobufFileName = "agent_sidecar/v1/session_service.proto";
 
+/** GetOrCreateSessionRequest names a conversation by where it comes from. */
 export interface GetOrCreateSessionRequest {
-  source?: SessionSource | undefined;
+  /** Required (at least `platform`); the key is derived from it. */
+  source?:
+    | SessionSource
+    | undefined;
+  /** Start a new incarnation even when the lane has one. */
   forceNew: boolean;
   /** Profile name; empty means "main". */
   profile: string;
 }
 
+/** GetOrCreateSessionResponse is the session, new or existing. */
 export interface GetOrCreateSessionResponse {
+  /** The lane and its current incarnation. */
   session?:
     | Session
     | undefined;
@@ -40,159 +47,253 @@ export interface GetOrCreateSessionResponse {
   created: boolean;
 }
 
+/** GetSessionRequest names one session. */
 export interface GetSessionRequest {
   /** Exactly one of session_key and session_id. */
   sessionKey: string;
+  /** An incarnation id; it must be the key's current one. */
   sessionId: string;
 }
 
+/** GetSessionResponse is the session. */
 export interface GetSessionResponse {
+  /** The lane and its current incarnation. */
   session?: Session | undefined;
 }
 
+/** ListSessionsRequest filters and pages the sessions. */
 export interface ListSessionsRequest {
+  /** Only this platform's sessions; required for a platform-scoped credential. */
   platform: string;
   /** 0 means no activity filter. */
   activeWithinSeconds: number;
+  /** 0 means `limits.default_page_size` (100); at most `limits.max_page_size` (1000). */
   pageSize: number;
+  /** From the previous page's next_page_token; empty for the first page. */
   pageToken: string;
 }
 
+/** ListSessionsResponse is one page of sessions. */
 export interface ListSessionsResponse {
+  /** Most recently active first. */
   sessions: Session[];
+  /** Pass it as page_token for the next page; empty on the last page. */
   nextPageToken: string;
 }
 
+/** ResetSessionRequest names the lane to start afresh. */
 export interface ResetSessionRequest {
+  /** Required. */
   sessionKey: string;
+  /** When set, the new incarnation's display name. */
   displayName: string;
 }
 
+/** ResetSessionResponse is the lane with its new incarnation. */
 export interface ResetSessionResponse {
+  /** is_fresh_reset is true. */
   session?: Session | undefined;
 }
 
+/** SwitchSessionRequest names the lane and the incarnation to return to. */
 export interface SwitchSessionRequest {
+  /** Required. */
   sessionKey: string;
+  /** Required: an earlier incarnation of the same key. */
   targetSessionId: string;
 }
 
+/** SwitchSessionResponse is the lane, now on the target incarnation. */
 export interface SwitchSessionResponse {
+  /** The lane; its counters start afresh. */
   session?: Session | undefined;
 }
 
+/** SuspendSessionRequest names the lane to stop. */
 export interface SuspendSessionRequest {
+  /** Required. */
   sessionKey: string;
 }
 
+/** SuspendSessionResponse is the suspended lane. */
 export interface SuspendSessionResponse {
+  /** suspended is true. */
   session?: Session | undefined;
 }
 
+/** MarkResumePendingRequest names the lane and the reason label. */
 export interface MarkResumePendingRequest {
+  /** Required. */
   sessionKey: string;
-  /** "restart_timeout", "shutdown_timeout", "restart_interrupted", "worker_crashed" or another label. */
+  /**
+   * "restart_timeout", "shutdown_timeout", "restart_interrupted", "worker_crashed" or another label.
+   * Required; at most `limits.max_id_length` bytes.
+   */
   reason: string;
 }
 
+/** MarkResumePendingResponse is the marked lane. */
 export interface MarkResumePendingResponse {
+  /** resume_pending is true unless the lane is suspended. */
   session?: Session | undefined;
 }
 
+/** DeleteSessionRequest names the lane to drop. */
 export interface DeleteSessionRequest {
+  /** Required. */
   sessionKey: string;
 }
 
+/** DeleteSessionResponse says whether the lane existed. */
 export interface DeleteSessionResponse {
+  /** False when there was no such session. */
   deleted: boolean;
 }
 
+/** ClearAllSessionsRequest carries the confirmation. */
 export interface ClearAllSessionsRequest {
   /** Must equal the literal string "DELETE ALL SESSIONS". */
   confirm: string;
 }
 
+/** ClearAllSessionsResponse counts what was dropped. */
 export interface ClearAllSessionsResponse {
+  /** Routing entries deleted. */
   sessionsDeleted: number;
 }
 
+/** SeedSessionRequest names the session and the messages to write. */
 export interface SeedSessionRequest {
-  /** One of source and session_key. */
-  source?: SessionSource | undefined;
+  /**
+   * One of source and session_key.
+   * With source, the session is got or created as by GetOrCreateSession.
+   */
+  source?:
+    | SessionSource
+    | undefined;
+  /** An existing lane. */
   sessionKey: string;
+  /** At most `limits.max_messages_per_request` (1000). */
   messages: Message[];
+  /** With source: the profile; empty means "main". */
   profile: string;
 }
 
+/** SeedSessionResponse is the seeded session. */
 export interface SeedSessionResponse {
+  /** The lane and its current incarnation. */
   session?: Session | undefined;
 }
 
+/** GetTranscriptRequest names the incarnation and the page. */
 export interface GetTranscriptRequest {
+  /** Required: any incarnation, current or ended. */
   sessionId: string;
+  /** Also return soft-deleted rows (rewind, rewrite, rollback), with active=false. */
   includeRewound: boolean;
+  /** 0 means `limits.default_page_size` (100); at most `limits.max_page_size` (1000). */
   pageSize: number;
+  /** From the previous page's next_page_token; empty for the first page. */
   pageToken: string;
 }
 
+/** GetTranscriptResponse is one page of messages. */
 export interface GetTranscriptResponse {
+  /** In seq order. */
   messages: Message[];
+  /** Pass it as page_token for the next page; empty on the last page. */
   nextPageToken: string;
 }
 
+/** AppendMessagesRequest names the incarnation and the messages. */
 export interface AppendMessagesRequest {
+  /** Required. */
   sessionId: string;
+  /** Required, at most `limits.max_messages_per_request` (1000). */
   messages: Message[];
 }
 
+/** AppendMessagesResponse gives the seqs the messages got. */
 export interface AppendMessagesResponse {
+  /** The first appended message's seq. */
   firstSeq: number;
+  /** The last appended message's seq. */
   lastSeq: number;
 }
 
+/** RewriteTranscriptRequest names the incarnation and its new transcript. */
 export interface RewriteTranscriptRequest {
+  /** Required. */
   sessionId: string;
+  /** The whole new transcript; may be empty. */
   messages: Message[];
 }
 
+/** RewriteTranscriptResponse is empty: the rewrite is durable. */
 export interface RewriteTranscriptResponse {
 }
 
+/** RewindSessionRequest names the incarnation and how far to back up. */
 export interface RewindSessionRequest {
+  /** Required. */
   sessionId: string;
   /** User turns to back up; 0 means 1. */
   n: number;
 }
 
+/** RewindSessionResponse says what was undone. */
 export interface RewindSessionResponse {
+  /** Messages hidden. */
   rewoundCount: number;
+  /** User turns undone (at most n). */
   turnsUndone: number;
   /** The text of the earliest user message that was rewound (to re-send or edit). */
   targetText: string;
 }
 
+/** SearchMessagesRequest is a full-text query. */
 export interface SearchMessagesRequest {
-  /** FTS5 query text. */
+  /**
+   * FTS5 query text.
+   * Required, at most 1024 characters.
+   */
   query: string;
+  /** Only this lane's messages; required for a platform-scoped credential. */
   sessionKey: string;
+  /** 0 means 20; at most 200. */
   limit: number;
 }
 
+/** SearchHit is one matching message. */
 export interface SearchHit {
+  /** The message's lane. */
   sessionKey: string;
+  /** The message's incarnation. */
   sessionId: string;
+  /** The message's seq in that incarnation. */
   seq: number;
+  /** The message's role. */
   role: string;
+  /** The matching text with the match marked. */
   snippet: string;
+  /** When the message was written. */
   createdAt?: Date | undefined;
 }
 
+/** SearchMessagesResponse lists the hits, best first. */
 export interface SearchMessagesResponse {
+  /** At most `limit`. */
   hits: SearchHit[];
 }
 
+/** UpdateUsageRequest carries a usage delta for one lane. */
 export interface UpdateUsageRequest {
+  /** Required. */
   sessionKey: string;
+  /**
+   * Added to the counters; each token count between 0 and 2^40, cost finite
+   * and between 0 and 1e9.
+   */
   delta?:
     | Usage
     | undefined;
@@ -202,25 +303,42 @@ export interface UpdateUsageRequest {
   costStatus: string;
 }
 
+/** UpdateUsageResponse is the session with its new counters. */
 export interface UpdateUsageResponse {
+  /** The lane and its current incarnation. */
   session?: Session | undefined;
 }
 
+/** PruneSessionsRequest gives the idle age past which entries go. */
 export interface PruneSessionsRequest {
+  /** At least 1. */
   maxAgeDays: number;
 }
 
+/** PruneSessionsResponse counts what was pruned. */
 export interface PruneSessionsResponse {
+  /** Routing entries deleted. */
   pruned: number;
 }
 
+/** GetSessionContextRequest names the conversation. */
 export interface GetSessionContextRequest {
-  source?: SessionSource | undefined;
+  /** Required (at least `platform`). */
+  source?:
+    | SessionSource
+    | undefined;
+  /** Empty means "main". */
   profile: string;
 }
 
+/** GetSessionContextResponse is the prompt section. */
 export interface GetSessionContextResponse {
+  /** Markdown text to put in the system prompt. */
   promptSection: string;
+  /**
+   * True when several users share the session (a group without per-user
+   * isolation): the model is told so.
+   */
   sharedMultiUser: boolean;
 }
 
@@ -3501,6 +3619,7 @@ export const SessionServiceService = {
   /**
    * Derive the key from the source and apply get_or_create's priority:
    * suspended → new id; resume_pending → keep; else keep and bump updated_at.
+   * Idempotent: concurrent calls for one key return one session_id.
    */
   getOrCreateSession: {
     path: "/agent_sidecar.v1.SessionService/GetOrCreateSession" as const,
@@ -3513,6 +3632,7 @@ export const SessionServiceService = {
       Buffer.from(GetOrCreateSessionResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): GetOrCreateSessionResponse => GetOrCreateSessionResponse.decode(value),
   },
+  /** One session by key or by id. Read-only; SESSION_NOT_FOUND when absent. */
   getSession: {
     path: "/agent_sidecar.v1.SessionService/GetSession" as const,
     requestStream: false as const,
@@ -3522,6 +3642,10 @@ export const SessionServiceService = {
     responseSerialize: (value: GetSessionResponse): Buffer => Buffer.from(GetSessionResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): GetSessionResponse => GetSessionResponse.decode(value),
   },
+  /**
+   * Sessions, most recently active first (updated_at descending), paged
+   * (AIP-158). Read-only.
+   */
   listSessions: {
     path: "/agent_sidecar.v1.SessionService/ListSessions" as const,
     requestStream: false as const,
@@ -3532,7 +3656,11 @@ export const SessionServiceService = {
       Buffer.from(ListSessionsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ListSessionsResponse => ListSessionsResponse.decode(value),
   },
-  /** /new, /reset: new session_id, is_fresh_reset, queued prompts dropped. */
+  /**
+   * /new, /reset: new session_id, is_fresh_reset, queued prompts dropped.
+   * The old incarnation ends (its transcript stays readable by id); waiting
+   * prompts end `superseded` and the running turn is cancelled.
+   */
   resetSession: {
     path: "/agent_sidecar.v1.SessionService/ResetSession" as const,
     requestStream: false as const,
@@ -3543,7 +3671,10 @@ export const SessionServiceService = {
       Buffer.from(ResetSessionResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ResetSessionResponse => ResetSessionResponse.decode(value),
   },
-  /** /resume: point the key at an earlier incarnation. */
+  /**
+   * /resume: point the key at an earlier incarnation.
+   * The target must be an incarnation of the same key (else SESSION_NOT_FOUND).
+   */
   switchSession: {
     path: "/agent_sidecar.v1.SessionService/SwitchSession" as const,
     requestStream: false as const,
@@ -3554,7 +3685,10 @@ export const SessionServiceService = {
       Buffer.from(SwitchSessionResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): SwitchSessionResponse => SwitchSessionResponse.decode(value),
   },
-  /** /stop: cancel the in-flight turn and force a new id on next access. */
+  /**
+   * /stop: cancel the in-flight turn and force a new id on next access.
+   * Waiting prompts end `superseded`; the session's `suspended` flag is set.
+   */
   suspendSession: {
     path: "/agent_sidecar.v1.SessionService/SuspendSession" as const,
     requestStream: false as const,
@@ -3566,6 +3700,10 @@ export const SessionServiceService = {
       Buffer.from(SuspendSessionResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): SuspendSessionResponse => SuspendSessionResponse.decode(value),
   },
+  /**
+   * Set resume_pending with a reason label: the next access keeps the
+   * session_id. Never overrides `suspended`.
+   */
   markResumePending: {
     path: "/agent_sidecar.v1.SessionService/MarkResumePending" as const,
     requestStream: false as const,
@@ -3577,6 +3715,11 @@ export const SessionServiceService = {
       Buffer.from(MarkResumePendingResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): MarkResumePendingResponse => MarkResumePendingResponse.decode(value),
   },
+  /**
+   * Drop the lane: its routing entry, every incarnation, their messages,
+   * state and frames, and its cached agent. `deleted` is false when it did
+   * not exist. Needs a credential for the session's platform, or admin.
+   */
   deleteSession: {
     path: "/agent_sidecar.v1.SessionService/DeleteSession" as const,
     requestStream: false as const,
@@ -3587,6 +3730,10 @@ export const SessionServiceService = {
       Buffer.from(DeleteSessionResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): DeleteSessionResponse => DeleteSessionResponse.decode(value),
   },
+  /**
+   * Drop every session and every cached agent. Admin only; refused
+   * (FAILED_PRECONDITION) unless confirm is the literal "DELETE ALL SESSIONS".
+   */
   clearAllSessions: {
     path: "/agent_sidecar.v1.SessionService/ClearAllSessions" as const,
     requestStream: false as const,
@@ -3598,6 +3745,10 @@ export const SessionServiceService = {
       Buffer.from(ClearAllSessionsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ClearAllSessionsResponse => ClearAllSessionsResponse.decode(value),
   },
+  /**
+   * Write a synthetic transcript (tests, tooling, imports): the messages are
+   * appended to the session (created from source if need be).
+   */
   seedSession: {
     path: "/agent_sidecar.v1.SessionService/SeedSession" as const,
     requestStream: false as const,
@@ -3607,6 +3758,10 @@ export const SessionServiceService = {
     responseSerialize: (value: SeedSessionResponse): Buffer => Buffer.from(SeedSessionResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): SeedSessionResponse => SeedSessionResponse.decode(value),
   },
+  /**
+   * One incarnation's messages in seq order, paged; a page also ends before
+   * about 3 MiB so that default gRPC receive limits hold. Read-only.
+   */
   getTranscript: {
     path: "/agent_sidecar.v1.SessionService/GetTranscript" as const,
     requestStream: false as const,
@@ -3617,6 +3772,10 @@ export const SessionServiceService = {
       Buffer.from(GetTranscriptResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): GetTranscriptResponse => GetTranscriptResponse.decode(value),
   },
+  /**
+   * Append messages to an incarnation; durable when it returns. Not
+   * idempotent: a retried call appends again.
+   */
   appendMessages: {
     path: "/agent_sidecar.v1.SessionService/AppendMessages" as const,
     requestStream: false as const,
@@ -3628,6 +3787,11 @@ export const SessionServiceService = {
       Buffer.from(AppendMessagesResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): AppendMessagesResponse => AppendMessagesResponse.decode(value),
   },
+  /**
+   * Full replacement (/retry, /undo, /compress): every live message is hidden
+   * (kept as an audit trail, shown by GetTranscript with include_rewound),
+   * then the given messages are appended.
+   */
   rewriteTranscript: {
     path: "/agent_sidecar.v1.SessionService/RewriteTranscript" as const,
     requestStream: false as const,
@@ -3639,6 +3803,10 @@ export const SessionServiceService = {
       Buffer.from(RewriteTranscriptResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): RewriteTranscriptResponse => RewriteTranscriptResponse.decode(value),
   },
+  /**
+   * Back up n user turns by soft delete (seed 001 §3): the n-th last live user
+   * message and everything after it become inactive.
+   */
   rewindSession: {
     path: "/agent_sidecar.v1.SessionService/RewindSession" as const,
     requestStream: false as const,
@@ -3649,6 +3817,10 @@ export const SessionServiceService = {
       Buffer.from(RewindSessionResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): RewindSessionResponse => RewindSessionResponse.decode(value),
   },
+  /**
+   * FTS5 full-text search over live messages, with snippets; every message
+   * written before the call is searchable. Read-only.
+   */
   searchMessages: {
     path: "/agent_sidecar.v1.SessionService/SearchMessages" as const,
     requestStream: false as const,
@@ -3660,6 +3832,10 @@ export const SessionServiceService = {
       Buffer.from(SearchMessagesResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): SearchMessagesResponse => SearchMessagesResponse.decode(value),
   },
+  /**
+   * Add a usage delta to the session's token and cost counters (seed 001 §2).
+   * Not idempotent: a retried call adds again.
+   */
   updateUsage: {
     path: "/agent_sidecar.v1.SessionService/UpdateUsage" as const,
     requestStream: false as const,
@@ -3669,6 +3845,11 @@ export const SessionServiceService = {
     responseSerialize: (value: UpdateUsageResponse): Buffer => Buffer.from(UpdateUsageResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): UpdateUsageResponse => UpdateUsageResponse.decode(value),
   },
+  /**
+   * Seed 001 §3: delete routing entries idle for more than max_age_days,
+   * skipping suspended ones and sessions with a turn in flight; transcripts
+   * are never deleted. Admin only.
+   */
   pruneSessions: {
     path: "/agent_sidecar.v1.SessionService/PruneSessions" as const,
     requestStream: false as const,
@@ -3679,6 +3860,10 @@ export const SessionServiceService = {
       Buffer.from(PruneSessionsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): PruneSessionsResponse => PruneSessionsResponse.decode(value),
   },
+  /**
+   * The `## Current Session Context` prompt section of seed 001 §9 for a
+   * source, with PII redacted when `redact_pii` is on. Read-only.
+   */
   getSessionContext: {
     path: "/agent_sidecar.v1.SessionService/GetSessionContext" as const,
     requestStream: false as const,
@@ -3696,27 +3881,94 @@ export interface SessionServiceServer extends UntypedServiceImplementation {
   /**
    * Derive the key from the source and apply get_or_create's priority:
    * suspended → new id; resume_pending → keep; else keep and bump updated_at.
+   * Idempotent: concurrent calls for one key return one session_id.
    */
   getOrCreateSession: handleUnaryCall<GetOrCreateSessionRequest, GetOrCreateSessionResponse>;
+  /** One session by key or by id. Read-only; SESSION_NOT_FOUND when absent. */
   getSession: handleUnaryCall<GetSessionRequest, GetSessionResponse>;
+  /**
+   * Sessions, most recently active first (updated_at descending), paged
+   * (AIP-158). Read-only.
+   */
   listSessions: handleUnaryCall<ListSessionsRequest, ListSessionsResponse>;
-  /** /new, /reset: new session_id, is_fresh_reset, queued prompts dropped. */
+  /**
+   * /new, /reset: new session_id, is_fresh_reset, queued prompts dropped.
+   * The old incarnation ends (its transcript stays readable by id); waiting
+   * prompts end `superseded` and the running turn is cancelled.
+   */
   resetSession: handleUnaryCall<ResetSessionRequest, ResetSessionResponse>;
-  /** /resume: point the key at an earlier incarnation. */
+  /**
+   * /resume: point the key at an earlier incarnation.
+   * The target must be an incarnation of the same key (else SESSION_NOT_FOUND).
+   */
   switchSession: handleUnaryCall<SwitchSessionRequest, SwitchSessionResponse>;
-  /** /stop: cancel the in-flight turn and force a new id on next access. */
+  /**
+   * /stop: cancel the in-flight turn and force a new id on next access.
+   * Waiting prompts end `superseded`; the session's `suspended` flag is set.
+   */
   suspendSession: handleUnaryCall<SuspendSessionRequest, SuspendSessionResponse>;
+  /**
+   * Set resume_pending with a reason label: the next access keeps the
+   * session_id. Never overrides `suspended`.
+   */
   markResumePending: handleUnaryCall<MarkResumePendingRequest, MarkResumePendingResponse>;
+  /**
+   * Drop the lane: its routing entry, every incarnation, their messages,
+   * state and frames, and its cached agent. `deleted` is false when it did
+   * not exist. Needs a credential for the session's platform, or admin.
+   */
   deleteSession: handleUnaryCall<DeleteSessionRequest, DeleteSessionResponse>;
+  /**
+   * Drop every session and every cached agent. Admin only; refused
+   * (FAILED_PRECONDITION) unless confirm is the literal "DELETE ALL SESSIONS".
+   */
   clearAllSessions: handleUnaryCall<ClearAllSessionsRequest, ClearAllSessionsResponse>;
+  /**
+   * Write a synthetic transcript (tests, tooling, imports): the messages are
+   * appended to the session (created from source if need be).
+   */
   seedSession: handleUnaryCall<SeedSessionRequest, SeedSessionResponse>;
+  /**
+   * One incarnation's messages in seq order, paged; a page also ends before
+   * about 3 MiB so that default gRPC receive limits hold. Read-only.
+   */
   getTranscript: handleUnaryCall<GetTranscriptRequest, GetTranscriptResponse>;
+  /**
+   * Append messages to an incarnation; durable when it returns. Not
+   * idempotent: a retried call appends again.
+   */
   appendMessages: handleUnaryCall<AppendMessagesRequest, AppendMessagesResponse>;
+  /**
+   * Full replacement (/retry, /undo, /compress): every live message is hidden
+   * (kept as an audit trail, shown by GetTranscript with include_rewound),
+   * then the given messages are appended.
+   */
   rewriteTranscript: handleUnaryCall<RewriteTranscriptRequest, RewriteTranscriptResponse>;
+  /**
+   * Back up n user turns by soft delete (seed 001 §3): the n-th last live user
+   * message and everything after it become inactive.
+   */
   rewindSession: handleUnaryCall<RewindSessionRequest, RewindSessionResponse>;
+  /**
+   * FTS5 full-text search over live messages, with snippets; every message
+   * written before the call is searchable. Read-only.
+   */
   searchMessages: handleUnaryCall<SearchMessagesRequest, SearchMessagesResponse>;
+  /**
+   * Add a usage delta to the session's token and cost counters (seed 001 §2).
+   * Not idempotent: a retried call adds again.
+   */
   updateUsage: handleUnaryCall<UpdateUsageRequest, UpdateUsageResponse>;
+  /**
+   * Seed 001 §3: delete routing entries idle for more than max_age_days,
+   * skipping suspended ones and sessions with a turn in flight; transcripts
+   * are never deleted. Admin only.
+   */
   pruneSessions: handleUnaryCall<PruneSessionsRequest, PruneSessionsResponse>;
+  /**
+   * The `## Current Session Context` prompt section of seed 001 §9 for a
+   * source, with PII redacted when `redact_pii` is on. Read-only.
+   */
   getSessionContext: handleUnaryCall<GetSessionContextRequest, GetSessionContextResponse>;
 }
 
@@ -3724,6 +3976,7 @@ export interface SessionServiceClient extends Client {
   /**
    * Derive the key from the source and apply get_or_create's priority:
    * suspended → new id; resume_pending → keep; else keep and bump updated_at.
+   * Idempotent: concurrent calls for one key return one session_id.
    */
   getOrCreateSession(
     request: GetOrCreateSessionRequest,
@@ -3740,6 +3993,7 @@ export interface SessionServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: GetOrCreateSessionResponse) => void,
   ): ClientUnaryCall;
+  /** One session by key or by id. Read-only; SESSION_NOT_FOUND when absent. */
   getSession(
     request: GetSessionRequest,
     callback: (error: ServiceError | null, response: GetSessionResponse) => void,
@@ -3755,6 +4009,10 @@ export interface SessionServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: GetSessionResponse) => void,
   ): ClientUnaryCall;
+  /**
+   * Sessions, most recently active first (updated_at descending), paged
+   * (AIP-158). Read-only.
+   */
   listSessions(
     request: ListSessionsRequest,
     callback: (error: ServiceError | null, response: ListSessionsResponse) => void,
@@ -3770,7 +4028,11 @@ export interface SessionServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ListSessionsResponse) => void,
   ): ClientUnaryCall;
-  /** /new, /reset: new session_id, is_fresh_reset, queued prompts dropped. */
+  /**
+   * /new, /reset: new session_id, is_fresh_reset, queued prompts dropped.
+   * The old incarnation ends (its transcript stays readable by id); waiting
+   * prompts end `superseded` and the running turn is cancelled.
+   */
   resetSession(
     request: ResetSessionRequest,
     callback: (error: ServiceError | null, response: ResetSessionResponse) => void,
@@ -3786,7 +4048,10 @@ export interface SessionServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ResetSessionResponse) => void,
   ): ClientUnaryCall;
-  /** /resume: point the key at an earlier incarnation. */
+  /**
+   * /resume: point the key at an earlier incarnation.
+   * The target must be an incarnation of the same key (else SESSION_NOT_FOUND).
+   */
   switchSession(
     request: SwitchSessionRequest,
     callback: (error: ServiceError | null, response: SwitchSessionResponse) => void,
@@ -3802,7 +4067,10 @@ export interface SessionServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: SwitchSessionResponse) => void,
   ): ClientUnaryCall;
-  /** /stop: cancel the in-flight turn and force a new id on next access. */
+  /**
+   * /stop: cancel the in-flight turn and force a new id on next access.
+   * Waiting prompts end `superseded`; the session's `suspended` flag is set.
+   */
   suspendSession(
     request: SuspendSessionRequest,
     callback: (error: ServiceError | null, response: SuspendSessionResponse) => void,
@@ -3818,6 +4086,10 @@ export interface SessionServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: SuspendSessionResponse) => void,
   ): ClientUnaryCall;
+  /**
+   * Set resume_pending with a reason label: the next access keeps the
+   * session_id. Never overrides `suspended`.
+   */
   markResumePending(
     request: MarkResumePendingRequest,
     callback: (error: ServiceError | null, response: MarkResumePendingResponse) => void,
@@ -3833,6 +4105,11 @@ export interface SessionServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: MarkResumePendingResponse) => void,
   ): ClientUnaryCall;
+  /**
+   * Drop the lane: its routing entry, every incarnation, their messages,
+   * state and frames, and its cached agent. `deleted` is false when it did
+   * not exist. Needs a credential for the session's platform, or admin.
+   */
   deleteSession(
     request: DeleteSessionRequest,
     callback: (error: ServiceError | null, response: DeleteSessionResponse) => void,
@@ -3848,6 +4125,10 @@ export interface SessionServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: DeleteSessionResponse) => void,
   ): ClientUnaryCall;
+  /**
+   * Drop every session and every cached agent. Admin only; refused
+   * (FAILED_PRECONDITION) unless confirm is the literal "DELETE ALL SESSIONS".
+   */
   clearAllSessions(
     request: ClearAllSessionsRequest,
     callback: (error: ServiceError | null, response: ClearAllSessionsResponse) => void,
@@ -3863,6 +4144,10 @@ export interface SessionServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ClearAllSessionsResponse) => void,
   ): ClientUnaryCall;
+  /**
+   * Write a synthetic transcript (tests, tooling, imports): the messages are
+   * appended to the session (created from source if need be).
+   */
   seedSession(
     request: SeedSessionRequest,
     callback: (error: ServiceError | null, response: SeedSessionResponse) => void,
@@ -3878,6 +4163,10 @@ export interface SessionServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: SeedSessionResponse) => void,
   ): ClientUnaryCall;
+  /**
+   * One incarnation's messages in seq order, paged; a page also ends before
+   * about 3 MiB so that default gRPC receive limits hold. Read-only.
+   */
   getTranscript(
     request: GetTranscriptRequest,
     callback: (error: ServiceError | null, response: GetTranscriptResponse) => void,
@@ -3893,6 +4182,10 @@ export interface SessionServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: GetTranscriptResponse) => void,
   ): ClientUnaryCall;
+  /**
+   * Append messages to an incarnation; durable when it returns. Not
+   * idempotent: a retried call appends again.
+   */
   appendMessages(
     request: AppendMessagesRequest,
     callback: (error: ServiceError | null, response: AppendMessagesResponse) => void,
@@ -3908,6 +4201,11 @@ export interface SessionServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: AppendMessagesResponse) => void,
   ): ClientUnaryCall;
+  /**
+   * Full replacement (/retry, /undo, /compress): every live message is hidden
+   * (kept as an audit trail, shown by GetTranscript with include_rewound),
+   * then the given messages are appended.
+   */
   rewriteTranscript(
     request: RewriteTranscriptRequest,
     callback: (error: ServiceError | null, response: RewriteTranscriptResponse) => void,
@@ -3923,6 +4221,10 @@ export interface SessionServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: RewriteTranscriptResponse) => void,
   ): ClientUnaryCall;
+  /**
+   * Back up n user turns by soft delete (seed 001 §3): the n-th last live user
+   * message and everything after it become inactive.
+   */
   rewindSession(
     request: RewindSessionRequest,
     callback: (error: ServiceError | null, response: RewindSessionResponse) => void,
@@ -3938,6 +4240,10 @@ export interface SessionServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: RewindSessionResponse) => void,
   ): ClientUnaryCall;
+  /**
+   * FTS5 full-text search over live messages, with snippets; every message
+   * written before the call is searchable. Read-only.
+   */
   searchMessages(
     request: SearchMessagesRequest,
     callback: (error: ServiceError | null, response: SearchMessagesResponse) => void,
@@ -3953,6 +4259,10 @@ export interface SessionServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: SearchMessagesResponse) => void,
   ): ClientUnaryCall;
+  /**
+   * Add a usage delta to the session's token and cost counters (seed 001 §2).
+   * Not idempotent: a retried call adds again.
+   */
   updateUsage(
     request: UpdateUsageRequest,
     callback: (error: ServiceError | null, response: UpdateUsageResponse) => void,
@@ -3968,6 +4278,11 @@ export interface SessionServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: UpdateUsageResponse) => void,
   ): ClientUnaryCall;
+  /**
+   * Seed 001 §3: delete routing entries idle for more than max_age_days,
+   * skipping suspended ones and sessions with a turn in flight; transcripts
+   * are never deleted. Admin only.
+   */
   pruneSessions(
     request: PruneSessionsRequest,
     callback: (error: ServiceError | null, response: PruneSessionsResponse) => void,
@@ -3983,6 +4298,10 @@ export interface SessionServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: PruneSessionsResponse) => void,
   ): ClientUnaryCall;
+  /**
+   * The `## Current Session Context` prompt section of seed 001 §9 for a
+   * source, with PII redacted when `redact_pii` is on. Read-only.
+   */
   getSessionContext(
     request: GetSessionContextRequest,
     callback: (error: ServiceError | null, response: GetSessionContextResponse) => void,

@@ -22,49 +22,78 @@ export const protobufPackage = "agent_sidecar.v1";
 
 export const protobufFileName = "agent_sidecar/v1/tool_service.proto";
 
+/** ToolSpec describes one tool to the model. */
 export interface ToolSpec {
   /** Dotted full name inside the namespace, e.g. "discord.send_message". */
   name: string;
+  /** What the tool does, for the model. */
   description: string;
-  /** JSON Schema of the arguments object. */
+  /**
+   * JSON Schema of the arguments object.
+   * Empty means `{"type": "object"}`.
+   */
   parametersJsonSchema: string;
 }
 
+/** RegisterTools registers (or re-registers) tools under the stream's namespace. */
 export interface RegisterTools {
-  /** Dotted prefix every tool name must start with, e.g. "discord". */
+  /**
+   * Dotted prefix every tool name must start with, e.g. "discord".
+   * A credential scoped to platforms may only register a namespace whose
+   * first part is one of them.
+   */
   namespace: string;
+  /** The tools; each name starts with the namespace and a dot. */
   tools: ToolSpec[];
 }
 
+/** ToolInvocationResult answers one ToolInvocation. */
 export interface ToolInvocationResult {
+  /** The ToolInvocation's invocation_id. */
   invocationId: string;
+  /** False when the tool failed. */
   ok: boolean;
   /** The result as JSON when ok; otherwise an error description. */
   resultJson: string;
+  /** With ok=false: what went wrong (the model sees it). */
   error: string;
 }
 
+/** ServeToolsRequest is a message from the tool host. */
 export interface ServeToolsRequest {
+  /** Register first, then answer invocations. */
   message?: { $case: "register"; value: RegisterTools } | { $case: "result"; value: ToolInvocationResult } | undefined;
 }
 
+/** ToolsRegistered acknowledges a RegisterTools: the tools are callable now. */
 export interface ToolsRegistered {
+  /** The namespace registered. */
   namespace: string;
+  /** The full names of the registered tools. */
   toolNames: string[];
 }
 
+/** ToolInvocation asks the host to run one tool call of a turn. */
 export interface ToolInvocation {
+  /** The sidecar's id for this invocation; echo it in the result. */
   invocationId: string;
+  /** The tool's full dotted name. */
   toolName: string;
+  /** The arguments the model gave, a JSON object. */
   argumentsJson: string;
+  /** The session whose turn calls the tool. */
   sessionKey: string;
+  /** Its incarnation. */
   sessionId: string;
+  /** The turn's request id. */
   requestId: string;
   /** How long the sidecar waits for the result. */
   timeoutMs: number;
 }
 
+/** ServeToolsResponse is a message from the sidecar to the tool host. */
 export interface ServeToolsResponse {
+  /** A registration's acknowledgement, or an invocation to answer. */
   message?:
     | { $case: "registered"; value: ToolsRegistered }
     | { $case: "invocation"; value: ToolInvocation }
@@ -883,8 +912,12 @@ export type ToolServiceService = typeof ToolServiceService;
 export const ToolServiceService = {
   /**
    * A tool host opens the stream, registers its tools under a namespace, then
-   * answers invocations. ServeToolsRequest is the host's message (API.md's
-   * ToolHostMessage); ServeToolsResponse carries the ToolInvocations.
+   * answers invocations. ServeToolsRequest is the host's message (the
+   * contract's ToolHostMessage); ServeToolsResponse carries the ToolInvocations.
+   *
+   * One stream serves one namespace; its tools are registered while it is
+   * open and gone when it closes (invocations in flight then fail). A tool
+   * name served in process (a Python entry point) cannot be taken over.
    */
   serveTools: {
     path: "/agent_sidecar.v1.ToolService/ServeTools" as const,
@@ -900,8 +933,12 @@ export const ToolServiceService = {
 export interface ToolServiceServer extends UntypedServiceImplementation {
   /**
    * A tool host opens the stream, registers its tools under a namespace, then
-   * answers invocations. ServeToolsRequest is the host's message (API.md's
-   * ToolHostMessage); ServeToolsResponse carries the ToolInvocations.
+   * answers invocations. ServeToolsRequest is the host's message (the
+   * contract's ToolHostMessage); ServeToolsResponse carries the ToolInvocations.
+   *
+   * One stream serves one namespace; its tools are registered while it is
+   * open and gone when it closes (invocations in flight then fail). A tool
+   * name served in process (a Python entry point) cannot be taken over.
    */
   serveTools: handleBidiStreamingCall<ServeToolsRequest, ServeToolsResponse>;
 }
@@ -909,8 +946,12 @@ export interface ToolServiceServer extends UntypedServiceImplementation {
 export interface ToolServiceClient extends Client {
   /**
    * A tool host opens the stream, registers its tools under a namespace, then
-   * answers invocations. ServeToolsRequest is the host's message (API.md's
-   * ToolHostMessage); ServeToolsResponse carries the ToolInvocations.
+   * answers invocations. ServeToolsRequest is the host's message (the
+   * contract's ToolHostMessage); ServeToolsResponse carries the ToolInvocations.
+   *
+   * One stream serves one namespace; its tools are registered while it is
+   * open and gone when it closes (invocations in flight then fail). A tool
+   * name served in process (a Python entry point) cannot be taken over.
    */
   serveTools(): ClientDuplexStream<ServeToolsRequest, ServeToolsResponse>;
   serveTools(options: Partial<CallOptions>): ClientDuplexStream<ServeToolsRequest, ServeToolsResponse>;

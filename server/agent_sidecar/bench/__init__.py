@@ -1,0 +1,16 @@
+"""``agent-sidecar bench``: a load harness users point at their own sidecar.
+
+Pieces, each importable on its own (none is on the server's import path, and
+nothing here is imported by ``serve``):
+
+* ``stats``  — percentiles, latency summaries, per-second series, the knee.
+* ``procs``  — CPU and RSS per process from /proc, finding a local sidecar's
+  process tree from its listening socket.
+* ``bare``   — the built-in bare gRPC server (``python -m agent_sidecar.bench.bare``):
+  the same frames with the same timing as the echo model, no persistence.
+* ``load``   — the load generator on the project's Python client
+  (``agent_sidecar_client``, the ``bench`` extra).
+* ``run``    — one bench run: sessions, calibration, the sweep, sidecar vs bare.
+* ``report`` — the table, the JSON document, the ratio lines.
+* ``plot``   — the PNG (matplotlib, the ``bench`` extra, imported only for ``--plot``).
+"""

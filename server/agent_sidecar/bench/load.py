@@ -1,0 +1,327 @@
+"""The load generator: N concurrent turns through the project's Python client,
+one measured point at a time.
+
+Why closed-loop lanes: a chat deployment's load is "N conversations each
+waiting for its reply", so each of ``concurrency`` lanes runs one turn, waits
+for its terminal frame, and starts the next. A lane takes a session that has
+no turn in flight (picked at random among the idle ones), so no turn queues
+behind another of its session unless there are fewer sessions than lanes;
+then turns share sessions and ``delivery`` decides what happens to them.
+
+A point has three phases. **Warm-up**: lanes start, spread evenly over
+``ramp_s`` so they do not stream in lockstep; it ends after ``warmup_s``, or
+by default ("auto") once every lane has finished one turn, so the pipeline is
+full and caches are warm. **Measure**: ``duration_s`` seconds, or until
+``turns`` turns have started. **Drain**: no new turns; the ones in flight
+finish. Rates count what happens inside the measure window (completions and
+deltas of any turn, steady state); with ``turns`` the window runs until the
+last measured turn ends. Latencies are those of the turns started in the
+measure window, all of which finish during the drain, so a slow tail is never
+cut off. Every turn of every phase is counted in ``totals``, which is what the
+sidecar's store holds afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import stats
+
+WARMUP, MEASURE, DRAIN = "warmup", "measure", "drain"
+TICK_S = 0.5
+
+
+@dataclass
+class LoadSpec:
+    concurrency: int
+    text: str
+    duration_s: float | None = 10.0
+    turns: int | None = None
+    warmup_s: float | None = None  # None: until every lane has finished one turn
+    ramp_s: float = 1.0
+    delivery: str = "queue"
+    profile: str | None = None
+    turn_timeout_s: float = 300.0
+
+
+@dataclass
+class Turn:
+    phase: str
+    start: float
+    first: float | None = None
+    last: float | None = None  # the last text delta
+    end: float = 0.0
+    deltas: int = 0
+    tool_calls: int = 0
+    outcome: str = ""  # "completed", or the reason it did not
+
+
+class SessionPool:
+    """Session keys to hand to lanes: idle ones first, at random; when every
+    session is busy, a random busy one (the turns then share it)."""
+
+    def __init__(self, keys: list[str], seed: int = 1):
+        self.keys = list(keys)
+        self.idle = list(keys)
+        self.in_use: Counter[str] = Counter()
+        self.rng = random.Random(seed)
+
+    def take(self) -> str:
+        if self.idle:
+            i = self.rng.randrange(len(self.idle))
+            self.idle[i], self.idle[-1] = self.idle[-1], self.idle[i]
+            key = self.idle.pop()
+        else:
+            key = self.rng.choice(self.keys)
+        self.in_use[key] += 1
+        return key
+
+    def give(self, key: str) -> None:
+        self.in_use[key] -= 1
+        if not self.in_use[key]:
+            del self.in_use[key]
+            self.idle.append(key)
+
+
+class Point:
+    """The state of one running point; ``snapshot()`` feeds the progress line."""
+
+    def __init__(self, spec: LoadSpec):
+        self.spec = spec
+        self.phase = WARMUP if spec.warmup_s != 0 else MEASURE
+        self.t0 = time.monotonic()
+        self.w0 = self.t0 if self.phase == MEASURE else None
+        self.w1: float | None = None
+        self.counting = self.phase == MEASURE
+        self.turns: list[Turn] = []
+        self.deltas_by_second: defaultdict[int, int] = defaultdict(int)
+        self.window_deltas = 0
+        self.window_done = 0
+        self.window_tool_calls = 0
+        self.measured_started = 0
+        self.lanes_warm: set[int] = set()
+        self.all_warm = asyncio.Event()
+        self.measured_all_started = asyncio.Event()
+        self.in_flight = 0
+        self.done_total = 0
+        self.errors_total = 0
+
+    def begin_measure(self) -> None:
+        self.phase, self.counting, self.w0 = MEASURE, True, time.monotonic()
+
+    def accepting(self) -> bool:
+        if self.phase == DRAIN:
+            return False
+        if self.phase == MEASURE and self.spec.turns is not None:
+            return self.measured_started < self.spec.turns
+        return True
+
+    def started(self, turn: Turn) -> None:
+        self.turns.append(turn)
+        self.in_flight += 1
+        if turn.phase == MEASURE:
+            self.measured_started += 1
+            if self.spec.turns is not None and self.measured_started >= self.spec.turns:
+                self.measured_all_started.set()
+
+    def delta(self, now: float) -> None:
+        self.deltas_by_second[int(now - self.t0)] += 1
+        if self.counting:
+            self.window_deltas += 1
+
+    def finished(self, lane: int, turn: Turn) -> None:
+        self.in_flight -= 1
+        ok = turn.outcome == "completed"
+        self.done_total += ok
+        self.errors_total += not ok
+        if self.counting:
+            self.window_done += ok
+            self.window_tool_calls += turn.tool_calls
+        self.lanes_warm.add(lane)
+        if len(self.lanes_warm) >= self.spec.concurrency:
+            self.all_warm.set()
+
+    def snapshot(self) -> dict:
+        now = time.monotonic()
+        return {"phase": self.phase, "elapsed": now - self.t0,
+                "window_elapsed": (now - self.w0) if self.w0 else 0.0,
+                "done": self.done_total, "errors": self.errors_total, "in_flight": self.in_flight,
+                "deltas": sum(self.deltas_by_second.values())}
+
+
+async def run_turn(client: Any, key: str, spec: LoadSpec, point: Point, lane: int) -> Turn:
+    """One turn through ``client.prompt``; never raises for the turn's own
+    failure (the reason goes into ``outcome``)."""
+    from agent_sidecar_client import SidecarError
+
+    turn = Turn(phase=point.phase, start=time.monotonic())
+    point.started(turn)
+    try:
+        stream = client.prompt(spec.text, session_key=key, delivery=spec.delivery, profile=spec.profile,
+                               timeout=spec.turn_timeout_s)
+        async for frame in stream:
+            kind = frame.WhichOneof("event")
+            if kind == "text_delta":
+                now = time.monotonic()
+                if turn.first is None:
+                    turn.first = now
+                turn.last = now
+                turn.deltas += 1
+                point.delta(now)
+            elif kind == "tool_call":
+                turn.tool_calls += 1
+            elif kind == "completed":
+                turn.outcome = "completed"
+            elif kind == "failed":
+                turn.outcome = frame.failed.reason or "FAILED"
+            elif kind == "superseded":
+                turn.outcome = "SUPERSEDED"
+    except SidecarError as e:
+        if not turn.outcome or turn.outcome == "completed":
+            turn.outcome = e.reason or e.code.name
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # a bug or transport oddity: count it, keep the load going
+        turn.outcome = type(e).__name__
+    if not turn.outcome:
+        turn.outcome = "NO_TERMINAL_FRAME"
+    turn.end = time.monotonic()
+    point.finished(lane, turn)
+    return turn
+
+
+async def run_point(client: Any, pool: SessionPool, spec: LoadSpec,
+                    on_tick: Callable[[Point], None] | None = None,
+                    window: Any = None) -> dict:
+    """Run one point and return its figures (see ``summarize``). ``window``
+    (a procs.TreeWindow or None) is started and stopped with the measure
+    window and sampled every tick."""
+    point = Point(spec)
+
+    async def lane(i: int) -> None:
+        if spec.ramp_s and spec.concurrency > 1:
+            await asyncio.sleep(spec.ramp_s * i / spec.concurrency)
+        while point.accepting():
+            key = pool.take()
+            try:
+                await run_turn(client, key, spec, point, i)
+            finally:
+                pool.give(key)
+
+    async def ticker() -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            if window is not None and point.counting:
+                window.sample()
+            if on_tick is not None:
+                on_tick(point)
+
+    lanes = [asyncio.create_task(lane(i)) for i in range(spec.concurrency)]
+    tick = asyncio.create_task(ticker())
+    cpu = None
+    try:
+        if point.phase == WARMUP:
+            await _wait_any(lanes, point.all_warm.wait() if spec.warmup_s is None
+                            else asyncio.sleep(spec.warmup_s))
+            point.begin_measure()
+        if window is not None:
+            window.start()
+        if spec.turns is None:
+            await _wait_any(lanes, asyncio.sleep(spec.duration_s))
+            point.counting, point.w1 = False, time.monotonic()
+            cpu = window.stop() if window is not None else None
+            point.phase = DRAIN
+            await asyncio.gather(*lanes)
+        else:
+            await _wait_any(lanes, point.measured_all_started.wait())
+            point.phase = DRAIN
+            await asyncio.gather(*lanes)
+            point.counting, point.w1 = False, time.monotonic()
+            cpu = window.stop() if window is not None else None
+    finally:
+        tick.cancel()
+        for t in lanes:
+            t.cancel()
+        await asyncio.gather(tick, *lanes, return_exceptions=True)
+    if on_tick is not None:
+        on_tick(point)
+    return summarize(point, cpu)
+
+
+async def _wait_any(lanes: list[asyncio.Task], awaitable) -> None:
+    """Wait for ``awaitable``, or until every lane has stopped (a lane that
+    raised re-raises here)."""
+    waiter = asyncio.ensure_future(awaitable)
+    try:
+        while not waiter.done():
+            running = [t for t in lanes if not t.done()]
+            await asyncio.wait([waiter, *running], return_when=asyncio.FIRST_COMPLETED)
+            for t in lanes:
+                if t.done() and t.exception() is not None:
+                    raise t.exception()
+            if not running or all(t.done() for t in lanes):
+                break
+    finally:
+        if not waiter.done():
+            waiter.cancel()
+
+
+def summarize(point: Point, cpu: dict | None) -> dict:
+    """The figures of a finished point (the JSON document's ``points[]`` entry
+    without its labels)."""
+    window = (point.w1 or time.monotonic()) - (point.w0 or point.t0)
+    measured = [t for t in point.turns if t.phase == MEASURE]
+    ok = [t for t in measured if t.outcome == "completed"]
+    errors = Counter(t.outcome for t in measured if t.outcome != "completed")
+    all_errors = Counter(t.outcome for t in point.turns if t.outcome != "completed")
+    window = max(window, 1e-9)
+    out = {
+        "window_s": window,
+        "turns": len(ok),
+        "turns_per_s": point.window_done / window,
+        "deltas_per_s": point.window_deltas / window,
+        "tool_calls_per_s": point.window_tool_calls / window,
+        "deltas_per_turn": (sum(t.deltas for t in ok) / len(ok)) if ok else None,
+        # The stream's pace: per turn, the mean gap between its deltas.
+        "delta_gap_ms": stats.summarize(((t.last - t.first) / (t.deltas - 1) for t in ok
+                                         if t.deltas > 1 and t.first is not None), 1e3),
+        "first_delta_ms": stats.summarize((t.first - t.start for t in ok if t.first is not None), 1e3),
+        "turn_ms": stats.summarize((t.end - t.start for t in ok), 1e3),
+        "errors": dict(errors),
+        "error_count": sum(errors.values()),
+        "totals": {"started": len(point.turns),
+                   "completed": sum(1 for t in point.turns if t.outcome == "completed"),
+                   "failed": dict(all_errors),
+                   "deltas": sum(t.deltas for t in point.turns),
+                   "tool_calls": sum(t.tool_calls for t in point.turns)},
+        "warmup_s": ((point.w0 - point.t0) if point.w0 else 0.0),
+        "series": stats.series(((t.end, t.end - t.start, t.outcome == "completed") for t in point.turns),
+                               point.deltas_by_second, point.t0, max(t.end for t in point.turns)
+                               if point.turns else point.t0 + 1),
+        "series_window": [(point.w0 or point.t0) - point.t0, (point.w1 or point.t0) - point.t0],
+        "procs": cpu,
+    }
+    if cpu is not None and point.window_deltas:
+        out["server_cpu_us_per_delta"] = 1e6 * cpu["server_cpu_s"] / point.window_deltas
+    return out
+
+
+async def create_sessions(client: Any, n: int, *, platform: str, prefix: str,
+                          profile: str | None, parallel: int = 32) -> list[str]:
+    """``n`` fresh sessions (GetOrCreateSession with chat ids ``<prefix>-<i>``);
+    their keys in order."""
+    sem = asyncio.Semaphore(parallel)
+
+    async def one(i: int) -> str:
+        async with sem:
+            session = await client.get_or_create_session(
+                {"platform": platform, "chat_type": "dm", "chat_id": f"{prefix}-{i}",
+                 "user_id": f"{prefix}-u{i}"}, profile=profile)
+            return session.session_key
+
+    return list(await asyncio.gather(*(one(i) for i in range(n))))

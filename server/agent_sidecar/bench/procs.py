@@ -1,0 +1,295 @@
+"""CPU and memory per process from /proc (Linux), and finding a local
+sidecar's process tree from the address it listens on.
+
+Why from /proc and not from the sidecar: the bench must work against any
+sidecar, of any version, without an API for it; and the same accounting
+prices the bare server, which has no API at all. Everything here degrades to
+"unknown" (0, None, empty) when /proc is missing or a process belongs to
+another user, so a remote or foreign sidecar simply gets no CPU figures.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_LISTENING_TCP = "0A"
+_SO_ACCEPTCON = 0x10000
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return None
+
+
+def proc_cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """user+system CPU seconds of one process (threads included), or of one of
+    its threads when ``tid`` is given; 0 if gone."""
+    data = _read(f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat")
+    if not data:
+        return 0.0
+    fields = data[data.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+
+
+def parent_pid(pid: int) -> int | None:
+    data = _read(f"/proc/{pid}/stat")
+    if not data:
+        return None
+    return int(data[data.rindex(")") + 2:].split()[1])
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of a process (via /proc/<pid>/task/*/children)."""
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        data = _read(f"/proc/{pid}/task/{tid}/children")
+        if data:
+            out.extend(int(x) for x in data.split())
+    return out
+
+
+def proc_comm(pid: int) -> str:
+    """A process's own name (``/proc/<pid>/comm``), which it may set itself."""
+    data = _read(f"/proc/{pid}/comm")
+    return data.strip() if data is not None else "?"
+
+
+def proc_name(pid: int) -> str:
+    """The command line, spaces for NULs ("?" when unreadable)."""
+    data = _read(f"/proc/{pid}/cmdline")
+    return data.replace("\0", " ").strip() if data is not None else "?"
+
+
+def rss_bytes(pid: int) -> int | None:
+    """Resident set size now, from /proc/<pid>/statm; None if unreadable."""
+    data = _read(f"/proc/{pid}/statm")
+    return int(data.split()[1]) * PAGE if data else None
+
+
+def pss_bytes(pid: int) -> int | None:
+    """Proportional set size (shared pages split among their users), from
+    /proc/<pid>/smaps_rollup; None if unreadable."""
+    data = _read(f"/proc/{pid}/smaps_rollup")
+    if not data:
+        return None
+    for line in data.splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine, all cores, from /proc/stat."""
+    data = _read("/proc/stat")
+    if not data:
+        return 0.0, 0.0
+    vals = [int(x) for x in data.splitlines()[0].split()[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)  # idle + iowait
+    total = sum(vals[:8])  # guest time is already counted in user
+    return (total - idle) / CLK_TCK, total / CLK_TCK
+
+
+class CpuWindow:
+    """CPU seconds used by labelled groups of processes over a window, plus what
+    the rest of the machine used meanwhile (other programs steal our cores too)."""
+
+    def __init__(self, groups: dict[str, list]):
+        """``groups``: label -> pids; a (pid, tid) pair counts one thread, and a
+        ("rest", pid, tid) triple counts the process minus that thread."""
+        self.groups = groups
+
+    @staticmethod
+    def _cpu(item) -> float:
+        if isinstance(item, tuple) and item[0] == "rest":
+            return proc_cpu_seconds(item[1]) - proc_cpu_seconds(item[1], item[2])
+        if isinstance(item, tuple):
+            return proc_cpu_seconds(item[0], item[1])
+        return proc_cpu_seconds(item)
+
+    def _snap(self):
+        return ({g: sum(self._cpu(p) for p in pids) for g, pids in self.groups.items()},
+                machine_cpu())
+
+    def start(self) -> None:
+        self._t0 = time.monotonic()
+        self._s0 = self._snap()
+
+    def stop(self) -> dict:
+        wall = time.monotonic() - self._t0
+        s1 = self._snap()
+        per = {g: s1[0][g] - self._s0[0][g] for g in self.groups}
+        busy = s1[1][0] - self._s0[1][0]
+        ours = sum(per.values())
+        return {"wall": wall, "groups": per, "machine_busy": busy,
+                "others": max(0.0, busy - ours), "cores": os.cpu_count() or 1}
+
+
+# -- a server's process tree ------------------------------------------------------------
+
+def process_tree(root: int, name: str = "sidecar") -> list[tuple[str, int]]:
+    """``(label, pid)`` for a server and its descendants. Children that name
+    themselves (the sidecar's ``sidecar-writer``, ``sidecar-work-N``) keep
+    their names; multiprocessing's resource tracker is recognised by its
+    command line; anything else is ``child-<pid>``."""
+    out = [(name, root)]
+    stack = list(children_of(root))
+    while stack:
+        pid = stack.pop(0)
+        comm = proc_comm(pid)
+        if comm.startswith("sidecar-"):
+            label = comm
+        elif "resource_tracker" in proc_name(pid):
+            label = "resource-tracker"
+        else:
+            label = f"child-{pid}"
+        out.append((label, pid))
+        stack.extend(children_of(pid))
+    return out
+
+
+def memory_snapshot(tree: list[tuple[str, int]]) -> list[dict]:
+    """RSS and PSS (MB) of every process of a tree, now."""
+    rows = []
+    for label, pid in tree:
+        rss, pss = rss_bytes(pid), pss_bytes(pid)
+        rows.append({"name": label, "pid": pid,
+                     "rss_mb": None if rss is None else rss / 2**20,
+                     "pss_mb": None if pss is None else pss / 2**20})
+    return rows
+
+
+class TreeWindow:
+    """CPU of every process of a server's tree (the root split into its
+    main thread, the event loop, and its other threads), of this process (the
+    bench's own client) and of everything else, over one window; RSS sampled
+    by ``sample()`` during it and reported as the peak and the last value."""
+
+    def __init__(self, tree: list[tuple[str, int]]):
+        self.tree = tree
+        root_label, root = tree[0]
+        groups: dict[str, list] = {f"{root_label} loop thread": [(root, root)],
+                                   f"{root_label} other threads": [("rest", root, root)]}
+        for label, pid in tree[1:]:
+            groups[label] = [pid]
+        groups["bench client"] = [os.getpid()]
+        self._cpu = CpuWindow(groups)
+        self._rss_peak: dict[int, int] = {}
+
+    def start(self) -> None:
+        self._rss_peak.clear()
+        self.sample()
+        self._cpu.start()
+
+    def sample(self) -> None:
+        for _, pid in self.tree:
+            rss = rss_bytes(pid)
+            if rss is not None and rss > self._rss_peak.get(pid, 0):
+                self._rss_peak[pid] = rss
+
+    def stop(self) -> dict:
+        self.sample()
+        usage = self._cpu.stop()
+        wall = usage["wall"] or 1e-9
+        cpu = usage["groups"]
+        bench = cpu.pop("bench client")
+        procs = []
+        for label, pid in self.tree:
+            seconds = (cpu.get(f"{label} loop thread", 0.0) + cpu.get(f"{label} other threads", 0.0)
+                       if pid == self.tree[0][1] else cpu.get(label, 0.0))
+            rss = rss_bytes(pid)
+            procs.append({"name": label, "pid": pid, "cpu_s": seconds, "cpu_pct": 100 * seconds / wall,
+                          "rss_mb": None if rss is None else rss / 2**20,
+                          "rss_peak_mb": self._rss_peak.get(pid, 0) / 2**20 or None})
+        server = sum(p["cpu_s"] for p in procs)
+        return {"wall_s": usage["wall"], "processes": procs, "threads": cpu,
+                "server_cpu_s": server, "bench_cpu_s": bench,
+                "others_cpu_s": usage["others"], "machine_busy_s": usage["machine_busy"],
+                "cores": usage["cores"]}
+
+
+# -- which local process listens on a target -------------------------------------------
+
+def listening_pid(target: str) -> int | None:
+    """The pid of the local process listening on a gRPC target
+    (``unix:PATH``, ``unix:///PATH``, ``HOST:PORT`` on a local address), the
+    topmost one when a process and its children share the socket; None when
+    the listener is remote, another user's, or not found."""
+    inodes = _listening_inodes(target)
+    if not inodes:
+        return None
+    holders = _socket_holders(inodes)
+    top = [pid for pid in holders if parent_pid(pid) not in holders]
+    return min(top) if top else None
+
+
+def unix_path(target: str) -> str | None:
+    if not target.startswith("unix:"):
+        return None
+    path = target[len("unix:"):]
+    if path.startswith("//"):
+        path = path[2:]
+    return os.path.abspath(path)
+
+
+def _listening_inodes(target: str) -> set[str]:
+    path = unix_path(target)
+    if path is not None:
+        data = _read("/proc/net/unix") or ""
+        found = set()
+        for line in data.splitlines()[1:]:
+            parts = line.split()
+            if len(parts) >= 8 and parts[7] == path and int(parts[3], 16) & _SO_ACCEPTCON:
+                found.add(parts[6])
+        return found
+    host, _, port = target.rpartition(":")
+    host = host.strip("[]")
+    if not port.isdigit() or not _is_local(host):
+        return set()
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in (_read(table) or "").splitlines()[1:]:
+            parts = line.split()
+            if len(parts) > 9 and parts[3] == _LISTENING_TCP and int(parts[1].rsplit(":", 1)[1], 16) == int(port):
+                found.add(parts[9])
+    return found
+
+
+def _is_local(host: str) -> bool:
+    if host in ("", "localhost", "0.0.0.0", "::", "::1") or host.startswith("127."):
+        return True
+    try:
+        mine = set(socket.gethostbyname_ex(socket.gethostname())[2])
+        return socket.gethostbyname(host) in mine or host == socket.gethostname()
+    except OSError:
+        return False
+
+
+def _socket_holders(inodes: set[str]) -> set[int]:
+    wanted = {f"socket:[{i}]" for i in inodes}
+    holders = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{entry}/fd/{fd}") in wanted:
+                    holders.add(int(entry))
+                    break
+            except OSError:
+                continue
+    return holders

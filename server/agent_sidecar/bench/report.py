@@ -1,0 +1,166 @@
+"""What a bench run says: the ideal turn and the SLO, the knee of each server,
+sidecar-vs-bare ratios, the totals the target's store must hold, and the
+plain-text tables printed on stdout.
+
+``analyse`` completes the document ``run`` builds (it is pure: no I/O), and
+``render`` turns it into text, so the JSON and the table never disagree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+
+from . import stats
+
+
+def options_dict(opts) -> dict:
+    """The run's options for the JSON document: never the token, the prompt
+    as its size and its first words."""
+    d = dataclasses.asdict(opts)
+    d.pop("token", None)
+    text = d.pop("text")
+    d["prompt"] = {"words": len(text.split()), "chars": len(text), "start": text[:60]}
+    d["token_given"] = bool(opts.token)
+    return d
+
+
+def machine() -> dict:
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    return {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "system": platform.platform(), "load_avg": load}
+
+
+# -- analysis -------------------------------------------------------------------------
+
+def _ideal(doc: dict) -> tuple[float | None, str]:
+    opts = doc["options"]
+    if opts.get("ideal_s"):
+        return opts["ideal_s"], "given (--ideal)"
+    cal = doc.get("calibration")
+    if cal and cal["turn_ms"]["p50"] is not None:
+        return cal["turn_ms"]["p50"] / 1e3, f"median of {cal['turn_ms']['n']} calibration turns at concurrency 1"
+    mine = sorted((p for p in doc["points"] if p["server"] == "sidecar" and p["turn_ms"]["p50"] is not None),
+                  key=lambda p: p["concurrency"])
+    if mine:
+        return mine[0]["turn_ms"]["p50"] / 1e3, f"p50 turn at the lowest concurrency ({mine[0]['concurrency']})"
+    return None, "unknown (no completed turn)"
+
+
+def _added(a: dict, b: dict, key: str, q: str) -> float | None:
+    if a[key][q] is None or b[key][q] is None:
+        return None
+    return a[key][q] - b[key][q]
+
+
+def _ratio(a, b) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _ratios(points: list[dict]) -> list[dict]:
+    by = {(p["server"], p["concurrency"]): p for p in points}
+    out = []
+    for (server, conc), s in sorted(by.items(), key=lambda kv: kv[0][1]):
+        b = by.get(("bare", conc))
+        if server != "sidecar" or b is None:
+            continue
+        out.append({"concurrency": conc,
+                    "turns_per_s": _ratio(s["turns_per_s"], b["turns_per_s"]),
+                    "deltas_per_s": _ratio(s["deltas_per_s"], b["deltas_per_s"]),
+                    "turn_p50_added_ms": _added(s, b, "turn_ms", "p50"),
+                    "turn_p99_added_ms": _added(s, b, "turn_ms", "p99"),
+                    "first_delta_p50_added_ms": _added(s, b, "first_delta_ms", "p50"),
+                    "first_delta_p99_added_ms": _added(s, b, "first_delta_ms", "p99"),
+                    "cpu_per_delta": _ratio(s.get("server_cpu_us_per_delta"), b.get("server_cpu_us_per_delta"))})
+    return out
+
+
+def _totals(doc: dict) -> dict:
+    """Every turn sent to the target (calibration and warm-up included)."""
+    parts = [p["totals"] for p in doc["points"] if p["server"] == "sidecar"]
+    if doc.get("calibration"):
+        parts.append(doc["calibration"]["totals"])
+    failed: dict[str, int] = {}
+    for t in parts:
+        for reason, n in t["failed"].items():
+            failed[reason] = failed.get(reason, 0) + n
+    return {"started": sum(t["started"] for t in parts), "completed": sum(t["completed"] for t in parts),
+            "failed": failed, "deltas": sum(t["deltas"] for t in parts),
+            "tool_calls": sum(t["tool_calls"] for t in parts)}
+
+
+def analyse(doc: dict) -> dict:
+    """Add ``slo``, each point's ``p99_over_ideal`` / ``within_slo``, ``knee``
+    (sweeps), ``ratios`` (with the bare server) and ``totals``."""
+    ideal, source = _ideal(doc)
+    bound = doc["options"]["slo"]
+    limit = ideal * (1 + bound) if ideal else None
+    doc["slo"] = {"bound": bound, "ideal_s": ideal, "ideal_source": source, "limit_s": limit}
+    for p in doc["points"]:
+        p99 = p["turn_ms"]["p99"]
+        p["p99_over_ideal"] = (p99 / 1e3 / ideal) if p99 is not None and ideal else None
+        p["within_slo"] = bool(limit and p99 is not None and p["error_count"] == 0 and p99 / 1e3 <= limit)
+    doc["knee"] = None
+    if doc["options"]["sweep"] and limit:
+        knees = {}
+        for server in ("sidecar", "bare"):
+            mine = [(p["concurrency"], None if p["turn_ms"]["p99"] is None else p["turn_ms"]["p99"] / 1e3,
+                     p["error_count"]) for p in doc["points"] if p["server"] == server]
+            if mine:
+                knees[server] = stats.knee(mine, limit)
+        if "bare" in knees:
+            s, b = knees["sidecar"], knees["bare"]
+            # A knee beyond the sweep is only a lower bound: no ratio from it.
+            exact = not (s["beyond_sweep"] or b["beyond_sweep"])
+            knees["ratio"] = _ratio(s["concurrency"], b["concurrency"]) if exact else None
+            knees["ratio_interpolated"] = _ratio(s["interpolated"], b["interpolated"]) if exact else None
+        doc["knee"] = knees
+    doc["ratios"] = _ratios(doc["points"])
+    doc["totals"] = _totals(doc)
+    return doc
+
+
+# -- text ---------------------------------------------------------------------------------
+
+def table(headers: list[str], rows: list[list], title: str = "") -> str:
+    """A plain-text table, numbers right-aligned."""
+    cells = [[str(h) for h in headers]] + [[fmt(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    numeric = [all(_is_num(r[i]) or r[i] is None for r in rows) if rows else False for i in range(len(headers))]
+
+    def line(r):
+        return "  ".join(c.rjust(w) if numeric[i] else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+
+    out = [title] if title else []
+    out.append(line(cells[0]))
+    out.append("  ".join("-" * w for w in widths))
+    out.extend(line(r) for r in cells[1:])
+    return "\n".join(out)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def fmt(v) -> str:
+    """Numbers as a person reads them: thousands separators, 3 significant-ish digits."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if v != v:
+            return "-"
+        if abs(v) >= 100:
+            return f"{v:,.0f}"
+        if abs(v) >= 10:
+            return f"{v:.1f}"
+        return f"{v:.2f}"
+    return str(v)

@@ -1,0 +1,327 @@
+"""One bench run: connect, create sessions, calibrate, run every point against
+the target (and the bare server), and return the JSON document.
+
+The order matters for a fair comparison: points run from the lowest
+concurrency up, the target and the bare server alternating at each one, so a
+machine that slows down over the run slows both sides alike.
+
+The ideal turn (what ``--slo`` is measured against) is, in this order: the
+``--ideal`` given; the median turn of the calibration (``--calibrate`` turns
+one at a time on the target before the sweep, default 3); the p50 turn of the
+target's lowest point. The bare server's timing is ``--bare-latency-ms`` when
+given, else read off the calibration: the median gap between deltas, less
+how late a sleep of that length wakes on this machine (the bare server's own
+sleeps add that again), as the token latency; the deltas per turn (echo when
+it equals the prompt's words); and the time to the first delta beyond one gap
+as a first delay (0 below 25 ms, which is the sidecar's own overhead under
+load, not the model's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import load, procs, report
+
+FIRST_DELAY_FLOOR_MS = 25.0
+ONE_DELTA_FLOOR_MS = 5.0  # one delta per turn: below this its wait is overhead, not latency
+
+
+class BenchError(Exception):
+    """A failure the user can act on: printed as one line, exit status 1."""
+
+
+@dataclass
+class BenchOptions:
+    target: str
+    text: str
+    levels: list[int] = field(default_factory=lambda: [1])
+    sweep: bool = False
+    token: str | None = None
+    tls: bool = False
+    ca_cert: str | None = None
+    tls_server_name: str | None = None
+    connect_timeout_s: float = 5.0
+    profile: str | None = None
+    platform: str = "bench"
+    sessions: int | None = None
+    duration_s: float | None = 10.0
+    turns: int | None = None
+    warmup_s: float | None = None
+    ramp_s: float = 1.0
+    delivery: str = "queue"
+    tools: bool = False
+    compare_bare: bool = False
+    bare_latency_ms: float | None = None
+    bare_first_delay_ms: float = 0.0
+    ideal_s: float | None = None
+    slo: float = 0.10
+    calibrate: int = 3
+    pid: int | None = None
+    turn_timeout_s: float = 300.0
+    seed: int = 1
+
+
+Status = Callable[[str, "load.Point | None"], None]
+
+
+def _credentials(opts: BenchOptions):
+    import grpc
+    if not (opts.tls or opts.ca_cert):
+        return None, ()
+    roots = None
+    if opts.ca_cert:
+        try:
+            with open(opts.ca_cert, "rb") as f:
+                roots = f.read()
+        except OSError as e:
+            raise BenchError(f"--ca-cert {opts.ca_cert}: {e.strerror}") from None
+    options = (("grpc.ssl_target_name_override", opts.tls_server_name),) if opts.tls_server_name else ()
+    return grpc.ssl_channel_credentials(root_certificates=roots), options
+
+
+async def connect(target: str, opts: BenchOptions, *, tls: bool = True):
+    """A client for ``target``; BenchError (one line) when nothing answers."""
+    from agent_sidecar_client import SidecarError, connect as client_connect
+    credentials, options = _credentials(opts) if tls else (None, ())
+    try:
+        return await client_connect(target, opts.token if tls else None, timeout=opts.connect_timeout_s,
+                                    credentials=credentials, options=options, call_timeout=60.0)
+    except SidecarError:
+        raise BenchError(f"no sidecar reachable at {target} within {opts.connect_timeout_s:g}s") from None
+    except Exception as e:  # a malformed target, bad TLS material...
+        raise BenchError(f"cannot connect to {target}: {e}") from None
+
+
+class BareProcess:
+    """The bare server (bench/bare.py) in a child process, on the same kind of
+    transport as the target: a Unix socket in a temporary directory, or TCP
+    on 127.0.0.1."""
+
+    def __init__(self, timing: dict, unix: bool):
+        self.timing = timing
+        self.dir = tempfile.mkdtemp(prefix="sidecar-bench-bare-")
+        self.listen = f"unix:{self.dir}/bare.sock" if unix else "127.0.0.1:0"
+        self.proc: subprocess.Popen | None = None
+        self.address = ""
+
+    def start(self, timeout: float = 30.0) -> str:
+        args = [sys.executable, "-m", "agent_sidecar.bench.bare", "--listen", self.listen,
+                "--token-latency-ms", str(self.timing["token_latency_ms"]),
+                "--first-delay-ms", str(self.timing["first_delay_ms"]),
+                "--reply-words", str(self.timing["reply_words"])]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.2)
+            if ready:
+                line = self.proc.stdout.readline()
+                if line.startswith("serving "):
+                    self.address = line.split(None, 1)[1].strip()
+                    return self.address
+            if self.proc.poll() is not None:
+                err = (self.proc.stderr.read() or "").strip().splitlines()
+                raise BenchError(f"the bare server exited ({self.proc.returncode}): "
+                                 f"{err[-1] if err else 'no output'}")
+        self.stop()
+        raise BenchError(f"the bare server did not start within {timeout:g}s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        sock = os.path.join(self.dir, "bare.sock")
+        if os.path.exists(sock):
+            os.unlink(sock)
+        try:
+            os.rmdir(self.dir)
+        except OSError:
+            pass
+
+
+async def sleep_overshoot_ms(ms: float, rounds: int = 10) -> float:
+    """The median of how much later than asked ``asyncio.sleep(ms)`` returns here."""
+    if ms <= 0:
+        return 0.0
+    late = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        await asyncio.sleep(ms / 1e3)
+        late.append((time.perf_counter() - t0) * 1e3 - ms)
+    return max(0.0, sorted(late)[len(late) // 2])
+
+
+def bare_timing(opts: BenchOptions, calibration: dict | None, words: int, overshoot_ms: float = 0.0) -> dict:
+    """How the bare server should stream: given, or read off the calibration
+    (``overshoot_ms``: how late a sleep of one gap wakes, see sleep_overshoot_ms)."""
+    if opts.bare_latency_ms is not None or not calibration or not calibration.get("turns"):
+        return {"token_latency_ms": opts.bare_latency_ms or 0.0, "first_delay_ms": opts.bare_first_delay_ms,
+                "reply_words": 0, "source": "given" if opts.bare_latency_ms is not None else "default"}
+    gap = calibration["delta_gap_ms"]["p50"]
+    first = calibration["first_delta_ms"]["p50"] or 0.0
+    per_turn = calibration["deltas_per_turn"] or 0
+    if gap is None:  # one delta per turn: all the wait is before it
+        gap, first_delay = (first if first >= ONE_DELTA_FLOOR_MS else 0.0), 0.0
+    else:
+        first_delay = first - gap if first - gap >= FIRST_DELAY_FLOOR_MS else 0.0
+    reply = 0 if round(per_turn) == words else max(1, round(per_turn))
+    gap = max(0.0, gap - overshoot_ms) if gap else gap
+    return {"token_latency_ms": round(gap, 3), "first_delay_ms": round(first_delay, 3),
+            "reply_words": reply, "source": "calibrated", "sleep_overshoot_ms": round(overshoot_ms, 3)}
+
+
+async def _sessions(client, opts: BenchOptions, n: int, prefix: str, where: str) -> list[str]:
+    from agent_sidecar_client import SidecarError
+    try:
+        return await load.create_sessions(client, n, platform=opts.platform, prefix=prefix, profile=opts.profile)
+    except SidecarError as e:
+        raise BenchError(f"cannot create sessions on {where}: {e}") from None
+
+
+def _spec(opts: BenchOptions, concurrency: int) -> load.LoadSpec:
+    return load.LoadSpec(concurrency=concurrency, text=opts.text, duration_s=opts.duration_s, turns=opts.turns,
+                         warmup_s=opts.warmup_s, ramp_s=opts.ramp_s, delivery=opts.delivery,
+                         profile=opts.profile, turn_timeout_s=opts.turn_timeout_s)
+
+
+async def run_bench(opts: BenchOptions, status: Status) -> dict:
+    """The whole run; returns the document (report.analyse() has completed it)."""
+    run = _Run(opts, status)
+    try:
+        await run.setup()
+        await run.calibrate()
+        await run.start_bare()
+        await run.sweep()
+    finally:
+        await run.teardown()
+    return report.analyse(run.document())
+
+
+class _Run:
+    """The state of one run, so each step is a short method."""
+
+    def __init__(self, opts: BenchOptions, status: Status):
+        self.opts, self.status = opts, status
+        self.started = time.time()
+        self.run_id = uuid.uuid4().hex[:8]
+        self.client = self.bare = self.bare_client = self.host_ctx = self.tool_host = None
+        self.pid = self.tree = self.idle = self.calibration = self.timing = None
+        self.keys: list[str] = []
+        self.servers: list[tuple] = []
+        self.points: list[dict] = []
+
+    async def setup(self) -> None:
+        opts = self.opts
+        self.client = await connect(opts.target, opts)
+        self.pid = opts.pid or procs.listening_pid(opts.target)
+        self.tree = procs.process_tree(self.pid, "sidecar") if self.pid else None
+        self.idle = procs.memory_snapshot(self.tree) if self.tree else None
+        n = opts.sessions or max(opts.levels)
+        self.status(f"creating {n} sessions", None)
+        self.keys = await _sessions(self.client, opts, n, self.run_id, opts.target)
+        self.pool = load.SessionPool(self.keys, opts.seed)
+        self.servers.append(("sidecar", self.client, self.pool, self.tree))
+        if opts.tools:
+            self.tool_host = _tool_host(opts.platform)
+            ctx = self.tool_host.running(self.client)
+            try:
+                await ctx.__aenter__()
+            except Exception as e:
+                raise BenchError(f"cannot host the bench tools on {opts.target}: {e}") from None
+            self.host_ctx = ctx
+
+    async def calibrate(self) -> None:
+        opts = self.opts
+        if not opts.calibrate:
+            return
+        spec = load.LoadSpec(concurrency=1, text=opts.text, duration_s=None, turns=opts.calibrate, warmup_s=0,
+                             ramp_s=0, delivery=opts.delivery, profile=opts.profile,
+                             turn_timeout_s=opts.turn_timeout_s)
+        self.calibration = await load.run_point(self.client, self.pool, spec,
+                                                lambda p: self.status("calibrating", p))
+
+    async def start_bare(self) -> None:
+        opts = self.opts
+        if not opts.compare_bare:
+            return
+        gap = (self.calibration or {}).get("delta_gap_ms", {}).get("p50") if opts.bare_latency_ms is None else None
+        late = await sleep_overshoot_ms(gap) if gap else 0.0
+        self.timing = bare_timing(opts, self.calibration, len(opts.text.split()), late)
+        self.bare = BareProcess(self.timing, unix=opts.target.startswith("unix:"))
+        address = await asyncio.get_running_loop().run_in_executor(None, self.bare.start)
+        self.bare_client = await connect(address, opts, tls=False)
+        keys = await _sessions(self.bare_client, opts, len(self.keys), self.run_id, "the bare server")
+        self.servers.append(("bare", self.bare_client, load.SessionPool(keys, opts.seed),
+                             procs.process_tree(self.bare.proc.pid, "bare")))
+
+    async def sweep(self) -> None:
+        levels = self.opts.levels
+        for i, level in enumerate(levels):
+            for name, client, pool, tree in self.servers:
+                label = f"{name} c={level} [{i + 1}/{len(levels)}]"
+                if tree:  # re-read per point: a crashed worker's replacement is a new pid
+                    tree = procs.process_tree(tree[0][1], tree[0][0])
+                window = procs.TreeWindow(tree) if tree else None
+                result = await load.run_point(client, pool, _spec(self.opts, level),
+                                              lambda p, lb=label: self.status(lb, p), window)
+                self.points.append({"server": name, "concurrency": level, **result})
+                self.status(f"done {label}: {_brief(result)}", None)
+
+    async def teardown(self) -> None:
+        if self.host_ctx is not None:
+            await self.host_ctx.__aexit__(None, None, None)
+        if self.bare_client is not None:
+            await self.bare_client.close()
+        if self.client is not None:
+            await self.client.close()
+        if self.bare is not None:
+            self.bare.stop()
+
+    def document(self) -> dict:
+        return {"version": 1, "started_at": self.started, "finished_at": time.time(), "run_id": self.run_id,
+                "options": report.options_dict(self.opts), "machine": report.machine(),
+                "sidecar_pid": self.pid, "local": self.tree is not None, "idle_memory": self.idle,
+                "sessions": {"platform": self.opts.platform, "count": len(self.keys), "keys": self.keys},
+                "calibration": self.calibration, "bare": self.timing, "points": self.points,
+                "tool_invocations": self.tool_host.invocations if self.tool_host else None}
+
+
+def _brief(result: dict) -> str:
+    p99 = result["turn_ms"]["p99"]
+    return (f"{result['turns_per_s']:,.1f} turns/s, {result['deltas_per_s']:,.0f} deltas/s, turn p99 "
+            + ("-" if p99 is None else f"{p99:,.0f} ms") + f", {result['error_count']} errors")
+
+
+def _tool_host(namespace: str):
+    """The bench's own tool host: ``<ns>.echo(text)`` and ``<ns>.sleep(ms)``,
+    counting the invocations it answers (``.invocations``)."""
+    from agent_sidecar_client import ToolHost
+
+    host = ToolHost(namespace)
+    host.invocations = 0
+
+    @host.tool(description="Return the text it is given.")
+    async def echo(text: str = "") -> str:
+        host.invocations += 1
+        return text
+
+    @host.tool(description="Wait ms milliseconds, then return them.")
+    async def sleep(ms: int = 0) -> int:
+        host.invocations += 1
+        await asyncio.sleep(max(0, ms) / 1000)
+        return ms
+
+    return host

@@ -1,0 +1,162 @@
+"""The bench's stdout: a header, the throughput and latency table, CPU and
+memory per process (local targets), the sidecar/bare ratios, and the headline
+(the knee of a sweep, or the point's verdict)."""
+
+from __future__ import annotations
+
+from .report import fmt, table
+
+_SHORT = {"loop thread": "loop", "other threads": "threads", "sidecar-writer": "writer",
+          "resource-tracker": "tracker"}
+
+
+def _short(name: str) -> str:
+    for long, short in _SHORT.items():
+        if name.endswith(long):
+            return short
+    return name.removeprefix("sidecar-")
+
+
+def header(doc: dict) -> list[str]:
+    o, m = doc["options"], doc["machine"]
+    where = f"local, pid {doc['sidecar_pid']}" if doc["local"] else "not on this host: no CPU/RSS figures"
+    per_point = f"{o['duration_s']:g} s per point" if o["turns"] is None else f"{o['turns']} turns per point"
+    warm = "auto (one turn per lane)" if o["warmup_s"] is None else f"{o['warmup_s']:g} s"
+    load = " ".join(f"{x:.2f}" for x in m["load_avg"]) if m["load_avg"] else "?"
+    lines = [f"agent-sidecar bench · {o['target']} ({where}) · profile {o['profile'] or 'main'} · "
+             f"prompt {o['prompt']['words']} words · delivery {o['delivery']}"
+             + (" · tools" if o["tools"] else ""),
+             f"{doc['sessions']['count']} sessions · {per_point} · warm-up {warm} · "
+             f"{m['cpus']} CPUs · load avg {load}"]
+    slo = doc["slo"]
+    if slo["ideal_s"]:
+        lines.append(f"ideal turn {slo['ideal_s']:.3f} s ({slo['ideal_source']}) · SLO: p99 turn <= "
+                     f"{slo['limit_s']:.3f} s (+{100 * slo['bound']:g}%) with no errors")
+    if doc.get("bare"):
+        b = doc["bare"]
+        reply = "echo of the prompt" if not b["reply_words"] else f"{b['reply_words']} words"
+        lines.append(f"bare server ({b['source']}): token latency {b['token_latency_ms']:g} ms, "
+                     f"first delay {b['first_delay_ms']:g} ms, reply {reply}, no persistence")
+    return lines
+
+
+def latency_table(doc: dict) -> str:
+    rows = []
+    for p in doc["points"]:
+        f, t = p["first_delta_ms"], p["turn_ms"]
+        rows.append([p["server"], p["concurrency"], p["turns"], p["turns_per_s"], p["deltas_per_s"],
+                     f["p50"], f["p99"], t["p50"], t["p90"], t["p99"], t["max"], p["p99_over_ideal"],
+                     "yes" if p["within_slo"] else "no", p["error_count"]])
+    return table(["server", "conc", "turns", "turns/s", "deltas/s", "first p50", "first p99", "turn p50",
+                  "turn p90", "turn p99", "turn max", "p99/ideal", "SLO", "errors"], rows,
+                 title="Throughput and latency (ms; first = time to the first text delta)")
+
+
+def error_lines(doc: dict) -> list[str]:
+    out = []
+    for p in doc["points"]:
+        if p["errors"]:
+            out.append(f"  errors, {p['server']} c={p['concurrency']}: "
+                       + ", ".join(f"{r} {n}" for r, n in sorted(p["errors"].items(), key=lambda kv: -kv[1])))
+    return out
+
+
+def cpu_table(doc: dict) -> str | None:
+    rows = []
+    for p in doc["points"]:
+        u = p.get("procs")
+        if not u:
+            continue
+        wall = u["wall_s"] or 1e-9
+        parts = " · ".join(f"{_short(g)} {100 * s / wall:.0f}" for g, s in u["threads"].items())
+        rss = sum(x["rss_mb"] or 0 for x in u["processes"])
+        rows.append([p["server"], p["concurrency"], 100 * u["server_cpu_s"] / wall,
+                     p.get("server_cpu_us_per_delta"), parts, rss, 100 * u["bench_cpu_s"] / wall,
+                     100 * u["others_cpu_s"] / wall])
+    if not rows:
+        return None
+    cores = doc["machine"]["cpus"]
+    return table(["server", "conc", "CPU %", "µs/delta", "CPU % by process", "RSS MB", "bench %", "others %"],
+                 rows, title=f"CPU and memory on this host during each measure window "
+                             f"(100% = one core of {cores}; bench = this client)")
+
+
+def idle_line(doc: dict) -> str | None:
+    idle = doc.get("idle_memory")
+    if not idle:
+        return None
+    parts = [f"{x['name']} {fmt(x['rss_mb'])}/{fmt(x['pss_mb'])}" for x in idle]
+    rss = sum(x["rss_mb"] or 0 for x in idle)
+    pss = sum(x["pss_mb"] or 0 for x in idle)
+    return ("sidecar memory before the run (MB RSS/PSS): " + " · ".join(parts)
+            + f" · total {fmt(rss)}/{fmt(pss)}")
+
+
+def ratio_table(doc: dict) -> str | None:
+    if not doc["ratios"]:
+        return None
+    rows = [[r["concurrency"], r["turns_per_s"], r["deltas_per_s"], r["turn_p50_added_ms"], r["turn_p99_added_ms"],
+             r["first_delta_p50_added_ms"], r["first_delta_p99_added_ms"], r["cpu_per_delta"]]
+            for r in doc["ratios"]]
+    return table(["conc", "turns/s x", "deltas/s x", "turn p50 +ms", "turn p99 +ms", "first p50 +ms",
+                  "first p99 +ms", "CPU/delta x"], rows,
+                 title="sidecar / bare (same load and timing, this run): ratios (x) and added latency (+ms)")
+
+
+def _knee_text(k: dict | None, lowest: int) -> str:
+    if k is None:
+        return "-"
+    if k["concurrency"] is None:
+        return f"< {lowest} (the lowest point already missed the SLO)"
+    text = f"{k['concurrency']}"
+    if k["beyond_sweep"]:
+        return f">= {text} (every point met the SLO)"
+    if k["interpolated"] is not None:
+        text += f" (~{k['interpolated']:.0f} interpolated)"
+    if k["non_monotone"]:
+        text += " (a higher point passed again: noisy run)"
+    return text
+
+
+def headline(doc: dict) -> str:
+    slo = doc["slo"]
+    if doc.get("knee"):
+        k = doc["knee"]
+        lowest = min(p["concurrency"] for p in doc["points"])
+        line = (f"knee (largest concurrency with p99 turn <= {slo['limit_s']:.3f} s, no errors): "
+                f"sidecar {_knee_text(k.get('sidecar'), lowest)}")
+        if "bare" in k:
+            line += f" · bare {_knee_text(k['bare'], lowest)}"
+            if k["ratio"] is not None:
+                line += f" · sidecar/bare {k['ratio']:.2f}x"
+                if k["ratio_interpolated"] is not None:
+                    line += f" ({k['ratio_interpolated']:.2f}x interpolated)"
+        return line
+    parts = []
+    for p in doc["points"]:
+        verdict = "within" if p["within_slo"] else "NOT within"
+        if p["p99_over_ideal"] is not None:
+            parts.append(f"{p['server']} c={p['concurrency']}: p99 turn {p['p99_over_ideal']:.2f}x ideal, "
+                         f"{verdict} the SLO")
+    for r in doc["ratios"]:
+        if r["turns_per_s"] is not None:
+            parts.append(f"sidecar/bare c={r['concurrency']}: {r['turns_per_s']:.2f}x turns/s, "
+                         f"turn p99 {r['turn_p99_added_ms']:+.1f} ms")
+    return "; ".join(parts) or "no completed turn"
+
+
+def render(doc: dict) -> str:
+    blocks = ["\n".join(header(doc)), latency_table(doc)]
+    errs = error_lines(doc)
+    if errs:
+        blocks[-1] += "\n" + "\n".join(errs)
+    for extra in (cpu_table(doc), idle_line(doc), ratio_table(doc)):
+        if extra:
+            blocks.append(extra)
+    t = doc["totals"]
+    blocks.append(f"sent to the target: {t['started']:,} turns ({t['completed']:,} completed"
+                  + "".join(f", {n:,} {r}" for r, n in t["failed"].items()) + f"), {t['deltas']:,} text deltas"
+                  + (f", {t['tool_calls']:,} tool calls ({doc['tool_invocations']:,} answered by the bench's "
+                     f"tool host)" if doc["options"]["tools"] else ""))
+    blocks.append(headline(doc))
+    return "\n\n".join(blocks)

@@ -1,0 +1,240 @@
+"""``agent-sidecar bench``: drive a running sidecar with concurrent turns and
+report throughput, latency, errors and (on this host) CPU and memory.
+
+Imports nothing heavy at module level (main.py builds its parser from here);
+the client, grpc and matplotlib come in when the command runs. A failure the
+user can fix (no sidecar at the target, a refused token, a missing extra) is
+one line on stderr and exit status 1; bad options are argparse's exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import deque
+
+DEFAULT_TARGET = "unix:./data/sidecar.sock"
+# Common words, cycled to build --prompt-words N: a prompt a tokenizer and a
+# model treat as ordinary text, and the echo model answers word for word.
+_VOCABULARY = ("the quick brown fox jumps over a lazy dog while seven bright stars shine above "
+               "quiet hills and every river runs down to the sea where old ships wait for morning "
+               "light to carry them home again").split()
+DELIVERIES = ("queue", "follow_up", "reject_if_busy", "interrupt", "rollback", "steer")
+
+
+def prompt_of(words: int) -> str:
+    return " ".join(_VOCABULARY[i % len(_VOCABULARY)] for i in range(words))
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a comma-separated list of integers") from None
+    if not levels or levels[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every level must be >= 1")
+    return levels
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+        return value
+    return parse
+
+
+def _warmup(text: str) -> float | None:
+    if text == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds, or 'auto'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
+def add_arguments(sub) -> argparse.ArgumentParser:
+    b = sub.add_parser("bench", help="load a running sidecar and report throughput, latency, CPU",
+                       description="Drive a running sidecar with concurrent turns and report throughput, "
+                                   "latency, errors and (on this host) CPU and memory.")
+    t = b.add_argument_group("target")
+    t.add_argument("--target", default=DEFAULT_TARGET, help=f"the sidecar's address (default {DEFAULT_TARGET})")
+    t.add_argument("--token", default=None, help="bearer token (TCP)")
+    t.add_argument("--tls", action="store_true", help="TLS to the target (system roots unless --ca-cert)")
+    t.add_argument("--ca-cert", default=None, help="PEM roots to verify the target's certificate (implies --tls)")
+    t.add_argument("--tls-server-name", default=None, help="the name to expect in the target's certificate")
+    t.add_argument("--connect-timeout", type=_positive(float), default=5.0, help="seconds (default 5)")
+    t.add_argument("--pid", type=int, default=None,
+                   help="the sidecar's pid for CPU/RSS figures (default: found from the listening socket)")
+    ld = b.add_argument_group("load")
+    ld.add_argument("--profile", default=None, help="the profile of the sessions and prompts (default main)")
+    ld.add_argument("--platform", default="bench", help="the SessionSource platform, and the tools' namespace")
+    ld.add_argument("--sessions", type=_positive(int), default=None,
+                    help="sessions to create (default: the largest concurrency)")
+    c = ld.add_mutually_exclusive_group()
+    c.add_argument("--concurrency", type=_positive(int), default=None, help="concurrent turns (default 10)")
+    c.add_argument("--sweep", type=_levels, default=None, metavar="N,N,...",
+                   help="run one point per concurrency level, e.g. 25,50,100,200,400, and find the knee")
+    d = ld.add_mutually_exclusive_group()
+    d.add_argument("--duration", type=_positive(float), default=None, help="seconds measured per point (default 10)")
+    d.add_argument("--turns", type=_positive(int), default=None, help="turns measured per point")
+    p = ld.add_mutually_exclusive_group()
+    p.add_argument("--prompt", default=None, help="the prompt text")
+    p.add_argument("--prompt-words", type=_positive(int), default=None, help="a prompt of N words (default 200)")
+    ld.add_argument("--delivery", choices=DELIVERIES, default="queue", help="delivery mode (default queue)")
+    ld.add_argument("--tools", action="store_true",
+                    help="host <platform>.echo and <platform>.sleep tools here, for a profile that calls them")
+    ld.add_argument("--warmup", type=_warmup, default=None, metavar="SECONDS|auto",
+                    help="warm-up per point (default auto: until every lane has finished one turn)")
+    ld.add_argument("--ramp", type=float, default=1.0, help="spread the lanes' starts over S seconds (default 1)")
+    ld.add_argument("--turn-timeout", type=_positive(float), default=300.0, help="seconds per turn (default 300)")
+    ld.add_argument("--seed", type=int, default=1)
+    m = b.add_argument_group("measure and compare")
+    m.add_argument("--slo", default="10%", help="allowed p99 turn excess over the ideal (default 10%%)")
+    m.add_argument("--ideal", type=_positive(float), default=None,
+                   help="the ideal turn in seconds (default: the median calibration turn)")
+    m.add_argument("--calibrate", type=int, default=3,
+                   help="turns run one at a time before the points, for the ideal and the bare timing (default 3)")
+    m.add_argument("--compare-bare", action="store_true",
+                   help="run the same load against a built-in bare gRPC server and print the ratios")
+    m.add_argument("--bare-latency-ms", type=float, default=None,
+                   help="the bare server's delay before each delta (default: measured in the calibration)")
+    m.add_argument("--bare-first-delay-ms", type=float, default=0.0,
+                   help="with --bare-latency-ms: an extra delay before the first delta")
+    o = b.add_argument_group("output")
+    o.add_argument("--json", default=None, metavar="FILE", help="write every figure as JSON")
+    o.add_argument("--plot", default=None, metavar="FILE.png", help="write a PNG (needs matplotlib)")
+    b.set_defaults(func=run, _parser=b)
+    return b
+
+
+def options_from(args):
+    """BenchOptions from parsed arguments; ValueError for combinations argparse cannot check."""
+    from ..bench.run import BenchOptions
+    from ..bench.stats import parse_slo
+
+    if args.tools and args.compare_bare:
+        raise ValueError("--tools and --compare-bare do not go together: the bare server has no tool host")
+    if args.calibrate < 0 or args.ramp < 0:
+        raise ValueError("--calibrate and --ramp must be >= 0")
+    if args.bare_latency_ms is not None and args.bare_latency_ms < 0:
+        raise ValueError("--bare-latency-ms must be >= 0")
+    if args.prompt is not None and not args.prompt.strip():
+        raise ValueError("--prompt must not be empty")
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise ValueError(f"{flag} {path}: no such directory")
+    levels = args.sweep or [args.concurrency or 10]
+    return BenchOptions(
+        target=args.target, text=args.prompt if args.prompt is not None else prompt_of(args.prompt_words or 200),
+        levels=levels, sweep=args.sweep is not None and len(levels) > 1, token=args.token,
+        tls=args.tls or bool(args.ca_cert), ca_cert=args.ca_cert, tls_server_name=args.tls_server_name,
+        connect_timeout_s=args.connect_timeout, profile=args.profile, platform=args.platform,
+        sessions=args.sessions, duration_s=None if args.turns else (args.duration or 10.0), turns=args.turns,
+        warmup_s=args.warmup, ramp_s=args.ramp, delivery=args.delivery, tools=args.tools,
+        compare_bare=args.compare_bare, bare_latency_ms=args.bare_latency_ms,
+        bare_first_delay_ms=args.bare_first_delay_ms, ideal_s=args.ideal, slo=parse_slo(args.slo),
+        calibrate=args.calibrate, pid=args.pid, turn_timeout_s=args.turn_timeout, seed=args.seed)
+
+
+class StatusView:
+    """Turns the runner's (label, point) reports into the one live line: phase,
+    a bar of the measure window, the current rates (over the last ~2 s)."""
+
+    def __init__(self, line, duration_s: float | None, turns: int | None):
+        self.line, self.duration_s, self.turns = line, duration_s, turns
+        self._recent: deque = deque(maxlen=5)
+        self._label = ""
+
+    def __call__(self, label: str, point) -> None:
+        from .progress import bar
+        if point is None:
+            self._recent.clear()
+            (self.line.log if label.startswith("done") else self.line.show)(label)
+            return
+        if label != self._label:
+            self._label = label
+            self._recent.clear()
+        s = point.snapshot()
+        now = time.monotonic()
+        self._recent.append((now, s["done"], s["deltas"]))
+        t0, d0, x0 = self._recent[0]
+        span = max(now - t0, 1e-9)
+        rate = f"{(s['done'] - d0) / span:,.1f} turns/s · {(s['deltas'] - x0) / span:,.0f} deltas/s" \
+            if len(self._recent) > 1 else "…"
+        if s["phase"] == "measure" and self.turns is None:
+            where = f"measure {bar(s['window_elapsed'] / self.duration_s)} {s['window_elapsed']:.1f}/{self.duration_s:g}s"
+        elif s["phase"] == "measure":
+            where = f"measure {bar(point.measured_started / self.turns)} {point.measured_started}/{self.turns} turns"
+        else:
+            where = f"{s['phase']} {s['elapsed']:.0f}s"
+        self.line.show(f"{label} {where} · {rate} · {s['in_flight']} in flight · {s['errors']} errors")
+
+
+def run(args) -> int:
+    try:
+        opts = options_from(args)
+    except ValueError as e:
+        args._parser.error(str(e))
+    problem = _missing_extras(args)
+    if problem:
+        print(f"agent-sidecar bench: {problem}", file=sys.stderr)
+        return 1
+    import uvloop
+
+    from ..bench import text
+    from ..bench.run import BenchError, run_bench
+    from .progress import LiveLine
+
+    line = LiveLine()
+    try:
+        doc = uvloop.run(run_bench(opts, StatusView(line, opts.duration_s, opts.turns)))
+    except BenchError as e:
+        line.close()
+        print(f"agent-sidecar bench: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        line.close()
+        print("agent-sidecar bench: interrupted", file=sys.stderr)
+        return 130
+    line.close()
+    print(text.render(doc), flush=True)
+    return _write_outputs(doc, args)
+
+
+def _missing_extras(args) -> str | None:
+    try:
+        import agent_sidecar_client  # noqa: F401
+    except ImportError:
+        return "needs the Python client; install the bench extra: pip install 'agent-sidecar[bench]'"
+    if args.plot:
+        from ..bench.plot import available
+        return available()
+    return None
+
+
+def _write_outputs(doc: dict, args) -> int:
+    try:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=1)
+                f.write("\n")
+            print(f"wrote {args.json}", file=sys.stderr)
+        if args.plot:
+            from ..bench import plot
+            plot.write(doc, args.plot)
+            print(f"wrote {args.plot}", file=sys.stderr)
+    except OSError as e:
+        print(f"agent-sidecar bench: cannot write {e.filename}: {e.strerror}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,207 @@
+"""When the store cannot write: one error, one state, one way back.
+
+A full disk, an I/O error, a read-only remount, a database locked past the busy
+timeout: SQLite (apsw) raises them in the writer process, from a job or from
+COMMIT. For a client they are one condition (nothing can be made durable now;
+retry later), so they become one error, ``StoreUnavailable``: a SidecarError
+with reason STORE_UNAVAILABLE and a RetryInfo delay, which the API layer sends
+as UNAVAILABLE. The mapping happens in ONE place, the parent's side of the
+writer (writer.py maps every answer that carries a store fault), so handlers
+never see an apsw error and never answer INTERNAL for one. ``StoreClosed``
+(the writer gone) is a ``StoreUnavailable`` too.
+
+``FaultMonitor`` is the state. The first store fault makes the store *failing*:
+listeners hear it (health goes NOT_SERVING, the turn manager ends its running
+turns), and every new job is refused at once with the same error: callers
+learn fast, and a failing disk is not hammered. Only *retry* jobs pass. After a
+backoff a retry round runs: each retrier re-sends what it holds (the frame bus,
+the frames it could not commit), then a probe writes one row. The store is
+writable again only when EVERY job of a round committed: a nearly full disk
+with room for the one-row probe but not for the held frames must not flap
+between failing and writable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import time
+from typing import Callable
+
+import apsw
+
+from ..errors import STORE_UNAVAILABLE, SidecarError
+
+log = logging.getLogger("agent_sidecar.store")
+
+RETRY_AFTER_S = 1.0  # the RetryInfo delay clients get; the slowest retry round comes this often
+FIRST_ROUND_S = 0.05  # the first retry round: a brief fault (a checkpoint's burst) ends fast
+HEADROOM_BYTES = 4 << 20  # wal_autocheckpoint (1000 pages of 4 KiB): the WAL's size between checkpoints
+_APSW_FAULTS = (apsw.FullError, apsw.IOError, apsw.ReadOnlyError, apsw.CantOpenError,
+                apsw.BusyError)
+_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
+
+
+class StoreUnavailable(SidecarError):
+    """The store cannot write now; retry after ``retry_after_s``."""
+
+    def __init__(self, message: str):
+        super().__init__(STORE_UNAVAILABLE, message, retry_after_s=RETRY_AFTER_S)
+
+    def __reduce__(self):
+        return (type(self), (self.message,))
+
+
+def is_store_fault(e: BaseException) -> bool:
+    """Whether ``e`` says the store cannot write (as opposed to a job's own
+    failure, a domain refusal or a bug, which a retry would not cure)."""
+    if isinstance(e, (StoreUnavailable, _APSW_FAULTS)):
+        return True
+    return isinstance(e, OSError) and e.errno in _ERRNOS
+
+
+def unavailable(e: BaseException) -> StoreUnavailable:
+    if isinstance(e, StoreUnavailable):
+        return e
+    return StoreUnavailable(f"the store cannot write ({e}); retry later")
+
+
+def probe(conn) -> None:
+    """The retry round's own write: one real row, so its commit needs the WAL
+    to take a page, as every write does; and, on a filesystem that ran full,
+    some headroom. A small commit can succeed on a full disk (into WAL space a
+    failed commit had allocated), and a store called writable again while the
+    next write fails would flap; so the round fails until the filesystem has
+    room for a WAL's worth of pages between checkpoints (HEADROOM_BYTES, at
+    most a tenth of a small filesystem)."""
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(conn.filename)))
+    except OSError:  # no figures here: the commit alone decides
+        st = None
+    if st is not None:
+        free, size = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+        if free < min(HEADROOM_BYTES, size // 10):
+            raise OSError(errno.ENOSPC, f"only {free} bytes free on the store's filesystem")
+    conn.execute("INSERT INTO meta (key, value) VALUES ('store_probe', ?)"
+                 " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (time.time(),))
+
+
+class FaultMonitor:
+    """Whether the store is failing, for one writer (see the module docstring).
+    ``send(fn, args, on_done)`` sends a retry job through that writer."""
+
+    def __init__(self, send: Callable):
+        self._send = send
+        self.fault: StoreUnavailable | None = None
+        self.since = 0.0
+        self._listeners: list[Callable[[StoreUnavailable | None], None]] = []
+        self._retriers: list[Callable[[], None]] = []
+        self._round: set[int] | None = None  # job ids of the open round, while it is being sent
+        self._waiting: set[int] = set()  # of the round sent, those not answered yet
+        self._round_ok = True
+        self._round_done: asyncio.Future | None = None
+        self._task: asyncio.Task | None = None
+        self._closed = False
+
+    def listen(self, listener: Callable[[StoreUnavailable | None], None]) -> None:
+        """``listener(fault)`` when the store starts failing, ``listener(None)``
+        when it writes again."""
+        self._listeners.append(listener)
+
+    def add_retrier(self, retrier: Callable[[], None]) -> None:
+        """``retrier()`` at each retry round: re-send held writes as retry jobs."""
+        self._retriers.append(retrier)
+
+    def refuse(self) -> None:
+        """Raise (a fresh copy of) the fault while the store is failing."""
+        if self.fault is not None:
+            raise StoreUnavailable(self.fault.message)
+
+    # -- what the writer tells us ----------------------------------------------------------
+
+    def sent(self, jid: int) -> None:
+        """A retry job left; it belongs to the round being sent, if any."""
+        if self._round is not None:
+            self._round.add(jid)
+
+    def answered(self, jid: int, ok: bool, fault: StoreUnavailable | None) -> None:
+        """Job ``jid`` was answered (``ok``: it committed); ``fault`` if it
+        failed for a store fault."""
+        if fault is not None:
+            self._failing(fault)
+        if jid in self._waiting:
+            self._waiting.discard(jid)
+            self._round_ok = self._round_ok and ok
+            if not self._waiting:
+                self._end_round(self._round_ok)
+
+    def closed(self) -> None:
+        """The writer is gone or closing: no more rounds."""
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+        self._end_round(False)
+
+    # -- the state and the way back --------------------------------------------------------
+
+    def _failing(self, fault: StoreUnavailable) -> None:
+        if self.fault is not None:
+            return
+        self.fault, self.since = fault, time.monotonic()
+        log.error("the store cannot write; refusing writes until it can",
+                  extra={"error": fault.message})
+        self._tell(fault)
+        if not self._closed:
+            self._task = asyncio.get_running_loop().create_task(self._recover())
+
+    async def _recover(self) -> None:
+        """Retry rounds with a doubling delay (up to RETRY_AFTER_S) until one
+        commits whole; then the store is writable again."""
+        delay = FIRST_ROUND_S
+        while True:
+            await asyncio.sleep(delay)
+            if await self._retry_round():
+                break
+            if self._closed:
+                return
+            delay = min(delay * 2, RETRY_AFTER_S)
+        log.warning("the store can write again",
+                    extra={"failing_s": round(time.monotonic() - self.since, 3)})
+        self.fault, self._task = None, None
+        self._tell(None)
+
+    async def _retry_round(self) -> bool:
+        self._round, self._round_ok = set(), True
+        self._round_done = asyncio.get_running_loop().create_future()
+        try:
+            for retrier in list(self._retriers):
+                try:
+                    retrier()
+                except StoreUnavailable:
+                    raise
+                except Exception:
+                    log.exception("a store retrier failed")
+            self._send(probe, (), _ignore)
+        except StoreUnavailable:  # closed meanwhile
+            self._round = None
+            return False
+        self._waiting, self._round = self._round, None
+        return await self._round_done
+
+    def _end_round(self, ok: bool) -> None:
+        self._waiting = set()
+        if self._round_done is not None and not self._round_done.done():
+            self._round_done.set_result(ok)
+
+    def _tell(self, fault: StoreUnavailable | None) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(fault)
+            except Exception:
+                log.exception("a store fault listener failed")
+
+
+def _ignore(ok: bool, value) -> None:
+    return None

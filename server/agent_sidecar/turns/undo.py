@@ -1,0 +1,138 @@
+"""Taking back what a user sent while their session is busy: RewindSession and
+RewriteTranscript during a turn (README "RewindSession during a turn").
+
+An adapter's ``/undo`` means "take back my last message(s)". Messages the
+sidecar holds but has not run yet are the newest the user sent, so
+``rewind(n)`` counts, newest first:
+
+1. the lane's prompts that have not started (waiting in the interrupt slot, the
+   follow-up slot or the FIFO, or acknowledged and about to start): each is
+   dropped and ends ``superseded`` (a follow-up that absorbed a burst takes the
+   burst with it: it is one turn);
+2. then the running turn: cancelled as ROLLBACK does — it ends ``failed
+   CANCELLED`` and nothing it wrote stays (its user messages, absorbed and
+   steered ones included, and any reply);
+3. then the rest of ``n`` from the transcript, as before.
+
+``rewrite`` replaces the whole transcript, so it cancels the running turn the
+same way (the reply it would write answers a transcript that is gone); prompts
+that have not started are the user's newer messages and are kept: they run
+after the rewrite, on the new transcript.
+
+The invariant both keep: a transcript never holds a reply without its user
+message. That needs the decision and the turn's writes to be ordered, so:
+everything is decided synchronously on the event loop, where lanes live; from
+that moment the turn's further frames, transcript messages and tool calls are
+refused (``Turn.taken_back``, worker_events.py); what it had already sent is
+flushed to the writer and the transcript job is queued right behind it in the
+same step, so it sees (and hides) all of it; the turn's ``finish`` runs with
+rollback and hides anything that still got through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from .. import errors as E
+from ..sessions import transcripts as tx
+from .lanes import Lane, Turn
+
+REWOUND = "the user took this turn back (RewindSession)"
+REWRITTEN = "the transcript this turn answered was rewritten (RewriteTranscript)"
+
+
+def _open(t: Turn | None) -> bool:
+    return t is not None and not t.finished and not t.terminal_pending and not t.taken_back
+
+
+def _start_in_flight(t: Turn) -> bool:
+    """Reserved on an idle lane, its accept (which also starts it and writes its
+    user message) not committed yet."""
+    return not t.started and not t.accepted and not t.queued
+
+
+async def rewind(m, key: str, session_id: str, n: int) -> dict[str, Any]:
+    """RewindSession(session_id, n) with the lane taken into account (see the
+    module docstring). Returns the RewindSessionResponse fields: ``turns_undone``
+    counts dropped prompts and the cancelled turn too; ``target_text`` is the
+    first text of the oldest user turn undone."""
+    lane = m.lanes.get(key)
+    undone: list[Turn] = []  # newest first
+    wrote: list[str] = []  # request ids whose rows must go with them
+    advance = False
+    if lane is not None:
+        row = m.prompts.routing_row(key)
+        if row is not None and row[0] == session_id:  # waiting prompts run in this incarnation
+            waiting = [t for t in lane.waiting() if _open(t)]
+            if _open(lane.running) and not lane.running.started:
+                waiting.append(lane.running)
+            waiting.sort(key=lambda t: t.created_at, reverse=True)
+            for t in waiting[:n]:
+                advance |= _drop(m, lane, t)
+                undone.append(t)
+                if _start_in_flight(t):
+                    wrote.append(t.rid)
+        running = lane.running
+        if len(undone) < n and _open(running) and running.started and running.sid == session_id:
+            _take_back(m, running, REWOUND)
+            undone.append(running)
+            wrote.append(running.rid)
+    job = _submit_after_lane_writes(m, tx.rewind, session_id, n - len(undone), wrote)
+    if advance:  # after the job is queued: a turn that starts now writes after the rewind
+        m._advance(lane)
+    out = await job
+    if not out["turns_undone"] and undone:
+        out["target_text"] = undone[-1].user_texts()[0]
+    out["turns_undone"] += len(undone)
+    return out
+
+
+async def rewrite(m, key: str, session_id: str, messages: list) -> None:
+    """RewriteTranscript(session_id, messages) with the lane taken into account:
+    the running turn of this incarnation is taken back (also one whose start is
+    still in flight: its user message would land in the replaced transcript);
+    prompts that have not started stay and run after."""
+    lane = m.lanes.get(key)
+    advance = False
+    if lane is not None:
+        running = lane.running
+        if _open(running) and running.sid == session_id:
+            if running.started:
+                _take_back(m, running, REWRITTEN)
+            elif _start_in_flight(running):
+                running.rollback = True
+                lane.running = None
+                m._publish_end(running, "failed", E.CANCELLED, REWRITTEN)
+                advance = True
+    job = _submit_after_lane_writes(m, tx.rewrite, session_id, messages)
+    if advance:
+        m._advance(lane)
+    await job
+
+
+def _drop(m, lane: Lane, t: Turn) -> bool:
+    """A prompt that has not started leaves its lane and ends superseded.
+    Returns whether it was the lane's next turn (the lane must move on)."""
+    was_next = lane.running is t
+    if was_next:
+        lane.running = None
+    lane.remove(t)
+    t.rollback = True  # an accept that started it wrote its user message: hide it with the end
+    m.supersede(t, "")
+    return was_next
+
+
+def _take_back(m, turn: Turn, why: str) -> None:
+    """The running turn is cancelled as ROLLBACK, and refuses its further writes."""
+    turn.taken_back = why
+    turn.rollback = True
+    m.cancel_turn(turn, E.CANCELLED)
+
+
+def _submit_after_lane_writes(m, fn, *args) -> asyncio.Future:
+    """Queue a transcript job behind every write already published (the frame
+    bus's, the accepts'): the store's writer runs jobs in the order queued."""
+    m.bus.flush_now()
+    m.accepts.flush_now()
+    return m.store.submit(fn, *args)
