@@ -3,10 +3,10 @@ real sidecar: hypothesis-built requests (strings near every cap, NULs, huge
 and negative numbers, unknown enum values, known keys and ids so calls reach
 the handlers' depths), and raw bytes that are no valid request at all.
 
-Whatever comes in, the answer holds API.md's promise: never INTERNAL or
-UNKNOWN (nor a hang: a call that times out fails too), every error carries an
-ErrorInfo, every INVALID_ARGUMENT names a field of the request ("request" when
-the bytes are no message at all).
+Whatever comes in, the answer keeps the promise of docs/semantics.md
+("Errors"): never INTERNAL or UNKNOWN (nor a hang: a call that times out fails
+too), every error carries an ErrorInfo, every INVALID_ARGUMENT names a field of
+the request ("request" when the bytes are no message at all).
 
 Bounded: a fixed ``max_examples`` per RPC (the whole module takes about a
 minute), ``derandomize`` so every run draws the same examples and a failure
