@@ -172,7 +172,8 @@ class Config:
     synchronous: str = key("FULL", fold="upper", choices=("FULL", "NORMAL"), toml="sidecar.synchronous",
                            doc="SQLite durability (a process crash loses nothing acknowledged either way)")
     drain_timeout: float = key(60.0, ge=0, toml="sidecar.drain_timeout",
-                               doc="seconds in-flight turns get on SIGTERM")
+                               doc="seconds in-flight turns get on SIGTERM; a supervisor's stop timeout "
+                                   "must be longer ([deployment.md](deployment.md))")
     retention_days: float = key(7.0, gt=0, toml="sidecar.retention_days",
                                 doc="frames and ledger rows are pruned after this (transcripts never)")
     dedup_window_s: float = key(300.0, gt=0, toml="sidecar.dedup_window_s",
@@ -187,7 +188,8 @@ class Config:
                                          doc="platforms named in the session context")
     home_channels: dict[str, Any] = key({}, toml="sidecar.home_channels",
                                         doc="per-platform home channels for the session context")
-    limits: Limits = section(Limits, toml="sidecar.limits", doc="request size and load limits")
+    limits: Limits = section(Limits, toml="sidecar.limits",
+                             doc="request size and load limits ([semantics.md](semantics.md#limits))")
     # [[auth.tokens]], [profiles.NAME], [platforms.NAME], [recovery]
     tokens: list[AuthToken] = array(AuthToken, toml="auth.tokens",
                                     doc="bearer tokens (TCP listeners need at least one)")

@@ -132,29 +132,33 @@ def to_toml(table: dict, prefix: str = "") -> str:
 
 # -- the key reference ------------------------------------------------------------------------
 
-def rows(cls: type = Config, prefix: str = "", env: str | None = ENV_PREFIX) -> list[tuple[str, ...]]:
-    """(table, key, type, default, range, environment variable, meaning) of every key."""
+def rows(cls: type = Config) -> tuple[list[tuple[str, ...]], dict[str, str]]:
+    """(table, key, type, default, range, environment variable, meaning) of
+    every key, and the doc of every table that has one."""
     out: list[tuple[str, ...]] = []
-    defaults = cls()
-    _rows(out, tree(cls), defaults, prefix, env)
-    return out
+    docs: dict[str, str] = {}
+    _rows(out, docs, tree(cls), cls(), "", ENV_PREFIX)
+    return out, docs
 
 
-def _rows(out: list, node: dict, defaults: Any, prefix: str, env: str | None) -> None:
+def _rows(out: list, docs: dict, node: dict, defaults: Any, prefix: str, env: str | None) -> None:
     for k, sub in node.items():
         path = prefix + k
         env_k = env + k.upper() if env else None
         if isinstance(sub, dict):
-            _rows(out, sub, defaults, path + ".", env_k + "__" if env_k else None)
-        elif dataclasses.is_dataclass(sub.tp):
-            _rows(out, tree(sub.tp), getattr(defaults, sub.field.name), path + ".",
+            _rows(out, docs, sub, defaults, path + ".", env_k + "__" if env_k else None)
+            continue
+        if sub.md.get("doc") and not sub.form:
+            docs[path + (".NAME" if _is_named(sub.tp) else "[]" if _is_array(sub.tp) else "")] = sub.md["doc"]
+        if dataclasses.is_dataclass(sub.tp):
+            _rows(out, docs, tree(sub.tp), getattr(defaults, sub.field.name), path + ".",
                   env_k + "__" if env_k else None)
         elif _is_named(sub.tp):
             cls = typing.get_args(sub.tp)[1]
-            _rows(out, tree(cls), cls(), path + ".NAME.", env_k + "__<NAME>__" if env_k else None)
+            _rows(out, docs, tree(cls), cls(), path + ".NAME.", env_k + "__<NAME>__" if env_k else None)
         elif _is_array(sub.tp):
             cls = typing.get_args(sub.tp)[0]
-            _rows(out, tree(cls), cls(), path + "[].", None)
+            _rows(out, docs, tree(cls), cls(), path + "[].", None)
         else:
             out.append(_row(sub, path, defaults, env_k))
 
@@ -196,15 +200,17 @@ def _row(slot: Slot, path: str, defaults: Any, env: str | None) -> tuple[str, ..
 def reference() -> str:
     """The Markdown key tables, one per TOML table, in schema order."""
     text, current = "", None
-    for table, name, kind, default, rng, env, meaning in rows():
+    keys, docs = rows()
+    for table, name, kind, default, rng, env, meaning in keys:
         if table != current:
             current = table
-            note = ""
+            note = docs.get(table, "")
+            note = note[0].upper() + note[1:] + ".\n\n" if note else ""
             if table.endswith("[]"):
                 title = f"`[[{table[:-2]}]]`"
                 var = ENV_PREFIX + "__".join(p.upper() for p in table[:-2].split("."))
-                note = (f"From the environment only as a whole: `{var}` holding a TOML array of "
-                        "inline tables.\n\n")
+                note += (f"From the environment only as a whole: `{var}` holding a TOML array of "
+                         "inline tables.\n\n")
             else:
                 title = f"`[{table}]`" if table else "Top level"
             text += f"\n#### {title}\n\n{note}| key | type | default | range | environment | meaning |\n" \
