@@ -14,7 +14,7 @@ import pytest
 
 from agent_sidecar.cli.config_cmd import literal, to_toml
 from agent_sidecar.config import Config, ConfigError, load_config
-from agent_sidecar.config_schema import _is_array, _is_named, _members, tree
+from agent_sidecar.config_schema import is_array, is_named, members_of, tree
 
 NO_ENV: dict[str, str] = {}
 
@@ -47,9 +47,9 @@ def leaves(node: dict | None = None, prefix: tuple = ()):
             yield from leaves(sub, path)
         elif dataclasses.is_dataclass(sub.tp):
             yield from leaves(tree(sub.tp), path)
-        elif _is_named(sub.tp):
+        elif is_named(sub.tp):
             yield from leaves(tree(typing.get_args(sub.tp)[1]), path + ("x",))
-        elif _is_array(sub.tp):
+        elif is_array(sub.tp):
             yield from leaves(tree(typing.get_args(sub.tp)[0]), path + (0,))
         else:
             yield path, sub
@@ -90,7 +90,7 @@ def wrong_values(slot) -> list:
         return ["x", 42, {"a": 1}]
     if origin is dict:
         return [42, "x", [1]]
-    members = _members(slot.tp)
+    members = members_of(slot.tp)
     out = []
     for v in (42, 1.5, "x", True, [1], {"a": 1}):
         if type(v) in members or (type(v) is int and float in members):
@@ -136,7 +136,7 @@ def test_a_wrong_type_is_refused_naming_the_key(tmp_path, path, slot):
 @pytest.mark.parametrize("path,slot", [(p, s) for p, s in LEAVES if {"ge", "gt", "le", "choices"} & set(s.md)],
                          ids=[dotted(p) for p, s in LEAVES if {"ge", "gt", "le", "choices"} & set(s.md)])
 def test_a_value_out_of_range_is_refused_naming_the_key(tmp_path, path, slot):
-    md, numeric = slot.md, float in _members(slot.tp)
+    md, numeric = slot.md, float in members_of(slot.tp)
     step = 0.5 if numeric else 1
     bad, good = [], []
     if "ge" in md:
@@ -177,6 +177,8 @@ def test_the_cross_key_checks(tmp_path):
     assert names(problems(tmp_path, "[platforms.Slack]\npii_safe = true\n[platforms.slack]\n"
                                     "pii_safe = false\n")) == ["platforms.slack"]
     assert names(problems(tmp_path, '[profiles.main]\nmodel = "ecoh"\n')) == ["profiles.main.model"]
+    assert names(problems(tmp_path, "[sidecar]\nkeepalive_s = inf\ndrain_timeout = nan\n")) == \
+        ["sidecar.keepalive_s", "sidecar.drain_timeout"]
 
 
 def test_values_are_kept_as_given_and_folded_where_case_does_not_matter(tmp_path):

@@ -23,8 +23,8 @@ import tomllib
 import typing
 from typing import Any, Mapping
 
-from .config_schema import (BAD, ENV_PREFIX, SECRET_FORMS, ConfigError, Problems, Slot, _is_named,
-                            _matches, _members, check_scalar, describe, tree)
+from .config_schema import (BAD, ENV_PREFIX, SECRET_FORMS, ConfigError, Problems, Slot, is_named,
+                            matches, members_of, check_scalar, describe, tree)
 
 
 def read_toml(path: str | None) -> dict[str, Any]:
@@ -98,7 +98,7 @@ class Loader:
                 return BAD
             if dataclasses.is_dataclass(tp):
                 return self.parse(tp, v, where + ".")
-            return self._named(typing.get_args(tp)[1], md, v, where) if _is_named(tp) else v
+            return self._named(typing.get_args(tp)[1], md, v, where) if is_named(tp) else v
         if origin is list:
             inner = typing.get_args(tp)[0]
             if not isinstance(v, list):
@@ -214,7 +214,7 @@ def _env_target(cls: type, parts: list[str], raw: dict) -> tuple[list[str], Slot
             node = sub
         elif dataclasses.is_dataclass(sub.tp):
             node = tree(sub.tp)
-        elif _is_named(sub.tp):
+        elif is_named(sub.tp):
             if i == len(parts):
                 return None
             names = list(current) if isinstance(current, dict) else []
@@ -231,13 +231,13 @@ def _env_target(cls: type, parts: list[str], raw: dict) -> tuple[list[str], Slot
 def _env_value(slot: Slot, text: str) -> Any:
     """A variable's text as the key's value: strings as they are, everything
     else as a TOML literal (left as text when it is none: the check says so)."""
-    members = _members(slot.tp)
+    members = members_of(slot.tp)
     if slot.form or members == (str,):
         return text
     try:
         value = tomllib.loads("v = " + text)["v"]
     except tomllib.TOMLDecodeError:
         return text
-    if str in members and not any(_matches(t, value) for t in members if t is not str):
+    if str in members and not any(matches(t, value) for t in members if t is not str):
         return text
     return value

@@ -120,11 +120,11 @@ class Slot:
         return self.field.metadata
 
 
-def _is_named(tp: Any) -> bool:
+def is_named(tp: Any) -> bool:
     return typing.get_origin(tp) is dict and dataclasses.is_dataclass(typing.get_args(tp)[1])
 
 
-def _is_array(tp: Any) -> bool:
+def is_array(tp: Any) -> bool:
     return typing.get_origin(tp) is list and dataclasses.is_dataclass(typing.get_args(tp)[0])
 
 
@@ -200,19 +200,19 @@ BAD = object()  # a value that failed its check (already reported)
 _EXPECTED = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
-def _members(tp: Any) -> tuple:
+def members_of(tp: Any) -> tuple:
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
         return tuple(t for t in typing.get_args(tp) if t is not type(None))
     return (tp,)
 
 
-def _matches(tp: Any, value: Any) -> bool:
+def matches(tp: Any, value: Any) -> bool:
     if tp is bool:
         return isinstance(value, bool)
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     return isinstance(value, tp)
 
 
@@ -224,16 +224,18 @@ def describe(tp: Any) -> str:
     if typing.get_origin(tp) is dict or dataclasses.is_dataclass(tp):
         return "table"
     names = {bool: "bool", int: "integer", float: "number", str: "string"}
-    return " or ".join(names[t] for t in _members(tp))
+    return " or ".join(names[t] for t in members_of(tp))
 
 
 def check_scalar(tp: Any, md: Mapping[str, Any], value: Any, where: str, out: Problems) -> Any:
     """``value`` checked against a scalar type and the key's range; returns it
     (a float for a number, a string folded as ``fold`` says) or BAD."""
-    members = _members(tp)
-    kind = next((t for t in members if _matches(t, value)), None)
+    members = members_of(tp)
+    kind = next((t for t in members if matches(t, value)), None)
     if kind is None:
         expected = " or ".join(_EXPECTED[t] for t in members)
+        if float in members and isinstance(value, float):
+            expected = "a finite number"
         out.add(where, f"expected {expected}", "***" if md.get("secret") else value)
         return BAD
     if kind is float:

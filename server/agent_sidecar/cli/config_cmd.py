@@ -17,7 +17,7 @@ import typing
 from typing import Any
 
 from ..config import Config, ConfigError, load_config
-from ..config_schema import ENV_PREFIX, Slot, _is_array, _is_named, describe, tree
+from ..config_schema import ENV_PREFIX, Slot, is_array, is_named, describe, tree
 
 BEGIN, END = "<!-- config-keys:begin (agent-sidecar config reference) -->", "<!-- config-keys:end -->"
 MASK = "***"
@@ -77,9 +77,9 @@ def _fill(out: dict, node: dict, obj: Any) -> None:
             value = MASK if value else ""
         elif dataclasses.is_dataclass(sub.tp):
             value = as_table(value, sub.tp)
-        elif _is_named(sub.tp):
+        elif is_named(sub.tp):
             value = {name: as_table(v, typing.get_args(sub.tp)[1]) for name, v in value.items()}
-        elif _is_array(sub.tp):
+        elif is_array(sub.tp):
             value = [as_table(v, typing.get_args(sub.tp)[0]) for v in value]
         out[k] = value
 
@@ -149,14 +149,14 @@ def _rows(out: list, docs: dict, node: dict, defaults: Any, prefix: str, env: st
             _rows(out, docs, sub, defaults, path + ".", env_k + "__" if env_k else None)
             continue
         if sub.md.get("doc") and not sub.form:
-            docs[path + (".NAME" if _is_named(sub.tp) else "[]" if _is_array(sub.tp) else "")] = sub.md["doc"]
+            docs[path + (".NAME" if is_named(sub.tp) else "[]" if is_array(sub.tp) else "")] = sub.md["doc"]
         if dataclasses.is_dataclass(sub.tp):
             _rows(out, docs, tree(sub.tp), getattr(defaults, sub.field.name), path + ".",
                   env_k + "__" if env_k else None)
-        elif _is_named(sub.tp):
+        elif is_named(sub.tp):
             cls = typing.get_args(sub.tp)[1]
             _rows(out, docs, tree(cls), cls(), path + ".NAME.", env_k + "__<NAME>__" if env_k else None)
-        elif _is_array(sub.tp):
+        elif is_array(sub.tp):
             cls = typing.get_args(sub.tp)[0]
             _rows(out, docs, tree(cls), cls(), path + "[].", None)
         else:
