@@ -14,7 +14,8 @@ import pytest
 
 from agent_sidecar.cli.config_cmd import literal, to_toml
 from agent_sidecar.config import Config, ConfigError, load_config
-from agent_sidecar.config_schema import is_array, is_named, members_of, tree
+from agent_sidecar.config_loader import Loader
+from agent_sidecar.config_schema import is_array, is_named, key, members_of, section, tree
 
 NO_ENV: dict[str, str] = {}
 
@@ -307,3 +308,36 @@ def test_tokens_from_the_environment_replace_the_files(tmp_path):
     env = {"AGENT_SIDECAR_AUTH__TOKENS": f'[{{token_file = "{secret}", admin = true}}]'}
     cfg = load(tmp_path, TOKENS.format('token = "old"'), env)
     assert [(t.token, t.admin) for t in cfg.tokens] == [("s3cret", True)]
+
+
+# -- a section added the way config_schema's docstring says ------------------------------------------
+
+@dataclasses.dataclass
+class Store:
+    backend: str = key("sqlite", choices=("sqlite", "postgres"), doc="the store backend")
+    dsn: str = key("", secret=True, doc="the PostgreSQL DSN")
+    pool_size: int = key(8, ge=1, doc="connections in the pool")
+
+
+@dataclasses.dataclass
+class Root:
+    workers: int = key(0, ge=0, toml="sidecar.workers")
+    store: Store = section(Store, doc="the store")
+
+
+def parse_root(raw: dict, environ: dict[str, str]) -> tuple[Root, list[str]]:
+    loader = Loader(environ)
+    loader.overlay_env(Root, raw)
+    return loader.parse(Root, raw, ""), loader.out.lines
+
+
+def test_a_new_section_gets_checks_environment_and_secrets_from_its_declaration(tmp_path):
+    dsn = tmp_path / "dsn"
+    dsn.write_text("postgresql://u:p@db/sidecar\n")
+    root, lines = parse_root({"store": {"backend": "postgres", "dsn": "inline"}},
+                             {"AGENT_SIDECAR_STORE__DSN_FILE": str(dsn),
+                              "AGENT_SIDECAR_STORE__POOL_SIZE": "4"})
+    assert lines == [] and (root.store.dsn, root.store.pool_size) == ("postgresql://u:p@db/sidecar", 4)
+    root, lines = parse_root({"store": {"backend": "mysql", "pool_size": 0, "dsn_env": "NOPE"}}, {})
+    assert [line.split(": ")[1] for line in lines] == ["store.backend", "store.pool_size", "store.dsn_env"]
+    assert parse_root({}, {})[0] == Root()  # an optional secret may be left out
