@@ -200,3 +200,12 @@ def test_the_readme_example_loads(tmp_path):
     path.write_text(re.search(r"```toml\n(.*?)```", section, re.S).group(1))
     cfg = load_config(str(path), environ={"SIDECAR_TOKEN": "t"})
     assert cfg.tokens[0].token == "t" and cfg.limits.max_prompts_in_flight == 1000
+
+
+def test_without_setproctitle_the_title_is_left_alone():
+    code = ("import sys; sys.modules['setproctitle'] = None\n"
+            "from agent_sidecar.children import set_title\n"
+            "set_title('main (data x)')\n"
+            "print(open('/proc/self/cmdline', 'rb').read().split(b'\\0')[0].decode())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout.strip() == sys.executable, r.stderr
