@@ -125,6 +125,12 @@ class Limits:
                                                      "(0: no cap); past it OVERLOADED")
     max_prompt_bytes_in_flight: int = key(16 * 1024 * 1024, ge=0,
                                           doc="bytes of their text and attachments (0: no cap)")
+    # The largest request message accepted, whatever its fields' limits allow
+    # (api/caps.py derives each RPC's own, smaller bound from the limits above);
+    # gRPC takes it as an int32.
+    max_request_bytes: int = key(32 * 1024 * 1024, ge=1, le=2**31 - 1,
+                                 doc="the largest request any RPC accepts, the server's gRPC "
+                                     "receive limit (each RPC refuses more than its fields allow)")
 
     def _validate(self) -> Iterator[tuple[str, str, Any]]:
         if self.default_page_size > self.max_page_size:

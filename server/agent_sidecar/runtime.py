@@ -17,6 +17,7 @@ import stat
 
 from .children import tune_gc
 from .config import Config
+from .heap import return_large_blocks
 from .sdnotify import notify
 from .sessions.transcripts import index_pending
 from .store import Store, StoreUnavailable
@@ -78,10 +79,11 @@ class Sidecar:
         self.turns = TurnManager(self.cfg, self.store)
         # Spawned before any gRPC thread exists, the writer and the workers in parallel.
         await asyncio.gather(self.store.start(), self.turns.start_workers())
+        return_large_blocks()  # the memory of a large request goes back once it is gone
         auth = Authenticator(self.cfg.tokens)
         sessions = SessionService(self.cfg, self.store, auth, self.turns)
         self.server, self.health, bound = build_server(
-            self.cfg, {"sessions": sessions, "extra": self.turns.servicers(auth)})
+            self.cfg, {"sessions": sessions, "extra": self.turns.servicers(auth)}, auth)
         from grpc_health.v1 import health_pb2
         # grpc's servicer starts SERVING; we are not, until the restore is done.
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)

@@ -253,7 +253,10 @@ def set_index_mark(conn, value: int) -> None:
 
 def search(conn, query: str, session_key: str = "", limit: int = 20) -> list[dict[str, Any]]:
     """FTS5 over live messages. A query that is not valid FTS5 syntax is retried
-    as a plain phrase search, so users can type anything."""
+    as a plain phrase search, so users can type anything. NUL counts as a space:
+    FTS5 reads a query only up to its first NUL, which would cut a phrase's
+    closing quote off ("unterminated string")."""
+    query = query.replace("\x00", " ")
     sql = (
         "SELECT i.session_key, m.session_id, m.seq, m.role,"
         " snippet(messages_fts, 0, '[', ']', '…', 12), m.created_at"
