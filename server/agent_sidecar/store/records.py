@@ -263,3 +263,27 @@ class FrameRecord:
 # kind, body as orjson bytes or None). A tuple, not a dataclass: a busy sidecar
 # inserts tens of thousands a second and pickles each one to the writer.
 NewFrame = tuple
+
+
+# -- the cluster (several sidecars on one database) ---------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class LeaseGrant:
+    """This node holds the lane at ``epoch``. ``previous_node`` held it before
+    (empty: nobody); ``previous_expired``: that lease had run out (its node
+    died or stalled), so the lane's work may have been cut off."""
+
+    session_key: str
+    epoch: int
+    previous_node: str = ""
+    previous_expired: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseHolder:
+    """Another node holds the lane; calls for it go to ``address``."""
+
+    session_key: str
+    node_id: str
+    address: str
+    epoch: int

@@ -7,6 +7,7 @@ import contextlib
 
 import psycopg
 
+from .cluster import PostgresLeases, PostgresNodes
 from .connection import is_fault
 from .lanes import PostgresIncarnations, PostgresRestarts, PostgresRouting, PostgresTurnState
 from .ledger import PostgresFrames, PostgresLedger, PostgresQueue
@@ -27,6 +28,8 @@ class PostgresUnitOfWork:
         self.frames = PostgresFrames(conn)
         self.restarts = PostgresRestarts(conn)
         self.turn_state = PostgresTurnState(conn)
+        self.leases = PostgresLeases(conn)
+        self.nodes = PostgresNodes(conn)
 
     def begin(self) -> None:
         """A new transaction of the writer process."""

@@ -34,6 +34,8 @@ class SqliteUnitOfWork:
         self.frames = SqliteFrames(conn)
         self.restarts = SqliteRestarts(conn)
         self.turn_state = SqliteTurnState(conn)
+        self.leases = None  # one sidecar per file: no cluster, no leases
+        self.nodes = None
 
     @contextlib.contextmanager
     def savepoint(self):

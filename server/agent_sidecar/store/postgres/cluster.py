@@ -1,0 +1,100 @@
+"""PostgreSQL repositories of the cluster: lane leases and node rows
+(interface.LeaseRepo, NodeRepo). Every time is the database's ``now()``, never
+a node's clock.
+
+A lease row is never deleted, only expired: its ``epoch`` grows by one with
+every change of holder and never goes back, so a stalled node that still
+believes in an old epoch can never pass the fence again — not even after it
+takes the same lane back, which gives it a new epoch.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import psycopg
+
+from ..records import LeaseGrant, LeaseHolder
+
+
+class PostgresLeases:
+    def __init__(self, conn: psycopg.Connection):
+        self.conn = conn
+
+    def take(self, key: str, node_id: str, address: str, ttl_s: float) -> LeaseGrant | LeaseHolder:
+        """The lane's lease for ``node_id``: new, expired, or already this
+        node's (then its epoch moves on too: a takeover by the node's new
+        incarnation). Held by another node and alive: who holds it."""
+        row = self.conn.execute(
+            "WITH old AS (SELECT node_id, epoch, expires_at < now() AS expired FROM leases"
+            " WHERE session_key = %(key)s FOR UPDATE)"
+            " INSERT INTO leases AS l (session_key, node_id, epoch, expires_at, address)"
+            " VALUES (%(key)s, %(node)s, 1, now() + make_interval(secs => %(ttl)s), %(addr)s)"
+            " ON CONFLICT (session_key) DO UPDATE SET node_id = excluded.node_id, epoch = l.epoch + 1,"
+            " expires_at = excluded.expires_at, address = excluded.address"
+            " WHERE l.expires_at < now() OR l.node_id = excluded.node_id"
+            " RETURNING l.epoch, (SELECT node_id FROM old), (SELECT expired FROM old)",
+            {"key": key, "node": node_id, "ttl": ttl_s, "addr": address}).fetchone()
+        if row is not None:
+            epoch, previous, expired = row
+            return LeaseGrant(key, epoch, previous or "", bool(expired))
+        node, addr, epoch = self.conn.execute(
+            "SELECT node_id, address, epoch FROM leases WHERE session_key = %s", (key,)).fetchone()
+        return LeaseHolder(key, node, addr, epoch)
+
+    def fenced(self, node_id: str, epochs: dict[str, int]) -> set[str]:
+        """Of these lanes, those whose lease no longer names ``node_id`` at
+        that epoch. The rows are locked FOR SHARE until the transaction ends:
+        no takeover can commit between this check and this job's commit."""
+        rows = self.conn.execute(
+            "SELECT session_key, node_id, epoch FROM leases WHERE session_key = ANY(%s) FOR SHARE",
+            (list(epochs),)).fetchall()
+        held = {k: (n, e) for k, n, e in rows}
+        return {k for k, e in epochs.items() if held.get(k) != (node_id, e)}
+
+    def renew(self, node_id: str, keys: Iterable[str], ttl_s: float) -> dict[str, int]:
+        """Extend this node's leases on ``keys``; returns those still its own
+        (lane -> epoch). A lane missing from the answer was taken over."""
+        return dict(self.conn.execute(
+            "UPDATE leases SET expires_at = now() + make_interval(secs => %s)"
+            " WHERE node_id = %s AND session_key = ANY(%s) RETURNING session_key, epoch",
+            (ttl_s, node_id, list(keys))).fetchall())
+
+    def release(self, key: str, node_id: str, epoch: int) -> None:
+        """Let another node take the lane at once (the row and its epoch stay)."""
+        self.conn.execute("UPDATE leases SET expires_at = now() WHERE session_key = %s"
+                          " AND node_id = %s AND epoch = %s", (key, node_id, epoch))
+
+    def of_node(self, node_id: str) -> list[str]:
+        return [r[0] for r in self.conn.execute(
+            "SELECT session_key FROM leases WHERE node_id = %s AND expires_at > now() - interval '1 hour'",
+            (node_id,))]
+
+    def orphaned(self, limit: int = 100) -> list[str]:
+        """Lanes whose lease expired with acknowledged work left in the ledger
+        (queued or running): a node died under them."""
+        return [r[0] for r in self.conn.execute(
+            "SELECT l.session_key FROM leases l WHERE l.expires_at < now() AND EXISTS"
+            " (SELECT 1 FROM prompts p WHERE p.session_key = l.session_key"
+            " AND p.status IN ('queued', 'running')) LIMIT %s", (limit,))]
+
+
+class PostgresNodes:
+    def __init__(self, conn: psycopg.Connection):
+        self.conn = conn
+
+    def arrive(self, node_id: str, address: str) -> bool:
+        """This node starts: returns whether its last run stopped cleanly (the
+        per-node clean-shutdown marker), and clears the marker."""
+        row = self.conn.execute(
+            "WITH old AS (SELECT clean_stop FROM nodes WHERE node_id = %(n)s)"
+            " INSERT INTO nodes AS n (node_id, address) VALUES (%(n)s, %(a)s)"
+            " ON CONFLICT (node_id) DO UPDATE SET address = excluded.address, started_at = now(),"
+            " heartbeat_at = now(), clean_stop = false"
+            " RETURNING (SELECT clean_stop FROM old)", {"n": node_id, "a": address}).fetchone()
+        return bool(row and row[0])
+
+    def leave(self, node_id: str) -> None:
+        """A graceful stop: the marker."""
+        self.conn.execute("UPDATE nodes SET clean_stop = true, heartbeat_at = now() WHERE node_id = %s",
+                          (node_id,))
