@@ -1,0 +1,181 @@
+"""A real (tiny) OpenAI-compatible HTTP server for tests.
+
+It listens on 127.0.0.1 with an ephemeral port in a background thread and plays
+a script of responses, one per request to ``/v1/chat/completions``; past the end
+the last entry repeats. Used by the model-backend tests and reusable by gRPC-level
+tests (``model_options = {"base_url": fake.url, ...}``).
+
+Script entries (dicts):
+- ``{"status": 500, "body": "...", "headers": {...}}``: an error response
+  (``{"status": 429, "headers": {"Retry-After": "1"}}`` for rate limiting).
+- ``{"text": "hello world"}``: streamed text, one chunk per word.
+- ``{"tool_calls": [{"name": "test.add", "arguments": {...}, "id": "..."}]}``:
+  streamed tool calls, each split over several chunks (name and id first, then
+  the arguments JSON in pieces). Names are sent in the safe form (dots -> "__"),
+  as a real model would. Combine with ``text`` for text first.
+- ``"usage": {...}``: override the usage chunk (default derived from words);
+  ``"usage": None`` sends none.
+- ``"delay_s": N``: wait before answering; ``"truncate": True``: close the
+  stream after the text without finish_reason or [DONE] (a broken connection).
+
+A request with ``"stream": false`` gets a plain chat.completion JSON reply.
+``.requests`` holds the parsed JSON bodies, ``.headers`` the request headers
+(lower-cased names), in arrival order.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+def _pieces(text: str, n: int = 3) -> list[str]:
+    """Split text into up to n non-empty pieces (to exercise fragment merging)."""
+    size = max(1, -(-len(text) // n))
+    return [text[i:i + size] for i in range(0, len(text), size)] or [""]
+
+
+class FakeOpenAI:
+    def __init__(self, script: list[dict[str, Any]] | None = None, model: str = "fake-model") -> None:
+        self.script = list(script or [{"text": "ok"}])
+        self.model = model
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.arrivals: list[float] = []  # monotonic arrival time of each request
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "FakeOpenAI not started"
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def start(self) -> "FakeOpenAI":
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:  # keep test output quiet
+                pass
+
+            def do_POST(self) -> None:
+                fake._handle(self)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,),
+                                        name="fake-openai", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> "FakeOpenAI":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -- serving -----------------------------------------------------------
+    def _next_entry(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        with self._lock:
+            n = len(self.requests)
+            self.requests.append(body)
+            self.headers.append(headers)
+            self.arrivals.append(time.monotonic())
+            return self.script[min(n, len(self.script) - 1)]
+
+    def _handle(self, h: BaseHTTPRequestHandler) -> None:
+        raw = h.rfile.read(int(h.headers.get("Content-Length") or 0))
+        if h.path.rstrip("/") != "/v1/chat/completions":
+            return self._send(h, 404, b'{"error": {"message": "not found"}}')
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return self._send(h, 400, b'{"error": {"message": "bad json"}}')
+        entry = self._next_entry(body, {k.lower(): v for k, v in h.headers.items()})
+        if entry.get("delay_s"):
+            time.sleep(entry["delay_s"])
+        if entry.get("status", 200) >= 400:
+            payload = entry.get("body", json.dumps({"error": {"message": f"fake error {entry['status']}"}}))
+            return self._send(h, entry["status"], payload.encode(), entry.get("headers"))
+        if body.get("stream") is False:
+            return self._send(h, 200, json.dumps(self._completion(entry)).encode())
+        self._stream(h, entry)
+
+    def _send(self, h: BaseHTTPRequestHandler, status: int, payload: bytes, headers: dict | None = None) -> None:
+        h.send_response(status)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(payload)))
+        for k, v in (headers or {}).items():
+            h.send_header(k, str(v))
+        h.end_headers()
+        h.wfile.write(payload)
+
+    def _usage(self, entry: dict[str, Any]) -> dict[str, Any] | None:
+        if "usage" in entry:
+            return entry["usage"]
+        words = len(entry.get("text", "").split())
+        return {"prompt_tokens": 10, "completion_tokens": words, "total_tokens": 10 + words}
+
+    def _chunk(self, delta: dict[str, Any] | None, finish: str | None = None, usage: Any = None) -> bytes:
+        chunk: dict[str, Any] = {"id": "chatcmpl-fake", "object": "chat.completion.chunk",
+                                 "created": int(time.time()), "model": self.model,
+                                 "choices": [] if delta is None else
+                                 [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        if usage is not None:
+            chunk["usage"] = usage
+        return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+    def _stream(self, h: BaseHTTPRequestHandler, entry: dict[str, Any]) -> None:
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Cache-Control", "no-cache")
+        h.end_headers()  # HTTP/1.0: the body ends when the connection closes
+        out = [self._chunk({"role": "assistant", "content": ""})]
+        words = entry.get("text", "").split(" ")
+        for i, word in enumerate(words if entry.get("text") else []):
+            out.append(self._chunk({"content": word if i == len(words) - 1 else word + " "}))
+        if entry.get("truncate"):
+            h.wfile.write(b"".join(out))
+            return
+        for idx, call in enumerate(entry.get("tool_calls", [])):
+            args = call.get("arguments", {})
+            args = args if isinstance(args, str) else json.dumps(args)
+            name = call["name"].replace(".", "__")
+            out.append(self._chunk({"tool_calls": [{"index": idx, "id": call.get("id", f"call_fake_{idx}"),
+                                                    "type": "function",
+                                                    "function": {"name": name, "arguments": ""}}]}))
+            for piece in _pieces(args):
+                out.append(self._chunk({"tool_calls": [{"index": idx, "function": {"arguments": piece}}]}))
+        out.append(self._chunk({}, "tool_calls" if entry.get("tool_calls") else "stop"))
+        usage = self._usage(entry)
+        if usage is not None:
+            out.append(self._chunk(None, usage=usage))
+        out.append(b"data: [DONE]\n\n")
+        for piece in out:  # one write per chunk, so the client sees a real stream
+            h.wfile.write(piece)
+            h.wfile.flush()
+
+    def _completion(self, entry: dict[str, Any]) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": entry.get("text") or None}
+        if entry.get("tool_calls"):
+            message["tool_calls"] = [
+                {"id": c.get("id", f"call_fake_{i}"), "type": "function",
+                 "function": {"name": c["name"].replace(".", "__"),
+                              "arguments": c["arguments"] if isinstance(c.get("arguments"), str)
+                              else json.dumps(c.get("arguments", {}))}}
+                for i, c in enumerate(entry["tool_calls"])]
+        return {"id": "chatcmpl-fake", "object": "chat.completion", "model": self.model,
+                "choices": [{"index": 0, "message": message,
+                             "finish_reason": "tool_calls" if entry.get("tool_calls") else "stop"}],
+                "usage": self._usage(entry)}
