@@ -10,7 +10,8 @@ import grpc
 
 from agent_sidecar.v1 import session_service_pb2 as pb
 from agent_sidecar.v1 import session_service_pb2_grpc as pb_grpc
-from helpers_sessions import msg, src, transcript, uniq
+from helpers.ids import source as src, uniq
+from helpers.sessions import msg, transcript
 
 
 def _aio(sc):

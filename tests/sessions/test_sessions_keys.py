@@ -8,8 +8,8 @@ import pytest
 
 from agent_sidecar.v1 import session_service_pb2 as pb
 from agent_sidecar.v1 import common_pb2 as c
-from helpers_sessions import create, rpc_error
-from key_cases import KEY_CASES, WHATSAPP_ALIASES
+from helpers.key_cases import KEY_CASES, WHATSAPP_ALIASES
+from helpers.sessions import create, rpc_error
 from sidecar_proc import Sidecar
 
 PROFILES = '[profiles.support]\nmodel = "echo"\n'

@@ -3,7 +3,6 @@ over gRPC against the real sidecar."""
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from datetime import datetime, timezone
 
@@ -14,10 +13,13 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase)
 
+from agent_sidecar.store.records import RoutingPatch
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as pb
-from helpers_sessions import create, rpc_error, seed, src, transcript, turns, uniq
+from helpers.ids import source as src, uniq
+from helpers.sessions import create, rpc_error, seed, transcript, turns
+from helpers.store import db_path, local_store
 from sidecar_proc import TOKEN, Sidecar
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -101,11 +103,10 @@ def test_prune_skips_suspended_keeps_transcripts(tmp_path):
         fresh, _ = create(st, src("telegram"))
         assert sc.stop() == 0
         ten_days_ago = time.time() - 10 * 86400
-        with sqlite3.connect(sc.data_dir / "sidecar.db") as db:
-            n = db.execute("UPDATE routing SET updated_at = ? WHERE session_key IN (?, ?)",
-                           (ten_days_ago, suspended.session_key, old.session_key)).rowcount
-            assert n == 2
-        db.close()
+        with local_store(db_path(sc)) as store:  # the stopped sidecar's file, through its unit of work
+            aged = [store.job(lambda uow, k: uow.routing.patch(k, RoutingPatch(updated_at=ten_days_ago)), k)
+                    for k in (suspended.session_key, old.session_key)]
+            assert aged == [True, True]
         sc.start()
         st = sc.sessions()
         recent = st.ListSessions(pb.ListSessionsRequest(active_within_seconds=86400), timeout=10)

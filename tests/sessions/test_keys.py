@@ -1,7 +1,7 @@
 """Unit tests for agent_sidecar.sessions.keys and SessionSource serialisation."""
 
 import pytest
-from key_cases import KEY_CASES, WHATSAPP_ALIASES
+from helpers.key_cases import KEY_CASES, WHATSAPP_ALIASES
 
 from agent_sidecar.sessions.keys import (
     build_session_key,
