@@ -18,7 +18,7 @@ from agent_sidecar import errors as E
 from agent_sidecar.api.errors import CODE_FOR_REASON
 from agent_sidecar.v1 import error_reason_pb2
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "ERROR_REASON_"
 
 

@@ -14,9 +14,9 @@ from agent_sidecar.api.session_service import CLEAR_ALL_CONFIRM
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as spb
-from helpers_busy import run, slow_echo, words
-from helpers_sessions import uniq
-from helpers_turns import watch
+from helpers.config import slow_echo
+from helpers.ids import uniq, words
+from helpers.streams import start, watch
 from sidecar_proc import Sidecar, error_info
 
 TOKENS = ('[[auth.tokens]]\ntoken = "adm"\nadmin = true\n'
@@ -74,7 +74,7 @@ def test_a_request_id_of_another_platforms_session_is_refused_not_replayed(sc):
             timeout=10)
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
     again = watch(prompts, request_id=rid)
-    assert [(f.seq, f.cursor) for f in again.raw] == [(f.seq, f.cursor) for f in original]
+    assert [(f.seq, f.cursor) for f in again.frames] == [(f.seq, f.cursor) for f in original]
     fresh = prompt(prompts, uniq("r"), other, "discord text")
     assert fresh[-1].completed.final_text == "discord text"
 
@@ -83,7 +83,7 @@ def test_a_request_id_of_a_running_turn_is_refused_for_another_session(sc):
     """While telegram's turn runs, discord's Prompt with its request id is INVALID_ARGUMENT;
     the running turn completes once, as its own."""
     prompts = sc.prompts()
-    first = run(prompts, text=words(10), src=tg(), profile="slow")
+    first = start(prompts, text=words(10), src=tg(), profile="slow")
     first.wait_for("started")
     assert_reused(prompt(prompts, first.request_id, dc(), "hijack"), first.key)
     assert first.result(15).end == "completed" and first.final_text == words(10)

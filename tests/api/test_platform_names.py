@@ -12,11 +12,12 @@ import pytest
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as pb
-from fake_openai import FakeOpenAI
-from helpers_common import PromptRun, wait_until
-from helpers_recovery import Watcher
-from helpers_sessions import create, uniq
-from helpers_turns import config
+from helpers.config import echo, profile
+from helpers.fake_openai import FakeOpenAI
+from helpers.ids import uniq
+from helpers.sessions import create
+from helpers.streams import PromptRun, Watcher
+from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
 RAW_USER = "424242"
@@ -42,8 +43,7 @@ def fake():
 
 @pytest.fixture(scope="module")
 def sc(tmp_path_factory, fake):
-    profiles = config({"main": {"model": "echo"},
-                       "gpt": {"model": "openai", "model_options": {"base_url": fake.url, "model": "m"}}})
+    profiles = echo("main") + profile("gpt", "openai", {"base_url": fake.url, "model": "m"})
     s = Sidecar(tmp_path_factory.mktemp("platforms") / "data", config=PLATFORMS + profiles).start()
     yield s
     s.stop()

@@ -21,9 +21,10 @@ from grpc_status import rpc_status
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as spb
-from helpers_busy import D, PromptRun, run, slow_echo, words
-from helpers_sessions import uniq
-from helpers_turns import collect, wait_until, watch
+from helpers.config import slow_echo
+from helpers.ids import uniq, words
+from helpers.streams import collect, D, PromptRun, start, watch
+from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
 BUFFER_FRAMES = 50
@@ -75,9 +76,9 @@ def test_a_watcher_that_stops_reading_is_ended_and_resumes_without_gap(sc, stall
     """A never-reading WatchActivity(platform) is ended STREAM_TOO_SLOW naming its cursor while
     another client's prompts complete; resuming from that cursor misses nothing."""
     prompts, platform = sc.prompts(), uniq("plat")
-    first = run(prompts, text="before the watch", src=c.SessionSource(platform=platform, chat_id=uniq()))
-    start = first.result(15).terminal.cursor
-    call = stalled.WatchActivity(ppb.WatchActivityRequest(platform=platform, after_cursor=start), timeout=60)
+    first = start(prompts, text="before the watch", src=c.SessionSource(platform=platform, chat_id=uniq()))
+    begin = first.result(15).last.cursor
+    call = stalled.WatchActivity(ppb.WatchActivityRequest(platform=platform, after_cursor=begin), timeout=60)
     # each turn's frames fit the bound, so its own (reading) Prompt stream keeps up
     turns = [PromptRun(prompts, text=words(20), src=c.SessionSource(platform=platform, chat_id=uniq()))
              .result(30) for _ in range(12)]
@@ -86,18 +87,18 @@ def test_a_watcher_that_stops_reading_is_ended_and_resumes_without_gap(sc, stall
     assert len(published) > 4 * BUFFER_FRAMES
 
     got = collect(call, stop=lambda f: f.cursor == published[-1])  # before the bound: it reads all
-    assert got.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (got.code, got.details, len(got.raw))
+    assert got.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (got.code, got.details, len(got.frames))
     assert got.reason == "STREAM_TOO_SLOW", got.reason
     assert retry_info(call) is not None
     cursor = resume_point(got.details, "after_cursor")
-    sent = [f.cursor for f in got.raw]
+    sent = [f.cursor for f in got.frames]
     assert sent == published[:len(sent)], "the stream skipped a frame before it was ended"
-    assert cursor == (sent[-1] if sent else start), (cursor, sent[-1:])
+    assert cursor == (sent[-1] if sent else begin), (cursor, sent[-1:])
     assert len(sent) < len(published)
 
     rest = collect(prompts.WatchActivity(ppb.WatchActivityRequest(platform=platform, after_cursor=cursor),
                                          timeout=30), stop=lambda f: f.cursor == published[-1])
-    assert sent + [f.cursor for f in rest.raw] == published, "the resumed watch has a gap or a repeat"
+    assert sent + [f.cursor for f in rest.frames] == published, "the resumed watch has a gap or a repeat"
 
 
 def test_a_prompt_stream_whose_client_stops_reading_resumes_by_request_id(sc, stalled):
@@ -112,18 +113,18 @@ def test_a_prompt_stream_whose_client_stops_reading_resumes_by_request_id(sc, st
         out = watch(prompts, request_id=req.request_id)
         return out if out.reason != "REQUEST_NOT_FOUND" else None
     whole = wait_until(known, timeout=15)
-    assert whole.kinds[-1] == "completed" and whole.code == grpc.StatusCode.OK, whole.kinds[-2:]
-    assert len(whole.raw) > 4 * BUFFER_FRAMES
+    assert whole.kinds()[-1] == "completed" and whole.code == grpc.StatusCode.OK, whole.kinds()[-2:]
+    assert len(whole.frames) > 4 * BUFFER_FRAMES
 
     got = collect(call)
-    assert got.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (got.code, got.details, len(got.raw))
+    assert got.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (got.code, got.details, len(got.frames))
     assert got.reason == "STREAM_TOO_SLOW"
     assert retry_info(call) is not None
     after = resume_point(got.details, "after_seq")
-    assert [f.seq for f in got.raw] == list(range(1, after + 1))
+    assert [f.seq for f in got.frames] == list(range(1, after + 1))
     rest = watch(prompts, request_id=req.request_id, after_seq=after)
-    assert [f.seq for f in got.raw + rest.raw] == [f.seq for f in whole.raw]
-    assert rest.kinds[-1] == "completed"
+    assert [f.seq for f in got.frames + rest.frames] == [f.seq for f in whole.frames]
+    assert rest.kinds()[-1] == "completed"
 
 
 # -- admission ---------------------------------------------------------------------------------
@@ -147,7 +148,7 @@ def test_prompts_past_max_prompts_in_flight_are_overloaded_and_leave_no_trace(sc
     and no ledger row, and the same request id runs once there is room."""
     prompts, sessions = sc.prompts(), sc.sessions()
     chats = [uniq() for _ in range(MAX_PROMPTS)]
-    busy = [run(prompts, text=words(15), src=c.SessionSource(platform="telegram", chat_id=chat),
+    busy = [start(prompts, text=words(15), src=c.SessionSource(platform="telegram", chat_id=chat),
                 profile="slow") for chat in chats]
     src = c.SessionSource(platform="telegram", chat_id=uniq())
     over = PromptRun(prompts, text="one too many", src=src)
@@ -168,9 +169,9 @@ def test_prompt_bytes_in_flight_are_capped_and_a_large_prompt_is_not_starved(sc)
     """While the prompts in flight hold max_prompt_bytes_in_flight or more, a new prompt is
     OVERLOADED; below it, even a prompt larger than the cap on its own is admitted."""
     prompts = sc.prompts()
-    held = run(prompts, text=words(20, "x" * 140), profile="slow",  # ~3 KB, ~2 s
+    held = start(prompts, text=words(20, "x" * 140), profile="slow",  # ~3 KB, ~2 s
                src=c.SessionSource(platform="telegram", chat_id=uniq()))
-    large = run(prompts, text=words(10, "y" * 600), profile="slow",  # ~6 KB > the cap, ~1 s
+    large = start(prompts, text=words(10, "y" * 600), profile="slow",  # ~6 KB > the cap, ~1 s
                 src=c.SessionSource(platform="telegram", chat_id=uniq()))
     src = c.SessionSource(platform="telegram", chat_id=uniq())
     over = PromptRun(prompts, text="small", src=src)
@@ -186,9 +187,9 @@ def test_a_session_queue_is_capped_by_default(tmp_path):
     """Without queue_cap in the profile, a session's queue takes 32 prompts; the 33rd is QUEUE_FULL."""
     with Sidecar(tmp_path / "data", config=slow_echo("main", latency_ms=100), workers=1) as s:
         prompts = s.prompts()
-        first = run(prompts, text=words(40), src=c.SessionSource(platform="telegram", chat_id=uniq()))
+        first = start(prompts, text=words(40), src=c.SessionSource(platform="telegram", chat_id=uniq()))
         first.wait_for("started")
-        queued = [run(prompts, text=f"q{i}", key=first.key, delivery=D.DELIVERY_MODE_QUEUE) for i in range(32)]
+        queued = [start(prompts, text=f"q{i}", key=first.key, delivery=D.DELIVERY_MODE_QUEUE) for i in range(32)]
         assert [q.position for q in queued] == list(range(1, 33))
         full = PromptRun(prompts, text="q32", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
         _refused(full, "QUEUE_FULL")

@@ -12,7 +12,8 @@ import pytest
 
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import session_service_pb2 as pb
-from helpers_sessions import assert_serving, create, msg, rpc_error, seed, src, turns
+from helpers.ids import source as src
+from helpers.sessions import assert_serving, create, msg, rpc_error, seed, turns
 
 INVALID = (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
 NOT_FOUND = (grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND")
@@ -321,6 +322,6 @@ def test_transcript_default_client_can_page_big_messages(sidecar):
     stub = sidecar.sessions()
     s, _ = create(stub)
     _append_big(stub, s.session_id, 20)  # 5 MiB of content
-    from helpers_sessions import transcript
+    from helpers.sessions import transcript
     got = transcript(stub, s.session_id)
     assert len(got) == 20 and all(len(m.content) == KIB256 for m in got)
