@@ -12,7 +12,11 @@ import pytest
 
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import tool_service_pb2 as tpb
-from helpers_busy import D, ToolHost, run, scripted, source, tool_calls_answered, transcript, unanswered_calls
+from helpers.config import scripted
+from helpers.ids import source
+from helpers.sessions import transcript
+from helpers.streams import D, start
+from helpers.tools import tool_calls_answered, ToolHost, unanswered_calls
 from sidecar_proc import Sidecar, error_info
 
 ADD_SCHEMA = {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
@@ -56,7 +60,7 @@ def test_host_registers_and_answers(sc):
         host.wait_registered()
         assert host.registered_msg.namespace == "test"
         assert list(host.registered_msg.tool_names) == ["test.add"]
-        p = run(sc.prompts(), text="add 2 and 3", src=source(), profile="tadd").result(15)
+        p = start(sc.prompts(), text="add 2 and 3", src=source(), profile="tadd").result(15)
         assert p.end == "completed", (p.kinds(), p.error)
         assert json.loads(p.final_text) == {"sum": 5}
         call, result = p.frame("tool_call").tool_call, p.frame("tool_result").tool_result
@@ -83,8 +87,8 @@ def test_call_outside_scope_is_tool_scope_violation(sc):
                     lambda inv: (True, "{}", ""))
     try:
         host.wait_registered()
-        p = run(sc.prompts(), text="try it", src=source(), profile="tscope").result(15)
-        assert p.end == "failed" and p.terminal.failed.reason == "TOOL_SCOPE_VIOLATION"
+        p = start(sc.prompts(), text="try it", src=source(), profile="tscope").result(15)
+        assert p.end == "failed" and p.last.failed.reason == "TOOL_SCOPE_VIOLATION"
         assert p.error.code() == grpc.StatusCode.PERMISSION_DENIED
         assert p.reason == "TOOL_SCOPE_VIOLATION"
         assert host.invocations == []  # never reached the host
@@ -93,7 +97,7 @@ def test_call_outside_scope_is_tool_scope_violation(sc):
         assert calls == ["bad1"] and answered == {"bad1"} and unanswered_calls(msgs) == []
         assert msgs[-1].role == "tool" and "error" in json.loads(msgs[-1].content)
         # the transcript is valid: a next turn on the session runs
-        nxt = run(sc.prompts(), text="again", key=p.key).result(15)
+        nxt = start(sc.prompts(), text="again", key=p.key).result(15)
         assert nxt.end == "failed" and nxt.reason == "TOOL_SCOPE_VIOLATION"
     finally:
         host.close()
@@ -109,7 +113,7 @@ def test_host_disconnecting_mid_call_gives_an_error_result(sc):
     host = holder["host"] = ToolHost(sc.tools(), "test", [("test.slow", "never answers", {"type": "object"})],
                                      vanish)
     host.wait_registered()
-    p = run(sc.prompts(), text="go", src=source(), profile="tdisc").result(20)
+    p = start(sc.prompts(), text="go", src=source(), profile="tdisc").result(20)
     assert host.invocations and host.invocations[0].tool_name == "test.slow"
     assert p.end == "completed", (p.kinds(), p.error)
     result = p.frame("tool_result").tool_result
@@ -125,7 +129,7 @@ def test_host_error_reaches_the_model(sc):
                     lambda inv: (False, "", "disk on fire"))
     try:
         host.wait_registered()
-        p = run(sc.prompts(), text="go", src=source(), profile="terr").result(15)
+        p = start(sc.prompts(), text="go", src=source(), profile="terr").result(15)
         assert p.end == "completed"
         result = p.frame("tool_result").tool_result
         assert result.ok is False and json.loads(result.result_json) == {"error": "disk on fire"}
@@ -135,7 +139,7 @@ def test_host_error_reaches_the_model(sc):
 
 
 def test_tool_with_no_host_is_an_error_result(sc):
-    p = run(sc.prompts(), text="go", src=source(), profile="tnohost").result(15)
+    p = start(sc.prompts(), text="go", src=source(), profile="tnohost").result(15)
     assert p.end == "completed", (p.kinds(), p.error)
     result = p.frame("tool_result").tool_result
     assert result.call_id == "n1" and result.ok is False
@@ -144,8 +148,8 @@ def test_tool_with_no_host_is_an_error_result(sc):
 
 
 def test_repeated_tool_failures_end_with_tool_invoke_failed(sc):
-    p = run(sc.prompts(), text="keep trying", src=source(), profile="tfail").result(15)
-    assert p.end == "failed" and p.terminal.failed.reason == "TOOL_INVOKE_FAILED", p.kinds()
+    p = start(sc.prompts(), text="keep trying", src=source(), profile="tfail").result(15)
+    assert p.end == "failed" and p.last.failed.reason == "TOOL_INVOKE_FAILED", p.kinds()
     assert p.error.code() == grpc.StatusCode.UNAVAILABLE and p.reason == "TOOL_INVOKE_FAILED"
     results = [f.tool_result for f in p.frames if f.WhichOneof("event") == "tool_result"]
     assert len(results) >= 2 and not any(r.ok for r in results)
@@ -194,12 +198,12 @@ def test_turn_ended_during_a_tool_call_leaves_a_valid_transcript(sc, how):
     host = ToolHost(sc.tools(), "test", [("test.hang", "hangs once", {"type": "object"})], answer_later_calls)
     try:
         host.wait_registered()
-        p = run(sc.prompts(), text="call it", src=source(), profile="thangt" if how == "timeout" else "thang")
+        p = start(sc.prompts(), text="call it", src=source(), profile="thangt" if how == "timeout" else "thang")
         assert host.on_invocation.wait(10)
         if how == "cancel":
             assert sc.prompts().Cancel(ppb.CancelRequest(request_id=p.request_id), timeout=10).cancelled
         elif how == "interrupt":
-            nxt = run(sc.prompts(), text="new", key=p.key, delivery=D.DELIVERY_MODE_INTERRUPT)
+            nxt = start(sc.prompts(), text="new", key=p.key, delivery=D.DELIVERY_MODE_INTERRUPT)
         p.result(10)
         assert p.end == "failed"
         assert p.reason == {"cancel": "CANCELLED", "interrupt": "CANCELLED", "timeout": "AGENT_TIMEOUT"}[how]

@@ -11,8 +11,8 @@ import time
 
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
-from helpers_busy import ToolHost
-from helpers_common import rid
+from helpers.ids import rid
+from helpers.tools import ToolHost
 from sidecar_proc import Sidecar, error_info
 
 PLUGIN = '''
