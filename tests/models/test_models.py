@@ -28,10 +28,7 @@ from agent_sidecar.models.openai import OpenAIModel
 from agent_sidecar.models.openai_wire import StreamParser, call_tag, events_from_message, safe_tool_name
 from agent_sidecar.models.scripted import ScriptedModel
 
-try:
-    from fake_openai import FakeOpenAI
-except ImportError:  # tests/ became a package
-    from tests.fake_openai import FakeOpenAI
+from helpers.fake_openai import FakeOpenAI
 
 
 def user(text, system="you are a bot"):

@@ -8,16 +8,10 @@ import json
 import grpc
 import pytest
 
-from fake_openai import FakeOpenAI
-from helpers_turns import (
-    assert_failed,
-    assert_well_formed,
-    config,
-    messages,
-    prompt_req,
-    run,
-    session,
-)
+from helpers.config import profile
+from helpers.fake_openai import FakeOpenAI
+from helpers.sessions import get_session, transcript
+from helpers.streams import assert_failed, assert_well_formed, prompt_req, run
 from sidecar_proc import Sidecar
 
 SCRIPTS = {
@@ -44,10 +38,10 @@ def fakes():
 @pytest.fixture(scope="module")
 def sc(tmp_path_factory, fakes):
     # the config names the fake servers' ports, so it is written after they started
-    profiles = {name: {"model": "openai", "tools": ["test.*"], "model_options": {
+    profiles = "".join(profile(name, "openai", {
         "base_url": fake.url, "model": "gpt-test", "backoff_initial_s": 0.01,
-        "backoff_max_s": 0.05, "max_retries": 2}} for name, fake in fakes.items()}
-    s = Sidecar(tmp_path_factory.mktemp("openai") / "data", config=config(profiles), workers=2).start()
+        "backoff_max_s": 0.05, "max_retries": 2}, tools=["test.*"]) for name, fake in fakes.items())
+    s = Sidecar(tmp_path_factory.mktemp("openai") / "data", config=profiles, workers=2).start()
     yield s
     s.stop()
 
@@ -55,19 +49,19 @@ def sc(tmp_path_factory, fakes):
 def test_streaming_text(sc, fakes):
     out = run(sc.prompts(), prompt_req(text="hi there", profile="stream"))
     assert_well_formed(out)
-    deltas = [f.text_delta.text for f in out.raw if f.WhichOneof("event") == "text_delta"]
+    deltas = [f.text_delta.text for f in out.frames if f.WhichOneof("event") == "text_delta"]
     assert len(deltas) == 5  # one chunk per word, streamed as they came
     assert "".join(deltas) == "hello from the fake model"
     assert out.last.completed.final_text == "hello from the fake model"
     assert out.usage() == (10, 5)
-    s = session(sc, out.raw[0].session_key)
+    s = get_session(sc.sessions(), out.frames[0].session_key)
     assert (s.input_tokens, s.output_tokens, s.turn_count) == (10, 5, 1)
 
     (body,) = fakes["stream"].requests
     assert body["model"] == "gpt-test" and body["stream"] is True
     assert [m["role"] for m in body["messages"]] == ["system", "user"]
     assert body["messages"][-1]["content"] == "hi there"
-    assert [(m.role, m.content) for m in messages(sc, out.raw[0].session_id)] == [
+    assert [(m.role, m.content) for m in transcript(sc.sessions(), out.frames[0].session_id)] == [
         ("user", "hi there"), ("assistant", "hello from the fake model")]
 
 
@@ -76,7 +70,7 @@ def test_cached_prompt_tokens_count_once(sc):
     counters are disjoint and total what the provider billed (110)."""
     out = run(sc.prompts(), prompt_req(text="hello", profile="cached"))
     assert_well_formed(out)
-    s = session(sc, out.raw[0].session_key)
+    s = get_session(sc.sessions(), out.frames[0].session_key)
     assert (s.input_tokens, s.cache_read_tokens, s.output_tokens, s.total_tokens) == (20, 80, 10, 110), s
     assert s.last_prompt_tokens == 100, "the prompt's whole size, as the provider reported it"
 
@@ -86,9 +80,9 @@ def test_text_streamed_before_a_model_failure_stays_in_the_transcript(sc):
     the transcript keeps what the user already saw."""
     out = run(sc.prompts(), prompt_req(text="go on", profile="broken"))
     assert_failed(out, "LLM_API_FAILURE", grpc.StatusCode.UNAVAILABLE)
-    streamed = "".join(f.text_delta.text for f in out.raw if f.WhichOneof("event") == "text_delta")
+    streamed = "".join(f.text_delta.text for f in out.frames if f.WhichOneof("event") == "text_delta")
     assert streamed == "half an answer"
-    assert [(m.role, m.content) for m in messages(sc, out.raw[0].session_id)] == [
+    assert [(m.role, m.content) for m in transcript(sc.sessions(), out.frames[0].session_id)] == [
         ("user", "go on"), ("assistant", "half an answer")]
 
 
@@ -96,9 +90,9 @@ def test_tool_call_round_trip(sc, fakes, host):
     req = prompt_req(text="add 2 and 3", profile="tools")
     out = run(sc.prompts(), req)
     assert_well_formed(out)
-    kinds = out.kinds
-    call = out.raw[kinds.index("tool_call")].tool_call
-    result = out.raw[kinds.index("tool_result")].tool_result
+    kinds = out.kinds()
+    call = out.frames[kinds.index("tool_call")].tool_call
+    result = out.frames[kinds.index("tool_result")].tool_result
     assert (call.call_id, call.name) == ("call_x", "test.add")  # the safe name mapped back
     assert json.loads(call.arguments_json) == {"a": 2, "b": 3}  # fragments merged
     assert result.ok and json.loads(result.result_json) == 5
@@ -113,7 +107,7 @@ def test_tool_call_round_trip(sc, fakes, host):
     asked = [m for m in second["messages"] if m.get("tool_calls")]
     assert asked and asked[0]["tool_calls"][0]["function"]["name"] == "test__add"
 
-    roles = [m.role for m in messages(sc, out.raw[0].session_id)]
+    roles = [m.role for m in transcript(sc.sessions(), out.frames[0].session_id)]
     assert roles == ["user", "assistant", "tool", "assistant"]
 
 
@@ -131,7 +125,7 @@ def test_permanent_failure_is_llm_api_failure(sc, fakes):
     assert "500" in out.last.failed.message
     assert len(fakes["down"].requests) == 3  # the call and max_retries = 2 retries
     assert out.count("text_delta") == 0
-    s = session(sc, out.raw[0].session_key)
+    s = get_session(sc.sessions(), out.frames[0].session_key)
     assert s.turn_count == 0
     # the user's message stays; no assistant message was written
-    assert [m.role for m in messages(sc, out.raw[0].session_id)] == ["user"]
+    assert [m.role for m in transcript(sc.sessions(), out.frames[0].session_id)] == ["user"]
