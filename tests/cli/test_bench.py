@@ -21,15 +21,14 @@ import pytest
 from agent_sidecar.bench import stats
 from agent_sidecar.bench.plot import SIZE_PX
 from agent_sidecar.v1 import session_service_pb2 as spb
-from helpers_sessions import transcript
-from helpers_turns import config, scripted
+from helpers.config import echo, scripted
+from helpers.sessions import transcript
 from sidecar_proc import ROOT, TOKEN, Sidecar, free_port
 
 WORDS = 8
 TOOL_STEPS = [{"tool_calls": [{"name": "bench.echo", "arguments": {"text": "from the tool"}}]},
               {"text_from_last_tool_result": True}]
-CONFIG = config({"main": {"model": "echo", "model_options": {"token_latency_ms": 5}},
-                 "tooly": scripted(TOOL_STEPS, tools=["bench.*"])})
+CONFIG = echo("main", 5) + scripted("tooly", TOOL_STEPS, tools=["bench.*"])
 
 
 @pytest.fixture(scope="module")

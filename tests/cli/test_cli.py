@@ -18,7 +18,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agent_sidecar.v1 import session_service_pb2 as pb
-from helpers_sessions import create, rpc_error, seed, src, turns
+from helpers.ids import source as src
+from helpers.sessions import create, rpc_error, seed, turns
 from sidecar_proc import ROOT, TOKEN
 
 EXE = ROOT / ".venv" / "bin" / "agent-sidecar"
