@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 NEEDLE = "API" + ".md"  # spelled apart so that this file does not match itself
 

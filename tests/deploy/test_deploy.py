@@ -35,11 +35,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agent_sidecar.cli.main import build_parser
 from agent_sidecar.config import Config
-from helpers_common import PromptRun, source
-from helpers_turns import config, watch
+from helpers.config import echo
+from helpers.ids import source
+from helpers.streams import PromptRun, watch
 from sidecar_proc import Sidecar
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DRAIN_DEFAULT = Config().drain_timeout
 
@@ -198,7 +199,7 @@ def _start_in_background(sc: Sidecar) -> threading.Thread:
 
 
 def test_ready_comes_after_the_restore_and_stopping_on_sigterm(tmp_path):
-    slow = config({"main": {"model": "echo", "model_options": {"token_latency_ms": 100}}})
+    slow = echo("main", 100)
     sc = Sidecar(tmp_path / "data", config=slow + "\n[sidecar]\ndrain_timeout = 1.0\n").start()
     interrupted = PromptRun(sc.prompts(), text=" ".join(["word"] * 100), src=source())
     interrupted.wait_for("text_delta")
@@ -216,7 +217,7 @@ def test_ready_comes_after_the_restore_and_stopping_on_sigterm(tmp_path):
         # crash interrupted is already closed in the store.
         assert _health(sc.target) == health_pb2.HealthCheckResponse.SERVING
         out = watch(sc.prompts(), request_id=interrupted.request_id, timeout=10)
-        assert out.kinds[-1] == "failed" and out.last.failed.reason == "restart_interrupted", out.kinds
+        assert out.kinds()[-1] == "failed" and out.last.failed.reason == "restart_interrupted", out.kinds()
         starter.join(30)
         sc.proc.send_signal(signal.SIGTERM)
         assert "STOPPING=1" in notify.recv(4096).decode().split("\n")
