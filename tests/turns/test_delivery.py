@@ -12,8 +12,11 @@ from grpc_status import rpc_status
 
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as spb
-from helpers_busy import (D, PromptRun, get_queue, get_session, log_lines, run, scripted, slow_echo, source,
-                          transcript, words)
+from helpers.config import scripted, slow_echo
+from helpers.ids import source, words
+from helpers.logs import log_lines
+from helpers.sessions import get_session, transcript
+from helpers.streams import D, get_queue, PromptRun, start
 from sidecar_proc import Sidecar
 
 CONFIG = (slow_echo("main")
@@ -41,7 +44,7 @@ def stubs(sc):
 
 def busy(prompts, n_words: int = 20, profile: str = ""):
     """A session with a slow turn running (about n_words / 10 seconds)."""
-    first = run(prompts, text=words(n_words, "busy"), src=source(), profile=profile)
+    first = start(prompts, text=words(n_words, "busy"), src=source(), profile=profile)
     first.wait_for("started")
     return first
 
@@ -58,7 +61,7 @@ def test_reject_if_busy_is_agent_busy_with_retry_info(stubs):
     assert any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in st.details)
     assert first.result().end == "completed"
     # idle again: REJECT_IF_BUSY simply runs
-    ok = run(prompts, text="now", key=first.key, delivery=D.DELIVERY_MODE_REJECT_IF_BUSY).result()
+    ok = start(prompts, text="now", key=first.key, delivery=D.DELIVERY_MODE_REJECT_IF_BUSY).result()
     assert ok.end == "completed" and ok.final_text == "now"
 
 
@@ -67,7 +70,7 @@ def test_ten_follow_ups_collapse_to_the_last(stubs):
     first = busy(prompts)
     fus = []
     for i in range(10):
-        fus.append(run(prompts, text=f"follow {i}", key=first.key,
+        fus.append(start(prompts, text=f"follow {i}", key=first.key,
                        delivery=D.DELIVERY_MODE_FOLLOW_UP if i % 2 else 0))
         assert fus[-1].position == 1
     q = get_queue(prompts, first.key)
@@ -78,7 +81,7 @@ def test_ten_follow_ups_collapse_to_the_last(stubs):
         fu.result(10)
         assert fu.end == "superseded", fu.kinds()
         assert fu.kinds() == ["accepted", "superseded"]
-        assert fu.terminal.superseded.by_request_id == fus[i + 1].request_id
+        assert fu.last.superseded.by_request_id == fus[i + 1].request_id
         assert fu.error is None
     assert first.result().end == "completed"
     last = fus[-1].result()
@@ -98,14 +101,14 @@ def test_a_burst_of_three_is_one_turn_that_sees_all_three(sc, stubs, mode):
     delivery = D.DELIVERY_MODE_FOLLOW_UP if mode == "follow_up" else D.DELIVERY_MODE_STEER
     first = busy(prompts, 20, profile=profile)
     first.wait_for("text_delta")  # its one model call is under way: a steer cannot join it
-    burst = [run(prompts, text=f"part {i}", key=first.key, delivery=delivery) for i in range(3)]
+    burst = [start(prompts, text=f"part {i}", key=first.key, delivery=delivery) for i in range(3)]
     q = get_queue(prompts, first.key)  # the pending prompt is the newest; what it absorbed has ended
     assert q.pending.request_id == burst[-1].request_id and q.pending.text == "part 2"
     assert get_session(sessions, first.key).queue_depth == 1
     for older, newer in zip(burst, burst[1:]):
         older.result(10)
         assert older.kinds() == ["accepted", "superseded"] and older.error is None
-        assert older.terminal.superseded.by_request_id == newer.request_id
+        assert older.last.superseded.by_request_id == newer.request_id
     assert first.result(10).end == "completed"
     last = burst[-1].result(15)
     assert last.end == "completed", (last.kinds(), last.reason)
@@ -113,17 +116,18 @@ def test_a_burst_of_three_is_one_turn_that_sees_all_three(sc, stubs, mode):
     msgs = [(m.role, m.content) for m in transcript(sessions, first.session_id)]
     assert msgs[2:] == [("user", "part 0"), ("user", "part 1"), ("user", "part 2"),
                         ("assistant", "part 0\npart 1\npart 2")], msgs
-    after = run(prompts, text="and then", key=first.key, delivery=delivery).result(10)
+    after = start(prompts, text="and then", key=first.key, delivery=delivery).result(10)
     assert after.final_text == "and then"
     assert [m.content for m in transcript(sessions, first.session_id)][-2:] == ["and then"] * 2
-    # the warm agent took all three messages in step with the store: never rebuilt
+    # the warm agent took all three messages in step with the store: never rebuilt (a
+    # rebuild is invisible through the API by design: its log line is the oracle)
     assert [x for x in log_lines(sc, "agent rebuilt from store") if x.get("key") == first.key] == []
 
 
 def test_twenty_queued_prompts_run_in_order(stubs):
     prompts, sessions = stubs
     first = busy(prompts, 25)
-    queued = [run(prompts, text=f"q{i}", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
+    queued = [start(prompts, text=f"q{i}", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
               for i in range(20)]
     assert [p.position for p in queued] == list(range(1, 21))
     q = get_queue(prompts, first.key)
@@ -136,7 +140,7 @@ def test_twenty_queued_prompts_run_in_order(stubs):
         p.result(30)
         assert p.end == "completed"
         assert p.final_text == f"q{queued.index(p)}"
-        ends.append(p.terminal.at.ToNanoseconds())
+        ends.append(p.last.at.ToNanoseconds())
     assert ends == sorted(ends)
     msgs = transcript(sessions, first.session_id)
     assert [m.content for m in msgs if m.role == "user"] == [words(25, "busy")] + [f"q{i}" for i in range(20)]
@@ -148,9 +152,9 @@ def test_interrupt_cancels_and_keeps_what_it_wrote(stubs):
     prompts, sessions = stubs
     first = busy(prompts, 40)
     first.wait_for("text_delta")
-    intr = run(prompts, text="stop that", key=first.key, delivery=D.DELIVERY_MODE_INTERRUPT)
+    intr = start(prompts, text="stop that", key=first.key, delivery=D.DELIVERY_MODE_INTERRUPT)
     first.result(10)
-    assert first.end == "failed" and first.terminal.failed.reason == "CANCELLED"
+    assert first.end == "failed" and first.last.failed.reason == "CANCELLED"
     assert first.error.code() == grpc.StatusCode.CANCELLED and first.reason == "CANCELLED"
     assert intr.result(10).end == "completed" and intr.final_text == "stop that"
     msgs = transcript(sessions, first.session_id)
@@ -162,9 +166,9 @@ def test_rollback_hides_the_cancelled_turn(stubs):
     prompts, sessions = stubs
     first = busy(prompts, 40)
     first.wait_for("text_delta")
-    rb = run(prompts, text="never mind", key=first.key, delivery=D.DELIVERY_MODE_ROLLBACK)
+    rb = start(prompts, text="never mind", key=first.key, delivery=D.DELIVERY_MODE_ROLLBACK)
     first.result(10)
-    assert first.end == "failed" and first.terminal.failed.reason == "CANCELLED"
+    assert first.end == "failed" and first.last.failed.reason == "CANCELLED"
     assert rb.result(10).end == "completed" and rb.final_text == "never mind"
     live = transcript(sessions, first.session_id)
     assert [(m.role, m.content) for m in live] == [("user", "never mind"), ("assistant", "never mind")]
@@ -178,13 +182,13 @@ def test_rollback_hides_the_cancelled_turn(stubs):
 
 def test_steer_reaches_the_next_model_call(stubs):
     prompts, sessions = stubs
-    host = run(prompts, text="hello", src=source(), profile="steer")
+    host = start(prompts, text="hello", src=source(), profile="steer")
     # Its first token proves the first model call is under way (the second
     # token is 500 ms off): the steer must wait for the next call. (After
     # only "started", the steer may reach the worker before the first call
     # begins, and rightly joins that one.)
     host.wait_for("text_delta")
-    st = run(prompts, text="actually, bananas", key=host.key, delivery=D.DELIVERY_MODE_STEER)
+    st = start(prompts, text="actually, bananas", key=host.key, delivery=D.DELIVERY_MODE_STEER)
     host.result(10)
     assert host.end == "completed", (host.kinds(), host.error)
     assert host.final_text == "actually, bananas"
@@ -200,9 +204,9 @@ def test_steer_during_the_last_allowed_model_call_becomes_a_follow_up(stubs):
     """docs/semantics.md: a turn past its last model call treats a steer as FOLLOW_UP. The
     host keeps its complete answer; the steer runs as the next turn."""
     prompts, sessions = stubs
-    host = run(prompts, text="hello", src=source(), profile="steerlast")  # max_iterations = 1
+    host = start(prompts, text="hello", src=source(), profile="steerlast")  # max_iterations = 1
     host.wait_for("text_delta")
-    st = run(prompts, text="bananas", key=host.key, delivery=D.DELIVERY_MODE_STEER)
+    st = start(prompts, text="bananas", key=host.key, delivery=D.DELIVERY_MODE_STEER)
     host.result(10)
     assert host.end == "completed" and host.final_text == "first answer", (host.kinds(), host.reason)
     st.result(10)
@@ -215,7 +219,7 @@ def test_steer_during_the_last_allowed_model_call_becomes_a_follow_up(stubs):
 
 def test_steer_on_an_idle_session_is_a_normal_turn(stubs):
     prompts, _ = stubs
-    p = run(prompts, text="hi there", src=source(), profile="steer", delivery=D.DELIVERY_MODE_STEER)
+    p = start(prompts, text="hi there", src=source(), profile="steer", delivery=D.DELIVERY_MODE_STEER)
     assert p.position == 0
     p.result(10)
     assert p.kinds()[:2] == ["accepted", "started"]
@@ -225,8 +229,8 @@ def test_steer_on_an_idle_session_is_a_normal_turn(stubs):
 def test_reset_drops_the_queue_and_cancels_the_running_turn(stubs):
     prompts, sessions = stubs
     first = busy(prompts, 40)
-    queued = [run(prompts, text=f"q{i}", key=first.key, delivery=D.DELIVERY_MODE_QUEUE) for i in range(3)]
-    fu = run(prompts, text="and also", key=first.key)
+    queued = [start(prompts, text=f"q{i}", key=first.key, delivery=D.DELIVERY_MODE_QUEUE) for i in range(3)]
+    fu = start(prompts, text="and also", key=first.key)
     assert len(get_queue(prompts, first.key).queued) == 3
     new = sessions.ResetSession(spb.ResetSessionRequest(session_key=first.key), timeout=10).session
     assert new.session_id != first.session_id
@@ -237,18 +241,18 @@ def test_reset_drops_the_queue_and_cancels_the_running_turn(stubs):
         assert p.end == "superseded" and p.error is None, p.kinds()
     q = get_queue(prompts, first.key)
     assert not q.HasField("pending") and list(q.queued) == []
-    after = run(prompts, text="fresh", key=first.key).result(10)
+    after = start(prompts, text="fresh", key=first.key).result(10)
     assert after.end == "completed" and after.session_id == new.session_id
 
 
 def test_suspend_cancels_the_running_turn(stubs):
     prompts, sessions = stubs
     first = busy(prompts, 40)
-    fu = run(prompts, text="later", key=first.key)
+    fu = start(prompts, text="later", key=first.key)
     s = sessions.SuspendSession(spb.SuspendSessionRequest(session_key=first.key), timeout=10).session
     assert s.suspended
     first.result(10)
-    assert first.end == "failed" and first.terminal.failed.reason == "CANCELLED"
+    assert first.end == "failed" and first.last.failed.reason == "CANCELLED"
     assert first.error.code() == grpc.StatusCode.CANCELLED
     fu.result(10)
     assert fu.end == "superseded"
@@ -257,8 +261,8 @@ def test_suspend_cancels_the_running_turn(stubs):
 def test_queue_cap_is_resource_exhausted(stubs):
     prompts, _ = stubs
     first = busy(prompts, 30, profile="capped")
-    a = run(prompts, text="a", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
-    b = run(prompts, text="b", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
+    a = start(prompts, text="a", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
+    b = start(prompts, text="b", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
     c = PromptRun(prompts, text="c", key=first.key, delivery=D.DELIVERY_MODE_QUEUE).result(10)
     assert c.frames == [] and c.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert c.reason == "QUEUE_FULL"
@@ -275,7 +279,7 @@ def test_queue_cap_is_resource_exhausted(stubs):
 def test_queue_cap_counts_only_what_deepens_the_queue(stubs, mode):
     prompts, _ = stubs
     first = busy(prompts, 30, profile="capone")
-    a = run(prompts, text="a", key=first.key)  # the pending slot: depth 1 = the cap
+    a = start(prompts, text="a", key=first.key)  # the pending slot: depth 1 = the cap
     delivery = D.DELIVERY_MODE_STEER if mode == "steer" else D.DELIVERY_MODE_FOLLOW_UP
     b = PromptRun(prompts, text="b", key=first.key, delivery=delivery)
     b.wait_for("accepted", 5)
@@ -290,13 +294,13 @@ def test_queue_cap_counts_only_what_deepens_the_queue(stubs, mode):
 def test_lane_order_interrupt_then_follow_up_then_fifo(stubs):
     prompts, sessions = stubs
     first = busy(prompts, 40)
-    q1 = run(prompts, text="queued one", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
-    fu = run(prompts, text="follow up", key=first.key, delivery=D.DELIVERY_MODE_FOLLOW_UP)
+    q1 = start(prompts, text="queued one", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
+    fu = start(prompts, text="follow up", key=first.key, delivery=D.DELIVERY_MODE_FOLLOW_UP)
     assert (q1.position, fu.position) == (1, 1)  # the follow-up slot runs before the FIFO
     q = get_queue(prompts, first.key)
     assert q.pending.request_id == fu.request_id and [x.request_id for x in q.queued] == [q1.request_id]
     assert get_session(sessions, first.key).queue_depth == 2
-    intr = run(prompts, text="urgent", key=first.key, delivery=D.DELIVERY_MODE_INTERRUPT)
+    intr = start(prompts, text="urgent", key=first.key, delivery=D.DELIVERY_MODE_INTERRUPT)
     assert intr.position == 1
     assert first.result(10).end == "failed"
     for p in (intr, fu, q1):
@@ -308,8 +312,8 @@ def test_lane_order_interrupt_then_follow_up_then_fifo(stubs):
 def test_cancel_a_queued_prompt_then_the_running_one(stubs):
     prompts, _ = stubs
     first = busy(prompts, 40)
-    q1 = run(prompts, text="one", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
-    q2 = run(prompts, text="two", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
+    q1 = start(prompts, text="one", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
+    q2 = start(prompts, text="two", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
     assert prompts.Cancel(ppb.CancelRequest(request_id=q1.request_id), timeout=10).cancelled
     q1.result(10)
     assert q1.kinds() == ["accepted", "failed"] and q1.reason == "CANCELLED"

@@ -14,20 +14,13 @@ import pytest
 
 from agent_sidecar.turns.pool import rendezvous
 from agent_sidecar.v1 import session_service_pb2 as spb
-from helpers_busy import (
-    ToolHost,
-    get_session,
-    log_lines,
-    run,
-    scripted,
-    slow_echo,
-    source,
-    tool_calls_answered,
-    unanswered_calls,
-    transcript,
-    wait_until,
-    words,
-)
+from helpers.config import scripted, slow_echo
+from helpers.ids import source, words
+from helpers.procs import grpc_loaded, worker_pid
+from helpers.sessions import get_session, transcript
+from helpers.streams import start
+from helpers.tools import tool_calls_answered, ToolHost, unanswered_calls
+from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
 WORKERS = 2
@@ -43,13 +36,9 @@ def sc(tmp_path_factory):
     s.stop()
 
 
-def ready_lines(sc, index: int) -> list[dict]:
-    return [x for x in log_lines(sc, "worker ready") if x.get("index") == index]
-
-
-def worker_pid(sc, index: int) -> int:
-    lines = wait_until(lambda: ready_lines(sc, index), timeout=5, what=f"worker {index} ready")
-    pid = lines[-1]["pid"]
+def live_worker(sc, index: int) -> int:
+    """The pid of the worker in this slot, once there is one."""
+    pid = wait_until(lambda: worker_pid(sc, index), timeout=5, what=f"worker {index} running")
     os.kill(pid, 0)  # alive
     return pid
 
@@ -64,39 +53,39 @@ def session_on_slot(sc, slot: int, profile: str = ""):
     raise AssertionError(f"no key hashed to slot {slot}")
 
 
-def kill_worker(sc, index: int) -> tuple[int, int]:
-    """SIGKILL the worker serving this slot: (its pid, how many 'worker ready' lines it had)."""
-    pid = worker_pid(sc, index)
-    before = len(ready_lines(sc, index))
+def kill_worker(sc, index: int) -> int:
+    """SIGKILL the worker serving this slot; its pid."""
+    pid = live_worker(sc, index)
     os.kill(pid, signal.SIGKILL)
-    return pid, before
+    return pid
 
 
 def test_killed_worker_fails_its_turn_and_is_replaced(sc):
     prompts, sessions = sc.prompts(), sc.sessions()
     victim, bystander = session_on_slot(sc, 0), session_on_slot(sc, 1)
-    a = run(prompts, text=words(30, "a"), key=victim.session_key)
-    b = run(prompts, text=words(30, "b"), key=bystander.session_key)
+    a = start(prompts, text=words(30, "a"), key=victim.session_key)
+    b = start(prompts, text=words(30, "b"), key=bystander.session_key)
     a.wait_for("text_delta")
     b.wait_for("text_delta")
-    old_pid, before = kill_worker(sc, 0)
+    other = live_worker(sc, 1)
+    old_pid = kill_worker(sc, 0)
     a.result(10)
-    assert a.end == "failed" and a.terminal.failed.reason == "WORKER_CRASHED", a.kinds()
+    assert a.end == "failed" and a.last.failed.reason == "WORKER_CRASHED", a.kinds()
     assert a.error.code() == grpc.StatusCode.UNAVAILABLE and a.reason == "WORKER_CRASHED"
     s = get_session(sessions, victim.session_key)
     assert s.resume_pending and s.resume_reason == "worker_crashed"
     assert s.session_id == victim.session_id and not s.suspended
-    fresh = wait_until(lambda: len(ready_lines(sc, 0)) > before and ready_lines(sc, 0)[-1],
+    fresh = wait_until(lambda: (lambda p: p if p not in (None, old_pid) else None)(worker_pid(sc, 0)),
                        timeout=3, what="a replacement worker")
-    assert fresh["pid"] != old_pid  # a replacement, found within the bounded wait above
-    assert fresh.get("grpc_loaded") is False
+    assert fresh != old_pid  # a replacement, found within the bounded wait above
+    assert not grpc_loaded(fresh)
     # the other worker's turn went on untouched
     b.result(15)
     assert b.end == "completed" and b.final_text == words(30, "b")
     assert "WORKER_CRASHED" not in str(b.kinds())
-    assert worker_pid(sc, 1) == ready_lines(sc, 1)[0]["pid"]
+    assert live_worker(sc, 1) == other
     # the next turn on the crashed session runs on the new worker
-    nxt = run(prompts, text="are you back", key=victim.session_key).result(10)
+    nxt = start(prompts, text="are you back", key=victim.session_key).result(10)
     assert nxt.end == "completed" and nxt.final_text == "are you back"
     assert nxt.session_id == victim.session_id
     after = get_session(sessions, victim.session_key)
@@ -113,7 +102,7 @@ def test_dangling_tool_call_gets_a_synthetic_result(sc):
     try:
         host.wait_registered()
         victim = session_on_slot(sc, 1, profile="thang")
-        p = run(sc.prompts(), text="call it", key=victim.session_key)
+        p = start(sc.prompts(), text="call it", key=victim.session_key)
         assert host.on_invocation.wait(10), p.kinds()
         p.wait_for("tool_call")
         kill_worker(sc, 1)
@@ -129,6 +118,6 @@ def test_dangling_tool_call_gets_a_synthetic_result(sc):
         host.close()
     # with the host gone the call is an error result and the turn goes on to its text
     wait_until(lambda: host.ended.is_set(), timeout=5, what="host stream end")
-    nxt = run(sc.prompts(), text="again", key=victim.session_key).result(20)
+    nxt = start(sc.prompts(), text="again", key=victim.session_key).result(20)
     assert nxt.end == "completed" and nxt.final_text == "recovered", (nxt.kinds(), nxt.error)
     assert unanswered_calls(transcript(sc.sessions(), victim.session_id)) == []

@@ -12,7 +12,11 @@ import pytest
 
 from agent_sidecar.v1 import session_service_pb2 as spb
 from agent_sidecar.v1 import common_pb2 as c
-from helpers_busy import D, PromptRun, ToolHost, get_queue, run, scripted, slow_echo, source, transcript, words
+from helpers.config import scripted, slow_echo
+from helpers.ids import source, words
+from helpers.sessions import transcript
+from helpers.streams import D, get_queue, PromptRun, start
+from helpers.tools import ToolHost
 from sidecar_proc import Sidecar
 
 QUEUE = D.DELIVERY_MODE_QUEUE
@@ -46,7 +50,7 @@ def no_orphan_reply(msgs: list[tuple[str, str]]) -> bool:
 
 def hello(prompts):
     """A session whose transcript is [user hello, assistant hello]."""
-    first = run(prompts, text="hello", src=source()).result(10)
+    first = start(prompts, text="hello", src=source()).result(10)
     assert first.end == "completed"
     return first
 
@@ -61,7 +65,7 @@ def test_undo_during_the_running_turn_cancels_it_and_leaves_no_reply(stubs):
     stays (today the rewind hid `one` and the turn still wrote its reply)."""
     prompts, sessions = stubs
     first = hello(prompts)
-    one = run(prompts, text=words(30, "one"), key=first.key, delivery=QUEUE)
+    one = start(prompts, text=words(30, "one"), key=first.key, delivery=QUEUE)
     one.wait_for("text_delta")
     r = rewind(sessions, first.session_id)
     one.result(10)
@@ -69,7 +73,7 @@ def test_undo_during_the_running_turn_cancels_it_and_leaves_no_reply(stubs):
     assert (r.turns_undone, r.target_text) == (1, words(30, "one"))
     assert r.rewound_count >= 1  # its user message, and what it had written
     assert said(sessions, first.session_id) == [("user", "hello"), ("assistant", "hello")]
-    again = run(prompts, text="again", key=first.key).result(10)
+    again = start(prompts, text="again", key=first.key).result(10)
     assert again.final_text == "again"
     assert said(sessions, first.session_id)[2:] == [("user", "again"), ("assistant", "again")]
 
@@ -77,9 +81,9 @@ def test_undo_during_the_running_turn_cancels_it_and_leaves_no_reply(stubs):
 def test_undo_of_a_queued_prompt_drops_it_and_lets_the_running_turn_finish(stubs):
     prompts, sessions = stubs
     first = hello(prompts)
-    busy = run(prompts, text=words(20, "busy"), key=first.key)
+    busy = start(prompts, text=words(20, "busy"), key=first.key)
     busy.wait_for("started")
-    one = run(prompts, text="one", key=first.key, delivery=QUEUE)
+    one = start(prompts, text="one", key=first.key, delivery=QUEUE)
     r = rewind(sessions, first.session_id)
     one.result(10)
     assert one.kinds() == ["accepted", "superseded"] and one.error is None
@@ -97,14 +101,14 @@ def test_undo_takes_a_pending_burst_back_as_one_turn(stubs):
     first): one /undo takes the burst back, and the running turn goes on."""
     prompts, sessions = stubs
     first = hello(prompts)
-    busy = run(prompts, text=words(20, "busy"), key=first.key)
+    busy = start(prompts, text=words(20, "busy"), key=first.key)
     busy.wait_for("started")
-    a = run(prompts, text="a", key=first.key)
-    b = run(prompts, text="b", key=first.key)
+    a = start(prompts, text="a", key=first.key)
+    b = start(prompts, text="b", key=first.key)
     r = rewind(sessions, first.session_id)
     assert a.result(10).kinds() == ["accepted", "superseded"]
-    assert a.terminal.superseded.by_request_id == b.request_id
-    assert b.result(10).kinds() == ["accepted", "superseded"] and b.terminal.superseded.by_request_id == ""
+    assert a.last.superseded.by_request_id == b.request_id
+    assert b.result(10).kinds() == ["accepted", "superseded"] and b.last.superseded.by_request_id == ""
     assert (r.turns_undone, r.target_text) == (1, "a")
     assert busy.result(10).end == "completed"
     assert [c for _, c in said(sessions, first.session_id)] == ["hello", "hello"] + [words(20, "busy")] * 2
@@ -113,10 +117,10 @@ def test_undo_takes_a_pending_burst_back_as_one_turn(stubs):
 def test_undo_counts_waiting_prompts_then_the_running_turn_then_the_transcript(stubs):
     prompts, sessions = stubs
     first = hello(prompts)
-    busy = run(prompts, text=words(30, "busy"), key=first.key)
+    busy = start(prompts, text=words(30, "busy"), key=first.key)
     busy.wait_for("text_delta")
-    queued = run(prompts, text="queued", key=first.key, delivery=QUEUE)
-    follow = run(prompts, text="follow", key=first.key)
+    queued = start(prompts, text="queued", key=first.key, delivery=QUEUE)
+    follow = start(prompts, text="follow", key=first.key)
     r = rewind(sessions, first.session_id, n=4)
     for p in (queued, follow):
         assert p.result(10).kinds() == ["accepted", "superseded"]
@@ -136,7 +140,7 @@ def test_undo_while_the_turn_waits_on_a_tool_leaves_nothing_of_it(sc, stubs):
     host = ToolHost(sc.tools(), "test", [("test.wait", "never answers", {"type": "object"})])
     host.wait_registered()
     try:
-        p = run(prompts, text="look it up", src=source(), profile="tools")
+        p = start(prompts, text="look it up", src=source(), profile="tools")
         p.wait_for("tool_call")
         assert host.on_invocation.wait(10)
         r = rewind(sessions, p.session_id)
@@ -176,9 +180,9 @@ def test_rewrite_during_a_turn_cancels_it_and_keeps_the_waiting_prompts(stubs):
     user and runs after, on the rewritten transcript."""
     prompts, sessions = stubs
     first = hello(prompts)
-    busy = run(prompts, text=words(30, "busy"), key=first.key)
+    busy = start(prompts, text=words(30, "busy"), key=first.key)
     busy.wait_for("text_delta")
-    after = run(prompts, text="after", key=first.key, delivery=QUEUE)
+    after = start(prompts, text="after", key=first.key, delivery=QUEUE)
     sessions.RewriteTranscript(spb.RewriteTranscriptRequest(session_id=first.session_id, messages=[
         c.Message(role="user", content="summary please"), c.Message(role="assistant", content="summary")]),
         timeout=10)

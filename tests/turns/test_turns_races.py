@@ -20,10 +20,12 @@ from agent_sidecar.api.session_service import CLEAR_ALL_CONFIRM
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as spb
-from helpers_busy import D, PromptRun, get_session, profile, run, scripted, source, transcript, words
-from helpers_common import wait_until
-from helpers_recovery import query
-from helpers_turns import TERMINAL, assert_well_formed, collect, kind_of, watch
+from helpers.config import profile, scripted
+from helpers.ids import source, words
+from helpers.sessions import get_session, transcript
+from helpers.store import StoreView
+from helpers.streams import assert_well_formed, collect, D, kind_of, PromptRun, start, TERMINAL, watch
+from helpers.waiting import wait_until
 from sidecar_proc import TOKEN, Sidecar
 
 MAX_FRAMES = 100  # limits.max_frames_per_turn here: every other turn stays far below it
@@ -38,8 +40,6 @@ CONFIG = (profile("main", "echo")
           + f"[sidecar.limits]\nmax_frames_per_turn = {MAX_FRAMES}\n")
 
 # Every table that holds rows of a session (what DeleteSession removes).
-BY_KEY = ("routing", "incarnations", "frames", "prompts", "prompt_queue", "restart_counts")
-BY_SID = ("messages", "turn_state")
 
 
 @pytest.fixture(scope="module")
@@ -65,14 +65,15 @@ def _ends_once(p: PromptRun) -> None:
 
 def _crash_the_worker(prompts) -> None:
     """A turn that SIGKILLs the only worker: the next turns meet it respawning."""
-    boom = run(prompts, text="die", src=source(), profile="crash")
+    boom = start(prompts, text="die", src=source(), profile="crash")
     boom.result(15)
     assert boom.reason == "WORKER_CRASHED", _frames(boom)
 
 
 @contextmanager
 def store_locked(sc):
-    """Hold the store's write lock: the sidecar's writes (an accept job's too) wait for its release."""
+    """Hold the store's write lock: the sidecar's writes (an accept job's too) wait for its release.
+    A fault made at the SQLite file (another writer), not a read of it."""
     with closing(sqlite3.connect(sc.data_dir / "sidecar.db", timeout=10, isolation_level=None)) as db:
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -82,10 +83,17 @@ def store_locked(sc):
 
 
 def _leftovers(sc, key: str, sid: str) -> dict[str, int]:
-    rows = {t: query(sc, f"SELECT count(*) FROM {t} WHERE session_key = ?", (key,))[0][0]
-            for t in BY_KEY}
-    rows |= {t: query(sc, f"SELECT count(*) FROM {t} WHERE session_id = ?", (sid,))[0][0]
-             for t in BY_SID}
+    """What the store still holds of a lane and its incarnation, by kind of row."""
+    store = StoreView(sc)
+    rows = {"routing": int(store.entry(key) is not None),
+            "incarnations": int(store.session_key_of(sid) is not None),
+            "frames": len(store.frames_after(session_key=key)),
+            "prompts": len(store.requests_of(key)),
+            "prompt_queue": sum(p.slot is not None for p in store.open_prompts()
+                                if p.entry.session_key == key),
+            "restart_counts": int(store.restart_count(key) > 0),
+            "messages": len(store.transcript(sid, include_rewound=True)),
+            "turn_state": store.turn_state_rows(sid)}
     return {t: n for t, n in rows.items() if n}
 
 
@@ -117,31 +125,31 @@ def _steer_twins(prompts, key: str, text: str, request_id: str) -> list[PromptRu
 def test_cancelled_steer_ends_once(sc):
     """A cancelled steer ends once (failed CANCELLED); its host's end adds no second terminal frame."""
     prompts = sc.prompts()
-    host = run(prompts, text="hello", src=source(), profile="host")
+    host = start(prompts, text="hello", src=source(), profile="host")
     host.wait_for("text_delta")
-    st = run(prompts, text="bananas", key=host.key, delivery=D.DELIVERY_MODE_STEER)
+    st = start(prompts, text="bananas", key=host.key, delivery=D.DELIVERY_MODE_STEER)
     assert prompts.Cancel(ppb.CancelRequest(request_id=st.request_id), timeout=10).cancelled
     st.result(10)
     assert st.reason == "CANCELLED", (_frames(st), st.code)
     _ends_once(st)
     host.result(10)
     assert host.end == "completed", _frames(host)
-    ends = query(sc, "SELECT seq, kind FROM frames WHERE request_id = ? AND kind IN"
-                     " ('completed', 'failed', 'superseded')", (st.request_id,))
-    assert ends == [(st.terminal.seq, "failed")], f"terminal frames persisted for the steer: {ends}"
-    ledger = query(sc, "SELECT status, reason, last_seq FROM prompts WHERE request_id = ?",
-                   (st.request_id,))
-    assert ledger == [("failed", "CANCELLED", st.terminal.seq)], \
+    store = StoreView(sc)
+    ends = [(f.seq, f.kind) for f in store.request_frames(st.request_id) if f.kind in TERMINAL]
+    assert ends == [(st.last.seq, "failed")], f"terminal frames persisted for the steer: {ends}"
+    row = store.ledger(st.request_id)
+    ledger = (row.status, row.reason, row.last_seq)
+    assert ledger == ("failed", "CANCELLED", st.last.seq), \
         f"the steer's ledger row rewritten after its end, or its last seq not recorded: {ledger}"
-    replay = watch(prompts, request_id=st.request_id, after_seq=st.terminal.seq, timeout=5)
-    assert replay.raw == [], f"frames after the steer's terminal: {replay.kinds}"
+    replay = watch(prompts, request_id=st.request_id, after_seq=st.last.seq, timeout=5)
+    assert replay.frames == [], f"frames after the steer's terminal: {replay.kinds()}"
 
 
 def test_steer_twins_steer_once(sc):
     """Two concurrent STEER calls with one request id steer the host once and share one turn."""
     prompts, sessions = sc.prompts(), sc.sessions()
     for attempt in range(3):
-        host = run(prompts, text="hello", src=source(), profile="host")
+        host = start(prompts, text="hello", src=source(), profile="host")
         host.wait_for("text_delta")
         twins = _steer_twins(prompts, host.key, "bananas", f"twin-steer-{attempt}-{host.key}")
         host.result(15)
@@ -158,7 +166,7 @@ def test_steer_whose_host_ended_during_its_wait_runs(sc):
     """A steer unanswered (worker respawning) while its host ends runs on its own and completes."""
     prompts = sc.prompts()
     _crash_the_worker(prompts)
-    host = run(prompts, text="hi", src=source())
+    host = start(prompts, text="hi", src=source())
     host.wait_for("started")
     st = PromptRun(prompts, text="steer me", key=host.key, delivery=D.DELIVERY_MODE_STEER)
     host.result(15)
@@ -175,7 +183,7 @@ def test_unanswered_steer_twins_leave_the_lane_usable(sc):
     """STEER twins that fall back to FOLLOW_UP leave no stuck turn: later prompts run, the lane goes idle."""
     prompts = sc.prompts()
     _crash_the_worker(prompts)
-    host = run(prompts, text=words(10), src=source(), profile="slowhost")  # ~8 s once running
+    host = start(prompts, text=words(10), src=source(), profile="slowhost")  # ~8 s once running
     host.wait_for("started")
     twins = _steer_twins(prompts, host.key, "steer me", f"twin-followup-{host.key}")
     host.result(30)
@@ -213,7 +221,7 @@ def test_twin_of_a_refused_prompt_is_refused_too(sc):
         t.join()
     got = sorted((o.code.name, o.reason) for o in outs)
     assert got == [("NOT_FOUND", "SESSION_NOT_FOUND")] * 2, f"the twins ended {got}"
-    assert not any(k in TERMINAL for o in outs for k in o.kinds), [o.kinds for o in outs]
+    assert not any(k in TERMINAL for o in outs for k in o.kinds()), [o.kinds() for o in outs]
 
 
 def test_retry_after_a_deadline_during_the_accept_gets_the_whole_turn(sc):
@@ -222,14 +230,14 @@ def test_retry_after_a_deadline_during_the_accept_gets_the_whole_turn(sc):
     req = ppb.PromptRequest(request_id=f"deadline-{id(sc)}", text="hello there", source=source())
     with store_locked(sc):  # the accept cannot commit before the deadline
         first = collect(prompts.Prompt(req, timeout=0.5))
-    assert first.code == grpc.StatusCode.DEADLINE_EXCEEDED, (first.code, first.kinds)
+    assert first.code == grpc.StatusCode.DEADLINE_EXCEEDED, (first.code, first.kinds())
     retry = collect(prompts.Prompt(req, timeout=15))
     assert retry.code == grpc.StatusCode.OK, (retry.code, retry.details)
-    assert retry.kinds[-1:] == ["completed"], \
-        f"the retry ended {retry.code.name} without the turn's end: {retry.kinds}"
+    assert retry.kinds()[-1:] == ["completed"], \
+        f"the retry ended {retry.code.name} without the turn's end: {retry.kinds()}"
     assert_well_formed(retry, "completed")
-    assert retry.last.completed.final_text == "hello there", retry.kinds
-    key = retry.raw[0].session_key
+    assert retry.last.completed.final_text == "hello there", retry.kinds()
+    key = retry.frames[0].session_key
     try:
         wait_until(lambda: get_session(sessions, key).state == c.SESSION_STATE_IDLE, timeout=10)
     except AssertionError:
@@ -242,7 +250,7 @@ def test_retry_after_a_deadline_during_the_accept_gets_the_whole_turn(sc):
 def test_delete_session_during_a_turn_leaves_no_rows(sc):
     """DeleteSession while a turn streams ends the turn once and leaves no row of the session in any table."""
     prompts, sessions = sc.prompts(), sc.sessions()
-    p = run(prompts, text=words(30), src=source(), profile="slow")
+    p = start(prompts, text=words(30), src=source(), profile="slow")
     p.wait_for("text_delta")
     key, sid = p.key, p.session_id
     assert sessions.DeleteSession(spb.DeleteSessionRequest(session_key=key), timeout=15).deleted
@@ -255,7 +263,7 @@ def test_delete_session_during_a_turn_leaves_no_rows(sc):
 def test_clear_all_during_a_turn_leaves_no_rows(sc):
     """ClearAllSessions (admin token) while a turn streams ends it once and leaves no row of its session."""
     prompts = sc.prompts()
-    p = run(prompts, text=words(30), src=source(), profile="slow")
+    p = start(prompts, text=words(30), src=source(), profile="slow")
     p.wait_for("text_delta")
     key, sid = p.key, p.session_id
     admin = [("authorization", f"Bearer {TOKEN}")]
@@ -278,7 +286,7 @@ def test_a_turn_stops_at_max_frames_per_turn(sc, model):
     assert len(kinds) <= MAX_FRAMES, f"{len(kinds)} frames in one turn (limit {MAX_FRAMES}), end {kinds[-1]}"
     assert [f.seq for f in p.frames] == list(range(1, len(kinds) + 1)), "seqs not gapless 1..n"
     assert kinds[-1] == "failed" and sum(k in TERMINAL for k in kinds) == 1, kinds[-3:]
-    failed = p.terminal.failed
+    failed = p.last.failed
     assert failed.reason == "RESOURCE_EXHAUSTED", failed
     assert "limits.max_frames_per_turn" in failed.message, failed.message
     assert p.code == grpc.StatusCode.RESOURCE_EXHAUSTED and p.reason == "RESOURCE_EXHAUSTED", \

@@ -10,7 +10,12 @@ import time
 from agent_sidecar.turns import memory
 from agent_sidecar.turns.agent import Agent
 from agent_sidecar.turns.cache import AgentCache
-from helpers_busy import get_session, log_lines, profile, run, source, transcript, wait_until
+from helpers.config import profile
+from helpers.ids import source
+from helpers.logs import log_lines
+from helpers.sessions import get_session, transcript
+from helpers.streams import start
+from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
 MB = 1024 * 1024
@@ -209,6 +214,9 @@ def shed_config(**cache_kw) -> str:
     return "\n".join(lines) + "\n" + profile("main", "echo")
 
 
+# The cache is invisible through the API by design (a shed agent is rebuilt from the
+# store, transcript intact), so its eviction and rebuild log lines are what these
+# tests check, beside the transcripts read back over gRPC.
 def evicted_keys(sc, why: str) -> set[str]:
     out = set()
     for line in log_lines(sc):
@@ -226,7 +234,7 @@ def shed_and_rebuild(tmp_path, why: str, n_evicted: int = 4, **cache_kw) -> None
                  workers=1).start()
     try:
         prompts, sessions = sc.prompts(), sc.sessions()
-        firsts = [run(prompts, text=f"first {i}", src=source()).result(10) for i in range(5)]
+        firsts = [start(prompts, text=f"first {i}", src=source()).result(10) for i in range(5)]
         assert all(p.end == "completed" for p in firsts)
         keys = [p.key for p in firsts]
         gone = wait_until(lambda: evicted_keys(sc, why) >= set(keys[:n_evicted]) and evicted_keys(sc, why),
@@ -236,7 +244,7 @@ def shed_and_rebuild(tmp_path, why: str, n_evicted: int = 4, **cache_kw) -> None
             assert keys[-1] not in gone  # the most recent one is never shed
         victim = firsts[0]
         assert rebuilt(sc, victim.key) == []
-        again = run(prompts, text="second turn", key=victim.key).result(10)
+        again = start(prompts, text="second turn", key=victim.key).result(10)
         assert again.end == "completed" and again.final_text == "second turn"
         lines = wait_until(lambda: rebuilt(sc, victim.key), timeout=5, what="agent rebuilt from store")
         assert lines[0]["messages"] == 3  # first turn's two rows + this turn's user message
@@ -271,9 +279,9 @@ def test_warm_agent_is_not_rebuilt(tmp_path):
     """The control: with the defaults nothing is shed, so a second turn is a cache hit."""
     sc = Sidecar(tmp_path / "data", config=shed_config(sweep_interval_secs=0.2), workers=1).start()
     try:
-        first = run(sc.prompts(), text="one", src=source()).result(10)
+        first = start(sc.prompts(), text="one", src=source()).result(10)
         time.sleep(0.6)
-        second = run(sc.prompts(), text="two", key=first.key).result(10)
+        second = start(sc.prompts(), text="two", key=first.key).result(10)
         assert second.end == "completed"
         assert rebuilt(sc, first.key) == [] and log_lines(sc, "agents evicted") == []
     finally:

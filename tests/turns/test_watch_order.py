@@ -11,9 +11,9 @@ import grpc
 import pytest
 
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
-from helpers_busy import PromptRun, profile, source, words
-from helpers_sessions import uniq
-from helpers_turns import TERMINAL, Watcher, collect, kind_of
+from helpers.config import profile
+from helpers.ids import source, uniq, words
+from helpers.streams import collect, kind_of, PromptRun, TERMINAL, Watcher
 from sidecar_proc import Sidecar
 
 WATCH_PAGE = 10_000  # rows per read of a WatchActivity replay (prompt_service.WATCH_PAGE)
@@ -41,10 +41,10 @@ def test_watch_by_key_replays_past_one_page(sc):
     out = collect(prompts.WatchActivity(ppb.WatchActivityRequest(
         session_key=p.key, after_cursor=p.frames[0].cursor), timeout=15),
         stop=lambda f: f.request_id == rid and kind_of(f) in TERMINAL)
-    got = [(f.seq, kind_of(f)) for f in out.raw]
+    got = [(f.seq, kind_of(f)) for f in out.frames]
     assert got == expected, (f"got {len(got)} of {len(expected)} frames after the cursor, last {got[-1:]},"
                              f" stream ended {out.code.name}")
-    cursors = [f.cursor for f in out.raw]
+    cursors = [f.cursor for f in out.frames]
     assert cursors == sorted(set(cursors)), "cursors not strictly increasing"
 
 

@@ -10,7 +10,7 @@ import time
 from agent_sidecar.store.records import LedgerEntry
 from agent_sidecar.store.sqlite.store import SqliteStore
 from agent_sidecar.turns.dedup import RecentRequests
-from store_local import local_store
+from helpers.store import local_store
 
 KEY = "agent:main:t:dm:1"
 

@@ -10,7 +10,7 @@ import multiprocessing as mp
 from agent_sidecar.sessions import transcripts as tx
 from agent_sidecar.turns.wire import encode, open_stream, read_message
 from agent_sidecar.turns.worker import worker_main
-from store_local import local_store
+from helpers.store import local_store
 
 PROFILE = {"name": "main", "model": "echo", "model_options": {}, "tools": [], "max_iterations": 25}
 
