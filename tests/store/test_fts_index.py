@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import session_service_pb2 as spb
-from helpers_common import source
-from helpers_recovery import query
+from helpers.ids import source
+from helpers.store import query
 from sidecar_proc import Sidecar
 from test_doctor import doctor
 

@@ -12,7 +12,11 @@ from contextlib import closing
 import pytest
 
 from agent_sidecar.v1 import session_service_pb2 as spb
-from helpers_recovery import PromptRun, echo, health, query, source
+from helpers.config import echo
+from helpers.ids import source
+from helpers.recovery import health
+from helpers.store import query
+from helpers.streams import PromptRun
 from sidecar_proc import ROOT, Sidecar
 
 TEXTS = ["the quick brown fox", "jumps over the lazy dog", "zebra crossing ahead",

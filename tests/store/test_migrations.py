@@ -14,8 +14,8 @@ import apsw
 
 from agent_sidecar.recovery import startup
 from agent_sidecar.store.sqlite import schema as migrations
-from helpers_recovery import query
-from helpers_turns import assert_well_formed, prompt_req, run, watch
+from helpers.store import query
+from helpers.streams import assert_well_formed, prompt_req, run, watch
 from sidecar_proc import Sidecar
 
 KEY = "agent:main:telegram:dm:old-chat"
@@ -69,14 +69,14 @@ def test_a_version_3_store_migrates_and_keeps_its_frames_and_cursors(tmp_path):
     with Sidecar(data).start() as sc:
         old = watch(sc.prompts(), request_id=OLD_RID)
         assert_well_formed(old)
-        assert [f.cursor for f in old.raw] == [1, 2, 3, 4, 5]
+        assert [f.cursor for f in old.frames] == [1, 2, 3, 4, 5]
         assert old.text() == "hi there"
 
         new = run(sc.prompts(), prompt_req(session_key=KEY, text="and again"))
         assert_well_formed(new)
-        assert watch(sc.prompts(), request_id=new.raw[0].request_id).frames == new.frames
+        assert watch(sc.prompts(), request_id=new.frames[0].request_id).frames == new.frames
     # the frames the old sidecar deleted (ids 6-8) are never numbered again
-    assert min(f.cursor for f in new.raw) == 9
+    assert min(f.cursor for f in new.frames) == 9
     assert query(sc, "SELECT first_frame, first_seq FROM prompts WHERE request_id = ?", (OLD_RID,)) == [(1, 1)]
     assert query(sc, "SELECT version FROM schema_migrations ORDER BY version") == [(1,), (2,), (3,), (4,)]
     indexes = {name for (name,) in query(

@@ -19,40 +19,28 @@ from agent_sidecar.sessions import lifecycle as life
 from agent_sidecar.sessions.source import SessionSource
 from agent_sidecar.store import StoreClosed, open_store
 from agent_sidecar.v1 import session_service_pb2 as spb
-from helpers_busy import log_lines, source, wait_until
+from helpers.ids import source
+from helpers.logs import log_lines
+from helpers.procs import alive, children, comm, grpc_loaded, niceness, sched_policy
+from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
-
-
-def comm(pid: int, tid: int | None = None) -> str:
-    with open(f"/proc/{pid}/task/{tid or pid}/comm") as f:
-        return f.read().strip()
-
-
 def child_pids(sc) -> dict[str, int]:
-    writer = log_lines(sc, "store writer ready")[-1]["pid"]
-    workers = [x["pid"] for x in log_lines(sc, "worker ready")]
-    return {"writer": writer, **{f"worker{i}": p for i, p in enumerate(workers)}}
+    """The writer and every worker, once each has started and named itself."""
+    want = {"sidecar-writer", *(f"sidecar-work-{i}" for i in range(sc.workers))}
+    found = wait_until(lambda: (lambda ch: ch if want <= ch.keys() else None)(children(sc)),
+                       what=f"the sidecar's children {sorted(want)}")
+    return {("writer" if n == "sidecar-writer" else n.replace("sidecar-work-", "worker")): found[n]
+            for n in sorted(want)}
 
 
 def test_writer_is_a_named_child_without_grpc(tmp_path):
     with Sidecar(tmp_path / "data", workers=1).start() as sc:
-        line = wait_until(lambda: log_lines(sc, "store writer ready"), what="writer ready")[-1]
-        assert line["grpc_loaded"] is False
-        assert comm(line["pid"]) == "sidecar-writer"
-        assert comm(log_lines(sc, "worker ready")[-1]["pid"]) == "sidecar-work-0"
-
-
-def niceness(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[16])
+        pids = child_pids(sc)
+        assert not grpc_loaded(pids["writer"])
+        assert comm(pids["writer"]) == "sidecar-writer"
+        assert comm(pids["worker0"]) == "sidecar-work-0"
 
 
 def test_children_yield_the_cpu_to_the_event_loop(tmp_path):
@@ -60,11 +48,6 @@ def test_children_yield_the_cpu_to_the_event_loop(tmp_path):
         parent = niceness(sc.proc.pid)
         for name, pid in child_pids(sc).items():
             assert niceness(pid) == min(parent + CHILD_NICE, 19), name
-
-
-def sched_policy(pid: int, tid: int | None = None) -> int:
-    with open(f"/proc/{pid}/task/{tid or pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[38])
 
 
 def test_grpc_threads_do_not_preempt_the_event_loop(tmp_path):
@@ -79,6 +62,7 @@ def test_grpc_threads_do_not_preempt_the_event_loop(tmp_path):
         assert sched_policy(pid) == os.SCHED_OTHER
         for name, child in child_pids(sc).items():
             assert sched_policy(child) == os.SCHED_OTHER, name
+        # the sidecar's own report of the threads it calmed (an operator reads it in the log)
         assert log_lines(sc, "serving")[-1]["batch_threads"] >= len(grpc_threads)
 
 
@@ -100,6 +84,7 @@ def test_sidecar_stops_when_its_writer_dies(tmp_path):
         os.kill(child_pids(sc)["writer"], signal.SIGKILL)
         sc.proc.wait(30)
         assert sc.proc.returncode == 1, sc.log()
+        # the log line is the behaviour here: it tells the operator why the sidecar stopped
         assert any(x.get("msg") == "the store writer process died" for x in log_lines(sc))
         assert not (data / ".clean_shutdown").exists()
     finally:
