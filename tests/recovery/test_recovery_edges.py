@@ -7,14 +7,18 @@ whose host was interrupted, and a follow-up burst acknowledged just before the k
 
 from __future__ import annotations
 
-import sqlite3
 import time
-from contextlib import closing
 
+from agent_sidecar.store.records import LedgerEntry
 from agent_sidecar.v1 import session_service_pb2 as spb
-from helpers_recovery import (D, PromptRun, SilentToolHost, echo, db_path, marker, query, restart,
-                              resume_rows, routing, scripted, source, table, transcript, wait_until,
-                              watch_request, kind, words)
+from helpers.config import echo, scripted, table
+from helpers.ids import source, words
+from helpers.recovery import marker, restart
+from helpers.sessions import get_session, transcript
+from helpers.store import db_path, local_store, StoreView
+from helpers.streams import D, get_queue, kind_of, PromptRun, watch
+from helpers.tools import ToolHost
+from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
 QUEUE = D.Value("DELIVERY_MODE_QUEUE")
@@ -30,8 +34,11 @@ def crash_mid_turn(sc, src) -> PromptRun:
 
 
 def restart_count(sc, key: str) -> int:
-    rows = query(sc, "SELECT count FROM restart_counts WHERE session_key = ?", (key,))
-    return rows[0][0] if rows else 0
+    return StoreView(sc).restart_count(key)
+
+
+def lane(sc, key: str):
+    return get_session(sc.sessions(), key)
 
 
 def test_drain_timeout_still_writes_the_marker_and_leaves_idle_lanes_alone(tmp_path):
@@ -48,13 +55,13 @@ def test_drain_timeout_still_writes_the_marker_and_leaves_idle_lanes_alone(tmp_p
         assert sc.stop() == 0, sc.log()
         assert marker(sc), "a graceful stop writes .clean_shutdown, drained in time or not"
         restart(sc)
-        b = routing(sc, busy.key)
-        assert (b["resume_pending"], b["resume_reason"]) == (1, "shutdown_timeout"), b
-        i = routing(sc, idle.key)
-        assert (i["resume_pending"], i["resume_reason"]) == (0, ""), i
-        assert resume_rows(sc, idle.session_id) == []
-        frames, _ = watch_request(sc.prompts(), f"resume:{busy.session_id}:1", timeout=30)
-        assert kind(frames[-1]) == "completed", [kind(f) for f in frames]
+        b = lane(sc, busy.key)
+        assert (b.resume_pending, b.resume_reason) == (True, "shutdown_timeout"), b
+        i = lane(sc, idle.key)
+        assert (i.resume_pending, i.resume_reason) == (False, ""), i
+        assert StoreView(sc).resume_turns(idle.session_id) == []
+        frames = watch(sc.prompts(), request_id=f"resume:{busy.session_id}:1", timeout=30).frames
+        assert kind_of(frames[-1]) == "completed", [kind_of(f) for f in frames]
     finally:
         sc.stop()
 
@@ -76,10 +83,10 @@ def test_stuck_loop_counts_only_consecutive_in_flight_restarts(tmp_path):
             crash_mid_turn(sc, src)
             restart(sc)
             assert restart_count(sc, key) == n
-        assert not routing(sc, key)["suspended"]
+        assert not lane(sc, key).suspended
         crash_mid_turn(sc, src)
         restart(sc)
-        assert routing(sc, key)["suspended"], "the third consecutive one suspends"
+        assert lane(sc, key).suspended, "the third consecutive one suspends"
     finally:
         sc.stop()
 
@@ -96,7 +103,7 @@ def test_reset_starts_the_stuck_loop_count_again(tmp_path):
         assert restart_count(sc, key) == 0, "/new starts a conversation with no restarts against it"
         crash_mid_turn(sc, src)
         restart(sc)
-        assert restart_count(sc, key) == 1 and not routing(sc, key)["suspended"]
+        assert restart_count(sc, key) == 1 and not lane(sc, key).suspended
     finally:
         sc.stop()
 
@@ -117,15 +124,17 @@ def test_stuck_loop_suspension_supersedes_the_lanes_waiting_prompts(tmp_path):
         queued.wait_for("accepted")
         sc.kill9()
         restart(sc)
-        assert routing(sc, key)["suspended"]
-        frames, _ = watch_request(sc.prompts(), queued.request_id)
-        assert [kind(f) for f in frames] == ["accepted", "superseded"], [kind(f) for f in frames]
+        assert lane(sc, key).suspended
+        frames = watch(sc.prompts(), request_id=queued.request_id, timeout=20).frames
+        assert [kind_of(f) for f in frames] == ["accepted", "superseded"], [kind_of(f) for f in frames]
         assert [f.seq for f in frames] == [1, 2]
-        assert query(sc, "SELECT status FROM prompts WHERE request_id = ?",
-                     (queued.request_id,)) == [("superseded",)]
-        assert query(sc, "SELECT count(*) FROM prompt_queue")[0][0] == 0
-        assert query(sc, "SELECT count(*) FROM messages WHERE session_id = ? AND content = ?",
-                     (old_sid, "queued behind"))[0][0] == 0
+        store = StoreView(sc)
+        assert store.status(queued.request_id) == "superseded"
+        waiting = get_queue(sc.prompts(), key)
+        assert not waiting.HasField("pending") and list(waiting.queued) == [], waiting
+        assert store.open_prompts() == []
+        old = transcript(sc.sessions(), old_sid, include_rewound=True)
+        assert [m.content for m in old].count("queued behind") == 0
     finally:
         sc.stop()
 
@@ -140,19 +149,20 @@ def test_synthetic_tool_results_do_not_make_a_stale_lane_fresh(tmp_path):
            + "[agent]\ngateway_auto_continue_freshness = 2.0\n\n")
     sc = Sidecar(tmp_path / "data", config=cfg, workers=1).start()
     try:
-        host = SilentToolHost(sc.tools(), "test", ["test.wait"])
+        host = ToolHost(sc.tools(), "test", [("test.wait", "test.wait", {"type": "object"})]).wait_registered()
         a = PromptRun(sc.prompts(), text="wait for it", src=source(), profile="tw")
         a.wait_for("tool_call")
-        assert host.invoked.wait(10)
+        assert host.on_invocation.wait(10)
         b = PromptRun(sc.prompts(), text=words(80), src=source())
         b.wait_for("started")
         sc.kill9()
-        host.close()
+        host.cancel()
         time.sleep(3)  # past the 2 s freshness window
         restart(sc)
-        assert resume_rows(sc, a.session_id) == [] and resume_rows(sc, b.session_id) == []
-        assert query(sc, "SELECT count(*) FROM messages WHERE session_id = ? AND role = 'tool'",
-                     (a.session_id,))[0][0] == 1, "the dangling call got its synthetic result"
+        store = StoreView(sc)
+        assert store.resume_turns(a.session_id) == [] and store.resume_turns(b.session_id) == []
+        roles = [m.role for m in transcript(sc.sessions(), a.session_id, include_rewound=True)]
+        assert roles.count("tool") == 1, "the dangling call got its synthetic result"
     finally:
         sc.stop()
 
@@ -164,14 +174,14 @@ def test_resume_request_id_follows_the_highest_one_left(tmp_path):
     try:
         run = crash_mid_turn(sc, source())
         sid, key = run.session_id, run.key
-        with closing(sqlite3.connect(db_path(sc), timeout=10)) as conn, conn:
-            conn.execute("INSERT INTO prompts (request_id, session_key, session_id, platform, status,"
-                         " delivery, text, created_at) VALUES (?, ?, ?, 'telegram', 'completed', 2,"
-                         " 'continue', ?)", (f"resume:{sid}:2", key, sid, time.time()))
+        with local_store(db_path(sc)) as s:  # what retention left: :2 (the stopped sidecar's file)
+            assert s.job(lambda uow: uow.ledger.insert(LedgerEntry(
+                request_id=f"resume:{sid}:2", session_key=key, session_id=sid, platform="telegram",
+                status="completed", delivery=2, text="continue", created_at=time.time())))
         restart(sc)
-        frames, _ = watch_request(sc.prompts(), f"resume:{sid}:3", timeout=30)
-        assert frames and kind(frames[-1]) == "completed", [kind(f) for f in frames]
-        wait_until(lambda: not routing(sc, key)["resume_pending"], 10, what="resume_pending cleared")
+        frames = watch(sc.prompts(), request_id=f"resume:{sid}:3", timeout=30).frames
+        assert frames and kind_of(frames[-1]) == "completed", [kind_of(f) for f in frames]
+        wait_until(lambda: not lane(sc, key).resume_pending, 10, what="resume_pending cleared")
     finally:
         sc.stop()
 
@@ -189,13 +199,14 @@ def test_a_steer_ends_with_its_interrupted_host_and_never_reruns(tmp_path):
         steer.wait_for("accepted")
         sc.kill9()
         restart(sc)
-        frames, reason = watch_request(sc.prompts(), steer.request_id)
-        assert [kind(f) for f in frames] == ["accepted", "failed"], [kind(f) for f in frames]
+        w = watch(sc.prompts(), request_id=steer.request_id, timeout=20)
+        frames, reason = w.frames, w.reason
+        assert [kind_of(f) for f in frames] == ["accepted", "failed"], [kind_of(f) for f in frames]
         assert reason == "restart_interrupted", reason
         time.sleep(0.5)  # the lane's auto-resume turn runs meanwhile; the steer must not
-        assert query(sc, "SELECT count(*) FROM frames WHERE request_id = ? AND kind = 'started'",
-                     (steer.request_id,))[0][0] == 0
-        assert query(sc, "SELECT count(*) FROM messages WHERE content = 'actually, bananas'")[0][0] <= 1
+        assert watch(sc.prompts(), request_id=steer.request_id).count("started") == 0
+        msgs = transcript(sc.sessions(), host.session_id, include_rewound=True)
+        assert [m.content for m in msgs].count("actually, bananas") <= 1
     finally:
         sc.stop()
 
@@ -217,16 +228,17 @@ def test_an_acknowledged_burst_runs_once_in_order_after_a_kill9(tmp_path):
         sc.kill9()
         restart(sc)
         last = burst[-1].request_id
-        frames, reason = watch_request(sc.prompts(), last, timeout=30)
-        kinds = [kind(f) for f in frames]
+        w = watch(sc.prompts(), request_id=last, timeout=30)
+        frames, reason = w.frames, w.reason
+        kinds = [kind_of(f) for f in frames]
         assert kinds.count("started") == 1 and kinds[-1] == "completed", (kinds, reason)
         # what the model saw since its last answer: the interrupted prompt, then all three
         assert frames[-1].completed.final_text == words(40) + "\npart 0\npart 1\npart 2"
         for older, newer in zip(burst, burst[1:]):
-            frames, _ = watch_request(sc.prompts(), older.request_id)
-            assert [kind(f) for f in frames] == ["accepted", "superseded"], [kind(f) for f in frames]
+            frames = watch(sc.prompts(), request_id=older.request_id, timeout=20).frames
+            assert [kind_of(f) for f in frames] == ["accepted", "superseded"], [kind_of(f) for f in frames]
             assert frames[-1].superseded.by_request_id == newer.request_id
-        users = [m.content for m in transcript(sc, busy.session_id) if m.role == "user"]
+        users = [m.content for m in transcript(sc.sessions(), busy.session_id, include_rewound=True) if m.role == "user"]
         assert users == [words(40), "part 0", "part 1", "part 2"], users
     finally:
         sc.stop()

@@ -18,7 +18,8 @@ import grpc
 
 from agent_sidecar.v1 import session_service_pb2 as pb
 from agent_sidecar.v1 import session_service_pb2_grpc as pb_grpc
-from helpers_sessions import assert_serving, create, msg, seed, src, transcript, turns
+from helpers.ids import source as src
+from helpers.sessions import assert_serving, create, msg, seed, transcript, turns
 from sidecar_proc import Sidecar
 
 RESUME_PREFIX = "[The previous turn was interrupted"

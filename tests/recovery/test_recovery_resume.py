@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import session_service_pb2 as spb
-from helpers_recovery import (RESUME_PREFIX, PromptRun, echo, get_session, kind, restart, source,
-                              table, transcript, watch_request, words)
+from helpers.config import echo, table
+from helpers.ids import source, words
+from helpers.recovery import restart, RESUME_PREFIX
+from helpers.sessions import get_session, transcript
+from helpers.streams import kind_of, PromptRun, watch
 from sidecar_proc import Sidecar
 
 
@@ -34,27 +37,28 @@ def _lanes_then_kill9(sc) -> dict:
 
 def _resumed(sc, sid: str) -> list:
     """The frames of the lane's first resume turn, to its end; [] if there is none."""
-    frames, reason = watch_request(sc.prompts(), f"resume:{sid}:1", timeout=30)
+    w = watch(sc.prompts(), request_id=f"resume:{sid}:1", timeout=30)
+    frames, reason = w.frames, w.reason
     assert frames or reason == "REQUEST_NOT_FOUND", reason
     return frames
 
 
 def _assert_resumed_with_a_synthetic_note(sc, key: str, sid: str) -> None:
     frames = _resumed(sc, sid)
-    assert [kind(f) for f in frames][-1] == "completed", [kind(f) for f in frames]
-    messages = transcript(sc, sid)
+    assert [kind_of(f) for f in frames][-1] == "completed", [kind_of(f) for f in frames]
+    messages = transcript(sc.sessions(), sid, include_rewound=True)
     notes = [m for m in messages if m.role == "user" and m.content.startswith(RESUME_PREFIX)]
     assert len(notes) == 1 and notes[0].synthetic, notes
     assert "do not repeat" in notes[0].content and "where things stand" in notes[0].content
     assert [m.seq for m in messages if m.synthetic] == [notes[0].seq], "only the note is synthetic"
-    assert get_session(sc, key).session_id == sid
+    assert get_session(sc.sessions(), key).session_id == sid
 
 
 def _assert_marked_and_silent(sc, key: str, sid: str, messages_before: int) -> None:
-    s = get_session(sc, key)
+    s = get_session(sc.sessions(), key)
     assert s.resume_pending and s.session_id == sid, (s.resume_pending, s.resume_reason)
     assert _resumed(sc, sid) == []
-    assert len(transcript(sc, sid)) == messages_before
+    assert len(transcript(sc.sessions(), sid, include_rewound=True)) == messages_before
 
 
 def test_only_the_lane_whose_turn_was_in_flight_is_resumed(tmp_path):
@@ -88,7 +92,7 @@ def test_auto_resume_off_resumes_nothing(tmp_path):
         lanes = _lanes_then_kill9(sc)
         restart(sc)
         key, sid = lanes["in_flight"]
-        s = get_session(sc, key)
+        s = get_session(sc.sessions(), key)
         assert s.resume_pending and s.resume_reason == "restart_interrupted", s
         assert _resumed(sc, sid) == []
         _assert_marked_and_silent(sc, *lanes["appended"], messages_before=1)

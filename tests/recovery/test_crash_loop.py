@@ -34,7 +34,10 @@ from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import prompt_service_pb2_grpc as ppb_grpc
 from agent_sidecar.v1 import session_service_pb2 as spb
-from helpers_recovery import D, echo, query, wait_until
+from helpers.config import echo
+from helpers.store import StoreView
+from helpers.streams import D
+from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
 SEED = 20240605
@@ -180,6 +183,9 @@ def test_crash_loop(tmp_path):
     wait_until(lambda: settled(sc), 60, 0.3, "every session idle with an empty queue")
     assert sc.stop() == 0, sc.log()
 
+    # An audit of the whole store file, kept in SQL on purpose: it checks invariants of
+    # rows no interface read exposes (which request wrote each message, across every
+    # incarnation and re-run; hidden rows' seqs; SQLite's own integrity check).
     with closing(sqlite3.connect(str(sc.data_dir / "sidecar.db"))) as db:
         integrity = db.execute("PRAGMA integrity_check").fetchall()
         ledger = {r[0]: r for r in db.execute(
@@ -293,7 +299,7 @@ def test_health_not_serving_until_startup_restore_is_done(tmp_path):
                 source=c.SessionSource(platform="telegram", chat_id=f"h{i}")), timeout=10)
         sc.kill9()
         sc.start()  # returns at the first health SERVING (polled every 50 ms)
-        n = query(sc, "SELECT count(*) FROM prompts WHERE request_id LIKE 'resume:%'")[0][0]
+        n = len(StoreView(sc).request_ids("resume:"))
         assert n == 300, f"SERVING with only {n} of 300 auto-resume turns submitted"
     finally:
         sc.stop()
