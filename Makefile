@@ -40,13 +40,15 @@ clients: proto
 	clients/node/generate.sh
 	for d in $(SERVICE_CONFIG_COPIES); do cp clients/service_config.json $$d/service_config.json; done
 
-# The API reference docs/api.md (and semantics.md's reason table) from the protos' comments.
+# The API reference docs/api.md (and semantics.md's reason table) from the protos' comments;
+# configuration.md's key tables from the config declarations.
 docs: install
 	$(BIN)/python docs/gen/api_reference.py
+	$(BIN)/agent-sidecar config reference --write docs/configuration.md
 
 GENERATED := server/agent_sidecar/v1 clients/python/src clients/go/agentsidecarv1 clients/node/src/gen \
 	clients/python/src/agent_sidecar_client/service_config.json clients/node/src/service_config.json \
-	clients/go/sidecar/service_config.json docs/api.md docs/semantics.md
+	clients/go/sidecar/service_config.json docs/api.md docs/semantics.md docs/configuration.md
 
 # CI: generated code and docs must match proto/ (regenerate, then no diff and no new file).
 check-generated: clients docs

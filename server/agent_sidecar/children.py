@@ -1,11 +1,11 @@
 """The sidecar's spawned children (turn workers, the store writer), both sides.
 
 Child side, ``become_child``: what every child does first: take a name
-``top``/``ps -o comm`` shows, die with the parent, and step back in CPU
-priority. Dying with the parent matters most for the store writer: a writer
-that outlived a ``kill -9``'d sidecar could commit behind the back of the next
-sidecar's startup recovery. Linux only (prctl); elsewhere a child notices its
-parent is gone when its pipe reaches EOF.
+``top``/``ps -o comm`` shows and a title ``ps -o args`` shows, die with the
+parent, and step back in CPU priority. Dying with the parent matters most for
+the store writer: a writer that outlived a ``kill -9``'d sidecar could commit
+behind the back of the next sidecar's startup recovery. Linux only (prctl);
+elsewhere a child notices its parent is gone when its pipe reaches EOF.
 
 Why children run at ``nice +CHILD_NICE``: they are batch processors behind the
 parent's event loop. When the cores are busy, a child that wakes for every
@@ -59,11 +59,45 @@ def _prctl(option: int, arg) -> None:
         pass
 
 
-def become_child(name: str, parent_pid: int) -> None:
-    """Name this process (at most 15 bytes are kept), ask the kernel for
-    SIGKILL when the parent dies, ignore SIGINT/SIGTERM (a Ctrl-C reaches the
-    whole process group, and the parent decides when children stop), and
-    lower our CPU priority by CHILD_NICE."""
+TITLE_PREFIX = "agent-sidecar: "
+_ROLES = {"sidecar-writer": "store writer", "sidecar-work-": "worker "}  # comm name -> title role
+
+
+def set_title(role: str) -> None:
+    """Show ``agent-sidecar: ROLE`` as this process's command line (``ps -o
+    args``, /proc/PID/cmdline), so an operator sees which process is which
+    even where ``comm`` is cut to 15 bytes. setproctitle renames the calling
+    thread too; its old name is put back, so ``comm`` stays as it was. Without
+    setproctitle installed the command line stays as it was."""
+    try:
+        from setproctitle import setproctitle
+    except ImportError:
+        return
+    try:
+        with open("/proc/thread-self/comm", "rb") as f:
+            comm = f.read().rstrip(b"\n")
+    except OSError:
+        comm = b""
+    setproctitle(TITLE_PREFIX + role)
+    if comm:
+        _prctl(_PR_SET_NAME, comm[:15])
+
+
+def _role(name: str) -> str:
+    """The title role of a child named ``name`` ("sidecar-work-1" -> "worker 1")."""
+    for prefix, role in _ROLES.items():
+        if name.startswith(prefix):
+            return role + name[len(prefix):]
+    return name
+
+
+def become_child(name: str, parent_pid: int, title: str | None = None) -> None:
+    """Name this process (``comm``, at most 15 bytes are kept) and title it
+    (``agent-sidecar: TITLE``; default: the role its name says), ask the
+    kernel for SIGKILL when the parent dies, ignore SIGINT/SIGTERM (a Ctrl-C
+    reaches the whole process group, and the parent decides when children
+    stop), and lower our CPU priority by CHILD_NICE."""
+    set_title(title or _role(name))
     _prctl(_PR_SET_NAME, name.encode()[:15])
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)

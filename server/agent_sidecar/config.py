@@ -1,9 +1,11 @@
-"""Configuration: a TOML file (stdlib ``tomllib``) overlaid by command-line flags.
+"""Configuration: defaults < a TOML file < ``AGENT_SIDECAR_*`` environment
+variables < command-line flags, every key checked for type and range.
 
 The file carries the keys of seed 001's appendix under their own names
 (``group_sessions_per_user``, ``[agent] gateway_timeout``,
-``[agent.agent_cache] max_size`` …), the sidecar's own settings, auth tokens, and
-profiles — named agent configurations (DECISIONS.md, "Names and keys")::
+``[agent.agent_cache] max_size`` …), the sidecar's own settings, auth tokens,
+profiles — named agent configurations (DECISIONS.md, "Names and keys") — and
+per-platform settings::
 
     group_sessions_per_user = true
     [agent]
@@ -15,37 +17,61 @@ profiles — named agent configurations (DECISIONS.md, "Names and keys")::
     system_prompt = "You are a helpful assistant."
     tools = ["local.*"]
 
-Unknown keys are errors: a typo in a config file should stop the sidecar, not be
-silently ignored.
+Every key is declared once below, with its type, default, range and doc
+(config_schema.py says how, and how to add a section); the loader
+(config_loader.py) refuses unknown keys, wrong types and values out of range,
+all of them in one ConfigError, and docs/configuration.md's key table is
+generated from the same declarations. Worker processes never import this
+module: they get plain settings dicts.
 """
 
 from __future__ import annotations
 
 import os
-import tomllib
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, Iterator, Mapping
 
+from .config_loader import Loader, read_toml
+from .config_schema import ConfigError, array, key, named, section
 from .sessions.context import DEFAULT_PII_SAFE, NEVER_REDACTED
+
+__all__ = ["AUTO_RESUME_MODES", "AgentCache", "AuthToken", "Config", "ConfigError", "DEFAULT_PROFILE",
+           "Limits", "PlatformConfig", "Profile", "load_config"]
 
 DEFAULT_PROFILE = "main"
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+AUTO_RESUME_MODES = ("interrupted", "recent", "off")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
-class ConfigError(ValueError):
-    pass
+def _listen_address(value: str) -> str | None:
+    if value.startswith("unix:"):
+        return None if value[5:] else "a Unix socket needs a path (unix:PATH)"
+    host, sep, port = value.rpartition(":")
+    if not (sep and host and port.isdigit() and int(port) <= 65535):
+        return "expected unix:PATH or HOST:PORT"
+    return None
+
+
+def _name(kind: str, fold: bool):
+    def check(name: str) -> tuple[str, str | None]:
+        if not name or ":" in name:
+            return name, f"a {kind} name must be non-empty and have no ':'"
+        return (name.lower() if fold else name), None
+    return check
 
 
 @dataclass
 class Profile:
-    name: str
-    model: str = "echo"
-    model_options: dict[str, Any] = field(default_factory=dict)
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT
-    tools: list[str] = field(default_factory=list)
-    max_iterations: int = 25
-    timeout_s: float = 0.0  # 0: use agent.gateway_timeout
-    queue_cap: int = 32  # queued prompts per session (QUEUE_FULL past it); 0: no cap
+    name: str = key("", internal=True)
+    model: str = key("echo", nonempty=True,
+                     doc="model backend: `echo`, `scripted`, `openai` or an installed entry point")
+    model_options: dict[str, Any] = key({}, doc="the backend's options (the backend checks them)")
+    system_prompt: str = key(DEFAULT_SYSTEM_PROMPT, doc="the profile's system prompt")
+    tools: list[str] = key([], nonempty=True, doc="tool subtrees the model may call, e.g. `[\"local.*\"]`")
+    max_iterations: int = key(25, ge=1, doc="model calls per turn at most")
+    timeout_s: float = key(0.0, ge=0, doc="the turn timeout in seconds (0: `agent.gateway_timeout`)")
+    queue_cap: int = key(32, ge=0, doc="prompts waiting in one session's queue (0: no cap); past it QUEUE_FULL")
 
     @property
     def wire(self) -> dict[str, Any]:
@@ -59,40 +85,57 @@ class Profile:
 
 @dataclass
 class AgentCache:
-    max_size: int = 128
-    idle_ttl_secs: float = 3600.0
-    memory_high_mb: int | str = "auto"
-    max_evictions_per_pass: int = 16
-    protect_recent: int = 8
-    sweep_interval_secs: float = 30.0  # the worker's housekeeping tick
+    max_size: int = key(128, ge=0, doc="warm agents per worker (LRU; 0: none kept)")
+    idle_ttl_secs: float = key(3600.0, gt=0, doc="an idle agent is dropped after this many seconds")
+    memory_high_mb: int | str = key("auto", ge=0, choices=("auto", "off"),
+                                    doc="worker RSS budget in MB above which agents are shed "
+                                        "(`auto`: the cgroup or RAM limit; `off` or 0: never)")
+    max_evictions_per_pass: int = key(16, ge=1, doc="agents shed per pass at most")
+    protect_recent: int = key(8, ge=0, doc="most recently used agents never shed")
+    sweep_interval_secs: float = key(30.0, gt=0, doc="the worker's housekeeping tick (s)")
 
 
 @dataclass
 class AuthToken:
-    token: str
-    platforms: list[str] = field(default_factory=lambda: ["*"])
-    admin: bool = False
+    token: str = key("", required=True, secret=True, doc="a bearer token")
+    platforms: list[str] = key(["*"], nonempty=True, fold="lower",
+                               doc="the platforms the token may act on (`*`: all)")
+    admin: bool = key(False, doc="may call ClearAllSessions, PruneSessions, delete any session")
 
 
 @dataclass
 class Limits:
-    max_text_bytes: int = 256 * 1024
-    max_attachment_bytes: int = 8 * 1024 * 1024
-    max_attachments: int = 16
-    max_messages_per_request: int = 1000
-    max_page_size: int = 1000
-    default_page_size: int = 100
-    max_frames_per_turn: int = 20_000
-    max_id_length: int = 256
+    max_text_bytes: int = key(256 * 1024, ge=1, doc="a prompt's text")
+    max_attachment_bytes: int = key(8 * 1024 * 1024, ge=1, doc="one attachment")
+    max_attachments: int = key(16, ge=0, doc="attachments per prompt")
+    max_messages_per_request: int = key(1000, ge=1, doc="messages in one request")
+    max_page_size: int = key(1000, ge=1, doc="the largest page a list call returns")
+    default_page_size: int = key(100, ge=1, doc="a list call's page when it asks for none")
+    max_frames_per_turn: int = key(20_000, ge=2, doc="frames one turn may produce")
+    max_id_length: int = key(256, ge=1, doc="request ids, display names and other ids (characters)")
     # Load limits (issue 14). A stream (Prompt, WatchActivity) whose reader
     # falls this far behind is ended with STREAM_TOO_SLOW (it resumes from the
     # store); prompts in flight or queued, and the bytes of their text and
     # attachments, are capped sidecar-wide (OVERLOADED; 0: no cap). The
     # defaults keep a hostile burst within a small (2 GB) host.
-    stream_buffer_frames: int = 10_000
-    stream_buffer_bytes: int = 8 * 1024 * 1024
-    max_prompts_in_flight: int = 1000
-    max_prompt_bytes_in_flight: int = 16 * 1024 * 1024
+    stream_buffer_frames: int = key(10_000, ge=1, doc="frames a stream may fall behind its reader "
+                                                       "before it ends STREAM_TOO_SLOW")
+    stream_buffer_bytes: int = key(8 * 1024 * 1024, ge=1, doc="the same bound in bytes")
+    max_prompts_in_flight: int = key(1000, ge=0, doc="prompts running or queued, whole sidecar "
+                                                     "(0: no cap); past it OVERLOADED")
+    max_prompt_bytes_in_flight: int = key(16 * 1024 * 1024, ge=0,
+                                          doc="bytes of their text and attachments (0: no cap)")
+    # The largest request message accepted, whatever its fields' limits allow
+    # (api/caps.py derives each RPC's own, smaller bound from the limits above);
+    # gRPC takes it as an int32.
+    max_request_bytes: int = key(32 * 1024 * 1024, ge=1, le=2**31 - 1,
+                                 doc="the largest request any RPC accepts, the server's gRPC "
+                                     "receive limit (each RPC refuses more than its fields allow)")
+
+    def _validate(self) -> Iterator[tuple[str, str, Any]]:
+        if self.default_page_size > self.max_page_size:
+            yield "default_page_size", f"must be at most max_page_size ({self.max_page_size})", \
+                self.default_page_size
 
 
 @dataclass
@@ -101,44 +144,72 @@ class PlatformConfig:
     may be hashed in the system prompt when ``redact_pii`` is on (seed 001
     §9); None keeps the built-in default (the known chat platforms are, a
     plugin platform is not)."""
-    pii_safe: bool | None = None
+    name: str = key("", internal=True)
+    pii_safe: bool | None = key(None, shown="built-in",
+                                doc="with `redact_pii`, whether its user and chat ids are hashed "
+                                    "(default: true for the built-in chat platforms)")
 
-
-AUTO_RESUME_MODES = ("interrupted", "recent", "off")
+    def _validate(self) -> Iterator[tuple[str, str, Any]]:
+        if self.pii_safe and self.name in NEVER_REDACTED:
+            yield "pii_safe", f"{self.name} ids are never redacted (mentions need them)", True
 
 
 @dataclass
 class Config:
-    data_dir: str = "./data"
-    listen: list[str] = field(default_factory=list)  # empty: unix:<data_dir>/sidecar.sock
-    log_format: str = "json"
-    log_level: str = "info"
-    # seed 001 appendix
-    group_sessions_per_user: bool = True
-    thread_sessions_per_user: bool = False
-    session_store_max_age_days: int = 0
-    gateway_auto_continue_freshness: float = 3600.0
-    gateway_timeout: float = 1800.0
-    agent_cache: AgentCache = field(default_factory=AgentCache)
-    # the sidecar's own settings
-    workers: int = 0  # 0: CPU count
-    synchronous: str = "FULL"
-    drain_timeout: float = 60.0
-    retention_days: float = 7.0
-    dedup_window_s: float = 300.0
-    housekeeping_interval_s: float = 60.0
-    keepalive_s: float = 15.0  # a silent stream gets a keepalive frame this often
-    redact_pii: bool = False
-    connected_platforms: list[str] = field(default_factory=list)
-    home_channels: dict[str, Any] = field(default_factory=dict)
-    limits: Limits = field(default_factory=Limits)
-    tokens: list[AuthToken] = field(default_factory=list)
-    profiles: dict[str, Profile] = field(default_factory=dict)
-    # [platforms.NAME], names in lower case (platform names are case-insensitive)
-    platforms: dict[str, PlatformConfig] = field(default_factory=dict)
-    # [recovery] auto_resume: which lanes get a continue turn after a restart
-    # (DECISIONS.md "Recovery"): "interrupted", "recent" or "off"
-    auto_resume: str = "interrupted"
+    # seed 001 appendix: top-level keys
+    group_sessions_per_user: bool = key(True, doc="groups and channels get one lane per participant")
+    thread_sessions_per_user: bool = key(False, doc="threads get one lane per participant (default: shared)")
+    session_store_max_age_days: int = key(0, ge=0, doc="sessions idle this many days are pruned (0: off)")
+    # [agent]
+    gateway_timeout: float = key(1800.0, gt=0, toml="agent.gateway_timeout",
+                                 doc="a turn's timeout in seconds (a profile's `timeout_s` overrides)")
+    gateway_auto_continue_freshness: float = key(
+        3600.0, gt=0, toml="agent.gateway_auto_continue_freshness",
+        doc="an interrupted lane is auto-resumed only if active this recently (s)")
+    agent_cache: AgentCache = section(AgentCache, toml="agent.agent_cache", doc="the workers' agent cache")
+    # [sidecar]: the sidecar's own settings
+    data_dir: str = key("./data", nonempty=True, toml="sidecar.data_dir", doc="as `--data-dir`")
+    listen: list[str] = key([], check=_listen_address, toml="sidecar.listen",
+                            doc="as `--listen`: `unix:PATH` or `HOST:PORT` (empty: the data dir's socket)")
+    log_format: str = key("json", choices=("json", "text"), toml="sidecar.log_format", doc="as `--log-format`")
+    log_level: str = key("info", fold="lower", choices=LOG_LEVELS, toml="sidecar.log_level",
+                         doc="as `--log-level`")
+    workers: int = key(0, ge=0, toml="sidecar.workers", doc="worker processes (0: CPU count)")
+    synchronous: str = key("FULL", fold="upper", choices=("FULL", "NORMAL"), toml="sidecar.synchronous",
+                           doc="SQLite durability (a process crash loses nothing acknowledged either way)")
+    drain_timeout: float = key(60.0, ge=0, toml="sidecar.drain_timeout",
+                               doc="seconds in-flight turns get on SIGTERM; a supervisor's stop timeout "
+                                   "must be longer ([deployment.md](deployment.md))")
+    retention_days: float = key(7.0, gt=0, toml="sidecar.retention_days",
+                                doc="frames and ledger rows are pruned after this (transcripts never)")
+    dedup_window_s: float = key(300.0, gt=0, toml="sidecar.dedup_window_s",
+                                doc="a request id within this window never starts a second turn")
+    housekeeping_interval_s: float = key(60.0, gt=0, toml="sidecar.housekeeping_interval_s",
+                                         doc="retention and pruning tick")
+    keepalive_s: float = key(15.0, gt=0, toml="sidecar.keepalive_s",
+                             doc="a silent stream gets a keepalive frame this often")
+    redact_pii: bool = key(False, toml="sidecar.redact_pii",
+                           doc="redact ids in GetSessionContext's prompt section")
+    connected_platforms: list[str] = key([], nonempty=True, toml="sidecar.connected_platforms",
+                                         doc="platforms named in the session context")
+    home_channels: dict[str, Any] = key({}, toml="sidecar.home_channels",
+                                        doc="per-platform home channels for the session context")
+    limits: Limits = section(Limits, toml="sidecar.limits",
+                             doc="request size and load limits ([semantics.md](semantics.md#limits))")
+    # [[auth.tokens]], [profiles.NAME], [platforms.NAME], [recovery]
+    tokens: list[AuthToken] = array(AuthToken, toml="auth.tokens",
+                                    doc="bearer tokens (TCP listeners need at least one)")
+    profiles: dict[str, Profile] = named(Profile, names=_name("profile", fold=False),
+                                         doc="named agent configurations (`main` always exists)")
+    platforms: dict[str, PlatformConfig] = named(PlatformConfig, names=_name("platform", fold=True),
+                                                 doc="settings of one platform (names are case-insensitive)")
+    auto_resume: str = key("interrupted", choices=AUTO_RESUME_MODES, toml="recovery.auto_resume",
+                           doc="which lanes get a continue turn after a restart (DECISIONS.md \"Recovery\")")
+
+    def _validate(self) -> Iterator[tuple[str, str, Any]]:
+        tcp = [t for t in self.listen if not t.startswith("unix:")]
+        if tcp and not self.tokens:
+            yield "sidecar.listen", "a TCP listener needs [[auth.tokens]] in the config", tcp[0]
 
     @property
     def db_path(self) -> str:
@@ -165,141 +236,29 @@ class Config:
         return frozenset(out)
 
 
-def _take(table: dict, key: str, kind, where: str, default=None):
-    if key not in table:
-        return default
-    value = table.pop(key)
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, kind):
-        raise ConfigError(f"{where}{key}: expected {getattr(kind, '__name__', kind)}")
-    return value
-
-
-def _reject_rest(table: dict, where: str) -> None:
-    if table:
-        raise ConfigError(f"unknown config key(s): {', '.join(where + k for k in table)}")
-
-
-def _fill(obj, table: dict, where: str) -> None:
-    for f in fields(obj):
-        if f.name in table:
-            current = getattr(obj, f.name)
-            kind = type(current) if current is not None else object
-            if f.name == "memory_high_mb":
-                kind = (int, str)
-            setattr(obj, f.name, _take(table, f.name, kind, where))
-    _reject_rest(table, where)
-
-
-def _platform_names(names: list, where: str) -> list[str]:
-    """Platform names as the sidecar compares them: lower case ("Telegram" and
-    "telegram" are one platform)."""
-    if not all(isinstance(n, str) and n for n in names):
-        raise ConfigError(f"{where}: expected non-empty strings")
-    return [n.lower() for n in names]
-
-
-def _load_platforms(cfg: Config, tables: dict) -> None:
-    """``[platforms.NAME]`` tables; two spellings of one name are an error."""
-    for name, table in tables.items():
-        key = name.lower()
-        where = f"platforms.{name}."
-        if not isinstance(table, dict):
-            raise ConfigError(f"platforms.{name}: expected a table")
-        if not key or ":" in key:
-            raise ConfigError(f"platforms.{name}: a platform name must be non-empty and have no ':'")
-        if key in cfg.platforms:
-            raise ConfigError(f"platforms.{name}: the same platform as another [platforms] table"
-                              " (names are case-insensitive)")
-        p = PlatformConfig(pii_safe=_take(table, "pii_safe", bool, where))
-        if p.pii_safe and key in NEVER_REDACTED:
-            raise ConfigError(f"{where}pii_safe: {key} ids are never redacted (mentions need them)")
-        _reject_rest(table, where)
-        cfg.platforms[key] = p
-
-
-def load_config(path: str | None = None, **overrides: Any) -> Config:
-    """Read the TOML file (if any), then apply non-None ``overrides`` (CLI flags)."""
-    cfg = Config()
-    raw: dict[str, Any] = {}
-    if path:
-        try:
-            with open(path, "rb") as f:
-                raw = tomllib.load(f)
-        except (OSError, tomllib.TOMLDecodeError) as e:
-            raise ConfigError(f"cannot read config {path}: {e}") from e
-    for key in ("group_sessions_per_user", "thread_sessions_per_user"):
-        if key in raw:
-            setattr(cfg, key, _take(raw, key, bool, ""))
-    if "session_store_max_age_days" in raw:
-        cfg.session_store_max_age_days = _take(raw, "session_store_max_age_days", int, "")
-    agent = dict(raw.pop("agent", {}))
-    if "agent_cache" in agent:
-        _fill(cfg.agent_cache, dict(agent.pop("agent_cache")), "agent.agent_cache.")
-    for key in ("gateway_timeout", "gateway_auto_continue_freshness"):
-        if key in agent:
-            setattr(cfg, key, _take(agent, key, float, "agent."))
-    _reject_rest(agent, "agent.")
-    sidecar = dict(raw.pop("sidecar", {}))
-    limits = sidecar.pop("limits", None)
-    if limits is not None:
-        _fill(cfg.limits, dict(limits), "sidecar.limits.")
-    for f in ("data_dir", "listen", "log_format", "log_level", "workers", "synchronous",
-              "drain_timeout", "retention_days", "dedup_window_s", "housekeeping_interval_s",
-              "keepalive_s", "redact_pii", "connected_platforms", "home_channels"):
-        if f in sidecar:
-            current = getattr(cfg, f)
-            setattr(cfg, f, _take(sidecar, f, type(current), "sidecar."))
-    _reject_rest(sidecar, "sidecar.")
-    auth = dict(raw.pop("auth", {}))
-    for i, t in enumerate(auth.pop("tokens", [])):
-        t = dict(t)
-        tok = AuthToken(token=_take(t, "token", str, f"auth.tokens[{i}]."))
-        if not tok.token:
-            raise ConfigError(f"auth.tokens[{i}].token: required")
-        tok.platforms = _platform_names(_take(t, "platforms", list, f"auth.tokens[{i}].", ["*"]),
-                                        f"auth.tokens[{i}].platforms")
-        tok.admin = _take(t, "admin", bool, f"auth.tokens[{i}].", False)
-        _reject_rest(t, f"auth.tokens[{i}].")
-        cfg.tokens.append(tok)
-    _reject_rest(auth, "auth.")
-    for name, table in dict(raw.pop("profiles", {})).items():
-        if not name or ":" in name:
-            raise ConfigError(f"profiles.{name}: a profile name must be non-empty and have no ':'")
-        p = Profile(name=name)
-        _fill(p, dict(table), f"profiles.{name}.")
-        cfg.profiles[name] = p
-    _load_platforms(cfg, dict(raw.pop("platforms", {})))
-    recovery = dict(raw.pop("recovery", {}))
-    cfg.auto_resume = _take(recovery, "auto_resume", str, "recovery.", cfg.auto_resume)
-    if cfg.auto_resume not in AUTO_RESUME_MODES:
-        raise ConfigError(f"recovery.auto_resume: must be one of {', '.join(AUTO_RESUME_MODES)}")
-    _reject_rest(recovery, "recovery.")
-    _reject_rest(raw, "")
+def load_config(path: str | None = None, environ: Mapping[str, str] | None = None,
+                **overrides: Any) -> Config:
+    """The config of the TOML file ``path`` (if any), overlaid by the
+    ``AGENT_SIDECAR_*`` variables of ``environ`` (default: os.environ), then by
+    the non-None ``overrides`` (command-line flags, by Config attribute name).
+    Raises ConfigError listing every problem found."""
+    loader = Loader(os.environ if environ is None else environ)
+    raw = read_toml(path)
+    loader.overlay_env(Config, raw)
+    loader.overlay_flags(Config, raw, overrides)
+    cfg = loader.parse(Config, raw, "")
     cfg.profiles.setdefault(DEFAULT_PROFILE, Profile(name=DEFAULT_PROFILE))
-    for key, value in overrides.items():
-        if value is not None:
-            setattr(cfg, key, value)
-    if cfg.synchronous.upper() not in ("FULL", "NORMAL"):
-        raise ConfigError("sidecar.synchronous: must be FULL or NORMAL")
-    cfg.synchronous = cfg.synchronous.upper()
-    if cfg.log_format not in ("json", "text"):
-        raise ConfigError("log_format must be json or text")
-    _check_load_limits(cfg)
+    _check_models(cfg, loader)
+    if loader.out.lines:
+        raise ConfigError(loader.out.lines)
     return cfg
 
 
-def _check_load_limits(cfg: Config) -> None:
-    """The load limits (issue 14): stream buffers need room for a frame;
-    admission caps and queue caps may be 0 (no cap), never negative."""
-    lim = cfg.limits
-    for key in ("stream_buffer_frames", "stream_buffer_bytes"):
-        if getattr(lim, key) < 1:
-            raise ConfigError(f"sidecar.limits.{key}: must be at least 1")
-    for key in ("max_prompts_in_flight", "max_prompt_bytes_in_flight"):
-        if getattr(lim, key) < 0:
-            raise ConfigError(f"sidecar.limits.{key}: must be 0 (no cap) or more")
-    for p in cfg.profiles.values():
-        if p.queue_cap < 0:
-            raise ConfigError(f"profiles.{p.name}.queue_cap: must be 0 (no cap) or more")
+def _check_models(cfg: Config, loader: Loader) -> None:
+    """Every profile's model names a backend this install has."""
+    from .models.registry import backend_names
+    known = set(backend_names())
+    for name, p in cfg.profiles.items():
+        if p.model and p.model not in known:
+            loader.out.add(f"profiles.{name}.model",
+                           f"unknown model backend (known: {', '.join(sorted(known))})", p.model)

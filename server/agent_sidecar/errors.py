@@ -74,4 +74,17 @@ def invalid(field: str, message: str) -> SidecarError:
 
 
 def not_found(what: str) -> SidecarError:
-    return SidecarError(SESSION_NOT_FOUND, f"no such session: {what}")
+    return SidecarError(SESSION_NOT_FOUND, f"no such session: {excerpt(what)}")
+
+
+# Error messages quote what the caller sent only as a short excerpt: a status's
+# message travels in the trailers, which gRPC clients cap at 8-16 KiB.
+EXCERPT_CHARS = 64
+
+
+def excerpt(value: str, limit: int = EXCERPT_CHARS) -> str:
+    """``value`` quoted (repr), cut to its first ``limit`` characters plus "…"
+    when longer: the only way an error message should echo input."""
+    if len(value) <= limit:
+        return repr(value)
+    return repr(value[:limit]) + "…"

@@ -19,6 +19,7 @@ import stat
 
 from .children import tune_gc
 from .config import Config
+from .heap import return_large_blocks
 from .sdnotify import notify
 from .store import Store, StoreUnavailable, open_store
 from .store.jobs import index_messages
@@ -91,11 +92,12 @@ class Sidecar:
         self.turns = TurnManager(self.cfg, self.store, tools)
         # Spawned before any gRPC thread exists, the writer and the workers in parallel.
         await asyncio.gather(self.store.start(), self.turns.start_workers())
+        return_large_blocks()  # the memory of a large request goes back once it is gone
         auth = Authenticator(self.cfg.tokens)
         self.server, self.health, bound = build_server(self.cfg, [
             SessionService(self.cfg, self.store, auth, self.turns),
             PromptService(self.cfg, self.store, auth, self.turns),
-            ToolService(self.cfg, auth, tools)])
+            ToolService(self.cfg, auth, tools)], auth)
         from grpc_health.v1 import health_pb2
         # grpc's servicer starts SERVING; we are not, until the restore is done.
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)

@@ -14,6 +14,7 @@ from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import session_service_pb2 as pb
 from helpers.ids import source as src
 from helpers.sessions import assert_serving, create, msg, rpc_error, seed, turns
+from sidecar_proc import error_info
 
 INVALID = (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
 NOT_FOUND = (grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND")
@@ -325,3 +326,23 @@ def test_transcript_default_client_can_page_big_messages(sidecar):
     from helpers.sessions import transcript
     got = transcript(stub, s.session_id)
     assert len(got) == 20 and all(len(m.content) == KIB256 for m in got)
+
+
+# Any query is searched or refused as INVALID_ARGUMENT naming it; NUL used to
+# end FTS5's reading of the phrase fallback mid-quote: INTERNAL (issue 14 item 11).
+ODD_QUERIES = ["\x00", "a\x00b", "hello\x00", '"\x00"', "\x00\x00 hello", 'NEAR("x"\x00',
+               '"', "*", "-", "AND", "hello OR", "^", "\U0001f600", "\x01\x7f"]
+
+
+@pytest.mark.parametrize("query", ODD_QUERIES, ids=[repr(q) for q in ODD_QUERIES])
+def test_any_search_query_is_searched_or_refused(shared_sidecar, known, query):
+    stub, session = known
+    try:
+        hits = stub.SearchMessages(pb.SearchMessagesRequest(
+            query=query, session_key=session.session_key), timeout=10).hits
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, (e.code(), e.details())
+        assert error_info(e) == ("INVALID_ARGUMENT", "query"), e.details()
+        return
+    if query.replace("\x00", " ").split() == ["hello"]:  # NUL reads as a space
+        assert session.session_id in {h.session_id for h in hits}

@@ -64,3 +64,9 @@ def grpc_loaded(pid: int) -> bool:
     """Whether the process has grpc's native module mapped (so has imported grpc)."""
     with open(f"/proc/{pid}/maps") as f:
         return "/grpc/_cython/" in f.read()
+
+
+def cmdline(pid: int) -> str:
+    """The process's arguments as ``ps -o args`` shows them (its title, once set)."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().replace(b"\0", b" ").decode().strip()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import grpc
 
 from ..config import AuthToken
-from ..errors import PERMISSION_DENIED, UNAUTHENTICATED, SidecarError
+from ..errors import PERMISSION_DENIED, UNAUTHENTICATED, SidecarError, excerpt
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +23,8 @@ class Principal:
 
     def require_platform(self, platform: str) -> None:
         if not self.allows(platform):
-            raise SidecarError(PERMISSION_DENIED, f"credential not valid for platform {platform!r}")
+            raise SidecarError(PERMISSION_DENIED,
+                               f"credential not valid for platform {excerpt(platform)}")
 
     def require_admin(self) -> None:
         if not self.admin:

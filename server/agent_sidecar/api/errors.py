@@ -47,6 +47,16 @@ DEFAULT_RETRY_S: dict[str, float] = {
 }
 
 
+# A status message travels in the trailers, which clients cap (8-16 KiB): one
+# that quotes too much input would reach the caller as a transport error instead.
+# Messages quote input through errors.excerpt; this is the backstop.
+MAX_MESSAGE_CHARS = 1024
+
+
+def _bounded(message: str) -> str:
+    return message if len(message) <= MAX_MESSAGE_CHARS else message[:MAX_MESSAGE_CHARS] + "…"
+
+
 def _pack(msg) -> any_pb2.Any:
     a = any_pb2.Any()
     a.Pack(msg)
@@ -58,7 +68,8 @@ def to_grpc_status(err: E.SidecarError) -> grpc.Status:
     details = [_pack(error_details_pb2.ErrorInfo(reason=err.reason, domain=E.DOMAIN))]
     if err.field:
         details.append(_pack(error_details_pb2.BadRequest(field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(field=err.field, description=err.message)
+            error_details_pb2.BadRequest.FieldViolation(field=_bounded(err.field),
+                                                        description=_bounded(err.message))
         ])))
     retry_after_s = err.retry_after_s
     if retry_after_s is None:
@@ -67,10 +78,19 @@ def to_grpc_status(err: E.SidecarError) -> grpc.Status:
         d = duration_pb2.Duration()
         d.FromMilliseconds(int(retry_after_s * 1000))
         details.append(_pack(error_details_pb2.RetryInfo(retry_delay=d)))
-    st = status_pb2.Status(code=code.value[0], message=err.message, details=details)
+    st = status_pb2.Status(code=code.value[0], message=_bounded(err.message), details=details)
     return rpc_status.to_status(st)
 
 
-async def abort(context: grpc.aio.ServicerContext, err: E.SidecarError):
+async def abort(context: grpc.aio.ServicerContext, err: E.SidecarError) -> None:
+    """End the call with ``err``'s status and details once the handler returns.
+
+    It sets the status and returns, where ``context.abort`` raises an
+    ``AbortError``: the call's state keeps that exception, whose traceback keeps
+    the handler's frames and so the request alive, and they keep the call's
+    state: a reference cycle that only the cyclic GC frees, which runs rarely
+    in this process (children.tune_gc). Callers return right after it."""
     st = to_grpc_status(err)
-    await context.abort(st.code, st.details, st.trailing_metadata)
+    context.set_code(st.code)
+    context.set_details(st.details)
+    context.set_trailing_metadata(st.trailing_metadata)

@@ -72,7 +72,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
             source = cv.source_from_proto(request.source, cfg)
             profile = request.profile or "main"
             if cfg.profile(profile) is None:
-                raise E.invalid("profile", f"unknown profile {profile!r}")
+                raise E.invalid("profile", f"unknown profile {E.excerpt(profile)}")
             try:
                 key = build_session_key(source, profile,
                                         group_sessions_per_user=cfg.group_sessions_per_user,
@@ -87,7 +87,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
             except ValueError:
                 raise E.invalid("session_key", "is not a session key (agent:{profile}:{platform}:…)") from None
             if cfg.profile(profile) is None:
-                raise E.invalid("session_key", f"names an unknown profile {profile!r}")
+                raise E.invalid("session_key", f"names an unknown profile {E.excerpt(profile)}")
         principal.require_platform(platform)
         return rid, key, platform, profile, source
 
@@ -166,7 +166,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
         try:
             records = await self.store.request_frames(rid, after_seq)
             if not records and turn is None and await self.store.ledger(rid) is None:
-                raise E.SidecarError(E.REQUEST_NOT_FOUND, f"no such request: {rid}")
+                raise E.SidecarError(E.REQUEST_NOT_FOUND, f"no such request: {E.excerpt(rid)}")
             last = after_seq
             for record in records:
                 frame = frame_from_record(record)

@@ -1,6 +1,8 @@
-"""Decorators every handler wears: authenticate, run, and turn a
-``SidecarError`` into a rich gRPC status. Anything else is a bug: it is logged
-with the RPC name and surfaces as INTERNAL, and the server keeps serving."""
+"""Decorators every handler wears: run, and turn a ``SidecarError`` into a
+rich gRPC status. Anything else is a bug: it is logged with the RPC name and
+surfaces as INTERNAL, and the server keeps serving. The caller was
+authenticated, and the request read and checked, by api/boundary.py, which
+passes the principal in."""
 
 from __future__ import annotations
 
@@ -17,9 +19,8 @@ log = logging.getLogger("agent_sidecar.api")
 
 def unary(fn):
     @functools.wraps(fn)
-    async def wrapper(self, request, context):
+    async def wrapper(self, request, context, principal):
         try:
-            principal = self.auth.authenticate(context)
             return await fn(self, request, context, principal)
         except Exception as e:
             await _fail(context, fn.__name__, e)
@@ -44,9 +45,8 @@ def _internal(name: str) -> SidecarError:
 
 def streaming(fn):
     @functools.wraps(fn)
-    async def wrapper(self, request, context):
+    async def wrapper(self, request, context, principal):
         try:
-            principal = self.auth.authenticate(context)
             async for item in fn(self, request, context, principal):
                 yield item
         except Exception as e:

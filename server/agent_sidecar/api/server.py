@@ -29,11 +29,14 @@ from grpc_reflection.v1alpha import reflection
 from ..config import Config
 from ..v1 import prompt_service_pb2, prompt_service_pb2_grpc, session_service_pb2
 from ..v1 import session_service_pb2_grpc, tool_service_pb2, tool_service_pb2_grpc
+from .boundary import Boundary
+from .caps import Caps
 
 _ADD = {"SessionService": session_service_pb2_grpc.add_SessionServiceServicer_to_server,
         "PromptService": prompt_service_pb2_grpc.add_PromptServiceServicer_to_server,
         "ToolService": tool_service_pb2_grpc.add_ToolServiceServicer_to_server}
 
+_SERVICE_MODULES = (session_service_pb2, prompt_service_pb2, tool_service_pb2)
 SERVICE_NAMES = (
     session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name,
     prompt_service_pb2.DESCRIPTOR.services_by_name["PromptService"].full_name,
@@ -41,9 +44,9 @@ SERVICE_NAMES = (
 )
 
 # Frames and transcripts can be large; keepalive pings keep idle watch streams
-# (adapters waiting for auto-resumed turns) alive through NATs and proxies.
+# (adapters waiting for auto-resumed turns) alive through NATs and proxies. The
+# receive limit depends on the config: server_options().
 SERVER_OPTIONS = [
-    ("grpc.max_receive_message_length", 32 * 1024 * 1024),
     ("grpc.max_send_message_length", 32 * 1024 * 1024),
     ("grpc.keepalive_time_ms", 60_000),
     ("grpc.keepalive_permit_without_calls", 1),
@@ -67,17 +70,38 @@ def _prepare_unix(path: str) -> None:
     raise RuntimeError(f"another process is listening on {path}")
 
 
-def build_server(cfg: Config, services: list) -> tuple[grpc.aio.Server, health.HealthServicer, list[str]]:
+def server_options(caps: Caps) -> list[tuple[str, int]]:
+    """SERVER_OPTIONS plus the receive limit: the largest request any RPC of
+    ours accepts (each RPC refuses more than its own, smaller share itself:
+    api/boundary.py). Past it gRPC refuses the message unread."""
+    largest = max(caps.request_limit(m.input_type)
+                  for pb in _SERVICE_MODULES for service in pb.DESCRIPTOR.services_by_name.values()
+                  for m in service.methods)
+    return SERVER_OPTIONS + [("grpc.max_receive_message_length", largest)]
+
+
+def build_server(cfg: Config, services: list,
+                 auth) -> tuple[grpc.aio.Server, health.HealthServicer, list[str]]:
     """The server with ``services`` (SessionService, PromptService, ToolService
-    instances), health and reflection, bound to every configured listener."""
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    instances), each call through the boundary (auth, size, parse, caps), plus
+    health and reflection (as gRPC serves them); listeners bound."""
+    caps = Caps(cfg.limits)
+    server = grpc.aio.server(options=server_options(caps))
+    edge = Boundary(server, auth, caps)
     for service in services:
-        _ADD[type(service).__name__](service, server)
+        _ADD[type(service).__name__](service, edge)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         SERVICE_NAMES + (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                          reflection.SERVICE_NAME), server)
+    return server, health_servicer, bind_listeners(server, cfg)
+
+
+def bind_listeners(server: grpc.aio.Server, cfg: Config) -> list[str]:
+    """Every listener of the config, bound: the one place a listener is added
+    (a Unix socket born 0600; TCP only with tokens). Returns what was bound
+    (a TCP port 0 resolved)."""
     targets = cfg.listen or [cfg.default_socket]
     bound = []
     for target in targets:
@@ -97,7 +121,7 @@ def build_server(cfg: Config, services: list) -> tuple[grpc.aio.Server, health.H
             port = server.add_insecure_port(target)
             host = target.rsplit(":", 1)[0]
             bound.append(f"{host}:{port}")
-    return server, health_servicer, bound
+    return bound
 
 
 def calm_grpc_threads() -> int:

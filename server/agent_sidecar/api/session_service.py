@@ -8,7 +8,7 @@ import time
 from datetime import datetime, timezone
 
 from ..config import Config
-from ..errors import FAILED_PRECONDITION, SidecarError, invalid, not_found
+from ..errors import FAILED_PRECONDITION, SidecarError, excerpt, invalid, not_found
 from ..sessions import lifecycle as life
 from ..sessions import transcripts as tx
 from ..sessions.context import build_session_context_prompt, shared_multi_user
@@ -41,7 +41,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
     def key_for(self, source, profile: str, field: str = "source") -> tuple[str, str]:
         profile = profile or "main"
         if self.cfg.profile(profile) is None:
-            raise invalid("profile", f"unknown profile {profile!r}")
+            raise invalid("profile", f"unknown profile {excerpt(profile)}")
         try:
             key = build_session_key(source, profile,
                                     group_sessions_per_user=self.cfg.group_sessions_per_user,
@@ -71,7 +71,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         cv.require(session_id, "session_id", self.cfg)
         key = await self.store.session_key_of(session_id)
         if key is None:
-            raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {session_id}")
+            raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {excerpt(session_id)}")
         self._key(key, principal)
         return key
 
@@ -97,7 +97,8 @@ class SessionService(pb_grpc.SessionServiceServicer):
             entry = await self._entry(key)
             if entry.session_id != request.session_id:
                 raise SidecarError("SESSION_NOT_FOUND",
-                                   f"{request.session_id} is not the current incarnation of {key}")
+                                   f"{excerpt(request.session_id)} is not the current"
+                                   f" incarnation of {excerpt(key)}")
         return pb.GetSessionResponse(session=self._session(entry))
 
     @unary

@@ -42,12 +42,9 @@ class ToolService(pb_grpc.ToolServiceServicer):
     def __init__(self, cfg, auth, registry):
         self.cfg, self.auth, self.registry = cfg, auth, registry
 
-    async def ServeTools(self, request_iterator, context):
-        try:
-            principal = self.auth.authenticate(context)
-        except E.SidecarError as e:
-            await abort(context, e)
-            return
+    async def ServeTools(self, request_iterator, context, principal):
+        """Authenticated by api/boundary.py, which also checks each message
+        ``context.read()`` returns (size, parse, caps) or raises SidecarError."""
         stream = _Stream(principal)
         error: E.SidecarError | None = None
         try:
@@ -87,7 +84,8 @@ class ToolService(pb_grpc.ToolServiceServicer):
         host = stream.host
         if host is not None and ns != host.namespace:
             raise E.invalid("register.namespace",
-                            f"this stream serves {host.namespace!r}; open another for {ns!r}")
+                            f"this stream serves {E.excerpt(host.namespace)};"
+                            f" open another for {E.excerpt(ns)}")
         specs = [self._spec(i, t, ns) for i, t in enumerate(reg.tools)]
         if host is None:
             host = stream.host = ToolHost(namespace=ns, platforms=principal.platforms)
@@ -103,7 +101,8 @@ class ToolService(pb_grpc.ToolServiceServicer):
         except orjson.JSONDecodeError:
             raise E.invalid(f"register.tools[{i}].parameters_json_schema", "is not valid JSON") from None
         if not t.name.startswith(ns + "."):
-            raise E.invalid(f"register.tools[{i}].name", f"must start with the namespace {ns!r}")
+            raise E.invalid(f"register.tools[{i}].name",
+                            f"must start with the namespace {E.excerpt(ns)}")
         if self.registry.served_in_process(t.name):
             raise E.invalid(f"register.tools[{i}].name", "names a tool the sidecar serves in process")
         return ToolSpec(t.name, t.description, params)

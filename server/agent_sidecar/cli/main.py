@@ -1,4 +1,4 @@
-"""``agent-sidecar``: serve, sessions, doctor, health, bench.
+"""``agent-sidecar``: serve, sessions, doctor, health, config, bench; ``--version``.
 
 This module is imported by every spawned worker (it is the console script's
 main module, which multiprocessing's spawn re-imports), so it imports nothing
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+
+from .. import __version__
 
 
 def _serve(args) -> int:
@@ -34,6 +36,7 @@ def _health(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agent-sidecar",
                                 description="A gRPC session runtime for chat-bot agents.")
+    p.add_argument("--version", action="version", version=f"agent-sidecar {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run the sidecar")
@@ -73,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer (default 3)")
     h.set_defaults(func=_health)
 
+    from .config_cmd import add_arguments as add_config  # its imports: config, no grpc
+    add_config(sub)
     from .bench_cmd import add_arguments as add_bench  # light: its imports come in when it runs
     add_bench(sub)
     return p

@@ -11,6 +11,7 @@ import sys
 from ..config import ConfigError, load_config
 from ..errors import SidecarError
 from .. import logs
+from ..children import set_title
 
 
 def serve(args) -> int:
@@ -18,19 +19,14 @@ def serve(args) -> int:
         cfg = load_config(args.config, data_dir=args.data_dir, listen=args.listen,
                           workers=args.workers, log_format=args.log_format,
                           log_level=args.log_level)
-        from ..models.registry import backend_names
-        known = set(backend_names())
-        for p in cfg.profiles.values():
-            if p.model not in known:
-                raise ConfigError(f"profiles.{p.name}.model: unknown model backend {p.model!r} "
-                                  f"(known: {', '.join(sorted(known))})")
     except ConfigError as e:
-        print(f"agent-sidecar: {e}", file=sys.stderr)
+        print(e, file=sys.stderr)
         return 2
     if os.path.exists(cfg.data_dir) and not os.path.isdir(cfg.data_dir):
         print(f"agent-sidecar: --data-dir {cfg.data_dir} is not a directory", file=sys.stderr)
         return 2
     logs.setup(cfg.log_format, cfg.log_level)
+    set_title(f"main (data {cfg.data_dir})")
     import uvloop
 
     from ..runtime import Sidecar

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 
+from ..errors import excerpt
 from .source import SessionSource
 
 __all__ = [
@@ -107,7 +108,7 @@ def _check_key_part(name: str, value: str) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"{name}: must be a non-empty string")
     if ":" in value:
-        raise ValueError(f"{name}: must not contain ':' (got {value!r})")
+        raise ValueError(f"{name}: must not contain ':' (got {excerpt(value)})")
     return value
 
 
@@ -199,11 +200,11 @@ def split_session_key(key: str) -> tuple[str, str, str]:
     parts = key.split(":", 4)
     if len(parts) < 4 or parts[0] != KEY_PREFIX or not all(parts[1:4]):
         raise ValueError(
-            f"session_key: malformed {key!r}, expected "
+            f"session_key: malformed {excerpt(key)}, expected "
             "'agent:{profile}:{platform}:{chat_type}[:...]'"
         )
     if len(parts) == 5 and not parts[4]:
-        raise ValueError(f"session_key: malformed {key!r}, empty part after chat_type")
+        raise ValueError(f"session_key: malformed {excerpt(key)}, empty part after chat_type")
     return parts[1], parts[2], parts[3]
 
 

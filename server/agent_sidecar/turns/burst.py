@@ -22,16 +22,15 @@ from __future__ import annotations
 
 from .frames import build_frame
 from .jobs import ABSORB, Absorbed
-from .lanes import Lane, Turn
+from .lanes import Phase, Turn
 
 
 
 def absorb(old: Turn, new: Turn) -> None:
     """``new`` takes the pending slot over from ``old`` and will carry its text
     (and everything ``old`` carried). ``old`` ends when ``new``'s accept commits;
-    until then nothing else may end it (``terminal_pending``)."""
-    new.absorbed_from, old.absorbed_by = old, new
-    old.terminal_pending = True
+    until then nothing else may end it (Phase.ABSORBED)."""
+    old.absorb_into(new)
     new.payload[ABSORB] = candidates(old)
 
 
@@ -90,16 +89,14 @@ def reinstate(m, refused: Turn) -> None:
         prev = prev.absorbed_from
     if prev is None:
         return
-    prev.absorbed_by = None
-    prev.terminal_pending = False
-    if refused.pending_end is not None:
+    if prev.phase is Phase.ABSORBED:
+        prev.release()
+    if refused.deferred_end is not None:
         m.supersede(prev, "")
         return
-    lane = m.lanes.get(prev.key)
-    if lane is None:
-        lane = m.lanes[prev.key] = Lane(prev.key)
+    lane = m.lane(prev.key)
     if lane.pending is None:
         lane.pending = prev
     else:
         lane.fifo.appendleft(prev)
-    m._advance(lane)  # the lane may have gone idle meanwhile
+    m.advance(lane)  # the lane may have gone idle meanwhile

@@ -170,8 +170,6 @@ class FrameBus:
             self._thens.append(then)
         self._frames.append(((turn.rid, seq, turn.key, turn.sid, turn.platform, at, kind,
                               orjson.dumps(body) if body else None), turn, kind, body))
-        if kind in TERMINAL:
-            turn.terminal_pending = True
         self._schedule()
 
     def write(self, fn: Callable, *args: Any, then: Callable | None = None) -> None:
@@ -297,7 +295,7 @@ class FrameBus:
                     if not sub.push(frame, size):
                         self.unwatch(index, name, sub)
         if kind in TERMINAL:
-            turn.on_terminal(frame)
+            turn.ended(frame)
 
     def deliver_committed(self, turn, frame, kind: str) -> None:
         """For frames written by a job of their own (``accepted``)."""

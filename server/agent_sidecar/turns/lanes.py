@@ -1,21 +1,64 @@
 """Turns and lanes: the in-memory view of what each session is doing.
 
-A ``Turn`` is one prompt (one request id) from acceptance to its terminal
-frame. A ``Lane`` is one session key's line of turns: the running one, then the
+A ``Turn`` is one prompt (one request id) from its reservation to its
+terminal frame, in exactly one ``Phase`` at a time, changed only through its
+own methods, each of which checks the phase it leaves::
+
+    RESERVED ──accept──▶ WAITING ──begin──▶ STARTING ──run_on──▶ RUNNING
+       │   └─accept (a steer)─▶ JOINED        │                    │
+       │             WAITING ◀─release─ ABSORBED ◀─absorb─ WAITING  │
+       └───────────── any open phase ──ending──▶ ENDING ──ended──▶ ENDED
+
+* RESERVED: the request id is taken in memory (a twin follows this turn), its
+  accept job not committed yet; an end decided meanwhile is deferred until it
+  commits (``defer_end``), since nothing may end before its ``accepted`` frame.
+* WAITING: acknowledged, in its lane's queue or next to start.
+* JOINED: a steer taken into its lane's running turn (its ``host``); it ends
+  with that turn.
+* STARTING / RUNNING: its start (user messages, ``started`` frame) is being
+  committed / its worker has it.
+* ABSORBED: a newer follow-up is taking it over (burst collapse, burst.py);
+  that one's accept ends it, so nothing else may.
+* ENDING / ENDED: its terminal frame is published / committed. A turn ends
+  once: every ``ending`` from a closing phase is refused.
+
+Orthogonal to the phase, a turn carries what was asked of it: a cancel (its
+reason), a rollback, a take-back by RewindSession (``taken_back``).
+
+A ``Lane`` is one session key's line of turns: the running one, then the
 interrupt slot, the single follow-up slot (seed 001 §8's pending message) and
-the FIFO of /queue prompts. The store mirrors all of it (``prompts`` and
-``prompt_queue``), so a restart can rebuild lanes; this is the fast path.
+the FIFO of /queue prompts. The store mirrors all of it (the ledger and the
+queue rows), so a restart can rebuild lanes; this is the fast path.
 """
 
 from __future__ import annotations
 
+import enum
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..delivery import FOLLOW_UP, INTERRUPT, QUEUE, REJECT_IF_BUSY, ROLLBACK, STEER  # noqa: F401
+from ..delivery import FOLLOW_UP
 from .jobs import PromptRecord
+
+
+class Phase(enum.Enum):
+    RESERVED = "reserved"
+    WAITING = "waiting"
+    JOINED = "joined"
+    STARTING = "starting"
+    RUNNING = "running"
+    ABSORBED = "absorbed"
+    ENDING = "ending"
+    ENDED = "ended"
+
+
+_CLOSING = frozenset({Phase.ABSORBED, Phase.ENDING, Phase.ENDED})
+
+
+class TurnStateError(RuntimeError):
+    """A transition from a phase it does not leave: a bug in the turn engine."""
 
 
 @dataclass(eq=False)
@@ -25,41 +68,137 @@ class Turn:
     platform: str
     profile: str
     text: str
-    delivery: int
+    delivery: int = FOLLOW_UP
     sid: str = ""
     created_at: float = field(default_factory=time.time)
-    source: dict[str, Any] | None = None
     payload: dict[str, Any] = field(default_factory=dict)
-    next_seq: int = 1
-    accepted: bool = False
-    queued: bool = False  # has a prompt_queue row (waited in the lane)
-    started: bool = False
-    finished: bool = False
-    terminal_pending: bool = False
+    timeout_s: float = 1800.0
+    phase: Phase = Phase.RESERVED
+    queued: bool = False  # has a queue row in the store (it waited in its lane)
+    next_seq: int = 2  # seq 1 is the accepted frame, written by the accept job
     subscribers: list = field(default_factory=list)
-    terminal: Any = None
+    terminal: Any = None  # its terminal frame, once committed
     worker: Any = None
     worker_gen: int = -1  # which incarnation of the worker slot got the run message
+    deadline: float = 0.0  # loop time after which the watchdog kills the worker
     open_tool_calls: dict[str, str] = field(default_factory=dict)
+    usage: dict[str, float] = field(default_factory=dict)
     steers: list["Turn"] = field(default_factory=list)
     host: "Turn | None" = None  # for a steer: the turn it joined
-    rollback: bool = False
     cancel_reason: str = ""
-    timeout_s: float = 1800.0
-    deadline: float = 0.0  # loop time after which the watchdog kills the worker
-    final_text: str = ""
-    usage: dict[str, float] = field(default_factory=dict)
-    pending_end: tuple | None = None  # an end decided before the accept committed
-    # Burst collapse (docs/semantics.md FOLLOW_UP, turns/burst.py): the pending prompt this
+    rollback: bool = False
+    taken_back: str = ""  # why RewindSession/RewriteTranscript took it back (undo.py)
+    deferred_end: tuple | None = None  # (status, reason, text) decided while RESERVED
+    acked: bool = False  # its accept committed (its ``accepted`` frame is durable)
+    began: bool = False  # its start was decided (it has, or will have, user messages)
+    # Burst collapse (docs/semantics.md FOLLOW_UP, burst.py): the pending prompt this
     # one absorbed (whose own ``absorbed_from`` goes on back), who absorbed this
     # one, and for a turn restored from the store the absorbed texts read back
     # from the ledger, oldest first, as {"text", "at"}.
     absorbed_from: "Turn | None" = None
     absorbed_by: "Turn | None" = None
     absorbed: list[dict[str, Any]] = field(default_factory=list)
-    # Taken back by RewindSession / RewriteTranscript while it ran: what the
-    # worker still sends is refused, and the turn ends CANCELLED (turns/undo.py).
-    taken_back: str = ""
+
+    @classmethod
+    def restored(cls, **kw) -> "Turn":
+        """A turn the startup restore found acknowledged in the store."""
+        turn = cls(**kw)
+        turn.phase, turn.acked = Phase.WAITING, True
+        return turn
+
+    # -- what the phase says --------------------------------------------------------------
+
+    @property
+    def accepted(self) -> bool:
+        return self.acked
+
+    @property
+    def closing(self) -> bool:
+        """Its end is decided (absorbed, ending or ended): nothing else may end it."""
+        return self.phase in _CLOSING
+
+    @property
+    def finished(self) -> bool:
+        return self.phase is Phase.ENDED
+
+    @property
+    def in_flight(self) -> bool:
+        """Its start is decided and its end is not."""
+        return self.began and not self.closing
+
+    # -- transitions ------------------------------------------------------------------------
+
+    def _move(self, to: Phase, *sources: Phase) -> None:
+        if self.phase not in sources:
+            raise TurnStateError(f"turn {self.rid}: {self.phase.value} -> {to.value}")
+        self.phase = to
+
+    def accept(self) -> None:
+        """Its accept committed: it waits in its lane, or rides with its host
+        (an absorbed one stays absorbed: its absorber ends it)."""
+        if self.phase is not Phase.ABSORBED:
+            self._move(Phase.JOINED if self.host is not None else Phase.WAITING, Phase.RESERVED)
+        self.acked = True
+
+    def begin(self) -> None:
+        """Its start is decided (published, or committed by its accept)."""
+        self._move(Phase.STARTING, Phase.WAITING)
+        self.began = True
+
+    def run_on(self, worker) -> None:
+        self._move(Phase.RUNNING, Phase.STARTING)
+        self.worker = worker
+
+    def absorb_into(self, newer: "Turn") -> None:
+        self._move(Phase.ABSORBED, Phase.WAITING, Phase.RESERVED)
+        self.absorbed_by, newer.absorbed_from = newer, self
+
+    def release(self) -> None:
+        """The follow-up absorbing it was refused: it waits again."""
+        self._move(Phase.WAITING, Phase.ABSORBED)
+        self.absorbed_by = None
+
+    def defer_end(self, status: str, reason: str, text: str) -> None:
+        """An end decided before its accept committed: applied right after."""
+        if self.phase is not Phase.RESERVED:
+            raise TurnStateError(f"turn {self.rid}: deferring an end in {self.phase.value}")
+        self.deferred_end = (status, reason, text)
+
+    def ending(self) -> None:
+        """Its terminal frame is published."""
+        self._move(Phase.ENDING, Phase.WAITING, Phase.JOINED, Phase.STARTING, Phase.RUNNING)
+        self.deferred_end = None
+
+    def ended(self, frame) -> None:
+        """Its terminal frame committed (an absorbed turn's comes with its absorber's accept)."""
+        self._move(Phase.ENDED, Phase.ENDING, Phase.ABSORBED)
+        self.terminal = frame
+
+    def cancel(self, reason: str) -> None:
+        """Its worker is told to stop; it ends with ``reason``."""
+        self.cancel_reason = reason
+
+    def want_rollback(self) -> None:
+        """What it wrote is hidden when it ends (ROLLBACK delivery, undo)."""
+        self.rollback = True
+
+    def take_back(self, why: str) -> None:
+        """RewindSession/RewriteTranscript took it back: its further writes are
+        refused and it ends CANCELLED, its rows hidden."""
+        self.taken_back = why
+        self.rollback = True
+
+    def join(self, host: "Turn") -> None:
+        """A steer the host's worker took in: it ends with the host."""
+        self.host = host
+        host.steers.append(self)
+
+    def leave_host(self) -> None:
+        if self.host is not None and self in self.host.steers:
+            self.host.steers.remove(self)
+        self.host = None
+
+    # -- what it carries ------------------------------------------------------------------
 
     def record(self) -> PromptRecord:
         """What the accept job writes to the ledger (plain data: it is pickled
@@ -81,10 +220,6 @@ class Turn:
         # back to FOLLOW_UP after a newer follow-up took the slot (burst.absorb).
         ordered = sorted(reversed(newest_first), key=lambda e: e[0])
         return [text for _, text in ordered]
-
-    def on_terminal(self, frame) -> None:
-        self.terminal = frame
-        self.finished = True
 
 
 @dataclass(eq=False)
@@ -120,15 +255,21 @@ class Lane:
             return self.fifo.popleft()
         return None
 
-    def remove(self, turn: Turn) -> bool:
+    def detach(self, turn: Turn) -> bool:
+        """Take ``turn`` out of the lane, running or waiting, and out of its
+        host if it is a steer. Returns whether it was the running turn."""
+        was_running = self.running is turn
+        if was_running:
+            self.running = None
         if self.pending is turn:
             self.pending = None
-            return True
-        for q in (self.interrupt, self.fifo):
-            if turn in q:
-                q.remove(turn)
-                return True
-        return False
+        else:
+            for q in (self.interrupt, self.fifo):
+                if turn in q:
+                    q.remove(turn)
+                    break
+        turn.leave_host()
+        return was_running
 
     def next_position(self) -> int:
         self.position_counter += 1

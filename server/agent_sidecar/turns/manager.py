@@ -27,7 +27,8 @@ from ..tools.registry import ToolRegistry
 from . import admission, burst, dedup, jobs, placement, supervision, undo, worker_events
 from .context import SystemPrompts
 from .frames import FrameBus, build_frame
-from .lanes import FOLLOW_UP, Lane, Turn
+from ..delivery import FOLLOW_UP
+from .lanes import Lane, Turn
 from .memory import budget_per_worker
 from .pool import WorkerHandle, WorkerPool
 
@@ -98,7 +99,7 @@ class TurnManager:
 
     def open_turns(self) -> int:
         """Turns that started and whose end has not committed."""
-        return sum(1 for t in self.live.values() if t.started and not t.finished)
+        return sum(1 for t in self.live.values() if t.began and not t.finished)
 
     def busy_keys(self) -> set[str]:
         return {k for k, lane in self.lanes.items() if lane.running is not None}
@@ -142,10 +143,17 @@ class TurnManager:
         if lane is None:
             return
         for turn in lane.waiting():
-            lane.remove(turn)
+            lane.detach(turn)
             self.supersede(turn, "")
         if lane.running is not None:
             self.cancel_turn(lane.running, E.CANCELLED)
+
+    def lane(self, key: str) -> Lane:
+        """The key's lane, made when it has none."""
+        lane = self.lanes.get(key)
+        if lane is None:
+            lane = self.lanes[key] = Lane(key)
+        return lane
 
     # -- accepting prompts --------------------------------------------------------------
 
@@ -168,33 +176,14 @@ class TurnManager:
             admission.check(self.live, self.cfg.limits)
         turn = Turn(rid=rid, key=key, platform=platform, profile=profile, text=text,
                     delivery=delivery or FOLLOW_UP, timeout_s=timeout_s, payload=payload)
-        turn.next_seq = 2  # seq 1 is the accepted frame, written by the accept job
         # Reserved before any await: a twin call with this request id follows
         # this turn (and hears it if it is refused) instead of placing its own.
         self.live[rid] = turn
         sub = self.bus.subscriber()
         turn.subscribers.append(sub)
-        lane = self.lanes.get(key)
-        if lane is None:
-            lane = self.lanes[key] = Lane(key)
-        slot = None
-        try:
-            if lane.busy():
-                slot = await placement.place_busy(self, lane, turn)
-                lane = self.lanes.get(key, lane)  # a steer's wait may have seen the lane end and a new one begin
-                turn.queued = slot is not None
-            else:
-                lane.running = turn
-        except BaseException as e:
-            self._unreserve(self.lanes.get(key, lane), turn, e)
-            raise
-        if turn.pending_end:  # cancelled while a steer waited: accepted, then ended, never run
-            if lane.running is turn:
-                lane.running = None
-            lane.remove(turn)
-            if turn.host is not None and turn in turn.host.steers:
-                turn.host.steers.remove(turn)
-            turn.host = None
+        slot, lane = await self._place(turn)
+        if turn.deferred_end:  # cancelled while a steer waited: accepted, then ended, never run
+            lane.detach(turn)
         payload["queue_position"] = placement.position(lane, turn)
         position = lane.next_position()
         # An idle lane: accept and start in one transaction. Not for the startup
@@ -215,6 +204,23 @@ class TurnManager:
             raise
         return turn
 
+    async def _place(self, turn: Turn) -> tuple[str | None, Lane]:
+        """Into its lane: runs now on an idle one, else where its delivery mode
+        says (placement.py). Returns its queue slot (None: runs now or joined
+        the running turn) and the lane (a steer's wait may have seen the lane
+        end and a new one begin). A refusal leaves no trace."""
+        lane = self.lane(turn.key)
+        try:
+            if not lane.busy():
+                lane.running = turn
+                return None, lane
+            slot = await placement.place_busy(self, lane, turn)
+        except BaseException as e:
+            self._unreserve(self.lanes.get(turn.key, lane), turn, e)
+            raise
+        turn.queued = slot is not None
+        return slot, self.lanes.get(turn.key, lane)
+
     def _accepted(self, turn: Turn, lane: Lane, internal: bool, fut: asyncio.Future) -> None:
         """The accept job's answer, run as it commits (in commit order with the
         bus's frames, so watchers by key or platform see cursors in order)."""
@@ -225,7 +231,7 @@ class TurnManager:
         result: jobs.Accepted = fut.result()
         rid, key, sid, started = turn.rid, turn.key, result.session_id, result.started
         turn.sid = sid
-        turn.accepted = True
+        turn.accept()
         self.recent.remember(rid, turn.created_at, key)
         if internal:
             turn.subscribers.clear()  # nobody streams it; WatchActivity can
@@ -234,18 +240,19 @@ class TurnManager:
         self.bus.deliver_committed(turn, frame, "accepted")
         if result.absorbed is not None:
             burst.committed(self, turn, result.absorbed)
-        if started is not None:  # the accept job started it too
-            turn.started = True
+        deferred = turn.deferred_end
+        if started is not None and not turn.closing:  # the accept job started it too
+            turn.begin()
             turn.next_seq = 3
             frame = build_frame(rid, key, sid, 2, started.at, started.cursor, "started", {})
             self.bus.deliver_committed(turn, frame, "started")
-            if turn.pending_end:  # ended (cancelled, superseded) before the commit came back
-                self._publish_end(turn, *turn.pending_end)
+            if deferred:  # ended (cancelled, superseded) before the commit came back
+                self.close(turn, *deferred)
             else:
                 self._dispatch(turn, started)
-        elif turn.pending_end:
-            self._publish_end(turn, *turn.pending_end)
-        elif turn.host is None and lane.running is turn and not turn.started:
+        elif deferred:
+            self.close(turn, *deferred)
+        elif turn.host is None and lane.running is turn and not turn.began:
             self._start(turn)
 
     def _unreserve(self, lane: Lane, turn: Turn, error: BaseException) -> None:
@@ -253,18 +260,14 @@ class TurnManager:
         call following it gets the same answer (see PromptService._follow)."""
         if self.live.get(turn.rid) is turn:
             del self.live[turn.rid]
-        if lane.running is turn:
-            lane.running = None
-        lane.remove(turn)
-        if turn.host is not None and turn in turn.host.steers:
-            turn.host.steers.remove(turn)
+        lane.detach(turn)
         burst.reinstate(self, turn)
         if not isinstance(error, (E.SidecarError, jobs.DuplicateRequest)):
             error = E.SidecarError(E.UNAVAILABLE, "the prompt with this request id was not accepted; retry")
         for sub in turn.subscribers:
             sub.push(error)
         turn.subscribers.clear()
-        self._advance(lane)
+        self.advance(lane)
 
     # -- running turns --------------------------------------------------------------------
 
@@ -272,13 +275,15 @@ class TurnManager:
         """A turn that waited in its lane starts (one accepted on an idle lane
         was started by its accept job): its start job commits with its
         ``started`` frame, then the worker gets it."""
-        turn.started = True
+        turn.begin()
         req = jobs.StartRequest(turn.rid, turn.key, tuple(turn.user_texts()), turn.queued,
                                 "resume" in turn.payload)  # an auto-resume note is synthetic
         self.bus.publish(turn, "started", write=(jobs.start, (req,)),
                          then=lambda res: self._dispatch(turn, res))
 
     def _dispatch(self, turn: Turn, res: "jobs.Started | BaseException") -> None:
+        if turn.closing:
+            return
         if isinstance(res, BaseException):
             reason = res.reason if isinstance(res, E.SidecarError) else E.UNAVAILABLE
             self.end(turn, "failed", reason, f"could not start the turn: {res}")
@@ -289,7 +294,7 @@ class TurnManager:
         turn.sid = res.session_id  # a switch may have moved the lane while it waited
         profile, system_prompt = self.prompts.for_turn(turn, res.lane)
         h = self.pool.slot_for(turn.key)
-        turn.worker = h
+        turn.run_on(h)
         turn.worker_gen = h.generation if h.ready.is_set() else -1
         msg = {"t": "run", "rid": turn.rid, "key": turn.key, "sid": turn.sid, "rev": res.rev,
                "base_seq": res.base_seq, "texts": turn.user_texts(), "profile": profile.wire,
@@ -303,7 +308,7 @@ class TurnManager:
 
     async def _send_when_ready(self, h: WorkerHandle, turn: Turn, msg: dict) -> None:
         await h.ready.wait()
-        if turn.finished or turn.terminal_pending:
+        if turn.closing:
             return
         if turn.cancel_reason:  # cancelled while it waited for the worker
             self.end(turn, "failed", turn.cancel_reason, "the turn was cancelled")
@@ -312,30 +317,28 @@ class TurnManager:
         h.send(msg)
 
     def cancel_turn(self, turn: Turn, reason: str) -> bool:
-        if turn.finished or turn.terminal_pending:
+        """A turn not started leaves its lane and ends at once; a started one's
+        worker is told to stop (it ends with ``reason``)."""
+        if turn.closing:
             return False
-        if not turn.started:
+        if not turn.began:
             lane = self.lanes.get(turn.key)
             if lane is not None:
-                if lane.running is turn:
-                    lane.running = None
-                lane.remove(turn)
-            if turn.host is not None:  # a steer: it no longer ends with its host
-                if turn in turn.host.steers:
-                    turn.host.steers.remove(turn)
-                turn.host = None
-            self._publish_end(turn, "failed", reason, "cancelled before it ran")
+                lane.detach(turn)
+            else:
+                turn.leave_host()
+            self.close(turn, "failed", reason, "cancelled before it ran")
             if lane is not None:
-                self._advance(lane)
+                self.advance(lane)
             return True
-        turn.cancel_reason = reason
+        turn.cancel(reason)
         if turn.worker is not None:
             turn.worker.send({"t": "cancel", "rid": turn.rid, "reason": reason})
         return True
 
     def supersede(self, turn: Turn, by_rid: str) -> None:
-        if not turn.finished and not turn.terminal_pending:
-            self._publish_end(turn, "superseded", "", by_rid)
+        if not turn.closing:
+            self.close(turn, "superseded", "", by_rid)
 
     # -- ending turns ----------------------------------------------------------------------
 
@@ -344,19 +347,20 @@ class TurnManager:
         lane = self.lanes.get(turn.key)
         if lane is not None and lane.running is turn:
             lane.running = None
-        self._publish_end(turn, status, reason, text)
+        self.close(turn, status, reason, text)
         for st in turn.steers:
-            self._publish_end(st, status, reason, text)
+            self.close(st, status, reason, text)
         if lane is not None:
-            self._advance(lane)
+            self.advance(lane)
 
-    def _publish_end(self, turn: Turn, status: str, reason: str, text: str) -> None:
-        if turn.finished or turn.terminal_pending:  # a turn ends once
+    def close(self, turn: Turn, status: str, reason: str, text: str) -> None:
+        """Publish the turn's terminal frame with the ledger's end (once; one
+        decided before its accept committed waits for that commit)."""
+        if turn.closing:  # a turn ends once
             return
         if not turn.accepted:  # its accepted frame is not committed yet: end after it
-            turn.pending_end = (status, reason, text)
+            turn.defer_end(status, reason, text)
             return
-        turn.pending_end = None
         if status == "completed":
             kind, body = "completed", {"final_text": text}
         elif status == "superseded":
@@ -367,16 +371,18 @@ class TurnManager:
         lane_idle = lane is None or not lane.busy()
         state = {"request_id": turn.rid, "status": status, "reason": reason, "usage": turn.usage,
                  "final_text": text if status == "completed" else ""}
-        if turn.started and turn.host is None:
+        if turn.began and turn.host is None:
             # last_seq: the seq this terminal frame is about to get
             write = (jobs.finish, (jobs.TurnEnd(turn.rid, turn.key, turn.sid, status, reason,
                                                 turn.next_seq, turn.rollback, lane_idle, state),))
         else:
             write = (jobs.close_unstarted, (turn.rid, status, reason, turn.next_seq))
+        turn.ending()
         self.bus.publish(turn, kind, body, write=write,
                          then=lambda _: self.live.pop(turn.rid, None) if self.live.get(turn.rid) is turn else None)
 
-    def _advance(self, lane: Lane) -> None:
+    def advance(self, lane: Lane) -> None:
+        """An idle lane starts its next turn (or is dropped when it has none)."""
         if lane.running is not None or self.draining:
             return
         nxt = lane.pop_next()

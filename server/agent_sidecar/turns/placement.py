@@ -12,7 +12,8 @@ import asyncio
 
 from .. import errors as E
 from . import burst
-from .lanes import FOLLOW_UP, INTERRUPT, QUEUE, REJECT_IF_BUSY, ROLLBACK, STEER, Lane, Turn
+from ..delivery import FOLLOW_UP, INTERRUPT, QUEUE, REJECT_IF_BUSY, ROLLBACK, STEER
+from .lanes import Lane, Turn
 
 
 async def place_busy(m, lane: Lane, turn: Turn) -> str | None:
@@ -28,9 +29,7 @@ async def place_busy(m, lane: Lane, turn: Turn) -> str | None:
             return None
         # While it waited the lane may have ended (and been dropped): place
         # the turn in the key's lane as it is now; an idle one runs it.
-        lane = m.lanes.get(turn.key)
-        if lane is None:
-            lane = m.lanes[turn.key] = Lane(turn.key)
+        lane = m.lane(turn.key)
         if not lane.busy():
             lane.running = turn
             return None
@@ -49,7 +48,8 @@ async def place_busy(m, lane: Lane, turn: Turn) -> str | None:
         lane.interrupt.append(turn)
         running = lane.running
         if running is not None and not running.finished:
-            running.rollback = running.rollback or mode == ROLLBACK
+            if mode == ROLLBACK:
+                running.want_rollback()
             m.cancel_turn(running, E.CANCELLED)
         return "pending"
     if mode == QUEUE:
@@ -73,7 +73,7 @@ async def steer(m, lane: Lane, turn: Turn) -> bool:
     """Ask the running turn's worker to take the text into its turn (seed 001
     §8's /steer); its answer comes through ``m.steer_waits`` (worker_events)."""
     host = lane.running
-    if host is None or not host.started or host.finished or host.worker is None:
+    if host is None or not host.began or host.finished or host.worker is None:
         return False
     fut = asyncio.get_running_loop().create_future()
     m.steer_waits[turn.rid] = fut
@@ -84,8 +84,7 @@ async def steer(m, lane: Lane, turn: Turn) -> bool:
         ok = False
     finally:
         m.steer_waits.pop(turn.rid, None)
-    if ok and not (host.finished or host.terminal_pending):
-        turn.host = host
-        host.steers.append(turn)
+    if ok and not host.closing:
+        turn.join(host)
         return True
     return False

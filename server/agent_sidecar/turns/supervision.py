@@ -17,7 +17,7 @@ from ..delivery import INTERRUPT, ROLLBACK
 from ..recovery.startup import RestoredPrompt
 from ..sessions import lifecycle as life
 from ..store import StoreUnavailable
-from .lanes import Lane, Turn
+from .lanes import Turn
 
 log = logging.getLogger("agent_sidecar.turns")
 
@@ -56,21 +56,18 @@ async def restore(m) -> None:
                  payload={"resume": r.reason}, internal=True)
         for r in plan.resume))
     for lane in list(m.lanes.values()):
-        m._advance(lane)
+        m.advance(lane)
 
 
 def _restore_queued(m, q: RestoredPrompt) -> None:
     e = q.entry
-    turn = Turn(rid=e.request_id, key=e.session_key, platform=e.platform,
-                profile=e.payload.get("profile", "main"), text=e.text, delivery=e.delivery,
-                sid=e.session_id, created_at=e.created_at, payload=e.payload, accepted=True,
-                timeout_s=m.cfg.gateway_timeout)
-    turn.next_seq = q.next_seq
-    turn.absorbed = list(q.absorbed)  # a follow-up that absorbed a burst (burst.py)
-    turn.queued = q.slot != "next"
-    lane = m.lanes.get(turn.key)
-    if lane is None:
-        lane = m.lanes[turn.key] = Lane(turn.key)
+    turn = Turn.restored(rid=e.request_id, key=e.session_key, platform=e.platform,
+                         profile=e.payload.get("profile", "main"), text=e.text,
+                         delivery=e.delivery, sid=e.session_id, created_at=e.created_at,
+                         payload=e.payload, timeout_s=m.cfg.gateway_timeout,
+                         next_seq=q.next_seq, queued=q.slot != "next",
+                         absorbed=list(q.absorbed))  # a follow-up that absorbed a burst (burst.py)
+    lane = m.lane(turn.key)
     if q.slot == "next":  # it was about to run when the last run ended
         lane.interrupt.appendleft(turn)
     elif turn.delivery in (INTERRUPT, ROLLBACK):
@@ -157,8 +154,7 @@ async def watchdog(m) -> None:
         now = loop.time()
         for turn in list(m.live.values()):
             h = turn.worker
-            if (h is None or not turn.deadline or now < turn.deadline or turn.finished
-                    or turn.terminal_pending):
+            if h is None or not turn.deadline or now < turn.deadline or turn.closing:
                 continue
             log.error("worker did not end a timed-out turn; killing it",
                       extra={"request_id": turn.rid, "worker": h.index, "pid": h.pid})

@@ -43,13 +43,13 @@ REWRITTEN = "the transcript this turn answered was rewritten (RewriteTranscript)
 
 
 def _open(t: Turn | None) -> bool:
-    return t is not None and not t.finished and not t.terminal_pending and not t.taken_back
+    return t is not None and not t.closing and not t.taken_back
 
 
 def _start_in_flight(t: Turn) -> bool:
     """Reserved on an idle lane, its accept (which also starts it and writes its
     user message) not committed yet."""
-    return not t.started and not t.accepted and not t.queued
+    return not t.began and not t.accepted and not t.queued
 
 
 async def rewind(m, key: str, session_id: str, n: int) -> dict[str, Any]:
@@ -65,7 +65,7 @@ async def rewind(m, key: str, session_id: str, n: int) -> dict[str, Any]:
     if lane is not None:
         if entry is not None and entry.session_id == session_id:  # waiting prompts run in this incarnation
             waiting = [t for t in lane.waiting() if _open(t)]
-            if _open(lane.running) and not lane.running.started:
+            if _open(lane.running) and not lane.running.began:
                 waiting.append(lane.running)
             waiting.sort(key=lambda t: t.created_at, reverse=True)
             for t in waiting[:n]:
@@ -74,13 +74,13 @@ async def rewind(m, key: str, session_id: str, n: int) -> dict[str, Any]:
                 if _start_in_flight(t):
                     wrote.append(t.rid)
         running = lane.running
-        if len(undone) < n and _open(running) and running.started and running.sid == session_id:
+        if len(undone) < n and _open(running) and running.began and running.sid == session_id:
             _take_back(m, running, REWOUND)
             undone.append(running)
             wrote.append(running.rid)
     job = _submit_after_lane_writes(m, tx.rewind, session_id, n - len(undone), wrote)
     if advance:  # after the job is queued: a turn that starts now writes after the rewind
-        m._advance(lane)
+        m.advance(lane)
     out = await job
     if not out["turns_undone"] and undone:
         out["target_text"] = undone[-1].user_texts()[0]
@@ -98,35 +98,31 @@ async def rewrite(m, key: str, session_id: str, messages: list) -> None:
     if lane is not None:
         running = lane.running
         if _open(running) and running.sid == session_id:
-            if running.started:
+            if running.began:
                 _take_back(m, running, REWRITTEN)
             elif _start_in_flight(running):
-                running.rollback = True
+                running.want_rollback()
                 lane.running = None
-                m._publish_end(running, "failed", E.CANCELLED, REWRITTEN)
+                m.close(running, "failed", E.CANCELLED, REWRITTEN)
                 advance = True
     job = _submit_after_lane_writes(m, tx.rewrite, session_id, messages)
     if advance:
-        m._advance(lane)
+        m.advance(lane)
     await job
 
 
 def _drop(m, lane: Lane, t: Turn) -> bool:
     """A prompt that has not started leaves its lane and ends superseded.
     Returns whether it was the lane's next turn (the lane must move on)."""
-    was_next = lane.running is t
-    if was_next:
-        lane.running = None
-    lane.remove(t)
-    t.rollback = True  # an accept that started it wrote its user message: hide it with the end
+    was_next = lane.detach(t)
+    t.want_rollback()  # an accept that started it wrote its user message: hide it with the end
     m.supersede(t, "")
     return was_next
 
 
 def _take_back(m, turn: Turn, why: str) -> None:
     """The running turn is cancelled as ROLLBACK, and refuses its further writes."""
-    turn.taken_back = why
-    turn.rollback = True
+    turn.take_back(why)
     m.cancel_turn(turn, E.CANCELLED)
 
 

@@ -32,7 +32,7 @@ def on_message(m, h: WorkerHandle, msg: dict) -> None:
             fut.set_result(msg["ok"])
         return
     turn = m.live.get(msg.get("rid", ""))
-    if turn is None or turn.terminal_pending:
+    if turn is None or turn.closing:
         return
     if turn.taken_back and t != "done" and _refused(h, turn, msg):
         return
@@ -112,8 +112,7 @@ def on_exit(m, h: WorkerHandle) -> None:
     """The worker died: each turn it was running fails WORKER_CRASHED, its open
     tool calls are closed in the transcript, and its lane is marked for resume."""
     for turn in list(m.live.values()):
-        if (turn.worker is h and turn.worker_gen == h.generation and turn.started
-                and not turn.finished and not turn.terminal_pending):
+        if turn.worker is h and turn.worker_gen == h.generation and turn.in_flight:
             _close_dangling_tool_calls(m, turn, "the worker running this turn died")
             m.bus.write(life.mark_resume_pending, turn.key, "worker_crashed")
             m.end(turn, "failed", E.WORKER_CRASHED, "the worker process running the turn died")

@@ -80,7 +80,10 @@ def phrase_query(query: str) -> str:
 
 def search(conn: apsw.Connection, query: str, session_key: str, limit: int) -> list[SearchHit]:
     """FTS5 over live messages. A query that is not valid FTS5 syntax is
-    retried as a phrase search of its words, so users can type anything."""
+    retried as a phrase search of its words, so users can type anything. NUL
+    counts as a space: FTS5 reads a query only up to its first NUL, which
+    would cut a phrase's closing quote off ("unterminated string")."""
+    query = query.replace("\x00", " ")
     sql, params = _SEARCH, [query]
     if session_key:
         sql += " AND i.session_key = ?"

@@ -1,0 +1,172 @@
+"""The edge every call of our three services crosses before its handler runs.
+
+In order, each step refused with a status carrying ErrorInfo:
+
+1. who is calling (api/auth.py), before the request is read: an
+   unauthenticated TCP caller costs no more than its headers, whatever it sends;
+2. how large the request is, before it is parsed: at most what a request of
+   that RPC within every field cap can take (api/caps.py); INVALID_ARGUMENT
+   naming the largest field (api/wire.py);
+3. whether it parses: bytes protobuf refuses (invalid UTF-8 in a string,
+   a corrupt wire format) are INVALID_ARGUMENT naming the field, and one short
+   log line instead of gRPC's UNKNOWN and traceback;
+4. whether every field is within its cap, before any handler looks it up.
+
+Then the handler runs with ``(request, context, principal)``: the principal is
+computed once, here.
+
+How: the generated ``add_*Servicer_to_server`` functions register their method
+handlers on a ``Boundary`` standing in for the server, which wraps each one.
+A unary request is declared to gRPC as a stream of requests, so that gRPC does
+not read and parse it before any of our code runs (it does so for a unary
+request before the handler is called); the wrapper authenticates, then reads
+the one message as raw bytes itself. On the wire nothing changes: a unary call
+is a stream with one message. A server interceptor, gRPC's usual place for
+authentication, sees the method and metadata but not the peer, so it cannot
+tell the trusted Unix socket from TCP.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from ..errors import SidecarError, invalid
+from ..heap import LARGE_BYTES, Trimmer
+from . import wire
+from .caps import Caps
+from .errors import abort
+
+log = logging.getLogger("agent_sidecar.api")
+
+
+class Boundary:
+    """Takes the place of the grpc.aio server in the generated
+    ``add_*Servicer_to_server(servicer, server)``: every method handler they
+    register reaches the real server wrapped. They register each service twice
+    (generic and registered handlers, the same dict); both ways get the
+    wrapped handlers, built from the registered call."""
+
+    def __init__(self, server: grpc.aio.Server, auth, caps: Caps):
+        self.server, self.auth, self.caps = server, auth, caps
+        self.trimmer = Trimmer()
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        pass  # the same handlers follow in add_registered_method_handlers
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        wrapped = {name: self.wrap(service, name, h) for name, h in handlers.items()}
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
+        self.server.add_registered_method_handlers(service, wrapped)
+
+    def wrap(self, service: str, name: str, h: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        cls = h.request_deserializer.__self__  # the generated Request.FromString
+        limit = self.caps.request_limit(cls.DESCRIPTOR)
+        self.caps.plan(cls.DESCRIPTOR)  # a field without a cap fails here, at startup
+        reader = _Reader(cls, limit, self.caps, f"/{service}/{name}", self.trimmer)
+        auth = self.auth
+        if not h.request_streaming:
+            behavior = h.unary_stream if h.response_streaming else h.unary_unary
+            if h.response_streaming:
+                if not inspect.isasyncgenfunction(behavior):
+                    raise TypeError(f"{name}: a response stream must be an async generator")
+                return grpc.stream_stream_rpc_method_handler(
+                    _unary_stream(auth, reader, behavior), response_serializer=h.response_serializer)
+            return grpc.stream_unary_rpc_method_handler(
+                _unary_unary(auth, reader, behavior), response_serializer=h.response_serializer)
+        if not h.response_streaming or not inspect.iscoroutinefunction(h.stream_stream):
+            raise TypeError(f"{name}: a request stream must be a reader/writer coroutine")
+        return grpc.stream_stream_rpc_method_handler(
+            _stream_stream(auth, h.stream_stream), request_deserializer=reader.parse,
+            response_serializer=h.response_serializer)
+
+
+class _Reader:
+    """Size check, parse and caps of one RPC's request messages."""
+
+    def __init__(self, cls, limit: int, caps: Caps, method: str, trimmer: Trimmer):
+        self.cls, self.limit, self.caps, self.method = cls, limit, caps, method
+        self.trimmer = trimmer
+
+    def parse(self, raw: bytes):
+        """The request of ``raw``, or SidecarError: INVALID_ARGUMENT naming a field."""
+        desc = self.cls.DESCRIPTOR
+        if len(raw) >= LARGE_BYTES:
+            self.trimmer.after_large()
+        if len(raw) > self.limit:
+            raise invalid(wire.largest(desc, raw),
+                          f"too large: the request has {len(raw)} bytes, a {desc.name}"
+                          f" at most {self.limit}")
+        try:
+            request = self.cls.FromString(raw)
+        except DecodeError:
+            field, problem = wire.undecodable(desc, raw)
+            log.warning("undecodable request", extra={"rpc": self.method, "field": field,
+                                                      "problem": problem, "bytes": len(raw)})
+            raise invalid(field, problem) from None
+        self.caps.check(request)
+        return request
+
+    async def read(self, context):
+        """The call's one request message, read only now."""
+        raw = await context.read()
+        if raw is grpc.aio.EOF:
+            raise invalid("request", "no request message was sent")
+        return self.parse(raw)
+
+
+async def _admit(auth, reader: _Reader, context):
+    """(request, principal), or (None, None) with the call's error status set."""
+    try:
+        principal = auth.authenticate(context)
+    except SidecarError as e:
+        reader.trimmer.after_large()  # what gRPC buffered of its request, unread
+        await abort(context, e)
+        return None, None
+    try:
+        return await reader.read(context), principal
+    except SidecarError as e:
+        await abort(context, e)
+        return None, None
+
+
+def _unary_unary(auth, reader: _Reader, behavior):
+    async def unary_unary(requests, context):
+        request, principal = await _admit(auth, reader, context)
+        if request is None:
+            return None
+        return await behavior(request, context, principal)
+    return unary_unary
+
+
+def _unary_stream(auth, reader: _Reader, behavior):
+    async def unary_stream(requests, context):
+        request, principal = await _admit(auth, reader, context)
+        if request is None:
+            return
+        async for item in behavior(request, context, principal):
+            yield item
+    return unary_stream
+
+
+def _stream_stream(auth, behavior):
+    """A reader/writer handler: it reads each message through ``_Reader.parse``
+    (the handler's deserializer), which raises its refusals from ``context.read()``.
+
+    The response headers go out before the handler runs. A handler that writes
+    from a task of its own (ServeTools' sender) may have that task cancelled
+    while a write is in flight; gRPC then never learns that the write sent the
+    headers, puts them into the final status batch again, and that batch fails
+    (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS): the caller never gets a status."""
+    async def stream_stream(requests, context):
+        try:
+            principal = auth.authenticate(context)
+        except SidecarError as e:
+            await abort(context, e)
+            return
+        await context.send_initial_metadata(())
+        await behavior(requests, context, principal)
+    return stream_stream

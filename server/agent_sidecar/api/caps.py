@@ -1,0 +1,179 @@
+"""How large each field of each request may be, and so how large each request.
+
+Every string, bytes and repeated field of every request message of our three
+services has a cap here (``FIELD_CAPS``); building the caps for a message that
+has a field without one raises, so a new proto field cannot slip in unbounded
+(tests/test_boundary.py builds them for every RPC). From the same table:
+
+* ``check(request)`` refuses, before any handler looks at the request, the
+  first field over its cap with INVALID_ARGUMENT naming it (``messages[3].content``);
+* ``max_wire_size(descriptor)`` is the most bytes a request within every cap can
+  take on the wire; the boundary refuses a longer one before parsing it, and the
+  server's receive limit is the largest of these (never above
+  ``limits.max_request_bytes``).
+
+Ids and keys are counted in characters (as the handlers always counted them),
+texts and payloads in UTF-8 bytes (what they cost).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+
+from ..config import Limits
+from ..errors import invalid
+
+# Stated caps that no config key governs.
+KEY_FACTOR = 4           # a session key: at most four ids long (as convert.require)
+NAME_CHARS = 4096        # display names of a chat (chat_name, chat_topic)
+URL_CHARS = 8192         # an attachment's url (signed URLs run long)
+QUERY_CHARS = 1024       # SearchMessages.query
+SHORT_CHARS = 64         # a fixed phrase (ClearAllSessions.confirm) or a status word
+TOOLS_PER_REGISTER = 1000
+PAGE_TOKEN_CHARS = 16 * 1024  # our tokens: base64 of a small JSON object holding one key
+
+_TAG = 5         # tag plus length prefix, at most
+_SCALAR = 16     # tag plus the longest varint or fixed64
+_UTF8_MAX = 4    # bytes per character
+
+
+@dataclass(frozen=True, slots=True)
+class Cap:
+    n: int
+    unit: str  # "chars", "bytes" (UTF-8 of a string, or a bytes field), "items"
+
+    def wire(self) -> int:
+        """Most bytes a value within the cap takes on the wire (without its tag)."""
+        return self.n * _UTF8_MAX if self.unit == "chars" else self.n
+
+
+def _field_caps(lim: Limits) -> dict[str, dict[str, Cap]]:
+    """Per message (full name), per field: its cap. "*" covers every other
+    string field of that message."""
+    ident = Cap(lim.max_id_length, "chars")
+    key = Cap(lim.max_id_length * KEY_FACTOR, "chars")
+    text = Cap(lim.max_text_bytes, "bytes")
+    token = Cap(PAGE_TOKEN_CHARS, "chars")
+    v1 = "agent_sidecar.v1."
+    return {
+        v1 + "SessionSource": {"*": ident, "chat_name": Cap(NAME_CHARS, "chars"),
+                               "chat_topic": Cap(NAME_CHARS, "chars")},
+        v1 + "Message": {"role": ident, "content": text, "tool_call_id": ident,
+                         "tool_name": ident, "tool_calls_json": text},
+        v1 + "Attachment": {"name": ident, "mime_type": ident, "url": Cap(URL_CHARS, "chars"),
+                            "data": Cap(lim.max_attachment_bytes, "bytes")},
+        v1 + "ToolSpec": {"name": ident, "description": text, "parameters_json_schema": text},
+        v1 + "RegisterTools": {"namespace": ident, "tools": Cap(TOOLS_PER_REGISTER, "items")},
+        v1 + "ToolInvocationResult": {"invocation_id": ident, "result_json": text, "error": text},
+        # requests
+        v1 + "GetOrCreateSessionRequest": {"profile": ident},
+        v1 + "GetSessionRequest": {"session_key": key, "session_id": ident},
+        v1 + "ListSessionsRequest": {"platform": ident, "page_token": token},
+        v1 + "ResetSessionRequest": {"session_key": key, "display_name": ident},
+        v1 + "SwitchSessionRequest": {"session_key": key, "target_session_id": ident},
+        v1 + "SuspendSessionRequest": {"session_key": key},
+        v1 + "MarkResumePendingRequest": {"session_key": key, "reason": ident},
+        v1 + "DeleteSessionRequest": {"session_key": key},
+        v1 + "ClearAllSessionsRequest": {"confirm": Cap(SHORT_CHARS, "chars")},
+        v1 + "SeedSessionRequest": {"session_key": key, "profile": ident,
+                                    "messages": Cap(lim.max_messages_per_request, "items")},
+        v1 + "GetTranscriptRequest": {"session_id": ident, "page_token": token},
+        v1 + "AppendMessagesRequest": {"session_id": ident,
+                                       "messages": Cap(lim.max_messages_per_request, "items")},
+        v1 + "RewriteTranscriptRequest": {"session_id": ident,
+                                          "messages": Cap(lim.max_messages_per_request, "items")},
+        v1 + "RewindSessionRequest": {"session_id": ident},
+        v1 + "SearchMessagesRequest": {"query": Cap(QUERY_CHARS, "chars"), "session_key": key},
+        v1 + "UpdateUsageRequest": {"session_key": key, "cost_status": Cap(SHORT_CHARS, "chars")},
+        v1 + "GetSessionContextRequest": {"profile": ident},
+        v1 + "PromptRequest": {"request_id": ident, "session_key": key, "text": text,
+                               "profile": ident, "attachments": Cap(lim.max_attachments, "items")},
+        v1 + "WatchActivityRequest": {"request_id": ident, "session_key": key, "platform": ident},
+        v1 + "CancelRequest": {"session_key": key, "request_id": ident},
+        v1 + "GetQueueRequest": {"session_key": key},
+    }
+
+
+class Caps:
+    """The caps of one configuration, resolved per field descriptor."""
+
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self._table = _field_caps(limits)
+        self._plans: dict[str, tuple] = {}
+
+    def _cap(self, msg: Descriptor, f: FieldDescriptor) -> Cap | None:
+        """The field's cap; None for a field that needs none (a scalar, a
+        singular message). Raises for a field that needs one and has none."""
+        if f.type in (f.TYPE_STRING, f.TYPE_BYTES) or f.is_repeated:
+            table = self._table.get(msg.full_name, {})
+            cap = table.get(f.name) or (table.get("*") if f.type == f.TYPE_STRING else None)
+            if cap is None or (f.is_repeated and cap.unit != "items"):
+                raise LookupError(f"no cap for {msg.full_name}.{f.name}")
+            return cap
+        return None
+
+    def plan(self, msg: Descriptor) -> tuple:
+        """(name, cap, sub-plan or None, is_repeated) per field that has
+        something to check, built once per message type."""
+        got = self._plans.get(msg.full_name)
+        if got is None:
+            got = []
+            for f in msg.fields:
+                cap = self._cap(msg, f)
+                sub = self.plan(f.message_type) if f.message_type is not None else None
+                if cap is not None or sub:
+                    got.append((f.name, cap, sub, f.is_repeated))
+            got = tuple(got)
+            self._plans[msg.full_name] = got
+        return got
+
+    def check(self, request) -> None:
+        """Refuse the first field over its cap: INVALID_ARGUMENT naming it."""
+        _check(request, self.plan(request.DESCRIPTOR), "")
+
+    def max_wire_size(self, msg: Descriptor) -> int:
+        """The most bytes a message of this type within every cap can take."""
+        total = 0
+        for f in msg.fields:
+            cap = self._cap(msg, f)
+            if f.message_type is not None:
+                one = _TAG + self.max_wire_size(f.message_type)
+                total += one * (cap.n if f.is_repeated else 1)
+            elif cap is not None:
+                total += _TAG + cap.wire()
+            else:
+                total += _SCALAR
+        return total
+
+    def request_limit(self, msg: Descriptor) -> int:
+        """Bytes past which a request of this type is refused unread."""
+        return min(self.max_wire_size(msg), self.limits.max_request_bytes)
+
+
+def _check(message, plan: tuple, prefix: str) -> None:
+    for name, cap, sub, repeated in plan:
+        value = getattr(message, name)
+        path = prefix + name
+        if repeated:
+            if cap is not None and len(value) > cap.n:
+                raise invalid(path, f"more than {cap.n} items")
+            if sub:
+                for i, item in enumerate(value):
+                    _check(item, sub, f"{path}[{i}].")
+        elif sub:
+            if message.HasField(name):
+                _check(value, sub, path + ".")
+        elif cap is not None:
+            _check_value(value, cap, path)
+
+
+def _check_value(value, cap: Cap, path: str) -> None:
+    if cap.unit == "chars":
+        if len(value) > cap.n:
+            raise invalid(path, f"longer than {cap.n} characters")
+    elif len(value) > cap.n or (isinstance(value, str) and len(value) * _UTF8_MAX > cap.n
+                                and len(value.encode()) > cap.n):
+        raise invalid(path, f"larger than {cap.n} bytes")

@@ -1,0 +1,266 @@
+"""The machinery behind config.py: keys declared once, with their type, range
+and doc, and one loader that checks every key of a TOML table against them.
+
+A section is a dataclass whose fields are declared with
+
+- ``key(default, ...)``: one value; its annotation is its type (``bool``,
+  ``int``, ``float``, ``str``, ``list[str]``, ``dict[str, Any]`` for a free
+  table, or a union such as ``int | str``), the keywords its range
+  (``ge``/``gt``/``le``, ``choices``, ``nonempty``, ``check``);
+- ``section(Cls)``: a sub-table of another section class;
+- ``named(Cls)``: ``[NAME.*]`` tables of one kind, a ``dict[str, Cls]``;
+- ``array(Cls)``: ``[[NAME]]`` tables, a ``list[Cls]``.
+
+``toml="a.b"`` puts a field somewhere else than ``[its section] field_name``
+(the root Config is flat, its keys live under ``[sidecar]``, ``[agent]`` …).
+``secret=True`` on a string key X accepts exactly one of ``X = "..."``,
+``X_env = "VAR"`` (read from the environment) or ``X_file = "/path"`` (read
+from the file, one trailing newline stripped); the attribute holds the value.
+A section may define ``_validate(self)`` yielding ``(key, message, got)`` for
+checks across its keys.
+
+Adding a section is a dataclass and one line in Config::
+
+    @dataclass
+    class Store:
+        backend: str = key("sqlite", choices=("sqlite", "postgres"), doc="the store backend")
+        dsn: str = key("", secret=True, doc="the PostgreSQL DSN")
+        pool_size: int = key(8, ge=1, doc="connections in the pool")
+
+    class Config:
+        ...
+        store: Store = section(Store, doc="the store")   # [store], cfg.store.pool_size
+
+after which the loader checks ``[store]``, the environment overlay knows
+``AGENT_SIDECAR_STORE__POOL_SIZE`` and ``AGENT_SIDECAR_STORE__DSN_FILE``, and
+``agent-sidecar config reference`` (docs/configuration.md) lists the keys.
+
+Checking never coerces: ``42`` is no string, ``true`` is no integer; an
+integer is accepted where a number (float) is. Every problem is collected, so
+one run reports them all, each as ``config error: KEY: WHAT (got VALUE)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import json
+import math
+import types
+import typing
+from dataclasses import MISSING, dataclass, field
+from typing import Any, Callable, Iterator, Mapping
+
+ENV_PREFIX = "AGENT_SIDECAR_"
+SECRET_FORMS = ("", "_env", "_file")
+
+
+class ConfigError(ValueError):
+    """One or more config problems; ``problems`` holds one line each."""
+
+    def __init__(self, problems: str | list[str]):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+# -- declaring keys -----------------------------------------------------------------------
+
+def key(default: Any = MISSING, *, doc: str = "", toml: str | None = None, ge: float | None = None,
+        gt: float | None = None, le: float | None = None, choices: tuple[str, ...] | None = None,
+        fold: str | None = None, nonempty: bool = False, required: bool = False,
+        secret: bool = False, check: Callable[[Any], str | None] | None = None,
+        shown: str | None = None, internal: bool = False) -> Any:
+    """A config value. ``fold`` ("lower"/"upper") normalizes strings before
+    ``choices`` are compared; ``check(value)`` returns an error or None;
+    ``shown`` is the default as the docs show it; ``internal`` keys are set by
+    the loader, never read from the file."""
+    md = {k: v for k, v in dict(doc=doc, toml=toml, ge=ge, gt=gt, le=le, choices=choices, fold=fold,
+                                nonempty=nonempty, required=required, secret=secret, check=check,
+                                shown=shown, internal=internal).items()
+          if v is not None and v is not False}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=functools.partial(copy.deepcopy, default), metadata=md)
+    return field(default=default, metadata=md)
+
+
+def section(cls: type, *, doc: str = "", toml: str | None = None) -> Any:
+    return field(default_factory=cls, metadata={"doc": doc, "toml": toml} if toml else {"doc": doc})
+
+
+def named(cls: type, *, doc: str = "", toml: str | None = None,
+          names: Callable[[str], tuple[str, str | None]] | None = None) -> Any:
+    """``[toml.NAME]`` tables; ``names(name)`` returns (the name as stored,
+    an error or None), e.g. lower-casing case-insensitive names."""
+    md = {"doc": doc, "names": names}
+    if toml:
+        md["toml"] = toml
+    return field(default_factory=dict, metadata=md)
+
+
+def array(cls: type, *, doc: str = "", toml: str | None = None) -> Any:
+    md = {"doc": doc}
+    if toml:
+        md["toml"] = toml
+    return field(default_factory=list, metadata=md)
+
+
+# -- the schema as a tree -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Slot:
+    """Where a TOML key lands: a dataclass field, with its type; ``form`` is
+    "", "_env" or "_file" for the spellings of a secret."""
+    field: dataclasses.Field
+    tp: Any
+    form: str = ""
+
+    @property
+    def md(self) -> Mapping[str, Any]:
+        return self.field.metadata
+
+
+def is_named(tp: Any) -> bool:
+    return typing.get_origin(tp) is dict and dataclasses.is_dataclass(typing.get_args(tp)[1])
+
+
+def is_array(tp: Any) -> bool:
+    return typing.get_origin(tp) is list and dataclasses.is_dataclass(typing.get_args(tp)[0])
+
+
+@functools.cache
+def tree(cls: type) -> dict[str, Any]:
+    """TOML key -> Slot or a nested dict (a table that groups keys of ``cls``)."""
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("internal"):
+            continue
+        *parents, last = (f.metadata.get("toml") or f.name).split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        for form in (SECRET_FORMS if f.metadata.get("secret") else ("",)):
+            node[last + form] = Slot(f, hints[f.name], form)
+    return out
+
+
+# -- problems -----------------------------------------------------------------------------
+
+def short(value: Any) -> str:
+    """A value as the error messages show it (TOML-like, at most 60 characters)."""
+    if isinstance(value, bool):
+        s = "true" if value else "false"
+    elif isinstance(value, str):
+        s = json.dumps(value, ensure_ascii=False)
+    elif isinstance(value, list):
+        s = "[" + ", ".join(short(v) for v in value[:8]) + (", ..." if len(value) > 8 else "") + "]"
+    elif isinstance(value, dict):
+        s = "{" + ", ".join(f"{k} = {short(v)}" for k, v in list(value.items())[:4]) + \
+            (", ..." if len(value) > 4 else "") + "}"
+    else:
+        s = repr(value)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+_NOTHING = object()  # "got" left out of a message
+
+
+class Problems:
+    """The problems found so far; ``sources`` names where a key's value came
+    from when not from the file (an environment variable, a flag)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.sources: dict[str, str] = {}
+
+    def add(self, where: str, what: str, got: Any = _NOTHING) -> None:
+        line = f"config error: {where}: {what}"
+        if got is not _NOTHING:
+            line += f" (got {short(got)})"
+        source = self._source(where)
+        if source:
+            line += f" [from {source}]"
+        self.lines.append(line)
+
+    def _source(self, where: str) -> str | None:
+        while where:
+            if where in self.sources:
+                return self.sources[where]
+            cut = max(where.rfind("."), where.rfind("["))
+            where = where[:cut] if cut > 0 else ""
+        return None
+
+
+BAD = object()  # a value that failed its check (already reported)
+
+
+# -- checking values ----------------------------------------------------------------------
+
+_EXPECTED = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def members_of(tp: Any) -> tuple:
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        return tuple(t for t in typing.get_args(tp) if t is not type(None))
+    return (tp,)
+
+
+def matches(tp: Any, value: Any) -> bool:
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, tp)
+
+
+def describe(tp: Any) -> str:
+    """What the docs and messages call a type."""
+    if typing.get_origin(tp) is list:
+        inner = typing.get_args(tp)[0]
+        return "array of tables" if dataclasses.is_dataclass(inner) else "array of " + describe(inner) + "s"
+    if typing.get_origin(tp) is dict or dataclasses.is_dataclass(tp):
+        return "table"
+    names = {bool: "bool", int: "integer", float: "number", str: "string"}
+    return " or ".join(names[t] for t in members_of(tp))
+
+
+def check_scalar(tp: Any, md: Mapping[str, Any], value: Any, where: str, out: Problems) -> Any:
+    """``value`` checked against a scalar type and the key's range; returns it
+    (a float for a number, a string folded as ``fold`` says) or BAD."""
+    members = members_of(tp)
+    kind = next((t for t in members if matches(t, value)), None)
+    if kind is None:
+        expected = " or ".join(_EXPECTED[t] for t in members)
+        if float in members and isinstance(value, float):
+            expected = "a finite number"
+        out.add(where, f"expected {expected}", "***" if md.get("secret") else value)
+        return BAD
+    if kind is float:
+        value = float(value)
+    problem = None
+    if kind in (int, float):
+        if "ge" in md and value < md["ge"]:
+            problem = f"must be at least {md['ge']}"
+        elif "gt" in md and value <= md["gt"]:
+            problem = f"must be more than {md['gt']}"
+        elif "le" in md and value > md["le"]:
+            problem = f"must be at most {md['le']}"
+    elif kind is str:
+        if md.get("fold"):
+            value = value.lower() if md["fold"] == "lower" else value.upper()
+        if md.get("choices") and value not in md["choices"]:
+            problem = "must be " + (" or ".join(md["choices"]) if len(md["choices"]) < 3 else
+                                   "one of " + ", ".join(md["choices"]))
+            if int in members:
+                problem += " (or an integer)"
+        elif (md.get("nonempty") or md.get("required")) and not value:
+            problem = "must not be empty"
+    if problem is None and md.get("check"):
+        problem = md["check"](value)
+    if problem:
+        out.add(where, problem, "***" if md.get("secret") else value)
+        return BAD
+    return value

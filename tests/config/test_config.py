@@ -1,0 +1,343 @@
+"""Typed, validated configuration (issue 17 item 6): every key refused with
+its name on a wrong type or a value out of range (the cases are generated
+from the schema, so a new key is covered the day it is declared), the
+``AGENT_SIDECAR_*`` environment overlay and its precedence, and secrets from
+the file, an environment variable or a file of their own."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+
+import pytest
+
+from agent_sidecar.cli.config_cmd import literal, to_toml
+from agent_sidecar.config import Config, ConfigError, load_config
+from agent_sidecar.config_loader import Loader
+from agent_sidecar.config_schema import is_array, is_named, key, members_of, section, tree
+
+NO_ENV: dict[str, str] = {}
+
+
+def load(tmp_path: Path, raw: dict | str, environ: dict[str, str] | None = None, **flags) -> Config:
+    path = tmp_path / "c.toml"
+    path.write_text(raw if isinstance(raw, str) else to_toml(raw))
+    return load_config(str(path), environ=NO_ENV if environ is None else environ, **flags)
+
+
+def problems(tmp_path: Path, raw: dict | str, environ: dict[str, str] | None = None, **flags) -> list[str]:
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, raw, environ, **flags)
+    assert all(line.startswith("config error: ") for line in e.value.problems), e.value.problems
+    return e.value.problems
+
+
+def names(lines: list[str]) -> list[str]:
+    """The key each problem names."""
+    return [line.split(": ")[1] for line in lines]
+
+
+# -- the schema's leaves, and a table that sets one of them --------------------------------------
+
+def leaves(node: dict | None = None, prefix: tuple = ()):
+    """(TOML path, slot) of every key; a named table is "x", an array's entry is [0]."""
+    for k, sub in (tree(Config) if node is None else node).items():
+        path = prefix + (k,)
+        if isinstance(sub, dict):
+            yield from leaves(sub, path)
+        elif dataclasses.is_dataclass(sub.tp):
+            yield from leaves(tree(sub.tp), path)
+        elif is_named(sub.tp):
+            yield from leaves(tree(typing.get_args(sub.tp)[1]), path + ("x",))
+        elif is_array(sub.tp):
+            yield from leaves(tree(typing.get_args(sub.tp)[0]), path + (0,))
+        else:
+            yield path, sub
+
+
+def dotted(path: tuple) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (("." if out else "") + p)
+    return out
+
+
+def setting(path: tuple, value) -> dict:
+    """The TOML table that sets ``path`` to ``value`` (an array's entry gets the token it needs)."""
+    raw: dict = {}
+    table = raw
+    for i, p in enumerate(path[:-1]):
+        if isinstance(path[i + 1], int):
+            entry = {"token": "t"} if path[-1] not in ("token", "token_env", "token_file") else {}
+            table[p] = [entry]
+            table = entry
+        elif not isinstance(p, int):
+            table = table.setdefault(p, {})
+    table[path[-1]] = value
+    return raw
+
+
+LEAVES = list(leaves())
+IDS = [dotted(p) for p, _ in LEAVES]
+
+
+def wrong_values(slot) -> list:
+    """Values of every other TOML type than the key's (an integer is a number)."""
+    if slot.form:
+        return [42, True]
+    origin = typing.get_origin(slot.tp)
+    if origin is list:
+        return ["x", 42, {"a": 1}]
+    if origin is dict:
+        return [42, "x", [1]]
+    members = members_of(slot.tp)
+    out = []
+    for v in (42, 1.5, "x", True, [1], {"a": 1}):
+        if type(v) in members or (type(v) is int and float in members):
+            continue
+        out.append(v)
+    return out
+
+
+# -- the issue's cases --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,key", [
+    ("[sidecar]\nlisten = [42]\n", "sidecar.listen[0]"),
+    ("[profiles.main]\ntools = [1, 2]\n", "profiles.main.tools[0]"),
+    ("[profiles.main]\nmax_iterations = -5\n", "profiles.main.max_iterations"),
+    ("[agent.agent_cache]\nmax_size = -1\n", "agent.agent_cache.max_size"),
+])
+def test_the_issue_cases_are_refused_naming_their_key(tmp_path, text, key):
+    assert key in names(problems(tmp_path, text))
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    lines = problems(tmp_path, "[sidecar]\nlisten = [42]\nworkers = -1\n[profiles.main]\ntools = [1, 2]\n"
+                               "max_iterations = -5\n[agent.agent_cache]\nmax_size = -1\n")
+    assert names(lines) == ["sidecar.listen[0]", "sidecar.workers", "profiles.main.tools[0]",
+                            "profiles.main.tools[1]", "profiles.main.max_iterations",
+                            "agent.agent_cache.max_size"]
+    assert lines[0] == "config error: sidecar.listen[0]: expected a string (got 42)"
+    assert lines[-1] == "config error: agent.agent_cache.max_size: must be at least 0 (got -1)"
+
+
+# -- sweeps over every key -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path,slot", LEAVES, ids=IDS)
+def test_a_wrong_type_is_refused_naming_the_key(tmp_path, path, slot):
+    for value in wrong_values(slot):
+        lines = problems(tmp_path, setting(path, value))
+        listed = typing.get_origin(slot.tp) is list and isinstance(value, list)
+        expected = dotted(path) + ("[0]" if listed else "")
+        assert expected in names(lines), (value, lines)
+        assert all("got" in line for line in lines if line.split(": ")[1] == expected)
+
+
+@pytest.mark.parametrize("path,slot", [(p, s) for p, s in LEAVES if {"ge", "gt", "le", "choices"} & set(s.md)],
+                         ids=[dotted(p) for p, s in LEAVES if {"ge", "gt", "le", "choices"} & set(s.md)])
+def test_a_value_out_of_range_is_refused_naming_the_key(tmp_path, path, slot):
+    md, numeric = slot.md, float in members_of(slot.tp)
+    step = 0.5 if numeric else 1
+    bad, good = [], []
+    if "ge" in md:
+        bad.append(md["ge"] - step)
+        good.append(md["ge"])
+    if "gt" in md:
+        bad.append(md["gt"])
+        good.append(md["gt"] + step)
+    if "le" in md:
+        bad.append(md["le"] + step)
+        good.append(md["le"])
+    if md.get("choices"):
+        bad.append("no-such-choice")
+        good += list(md["choices"])
+    for value in bad:
+        assert dotted(path) in names(problems(tmp_path, setting(path, value))), value
+    for value in good:
+        try:
+            load(tmp_path, setting(path, value))
+        except ConfigError as e:  # another key's check may object (e.g. max_page_size = 1)
+            assert dotted(path) not in names(e.problems), (value, e.problems)
+
+
+@pytest.mark.parametrize("table", sorted({dotted(p[:-1]) for p, _ in LEAVES}))
+def test_an_unknown_key_is_refused_in_every_table(tmp_path, table):
+    path = next(p for p, _ in LEAVES if dotted(p[:-1]) == table)
+    lines = problems(tmp_path, setting(path[:-1] + ("bogus_key",), 1))
+    assert names(lines) == [(table + "." if table else "") + "bogus_key"], lines
+
+
+def test_the_cross_key_checks(tmp_path):
+    assert names(problems(tmp_path, '[sidecar]\nlisten = ["127.0.0.1:5000"]\n')) == ["sidecar.listen"]
+    assert names(problems(tmp_path, '[sidecar]\nlisten = ["localhost", "unix:"]\n')) == \
+        ["sidecar.listen[0]", "sidecar.listen[1]"]
+    assert names(problems(tmp_path, "[sidecar.limits]\nmax_page_size = 10\n")) == \
+        ["sidecar.limits.default_page_size"]
+    assert names(problems(tmp_path, '[profiles."a:b"]\nmodel = "echo"\n')) == ["profiles.a:b"]
+    assert names(problems(tmp_path, "[platforms.Slack]\npii_safe = true\n[platforms.slack]\n"
+                                    "pii_safe = false\n")) == ["platforms.slack"]
+    assert names(problems(tmp_path, '[profiles.main]\nmodel = "ecoh"\n')) == ["profiles.main.model"]
+    assert names(problems(tmp_path, "[sidecar]\nkeepalive_s = inf\ndrain_timeout = nan\n")) == \
+        ["sidecar.keepalive_s", "sidecar.drain_timeout"]
+
+
+def test_values_are_kept_as_given_and_folded_where_case_does_not_matter(tmp_path):
+    cfg = load(tmp_path, '[sidecar]\nsynchronous = "normal"\nlog_level = "DEBUG"\ndrain_timeout = 5\n'
+                         '[[auth.tokens]]\ntoken = "t"\nplatforms = ["Telegram"]\n'
+                         '[agent.agent_cache]\nmemory_high_mb = 512\n')
+    assert (cfg.synchronous, cfg.log_level, cfg.tokens[0].platforms) == ("NORMAL", "debug", ["telegram"])
+    assert cfg.drain_timeout == 5.0 and isinstance(cfg.drain_timeout, float)
+    assert cfg.agent_cache.memory_high_mb == 512 and list(cfg.profiles) == ["main"]
+
+
+# -- the environment overlay -------------------------------------------------------------------------
+
+def attr(cfg: Config, path: tuple):
+    """The value a TOML path of the root's fixed keys lands in."""
+    node, obj = tree(Config), cfg
+    for p in path:
+        sub = node[p]
+        if isinstance(sub, dict):
+            node = sub
+            continue
+        obj = getattr(obj, sub.field.name)
+        if dataclasses.is_dataclass(sub.tp):
+            node = tree(sub.tp)
+    return obj
+
+
+def other_value(slot):
+    """A valid value of a numeric or boolean key that is not its default."""
+    md, tp = slot.md, slot.tp
+    default = slot.field.default
+    if tp is bool:
+        return not default
+    low = md.get("ge", md.get("gt", 0) + 1)
+    return max(default, low) + (1.5 if tp is float else 1)
+
+
+FIXED = [(p, s) for p, s in LEAVES if "x" not in p and 0 not in p and s.tp in (bool, int, float)]
+
+
+@pytest.mark.parametrize("path,slot", FIXED, ids=[dotted(p) for p, _ in FIXED])
+def test_every_fixed_key_has_its_environment_variable(tmp_path, path, slot):
+    var = "AGENT_SIDECAR_" + "__".join(p.upper() for p in path)
+    value = other_value(slot)
+    assert attr(load(tmp_path, "", {var: literal(value)}), path) == value
+
+
+def test_environment_values_take_the_keys_types(tmp_path):
+    env = {"AGENT_SIDECAR_SIDECAR__WORKERS": "4", "AGENT_SIDECAR_AGENT__GATEWAY_TIMEOUT": "60",
+           "AGENT_SIDECAR_SIDECAR__DATA_DIR": "/var/lib/agent sidecar",
+           "AGENT_SIDECAR_SIDECAR__LISTEN": '["unix:/run/a.sock"]',
+           "AGENT_SIDECAR_SIDECAR__REDACT_PII": "true",
+           "AGENT_SIDECAR_AGENT__AGENT_CACHE__MEMORY_HIGH_MB": "off",
+           "AGENT_SIDECAR_PROFILES__MAIN__TOOLS": '["local.*"]',
+           "AGENT_SIDECAR_PROFILES__GPT__MODEL": "openai",
+           "AGENT_SIDECAR_PLATFORMS__MYPLUGIN__PII_SAFE": "true"}
+    cfg = load(tmp_path, "[profiles.Main]\nmodel = \"echo\"\n", env)
+    assert (cfg.workers, cfg.gateway_timeout, cfg.data_dir) == (4, 60.0, "/var/lib/agent sidecar")
+    assert cfg.listen == ["unix:/run/a.sock"] and cfg.redact_pii is True
+    assert cfg.agent_cache.memory_high_mb == "off"
+    assert cfg.profiles["Main"].tools == ["local.*"]  # matched to the file's spelling
+    assert cfg.profiles["gpt"].model == "openai" and cfg.platforms["myplugin"].pii_safe is True
+
+
+def test_precedence_defaults_file_environment_flags(tmp_path):
+    file = "[sidecar]\nworkers = 2\n"
+    env = {"AGENT_SIDECAR_SIDECAR__WORKERS": "3"}
+    assert load(tmp_path, "").workers == 0
+    assert load(tmp_path, file).workers == 2
+    assert load(tmp_path, file, env).workers == 3
+    assert load(tmp_path, file, env, workers=5).workers == 5
+    assert load(tmp_path, file, env, workers=None).workers == 3  # a flag not given
+
+
+def test_bad_environment_values_are_refused_naming_key_and_variable(tmp_path):
+    lines = problems(tmp_path, "", {"AGENT_SIDECAR_SIDECAR__WORKERS": "four",
+                                    "AGENT_SIDECAR_SIDECAR__WORKRES": "4",
+                                    "AGENT_SIDECAR_PROFILES__MAIN__MAX_ITERATIONS": "-5"})
+    assert lines == [
+        "config error: AGENT_SIDECAR_SIDECAR__WORKRES: names no config key "
+        "(AGENT_SIDECAR_<TABLE>__<KEY>, see docs/configuration.md)",
+        "config error: profiles.main.max_iterations: must be at least 1 (got -5) "
+        "[from AGENT_SIDECAR_PROFILES__MAIN__MAX_ITERATIONS]",
+        'config error: sidecar.workers: expected an integer (got "four") [from AGENT_SIDECAR_SIDECAR__WORKERS]']
+    assert problems(tmp_path, "", workers=-1) == \
+        ["config error: sidecar.workers: must be at least 0 (got -1) [from --workers]"]
+
+
+# -- secrets ------------------------------------------------------------------------------------------
+
+TOKENS = "[[auth.tokens]]\n{}\nadmin = true\n"
+
+
+def test_a_token_from_the_file_an_environment_variable_or_a_file_of_its_own(tmp_path):
+    secret = tmp_path / "token"
+    secret.write_text("from-a-file\n")
+    assert load(tmp_path, TOKENS.format('token = "inline"')).tokens[0].token == "inline"
+    assert load(tmp_path, TOKENS.format('token_env = "T"'), {"T": "from-env"}).tokens[0].token == "from-env"
+    assert load(tmp_path, TOKENS.format(f'token_file = "{secret}"')).tokens[0].token == "from-a-file"
+    secret.write_text("two\n\n")  # only one trailing newline is stripped
+    assert load(tmp_path, TOKENS.format(f'token_file = "{secret}"')).tokens[0].token == "two\n"
+
+
+def test_a_missing_or_ambiguous_token_is_refused_naming_the_key(tmp_path):
+    assert problems(tmp_path, TOKENS.format('token_env = "NOT_SET"')) == [
+        'config error: auth.tokens[0].token_env: the environment variable NOT_SET is not set (got "NOT_SET")']
+    lines = problems(tmp_path, TOKENS.format(f'token_file = "{tmp_path}/missing"'))
+    assert names(lines) == ["auth.tokens[0].token_file"] and "cannot read the file" in lines[0]
+    assert names(problems(tmp_path, TOKENS.format('token = "a"\ntoken_env = "T"'), {"T": "b"})) == \
+        ["auth.tokens[0].token"]
+    assert names(problems(tmp_path, TOKENS.format(""))) == ["auth.tokens[0].token"]
+    lines = problems(tmp_path, TOKENS.format('token_env = "T"'), {"T": ""})
+    assert names(lines) == ["auth.tokens[0].token_env"] and "empty" in lines[0]
+
+
+def test_secrets_never_appear_in_errors(tmp_path):
+    lines = problems(tmp_path, TOKENS.format('token = "t"\ntokn = "hunter2"'))
+    assert names(lines) == ["auth.tokens[0].tokn"] and "hunter2" not in lines[0]
+    lines = problems(tmp_path, TOKENS.format("token = 42"))
+    assert lines == ['config error: auth.tokens[0].token: expected a string (got "***")']
+
+
+def test_tokens_from_the_environment_replace_the_files(tmp_path):
+    secret = tmp_path / "token"
+    secret.write_text("s3cret\n")
+    env = {"AGENT_SIDECAR_AUTH__TOKENS": f'[{{token_file = "{secret}", admin = true}}]'}
+    cfg = load(tmp_path, TOKENS.format('token = "old"'), env)
+    assert [(t.token, t.admin) for t in cfg.tokens] == [("s3cret", True)]
+
+
+# -- a section added the way config_schema's docstring says ------------------------------------------
+
+@dataclasses.dataclass
+class Store:
+    backend: str = key("sqlite", choices=("sqlite", "postgres"), doc="the store backend")
+    dsn: str = key("", secret=True, doc="the PostgreSQL DSN")
+    pool_size: int = key(8, ge=1, doc="connections in the pool")
+
+
+@dataclasses.dataclass
+class Root:
+    workers: int = key(0, ge=0, toml="sidecar.workers")
+    store: Store = section(Store, doc="the store")
+
+
+def parse_root(raw: dict, environ: dict[str, str]) -> tuple[Root, list[str]]:
+    loader = Loader(environ)
+    loader.overlay_env(Root, raw)
+    return loader.parse(Root, raw, ""), loader.out.lines
+
+
+def test_a_new_section_gets_checks_environment_and_secrets_from_its_declaration(tmp_path):
+    dsn = tmp_path / "dsn"
+    dsn.write_text("postgresql://u:p@db/sidecar\n")
+    root, lines = parse_root({"store": {"backend": "postgres", "dsn": "inline"}},
+                             {"AGENT_SIDECAR_STORE__DSN_FILE": str(dsn),
+                              "AGENT_SIDECAR_STORE__POOL_SIZE": "4"})
+    assert lines == [] and (root.store.dsn, root.store.pool_size) == ("postgresql://u:p@db/sidecar", 4)
+    root, lines = parse_root({"store": {"backend": "mysql", "pool_size": 0, "dsn_env": "NOPE"}}, {})
+    assert [line.split(": ")[1] for line in lines] == ["store.backend", "store.pool_size", "store.dsn_env"]
+    assert parse_root({}, {})[0] == Root()  # an optional secret may be left out
