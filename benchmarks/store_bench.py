@@ -62,7 +62,7 @@ TEXT = "hello from a benchmark session"
 # -- the store API ------------------------------------------------------------------
 
 async def _store_point(path: str, n: int, seconds: float) -> dict:
-    store = open_store(path, synchronous="FULL")
+    store = open_store(path=path, synchronous="FULL")
     await store.start()
     try:
         conn = open_reader(path)
@@ -229,7 +229,7 @@ def _ceiling_point(path: str, seconds: float, per_commit: int = 100) -> dict:
 
 
 async def _load_points(path: str, sizes: list[int], min_runs: int, budget_s: float) -> list[dict]:
-    store = open_store(path, synchronous="FULL")
+    store = open_store(path=path, synchronous="FULL")
     await store.start()
     reader = open_reader(path)
     out = []

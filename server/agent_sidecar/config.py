@@ -155,6 +155,30 @@ class PlatformConfig:
 
 
 @dataclass
+class StoreConfig:
+    """Where the sidecar keeps everything (docs/cluster.md for PostgreSQL)."""
+    backend: str = key("sqlite", choices=("sqlite", "postgres"),
+                       doc="`sqlite`: one file in the data dir (the embedded default); "
+                           "`postgres`: a database several sidecars share")
+    dsn: str = key("", secret=True, doc="the PostgreSQL connection string (`backend = \"postgres\"`), "
+                                      "e.g. `postgresql://sidecar@db/sidecar`")
+    pool_size: int = key(4, ge=1, le=100, doc="PostgreSQL connections for reads (the writer has its own)")
+
+
+@dataclass
+class ClusterConfig:
+    """This sidecar among several on one PostgreSQL database."""
+    node_id: str = key("", doc="this sidecar's name in the cluster, unique (default: the host name "
+                               "and the data dir)")
+    advertise: str = key("", doc="`host:port` where the other sidecars reach this one "
+                                 "(a TCP listener of this sidecar)")
+    token: str = key("", secret=True, doc="the bearer token sidecars present to each other "
+                                          "(an admin token of every sidecar's [[auth.tokens]])")
+    lease_ttl_s: float = key(10.0, gt=0, doc="a lane's lease lasts this long unless renewed "
+                                             "(renewed every third of it)")
+
+
+@dataclass
 class Config:
     # seed 001 appendix: top-level keys
     group_sessions_per_user: bool = key(True, doc="groups and channels get one lane per participant")
@@ -205,11 +229,17 @@ class Config:
                                                  doc="settings of one platform (names are case-insensitive)")
     auto_resume: str = key("interrupted", choices=AUTO_RESUME_MODES, toml="recovery.auto_resume",
                            doc="which lanes get a continue turn after a restart (DECISIONS.md \"Recovery\")")
+    store: StoreConfig = section(StoreConfig, doc="the store ([store])")
+    cluster: ClusterConfig = section(ClusterConfig, doc="several sidecars on one PostgreSQL ([cluster])")
 
     def _validate(self) -> Iterator[tuple[str, str, Any]]:
         tcp = [t for t in self.listen if not t.startswith("unix:")]
         if tcp and not self.tokens:
             yield "sidecar.listen", "a TCP listener needs [[auth.tokens]] in the config", tcp[0]
+        if self.store.backend == "postgres" and not self.store.dsn:
+            yield "store.dsn", "backend \"postgres\" needs a DSN (dsn, dsn_env or dsn_file)", ""
+        if self.cluster.advertise and self.store.backend != "postgres":
+            yield "cluster.advertise", "a cluster needs [store] backend = \"postgres\"", self.cluster.advertise
 
     @property
     def db_path(self) -> str:
@@ -221,6 +251,13 @@ class Config:
 
     def profile(self, name: str) -> Profile | None:
         return self.profiles.get(name or DEFAULT_PROFILE)
+
+    def node_id(self) -> str:
+        """This sidecar's name in a cluster: as configured, else its host and data dir."""
+        if self.cluster.node_id:
+            return self.cluster.node_id
+        import socket
+        return f"{socket.gethostname()}:{os.path.abspath(self.data_dir)}"
 
     def worker_count(self) -> int:
         return self.workers if self.workers > 0 else (os.cpu_count() or 1)

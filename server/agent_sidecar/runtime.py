@@ -85,9 +85,11 @@ class Sidecar:
 
         self._private_data_dir()
         self._lock_data_dir()
-        self.store = open_store(self.cfg.db_path, self.cfg.synchronous, preload=JOB_MODULES,
-                                log_format=self.cfg.log_format, log_level=self.cfg.log_level,
-                                on_lost=self._store_lost)
+        sc = self.cfg.store
+        self.store = open_store(sc.backend, path=self.cfg.db_path, synchronous=self.cfg.synchronous,
+                                dsn=sc.dsn, node_id=self.cfg.node_id(), pool_size=sc.pool_size,
+                                preload=JOB_MODULES, log_format=self.cfg.log_format,
+                                log_level=self.cfg.log_level, on_lost=self._store_lost)
         tools = ToolRegistry()
         self.turns = TurnManager(self.cfg, self.store, tools)
         # Spawned before any gRPC thread exists, the writer and the workers in parallel.

@@ -287,7 +287,7 @@ def test_a_flush_behind_one_that_did_not_commit_waits_for_it(disk):
             return False, e
 
     async def go():
-        store = open_store(str(disk.path / "s.db"), log_format="text")
+        store = open_store(path=str(disk.path / "s.db"), log_format="text")
         await store.start()
         try:
             assert (await flush(store, (1, 0), rows(1, 2, 100)))[0]

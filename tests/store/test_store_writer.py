@@ -100,7 +100,7 @@ def test_jobs_are_module_level_functions_with_plain_arguments(tmp_path):
     A domain error raised there arrives whole (reason and field)."""
 
     async def go():
-        store = open_store(str(tmp_path / "s.db"), log_format="text")
+        store = open_store(path=str(tmp_path / "s.db"), log_format="text")
         await store.start()
         try:
             with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):

@@ -8,6 +8,7 @@ import os
 import multiprocessing as mp
 
 from agent_sidecar.sessions import transcripts as tx
+from agent_sidecar.turns import wire
 from agent_sidecar.turns.wire import encode, open_stream, read_message
 from agent_sidecar.turns.worker import worker_main
 from helpers.store import local_store
@@ -16,9 +17,7 @@ PROFILE = {"name": "main", "model": "echo", "model_options": {}, "tools": [], "m
 
 
 def _run(msg_rid: str, text: str = "hi") -> dict:
-    return {"t": "run", "rid": msg_rid, "key": "agent:main:t:dm:1", "sid": "s1", "rev": 0,
-            "base_seq": 1, "texts": [text], "profile": PROFILE, "system_prompt": "x", "tools": [],
-            "timeout_s": 5}
+    return wire.run(msg_rid, "agent:main:t:dm:1", "s1", 0, 1, [text], PROFILE, "x", [], 5)
 
 
 async def _with_worker(tmp_path, body):
@@ -36,10 +35,10 @@ async def _with_worker(tmp_path, body):
     parent.close()
     try:
         hello = await asyncio.wait_for(read_message(reader), 30)
-        assert hello["t"] == "hello" and hello["grpc_loaded"] is False
+        assert hello["type"] == "hello" and hello["grpc_loaded"] is False
         await body(reader, writer)
     finally:
-        writer.write(encode({"t": "stop"}))
+        writer.write(encode(wire.STOP))
         proc.join(10)
         if proc.is_alive():
             proc.kill()
@@ -48,14 +47,14 @@ async def _with_worker(tmp_path, body):
 async def _until_done(reader, rid: str) -> dict:
     while True:
         msg = await asyncio.wait_for(read_message(reader), 10)
-        if msg["t"] == "done" and msg["rid"] == rid:
+        if msg["type"] == "done" and msg["request_id"] == rid:
             return msg
 
 
 def test_cancel_arriving_with_its_run_still_reports_done(tmp_path):
     async def body(reader, writer):
         # One write: the worker reads both before its turn task ever runs.
-        writer.write(encode(_run("r1")) + encode({"t": "cancel", "rid": "r1", "reason": "CANCELLED"}))
+        writer.write(encode(_run("r1")) + encode(wire.cancel("r1", "CANCELLED")))
         done = await _until_done(reader, "r1")
         assert done["ok"] is False and done["reason"] == "CANCELLED"
         # The worker goes on serving.
@@ -67,7 +66,7 @@ def test_cancel_arriving_with_its_run_still_reports_done(tmp_path):
 
 def test_steer_for_an_unknown_turn_is_refused(tmp_path):
     async def body(reader, writer):
-        writer.write(encode({"t": "steer", "rid": "nope", "steer_rid": "s", "text": "x"}))
+        writer.write(encode(wire.steer("nope", "s", "x")))
         msg = await asyncio.wait_for(read_message(reader), 10)
-        assert msg == {"t": "steered", "rid": "nope", "steer_rid": "s", "ok": False}
+        assert msg == wire.steered("nope", "s", False)
     asyncio.run(_with_worker(tmp_path, body))

@@ -13,9 +13,15 @@ __all__ = ["Store", "StoreOpenError", "StoreClosed", "StoreUnavailable", "UnitOf
            "batched", "open_store"]
 
 
-def open_store(db_path: str, synchronous: str = "FULL", *, preload: tuple[str, ...] = (),
+def open_store(backend: str = "sqlite", *, path: str = "", synchronous: str = "FULL",
+               dsn: str = "", node_id: str = "", pool_size: int = 4, preload: tuple[str, ...] = (),
                log_format: str = "json", log_level: str = "info", on_lost=None) -> Store:
-    """The configured backend, not started yet (``await store.start()``)."""
+    """The configured backend, not started yet (``await store.start()``):
+    ``sqlite`` on the file ``path``, or ``postgres`` on ``dsn`` (its driver is
+    imported only then)."""
+    common = dict(preload=preload, log_format=log_format, log_level=log_level, on_lost=on_lost)
+    if backend == "postgres":
+        from .postgres.store import PostgresStore
+        return PostgresStore(dsn, node_id=node_id, pool_size=pool_size, **common)
     from .sqlite.store import SqliteStore
-    return SqliteStore(db_path, synchronous, preload=preload, log_format=log_format,
-                       log_level=log_level, on_lost=on_lost)
+    return SqliteStore(path, synchronous, **common)

@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, ContextManager, Iterable, Protocol, Sequence, TypeVar
 
+from ..errors import SidecarError
 from .faults import StoreUnavailable  # noqa: F401  (the interface's error)
 from .records import (
     Append,
@@ -63,6 +64,11 @@ from .records import (
 )
 
 R = TypeVar("R")
+
+
+def unknown_session(session_id: str) -> SidecarError:
+    """What an append to an incarnation that does not exist answers (every backend)."""
+    return SidecarError("SESSION_NOT_FOUND", f"no such session id: {session_id}")
 
 
 class StoreOpenError(RuntimeError):

@@ -89,37 +89,105 @@ class TurnSpec:
     max_tool_failures: int = 3
 
 
+def _keep(agent: Agent, io: TurnIO, msg: dict[str, Any]) -> None:
+    """A message of the turn: into the cached transcript and to the store."""
+    agent.add(msg)
+    io.message(msg)
+
+
+def _close_calls(agent: Agent, io: TurnIO, calls: list[ToolCallRequest], error: str) -> None:
+    """Calls that will not run still get a result each, so the transcript
+    stays valid for the next model call."""
+    for c in calls:
+        _keep(agent, io, _tool_message(c.call_id, c.name, orjson.dumps({"error": error}).decode()))
+
+
 def _refuse(agent: Agent, io: TurnIO, calls: list[ToolCallRequest], result_json: str | None) -> None:
     """The turn ends at ``calls[0]``, which the model may not make: every call
-    left still gets a result (the transcript stays valid for the next model
-    call), and the refused one a TOOL_SCOPE_VIOLATION ``tool_result`` frame.
-    ``result_json``: the refusal's own error result for ``calls[0]``; None for
-    a name outside the profile's scope."""
-    for n, later in enumerate(calls):
-        if result_json is None:
-            err = orjson.dumps({"error": f"tool {later.name!r} is outside this session's allowed tools"}).decode()
-        elif n == 0:
-            err = result_json
-        else:
-            err = orjson.dumps({"error": "not run: an earlier tool call was refused"}).decode()
-        tm = _tool_message(later.call_id, later.name, err)
-        agent.add(tm)
-        io.message(tm)
+    left still gets a result, and the refused one a TOOL_SCOPE_VIOLATION
+    ``tool_result`` frame. ``result_json``: the refusal's own error result for
+    ``calls[0]``; None for a name outside the profile's scope."""
+    if result_json is None:
+        for c in calls:
+            _close_calls(agent, io, [c], f"tool {c.name!r} is outside this session's allowed tools")
+    else:
+        _keep(agent, io, _tool_message(calls[0].call_id, calls[0].name, result_json))
+        _close_calls(agent, io, calls[1:], "not run: an earlier tool call was refused")
     io.frame("tool_result", {"call_id": calls[0].call_id, "ok": False,
                              "result_json": orjson.dumps({"error": "TOOL_SCOPE_VIOLATION"}).decode()})
+
+
+def _usage_body(ev: UsageReport) -> dict[str, Any]:
+    return {"input_tokens": ev.input_tokens, "output_tokens": ev.output_tokens,
+            "cache_read_tokens": ev.cache_read_tokens, "cache_write_tokens": ev.cache_write_tokens,
+            "cost_usd": ev.cost_usd}
+
+
+async def _model_call(agent: Agent, backend, spec: TurnSpec, io: TurnIO,
+                      iteration: int) -> tuple[str, list[ToolCallRequest]]:
+    """One model call, streamed out as frames: its text and its tool calls.
+    Cut off mid-answer (the model failed, cancel, INTERRUPT, timeout), what the
+    user already saw streamed stays in the transcript."""
+    request = ModelRequest(messages=[{"role": "system", "content": spec.system_prompt}]
+                           + agent.messages, tools=spec.tools, iteration=iteration,
+                           session_key=agent.session_key, request_id=spec.request_id)
+    parts: list[str] = []
+    calls: list[ToolCallRequest] = []
+    try:
+        async for ev in backend.stream(request):
+            if type(ev) is TextDelta:
+                parts.append(ev.text)
+                io.frame("text_delta", {"text": ev.text})
+            elif type(ev) is ToolCallRequest:
+                calls.append(ev)
+            elif type(ev) is UsageReport:
+                io.frame("usage", _usage_body(ev))
+    except BaseException as e:
+        if parts:
+            _keep(agent, io, {"role": "assistant", "content": "".join(parts)})
+        if isinstance(e, ModelError):
+            raise TurnFailed(E.LLM_API_FAILURE, str(e)) from None
+        raise
+    return "".join(parts), calls
+
+
+async def _run_calls(agent: Agent, spec: TurnSpec, io: TurnIO, calls: list[ToolCallRequest],
+                     failures: int) -> int:
+    """Run one model answer's tool calls in order; returns the count of calls
+    failed in a row. The model sees every error and may recover; a run of
+    ``max_tool_failures`` means the host is gone for good: TOOL_INVOKE_FAILED."""
+    for i, call in enumerate(calls):
+        io.frame("tool_call", {"call_id": call.call_id, "name": call.name,
+                               "arguments_json": call.arguments_json})
+        if not in_scope(call.name, spec.scopes):
+            _refuse(agent, io, calls[i:], None)
+            raise TurnFailed(E.TOOL_SCOPE_VIOLATION,
+                             f"the model called {call.name!r}, outside the allowed tools {spec.scopes}")
+        try:
+            ok, result_json = await io.invoke_tool(call.call_id, call.name, call.arguments_json)
+        except ToolRefused as e:
+            _refuse(agent, io, calls[i:], e.result_json)
+            raise TurnFailed(e.reason, f"the call of {call.name!r} was refused: {e.result_json}") from None
+        except BaseException:  # cancelled or timed out while waiting
+            _close_calls(agent, io, calls[i:], "the turn ended before this tool call finished")
+            raise
+        io.frame("tool_result", {"call_id": call.call_id, "ok": ok, "result_json": result_json})
+        _keep(agent, io, _tool_message(call.call_id, call.name, result_json))
+        failures = 0 if ok else failures + 1
+        if failures >= spec.max_tool_failures:
+            _close_calls(agent, io, calls[i + 1:], "not run: earlier tool calls failed")
+            raise TurnFailed(E.TOOL_INVOKE_FAILED,
+                             f"{failures} tool calls failed in a row (last: {call.name}: {result_json[:200]})")
+    return failures
 
 
 async def run_turn(agent: Agent, backend, spec: TurnSpec, io: TurnIO) -> str:
     """Run the loop to its final text; raise TurnFailed on a policy failure.
     The turn's user messages are already the last entries of ``agent.messages``."""
-    iteration = 0
-    final_text = ""
-    tool_failures = 0
+    iteration = failures = 0
     while True:
         for text in io.take_steered():
-            msg = {"role": "user", "content": text}
-            agent.add(msg)
-            io.message(msg)
+            _keep(agent, io, {"role": "user", "content": text})
         if iteration >= spec.max_iterations:
             raise TurnFailed(E.MAX_ITERATIONS,
                              f"the agent loop reached max_iterations ({spec.max_iterations})")
@@ -127,89 +195,17 @@ async def run_turn(agent: Agent, backend, spec: TurnSpec, io: TurnIO) -> str:
             # The last model call this turn may make: a steer arriving during it
             # could not get a call of its own, so it becomes a follow-up instead.
             io.close_steering()
-        request = ModelRequest(messages=[{"role": "system", "content": spec.system_prompt}]
-                               + agent.messages, tools=spec.tools, iteration=iteration,
-                               session_key=agent.session_key, request_id=spec.request_id)
+        text, calls = await _model_call(agent, backend, spec, io, iteration)
         iteration += 1
-        parts: list[str] = []
-        calls: list[ToolCallRequest] = []
-        try:
-            async for ev in backend.stream(request):
-                if type(ev) is TextDelta:
-                    parts.append(ev.text)
-                    io.frame("text_delta", {"text": ev.text})
-                elif type(ev) is ToolCallRequest:
-                    calls.append(ev)
-                elif type(ev) is UsageReport:
-                    io.frame("usage", {"input_tokens": ev.input_tokens,
-                                       "output_tokens": ev.output_tokens,
-                                       "cache_read_tokens": ev.cache_read_tokens,
-                                       "cache_write_tokens": ev.cache_write_tokens,
-                                       "cost_usd": ev.cost_usd})
-        except BaseException as e:
-            # Cut off mid-answer (the model failed, cancel, INTERRUPT, timeout):
-            # what the user already saw streamed stays in the transcript.
-            if parts:
-                partial = {"role": "assistant", "content": "".join(parts)}
-                agent.add(partial)
-                io.message(partial)
-            if isinstance(e, ModelError):
-                raise TurnFailed(E.LLM_API_FAILURE, str(e)) from None
-            raise
-        text = "".join(parts)
-        if not calls:
-            msg = {"role": "assistant", "content": text}
-            agent.add(msg)
-            io.message(msg)
-            final_text = text
-            # A steer that arrived during this last call still gets its model call.
-            steered = io.take_steered()
-            if not steered:
-                io.close_steering()
-                return final_text
-            for t in steered:
-                m = {"role": "user", "content": t}
-                agent.add(m)
-                io.message(m)
+        if calls:
+            _keep(agent, io, _assistant_with_calls(text, calls))
+            failures = await _run_calls(agent, spec, io, calls, failures)
             continue
-        msg = _assistant_with_calls(text, calls)
-        agent.add(msg)
-        io.message(msg)
-        for i, call in enumerate(calls):
-            io.frame("tool_call", {"call_id": call.call_id, "name": call.name,
-                                   "arguments_json": call.arguments_json})
-            if not in_scope(call.name, spec.scopes):
-                _refuse(agent, io, calls[i:], None)
-                raise TurnFailed(E.TOOL_SCOPE_VIOLATION,
-                                 f"the model called {call.name!r}, outside the allowed tools {spec.scopes}")
-            try:
-                ok, result_json = await io.invoke_tool(call.call_id, call.name, call.arguments_json)
-            except ToolRefused as e:
-                _refuse(agent, io, calls[i:], e.result_json)
-                raise TurnFailed(e.reason,
-                                 f"the call of {call.name!r} was refused: {e.result_json}") from None
-            except BaseException:
-                # Cancelled or timed out while waiting: every call of this
-                # assistant message still gets a result, in the cache and the
-                # store, so the next model call sees a valid transcript.
-                for later in calls[i:]:
-                    err = orjson.dumps({"error": "the turn ended before this tool call finished"}).decode()
-                    lm = _tool_message(later.call_id, later.name, err)
-                    agent.add(lm)
-                    io.message(lm)
-                raise
-            io.frame("tool_result", {"call_id": call.call_id, "ok": ok, "result_json": result_json})
-            tm = _tool_message(call.call_id, call.name, result_json)
-            agent.add(tm)
-            io.message(tm)
-            # The model sees every error and may recover; a run of failures
-            # means the tool host is gone for good and the turn cannot go on.
-            tool_failures = 0 if ok else tool_failures + 1
-            if tool_failures >= spec.max_tool_failures:
-                for later in calls[i + 1:]:
-                    err = orjson.dumps({"error": "not run: earlier tool calls failed"}).decode()
-                    lm = _tool_message(later.call_id, later.name, err)
-                    agent.add(lm)
-                    io.message(lm)
-                raise TurnFailed(E.TOOL_INVOKE_FAILED,
-                                 f"{tool_failures} tool calls failed in a row (last: {call.name}: {result_json[:200]})")
+        _keep(agent, io, {"role": "assistant", "content": text})
+        # A steer that arrived during this last call still gets its model call.
+        steered = io.take_steered()
+        if not steered:
+            io.close_steering()
+            return text
+        for t in steered:
+            _keep(agent, io, {"role": "user", "content": t})

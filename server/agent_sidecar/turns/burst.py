@@ -20,9 +20,14 @@ Functions over a TurnManager (like placement.py).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .frames import build_frame
 from .jobs import ABSORB, Absorbed
 from .lanes import Phase, Turn
+
+if TYPE_CHECKING:
+    from .manager import TurnManager
 
 
 
@@ -47,7 +52,7 @@ def candidates(old: Turn) -> list[str]:
     return out
 
 
-def committed(m, turn: Turn, result: Absorbed) -> None:
+def committed(m: TurnManager, turn: Turn, result: Absorbed) -> None:
     """``turn``'s accept committed: ``result.link`` is the prompt it absorbed
     (its chain is cut past any prompt whose accept was refused: that caller
     got the error, its text is not ours), ``result.closed`` that prompt's
@@ -73,7 +78,7 @@ def committed(m, turn: Turn, result: Absorbed) -> None:
         m.live.pop(rid, None)
 
 
-def reinstate(m, refused: Turn) -> None:
+def reinstate(m: TurnManager, refused: Turn) -> None:
     """The accept of a follow-up that had absorbed the pending prompt was
     refused, so what it absorbed is still open in the store: the newest of those
     whose own accept committed takes the pending slot back (still carrying its

@@ -24,7 +24,7 @@ from ..config import Config
 from ..sessions.source import SessionSource
 from ..store import Store
 from ..tools.registry import ToolRegistry
-from . import admission, burst, dedup, jobs, placement, supervision, undo, worker_events
+from . import admission, burst, dedup, jobs, placement, supervision, undo, wire, worker_events
 from .context import SystemPrompts
 from .frames import FrameBus, build_frame
 from ..delivery import FOLLOW_UP
@@ -116,7 +116,7 @@ class TurnManager:
         self.store.check_writable()
         self._drop_lane(key)
         if self.pool:
-            self.pool.slot_for(key).send({"t": "evict", "key": key})
+            self.pool.slot_for(key).send(wire.evict(key))
         await supervision.until_ended([t for t in self.live.values() if t.key == key])
 
     async def rewind(self, key: str, session_id: str, n: int) -> dict[str, Any]:
@@ -134,7 +134,7 @@ class TurnManager:
         for key in list(self.lanes):
             self._drop_lane(key)
         if self.pool:
-            self.pool.broadcast({"t": "clear"})
+            self.pool.broadcast(wire.CLEAR)
         await supervision.until_ended(list(self.live.values()))
 
     def _drop_lane(self, key: str) -> None:
@@ -296,17 +296,16 @@ class TurnManager:
         h = self.pool.slot_for(turn.key)
         turn.run_on(h)
         turn.worker_gen = h.generation if h.ready.is_set() else -1
-        msg = {"t": "run", "rid": turn.rid, "key": turn.key, "sid": turn.sid, "rev": res.rev,
-               "base_seq": res.base_seq, "texts": turn.user_texts(), "profile": profile.wire,
-               "system_prompt": system_prompt, "tools": self.tools.specs_for(profile.tools, turn.platform),
-               "timeout_s": turn.timeout_s}
+        msg = wire.run(turn.rid, turn.key, turn.sid, res.rev, res.base_seq, turn.user_texts(),
+                       profile.wire, system_prompt, self.tools.specs_for(profile.tools, turn.platform),
+                       turn.timeout_s)
         if h.ready.is_set():
             h.send(msg)
         else:
             self.spawn(self._send_when_ready(h, turn, msg))
         turn.deadline = asyncio.get_running_loop().time() + turn.timeout_s + supervision.WATCHDOG_GRACE_S
 
-    async def _send_when_ready(self, h: WorkerHandle, turn: Turn, msg: dict) -> None:
+    async def _send_when_ready(self, h: WorkerHandle, turn: Turn, msg: wire.Run) -> None:
         await h.ready.wait()
         if turn.closing:
             return
@@ -333,7 +332,7 @@ class TurnManager:
             return True
         turn.cancel(reason)
         if turn.worker is not None:
-            turn.worker.send({"t": "cancel", "rid": turn.rid, "reason": reason})
+            turn.worker.send(wire.cancel(turn.rid, reason))
         return True
 
     def supersede(self, turn: Turn, by_rid: str) -> None:

@@ -9,14 +9,18 @@ Functions over a TurnManager (like supervision.py and worker_events.py).
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from .. import errors as E
-from . import burst
 from ..delivery import FOLLOW_UP, INTERRUPT, QUEUE, REJECT_IF_BUSY, ROLLBACK, STEER
+from . import burst, wire
 from .lanes import Lane, Turn
 
+if TYPE_CHECKING:
+    from .manager import TurnManager
 
-async def place_busy(m, lane: Lane, turn: Turn) -> str | None:
+
+async def place_busy(m: TurnManager, lane: Lane, turn: Turn) -> str | None:
     """Put a prompt for a busy lane where its delivery mode says; returns its
     queue slot (``pending``/``fifo``) or None when it joined the running turn
     (STEER) or the lane turned out idle. Raises AGENT_BUSY, QUEUE_FULL."""
@@ -69,7 +73,7 @@ def position(lane: Lane, turn: Turn) -> int:
     return waiting.index(turn) + 1 if turn in waiting else 0
 
 
-async def steer(m, lane: Lane, turn: Turn) -> bool:
+async def steer(m: TurnManager, lane: Lane, turn: Turn) -> bool:
     """Ask the running turn's worker to take the text into its turn (seed 001
     §8's /steer); its answer comes through ``m.steer_waits`` (worker_events)."""
     host = lane.running
@@ -77,7 +81,7 @@ async def steer(m, lane: Lane, turn: Turn) -> bool:
         return False
     fut = asyncio.get_running_loop().create_future()
     m.steer_waits[turn.rid] = fut
-    host.worker.send({"t": "steer", "rid": host.rid, "steer_rid": turn.rid, "text": turn.text})
+    host.worker.send(wire.steer(host.rid, turn.rid, turn.text))
     try:
         ok = await asyncio.wait_for(fut, 5)
     except asyncio.TimeoutError:

@@ -15,6 +15,7 @@ import multiprocessing as mp
 from typing import Any, Callable
 
 from ..children import Channel, spawn
+from . import wire
 from .worker import worker_main
 
 log = logging.getLogger("agent_sidecar.workers")
@@ -105,7 +106,7 @@ class WorkerPool:
 
     async def stop(self, timeout: float = 5.0) -> None:
         self._stopping = True
-        self.broadcast({"t": "stop"})
+        self.broadcast(wire.STOP)
         loop = asyncio.get_running_loop()
         for h in self.handles:
             if h.process is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from .. import errors as E
 from ..delivery import INTERRUPT, ROLLBACK
@@ -18,6 +19,9 @@ from ..recovery.startup import RestoredPrompt
 from ..sessions import lifecycle as life
 from ..store import StoreUnavailable
 from .lanes import Turn
+
+if TYPE_CHECKING:
+    from .manager import TurnManager
 
 log = logging.getLogger("agent_sidecar.turns")
 
@@ -34,7 +38,7 @@ RESUME_TEXT = ("[The previous turn was interrupted ({reason}) before it finished
                "work.]")
 
 
-async def restore(m) -> None:
+async def restore(m: TurnManager) -> None:
     """Run the store's restore job, rebuild queued lanes, submit auto-resume turns."""
     from ..recovery.startup import consume_marker, restore as restore_job
     clean = consume_marker(m.cfg.data_dir)
@@ -59,7 +63,7 @@ async def restore(m) -> None:
         m.advance(lane)
 
 
-def _restore_queued(m, q: RestoredPrompt) -> None:
+def _restore_queued(m: TurnManager, q: RestoredPrompt) -> None:
     e = q.entry
     turn = Turn.restored(rid=e.request_id, key=e.session_key, platform=e.platform,
                          profile=e.payload.get("profile", "main"), text=e.text,
@@ -80,7 +84,7 @@ def _restore_queued(m, q: RestoredPrompt) -> None:
     m.live[turn.rid] = turn
 
 
-async def drain(m, timeout: float) -> bool:
+async def drain(m: TurnManager, timeout: float) -> bool:
     """Stop taking prompts, let in-flight turns finish (queued ones stay
     queued, persisted, for the next start). Returns whether it finished in
     time; if not, the lanes still running are marked resume_pending."""
@@ -119,7 +123,7 @@ async def drain(m, timeout: float) -> bool:
     return not still and m.bus.idle()
 
 
-def _undrained(m) -> bool:
+def _undrained(m: TurnManager) -> bool:
     """The store cannot write: nothing more can end durably, so the drain
     stops waiting. What the bus still holds is lost with this process; the
     next start's restore closes those turns (their ledger rows are open)."""
@@ -143,7 +147,7 @@ async def until_ended(turns, timeout: float = 10.0) -> None:
                     extra={"request_ids": [t.rid for t in pending]})
 
 
-async def watchdog(m) -> None:
+async def watchdog(m: TurnManager) -> None:
     """The worker enforces turn timeouts itself; this catches a worker whose
     loop is blocked (a backend doing CPU-bound or blocking work): past the
     deadline plus a grace, the worker is killed and its turns end
@@ -163,7 +167,7 @@ async def watchdog(m) -> None:
                 h.process.kill()
 
 
-def on_store_fault(m, fault) -> None:
+def on_store_fault(m: TurnManager, fault) -> None:
     """The store cannot write: every turn running on a worker is cancelled
     (reason STORE_UNAVAILABLE), so workers stop producing frames that could
     only pile up in memory; their ``failed`` frames commit, like everything
@@ -182,7 +186,7 @@ def on_store_fault(m, fault) -> None:
             m.cancel_turn(turn, E.STORE_UNAVAILABLE)
 
 
-def end_streams(m, err: BaseException) -> None:
+def end_streams(m: TurnManager, err: BaseException) -> None:
     """Nothing more will commit in this process (the store's writer died, or
     the sidecar stops while the store cannot write): the turns' streams end
     now with ``err`` (UNAVAILABLE, STORE_UNAVAILABLE) instead of waiting for

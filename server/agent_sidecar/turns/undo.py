@@ -32,11 +32,14 @@ rollback and hides anything that still got through.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import errors as E
 from ..sessions import transcripts as tx
 from .lanes import Lane, Turn
+
+if TYPE_CHECKING:
+    from .manager import TurnManager
 
 REWOUND = "the user took this turn back (RewindSession)"
 REWRITTEN = "the transcript this turn answered was rewritten (RewriteTranscript)"
@@ -52,7 +55,7 @@ def _start_in_flight(t: Turn) -> bool:
     return not t.began and not t.accepted and not t.queued
 
 
-async def rewind(m, key: str, session_id: str, n: int) -> dict[str, Any]:
+async def rewind(m: TurnManager, key: str, session_id: str, n: int) -> dict[str, Any]:
     """RewindSession(session_id, n) with the lane taken into account (see the
     module docstring). Returns the RewindSessionResponse fields: ``turns_undone``
     counts dropped prompts and the cancelled turn too; ``target_text`` is the
@@ -88,7 +91,7 @@ async def rewind(m, key: str, session_id: str, n: int) -> dict[str, Any]:
     return out
 
 
-async def rewrite(m, key: str, session_id: str, messages: list) -> None:
+async def rewrite(m: TurnManager, key: str, session_id: str, messages: list) -> None:
     """RewriteTranscript(session_id, messages) with the lane taken into account:
     the running turn of this incarnation is taken back (also one whose start is
     still in flight: its user message would land in the replaced transcript);
@@ -111,7 +114,7 @@ async def rewrite(m, key: str, session_id: str, messages: list) -> None:
     await job
 
 
-def _drop(m, lane: Lane, t: Turn) -> bool:
+def _drop(m: TurnManager, lane: Lane, t: Turn) -> bool:
     """A prompt that has not started leaves its lane and ends superseded.
     Returns whether it was the lane's next turn (the lane must move on)."""
     was_next = lane.detach(t)
@@ -120,13 +123,13 @@ def _drop(m, lane: Lane, t: Turn) -> bool:
     return was_next
 
 
-def _take_back(m, turn: Turn, why: str) -> None:
+def _take_back(m: TurnManager, turn: Turn, why: str) -> None:
     """The running turn is cancelled as ROLLBACK, and refuses its further writes."""
     turn.take_back(why)
     m.cancel_turn(turn, E.CANCELLED)
 
 
-def _submit_after_lane_writes(m, fn, *args) -> asyncio.Future:
+def _submit_after_lane_writes(m: TurnManager, fn, *args) -> asyncio.Future:
     """Queue a transcript job behind every write already published (the frame
     bus's, the accepts'): the store runs jobs in the order they were written."""
     m.bus.flush_now()

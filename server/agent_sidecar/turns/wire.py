@@ -1,9 +1,17 @@
-"""The parent↔worker wire: length-prefixed orjson messages over a socketpair.
+"""The parent↔worker wire: typed messages, length-prefixed orjson over a
+socketpair (children.Channel on both ends).
 
-A message is a dict with a ``t`` (type) key; the catalogue lives in worker.py
-(worker side) and pool.py (parent side). Both ends speak it through a
-``children.Channel``; what is here serves the tests, which drive a real
-worker over its pipe with plain asyncio streams.
+Every message is a dict with a ``type`` key naming one of the TypedDicts
+below; both sides build them with the constructors here and read them with
+``match msg["type"]``, so a message's fields are declared in one place. They
+stay dicts on the wire (orjson writes and reads them without a class in
+between: a busy sidecar sends tens of thousands a second).
+
+Parent → worker: run, cancel, steer, tool_result, ack, evict, clear, stop.
+Worker → parent: hello, frame, message, tool_call, steered, done, log.
+
+Pure (no grpc): the worker imports it. ``encode``/``read_message``/
+``open_stream`` let tests drive a real worker over its pipe.
 """
 
 from __future__ import annotations
@@ -11,11 +19,183 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from typing import Any, Literal, NotRequired, TypedDict
 
 import orjson
 
 from ..children import frame
 
+
+# -- parent → worker ----------------------------------------------------------------------------
+
+class Run(TypedDict):
+    type: Literal["run"]
+    request_id: str
+    session_key: str
+    session_id: str
+    rev: int  # the incarnation revision the transcript rows are of
+    base_seq: int  # the seq of the turn's first user message
+    texts: list[str]  # the turn's user messages, oldest first
+    profile: dict[str, Any]
+    system_prompt: str
+    tools: list[dict[str, Any]]
+    timeout_s: float
+
+
+class Cancel(TypedDict):
+    type: Literal["cancel"]
+    request_id: str
+    reason: str
+
+
+class Steer(TypedDict):
+    type: Literal["steer"]
+    request_id: str  # the running turn
+    steer_id: str  # the steering prompt's request id
+    text: str
+
+
+class ToolResult(TypedDict):
+    type: Literal["tool_result"]
+    request_id: str
+    call_id: str
+    ok: bool
+    result: str
+    refused: NotRequired[str]  # a reason the call was refused before its host heard of it
+
+
+class Ack(TypedDict):
+    """``n`` messages of the session reached the store."""
+    type: Literal["ack"]
+    session_key: str
+    n: int
+
+
+class Evict(TypedDict):
+    type: Literal["evict"]
+    session_key: str
+
+
+def run(request_id: str, session_key: str, session_id: str, rev: int, base_seq: int,
+        texts: list[str], profile: dict[str, Any], system_prompt: str, tools: list[dict[str, Any]],
+        timeout_s: float) -> Run:
+    return {"type": "run", "request_id": request_id, "session_key": session_key,
+            "session_id": session_id, "rev": rev, "base_seq": base_seq, "texts": texts,
+            "profile": profile, "system_prompt": system_prompt, "tools": tools,
+            "timeout_s": timeout_s}
+
+
+def cancel(request_id: str, reason: str) -> Cancel:
+    return {"type": "cancel", "request_id": request_id, "reason": reason}
+
+
+def steer(request_id: str, steer_id: str, text: str) -> Steer:
+    return {"type": "steer", "request_id": request_id, "steer_id": steer_id, "text": text}
+
+
+def tool_result(request_id: str, call_id: str, ok: bool, result: str, refused: str = "") -> ToolResult:
+    out: ToolResult = {"type": "tool_result", "request_id": request_id, "call_id": call_id, "ok": ok,
+                       "result": result}
+    if refused:
+        out["refused"] = refused
+    return out
+
+
+def ack(session_key: str, n: int = 1) -> Ack:
+    return {"type": "ack", "session_key": session_key, "n": n}
+
+
+def evict(session_key: str) -> Evict:
+    return {"type": "evict", "session_key": session_key}
+
+
+CLEAR: dict = {"type": "clear"}
+STOP: dict = {"type": "stop"}
+
+
+# -- worker → parent ----------------------------------------------------------------------------
+
+class Hello(TypedDict):
+    type: Literal["hello"]
+    pid: int
+    index: int
+    grpc_loaded: bool
+
+
+class Frame(TypedDict):
+    """An activity frame the turn produced (text_delta, tool_call, tool_result, usage)."""
+    type: Literal["frame"]
+    request_id: str
+    kind: str
+    body: dict[str, Any]
+
+
+class Message(TypedDict):
+    """A transcript message in the model's chat shape."""
+    type: Literal["message"]
+    request_id: str
+    message: dict[str, Any]
+
+
+class ToolCall(TypedDict):
+    type: Literal["tool_call"]
+    request_id: str
+    call_id: str
+    name: str
+    arguments: str
+
+
+class Steered(TypedDict):
+    type: Literal["steered"]
+    request_id: str
+    steer_id: str
+    ok: bool
+
+
+class Done(TypedDict):
+    type: Literal["done"]
+    request_id: str
+    ok: bool
+    final_text: NotRequired[str]
+    reason: NotRequired[str]
+    message: NotRequired[str]
+
+
+def hello(pid: int, index: int, grpc_loaded: bool) -> Hello:
+    return {"type": "hello", "pid": pid, "index": index, "grpc_loaded": grpc_loaded}
+
+
+def frame_msg(request_id: str, kind: str, body: dict[str, Any]) -> Frame:
+    return {"type": "frame", "request_id": request_id, "kind": kind, "body": body}
+
+
+def message(request_id: str, msg: dict[str, Any]) -> Message:
+    return {"type": "message", "request_id": request_id, "message": msg}
+
+
+def tool_call(request_id: str, call_id: str, name: str, arguments: str) -> ToolCall:
+    return {"type": "tool_call", "request_id": request_id, "call_id": call_id, "name": name,
+            "arguments": arguments}
+
+
+def steered(request_id: str, steer_id: str, ok: bool) -> Steered:
+    return {"type": "steered", "request_id": request_id, "steer_id": steer_id, "ok": ok}
+
+
+def completed(request_id: str, final_text: str) -> Done:
+    return {"type": "done", "request_id": request_id, "ok": True, "final_text": final_text}
+
+
+def failed(request_id: str, reason: str, message_text: str) -> Done:
+    return {"type": "done", "request_id": request_id, "ok": False, "reason": reason,
+            "message": message_text}
+
+
+def log(msg: str, level: str, **fields: Any) -> dict[str, Any]:
+    return {"type": "log", "msg": msg, "level": level, **fields}
+
+
+# -- for tests: a real worker over its pipe -----------------------------------------------------
 
 def encode(msg: dict) -> bytes:
     return frame(orjson.dumps(msg))

@@ -9,9 +9,7 @@ turn per session at a time. The worker owns the agent loop and the agent cache;
 the parent owns the store writes, so every frame and message goes back over the
 pipe and the parent acknowledges messages once they are committed.
 
-Messages from the parent: ``run``, ``cancel``, ``steer``, ``tool_result``,
-``ack``, ``evict``, ``clear``, ``stop``. To the parent: ``hello``, ``frame``,
-``msg``, ``tool``, ``steered``, ``done``, ``log``.
+The messages both ways are declared in wire.py.
 """
 
 from __future__ import annotations
@@ -28,6 +26,7 @@ from .. import errors as E
 from ..children import Channel, open_channel, tune_gc
 from ..models.registry import load_backend
 from .agent import Agent, ToolRefused, TurnFailed, TurnSpec, run_turn
+from . import wire
 from .cache import AgentCache
 
 
@@ -41,17 +40,16 @@ class _TurnIO:
         self.tool_waits: dict[str, asyncio.Future] = {}
 
     def frame(self, kind: str, body: dict[str, Any]) -> None:
-        self.w.send({"t": "frame", "rid": self.rid, "k": kind, "b": body})
+        self.w.send(wire.frame_msg(self.rid, kind, body))
 
     def message(self, msg: dict[str, Any]) -> None:
         self.agent.unpersisted += 1
-        self.w.send({"t": "msg", "rid": self.rid, "m": msg})
+        self.w.send(wire.message(self.rid, msg))
 
     async def invoke_tool(self, call_id: str, name: str, arguments_json: str) -> tuple[bool, str]:
         fut = asyncio.get_running_loop().create_future()
         self.tool_waits[call_id] = fut
-        self.w.send({"t": "tool", "rid": self.rid, "call_id": call_id, "name": name,
-                     "args": arguments_json})
+        self.w.send(wire.tool_call(self.rid, call_id, name, arguments_json))
         try:
             ok, result, refused = await fut
         finally:
@@ -92,7 +90,7 @@ class Worker:
     def log(self, msg: str, level: str = "info", **fields) -> None:
         if level == "debug" and not self.debug:
             return  # per-turn chatter costs the parent's loop; only when asked for
-        self.send({"t": "log", "msg": msg, "level": level, **fields})
+        self.send(wire.log(msg, level, **fields))
 
     def transcripts(self):
         """The store's reader for this process (store/interface.py
@@ -117,7 +115,7 @@ class Worker:
         done = asyncio.get_running_loop().create_future()
 
         def on_message(msg: dict) -> None:
-            if msg["t"] == "stop":
+            if msg["type"] == "stop":
                 if not done.done():
                     done.set_result(None)
             else:
@@ -128,8 +126,8 @@ class Worker:
                 done.set_result(None)
 
         self.channel = await open_channel(self.fileno, on_message, on_lost)
-        self.send({"t": "hello", "pid": os.getpid(), "index": self.index,
-                   "grpc_loaded": any(m == "grpc" or m.startswith("grpc.") for m in sys.modules)})
+        self.send(wire.hello(os.getpid(), self.index,
+                             any(m == "grpc" or m.startswith("grpc.") for m in sys.modules)))
         tune_gc()
         sweeper = asyncio.get_running_loop().create_task(self._housekeeping())
         try:
@@ -139,35 +137,36 @@ class Worker:
             self.channel.close()
 
     def dispatch(self, msg: dict) -> None:
-        t = msg["t"]
-        if t == "run":
-            task = asyncio.get_running_loop().create_task(self._turn(msg))
-            task.add_done_callback(lambda task, rid=msg["rid"]: self._never_ran(rid, task))
-            self.turns[msg["rid"]] = (task, None)
-        elif t == "cancel":
-            entry = self.turns.get(msg["rid"])
-            if entry:
-                self.cancel_reasons[msg["rid"]] = msg.get("reason", E.CANCELLED)
-                entry[0].cancel()
-        elif t == "steer":
-            entry = self.turns.get(msg["rid"])
-            ok = bool(entry and entry[1] and entry[1].steering_open)
-            if ok:
-                entry[1].steered.append(msg["text"])
-            self.send({"t": "steered", "rid": msg["rid"], "steer_rid": msg["steer_rid"], "ok": ok})
-        elif t == "tool_result":
-            entry = self.turns.get(msg["rid"])
-            fut = entry[1].tool_waits.get(msg["call_id"]) if entry and entry[1] else None
-            if fut is not None and not fut.done():
-                fut.set_result((bool(msg["ok"]), msg["result"], msg.get("refused", "")))
-        elif t == "ack":
-            agent = self.cache.peek(msg["key"])
-            if agent is not None:
-                agent.unpersisted -= msg["n"]
-        elif t == "evict":
-            self.cache.remove(msg["key"])
-        elif t == "clear":
-            self.cache.clear()
+        match msg["type"]:
+            case "run":
+                rid = msg["request_id"]
+                task = asyncio.get_running_loop().create_task(self._turn(msg))
+                task.add_done_callback(lambda task, rid=rid: self._never_ran(rid, task))
+                self.turns[rid] = (task, None)
+            case "cancel":
+                entry = self.turns.get(msg["request_id"])
+                if entry:
+                    self.cancel_reasons[msg["request_id"]] = msg["reason"]
+                    entry[0].cancel()
+            case "steer":
+                entry = self.turns.get(msg["request_id"])
+                ok = bool(entry and entry[1] and entry[1].steering_open)
+                if ok:
+                    entry[1].steered.append(msg["text"])
+                self.send(wire.steered(msg["request_id"], msg["steer_id"], ok))
+            case "tool_result":
+                entry = self.turns.get(msg["request_id"])
+                fut = entry[1].tool_waits.get(msg["call_id"]) if entry and entry[1] else None
+                if fut is not None and not fut.done():
+                    fut.set_result((bool(msg["ok"]), msg["result"], msg.get("refused", "")))
+            case "ack":
+                agent = self.cache.peek(msg["session_key"])
+                if agent is not None:
+                    agent.unpersisted -= msg["n"]
+            case "evict":
+                self.cache.remove(msg["session_key"])
+            case "clear":
+                self.cache.clear()
 
     def _never_ran(self, rid: str, task: asyncio.Task) -> None:
         """A cancel that arrived with its run (same read) cancels the task
@@ -175,64 +174,60 @@ class Worker:
         if task.cancelled() and rid in self.turns:
             self.turns.pop(rid, None)
             reason = self.cancel_reasons.pop(rid, E.CANCELLED)
-            self.send({"t": "done", "rid": rid, "ok": False, "reason": reason,
-                       "message": "the turn was cancelled before it started"})
+            self.send(wire.failed(rid, reason, "the turn was cancelled before it started"))
 
     # -- one turn ---------------------------------------------------------------
 
-    def _agent_for(self, m: dict) -> Agent:
-        key = m["key"]
+    def _agent_for(self, m: wire.Run) -> Agent:
+        key = m["session_key"]
         agent = self.cache.get(key)
         texts = m["texts"]  # the turn's user messages: one, or a burst's (seqs base_seq on)
-        if (agent is not None and agent.session_id == m["sid"] and agent.rev == m["rev"]
+        if (agent is not None and agent.session_id == m["session_id"] and agent.rev == m["rev"]
                 and agent.next_seq == m["base_seq"] and agent.unpersisted <= 0):
             for text in texts:
                 agent.add({"role": "user", "content": text})
             return agent
         # Miss (or the store moved on): rebuild from the committed transcript,
         # which already holds this turn's user messages.
-        msgs = self.transcripts().load_for_model(m["sid"])
+        msgs = self.transcripts().load_for_model(m["session_id"])
         if len(msgs) > 1:
             self.log("agent rebuilt from store", "debug", key=key, messages=len(msgs))
-        agent = Agent(key, m["sid"], m["rev"], m["base_seq"] + len(texts), msgs,
+        agent = Agent(key, m["session_id"], m["rev"], m["base_seq"] + len(texts), msgs,
                       approx_bytes=sum(len(x.get("content") or "") + 64 for x in msgs))
         evicted = self.cache.put(agent)
         if evicted:
             self.log("agents evicted", "debug", why="lru", count=len(evicted), keys=evicted[:16])
         return agent
 
-    async def _turn(self, m: dict) -> None:
-        rid = m["rid"]
+    async def _turn(self, m: wire.Run) -> None:
+        rid = m["request_id"]
         profile = m["profile"]
-        outcome: dict[str, Any]
         agent = None
         try:
             agent = self._agent_for(m)
             io = _TurnIO(self, rid, agent)
             self.turns[rid] = (self.turns[rid][0], io)
             agent.in_turn = True
-            spec = TurnSpec(system_prompt=m["system_prompt"], tools=m.get("tools", []),
+            spec = TurnSpec(system_prompt=m["system_prompt"], tools=m["tools"],
                             scopes=profile.get("tools", []),
                             max_iterations=profile.get("max_iterations", 25), request_id=rid)
             final = await asyncio.wait_for(run_turn(agent, self.backend(profile), spec, io),
                                            m["timeout_s"])
-            outcome = {"ok": True, "final_text": final}
+            done = wire.completed(rid, final)
         except TurnFailed as e:
-            outcome = {"ok": False, "reason": e.reason, "message": e.message}
+            done = wire.failed(rid, e.reason, e.message)
         except asyncio.TimeoutError:
-            outcome = {"ok": False, "reason": E.AGENT_TIMEOUT,
-                       "message": f"the turn exceeded its timeout ({m['timeout_s']:.1f} s)"}
+            done = wire.failed(rid, E.AGENT_TIMEOUT, f"the turn exceeded its timeout ({m['timeout_s']:.1f} s)")
         except asyncio.CancelledError:
-            reason = self.cancel_reasons.pop(rid, E.CANCELLED)
-            outcome = {"ok": False, "reason": reason, "message": "the turn was cancelled"}
+            done = wire.failed(rid, self.cancel_reasons.pop(rid, E.CANCELLED), "the turn was cancelled")
         except Exception as e:  # a backend bug must fail the turn, not the worker
-            outcome = {"ok": False, "reason": E.LLM_API_FAILURE, "message": f"{type(e).__name__}: {e}"}
+            done = wire.failed(rid, E.LLM_API_FAILURE, f"{type(e).__name__}: {e}")
         finally:
             if agent is not None:
                 agent.in_turn = False
                 agent.last_used = self.cache.clock()
             self.turns.pop(rid, None)
-        self.send({"t": "done", "rid": rid, **outcome})
+        self.send(done)
 
     async def _housekeeping(self) -> None:
         while True:

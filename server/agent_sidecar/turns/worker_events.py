@@ -2,77 +2,92 @@
 rows and end; and what a worker's death means for the turns it was running.
 
 Functions over a TurnManager (like supervision.py), called on the event loop
-for each message a worker sends (see worker.py for the protocol).
+for each message a worker sends (wire.py declares the messages).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import orjson
 
 from .. import errors as E
 from ..sessions import lifecycle as life
-from . import jobs
+from . import jobs, wire
 from .lanes import Turn
 from .pool import WorkerHandle
+
+if TYPE_CHECKING:
+    from .manager import TurnManager
 
 log = logging.getLogger("agent_sidecar.turns")
 
 
-def on_message(m, h: WorkerHandle, msg: dict) -> None:
-    t = msg["t"]
-    if t == "log":
-        level = logging.DEBUG if msg.pop("level", "info") == "debug" else logging.INFO
-        log.log(level, msg.pop("msg"), extra={"worker": h.index, **{k: v for k, v in msg.items() if k != "t"}})
-        return
-    if t == "steered":
-        fut = m.steer_waits.get(msg["steer_rid"])
-        if fut is not None and not fut.done():
-            fut.set_result(msg["ok"])
-        return
-    turn = m.live.get(msg.get("rid", ""))
+def on_message(m: TurnManager, h: WorkerHandle, msg: dict) -> None:
+    match msg["type"]:
+        case "log":
+            fields = {k: v for k, v in msg.items() if k not in ("type", "msg", "level")}
+            level = logging.DEBUG if msg.get("level") == "debug" else logging.INFO
+            log.log(level, msg["msg"], extra={"worker": h.index, **fields})
+            return
+        case "steered":
+            fut = m.steer_waits.get(msg["steer_id"])
+            if fut is not None and not fut.done():
+                fut.set_result(msg["ok"])
+            return
+    turn = m.live.get(msg.get("request_id", ""))
     if turn is None or turn.closing:
         return
-    if turn.taken_back and t != "done" and _refused(h, turn, msg):
+    if turn.taken_back and msg["type"] != "done" and _refused(h, turn, msg):
         return
-    if t == "frame":
-        if turn.next_seq >= m.cfg.limits.max_frames_per_turn:  # one seq left: the terminal frame
-            if not turn.cancel_reason:
-                log.warning("turn reached max_frames_per_turn; cancelling it",
-                            extra={"request_id": turn.rid})
-                m.cancel_turn(turn, E.RESOURCE_EXHAUSTED)
-            return
-        kind, body = msg["k"], msg["b"]
-        if kind == "usage":
-            for k, v in body.items():
-                turn.usage[k] = turn.usage.get(k, 0) + v
-            m.bus.publish(turn, kind, body, write=(jobs.record_usage, (turn.key, body)))
-        else:
-            m.bus.publish(turn, kind, body)
-    elif t == "msg":
-        message = msg["m"]
-        for call in message.get("tool_calls") or ():
-            turn.open_tool_calls[call["id"]] = call["function"]["name"]
-        if message["role"] == "tool":
-            turn.open_tool_calls.pop(message.get("tool_call_id", ""), None)
-        key = turn.key
-        # The ack tells the worker this message reached the store: until then
-        # its agent may not be evicted (seed 001 §11) nor reused as is.
-        m.bus.append_message(turn.sid, message, turn.rid,
-                             then=lambda _: h.send({"t": "ack", "key": key, "n": 1}))
-    elif t == "tool":
-        m.spawn(_run_tool(m, h, turn, msg))
-    elif t == "done":
-        if turn.taken_back:  # even if it finished first: its reply was refused
-            m.end(turn, "failed", E.CANCELLED, turn.taken_back)
-        elif turn.cancel_reason == E.RESOURCE_EXHAUSTED:  # frames were dropped, even if it then finished
-            m.end(turn, "failed", E.RESOURCE_EXHAUSTED,
-                  f"the turn reached limits.max_frames_per_turn ({m.cfg.limits.max_frames_per_turn} frames)")
-        elif msg["ok"]:
-            m.end(turn, "completed", "", msg.get("final_text", ""))
-        else:
-            m.end(turn, "failed", msg["reason"], msg.get("message", ""))
+    match msg["type"]:
+        case "frame":
+            _frame(m, turn, msg)
+        case "message":
+            _message(m, h, turn, msg["message"])
+        case "tool_call":
+            m.spawn(_run_tool(m, h, turn, msg))
+        case "done":
+            _done(m, turn, msg)
+
+
+def _frame(m: TurnManager, turn: Turn, msg: wire.Frame) -> None:
+    if turn.next_seq >= m.cfg.limits.max_frames_per_turn:  # one seq left: the terminal frame
+        if not turn.cancel_reason:
+            log.warning("turn reached max_frames_per_turn; cancelling it", extra={"request_id": turn.rid})
+            m.cancel_turn(turn, E.RESOURCE_EXHAUSTED)
+        return
+    kind, body = msg["kind"], msg["body"]
+    if kind == "usage":
+        for k, v in body.items():
+            turn.usage[k] = turn.usage.get(k, 0) + v
+        m.bus.publish(turn, kind, body, write=(jobs.record_usage, (turn.key, body)))
+    else:
+        m.bus.publish(turn, kind, body)
+
+
+def _message(m: TurnManager, h: WorkerHandle, turn: Turn, message: dict) -> None:
+    for call in message.get("tool_calls") or ():
+        turn.open_tool_calls[call["id"]] = call["function"]["name"]
+    if message["role"] == "tool":
+        turn.open_tool_calls.pop(message.get("tool_call_id", ""), None)
+    ack = wire.ack(turn.key)
+    # The ack tells the worker this message reached the store: until then
+    # its agent may not be evicted (seed 001 §11) nor reused as is.
+    m.bus.append_message(turn.sid, message, turn.rid, then=lambda _: h.send(ack))
+
+
+def _done(m: TurnManager, turn: Turn, msg: wire.Done) -> None:
+    if turn.taken_back:  # even if it finished first: its reply was refused
+        m.end(turn, "failed", E.CANCELLED, turn.taken_back)
+    elif turn.cancel_reason == E.RESOURCE_EXHAUSTED:  # frames were dropped, even if it then finished
+        m.end(turn, "failed", E.RESOURCE_EXHAUSTED,
+              f"the turn reached limits.max_frames_per_turn ({m.cfg.limits.max_frames_per_turn} frames)")
+    elif msg["ok"]:
+        m.end(turn, "completed", "", msg.get("final_text", ""))
+    else:
+        m.end(turn, "failed", msg["reason"], msg.get("message", ""))
 
 
 def _refused(h: WorkerHandle, turn: Turn, msg: dict) -> bool:
@@ -82,33 +97,34 @@ def _refused(h: WorkerHandle, turn: Turn, msg: dict) -> bool:
     unpersisted; its rev moved on, so the next turn rebuilds it) and its tool
     calls are answered with an error unrun. Usage frames pass: the tokens were
     spent. Returns whether ``msg`` was refused."""
-    t = msg["t"]
-    if t == "frame" and msg["k"] == "usage":
-        return False
-    if t == "msg":
-        h.send({"t": "ack", "key": turn.key, "n": 1})
-    elif t == "tool":
-        h.send({"t": "tool_result", "rid": turn.rid, "call_id": msg["call_id"], "ok": False,
-                "result": orjson.dumps({"error": "the turn was cancelled"}).decode()})
+    match msg["type"]:
+        case "frame" if msg["kind"] == "usage":
+            return False
+        case "message":
+            h.send(wire.ack(turn.key))
+        case "tool_call":
+            h.send(wire.tool_result(turn.rid, msg["call_id"], False,
+                                    orjson.dumps({"error": "the turn was cancelled"}).decode()))
     return True
 
 
-async def _run_tool(m, h: WorkerHandle, turn: Turn, msg: dict) -> None:
+async def _run_tool(m: TurnManager, h: WorkerHandle, turn: Turn, msg: wire.ToolCall) -> None:
     """One tool call, answered to the worker. A call the registry refuses
     (the host may not serve this session's platform) is answered with
     ``refused``: the agent loop then ends the turn with that reason."""
-    reply = {"t": "tool_result", "rid": turn.rid, "call_id": msg["call_id"]}
     try:
-        reply["ok"], reply["result"] = await m.tools.invoke(msg["name"], msg["args"], {
+        ok, result = await m.tools.invoke(msg["name"], msg["arguments"], {
             "session_key": turn.key, "session_id": turn.sid, "request_id": turn.rid},
             platform=turn.platform)
+        reply = wire.tool_result(turn.rid, msg["call_id"], ok, result)
     except E.SidecarError as e:
-        reply.update(ok=False, result=orjson.dumps({"error": e.message, "reason": e.reason}).decode(),
-                     refused=e.reason)
+        reply = wire.tool_result(turn.rid, msg["call_id"], False,
+                                 orjson.dumps({"error": e.message, "reason": e.reason}).decode(),
+                                 refused=e.reason)
     h.send(reply)
 
 
-def on_exit(m, h: WorkerHandle) -> None:
+def on_exit(m: TurnManager, h: WorkerHandle) -> None:
     """The worker died: each turn it was running fails WORKER_CRASHED, its open
     tool calls are closed in the transcript, and its lane is marked for resume."""
     for turn in list(m.live.values()):
@@ -118,7 +134,7 @@ def on_exit(m, h: WorkerHandle) -> None:
             m.end(turn, "failed", E.WORKER_CRASHED, "the worker process running the turn died")
 
 
-def _close_dangling_tool_calls(m, turn: Turn, why: str) -> None:
+def _close_dangling_tool_calls(m: TurnManager, turn: Turn, why: str) -> None:
     for call_id, name in list(turn.open_tool_calls.items()):
         message = {"role": "tool", "tool_call_id": call_id, "name": name,
                    "content": orjson.dumps({"error": why}).decode()}

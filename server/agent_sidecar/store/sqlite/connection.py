@@ -103,6 +103,9 @@ class SqliteWriter:
     def is_fault(self, e: BaseException) -> bool:
         return is_fault(e)
 
+    def transient(self, e: BaseException) -> bool:
+        return False  # one writer: nothing to conflict with
+
     def close(self) -> None:
         import logging
         try:

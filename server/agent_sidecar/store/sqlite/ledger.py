@@ -74,7 +74,6 @@ class SqliteLedger:
     def close(self, request_id: str, status: str, reason: str, last_seq: int, at: float) -> None:
         self.conn.execute("UPDATE prompts SET status = ?, finished_at = ?, reason = ?, last_seq = ?"
                           " WHERE request_id = ?", (status, at, reason or None, last_seq, request_id))
-        self.conn.execute("DELETE FROM prompt_queue WHERE request_id = ?", (request_id,))
 
     def open_prompts(self) -> list[OpenPrompt]:
         cols = ", ".join("p." + c for c in rows.LEDGER_COLUMNS)

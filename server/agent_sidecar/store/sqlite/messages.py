@@ -21,7 +21,7 @@ from typing import Sequence
 
 import apsw
 
-from ...errors import SidecarError
+from ..interface import unknown_session
 from ..records import Append, Message
 from . import rows
 
@@ -33,10 +33,6 @@ TURN_ROWS = ("SELECT m.seq, m.role, m.content, m.extra, m.created_at, m.active"
              " ON m.session_id = p.session_id AND m.seq >= coalesce(p.first_seq, 0)"
              " WHERE p.request_id = ?1 AND m.request_id = ?1 ORDER BY m.seq")
 FTS_MARK = "fts_indexed_id"
-
-
-def unknown_session(session_id: str) -> SidecarError:
-    return SidecarError("SESSION_NOT_FOUND", f"no such session id: {session_id}")
 
 
 class SqliteMessages:

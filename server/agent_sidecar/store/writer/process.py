@@ -72,6 +72,9 @@ class WriterBackend(Protocol):
     def rollback_to(self) -> None: ...
     def unit_of_work(self) -> Any: ...
     def is_fault(self, e: BaseException) -> bool: ...
+    def transient(self, e: BaseException) -> bool:
+        """A conflict with another writer of the database (a deadlock, a
+        serialization failure): the whole group runs again."""
     def close(self) -> None: ...
 
 
@@ -199,6 +202,8 @@ def _run(db: WriterBackend, uow, fn: Callable, args: list[tuple]) -> list[tuple[
         db.release()
         return out
     except Exception as e:
+        if db.transient(e):
+            raise  # the whole group runs again (commit)
         _ended(_at_end[mark:], False)
         del _at_end[mark:]
         # After a full disk SQLite may have rolled the whole transaction
@@ -210,11 +215,24 @@ def _run(db: WriterBackend, uow, fn: Callable, args: list[tuple]) -> list[tuple[
     return [r for a in args for r in _run(db, uow, fn, [a])]
 
 
+TRANSIENT_RETRIES = 3
+
+
 def commit(db: WriterBackend, uow, runs: list[tuple[list[int], Callable, list[tuple]]]
            ) -> list[tuple[int, bool, Any]]:
     """Run every job (``_runs``) inside one transaction; return ``(job id, ok,
     result or exception)`` for each, after COMMIT. A store fault travels as
-    StoreUnavailable."""
+    StoreUnavailable. A transient conflict with another writer of the database
+    runs the group again (a few times, then its error is every job's)."""
+    for attempt in range(TRANSIENT_RETRIES):
+        out = _commit_once(db, uow, runs, last=attempt == TRANSIENT_RETRIES - 1)
+        if out is not None:
+            return out
+        time.sleep(0.002 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _commit_once(db: WriterBackend, uow, runs, last: bool) -> list[tuple[int, bool, Any]] | None:
     out: list[tuple[int, bool, Any]] = []
     fault: BaseException | None = None  # the first store fault a job met
     _at_end.clear()
@@ -229,15 +247,18 @@ def commit(db: WriterBackend, uow, runs: list[tuple[list[int], Callable, list[tu
         _ended(_at_end, True)
     except Exception as e:  # the commit itself failed: nobody's write is durable
         _ended(_at_end, False)
+        try:
+            db.rollback()
+        except Exception:
+            pass
+        if db.transient(e) and not last:
+            _at_end.clear()
+            return None
         e = fault or e  # "no such savepoint" after a full disk is the full disk
         if db.is_fault(e):  # the parent logs the state change; no traceback per commit
             log.warning("store commit failed: %s", e)
         else:
             log.exception("store commit failed")
-        try:
-            db.rollback()
-        except Exception:
-            pass
         out = [(jid, False, e) for jids, _, _ in runs for jid in jids]
     _at_end.clear()
     return [(jid, ok, unavailable(v) if not ok and db.is_fault(v) else v) for jid, ok, v in out]

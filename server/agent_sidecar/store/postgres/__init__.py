@@ -1,0 +1,1 @@
+"""The PostgreSQL backend: several sidecars on one database (docs/cluster.md)."""

@@ -1,0 +1,104 @@
+"""Opening PostgreSQL connections (psycopg 3), and the writer process's side
+of the backend (``PostgresWriter``).
+
+Why psycopg 3: one driver for both sides of the store — the writer process
+runs its group commits on a plain synchronous connection (the jobs are
+synchronous functions, as on SQLite), the parent reads and listens for frame
+notifications on asyncio connections from ``psycopg_pool`` — with its C
+speedups (``psycopg[binary]``). asyncpg is asyncio-only, and the writer
+process would need an event loop of its own to use it.
+
+JSON columns go through orjson both ways. Durability: a COMMIT returns once
+PostgreSQL has flushed it (``synchronous_commit`` on, its default; the writer
+sets it explicitly for its session).
+"""
+
+from __future__ import annotations
+
+import orjson
+import psycopg
+from psycopg import errors as pgerr
+from psycopg.types.json import set_json_dumps, set_json_loads
+
+from ..faults import is_store_fault
+
+# The driver's exceptions that mean "the store cannot write now" (faults.py):
+# the server gone or refusing, a full disk, resources exhausted.
+DRIVER_FAULTS = (psycopg.OperationalError, pgerr.DiskFull, pgerr.InsufficientResources,
+                 pgerr.OutOfMemory, pgerr.AdminShutdown, pgerr.CannotConnectNow,
+                 pgerr.ReadOnlySqlTransaction)
+# Transient conflicts between sidecars: the writer runs its group again.
+TRANSIENT = (pgerr.DeadlockDetected, pgerr.SerializationFailure, pgerr.LockNotAvailable)
+FRAMES_LOCK = 0x5AD3_F4A3  # pg_advisory_xact_lock key: frame inserts in commit order
+CHANNEL = "agent_sidecar_frames"  # NOTIFY channel: a commit's highest frame cursor
+
+
+def _dumps(obj) -> str:
+    return orjson.dumps(obj).decode()
+
+
+set_json_dumps(_dumps)
+set_json_loads(orjson.loads)
+
+
+def connect(dsn: str, **kw) -> psycopg.Connection:
+    return psycopg.connect(dsn, **kw)
+
+
+def is_fault(e: BaseException) -> bool:
+    return is_store_fault(e, DRIVER_FAULTS)
+
+
+class PostgresWriter:
+    """The writer process's backend: one connection; each group commit one
+    transaction with a savepoint per job (process.WriterBackend). A commit that
+    wrote frames notifies ``CHANNEL`` with its highest cursor, so every sidecar
+    of the cluster wakes its watchers (LISTEN/NOTIFY is delivered at COMMIT)."""
+
+    def __init__(self, dsn: str, node_id: str):
+        self.conn = connect(dsn, autocommit=True)
+        self.conn.execute("SET synchronous_commit = on")
+        self.node_id = node_id
+        self._uow = None
+
+    def begin(self) -> None:
+        self.conn.execute("BEGIN")
+        if self._uow is not None:
+            self._uow.begin()
+
+    def commit(self) -> None:
+        top = self._uow.frames.written if self._uow is not None else 0
+        if top:
+            self.conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, str(top)))
+        self.conn.execute("COMMIT")
+
+    def rollback(self) -> None:
+        self.conn.execute("ROLLBACK")
+
+    def savepoint(self) -> None:
+        self.conn.execute("SAVEPOINT job")
+
+    def release(self) -> None:
+        self.conn.execute("RELEASE SAVEPOINT job")
+
+    def rollback_to(self) -> None:
+        self.conn.execute("ROLLBACK TO SAVEPOINT job")
+
+    def unit_of_work(self):
+        from .uow import PostgresUnitOfWork
+        self._uow = PostgresUnitOfWork(self.conn, self.node_id)
+        return self._uow
+
+    def is_fault(self, e: BaseException) -> bool:
+        return is_fault(e)
+
+    def transient(self, e: BaseException) -> bool:
+        return isinstance(e, TRANSIENT)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def open_backend(dsn: str, node_id: str) -> PostgresWriter:
+    """The writer process's entry (process.writer_main's ``backend``)."""
+    return PostgresWriter(dsn, node_id)

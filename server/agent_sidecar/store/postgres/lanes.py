@@ -1,0 +1,167 @@
+"""PostgreSQL repositories of the lanes: routing rows, incarnations,
+stuck-loop counters, turn state (interface.RoutingRepo and friends).
+
+Isolation against the other sidecars of the cluster comes from row locks:
+``routing.get`` reads the row ``FOR UPDATE``, so a job's read-then-write of a
+lane (get-or-create, reset, the flags of a turn's end) is atomic against every
+other writer; a racing insert of the same key meets ON CONFLICT.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from ..records import Incarnation, LaneHead, RoutingPatch, SessionEntry, UsageDelta
+from . import rows
+
+_INSERT_ROUTING = ("INSERT INTO routing (" + ", ".join(rows.ROUTING_FIELDS) + ") VALUES ("
+                   + ", ".join("%s" for _ in rows.ROUTING_FIELDS) + ") ON CONFLICT DO NOTHING")
+
+
+class PostgresRouting:
+    def __init__(self, conn: psycopg.Connection):
+        self.conn = conn
+        self._patches: dict[tuple, str] = {}
+
+    def get(self, key: str) -> SessionEntry | None:
+        row = self.conn.execute(rows.ENTRY_SELECT + " WHERE r.session_key = %s FOR UPDATE OF r",
+                                (key,)).fetchone()
+        return rows.entry(row) if row else None
+
+    def head(self, key: str) -> LaneHead | None:
+        row = self.conn.execute("SELECT session_id, suspended, resume_pending, created_at, origin"
+                                " FROM routing WHERE session_key = %s FOR UPDATE", (key,)).fetchone()
+        return LaneHead(*row) if row else None
+
+    def insert(self, entry: SessionEntry) -> bool:
+        cur = self.conn.execute(_INSERT_ROUTING, tuple(rows.column_value(f, getattr(entry, f))
+                                                       for f in rows.ROUTING_FIELDS))
+        return cur.rowcount == 1
+
+    def patch(self, key: str, patch: RoutingPatch, *, session_id: str | None = None,
+              if_current: RoutingPatch | None = None) -> bool:
+        plain = patch.changes()
+        guarded = if_current.changes() if if_current is not None else {}
+        shape = (tuple(plain), tuple(guarded))
+        sql = self._patches.get(shape)
+        if sql is None:
+            sets = [f"{c} = %s" for c in plain]
+            sets += [f"{c} = CASE WHEN session_id = %s THEN %s ELSE {c} END" for c in guarded]
+            sql = self._patches[shape] = f"UPDATE routing SET {', '.join(sets)} WHERE session_key = %s"
+        params: list[Any] = [rows.column_value(c, v) for c, v in plain.items()]
+        for c, v in guarded.items():
+            params += [session_id, rows.column_value(c, v)]
+        params.append(key)
+        return self.conn.execute(sql, params).rowcount == 1
+
+    def add_usage(self, key: str, d: UsageDelta, updated_at: float | None) -> bool:
+        total = d.input_tokens + d.output_tokens + d.cache_read_tokens + d.cache_write_tokens
+        return self.conn.execute(
+            "UPDATE routing SET input_tokens = input_tokens + %s, output_tokens = output_tokens + %s,"
+            " cache_read_tokens = cache_read_tokens + %s, cache_write_tokens = cache_write_tokens + %s,"
+            " total_tokens = total_tokens + %s, estimated_cost_usd = estimated_cost_usd + %s,"
+            " last_prompt_tokens = CASE WHEN %s > 0 THEN %s ELSE last_prompt_tokens END,"
+            " cost_status = CASE WHEN %s != '' THEN %s ELSE cost_status END,"
+            " updated_at = coalesce(%s, updated_at) WHERE session_key = %s",
+            (d.input_tokens, d.output_tokens, d.cache_read_tokens, d.cache_write_tokens, total,
+             d.cost_usd, d.last_prompt_tokens, d.last_prompt_tokens, d.cost_status, d.cost_status,
+             updated_at, key)).rowcount == 1
+
+    def keys_active_since(self, since: float) -> list[str]:
+        return [r[0] for r in self.conn.execute(
+            "SELECT session_key FROM routing WHERE updated_at >= %s AND NOT suspended"
+            " AND NOT resume_pending", (since,))]
+
+    def resume_candidates(self, since: float) -> list[SessionEntry]:
+        return [rows.entry(r) for r in self.conn.execute(
+            rows.ENTRY_SELECT + " WHERE r.resume_pending AND r.updated_at >= %s AND NOT r.suspended",
+            (since,))]
+
+    def idle_before(self, cutoff: float) -> list[str]:
+        return [r[0] for r in self.conn.execute(
+            "SELECT session_key FROM routing WHERE updated_at < %s AND NOT suspended AND NOT running",
+            (cutoff,))]
+
+    def clear_running(self, keys: Iterable[str] | None = None) -> None:
+        if keys is None:
+            self.conn.execute("UPDATE routing SET running = false WHERE running")
+        else:
+            self.conn.execute("UPDATE routing SET running = false WHERE running AND session_key = ANY(%s)",
+                              (list(keys),))
+
+    def delete(self, key: str) -> bool:
+        return self.conn.execute("DELETE FROM routing WHERE session_key = %s", (key,)).rowcount == 1
+
+    def count(self) -> int:
+        return self.conn.execute("SELECT count(*) FROM routing").fetchone()[0]
+
+
+_INCARNATION = ("SELECT session_id, session_key, created_at, ended_at, end_reason, turn_count, next_seq,"
+                " rev FROM incarnations WHERE session_id = %s")
+
+
+class PostgresIncarnations:
+    def __init__(self, conn: psycopg.Connection):
+        self.conn = conn
+
+    def insert(self, session_id: str, key: str, created_at: float) -> None:
+        self.conn.execute("INSERT INTO incarnations (session_id, session_key, created_at)"
+                          " VALUES (%s, %s, %s)", (session_id, key, created_at))
+
+    def get(self, session_id: str) -> Incarnation | None:
+        row = self.conn.execute(_INCARNATION, (session_id,)).fetchone()
+        return Incarnation(*row) if row else None
+
+    def end(self, session_id: str, reason: str, at: float) -> Incarnation | None:
+        row = self.conn.execute(
+            "UPDATE incarnations SET ended_at = coalesce(ended_at, %s),"
+            " end_reason = coalesce(end_reason, %s) WHERE session_id = %s"
+            " RETURNING session_id, session_key, created_at, ended_at, end_reason, turn_count,"
+            " next_seq, rev", (at, reason, session_id)).fetchone()
+        return Incarnation(*row) if row else None
+
+    def reopen(self, session_id: str) -> None:
+        self.conn.execute("UPDATE incarnations SET ended_at = NULL, end_reason = NULL"
+                          " WHERE session_id = %s", (session_id,))
+
+    def add_turn(self, session_id: str) -> None:
+        self.conn.execute("UPDATE incarnations SET turn_count = turn_count + 1 WHERE session_id = %s",
+                          (session_id,))
+
+    def bump_rev(self, session_id: str) -> None:
+        self.conn.execute("UPDATE incarnations SET rev = rev + 1 WHERE session_id = %s", (session_id,))
+
+    def of_key(self, key: str) -> list[str]:
+        return [r[0] for r in self.conn.execute(
+            "SELECT session_id FROM incarnations WHERE session_key = %s", (key,))]
+
+
+class PostgresRestarts:
+    def __init__(self, conn: psycopg.Connection):
+        self.conn = conn
+
+    def keep_only(self, keys: Iterable[str]) -> None:
+        self.conn.execute("DELETE FROM restart_counts WHERE NOT (session_key = ANY(%s))", (list(keys),))
+
+    def increment(self, key: str, at: float) -> int:
+        return self.conn.execute(
+            "INSERT INTO restart_counts AS r (session_key, count, updated_at) VALUES (%s, 1, %s)"
+            " ON CONFLICT (session_key) DO UPDATE SET count = r.count + 1, updated_at = excluded.updated_at"
+            " RETURNING count", (key, at)).fetchone()[0]
+
+    def reset(self, key: str) -> None:
+        self.conn.execute("DELETE FROM restart_counts WHERE session_key = %s", (key,))
+
+
+class PostgresTurnState:
+    def __init__(self, conn: psycopg.Connection):
+        self.conn = conn
+
+    def put(self, session_id: str, request_id: str, at: float, state: dict[str, Any]) -> None:
+        self.conn.execute("INSERT INTO turn_state (session_id, request_id, updated_at, state)"
+                          " VALUES (%s, %s, %s, %s) ON CONFLICT (session_id) DO UPDATE SET"
+                          " request_id = excluded.request_id, updated_at = excluded.updated_at,"
+                          " state = excluded.state", (session_id, request_id, at, Jsonb(state)))

@@ -1,0 +1,152 @@
+"""PostgreSQL repositories of the prompt ledger, the queue mirror and the
+activity frames (interface.LedgerRepo, QueueRepo, FrameRepo).
+
+Frame cursors grow with commit order across the cluster: the first frame
+insert of a transaction takes a transaction-scoped advisory lock (every
+sidecar's frame inserts queue on it until the holder commits), and ids are
+handed out under it, so a transaction that commits later never shows a lower
+cursor than one already visible. A watcher reading ``id > cursor`` in order
+can therefore never skip a frame that commits later.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from ..records import LedgerEntry, NewFrame, OpenPrompt, QueueSlot
+from . import rows
+from .connection import FRAMES_LOCK
+
+_INSERT_LEDGER = ("INSERT INTO prompts (request_id, session_key, session_id, platform, status, delivery,"
+                  " text, payload, created_at, started_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                  " ON CONFLICT DO NOTHING")
+# One request's frames, found through its ledger row (as on SQLite).
+REQUEST_FRAMES = ("FROM frames WHERE session_key = (SELECT session_key FROM prompts WHERE request_id = %(rid)s)"
+                  " AND id >= (SELECT coalesce(first_frame, 0) FROM prompts WHERE request_id = %(rid)s)"
+                  " AND request_id = %(rid)s")
+_INSERT_FRAMES = (
+    "INSERT INTO frames (id, request_id, seq, session_key, session_id, platform, at, kind, body)"
+    " SELECT %(first)s + u.n - 1, u.rid, u.seq, u.key, u.sid, u.platform, u.at, u.kind, u.body::jsonb"
+    " FROM unnest(%(rid)s::text[], %(seq)s::bigint[], %(key)s::text[], %(sid)s::text[],"
+    " %(platform)s::text[], %(at)s::float8[], %(kind)s::text[], %(body)s::text[])"
+    " WITH ORDINALITY AS u(rid, seq, key, sid, platform, at, kind, body, n)")
+
+
+class PostgresLedger:
+    def __init__(self, conn: psycopg.Connection):
+        self.conn = conn
+
+    def get(self, request_id: str) -> LedgerEntry | None:
+        row = self.conn.execute(rows.LEDGER_SELECT + " WHERE request_id = %s", (request_id,)).fetchone()
+        return rows.ledger(row) if row else None
+
+    def insert(self, e: LedgerEntry) -> bool:
+        return self.conn.execute(_INSERT_LEDGER, (
+            e.request_id, e.session_key, e.session_id, e.platform, e.status, e.delivery, e.text,
+            Jsonb(e.payload), e.created_at, e.started_at)).rowcount == 1
+
+    def forget(self, request_id: str) -> None:
+        self.conn.execute(f"DELETE {REQUEST_FRAMES}", {"rid": request_id})
+        self.conn.execute("DELETE FROM prompts WHERE request_id = %s", (request_id,))
+
+    def mark_started(self, request_id: str, session_id: str, at: float, first_seq: int,
+                     from_queue: bool) -> None:
+        if from_queue:
+            self.conn.execute("UPDATE prompts SET status = 'running', started_at = %s, session_id = %s,"
+                              " first_seq = %s WHERE request_id = %s", (at, session_id, first_seq, request_id))
+            self.conn.execute("DELETE FROM prompt_queue WHERE request_id = %s", (request_id,))
+        else:
+            self.conn.execute("UPDATE prompts SET started_at = %s, session_id = %s, first_seq = %s"
+                              " WHERE request_id = %s", (at, session_id, first_seq, request_id))
+
+    def set_first_frame(self, request_id: str, cursor: int, first_seq: int | None) -> None:
+        self.conn.execute("UPDATE prompts SET first_frame = %s, first_seq = %s WHERE request_id = %s",
+                          (cursor, first_seq, request_id))
+
+    def close(self, request_id: str, status: str, reason: str, last_seq: int, at: float) -> None:
+        self.conn.execute("UPDATE prompts SET status = %s, finished_at = %s, reason = %s, last_seq = %s"
+                          " WHERE request_id = %s", (status, at, reason or None, last_seq, request_id))
+
+    def open_prompts(self, keys: list[str] | None = None) -> list[OpenPrompt]:
+        cols = ", ".join("p." + c for c in rows.LEDGER_COLUMNS)
+        sql = (f"SELECT {cols}, q.slot, q.position FROM prompts p"
+               " LEFT JOIN prompt_queue q ON q.request_id = p.request_id"
+               " WHERE p.status IN ('queued', 'running')")
+        params: tuple = ()
+        if keys is not None:
+            sql += " AND p.session_key = ANY(%s)"
+            params = (keys,)
+        n = len(rows.LEDGER_COLUMNS)
+        found = self.conn.execute(sql + " ORDER BY p.session_key, p.created_at", params).fetchall()
+        return [OpenPrompt(rows.ledger(r[:n]), r[n], r[n + 1]) for r in found]
+
+    def ids_with_prefix(self, prefix: str) -> list[str]:
+        return [r[0] for r in self.conn.execute(
+            "SELECT request_id FROM prompts WHERE request_id >= %s AND request_id < %s",
+            (prefix, prefix + "\uffff"))]
+
+    def recent(self, since: float, limit: int) -> list[tuple[str, float, str]]:
+        return [tuple(r) for r in self.conn.execute(
+            "SELECT request_id, created_at, session_key FROM prompts WHERE created_at >= %s"
+            " ORDER BY created_at DESC LIMIT %s", (since, limit))]
+
+    def delete_closed_before(self, cutoff: float, limit: int) -> int:
+        return self.conn.execute(
+            "DELETE FROM prompts WHERE request_id IN (SELECT request_id FROM prompts"
+            " WHERE created_at < %s AND status NOT IN ('queued', 'running') LIMIT %s)",
+            (cutoff, limit)).rowcount
+
+    def delete_key(self, key: str) -> None:
+        self.conn.execute("DELETE FROM prompt_queue WHERE session_key = %s", (key,))
+        self.conn.execute("DELETE FROM prompts WHERE session_key = %s", (key,))
+
+
+class PostgresQueue:
+    def __init__(self, conn: psycopg.Connection):
+        self.conn = conn
+
+    def insert(self, s: QueueSlot) -> None:
+        self.conn.execute("INSERT INTO prompt_queue (request_id, session_key, slot, position, enqueued_at)"
+                          " VALUES (%s, %s, %s, %s, %s)",
+                          (s.request_id, s.session_key, s.slot, s.position, s.enqueued_at))
+
+    def remove(self, request_id: str) -> None:
+        self.conn.execute("DELETE FROM prompt_queue WHERE request_id = %s", (request_id,))
+
+
+class PostgresFrames:
+    def __init__(self, conn: psycopg.Connection):
+        self.conn = conn
+        self.written = 0  # the highest cursor this transaction inserted (0: none)
+
+    def begin(self) -> None:
+        self.written = 0
+
+    def insert(self, new: Sequence[NewFrame]) -> int:
+        if not self.written:  # the first frame of this transaction: in commit order
+            self.conn.execute("SELECT pg_advisory_xact_lock(%s)", (FRAMES_LOCK,))
+        n = len(new)
+        first = self.conn.execute("SELECT setval('frames_id_seq', nextval('frames_id_seq') + %s - 1) - %s + 1",
+                                  (n, n)).fetchone()[0]
+        cols = list(zip(*new))
+        self.conn.execute(_INSERT_FRAMES, {
+            "first": first, "rid": list(cols[0]), "seq": list(cols[1]), "key": list(cols[2]),
+            "sid": list(cols[3]), "platform": list(cols[4]), "at": list(cols[5]),
+            "kind": list(cols[6]), "body": [b.decode() if b else None for b in cols[7]]})
+        self.written = first + n - 1
+        return first
+
+    def last_seq(self, request_id: str) -> int:
+        return self.conn.execute(f"SELECT max(seq) {REQUEST_FRAMES}", {"rid": request_id}).fetchone()[0] or 0
+
+    def delete_before(self, at: float, limit: int) -> int:
+        return self.conn.execute(
+            "DELETE FROM frames WHERE id IN (SELECT id FROM frames WHERE id < coalesce("
+            "(SELECT min(id) FROM frames WHERE at >= %s), (SELECT max(id) + 1 FROM frames))"
+            " ORDER BY id LIMIT %s)", (at, limit)).rowcount
+
+    def delete_key(self, key: str) -> None:
+        self.conn.execute("DELETE FROM frames WHERE session_key = %s", (key,))

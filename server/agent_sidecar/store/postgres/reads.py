@@ -1,0 +1,120 @@
+"""The PostgreSQL backend's read queries, one coroutine per ``Store`` read,
+each on a pooled asyncio connection in one statement (one snapshot). Every one
+goes through an index, as on SQLite; search is ``websearch_to_tsquery`` over
+the GIN-indexed tsvector column, snippets by ``ts_headline``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry
+from . import rows
+from .ledger import REQUEST_FRAMES
+
+
+async def _all(conn, sql: str, params: Any = ()) -> list[tuple]:
+    cur = await conn.execute(sql, params)
+    return await cur.fetchall()
+
+
+async def _one(conn, sql: str, params: Any = ()) -> tuple | None:
+    cur = await conn.execute(sql, params)
+    return await cur.fetchone()
+
+
+async def entry(conn, key: str) -> SessionEntry | None:
+    row = await _one(conn, rows.ENTRY_SELECT + " WHERE r.session_key = %s", (key,))
+    return rows.entry(row) if row else None
+
+
+async def session_key_of(conn, session_id: str) -> str | None:
+    row = await _one(conn, "SELECT session_key FROM incarnations WHERE session_id = %s", (session_id,))
+    return row[0] if row else None
+
+
+async def list_entries(conn, platform: str, active_since: float | None,
+                       after: tuple[float, str] | None, limit: int) -> list[SessionEntry]:
+    sql, params = rows.ENTRY_SELECT + " WHERE true", []
+    if platform:
+        sql += " AND r.platform = %s"
+        params.append(platform)
+    if active_since is not None:
+        sql += " AND r.updated_at >= %s"
+        params.append(active_since)
+    if after is not None:
+        sql += " AND (r.updated_at < %s OR (r.updated_at = %s AND r.session_key > %s))"
+        params += [after[0], after[0], after[1]]
+    sql += " ORDER BY r.updated_at DESC, r.session_key LIMIT %s"
+    params.append(limit)
+    return [rows.entry(r) for r in await _all(conn, sql, params)]
+
+
+async def transcript(conn, session_id: str, include_rewound: bool, after_seq: int,
+                     limit: int | None) -> list[Message]:
+    sql = rows.MESSAGE_SELECT + " WHERE session_id = %s AND seq > %s"
+    if not include_rewound:
+        sql += " AND active"
+    sql += " ORDER BY seq"
+    params: list[Any] = [session_id, after_seq]
+    if limit is not None:
+        sql += " LIMIT %s"
+        params.append(limit)
+    return [rows.message(r) for r in await _all(conn, sql, params)]
+
+
+_SEARCH = ("SELECT i.session_key, m.session_id, m.seq, m.role,"
+           " ts_headline('simple', m.content, q, 'StartSel=[, StopSel=], MaxWords=12, MinWords=3,"
+           " FragmentDelimiter=…, MaxFragments=1'), m.created_at"
+           " FROM messages m JOIN incarnations i ON i.session_id = m.session_id,"
+           " websearch_to_tsquery('simple', %(q)s) q"
+           " WHERE m.content_tsv @@ q AND m.active")
+
+
+async def search(conn, query: str, session_key: str, limit: int) -> list[SearchHit]:
+    """``websearch_to_tsquery`` accepts any text (quotes, or, -word), so every
+    query is searched; one with no words finds nothing. NUL is a space."""
+    sql, params = _SEARCH, {"q": query.replace("\x00", " "), "limit": limit}
+    if session_key:
+        sql += " AND i.session_key = %(key)s"
+        params["key"] = session_key
+    sql += " ORDER BY ts_rank(m.content_tsv, q) DESC, m.id LIMIT %(limit)s"
+    return [SearchHit(*r) for r in await _all(conn, sql, params)]
+
+
+async def ledger(conn, request_id: str) -> LedgerEntry | None:
+    row = await _one(conn, rows.LEDGER_SELECT + " WHERE request_id = %s", (request_id,))
+    return rows.ledger(row) if row else None
+
+
+async def recent_requests(conn, since: float, limit: int) -> list[tuple[str, float, str]]:
+    return [tuple(r) for r in await _all(
+        conn, "SELECT request_id, created_at, session_key FROM prompts WHERE created_at >= %s"
+        " ORDER BY created_at DESC LIMIT %s", (since, limit))]
+
+
+async def request_frames(conn, request_id: str, after_seq: int) -> list[FrameRecord]:
+    return [rows.frame(r) for r in await _all(
+        conn, f"SELECT {rows.FRAME_COLS} {REQUEST_FRAMES} AND seq > %(after)s ORDER BY seq",
+        {"rid": request_id, "after": after_seq})]
+
+
+async def frames_after(conn, cursor: int, session_key: str, platform: str,
+                       limit: int) -> list[FrameRecord]:
+    if session_key:
+        where, name = "session_key = %s", session_key
+    elif platform:
+        where, name = "platform = %s", platform
+    else:  # every frame: the cluster's tail (frames.py)
+        return [rows.frame(r) for r in await _all(
+            conn, f"SELECT {rows.FRAME_COLS} FROM frames WHERE id > %s ORDER BY id LIMIT %s",
+            (cursor, limit))]
+    return [rows.frame(r) for r in await _all(
+        conn, f"SELECT {rows.FRAME_COLS} FROM frames WHERE {where} AND id > %s ORDER BY id LIMIT %s",
+        (name, cursor, limit))]
+
+
+def load_for_model(conn, session_id: str) -> list[dict[str, Any]]:
+    """Synchronous, for a worker's own connection (reader.py)."""
+    return [rows.model_message(role, content, extra) for role, content, extra in conn.execute(
+        "SELECT role, content, extra FROM messages WHERE session_id = %s AND active ORDER BY seq",
+        (session_id,))]

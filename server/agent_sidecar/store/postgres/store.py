@@ -1,0 +1,144 @@
+"""``PostgresStore``: the store on a PostgreSQL database several sidecars share
+(interface.Store).
+
+Writes go through this sidecar's writer process (store/writer/: group commit,
+one transaction per group, a savepoint per job) on its own connection; reads
+through a pool of asyncio connections (psycopg_pool), each read one statement.
+Every sidecar of a cluster runs the same migrations at start (serialised by an
+advisory lock: once). ``follow_frames`` yields the highest frame cursor of each
+commit any sidecar made (LISTEN/NOTIFY), for watchers of frames run elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator, Callable
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from ..faults import StoreUnavailable, unavailable
+from ..interface import StoreOpenError
+from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry
+from ..writer.client import GroupCommitWriter, StoreClosed
+from ..jobs import nothing
+from . import reads
+from .connection import CHANNEL, connect, is_fault
+from .schema import migrate
+
+log = logging.getLogger("agent_sidecar.store")
+
+
+class PostgresStore:
+    """``await start()`` before writing; ``await close()`` at the end."""
+
+    def __init__(self, dsn: str, *, node_id: str = "", pool_size: int = 4,
+                 preload: tuple[str, ...] = (), log_format: str = "json", log_level: str = "info",
+                 on_lost: Callable[[], None] | None = None):
+        self.dsn, self.node_id = dsn, node_id
+        try:
+            with connect(dsn, autocommit=True) as conn:
+                self.migrated = migrate(conn)
+        except psycopg.OperationalError as e:
+            raise StoreOpenError(f"cannot reach the PostgreSQL store: {e}") from None
+        except psycopg.Error as e:
+            raise StoreOpenError(f"cannot open the PostgreSQL store: {e}") from None
+        self.writer = GroupCommitWriter(
+            ("agent_sidecar.store.postgres.connection:open_backend", (dsn, node_id)),
+            preload, log_format, log_level, on_lost)
+        self._pool = AsyncConnectionPool(dsn, min_size=1, max_size=max(1, pool_size), open=False,
+                                         kwargs={"autocommit": True}, name="agent-sidecar-reads")
+
+    async def start(self) -> None:
+        await asyncio.gather(self.writer.start(), self._pool.open(wait=True, timeout=30))
+
+    # -- writes (as every backend: store/writer/) -------------------------------------------
+
+    def write(self, job: Callable[..., Any], *args: Any, retry: bool = False) -> asyncio.Future:
+        return self.writer.write(job, *args, retry=retry)
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    async def barrier(self) -> None:
+        await self.writer.write(nothing)
+
+    @property
+    def fault(self) -> StoreUnavailable | None:
+        return self.writer.faults.fault
+
+    @property
+    def writable(self) -> bool:
+        return self.fault is None and not self.writer.closed
+
+    def check_writable(self) -> None:
+        if self.writer.closed:
+            raise StoreClosed("the store is closed")
+        self.writer.faults.refuse()
+
+    def watch_faults(self, listener: Callable[[StoreUnavailable | None], None]) -> None:
+        self.writer.faults.listen(listener)
+
+    def add_retrier(self, retrier: Callable[[], None]) -> None:
+        self.writer.faults.add_retrier(retrier)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def _read(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            async with self._pool.connection() as conn:
+                return await fn(conn, *args)
+        except Exception as e:
+            if is_fault(e) or isinstance(e, TimeoutError):
+                raise unavailable(e) from None
+            raise
+
+    async def entry(self, key: str) -> SessionEntry | None:
+        return await self._read(reads.entry, key)
+
+    async def session_key_of(self, session_id: str) -> str | None:
+        return await self._read(reads.session_key_of, session_id)
+
+    async def list_entries(self, *, platform: str = "", active_since: float | None = None,
+                           after: tuple[float, str] | None = None, limit: int = 100) -> list[SessionEntry]:
+        return await self._read(reads.list_entries, platform, active_since, after, limit)
+
+    async def transcript(self, session_id: str, *, include_rewound: bool = False, after_seq: int = 0,
+                         limit: int | None = None) -> list[Message]:
+        return await self._read(reads.transcript, session_id, include_rewound, after_seq, limit)
+
+    async def search(self, query: str, *, session_key: str = "", limit: int = 20) -> list[SearchHit]:
+        return await self._read(reads.search, query, session_key, limit)
+
+    async def ledger(self, request_id: str) -> LedgerEntry | None:
+        return await self._read(reads.ledger, request_id)
+
+    async def recent_requests(self, since: float, limit: int) -> list[tuple[str, float, str]]:
+        return await self._read(reads.recent_requests, since, limit)
+
+    async def request_frames(self, request_id: str, after_seq: int = 0) -> list[FrameRecord]:
+        return await self._read(reads.request_frames, request_id, after_seq)
+
+    async def frames_after(self, cursor: int, *, session_key: str = "", platform: str = "",
+                           limit: int = 1000) -> list[FrameRecord]:
+        return await self._read(reads.frames_after, cursor, session_key, platform, limit)
+
+    def reader_spec(self) -> tuple:
+        return ("agent_sidecar.store.postgres.reader:open_reader", (self.dsn,))
+
+    async def follow_frames(self) -> AsyncIterator[int]:
+        """The highest cursor of every commit with frames, any sidecar's, as
+        they come (a dedicated connection LISTENing on the frames channel).
+        Ends when the connection is lost; the caller catches up by cursor."""
+        conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+        try:
+            await conn.execute(f"LISTEN {CHANNEL}")
+            async for note in conn.notifies():
+                yield int(note.payload)
+        finally:
+            await conn.close()
+
+    async def close(self) -> None:
+        await self._pool.close()
+        await self.writer.close()

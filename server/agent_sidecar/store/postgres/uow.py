@@ -1,0 +1,63 @@
+"""The PostgreSQL unit of work: every repository of interface.UnitOfWork over
+the writer process's connection, inside its transaction (connection.py)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import psycopg
+
+from .connection import is_fault
+from .lanes import PostgresIncarnations, PostgresRestarts, PostgresRouting, PostgresTurnState
+from .ledger import PostgresFrames, PostgresLedger, PostgresQueue
+from .messages import PostgresMessages
+
+_LANE_TABLES = ("routing", "incarnations", "messages", "turn_state", "frames", "prompts",
+                "prompt_queue", "restart_counts", "leases")
+
+
+class PostgresUnitOfWork:
+    def __init__(self, conn: psycopg.Connection, node_id: str = ""):
+        self.conn, self.node_id = conn, node_id
+        self.routing = PostgresRouting(conn)
+        self.incarnations = PostgresIncarnations(conn)
+        self.messages = PostgresMessages(conn)
+        self.ledger = PostgresLedger(conn)
+        self.queue = PostgresQueue(conn)
+        self.frames = PostgresFrames(conn)
+        self.restarts = PostgresRestarts(conn)
+        self.turn_state = PostgresTurnState(conn)
+
+    def begin(self) -> None:
+        """A new transaction of the writer process."""
+        self.frames.begin()
+
+    @contextlib.contextmanager
+    def savepoint(self):
+        with self.conn.transaction():
+            yield
+
+    def is_fault(self, e: BaseException) -> bool:
+        return is_fault(e)
+
+    def delete_lane(self, key: str) -> None:
+        sids = self.incarnations.of_key(key)
+        self.messages.delete_sessions(sids)
+        self.conn.execute("DELETE FROM turn_state WHERE session_id = ANY(%s)", (sids,))
+        self.conn.execute("DELETE FROM incarnations WHERE session_key = %s", (key,))
+        self.frames.delete_key(key)
+        self.ledger.delete_key(key)
+        self.restarts.reset(key)
+        self.routing.delete(key)
+
+    def clear_all(self) -> int:
+        n = self.routing.count()
+        self.conn.execute("TRUNCATE " + ", ".join(t for t in _LANE_TABLES if t != "leases"))
+        return n
+
+    def index_messages(self, limit: int | None = None) -> int:
+        return 0
+
+    def probe(self) -> None:
+        self.conn.execute("INSERT INTO meta (key, value) VALUES ('store_probe', to_jsonb(extract(epoch"
+                          " FROM now()))) ON CONFLICT (key) DO UPDATE SET value = excluded.value")
