@@ -3,6 +3,8 @@ from pathlib import Path
 
 import pytest
 
+# Every test folder imports the one shared helper set (tests/helpers/) and the
+# sidecar process class (tests/sidecar_proc.py) from here.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sidecar_proc import Sidecar  # noqa: E402
@@ -27,6 +29,7 @@ def shared_sidecar(tmp_path_factory):
 @pytest.fixture(scope="module")
 def host(sc):
     """Tool host "test" (``test.add``) on the module's own ``sc`` sidecar."""
-    from helpers_turns import ToolHost
-    with ToolHost(sc, "test", {"test.add": lambda a: a["a"] + a["b"]}) as h:
+    from helpers.tools import AB_SCHEMA, ToolHost, answers
+    with ToolHost(sc.tools(), "test", [("test.add", "test.add", AB_SCHEMA)],
+                  answers({"test.add": lambda a: a["a"] + a["b"]})) as h:
         yield h

@@ -1,0 +1,198 @@
+"""Load limits through a real sidecar (issue 14, items 4 and 5): a stream whose
+client stops reading is ended with STREAM_TOO_SLOW once its buffer bound is
+passed, without holding up anyone else, and resumes from the store with no
+gap; admission control refuses prompts past the sidecar-wide caps on prompts
+and bytes in flight, and a session's queue past its default cap, with
+RESOURCE_EXHAUSTED + ErrorInfo + RetryInfo, writing nothing.
+
+A "stalled" client is a real gRPC channel with a small HTTP/2 window (no BDP
+probing, 1 KB lookahead) whose call is simply not read: flow control fills
+and the sidecar's write of the next frame waits, as with a hung adapter."""
+
+from __future__ import annotations
+
+import re
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from agent_sidecar.v1 import common_pb2 as c
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
+from agent_sidecar.v1 import session_service_pb2 as spb
+from helpers.config import slow_echo
+from helpers.ids import uniq, words
+from helpers.streams import collect, D, PromptRun, start, watch
+from helpers.waiting import wait_until
+from sidecar_proc import Sidecar
+
+BUFFER_FRAMES = 50
+MAX_PROMPTS = 3
+MAX_BYTES = 5000
+CONFIG = (f"[sidecar.limits]\nstream_buffer_frames = {BUFFER_FRAMES}\n"
+          f"max_prompts_in_flight = {MAX_PROMPTS}\nmax_prompt_bytes_in_flight = {MAX_BYTES}\n\n"
+          + slow_echo("main", latency_ms=0) + slow_echo("trickle", latency_ms=8)
+          + slow_echo("slow", latency_ms=100))
+SMALL_WINDOW = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]
+
+
+@pytest.fixture(scope="module")
+def sc(tmp_path_factory):
+    s = Sidecar(tmp_path_factory.mktemp("limits") / "data", config=CONFIG, workers=2).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def stalled(sc):
+    """A PromptService stub on a channel whose calls we leave unread."""
+    ch = grpc.insecure_channel(sc.target, options=SMALL_WINDOW)
+    from agent_sidecar.v1 import prompt_service_pb2_grpc
+    yield prompt_service_pb2_grpc.PromptServiceStub(ch)
+    ch.close()
+
+
+def retry_info(err: grpc.RpcError):
+    st = rpc_status.from_call(err)
+    for d in st.details if st else ():
+        if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            info = error_details_pb2.RetryInfo()
+            d.Unpack(info)
+            return info
+    return None
+
+
+def resume_point(details: str, name: str) -> int:
+    m = re.search(rf"WatchActivity\(.*{name}=(\d+)\)", details)
+    assert m, details
+    return int(m.group(1))
+
+
+# -- slow consumers ----------------------------------------------------------------------------
+
+
+def test_a_watcher_that_stops_reading_is_ended_and_resumes_without_gap(sc, stalled):
+    """A never-reading WatchActivity(platform) is ended STREAM_TOO_SLOW naming its cursor while
+    another client's prompts complete; resuming from that cursor misses nothing."""
+    prompts, platform = sc.prompts(), uniq("plat")
+    first = start(prompts, text="before the watch", src=c.SessionSource(platform=platform, chat_id=uniq()))
+    begin = first.result(15).last.cursor
+    call = stalled.WatchActivity(ppb.WatchActivityRequest(platform=platform, after_cursor=begin), timeout=60)
+    # each turn's frames fit the bound, so its own (reading) Prompt stream keeps up
+    turns = [PromptRun(prompts, text=words(20), src=c.SessionSource(platform=platform, chat_id=uniq()))
+             .result(30) for _ in range(12)]
+    assert [t.end for t in turns] == ["completed"] * 12, [t.kinds()[-1:] for t in turns]
+    published = sorted(f.cursor for t in turns for f in t.frames)
+    assert len(published) > 4 * BUFFER_FRAMES
+
+    got = collect(call, stop=lambda f: f.cursor == published[-1])  # before the bound: it reads all
+    assert got.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (got.code, got.details, len(got.frames))
+    assert got.reason == "STREAM_TOO_SLOW", got.reason
+    assert retry_info(call) is not None
+    cursor = resume_point(got.details, "after_cursor")
+    sent = [f.cursor for f in got.frames]
+    assert sent == published[:len(sent)], "the stream skipped a frame before it was ended"
+    assert cursor == (sent[-1] if sent else begin), (cursor, sent[-1:])
+    assert len(sent) < len(published)
+
+    rest = collect(prompts.WatchActivity(ppb.WatchActivityRequest(platform=platform, after_cursor=cursor),
+                                         timeout=30), stop=lambda f: f.cursor == published[-1])
+    assert sent + [f.cursor for f in rest.frames] == published, "the resumed watch has a gap or a repeat"
+
+
+def test_a_prompt_stream_whose_client_stops_reading_resumes_by_request_id(sc, stalled):
+    """A Prompt call left unread is ended STREAM_TOO_SLOW naming its seq; the turn itself
+    completes, and WatchActivity(request_id, after_seq) gives the rest."""
+    prompts = sc.prompts()
+    # trickled, so a reader that keeps reading never falls BUFFER_FRAMES behind
+    req = ppb.PromptRequest(request_id=uniq("r"), text=words(250), profile="trickle",
+                            source=c.SessionSource(platform="telegram", chat_id=uniq()))
+    call = stalled.Prompt(req, timeout=60)
+    def known():  # another reader: once the prompt is accepted, the whole turn
+        out = watch(prompts, request_id=req.request_id)
+        return out if out.reason != "REQUEST_NOT_FOUND" else None
+    whole = wait_until(known, timeout=15)
+    assert whole.kinds()[-1] == "completed" and whole.code == grpc.StatusCode.OK, whole.kinds()[-2:]
+    assert len(whole.frames) > 4 * BUFFER_FRAMES
+
+    got = collect(call)
+    assert got.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (got.code, got.details, len(got.frames))
+    assert got.reason == "STREAM_TOO_SLOW"
+    assert retry_info(call) is not None
+    after = resume_point(got.details, "after_seq")
+    assert [f.seq for f in got.frames] == list(range(1, after + 1))
+    rest = watch(prompts, request_id=req.request_id, after_seq=after)
+    assert [f.seq for f in got.frames + rest.frames] == [f.seq for f in whole.frames]
+    assert rest.kinds()[-1] == "completed"
+
+
+# -- admission ---------------------------------------------------------------------------------
+
+
+def _refused(p: PromptRun, reason: str) -> None:
+    p.result(10)
+    assert p.frames == [], p.kinds()
+    assert p.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (p.code, p.error and p.error.details())
+    assert p.reason == reason, p.reason
+    assert retry_info(p.error) is not None
+
+
+def _nothing_written(sc, p: PromptRun) -> None:
+    out = watch(sc.prompts(), request_id=p.request_id, timeout=10)
+    assert out.reason == "REQUEST_NOT_FOUND", (out.code, out.reason)
+
+
+def test_prompts_past_max_prompts_in_flight_are_overloaded_and_leave_no_trace(sc):
+    """With max_prompts_in_flight running, one more is OVERLOADED + RetryInfo, writes no session
+    and no ledger row, and the same request id runs once there is room."""
+    prompts, sessions = sc.prompts(), sc.sessions()
+    chats = [uniq() for _ in range(MAX_PROMPTS)]
+    busy = [start(prompts, text=words(15), src=c.SessionSource(platform="telegram", chat_id=chat),
+                profile="slow") for chat in chats]
+    src = c.SessionSource(platform="telegram", chat_id=uniq())
+    over = PromptRun(prompts, text="one too many", src=src)
+    _refused(over, "OVERLOADED")
+    assert "limits.max_prompts_in_flight" in over.error.details()
+    _nothing_written(sc, over)
+    key = busy[0].key.replace(chats[0], src.chat_id)  # the session it would have made
+    with pytest.raises(grpc.RpcError) as e:
+        sessions.GetSession(spb.GetSessionRequest(session_key=key), timeout=10)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    for b in busy:
+        assert b.result(15).end == "completed"
+    again = PromptRun(prompts, text="one too many", src=src, request_id=over.request_id).result(15)
+    assert again.end == "completed" and again.final_text == "one too many"
+
+
+def test_prompt_bytes_in_flight_are_capped_and_a_large_prompt_is_not_starved(sc):
+    """While the prompts in flight hold max_prompt_bytes_in_flight or more, a new prompt is
+    OVERLOADED; below it, even a prompt larger than the cap on its own is admitted."""
+    prompts = sc.prompts()
+    held = start(prompts, text=words(20, "x" * 140), profile="slow",  # ~3 KB, ~2 s
+               src=c.SessionSource(platform="telegram", chat_id=uniq()))
+    large = start(prompts, text=words(10, "y" * 600), profile="slow",  # ~6 KB > the cap, ~1 s
+                src=c.SessionSource(platform="telegram", chat_id=uniq()))
+    src = c.SessionSource(platform="telegram", chat_id=uniq())
+    over = PromptRun(prompts, text="small", src=src)
+    _refused(over, "OVERLOADED")
+    assert "limits.max_prompt_bytes_in_flight" in over.error.details()
+    _nothing_written(sc, over)
+    assert held.result(15).end == "completed" and large.result(15).end == "completed"
+    again = PromptRun(prompts, text="small", src=src, request_id=over.request_id).result(15)
+    assert again.end == "completed"
+
+
+def test_a_session_queue_is_capped_by_default(tmp_path):
+    """Without queue_cap in the profile, a session's queue takes 32 prompts; the 33rd is QUEUE_FULL."""
+    with Sidecar(tmp_path / "data", config=slow_echo("main", latency_ms=100), workers=1) as s:
+        prompts = s.prompts()
+        first = start(prompts, text=words(40), src=c.SessionSource(platform="telegram", chat_id=uniq()))
+        first.wait_for("started")
+        queued = [start(prompts, text=f"q{i}", key=first.key, delivery=D.DELIVERY_MODE_QUEUE) for i in range(32)]
+        assert [q.position for q in queued] == list(range(1, 33))
+        full = PromptRun(prompts, text="q32", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
+        _refused(full, "QUEUE_FULL")
+        assert "profiles.main.queue_cap = 32" in full.error.details()
+        s.sessions().ResetSession(spb.ResetSessionRequest(session_key=first.key), timeout=10)
+        assert all(q.result(10).end == "superseded" for q in queued)

@@ -1,0 +1,199 @@
+"""`agent-sidecar bench` against a live sidecar: the real command in a
+subprocess, for a few seconds at small concurrency. The JSON has its fields,
+its counts add up to what the sidecar holds (read back over gRPC), the PNG
+decodes at its size, --compare-bare prints the ratios, tool-call load runs
+through the bench's own tool host, TLS targets work, and a bad target is a
+one-line error with a non-zero exit. No figure is asserted: speed is for
+benchmarks/."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+from agent_sidecar.bench import stats
+from agent_sidecar.bench.plot import SIZE_PX
+from agent_sidecar.v1 import session_service_pb2 as spb
+from helpers.config import echo, scripted
+from helpers.sessions import transcript
+from sidecar_proc import ROOT, TOKEN, Sidecar, free_port
+
+WORDS = 8
+TOOL_STEPS = [{"tool_calls": [{"name": "bench.echo", "arguments": {"text": "from the tool"}}]},
+              {"text_from_last_tool_result": True}]
+CONFIG = echo("main", 5) + scripted("tooly", TOOL_STEPS, tools=["bench.*"])
+
+
+@pytest.fixture(scope="module")
+def sc(tmp_path_factory):
+    s = Sidecar(tmp_path_factory.mktemp("bench") / "data", config=CONFIG, tcp=True).start()
+    yield s
+    s.stop()
+
+
+def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agent_sidecar", "bench", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT)
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """Width and height of a PNG, after checking every chunk's CRC and that
+    the image data inflates to exactly the rows the header announces."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, header = 8, b"", None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
+        assert zlib.crc32(kind + body) == crc, f"bad CRC in {kind!r}"
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+        if kind == b"IEND":
+            break
+    width, height, depth, color = header[:4]
+    channels = {0: 1, 2: 3, 4: 2, 6: 4}[color]
+    assert depth == 8
+    assert len(zlib.decompress(idat)) == height * (1 + width * channels), "image data does not match IHDR"
+    return width, height
+
+
+def store_counts(sc: Sidecar, keys: list[str]) -> tuple[int, int]:
+    """Completed turns and transcript messages of the bench's sessions, over gRPC."""
+    stub = sc.sessions()
+    turns = messages = 0
+    for key in keys:
+        session = stub.GetSession(spb.GetSessionRequest(session_key=key), timeout=10).session
+        turns += session.turn_count
+        messages += len(transcript(stub, session.session_id))
+    return turns, messages
+
+
+def test_sweep_with_bare_writes_json_and_png_that_match_the_store(sc, tmp_path):
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    r = bench("--target", sc.target, "--sweep", "1,2", "--duration", "1.5", "--prompt-words", str(WORDS),
+              "--calibrate", "2", "--compare-bare", "--json", str(out), "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+
+    assert [(p["server"], p["concurrency"]) for p in doc["points"]] == [
+        ("sidecar", 1), ("bare", 1), ("sidecar", 2), ("bare", 2)]
+    for p in doc["points"]:
+        assert p["turns"] > 0 and p["error_count"] == 0 and p["errors"] == {}
+        assert p["turns_per_s"] > 0 and p["deltas_per_s"] > 0 and p["deltas_per_turn"] == WORDS
+        for key in ("first_delta_ms", "turn_ms"):
+            assert set(p[key]) >= {"p50", "p90", "p99", "max"}
+            assert 0 < p[key]["p50"] <= p[key]["p90"] <= p[key]["p99"] <= p[key]["max"]
+        names = [x["name"] for x in p["procs"]["processes"]]
+        assert all(x["rss_mb"] > 0 for x in p["procs"]["processes"])
+        if p["server"] == "sidecar":
+            assert names[0] == "sidecar" and "sidecar-writer" in names
+            assert sum(n.startswith("sidecar-work-") for n in names) == 2
+        else:
+            assert names == ["bare"]
+    assert doc["local"] and doc["sidecar_pid"] == sc.proc.pid
+    assert doc["slo"]["ideal_s"] > 0 and doc["slo"]["limit_s"] == pytest.approx(1.1 * doc["slo"]["ideal_s"])
+    assert set(doc["knee"]) >= {"sidecar", "bare", "ratio"}
+    assert doc["bare"]["source"] == "calibrated" and doc["bare"]["reply_words"] == 0
+
+    # Every turn the bench sent (calibration, warm-up, drain included) is in the store.
+    totals = doc["totals"]
+    assert totals["failed"] == {} and totals["started"] == totals["completed"] > 0
+    assert totals["deltas"] == WORDS * totals["completed"]
+    assert doc["sessions"]["count"] == len(doc["sessions"]["keys"]) == 2
+    assert store_counts(sc, doc["sessions"]["keys"]) == (totals["completed"], 2 * totals["completed"])
+
+    assert "sidecar / bare" in r.stdout and "knee (" in r.stdout
+    block = r.stdout.split("sidecar / bare", 1)[1].split("\n\n", 1)[0].splitlines()[3:]
+    ratio_rows = [line.split() for line in block]
+    assert [row[0] for row in ratio_rows] == ["1", "2"], r.stdout
+    assert all(float(row[1]) > 0 for row in ratio_rows), r.stdout  # turns/s, sidecar over bare
+    assert all(x["turns_per_s"] > 0 for x in doc["ratios"])
+    assert png_size(png) == SIZE_PX
+
+
+def test_tool_load_over_tcp_counts_every_tool_call(sc, tmp_path):
+    out, png = tmp_path / "tools.json", tmp_path / "tools.png"
+    r = bench("--target", sc.tcp_target, "--token", TOKEN, "--profile", "tooly", "--tools", "--concurrency", "2",
+              "--turns", "6", "--warmup", "0", "--calibrate", "0", "--prompt", "call the tool",
+              "--json", str(out), "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    (point,) = doc["points"]
+    assert point["turns"] == 6 and point["error_count"] == 0
+    assert doc["totals"]["completed"] == 6 and doc["totals"]["tool_calls"] == 6
+    assert doc["tool_invocations"] == 6  # answered by the bench's own host
+    assert doc["sidecar_pid"] == sc.proc.pid  # found from the TCP listener
+    assert TOKEN not in out.read_text()
+    turns, messages = store_counts(sc, doc["sessions"]["keys"])
+    assert turns == 6 and messages == 4 * 6  # user, tool call, tool result, answer
+    assert png_size(png) == SIZE_PX
+
+
+@pytest.mark.parametrize("target", ["unix:/nonexistent/sidecar.sock", "127.0.0.1:{port}"])
+def test_bad_target_is_one_line_and_exit_1(target, tmp_path):
+    r = bench("--target", target.format(port=free_port()), "--connect-timeout", "1", "--duration", "1",
+              "--json", str(tmp_path / "x.json"))
+    assert r.returncode == 1
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("agent-sidecar bench: ") and "reachable" in lines[0], r.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_refused_token_is_one_line_and_exit_1(sc):
+    r = bench("--target", sc.tcp_target, "--token", "not-the-token", "--duration", "1")
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "UNAUTHENTICATED" in lines[0] and "Traceback" not in r.stderr, r.stderr
+
+
+def test_tls_target(tmp_path):
+    """A TLS endpoint (here the bare server with a self-signed certificate)
+    is reached with --ca-cert."""
+    if not shutil.which("openssl"):
+        pytest.skip("openssl not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
+                    "-out", str(cert)], check=True, capture_output=True)
+    port = free_port()
+    bare = subprocess.Popen([sys.executable, "-m", "agent_sidecar.bench.bare", "--listen", f"127.0.0.1:{port}",
+                             "--tls-cert", str(cert), "--tls-key", str(key)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert bare.stdout.readline().startswith("serving ")
+        r = bench("--target", f"127.0.0.1:{port}", "--ca-cert", str(cert), "--concurrency", "2", "--turns", "4",
+                  "--calibrate", "0", "--prompt-words", "3")
+        assert r.returncode == 0, r.stderr
+        assert "Throughput and latency" in r.stdout
+        plain = bench("--target", f"127.0.0.1:{port}", "--connect-timeout", "1", "--turns", "1")
+        assert plain.returncode == 1  # TLS-only endpoint, plain channel
+    finally:
+        bare.terminate()
+        bare.wait(10)
+
+
+def test_knee_rules():
+    limit = 4.4
+    k = stats.knee([(100, 4.6, 0), (25, 4.0, 0), (50, 4.2, 0)], limit)
+    assert {"concurrency": 50, "first_failing": 100, "beyond_sweep": False,
+            "non_monotone": False}.items() <= k.items()
+    assert k["interpolated"] == pytest.approx(75)  # 4.2 -> 4.6 between 50 and 100 crosses 4.4 halfway
+    # an error fails a point whatever its latency; a later pass does not raise the knee
+    k = stats.knee([(25, 4.0, 0), (50, 4.1, 3), (100, 4.2, 0)], limit)
+    assert (k["concurrency"], k["interpolated"], k["non_monotone"]) == (25, None, True)
+    assert stats.knee([(25, 4.0, 0), (50, 4.1, 0)], limit)["beyond_sweep"] is True
+    assert stats.knee([(25, 5.0, 0), (50, 6.0, 0)], limit)["concurrency"] is None
+    assert stats.parse_slo("10%") == pytest.approx(0.1) and stats.parse_slo("0.25") == 0.25
+    with pytest.raises(ValueError):
+        stats.parse_slo("ten")

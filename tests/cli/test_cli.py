@@ -1,0 +1,249 @@
+"""The `agent-sidecar` command line: `serve` (socket mode, store file, config
+errors, SIGTERM) and `sessions list|show|delete` against a running sidecar."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from agent_sidecar.v1 import session_service_pb2 as pb
+from helpers.ids import source as src
+from helpers.sessions import create, rpc_error, seed, turns
+from sidecar_proc import ROOT, TOKEN
+
+EXE = ROOT / ".venv" / "bin" / "agent-sidecar"
+CLI = [str(EXE)] if EXE.exists() else [sys.executable, "-m", "agent_sidecar"]
+
+
+
+def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT)
+
+
+def wait_socket_serving(sock: Path, proc: subprocess.Popen, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else proc.returncode
+        if sock.exists():
+            try:
+                with grpc.insecure_channel(f"unix:{sock}") as ch:
+                    r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
+                                                            timeout=1)
+                    if r.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+            except grpc.RpcError:
+                pass
+        time.sleep(0.05)
+    raise TimeoutError("sidecar did not start")
+
+
+# -- serve -----------------------------------------------------------------------------
+
+def test_serve_default_socket_0600_db_and_sigterm(tmp_path):
+    data = tmp_path / "data"
+    proc = subprocess.Popen(CLI + ["serve", "--data-dir", str(data), "--workers", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        sock = data / "sidecar.sock"
+        wait_socket_serving(sock, proc)
+        st = os.stat(sock)
+        assert stat.S_ISSOCK(st.st_mode)
+        assert stat.S_IMODE(st.st_mode) == 0o600
+        assert (data / "sidecar.db").is_file()
+        with grpc.insecure_channel(f"unix:{sock}") as ch:
+            from agent_sidecar.v1 import session_service_pb2_grpc as pb_grpc
+            s, created = create(pb_grpc.SessionServiceStub(ch))
+            assert created
+        # A second sidecar on the same data dir refuses to start.
+        second = run("serve", "--data-dir", str(data), "--listen", f"unix:{tmp_path}/other.sock",
+                     "--workers", "1")
+        assert second.returncode != 0
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # Structured logs: one JSON object a line on stderr.
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines
+    records = [json.loads(line) for line in lines]
+    assert all({"ts", "level", "msg"} <= r.keys() for r in records)
+    assert any(r["msg"] == "serving" for r in records)
+    assert records[-1]["msg"] == "stopped"
+
+
+def test_serve_text_logs_and_sigterm(tmp_path):
+    sock = tmp_path / "s.sock"
+    proc = subprocess.Popen(CLI + ["serve", "--data-dir", str(tmp_path / "d"), "--listen",
+                                   f"unix:{sock}", "--log-format", "text", "--workers", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        wait_socket_serving(sock, proc)
+        assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+        assert (tmp_path / "d" / "sidecar.db").is_file()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert err.strip() and not err.lstrip().startswith("{")
+
+
+@pytest.mark.parametrize("text,key", [
+    ("bogus_key = 1\n", "bogus_key"),
+    ("[sidecar]\nredact_pi = true\n", "sidecar.redact_pi"),
+    ("[agent]\ngateway_timout = 5\n", "agent.gateway_timout"),
+    ('[profiles.main]\nmodel = "echo"\nmodle = "x"\n', "profiles.main.modle"),
+    ('group_sessions_per_user = "yes"\n', "group_sessions_per_user"),
+    ('[profiles.main]\nmodel = "ecoh"\n', "profiles.main.model"),
+    ('[platforms.myplugin]\npii_safe = "yes"\n', "platforms.myplugin.pii_safe"),
+    ('[platforms.myplugin]\npii_sfe = true\n', "platforms.myplugin.pii_sfe"),
+    ('[platforms.discord]\npii_safe = true\n', "platforms.discord.pii_safe"),
+    ('[platforms.Telegram]\npii_safe = true\n[platforms.telegram]\npii_safe = false\n',
+     "platforms.telegram"),
+    ('[recovery]\nauto_resume = "always"\n', "recovery.auto_resume"),
+    ('[recovery]\nauto_resum = "off"\n', "recovery.auto_resum"),
+])
+def test_serve_bad_config_exit_2(tmp_path, text, key):
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(text)
+    r = run("serve", "--data-dir", str(tmp_path / "d"), "--config", str(cfg),
+            "--listen", f"unix:{tmp_path}/x.sock")
+    assert r.returncode == 2, r.stderr
+    assert key in r.stderr
+    assert not (tmp_path / "x.sock").exists()
+
+
+def test_serve_unreadable_config_exit_2(tmp_path):
+    r = run("serve", "--data-dir", str(tmp_path / "d"), "--config", str(tmp_path / "missing.toml"))
+    assert r.returncode == 2 and "missing.toml" in r.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text("this is = = not toml")
+    r = run("serve", "--data-dir", str(tmp_path / "d"), "--config", str(bad))
+    assert r.returncode == 2 and "bad.toml" in r.stderr
+
+
+def test_serve_tcp_needs_tokens(tmp_path):
+    r = run("serve", "--data-dir", str(tmp_path / "d"), "--listen", "127.0.0.1:0", "--workers", "1")
+    assert r.returncode != 0
+    assert "auth.tokens" in r.stderr
+
+
+# -- sessions list / show / delete ---------------------------------------------------------------
+
+def test_sessions_list(sidecar):
+    stub = sidecar.sessions()
+    a = seed(stub, src("telegram"), turns("hello", "hi"))
+    b, _ = create(stub, src("discord", chat_type="group", user_id="u1"))
+    r = run("sessions", "--target", sidecar.target, "list")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "KEY" in lines[0]
+    # Most recently active first.
+    assert lines[1].endswith(b.session_key) and b.session_id in lines[1]
+    assert lines[2].endswith(a.session_key) and a.session_id in lines[2]
+    r = run("sessions", "--target", sidecar.target, "list", "--platform", "telegram")
+    assert r.returncode == 0 and a.session_key in r.stdout and b.session_key not in r.stdout
+    stub.SuspendSession(pb.SuspendSessionRequest(session_key=a.session_key), timeout=10)
+    r = run("sessions", "--target", sidecar.target, "list", "--platform", "telegram")
+    assert "suspended" in r.stdout
+
+
+def test_sessions_show(sidecar):
+    stub = sidecar.sessions()
+    a = seed(stub, src("telegram"), turns("hello there", "general kenobi"))
+    r = run("sessions", "--target", sidecar.target, "show", a.session_key)
+    assert r.returncode == 0, r.stderr
+    assert a.session_id in r.stdout and a.session_key in r.stdout
+    assert "[1] user: hello there" in r.stdout
+    assert "[2] assistant: general kenobi" in r.stdout
+    r = run("sessions", "--target", sidecar.target, "show", "agent:main:telegram:dm:nobody")
+    assert r.returncode != 0 and "NOT_FOUND" in r.stderr
+
+
+def test_sessions_delete(sidecar):
+    stub = sidecar.sessions()
+    a = seed(stub, src("telegram"), turns("bye"))
+    r = run("sessions", "--target", sidecar.target, "delete", a.session_key)
+    assert r.returncode == 0, r.stderr
+    assert "deleted" in r.stdout
+    with rpc_error(grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND"):
+        stub.GetSession(pb.GetSessionRequest(session_key=a.session_key), timeout=10)
+    r = run("sessions", "--target", sidecar.target, "delete", a.session_key)
+    assert r.returncode != 0 and "not found" in r.stdout
+
+
+def test_sessions_over_tcp_with_token(shared_sidecar):
+    stub = shared_sidecar.sessions()
+    a, _ = create(stub, src("telegram"))
+    r = run("sessions", "--target", shared_sidecar.tcp_target, "list")
+    assert r.returncode != 0 and "UNAUTHENTICATED" in r.stderr
+    r = run("sessions", "--target", shared_sidecar.tcp_target, "--token", TOKEN, "list")
+    assert r.returncode == 0, r.stderr
+    assert a.session_key in r.stdout
+
+
+# -- bad data dirs and stores: one clear line and a non-zero exit, never a traceback -------------
+
+def _garbage_store(tmp_path) -> Path:
+    data = tmp_path / "garbage"
+    data.mkdir()
+    (data / "sidecar.db").write_bytes(b"this is not a database, just bytes " * 200)
+    return data
+
+
+def test_doctor_on_a_file_that_is_no_store(tmp_path):
+    data = _garbage_store(tmp_path)
+    r = run("doctor", "--data-dir", str(data))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "cannot open" in r.stderr and "sidecar.db" in r.stderr, r.stderr
+
+
+def test_serve_on_a_file_that_is_no_store(tmp_path):
+    data = _garbage_store(tmp_path)
+    r = run("serve", "--data-dir", str(data), "--workers", "1", "--log-format", "text")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "Traceback" not in out, out
+    assert "cannot start" in out, out
+
+
+def test_serve_with_a_data_dir_that_is_a_file(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    r = run("serve", "--data-dir", str(afile), "--workers", "1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "is not a directory" in r.stderr, r.stderr
+
+
+def test_doctor_on_a_locked_store_says_so(tmp_path):
+    """Another writer holds the store past the busy timeout: doctor says the
+    store is locked (not that the index is broken) and changes nothing."""
+    data = tmp_path / "d"
+    data.mkdir()
+    conn = sqlite3.connect(data / "sidecar.db", isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE held (x)")
+        conn.execute("BEGIN EXCLUSIVE")
+        r = run("doctor", "--data-dir", str(data), timeout=60)
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()
+    assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr, r.stderr
+    assert "locked by another writer" in r.stderr and "INCONSISTENT" not in r.stdout, (r.stdout, r.stderr)

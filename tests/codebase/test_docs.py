@@ -1,0 +1,76 @@
+"""The project documents itself: docs/api.md is what the protos' comments make
+it, no file points at the contract page that is not in the repository (the
+spec's API page, NEEDLE below), and every relative link of the docs and READMEs
+resolves."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+NEEDLE = "API" + ".md"  # spelled apart so that this file does not match itself
+
+
+def _tracked() -> list[Path]:
+    try:
+        out = subprocess.run(["git", "ls-files"], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    return [ROOT / p for p in out.splitlines()]
+
+
+def test_the_generated_reference_is_up_to_date(tmp_path):
+    spec = importlib.util.spec_from_file_location("api_reference", ROOT / "docs/gen/api_reference.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    shutil.copy(ROOT / "docs/semantics.md", tmp_path / "semantics.md")
+    gen.main(["--docs", str(tmp_path)])
+    for name in ("api.md", "semantics.md"):
+        assert (tmp_path / name).read_text() == (ROOT / "docs" / name).read_text(), \
+            f"docs/{name} is stale: run `make docs` and commit"
+
+
+def test_the_reference_covers_every_service_and_reason():
+    api = (ROOT / "docs/api.md").read_text()
+    for service in ("SessionService", "PromptService", "ToolService"):
+        assert f"### {service}" in api
+    for reason in ("AGENT_BUSY", "TOOL_SCOPE_VIOLATION", "WORKER_CRASHED", "restart_interrupted"):
+        assert f"| `{reason}` |" in api
+        assert f"| `{reason}` |" in (ROOT / "docs/semantics.md").read_text()
+
+
+def test_nothing_points_at_an_api_md_outside_the_repo():
+    offenders = []
+    for path in _tracked():
+        if path.suffix in {".png", ".binpb"} or not path.is_file():
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        if NEEDLE in text:
+            offenders.append(str(path.relative_to(ROOT)))
+    assert not offenders, f"references to {NEEDLE} (use docs/api.md or docs/semantics.md): {offenders}"
+
+
+def test_relative_links_in_the_docs_resolve():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted((ROOT / "clients").glob("*/README.md")), ROOT / "deploy/README.md"]
+    broken = []
+    for page in pages:
+        if not page.exists():
+            broken.append(f"{page.relative_to(ROOT)} (missing page)")
+            continue
+        for target in LINK.findall(page.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            if not (page.parent / target.split("#", 1)[0]).exists():
+                broken.append(f"{page.relative_to(ROOT)} → {target}")
+    assert not broken, broken

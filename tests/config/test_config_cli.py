@@ -1,0 +1,188 @@
+"""The configuration from the outside (issue 17 item 6): ``agent-sidecar
+config check|show|reference``, ``--version``, ``serve`` refusing a bad
+environment, a real sidecar running with settings and a token that came from
+the environment and a token file, the process titles ``ps`` shows, and
+docs/configuration.md holding every key the loader knows."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tomllib
+
+import grpc
+import pytest
+
+import agent_sidecar
+from agent_sidecar.cli.config_cmd import BEGIN, END, reference
+from agent_sidecar.config import Config, load_config
+from agent_sidecar.config_schema import tree
+from agent_sidecar.v1 import session_service_pb2 as spb
+from helpers.procs import children, cmdline, comm
+from helpers.streams import assert_well_formed, prompt_req, run as run_prompt
+from helpers.waiting import wait_until
+from sidecar_proc import ROOT, TOKEN, Sidecar
+from test_config import leaves
+
+EXE = ROOT / ".venv" / "bin" / "agent-sidecar"
+CLI = [str(EXE)] if EXE.exists() else [sys.executable, "-m", "agent_sidecar"]
+DOC = ROOT / "docs" / "configuration.md"
+CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_SIDECAR_")}
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={**CLEAN_ENV, **(env or {})})
+
+
+# -- the commands ----------------------------------------------------------------------------------
+
+def test_version():
+    r = cli("--version")
+    assert r.returncode == 0 and r.stdout == f"agent-sidecar {agent_sidecar.__version__}\n"
+    assert agent_sidecar.__version__ == "0.1.0"
+
+
+def test_config_check_accepts_a_good_file_in_one_line(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[sidecar]\nlisten = ["127.0.0.1:50051"]\n[[auth.tokens]]\ntoken_env = "T"\n'
+                    '[profiles.gpt]\nmodel = "openai"\n')
+    r = cli("config", "check", str(path), env={"T": "x"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("\n") == 1 and r.stdout.startswith(f"{path}: ok (2 profile(s): gpt, main; 1 token(s)")
+    assert not (tmp_path / "data").exists()  # no sidecar, no store
+
+
+def test_config_check_reports_every_problem_and_exits_2(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[sidecar]\nlisten = [42]\n[profiles.main]\ntools = [1, 2]\nmax_iterations = -5\n'
+                    'model = "ecoh"\n[agent.agent_cache]\nmax_size = -1\n')
+    r = cli("config", "check", str(path), env={"AGENT_SIDECAR_SIDECAR__WORKERS": "-2"})
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.splitlines()
+    assert all(line.startswith("config error: ") for line in lines), lines
+    assert [line.split(": ")[1] for line in lines] == [
+        "sidecar.listen[0]", "sidecar.workers", "profiles.main.tools[0]", "profiles.main.tools[1]",
+        "profiles.main.max_iterations", "agent.agent_cache.max_size", "profiles.main.model"]
+    assert lines[1].endswith("[from AGENT_SIDECAR_SIDECAR__WORKERS]")
+    r = cli("config", "check", str(tmp_path / "missing.toml"))
+    assert r.returncode == 2 and "missing.toml" in r.stderr
+
+
+def test_config_show_prints_what_loads_back_with_secrets_masked(tmp_path):
+    secret = tmp_path / "token"
+    secret.write_text("hunter2\n")
+    path = tmp_path / "c.toml"
+    path.write_text(f'[[auth.tokens]]\ntoken_file = "{secret}"\nplatforms = ["Slack"]\n'
+                    '[sidecar]\nhome_channels = { telegram = { chat_id = "-1", name = "Home" } }\n'
+                    '[profiles.gpt]\nmodel = "openai"\nmodel_options = { base_url = "http://h/v1" }\n')
+    r = cli("config", "show", str(path), env={"AGENT_SIDECAR_SIDECAR__WORKERS": "3"})
+    assert r.returncode == 0, r.stderr
+    assert "hunter2" not in r.stdout and 'token = "***"' in r.stdout
+    shown = tmp_path / "shown.toml"
+    shown.write_text(r.stdout)
+    again = load_config(str(shown), environ={})
+    original = load_config(str(path), environ={"AGENT_SIDECAR_SIDECAR__WORKERS": "3"})
+    original.tokens[0].token = "***"
+    assert again == original and again.workers == 3
+
+
+def test_serve_refuses_a_bad_environment_before_starting(tmp_path):
+    r = cli("serve", "--data-dir", str(tmp_path / "d"), "--listen", f"unix:{tmp_path}/x.sock",
+            env={"AGENT_SIDECAR_SIDECAR__DRAIN_TIMEOUT": "soon", "AGENT_SIDECAR_SIDECAR__DRAIN_TIMOUT": "5"})
+    assert r.returncode == 2
+    assert "config error: sidecar.drain_timeout: expected a number" in r.stderr
+    assert "config error: AGENT_SIDECAR_SIDECAR__DRAIN_TIMOUT: names no config key" in r.stderr
+    assert not (tmp_path / "x.sock").exists() and not (tmp_path / "d").exists()
+
+
+# -- a real sidecar ----------------------------------------------------------------------------------
+
+def test_a_sidecar_from_environment_and_token_file_titles_its_processes(tmp_path):
+    secret = tmp_path / "token"
+    secret.write_text(TOKEN + "\n")
+    sc = Sidecar(tmp_path / "data", tcp=True, workers=2,
+                 config=f'[[auth.tokens]]\ntoken_file = "{secret}"\nadmin = true\n',
+                 env={"AGENT_SIDECAR_SIDECAR__LIMITS__MAX_TEXT_BYTES": "10"}).start()
+    try:
+        stub = sc.sessions(tcp=True)
+        stub.ListSessions(spb.ListSessionsRequest(), timeout=10,
+                          metadata=[("authorization", f"Bearer {TOKEN}")])
+        out = run_prompt(sc.prompts(), prompt_req(text="x" * 11))
+        assert (out.code, out.field) == (grpc.StatusCode.INVALID_ARGUMENT, "text")
+        assert_well_formed(run_prompt(sc.prompts(), prompt_req(text="x" * 10)))
+
+        pid = sc.proc.pid
+        assert cmdline(pid) == f"agent-sidecar: main (data {sc.data_dir})"
+        assert not comm(pid).startswith("agent-sidecar:")  # comm stays the program's name
+
+        def titled() -> dict[str, str] | None:  # the writer and both workers, once all are up
+            t = {cmdline(c): comm(c) for c in children(sc).values() if cmdline(c).startswith("agent-sidecar: ")}
+            return t if len(t) >= 3 else None
+        kids = wait_until(titled)
+        assert kids == {"agent-sidecar: store writer": "sidecar-writer",
+                        "agent-sidecar: worker 0": "sidecar-work-0",
+                        "agent-sidecar: worker 1": "sidecar-work-1"}
+    finally:
+        sc.stop()
+
+
+# -- the reference ---------------------------------------------------------------------------------
+
+def test_the_key_reference_in_the_docs_is_up_to_date():
+    doc = DOC.read_text()
+    assert doc.split(BEGIN, 1)[1].split(END, 1)[0] == "\n" + reference(), \
+        "docs/configuration.md is stale: run `make docs` and commit"
+
+
+def test_the_docs_name_every_key_the_loader_knows():
+    doc = DOC.read_text()
+    tables = doc.split(BEGIN, 1)[1]
+    for path, _ in leaves():
+        table = ".".join("NAME" if p == "x" else str(p) for p in path[:-1] if p != 0)
+        heading = f"`[[{table}]]`" if 0 in path else f"`[{table}]`" if table else "Top level"
+        section = tables.split(f"#### {heading}\n", 1)[1].split("\n#### ", 1)[0]
+        assert f"| `{path[-1]}` |" in section, (path, heading)
+
+
+def _example() -> str:
+    doc = DOC.read_text()
+    return re.search(r"## A complete file\n.*?```toml\n(.*?)```", doc, re.S).group(1)
+
+
+def test_the_complete_example_loads_and_sets_every_key(tmp_path):
+    path = tmp_path / "example.toml"
+    path.write_text(_example())
+    cfg = load_config(str(path), environ={"SIDECAR_TOKEN": "t"})
+    assert cfg.tokens[0].token == "t" and set(cfg.profiles) == {"main", "gpt"}
+    raw = tomllib.loads(_example())
+    for path_, slot in leaves():
+        if slot.form:
+            continue
+        node = raw
+        for p in path_[:-1]:
+            node = node[0] if p == 0 else next(iter(node.values())) if p == "x" else node[p]
+        secret = slot.md.get("secret")
+        assert any(path_[-1] + f in node for f in ("", "_env", "_file")) if secret \
+            else path_[-1] in node, path_
+    assert tree(Config)  # the schema is what the loader walks
+
+
+def test_the_readme_example_loads(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    path = tmp_path / "readme.toml"
+    path.write_text(re.search(r"```toml\n(.*?)```", section, re.S).group(1))
+    cfg = load_config(str(path), environ={"SIDECAR_TOKEN": "t"})
+    assert cfg.tokens[0].token == "t" and cfg.limits.max_prompts_in_flight == 1000
+
+
+def test_without_setproctitle_the_title_is_left_alone():
+    code = ("import sys; sys.modules['setproctitle'] = None\n"
+            "from agent_sidecar.children import set_title\n"
+            "set_title('main (data x)')\n"
+            "print(open('/proc/self/cmdline', 'rb').read().split(b'\\0')[0].decode())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout.strip() == sys.executable, r.stderr

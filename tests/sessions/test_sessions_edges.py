@@ -1,0 +1,149 @@
+"""SessionService at the edges of its input and of a lane's history: page
+tokens that decode but do not fit SQLite, a timestamp at the end of the
+Timestamp range, transcript pages of multi-byte text read by a client with
+gRPC's default 4 MiB receive limit, SwitchSession's fresh entry, and the
+lifecycle of the entry's flags (seed 001 §2: what a new incarnation's first
+turn consumes, the resume marker's time going with the marker)."""
+
+from __future__ import annotations
+
+import base64
+
+import grpc
+import orjson
+import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from agent_sidecar.v1 import session_service_pb2 as pb
+from helpers.ids import source as src
+from helpers.sessions import create, msg, rpc_error, seed, transcript
+from helpers.streams import PromptRun
+from sidecar_proc import Sidecar
+
+
+@pytest.fixture(scope="module")
+def sc(tmp_path_factory):
+    s = Sidecar(tmp_path_factory.mktemp("edges") / "data").start()
+    yield s
+    s.stop()
+
+
+def token(data: dict) -> str:
+    """A page token as the server encodes them (base64url of JSON)."""
+    return base64.urlsafe_b64encode(orjson.dumps(data)).decode().rstrip("=")
+
+
+def test_transcript_page_token_beyond_int64_is_invalid_argument(sc):
+    s = seed(sc.sessions(), messages=[msg("user", "hi")])
+    with rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", "page_token"):
+        sc.sessions().GetTranscript(pb.GetTranscriptRequest(
+            session_id=s.session_id, page_token=token({"k": "transcript", "after": 2**64 - 1})),
+            timeout=10)
+
+
+def test_list_sessions_page_token_beyond_int64_is_invalid_argument(sc):
+    with rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", "page_token"):
+        sc.sessions().ListSessions(pb.ListSessionsRequest(
+            page_token=token({"k": "sessions", "u": 2**64 - 1, "s": "x"})), timeout=10)
+
+
+def test_message_at_the_last_valid_timestamp_reads_back(sc):
+    """Stored as a float, 9999-12-31T23:59:59.999999999Z rounds up past the range;
+    reading it back clamps instead of failing every GetTranscript."""
+    last = Timestamp(seconds=253402300799, nanos=999_999_999)
+    s = seed(sc.sessions(), messages=[msg("user", "hi", created_at=last)])
+    got = transcript(sc.sessions(), s.session_id)
+    assert len(got) == 1 and got[0].created_at.seconds == 253402300799, got
+
+
+def test_transcript_pages_count_bytes_not_characters(sc):
+    """20 messages of 256 KiB of 4-byte characters (5 MiB): every page fits a
+    client with the default 4 MiB receive limit, and paging returns them all."""
+    big = "\U0001F600" * (256 * 1024 // 4)
+    stub = sc.sessions()
+    s = seed(stub, messages=[msg("user", big) for _ in range(10)])
+    stub.AppendMessages(pb.AppendMessagesRequest(
+        session_id=s.session_id, messages=[msg("user", big) for _ in range(10)]), timeout=30)
+    got, tok, pages = 0, "", 0
+    while True:
+        r = stub.GetTranscript(pb.GetTranscriptRequest(session_id=s.session_id, page_token=tok),
+                               timeout=30)
+        got += len(r.messages)
+        pages += 1
+        tok = r.next_page_token
+        if not tok:
+            break
+    assert got == 20 and pages >= 2, (got, pages)
+
+
+def test_switch_session_starts_a_fresh_entry(sc):
+    """/resume to an earlier incarnation: the lane's counters are not the ones
+    the incarnation it left spent (seed 001: switch_session makes a new entry)."""
+    stub = sc.sessions()
+    first, _ = create(stub)
+    key = first.session_key
+    usage = pb.UpdateUsageRequest(session_key=key)
+    usage.delta.input_tokens = 100
+    stub.UpdateUsage(usage, timeout=10)
+    second = stub.ResetSession(pb.ResetSessionRequest(session_key=key), timeout=10).session
+    assert second.input_tokens == 0
+    usage.delta.input_tokens = 5
+    stub.UpdateUsage(usage, timeout=10)
+    back = stub.SwitchSession(pb.SwitchSessionRequest(
+        session_key=key, target_session_id=first.session_id), timeout=10).session
+    assert back.session_id == first.session_id
+    assert (back.input_tokens, back.total_tokens) == (0, 0), back
+    assert not back.is_fresh_reset and not back.suspended
+
+
+def _turn(sc, key: str) -> None:
+    run = PromptRun(sc.prompts(), text="hello", key=key).result(20)
+    assert run.end == "completed", (run.kinds(), run.error)
+
+
+def _marked(stub, key: str):
+    return stub.MarkResumePending(pb.MarkResumePendingRequest(
+        session_key=key, reason="restart_timeout"), timeout=10).session
+
+
+def test_the_first_completed_turn_consumes_the_new_incarnations_flags(sc):
+    """was_auto_reset (with its reason) and is_fresh_reset are for the first
+    turn of the new incarnation; once it has completed they are gone."""
+    stub = sc.sessions()
+    source = src()
+    first, _ = create(stub, source)
+    stub.SuspendSession(pb.SuspendSessionRequest(session_key=first.session_key), timeout=10)
+    auto, created = create(stub, source)
+    assert created and auto.was_auto_reset and auto.auto_reset_reason == "suspended"
+    _turn(sc, auto.session_key)
+    after = stub.GetSession(pb.GetSessionRequest(session_key=auto.session_key), timeout=10).session
+    assert (after.session_id, after.turn_count) == (auto.session_id, 1)
+    assert not after.was_auto_reset and after.auto_reset_reason == "", after
+    fresh = stub.ResetSession(pb.ResetSessionRequest(session_key=auto.session_key), timeout=10).session
+    assert fresh.is_fresh_reset
+    _turn(sc, fresh.session_key)
+    after = stub.GetSession(pb.GetSessionRequest(session_key=fresh.session_key), timeout=10).session
+    assert not after.is_fresh_reset and not after.was_auto_reset, after
+
+
+def test_last_resume_marked_at_goes_with_resume_pending(sc):
+    """Cleared by the completed turn that clears resume_pending, and a reset or
+    a switch starts the lane's flags clean."""
+    stub = sc.sessions()
+    s, _ = create(stub)
+    key = s.session_key
+    assert _marked(stub, key).last_resume_marked_at.seconds > 0
+    _turn(sc, key)
+    done = stub.GetSession(pb.GetSessionRequest(session_key=key), timeout=10).session
+    assert not done.resume_pending and done.last_resume_marked_at.seconds == 0, done
+    _marked(stub, key)
+    reset = stub.ResetSession(pb.ResetSessionRequest(session_key=key), timeout=10).session
+    assert not reset.resume_pending and reset.last_resume_marked_at.seconds == 0, reset
+    assert reset.reset_had_activity and reset.is_fresh_reset
+    _marked(stub, key)
+    back = stub.SwitchSession(pb.SwitchSessionRequest(
+        session_key=key, target_session_id=s.session_id), timeout=10).session
+    assert back.session_id == s.session_id
+    assert not (back.resume_pending or back.is_fresh_reset or back.was_auto_reset
+                or back.reset_had_activity), back
+    assert back.last_resume_marked_at.seconds == 0 and back.resume_reason == "", back

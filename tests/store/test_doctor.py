@@ -1,0 +1,131 @@
+"""`agent-sidecar doctor` (issue 5): integrity and FTS5 checks, `--rebuild-fts`
+from the canonical rows, WAL checkpoint and summary, on a stopped sidecar's data
+dir and next to a running one. The FTS index is corrupted with stdlib sqlite3."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from contextlib import closing
+
+import pytest
+
+from agent_sidecar.v1 import session_service_pb2 as spb
+from helpers.config import echo
+from helpers.ids import source
+from helpers.recovery import health
+from helpers.store import query
+from helpers.streams import PromptRun
+from sidecar_proc import ROOT, Sidecar
+
+TEXTS = ["the quick brown fox", "jumps over the lazy dog", "zebra crossing ahead",
+         "unicode naïve café", "the fox again"]
+
+
+def doctor(data_dir, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agent_sidecar", "doctor", "--data-dir", str(data_dir),
+                           *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def all_messages(sc) -> list[tuple]:
+    return query(sc, "SELECT * FROM messages ORDER BY id")
+
+
+def search(sc, q: str, key: str = "") -> list:
+    return list(sc.sessions().SearchMessages(spb.SearchMessagesRequest(query=q, session_key=key, limit=50),
+                                             timeout=10).hits)
+
+
+@pytest.fixture
+def stopped(tmp_path):
+    """A data dir with a few completed turns, its sidecar stopped cleanly."""
+    sc = Sidecar(tmp_path / "data", config=echo("main")).start()
+    src = source()
+    for t in TEXTS:
+        p = PromptRun(sc.prompts(), text=t, src=src)
+        p.done.wait(10)
+        assert p.kinds()[-1] == "completed", p.kinds()
+    assert sc.stop() == 0
+    return sc
+
+
+def test_doctor_on_a_healthy_store(stopped):
+    before = all_messages(stopped)
+    r = doctor(stopped.data_dir)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert "integrity: ok" in out and "full-text index: ok" in out, out
+    assert "WAL checkpoint" in out and "summary:" in out, out
+    line = [ln for ln in out.splitlines() if ln.strip().startswith("messages")]
+    assert line and line[0].split()[-1].replace(",", "") == str(len(before)), out
+    assert len(before) == 2 * len(TEXTS)
+    assert all_messages(stopped) == before
+
+
+def test_doctor_without_a_store(tmp_path):
+    r = doctor(tmp_path / "nothing")
+    assert r.returncode == 1 and "no store" in r.stderr, (r.stdout, r.stderr)
+
+
+
+
+@pytest.mark.parametrize("corruption", ["phantom_row",
+                                        "lost_segments"])
+def test_doctor_detects_and_rebuilds_corrupt_fts(stopped, corruption):
+    sc = stopped
+    before = all_messages(sc)
+    with closing(sqlite3.connect(str(sc.data_dir / "sidecar.db"))) as conn, conn:
+        if corruption == "phantom_row":  # an index entry with no message behind it
+            conn.execute("INSERT INTO messages_fts(rowid, content) VALUES (999999, 'bogus phantom')")
+        else:  # the index loses its segments: messages no longer findable
+            conn.execute("DELETE FROM messages_fts_data WHERE id > 10")
+    r = doctor(sc.data_dir)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "full-text index: INCONSISTENT" in r.stdout, r.stdout
+    assert "--rebuild-fts" in r.stdout
+    assert all_messages(sc) == before, "a check must not touch a message row"
+
+    r = doctor(sc.data_dir, "--rebuild-fts")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"rebuilt full-text index from {len(before)} messages: ok" in r.stdout, r.stdout
+    assert all_messages(sc) == before, "the rebuild must not change any message row"
+    r = doctor(sc.data_dir)
+    assert r.returncode == 0 and "full-text index: ok" in r.stdout, r.stdout
+
+    sc.start()
+    try:
+        hits = search(sc, "fox")
+        assert sorted(h.seq for h in hits) == [1, 2, 9, 10], [(h.seq, h.snippet) for h in hits]
+        assert search(sc, "bogus") == [] and search(sc, "phantom") == []
+        assert len(search(sc, "zebra")) == 2  # the prompt and its echo
+        # the rebuilt index's triggers still follow new rows
+        p = PromptRun(sc.prompts(), text="quetzal after rebuild", src=source())
+        p.done.wait(10)
+        assert len(search(sc, "quetzal")) == 2
+    finally:
+        sc.stop()
+    assert all_messages(sc)[:len(before)] == before
+
+
+def test_doctor_next_to_a_running_sidecar(tmp_path):
+    sc = Sidecar(tmp_path / "data", config=echo("slow", 30)).start()
+    try:
+        src = source()
+        p = PromptRun(sc.prompts(), text="before the doctor", src=src)
+        p.done.wait(10)
+        busy = PromptRun(sc.prompts(), text=" ".join(f"w{i}" for i in range(40)), src=source(),
+                         profile="slow")
+        busy.wait_for("started")
+        r = doctor(sc.data_dir)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "integrity: ok" in r.stdout and "full-text index: ok" in r.stdout, r.stdout
+        assert health(sc.target) == "SERVING"
+        busy.done.wait(15)
+        assert busy.kinds()[-1] == "completed", (busy.kinds(), busy.error)
+        p = PromptRun(sc.prompts(), text="after the doctor", src=src)
+        p.done.wait(10)
+        assert p.kinds()[-1] == "completed"
+        assert len(search(sc, "doctor")) == 4
+    finally:
+        assert sc.stop() == 0

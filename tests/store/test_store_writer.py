@@ -1,0 +1,123 @@
+"""The store's writer process (store/writer_process.py): a named child without
+grpc, that never outlives the sidecar, whose death stops the sidecar instead of
+leaving it unable to persist; and jobs that must be module-level functions.
+Also how the sidecar's processes and threads are scheduled around its event
+loop (children at a lower priority, gRPC's threads SCHED_BATCH)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import signal
+
+import pytest
+
+from agent_sidecar.children import CHILD_NICE
+from agent_sidecar.errors import SidecarError
+from agent_sidecar.sessions import lifecycle as life
+from agent_sidecar.sessions.source import SessionSource
+from agent_sidecar.store import StoreClosed, open_store
+from agent_sidecar.v1 import session_service_pb2 as spb
+from helpers.ids import source
+from helpers.logs import log_lines
+from helpers.procs import alive, children, comm, grpc_loaded, niceness, sched_policy
+from helpers.waiting import wait_until
+from sidecar_proc import Sidecar
+
+
+def child_pids(sc) -> dict[str, int]:
+    """The writer and every worker, once each has started and named itself."""
+    want = {"sidecar-writer", *(f"sidecar-work-{i}" for i in range(sc.workers))}
+    found = wait_until(lambda: (lambda ch: ch if want <= ch.keys() else None)(children(sc)),
+                       what=f"the sidecar's children {sorted(want)}")
+    return {("writer" if n == "sidecar-writer" else n.replace("sidecar-work-", "worker")): found[n]
+            for n in sorted(want)}
+
+
+def test_writer_is_a_named_child_without_grpc(tmp_path):
+    with Sidecar(tmp_path / "data", workers=1).start() as sc:
+        pids = child_pids(sc)
+        assert not grpc_loaded(pids["writer"])
+        assert comm(pids["writer"]) == "sidecar-writer"
+        assert comm(pids["worker0"]) == "sidecar-work-0"
+
+
+def test_children_yield_the_cpu_to_the_event_loop(tmp_path):
+    with Sidecar(tmp_path / "data", workers=2).start() as sc:
+        parent = niceness(sc.proc.pid)
+        for name, pid in child_pids(sc).items():
+            assert niceness(pid) == min(parent + CHILD_NICE, 19), name
+
+
+def test_grpc_threads_do_not_preempt_the_event_loop(tmp_path):
+    """gRPC's threads run SCHED_BATCH; the event loop (the main thread) and the
+    children keep the default policy (api/server.py, calm_grpc_threads)."""
+    with Sidecar(tmp_path / "data", workers=1).start() as sc:
+        pid = sc.proc.pid
+        threads = {int(t): comm(pid, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+        grpc_threads = [t for t, name in threads.items() if name in ("event_engine", "lifeguard")]
+        assert grpc_threads, threads
+        assert all(sched_policy(pid, t) == os.SCHED_BATCH for t in grpc_threads), threads
+        assert sched_policy(pid) == os.SCHED_OTHER
+        for name, child in child_pids(sc).items():
+            assert sched_policy(child) == os.SCHED_OTHER, name
+        # the sidecar's own report of the threads it calmed (an operator reads it in the log)
+        assert log_lines(sc, "serving")[-1]["batch_threads"] >= len(grpc_threads)
+
+
+def test_children_die_with_a_killed_sidecar(tmp_path):
+    sc = Sidecar(tmp_path / "data", workers=2).start()
+    pids = child_pids(sc)
+    assert all(alive(p) for p in pids.values())
+    sc.kill9()
+    wait_until(lambda: not any(alive(p) for p in pids.values()), timeout=10,
+               what=f"children {pids} gone after kill -9 of the sidecar")
+
+
+def test_sidecar_stops_when_its_writer_dies(tmp_path):
+    data = tmp_path / "data"
+    sc = Sidecar(data, workers=1).start()
+    try:
+        made = sc.sessions().GetOrCreateSession(spb.GetOrCreateSessionRequest(source=source()),
+                                                timeout=10).session
+        os.kill(child_pids(sc)["writer"], signal.SIGKILL)
+        sc.proc.wait(30)
+        assert sc.proc.returncode == 1, sc.log()
+        # the log line is the behaviour here: it tells the operator why the sidecar stopped
+        assert any(x.get("msg") == "the store writer process died" for x in log_lines(sc))
+        assert not (data / ".clean_shutdown").exists()
+    finally:
+        sc.stop()
+    with Sidecar(data, workers=1).start() as again:  # nothing acknowledged was lost
+        got = again.sessions().GetSession(spb.GetSessionRequest(session_key=made.session_key),
+                                          timeout=10).session
+        assert got.session_id == made.session_id
+
+
+def test_jobs_are_module_level_functions_with_plain_arguments(tmp_path):
+    """A closure cannot cross to the writer process: refused at the call site.
+    A domain error raised there arrives whole (reason and field)."""
+
+    async def go():
+        store = open_store(path=str(tmp_path / "s.db"), log_format="text")
+        await store.start()
+        try:
+            with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
+                store.write(lambda uow: None)
+            entry, created = await store.write(life.get_or_create, "agent:main:t:dm:1",
+                                               SessionSource(platform="t", chat_id="1"), "main")
+            assert created and entry.session_key == "agent:main:t:dm:1"
+            with pytest.raises(SidecarError) as err:
+                await store.write(life.reset, "agent:main:t:dm:nope", "")
+            assert err.value.reason == "SESSION_NOT_FOUND"
+            before = store.writer.commits
+            await asyncio.gather(*(store.write(life.mark_resume_pending, entry.session_key, f"r{i}")
+                                   for i in range(200)))
+            assert store.writer.commits - before == 1, "writes of one loop iteration share a commit"
+        finally:
+            await store.close()
+        with pytest.raises(StoreClosed):
+            store.write(life.suspend, "agent:main:t:dm:1")
+
+    asyncio.run(go())

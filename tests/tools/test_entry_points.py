@@ -1,0 +1,121 @@
+"""Third-party extensions through Python entry points, installed for real: a
+distribution (dist-info with entry_points.txt) on the sidecar's path adds a
+model backend (``agent_sidecar.models``) and an in-process tool
+(``agent_sidecar.tools``), and a profile uses both."""
+
+from __future__ import annotations
+
+import textwrap
+import threading
+import time
+
+from agent_sidecar.v1 import common_pb2 as c
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
+from helpers.ids import rid
+from helpers.tools import ToolHost
+from sidecar_proc import Sidecar, error_info
+
+PLUGIN = '''
+from agent_sidecar.models.base import TextDelta, ToolCallRequest, UsageReport
+
+
+class ShoutModel:
+    """Calls plug.upper on the user's text, then answers with the tool's result."""
+
+    def __init__(self, options):
+        self.suffix = options.get("suffix", "")
+
+    async def stream(self, request):
+        last = request.messages[-1]
+        if last["role"] == "tool":
+            yield TextDelta(last["content"].strip('"') + self.suffix)
+        else:
+            import json
+            yield ToolCallRequest("c1", "plug.upper", json.dumps({"text": last["content"]}))
+        yield UsageReport(input_tokens=1, output_tokens=1)
+
+    async def aclose(self):
+        pass
+
+
+def tools():
+    return [{"name": "plug.upper", "description": "Upper-case a text.",
+             "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+             "handler": upper}]
+
+
+def upper(text):
+    if text == "nap":  # a plain function that blocks: it must hold up its own turn only
+        import time
+        time.sleep(3)
+    return text.upper()
+'''
+
+
+def _install_plugin(root):
+    (root / "sidecar_plugin.py").write_text(PLUGIN)
+    info = root / "sidecar_plugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sidecar-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(textwrap.dedent("""\
+        [agent_sidecar.models]
+        shout = sidecar_plugin:ShoutModel
+
+        [agent_sidecar.tools]
+        plug = sidecar_plugin:tools
+        """))
+
+
+def test_model_and_tool_from_entry_points(tmp_path):
+    plugin_dir = tmp_path / "site"
+    plugin_dir.mkdir()
+    _install_plugin(plugin_dir)
+    config = textwrap.dedent("""\
+        [profiles.plug]
+        model = "shout"
+        tools = ["plug.*"]
+        model_options = { suffix = "!" }
+        """)
+    sc = Sidecar(tmp_path / "data", config=config, env={"PYTHONPATH": str(plugin_dir)}).start()
+    try:
+        frames = []
+        req = ppb.PromptRequest(request_id=rid(), source=c.SessionSource(platform="t", chat_id="p"),
+                                text="hello plugin", profile="plug")
+        for r in sc.prompts().Prompt(req, timeout=30):
+            frames.append(r.frame)
+        kinds = [f.WhichOneof("event") for f in frames]
+        assert kinds[-1] == "completed", kinds
+        call = next(f.tool_call for f in frames if f.WhichOneof("event") == "tool_call")
+        result = next(f.tool_result for f in frames if f.WhichOneof("event") == "tool_result")
+        assert call.name == "plug.upper"
+        assert result.ok and result.result_json == '"HELLO PLUGIN"'
+        assert frames[-1].completed.final_text == "HELLO PLUGIN!"
+        # A remote host may not take an in-process tool's name: once it left,
+        # the tool would be gone until the next restart.
+        host = ToolHost(sc.tools(), "plug", [("plug.upper", "shadow", {"type": "object"})])
+        try:
+            assert host.ended.wait(10) and not host.registered.is_set()
+            assert error_info(host.error) == ("INVALID_ARGUMENT", "register.tools[0].name")
+        finally:
+            host.close()
+        frames = [r.frame for r in sc.prompts().Prompt(ppb.PromptRequest(
+            request_id=rid(), source=c.SessionSource(platform="t", chat_id="p2"),
+            text="still here", profile="plug"), timeout=30)]
+        assert frames[-1].completed.final_text == "STILL HERE!", [f.WhichOneof("event") for f in frames]
+        # A blocking in-process tool runs off the event loop: a turn started
+        # after it, on another session, ends first.
+        done: list[str] = []
+
+        def turn(chat_id, text):
+            out = [r.frame for r in sc.prompts().Prompt(ppb.PromptRequest(
+                request_id=rid(), source=c.SessionSource(platform="t", chat_id=chat_id),
+                text=text, profile="plug"), timeout=30)]
+            done.append(out[-1].completed.final_text)
+        napper = threading.Thread(target=turn, args=("p3", "nap"))
+        napper.start()
+        time.sleep(0.5)
+        turn("p4", "quick")
+        napper.join()
+        assert done == ["QUICK!", "NAP!"], done
+    finally:
+        sc.stop()

@@ -1,0 +1,324 @@
+"""Delivery modes on a busy session, through a real sidecar (issue 4, docs/semantics.md
+"delivery"): REJECT_IF_BUSY, FOLLOW_UP burst collapse, QUEUE FIFO, INTERRUPT,
+ROLLBACK, STEER; ResetSession / SuspendSession on a busy lane; the queue cap;
+GetQueue. The busy turn is a slow echo (100 ms a word)."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
+from agent_sidecar.v1 import session_service_pb2 as spb
+from helpers.config import scripted, slow_echo
+from helpers.ids import source, words
+from helpers.logs import log_lines
+from helpers.sessions import get_session, transcript
+from helpers.streams import D, get_queue, PromptRun, start
+from sidecar_proc import Sidecar
+
+CONFIG = (slow_echo("main")
+          + scripted("steer", [{"text": "first answer", "token_latency_ms": 500}, {"echo_input": True}])
+          + scripted("steerlast", [{"text": "first answer", "token_latency_ms": 500}, {"echo_input": True}],
+                     max_iterations=1)
+          + slow_echo("capped", queue_cap=2)
+          + slow_echo("capone", queue_cap=1)
+          # what the model received: every user message since its last answer
+          + scripted("burst", [{"echo_input": True, "token_latency_ms": 100}])
+          + scripted("burststeer", [{"echo_input": True, "token_latency_ms": 100}], max_iterations=1))
+
+
+@pytest.fixture(scope="module")
+def sc(tmp_path_factory):
+    s = Sidecar(tmp_path_factory.mktemp("delivery") / "data", config=CONFIG, workers=2).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def stubs(sc):
+    return sc.prompts(), sc.sessions()
+
+
+def busy(prompts, n_words: int = 20, profile: str = ""):
+    """A session with a slow turn running (about n_words / 10 seconds)."""
+    first = start(prompts, text=words(n_words, "busy"), src=source(), profile=profile)
+    first.wait_for("started")
+    return first
+
+
+def test_reject_if_busy_is_agent_busy_with_retry_info(stubs):
+    prompts, _ = stubs
+    first = busy(prompts)
+    rej = PromptRun(prompts, text="are you there", key=first.key, delivery=D.DELIVERY_MODE_REJECT_IF_BUSY)
+    rej.result(10)
+    assert rej.frames == [], rej.kinds()
+    assert rej.error is not None and rej.error.code() == grpc.StatusCode.ABORTED
+    assert rej.reason == "AGENT_BUSY"
+    st = rpc_status.from_call(rej.error)
+    assert any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in st.details)
+    assert first.result().end == "completed"
+    # idle again: REJECT_IF_BUSY simply runs
+    ok = start(prompts, text="now", key=first.key, delivery=D.DELIVERY_MODE_REJECT_IF_BUSY).result()
+    assert ok.end == "completed" and ok.final_text == "now"
+
+
+def test_ten_follow_ups_collapse_to_the_last(stubs):
+    prompts, sessions = stubs
+    first = busy(prompts)
+    fus = []
+    for i in range(10):
+        fus.append(start(prompts, text=f"follow {i}", key=first.key,
+                       delivery=D.DELIVERY_MODE_FOLLOW_UP if i % 2 else 0))
+        assert fus[-1].position == 1
+    q = get_queue(prompts, first.key)
+    assert q.pending.request_id == fus[-1].request_id and q.pending.text == "follow 9"
+    assert list(q.queued) == []
+    assert get_session(sessions, first.key).queue_depth == 1
+    for i, fu in enumerate(fus[:-1]):
+        fu.result(10)
+        assert fu.end == "superseded", fu.kinds()
+        assert fu.kinds() == ["accepted", "superseded"]
+        assert fu.last.superseded.by_request_id == fus[i + 1].request_id
+        assert fu.error is None
+    assert first.result().end == "completed"
+    last = fus[-1].result()
+    assert last.end == "completed" and last.final_text == "follow 9"
+    users = [m.content for m in transcript(sessions, first.session_id) if m.role == "user"]
+    assert users == [words(20, "busy")] + [f"follow {i}" for i in range(10)], "nothing sent is dropped"
+
+
+@pytest.mark.parametrize("mode", ["follow_up", "steer"])
+def test_a_burst_of_three_is_one_turn_that_sees_all_three(sc, stubs, mode):
+    """docs/semantics.md, FOLLOW_UP: a newer follow-up absorbs the pending one, which ends
+    superseded by it; its text runs in the newer one's turn as its own user
+    message, in the order sent. A STEER that falls back to FOLLOW_UP (here every
+    call is the turn's last, max_iterations = 1) absorbs the same way."""
+    prompts, sessions = stubs
+    profile = "burst" if mode == "follow_up" else "burststeer"
+    delivery = D.DELIVERY_MODE_FOLLOW_UP if mode == "follow_up" else D.DELIVERY_MODE_STEER
+    first = busy(prompts, 20, profile=profile)
+    first.wait_for("text_delta")  # its one model call is under way: a steer cannot join it
+    burst = [start(prompts, text=f"part {i}", key=first.key, delivery=delivery) for i in range(3)]
+    q = get_queue(prompts, first.key)  # the pending prompt is the newest; what it absorbed has ended
+    assert q.pending.request_id == burst[-1].request_id and q.pending.text == "part 2"
+    assert get_session(sessions, first.key).queue_depth == 1
+    for older, newer in zip(burst, burst[1:]):
+        older.result(10)
+        assert older.kinds() == ["accepted", "superseded"] and older.error is None
+        assert older.last.superseded.by_request_id == newer.request_id
+    assert first.result(10).end == "completed"
+    last = burst[-1].result(15)
+    assert last.end == "completed", (last.kinds(), last.reason)
+    assert last.final_text == "part 0\npart 1\npart 2", "the model saw all three, in order"
+    msgs = [(m.role, m.content) for m in transcript(sessions, first.session_id)]
+    assert msgs[2:] == [("user", "part 0"), ("user", "part 1"), ("user", "part 2"),
+                        ("assistant", "part 0\npart 1\npart 2")], msgs
+    after = start(prompts, text="and then", key=first.key, delivery=delivery).result(10)
+    assert after.final_text == "and then"
+    assert [m.content for m in transcript(sessions, first.session_id)][-2:] == ["and then"] * 2
+    # the warm agent took all three messages in step with the store: never rebuilt (a
+    # rebuild is invisible through the API by design: its log line is the oracle)
+    assert [x for x in log_lines(sc, "agent rebuilt from store") if x.get("key") == first.key] == []
+
+
+def test_twenty_queued_prompts_run_in_order(stubs):
+    prompts, sessions = stubs
+    first = busy(prompts, 25)
+    queued = [start(prompts, text=f"q{i}", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
+              for i in range(20)]
+    assert [p.position for p in queued] == list(range(1, 21))
+    q = get_queue(prompts, first.key)
+    assert [x.request_id for x in q.queued] == [p.request_id for p in queued]
+    assert all(x.delivery == D.DELIVERY_MODE_QUEUE for x in q.queued)
+    assert not q.HasField("pending")
+    assert first.result().end == "completed"
+    ends = []
+    for p in queued:
+        p.result(30)
+        assert p.end == "completed"
+        assert p.final_text == f"q{queued.index(p)}"
+        ends.append(p.last.at.ToNanoseconds())
+    assert ends == sorted(ends)
+    msgs = transcript(sessions, first.session_id)
+    assert [m.content for m in msgs if m.role == "user"] == [words(25, "busy")] + [f"q{i}" for i in range(20)]
+    assert [m.role for m in msgs] == ["user", "assistant"] * 21
+    assert get_queue(prompts, first.key) == type(q)()
+
+
+def test_interrupt_cancels_and_keeps_what_it_wrote(stubs):
+    prompts, sessions = stubs
+    first = busy(prompts, 40)
+    first.wait_for("text_delta")
+    intr = start(prompts, text="stop that", key=first.key, delivery=D.DELIVERY_MODE_INTERRUPT)
+    first.result(10)
+    assert first.end == "failed" and first.last.failed.reason == "CANCELLED"
+    assert first.error.code() == grpc.StatusCode.CANCELLED and first.reason == "CANCELLED"
+    assert intr.result(10).end == "completed" and intr.final_text == "stop that"
+    msgs = transcript(sessions, first.session_id)
+    assert [m.content for m in msgs if m.role == "user"] == [words(40, "busy"), "stop that"]
+    assert all(m.active for m in msgs)
+
+
+def test_rollback_hides_the_cancelled_turn(stubs):
+    prompts, sessions = stubs
+    first = busy(prompts, 40)
+    first.wait_for("text_delta")
+    rb = start(prompts, text="never mind", key=first.key, delivery=D.DELIVERY_MODE_ROLLBACK)
+    first.result(10)
+    assert first.end == "failed" and first.last.failed.reason == "CANCELLED"
+    assert rb.result(10).end == "completed" and rb.final_text == "never mind"
+    live = transcript(sessions, first.session_id)
+    assert [(m.role, m.content) for m in live] == [("user", "never mind"), ("assistant", "never mind")]
+    everything = transcript(sessions, first.session_id, include_rewound=True)
+    hidden = [m for m in everything if not m.active]
+    assert hidden and (hidden[0].role, hidden[0].content) == ("user", words(40, "busy"))
+    assert all(m.role == "assistant" for m in hidden[1:])  # its partial output, if any was written
+    assert max(m.seq for m in hidden) < min(m.seq for m in live)
+    assert [m.seq for m in everything if m.active] == [m.seq for m in live]
+
+
+def test_steer_reaches_the_next_model_call(stubs):
+    prompts, sessions = stubs
+    host = start(prompts, text="hello", src=source(), profile="steer")
+    # Its first token proves the first model call is under way (the second
+    # token is 500 ms off): the steer must wait for the next call. (After
+    # only "started", the steer may reach the worker before the first call
+    # begins, and rightly joins that one.)
+    host.wait_for("text_delta")
+    st = start(prompts, text="actually, bananas", key=host.key, delivery=D.DELIVERY_MODE_STEER)
+    host.result(10)
+    assert host.end == "completed", (host.kinds(), host.error)
+    assert host.final_text == "actually, bananas"
+    st.result(10)
+    assert st.end == "completed" and st.final_text == "actually, bananas"
+    msgs = transcript(sessions, host.session_id)
+    assert [(m.role, m.content) for m in msgs] == [
+        ("user", "hello"), ("assistant", "first answer"), ("user", "actually, bananas"),
+        ("assistant", "actually, bananas")]
+
+
+def test_steer_during_the_last_allowed_model_call_becomes_a_follow_up(stubs):
+    """docs/semantics.md: a turn past its last model call treats a steer as FOLLOW_UP. The
+    host keeps its complete answer; the steer runs as the next turn."""
+    prompts, sessions = stubs
+    host = start(prompts, text="hello", src=source(), profile="steerlast")  # max_iterations = 1
+    host.wait_for("text_delta")
+    st = start(prompts, text="bananas", key=host.key, delivery=D.DELIVERY_MODE_STEER)
+    host.result(10)
+    assert host.end == "completed" and host.final_text == "first answer", (host.kinds(), host.reason)
+    st.result(10)
+    assert st.end == "completed", (st.kinds(), st.reason)
+    assert "started" in st.kinds(), "it ran as a turn of its own"
+    msgs = [(m.role, m.content) for m in transcript(sessions, host.session_id)]
+    assert msgs[:3] == [("user", "hello"), ("assistant", "first answer"), ("user", "bananas")], msgs
+    assert msgs[-1][0] == "assistant" and len(msgs) == 4, msgs
+
+
+def test_steer_on_an_idle_session_is_a_normal_turn(stubs):
+    prompts, _ = stubs
+    p = start(prompts, text="hi there", src=source(), profile="steer", delivery=D.DELIVERY_MODE_STEER)
+    assert p.position == 0
+    p.result(10)
+    assert p.kinds()[:2] == ["accepted", "started"]
+    assert p.end == "completed" and p.final_text == "first answer"
+
+
+def test_reset_drops_the_queue_and_cancels_the_running_turn(stubs):
+    prompts, sessions = stubs
+    first = busy(prompts, 40)
+    queued = [start(prompts, text=f"q{i}", key=first.key, delivery=D.DELIVERY_MODE_QUEUE) for i in range(3)]
+    fu = start(prompts, text="and also", key=first.key)
+    assert len(get_queue(prompts, first.key).queued) == 3
+    new = sessions.ResetSession(spb.ResetSessionRequest(session_key=first.key), timeout=10).session
+    assert new.session_id != first.session_id
+    first.result(10)
+    assert first.end == "failed" and first.reason == "CANCELLED"
+    for p in queued + [fu]:
+        p.result(10)
+        assert p.end == "superseded" and p.error is None, p.kinds()
+    q = get_queue(prompts, first.key)
+    assert not q.HasField("pending") and list(q.queued) == []
+    after = start(prompts, text="fresh", key=first.key).result(10)
+    assert after.end == "completed" and after.session_id == new.session_id
+
+
+def test_suspend_cancels_the_running_turn(stubs):
+    prompts, sessions = stubs
+    first = busy(prompts, 40)
+    fu = start(prompts, text="later", key=first.key)
+    s = sessions.SuspendSession(spb.SuspendSessionRequest(session_key=first.key), timeout=10).session
+    assert s.suspended
+    first.result(10)
+    assert first.end == "failed" and first.last.failed.reason == "CANCELLED"
+    assert first.error.code() == grpc.StatusCode.CANCELLED
+    fu.result(10)
+    assert fu.end == "superseded"
+
+
+def test_queue_cap_is_resource_exhausted(stubs):
+    prompts, _ = stubs
+    first = busy(prompts, 30, profile="capped")
+    a = start(prompts, text="a", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
+    b = start(prompts, text="b", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
+    c = PromptRun(prompts, text="c", key=first.key, delivery=D.DELIVERY_MODE_QUEUE).result(10)
+    assert c.frames == [] and c.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert c.reason == "QUEUE_FULL"
+    assert "profiles.capped.queue_cap" in c.error.details(), c.error.details()
+    st = rpc_status.from_call(c.error)
+    assert any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in st.details)
+    q = get_queue(prompts, first.key)
+    assert [x.text for x in q.queued] == ["a", "b"]
+    for p in (first, a, b):
+        assert p.result(15).end == "completed"
+
+
+@pytest.mark.parametrize("mode", ["follow_up", "steer"])
+def test_queue_cap_counts_only_what_deepens_the_queue(stubs, mode):
+    prompts, _ = stubs
+    first = busy(prompts, 30, profile="capone")
+    a = start(prompts, text="a", key=first.key)  # the pending slot: depth 1 = the cap
+    delivery = D.DELIVERY_MODE_STEER if mode == "steer" else D.DELIVERY_MODE_FOLLOW_UP
+    b = PromptRun(prompts, text="b", key=first.key, delivery=delivery)
+    b.wait_for("accepted", 5)
+    if mode == "follow_up":
+        assert a.result(10).end == "superseded"
+        assert b.result(15).final_text == "b"
+    else:
+        assert first.result(10).final_text == "b"  # the steer joined the running turn
+        assert b.result(10).final_text == "b" and a.result(10).final_text == "a"
+
+
+def test_lane_order_interrupt_then_follow_up_then_fifo(stubs):
+    prompts, sessions = stubs
+    first = busy(prompts, 40)
+    q1 = start(prompts, text="queued one", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
+    fu = start(prompts, text="follow up", key=first.key, delivery=D.DELIVERY_MODE_FOLLOW_UP)
+    assert (q1.position, fu.position) == (1, 1)  # the follow-up slot runs before the FIFO
+    q = get_queue(prompts, first.key)
+    assert q.pending.request_id == fu.request_id and [x.request_id for x in q.queued] == [q1.request_id]
+    assert get_session(sessions, first.key).queue_depth == 2
+    intr = start(prompts, text="urgent", key=first.key, delivery=D.DELIVERY_MODE_INTERRUPT)
+    assert intr.position == 1
+    assert first.result(10).end == "failed"
+    for p in (intr, fu, q1):
+        assert p.result(15).end == "completed", p.kinds()
+    users = [m.content for m in transcript(sessions, first.session_id) if m.role == "user"]
+    assert users == [words(40, "busy"), "urgent", "follow up", "queued one"]
+
+
+def test_cancel_a_queued_prompt_then_the_running_one(stubs):
+    prompts, _ = stubs
+    first = busy(prompts, 40)
+    q1 = start(prompts, text="one", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
+    q2 = start(prompts, text="two", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
+    assert prompts.Cancel(ppb.CancelRequest(request_id=q1.request_id), timeout=10).cancelled
+    q1.result(10)
+    assert q1.kinds() == ["accepted", "failed"] and q1.reason == "CANCELLED"
+    assert [x.request_id for x in get_queue(prompts, first.key).queued] == [q2.request_id]
+    assert prompts.Cancel(ppb.CancelRequest(session_key=first.key), timeout=10).cancelled
+    assert first.result(10).end == "failed" and first.reason == "CANCELLED"
+    assert q2.result(10).end == "completed" and q2.final_text == "two"
+    assert not prompts.Cancel(ppb.CancelRequest(session_key=first.key), timeout=10).cancelled

@@ -1,0 +1,293 @@
+"""Turns under races and limits, against a real sidecar subprocess: a STEER
+that is cancelled, that arrives twice (a client retrying blindly), or whose
+host ends while the steer waits on a respawning worker; a blind retry of a
+prompt that was refused, or whose first call's deadline hit during the
+accept; DeleteSession and ClearAllSessions while a turn runs; and
+limits.max_frames_per_turn. Each turn ends exactly once, its lane goes idle,
+and a deleted session leaves no rows behind."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from contextlib import closing, contextmanager
+
+import grpc
+import pytest
+
+from agent_sidecar.api.session_service import CLEAR_ALL_CONFIRM
+from agent_sidecar.v1 import common_pb2 as c
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
+from agent_sidecar.v1 import session_service_pb2 as spb
+from helpers.config import profile, scripted
+from helpers.ids import source, words
+from helpers.sessions import get_session, transcript
+from helpers.store import StoreView
+from helpers.streams import assert_well_formed, collect, D, kind_of, PromptRun, start, TERMINAL, watch
+from helpers.waiting import wait_until
+from sidecar_proc import TOKEN, Sidecar
+
+MAX_FRAMES = 100  # limits.max_frames_per_turn here: every other turn stays far below it
+
+CONFIG = (profile("main", "echo")
+          + profile("slow", "echo", {"token_latency_ms": 200})
+          + profile("slowhost", "echo", {"token_latency_ms": 800})
+          # still streaming when the limit's cancel reaches the worker
+          + profile("stream", "echo", {"token_latency_ms": 5})
+          + scripted("host", [{"text": "first answer", "token_latency_ms": 500}, {"echo_input": True}])
+          + scripted("crash", [{"text": "x", "kill": "worker"}])
+          + f"[sidecar.limits]\nmax_frames_per_turn = {MAX_FRAMES}\n")
+
+# Every table that holds rows of a session (what DeleteSession removes).
+
+
+@pytest.fixture(scope="module")
+def sc(tmp_path_factory):
+    """One worker, so a crash profile's kill leaves the lane's worker respawning."""
+    s = Sidecar(tmp_path_factory.mktemp("races") / "data", config=CONFIG, workers=1,
+                tcp=True).start()
+    yield s
+    s.stop()
+
+
+def _frames(p: PromptRun) -> list[tuple[int, str]]:
+    return [(f.seq, kind_of(f)) for f in p.frames]
+
+
+def _ends_once(p: PromptRun) -> None:
+    """seq 1..n gapless, accepted first, one terminal frame and it is the last."""
+    kinds = p.kinds()
+    assert [f.seq for f in p.frames] == list(range(1, len(kinds) + 1)), _frames(p)
+    assert kinds and kinds[0] == "accepted" and kinds[-1] in TERMINAL, _frames(p)
+    assert sum(k in TERMINAL for k in kinds) == 1, _frames(p)
+
+
+def _crash_the_worker(prompts) -> None:
+    """A turn that SIGKILLs the only worker: the next turns meet it respawning."""
+    boom = start(prompts, text="die", src=source(), profile="crash")
+    boom.result(15)
+    assert boom.reason == "WORKER_CRASHED", _frames(boom)
+
+
+@contextmanager
+def store_locked(sc):
+    """Hold the store's write lock: the sidecar's writes (an accept job's too) wait for its release.
+    A fault made at the SQLite file (another writer), not a read of it."""
+    with closing(sqlite3.connect(sc.data_dir / "sidecar.db", timeout=10, isolation_level=None)) as db:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            db.execute("ROLLBACK")
+
+
+def _leftovers(sc, key: str, sid: str) -> dict[str, int]:
+    """What the store still holds of a lane and its incarnation, by kind of row."""
+    store = StoreView(sc)
+    rows = {"routing": int(store.entry(key) is not None),
+            "incarnations": int(store.session_key_of(sid) is not None),
+            "frames": len(store.frames_after(session_key=key)),
+            "prompts": len(store.requests_of(key)),
+            "prompt_queue": sum(p.slot is not None for p in store.open_prompts()
+                                if p.entry.session_key == key),
+            "restart_counts": int(store.restart_count(key) > 0),
+            "messages": len(store.transcript(sid, include_rewound=True)),
+            "turn_state": store.turn_state_rows(sid)}
+    return {t: n for t, n in rows.items() if n}
+
+
+def _settle(sc) -> None:
+    """A whole turn on another session: writes queued before it have committed."""
+    p = PromptRun(sc.prompts(), text="barrier", src=source()).result(15)
+    assert p.end == "completed", _frames(p)
+
+
+def _steer_twins(prompts, key: str, text: str, request_id: str) -> list[PromptRun]:
+    """Two STEER calls with one request id, sent at the same moment (a client retrying blindly)."""
+    barrier = threading.Barrier(2)
+    twins: list[PromptRun] = []
+
+    def go():
+        barrier.wait()
+        twins.append(PromptRun(prompts, text=text, key=key, delivery=D.DELIVERY_MODE_STEER,
+                               request_id=request_id))
+    threads = [threading.Thread(target=go) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return twins
+
+
+# -- STEER ------------------------------------------------------------------------------------
+
+def test_cancelled_steer_ends_once(sc):
+    """A cancelled steer ends once (failed CANCELLED); its host's end adds no second terminal frame."""
+    prompts = sc.prompts()
+    host = start(prompts, text="hello", src=source(), profile="host")
+    host.wait_for("text_delta")
+    st = start(prompts, text="bananas", key=host.key, delivery=D.DELIVERY_MODE_STEER)
+    assert prompts.Cancel(ppb.CancelRequest(request_id=st.request_id), timeout=10).cancelled
+    st.result(10)
+    assert st.reason == "CANCELLED", (_frames(st), st.code)
+    _ends_once(st)
+    host.result(10)
+    assert host.end == "completed", _frames(host)
+    store = StoreView(sc)
+    ends = [(f.seq, f.kind) for f in store.request_frames(st.request_id) if f.kind in TERMINAL]
+    assert ends == [(st.last.seq, "failed")], f"terminal frames persisted for the steer: {ends}"
+    row = store.ledger(st.request_id)
+    ledger = (row.status, row.reason, row.last_seq)
+    assert ledger == ("failed", "CANCELLED", st.last.seq), \
+        f"the steer's ledger row rewritten after its end, or its last seq not recorded: {ledger}"
+    replay = watch(prompts, request_id=st.request_id, after_seq=st.last.seq, timeout=5)
+    assert replay.frames == [], f"frames after the steer's terminal: {replay.kinds()}"
+
+
+def test_steer_twins_steer_once(sc):
+    """Two concurrent STEER calls with one request id steer the host once and share one turn."""
+    prompts, sessions = sc.prompts(), sc.sessions()
+    for attempt in range(3):
+        host = start(prompts, text="hello", src=source(), profile="host")
+        host.wait_for("text_delta")
+        twins = _steer_twins(prompts, host.key, "bananas", f"twin-steer-{attempt}-{host.key}")
+        host.result(15)
+        for t in twins:
+            t.result(15)
+            _ends_once(t)
+        assert _frames(twins[0]) == _frames(twins[1]), "the twins saw different turns"
+        msgs = [(m.role, m.content) for m in transcript(sessions, host.session_id)]
+        n = msgs.count(("user", "bananas"))
+        assert n == 1, f"attempt {attempt}: one request id, steered text in the transcript {n}x: {msgs}"
+
+
+def test_steer_whose_host_ended_during_its_wait_runs(sc):
+    """A steer unanswered (worker respawning) while its host ends runs on its own and completes."""
+    prompts = sc.prompts()
+    _crash_the_worker(prompts)
+    host = start(prompts, text="hi", src=source())
+    host.wait_for("started")
+    st = PromptRun(prompts, text="steer me", key=host.key, delivery=D.DELIVERY_MODE_STEER)
+    host.result(15)
+    assert host.end == "completed", _frames(host)
+    st.wait_for("accepted", 15)
+    assert st.done.wait(20), f"the steer never ended: {_frames(st)}"
+    _ends_once(st)
+    assert st.end == "completed", (_frames(st), st.reason)
+    assert st.final_text.split() == ["steer", "me"], \
+        f"expected the steer to run as its own turn, got {st.final_text!r}"
+
+
+def test_unanswered_steer_twins_leave_the_lane_usable(sc):
+    """STEER twins that fall back to FOLLOW_UP leave no stuck turn: later prompts run, the lane goes idle."""
+    prompts = sc.prompts()
+    _crash_the_worker(prompts)
+    host = start(prompts, text=words(10), src=source(), profile="slowhost")  # ~8 s once running
+    host.wait_for("started")
+    twins = _steer_twins(prompts, host.key, "steer me", f"twin-followup-{host.key}")
+    host.result(30)
+    assert host.end == "completed", _frames(host)
+    for t in twins:
+        t.result(30)
+        _ends_once(t)
+    later = PromptRun(prompts, text="anyone there", key=host.key)
+    later.result(15)
+    assert later.kinds()[-1:] == ["completed"], f"the lane is stuck: later prompt got {_frames(later)}"
+    wait_until(lambda: get_session(sc.sessions(), host.key).state == c.SESSION_STATE_IDLE,
+               timeout=10, what="the session to go IDLE")
+    again = PromptRun(prompts, text="busy?", key=host.key,
+                      delivery=D.DELIVERY_MODE_REJECT_IF_BUSY).result(15)
+    assert again.end == "completed", (_frames(again), again.code, again.reason)
+
+
+# -- retries of one request id ---------------------------------------------------------------
+
+def test_twin_of_a_refused_prompt_is_refused_too(sc):
+    """Two concurrent calls with one request id for a missing session both end SESSION_NOT_FOUND at once."""
+    prompts = sc.prompts()
+    req = ppb.PromptRequest(request_id=f"refused-twin-{id(sc)}", text="hi",
+                            session_key=f"agent:main:telegram:dm:nobody{id(sc)}")
+    outs: list = []
+
+    def call():
+        outs.append(collect(prompts.Prompt(req, timeout=5)))
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    with store_locked(sc):  # both calls arrive while the first one's accept is pending
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+    for t in threads:
+        t.join()
+    got = sorted((o.code.name, o.reason) for o in outs)
+    assert got == [("NOT_FOUND", "SESSION_NOT_FOUND")] * 2, f"the twins ended {got}"
+    assert not any(k in TERMINAL for o in outs for k in o.kinds()), [o.kinds() for o in outs]
+
+
+def test_retry_after_a_deadline_during_the_accept_gets_the_whole_turn(sc):
+    """A retry after a client deadline during the accept gets the whole turn; the session goes IDLE."""
+    prompts, sessions = sc.prompts(), sc.sessions()
+    req = ppb.PromptRequest(request_id=f"deadline-{id(sc)}", text="hello there", source=source())
+    with store_locked(sc):  # the accept cannot commit before the deadline
+        first = collect(prompts.Prompt(req, timeout=0.5))
+    assert first.code == grpc.StatusCode.DEADLINE_EXCEEDED, (first.code, first.kinds())
+    retry = collect(prompts.Prompt(req, timeout=15))
+    assert retry.code == grpc.StatusCode.OK, (retry.code, retry.details)
+    assert retry.kinds()[-1:] == ["completed"], \
+        f"the retry ended {retry.code.name} without the turn's end: {retry.kinds()}"
+    assert_well_formed(retry, "completed")
+    assert retry.last.completed.final_text == "hello there", retry.kinds()
+    key = retry.frames[0].session_key
+    try:
+        wait_until(lambda: get_session(sessions, key).state == c.SESSION_STATE_IDLE, timeout=10)
+    except AssertionError:
+        state = c.SessionState.Name(get_session(sessions, key).state)
+        raise AssertionError(f"session {key} still {state} after its turn ended") from None
+
+
+# -- deleting a session while its turn runs ------------------------------------------------
+
+def test_delete_session_during_a_turn_leaves_no_rows(sc):
+    """DeleteSession while a turn streams ends the turn once and leaves no row of the session in any table."""
+    prompts, sessions = sc.prompts(), sc.sessions()
+    p = start(prompts, text=words(30), src=source(), profile="slow")
+    p.wait_for("text_delta")
+    key, sid = p.key, p.session_id
+    assert sessions.DeleteSession(spb.DeleteSessionRequest(session_key=key), timeout=15).deleted
+    p.result(10)
+    _ends_once(p)
+    _settle(sc)
+    assert _leftovers(sc, key, sid) == {}, "rows of the deleted session came back"
+
+
+def test_clear_all_during_a_turn_leaves_no_rows(sc):
+    """ClearAllSessions (admin token) while a turn streams ends it once and leaves no row of its session."""
+    prompts = sc.prompts()
+    p = start(prompts, text=words(30), src=source(), profile="slow")
+    p.wait_for("text_delta")
+    key, sid = p.key, p.session_id
+    admin = [("authorization", f"Bearer {TOKEN}")]
+    r = sc.sessions(tcp=True).ClearAllSessions(spb.ClearAllSessionsRequest(confirm=CLEAR_ALL_CONFIRM),
+                                               timeout=15, metadata=admin)
+    assert r.sessions_deleted >= 1
+    p.result(10)
+    _ends_once(p)
+    _settle(sc)
+    assert _leftovers(sc, key, sid) == {}, "rows of the cleared session came back"
+
+
+# -- limits -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model", ["stream", "main"])  # still streaming at the cancel / already done
+def test_a_turn_stops_at_max_frames_per_turn(sc, model):
+    """A turn reaching limits.max_frames_per_turn ends failed RESOURCE_EXHAUSTED, seqs 1..n, n <= limit."""
+    p = PromptRun(sc.prompts(), text=words(2 * MAX_FRAMES), src=source(), profile=model).result(30)
+    kinds = p.kinds()
+    assert len(kinds) <= MAX_FRAMES, f"{len(kinds)} frames in one turn (limit {MAX_FRAMES}), end {kinds[-1]}"
+    assert [f.seq for f in p.frames] == list(range(1, len(kinds) + 1)), "seqs not gapless 1..n"
+    assert kinds[-1] == "failed" and sum(k in TERMINAL for k in kinds) == 1, kinds[-3:]
+    failed = p.last.failed
+    assert failed.reason == "RESOURCE_EXHAUSTED", failed
+    assert "limits.max_frames_per_turn" in failed.message, failed.message
+    assert p.code == grpc.StatusCode.RESOURCE_EXHAUSTED and p.reason == "RESOURCE_EXHAUSTED", \
+        (p.code, p.reason)

@@ -1,0 +1,193 @@
+"""Taking back what a user sent while the session is busy (issue 14 item 15,
+README "RewindSession during a turn"), through a real sidecar: RewindSession
+counts the lane's waiting prompts as the newest user turns (each dropped ends
+superseded), then the running turn (cancelled as ROLLBACK: CANCELLED, nothing
+it wrote stays), then the transcript; RewriteTranscript cancels the running
+turn and keeps the waiting prompts. A transcript never holds a reply without
+its user message. The busy turn is a slow echo (100 ms a word)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_sidecar.v1 import session_service_pb2 as spb
+from agent_sidecar.v1 import common_pb2 as c
+from helpers.config import scripted, slow_echo
+from helpers.ids import source, words
+from helpers.sessions import transcript
+from helpers.streams import D, get_queue, PromptRun, start
+from helpers.tools import ToolHost
+from sidecar_proc import Sidecar
+
+QUEUE = D.DELIVERY_MODE_QUEUE
+CONFIG = slow_echo("main", 100) + scripted(
+    "tools", [{"tool_calls": [{"name": "test.wait", "id": "w1"}]}, {"text_from_last_tool_result": True}],
+    tools=["test.*"])
+
+
+@pytest.fixture(scope="module")
+def sc(tmp_path_factory):
+    s = Sidecar(tmp_path_factory.mktemp("undo") / "data", config=CONFIG, workers=2).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def stubs(sc):
+    return sc.prompts(), sc.sessions()
+
+
+def said(sessions, sid: str) -> list[tuple[str, str]]:
+    """The live transcript as (role, content)."""
+    return [(m.role, m.content) for m in transcript(sessions, sid)]
+
+
+def no_orphan_reply(msgs: list[tuple[str, str]]) -> bool:
+    """Every reply follows its own user message: with the echo model (no tools)
+    the live transcript is user, assistant, user, assistant, ..."""
+    return [role for role, _ in msgs] == ["user", "assistant"] * (len(msgs) // 2)
+
+
+def hello(prompts):
+    """A session whose transcript is [user hello, assistant hello]."""
+    first = start(prompts, text="hello", src=source()).result(10)
+    assert first.end == "completed"
+    return first
+
+
+def rewind(sessions, sid: str, n: int = 1):
+    return sessions.RewindSession(spb.RewindSessionRequest(session_id=sid, n=n), timeout=10)
+
+
+def test_undo_during_the_running_turn_cancels_it_and_leaves_no_reply(stubs):
+    """/queue one on an idle lane runs at once; /undo while it streams takes it
+    back: the turn ends failed CANCELLED and neither its message nor its reply
+    stays (today the rewind hid `one` and the turn still wrote its reply)."""
+    prompts, sessions = stubs
+    first = hello(prompts)
+    one = start(prompts, text=words(30, "one"), key=first.key, delivery=QUEUE)
+    one.wait_for("text_delta")
+    r = rewind(sessions, first.session_id)
+    one.result(10)
+    assert one.end == "failed" and one.reason == "CANCELLED", one.kinds()
+    assert (r.turns_undone, r.target_text) == (1, words(30, "one"))
+    assert r.rewound_count >= 1  # its user message, and what it had written
+    assert said(sessions, first.session_id) == [("user", "hello"), ("assistant", "hello")]
+    again = start(prompts, text="again", key=first.key).result(10)
+    assert again.final_text == "again"
+    assert said(sessions, first.session_id)[2:] == [("user", "again"), ("assistant", "again")]
+
+
+def test_undo_of_a_queued_prompt_drops_it_and_lets_the_running_turn_finish(stubs):
+    prompts, sessions = stubs
+    first = hello(prompts)
+    busy = start(prompts, text=words(20, "busy"), key=first.key)
+    busy.wait_for("started")
+    one = start(prompts, text="one", key=first.key, delivery=QUEUE)
+    r = rewind(sessions, first.session_id)
+    one.result(10)
+    assert one.kinds() == ["accepted", "superseded"] and one.error is None
+    assert (r.turns_undone, r.target_text, r.rewound_count) == (1, "one", 0)
+    q = get_queue(prompts, first.key)
+    assert not q.HasField("pending") and list(q.queued) == []
+    assert busy.result(10).end == "completed"
+    assert said(sessions, first.session_id) == [
+        ("user", "hello"), ("assistant", "hello"),
+        ("user", words(20, "busy")), ("assistant", words(20, "busy"))]
+
+
+def test_undo_takes_a_pending_burst_back_as_one_turn(stubs):
+    """Two follow-ups while busy are one pending turn (the second absorbed the
+    first): one /undo takes the burst back, and the running turn goes on."""
+    prompts, sessions = stubs
+    first = hello(prompts)
+    busy = start(prompts, text=words(20, "busy"), key=first.key)
+    busy.wait_for("started")
+    a = start(prompts, text="a", key=first.key)
+    b = start(prompts, text="b", key=first.key)
+    r = rewind(sessions, first.session_id)
+    assert a.result(10).kinds() == ["accepted", "superseded"]
+    assert a.last.superseded.by_request_id == b.request_id
+    assert b.result(10).kinds() == ["accepted", "superseded"] and b.last.superseded.by_request_id == ""
+    assert (r.turns_undone, r.target_text) == (1, "a")
+    assert busy.result(10).end == "completed"
+    assert [c for _, c in said(sessions, first.session_id)] == ["hello", "hello"] + [words(20, "busy")] * 2
+
+
+def test_undo_counts_waiting_prompts_then_the_running_turn_then_the_transcript(stubs):
+    prompts, sessions = stubs
+    first = hello(prompts)
+    busy = start(prompts, text=words(30, "busy"), key=first.key)
+    busy.wait_for("text_delta")
+    queued = start(prompts, text="queued", key=first.key, delivery=QUEUE)
+    follow = start(prompts, text="follow", key=first.key)
+    r = rewind(sessions, first.session_id, n=4)
+    for p in (queued, follow):
+        assert p.result(10).kinds() == ["accepted", "superseded"]
+    busy.result(10)
+    assert busy.end == "failed" and busy.reason == "CANCELLED"
+    assert (r.turns_undone, r.target_text) == (4, "hello")
+    assert said(sessions, first.session_id) == []
+    hidden = transcript(sessions, first.session_id, include_rewound=True)
+    assert [m.content for m in hidden if m.role == "user"] == ["hello", words(30, "busy")]
+
+
+def test_undo_while_the_turn_waits_on_a_tool_leaves_nothing_of_it(sc, stubs):
+    """The running turn has written its tool call and waits on a tool host that
+    never answers: /undo cancels it at once, and neither its messages nor the
+    result the cancelled call gets afterwards stay live."""
+    prompts, sessions = stubs
+    host = ToolHost(sc.tools(), "test", [("test.wait", "never answers", {"type": "object"})])
+    host.wait_registered()
+    try:
+        p = start(prompts, text="look it up", src=source(), profile="tools")
+        p.wait_for("tool_call")
+        assert host.on_invocation.wait(10)
+        r = rewind(sessions, p.session_id)
+        p.result(10)
+        assert p.end == "failed" and p.reason == "CANCELLED", p.kinds()
+        assert (r.turns_undone, r.target_text) == (1, "look it up")
+        assert said(sessions, p.session_id) == []
+        everything = transcript(sessions, p.session_id, include_rewound=True)
+        assert [m.role for m in everything][:2] == ["user", "assistant"] and not any(m.active for m in everything)
+    finally:
+        host.cancel()
+
+
+@pytest.mark.parametrize("attempt", range(4))
+def test_queue_then_undo_at_once_never_leaves_an_orphan_reply(stubs, attempt):
+    """The console adapter's `/queue one` and `/undo` sent together, without
+    waiting for the acknowledgement: whichever the sidecar sees first, exactly one
+    user turn is taken back and no reply stays without its user message."""
+    prompts, sessions = stubs
+    first = hello(prompts)
+    one = PromptRun(prompts, text="one", key=first.key, delivery=QUEUE)
+    r = rewind(sessions, first.session_id)
+    one.result(10)
+    msgs = said(sessions, first.session_id)
+    assert no_orphan_reply(msgs), msgs
+    assert r.turns_undone == 1
+    if one.end == "completed":  # the undo came first and took back `hello`
+        assert r.target_text == "hello" and msgs == [("user", "one"), ("assistant", "one")]
+    else:  # `one` was taken back: dropped before it ran, or cancelled while it ran
+        assert one.end in ("superseded", "failed"), one.kinds()
+        assert r.target_text == "one" and msgs == [("user", "hello"), ("assistant", "hello")]
+
+
+def test_rewrite_during_a_turn_cancels_it_and_keeps_the_waiting_prompts(stubs):
+    """RewriteTranscript replaces what the running turn answers: the turn ends
+    CANCELLED and writes nothing more; a prompt waiting behind it was sent by the
+    user and runs after, on the rewritten transcript."""
+    prompts, sessions = stubs
+    first = hello(prompts)
+    busy = start(prompts, text=words(30, "busy"), key=first.key)
+    busy.wait_for("text_delta")
+    after = start(prompts, text="after", key=first.key, delivery=QUEUE)
+    sessions.RewriteTranscript(spb.RewriteTranscriptRequest(session_id=first.session_id, messages=[
+        c.Message(role="user", content="summary please"), c.Message(role="assistant", content="summary")]),
+        timeout=10)
+    busy.result(10)
+    assert busy.end == "failed" and busy.reason == "CANCELLED"
+    assert after.result(10).final_text == "after"
+    assert said(sessions, first.session_id) == [
+        ("user", "summary please"), ("assistant", "summary"), ("user", "after"), ("assistant", "after")]

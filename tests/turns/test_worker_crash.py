@@ -1,0 +1,123 @@
+"""A worker killed with SIGKILL mid-turn (issue 4, "A dead worker"): its turn
+ends failed WORKER_CRASHED, the session is marked resume_pending, a dangling
+tool call gets a synthetic error result, a new worker takes the slot, and the
+other worker's turns go on untouched."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import grpc
+import pytest
+
+from agent_sidecar.turns.pool import rendezvous
+from agent_sidecar.v1 import session_service_pb2 as spb
+from helpers.config import scripted, slow_echo
+from helpers.ids import source, words
+from helpers.procs import grpc_loaded, worker_pid
+from helpers.sessions import get_session, transcript
+from helpers.streams import start
+from helpers.tools import tool_calls_answered, ToolHost, unanswered_calls
+from helpers.waiting import wait_until
+from sidecar_proc import Sidecar
+
+WORKERS = 2
+CONFIG = (slow_echo("main")
+          + scripted("thang", [{"tool_calls": [{"name": "test.hang", "id": "h1"}]}, {"text": "recovered"}],
+                     tools=["test.*"]))
+
+
+@pytest.fixture(scope="module")
+def sc(tmp_path_factory):
+    s = Sidecar(tmp_path_factory.mktemp("crash") / "data", config=CONFIG, workers=WORKERS).start()
+    yield s
+    s.stop()
+
+
+def live_worker(sc, index: int) -> int:
+    """The pid of the worker in this slot, once there is one."""
+    pid = wait_until(lambda: worker_pid(sc, index), timeout=5, what=f"worker {index} running")
+    os.kill(pid, 0)  # alive
+    return pid
+
+
+def session_on_slot(sc, slot: int, profile: str = ""):
+    """A fresh session whose key hashes to this worker slot."""
+    for _ in range(200):
+        s = sc.sessions().GetOrCreateSession(
+            spb.GetOrCreateSessionRequest(source=source(), profile=profile), timeout=10).session
+        if rendezvous(s.session_key, WORKERS) == slot:
+            return s
+    raise AssertionError(f"no key hashed to slot {slot}")
+
+
+def kill_worker(sc, index: int) -> int:
+    """SIGKILL the worker serving this slot; its pid."""
+    pid = live_worker(sc, index)
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def test_killed_worker_fails_its_turn_and_is_replaced(sc):
+    prompts, sessions = sc.prompts(), sc.sessions()
+    victim, bystander = session_on_slot(sc, 0), session_on_slot(sc, 1)
+    a = start(prompts, text=words(30, "a"), key=victim.session_key)
+    b = start(prompts, text=words(30, "b"), key=bystander.session_key)
+    a.wait_for("text_delta")
+    b.wait_for("text_delta")
+    other = live_worker(sc, 1)
+    old_pid = kill_worker(sc, 0)
+    a.result(10)
+    assert a.end == "failed" and a.last.failed.reason == "WORKER_CRASHED", a.kinds()
+    assert a.error.code() == grpc.StatusCode.UNAVAILABLE and a.reason == "WORKER_CRASHED"
+    s = get_session(sessions, victim.session_key)
+    assert s.resume_pending and s.resume_reason == "worker_crashed"
+    assert s.session_id == victim.session_id and not s.suspended
+    fresh = wait_until(lambda: (lambda p: p if p not in (None, old_pid) else None)(worker_pid(sc, 0)),
+                       timeout=3, what="a replacement worker")
+    assert fresh != old_pid  # a replacement, found within the bounded wait above
+    assert not grpc_loaded(fresh)
+    # the other worker's turn went on untouched
+    b.result(15)
+    assert b.end == "completed" and b.final_text == words(30, "b")
+    assert "WORKER_CRASHED" not in str(b.kinds())
+    assert live_worker(sc, 1) == other
+    # the next turn on the crashed session runs on the new worker
+    nxt = start(prompts, text="are you back", key=victim.session_key).result(10)
+    assert nxt.end == "completed" and nxt.final_text == "are you back"
+    assert nxt.session_id == victim.session_id
+    after = get_session(sessions, victim.session_key)
+    assert not after.resume_pending and after.resume_reason == ""
+    msgs = transcript(sessions, victim.session_id)
+    users = [m.content for m in msgs if m.role == "user"]
+    assert users == [words(30, "a"), "are you back"]
+    assert msgs[-1].role == "assistant" and msgs[-1].content == "are you back"
+
+
+def test_dangling_tool_call_gets_a_synthetic_result(sc):
+    host = ToolHost(sc.tools(), "test", [("test.hang", "never answers", {"type": "object"})],
+                    lambda inv: None)
+    try:
+        host.wait_registered()
+        victim = session_on_slot(sc, 1, profile="thang")
+        p = start(sc.prompts(), text="call it", key=victim.session_key)
+        assert host.on_invocation.wait(10), p.kinds()
+        p.wait_for("tool_call")
+        kill_worker(sc, 1)
+        p.result(10)
+        assert p.end == "failed" and p.reason == "WORKER_CRASHED"
+        msgs = transcript(sc.sessions(), victim.session_id)
+        assert [m.role for m in msgs] == ["user", "assistant", "tool"]
+        calls, answered = tool_calls_answered(msgs)
+        assert calls == ["h1"] and answered == {"h1"} and unanswered_calls(msgs) == []
+        assert msgs[2].tool_call_id == "h1" and "error" in json.loads(msgs[2].content)
+        assert get_session(sc.sessions(), victim.session_key).resume_reason == "worker_crashed"
+    finally:
+        host.close()
+    # with the host gone the call is an error result and the turn goes on to its text
+    wait_until(lambda: host.ended.is_set(), timeout=5, what="host stream end")
+    nxt = start(sc.prompts(), text="again", key=victim.session_key).result(20)
+    assert nxt.end == "completed" and nxt.final_text == "recovered", (nxt.kinds(), nxt.error)
+    assert unanswered_calls(transcript(sc.sessions(), victim.session_id)) == []
