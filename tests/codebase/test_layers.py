@@ -24,7 +24,7 @@ ALLOWED = {
     "models": {"errors"},
     "turns": {"store", "sessions", "recovery", "tools", "models", "errors", "config", "delivery",
               "children", "v1"},
-    "api": {"turns", "store", "sessions", "tools", "errors", "config", "delivery", "heap", "v1"},
+    "api": {"turns", "store", "sessions", "tools", "errors", "config", "delivery", "heap", "v1", "tls"},
 }
 
 
