@@ -179,8 +179,9 @@ class ClusterConfig:
 
 
 def _pem_file(path: str) -> str | None:
+    """A listener's PEM file must be readable ("" is not given: no TLS)."""
     from .tls import readable
-    return readable(path)
+    return readable(path) if path else None
 
 
 @dataclass
@@ -191,13 +192,13 @@ class Listener:
     needed on TCP either way (docs/security.md)."""
     address: str = key("", required=True, check=_listen_address,
                        doc="`HOST:PORT` (or `unix:PATH`, without TLS)")
-    cert: str = key("", nonempty=True, check=_pem_file,
+    cert: str = key("", check=_pem_file,
                     doc="PEM certificate chain of the listener: it serves TLS (needs `key`)")
-    client_ca: str = key("", nonempty=True, check=_pem_file,
+    client_ca: str = key("", check=_pem_file,
                          doc="PEM CA certificates: clients must present a certificate one of them "
                              "signed (mTLS; needs `cert` and `key`)")
     # Declared last: the name shadows key() in the class body.
-    key: str = key("", nonempty=True, check=_pem_file, doc="PEM private key of `cert`, unencrypted")
+    key: str = key("", check=_pem_file, doc="PEM private key of `cert`, unencrypted")
 
     @property
     def tls(self) -> bool:

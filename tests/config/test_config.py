@@ -379,6 +379,10 @@ def test_tls_listeners_load_with_their_files(tmp_path, certs):
     assert got == [("unix:/tmp/s.sock", False, False), ("127.0.0.1:50443", True, False),
                    ("[::1]:50444", True, True), ("127.0.0.1:50051", False, False)]
     assert [x.address for x in load(tmp_path, "").all_listeners()] == [load(tmp_path, "").default_socket]
+    # `config show` prints what loads back (an unset client_ca is "": not given).
+    from agent_sidecar.cli.config_cmd import as_table
+    shown = as_table(cfg, Config)
+    assert load(tmp_path, to_toml(shown).replace('token = "***"', 'token = "t"')).listeners == cfg.listeners
 
 
 @pytest.mark.parametrize("case,key", [
