@@ -151,6 +151,7 @@ export class SidecarClient {
 
   constructor(readonly target: string, options: ConnectOptions = {}) {
     const creds = channelCredentials(options);
+    // _isSecure() is grpc-js's own answer for any credentials (public in its typings).
     checkCleartext(target, options.token, creds._isSecure(), options.insecure ?? false);
     const channelOptions: ChannelOptions = { ...(options.channelOptions ?? {}) };
     if (options.serverName) {
