@@ -1,7 +1,7 @@
 """How every command that talks to a running sidecar reaches it: the target
 options (``--target``, ``--token``, ``--tls``, ``--ca``, ``--cert``/``--key``,
 ``--server-name``, ``--insecure``) and the channel they describe, built here
-and nowhere else (health, sessions and bench take the same options).
+and nowhere else (health, sessions, status and bench take the same options).
 
 The bearer token is a password: it is never sent in cleartext to another
 machine by accident. A token over a plain TCP channel to a host that is not

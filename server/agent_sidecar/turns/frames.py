@@ -33,6 +33,7 @@ from ..store import StoreUnavailable
 from ..store.records import Append, FrameRecord
 from ..v1 import prompt_service_pb2 as ppb
 from .flush import FN, MSG, FlushOutOfOrder, run_flush
+from .stats import TurnStats
 
 log = logging.getLogger("agent_sidecar.frames")
 
@@ -137,8 +138,10 @@ def _wake(fut: asyncio.Future | None) -> None:
 
 
 class FrameBus:
-    def __init__(self, store, buffer_frames: int = 10_000, buffer_bytes: int = 8 << 20):
+    def __init__(self, store, buffer_frames: int = 10_000, buffer_bytes: int = 8 << 20,
+                 stats: TurnStats | None = None):
         self.store = store
+        self.stats = stats or TurnStats()  # frames persisted, turns ended (turns/stats.py)
         self.buffer_frames, self.buffer_bytes = buffer_frames, buffer_bytes  # per Subscriber
         self._frames: list[tuple] = []  # (row, turn, kind, body)
         self._writes: list[tuple] = []  # (FN, (fn, args) or None) or (MSG, append_many item)
@@ -283,6 +286,9 @@ class FrameBus:
         its key and platform; a subscriber that falls behind its bound leaves
         its fan-out here and now (see Subscriber)."""
         size = frame.ByteSize()
+        stats = self.stats
+        stats.frames += 1
+        stats.frame_bytes += size
         subs = turn.subscribers
         if subs:
             for sub in tuple(subs):
@@ -296,6 +302,7 @@ class FrameBus:
                         self.unwatch(index, name, sub)
         if kind in TERMINAL:
             turn.ended(frame)
+            stats.turn_ended(turn, kind, frame.failed.reason if kind == "failed" else "")
 
     def deliver_committed(self, turn, frame, kind: str) -> None:
         """For frames written by a job of their own (``accepted``)."""
