@@ -22,9 +22,11 @@ ALLOWED = {
     "recovery": {"sessions", "store", "errors", "delivery"},
     "tools": {"errors"},
     "models": {"errors"},
+    "obs": set(),  # below what it observes: it reads turns and calls by attribute
     "turns": {"store", "sessions", "recovery", "tools", "models", "errors", "config", "delivery",
-              "children", "v1"},
-    "api": {"turns", "store", "sessions", "tools", "errors", "config", "delivery", "heap", "v1"},
+              "children", "v1", "obs", "logs"},
+    "api": {"turns", "store", "sessions", "tools", "errors", "config", "delivery", "heap", "v1",
+            "obs", "logs"},
 }
 
 

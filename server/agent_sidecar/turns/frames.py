@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import orjson
 
+from ..obs import turnlog
 from ..sessions import transcripts as tx
 from ..store import StoreUnavailable
 from ..store.records import Append, FrameRecord
@@ -296,6 +297,7 @@ class FrameBus:
                         self.unwatch(index, name, sub)
         if kind in TERMINAL:
             turn.ended(frame)
+            turnlog.finished(turn, frame)
 
     def deliver_committed(self, turn, frame, kind: str) -> None:
         """For frames written by a job of their own (``accepted``)."""

@@ -98,6 +98,7 @@ class Turn:
     absorbed_from: "Turn | None" = None
     absorbed_by: "Turn | None" = None
     absorbed: list[dict[str, Any]] = field(default_factory=list)
+    span: Any = None  # its trace span while tracing is on (obs/otel.py)
 
     @classmethod
     def restored(cls, **kw) -> "Turn":
