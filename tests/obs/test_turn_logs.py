@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from agent_sidecar import logs
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from helpers.config import echo, profile, table
 from helpers.fake_openai import FakeOpenAI
 from helpers.ids import source
@@ -43,6 +44,7 @@ def fakes():
 def sc(tmp_path_factory, fakes):
     # Idle agents are shed at once, so a session's next turn rebuilds its agent in the worker.
     config = (table("agent.agent_cache", idle_ttl_secs=0.3, sweep_interval_secs=0.2) + echo("main")
+              + table("sidecar", keepalive_s=0.2)  # a watch's first response comes at once
               + "".join(profile(name, "openai", {"base_url": fake.url, "model": "gpt-test", "max_retries": 0},
                                 tools=["test.*"]) for name, fake in fakes.items()))
     s = Sidecar(tmp_path_factory.mktemp("turnlogs") / "data", config=config).start()
@@ -113,6 +115,19 @@ def test_each_rpc_gets_an_access_line_with_its_code(sc):
     line = lines[-1]
     assert line["method"] == "/agent_sidecar.v1.PromptService/Prompt" and line["level"] == "debug"
     assert line["peer"].startswith("unix:") and line["duration_ms"] >= 0
+
+
+def test_calls_cancelled_by_their_client_get_their_line_and_the_sidecar_goes_on(sc):
+    """A watch never ends by itself: the client cancels it. Each one's line says
+    CANCELLED (reading the call's peer after such an end once crashed the process)."""
+    out = run(sc.prompts(), prompt_req(text="hello"))
+    for _ in range(3):
+        call = sc.prompts().WatchActivity(ppb.WatchActivityRequest(session_key=out.key), timeout=10)
+        next(call)
+        call.cancel()
+    wait_until(lambda: len([x for x in log_lines(sc, "rpc") if x["code"] == "CANCELLED" and
+                            x["method"].endswith("/WatchActivity")]) >= 3, what="three CANCELLED lines")
+    assert run(sc.prompts(), prompt_req(text="still here")).end == "completed"
 
 
 def test_every_line_has_an_rfc3339_timestamp(sc):

@@ -50,10 +50,13 @@ def _code(context, error: BaseException | None) -> grpc.StatusCode:
 class _Call:
     """One call's observation, from the handler's start to its end."""
 
-    __slots__ = ("method", "context", "started", "span", "token")
+    __slots__ = ("method", "context", "peer", "started", "span", "token")
 
     def __init__(self, method: str, context):
         self.method, self.context, self.started = method, context, time.perf_counter()
+        # Read now: after a cancelled call's end its context's C call is gone,
+        # and peer() then crashes the process (grpcio 1.85, a segfault).
+        self.peer = context.peer()
         self.span = self.token = None
         if tracing.ACTIVE is not None and not method.startswith(_UNTRACED):
             self.span, self.token = tracing.ACTIVE.rpc_begin(method, context.invocation_metadata())
@@ -63,7 +66,7 @@ class _Call:
         if self.span is not None:
             tracing.ACTIVE.rpc_end(self.span, self.token, code)
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("rpc", extra={"method": self.method, "peer": self.context.peer(), "code": code.name,
+            log.debug("rpc", extra={"method": self.method, "peer": self.peer, "code": code.name,
                                     "duration_ms": round((time.perf_counter() - self.started) * 1e3, 3)})
 
 

@@ -20,6 +20,7 @@ nothing is delivered before it is durable.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 import time
@@ -228,7 +229,9 @@ class FrameBus:
             self._requeue(frames, writes, thens)
             return
         self.store.flush()  # this loop iteration's frames are gathered: no need to wait for the next
-        fut.add_done_callback(functools.partial(self._committed, flight))
+        # Run in a context of its own: a flush carries many turns' frames, so
+        # its callbacks are none of them (logs.TURN, the current span).
+        fut.add_done_callback(functools.partial(self._committed, flight), context=contextvars.Context())
         self._sent_no = no
         self._flights.append(flight)
 
