@@ -56,7 +56,7 @@ class _Call:
         self.method, self.context, self.started = method, context, time.perf_counter()
         # Read now: after a cancelled call's end its context's C call is gone,
         # and peer() then crashes the process (grpcio 1.85, a segfault).
-        self.peer = context.peer()
+        self.peer = context.peer() if log.isEnabledFor(logging.DEBUG) else ""
         self.span = self.token = None
         if tracing.ACTIVE is not None and not method.startswith(_UNTRACED):
             self.span, self.token = tracing.ACTIVE.rpc_begin(method, context.invocation_metadata())

@@ -32,7 +32,7 @@ class TracedBackend:
 
     def __init__(self, backend: Any, traceparent: str, request_id: str, profile: dict[str, Any],
                  report: Callable[[dict], None]):
-        version, self.trace_id, _, self.flags = traceparent.split("-")[:4]
+        _, self.trace_id, _, self.flags = traceparent.split("-")[:4]
         self.backend, self.request_id, self.report = backend, request_id, report
         self.name = str(profile.get("model", ""))
         self.model = str((profile.get("model_options") or {}).get("model", ""))
