@@ -18,9 +18,11 @@ import signal
 import stat
 
 from .children import tune_gc
+from . import __version__
 from .config import Config
 from .heap import return_large_blocks
 from .obs.live import Live
+from .obs import tracing
 from .sdnotify import notify
 from .store import Store, StoreUnavailable, open_store
 from .store.jobs import index_messages
@@ -101,6 +103,7 @@ class Sidecar:
         self.turns = TurnManager(self.cfg, self.store, tools)
         # Spawned before any gRPC thread exists, the writer and the workers in parallel.
         await asyncio.gather(self.store.start(), self.turns.start_workers())
+        tracing.configure(__version__)  # after the spawns: its export thread is not theirs
         return_large_blocks()  # the memory of a large request goes back once it is gone
         auth = self.auth = Authenticator(self.cfg.tokens)
         if self.cfg.metrics.listen:  # before the restore: a long one can be watched
@@ -189,6 +192,7 @@ class Sidecar:
             await self.server.stop(grace=1)
         if self.turns is not None:
             await self.turns.stop()
+        await asyncio.to_thread(tracing.shutdown)  # what the exporters hold goes out
         if self.store is not None:
             if not self.exit_code:
                 try:  # the full-text index complete on disk, as a clean stop should leave it

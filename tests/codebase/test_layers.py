@@ -22,9 +22,11 @@ ALLOWED = {
     "recovery": {"sessions", "store", "errors", "delivery"},
     "tools": {"errors"},
     "models": {"errors"},
+    "obs": {"delivery", "__version__"},  # below what it observes: it reads turns and calls by attribute
     "turns": {"store", "sessions", "recovery", "tools", "models", "errors", "config", "delivery",
-              "children", "v1", "meters"},
-    "api": {"turns", "store", "sessions", "tools", "errors", "config", "delivery", "heap", "v1", "tls"},
+              "children", "v1", "meters", "obs", "logs"},
+    "api": {"turns", "store", "sessions", "tools", "errors", "config", "delivery", "heap", "v1", "tls",
+            "obs", "logs"},
 }
 
 
