@@ -58,8 +58,13 @@ check-generated: clients docs
 $(TOOLS)/node_modules/.bin/buf:
 	mkdir -p $(TOOLS) && cd $(TOOLS) && npm install --silent --no-fund --no-audit @bufbuild/buf@1.75.0
 
-lint: $(TOOLS)/node_modules/.bin/buf
+# buf on the protos; ruff on all Python; mypy on the server (pyproject.toml) and, strict,
+# on the public Python client (clients/python/pyproject.toml).
+lint: install $(TOOLS)/node_modules/.bin/buf
 	$(TOOLS)/node_modules/.bin/buf lint
+	$(BIN)/ruff check
+	$(BIN)/mypy
+	cd clients/python && ../../$(BIN)/mypy
 
 # v1 must stay wire- and source-compatible with the recorded baseline (buf's FILE rules).
 # A recorded image, not git history: CI's clone may be shallow.
