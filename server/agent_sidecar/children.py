@@ -38,7 +38,8 @@ import signal
 import socket
 import struct
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 

@@ -28,8 +28,9 @@ module: they get plain settings dicts.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from .config_loader import Loader, read_toml
 from .config_schema import ConfigError, array, key, named, section

@@ -21,10 +21,23 @@ import dataclasses
 import difflib
 import tomllib
 import typing
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from .config_schema import (BAD, ENV_PREFIX, SECRET_FORMS, ConfigError, Problems, Slot, is_named,
-                            matches, members_of, check_scalar, describe, tree)
+from .config_schema import (
+    BAD,
+    ENV_PREFIX,
+    SECRET_FORMS,
+    ConfigError,
+    Problems,
+    Slot,
+    check_scalar,
+    describe,
+    is_named,
+    matches,
+    members_of,
+    tree,
+)
 
 
 def read_toml(path: str | None) -> dict[str, Any]:

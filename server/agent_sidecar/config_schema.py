@@ -49,8 +49,9 @@ import json
 import math
 import types
 import typing
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 ENV_PREFIX = "AGENT_SIDECAR_"
 SECRET_FORMS = ("", "_env", "_file")

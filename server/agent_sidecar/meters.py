@@ -11,7 +11,7 @@ the writer process may import the modules that use it.
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Iterable
+from collections.abc import Iterable
 
 # Upper bounds (inclusive, as Prometheus' ``le``) of the standard bucket sets.
 TURN_SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)

@@ -17,12 +17,12 @@ import os
 import signal
 import stat
 
-from .children import tune_gc
 from . import __version__
+from .children import tune_gc
 from .config import Config
 from .heap import return_large_blocks
-from .obs.live import Live
 from .obs import tracing
+from .obs.live import Live
 from .sdnotify import notify
 from .store import Store, StoreUnavailable, open_store
 from .store.jobs import index_messages

@@ -30,9 +30,16 @@ from grpc_reflection.v1alpha import reflection
 from ..config import Config, Listener
 from ..obs.rpc import interceptors
 from ..tls import host_of, is_loopback, read_pem
-from ..v1 import prompt_service_pb2, prompt_service_pb2_grpc, session_service_pb2
-from ..v1 import session_service_pb2_grpc, tool_service_pb2, tool_service_pb2_grpc
-from ..v1 import status_service_pb2, status_service_pb2_grpc
+from ..v1 import (
+    prompt_service_pb2,
+    prompt_service_pb2_grpc,
+    session_service_pb2,
+    session_service_pb2_grpc,
+    status_service_pb2,
+    status_service_pb2_grpc,
+    tool_service_pb2,
+    tool_service_pb2_grpc,
+)
 from .boundary import Boundary
 from .caps import Caps
 

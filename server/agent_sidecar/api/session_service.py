@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from ..config import Config
 from ..errors import FAILED_PRECONDITION, SidecarError, excerpt, invalid, not_found
@@ -295,7 +295,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         principal.require_platform(source.platform)
         key, _ = self.key_for(source, request.profile)
         entry = await self.store.entry(key)
-        started = datetime.fromtimestamp(entry.created_at, timezone.utc) if entry else None
+        started = datetime.fromtimestamp(entry.created_at, UTC) if entry else None
         flags = dict(group_sessions_per_user=self.cfg.group_sessions_per_user,
                      thread_sessions_per_user=self.cfg.thread_sessions_per_user)
         text = build_session_context_prompt(

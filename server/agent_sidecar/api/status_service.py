@@ -4,7 +4,8 @@ the function that reads it, so api/ knows nothing of how."""
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from ..delivery import MODE_NAMES
 from ..v1 import status_service_pb2 as pb

@@ -61,7 +61,7 @@ class ToolService(pb_grpc.ToolServiceServicer):
         if error is not None:
             await abort(context, error)
 
-    async def _read(self, stream: "_Stream", context) -> None:
+    async def _read(self, stream: _Stream, context) -> None:
         """Read the host's messages until it half-closes; raise on a bad one."""
         while True:
             msg = await context.read()
@@ -74,7 +74,7 @@ class ToolService(pb_grpc.ToolServiceServicer):
                 r = msg.result
                 self.registry.answer(stream.host, r.invocation_id, r.ok, r.result_json, r.error)
 
-    def _register(self, stream: "_Stream", reg, context) -> None:
+    def _register(self, stream: _Stream, reg, context) -> None:
         ns = reg.namespace.strip(".")
         if not ns:
             raise E.invalid("register.namespace", "is required")

@@ -34,8 +34,11 @@ REPLY_WORD = "lorem "
 
 def _servicers(token_latency_s: float, first_delay_s: float, reply_words: int):
     from ..models._text import split_words
-    from ..v1 import common_pb2, prompt_service_pb2 as pb, prompt_service_pb2_grpc as pb_grpc
-    from ..v1 import session_service_pb2 as spb, session_service_pb2_grpc as spb_grpc
+    from ..v1 import common_pb2
+    from ..v1 import prompt_service_pb2 as pb
+    from ..v1 import prompt_service_pb2_grpc as pb_grpc
+    from ..v1 import session_service_pb2 as spb
+    from ..v1 import session_service_pb2_grpc as spb_grpc
 
     cursor = [0]
     fixed = [REPLY_WORD] * reply_words

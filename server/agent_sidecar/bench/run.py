@@ -27,8 +27,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from . import load, procs, report
 
@@ -78,7 +79,8 @@ Status = Callable[[str, "load.Point | None"], None]
 
 async def connect(target: str, opts: BenchOptions, *, tls: bool = True):
     """A client for ``target``; BenchError (one line) when nothing answers."""
-    from agent_sidecar_client import SidecarError, connect as client_connect
+    from agent_sidecar_client import SidecarError
+    from agent_sidecar_client import connect as client_connect
     credentials, options = (opts.credentials, opts.channel_options) if tls else (None, ())
     try:
         return await client_connect(target, opts.token if tls else None, timeout=opts.connect_timeout_s,

@@ -8,7 +8,7 @@ can use it with nothing else loaded.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 QUANTILES = (50, 90, 99)
 

@@ -174,7 +174,8 @@ class StatusView:
         rate = f"{(s['done'] - d0) / span:,.1f} turns/s · {(s['deltas'] - x0) / span:,.0f} deltas/s" \
             if len(self._recent) > 1 else "…"
         if s["phase"] == "measure" and self.turns is None:
-            where = f"measure {bar(s['window_elapsed'] / self.duration_s)} {s['window_elapsed']:.1f}/{self.duration_s:g}s"
+            elapsed = s['window_elapsed']
+            where = f"measure {bar(elapsed / self.duration_s)} {elapsed:.1f}/{self.duration_s:g}s"
         elif s["phase"] == "measure":
             where = f"measure {bar(point.measured_started / self.turns)} {point.measured_started}/{self.turns} turns"
         else:

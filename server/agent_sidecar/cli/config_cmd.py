@@ -17,7 +17,7 @@ import typing
 from typing import Any
 
 from ..config import Config, ConfigError, load_config
-from ..config_schema import ENV_PREFIX, Slot, is_array, is_named, describe, tree
+from ..config_schema import ENV_PREFIX, Slot, describe, is_array, is_named, tree
 
 BEGIN, END = "<!-- config-keys:begin (agent-sidecar config reference) -->", "<!-- config-keys:end -->"
 MASK = "***"

@@ -7,11 +7,10 @@ import logging
 import os
 import sys
 
-
-from ..config import ConfigError, load_config
-from ..errors import SidecarError
 from .. import logs
 from ..children import set_title
+from ..config import ConfigError, load_config
+from ..errors import SidecarError
 
 
 def serve(args) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from .connection import TargetError, call_metadata, open_channel
 
@@ -11,7 +11,7 @@ from .connection import TargetError, call_metadata, open_channel
 def _when(ts) -> str:
     if not ts.seconds:
         return "-"
-    return datetime.fromtimestamp(ts.seconds, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(ts.seconds, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def run(args) -> int:

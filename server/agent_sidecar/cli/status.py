@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from .connection import TargetError, call_metadata, open_channel
@@ -43,7 +43,7 @@ def run(args) -> int:
 def as_dict(r) -> dict[str, Any]:
     """The response as plain JSON types (numbers as numbers, times in RFC 3339)."""
     from ..delivery import MODE_NAMES
-    started = datetime.fromtimestamp(r.started_at.ToNanoseconds() / 1e9, timezone.utc)
+    started = datetime.fromtimestamp(r.started_at.ToNanoseconds() / 1e9, UTC)
     s = r.store
     return {
         "version": r.version, "node_id": r.node_id,

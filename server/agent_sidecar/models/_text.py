@@ -7,7 +7,8 @@ the same words through either backend sees the same deltas and the same usage.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 # A "word" token is the word plus the whitespace after it; leading whitespace
 # sticks to the first word. Concatenating the tokens gives the text back exactly.

@@ -12,8 +12,9 @@ the entry point names the class, which is constructed with the profile's
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Protocol, Union
+from typing import Any, Protocol
 
 
 @dataclass(slots=True)
@@ -60,7 +61,7 @@ class UsageReport:
     cost_usd: float = 0.0
 
 
-ModelEvent = Union[TextDelta, ToolCallRequest, UsageReport]
+ModelEvent = TextDelta | ToolCallRequest | UsageReport
 
 
 class ModelError(Exception):

@@ -13,7 +13,8 @@ TextDelta and one UsageReport.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from agent_sidecar.models._text import count_input_words, last_user_text, split_words
 from agent_sidecar.models.base import ModelEvent, ModelRequest, TextDelta, UsageReport

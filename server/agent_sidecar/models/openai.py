@@ -26,7 +26,8 @@ import contextlib
 import json
 import os
 import random
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from agent_sidecar.models.base import ModelError, ModelEvent, ModelRequest
 from agent_sidecar.models.openai_wire import (

@@ -64,7 +64,8 @@ def loads_chunk(raw: bytes | str) -> dict[str, Any]:
     try:
         data = json.loads(raw)
     except ValueError:
-        raise ModelError(f"openai backend: invalid JSON from server: {excerpt(raw if isinstance(raw, bytes) else raw.encode())}") from None
+        body = raw if isinstance(raw, bytes) else raw.encode()
+        raise ModelError(f"openai backend: invalid JSON from server: {excerpt(body)}") from None
     if not isinstance(data, dict):
         raise ModelError("openai backend: server sent a non-object JSON value")
     if data.get("error"):

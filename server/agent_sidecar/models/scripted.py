@@ -33,8 +33,9 @@ import asyncio
 import json
 import os
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from agent_sidecar.models._text import content_text, count_input_words, split_words
 from agent_sidecar.models.base import (

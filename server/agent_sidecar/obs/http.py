@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -57,7 +57,7 @@ class MetricsServer:
             self.server.close()
             try:
                 await asyncio.wait_for(self.server.wait_closed(), 2)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self.server = None
 
@@ -71,8 +71,7 @@ class MetricsServer:
             else:
                 body = await self.render()
                 await _respond(writer, 200, body, CONTENT_TYPE_LATEST, head_only=method == "HEAD")
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-                ValueError, ConnectionError):
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, ConnectionError):
             pass  # a client that sent no proper request, or went away: nothing to answer
         except Exception:
             log.exception("metrics scrape failed")

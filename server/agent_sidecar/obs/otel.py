@@ -83,7 +83,7 @@ class Tracer:
     """The sidecar's spans. Every method runs on the event loop."""
 
     @classmethod
-    def from_env(cls, names: list[str], version: str) -> "Tracer | None":
+    def from_env(cls, names: list[str], version: str) -> Tracer | None:
         exporters = []
         for name in names:
             try:

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 from .keys import is_shared_multi_user_session
 from .source import SessionSource
@@ -124,8 +125,8 @@ def _home_channel(value: Any) -> tuple[str, str]:
 
 def _timestamp(ts: datetime) -> str:
     if ts.tzinfo is None:  # naive datetimes are UTC throughout the sidecar
-        ts = ts.replace(tzinfo=timezone.utc)
-    return ts.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        ts = ts.replace(tzinfo=UTC)
+    return ts.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def build_session_context_prompt(

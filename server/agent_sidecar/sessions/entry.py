@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from ..store.records import SessionEntry
 from .source import SessionSource
@@ -15,7 +15,7 @@ __all__ = ["SessionEntry", "new_session_id", "origin_of"]
 
 def new_session_id(now: float | None = None) -> str:
     """seed 001's format, UTC: ``YYYYMMDD_HHMMSS_<8hex>``."""
-    t = datetime.fromtimestamp(now if now is not None else time.time(), tz=timezone.utc)
+    t = datetime.fromtimestamp(now if now is not None else time.time(), tz=UTC)
     return t.strftime("%Y%m%d_%H%M%S_") + os.urandom(4).hex()
 
 

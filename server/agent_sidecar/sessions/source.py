@@ -18,8 +18,9 @@ Design choices:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["SessionSource", "CHAT_TYPES", "describe_source"]
 
@@ -92,7 +93,7 @@ class SessionSource:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "SessionSource":
+    def from_dict(cls, data: Mapping[str, Any]) -> SessionSource:
         """Inverse of :meth:`to_dict`, tolerant of older/newer writers.
 
         Unknown keys are ignored (forward compatibility), ``None`` reads as the default, and

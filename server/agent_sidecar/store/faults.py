@@ -28,7 +28,7 @@ import asyncio
 import errno
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import STORE_UNAVAILABLE, SidecarError
 

@@ -43,7 +43,9 @@ inline (SQLite) or through its own async driver, and long scans off the loop.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Protocol, Sequence, TypeVar
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..errors import SidecarError
 from .faults import StoreUnavailable  # noqa: F401  (the interface's error)
@@ -258,7 +260,7 @@ class UnitOfWork(Protocol):
         """Bring the full-text index up to date (at most ``limit`` rows);
         returns how many were indexed (0 for backends that index on insert)."""
 
-    def savepoint(self) -> ContextManager[None]:
+    def savepoint(self) -> AbstractContextManager[None]:
         """A nested atomic step inside the job: undone alone if it raises."""
 
     def is_fault(self, e: BaseException) -> bool:

@@ -25,7 +25,7 @@ class _Unset:
         return (_unset, ())
 
 
-def _unset() -> "_Unset":
+def _unset() -> _Unset:
     return UNSET
 
 

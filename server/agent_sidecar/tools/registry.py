@@ -25,8 +25,9 @@ import importlib.metadata
 import inspect
 import itertools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
@@ -43,7 +44,7 @@ class ToolSpec:
     name: str
     description: str
     parameters: dict[str, Any]
-    host: "ToolHost | None" = None
+    host: ToolHost | None = None
     handler: Callable[..., Any] | None = None  # in-process tools
 
     def for_model(self) -> dict[str, Any]:
@@ -185,7 +186,7 @@ class ToolRegistry:
                                **meta})
         try:
             return await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False, orjson.dumps({"error": f"tool {name!r} timed out after {timeout:.0f} s"}).decode()
         finally:
             host.pending.pop(inv_id, None)
@@ -212,4 +213,5 @@ class ToolRegistry:
     def answer(self, host: ToolHost, invocation_id: str, ok: bool, result_json: str, error: str) -> None:
         fut = host.pending.get(invocation_id)
         if fut is not None and not fut.done():
-            fut.set_result((ok, result_json if ok else orjson.dumps({"error": error or result_json or "tool failed"}).decode()))
+            result = result_json if ok else orjson.dumps({"error": error or result_json or "tool failed"}).decode()
+            fut.set_result((ok, result))

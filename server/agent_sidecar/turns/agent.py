@@ -17,8 +17,8 @@ from typing import Any, Protocol
 import orjson
 
 from .. import errors as E
-from ..tools.scope import in_scope
 from ..models.base import ModelError, ModelRequest, TextDelta, ToolCallRequest, UsageReport
+from ..tools.scope import in_scope
 
 
 class TurnFailed(Exception):

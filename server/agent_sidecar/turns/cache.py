@@ -17,7 +17,7 @@ import ctypes
 import ctypes.util
 import time
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 from .agent import Agent
 
@@ -53,7 +53,7 @@ class AgentCache:
         self.max_evictions_per_pass = max_evictions_per_pass
         self.protect_recent = protect_recent
         self.clock, self.rss, self.trim = clock, rss, trim
-        self._agents: "OrderedDict[str, Agent]" = OrderedDict()
+        self._agents: OrderedDict[str, Agent] = OrderedDict()
         self.evictions = {"lru": 0, "ttl": 0, "pressure": 0}
 
     def __len__(self) -> int:

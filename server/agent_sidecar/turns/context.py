@@ -9,7 +9,7 @@ with the store's answer to the turn's accept or start, read in the same job.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from ..config import Config, Profile
 from ..sessions.context import build_session_context_prompt
@@ -24,7 +24,7 @@ def system_prompt_for(cfg: Config, profile: Profile, key: str, lane: LaneState) 
         return profile.system_prompt
     section = build_session_context_prompt(
         SessionSource.from_dict(lane.origin), session_key=key, session_id=lane.session_id,
-        created_at=datetime.fromtimestamp(lane.created_at, timezone.utc),
+        created_at=datetime.fromtimestamp(lane.created_at, UTC),
         connected_platforms=cfg.connected_platforms, home_channels=cfg.home_channels,
         redact_pii=cfg.redact_pii, pii_safe_platforms=cfg.pii_safe_platforms(),
         group_sessions_per_user=cfg.group_sessions_per_user,

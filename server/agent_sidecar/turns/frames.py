@@ -25,7 +25,8 @@ import functools
 import logging
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 

@@ -19,8 +19,7 @@ from ..sessions import lifecycle as life
 from ..sessions import transcripts as tx
 from ..sessions.source import SessionSource
 from ..store import UnitOfWork, batched
-from ..store.records import (UNSET, Append, LedgerEntry, Message, QueueSlot, RoutingPatch,
-                             UsageDelta)
+from ..store.records import UNSET, Append, LedgerEntry, Message, QueueSlot, RoutingPatch, UsageDelta
 
 
 class DuplicateRequest(Exception):

@@ -83,8 +83,8 @@ class Turn:
     deadline: float = 0.0  # loop time after which the watchdog kills the worker
     open_tool_calls: dict[str, str] = field(default_factory=dict)
     usage: dict[str, float] = field(default_factory=dict)
-    steers: list["Turn"] = field(default_factory=list)
-    host: "Turn | None" = None  # for a steer: the turn it joined
+    steers: list[Turn] = field(default_factory=list)
+    host: Turn | None = None  # for a steer: the turn it joined
     cancel_reason: str = ""
     rollback: bool = False
     taken_back: str = ""  # why RewindSession/RewriteTranscript took it back (undo.py)
@@ -95,8 +95,8 @@ class Turn:
     # one absorbed (whose own ``absorbed_from`` goes on back), who absorbed this
     # one, and for a turn restored from the store the absorbed texts read back
     # from the ledger, oldest first, as {"text", "at"}.
-    absorbed_from: "Turn | None" = None
-    absorbed_by: "Turn | None" = None
+    absorbed_from: Turn | None = None
+    absorbed_by: Turn | None = None
     absorbed: list[dict[str, Any]] = field(default_factory=list)
     # For the metrics (turns/stats.py): when its start was decided (monotonic), and
     # whether its first text delta came in.
@@ -105,7 +105,7 @@ class Turn:
     span: Any = None  # its trace span while tracing is on (obs/otel.py)
 
     @classmethod
-    def restored(cls, **kw) -> "Turn":
+    def restored(cls, **kw) -> Turn:
         """A turn the startup restore found acknowledged in the store."""
         turn = cls(**kw)
         turn.phase, turn.acked = Phase.WAITING, True
@@ -155,7 +155,7 @@ class Turn:
         self._move(Phase.RUNNING, Phase.STARTING)
         self.worker = worker
 
-    def absorb_into(self, newer: "Turn") -> None:
+    def absorb_into(self, newer: Turn) -> None:
         self._move(Phase.ABSORBED, Phase.WAITING, Phase.RESERVED)
         self.absorbed_by, newer.absorbed_from = newer, self
 
@@ -194,7 +194,7 @@ class Turn:
         self.taken_back = why
         self.rollback = True
 
-    def join(self, host: "Turn") -> None:
+    def join(self, host: Turn) -> None:
         """A steer the host's worker took in: it ends with the host."""
         self.host = host
         host.steers.append(self)

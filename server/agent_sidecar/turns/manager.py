@@ -21,6 +21,7 @@ from typing import Any
 
 from .. import errors as E
 from ..config import Config
+from ..delivery import FOLLOW_UP
 from ..obs import tracing
 from ..sessions.source import SessionSource
 from ..store import Store
@@ -28,7 +29,6 @@ from ..tools.registry import ToolRegistry
 from . import admission, burst, dedup, jobs, placement, supervision, undo, wire, worker_events
 from .context import SystemPrompts
 from .frames import FrameBus, build_frame
-from ..delivery import FOLLOW_UP
 from .lanes import Lane, Turn
 from .memory import budget_per_worker
 from .pool import WorkerHandle, WorkerPool
@@ -287,7 +287,7 @@ class TurnManager:
         self.bus.publish(turn, "started", write=(jobs.start, (req,)),
                          then=lambda res: self._dispatch(turn, res))
 
-    def _dispatch(self, turn: Turn, res: "jobs.Started | BaseException") -> None:
+    def _dispatch(self, turn: Turn, res: jobs.Started | BaseException) -> None:
         if turn.closing:
             return
         if isinstance(res, BaseException):

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from ..models.base import ModelEvent, ModelRequest, UsageReport
 from . import wire

@@ -84,7 +84,7 @@ async def steer(m: TurnManager, lane: Lane, turn: Turn) -> bool:
     host.worker.send(wire.steer(host.rid, turn.rid, turn.text))
     try:
         ok = await asyncio.wait_for(fut, 5)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         ok = False
     finally:
         m.steer_waits.pop(turn.rid, None)

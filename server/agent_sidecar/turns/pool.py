@@ -12,7 +12,8 @@ import asyncio
 import hashlib
 import logging
 import multiprocessing as mp
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..children import Channel, spawn
 from . import wire

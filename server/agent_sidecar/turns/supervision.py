@@ -40,7 +40,8 @@ RESUME_TEXT = ("[The previous turn was interrupted ({reason}) before it finished
 
 async def restore(m: TurnManager) -> None:
     """Run the store's restore job, rebuild queued lanes, submit auto-resume turns."""
-    from ..recovery.startup import consume_marker, restore as restore_job
+    from ..recovery.startup import consume_marker
+    from ..recovery.startup import restore as restore_job
     clean = consume_marker(m.cfg.data_dir)
     plan = await m.store.write(restore_job, clean, m.cfg.gateway_auto_continue_freshness,
                                m.cfg.auto_resume)

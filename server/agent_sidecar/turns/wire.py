@@ -25,7 +25,6 @@ import orjson
 
 from ..children import frame
 
-
 # -- parent → worker ----------------------------------------------------------------------------
 
 class Run(TypedDict):

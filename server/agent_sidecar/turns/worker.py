@@ -15,19 +15,19 @@ The messages both ways are declared in wire.py.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import sys
 from typing import Any
 
-import importlib
 import orjson
 
 from .. import errors as E
 from ..children import Channel, open_channel, tune_gc
 from ..logs import TURN, bind_turn
 from ..models.registry import load_backend
-from .agent import Agent, ToolRefused, TurnFailed, TurnSpec, run_turn
 from . import wire
+from .agent import Agent, ToolRefused, TurnFailed, TurnSpec, run_turn
 from .cache import AgentCache
 from .model_trace import TracedBackend
 
@@ -35,7 +35,7 @@ from .model_trace import TracedBackend
 class _TurnIO:
     """What one running turn sees of the outside world."""
 
-    def __init__(self, worker: "Worker", rid: str, agent: Agent):
+    def __init__(self, worker: Worker, rid: str, agent: Agent):
         self.w, self.rid, self.agent = worker, rid, agent
         self.steered: list[str] = []
         self.steering_open = True
@@ -231,7 +231,7 @@ class Worker:
             done = wire.completed(rid, final)
         except TurnFailed as e:
             done = wire.failed(rid, e.reason, e.message)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             done = wire.failed(rid, E.AGENT_TIMEOUT, f"the turn exceeded its timeout ({m['timeout_s']:.1f} s)")
         except asyncio.CancelledError:
             done = wire.failed(rid, self.cancel_reasons.pop(rid, E.CANCELLED), "the turn was cancelled")

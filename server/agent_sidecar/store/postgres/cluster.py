@@ -10,7 +10,7 @@ takes the same lane back, which gives it a new epoch.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import psycopg
 

@@ -9,7 +9,8 @@ other writer; a racing insert of the same key meets ON CONFLICT.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb

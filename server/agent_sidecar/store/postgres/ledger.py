@@ -11,7 +11,7 @@ can therefore never skip a frame that commits later.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import psycopg
 from psycopg.types.json import Jsonb

@@ -10,12 +10,12 @@ column: nothing to catch up (``index_pending`` is 0).
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import psycopg
 
-from ..records import Append, Message
 from ..interface import unknown_session
+from ..records import Append, Message
 from . import rows
 
 _INSERT = ("INSERT INTO messages (session_id, seq, role, content, extra, created_at, request_id)"

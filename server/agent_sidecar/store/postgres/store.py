@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from ..faults import StoreUnavailable, unavailable
 from ..interface import StoreOpenError
+from ..jobs import nothing
 from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry, StoreStats
 from ..writer.client import CommitStats, GroupCommitWriter, StoreClosed
-from ..jobs import nothing
 from . import reads
 from .connection import CHANNEL, connect, is_fault
 from .schema import migrate

@@ -7,7 +7,8 @@ is the same SQL text, so SQLite's statement cache finds it prepared.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import apsw
 import orjson

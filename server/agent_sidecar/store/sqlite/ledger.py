@@ -11,7 +11,7 @@ one executemany get consecutive ids.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import apsw
 import orjson

@@ -17,7 +17,7 @@ the delete trigger of schema.py takes indexed rows back out.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import apsw
 

@@ -25,7 +25,8 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ...children import Channel, spawn
 from ...meters import BATCH_JOBS, COMMIT_SECONDS, Histogram
@@ -46,7 +47,7 @@ class CommitStats:
     endpoint: each group's time (measured in the writer process, from its
     first job to its COMMIT) and size in jobs, and the jobs not answered yet."""
 
-    def __init__(self, writer: "GroupCommitWriter"):
+    def __init__(self, writer: GroupCommitWriter):
         self._writer = writer
         self.seconds = Histogram(COMMIT_SECONDS)
         self.jobs = Histogram(BATCH_JOBS)
@@ -224,7 +225,7 @@ class GroupCommitWriter:
             self._channel.send(CLOSE, now=True)
             try:
                 await asyncio.wait_for(asyncio.shield(self._done), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 log.warning("the store writer did not confirm its close")
             if self._channel is not None:
                 self._channel.close()

@@ -39,7 +39,8 @@ import os
 import pickle
 import sys
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from ..faults import StoreUnavailable, unavailable
 
