@@ -42,7 +42,8 @@ ROOT = HERE.parents[1]
 LANGS = ("python", "node", "go")
 
 sys.path.insert(0, str(ROOT / "tests"))
-from helpers.certs import available as openssl_available, make_certs  # noqa: E402
+from helpers.certs import available as openssl_available  # noqa: E402
+from helpers.certs import make_certs  # noqa: E402
 
 
 def runner_command(lang: str, python: str) -> list[str]:
@@ -191,7 +192,7 @@ def render(ids: list[str], langs: list[str], results: dict[str, dict[str, dict]]
     """The table and failure list; returns (text, all_passed)."""
     width = max(len(i) for i in ids + ["scenario"])
     cols = [max(len(lang), 3) for lang in langs]
-    lines = ["scenario".ljust(width) + "  " + "  ".join(l.ljust(w) for l, w in zip(langs, cols))]
+    lines = ["scenario".ljust(width) + "  " + "  ".join(lang.ljust(w) for lang, w in zip(langs, cols))]
     lines.append("-" * len(lines[0]))
     failures: list[str] = []
     for sid in ids:

@@ -208,7 +208,8 @@ class Runner:
         calls = [f.tool_call for f in frames if asc.frame_kind(f) == "tool_call"]
         check([c.name for c in calls] == [exp["tool_call_name"]], f"tool calls {[c.name for c in calls]}")
         results = [f.tool_result for f in frames if asc.frame_kind(f) == "tool_result"]
-        check([r.ok for r in results] == [exp["tool_result_ok"]], f"tool results {[(r.ok, r.result_json) for r in results]}")
+        check([r.ok for r in results] == [exp["tool_result_ok"]],
+              f"tool results {[(r.ok, r.result_json) for r in results]}")
         check(results[0].call_id == calls[0].call_id, "tool_result.call_id differs from tool_call.call_id")
         final = frames[-1].completed.final_text
         check(exp["final_text_contains"] in final, f"final_text {final!r}")
@@ -277,7 +278,7 @@ class Runner:
             return {"scenario": sid, "ok": True}
         except Failure as exc:
             return {"scenario": sid, "ok": False, "error": str(exc)}
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return {"scenario": sid, "ok": False, "error": f"timed out after {SCENARIO_TIMEOUT:g}s"}
         except Exception as exc:  # noqa: BLE001 - a crashing scenario is a failed cell, not a crashed runner
             traceback.print_exc(file=sys.stderr)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import agent_sidecar
 import agent_sidecar_client
-from agent_sidecar_client import connect
 from agent_sidecar_client import client as client_mod
+from agent_sidecar_client import connect
 
 target, venv = sys.argv[1], Path(sys.argv[2]).resolve()
 

@@ -25,7 +25,7 @@ import contextlib
 import datetime
 import getpass
 import sys
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from agent_sidecar_client import DEFAULT_TARGET, SidecarError, ToolHost, connect, frame_kind
 

@@ -1,14 +1,13 @@
 """Error decoding: a google.rpc.Status with ErrorInfo becomes the typed exception."""
 
 import grpc
+from _client_fakes import FakeRpcError, status_trailers
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 import agent_sidecar_client as asc
 from agent_sidecar_client import errors
-
-from _client_fakes import FakeRpcError, status_trailers
 
 
 def test_agent_busy_with_retry_info():

@@ -6,14 +6,13 @@ import asyncio
 
 import grpc
 import pytest
+from _client_fakes import frame, status_trailers
 
 import agent_sidecar_client as asc
 from agent_sidecar_client._proto import prompt_service_pb2 as pb
 from agent_sidecar_client._proto import prompt_service_pb2_grpc as pb_grpc
 from agent_sidecar_client._proto import tool_service_pb2 as tool_pb
 from agent_sidecar_client._proto import tool_service_pb2_grpc as tool_grpc
-
-from _client_fakes import frame, status_trailers
 
 
 class FakePrompts(pb_grpc.PromptServiceServicer):

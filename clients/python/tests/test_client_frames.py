@@ -1,10 +1,9 @@
 """The resume filter: every frame exactly once, in order, across reconnects."""
 
 import pytest
+from _client_fakes import frame
 
 from agent_sidecar_client import CursorFilter, SeqFilter, SequenceGap
-
-from _client_fakes import frame
 
 
 def test_in_order_frames_pass_and_terminal_is_remembered():

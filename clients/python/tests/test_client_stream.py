@@ -4,14 +4,13 @@ import asyncio
 
 import grpc
 import pytest
+from _client_fakes import FakeCall, FakeChannel, FakeRpcError, frame, status_trailers
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 
 import agent_sidecar_client as asc
 from agent_sidecar_client._stream import FrameStream
 from agent_sidecar_client.client import _Deadline
-
-from _client_fakes import FakeCall, FakeChannel, FakeRpcError, frame, status_trailers
 
 
 def make_stream(calls, resume_log=None, **kw):

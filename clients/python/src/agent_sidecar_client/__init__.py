@@ -44,7 +44,8 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_TARGET", "SidecarClient", "connect", "tls_credentials", "FrameStream", "ToolHost",
     "ActivityFrame", "Attachment", "DeliveryMode", "Message", "Session", "SessionSource", "SessionState",
-    "ToolInvocation", "Usage", "ErrorReason", "TERMINAL_KINDS", "frame_kind", "SeqFilter", "CursorFilter", "SequenceGap",
+    "ToolInvocation", "Usage", "ErrorReason", "TERMINAL_KINDS", "frame_kind", "SeqFilter", "CursorFilter",
+    "SequenceGap",
     "SidecarError", "AgentBusy", "AgentTimeout", "LlmApiFailure", "MaxIterations", "ToolScopeViolation",
     "ToolInvokeFailed", "Cancelled", "SessionNotFound", "InvalidArgument", "Unauthenticated",
     "PermissionDenied", "WorkerCrashed",

@@ -22,7 +22,8 @@ error, taken from the RPC status when it arrives, else from the frame.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 
@@ -79,13 +80,13 @@ class FrameStream:
         """The resume point: last seq (request streams) or cursor (watches)."""
         return self._filter.resume_point
 
-    def __aiter__(self) -> "FrameStream":
+    def __aiter__(self) -> FrameStream:
         return self
 
     async def __anext__(self) -> Any:
         return await self._gen.__anext__()
 
-    async def __aenter__(self) -> "FrameStream":
+    async def __aenter__(self) -> FrameStream:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -185,7 +186,7 @@ class FrameStream:
         try:
             await asyncio.wait_for(self._channel.channel_ready(), timeout)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
 
     async def _after_terminal(self, call: Any, frame: Any) -> None:
@@ -199,7 +200,7 @@ class FrameStream:
             code = await asyncio.wait_for(call.code(), 5.0 if wants_error else 0.5)
             if code != grpc.StatusCode.OK:
                 status = errors.status_from_trailers(await call.trailing_metadata())
-        except (asyncio.TimeoutError, grpc.RpcError, asyncio.CancelledError):
+        except (TimeoutError, grpc.RpcError, asyncio.CancelledError):
             if _task_cancelling():
                 raise
         finally:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping
 from importlib import resources
-from typing import Any, AsyncIterator, Iterable, Mapping
+from typing import Any
 
 import grpc
 
@@ -110,14 +111,14 @@ class SidecarClient:
         """Wait until the channel is connected (raises SidecarError UNAVAILABLE)."""
         try:
             await asyncio.wait_for(self.channel.channel_ready(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise errors.SidecarError(grpc.StatusCode.UNAVAILABLE, "",
                                       f"no sidecar reachable at {self.target} within {timeout:g}s") from None
 
     async def close(self) -> None:
         await self.channel.close()
 
-    async def __aenter__(self) -> "SidecarClient":
+    async def __aenter__(self) -> SidecarClient:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:

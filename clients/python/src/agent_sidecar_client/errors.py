@@ -14,7 +14,8 @@ inferred from the status code where that is unambiguous.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import grpc
 from google.protobuf import any_pb2

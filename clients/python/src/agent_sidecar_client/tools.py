@@ -27,8 +27,9 @@ import asyncio
 import contextlib
 import inspect
 import json
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import grpc
 
@@ -125,7 +126,7 @@ class ToolHost:
             value = await asyncio.wait_for(work, timeout)
             result.result_json = json.dumps(value)
             result.ok = True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             result.error = f"tool {invocation.tool_name} timed out after {invocation.timeout_ms} ms"
         except Exception as exc:  # noqa: BLE001 - any tool failure goes back to the model
             result.error = f"{type(exc).__name__}: {exc}"
@@ -188,7 +189,7 @@ class ToolHost:
         return self.registered
 
     @contextlib.asynccontextmanager
-    async def running(self, client: Any, timeout: float = 10.0) -> AsyncIterator["ToolHost"]:
+    async def running(self, client: Any, timeout: float = 10.0) -> AsyncIterator[ToolHost]:
         """Serve in the background; the block starts once the tools are registered."""
         task = asyncio.create_task(self.serve(client))
         waiter = asyncio.create_task(self._registered_event.wait())
