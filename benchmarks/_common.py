@@ -24,7 +24,14 @@ for p in (ROOT / "server", ROOT):
 # One copy of the tables, percentiles and /proc accounting: the package's
 # (agent_sidecar.bench, which `agent-sidecar bench` uses too).
 from agent_sidecar.bench.procs import (  # noqa: E402,F401
-    CLK_TCK, CpuWindow, children_of, machine_cpu, proc_comm, proc_cpu_seconds, proc_name)
+    CLK_TCK,
+    CpuWindow,
+    children_of,
+    machine_cpu,
+    proc_comm,
+    proc_cpu_seconds,
+    proc_name,
+)
 from agent_sidecar.bench.report import table  # noqa: E402,F401
 from agent_sidecar.bench.stats import percentile  # noqa: E402,F401
 

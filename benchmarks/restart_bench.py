@@ -27,13 +27,12 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from _common import ROOT, machine_line, table, terminate
-
 import apsw
+import gen_store
 import grpc
+from _common import ROOT, machine_line, table, terminate
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-import gen_store
 from agent_sidecar.recovery.startup import TURN_MESSAGES
 from agent_sidecar.turns.jobs import REQUEST_FRAMES
 

@@ -47,8 +47,8 @@ import time
 import _common  # noqa: F401  (sets sys.path)
 from _common import goal_line, load_average, machine_cpu, machine_line, percentile, proc_cpu_seconds, table
 
-from agent_sidecar.sessions import lifecycle as life
 from agent_sidecar.recovery import housekeeping
+from agent_sidecar.sessions import lifecycle as life
 from agent_sidecar.sessions import transcripts as tx
 from agent_sidecar.sessions.source import SessionSource
 from agent_sidecar.store import open_store

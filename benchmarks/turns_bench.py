@@ -224,7 +224,9 @@ class SidecarServer:
 
     def create_sessions(self, n: int) -> list[str]:
         import grpc
-        from agent_sidecar.v1 import common_pb2, session_service_pb2 as spb
+
+        from agent_sidecar.v1 import common_pb2
+        from agent_sidecar.v1 import session_service_pb2 as spb
         from agent_sidecar.v1 import session_service_pb2_grpc as spb_grpc
 
         async def go() -> list[str]:
@@ -284,7 +286,7 @@ class Scraper:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> "Scraper":
+    def start(self) -> Scraper:
         self._thread.start()
         return self
 

@@ -58,7 +58,7 @@ class Sidecar:
     def tcp_target(self) -> str:
         return f"127.0.0.1:{self.tcp_port}"
 
-    def start(self, timeout: float = 30.0) -> "Sidecar":
+    def start(self, timeout: float = 30.0) -> Sidecar:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cfg_path = self.data_dir / "config.toml"
         text = self.config_text
@@ -133,7 +133,7 @@ class Sidecar:
         self._close_channels()
         return self.proc.returncode if self.proc else 0
 
-    def restart(self, timeout: float = 30.0) -> "Sidecar":
+    def restart(self, timeout: float = 30.0) -> Sidecar:
         return self.start(timeout)
 
     def _close_channels(self) -> None:

@@ -9,12 +9,12 @@ import base64
 import grpc
 import orjson
 import pytest
-
-from agent_sidecar.v1 import common_pb2 as c
-from agent_sidecar.v1 import session_service_pb2 as pb
 from helpers.ids import source as src
 from helpers.sessions import assert_serving, create, msg, rpc_error, seed, turns
 from sidecar_proc import error_info
+
+from agent_sidecar.v1 import common_pb2 as c
+from agent_sidecar.v1 import session_service_pb2 as pb
 
 INVALID = (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
 NOT_FOUND = (grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND")

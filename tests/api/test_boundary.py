@@ -19,16 +19,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
+from helpers.ids import rid
+from helpers.ids import source as src
+from helpers.sessions import assert_serving, rpc_error, seed, turns
+from helpers.waiting import wait_until
+from sidecar_proc import Sidecar, error_info
 
 from agent_sidecar.api.caps import Caps
 from agent_sidecar.config import Limits
+from agent_sidecar.v1 import prompt_service_pb2, session_service_pb2, tool_service_pb2
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as spb
-from agent_sidecar.v1 import prompt_service_pb2, session_service_pb2, tool_service_pb2
-from helpers.ids import rid, source as src
-from helpers.sessions import assert_serving, rpc_error, seed, turns
-from helpers.waiting import wait_until
-from sidecar_proc import TOKEN, Sidecar, error_info
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 MB = 1024 * 1024

@@ -20,14 +20,15 @@ from collections import Counter
 import grpc
 import pytest
 from google.protobuf import message_factory
+from helpers.ids import rid
+from helpers.ids import source as src
+from helpers.sessions import seed, turns
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sidecar_proc import TOKEN, Sidecar, error_info
 
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2, session_service_pb2, tool_service_pb2
-from helpers.ids import rid, source as src
-from helpers.sessions import seed, turns
-from sidecar_proc import TOKEN, Sidecar, error_info
 
 SERVICES = [m.DESCRIPTOR.services_by_name[n] for m, n in (
     (session_service_pb2, "SessionService"), (prompt_service_pb2, "PromptService"),

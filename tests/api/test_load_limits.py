@@ -17,15 +17,15 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from helpers.config import slow_echo
+from helpers.ids import uniq, words
+from helpers.streams import D, PromptRun, collect, start, watch
+from helpers.waiting import wait_until
+from sidecar_proc import Sidecar
 
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as spb
-from helpers.config import slow_echo
-from helpers.ids import uniq, words
-from helpers.streams import collect, D, PromptRun, start, watch
-from helpers.waiting import wait_until
-from sidecar_proc import Sidecar
 
 BUFFER_FRAMES = 50
 MAX_PROMPTS = 3

@@ -8,10 +8,6 @@ GetSessionContext and in the prompt a turn's model gets."""
 from __future__ import annotations
 
 import pytest
-
-from agent_sidecar.v1 import common_pb2 as c
-from agent_sidecar.v1 import prompt_service_pb2 as ppb
-from agent_sidecar.v1 import session_service_pb2 as pb
 from helpers.config import echo, profile
 from helpers.fake_openai import FakeOpenAI
 from helpers.ids import uniq
@@ -19,6 +15,10 @@ from helpers.sessions import create
 from helpers.streams import PromptRun, Watcher
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
+
+from agent_sidecar.v1 import common_pb2 as c
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
+from agent_sidecar.v1 import session_service_pb2 as pb
 
 RAW_USER = "424242"
 HASHED_USER = "user_833dfc7e3eb1"  # sha256("424242")[:12]

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from helpers.config import slow_echo
+from helpers.ids import uniq, words
+from helpers.streams import start, watch
+from sidecar_proc import Sidecar, error_info
 
 from agent_sidecar.api.session_service import CLEAR_ALL_CONFIRM
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as spb
-from helpers.config import slow_echo
-from helpers.ids import uniq, words
-from helpers.streams import start, watch
-from sidecar_proc import Sidecar, error_info
 
 TOKENS = ('[[auth.tokens]]\ntoken = "adm"\nadmin = true\n'
           '[[auth.tokens]]\ntoken = "tg"\nplatforms = ["telegram"]\n'

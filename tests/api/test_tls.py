@@ -20,14 +20,14 @@ import sys
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-import agent_sidecar_client as asc
-from agent_sidecar.api.server import SERVICE_NAMES
 from helpers.certs import available, make_certs
 from helpers.ids import source
 from helpers.logs import log_lines
 from helpers.sessions import create
 from sidecar_proc import ROOT, TOKEN, Sidecar, free_port
+
+import agent_sidecar_client as asc
+from agent_sidecar.api.server import SERVICE_NAMES
 
 pytestmark = pytest.mark.skipif(not available(), reason="the openssl command is not installed")
 

@@ -16,14 +16,15 @@ import zlib
 from pathlib import Path
 
 import pytest
+from helpers.certs import available as certs_available
+from helpers.certs import make_certs
+from helpers.config import echo, scripted
+from helpers.sessions import transcript
+from sidecar_proc import ROOT, TOKEN, Sidecar, free_port
 
 from agent_sidecar.bench import stats
 from agent_sidecar.bench.plot import SIZE_PX
 from agent_sidecar.v1 import session_service_pb2 as spb
-from helpers.certs import available as certs_available, make_certs
-from helpers.config import echo, scripted
-from helpers.sessions import transcript
-from sidecar_proc import ROOT, TOKEN, Sidecar, free_port
 
 WORDS = 8
 TOOL_STEPS = [{"tool_calls": [{"name": "bench.echo", "arguments": {"text": "from the tool"}}]},

@@ -16,11 +16,11 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from agent_sidecar.v1 import session_service_pb2 as pb
 from helpers.ids import source as src
 from helpers.sessions import create, rpc_error, seed, turns
 from sidecar_proc import ROOT, TOKEN
+
+from agent_sidecar.v1 import session_service_pb2 as pb
 
 EXE = ROOT / ".venv" / "bin" / "agent-sidecar"
 CLI = [str(EXE)] if EXE.exists() else [sys.executable, "-m", "agent_sidecar"]

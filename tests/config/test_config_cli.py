@@ -14,17 +14,18 @@ import tomllib
 
 import grpc
 import pytest
+from helpers.procs import children, cmdline, comm
+from helpers.streams import assert_well_formed, prompt_req
+from helpers.streams import run as run_prompt
+from helpers.waiting import wait_until
+from sidecar_proc import ROOT, TOKEN, Sidecar
+from test_config import leaves
 
 import agent_sidecar
 from agent_sidecar.cli.config_cmd import BEGIN, END, reference
 from agent_sidecar.config import Config, load_config
 from agent_sidecar.config_schema import tree
 from agent_sidecar.v1 import session_service_pb2 as spb
-from helpers.procs import children, cmdline, comm
-from helpers.streams import assert_well_formed, prompt_req, run as run_prompt
-from helpers.waiting import wait_until
-from sidecar_proc import ROOT, TOKEN, Sidecar
-from test_config import leaves
 
 EXE = ROOT / ".venv" / "bin" / "agent-sidecar"
 CLI = [str(EXE)] if EXE.exists() else [sys.executable, "-m", "agent_sidecar"]

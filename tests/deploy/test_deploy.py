@@ -32,13 +32,13 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from agent_sidecar.cli.main import build_parser
-from agent_sidecar.config import Config
 from helpers.config import echo
 from helpers.ids import source
 from helpers.streams import PromptRun, watch
 from sidecar_proc import Sidecar
+
+from agent_sidecar.cli.main import build_parser
+from agent_sidecar.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -30,7 +30,7 @@ class Samples(dict):
     def labels(self, name: str) -> list[dict[str, str]]:
         return [dict(ls) for (n, ls) in self if n == name]
 
-    def since(self, before: "Samples", name: str, **labels: str) -> float:
+    def since(self, before: Samples, name: str, **labels: str) -> float:
         """How much one sample grew since ``before``."""
         return self.value(name, **labels) - before.value(name, **labels)
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import gzip
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -56,7 +57,7 @@ class Collector:
         return {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
                 "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": self.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
 
-    def start(self) -> "Collector":
+    def start(self) -> Collector:
         collector = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -86,7 +87,7 @@ class Collector:
             self._server.server_close()
             self._server = None
 
-    def __enter__(self) -> "Collector":
+    def __enter__(self) -> Collector:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

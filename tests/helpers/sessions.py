@@ -8,10 +8,10 @@ from contextlib import contextmanager
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from sidecar_proc import error_info
 
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import session_service_pb2 as pb
-from sidecar_proc import error_info
 
 from .ids import SESSION_ID_RE, source
 

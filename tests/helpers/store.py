@@ -17,8 +17,9 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from agent_sidecar.store.records import FrameRecord, LedgerEntry, Message, OpenPrompt, SessionEntry
 from agent_sidecar.store.sqlite import reads

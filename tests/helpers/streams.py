@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import grpc
+from sidecar_proc import error_info
 
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
-from sidecar_proc import error_info
 
-from .ids import rid, source as new_source
+from .ids import rid
+from .ids import source as new_source
 from .waiting import wait_until
 
 D = ppb.DeliveryMode
@@ -91,7 +93,7 @@ class Stream:
                                          f" error={self.error and self.error.details()}")
                 self._cv.wait(left)
 
-    def result(self, timeout: float = 30) -> "Stream":
+    def result(self, timeout: float = 30) -> Stream:
         """This stream, once the call has ended."""
         deadline = time.monotonic() + timeout
         with self._cv:

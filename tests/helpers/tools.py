@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import queue
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 
@@ -72,7 +73,7 @@ class ToolHost:
         finally:
             self.ended.set()
 
-    def wait_registered(self, timeout: float = 10) -> "ToolHost":
+    def wait_registered(self, timeout: float = 10) -> ToolHost:
         assert self.registered.wait(timeout), f"not registered: {self.error}"
         return self
 
@@ -84,7 +85,7 @@ class ToolHost:
         self._out.put(None)
         self.call.cancel()
 
-    def __enter__(self) -> "ToolHost":
+    def __enter__(self) -> ToolHost:
         return self.wait_registered()
 
     def __exit__(self, *exc) -> None:

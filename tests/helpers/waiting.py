@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def wait_until(pred: Callable[[], Any], timeout: float = 10, interval: float = 0.02, what: str = ""):

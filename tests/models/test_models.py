@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from helpers.fake_openai import FakeOpenAI
 
 from agent_sidecar.models import (
     ModelError,
@@ -27,8 +28,6 @@ from agent_sidecar.models.echo import EchoModel
 from agent_sidecar.models.openai import OpenAIModel
 from agent_sidecar.models.openai_wire import StreamParser, call_tag, events_from_message, safe_tool_name
 from agent_sidecar.models.scripted import ScriptedModel
-
-from helpers.fake_openai import FakeOpenAI
 
 
 def user(text, system="you are a bot"):
@@ -55,7 +54,8 @@ def of_type(events, cls):
 
 # -- echo ------------------------------------------------------------------
 
-@pytest.mark.parametrize("text", ["hello world", "  leading and trailing  ", "tabs\tand\nnewlines  here", "x", "   ", ""])
+@pytest.mark.parametrize("text", ["hello world", "  leading and trailing  ", "tabs\tand\nnewlines  here", "x",
+                                  "   ", ""])
 def test_echo_round_trips_text_exactly(text):
     events = collect(EchoModel({}), ModelRequest(messages=user(text)))
     assert text_of(events) == text
@@ -221,7 +221,8 @@ def test_scripted_kill_worker_and_sidecar():
     assert worker.stdout.split() == ["TextDelta", "TextDelta"]
     parent_code = ("import subprocess, sys, time; subprocess.run([sys.executable, '-c', sys.argv[1], 'sidecar']); "
                    "time.sleep(30); print('parent survived')")
-    sidecar = subprocess.run([sys.executable, "-c", parent_code, KILL_CHILD], capture_output=True, text=True, timeout=60)
+    sidecar = subprocess.run([sys.executable, "-c", parent_code, KILL_CHILD], capture_output=True, text=True,
+                             timeout=60)
     assert sidecar.returncode == -9
     assert "survived" not in sidecar.stdout
 
@@ -375,7 +376,8 @@ def test_stream_parser_fragments_without_index_and_error_chunks():
     parser = StreamParser(tag="t3", names={})
     lines = [
         ": keepalive comment", "",
-        'data: {"choices": [{"delta": {"tool_calls": [{"id": "a", "function": {"name": "x__", "arguments": "{\\"k\\""}}]}}]}',
+        'data: {"choices": [{"delta": {"tool_calls": [{"id": "a", "function": '
+        '{"name": "x__", "arguments": "{\\"k\\""}}]}}]}',
         'data: {"choices": [{"delta": {"tool_calls": [{"function": {"name": "y", "arguments": ": 1}"}}]}}]}',
         'data: {"choices": [{"delta": {"tool_calls": [{"function": {"name": "z"}}]}, "finish_reason": "tool_calls"}]}',
     ]

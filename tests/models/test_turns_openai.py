@@ -7,7 +7,6 @@ import json
 
 import grpc
 import pytest
-
 from helpers.config import profile
 from helpers.fake_openai import FakeOpenAI
 from helpers.sessions import get_session, transcript

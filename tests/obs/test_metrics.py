@@ -15,9 +15,6 @@ import urllib.request
 
 import grpc
 import pytest
-
-from agent_sidecar.v1 import status_service_pb2 as spb
-from agent_sidecar.v1 import status_service_pb2_grpc as spb_grpc
 from helpers.config import echo, scripted, slow_echo
 from helpers.ids import source
 from helpers.metrics import metrics_config, scrape
@@ -26,6 +23,9 @@ from helpers.streams import QUEUE, run, start
 from helpers.tools import AB_SCHEMA, ToolHost
 from helpers.waiting import wait_until
 from sidecar_proc import ROOT, TOKEN, Sidecar, error_info, free_port
+
+from agent_sidecar.v1 import status_service_pb2 as spb
+from agent_sidecar.v1 import status_service_pb2_grpc as spb_grpc
 
 TOOL_STEPS = [{"tool_calls": [{"name": "mt.add", "arguments": {"a": 2, "b": 3}}]},
               {"text_from_last_tool_result": True}]

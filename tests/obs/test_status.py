@@ -14,15 +14,15 @@ import sys
 
 import grpc
 import pytest
-
-import agent_sidecar
-from agent_sidecar.v1 import status_service_pb2 as spb
-from agent_sidecar.v1 import status_service_pb2_grpc as spb_grpc
 from helpers.config import echo, table
 from helpers.ids import source
 from helpers.procs import children
 from helpers.streams import run
 from sidecar_proc import ROOT, TOKEN, Sidecar, error_info
+
+import agent_sidecar
+from agent_sidecar.v1 import status_service_pb2 as spb
+from agent_sidecar.v1 import status_service_pb2_grpc as spb_grpc
 
 MODES = ["REJECT_IF_BUSY", "FOLLOW_UP", "QUEUE", "INTERRUPT", "ROLLBACK", "STEER"]
 

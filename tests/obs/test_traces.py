@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers.config import profile
 from helpers.fake_openai import FakeOpenAI
 from helpers.otlp import Collector

@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import logging
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import grpc
 import pytest
-
-from agent_sidecar import logs
-from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from helpers.config import echo, profile, table
 from helpers.fake_openai import FakeOpenAI
 from helpers.ids import source
@@ -22,6 +19,9 @@ from helpers.logs import log_lines
 from helpers.streams import assert_failed, assert_well_formed, prompt_req, run, start
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
+
+from agent_sidecar import logs
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
 
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 ADD = [{"tool_calls": [{"name": "test.add", "arguments": {"a": 2, "b": 3}, "id": "call_l"}]},
@@ -136,7 +136,7 @@ def test_every_line_has_an_rfc3339_timestamp(sc):
     assert len(lines) > 10
     bad = [x for x in lines if not RFC3339.match(str(x.get("ts")))]
     assert not bad, bad[:3]
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     for x in lines:
         assert now - timedelta(minutes=10) < datetime.fromisoformat(x["ts"]) <= now + timedelta(seconds=1)
 

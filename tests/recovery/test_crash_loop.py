@@ -29,16 +29,16 @@ from contextlib import closing
 from dataclasses import dataclass
 
 import grpc
-
-from agent_sidecar.v1 import common_pb2 as c
-from agent_sidecar.v1 import prompt_service_pb2 as ppb
-from agent_sidecar.v1 import prompt_service_pb2_grpc as ppb_grpc
-from agent_sidecar.v1 import session_service_pb2 as spb
 from helpers.config import echo
 from helpers.store import StoreView
 from helpers.streams import D
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
+
+from agent_sidecar.v1 import common_pb2 as c
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
+from agent_sidecar.v1 import prompt_service_pb2_grpc as ppb_grpc
+from agent_sidecar.v1 import session_service_pb2 as spb
 
 SEED = 20240605
 SESSIONS = 50
@@ -74,7 +74,7 @@ class LoadGen:
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
 
-    def start(self) -> "LoadGen":
+    def start(self) -> LoadGen:
         self.thread.start()
         return self
 
@@ -127,7 +127,7 @@ class LoadGen:
             call = stub.Prompt(req, timeout=60)
             try:
                 resp = await asyncio.wait_for(call.read(), 10)
-            except (grpc.aio.AioRpcError, asyncio.TimeoutError) as e:
+            except (TimeoutError, grpc.aio.AioRpcError) as e:
                 call.cancel()
                 code = e.code() if isinstance(e, grpc.aio.AioRpcError) else grpc.StatusCode.DEADLINE_EXCEEDED
                 if code not in RETRY_CODES:

@@ -15,12 +15,12 @@ import threading
 import time
 
 import grpc
-
-from agent_sidecar.v1 import session_service_pb2 as pb
-from agent_sidecar.v1 import session_service_pb2_grpc as pb_grpc
 from helpers.ids import source as src
 from helpers.sessions import assert_serving, create, msg, seed, transcript, turns
 from sidecar_proc import Sidecar
+
+from agent_sidecar.v1 import session_service_pb2 as pb
+from agent_sidecar.v1 import session_service_pb2_grpc as pb_grpc
 
 RESUME_PREFIX = "[The previous turn was interrupted"
 

@@ -14,18 +14,18 @@ import time
 from contextlib import closing
 
 import grpc
-
-from agent_sidecar.v1 import prompt_service_pb2 as ppb
-from agent_sidecar.v1 import session_service_pb2 as spb
 from helpers.config import echo, scripted, table
 from helpers.ids import source, words
 from helpers.recovery import health, marker, restart
 from helpers.sessions import get_session, transcript
 from helpers.store import StoreView
-from helpers.streams import D, kind_of, PromptRun, watch, Watcher
+from helpers.streams import D, PromptRun, Watcher, kind_of, watch
 from helpers.tools import ToolHost
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
+
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
+from agent_sidecar.v1 import session_service_pb2 as spb
 
 QUEUE = D.Value("DELIVERY_MODE_QUEUE")
 
@@ -234,7 +234,8 @@ def test_prompt_acknowledged_survives_kill9(tmp_path):
             w = watch(sc.prompts(), request_id=rid, timeout=20)
             frames, reason = w.frames, w.reason
             assert reason == "restart_interrupted", [kind_of(f) for f in frames]
-        users = [m.content for m in transcript(sc.sessions(), warm.session_id, include_rewound=True) if m.role == "user"]
+        rows = transcript(sc.sessions(), warm.session_id, include_rewound=True)
+        users = [m.content for m in rows if m.role == "user"]
         assert users.count("please remember me") == 1, users
         assert store.user_rows(rid) == 1
     finally:

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import time
 
-from agent_sidecar.store.records import LedgerEntry
-from agent_sidecar.v1 import session_service_pb2 as spb
 from helpers.config import echo, scripted, table
 from helpers.ids import source, words
 from helpers.recovery import marker, restart
 from helpers.sessions import get_session, transcript
-from helpers.store import db_path, local_store, StoreView
-from helpers.streams import D, get_queue, kind_of, PromptRun, watch
+from helpers.store import StoreView, db_path, local_store
+from helpers.streams import D, PromptRun, get_queue, kind_of, watch
 from helpers.tools import ToolHost
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
+
+from agent_sidecar.store.records import LedgerEntry
+from agent_sidecar.v1 import session_service_pb2 as spb
 
 QUEUE = D.Value("DELIVERY_MODE_QUEUE")
 NO_AUTO_RESUME = "[agent]\ngateway_auto_continue_freshness = 0.001\n\n"
@@ -238,7 +239,8 @@ def test_an_acknowledged_burst_runs_once_in_order_after_a_kill9(tmp_path):
             frames = watch(sc.prompts(), request_id=older.request_id, timeout=20).frames
             assert [kind_of(f) for f in frames] == ["accepted", "superseded"], [kind_of(f) for f in frames]
             assert frames[-1].superseded.by_request_id == newer.request_id
-        users = [m.content for m in transcript(sc.sessions(), busy.session_id, include_rewound=True) if m.role == "user"]
+        rows = transcript(sc.sessions(), busy.session_id, include_rewound=True)
+        users = [m.content for m in rows if m.role == "user"]
         assert users == [words(40), "part 0", "part 1", "part 2"], users
     finally:
         sc.stop()

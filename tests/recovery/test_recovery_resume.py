@@ -8,14 +8,15 @@ recent lane (hermes' rule), ``"off"`` none."""
 
 from __future__ import annotations
 
-from agent_sidecar.v1 import common_pb2 as c
-from agent_sidecar.v1 import session_service_pb2 as spb
 from helpers.config import echo, table
 from helpers.ids import source, words
-from helpers.recovery import restart, RESUME_PREFIX
+from helpers.recovery import RESUME_PREFIX, restart
 from helpers.sessions import get_session, transcript
-from helpers.streams import kind_of, PromptRun, watch
+from helpers.streams import PromptRun, kind_of, watch
 from sidecar_proc import Sidecar
+
+from agent_sidecar.v1 import common_pb2 as c
+from agent_sidecar.v1 import session_service_pb2 as spb
 
 
 def _lanes_then_kill9(sc) -> dict:

@@ -4,23 +4,23 @@ over gRPC against the real sidecar."""
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
-    ProtoReflectionDescriptorDatabase)
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from helpers.ids import source as src
+from helpers.ids import uniq
+from helpers.sessions import create, rpc_error, seed, transcript, turns
+from helpers.store import db_path, local_store
+from sidecar_proc import TOKEN, Sidecar
 
 from agent_sidecar.store.records import RoutingPatch
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as pb
-from helpers.ids import source as src, uniq
-from helpers.sessions import create, rpc_error, seed, transcript, turns
-from helpers.store import db_path, local_store
-from sidecar_proc import TOKEN, Sidecar
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -224,7 +224,7 @@ def test_context_discord_left_raw_and_thread_shared(redacting):
 def test_context_has_session_start_time(stub):
     source = src("telegram")
     s, _ = create(stub, source)
-    started = datetime.fromtimestamp(s.created_at.seconds, timezone.utc)
+    started = datetime.fromtimestamp(s.created_at.seconds, UTC)
     ctx = _context(stub, source).prompt_section
     assert f"**Session started:** {started:%Y-%m-%d %H:%M:%S} UTC" in ctx.splitlines()
 

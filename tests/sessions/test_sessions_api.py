@@ -8,12 +8,13 @@ import time
 
 import grpc
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+from helpers.ids import SESSION_ID_RE, uniq
+from helpers.ids import source as src
+from helpers.sessions import create, msg, rpc_error, seed, transcript, turns
 
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import session_service_pb2 as pb
-from google.protobuf.timestamp_pb2 import Timestamp
-from helpers.ids import SESSION_ID_RE, source as src, uniq
-from helpers.sessions import create, msg, rpc_error, seed, transcript, turns
 
 NOT_FOUND = grpc.StatusCode.NOT_FOUND
 

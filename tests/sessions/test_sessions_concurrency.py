@@ -7,11 +7,12 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+from helpers.ids import source as src
+from helpers.ids import uniq
+from helpers.sessions import msg, transcript
 
 from agent_sidecar.v1 import session_service_pb2 as pb
 from agent_sidecar.v1 import session_service_pb2_grpc as pb_grpc
-from helpers.ids import source as src, uniq
-from helpers.sessions import msg, transcript
 
 
 def _aio(sc):

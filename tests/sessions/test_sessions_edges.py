@@ -13,12 +13,12 @@ import grpc
 import orjson
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
-
-from agent_sidecar.v1 import session_service_pb2 as pb
 from helpers.ids import source as src
 from helpers.sessions import create, msg, rpc_error, seed, transcript
 from helpers.streams import PromptRun
 from sidecar_proc import Sidecar
+
+from agent_sidecar.v1 import session_service_pb2 as pb
 
 
 @pytest.fixture(scope="module")

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import grpc
 import pytest
-
-from agent_sidecar.v1 import session_service_pb2 as pb
-from agent_sidecar.v1 import common_pb2 as c
 from helpers.key_cases import KEY_CASES, WHATSAPP_ALIASES
 from helpers.sessions import create, rpc_error
 from sidecar_proc import Sidecar
+
+from agent_sidecar.v1 import common_pb2 as c
+from agent_sidecar.v1 import session_service_pb2 as pb
 
 PROFILES = '[profiles.support]\nmodel = "echo"\n'
 

@@ -10,14 +10,14 @@ import sys
 from contextlib import closing
 
 import pytest
-
-from agent_sidecar.v1 import session_service_pb2 as spb
 from helpers.config import echo
 from helpers.ids import source
 from helpers.recovery import health
 from helpers.store import query
 from helpers.streams import PromptRun
 from sidecar_proc import ROOT, Sidecar
+
+from agent_sidecar.v1 import session_service_pb2 as spb
 
 TEXTS = ["the quick brown fox", "jumps over the lazy dog", "zebra crossing ahead",
          "unicode naïve café", "the fox again"]

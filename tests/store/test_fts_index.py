@@ -6,12 +6,13 @@ the index is complete on disk after a clean stop; doctor finds it consistent."""
 
 from __future__ import annotations
 
-from agent_sidecar.v1 import common_pb2 as c
-from agent_sidecar.v1 import session_service_pb2 as spb
 from helpers.ids import source
 from helpers.store import query
 from sidecar_proc import Sidecar
 from test_doctor import doctor
+
+from agent_sidecar.v1 import common_pb2 as c
+from agent_sidecar.v1 import session_service_pb2 as spb
 
 
 def seed(sc, key: str, *texts: str) -> str:

@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 
 import apsw
-
-from agent_sidecar.recovery import startup
-from agent_sidecar.store.sqlite import schema as migrations
 from helpers.store import query
 from helpers.streams import assert_well_formed, prompt_req, run, watch
 from sidecar_proc import Sidecar
+
+from agent_sidecar.recovery import startup
+from agent_sidecar.store.sqlite import schema as migrations
 
 KEY = "agent:main:telegram:dm:old-chat"
 SID = "sid-old"

@@ -26,10 +26,6 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
-
-from agent_sidecar.store import StoreUnavailable, open_store
-from agent_sidecar.turns import flush as jobs
-from agent_sidecar.v1 import session_service_pb2 as spb
 from helpers.config import slow_echo
 from helpers.ids import source, words
 from helpers.logs import log_lines
@@ -38,6 +34,10 @@ from helpers.streams import PromptRun, watch
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar, error_info
 from test_store_writer import child_pids
+
+from agent_sidecar.store import StoreUnavailable, open_store
+from agent_sidecar.turns import flush as jobs
+from agent_sidecar.v1 import session_service_pb2 as spb
 
 TERMINAL = ("completed", "failed", "superseded")
 

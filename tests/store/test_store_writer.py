@@ -12,6 +12,11 @@ import pickle
 import signal
 
 import pytest
+from helpers.ids import source
+from helpers.logs import log_lines
+from helpers.procs import alive, children, comm, grpc_loaded, niceness, sched_policy
+from helpers.waiting import wait_until
+from sidecar_proc import Sidecar
 
 from agent_sidecar.children import CHILD_NICE
 from agent_sidecar.errors import SidecarError
@@ -19,11 +24,6 @@ from agent_sidecar.sessions import lifecycle as life
 from agent_sidecar.sessions.source import SessionSource
 from agent_sidecar.store import StoreClosed, open_store
 from agent_sidecar.v1 import session_service_pb2 as spb
-from helpers.ids import source
-from helpers.logs import log_lines
-from helpers.procs import alive, children, comm, grpc_loaded, niceness, sched_policy
-from helpers.waiting import wait_until
-from sidecar_proc import Sidecar
 
 
 def child_pids(sc) -> dict[str, int]:

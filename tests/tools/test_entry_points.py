@@ -9,11 +9,12 @@ import textwrap
 import threading
 import time
 
-from agent_sidecar.v1 import common_pb2 as c
-from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from helpers.ids import rid
 from helpers.tools import ToolHost
 from sidecar_proc import Sidecar, error_info
+
+from agent_sidecar.v1 import common_pb2 as c
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
 
 PLUGIN = '''
 from agent_sidecar.models.base import TextDelta, ToolCallRequest, UsageReport

@@ -9,15 +9,15 @@ import json
 
 import grpc
 import pytest
-
-from agent_sidecar.v1 import prompt_service_pb2 as ppb
-from agent_sidecar.v1 import tool_service_pb2 as tpb
 from helpers.config import scripted
 from helpers.ids import source
 from helpers.sessions import transcript
 from helpers.streams import D, start
-from helpers.tools import tool_calls_answered, ToolHost, unanswered_calls
+from helpers.tools import ToolHost, tool_calls_answered, unanswered_calls
 from sidecar_proc import Sidecar, error_info
+
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
+from agent_sidecar.v1 import tool_service_pb2 as tpb
 
 ADD_SCHEMA = {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
               "required": ["a", "b"]}

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import time
 
-from agent_sidecar.turns import memory
-from agent_sidecar.turns.agent import Agent
-from agent_sidecar.turns.cache import AgentCache
 from helpers.config import profile
 from helpers.ids import source
 from helpers.logs import log_lines
@@ -17,6 +14,10 @@ from helpers.sessions import get_session, transcript
 from helpers.streams import start
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
+
+from agent_sidecar.turns import memory
+from agent_sidecar.turns.agent import Agent
+from agent_sidecar.turns.cache import AgentCache
 
 MB = 1024 * 1024
 

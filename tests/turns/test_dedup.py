@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+from helpers.store import local_store
+
 from agent_sidecar.store.records import LedgerEntry
 from agent_sidecar.store.sqlite.store import SqliteStore
 from agent_sidecar.turns.dedup import RecentRequests
-from helpers.store import local_store
 
 KEY = "agent:main:t:dm:1"
 

@@ -9,15 +9,15 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
-
-from agent_sidecar.v1 import prompt_service_pb2 as ppb
-from agent_sidecar.v1 import session_service_pb2 as spb
 from helpers.config import scripted, slow_echo
 from helpers.ids import source, words
 from helpers.logs import log_lines
 from helpers.sessions import get_session, transcript
-from helpers.streams import D, get_queue, PromptRun, start
+from helpers.streams import D, PromptRun, get_queue, start
 from sidecar_proc import Sidecar
+
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
+from agent_sidecar.v1 import session_service_pb2 as spb
 
 CONFIG = (slow_echo("main")
           + scripted("steer", [{"text": "first answer", "token_latency_ms": 500}, {"echo_input": True}])

@@ -7,13 +7,13 @@ from __future__ import annotations
 import time
 
 import pytest
+from helpers.store import local_store
 
 from agent_sidecar.errors import SidecarError
 from agent_sidecar.recovery.startup import absorbed_texts, restore
 from agent_sidecar.sessions import lifecycle as life
 from agent_sidecar.sessions.source import SessionSource
 from agent_sidecar.turns import jobs
-from helpers.store import local_store
 
 KEY = "agent:main:telegram:dm:42"
 SOURCE = SessionSource(platform="telegram", chat_id="42")

@@ -10,15 +10,15 @@ import threading
 
 import grpc
 import pytest
-
-from agent_sidecar.v1 import common_pb2 as c
-from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from helpers.config import echo, scripted, table
 from helpers.ids import uniq
 from helpers.sessions import get_session, transcript
 from helpers.streams import assert_failed, assert_well_formed, body_of, collect, kind_of, prompt_req, run, watch
-from helpers.tools import AB_SCHEMA, answers, ToolHost
+from helpers.tools import AB_SCHEMA, ToolHost, answers
 from sidecar_proc import Sidecar
+
+from agent_sidecar.v1 import common_pb2 as c
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
 
 ADD = {"name": "test.add", "arguments": {"a": 2, "b": 3}}
 PROFILES = (

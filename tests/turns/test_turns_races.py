@@ -15,18 +15,18 @@ from contextlib import closing, contextmanager
 
 import grpc
 import pytest
+from helpers.config import profile, scripted
+from helpers.ids import source, words
+from helpers.sessions import get_session, transcript
+from helpers.store import StoreView
+from helpers.streams import TERMINAL, D, PromptRun, assert_well_formed, collect, kind_of, start, watch
+from helpers.waiting import wait_until
+from sidecar_proc import TOKEN, Sidecar
 
 from agent_sidecar.api.session_service import CLEAR_ALL_CONFIRM
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as spb
-from helpers.config import profile, scripted
-from helpers.ids import source, words
-from helpers.sessions import get_session, transcript
-from helpers.store import StoreView
-from helpers.streams import assert_well_formed, collect, D, kind_of, PromptRun, start, TERMINAL, watch
-from helpers.waiting import wait_until
-from sidecar_proc import TOKEN, Sidecar
 
 MAX_FRAMES = 100  # limits.max_frames_per_turn here: every other turn stays far below it
 

@@ -10,19 +10,29 @@ import time
 
 import grpc
 import pytest
-
-from agent_sidecar.turns.pool import rendezvous
-from agent_sidecar.v1 import common_pb2 as c
-from agent_sidecar.v1 import prompt_service_pb2 as ppb
-from agent_sidecar.v1 import session_service_pb2 as spb
 from helpers.config import echo
 from helpers.ids import uniq
 from helpers.logs import log_lines
 from helpers.procs import children, grpc_loaded
 from helpers.sessions import get_session, transcript, turns
-from helpers.streams import assert_failed, assert_well_formed, body_of, collect, kind_of, prompt_req, run, watch, Watcher
+from helpers.streams import (
+    Watcher,
+    assert_failed,
+    assert_well_formed,
+    body_of,
+    collect,
+    kind_of,
+    prompt_req,
+    run,
+    watch,
+)
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
+
+from agent_sidecar.turns.pool import rendezvous
+from agent_sidecar.v1 import common_pb2 as c
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
+from agent_sidecar.v1 import session_service_pb2 as spb
 
 PROFILES = echo("main") + echo("slow", 40)
 WORDS = " ".join(f"word{i}" for i in range(12))

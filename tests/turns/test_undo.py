@@ -9,15 +9,15 @@ its user message. The busy turn is a slow echo (100 ms a word)."""
 from __future__ import annotations
 
 import pytest
-
-from agent_sidecar.v1 import session_service_pb2 as spb
-from agent_sidecar.v1 import common_pb2 as c
 from helpers.config import scripted, slow_echo
 from helpers.ids import source, words
 from helpers.sessions import transcript
-from helpers.streams import D, get_queue, PromptRun, start
+from helpers.streams import D, PromptRun, get_queue, start
 from helpers.tools import ToolHost
 from sidecar_proc import Sidecar
+
+from agent_sidecar.v1 import common_pb2 as c
+from agent_sidecar.v1 import session_service_pb2 as spb
 
 QUEUE = D.DELIVERY_MODE_QUEUE
 CONFIG = slow_echo("main", 100) + scripted(

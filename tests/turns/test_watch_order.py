@@ -9,12 +9,12 @@ import threading
 
 import grpc
 import pytest
-
-from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from helpers.config import profile
 from helpers.ids import source, uniq, words
-from helpers.streams import collect, kind_of, PromptRun, TERMINAL, Watcher
+from helpers.streams import TERMINAL, PromptRun, Watcher, collect, kind_of
 from sidecar_proc import Sidecar
+
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
 
 WATCH_PAGE = 10_000  # rows per read of a WatchActivity replay (prompt_service.WATCH_PAGE)
 

@@ -11,17 +11,17 @@ import signal
 
 import grpc
 import pytest
-
-from agent_sidecar.turns.pool import rendezvous
-from agent_sidecar.v1 import session_service_pb2 as spb
 from helpers.config import scripted, slow_echo
 from helpers.ids import source, words
 from helpers.procs import grpc_loaded, worker_pid
 from helpers.sessions import get_session, transcript
 from helpers.streams import start
-from helpers.tools import tool_calls_answered, ToolHost, unanswered_calls
+from helpers.tools import ToolHost, tool_calls_answered, unanswered_calls
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
+
+from agent_sidecar.turns.pool import rendezvous
+from agent_sidecar.v1 import session_service_pb2 as spb
 
 WORKERS = 2
 CONFIG = (slow_echo("main")

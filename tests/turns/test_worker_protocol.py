@@ -4,14 +4,15 @@ parent↔worker protocol that are hard to hit through gRPC timing."""
 from __future__ import annotations
 
 import asyncio
-import os
 import multiprocessing as mp
+import os
+
+from helpers.store import local_store
 
 from agent_sidecar.sessions import transcripts as tx
 from agent_sidecar.turns import wire
 from agent_sidecar.turns.wire import encode, open_stream, read_message
 from agent_sidecar.turns.worker import worker_main
-from helpers.store import local_store
 
 PROFILE = {"name": "main", "model": "echo", "model_options": {}, "tools": [], "max_iterations": 25}
 
@@ -27,8 +28,8 @@ async def _with_worker(tmp_path, body):
         s.job(tx.append, "s1", [tx.Message(role="user", content="still here")])
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=True)
-    proc = ctx.Process(target=worker_main, args=(child, 0, {"reader": ("agent_sidecar.store.sqlite.reader:open_reader", (db,)),
-                                                                 "parent_pid": os.getpid()}), daemon=True)
+    spec = {"reader": ("agent_sidecar.store.sqlite.reader:open_reader", (db,)), "parent_pid": os.getpid()}
+    proc = ctx.Process(target=worker_main, args=(child, 0, spec), daemon=True)
     proc.start()
     child.close()
     reader, writer = await open_stream(parent.fileno())
