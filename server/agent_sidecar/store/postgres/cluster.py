@@ -15,6 +15,7 @@ from collections.abc import Iterable
 import psycopg
 
 from ..records import LeaseGrant, LeaseHolder
+from .rows import one
 
 
 class PostgresLeases:
@@ -38,8 +39,8 @@ class PostgresLeases:
         if row is not None:
             epoch, previous, expired = row
             return LeaseGrant(key, epoch, previous or "", bool(expired))
-        node, addr, epoch = self.conn.execute(
-            "SELECT node_id, address, epoch FROM leases WHERE session_key = %s", (key,)).fetchone()
+        node, addr, epoch = one(self.conn.execute(
+            "SELECT node_id, address, epoch FROM leases WHERE session_key = %s", (key,)).fetchone())
         return LeaseHolder(key, node, addr, epoch)
 
     def fenced(self, node_id: str, epochs: dict[str, int]) -> set[str]:

@@ -15,12 +15,17 @@ sets it explicitly for its session).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import orjson
 import psycopg
 from psycopg import errors as pgerr
 from psycopg.types.json import set_json_dumps, set_json_loads
 
 from ..faults import is_store_fault
+
+if TYPE_CHECKING:
+    from .uow import PostgresUnitOfWork
 
 # The driver's exceptions that mean "the store cannot write now" (faults.py):
 # the server gone or refusing, a full disk, resources exhausted.
@@ -59,7 +64,7 @@ class PostgresWriter:
         self.conn = connect(dsn, autocommit=True)
         self.conn.execute("SET synchronous_commit = on")
         self.node_id = node_id
-        self._uow = None
+        self._uow: PostgresUnitOfWork | None = None
 
     def begin(self) -> None:
         self.conn.execute("BEGIN")

@@ -97,7 +97,7 @@ class PostgresRouting:
         return self.conn.execute("DELETE FROM routing WHERE session_key = %s", (key,)).rowcount == 1
 
     def count(self) -> int:
-        return self.conn.execute("SELECT count(*) FROM routing").fetchone()[0]
+        return rows.one(self.conn.execute("SELECT count(*) FROM routing").fetchone())[0]
 
 
 _INCARNATION = ("SELECT session_id, session_key, created_at, ended_at, end_reason, turn_count, next_seq,"
@@ -148,10 +148,10 @@ class PostgresRestarts:
         self.conn.execute("DELETE FROM restart_counts WHERE NOT (session_key = ANY(%s))", (list(keys),))
 
     def increment(self, key: str, at: float) -> int:
-        return self.conn.execute(
+        return rows.one(self.conn.execute(
             "INSERT INTO restart_counts AS r (session_key, count, updated_at) VALUES (%s, 1, %s)"
             " ON CONFLICT (session_key) DO UPDATE SET count = r.count + 1, updated_at = excluded.updated_at"
-            " RETURNING count", (key, at)).fetchone()[0]
+            " RETURNING count", (key, at)).fetchone())[0]
 
     def reset(self, key: str) -> None:
         self.conn.execute("DELETE FROM restart_counts WHERE session_key = %s", (key,))

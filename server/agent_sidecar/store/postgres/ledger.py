@@ -129,8 +129,8 @@ class PostgresFrames:
         if not self.written:  # the first frame of this transaction: in commit order
             self.conn.execute("SELECT pg_advisory_xact_lock(%s)", (FRAMES_LOCK,))
         n = len(new)
-        first = self.conn.execute("SELECT setval('frames_id_seq', nextval('frames_id_seq') + %s - 1) - %s + 1",
-                                  (n, n)).fetchone()[0]
+        first = rows.one(self.conn.execute(
+            "SELECT setval('frames_id_seq', nextval('frames_id_seq') + %s - 1) - %s + 1", (n, n)).fetchone())[0]
         cols = list(zip(*new))
         self.conn.execute(_INSERT_FRAMES, {
             "first": first, "rid": list(cols[0]), "seq": list(cols[1]), "key": list(cols[2]),
@@ -140,7 +140,7 @@ class PostgresFrames:
         return first
 
     def last_seq(self, request_id: str) -> int:
-        return self.conn.execute(f"SELECT max(seq) {REQUEST_FRAMES}", {"rid": request_id}).fetchone()[0] or 0
+        return rows.one(self.conn.execute(f"SELECT max(seq) {REQUEST_FRAMES}", {"rid": request_id}).fetchone())[0] or 0
 
     def delete_before(self, at: float, limit: int) -> int:
         return self.conn.execute(

@@ -34,7 +34,8 @@ async def session_key_of(conn, session_id: str) -> str | None:
 
 async def list_entries(conn, platform: str, active_since: float | None,
                        after: tuple[float, str] | None, limit: int) -> list[SessionEntry]:
-    sql, params = rows.ENTRY_SELECT + " WHERE true", []
+    sql = rows.ENTRY_SELECT + " WHERE true"
+    params: list[str | float] = []
     if platform:
         sql += " AND r.platform = %s"
         params.append(platform)

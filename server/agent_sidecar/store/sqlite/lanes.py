@@ -97,7 +97,7 @@ class SqliteRouting:
         return self.conn.changes() == 1
 
     def count(self) -> int:
-        return self.conn.execute("SELECT count(*) FROM routing").fetchone()[0]
+        return rows.one(self.conn.execute("SELECT count(*) FROM routing").fetchone())[0]
 
 
 _INCARNATION = "SELECT session_id, session_key, created_at, ended_at, end_reason, turn_count, next_seq, rev" \
@@ -149,8 +149,8 @@ class SqliteRestarts:
         self.conn.execute("INSERT INTO restart_counts (session_key, count, updated_at) VALUES (?, 1, ?)"
                           " ON CONFLICT (session_key) DO UPDATE SET count = count + 1, updated_at = ?",
                           (key, at, at))
-        return self.conn.execute("SELECT count FROM restart_counts WHERE session_key = ?",
-                                 (key,)).fetchone()[0]
+        return rows.one(self.conn.execute("SELECT count FROM restart_counts WHERE session_key = ?",
+                                         (key,)).fetchone())[0]
 
     def reset(self, key: str) -> None:
         self.conn.execute("DELETE FROM restart_counts WHERE session_key = ?", (key,))

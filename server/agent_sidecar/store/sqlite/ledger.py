@@ -12,6 +12,7 @@ one executemany get consecutive ids.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import apsw
 import orjson
@@ -77,7 +78,7 @@ class SqliteLedger:
 
     def open_prompts(self) -> list[OpenPrompt]:
         cols = ", ".join("p." + c for c in rows.LEDGER_COLUMNS)
-        found = self.conn.execute(
+        found: list[tuple[Any, ...]] = self.conn.execute(
             f"SELECT {cols}, q.slot, q.position FROM prompts p"
             " LEFT JOIN prompt_queue q ON q.request_id = p.request_id"
             " WHERE p.status IN ('queued', 'running') ORDER BY p.session_key, p.created_at").fetchall()
@@ -130,7 +131,7 @@ class SqliteFrames:
         return self.conn.last_insert_rowid() - len(new) + 1
 
     def last_seq(self, request_id: str) -> int:
-        return self.conn.execute(f"SELECT max(seq) {REQUEST_FRAMES}", (request_id,)).fetchone()[0] or 0
+        return rows.one(self.conn.execute(f"SELECT max(seq) {REQUEST_FRAMES}", (request_id,)).fetchone())[0] or 0
 
     def delete_before(self, at: float, limit: int) -> int:
         cutoff = cutoff_id(self.conn, at)
@@ -150,7 +151,7 @@ def cutoff_id(conn: apsw.Connection, cutoff: float) -> int:
     no index on ``at`` and never scans the table."""
     # Two subqueries, each one step to an end of the rowid b-tree (a combined
     # min/max would scan the whole table).
-    lo, hi = conn.execute("SELECT (SELECT min(id) FROM frames), (SELECT max(id) FROM frames)").fetchone()
+    lo, hi = rows.one(conn.execute("SELECT (SELECT min(id) FROM frames), (SELECT max(id) FROM frames)").fetchone())
     if lo is None:
         return 0
     while lo < hi:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import apsw
 
@@ -112,7 +113,7 @@ class SqliteMessages:
         row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (FTS_MARK,)).fetchone()
         last = row[0] if row else 0
         sql = "SELECT id, content FROM messages WHERE id > ? ORDER BY id"
-        found = self.conn.execute(sql + (" LIMIT ?" if limit else ""),
+        found: list[tuple[Any, ...]] = self.conn.execute(sql + (" LIMIT ?" if limit else ""),
                                   (last, limit) if limit else (last,)).fetchall()
         if found:
             self.conn.executemany("INSERT INTO messages_fts (rowid, content) VALUES (?, ?)", found)
@@ -131,4 +132,4 @@ class SqliteMessages:
         self.index_pending()
         for sid in session_ids:
             self.conn.execute("DELETE FROM messages WHERE session_id = ?", (sid,))
-        self.set_index_mark(self.conn.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0])
+        self.set_index_mark(rows.one(self.conn.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone())[0])

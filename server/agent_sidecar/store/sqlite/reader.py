@@ -21,7 +21,8 @@ class SqliteTranscriptReader:
         if self._conn is None:
             self._conn = _open(self.path)
         with self._conn:
-            return reads.load_for_model(self._conn, session_id)
+            messages = reads.load_for_model(self._conn, session_id)
+        return messages
 
     def close(self) -> None:
         if self._conn is not None:

@@ -30,7 +30,8 @@ def session_key_of(conn: apsw.Connection, session_id: str) -> str | None:
 
 def list_entries(conn: apsw.Connection, platform: str, active_since: float | None,
                  after: tuple[float, str] | None, limit: int) -> list[SessionEntry]:
-    sql, params = rows.ENTRY_SELECT + " WHERE 1", []
+    sql = rows.ENTRY_SELECT + " WHERE 1"
+    params: list[str | float] = []
     if platform:
         sql += " AND r.platform = ?"
         params.append(platform)
@@ -85,12 +86,14 @@ def search(conn: apsw.Connection, query: str, session_key: str, limit: int) -> l
     counts as a space: FTS5 reads a query only up to its first NUL, which
     would cut a phrase's closing quote off ("unterminated string")."""
     query = query.replace("\x00", " ")
-    sql, params = _SEARCH, [query]
+    sql = _SEARCH
+    params: list[str | int] = [query]
     if session_key:
         sql += " AND i.session_key = ?"
         params.append(session_key)
     sql += " ORDER BY rank LIMIT ?"
     params.append(limit)
+    found: list[tuple[Any, ...]]
     try:
         found = conn.execute(sql, params).fetchall()
     except apsw.SQLError:
@@ -132,5 +135,5 @@ def frames_after(conn: apsw.Connection, cursor: int, session_key: str, platform:
 
 def fts_backlog(conn: apsw.Connection) -> int:
     """Messages past the full-text index's mark (what the next indexing takes)."""
-    return conn.execute("SELECT count(*) FROM messages WHERE id > coalesce("
-                        "(SELECT value FROM meta WHERE key = ?), 0)", (FTS_MARK,)).fetchone()[0]
+    return rows.one(conn.execute("SELECT count(*) FROM messages WHERE id > coalesce("
+                                 "(SELECT value FROM meta WHERE key = ?), 0)", (FTS_MARK,)).fetchone())[0]

@@ -27,6 +27,14 @@ ENTRY_SELECT = (
 )
 
 
+def one(row: Any) -> Any:
+    """The row of a query that always yields one (an aggregate, or the RETURNING of the
+    row just written): no row there is a broken query, not an empty result."""
+    if row is None:
+        raise LookupError("a single-row query returned no row")
+    return row
+
+
 def entry(row: tuple) -> SessionEntry:
     values = dict(zip(ROUTING_FIELDS, row))
     values["turn_count"] = row[len(ROUTING_FIELDS)]

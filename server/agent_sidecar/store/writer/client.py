@@ -114,18 +114,19 @@ class GroupCommitWriter:
             self.faults.refuse()
         loop = asyncio.get_running_loop()
         out = self._outbox
+        run: list[Any] | None = None
+        blob = b""
         if getattr(fn, "many", None) is not None:  # joins a run of its kind: one pickle for all
             run = out[-1] if out and type(out[-1]) is list and out[-1][0] is fn else None
             if run is None:
                 run = [fn, [], []]
                 out.append(run)
-            blob = None
         else:
             blob = _dumps((fn, args))
         fut = loop.create_future()
         jid = self._next_id = self._next_id + 1
         self._pending[jid] = fut
-        if blob is None:
+        if run is not None:
             run[1].append(jid)
             run[2].append(args)
         else:
@@ -223,6 +224,7 @@ class GroupCommitWriter:
         self.faults.closed()
         if self._channel is not None:
             self._channel.send(CLOSE, now=True)
+            assert self._done is not None  # set by start(), which opened the channel
             try:
                 await asyncio.wait_for(asyncio.shield(self._done), timeout)
             except TimeoutError:

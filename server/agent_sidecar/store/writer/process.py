@@ -190,6 +190,12 @@ def _raiser(e: Exception) -> Callable:
     return raise_it
 
 
+def _many_of(fn: Callable[..., Any]) -> Callable[[Any, list[tuple]], list]:
+    """The ``many`` a job was marked with by @batched (store/interface.py)."""
+    many: Callable[[Any, list[tuple]], list] = fn.many  # type: ignore[attr-defined]  # set by @batched
+    return many
+
+
 def _run(db: WriterBackend, uow, fn: Callable, args: list[tuple]) -> list[tuple[bool, Any]]:
     """One run in its own savepoint: ``(ok, result or exception)`` per call.
     A batched run that raises is undone and replayed call by call, so one bad
@@ -198,7 +204,7 @@ def _run(db: WriterBackend, uow, fn: Callable, args: list[tuple]) -> list[tuple[
     db.savepoint()
     try:
         if len(args) > 1:
-            results = fn.many(uow, args)
+            results = _many_of(fn)(uow, args)
             out = [(not isinstance(r, BaseException), r) for r in results]
         else:
             out = [(True, fn(uow, *args[0]))]
@@ -257,12 +263,12 @@ def _commit_once(db: WriterBackend, uow, runs, last: bool) -> list[tuple[int, bo
         if db.transient(e) and not last:
             _at_end.clear()
             return None
-        e = fault or e  # "no such savepoint" after a full disk is the full disk
-        if db.is_fault(e):  # the parent logs the state change; no traceback per commit
-            log.warning("store commit failed: %s", e)
+        error: BaseException = fault or e  # "no such savepoint" after a full disk is the full disk
+        if db.is_fault(error):  # the parent logs the state change; no traceback per commit
+            log.warning("store commit failed: %s", error)
         else:
             log.exception("store commit failed")
-        out = [(jid, False, e) for jids, _, _ in runs for jid in jids]
+        out = [(jid, False, error) for jids, _, _ in runs for jid in jids]
     _at_end.clear()
     return [(jid, ok, unavailable(v) if not ok and db.is_fault(v) else v) for jid, ok, v in out]
 
