@@ -139,7 +139,7 @@ def frame(body: bytes) -> bytes:
 
 class Channel(asyncio.Protocol):
     def __init__(self, on_message: Callable[[Any], Any], on_lost: Callable[[], Any],
-                 loads: Callable[[bytes], Any] = orjson.loads,
+                 loads: Callable[[bytes | bytearray], Any] = orjson.loads,
                  dumps: Callable[[Any], bytes] = orjson.dumps):
         self.on_message, self.on_lost = on_message, on_lost
         self.loads, self.dumps = loads, dumps

@@ -23,9 +23,12 @@ resume turns are not refused: they are the last run's accepted work.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import errors as E
+
+if TYPE_CHECKING:
+    from .lanes import Turn
 
 RETRY_AFTER_S = 1.0
 
@@ -36,7 +39,7 @@ def prompt_bytes(text: str, payload: dict[str, Any]) -> int:
     return len(text.encode()) + sum(int(a.get("size", 0)) for a in attachments)
 
 
-class LiveTurns(dict):
+class LiveTurns(dict[str, "Turn"]):
     """request id -> Turn for every turn not yet ended, with ``held_bytes``,
     the sum of their ``prompt_bytes``. The manager and the startup restore
     only set, delete and pop entries, and those keep the sum; so the counts
@@ -47,7 +50,7 @@ class LiveTurns(dict):
         self.held_bytes = 0
         self._sizes: dict[str, int] = {}
 
-    def __setitem__(self, rid: str, turn) -> None:
+    def __setitem__(self, rid: str, turn: Turn) -> None:
         self._release(rid)
         super().__setitem__(rid, turn)
         n = self._sizes[rid] = prompt_bytes(turn.text, turn.payload)

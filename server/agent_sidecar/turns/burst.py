@@ -43,7 +43,8 @@ def candidates(old: Turn) -> list[str]:
     """The request ids whose ledger row the accept job may close, in order:
     ``old``, then — while a prompt's own accept has not committed yet, so it may
     still be refused — the one it absorbed, and so on back to one that committed."""
-    out, t = [], old
+    out: list[str] = []
+    t: Turn | None = old
     while t is not None:
         out.append(t.rid)
         if t.accepted:

@@ -127,7 +127,7 @@ class AgentCache:
             return []
         keys = list(self._agents)
         protected = set(keys[-self.protect_recent:]) if self.protect_recent > 0 else set()
-        evicted = []
+        evicted: list[str] = []
         for k in keys:
             if len(evicted) >= self.max_evictions_per_pass:
                 break

@@ -40,6 +40,7 @@ class SystemPrompts:
     def for_turn(self, turn, lane: LaneState) -> tuple[Profile, str]:
         """The turn's profile and system prompt in ``lane``."""
         profile = self.cfg.profile(turn.profile) or self.cfg.profile("main")
+        assert profile is not None  # the config always has a "main" profile (config.load)
         cache_key = (profile.name, turn.key, lane.session_id)
         text = self._cache.get(cache_key)
         if text is None:

@@ -273,7 +273,7 @@ class FrameBus:
             return
         self._committed_no = flight[0]
         _, frames, _, thens = flight
-        results, first_id = value
+        results, first_id = fut.result()
         cursor = first_id
         for row, turn, kind, body in frames:
             frame = build_frame(row[0], row[2], row[3], row[1], row[5], cursor, kind, body)

@@ -19,7 +19,7 @@ from ..sessions import lifecycle as life
 from ..sessions import transcripts as tx
 from ..sessions.source import SessionSource
 from ..store import UnitOfWork, batched
-from ..store.records import UNSET, Append, LedgerEntry, Message, QueueSlot, RoutingPatch, UsageDelta
+from ..store.records import UNSET, Append, LedgerEntry, Message, NewFrame, QueueSlot, RoutingPatch, UsageDelta
 
 
 class DuplicateRequest(Exception):
@@ -219,7 +219,7 @@ def accept(uow: UnitOfWork, req: AcceptRequest) -> Accepted:
     if req.slot:
         uow.queue.insert(QueueSlot(p.request_id, p.session_key, req.slot, req.position, now))
     body = orjson.dumps({"queue_position": payload.get("queue_position", 0)})
-    frames = [(p.request_id, 1, p.session_key, sid, p.platform, p.created_at, "accepted", body)]
+    frames: list[NewFrame] = [(p.request_id, 1, p.session_key, sid, p.platform, p.created_at, "accepted", body)]
     begun = None
     if req.start_now:
         begun = _begin(uow, p.request_id, p.session_key, sid, (p.text,), now, "resume" in payload)

@@ -217,7 +217,8 @@ class Turn:
         absorbed and its own, in the order the sidecar received them."""
         if self.absorbed_from is None and not self.absorbed:
             return [self.text]
-        newest_first, t = [], self
+        newest_first: list[tuple[float, str]] = []
+        t: Turn | None = self
         while t is not None:
             newest_first.append((t.created_at, t.text))
             newest_first.extend((e["at"], e["text"]) for e in reversed(t.absorbed))

@@ -17,6 +17,7 @@ import asyncio
 import functools
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from .. import errors as E
@@ -299,6 +300,7 @@ class TurnManager:
             return
         turn.sid = res.session_id  # a switch may have moved the lane while it waited
         profile, system_prompt = self.prompts.for_turn(turn, res.lane)
+        assert self.pool is not None  # start_workers ran before any turn
         h = self.pool.slot_for(turn.key)
         h.turns_run += 1
         turn.run_on(h)
@@ -379,6 +381,7 @@ class TurnManager:
         lane_idle = lane is None or not lane.busy()
         state = {"request_id": turn.rid, "status": status, "reason": reason, "usage": turn.usage,
                  "final_text": text if status == "completed" else ""}
+        write: tuple[Callable[..., None], tuple[Any, ...]]
         if turn.began and turn.host is None:
             # last_seq: the seq this terminal frame is about to get
             write = (jobs.finish, (jobs.TurnEnd(turn.rid, turn.key, turn.sid, status, reason,

@@ -32,7 +32,7 @@ class TracedBackend:
     ``report`` gets each call's ModelCall message when the call is over."""
 
     def __init__(self, backend: Any, traceparent: str, request_id: str, profile: dict[str, Any],
-                 report: Callable[[dict], None]):
+                 report: Callable[[wire.ModelCall], None]):
         _, self.trace_id, _, self.flags = traceparent.split("-")[:4]
         self.backend, self.request_id, self.report = backend, request_id, report
         self.name = str(profile.get("model", ""))

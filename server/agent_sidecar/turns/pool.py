@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import logging
 import multiprocessing as mp
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..children import Channel, spawn
@@ -45,7 +45,7 @@ class WorkerHandle:
         self.turns_run = 0  # turns dispatched to this slot, every incarnation
         self.restarts = 0  # deaths of this slot's worker (each is replaced)
 
-    def send(self, msg: dict) -> None:
+    def send(self, msg: Mapping[str, Any]) -> None:
         if self.channel is not None:
             self.channel.send(msg)
 

@@ -32,7 +32,7 @@ rollback and hides anything that still got through.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from .. import errors as E
 from ..sessions import transcripts as tx
@@ -45,7 +45,7 @@ REWOUND = "the user took this turn back (RewindSession)"
 REWRITTEN = "the transcript this turn answered was rewritten (RewriteTranscript)"
 
 
-def _open(t: Turn | None) -> bool:
+def _open(t: Turn | None) -> TypeGuard[Turn]:
     return t is not None and not t.closing and not t.taken_back
 
 
@@ -82,7 +82,7 @@ async def rewind(m: TurnManager, key: str, session_id: str, n: int) -> dict[str,
             undone.append(running)
             wrote.append(running.rid)
     job = _submit_after_lane_writes(m, tx.rewind, session_id, n - len(undone), wrote)
-    if advance:  # after the job is queued: a turn that starts now writes after the rewind
+    if advance and lane is not None:  # after the job is queued: a turn that starts now writes after the rewind
         m.advance(lane)
     out = await job
     if not out["turns_undone"] and undone:
@@ -109,7 +109,7 @@ async def rewrite(m: TurnManager, key: str, session_id: str, messages: list) -> 
                 m.close(running, "failed", E.CANCELLED, REWRITTEN)
                 advance = True
     job = _submit_after_lane_writes(m, tx.rewrite, session_id, messages)
-    if advance:
+    if advance and lane is not None:
         m.advance(lane)
     await job
 

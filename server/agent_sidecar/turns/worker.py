@@ -15,9 +15,11 @@ The messages both ways are declared in wire.py.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -82,7 +84,7 @@ class Worker:
                                 protect_recent=c.get("protect_recent", 8))
         self.sweep_interval = float(c.get("sweep_interval_s", 30))
         self.debug = bool(settings.get("debug"))
-        self.turns: dict[str, tuple[asyncio.Task, _TurnIO]] = {}
+        self.turns: dict[str, tuple[asyncio.Task, _TurnIO | None]] = {}
         self.cancel_reasons: dict[str, str] = {}
         self.backends: dict[str, tuple[bytes, Any]] = {}
         self._transcripts = None  # the store's TranscriptReader, opened on the first miss
@@ -90,7 +92,8 @@ class Worker:
 
     # -- plumbing -------------------------------------------------------------
 
-    def send(self, msg: dict) -> None:
+    def send(self, msg: Mapping[str, Any]) -> None:
+        assert self.channel is not None  # opened first thing in run()
         self.channel.send(msg)
 
     def log(self, msg: str, level: str = "info", **fields) -> None:
@@ -145,12 +148,12 @@ class Worker:
             sweeper.cancel()
             self.channel.close()
 
-    def dispatch(self, msg: dict) -> None:
+    def dispatch(self, msg: Any) -> None:  # a decoded message: its "type" names its wire TypedDict
         match msg["type"]:
             case "run":
                 rid = msg["request_id"]
                 task = asyncio.get_running_loop().create_task(self._turn(msg))
-                task.add_done_callback(lambda task, rid=rid: self._never_ran(rid, task))
+                task.add_done_callback(functools.partial(self._never_ran, rid))
                 self.turns[rid] = (task, None)
             case "cancel":
                 entry = self.turns.get(msg["request_id"])
@@ -159,9 +162,10 @@ class Worker:
                     entry[0].cancel()
             case "steer":
                 entry = self.turns.get(msg["request_id"])
-                ok = bool(entry and entry[1] and entry[1].steering_open)
-                if ok:
-                    entry[1].steered.append(msg["text"])
+                io = entry[1] if entry else None
+                ok = bool(io and io.steering_open)
+                if ok and io:
+                    io.steered.append(msg["text"])
                 self.send(wire.steered(msg["request_id"], msg["steer_id"], ok))
             case "tool_result":
                 entry = self.turns.get(msg["request_id"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("agent_sidecar.turns")
 
 
-def on_message(m: TurnManager, h: WorkerHandle, msg: dict) -> None:
+def on_message(m: TurnManager, h: WorkerHandle, msg: Any) -> None:  # decoded: "type" names its wire TypedDict
     match msg["type"]:
         case "log":
             fields = {k: v for k, v in msg.items() if k not in ("type", "msg", "level")}
@@ -56,7 +56,7 @@ def on_message(m: TurnManager, h: WorkerHandle, msg: dict) -> None:
         TURN.reset(bound)
 
 
-def _on_turn_message(m: TurnManager, h: WorkerHandle, turn: Turn, msg: dict) -> None:
+def _on_turn_message(m: TurnManager, h: WorkerHandle, turn: Turn, msg: Any) -> None:
     if turn.taken_back and msg["type"] != "done" and _refused(h, turn, msg):
         return
     match msg["type"]:
