@@ -53,7 +53,7 @@ class Authenticator:
             return LOCAL
         presented = b""
         for key, value in context.invocation_metadata() or ():
-            if key == "authorization" and value.startswith("Bearer "):
+            if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
                 presented = value[7:].strip().encode()
         if not presented:
             FAILURES[UNAUTHENTICATED] += 1

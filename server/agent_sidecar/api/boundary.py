@@ -63,7 +63,8 @@ class Boundary:
         self.server.add_registered_method_handlers(service, wrapped)
 
     def wrap(self, service: str, name: str, h: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        cls = h.request_deserializer.__self__  # the generated Request.FromString
+        # The generated Request.FromString, bound to its class (the stubs type it as an optional plain callable).
+        cls = h.request_deserializer.__self__  # type: ignore[union-attr]
         limit = self.caps.request_limit(cls.DESCRIPTOR)
         self.caps.plan(cls.DESCRIPTOR)  # a field without a cap fails here, at startup
         reader = _Reader(cls, limit, self.caps, f"/{service}/{name}", self.trimmer)

@@ -120,13 +120,13 @@ class Caps:
         something to check, built once per message type."""
         got = self._plans.get(msg.full_name)
         if got is None:
-            got = []
+            fields = []
             for f in msg.fields:
                 cap = self._cap(msg, f)
                 sub = self.plan(f.message_type) if f.message_type is not None else None
                 if cap is not None or sub:
-                    got.append((f.name, cap, sub, f.is_repeated))
-            got = tuple(got)
+                    fields.append((f.name, cap, sub, f.is_repeated))
+            got = tuple(fields)
             self._plans[msg.full_name] = got
         return got
 
@@ -141,7 +141,10 @@ class Caps:
             cap = self._cap(msg, f)
             if f.message_type is not None:
                 one = _TAG + self.max_wire_size(f.message_type)
-                total += one * (cap.n if f.is_repeated else 1)
+                if f.is_repeated:
+                    assert cap is not None  # _cap raises for a repeated field without one
+                    one *= cap.n
+                total += one
             elif cap is not None:
                 total += _TAG + cap.wire()
             else:

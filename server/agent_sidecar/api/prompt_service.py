@@ -97,6 +97,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
         rid, key, platform, profile, source = self._validate(request, principal)
         bind_turn(rid, key)  # this call's task: its log lines are the turn's
         prof = self.cfg.profile(profile)
+        assert prof is not None  # _validate refused an unknown profile
         timeout = prof.timeout_s or self.cfg.gateway_timeout
         remaining = context.time_remaining()
         if remaining is not None and math.isfinite(remaining):
@@ -176,7 +177,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
                 yield frame
                 if _ends_stream(frame):
                     return
-            if turn is not None:
+            if turn is not None and sub is not None:  # subscribed together, above
                 try:
                     async for frame in self._follow(sub, turn, last):
                         yield frame

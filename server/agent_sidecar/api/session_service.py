@@ -15,7 +15,7 @@ from ..sessions.context import build_session_context_prompt, shared_multi_user
 from ..sessions.entry import SessionEntry
 from ..sessions.keys import build_session_key, canonical_session_key, split_session_key
 from ..store import Store
-from ..store.records import UsageDelta
+from ..store.records import Message, UsageDelta
 from ..v1 import session_service_pb2 as pb
 from ..v1 import session_service_pb2_grpc as pb_grpc
 from . import convert as cv
@@ -203,7 +203,8 @@ class SessionService(pb_grpc.SessionServiceServicer):
                                            after_seq=after, limit=size + 1)
         # A page ends at page_size or at a byte budget (always holding at least
         # one message), so a client with default receive limits can read it.
-        page, used = [], 0
+        page: list[Message] = []
+        used = 0
         for m in msgs[:size]:  # bytes on the wire, not characters
             used += 64 + sum(len(v.encode()) for v in
                              (m.content, m.tool_calls_json, m.tool_name, m.tool_call_id))

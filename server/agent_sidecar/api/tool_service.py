@@ -42,7 +42,7 @@ class ToolService(pb_grpc.ToolServiceServicer):
     def __init__(self, cfg, auth, registry):
         self.cfg, self.auth, self.registry = cfg, auth, registry
 
-    async def ServeTools(self, request_iterator, context, principal):
+    async def ServeTools(self, request_iterator, context, principal):  # type: ignore[override]  # boundary.py adds principal
         """Authenticated by api/boundary.py, which also checks each message
         ``context.read()`` returns (size, parse, caps) or raises SidecarError."""
         stream = _Stream(principal)
@@ -128,7 +128,7 @@ class _Stream:
             log.info("tool host gone", extra={"namespace": host.namespace})
         if sender is None or sender.done():
             return
-        if graceful:
+        if graceful and host is not None:  # a sender exists only once the host registered
             host.outbox.put_nowait(_CLOSE)
             await asyncio.wait({sender}, timeout=SENDER_DRAIN_S)
         if not sender.done():

@@ -121,7 +121,7 @@ def _undecodable(w: _Walk, msg: Descriptor, i: int, end: int, depth: int):
                     str(w.data[start:stop], "utf-8")
                 except UnicodeDecodeError:
                     return path, "is not valid UTF-8"
-            elif f.type == f.TYPE_MESSAGE:
+            elif f.type == f.TYPE_MESSAGE and f.message_type is not None:
                 inner = _undecodable(w, f.message_type, start, stop, depth + 1)
                 if inner:
                     return (f"{path}.{inner[0]}" if inner[0] else path), inner[1]
@@ -147,7 +147,7 @@ def _largest(w: _Walk, msg: Descriptor, i: int, end: int, depth: int) -> str:
                 best, size, field, span = path, stop - start, f, (start, stop)
     except Corrupt:
         pass
-    if field is not None and field.type == field.TYPE_MESSAGE and depth < MAX_DEPTH:
+    if field is not None and field.message_type is not None and field.type == field.TYPE_MESSAGE and depth < MAX_DEPTH:
         inner = _largest(w, field.message_type, span[0], span[1], depth + 1)
         if inner:
             return f"{best}.{inner}"
