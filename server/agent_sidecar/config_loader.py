@@ -34,6 +34,7 @@ from .config_schema import (
     check_scalar,
     describe,
     is_named,
+    is_table,
     matches,
     members_of,
     tree,
@@ -106,11 +107,11 @@ class Loader:
     def value(self, tp: Any, md: Mapping[str, Any], v: Any, where: str) -> Any:
         """One key's value checked against its type (recursing into tables)."""
         origin = typing.get_origin(tp)
-        if dataclasses.is_dataclass(tp) or origin is dict:
+        if is_table(tp) or origin is dict:
             if not isinstance(v, dict):
                 self.out.add(where, "expected a table", v)
                 return BAD
-            if dataclasses.is_dataclass(tp):
+            if is_table(tp):
                 return self.parse(tp, v, where + ".")
             return self._named(typing.get_args(tp)[1], md, v, where) if is_named(tp) else v
         if origin is list:
@@ -120,7 +121,7 @@ class Loader:
                 return BAD
             items = []
             for i, x in enumerate(v):
-                if not dataclasses.is_dataclass(inner):
+                if not is_table(inner):
                     x = check_scalar(inner, md, x, f"{where}[{i}]", self.out)
                 elif isinstance(x, dict):
                     x = self.parse(inner, x, f"{where}[{i}].")
@@ -226,7 +227,7 @@ def _env_target(cls: type, parts: list[str], raw: dict) -> tuple[list[str], Slot
         i += 1
         if isinstance(sub, dict):
             node = sub
-        elif dataclasses.is_dataclass(sub.tp):
+        elif is_table(sub.tp):
             node = tree(sub.tp)
         elif is_named(sub.tp):
             if i == len(parts):

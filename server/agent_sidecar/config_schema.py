@@ -51,7 +51,10 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
 
 ENV_PREFIX = "AGENT_SIDECAR_"
 SECRET_FORMS = ("", "_env", "_file")
@@ -119,6 +122,11 @@ class Slot:
     @property
     def md(self) -> Mapping[str, Any]:
         return self.field.metadata
+
+
+def is_table(tp: Any) -> TypeIs[type]:
+    """A table of the configuration: a dataclass type (never an instance here)."""
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
 def is_named(tp: Any) -> bool:

@@ -8,7 +8,6 @@ overlay of this environment (and ``token_env``/``token_file`` resolved).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
@@ -17,7 +16,7 @@ import typing
 from typing import Any
 
 from ..config import Config, ConfigError, load_config
-from ..config_schema import ENV_PREFIX, Slot, describe, is_array, is_named, tree
+from ..config_schema import ENV_PREFIX, Slot, describe, is_array, is_named, is_table, tree
 
 BEGIN, END = "<!-- config-keys:begin (agent-sidecar config reference) -->", "<!-- config-keys:end -->"
 MASK = "***"
@@ -75,7 +74,7 @@ def _fill(out: dict, node: dict, obj: Any) -> None:
             continue
         if sub.md.get("secret"):
             value = MASK if value else ""
-        elif dataclasses.is_dataclass(sub.tp):
+        elif is_table(sub.tp):
             value = as_table(value, sub.tp)
         elif is_named(sub.tp):
             value = {name: as_table(v, typing.get_args(sub.tp)[1]) for name, v in value.items()}
@@ -150,7 +149,7 @@ def _rows(out: list, docs: dict, node: dict, defaults: Any, prefix: str, env: st
             continue
         if sub.md.get("doc") and not sub.form:
             docs[path + (".NAME" if is_named(sub.tp) else "[]" if is_array(sub.tp) else "")] = sub.md["doc"]
-        if dataclasses.is_dataclass(sub.tp):
+        if is_table(sub.tp):
             _rows(out, docs, tree(sub.tp), getattr(defaults, sub.field.name), path + ".",
                   env_k + "__" if env_k else None)
         elif is_named(sub.tp):
