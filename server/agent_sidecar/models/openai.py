@@ -26,7 +26,7 @@ import contextlib
 import json
 import os
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from agent_sidecar.models.base import ModelError, ModelEvent, ModelRequest
@@ -160,7 +160,7 @@ class OpenAIModel:
                 await asyncio.sleep(delay)
 
     async def _attempt(self, payload: bytes, tag: str, names: dict[str, str],
-                       headers: dict[str, str] | None = None) -> AsyncIterator[ModelEvent]:
+                       headers: dict[str, str] | None = None) -> AsyncGenerator[ModelEvent, None]:
         """One HTTP exchange (``headers``: this call's own, besides the client's).
         Raises Retryable for transient failures."""
         import httpx

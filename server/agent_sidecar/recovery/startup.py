@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,13 +196,13 @@ def absorbed_texts(uow: UnitOfWork, rid: str) -> list[dict[str, Any]]:
         if e is None:  # retention dropped it
             break
         out.append({"text": e.text, "at": e.created_at})
-        rid = e.payload.get("absorbed_from")
+        rid = e.payload.get("absorbed_from") or ""
     out.reverse()
     return out
 
 
 def resume_turns(uow: UnitOfWork, fresh_since: float, mode: str, in_flight: set[str],
-                 waiting: set[str] = frozenset()) -> list[ResumeTurn]:
+                 waiting: AbstractSet[str] = frozenset()) -> list[ResumeTurn]:
     """The continue turns to run (docs/semantics.md "Recovery"): lanes marked
     ``resume_pending``, not suspended, active since ``fresh_since``, and
 

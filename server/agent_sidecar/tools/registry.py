@@ -194,11 +194,13 @@ class ToolRegistry:
     async def _invoke_local(self, spec: ToolSpec, arguments_json: str, timeout: float):
         """An entry-point tool. A plain function runs in a thread: a slow or
         blocking one holds up its own turn only, never the event loop."""
+        handler = spec.handler
+        assert handler is not None  # invoke() sends only in-process tools here
         try:
             args = orjson.loads(arguments_json or "{}")
-            call = functools.partial(spec.handler, **args) if isinstance(args, dict) \
-                else functools.partial(spec.handler, args)
-            if inspect.iscoroutinefunction(spec.handler):
+            call = functools.partial(handler, **args) if isinstance(args, dict) \
+                else functools.partial(handler, args)
+            if inspect.iscoroutinefunction(handler):
                 result = await asyncio.wait_for(call(), timeout)
             else:
                 result = await asyncio.wait_for(asyncio.to_thread(call), timeout)
