@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import stat
+from typing import TYPE_CHECKING
 
 from . import __version__
 from .children import tune_gc
@@ -26,6 +27,15 @@ from .obs.live import Live
 from .sdnotify import notify
 from .store import Store, StoreUnavailable, open_store
 from .store.jobs import index_messages
+
+if TYPE_CHECKING:  # imported where used: the gRPC layer loads after the workers spawn
+    import grpc
+
+    from .api.auth import Authenticator
+    from .api.server import SidecarHealth
+    from .obs.http import MetricsServer
+    from .tools.registry import ToolRegistry
+    from .turns.manager import TurnManager
 
 log = logging.getLogger("agent_sidecar")
 
@@ -40,17 +50,17 @@ class Sidecar:
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.store: Store | None = None
-        self.server = None
-        self.health = None
-        self.turns = None
+        self.server: grpc.aio.Server | None = None
+        self.health: SidecarHealth | None = None
+        self.turns: TurnManager | None = None
         self._stopping = asyncio.Event()
         self.exit_code = 0
         self._lock_fd: int | None = None
         self._health_tasks: set[asyncio.Task] = set()
-        self.tools = None
-        self.auth = None
+        self.tools: ToolRegistry | None = None
+        self.auth: Authenticator | None = None
         self.live = Live(self)  # what GetStatus and the metrics read (obs/)
-        self.metrics = None  # the [metrics] listener, when configured
+        self.metrics: MetricsServer | None = None  # the [metrics] listener, when configured
 
     def _private_data_dir(self) -> None:
         """Transcripts are private to the sidecar's user: umask 077 for this
@@ -140,7 +150,7 @@ class Sidecar:
         """Health follows the store: NOT_SERVING while it cannot write (every
         write and new prompt is refused then), SERVING again when it can."""
         from grpc_health.v1 import health_pb2
-        if self._stopping.is_set():
+        if self._stopping.is_set() or self.health is None:  # the server is up before faults are watched
             return
         status = (health_pb2.HealthCheckResponse.NOT_SERVING if fault is not None
                   else health_pb2.HealthCheckResponse.SERVING)
@@ -183,7 +193,7 @@ class Sidecar:
         graceful = self.turns is not None and self.turns.ready.is_set() and not self.exit_code
         if self.health is not None:
             await self.health.enter_graceful_shutdown()
-        if graceful:
+        if graceful and self.turns is not None:
             drained = await self.turns.drain(self.cfg.drain_timeout)
         if self.store is not None and self.store.fault is not None and self.turns is not None:
             from .turns.supervision import end_streams  # their ends cannot commit now
@@ -204,6 +214,7 @@ class Sidecar:
             # Held by the bus, or (the store cannot write) turns whose end never came.
             unsaved = self.turns is not None and (not self.turns.bus.idle() or (
                 self.store.fault is not None and self.turns.open_turns() > 0))
+            error: str | None
             if unsaved and self.store.fault is not None:
                 error = f"frames of turns were not saved: {self.store.fault.message}"
             else:
