@@ -233,6 +233,7 @@ async def run_point(client: Any, pool: SessionPool, spec: LoadSpec,
         if window is not None:
             window.start()
         if spec.turns is None:
+            assert spec.duration_s is not None  # a point runs for a number of turns or seconds
             await _wait_any(lanes, asyncio.sleep(spec.duration_s))
             point.counting, point.w1 = False, time.monotonic()
             cpu = window.stop() if window is not None else None
@@ -263,8 +264,8 @@ async def _wait_any(lanes: list[asyncio.Task], awaitable) -> None:
             running = [t for t in lanes if not t.done()]
             await asyncio.wait([waiter, *running], return_when=asyncio.FIRST_COMPLETED)
             for t in lanes:
-                if t.done() and t.exception() is not None:
-                    raise t.exception()
+                if t.done() and (error := t.exception()) is not None:
+                    raise error
             if not running or all(t.done() for t in lanes):
                 break
     finally:
@@ -290,7 +291,7 @@ def summarize(point: Point, cpu: dict | None) -> dict:
         "deltas_per_turn": (sum(t.deltas for t in ok) / len(ok)) if ok else None,
         # The stream's pace: per turn, the mean gap between its deltas.
         "delta_gap_ms": stats.summarize(((t.last - t.first) / (t.deltas - 1) for t in ok
-                                         if t.deltas > 1 and t.first is not None), 1e3),
+                                         if t.deltas > 1 and t.first is not None and t.last is not None), 1e3),
         "first_delta_ms": stats.summarize((t.first - t.start for t in ok if t.first is not None), 1e3),
         "turn_ms": stats.summarize((t.end - t.start for t in ok), 1e3),
         "errors": dict(errors),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
+from typing import Any
 
 from . import stats
 
@@ -108,7 +109,7 @@ def analyse(doc: dict) -> dict:
         p["within_slo"] = bool(limit and p99 is not None and p["error_count"] == 0 and p99 / 1e3 <= limit)
     doc["knee"] = None
     if doc["options"]["sweep"] and limit:
-        knees = {}
+        knees: dict[str, Any] = {}
         for server in ("sidecar", "bare"):
             mine = [(p["concurrency"], None if p["turn_ms"]["p99"] is None else p["turn_ms"]["p99"] / 1e3,
                      p["error_count"]) for p in doc["points"] if p["server"] == server]

@@ -20,6 +20,7 @@ load, not the model's).
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import select
 import subprocess
@@ -29,9 +30,14 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import load, procs, report
+
+if TYPE_CHECKING:  # the client is the bench extra's: imported where used
+    from contextlib import AbstractAsyncContextManager
+
+    from agent_sidecar_client import SidecarClient, ToolHost
 
 FIRST_DELAY_FLOOR_MS = 25.0
 ONE_DELTA_FLOOR_MS = 5.0  # one delta per turn: below this its wait is overhead, not latency
@@ -77,7 +83,7 @@ class BenchOptions:
 Status = Callable[[str, "load.Point | None"], None]
 
 
-async def connect(target: str, opts: BenchOptions, *, tls: bool = True):
+async def connect(target: str, opts: BenchOptions, *, tls: bool = True) -> SidecarClient:
     """A client for ``target``; BenchError (one line) when nothing answers."""
     from agent_sidecar_client import SidecarError
     from agent_sidecar_client import connect as client_connect
@@ -110,16 +116,18 @@ class BareProcess:
                 "--first-delay-ms", str(self.timing["first_delay_ms"]),
                 "--reply-words", str(self.timing["reply_words"])]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout, stderr = self.proc.stdout, self.proc.stderr
+        assert stdout is not None and stderr is not None  # PIPE
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.proc.stdout], [], [], 0.2)
+            ready, _, _ = select.select([stdout], [], [], 0.2)
             if ready:
-                line = self.proc.stdout.readline()
+                line = stdout.readline()
                 if line.startswith("serving "):
                     self.address = line.split(None, 1)[1].strip()
                     return self.address
             if self.proc.poll() is not None:
-                err = (self.proc.stderr.read() or "").strip().splitlines()
+                err = (stderr.read() or "").strip().splitlines()
                 raise BenchError(f"the bare server exited ({self.proc.returncode}): "
                                  f"{err[-1] if err else 'no output'}")
         self.stop()
@@ -207,8 +215,16 @@ class _Run:
         self.opts, self.status = opts, status
         self.started = time.time()
         self.run_id = uuid.uuid4().hex[:8]
-        self.client = self.bare = self.bare_client = self.host_ctx = self.tool_host = None
-        self.pid = self.tree = self.idle = self.calibration = self.timing = None
+        self.client: SidecarClient | None = None
+        self.bare: BareProcess | None = None
+        self.bare_client: SidecarClient | None = None
+        self.host_ctx: AbstractAsyncContextManager[Any] | None = None
+        self.tool_host: _BenchTools | None = None
+        self.pid: int | None = None
+        self.tree: list[tuple[str, int]] | None = None
+        self.idle: list[dict] | None = None
+        self.calibration: dict | None = None
+        self.timing: dict | None = None
         self.keys: list[str] = []
         self.servers: list[tuple] = []
         self.points: list[dict] = []
@@ -226,7 +242,7 @@ class _Run:
         self.servers.append(("sidecar", self.client, self.pool, self.tree))
         if opts.tools:
             self.tool_host = _tool_host(opts.platform)
-            ctx = self.tool_host.running(self.client)
+            ctx = self.tool_host.host.running(self.client)
             try:
                 await ctx.__aenter__()
             except Exception as e:
@@ -250,12 +266,13 @@ class _Run:
         gap = (self.calibration or {}).get("delta_gap_ms", {}).get("p50") if opts.bare_latency_ms is None else None
         late = await sleep_overshoot_ms(gap) if gap else 0.0
         self.timing = bare_timing(opts, self.calibration, len(opts.text.split()), late)
-        self.bare = BareProcess(self.timing, unix=opts.target.startswith("unix:"))
-        address = await asyncio.get_running_loop().run_in_executor(None, self.bare.start)
+        bare = self.bare = BareProcess(self.timing, unix=opts.target.startswith("unix:"))
+        address = await asyncio.get_running_loop().run_in_executor(None, bare.start)
+        assert bare.proc is not None  # start() ran it
         self.bare_client = await connect(address, opts, tls=False)
         keys = await _sessions(self.bare_client, opts, len(self.keys), self.run_id, "the bare server")
         self.servers.append(("bare", self.bare_client, load.SessionPool(keys, opts.seed),
-                             procs.process_tree(self.bare.proc.pid, "bare")))
+                             procs.process_tree(bare.proc.pid, "bare")))
 
     async def sweep(self) -> None:
         levels = self.opts.levels
@@ -266,7 +283,7 @@ class _Run:
                     tree = procs.process_tree(tree[0][1], tree[0][0])
                 window = procs.TreeWindow(tree) if tree else None
                 result = await load.run_point(client, pool, _spec(self.opts, level),
-                                              lambda p, lb=label: self.status(lb, p), window)
+                                              functools.partial(self.status, label), window)
                 self.points.append({"server": name, "concurrency": level, **result})
                 self.status(f"done {label}: {_brief(result)}", None)
 
@@ -295,23 +312,29 @@ def _brief(result: dict) -> str:
             + ("-" if p99 is None else f"{p99:,.0f} ms") + f", {result['error_count']} errors")
 
 
-def _tool_host(namespace: str):
+@dataclass
+class _BenchTools:
+    """The bench's own tool host and the invocations it has answered."""
+    host: ToolHost
+    invocations: int = 0
+
+
+def _tool_host(namespace: str) -> _BenchTools:
     """The bench's own tool host: ``<ns>.echo(text)`` and ``<ns>.sleep(ms)``,
     counting the invocations it answers (``.invocations``)."""
     from agent_sidecar_client import ToolHost
 
-    host = ToolHost(namespace)
-    host.invocations = 0
+    tools = _BenchTools(ToolHost(namespace))
 
-    @host.tool(description="Return the text it is given.")
+    @tools.host.tool(description="Return the text it is given.")
     async def echo(text: str = "") -> str:
-        host.invocations += 1
+        tools.invocations += 1
         return text
 
-    @host.tool(description="Wait ms milliseconds, then return them.")
+    @tools.host.tool(description="Wait ms milliseconds, then return them.")
     async def sleep(ms: int = 0) -> int:
-        host.invocations += 1
+        tools.invocations += 1
         await asyncio.sleep(max(0, ms) / 1000)
         return ms
 
-    return host
+    return tools

@@ -68,7 +68,7 @@ def knee(points: Sequence[tuple[int, float | None, int]], limit_s: float) -> dic
     for conc, p99, errors in ordered:
         ok = errors == 0 and p99 is not None and p99 <= limit_s
         if first_bad is None:
-            if ok:
+            if ok and p99 is not None:
                 last_ok = (conc, p99)
             else:
                 first_bad = (conc, p99, errors)
@@ -76,7 +76,7 @@ def knee(points: Sequence[tuple[int, float | None, int]], limit_s: float) -> dic
             non_monotone = True
     interpolated = None
     if last_ok and first_bad and first_bad[2] == 0 and first_bad[1] is not None and first_bad[1] > last_ok[1]:
-        (c0, p0), (c1, p1) = last_ok, first_bad[:2]
+        (c0, p0), c1, p1 = last_ok, first_bad[0], first_bad[1]
         interpolated = c0 + (limit_s - p0) * (c1 - c0) / (p1 - p0)
     return {"concurrency": last_ok[0] if last_ok else None,
             "interpolated": interpolated,
