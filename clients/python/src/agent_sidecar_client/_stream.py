@@ -22,13 +22,13 @@ error, taken from the RPC status when it arrives, else from the frame.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import grpc
 
 from agent_sidecar_client import errors
-from agent_sidecar_client._frames import SequenceGap, frame_kind
+from agent_sidecar_client._frames import CursorFilter, SeqFilter, SequenceGap, frame_kind
 
 # Codes that, without a sidecar ErrorInfo, mean "the transport broke".
 RESUMABLE_CODES = frozenset({
@@ -54,7 +54,7 @@ class FrameStream:
         channel: grpc.aio.Channel,
         open_first: OpenCall,
         open_resume: OpenCall,
-        frame_filter: Any,
+        frame_filter: SeqFilter | CursorFilter,
         *,
         request_id: str = "",
         raise_on_failed: bool = True,
@@ -117,7 +117,7 @@ class FrameStream:
                 frames.append(frame)
         return frames
 
-    async def _run(self):
+    async def _run(self) -> AsyncGenerator[Any, None]:
         call = self._open_first()
         loop = asyncio.get_running_loop()
         stalled_since: float | None = None  # when the current outage began

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -67,10 +67,10 @@ def as_message(message: MessageLike) -> common.Message:
     return message if isinstance(message, common.Message) else common.Message(**message)
 
 
-def as_delivery(delivery: str | int) -> int:
+def as_delivery(delivery: str | int) -> prompt_pb.DeliveryMode:
     """'follow_up', 'QUEUE', 'DELIVERY_MODE_STEER' or the enum value."""
     if isinstance(delivery, int):
-        return delivery
+        return cast(prompt_pb.DeliveryMode, delivery)  # a proto enum value is its int
     name = delivery.lower().removeprefix("delivery_mode_")
     try:
         return _DELIVERY[name]
@@ -134,19 +134,24 @@ class SidecarClient:
 
     async def get_or_create_session(self, source: SourceLike, profile: str | None = None,
                                     force_new: bool = False) -> common.Session:
+        response: session_pb.GetOrCreateSessionResponse
         response = await self._call(self.sessions.GetOrCreateSession, session_pb.GetOrCreateSessionRequest(
             source=as_source(source), profile=profile or "", force_new=force_new))
         return response.session
 
     async def get_session(self, session_key: str = "", session_id: str = "") -> common.Session:
-        return (await self._call(self.sessions.GetSession, session_pb.GetSessionRequest(
-            session_key=session_key, session_id=session_id))).session
+        response: session_pb.GetSessionResponse
+        response = await self._call(self.sessions.GetSession, session_pb.GetSessionRequest(
+            session_key=session_key, session_id=session_id))
+        return response.session
 
     async def list_sessions(self, platform: str = "", active_within_seconds: int = 0,
                             page_size: int = 0, page_token: str = "") -> session_pb.ListSessionsResponse:
-        return await self._call(self.sessions.ListSessions, session_pb.ListSessionsRequest(
+        response: session_pb.ListSessionsResponse
+        response = await self._call(self.sessions.ListSessions, session_pb.ListSessionsRequest(
             platform=platform, active_within_seconds=active_within_seconds,
             page_size=page_size, page_token=page_token))
+        return response
 
     async def iter_sessions(self, platform: str = "", active_within_seconds: int = 0,
                             page_size: int = 100) -> AsyncIterator[common.Session]:
@@ -161,43 +166,60 @@ class SidecarClient:
             token = page.next_page_token
 
     async def reset_session(self, session_key: str, display_name: str = "") -> common.Session:
-        return (await self._call(self.sessions.ResetSession, session_pb.ResetSessionRequest(
-            session_key=session_key, display_name=display_name))).session
+        response: session_pb.ResetSessionResponse
+        response = await self._call(self.sessions.ResetSession, session_pb.ResetSessionRequest(
+            session_key=session_key, display_name=display_name))
+        return response.session
 
     async def switch_session(self, session_key: str, target_session_id: str) -> common.Session:
-        return (await self._call(self.sessions.SwitchSession, session_pb.SwitchSessionRequest(
-            session_key=session_key, target_session_id=target_session_id))).session
+        response: session_pb.SwitchSessionResponse
+        response = await self._call(self.sessions.SwitchSession, session_pb.SwitchSessionRequest(
+            session_key=session_key, target_session_id=target_session_id))
+        return response.session
 
     async def suspend_session(self, session_key: str) -> common.Session:
-        return (await self._call(self.sessions.SuspendSession, session_pb.SuspendSessionRequest(
-            session_key=session_key))).session
+        response: session_pb.SuspendSessionResponse
+        response = await self._call(self.sessions.SuspendSession, session_pb.SuspendSessionRequest(
+            session_key=session_key))
+        return response.session
 
     async def mark_resume_pending(self, session_key: str, reason: str) -> common.Session:
-        return (await self._call(self.sessions.MarkResumePending, session_pb.MarkResumePendingRequest(
-            session_key=session_key, reason=reason))).session
+        response: session_pb.MarkResumePendingResponse
+        response = await self._call(self.sessions.MarkResumePending, session_pb.MarkResumePendingRequest(
+            session_key=session_key, reason=reason))
+        return response.session
 
     async def delete_session(self, session_key: str) -> bool:
-        return (await self._call(self.sessions.DeleteSession, session_pb.DeleteSessionRequest(
-            session_key=session_key))).deleted
+        response: session_pb.DeleteSessionResponse
+        response = await self._call(self.sessions.DeleteSession, session_pb.DeleteSessionRequest(
+            session_key=session_key))
+        return response.deleted
 
     async def clear_all_sessions(self, confirm: str) -> int:
         """``confirm`` must be the literal ``DELETE ALL SESSIONS``."""
-        return (await self._call(self.sessions.ClearAllSessions, session_pb.ClearAllSessionsRequest(
-            confirm=confirm))).sessions_deleted
+        response: session_pb.ClearAllSessionsResponse
+        response = await self._call(self.sessions.ClearAllSessions, session_pb.ClearAllSessionsRequest(
+            confirm=confirm))
+        return response.sessions_deleted
 
     async def seed_session(self, messages: Iterable[MessageLike], *, source: SourceLike | None = None,
                            session_key: str = "", profile: str | None = None) -> common.Session:
-        return (await self._call(self.sessions.SeedSession, session_pb.SeedSessionRequest(
+        response: session_pb.SeedSessionResponse
+        response = await self._call(self.sessions.SeedSession, session_pb.SeedSessionRequest(
             source=as_source(source) if source is not None else None, session_key=session_key,
-            messages=[as_message(m) for m in messages], profile=profile or ""))).session
+            messages=[as_message(m) for m in messages], profile=profile or ""))
+        return response.session
 
     async def get_transcript(self, session_id: str, include_rewound: bool = False, page_size: int = 0,
                              page_token: str = "") -> session_pb.GetTranscriptResponse:
-        return await self._call(self.sessions.GetTranscript, session_pb.GetTranscriptRequest(
+        response: session_pb.GetTranscriptResponse
+        response = await self._call(self.sessions.GetTranscript, session_pb.GetTranscriptRequest(
             session_id=session_id, include_rewound=include_rewound, page_size=page_size, page_token=page_token))
+        return response
 
     async def append_messages(self, session_id: str, messages: Iterable[MessageLike]) -> tuple[int, int]:
         """Returns ``(first_seq, last_seq)``; durable when it returns."""
+        response: session_pb.AppendMessagesResponse
         response = await self._call(self.sessions.AppendMessages, session_pb.AppendMessagesRequest(
             session_id=session_id, messages=[as_message(m) for m in messages]))
         return response.first_seq, response.last_seq
@@ -207,28 +229,38 @@ class SidecarClient:
             session_id=session_id, messages=[as_message(m) for m in messages]))
 
     async def rewind_session(self, session_id: str, n: int = 1) -> session_pb.RewindSessionResponse:
-        return await self._call(self.sessions.RewindSession, session_pb.RewindSessionRequest(
+        response: session_pb.RewindSessionResponse
+        response = await self._call(self.sessions.RewindSession, session_pb.RewindSessionRequest(
             session_id=session_id, n=n))
+        return response
 
     async def search_messages(self, query: str, session_key: str = "", limit: int = 0) -> list[Any]:
-        return list((await self._call(self.sessions.SearchMessages, session_pb.SearchMessagesRequest(
-            query=query, session_key=session_key, limit=limit))).hits)
+        response: session_pb.SearchMessagesResponse
+        response = await self._call(self.sessions.SearchMessages, session_pb.SearchMessagesRequest(
+            query=query, session_key=session_key, limit=limit))
+        return list(response.hits)
 
     async def update_usage(self, session_key: str, delta: common.Usage | Mapping[str, Any],
                            last_prompt_tokens: int = 0, cost_status: str = "") -> common.Session:
         usage = delta if isinstance(delta, common.Usage) else common.Usage(**delta)
-        return (await self._call(self.sessions.UpdateUsage, session_pb.UpdateUsageRequest(
+        response: session_pb.UpdateUsageResponse
+        response = await self._call(self.sessions.UpdateUsage, session_pb.UpdateUsageRequest(
             session_key=session_key, delta=usage, last_prompt_tokens=last_prompt_tokens,
-            cost_status=cost_status))).session
+            cost_status=cost_status))
+        return response.session
 
     async def prune_sessions(self, max_age_days: int) -> int:
-        return (await self._call(self.sessions.PruneSessions, session_pb.PruneSessionsRequest(
-            max_age_days=max_age_days))).pruned
+        response: session_pb.PruneSessionsResponse
+        response = await self._call(self.sessions.PruneSessions, session_pb.PruneSessionsRequest(
+            max_age_days=max_age_days))
+        return response.pruned
 
     async def get_session_context(self, source: SourceLike,
                                   profile: str | None = None) -> session_pb.GetSessionContextResponse:
-        return await self._call(self.sessions.GetSessionContext, session_pb.GetSessionContextRequest(
+        response: session_pb.GetSessionContextResponse
+        response = await self._call(self.sessions.GetSessionContext, session_pb.GetSessionContextRequest(
             source=as_source(source), profile=profile or ""))
+        return response
 
     # -- PromptService ----------------------------------------------------
 
@@ -282,7 +314,7 @@ class SidecarClient:
         """
         if sum(map(bool, (request_id, session_key, platform))) != 1:
             raise ValueError("give exactly one of request_id, session_key and platform")
-        frame_filter: Any = SeqFilter(after_seq) if request_id else CursorFilter(after_cursor)
+        frame_filter: SeqFilter | CursorFilter = SeqFilter(after_seq) if request_id else CursorFilter(after_cursor)
 
         def open_call() -> Any:
             point = frame_filter.resume_point
@@ -296,12 +328,16 @@ class SidecarClient:
 
     async def cancel(self, session_key: str = "", request_id: str = "") -> bool:
         """Stop the in-flight turn (it ends with failed{CANCELLED})."""
-        return (await self._call(self.prompts.Cancel, prompt_pb.CancelRequest(
-            session_key=session_key, request_id=request_id))).cancelled
+        response: prompt_pb.CancelResponse
+        response = await self._call(self.prompts.Cancel, prompt_pb.CancelRequest(
+            session_key=session_key, request_id=request_id))
+        return response.cancelled
 
     async def get_queue(self, session_key: str) -> prompt_pb.GetQueueResponse:
         """``.pending`` (the follow-up slot, check ``HasField``) and ``.queued``."""
-        return await self._call(self.prompts.GetQueue, prompt_pb.GetQueueRequest(session_key=session_key))
+        response: prompt_pb.GetQueueResponse
+        response = await self._call(self.prompts.GetQueue, prompt_pb.GetQueueRequest(session_key=session_key))
+        return response
 
 
 class _Deadline:
@@ -325,7 +361,7 @@ def channel_options(options: Iterable[tuple[str, Any]] = ()) -> tuple[tuple[str,
     """The client's channel options: quick reconnects and the shipped service
     config, then ``options`` (a ``grpc.service_config`` there replaces ours)."""
     extra = tuple(options)
-    ours = _CHANNEL_OPTIONS
+    ours: tuple[tuple[str, Any], ...] = _CHANNEL_OPTIONS
     if not any(name == "grpc.service_config" for name, _ in extra):
         ours += (("grpc.service_config", SERVICE_CONFIG),)
     return ours + extra

@@ -15,10 +15,10 @@ inferred from the status code where that is unambiguous.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, message
 from google.rpc import error_details_pb2, status_pb2
 
 DOMAIN = "agent-sidecar"
@@ -187,7 +187,10 @@ def status_from_trailers(trailers: Iterable[Any] | None) -> status_pb2.Status | 
     return None
 
 
-def _unpack(detail: any_pb2.Any, cls):
+_M = TypeVar("_M", bound=message.Message)
+
+
+def _unpack(detail: any_pb2.Any, cls: type[_M]) -> _M | None:
     msg = cls()
     return msg if detail.Unpack(msg) else None
 
@@ -195,7 +198,8 @@ def _unpack(detail: any_pb2.Any, cls):
 def from_status(status: status_pb2.Status, code: grpc.StatusCode | None = None) -> SidecarError:
     """Build the typed error for a ``google.rpc.Status`` (details unpacked)."""
     code = code or code_from_int(status.code)
-    reason, metadata, retry_delay, violations = None, {}, None, []
+    reason, metadata, retry_delay = None, {}, None
+    violations: list[tuple[str, str]] = []
     for detail in status.details:
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = _unpack(detail, error_details_pb2.ErrorInfo)
