@@ -30,7 +30,8 @@ log = logging.getLogger("agent_sidecar")
 # start, not when the first job (the startup restore) arrives.
 JOB_MODULES = ("agent_sidecar.recovery.housekeeping", "agent_sidecar.recovery.startup",
                "agent_sidecar.sessions.lifecycle", "agent_sidecar.sessions.transcripts",
-               "agent_sidecar.turns.jobs", "agent_sidecar.turns.flush", "agent_sidecar.store.jobs")
+               "agent_sidecar.turns.jobs", "agent_sidecar.turns.flush", "agent_sidecar.store.jobs",
+               "agent_sidecar.cluster.jobs")
 
 
 class Sidecar:
@@ -43,6 +44,7 @@ class Sidecar:
         self._stopping = asyncio.Event()
         self.exit_code = 0
         self._lock_fd: int | None = None
+        self._forward = None  # cluster/forward.py, on a cluster
         self._health_tasks: set[asyncio.Task] = set()
 
     def _private_data_dir(self) -> None:
@@ -91,14 +93,17 @@ class Sidecar:
                                 preload=JOB_MODULES, log_format=self.cfg.log_format,
                                 log_level=self.cfg.log_level, on_lost=self._store_lost)
         tools = ToolRegistry()
-        self.turns = TurnManager(self.cfg, self.store, tools)
+        leases, forward = self._cluster()
+        self.turns = TurnManager(self.cfg, self.store, tools, leases)
+        if leases is not None:
+            leases.attach(self.turns)
         # Spawned before any gRPC thread exists, the writer and the workers in parallel.
         await asyncio.gather(self.store.start(), self.turns.start_workers())
         return_large_blocks()  # the memory of a large request goes back once it is gone
         auth = Authenticator(self.cfg.tokens)
         self.server, self.health, bound = build_server(self.cfg, [
-            SessionService(self.cfg, self.store, auth, self.turns),
-            PromptService(self.cfg, self.store, auth, self.turns),
+            SessionService(self.cfg, self.store, auth, self.turns, forward),
+            PromptService(self.cfg, self.store, auth, self.turns, forward),
             ToolService(self.cfg, auth, tools)], auth)
         from grpc_health.v1 import health_pb2
         # grpc's servicer starts SERVING; we are not, until the restore is done.
@@ -114,6 +119,16 @@ class Sidecar:
         log.info("serving", extra={"listen": bound, "db": self.cfg.db_path,
                                    "workers": self.cfg.worker_count(), "batch_threads": calmed})
         return bound
+
+    def _cluster(self):
+        """Several sidecars on one PostgreSQL: lane leases and call forwarding
+        (cluster/); none on the embedded SQLite store."""
+        if self.cfg.store.backend != "postgres":
+            return None, None
+        from .cluster.forward import Forwarder
+        from .cluster.leases import ClusterLeases
+        self._forward = Forwarder(self.cfg, self.cfg.limits.max_request_bytes)
+        return ClusterLeases(self.cfg, self.store), self._forward
 
     def _store_changed(self, fault) -> None:
         """Health follows the store: NOT_SERVING while it cannot write (every
@@ -186,12 +201,24 @@ class Sidecar:
                 error = f"frames of turns were not saved: {self.store.fault.message}"
             else:
                 error = "frames of turns were not saved" if unsaved else None
+            if graceful and not self.exit_code and error is None and self.turns.leases is not None:
+                await self._leave_cluster()
             await self.store.close()
             if graceful and not self.exit_code:
                 self._mark_clean(error)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
         log.info("stopped", extra={"clean": graceful and not self.exit_code, "drained": drained})
+
+    async def _leave_cluster(self) -> None:
+        """A clean stop of a cluster node: its lanes let go (the other nodes
+        take their queued prompts at once), its marker row written."""
+        try:
+            await self.turns.leases.stop()
+        except StoreUnavailable as e:
+            log.warning("leaving the cluster failed; its leases run out instead", extra={"error": e.message})
+        if self._forward is not None:
+            await self._forward.close()
 
     def _mark_clean(self, error: str | None) -> None:
         """The marker, only when everything acknowledged is on disk. When

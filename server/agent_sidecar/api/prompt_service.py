@@ -46,8 +46,9 @@ def _too_slow(resume: str) -> E.SidecarError:
 
 
 class PromptService(pb_grpc.PromptServiceServicer):
-    def __init__(self, cfg: Config, store: Store, auth, turns):
+    def __init__(self, cfg: Config, store: Store, auth, turns, forward=None):
         self.cfg, self.store, self.auth, self.turns = cfg, store, auth, turns
+        self.forward = forward  # a cluster: calls for lanes run elsewhere (cluster/forward.py)
 
     # -- Prompt ------------------------------------------------------------------------
 
@@ -241,17 +242,35 @@ class PromptService(pb_grpc.PromptServiceServicer):
 
     # -- Cancel, GetQueue ------------------------------------------------------------------
 
+    async def _route(self, key: str) -> None:
+        """A cluster: LaneElsewhere (the call is forwarded) when another node runs the lane."""
+        if self.turns.leases is not None:
+            await self.turns.leases.route(key)
+
+    async def _route_request(self, rid: str, principal) -> None:
+        if self.turns.leases is None:
+            return
+        entry = await self.store.ledger(rid)
+        if entry is not None and entry.status in ("queued", "running"):
+            principal.require_platform(entry.platform)
+            await self._route(entry.session_key)
+
     @unary
     async def Cancel(self, request, context, principal):
         if bool(request.session_key) == bool(request.request_id):
             raise E.invalid("session_key", "give exactly one of session_key and request_id")
         if request.request_id:
             turn = self.turns.live.get(request.request_id)
+            if turn is None:
+                await self._route_request(request.request_id, principal)
         else:
             try:
-                lane = self.turns.lanes.get(canonical_session_key(request.session_key))
+                key = canonical_session_key(request.session_key)
             except ValueError:  # not a key: no lane has it
-                lane = None
+                return pb.CancelResponse(cancelled=False)
+            lane = self.turns.lanes.get(key)
+            if lane is None:
+                await self._route(key)
             turn = lane.running if lane else None
         if turn is None:
             return pb.CancelResponse(cancelled=False)
@@ -268,6 +287,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
             raise E.invalid("session_key", "is not a session key") from None
         lane = self.turns.lanes.get(key)
         if lane is None:
+            await self._route(key)
             return pb.GetQueueResponse()
 
         def q(t):

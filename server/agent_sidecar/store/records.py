@@ -270,13 +270,14 @@ NewFrame = tuple
 @dataclass(frozen=True, slots=True)
 class LeaseGrant:
     """This node holds the lane at ``epoch``. ``previous_node`` held it before
-    (empty: nobody); ``previous_expired``: that lease had run out (its node
-    died or stalled), so the lane's work may have been cut off."""
+    (empty: nobody); ``previous_clean``: that node let the lane go (a drain, an
+    idle lane) rather than its lease running out under it (its node died or
+    stalled, so the lane's work may have been cut off)."""
 
     session_key: str
     epoch: int
     previous_node: str = ""
-    previous_expired: bool = False
+    previous_clean: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,3 +288,4 @@ class LeaseHolder:
     node_id: str
     address: str
     epoch: int
+    seconds_left: float = 0.0  # until the lease runs out unless renewed

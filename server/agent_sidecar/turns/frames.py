@@ -33,6 +33,7 @@ from ..store import StoreUnavailable
 from ..store.records import Append, FrameRecord
 from ..v1 import prompt_service_pb2 as ppb
 from .flush import FN, MSG, FlushOutOfOrder, run_flush
+from .leasing import LeaseLost
 
 log = logging.getLogger("agent_sidecar.frames")
 
@@ -131,18 +132,45 @@ class Subscriber:
         return frame
 
 
+def _fence(frames: list[tuple], tags: list[tuple[str, int]]) -> dict[str, int]:
+    """The lease epochs a flush is written under: per lane, the oldest epoch
+    among its items (a lane's items of two epochs: the older is refused first)."""
+    fence: dict[str, int] = {}
+    for key, epoch in [(f[1].key, f[1].epoch) for f in frames] + tags:
+        if epoch and (key not in fence or epoch < fence[key]):
+            fence[key] = epoch
+    return fence
+
+
+def _without(keys: set[str], frames, writes, thens, tags) -> tuple:
+    """A flush's items minus those of ``keys``, and how many were dropped."""
+    kept_frames = [f for f in frames if f[1].key not in keys]
+    keep = [i for i, tag in enumerate(tags) if tag[0] not in keys]
+    dropped = len(frames) - len(kept_frames) + len(tags) - len(keep)
+    return (kept_frames, [writes[i] for i in keep], [thens[i] for i in keep], [tags[i] for i in keep],
+            dropped)
+
+
 def _wake(fut: asyncio.Future | None) -> None:
     if fut is not None and not fut.done():
         fut.set_result(None)
 
 
 class FrameBus:
-    def __init__(self, store, buffer_frames: int = 10_000, buffer_bytes: int = 8 << 20):
+    """``on_fenced(keys, count)`` (a cluster, turns/leasing.py): every frame and
+    write carries its turn's lane and lease epoch, each flush is fenced on
+    them in the store, and a flush refused because lanes moved is sent again
+    without those lanes' items, which are reported here."""
+
+    def __init__(self, store, buffer_frames: int = 10_000, buffer_bytes: int = 8 << 20,
+                 on_fenced: Callable[[list[str], int], None] | None = None):
         self.store = store
         self.buffer_frames, self.buffer_bytes = buffer_frames, buffer_bytes  # per Subscriber
+        self.on_fenced = on_fenced
         self._frames: list[tuple] = []  # (row, turn, kind, body)
         self._writes: list[tuple] = []  # (FN, (fn, args) or None) or (MSG, append_many item)
         self._thens: list[Callable | None] = []  # one per write: run after commit
+        self._tags: list[tuple[str, int]] = []  # one per write: its turn's (lane, epoch)
         self._scheduled = False
         self._flights: deque = deque()  # sent, not answered yet: (no, frames, writes, thens)
         self._undone: list[tuple] = []  # answered without committing, to send again
@@ -168,23 +196,26 @@ class FrameBus:
         if write is not None or then is not None:
             self._writes.append((FN, write))
             self._thens.append(then)
+            self._tags.append((turn.key, turn.epoch))
         self._frames.append(((turn.rid, seq, turn.key, turn.sid, turn.platform, at, kind,
                               orjson.dumps(body) if body else None), turn, kind, body))
         self._schedule()
 
-    def write(self, fn: Callable, *args: Any, then: Callable | None = None) -> None:
-        """Queue a store job (no frame) into the next flush, keeping order with frames."""
+    def write(self, turn, fn: Callable, *args: Any, then: Callable | None = None) -> None:
+        """Queue a store job of ``turn`` (no frame) into the next flush,
+        keeping order with frames."""
         self._writes.append((FN, (fn, args)))
         self._thens.append(then)
+        self._tags.append((turn.key, turn.epoch))
         self._schedule()
 
-    def append_message(self, session_id: str, msg: dict[str, Any], request_id: str,
-                       then: Callable | None = None) -> None:
-        """Queue a transcript message of a turn; consecutive ones in a flush
+    def append_message(self, turn, msg: dict[str, Any], then: Callable | None = None) -> None:
+        """Queue a transcript message of ``turn``; consecutive ones in a flush
         become one ``append_many`` (one executemany for all turns)."""
-        self._writes.append((MSG, Append(session_id, (tx.from_model(msg),), request_id,
+        self._writes.append((MSG, Append(turn.sid, (tx.from_model(msg),), turn.rid,
                                          touch_lane=False)))
         self._thens.append(then)
+        self._tags.append((turn.key, turn.epoch))
         self._schedule()
 
     def _schedule(self) -> None:
@@ -210,21 +241,22 @@ class FrameBus:
             if self._flights:
                 return
             self._resync = False
-            for _, frames, writes, thens in reversed(self._undone):
-                self._requeue(frames, writes, thens)
+            for _, frames, writes, thens, tags in reversed(self._undone):
+                self._requeue(frames, writes, thens, tags)
             self._undone.clear()
             self._sent_no = self._committed_no
         if not self._frames and not self._writes:
             return
-        frames, writes, thens = self._frames, self._writes, self._thens
-        self._frames, self._writes, self._thens = [], [], []
+        frames, writes, thens, tags = self._frames, self._writes, self._thens, self._tags
+        self._frames, self._writes, self._thens, self._tags = [], [], [], []
         no = self._sent_no + 1
-        flight = (no, frames, writes, thens)
+        flight = (no, frames, writes, thens, tags)
+        fence = _fence(frames, tags) if self.on_fenced is not None else None
         try:
             fut = self.store.write(run_flush, (no, self._sent_no), [item[0] for item in frames],
-                                   writes, retry=retry)
+                                   writes, fence, retry=retry)
         except StoreUnavailable:
-            self._requeue(frames, writes, thens)
+            self._requeue(frames, writes, thens, tags)
             return
         self.store.flush()  # this loop iteration's frames are gathered: no need to wait for the next
         fut.add_done_callback(functools.partial(self._committed, flight))
@@ -239,9 +271,17 @@ class FrameBus:
         if fault is None:  # writable again: what waited goes now
             self._schedule()
 
-    def _requeue(self, frames, writes, thens) -> None:
+    def _requeue(self, frames, writes, thens, tags) -> None:
         """Put a flush that did not commit back at the head of the queue."""
-        self._frames, self._writes, self._thens = frames + self._frames, writes + self._writes, thens + self._thens
+        self._frames, self._writes = frames + self._frames, writes + self._writes
+        self._thens, self._tags = thens + self._thens, tags + self._tags
+
+    def forget(self, key: str) -> None:
+        """Drop what is queued (not sent) for lane ``key``: this node lost its
+        lease (TurnManager.abandon); the store would refuse it anyway."""
+        self._frames, self._writes, self._thens, self._tags = _without(
+            {key}, self._frames, self._writes, self._thens, self._tags)[:4]
+        self._undone = [(no, *_without({key}, *rest)[:4]) for no, *rest in self._undone]
 
     def idle(self) -> bool:
         """Nothing published is waiting for its commit (queued or in flight)."""
@@ -257,14 +297,19 @@ class FrameBus:
             self._flights.remove(flight)
         if not ok:
             self._resync = True
-            if isinstance(value, (StoreUnavailable, FlushOutOfOrder)):  # kept, in order
+            if isinstance(value, LeaseLost):  # sent again without the moved lanes' items
+                no, *rest = flight
+                *kept, dropped = _without(set(value.keys), *rest)
+                self._undone.append((no, *kept))
+                self.on_fenced(value.keys, dropped)
+            elif isinstance(value, (StoreUnavailable, FlushOutOfOrder)):  # kept, in order
                 self._undone.append(flight)
             else:  # not the store's fault: a retry would fail the same way
                 log.error("frame flush failed", exc_info=value)
             self._send(retry=False)
             return
         self._committed_no = flight[0]
-        _, frames, _, thens = flight
+        _, frames, _, thens, _ = flight
         results, first_id = value
         cursor = first_id
         for row, turn, kind, body in frames:

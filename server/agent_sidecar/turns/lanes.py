@@ -8,6 +8,7 @@ own methods, each of which checks the phase it leaves::
        │   └─accept (a steer)─▶ JOINED        │                    │
        │             WAITING ◀─release─ ABSORBED ◀─absorb─ WAITING  │
        └───────────── any open phase ──ending──▶ ENDING ──ended──▶ ENDED
+                        any phase ──drop (the lane's lease was lost)──▶ ENDED
 
 * RESERVED: the request id is taken in memory (a twin follows this turn), its
   accept job not committed yet; an end decided meanwhile is deferred until it
@@ -91,6 +92,7 @@ class Turn:
     deferred_end: tuple | None = None  # (status, reason, text) decided while RESERVED
     acked: bool = False  # its accept committed (its ``accepted`` frame is durable)
     began: bool = False  # its start was decided (it has, or will have, user messages)
+    epoch: int = 0  # its lane's lease epoch when it was placed (a cluster; 0: none)
     # Burst collapse (docs/semantics.md FOLLOW_UP, burst.py): the pending prompt this
     # one absorbed (whose own ``absorbed_from`` goes on back), who absorbed this
     # one, and for a turn restored from the store the absorbed texts read back
@@ -173,6 +175,12 @@ class Turn:
         """Its terminal frame committed (an absorbed turn's comes with its absorber's accept)."""
         self._move(Phase.ENDED, Phase.ENDING, Phase.ABSORBED)
         self.terminal = frame
+
+    def drop(self) -> None:
+        """This node lost the lane's lease: the turn is no longer this node's
+        to end (the node that took the lane over closes or reruns it from the
+        ledger). It ends here without a terminal frame."""
+        self.phase = Phase.ENDED
 
     def cancel(self, reason: str) -> None:
         """Its worker is told to stop; it ends with ``reason``."""

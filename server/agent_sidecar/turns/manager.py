@@ -29,14 +29,18 @@ from .context import SystemPrompts
 from .frames import FrameBus, build_frame
 from ..delivery import FOLLOW_UP
 from .lanes import Lane, Turn
+from .leasing import LaneLeases, LeaseLost
 from .memory import budget_per_worker
 from .pool import WorkerHandle, WorkerPool
 
 
 class TurnManager:
-    def __init__(self, cfg: Config, store: Store, tools: ToolRegistry):
+    def __init__(self, cfg: Config, store: Store, tools: ToolRegistry,
+                 leases: LaneLeases | None = None):
         self.cfg, self.store = cfg, store
-        self.bus = FrameBus(store, cfg.limits.stream_buffer_frames, cfg.limits.stream_buffer_bytes)
+        self.leases = leases  # a cluster's lane leases (turns/leasing.py); None: every lane is ours
+        self.bus = FrameBus(store, cfg.limits.stream_buffer_frames, cfg.limits.stream_buffer_bytes,
+                            on_fenced=leases.refused if leases is not None else None)
         self.lanes: dict[str, Lane] = {}
         self.recent = dedup.RecentRequests(cfg.dedup_window_s)  # the dedup window's request ids
         self.prompts = SystemPrompts(cfg)
@@ -106,14 +110,17 @@ class TurnManager:
 
     async def on_reset(self, key: str) -> None:
         self.store.check_writable()  # refused before its turns are ended
+        await self._own(key)  # a cluster: the lane's holder does it
         self._drop_lane(key)
 
     async def on_suspend(self, key: str) -> None:
+        await self._own(key)
         self._drop_lane(key)
 
     async def on_delete(self, key: str) -> None:
         """Before the delete job: the lane's turns end and their ends commit."""
         self.store.check_writable()
+        await self._own(key)  # a cluster: the lane's holder does it
         self._drop_lane(key)
         if self.pool:
             self.pool.slot_for(key).send(wire.evict(key))
@@ -122,11 +129,13 @@ class TurnManager:
     async def rewind(self, key: str, session_id: str, n: int) -> dict[str, Any]:
         """RewindSession: the lane's waiting prompts and running turn count first (undo.py)."""
         self.store.check_writable()  # refused before it drops or cancels anything
+        await self._own(key)
         return await undo.rewind(self, key, session_id, n)
 
     async def rewrite(self, key: str, session_id: str, messages: list) -> None:
         """RewriteTranscript: the running turn is taken back first (undo.py)."""
         self.store.check_writable()
+        await self._own(key)
         await undo.rewrite(self, key, session_id, messages)
 
     async def on_clear_all(self) -> None:
@@ -147,6 +156,33 @@ class TurnManager:
             self.supersede(turn, "")
         if lane.running is not None:
             self.cancel_turn(lane.running, E.CANCELLED)
+
+    async def _own(self, key: str) -> int:
+        """In a cluster, this node's lease on the lane (taken when it has none;
+        LaneElsewhere when another node runs it); 0 on one sidecar."""
+        return await self.leases.hold(key) if self.leases is not None else 0
+
+    def _epoch(self, key: str) -> int:
+        return self.leases.epoch(key) if self.leases is not None else 0
+
+    def abandon(self, key: str) -> None:
+        """This node lost the lane's lease: its turns here stop at once, writing
+        nothing more (the store would refuse it); the node that took the lane
+        over closes or reruns them from the ledger. Their streams end with
+        LANE_MOVED: a retry with the same request id follows the turn there."""
+        lane = self.lanes.pop(key, None)
+        error = LeaseLost([key])
+        for turn in [t for t in self.live.values() if t.key == key]:
+            del self.live[turn.rid]
+            if turn.began and turn.worker is not None and not turn.finished:
+                turn.worker.send(wire.cancel(turn.rid, E.LANE_MOVED))
+            turn.drop()
+            for sub in turn.subscribers:
+                sub.push(error)
+            turn.subscribers.clear()
+        self.bus.forget(key)
+        if lane is not None and self.pool is not None:
+            self.pool.slot_for(key).send(wire.evict(key))
 
     def lane(self, key: str) -> Lane:
         """The key's lane, made when it has none."""
@@ -174,8 +210,12 @@ class TurnManager:
         self.store.check_writable()
         if not internal:
             admission.check(self.live, self.cfg.limits)
+        epoch = await self._own(key) if not internal else self._epoch(key)
+        if self.live.get(rid) is not None:  # a twin placed while this one took the lease
+            return None
         turn = Turn(rid=rid, key=key, platform=platform, profile=profile, text=text,
-                    delivery=delivery or FOLLOW_UP, timeout_s=timeout_s, payload=payload)
+                    delivery=delivery or FOLLOW_UP, timeout_s=timeout_s, payload=payload,
+                    epoch=epoch)
         # Reserved before any await: a twin call with this request id follows
         # this turn (and hears it if it is refused) instead of placing its own.
         self.live[rid] = turn
@@ -191,7 +231,8 @@ class TurnManager:
         # hold up SERVING, so they start after their accept, through the bus.
         start_now = slot is None and lane.running is turn and not internal
         accepted = self.store.write(jobs.accept, jobs.AcceptRequest(
-            turn.record(), source, self.cfg.dedup_window_s, slot, position, start_now))
+            turn.record(), source, self.cfg.dedup_window_s, slot, position, start_now,
+            {key: epoch} if epoch else None))
         # Registered before anyone awaits it: runs first, as the accept commits.
         accepted.add_done_callback(functools.partial(self._accepted, turn, lane, internal))
         try:
@@ -258,6 +299,8 @@ class TurnManager:
     def _unreserve(self, lane: Lane, turn: Turn, error: BaseException) -> None:
         """A prompt refused before its accept committed leaves no trace; a twin
         call following it gets the same answer (see PromptService._follow)."""
+        if isinstance(error, LeaseLost) and self.leases is not None:
+            self.leases.refused(error.keys, 1)
         if self.live.get(turn.rid) is turn:
             del self.live[turn.rid]
         lane.detach(turn)

@@ -58,6 +58,10 @@ class PostgresWriter:
     def __init__(self, dsn: str, node_id: str):
         self.conn = connect(dsn, autocommit=True)
         self.conn.execute("SET synchronous_commit = on")
+        # A writer stopped inside a transaction (SIGSTOP, a stall) must not hold
+        # lease rows locked for ever: the server ends its session instead, and
+        # a takeover waits at most this long (cluster/leases.py).
+        self.conn.execute("SET idle_in_transaction_session_timeout = '5s'")
         self.node_id = node_id
         self._uow = None
 

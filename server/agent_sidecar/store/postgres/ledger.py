@@ -70,7 +70,7 @@ class PostgresLedger:
         self.conn.execute("UPDATE prompts SET status = %s, finished_at = %s, reason = %s, last_seq = %s"
                           " WHERE request_id = %s", (status, at, reason or None, last_seq, request_id))
 
-    def open_prompts(self, keys: list[str] | None = None) -> list[OpenPrompt]:
+    def open_prompts(self, keys: Sequence[str] | None = None) -> list[OpenPrompt]:
         cols = ", ".join("p." + c for c in rows.LEDGER_COLUMNS)
         sql = (f"SELECT {cols}, q.slot, q.position FROM prompts p"
                " LEFT JOIN prompt_queue q ON q.request_id = p.request_id"
@@ -78,7 +78,7 @@ class PostgresLedger:
         params: tuple = ()
         if keys is not None:
             sql += " AND p.session_key = ANY(%s)"
-            params = (keys,)
+            params = (list(keys),)
         n = len(rows.LEDGER_COLUMNS)
         found = self.conn.execute(sql + " ORDER BY p.session_key, p.created_at", params).fetchall()
         return [OpenPrompt(rows.ledger(r[:n]), r[n], r[n + 1]) for r in found]

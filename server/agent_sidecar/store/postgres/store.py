@@ -20,7 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from ..faults import StoreUnavailable, unavailable
 from ..interface import StoreOpenError
-from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry
+from ..records import FrameRecord, LeaseHolder, LedgerEntry, Message, SearchHit, SessionEntry
 from ..writer.client import GroupCommitWriter, StoreClosed
 from ..jobs import nothing
 from . import reads
@@ -113,6 +113,9 @@ class PostgresStore:
 
     async def ledger(self, request_id: str) -> LedgerEntry | None:
         return await self._read(reads.ledger, request_id)
+
+    async def lease_holder(self, key: str) -> LeaseHolder | None:
+        return await self._read(reads.lease_holder, key)
 
     async def recent_requests(self, since: float, limit: int) -> list[tuple[str, float, str]]:
         return await self._read(reads.recent_requests, since, limit)

@@ -36,6 +36,7 @@ class SqliteUnitOfWork:
         self.turn_state = SqliteTurnState(conn)
         self.leases = None  # one sidecar per file: no cluster, no leases
         self.nodes = None
+        self.node_id = ""
 
     @contextlib.contextmanager
     def savepoint(self):
