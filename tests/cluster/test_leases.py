@@ -1,0 +1,213 @@
+"""Several sidecars on one PostgreSQL database: each lane run by one node at a
+time, calls forwarded to the lane's holder, a dead or stalled node's lanes
+taken over at lease expiry with the restart's recovery, its late writes
+refused by the epoch fence (issue 16; docs/cluster.md).
+
+Real sidecar processes on one real PostgreSQL; assertions through gRPC
+(frames by request id, from any node) and the fenced-write count the stalled
+node reports (the behaviour asked for is that it counts them).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+
+import pytest
+
+from helpers.config import echo
+from helpers.ids import rid, source
+from helpers.logs import log_lines
+from helpers.sessions import transcript
+from helpers.streams import QUEUE, TERMINAL, PromptRun, kind_of, start, watch
+from helpers.waiting import wait_until
+from sidecar_proc import Sidecar, free_port
+
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
+
+PG_DSN = os.environ.get("TEST_PG_DSN", "")
+pytestmark = pytest.mark.skipif(not PG_DSN, reason="needs PostgreSQL (TEST_PG_DSN)")
+
+TOKEN = "cluster-test-token"
+TTL = 2.0
+FOLLOW_UP = ppb.DeliveryMode.Value("DELIVERY_MODE_FOLLOW_UP")
+
+
+def _database(name: str) -> str:
+    import psycopg
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return f"{PG_DSN} dbname={name}"
+
+
+class Node(Sidecar):
+    def __init__(self, data_dir, dsn: str, node_id: str, extra: str = ""):
+        port = free_port()
+        super().__init__(data_dir, config=f"""
+[store]
+backend = "postgres"
+dsn = "{dsn}"
+[cluster]
+node_id = "{node_id}"
+advertise = "127.0.0.1:{port}"
+token = "{TOKEN}"
+lease_ttl_s = {TTL}
+[[auth.tokens]]
+token = "{TOKEN}"
+admin = true
+platforms = ["*"]
+{extra}""")
+        self.tcp_port = port
+        self.node_id = node_id
+
+
+@pytest.fixture
+def nodes(tmp_path, request):
+    made: list[Node] = []
+
+    def make(n: int, extra: str = "") -> list[Node]:
+        dsn = _database(f"clu_{os.getpid()}_{request.node.name[:30]}".lower())
+        for i in range(n):
+            made.append(Node(tmp_path / f"n{i}", dsn, f"n{i}", extra))
+        for node in made:
+            node.start()
+        return made
+    yield make
+    for node in made:
+        if node.proc is not None and node.proc.poll() is None:
+            try:
+                os.kill(node.proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            node.stop(timeout=30)
+
+
+def _frames(node: Node, request_id: str) -> list:
+    """A request's stored frames, read from ``node`` (any node: one database)."""
+    return watch(node.prompts(), request_id=request_id, timeout=20).frames
+
+
+def _interval(frames) -> tuple[float, float]:
+    at = {kind_of(f): f.at.ToNanoseconds() / 1e9 for f in frames}
+    return at["started"], next(f.at.ToNanoseconds() / 1e9 for f in frames if kind_of(f) in TERMINAL)
+
+
+def test_one_lane_prompted_on_every_node_runs_one_turn_at_a_time_in_order(nodes):
+    ns = nodes(3, echo(latency_ms=20))
+    src = source("telegram")
+    runs = [start(ns[i % 3].prompts(), ppb.PromptRequest(
+        request_id=rid(f"q{i}"), text=f"turn number {i}", source=src, delivery=QUEUE)) for i in range(6)]
+    for r in runs:
+        r.result(60)
+        assert r.kinds()[-1] == "completed", (r.kinds(), r.details)
+        assert r.kinds().count("started") == 1
+    intervals = sorted(_interval(r.frames) for r in runs)
+    for (_, end), (begin, _) in zip(intervals, intervals[1:]):
+        assert end <= begin, intervals  # never two turns of the lane at once, on any node
+    # QUEUE order: turns start in the order their prompts were accepted.
+    by_start = sorted(runs, key=lambda r: _interval(r.frames)[0])
+    assert [r.request_id for r in by_start] == [r.request_id for r in runs]
+
+
+def test_follow_ups_sent_to_different_nodes_absorb_into_one_turn(nodes):
+    ns = nodes(3, echo(latency_ms=60))
+    src = source("telegram")
+    first = start(ns[0].prompts(), ppb.PromptRequest(request_id=rid("busy"), text="a long " * 20,
+                                                     source=src))
+    first.wait_for("started")
+    follow = [start(ns[i].prompts(), ppb.PromptRequest(request_id=rid(f"f{i}"), text=f"also {i}",
+                                                       source=src, delivery=FOLLOW_UP))
+              for i in (1, 2, 0)]
+    for r in [first, *follow]:
+        r.result(60)
+    assert first.kinds()[-1] == "completed"
+    # API.md FOLLOW_UP: each newer follow-up absorbs the pending one; the last runs them all.
+    assert [r.kinds()[-1] for r in follow] == ["superseded", "superseded", "completed"]
+    users = [m.content for m in transcript(ns[1].sessions(), first.frames[0].session_id) if m.role == "user"]
+    assert users[1:] == ["also 1", "also 2", "also 0"], users  # nothing sent is dropped, in order
+
+
+def test_kill9_of_a_node_under_load_loses_nothing_and_runs_nothing_twice(nodes):
+    ns = nodes(3, echo(latency_ms=15))
+    lanes = [source("telegram") for _ in range(6)]
+    acked: dict[str, tuple] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+    survivors = ns[:2]
+
+    def client(lane_no: int) -> None:
+        rng = random.Random(lane_no)
+        while not stop.is_set():
+            request_id = rid(f"l{lane_no}")
+            for _attempt in range(20):  # retries go to a live node, same request id
+                target = rng.choice(ns if not stop.is_set() else survivors)
+                if target.proc.poll() is not None:
+                    target = rng.choice(survivors)
+                run = PromptRun(target.prompts(), ppb.PromptRequest(
+                    request_id=request_id, text="words " * 10, source=lanes[lane_no], delivery=QUEUE),
+                    timeout=30, background=False)
+                if "accepted" in run.kinds():
+                    with lock:
+                        acked[request_id] = lanes[lane_no]
+                if run.kinds() and run.kinds()[-1] in TERMINAL:
+                    break
+                time.sleep(0.2)
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(6)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: len(acked) >= 12, timeout=60, what="load before the kill")
+    ns[2].kill9()
+    time.sleep(3 * TTL)  # load goes on across the takeover
+    stop.set()
+    for t in threads:
+        t.join(60)
+    reader = survivors[0]
+
+    def ended(request_id: str) -> bool:
+        return any(kind_of(f) in TERMINAL for f in _frames(reader, request_id))
+    for request_id in acked:
+        wait_until(lambda: ended(request_id), timeout=30, what=f"{request_id} ended")
+    per_lane: dict[str, list] = {}
+    for request_id, lane in acked.items():
+        frames = _frames(reader, request_id)
+        kinds = [kind_of(f) for f in frames]
+        assert sum(k in TERMINAL for k in kinds) == 1, (request_id, kinds)
+        assert kinds.count("started") <= 1, (request_id, kinds)  # never ran twice
+        assert [f.seq for f in frames] == list(range(1, len(frames) + 1))
+        if "started" in kinds:
+            per_lane.setdefault(frames[0].session_key, []).append(_interval(frames))
+    for key, intervals in per_lane.items():
+        intervals.sort()
+        for (_, end), (begin, _) in zip(intervals, intervals[1:]):
+            assert end <= begin, (key, intervals)
+
+
+def test_a_stalled_holder_is_fenced_after_its_lane_is_taken_over(nodes):
+    a, b = nodes(2, echo(latency_ms=150))
+    src = source("telegram")
+    turn = start(a.prompts(), ppb.PromptRequest(request_id=rid("stall"), text="slow " * 40, source=src))
+    turn.wait_for("text_delta")
+    os.kill(a.proc.pid, signal.SIGSTOP)  # the parent stalls; its workers stream on into the pipe
+    try:
+        # b's reaper takes the lane once a's lease runs out, and closes a's turn
+        # as a restart would.
+        wait_until(lambda: kind_of(_frames(b, turn.request_id)[-1]) in TERMINAL, timeout=10 * TTL,
+                   what="the takeover closing the stalled turn")
+    finally:
+        os.kill(a.proc.pid, signal.SIGCONT)
+    closed = _frames(b, turn.request_id)
+    assert closed[-1].failed.reason == "restart_interrupted", closed[-1]
+    wait_until(lambda: log_lines(a, "fenced writes refused"), timeout=10, what="the fence refusing a")
+    assert log_lines(a, "lane lease lost")
+    # Nothing of a's after the takeover: the request's frames are as b closed them.
+    assert [(f.seq, kind_of(f)) for f in _frames(b, turn.request_id)] == \
+        [(f.seq, kind_of(f)) for f in closed]
+    # The lane works again, on either node.
+    again = PromptRun(a.prompts(), ppb.PromptRequest(request_id=rid("after"), text="hi", source=src),
+                      background=False)
+    assert again.kinds()[-1] == "completed", (again.kinds(), again.details)
