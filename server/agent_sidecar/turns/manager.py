@@ -166,23 +166,8 @@ class TurnManager:
         return self.leases.epoch(key) if self.leases is not None else 0
 
     def abandon(self, key: str) -> None:
-        """This node lost the lane's lease: its turns here stop at once, writing
-        nothing more (the store would refuse it); the node that took the lane
-        over closes or reruns them from the ledger. Their streams end with
-        LANE_MOVED: a retry with the same request id follows the turn there."""
-        lane = self.lanes.pop(key, None)
-        error = LeaseLost([key])
-        for turn in [t for t in self.live.values() if t.key == key]:
-            del self.live[turn.rid]
-            if turn.began and turn.worker is not None and not turn.finished:
-                turn.worker.send(wire.cancel(turn.rid, E.LANE_MOVED))
-            turn.drop()
-            for sub in turn.subscribers:
-                sub.push(error)
-            turn.subscribers.clear()
-        self.bus.forget(key)
-        if lane is not None and self.pool is not None:
-            self.pool.slot_for(key).send(wire.evict(key))
+        """This node lost the lane's lease (supervision.abandon)."""
+        supervision.abandon(self, key)
 
     def lane(self, key: str) -> Lane:
         """The key's lane, made when it has none."""

@@ -18,7 +18,9 @@ from ..delivery import INTERRUPT, ROLLBACK
 from ..recovery.startup import RestorePlan, RestoredPrompt
 from ..sessions import lifecycle as life
 from ..store import StoreUnavailable
+from . import wire
 from .lanes import Turn
+from .leasing import LeaseLost
 
 if TYPE_CHECKING:
     from .manager import TurnManager
@@ -212,3 +214,23 @@ def end_streams(m: TurnManager, err: BaseException) -> None:
         for sub in turn.subscribers:
             sub.push(err)
         turn.subscribers.clear()
+
+
+def abandon(m: TurnManager, key: str) -> None:
+    """This node lost the lane's lease: its turns here stop at once, writing
+    nothing more (the store would refuse it); the node that took the lane
+    over closes or reruns them from the ledger. Their streams end with
+    LANE_MOVED: a retry with the same request id follows the turn there."""
+    lane = m.lanes.pop(key, None)
+    error = LeaseLost([key])
+    for turn in [t for t in m.live.values() if t.key == key]:
+        del m.live[turn.rid]
+        if turn.began and turn.worker is not None and not turn.finished:
+            turn.worker.send(wire.cancel(turn.rid, E.LANE_MOVED))
+        turn.drop()
+        for sub in turn.subscribers:
+            sub.push(error)
+        turn.subscribers.clear()
+    m.bus.forget(key)
+    if lane is not None and m.pool is not None:
+        m.pool.slot_for(key).send(wire.evict(key))
