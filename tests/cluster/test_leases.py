@@ -125,7 +125,7 @@ def test_follow_ups_sent_to_different_nodes_absorb_into_one_turn(nodes):
     for r in [first, *follow]:
         r.result(60)
     assert first.kinds()[-1] == "completed"
-    # API.md FOLLOW_UP: each newer follow-up absorbs the pending one; the last runs them all.
+    # docs/semantics.md FOLLOW_UP: each newer follow-up absorbs the pending one; the last runs them all.
     assert [r.kinds()[-1] for r in follow] == ["superseded", "superseded", "completed"]
     users = [m.content for m in transcript(ns[1].sessions(), first.frames[0].session_id) if m.role == "user"]
     assert users[1:] == ["also 1", "also 2", "also 0"], users  # nothing sent is dropped, in order
