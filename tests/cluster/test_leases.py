@@ -212,3 +212,33 @@ def test_a_stalled_holder_is_fenced_after_its_lane_is_taken_over(nodes):
     again = PromptRun(a.prompts(), ppb.PromptRequest(request_id=rid("after"), text="hi", source=src),
                       background=False)
     assert again.kinds()[-1] == "completed", (again.kinds(), again.details)
+
+
+def test_a_twin_sent_to_another_node_gets_the_original_turns_frames(nodes):
+    a, b = nodes(2, echo(latency_ms=5), ttl=CALM_TTL)
+    req = ppb.PromptRequest(request_id=rid("twin"), text="only once please", source=source("telegram"))
+    original = PromptRun(a.prompts(), req, background=False)
+    twin = PromptRun(b.prompts(), req, background=False)
+    assert original.kinds()[-1] == "completed"
+    assert [(f.seq, kind_of(f), f.cursor) for f in twin.frames] == \
+        [(f.seq, kind_of(f), f.cursor) for f in original.frames]
+    assert [kind_of(f) for f in _frames(b, req.request_id)].count("started") == 1
+
+
+def test_a_restarted_node_takes_its_lanes_back_and_runs_what_was_queued(nodes):
+    a, b = nodes(2, echo(latency_ms=150), ttl=CALM_TTL)
+    src = source("telegram")
+    running = start(a.prompts(), ppb.PromptRequest(request_id=rid("run"), text="slow " * 30, source=src))
+    running.wait_for("text_delta")
+    queued = start(b.prompts(), ppb.PromptRequest(request_id=rid("queued"), text="next", source=src,
+                                                  delivery=QUEUE))  # forwarded to a, the holder
+    a.kill9()
+    a.start()  # well inside the lease: a's own lanes come back to it at once
+
+    def ended(request_id: str):
+        frames = _frames(b, request_id)
+        return frames if frames and kind_of(frames[-1]) in TERMINAL else None
+    closed = wait_until(lambda: ended(running.request_id), timeout=CALM_TTL * 0.7, what="the cut-off turn closed", interval=0.2)
+    assert closed[-1].failed.reason == "restart_interrupted"
+    ran = wait_until(lambda: ended(queued.request_id), timeout=CALM_TTL * 0.7, what="the queued prompt run", interval=0.2)
+    assert [kind_of(f) for f in ran].count("started") == 1 and kind_of(ran[-1]) == "completed"
