@@ -126,7 +126,7 @@ class ClusterLeases:
             self.idle_since.pop(key, None)
             log.warning("lane lease lost", extra={"key": key})
             if self._manager is not None:
-                self._manager.abandon(key)
+                supervision.abandon(self._manager, key)
 
     def refused(self, keys: Iterable[str], writes: int) -> None:
         """The store fenced ``writes`` writes of these lanes."""

@@ -165,10 +165,6 @@ class TurnManager:
     def _epoch(self, key: str) -> int:
         return self.leases.epoch(key) if self.leases is not None else 0
 
-    def abandon(self, key: str) -> None:
-        """This node lost the lane's lease (supervision.abandon)."""
-        supervision.abandon(self, key)
-
     def lane(self, key: str) -> Lane:
         """The key's lane, made when it has none."""
         lane = self.lanes.get(key)
