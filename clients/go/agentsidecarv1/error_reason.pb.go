@@ -144,9 +144,10 @@ const (
 	ErrorReason_ERROR_REASON_STORE_UNAVAILABLE ErrorReason = 23
 	// Several sidecars on one PostgreSQL database: the session's lane is run by
 	// another sidecar now (this one lost its lease to it), or the sidecar that
-	// holds it could not be reached to forward the call. Nothing was
-	// acknowledged by this call: retry with the same request id (it lands on the
-	// lane's holder). Comes with RetryInfo.
+	// holds it could not be reached to forward the call. Retrying with the same
+	// request id is safe: it lands on the lane's holder and either follows the
+	// turn (if its accept had committed) or places the prompt anew; nothing runs
+	// twice. Comes with RetryInfo.
 	// gRPC status: UNAVAILABLE
 	ErrorReason_ERROR_REASON_LANE_MOVED ErrorReason = 24
 )

@@ -120,11 +120,10 @@ class ClusterLeases:
     def lost(self, keys: Iterable[str]) -> None:
         """Lanes this node may no longer run: their turns here stop, unwritten."""
         for key in keys:
-            if self.held.pop(key, None) is None:
-                continue
+            if self.held.pop(key, None) is not None:
+                log.warning("lane lease lost", extra={"key": key})
             self.trusted_until.pop(key, None)
             self.idle_since.pop(key, None)
-            log.warning("lane lease lost", extra={"key": key})
             if self._manager is not None:
                 supervision.abandon(self._manager, key)
 

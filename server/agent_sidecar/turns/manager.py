@@ -246,6 +246,8 @@ class TurnManager:
     def _accepted(self, turn: Turn, lane: Lane, internal: bool, fut: asyncio.Future) -> None:
         """The accept job's answer, run as it commits (in commit order with the
         bus's frames, so watchers by key or platform see cursors in order)."""
+        if turn.dropped:  # its lane's lease was lost meanwhile: the lane is not ours now
+            return
         error = fut.exception() if not fut.cancelled() else E.SidecarError(E.UNAVAILABLE, "cancelled")
         if error is not None:
             self._unreserve(lane, turn, error)
@@ -281,7 +283,8 @@ class TurnManager:
         """A prompt refused before its accept committed leaves no trace; a twin
         call following it gets the same answer (see PromptService._follow)."""
         if isinstance(error, LeaseLost) and self.leases is not None:
-            self.leases.refused(error.keys, 1)
+            self.leases.refused(error.keys, 1)  # the lane's turns here end, this one too
+            return
         if self.live.get(turn.rid) is turn:
             del self.live[turn.rid]
         lane.detach(turn)

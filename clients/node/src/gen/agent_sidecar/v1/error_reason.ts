@@ -180,9 +180,10 @@ export enum ErrorReason {
   /**
    * LANE_MOVED - Several sidecars on one PostgreSQL database: the session's lane is run by
    * another sidecar now (this one lost its lease to it), or the sidecar that
-   * holds it could not be reached to forward the call. Nothing was
-   * acknowledged by this call: retry with the same request id (it lands on the
-   * lane's holder). Comes with RetryInfo.
+   * holds it could not be reached to forward the call. Retrying with the same
+   * request id is safe: it lands on the lane's holder and either follows the
+   * turn (if its accept had committed) or places the prompt anew; nothing runs
+   * twice. Comes with RetryInfo.
    * gRPC status: UNAVAILABLE
    */
   LANE_MOVED = 24,
