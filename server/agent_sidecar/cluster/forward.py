@@ -12,8 +12,8 @@ cluster token.
 A forwarded call is marked (``HOP``) and never forwarded again: if the lane
 moved meanwhile the holder answers LANE_MOVED, and so does this node when
 the holder cannot be reached (its lease runs out within ``seconds_left``, and
-a retry then takes the lane over). Either way nothing was acknowledged by the
-failed attempt, so the client's retry with the same request id is safe.
+a retry then takes the lane over). The client's retry with the same request
+id is safe either way: it follows the turn if its accept had committed.
 """
 
 from __future__ import annotations
