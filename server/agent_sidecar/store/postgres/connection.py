@@ -31,6 +31,7 @@ DRIVER_FAULTS = (psycopg.OperationalError, pgerr.DiskFull, pgerr.InsufficientRes
 TRANSIENT = (pgerr.DeadlockDetected, pgerr.SerializationFailure, pgerr.LockNotAvailable)
 FRAMES_LOCK = 0x5AD3_F4A3  # pg_advisory_xact_lock key: frame inserts in commit order
 CHANNEL = "agent_sidecar_frames"  # NOTIFY channel: a commit's highest frame cursor
+CONTROL_CHANNEL = "agent_sidecar_control"  # NOTIFY channel: ClusterOp JSON (UnitOfWork.announce)
 
 
 def _dumps(obj) -> str:

@@ -5,8 +5,9 @@ Writes go through this sidecar's writer process (store/writer/: group commit,
 one transaction per group, a savepoint per job) on its own connection; reads
 through a pool of asyncio connections (psycopg_pool), each read one statement.
 Every sidecar of a cluster runs the same migrations at start (serialised by an
-advisory lock: once). ``follow_frames`` yields the highest frame cursor of each
-commit any sidecar made (LISTEN/NOTIFY), for watchers of frames run elsewhere.
+advisory lock: once). ``follow_cluster`` yields the highest frame cursor of each
+commit any sidecar made and the announces of deletes (LISTEN/NOTIFY), for the
+cluster tail (cluster/tail.py).
 """
 
 from __future__ import annotations
@@ -15,16 +16,17 @@ import asyncio
 import logging
 from typing import Any, AsyncIterator, Callable
 
+import orjson
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from ..faults import StoreUnavailable, unavailable
 from ..interface import StoreOpenError
-from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry
+from ..records import ClusterOp, FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry
 from ..writer.client import GroupCommitWriter, StoreClosed
 from ..jobs import nothing
 from . import reads
-from .connection import CHANNEL, connect, is_fault
+from .connection import CHANNEL, CONTROL_CHANNEL, connect, is_fault
 from .schema import migrate
 
 log = logging.getLogger("agent_sidecar.store")
@@ -127,18 +129,48 @@ class PostgresStore:
     def reader_spec(self) -> tuple:
         return ("agent_sidecar.store.postgres.reader:open_reader", (self.dsn,))
 
-    async def follow_frames(self) -> AsyncIterator[int]:
-        """The highest cursor of every commit with frames, any sidecar's, as
-        they come (a dedicated connection LISTENing on the frames channel).
-        Ends when the connection is lost; the caller catches up by cursor."""
-        conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+    async def last_frame_cursor(self) -> int:
+        return await self._read(reads.last_frame_cursor)
+
+    async def follow_cluster(self, idle_s: float) -> AsyncIterator[int | ClusterOp]:
+        """What every sidecar of the cluster commits (interface.SharedStore):
+        a dedicated connection LISTENs on the frames and the control channels.
+        Each ``idle_s`` it checks that the connection still answers (a lost
+        one raises StoreUnavailable, even a silent one: the check is bounded)
+        and yields 0, the caller's periodic catch-up."""
+        try:
+            conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+        except Exception as e:
+            raise unavailable(e) from None
         try:
             await conn.execute(f"LISTEN {CHANNEL}")
-            async for note in conn.notifies():
-                yield int(note.payload)
+            await conn.execute(f"LISTEN {CONTROL_CHANNEL}")
+            yield 0  # listening: whatever committed before is read by cursor
+            while True:
+                async for note in conn.notifies(timeout=idle_s):
+                    if note.channel == CHANNEL:
+                        yield int(note.payload)
+                    else:
+                        op = _cluster_op(note.payload)
+                        if op is not None:
+                            yield op
+                await asyncio.wait_for(conn.execute("SELECT 1"), timeout=max(idle_s, 1.0))
+                yield 0
+        except (psycopg.Error, TimeoutError, OSError) as e:
+            raise unavailable(e) from None
         finally:
             await conn.close()
 
     async def close(self) -> None:
         await self._pool.close()
         await self.writer.close()
+
+
+def _cluster_op(payload: str) -> ClusterOp | None:
+    """An announce as UnitOfWork.announce sent it; None (logged) for anything else."""
+    try:
+        d = orjson.loads(payload)
+        return ClusterOp(str(d["op"]), tuple(str(k) for k in d["keys"]), str(d["origin"]))
+    except (ValueError, KeyError, TypeError):
+        log.warning("unreadable cluster notification", extra={"payload": payload[:200]})
+        return None
