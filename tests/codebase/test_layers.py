@@ -24,7 +24,9 @@ ALLOWED = {
     "models": {"errors"},
     "turns": {"store", "sessions", "recovery", "tools", "models", "errors", "config", "delivery",
               "children", "v1"},
-    "api": {"turns", "store", "sessions", "tools", "errors", "config", "delivery", "heap", "v1"},
+    "cluster": {"turns", "store", "sessions", "errors", "config", "v1"},
+    "api": {"turns", "store", "sessions", "tools", "errors", "config", "delivery", "heap", "v1",
+            "cluster"},
 }
 
 
