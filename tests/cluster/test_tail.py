@@ -8,7 +8,10 @@ sidecars on one real PostgreSQL database."""
 from __future__ import annotations
 
 import grpc
+import psycopg
 import pytest
+
+from agent_sidecar.store.postgres.store import follower_name
 
 from helpers.cluster import Cluster
 from helpers.config import echo
@@ -92,6 +95,27 @@ def test_a_watch_resumes_from_its_cursor_after_its_node_restarts(cl):
         assert ident([f for f in rest.frames if f.request_id == later.request_id]) == ident(later.frames)
     finally:
         rest.close()
+
+
+def test_a_watch_misses_nothing_when_its_node_loses_the_listening_connection(cl):
+    """The tail follows again (and catches up by cursor) after its LISTEN
+    connection is cut: the watch on a still gets every frame of b's turn."""
+    a, b = cl["a"], cl["b"]
+    first = run(b.prompts(), prompt_req(text="make the session", source=source(), profile="slow"))
+    w = Watcher(a.prompts(), session_key=first.key, after_cursor=first.last.cursor)
+    try:
+        long = PromptRun(b.prompts(), text=words(60), key=first.key)
+        wait_until(lambda: sum(f.request_id == long.request_id for f in w.frames) >= 3, 20,
+                   what="the first frames on a")
+        with psycopg.connect(cl.dsn, autocommit=True) as conn:
+            cut = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                               " WHERE application_name = %s", (follower_name("a"),)).fetchone()[0]
+        assert cut == 1
+        assert_well_formed(long.result(60))
+        assert ident(w.frames_of(long.request_id, timeout=20)) == ident(long.frames)
+        assert_in_cursor_order_once(w.frames)
+    finally:
+        w.close()
 
 
 def test_a_watch_by_request_and_a_twin_on_one_node_follow_a_turn_running_on_another(cl):

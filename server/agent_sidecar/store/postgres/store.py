@@ -139,7 +139,8 @@ class PostgresStore:
         one raises StoreUnavailable, even a silent one: the check is bounded)
         and yields 0, the caller's periodic catch-up."""
         try:
-            conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+            conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True,
+                                                         application_name=follower_name(self.node_id))
         except Exception as e:
             raise unavailable(e) from None
         try:
@@ -164,6 +165,11 @@ class PostgresStore:
     async def close(self) -> None:
         await self._pool.close()
         await self.writer.close()
+
+
+def follower_name(node_id: str) -> str:
+    """The ``application_name`` of a sidecar's listening connection (pg_stat_activity)."""
+    return f"agent-sidecar-follow:{node_id}"[:63]
 
 
 def _cluster_op(payload: str) -> ClusterOp | None:
