@@ -3,7 +3,7 @@
 ``new_database()`` (the ``cluster_databases`` fixture) makes a fresh, empty
 database on the tests' PostgreSQL server: the ``pg_server`` fixture of
 tests/conftest.py (helpers/pg.py), or else the server whose admin DSN
-``PG_TEST_DSN`` gives. ``cluster_dsn`` is one per test. When no PostgreSQL can
+``TEST_PG_DSN`` gives. ``cluster_dsn`` is one per test. When no PostgreSQL can
 be had, every cluster test is skipped, saying why."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import pytest
 
 # Until the shared PostgreSQL fixture is merged: an admin DSN of a server to use. Not an
 # AGENT_SIDECAR_* name: the sidecar refuses variables of its prefix that name no config key.
-DSN_ENV = "PG_TEST_DSN"
+DSN_ENV = "TEST_PG_DSN"
 
 
 def _server(request):
-    """The session's PostgreSQL server (None: the one ``PG_TEST_DSN`` names),
+    """The session's PostgreSQL server (None: the one ``TEST_PG_DSN`` names),
     or a skip saying why there is none."""
     try:
         from helpers import pg  # noqa: F401  (the shared PostgreSQL fixture's helper)

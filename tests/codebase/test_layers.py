@@ -1,7 +1,7 @@
 """The architecture as the tree shows it: which package may import which.
 
-api → turns → store; sessions, recovery and tools beside turns, not inside
-them; store at the bottom, knowing nothing of the domain; wiring only in
+api → cluster → turns → store; sessions, recovery and tools beside turns,
+not inside them; store at the bottom, knowing nothing of the domain; wiring only in
 runtime.py and cli/. Read from the sources (every import, at any depth of a
 module), so a lazy import inside a function counts too."""
 
@@ -24,9 +24,8 @@ ALLOWED = {
     "models": {"errors"},
     "turns": {"store", "sessions", "recovery", "tools", "models", "errors", "config", "delivery",
               "children", "v1"},
-    "cluster": {"turns", "store", "sessions", "errors", "config", "v1"},
-    "api": {"turns", "store", "sessions", "tools", "errors", "config", "delivery", "heap", "v1",
-            "cluster"},
+    "cluster": {"turns", "store", "recovery", "errors", "config", "v1"},
+    "api": {"cluster", "turns", "store", "sessions", "tools", "errors", "config", "delivery", "heap", "v1"},
 }
 
 
