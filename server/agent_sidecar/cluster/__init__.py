@@ -1,3 +1,4 @@
 """Several sidecars on one PostgreSQL database (DECISIONS.md "Scale beyond one
-machine"): above turns/ and store/, below api/; wired in runtime.py only when
-the store is shared."""
+machine"): per-lane leases with fencing (leases.py, jobs.py), calls for a lane
+forwarded to the node that holds it (forward.py). Above turns/ and store/,
+below api/; runtime.py wires it only for the postgres backend."""

@@ -22,7 +22,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from ..faults import StoreUnavailable, unavailable
 from ..interface import StoreOpenError
-from ..records import ClusterOp, FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry
+from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry
+from ..records import ClusterOp  # the control channel's announces (follow_cluster)
 from ..writer.client import GroupCommitWriter, StoreClosed
 from ..jobs import nothing
 from . import reads
