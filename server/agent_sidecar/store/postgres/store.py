@@ -14,21 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
-import orjson
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from ..faults import StoreUnavailable, unavailable
 from ..interface import StoreOpenError
 from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry
-from ..records import ClusterOp  # the control channel's announces (follow_cluster)
 from ..writer.client import GroupCommitWriter, StoreClosed
 from ..jobs import nothing
 from . import reads
-from .connection import CHANNEL, CONTROL_CHANNEL, connect, is_fault
+from .connection import CHANNEL, CONTROL_CHANNEL, connect, is_fault, read_announce
 from .schema import migrate
+
+if TYPE_CHECKING:
+    from ..records import ClusterOp
 
 log = logging.getLogger("agent_sidecar.store")
 
@@ -153,7 +154,7 @@ class PostgresStore:
                     if note.channel == CHANNEL:
                         yield int(note.payload)
                     else:
-                        op = _cluster_op(note.payload)
+                        op = read_announce(note.payload)
                         if op is not None:
                             yield op
                 await asyncio.wait_for(conn.execute("SELECT 1"), timeout=max(idle_s, 1.0))
@@ -171,13 +172,3 @@ class PostgresStore:
 def follower_name(node_id: str) -> str:
     """The ``application_name`` of a sidecar's listening connection (pg_stat_activity)."""
     return f"agent-sidecar-follow:{node_id}"[:63]
-
-
-def _cluster_op(payload: str) -> ClusterOp | None:
-    """An announce as UnitOfWork.announce sent it; None (logged) for anything else."""
-    try:
-        d = orjson.loads(payload)
-        return ClusterOp(str(d["op"]), tuple(str(k) for k in d["keys"]), str(d["origin"]))
-    except (ValueError, KeyError, TypeError):
-        log.warning("unreadable cluster notification", extra={"payload": payload[:200]})
-        return None

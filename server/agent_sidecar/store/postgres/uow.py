@@ -10,7 +10,7 @@ import orjson
 import psycopg
 
 from .cluster import PostgresLeases, PostgresNodes
-from .connection import CONTROL_CHANNEL, is_fault
+from .connection import CONTROL_CHANNEL, announce_payload, is_fault
 from .lanes import PostgresIncarnations, PostgresRestarts, PostgresRouting, PostgresTurnState
 from .ledger import PostgresFrames, PostgresLedger, PostgresQueue
 from .messages import PostgresMessages
@@ -73,8 +73,8 @@ class PostgresUnitOfWork:
         COMMIT, never for a transaction (or savepoint) rolled back. Many keys
         are split over several payloads, each under PostgreSQL's limit."""
         for chunk in _chunks(list(keys), NOTIFY_BYTES):
-            self.conn.execute("SELECT pg_notify(%s, %s)", (CONTROL_CHANNEL, orjson.dumps(
-                {"op": op, "keys": chunk, "origin": self.node_id}).decode()))
+            self.conn.execute("SELECT pg_notify(%s, %s)",
+                              (CONTROL_CHANNEL, announce_payload(op, chunk, self.node_id)))
 
 
 def _chunks(keys: list[str], budget: int) -> list[list[str]]:
