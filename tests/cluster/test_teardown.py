@@ -65,9 +65,13 @@ def test_clear_all_on_one_node_clears_every_node(cl):
 
 def test_delete_session_on_one_node_is_forgotten_on_every_node(cl):
     a, b = cl["a"], cl["b"]
-    req = prompt_req(text="a session run on b")
+    src = source()
+    req = prompt_req(text="a session run on b", source=src, profile="slow")
     first = run(b.prompts(), req)
+    busy = PromptRun(b.prompts(), text=words(400), src=src, profile="slow")
+    busy.wait_for("text_delta")
     assert a.sessions().DeleteSession(spb.DeleteSessionRequest(session_key=first.key), timeout=10).deleted
+    assert busy.result(30).end == "failed" and busy.last.failed.reason == CANCELLED, busy.kinds()
     with rpc_error(grpc.StatusCode.NOT_FOUND):
         get_session(b.sessions(), first.key)
     assert_runs_anew(b, req, first)
