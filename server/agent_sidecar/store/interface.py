@@ -43,7 +43,7 @@ inline (SQLite) or through its own async driver, and long scans off the loop.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Callable, ContextManager, Iterable, Protocol, Sequence, TypeVar
+from typing import Any, AsyncGenerator, Callable, ContextManager, Iterable, Protocol, Sequence, TypeVar
 
 from ..errors import SidecarError
 from .faults import StoreUnavailable  # noqa: F401  (the interface's error)
@@ -375,7 +375,7 @@ class SharedStore(Store, Protocol):
     async def last_frame_cursor(self) -> int:
         """The highest frame cursor committed so far (0: none)."""
 
-    def follow_cluster(self, idle_s: float) -> AsyncIterator[int | ClusterOp]:
+    def follow_cluster(self, idle_s: float) -> AsyncGenerator[int | ClusterOp, None]:
         """What every sidecar commits, as it commits: an int > 0 is the highest
         frame cursor of one commit with frames; 0 means "catch up by cursor
         now" (yielded once listening, so nothing committed before is missed,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -134,7 +134,7 @@ class PostgresStore:
     async def last_frame_cursor(self) -> int:
         return await self._read(reads.last_frame_cursor)
 
-    async def follow_cluster(self, idle_s: float) -> AsyncIterator[int | ClusterOp]:
+    async def follow_cluster(self, idle_s: float) -> AsyncGenerator[int | ClusterOp, None]:
         """What every sidecar of the cluster commits (interface.SharedStore):
         a dedicated connection LISTENs on the frames and the control channels.
         Each ``idle_s`` it checks that the connection still answers (a lost
