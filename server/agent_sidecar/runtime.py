@@ -41,6 +41,7 @@ class Sidecar:
         self.server = None
         self.health = None
         self.turns = None
+        self.tail = None  # [cluster] the frame tail, when the store is shared (PostgreSQL)
         self._stopping = asyncio.Event()
         self.exit_code = 0
         self._lock_fd: int | None = None
@@ -100,10 +101,14 @@ class Sidecar:
         # Spawned before any gRPC thread exists, the writer and the workers in parallel.
         await asyncio.gather(self.store.start(), self.turns.start_workers())
         return_large_blocks()  # the memory of a large request goes back once it is gone
+        if sc.backend == "postgres":  # [cluster] every node's frames to this node's watchers
+            from .cluster.tail import FrameTail
+            self.tail = FrameTail(self.store, self.turns, self.cfg.node_id())
+            await self.tail.start()  # before the server: no watcher subscribes ahead of its cursor
         auth = Authenticator(self.cfg.tokens)
         self.server, self.health, bound = build_server(self.cfg, [
             SessionService(self.cfg, self.store, auth, self.turns, forward),
-            PromptService(self.cfg, self.store, auth, self.turns, forward),
+            PromptService(self.cfg, self.store, auth, self.turns, forward, tail=self.tail),
             ToolService(self.cfg, auth, tools)], auth)
         from grpc_health.v1 import health_pb2
         # grpc's servicer starts SERVING; we are not, until the restore is done.
@@ -186,6 +191,8 @@ class Sidecar:
             await self.server.stop(grace=1)
         if self.turns is not None:
             await self.turns.stop()
+        if self.tail is not None:
+            await self.tail.stop()
         if self.store is not None:
             if not self.exit_code:
                 try:  # the full-text index complete on disk, as a clean stop should leave it

@@ -185,12 +185,15 @@ def delete(uow: UnitOfWork, key: str) -> bool:
     if uow.routing.get(key) is None:
         return False
     uow.delete_lane(key)
+    uow.announce("delete", (key,))  # the other sidecars of a cluster drop it too
     return True
 
 
 def clear_all(uow: UnitOfWork) -> int:
     """seed 000's $sessionClearAll: everything goes, no trash."""
-    return uow.clear_all()
+    n = uow.clear_all()
+    uow.announce("clear_all", ())
+    return n
 
 
 def prune(uow: UnitOfWork, max_age_days: int, busy_keys: set[str]) -> int:
@@ -202,4 +205,6 @@ def prune(uow: UnitOfWork, max_age_days: int, busy_keys: set[str]) -> int:
             if k not in busy_keys]
     for key in keys:
         uow.routing.delete(key)
+    if keys:
+        uow.announce("prune", keys)
     return len(keys)

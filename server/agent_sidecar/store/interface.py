@@ -43,12 +43,13 @@ inline (SQLite) or through its own async driver, and long scans off the loop.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, ContextManager, Iterable, Protocol, Sequence, TypeVar
+from typing import Any, AsyncGenerator, Callable, ContextManager, Iterable, Protocol, Sequence, TypeVar
 
 from ..errors import SidecarError
 from .faults import StoreUnavailable  # noqa: F401  (the interface's error)
 from .records import (
     Append,
+    ClusterOp,
     FrameRecord,
     Incarnation,
     LaneHead,
@@ -306,6 +307,12 @@ class UnitOfWork(Protocol):
     def probe(self) -> None:
         """Write one row to prove the store can write again (a retry round)."""
 
+    def announce(self, op: str, keys: Sequence[str]) -> None:
+        """Tell the other sidecars sharing this store, once (and only if) this
+        transaction commits, that lanes went (a ClusterOp: ``clear_all``,
+        ``delete``, ``prune``), so they drop what they hold of them. A no-op
+        on a store only one sidecar uses (SQLite)."""
+
 
 Job = Callable[..., R]
 
@@ -406,3 +413,19 @@ class TranscriptReader(Protocol):
     def load_for_model(self, session_id: str) -> list[dict[str, Any]]: ...
 
     def close(self) -> None: ...
+
+
+class SharedStore(Store, Protocol):
+    """A store several sidecars write at once (PostgreSQL): what a sidecar's
+    cluster tail (cluster/tail.py) asks of it besides the reads of ``Store``."""
+
+    async def last_frame_cursor(self) -> int:
+        """The highest frame cursor committed so far (0: none)."""
+
+    def follow_cluster(self, idle_s: float) -> AsyncGenerator[int | ClusterOp, None]:
+        """What every sidecar commits, as it commits: an int > 0 is the highest
+        frame cursor of one commit with frames; 0 means "catch up by cursor
+        now" (yielded once listening, so nothing committed before is missed,
+        and again after every ``idle_s`` of silence, a safety net); a
+        ``ClusterOp`` is an announce. Raises ``StoreUnavailable`` when the
+        connection is lost; the caller follows again and catches up."""

@@ -259,6 +259,19 @@ class FrameRecord:
     body: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterOp:
+    """A change to the shared store that every other sidecar of a cluster must
+    mirror in its own memory (its lanes, cached agents, dedup index), announced
+    in the transaction that made it (UnitOfWork.announce). ``op`` is
+    ``clear_all`` (``keys`` empty), ``delete`` or ``prune``; ``origin`` is the
+    node whose job made it (it has done its own part already)."""
+
+    op: str
+    keys: tuple[str, ...]
+    origin: str
+
+
 # A frame to insert: (request_id, seq, session_key, session_id, platform, at,
 # kind, body as orjson bytes or None). A tuple, not a dataclass: a busy sidecar
 # inserts tens of thousands a second and pickles each one to the writer.

@@ -179,6 +179,10 @@ class FrameBus:
         self._resync = False  # a flush failed: wait for those in flight, then send again
         self.by_key: dict[str, set[Subscriber]] = {}
         self.by_platform: dict[str, set[Subscriber]] = {}
+        # [cluster] False when several sidecars share the store: the cluster tail
+        # (cluster/tail.py) feeds by_key/by_platform every node's frames, this
+        # node's too, in cursor order; the bus then serves only turns' own streams.
+        self.feeds_watchers = True
         store.add_retrier(self._retry)
         store.watch_faults(self._store_changed)
 
@@ -333,14 +337,19 @@ class FrameBus:
             for sub in tuple(subs):
                 if not sub.push(frame, size):
                     subs.remove(sub)
-        for index, name in ((self.by_key, turn.key), (self.by_platform, turn.platform)):
+        if self.feeds_watchers:
+            self.to_watchers(frame, turn.key, turn.platform, size)
+        if kind in TERMINAL:
+            turn.ended(frame)
+
+    def to_watchers(self, frame, key: str, platform: str, size: int) -> None:
+        """Hand a committed frame to the watchers of its key and platform."""
+        for index, name in ((self.by_key, key), (self.by_platform, platform)):
             subs = index.get(name)
             if subs:
                 for sub in tuple(subs):
                     if not sub.push(frame, size):
                         self.unwatch(index, name, sub)
-        if kind in TERMINAL:
-            turn.ended(frame)
 
     def deliver_committed(self, turn, frame, kind: str) -> None:
         """For frames written by a job of their own (``accepted``)."""

@@ -113,6 +113,11 @@ async def frames_after(conn, cursor: int, session_key: str, platform: str,
         (name, cursor, limit))]
 
 
+async def last_frame_cursor(conn) -> int:
+    row = await _one(conn, "SELECT coalesce(max(id), 0) FROM frames")
+    return row[0] if row else 0
+
+
 def load_for_model(conn, session_id: str) -> list[dict[str, Any]]:
     """Synchronous, for a worker's own connection (reader.py)."""
     return [rows.model_message(role, content, extra) for role, content, extra in conn.execute(

@@ -69,6 +69,9 @@ class SqliteUnitOfWork:
     def index_messages(self, limit: int | None = None) -> int:
         return self.messages.index_pending(limit)
 
+    def announce(self, op: str, keys) -> None:
+        """One sidecar per file: nobody else to tell."""
+
     def probe(self) -> None:
         """A retry round's write: one real row, so its commit needs the WAL to
         take a page as every write does; and, on a filesystem that ran full,
