@@ -3,16 +3,15 @@ time, calls forwarded to the lane's holder, a dead or stalled node's lanes
 taken over at lease expiry with the restart's recovery, its late writes
 refused by the epoch fence (issue 16; docs/cluster.md).
 
-Real sidecar processes on one real PostgreSQL; assertions through gRPC
+Real sidecar processes on one real PostgreSQL (tests/helpers/cluster.py);
+assertions through gRPC
 (frames by request id, from any node) and the fenced-write count the stalled
 node reports (the behaviour asked for is that it counts them).
 """
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import threading
 import time
 
@@ -23,68 +22,27 @@ from helpers.ids import rid, source
 from helpers.logs import log_lines
 from helpers.sessions import transcript
 from helpers.streams import QUEUE, TERMINAL, PromptRun, kind_of, start, watch
+from helpers.cluster import Cluster
 from helpers.waiting import wait_until
-from sidecar_proc import Sidecar, free_port
 
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 
-PG_DSN = os.environ.get("TEST_PG_DSN", "")
-pytestmark = pytest.mark.skipif(not PG_DSN, reason="needs PostgreSQL (TEST_PG_DSN)")
-
-TOKEN = "cluster-test-token"
 TTL = 3.0  # short, for the tests that wait for a lease to run out
 CALM_TTL = 15.0  # for the others: no takeover from a node merely slowed by a busy machine
 FOLLOW_UP = ppb.DeliveryMode.Value("DELIVERY_MODE_FOLLOW_UP")
 
 
-def _database(name: str) -> str:
-    import psycopg
-    with psycopg.connect(PG_DSN, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return f"{PG_DSN} dbname={name}"
-
-
-class Node(Sidecar):
-    def __init__(self, data_dir, dsn: str, node_id: str, extra: str = "", ttl: float = TTL):
-        port = free_port()
-        super().__init__(data_dir, config=f"""
-[store]
-backend = "postgres"
-dsn = "{dsn}"
-[cluster]
-node_id = "{node_id}"
-advertise = "127.0.0.1:{port}"
-token = "{TOKEN}"
-lease_ttl_s = {ttl}
-[[auth.tokens]]
-token = "{TOKEN}"
-admin = true
-platforms = ["*"]
-{extra}""")
-        self.tcp_port = port
-        self.node_id = node_id
-
-
 @pytest.fixture
-def nodes(tmp_path, request):
-    made: list[Node] = []
+def nodes(tmp_path, cluster_dsn):
+    """``nodes(n, config, ttl=...)``: a started cluster of ``n`` nodes on this test's database."""
+    made: list[Cluster] = []
 
-    def make(n: int, extra: str = "", ttl: float = TTL) -> list[Node]:
-        dsn = _database(f"clu_{os.getpid()}_{request.node.name[:30]}".lower())
-        for i in range(n):
-            made.append(Node(tmp_path / f"n{i}", dsn, f"n{i}", extra, ttl))
-        for node in made:
-            node.start()
-        return made
+    def make(n: int, config: str = "", ttl: float = TTL) -> Cluster:
+        made.append(Cluster(tmp_path, cluster_dsn, n, config, lease_ttl_s=ttl, workers=2).start())
+        return made[-1]
     yield make
-    for node in made:
-        if node.proc is not None and node.proc.poll() is None:
-            try:
-                os.kill(node.proc.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-            node.stop(timeout=30)
+    for cl in made:
+        cl.stop()
 
 
 def _frames(node: Node, request_id: str) -> list:
@@ -138,14 +96,14 @@ def test_kill9_of_a_node_under_load_loses_nothing_and_runs_nothing_twice(nodes):
     acked: dict[str, tuple] = {}
     lock = threading.Lock()
     stop = threading.Event()
-    survivors = ns[:2]
+    survivors = list(ns)[:2]
 
     def client(lane_no: int) -> None:
         rng = random.Random(lane_no)
         while not stop.is_set():
             request_id = rid(f"l{lane_no}")
             for _attempt in range(20):  # retries go to a live node, same request id
-                target = rng.choice(ns if not stop.is_set() else survivors)
+                target = rng.choice(list(ns) if not stop.is_set() else survivors)
                 if target.proc.poll() is not None:
                     target = rng.choice(survivors)
                 run = PromptRun(target.prompts(), ppb.PromptRequest(
@@ -193,14 +151,14 @@ def test_a_stalled_holder_is_fenced_after_its_lane_is_taken_over(nodes):
     src = source("telegram")
     turn = start(a.prompts(), ppb.PromptRequest(request_id=rid("stall"), text="slow " * 40, source=src))
     turn.wait_for("text_delta")
-    os.kill(a.proc.pid, signal.SIGSTOP)  # the parent stalls; its workers stream on into the pipe
+    a.pause()  # the parent stalls; its workers stream on into the pipe
     try:
         # b's reaper takes the lane once a's lease runs out, and closes a's turn
         # as a restart would.
         wait_until(lambda: kind_of(_frames(b, turn.request_id)[-1]) in TERMINAL, timeout=10 * TTL,
                    what="the takeover closing the stalled turn")
     finally:
-        os.kill(a.proc.pid, signal.SIGCONT)
+        a.resume(children=False)
     closed = _frames(b, turn.request_id)
     assert closed[-1].failed.reason == "restart_interrupted", closed[-1]
     wait_until(lambda: log_lines(a, "fenced writes refused"), timeout=10, what="the fence refusing a")
@@ -233,7 +191,7 @@ def test_a_restarted_node_takes_its_lanes_back_and_runs_what_was_queued(nodes):
     queued = start(b.prompts(), ppb.PromptRequest(request_id=rid("queued"), text="next", source=src,
                                                   delivery=QUEUE))  # forwarded to a, the holder
     a.kill9()
-    a.start()  # well inside the lease: a's own lanes come back to it at once
+    a.restart()  # well inside the lease: a's own lanes come back to it at once
 
     def ended(request_id: str):
         frames = _frames(b, request_id)
