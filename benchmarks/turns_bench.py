@@ -38,6 +38,10 @@ completed frame. Latency is per call, from the call to the ``completed`` frame.
 CPU seconds of every process group and of the rest of the machine are read from
 /proc over the same window, so the table says where the cores went.
 
+With ``--metrics`` a second sidecar, **sidecar-metrics**, runs every point too:
+the same, with ``[metrics] listen`` on a loopback port and this driver scraping
+its ``/metrics`` once a second while it runs (issue 17: what the metrics cost).
+
 Goal (issue 3): sidecar turns/s ≥ 0.6 × bare turns/s.
 """
 
@@ -53,7 +57,9 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -260,6 +266,45 @@ class SidecarServer:
                 f"{5 * expected_turns:,} frames) -> {ok}")
 
 
+class Scraper:
+    """GET /metrics every ``interval`` seconds on a thread, as Prometheus would."""
+
+    def __init__(self, port: int, interval: float = 1.0):
+        self.url, self.interval = f"http://127.0.0.1:{port}/metrics", interval
+        self.scrapes = self.errors = 0
+        self.seconds = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "Scraper":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            t0 = time.monotonic()
+            try:
+                with urllib.request.urlopen(self.url, timeout=10) as r:
+                    r.read()
+                self.scrapes += 1
+                self.seconds += time.monotonic() - t0
+            except OSError:
+                self.errors += 1
+
+    def stop(self) -> str:
+        self._stop.set()
+        self._thread.join(15)
+        mean = 1e3 * self.seconds / self.scrapes if self.scrapes else float("nan")
+        return f"{self.scrapes} scrapes (mean {mean:.1f} ms), {self.errors} failed"
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 class _Named:
     def __init__(self, name: str):
         self.name = name
@@ -361,6 +406,8 @@ def main() -> int:
     ap.add_argument("--only", choices=("sidecar", "bare", "bare-plain"), default=None)
     ap.add_argument("--no-plain", action="store_true",
                     help="skip the bare-plain reference server (saves a third of the run)")
+    ap.add_argument("--metrics", action="store_true",
+                    help="also run sidecar-metrics: [metrics] listen on, /metrics scraped every second")
     ap.add_argument("--dir", default=None, help="parent directory for the temporary data dirs")
     ap.add_argument("--keep", action="store_true", help="keep the data dirs (sidecar.db, sidecar.log)")
     ap.add_argument("--seed", type=int, default=1)
@@ -391,6 +438,9 @@ def main() -> int:
     try:
         names = [n for n in ("sidecar", "bare", "bare-plain") if args.only in (None, n)
                  and not (n == "bare-plain" and args.no_plain and args.only != n)]
+        if args.metrics:
+            names.insert(names.index("sidecar") + 1 if "sidecar" in names else 0, "sidecar-metrics")
+        sidecars = ("sidecar", "sidecar-metrics")
         bare_keys = [f"agent:main:bench:dm:chat{i}" for i in range(n_sessions)]
         bares = {}
         for name in names:
@@ -400,26 +450,37 @@ def main() -> int:
                 servers.append(bares[name])
         for rnd in range(repeat):
             for level in levels:
-                for name in names:
-                    if name == "sidecar":
+                # Odd rounds run the servers in the reverse order: none is always
+                # first after a quiet spell, or always right behind another.
+                for name in (names if rnd % 2 == 0 else names[::-1]):
+                    scraper = None
+                    if name in sidecars:
                         # Every point on a fresh sidecar and data dir: rounds are
                         # true repeats (transcripts do not grow from one to the next).
-                        server = SidecarServer(root, args.workers, f"sidecar-{rnd}-{level}")
+                        port = _free_port()
+                        config = (f'[metrics]\nlisten = "127.0.0.1:{port}"\n' if name == "sidecar-metrics"
+                                  else "# defaults: echo model on profile main, synchronous = FULL\n")
+                        server = SidecarServer(root, args.workers, f"{name}-{rnd}-{level}", config)
+                        server.name = name
                     else:
                         server, keys = bares[name], bare_keys
                     try:
-                        if name == "sidecar":
+                        if name in sidecars:
                             server.start()
+                            if name == "sidecar-metrics":
+                                scraper = Scraper(port).start()
                             keys = server.create_sessions(n_sessions)
-                            print(f"sidecar up: pid {server.proc.pid}, {len(server.pids()['workers'])} "
+                            print(f"{name} up: pid {server.proc.pid}, {len(server.pids()['workers'])} "
                                   f"child processes (writer, workers, multiprocessing resource tracker), "
                                   f"data {server.dir}", file=sys.stderr)
                         r = run_point(server, keys, level, turns, warmup, args.clients,
                                       args.seed + 1000 * rnd)
                     finally:
-                        if name == "sidecar":
+                        if scraper is not None:
+                            print(f"  … {name}: {scraper.stop()}", file=sys.stderr)
+                        if name in sidecars:
                             server.stop()
-                    if name == "sidecar":
+                    if name in sidecars:
                         try:
                             checks.append(server.verify(turns + warmup))
                         except sqlite3.Error as e:
@@ -481,6 +542,10 @@ def main() -> int:
         if s and b and b["rate"]:
             print(goal_line(f"sidecar / bare turns/s at {level} in flight "
                             f"({s['rate']:,.0f} / {b['rate']:,.0f})", s["rate"] / b["rate"], GOAL))
+        m = by.get(("sidecar-metrics", level))
+        if s and m and s["rate"]:
+            print(f"  metrics on and scraped every second / metrics off at {level} in flight "
+                  f"({m['rate']:,.0f} / {s['rate']:,.0f}) = {m['rate'] / s['rate']:.3f}x")
         p = by.get(("bare-plain", level))
         if s and p and p["rate"]:
             print(f"  for reference, not the goal: sidecar / bare-plain at {level} in flight "

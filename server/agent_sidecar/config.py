@@ -178,6 +178,23 @@ class ClusterConfig:
                                              "(renewed every third of it)")
 
 
+def _metrics_address(value: str) -> str | None:
+    if not value:
+        return None  # off
+    host, sep, port = value.rpartition(":")
+    if not (sep and host and port.isdigit() and int(port) <= 65535):
+        return "expected HOST:PORT, e.g. 127.0.0.1:9464 (empty: off)"
+    return None
+
+
+@dataclass
+class MetricsConfig:
+    """The Prometheus endpoint ([operations.md](operations.md#metrics))."""
+    listen: str = key("", check=_metrics_address,
+                      doc="`HOST:PORT` of the HTTP listener serving `/metrics` (empty: off); "
+                          "unauthenticated, so keep it on a private address")
+
+
 @dataclass
 class Config:
     # seed 001 appendix: top-level keys
@@ -231,6 +248,8 @@ class Config:
                            doc="which lanes get a continue turn after a restart (DECISIONS.md \"Recovery\")")
     store: StoreConfig = section(StoreConfig, doc="the store ([store])")
     cluster: ClusterConfig = section(ClusterConfig, doc="several sidecars on one PostgreSQL ([cluster])")
+    metrics: MetricsConfig = section(MetricsConfig, doc="Prometheus metrics over HTTP "
+                                                           "([operations.md](operations.md#metrics))")
 
     def _validate(self) -> Iterator[tuple[str, str, Any]]:
         tcp = [t for t in self.listen if not t.startswith("unix:")]

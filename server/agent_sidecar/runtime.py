@@ -20,6 +20,7 @@ import stat
 from .children import tune_gc
 from .config import Config
 from .heap import return_large_blocks
+from .obs.live import Live
 from .sdnotify import notify
 from .store import Store, StoreUnavailable, open_store
 from .store.jobs import index_messages
@@ -47,6 +48,10 @@ class Sidecar:
         self._lock_fd: int | None = None
         self._forward = None  # cluster/forward.py, on a cluster
         self._health_tasks: set[asyncio.Task] = set()
+        self.tools = None
+        self.auth = None
+        self.live = Live(self)  # what GetStatus and the metrics read (obs/)
+        self.metrics = None  # the [metrics] listener, when configured
 
     def _private_data_dir(self) -> None:
         """Transcripts are private to the sidecar's user: umask 077 for this
@@ -82,34 +87,21 @@ class Sidecar:
         from .api.prompt_service import PromptService
         from .api.server import build_server, calm_grpc_threads
         from .api.session_service import SessionService
+        from .api.status_service import StatusService
         from .api.tool_service import ToolService
-        from .tools.registry import ToolRegistry
-        from .turns.manager import TurnManager
+        from .obs.status import snapshot
 
         self._private_data_dir()
         self._lock_data_dir()
-        sc = self.cfg.store
-        self.store = open_store(sc.backend, path=self.cfg.db_path, synchronous=self.cfg.synchronous,
-                                dsn=sc.dsn, node_id=self.cfg.node_id(), pool_size=sc.pool_size,
-                                preload=JOB_MODULES, log_format=self.cfg.log_format,
-                                log_level=self.cfg.log_level, on_lost=self._store_lost)
-        tools = ToolRegistry()
-        leases, forward = self._cluster()
-        self.turns = TurnManager(self.cfg, self.store, tools, leases)
-        if leases is not None:
-            leases.attach(self.turns)
-        # Spawned before any gRPC thread exists, the writer and the workers in parallel.
-        await asyncio.gather(self.store.start(), self.turns.start_workers())
-        return_large_blocks()  # the memory of a large request goes back once it is gone
-        if sc.backend == "postgres":  # [cluster] every node's frames to this node's watchers
-            from .cluster.tail import FrameTail
-            self.tail = FrameTail(self.store, self.turns, self.cfg.node_id())
-            await self.tail.start()  # before the server: no watcher subscribes ahead of its cursor
-        auth = Authenticator(self.cfg.tokens)
+        forward = await self._start_engine()
+        auth = self.auth = Authenticator(self.cfg.tokens)
+        if self.cfg.metrics.listen:  # before the restore: a long one can be watched
+            await self._start_metrics()
         self.server, self.health, bound = build_server(self.cfg, [
             SessionService(self.cfg, self.store, auth, self.turns, forward),
             PromptService(self.cfg, self.store, auth, self.turns, forward, tail=self.tail),
-            ToolService(self.cfg, auth, tools)], auth)
+            ToolService(self.cfg, auth, self.tools),
+            StatusService(self.cfg, auth, lambda: snapshot(self.live))], auth)
         from grpc_health.v1 import health_pb2
         # grpc's servicer starts SERVING; we are not, until the restore is done.
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -125,6 +117,31 @@ class Sidecar:
                                    "workers": self.cfg.worker_count(), "batch_threads": calmed})
         return bound
 
+    async def _start_engine(self):
+        """The store, the tool registry and the turn engine (on PostgreSQL also
+        the cluster's leases, forwarder and frame tail), with the writer and
+        the workers spawned. Returns the forwarder (None off a cluster)."""
+        from .tools.registry import ToolRegistry
+        from .turns.manager import TurnManager
+        sc = self.cfg.store
+        self.store = open_store(sc.backend, path=self.cfg.db_path, synchronous=self.cfg.synchronous,
+                                dsn=sc.dsn, node_id=self.cfg.node_id(), pool_size=sc.pool_size,
+                                preload=JOB_MODULES, log_format=self.cfg.log_format,
+                                log_level=self.cfg.log_level, on_lost=self._store_lost)
+        tools = self.tools = ToolRegistry()
+        leases, forward = self._cluster()
+        self.turns = TurnManager(self.cfg, self.store, tools, leases)
+        if leases is not None:
+            leases.attach(self.turns)
+        # Spawned before any gRPC thread exists, the writer and the workers in parallel.
+        await asyncio.gather(self.store.start(), self.turns.start_workers())
+        return_large_blocks()  # the memory of a large request goes back once it is gone
+        if sc.backend == "postgres":  # [cluster] every node's frames to this node's watchers
+            from .cluster.tail import FrameTail
+            self.tail = FrameTail(self.store, self.turns, self.cfg.node_id())
+            await self.tail.start()  # before the server: no watcher subscribes ahead of its cursor
+        return forward
+
     def _cluster(self):
         """Several sidecars on one PostgreSQL: lane leases and call forwarding
         (cluster/); none on the embedded SQLite store."""
@@ -134,6 +151,14 @@ class Sidecar:
         from .cluster.leases import ClusterLeases
         self._forward = Forwarder(self.cfg, self.cfg.limits.max_request_bytes)
         return ClusterLeases(self.cfg, self.store), self._forward
+
+    async def _start_metrics(self) -> None:
+        """The Prometheus endpoint (obs/): imported only when configured."""
+        from .obs.http import MetricsServer
+        from .obs.metrics import SidecarMetrics
+        self.metrics = MetricsServer(SidecarMetrics(self.live).render)
+        bound = await self.metrics.start(self.cfg.metrics.listen)
+        log.info("metrics listening", extra={"listen": bound, "path": "/metrics"})
 
     def _store_changed(self, fault) -> None:
         """Health follows the store: NOT_SERVING while it cannot write (every
@@ -210,6 +235,8 @@ class Sidecar:
                 error = "frames of turns were not saved" if unsaved else None
             if graceful and not self.exit_code and error is None and self.turns.leases is not None:
                 await self._leave_cluster()
+            if self.metrics is not None:
+                await self.metrics.close()
             await self.store.close()
             if graceful and not self.exit_code:
                 self._mark_clean(error)

@@ -29,18 +29,21 @@ from grpc_reflection.v1alpha import reflection
 from ..config import Config
 from ..v1 import prompt_service_pb2, prompt_service_pb2_grpc, session_service_pb2
 from ..v1 import session_service_pb2_grpc, tool_service_pb2, tool_service_pb2_grpc
+from ..v1 import status_service_pb2, status_service_pb2_grpc
 from .boundary import Boundary
 from .caps import Caps
 
 _ADD = {"SessionService": session_service_pb2_grpc.add_SessionServiceServicer_to_server,
         "PromptService": prompt_service_pb2_grpc.add_PromptServiceServicer_to_server,
-        "ToolService": tool_service_pb2_grpc.add_ToolServiceServicer_to_server}
+        "ToolService": tool_service_pb2_grpc.add_ToolServiceServicer_to_server,
+        "StatusService": status_service_pb2_grpc.add_StatusServiceServicer_to_server}
 
-_SERVICE_MODULES = (session_service_pb2, prompt_service_pb2, tool_service_pb2)
+_SERVICE_MODULES = (session_service_pb2, prompt_service_pb2, tool_service_pb2, status_service_pb2)
 SERVICE_NAMES = (
     session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name,
     prompt_service_pb2.DESCRIPTOR.services_by_name["PromptService"].full_name,
     tool_service_pb2.DESCRIPTOR.services_by_name["ToolService"].full_name,
+    status_service_pb2.DESCRIPTOR.services_by_name["StatusService"].full_name,
 )
 
 # Frames and transcripts can be large; keepalive pings keep idle watch streams
@@ -82,8 +85,8 @@ def server_options(caps: Caps) -> list[tuple[str, int]]:
 
 def build_server(cfg: Config, services: list,
                  auth) -> tuple[grpc.aio.Server, health.HealthServicer, list[str]]:
-    """The server with ``services`` (SessionService, PromptService, ToolService
-    instances), each call through the boundary (auth, size, parse, caps), plus
+    """The server with ``services`` (SessionService, PromptService, ToolService,
+    StatusService instances), each call through the boundary (auth, size, parse, caps), plus
     health and reflection (as gRPC serves them); listeners bound."""
     caps = Caps(cfg.limits)
     server = grpc.aio.server(options=server_options(caps))

@@ -1,4 +1,4 @@
-"""``agent-sidecar``: serve, sessions, doctor, health, config, bench; ``--version``.
+"""``agent-sidecar``: serve, sessions, doctor, health, status, config, bench; ``--version``.
 
 This module is imported by every spawned worker (it is the console script's
 main module, which multiprocessing's spawn re-imports), so it imports nothing
@@ -30,6 +30,11 @@ def _doctor(args) -> int:
 
 def _health(args) -> int:
     from .health import run
+    return run(args)
+
+
+def _status(args) -> int:
+    from .status import run
     return run(args)
 
 
@@ -75,6 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--service", default="", help="the service name to ask about (default: the server)")
     h.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer (default 3)")
     h.set_defaults(func=_health)
+
+    st = sub.add_parser("status", help="what a running sidecar is doing: workers, turns, queues, store")
+    st.add_argument("--target", default="unix:./data/sidecar.sock",
+                    help="the sidecar's address (default unix:./data/sidecar.sock)")
+    st.add_argument("--token", default=None, help="bearer token (TCP; an admin token)")
+    st.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    st.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer (default 5)")
+    st.set_defaults(func=_status)
 
     from .config_cmd import add_arguments as add_config  # its imports: config, no grpc
     add_config(sub)

@@ -43,7 +43,7 @@ inline (SQLite) or through its own async driver, and long scans off the loop.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncGenerator, Callable, ContextManager, Iterable, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable, ContextManager, Iterable, Protocol, Sequence, TypeVar
 
 from ..errors import SidecarError
 from .faults import StoreUnavailable  # noqa: F401  (the interface's error)
@@ -63,8 +63,12 @@ from .records import (
     RoutingPatch,
     SearchHit,
     SessionEntry,
+    StoreStats,
     UsageDelta,
 )
+
+if TYPE_CHECKING:
+    from .writer.client import CommitStats
 
 R = TypeVar("R")
 
@@ -404,6 +408,14 @@ class Store(Protocol):
 
     # the worker side (a picklable recipe for TranscriptReader)
     def reader_spec(self) -> tuple: ...
+
+    # for operators (the metrics endpoint, GetStatus)
+    async def stats(self) -> StoreStats:
+        """How large the store is and how far the full-text index is behind."""
+
+    @property
+    def commit_stats(self) -> CommitStats:
+        """The writer's commit times, group sizes and backlog (store/writer/client.py)."""
 
 
 class TranscriptReader(Protocol):

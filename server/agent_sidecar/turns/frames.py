@@ -34,6 +34,7 @@ from ..store.records import Append, FrameRecord
 from ..v1 import prompt_service_pb2 as ppb
 from .flush import FN, MSG, FlushOutOfOrder, run_flush
 from .leasing import LeaseLost
+from .stats import TurnStats
 
 log = logging.getLogger("agent_sidecar.frames")
 
@@ -163,8 +164,10 @@ class FrameBus:
     without those lanes' items, which are reported here."""
 
     def __init__(self, store, buffer_frames: int = 10_000, buffer_bytes: int = 8 << 20,
+                 stats: TurnStats | None = None,
                  on_fenced: Callable[[list[str], int], None] | None = None):
         self.store = store
+        self.stats = stats or TurnStats()  # frames persisted, turns ended (turns/stats.py)
         self.buffer_frames, self.buffer_bytes = buffer_frames, buffer_bytes  # per Subscriber
         self.on_fenced = on_fenced
         self._frames: list[tuple] = []  # (row, turn, kind, body)
@@ -332,6 +335,9 @@ class FrameBus:
         its key and platform; a subscriber that falls behind its bound leaves
         its fan-out here and now (see Subscriber)."""
         size = frame.ByteSize()
+        stats = self.stats
+        stats.frames += 1
+        stats.frame_bytes += size
         subs = turn.subscribers
         if subs:
             for sub in tuple(subs):
@@ -341,6 +347,7 @@ class FrameBus:
             self.to_watchers(frame, turn.key, turn.platform, size)
         if kind in TERMINAL:
             turn.ended(frame)
+            stats.turn_ended(turn, kind, frame.failed.reason if kind == "failed" else "")
 
     def to_watchers(self, frame, key: str, platform: str, size: int) -> None:
         """Hand a committed frame to the watchers of its key and platform."""

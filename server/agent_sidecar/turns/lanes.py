@@ -101,6 +101,10 @@ class Turn:
     absorbed_from: "Turn | None" = None
     absorbed_by: "Turn | None" = None
     absorbed: list[dict[str, Any]] = field(default_factory=list)
+    # For the metrics (turns/stats.py): when its start was decided (monotonic), and
+    # whether its first text delta came in.
+    began_at: float = 0.0
+    first_token_seen: bool = False
 
     @classmethod
     def restored(cls, **kw) -> "Turn":
@@ -147,6 +151,7 @@ class Turn:
         """Its start is decided (published, or committed by its accept)."""
         self._move(Phase.STARTING, Phase.WAITING)
         self.began = True
+        self.began_at = time.monotonic()
 
     def run_on(self, worker) -> None:
         self._move(Phase.RUNNING, Phase.STARTING)

@@ -32,6 +32,7 @@ from .lanes import Lane, Turn
 from .leasing import LaneLeases, LeaseLost
 from .memory import budget_per_worker
 from .pool import WorkerHandle, WorkerPool
+from .stats import TurnStats
 
 
 class TurnManager:
@@ -39,8 +40,9 @@ class TurnManager:
                  leases: LaneLeases | None = None):
         self.cfg, self.store = cfg, store
         self.leases = leases  # a cluster's lane leases (turns/leasing.py); None: every lane is ours
+        self.stats = TurnStats()  # for the metrics endpoint (turns/stats.py)
         self.bus = FrameBus(store, cfg.limits.stream_buffer_frames, cfg.limits.stream_buffer_bytes,
-                            on_fenced=leases.refused if leases is not None else None)
+                            self.stats, on_fenced=leases.refused if leases is not None else None)
         self.lanes: dict[str, Lane] = {}
         self.recent = dedup.RecentRequests(cfg.dedup_window_s)  # the dedup window's request ids
         self.prompts = SystemPrompts(cfg)
@@ -321,6 +323,7 @@ class TurnManager:
         turn.sid = res.session_id  # a switch may have moved the lane while it waited
         profile, system_prompt = self.prompts.for_turn(turn, res.lane)
         h = self.pool.slot_for(turn.key)
+        h.turns_run += 1
         turn.run_on(h)
         turn.worker_gen = h.generation if h.ready.is_set() else -1
         msg = wire.run(turn.rid, turn.key, turn.sid, res.rev, res.base_seq, turn.user_texts(),

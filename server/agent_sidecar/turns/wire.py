@@ -8,7 +8,7 @@ stay dicts on the wire (orjson writes and reads them without a class in
 between: a busy sidecar sends tens of thousands a second).
 
 Parent → worker: run, cancel, steer, tool_result, ack, evict, clear, stop.
-Worker → parent: hello, frame, message, tool_call, steered, done, log.
+Worker → parent: hello, frame, message, tool_call, steered, done, evicted, log.
 
 Pure (no grpc): the worker imports it. ``encode``/``read_message``/
 ``open_stream`` let tests drive a real worker over its pipe.
@@ -152,6 +152,17 @@ class Steered(TypedDict):
     ok: bool
 
 
+class TurnReport(TypedDict):
+    """What the worker measured of one turn, for the parent's metrics
+    (turns/stats.py): each model call as ``[seconds, ok]`` (a call cut off by
+    a cancel or the timeout is left out), whether the session's agent was
+    warm, and how many agents the cache evicted (LRU) to make room for it."""
+    backend: str
+    model_calls: list[tuple[float, bool]]
+    cache_hit: bool
+    evicted: int
+
+
 class Done(TypedDict):
     type: Literal["done"]
     request_id: str
@@ -159,6 +170,15 @@ class Done(TypedDict):
     final_text: NotRequired[str]
     reason: NotRequired[str]
     message: NotRequired[str]
+    report: NotRequired[TurnReport]
+
+
+class Evicted(TypedDict):
+    """The worker's housekeeping shed warm agents (``why``: ttl or pressure)."""
+    type: Literal["evicted"]
+    why: str
+    count: int
+    keys: list[str]  # the first few, for the log
 
 
 def hello(pid: int, index: int, grpc_loaded: bool) -> Hello:
@@ -182,13 +202,28 @@ def steered(request_id: str, steer_id: str, ok: bool) -> Steered:
     return {"type": "steered", "request_id": request_id, "steer_id": steer_id, "ok": ok}
 
 
-def completed(request_id: str, final_text: str) -> Done:
-    return {"type": "done", "request_id": request_id, "ok": True, "final_text": final_text}
+def completed(request_id: str, final_text: str, report: TurnReport | None = None) -> Done:
+    out: Done = {"type": "done", "request_id": request_id, "ok": True, "final_text": final_text}
+    if report is not None:
+        out["report"] = report
+    return out
 
 
-def failed(request_id: str, reason: str, message_text: str) -> Done:
-    return {"type": "done", "request_id": request_id, "ok": False, "reason": reason,
-            "message": message_text}
+def failed(request_id: str, reason: str, message_text: str, report: TurnReport | None = None) -> Done:
+    out: Done = {"type": "done", "request_id": request_id, "ok": False, "reason": reason,
+                 "message": message_text}
+    if report is not None:
+        out["report"] = report
+    return out
+
+
+def turn_report(backend: str, model_calls: list[tuple[float, bool]], cache_hit: bool,
+                evicted: int) -> TurnReport:
+    return {"backend": backend, "model_calls": model_calls, "cache_hit": cache_hit, "evicted": evicted}
+
+
+def evicted(why: str, count: int, keys: list[str]) -> Evicted:
+    return {"type": "evicted", "why": why, "count": count, "keys": keys}
 
 
 def log(msg: str, level: str, **fields: Any) -> dict[str, Any]:

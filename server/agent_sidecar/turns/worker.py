@@ -38,6 +38,7 @@ class _TurnIO:
         self.steered: list[str] = []
         self.steering_open = True
         self.tool_waits: dict[str, asyncio.Future] = {}
+        self.model_calls: list[tuple[float, bool]] = []  # for the turn's report (wire.TurnReport)
 
     def frame(self, kind: str, body: dict[str, Any]) -> None:
         self.w.send(wire.frame_msg(self.rid, kind, body))
@@ -64,6 +65,9 @@ class _TurnIO:
 
     def close_steering(self) -> None:
         self.steering_open = False
+
+    def model_called(self, seconds: float, ok: bool) -> None:
+        self.model_calls.append((seconds, ok))
 
 
 class Worker:
@@ -178,7 +182,9 @@ class Worker:
 
     # -- one turn ---------------------------------------------------------------
 
-    def _agent_for(self, m: wire.Run) -> Agent:
+    def _agent_for(self, m: wire.Run) -> tuple[Agent, bool, int]:
+        """The session's agent, whether it was warm, and how many agents the
+        cache evicted to make room for it."""
         key = m["session_key"]
         agent = self.cache.get(key)
         texts = m["texts"]  # the turn's user messages: one, or a burst's (seqs base_seq on)
@@ -186,7 +192,7 @@ class Worker:
                 and agent.next_seq == m["base_seq"] and agent.unpersisted <= 0):
             for text in texts:
                 agent.add({"role": "user", "content": text})
-            return agent
+            return agent, True, 0
         # Miss (or the store moved on): rebuild from the committed transcript,
         # which already holds this turn's user messages.
         msgs = self.transcripts().load_for_model(m["session_id"])
@@ -197,14 +203,15 @@ class Worker:
         evicted = self.cache.put(agent)
         if evicted:
             self.log("agents evicted", "debug", why="lru", count=len(evicted), keys=evicted[:16])
-        return agent
+        return agent, False, len(evicted)
 
     async def _turn(self, m: wire.Run) -> None:
         rid = m["request_id"]
         profile = m["profile"]
-        agent = None
+        agent = io = None
+        hit, evicted = False, 0
         try:
-            agent = self._agent_for(m)
+            agent, hit, evicted = self._agent_for(m)
             io = _TurnIO(self, rid, agent)
             self.turns[rid] = (self.turns[rid][0], io)
             agent.in_turn = True
@@ -227,6 +234,8 @@ class Worker:
                 agent.in_turn = False
                 agent.last_used = self.cache.clock()
             self.turns.pop(rid, None)
+        if agent is not None:
+            done["report"] = wire.turn_report(profile["model"], io.model_calls if io else [], hit, evicted)
         self.send(done)
 
     async def _housekeeping(self) -> None:
@@ -234,7 +243,7 @@ class Worker:
             await asyncio.sleep(self.sweep_interval)
             for why, keys in (("ttl", self.cache.sweep_idle()), ("pressure", self.cache.sweep_pressure())):
                 if keys:
-                    self.log("agents evicted", why=why, count=len(keys), keys=keys[:16])
+                    self.send(wire.evicted(why, len(keys), keys[:16]))
 
 
 def worker_main(conn, index: int, settings: dict[str, Any]) -> None:

@@ -8,6 +8,7 @@ for each message a worker sends (wire.py declares the messages).
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import orjson
@@ -36,6 +37,13 @@ def on_message(m: TurnManager, h: WorkerHandle, msg: dict) -> None:
             if fut is not None and not fut.done():
                 fut.set_result(msg["ok"])
             return
+        case "evicted":
+            m.stats.evictions.add(msg["why"], msg["count"])
+            log.info("agents evicted", extra={"worker": h.index, "why": msg["why"], "count": msg["count"],
+                                              "keys": msg["keys"]})
+            return
+        case "done" if "report" in msg:  # counted even when the turn's end came first
+            m.stats.worker_report(msg["report"])
     turn = m.live.get(msg.get("request_id", ""))
     if turn is None or turn.closing:
         return
@@ -59,6 +67,8 @@ def _frame(m: TurnManager, turn: Turn, msg: wire.Frame) -> None:
             m.cancel_turn(turn, E.RESOURCE_EXHAUSTED)
         return
     kind, body = msg["kind"], msg["body"]
+    if kind == "text_delta" and not turn.first_token_seen:
+        m.stats.first_delta(turn)
     if kind == "usage":
         for k, v in body.items():
             turn.usage[k] = turn.usage.get(k, 0) + v
@@ -112,6 +122,7 @@ async def _run_tool(m: TurnManager, h: WorkerHandle, turn: Turn, msg: wire.ToolC
     """One tool call, answered to the worker. A call the registry refuses
     (the host may not serve this session's platform) is answered with
     ``refused``: the agent loop then ends the turn with that reason."""
+    namespace, t0, ok = m.tools.namespace_of(msg["name"]), time.monotonic(), False
     try:
         ok, result = await m.tools.invoke(msg["name"], msg["arguments"], {
             "session_key": turn.key, "session_id": turn.sid, "request_id": turn.rid},
@@ -121,6 +132,7 @@ async def _run_tool(m: TurnManager, h: WorkerHandle, turn: Turn, msg: wire.ToolC
         reply = wire.tool_result(turn.rid, msg["call_id"], False,
                                  orjson.dumps({"error": e.message, "reason": e.reason}).decode(),
                                  refused=e.reason)
+    m.stats.tool_call(namespace, time.monotonic() - t0, ok)
     h.send(reply)
 
 

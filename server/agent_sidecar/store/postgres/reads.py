@@ -129,3 +129,8 @@ async def lease_holder(conn, key: str) -> LeaseHolder | None:
     row = await _one(conn, "SELECT node_id, address, epoch, extract(epoch FROM expires_at - now())::float8"
                            " FROM leases WHERE session_key = %s AND expires_at > now()", (key,))
     return LeaseHolder(key, row[0], row[1], row[2], row[3]) if row else None
+
+
+async def database_size(conn) -> int:
+    row = await _one(conn, "SELECT pg_database_size(current_database())")
+    return int(row[0]) if row else 0
