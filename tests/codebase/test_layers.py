@@ -24,8 +24,8 @@ ALLOWED = {
     "models": {"errors"},
     "turns": {"store", "sessions", "recovery", "tools", "models", "errors", "config", "delivery",
               "children", "v1", "meters"},
-    "cluster": {"turns", "store", "recovery", "errors", "config", "v1"},
-    "api": {"cluster", "turns", "store", "sessions", "tools", "errors", "config", "delivery", "heap", "v1"},
+    "cluster": {"turns", "store", "recovery", "errors", "config", "v1", "tls"},
+    "api": {"cluster", "turns", "store", "sessions", "tools", "errors", "config", "delivery", "heap", "v1", "tls"},
 }
 
 

@@ -2,8 +2,8 @@
 and show it, as a table (default) or as one JSON object (``--json``).
 
 Exit status 0 with an answer, 1 without one (no sidecar, no admin
-credential over TCP, no answer within the timeout); the reason goes to
-stderr.
+credential over TCP, no answer within the timeout), 2 for target options that
+cannot work (connection.py); the reason goes to stderr.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import sys
 from datetime import datetime, timezone
 from typing import Any
 
+from .connection import TargetError, call_metadata, open_channel
+
 
 def run(args) -> int:
     import grpc
@@ -20,8 +22,13 @@ def run(args) -> int:
     from ..v1 import status_service_pb2 as pb
     from ..v1 import status_service_pb2_grpc as pb_grpc
 
-    metadata = [("authorization", f"Bearer {args.token}")] if args.token else None
-    with grpc.insecure_channel(args.target) as channel:
+    try:
+        channel = open_channel(args)
+    except TargetError as e:
+        print(f"agent-sidecar status: {e}", file=sys.stderr)
+        return 2
+    metadata = call_metadata(args)
+    with channel:
         try:
             response = pb_grpc.StatusServiceStub(channel).GetStatus(
                 pb.GetStatusRequest(), metadata=metadata, timeout=args.timeout)
