@@ -200,3 +200,35 @@ def test_a_restarted_node_takes_its_lanes_back_and_runs_what_was_queued(nodes):
     assert closed[-1].failed.reason == "restart_interrupted"
     ran = wait_until(lambda: ended(queued.request_id), timeout=CALM_TTL * 0.7, what="the queued prompt run", interval=0.2)
     assert [kind_of(f) for f in ran].count("started") == 1 and kind_of(ran[-1]) == "completed"
+
+
+def test_calls_between_nodes_go_over_mtls_when_the_cluster_has_a_ca(tmp_path, cluster_dsn):
+    from helpers import certs
+    from helpers.cluster import Node
+    from sidecar_proc import free_port
+    if not certs.available():
+        pytest.skip("needs openssl to make certificates")
+    c = certs.make_certs(tmp_path / "certs")
+    made = []
+    for name in ("a", "b"):
+        port = free_port()  # the mTLS listener each node advertises to the other
+        listen = (f'[[listen]]\naddress = "127.0.0.1:{port}"\ncert = "{c.server_cert}"\n'
+                  f'key = "{c.server_key}"\nclient_ca = "{c.ca}"\n')
+        made.append(Node(tmp_path / name, name, cluster_dsn, echo(latency_ms=5) + listen,
+                         lease_ttl_s=CALM_TTL, cluster={
+                             "advertise": f"127.0.0.1:{port}", "ca_file": str(c.ca),
+                             "cert_file": str(c.client_cert), "key_file": str(c.client_key)}))
+    a, b = made
+    try:
+        for node in made:
+            node.start()
+        src = source("telegram")
+        first = PromptRun(a.prompts(), ppb.PromptRequest(request_id=rid("m1"), text="one", source=src),
+                          background=False)
+        second = PromptRun(b.prompts(), ppb.PromptRequest(request_id=rid("m2"), text="two", source=src),
+                           background=False)  # a holds the lane: forwarded to a over mTLS
+        assert first.kinds()[-1] == "completed" and second.kinds()[-1] == "completed", second.details
+        assert log_lines(b, "lane holder unreachable") == []
+    finally:
+        for node in made:
+            node.stop(timeout=30)

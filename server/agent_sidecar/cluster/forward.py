@@ -25,6 +25,7 @@ import grpc
 
 from ..config import Config
 from ..errors import LANE_MOVED, SidecarError
+from ..tls import read_pem, target_is_local
 from ..turns.leasing import LaneElsewhere
 from ..v1 import prompt_service_pb2_grpc, session_service_pb2_grpc
 
@@ -53,6 +54,7 @@ class Forwarder:
             (("authorization", f"Bearer {cfg.cluster.token}"),) if cfg.cluster.token else ())
         self._options = [("grpc.max_send_message_length", max_message_bytes),
                          ("grpc.max_receive_message_length", max_message_bytes)]
+        self._credentials = _peer_credentials(cfg)
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def _call(self, e: LaneElsewhere, service: str, method: str):
@@ -60,7 +62,10 @@ class Forwarder:
             raise moved(e, "which advertises no address")
         channel = self._channels.get(e.address)
         if channel is None:
-            channel = self._channels[e.address] = grpc.aio.insecure_channel(e.address, options=self._options)
+            channel = self._channels[e.address] = (
+                grpc.aio.secure_channel(e.address, self._credentials, options=self._options)
+                if self._credentials is not None else
+                grpc.aio.insecure_channel(e.address, options=self._options))
         return getattr(_STUBS[service](channel), method)
 
     def _timeout(self, context) -> float | None:
@@ -95,6 +100,19 @@ class Forwarder:
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+
+
+def _peer_credentials(cfg: Config) -> grpc.ChannelCredentials | None:
+    """TLS to the other sidecars when ``[cluster] ca_file`` is set (with a
+    client certificate for their mTLS listeners when ``cert_file`` is)."""
+    c = cfg.cluster
+    if not c.ca_file:
+        if c.token and not all(target_is_local(a) for a in (c.advertise,) if a):
+            log.warning("calls between sidecars carry the cluster token in cleartext: set "
+                        "[cluster] ca_file (TLS listeners) unless the network is private")
+        return None
+    chain = read_pem(c.cert_file) if c.cert_file else None
+    return grpc.ssl_channel_credentials(read_pem(c.ca_file), read_pem(c.key_file) if chain else None, chain)
 
 
 def _from_sidecar(err: grpc.aio.AioRpcError) -> bool:
