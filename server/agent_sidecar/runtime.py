@@ -18,9 +18,11 @@ import signal
 import stat
 
 from .children import tune_gc
+from . import __version__
 from .config import Config
 from .heap import return_large_blocks
 from .obs.live import Live
+from .obs import tracing
 from .sdnotify import notify
 from .store import Store, StoreUnavailable, open_store
 from .store.jobs import index_messages
@@ -135,6 +137,7 @@ class Sidecar:
             leases.attach(self.turns)
         # Spawned before any gRPC thread exists, the writer and the workers in parallel.
         await asyncio.gather(self.store.start(), self.turns.start_workers())
+        tracing.configure(__version__)  # after the spawns: its export thread is not theirs
         return_large_blocks()  # the memory of a large request goes back once it is gone
         if sc.backend == "postgres":  # [cluster] every node's frames to this node's watchers
             from .cluster.tail import FrameTail
@@ -218,6 +221,7 @@ class Sidecar:
             await self.turns.stop()
         if self.tail is not None:
             await self.tail.stop()
+        await asyncio.to_thread(tracing.shutdown)  # what the exporters hold goes out
         if self.store is not None:
             if not self.exit_code:
                 try:  # the full-text index complete on disk, as a clean stop should leave it

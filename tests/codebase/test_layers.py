@@ -22,10 +22,12 @@ ALLOWED = {
     "recovery": {"sessions", "store", "errors", "delivery"},
     "tools": {"errors"},
     "models": {"errors"},
+    "obs": {"delivery", "__version__"},  # below what it observes: it reads turns and calls by attribute
     "turns": {"store", "sessions", "recovery", "tools", "models", "errors", "config", "delivery",
-              "children", "v1", "meters"},
+              "children", "v1", "meters", "obs", "logs"},
     "cluster": {"turns", "store", "recovery", "errors", "config", "v1", "tls"},
-    "api": {"cluster", "turns", "store", "sessions", "tools", "errors", "config", "delivery", "heap", "v1", "tls"},
+    "api": {"cluster", "turns", "store", "sessions", "tools", "errors", "config", "delivery", "heap", "v1", "tls",
+            "obs", "logs"},
 }
 
 

@@ -204,7 +204,7 @@ export class FakeSidecar {
         for (const tool of m.value.tools) {
           this.toolHosts.set(tool.name, ({ name, args }) => {
             const id = randomUUID();
-            const inv = { invocationId: id, toolName: name, argumentsJson: args, sessionKey: "", sessionId: "", requestId: "", timeoutMs: 5000 };
+            const inv = { invocationId: id, toolName: name, argumentsJson: args, sessionKey: "", sessionId: "", requestId: "", timeoutMs: 5000 , traceContext: {} };
             call.write({ message: { $case: "invocation", value: inv } });
             return new Promise((r) => pending.set(id, r));
           });

@@ -28,6 +28,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ..config import Config, Listener
+from ..obs.rpc import interceptors
 from ..tls import host_of, is_loopback, read_pem
 from ..v1 import prompt_service_pb2, prompt_service_pb2_grpc, session_service_pb2
 from ..v1 import session_service_pb2_grpc, tool_service_pb2, tool_service_pb2_grpc
@@ -93,7 +94,7 @@ def build_server(cfg: Config, services: list,
     StatusService instances), each call through the boundary (auth, size, parse, caps), plus
     health and reflection (as gRPC serves them); listeners bound."""
     caps = Caps(cfg.limits)
-    server = grpc.aio.server(options=server_options(caps))
+    server = grpc.aio.server(options=server_options(caps), interceptors=interceptors())
     edge = Boundary(server, auth, caps)
     for service in services:
         _ADD[type(service).__name__](service, edge)

@@ -20,6 +20,7 @@ nothing is delivered before it is durable.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 import time
@@ -28,6 +29,7 @@ from typing import Any, Callable
 
 import orjson
 
+from ..obs import turnlog
 from ..sessions import transcripts as tx
 from ..store import StoreUnavailable
 from ..store.records import Append, FrameRecord
@@ -266,7 +268,9 @@ class FrameBus:
             self._requeue(frames, writes, thens, tags)
             return
         self.store.flush()  # this loop iteration's frames are gathered: no need to wait for the next
-        fut.add_done_callback(functools.partial(self._committed, flight))
+        # Run in a context of its own: a flush carries many turns' frames, so
+        # its callbacks are none of them (logs.TURN, the current span).
+        fut.add_done_callback(functools.partial(self._committed, flight), context=contextvars.Context())
         self._sent_no = no
         self._flights.append(flight)
 
@@ -348,6 +352,7 @@ class FrameBus:
         if kind in TERMINAL:
             turn.ended(frame)
             stats.turn_ended(turn, kind, frame.failed.reason if kind == "failed" else "")
+            turnlog.finished(turn, frame)
 
     def to_watchers(self, frame, key: str, platform: str, size: int) -> None:
         """Hand a committed frame to the watchers of its key and platform."""

@@ -105,6 +105,7 @@ class Turn:
     # whether its first text delta came in.
     began_at: float = 0.0
     first_token_seen: bool = False
+    span: Any = None  # its trace span while tracing is on (obs/otel.py)
 
     @classmethod
     def restored(cls, **kw) -> "Turn":

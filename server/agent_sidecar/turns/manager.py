@@ -21,6 +21,7 @@ from typing import Any
 
 from .. import errors as E
 from ..config import Config
+from ..obs import tracing
 from ..sessions.source import SessionSource
 from ..store import Store
 from ..tools.registry import ToolRegistry
@@ -199,6 +200,8 @@ class TurnManager:
         turn = Turn(rid=rid, key=key, platform=platform, profile=profile, text=text,
                     delivery=delivery or FOLLOW_UP, timeout_s=timeout_s, payload=payload,
                     epoch=epoch)
+        if tracing.ACTIVE is not None:
+            tracing.ACTIVE.turn_began(turn)  # a child of the Prompt RPC's span
         # Reserved before any await: a twin call with this request id follows
         # this turn (and hears it if it is refused) instead of placing its own.
         self.live[rid] = turn
@@ -329,6 +332,8 @@ class TurnManager:
         msg = wire.run(turn.rid, turn.key, turn.sid, res.rev, res.base_seq, turn.user_texts(),
                        profile.wire, system_prompt, self.tools.specs_for(profile.tools, turn.platform),
                        turn.timeout_s)
+        if tracing.ACTIVE is not None:  # its model calls' HTTP requests carry it on
+            msg["traceparent"] = tracing.ACTIVE.traceparent(turn)
         if h.ready.is_set():
             h.send(msg)
         else:

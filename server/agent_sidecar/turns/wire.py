@@ -8,7 +8,7 @@ stay dicts on the wire (orjson writes and reads them without a class in
 between: a busy sidecar sends tens of thousands a second).
 
 Parent → worker: run, cancel, steer, tool_result, ack, evict, clear, stop.
-Worker → parent: hello, frame, message, tool_call, steered, done, evicted, log.
+Worker → parent: hello, frame, message, tool_call, steered, done, evicted, log, model_call.
 
 Pure (no grpc): the worker imports it. ``encode``/``read_message``/
 ``open_stream`` let tests drive a real worker over its pipe.
@@ -40,6 +40,9 @@ class Run(TypedDict):
     system_prompt: str
     tools: list[dict[str, Any]]
     timeout_s: float
+    # Tracing on: the turn span's W3C traceparent; each model call's HTTP
+    # request carries one naming a child span, reported back as a ModelCall.
+    traceparent: NotRequired[str]
 
 
 class Cancel(TypedDict):
@@ -181,6 +184,22 @@ class Evicted(TypedDict):
     keys: list[str]  # the first few, for the log
 
 
+class ModelCall(TypedDict):
+    """One model call of a traced turn, reported when it is over: the span
+    id its traceparent named and its wall-clock start and end (ns)."""
+    type: Literal["model_call"]
+    request_id: str
+    span_id: str  # 16 hex digits
+    start_ns: int
+    end_ns: int
+    iteration: int
+    backend: str  # the profile's model backend (openai, echo, ...)
+    model: str  # its model_options.model, when it has one
+    input_tokens: int
+    output_tokens: int
+    error: str  # why it failed; "" when it did not
+
+
 def hello(pid: int, index: int, grpc_loaded: bool) -> Hello:
     return {"type": "hello", "pid": pid, "index": index, "grpc_loaded": grpc_loaded}
 
@@ -224,6 +243,13 @@ def turn_report(backend: str, model_calls: list[tuple[float, bool]], cache_hit: 
 
 def evicted(why: str, count: int, keys: list[str]) -> Evicted:
     return {"type": "evicted", "why": why, "count": count, "keys": keys}
+
+
+def model_call(request_id: str, span_id: str, start_ns: int, end_ns: int, iteration: int,
+               backend: str, model: str, input_tokens: int, output_tokens: int, error: str) -> ModelCall:
+    return {"type": "model_call", "request_id": request_id, "span_id": span_id, "start_ns": start_ns,
+            "end_ns": end_ns, "iteration": iteration, "backend": backend, "model": model,
+            "input_tokens": input_tokens, "output_tokens": output_tokens, "error": error}
 
 
 def log(msg: str, level: str, **fields: Any) -> dict[str, Any]:

@@ -24,10 +24,12 @@ import orjson
 
 from .. import errors as E
 from ..children import Channel, open_channel, tune_gc
+from ..logs import TURN, bind_turn
 from ..models.registry import load_backend
 from .agent import Agent, ToolRefused, TurnFailed, TurnSpec, run_turn
 from . import wire
 from .cache import AgentCache
+from .model_trace import TracedBackend
 
 
 class _TurnIO:
@@ -94,6 +96,9 @@ class Worker:
     def log(self, msg: str, level: str = "info", **fields) -> None:
         if level == "debug" and not self.debug:
             return  # per-turn chatter costs the parent's loop; only when asked for
+        bound = TURN.get()  # logged while a turn runs (its task): the turn's ids
+        if bound is not None:
+            fields = {"request_id": bound[0], "session_key": bound[1], **fields}
         self.send(wire.log(msg, level, **fields))
 
     def transcripts(self):
@@ -210,6 +215,7 @@ class Worker:
         profile = m["profile"]
         agent = io = None
         hit, evicted = False, 0
+        bind_turn(rid, m["session_key"])  # this task's log lines are the turn's
         try:
             agent, hit, evicted = self._agent_for(m)
             io = _TurnIO(self, rid, agent)
@@ -218,8 +224,10 @@ class Worker:
             spec = TurnSpec(system_prompt=m["system_prompt"], tools=m["tools"],
                             scopes=profile.get("tools", []),
                             max_iterations=profile.get("max_iterations", 25), request_id=rid)
-            final = await asyncio.wait_for(run_turn(agent, self.backend(profile), spec, io),
-                                           m["timeout_s"])
+            backend = self.backend(profile)
+            if "traceparent" in m:
+                backend = TracedBackend(backend, m["traceparent"], rid, profile, self.send)
+            final = await asyncio.wait_for(run_turn(agent, backend, spec, io), m["timeout_s"])
             done = wire.completed(rid, final)
         except TurnFailed as e:
             done = wire.failed(rid, e.reason, e.message)
