@@ -15,6 +15,7 @@ import random
 import threading
 import time
 
+import grpc
 import pytest
 
 from helpers.config import echo
@@ -170,6 +171,18 @@ def test_a_stalled_holder_is_fenced_after_its_lane_is_taken_over(nodes):
     again = PromptRun(a.prompts(), ppb.PromptRequest(request_id=rid("after"), text="hi", source=src),
                       background=False)
     assert again.kinds()[-1] == "completed", (again.kinds(), again.details)
+
+
+def test_the_holders_refusal_of_a_forwarded_prompt_reaches_the_caller_as_it_is(nodes):
+    a, b = nodes(2, echo(latency_ms=100), ttl=CALM_TTL)
+    src = source("telegram")
+    busy = start(a.prompts(), ppb.PromptRequest(request_id=rid("busy"), text="slow " * 20, source=src))
+    busy.wait_for("started")
+    rejected = PromptRun(b.prompts(), ppb.PromptRequest(
+        request_id=rid("rej"), text="now?", source=src,
+        delivery=ppb.DeliveryMode.Value("DELIVERY_MODE_REJECT_IF_BUSY")), background=False)
+    assert rejected.code == grpc.StatusCode.ABORTED, (rejected.code, rejected.details)
+    assert rejected.reason == "AGENT_BUSY"  # the holder's ErrorInfo, relayed
 
 
 def test_a_twin_sent_to_another_node_gets_the_original_turns_frames(nodes):

@@ -94,7 +94,7 @@ class Forwarder:
             log.warning("lane holder unreachable", extra={"node": e.node_id, "address": e.address,
                                                           "error": err.details()})
             raise moved(e, f"which cannot be reached at {e.address}")
-        await context.abort(err.code(), err.details() or "", err.trailing_metadata())
+        await context.abort(err.code(), err.details() or "", tuple(err.trailing_metadata() or ()))
 
     async def close(self) -> None:
         for channel in self._channels.values():

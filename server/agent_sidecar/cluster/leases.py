@@ -127,12 +127,14 @@ class ClusterLeases:
             if self._manager is not None:
                 supervision.abandon(self._manager, key)
 
-    def refused(self, keys: Iterable[str], writes: int) -> None:
-        """The store fenced ``writes`` writes of these lanes."""
+    def refused(self, epochs: dict[str, int], writes: int) -> None:
+        """The store fenced ``writes`` writes of these lanes, written under
+        these epochs. A lane held anew since (a newer epoch: its old turns were
+        dropped when it was taken) stays; the others stop here."""
         self.fenced_writes += writes
-        log.warning("fenced writes refused", extra={"keys": sorted(keys), "writes": writes,
+        log.warning("fenced writes refused", extra={"keys": sorted(epochs), "writes": writes,
                                                     "total": self.fenced_writes})
-        self.lost(keys)
+        self.lost([k for k, e in epochs.items() if self.held.get(k, 0) <= e])
 
     # -- the node's life ------------------------------------------------------------------
 

@@ -135,23 +135,33 @@ class Subscriber:
         return frame
 
 
-def _fence(frames: list[tuple], tags: list[tuple[str, int]]) -> dict[str, int]:
+def _fence(frames: list[tuple], owners: list) -> dict[str, int]:
     """The lease epochs a flush is written under: per lane, the oldest epoch
     among its items (a lane's items of two epochs: the older is refused first)."""
     fence: dict[str, int] = {}
-    for key, epoch in [(f[1].key, f[1].epoch) for f in frames] + tags:
+    for turn in [f[1] for f in frames] + owners:
+        key, epoch = turn.key, turn.epoch
         if epoch and (key not in fence or epoch < fence[key]):
             fence[key] = epoch
     return fence
 
 
-def _without(keys: set[str], frames, writes, thens, tags) -> tuple:
-    """A flush's items minus those of ``keys``, and how many were dropped."""
-    kept_frames = [f for f in frames if f[1].key not in keys]
-    keep = [i for i, tag in enumerate(tags) if tag[0] not in keys]
-    dropped = len(frames) - len(kept_frames) + len(tags) - len(keep)
-    return (kept_frames, [writes[i] for i in keep], [thens[i] for i in keep], [tags[i] for i in keep],
+def _without(gone: Callable[[Any], bool], frames, writes, thens, owners) -> tuple:
+    """A flush's items minus those whose turn is ``gone``, and how many were dropped."""
+    kept_frames = [f for f in frames if not gone(f[1])]
+    keep = [i for i, turn in enumerate(owners) if not gone(turn)]
+    dropped = len(frames) - len(kept_frames) + len(owners) - len(keep)
+    return (kept_frames, [writes[i] for i in keep], [thens[i] for i in keep], [owners[i] for i in keep],
             dropped)
+
+
+def _dropped(turn) -> bool:
+    return turn.dropped
+
+
+def _fenced_by(epochs: dict[str, int]) -> Callable[[Any], bool]:
+    """Items of a turn written under a refused epoch (or an older one)."""
+    return lambda turn: turn.key in epochs and turn.epoch <= epochs[turn.key]
 
 
 def _wake(fut: asyncio.Future | None) -> None:
@@ -160,14 +170,14 @@ def _wake(fut: asyncio.Future | None) -> None:
 
 
 class FrameBus:
-    """``on_fenced(keys, count)`` (a cluster, turns/leasing.py): every frame and
+    """``on_fenced(epochs, count)`` (a cluster, turns/leasing.py): every frame and
     write carries its turn's lane and lease epoch, each flush is fenced on
     them in the store, and a flush refused because lanes moved is sent again
     without those lanes' items, which are reported here."""
 
     def __init__(self, store, buffer_frames: int = 10_000, buffer_bytes: int = 8 << 20,
                  stats: TurnStats | None = None,
-                 on_fenced: Callable[[list[str], int], None] | None = None):
+                 on_fenced: Callable[[dict[str, int], int], None] | None = None):
         self.store = store
         self.stats = stats or TurnStats()  # frames persisted, turns ended (turns/stats.py)
         self.buffer_frames, self.buffer_bytes = buffer_frames, buffer_bytes  # per Subscriber
@@ -175,7 +185,7 @@ class FrameBus:
         self._frames: list[tuple] = []  # (row, turn, kind, body)
         self._writes: list[tuple] = []  # (FN, (fn, args) or None) or (MSG, append_many item)
         self._thens: list[Callable | None] = []  # one per write: run after commit
-        self._tags: list[tuple[str, int]] = []  # one per write: its turn's (lane, epoch)
+        self._owners: list = []  # one per write: its turn (its lane and lease epoch)
         self._scheduled = False
         self._flights: deque = deque()  # sent, not answered yet: (no, frames, writes, thens)
         self._undone: list[tuple] = []  # answered without committing, to send again
@@ -205,7 +215,7 @@ class FrameBus:
         if write is not None or then is not None:
             self._writes.append((FN, write))
             self._thens.append(then)
-            self._tags.append((turn.key, turn.epoch))
+            self._owners.append(turn)
         self._frames.append(((turn.rid, seq, turn.key, turn.sid, turn.platform, at, kind,
                               orjson.dumps(body) if body else None), turn, kind, body))
         self._schedule()
@@ -215,7 +225,7 @@ class FrameBus:
         keeping order with frames."""
         self._writes.append((FN, (fn, args)))
         self._thens.append(then)
-        self._tags.append((turn.key, turn.epoch))
+        self._owners.append(turn)
         self._schedule()
 
     def append_message(self, turn, msg: dict[str, Any], then: Callable | None = None) -> None:
@@ -224,7 +234,7 @@ class FrameBus:
         self._writes.append((MSG, Append(turn.sid, (tx.from_model(msg),), turn.rid,
                                          touch_lane=False)))
         self._thens.append(then)
-        self._tags.append((turn.key, turn.epoch))
+        self._owners.append(turn)
         self._schedule()
 
     def _schedule(self) -> None:
@@ -250,22 +260,23 @@ class FrameBus:
             if self._flights:
                 return
             self._resync = False
-            for _, frames, writes, thens, tags in reversed(self._undone):
-                self._requeue(frames, writes, thens, tags)
+            for _, frames, writes, thens, owners in reversed(self._undone):
+                # Not again for turns dropped meanwhile (their lane's lease was lost).
+                self._requeue(*_without(_dropped, frames, writes, thens, owners)[:4])
             self._undone.clear()
             self._sent_no = self._committed_no
         if not self._frames and not self._writes:
             return
-        frames, writes, thens, tags = self._frames, self._writes, self._thens, self._tags
-        self._frames, self._writes, self._thens, self._tags = [], [], [], []
+        frames, writes, thens, owners = self._frames, self._writes, self._thens, self._owners
+        self._frames, self._writes, self._thens, self._owners = [], [], [], []
         no = self._sent_no + 1
-        flight = (no, frames, writes, thens, tags)
-        fence = _fence(frames, tags) if self.on_fenced is not None else None
+        flight = (no, frames, writes, thens, owners)
+        fence = _fence(frames, owners) if self.on_fenced is not None else None
         try:
             fut = self.store.write(run_flush, (no, self._sent_no), [item[0] for item in frames],
                                    writes, fence, retry=retry)
         except StoreUnavailable:
-            self._requeue(frames, writes, thens, tags)
+            self._requeue(frames, writes, thens, owners)
             return
         self.store.flush()  # this loop iteration's frames are gathered: no need to wait for the next
         # Run in a context of its own: a flush carries many turns' frames, so
@@ -282,17 +293,18 @@ class FrameBus:
         if fault is None:  # writable again: what waited goes now
             self._schedule()
 
-    def _requeue(self, frames, writes, thens, tags) -> None:
+    def _requeue(self, frames, writes, thens, owners) -> None:
         """Put a flush that did not commit back at the head of the queue."""
         self._frames, self._writes = frames + self._frames, writes + self._writes
-        self._thens, self._tags = thens + self._thens, tags + self._tags
+        self._thens, self._owners = thens + self._thens, owners + self._owners
 
     def forget(self, key: str) -> None:
         """Drop what is queued (not sent) for lane ``key``: this node lost its
         lease (TurnManager.abandon); the store would refuse it anyway."""
-        self._frames, self._writes, self._thens, self._tags = _without(
-            {key}, self._frames, self._writes, self._thens, self._tags)[:4]
-        self._undone = [(no, *_without({key}, *rest)[:4]) for no, *rest in self._undone]
+        gone = lambda turn: turn.key == key  # noqa: E731
+        self._frames, self._writes, self._thens, self._owners = _without(
+            gone, self._frames, self._writes, self._thens, self._owners)[:4]
+        self._undone = [(no, *_without(gone, *rest)[:4]) for no, *rest in self._undone]
 
     def idle(self) -> bool:
         """Nothing published is waiting for its commit (queued or in flight)."""
@@ -310,9 +322,9 @@ class FrameBus:
             self._resync = True
             if isinstance(value, LeaseLost):  # sent again without the moved lanes' items
                 no, *rest = flight
-                *kept, dropped = _without(set(value.keys), *rest)
+                *kept, dropped = _without(_fenced_by(value.epochs), *rest)
                 self._undone.append((no, *kept))
-                self.on_fenced(value.keys, dropped)
+                self.on_fenced(value.epochs, dropped)
             elif isinstance(value, (StoreUnavailable, FlushOutOfOrder)):  # kept, in order
                 self._undone.append(flight)
             else:  # not the store's fault: a retry would fail the same way

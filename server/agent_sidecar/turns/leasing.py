@@ -42,24 +42,30 @@ class LaneLeases(Protocol):
         """Raise LaneElsewhere when another live node holds the lane (a read:
         no lease is taken)."""
 
-    def lost(self, keys: Iterable[str]) -> None:
-        """The store refused writes of these lanes (their epoch moved)."""
+    def refused(self, epochs: dict[str, int], writes: int) -> None:
+        """The store refused ``writes`` writes of these lanes at these epochs
+        (their epoch moved): the lanes stop here unless held anew since."""
 
     async def stop(self) -> None:
         """A clean stop: every lane let go, the node's marker written."""
 
 
 class LeaseLost(SidecarError):
-    """The store refused a write of these lanes: their lease epoch moved (another
-    node took them over). What the write belonged to was not acknowledged."""
+    """The store refused a write of these lanes (lane -> the epoch it was
+    written under): the epoch moved on (another node, or this node anew, took
+    the lane). What the write belonged to was not acknowledged."""
 
-    def __init__(self, keys: Iterable[str]):
-        self.keys = sorted(keys)
+    def __init__(self, epochs: dict[str, int]):
+        self.epochs = dict(epochs)
         super().__init__(LANE_MOVED, "the session's lane is run by another sidecar now; retry",
                          retry_after_s=0.2)
 
+    @property
+    def keys(self) -> list[str]:
+        return sorted(self.epochs)
+
     def __reduce__(self):  # raised in the writer process, re-raised in the parent
-        return (LeaseLost, (self.keys,))
+        return (LeaseLost, (self.epochs,))
 
 
 def check_fence(uow, fences: dict[str, int] | None) -> None:
@@ -69,4 +75,4 @@ def check_fence(uow, fences: dict[str, int] | None) -> None:
     if fences and uow.leases is not None:
         lost = uow.leases.fenced(uow.node_id, fences)
         if lost:
-            raise LeaseLost(lost)
+            raise LeaseLost({k: fences[k] for k in lost})

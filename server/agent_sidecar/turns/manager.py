@@ -288,7 +288,7 @@ class TurnManager:
         """A prompt refused before its accept committed leaves no trace; a twin
         call following it gets the same answer (see PromptService._follow)."""
         if isinstance(error, LeaseLost) and self.leases is not None:
-            self.leases.refused(error.keys, 1)  # the lane's turns here end, this one too
+            self.leases.refused(error.epochs, 1)  # the lane's turns here end, this one too
             return
         if self.live.get(turn.rid) is turn:
             del self.live[turn.rid]

@@ -222,7 +222,7 @@ def abandon(m: TurnManager, key: str) -> None:
     over closes or reruns them from the ledger. Their streams end with
     LANE_MOVED: a retry with the same request id follows the turn there."""
     lane = m.lanes.pop(key, None)
-    error = LeaseLost([key])
+    error = LeaseLost({key: 0})
     for turn in [t for t in m.live.values() if t.key == key]:
         del m.live[turn.rid]
         if turn.began and turn.worker is not None and not turn.finished:

@@ -10,7 +10,7 @@ takes the same lane back, which gives it a new epoch.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 import psycopg
 
@@ -18,14 +18,18 @@ from ..records import LeaseGrant, LeaseHolder
 
 
 class PostgresLeases:
-    def __init__(self, conn: psycopg.Connection):
-        self.conn = conn
+    """Every operation that locks lease rows takes the frames lock first
+    (``order``): one lock order for every writer of the cluster."""
+
+    def __init__(self, conn: psycopg.Connection, order: Callable[[], None]):
+        self.conn, self.order = conn, order
 
     def take(self, key: str, node_id: str, address: str, ttl_s: float) -> LeaseGrant | LeaseHolder:
         """The lane's lease for ``node_id``: new, run out, let go, or already
         this node's (then its epoch moves on too: a restarted node takes its
         lanes back as a new holder). Held by another node and alive: who
         holds it. Concurrent takes of one lane serialise on its row: one wins."""
+        self.order()
         row = self.conn.execute(
             "WITH old AS (SELECT node_id, released AS clean FROM leases"
             " WHERE session_key = %(key)s FOR UPDATE)"
@@ -48,6 +52,7 @@ class PostgresLeases:
         """Of these lanes, those whose lease no longer names ``node_id`` at
         that epoch. The rows are locked FOR SHARE until the transaction ends:
         no takeover can commit between this check and this job's commit."""
+        self.order()
         rows = self.conn.execute(
             "SELECT session_key, node_id, epoch FROM leases WHERE session_key = ANY(%s) FOR SHARE",
             (list(epochs),)).fetchall()
@@ -57,6 +62,7 @@ class PostgresLeases:
     def renew(self, node_id: str, keys: Iterable[str], ttl_s: float) -> dict[str, int]:
         """Extend this node's leases on ``keys``; returns those still its own
         (lane -> epoch). A lane missing from the answer was taken over."""
+        self.order()
         return dict(self.conn.execute(
             "UPDATE leases SET expires_at = now() + make_interval(secs => %s)"
             " WHERE node_id = %s AND session_key = ANY(%s) RETURNING session_key, epoch",
@@ -65,6 +71,7 @@ class PostgresLeases:
     def release(self, key: str, node_id: str, epoch: int) -> None:
         """Let another node take the lane at once (the row and its epoch stay);
         the next holder knows it was let go, not lost."""
+        self.order()
         self.conn.execute("UPDATE leases SET expires_at = now(), released = true WHERE session_key = %s"
                           " AND node_id = %s AND epoch = %s", (key, node_id, epoch))
 

@@ -121,13 +121,23 @@ class PostgresFrames:
     def __init__(self, conn: psycopg.Connection):
         self.conn = conn
         self.written = 0  # the highest cursor this transaction inserted (0: none)
+        self.ordered = False  # this transaction holds FRAMES_LOCK
 
     def begin(self) -> None:
         self.written = 0
+        self.ordered = False
+
+    def order(self) -> None:
+        """Take FRAMES_LOCK for the rest of the transaction (once): frame
+        cursors then commit in order. Lease rows are locked only after it
+        (cluster.py), so two sidecars' writers never wait on each other in a
+        circle (one holding the frames lock, the other a lease row)."""
+        if not self.ordered:
+            self.conn.execute("SELECT pg_advisory_xact_lock(%s)", (FRAMES_LOCK,))
+            self.ordered = True
 
     def insert(self, new: Sequence[NewFrame]) -> int:
-        if not self.written:  # the first frame of this transaction: in commit order
-            self.conn.execute("SELECT pg_advisory_xact_lock(%s)", (FRAMES_LOCK,))
+        self.order()  # the first frame of this transaction: in commit order
         n = len(new)
         first = self.conn.execute("SELECT setval('frames_id_seq', nextval('frames_id_seq') + %s - 1) - %s + 1",
                                   (n, n)).fetchone()[0]

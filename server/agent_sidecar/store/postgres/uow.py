@@ -31,7 +31,7 @@ class PostgresUnitOfWork:
         self.frames = PostgresFrames(conn)
         self.restarts = PostgresRestarts(conn)
         self.turn_state = PostgresTurnState(conn)
-        self.leases = PostgresLeases(conn)
+        self.leases = PostgresLeases(conn, self.frames.order)
         self.nodes = PostgresNodes(conn)
 
     def begin(self) -> None:
