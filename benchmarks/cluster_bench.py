@@ -248,6 +248,8 @@ def forwarded(calls: dict, before: dict, after: dict, names: list[str]) -> tuple
     call that was not, and of the rest some were (which ones, the rows do not say)."""
     takes = {k: e - before.get(k, ("", 0))[1] for k, (_, e) in after.items()}
     low = high = 0
+    if len(names) == 1:  # nowhere to forward to
+        return sum(takes.values()), 0, 0
     for key, per_node in calls.items():
         if takes.get(key, 0) == 0 and key in before:
             low += sum(c for i, c in enumerate(per_node) if names[i] != before[key][0])
