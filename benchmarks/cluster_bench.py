@@ -142,8 +142,12 @@ class Client:
 
 def client_main(spec_json: str) -> int:
     import uvloop
-    sys.stdout.write(json.dumps(uvloop.run(Client(json.loads(spec_json)).main())) + "\n")
-    sys.stdout.flush()
+    spec = json.loads(spec_json)
+    result = uvloop.run(Client(spec).main())
+    # Through a file, not the pipe: stdout may be left non-blocking by the event
+    # loop, and a result larger than the pipe's buffer was then cut short.
+    Path(spec["out"]).write_text(json.dumps(result))
+    print("done", flush=True)
     sys.stdin.readline()  # stay alive until the driver has read our CPU time
     return 0
 
@@ -269,7 +273,7 @@ def run_config(root: Path, pg: Postgres, pg_root: int | None, cfg: tuple, rnd: i
         keys = nodes[0].create_sessions(args.sessions)
         spec = {"targets": [f"unix:{x.sock}" for x in nodes], "keys": keys, "seed": args.seed + rnd,
                 "run": uuid.uuid4().hex[:8], "in_flight": args.in_flight, "turns": args.turns,
-                "warmup": args.sessions, "affinity": affinity}
+                "warmup": args.sessions, "affinity": affinity, "out": str(root / f"{tag}-client.json")}
         r = drive(spec, nodes, pg_root, dsn)
     finally:
         for node in nodes:  # stop them together (a clean stop drains and lets go of leases)
@@ -302,9 +306,9 @@ def drive(spec: dict, nodes: list[Node], pg_root: int | None, dsn: str | None) -
         client.stdin.flush()
         line = client.stdout.readline()
         usage = cpu.stop()
-        if not line:
-            raise RuntimeError(f"the client died mid-run (exit {client.wait()})")
-        result, after = json.loads(line), leases(dsn)
+        if line.strip() != "done":
+            raise RuntimeError(f"the client died mid-run (exit {client.poll()})")
+        result, after = json.loads(Path(spec["out"]).read_text()), leases(dsn)
         client.stdin.write("exit\n")
         client.stdin.close()
         client.wait(30)
