@@ -37,7 +37,8 @@ CONFIG = (profile("main", "echo")
           + profile("stream", "echo", {"token_latency_ms": 5})
           + scripted("host", [{"text": "first answer", "token_latency_ms": 500}, {"echo_input": True}])
           + scripted("crash", [{"text": "x", "kill": "worker"}])
-          + f"[sidecar.limits]\nmax_frames_per_turn = {MAX_FRAMES}\n")
+          + f"[sidecar.limits]\nmax_frames_per_turn = {MAX_FRAMES}\n"
+          + "[stream]\ncoalesce_ms = 0\n")  # one frame per word: the limit is reached mid-stream
 
 # Every table that holds rows of a session (what DeleteSession removes).
 

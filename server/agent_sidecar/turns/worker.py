@@ -31,24 +31,61 @@ from .cache import AgentCache
 
 
 class _TurnIO:
-    """What one running turn sees of the outside world."""
+    """What one running turn sees of the outside world.
 
-    def __init__(self, worker: "Worker", rid: str, agent: Agent):
+    Text deltas are coalesced (``coalesce_s`` > 0): a delta that finds no
+    window open goes out at once and opens one; the deltas that arrive while
+    it is open go out together, as one ``text_delta`` whose text is theirs
+    concatenated, when it closes (and a new window opens behind them). So no
+    delta waits longer than one window, the first of a turn not at all, and
+    a model streaming faster than the window sends one frame per window.
+    Anything else the turn sends (another frame, a transcript message, a tool
+    call, its end) sends the waiting text first, so the order is the model's."""
+
+    def __init__(self, worker: "Worker", rid: str, agent: Agent, coalesce_s: float = 0.0):
         self.w, self.rid, self.agent = worker, rid, agent
         self.steered: list[str] = []
         self.steering_open = True
         self.tool_waits: dict[str, asyncio.Future] = {}
+        self.coalesce_s = coalesce_s
+        self._text: list[str] = []  # deltas waiting for their window to close
+        self._window: asyncio.TimerHandle | None = None
 
     def frame(self, kind: str, body: dict[str, Any]) -> None:
+        if kind == "text_delta" and self.coalesce_s > 0:
+            if self._window is not None:
+                self._text.append(body["text"])
+                return
+            self._window = asyncio.get_running_loop().call_later(self.coalesce_s, self._window_closed)
+        else:
+            self.flush_text()
         self.w.send(wire.frame_msg(self.rid, kind, body))
 
+    def _window_closed(self) -> None:
+        self._window = None
+        if self._text:
+            text, self._text = "".join(self._text), []
+            self._window = asyncio.get_running_loop().call_later(self.coalesce_s, self._window_closed)
+            self.w.send(wire.frame_msg(self.rid, "text_delta", {"text": text}))
+
+    def flush_text(self) -> None:
+        """Send the text waiting in the window now, and close the window."""
+        if self._window is not None:
+            self._window.cancel()
+            self._window = None
+        if self._text:
+            text, self._text = "".join(self._text), []
+            self.w.send(wire.frame_msg(self.rid, "text_delta", {"text": text}))
+
     def message(self, msg: dict[str, Any]) -> None:
+        self.flush_text()
         self.agent.unpersisted += 1
         self.w.send(wire.message(self.rid, msg))
 
     async def invoke_tool(self, call_id: str, name: str, arguments_json: str) -> tuple[bool, str]:
         fut = asyncio.get_running_loop().create_future()
         self.tool_waits[call_id] = fut
+        self.flush_text()
         self.w.send(wire.tool_call(self.rid, call_id, name, arguments_json))
         try:
             ok, result, refused = await fut
@@ -69,6 +106,7 @@ class _TurnIO:
 class Worker:
     def __init__(self, fileno: int, index: int, settings: dict[str, Any]):
         self.fileno, self.index, self.settings = fileno, index, settings
+        self.coalesce_s = float(settings.get("coalesce_ms", 0)) / 1000
         c = settings.get("cache", {})
         self.cache = AgentCache(max_size=c.get("max_size", 128), idle_ttl=c.get("idle_ttl_secs", 3600),
                                 memory_budget_bytes=c.get("memory_budget_bytes", 0),
@@ -202,10 +240,10 @@ class Worker:
     async def _turn(self, m: wire.Run) -> None:
         rid = m["request_id"]
         profile = m["profile"]
-        agent = None
+        agent = io = None
         try:
             agent = self._agent_for(m)
-            io = _TurnIO(self, rid, agent)
+            io = _TurnIO(self, rid, agent, self.coalesce_s)
             self.turns[rid] = (self.turns[rid][0], io)
             agent.in_turn = True
             spec = TurnSpec(system_prompt=m["system_prompt"], tools=m["tools"],
@@ -223,6 +261,8 @@ class Worker:
         except Exception as e:  # a backend bug must fail the turn, not the worker
             done = wire.failed(rid, E.LLM_API_FAILURE, f"{type(e).__name__}: {e}")
         finally:
+            if io is not None:
+                io.flush_text()  # what the model said goes out before the turn's end
             if agent is not None:
                 agent.in_turn = False
                 agent.last_used = self.cache.clock()
