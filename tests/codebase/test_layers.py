@@ -17,13 +17,13 @@ import agent_sidecar
 ROOT = Path(agent_sidecar.__file__).parent
 # What each package (or top-level module) may import of the sidecar's own.
 ALLOWED = {
-    "store": {"errors", "children", "logs"},
+    "store": {"errors", "children", "child", "logs"},
     "sessions": {"store", "errors"},
     "recovery": {"sessions", "store", "errors", "delivery"},
     "tools": {"errors"},
     "models": {"errors"},
     "turns": {"store", "sessions", "recovery", "tools", "models", "errors", "config", "delivery",
-              "children", "v1"},
+              "children", "child", "v1"},
     "api": {"turns", "store", "sessions", "tools", "errors", "config", "delivery", "heap", "v1"},
 }
 

@@ -1,8 +1,8 @@
 """``agent-sidecar``: serve, sessions, doctor, health, config, bench; ``--version``.
 
-This module is imported by every spawned worker (it is the console script's
-main module, which multiprocessing's spawn re-imports), so it imports nothing
-heavy at module level: grpc and the server come in inside the commands.
+It imports nothing heavy at module level (grpc and the server come in
+inside the commands), so ``agent-sidecar --help`` and the small commands
+start fast.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ methods. See interface.py for what every backend guarantees.
 
 from .faults import StoreUnavailable
 from .interface import Store, StoreOpenError, UnitOfWork, batched
-from .writer.client import StoreClosed
+from .faults import StoreClosed
 
 __all__ = ["Store", "StoreOpenError", "StoreClosed", "StoreUnavailable", "UnitOfWork",
            "batched", "open_store"]

@@ -42,8 +42,7 @@ inline (SQLite) or through its own async driver, and long scans off the loop.
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any, Callable, ContextManager, Iterable, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Protocol, Sequence, TypeVar
 
 from ..errors import SidecarError
 from .faults import StoreUnavailable  # noqa: F401  (the interface's error)
@@ -62,6 +61,9 @@ from .records import (
     SessionEntry,
     UsageDelta,
 )
+
+if TYPE_CHECKING:  # only in annotations: the store writer process runs no event loop
+    import asyncio
 
 R = TypeVar("R")
 

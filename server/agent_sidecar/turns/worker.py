@@ -1,7 +1,7 @@
 """A worker process: runs agent turns for the sessions that hash to it.
 
-Started with multiprocessing's ``spawn`` (never fork: grpcio is not fork-safe),
-eagerly, before the gRPC server exists. It imports no grpc — check
+Started as a fresh interpreter (children.spawn; never fork: grpcio is not
+fork-safe), eagerly, before the gRPC server exists. It imports no grpc — check
 ``grpc_loaded`` in its hello message — which keeps it at about half the memory.
 
 One uvloop loop serves many sessions' turns at once; the parent guarantees one
@@ -278,10 +278,10 @@ class Worker:
 
 
 def worker_main(conn, index: int, settings: dict[str, Any]) -> None:
-    """The spawn target. ``conn`` is our end of a multiprocessing Pipe."""
+    """The spawn target (children.spawn). ``conn`` is our end of the pipe (child.Pipe)."""
     import uvloop
 
-    from ..children import become_child
+    from ..child import become_child
     become_child(f"sidecar-work-{index}", settings["parent_pid"])
     worker = Worker(conn.fileno(), index, settings)
     uvloop.run(worker.run())
