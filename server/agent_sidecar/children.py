@@ -42,15 +42,23 @@ log = logging.getLogger("agent_sidecar.children")
 # -- the pipe ----------------------------------------------------------------------------
 
 class Channel(asyncio.Protocol):
+    """``pace_s`` > 0 paces the writes: one at most every ``pace_s`` seconds.
+    A message sent after a quiet spell still leaves at the end of its loop
+    iteration; under load, what is sent meanwhile waits (at most ``pace_s``)
+    and leaves in one write, so the other side wakes and reads once for many
+    messages."""
+
     def __init__(self, on_message: Callable[[Any], Any], on_lost: Callable[[], Any],
                  loads: Callable[[bytes], Any] = orjson.loads,
-                 dumps: Callable[[Any], bytes] = orjson.dumps):
+                 dumps: Callable[[Any], bytes] = orjson.dumps, pace_s: float = 0.0):
         self.on_message, self.on_lost = on_message, on_lost
         self.loads, self.dumps = loads, dumps
+        self.pace_s = pace_s
         self.transport: asyncio.Transport | None = None
         self._in = bytearray()
         self._out: list[bytes] = []
         self._scheduled = False
+        self._written_at = 0.0  # loop time of the last write (with pace_s)
 
     # -- sending ------------------------------------------------------------------
 
@@ -64,13 +72,20 @@ class Channel(asyncio.Protocol):
             self._flush()
         elif not self._scheduled:
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop = asyncio.get_running_loop()
+            wait = self._written_at + self.pace_s - loop.time() if self.pace_s else 0.0
+            if wait > 0:
+                loop.call_later(wait, self._flush)
+            else:
+                loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._scheduled = False
         out, self._out = self._out, []
         if out and self.transport is not None and not self.transport.is_closing():
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+            if self.pace_s:
+                self._written_at = asyncio.get_running_loop().time()
 
     def close(self) -> None:
         self._flush()
@@ -112,7 +127,7 @@ class Channel(asyncio.Protocol):
 async def open_channel(fileno: int, on_message: Callable[[Any], Any], on_lost: Callable[[], Any],
                        **codec) -> Channel:
     """Wrap one end of a child's socketpair in a Channel (``codec``: its
-    ``loads``/``dumps``, orjson by default)."""
+    ``loads``/``dumps``, orjson by default, and ``pace_s``)."""
     sock = socket.socket(fileno=os.dup(fileno))
     sock.setblocking(False)
     _, channel = await asyncio.get_running_loop().create_unix_connection(

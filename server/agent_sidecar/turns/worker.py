@@ -30,6 +30,11 @@ from . import wire
 from .cache import AgentCache
 
 
+# Under load a worker writes to the parent at most this often (children.Channel):
+# every turn's frames of that spell in one write, read by the parent's loop at once.
+WRITE_PACE_S = 0.002
+
+
 class _TurnIO:
     """What one running turn sees of the outside world.
 
@@ -163,7 +168,7 @@ class Worker:
             if not done.done():
                 done.set_result(None)
 
-        self.channel = await open_channel(self.fileno, on_message, on_lost)
+        self.channel = await open_channel(self.fileno, on_message, on_lost, pace_s=WRITE_PACE_S)
         self.send(wire.hello(os.getpid(), self.index,
                              any(m == "grpc" or m.startswith("grpc.") for m in sys.modules)))
         tune_gc()
@@ -249,8 +254,8 @@ class Worker:
             spec = TurnSpec(system_prompt=m["system_prompt"], tools=m["tools"],
                             scopes=profile.get("tools", []),
                             max_iterations=profile.get("max_iterations", 25), request_id=rid)
-            final = await asyncio.wait_for(run_turn(agent, self.backend(profile), spec, io),
-                                           m["timeout_s"])
+            async with asyncio.timeout(m["timeout_s"]):  # in this task: no second one to wait for
+                final = await run_turn(agent, self.backend(profile), spec, io)
             done = wire.completed(rid, final)
         except TurnFailed as e:
             done = wire.failed(rid, e.reason, e.message)
