@@ -64,6 +64,8 @@ class Pipe:
 
     def __init__(self, fd: int):
         self.fd = fd
+        self._poller = select.poll()  # not select(): the fd is the parent's number, maybe past 1024
+        self._poller.register(fd, select.POLLIN)
 
     def fileno(self) -> int:
         return self.fd
@@ -91,7 +93,7 @@ class Pipe:
 
     def poll(self, timeout: float = 0.0) -> bool:
         """Whether a message (or EOF) is waiting, within ``timeout`` seconds."""
-        return bool(select.select([self.fd], [], [], timeout)[0])
+        return bool(self._poller.poll(timeout * 1000))
 
     def close(self) -> None:
         if self.fd >= 0:

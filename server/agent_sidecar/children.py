@@ -175,6 +175,7 @@ def start_child(target: str, args: tuple) -> tuple[ChildProcess, socket.socket]:
     ours, theirs = socket.socketpair()
     try:
         popen = subprocess.Popen(
+            # the interpreter's own flags (-X, -W, -B ...), as multiprocessing passes them
             [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", BOOT,
              str(theirs.fileno()), _PACKAGE_ROOT],
             stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), close_fds=True)
