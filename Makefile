@@ -97,13 +97,16 @@ bench: install
 
 # The standard sweep (agent-sidecar bench --compare-bare) against a fresh sidecar on
 # the echo model at 20 ms per token: benchmarks/results/bench-report.{png,json}.
-# A few minutes; smaller: make bench-report SWEEP=2,4 DURATION=3 WORDS=20
-SWEEP ?= 25,50,100,200,400
+# A few minutes; smaller: make bench-report SWEEP=2,4 DURATION=3 WORDS=20; COALESCE=0 for
+# one text_delta frame per model delta (default: the sidecar's [stream] coalesce_ms).
+SWEEP ?= 25,50,100,200,400,800
 DURATION ?= 20
 WORDS ?= 200
+COALESCE ?=
 bench-report: install
 	$(BIN)/python benchmarks/stream_bench.py --sweep $(SWEEP) --duration $(DURATION) \
-		--prompt-words $(WORDS) --out benchmarks/results --name bench-report
+		--prompt-words $(WORDS) $(if $(COALESCE),--coalesce-ms $(COALESCE)) \
+		--out benchmarks/results --name bench-report$(if $(COALESCE),-coalesce-$(COALESCE))
 
 clean:
 	rm -rf $(VENV) $(TOOLS)
