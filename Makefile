@@ -19,7 +19,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml clients/python/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,bench,postgres]' -e clients/python
+	$(BIN)/pip install -q -e '.[dev,bench,postgres,otel]' -e clients/python
 	touch $(STAMP)
 
 run: install

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 from _common import ROOT, machine_line, table, terminate
@@ -137,7 +138,8 @@ def one_run(store: Path, run_dir: Path, workers: int, timeout: float = 120) -> d
             d = json.loads(line)
         except ValueError:
             continue
-        msg, ts = d.get("msg"), d.get("ts", 0) - wall0
+        # ts is RFC 3339 (UTC, ms): seconds since the start of the run
+        msg, ts = d.get("msg"), datetime.fromisoformat(d["ts"]).timestamp() - wall0 if "ts" in d else 0.0
         if msg == "worker ready":
             ready.append(ts)
         elif msg == "startup restore":

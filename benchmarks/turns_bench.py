@@ -21,6 +21,11 @@ Processes (all separate, so no one borrows another's event loop):
   ratio prices persistence and workers only.
 * **bare-plain** — the same bare server without that setting, as anyone would
   first write it: printed for reference, not used for the goal.
+* **sidecar-traced** (``--tracing``) — the same sidecar with OpenTelemetry
+  tracing on (``OTEL_TRACES_EXPORTER=otlp``, the ``otel`` extra): every turn's
+  spans (Prompt RPC, turn, model call) batched and exported over OTLP/HTTP to a
+  sink in this driver that answers 200 and drops them. Next to ``sidecar`` in
+  the same run, it prices tracing.
 * **client(s)** — this file with ``--client``: grpc.aio on uvloop, one channel,
   ``in_flight / clients`` concurrent ``Prompt`` calls each.
 
@@ -38,6 +43,10 @@ completed frame. Latency is per call, from the call to the ``completed`` frame.
 CPU seconds of every process group and of the rest of the machine are read from
 /proc over the same window, so the table says where the cores went.
 
+With ``--metrics`` a second sidecar, **sidecar-metrics**, runs every point too:
+the same, with ``[metrics] listen`` on a loopback port and this driver scraping
+its ``/metrics`` once a second while it runs (issue 17: what the metrics cost).
+
 Goal (issue 3): sidecar turns/s ≥ 0.6 × bare turns/s.
 """
 
@@ -53,7 +62,9 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -176,7 +187,10 @@ class SidecarServer:
     name = "sidecar"
 
     def __init__(self, root: Path, workers: int | None, name: str = "sidecar",
-                 config: str = "# defaults: echo model on profile main, synchronous = FULL\n"):
+                 config: str = "# defaults: echo model on profile main, synchronous = FULL\n",
+                 kind: str = "sidecar", env: dict[str, str] | None = None):
+        self.name = kind  # the row it reports under (sidecar, sidecar-traced)
+        self.env = env or {}
         self.dir = root / name
         self.dir.mkdir()
         self.sock = self.dir / "sidecar.sock"
@@ -194,7 +208,7 @@ class SidecarServer:
         if self.workers:
             args += ["--workers", str(self.workers)]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [str(_common.ROOT / "server"), os.environ.get("PYTHONPATH", "")]))
+            [str(_common.ROOT / "server"), os.environ.get("PYTHONPATH", "")]), **self.env)
         self._logf = open(self.log, "ab")
         self.proc = subprocess.Popen(args, stdout=self._logf, stderr=subprocess.STDOUT, env=env,
                                      cwd=self.dir)
@@ -260,6 +274,45 @@ class SidecarServer:
                 f"{5 * expected_turns:,} frames) -> {ok}")
 
 
+class Scraper:
+    """GET /metrics every ``interval`` seconds on a thread, as Prometheus would."""
+
+    def __init__(self, port: int, interval: float = 1.0):
+        self.url, self.interval = f"http://127.0.0.1:{port}/metrics", interval
+        self.scrapes = self.errors = 0
+        self.seconds = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "Scraper":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            t0 = time.monotonic()
+            try:
+                with urllib.request.urlopen(self.url, timeout=10) as r:
+                    r.read()
+                self.scrapes += 1
+                self.seconds += time.monotonic() - t0
+            except OSError:
+                self.errors += 1
+
+    def stop(self) -> str:
+        self._stop.set()
+        self._thread.join(15)
+        mean = 1e3 * self.seconds / self.scrapes if self.scrapes else float("nan")
+        return f"{self.scrapes} scrapes (mean {mean:.1f} ms), {self.errors} failed"
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 class _Named:
     def __init__(self, name: str):
         self.name = name
@@ -290,6 +343,41 @@ class BareServer:
 
     def stop(self) -> None:
         terminate(self.proc, 10)
+
+
+class TraceSink:
+    """An OTLP/HTTP endpoint that takes every export and drops it (counted)."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        sink = self
+        self.requests = self.bytes = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                n = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(n)
+                sink.requests += 1
+                sink.bytes += n
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def env(self) -> dict[str, str]:
+        host, port = self.server.server_address[:2]
+        return {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://{host}:{port}/v1/traces"}
+
+    def stop(self) -> None:
+        self.server.shutdown()
 
 
 def run_point(server, keys: list[str], in_flight: int, turns: int, warmup: int, clients: int,
@@ -358,9 +446,13 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=None,
                     help="rounds, alternating the servers; each row reports its best round (default 2, quick 1)")
     ap.add_argument("--workers", type=int, default=None, help="sidecar workers (default: its own default, CPU count)")
-    ap.add_argument("--only", choices=("sidecar", "bare", "bare-plain"), default=None)
+    ap.add_argument("--only", choices=("sidecar", "sidecar-traced", "bare", "bare-plain"), default=None)
+    ap.add_argument("--tracing", action="store_true",
+                    help="also run sidecar-traced: the sidecar with OpenTelemetry tracing on (OTLP to a sink)")
     ap.add_argument("--no-plain", action="store_true",
                     help="skip the bare-plain reference server (saves a third of the run)")
+    ap.add_argument("--metrics", action="store_true",
+                    help="also run sidecar-metrics: [metrics] listen on, /metrics scraped every second")
     ap.add_argument("--dir", default=None, help="parent directory for the temporary data dirs")
     ap.add_argument("--keep", action="store_true", help="keep the data dirs (sidecar.db, sidecar.log)")
     ap.add_argument("--seed", type=int, default=1)
@@ -388,38 +480,54 @@ def main() -> int:
     results: list[dict] = []
     all_runs: list[dict] = []
     checks: list[str] = []
+    sink = TraceSink() if args.tracing else None
     try:
-        names = [n for n in ("sidecar", "bare", "bare-plain") if args.only in (None, n)
-                 and not (n == "bare-plain" and args.no_plain and args.only != n)]
+        names = [n for n in ("sidecar", "sidecar-traced", "bare", "bare-plain") if args.only in (None, n)
+                 and not (n == "bare-plain" and args.no_plain and args.only != n)
+                 and not (n == "sidecar-traced" and not args.tracing)]
+        if args.metrics:
+            names.insert(names.index("sidecar") + 1 if "sidecar" in names else 0, "sidecar-metrics")
         bare_keys = [f"agent:main:bench:dm:chat{i}" for i in range(n_sessions)]
         bares = {}
         for name in names:
-            if name != "sidecar":
+            if not name.startswith("sidecar"):
                 bares[name] = BareServer(root, calm=(name == "bare"))
                 bares[name].start()
                 servers.append(bares[name])
         for rnd in range(repeat):
             for level in levels:
-                for name in names:
-                    if name == "sidecar":
+                # Odd rounds run the servers in the reverse order: none is always
+                # first after a quiet spell, or always right behind another.
+                for name in (names if rnd % 2 == 0 else names[::-1]):
+                    scraper = None
+                    if name.startswith("sidecar"):
                         # Every point on a fresh sidecar and data dir: rounds are
                         # true repeats (transcripts do not grow from one to the next).
-                        server = SidecarServer(root, args.workers, f"sidecar-{rnd}-{level}")
+                        port = _free_port()
+                        config = (f'[metrics]\nlisten = "127.0.0.1:{port}"\n' if name == "sidecar-metrics"
+                                  else "# defaults: echo model on profile main, synchronous = FULL\n")
+                        server = SidecarServer(root, args.workers, f"{name}-{rnd}-{level}", config,
+                                               kind=name,
+                                               env=sink.env() if name == "sidecar-traced" else None)
                     else:
                         server, keys = bares[name], bare_keys
                     try:
-                        if name == "sidecar":
+                        if name.startswith("sidecar"):
                             server.start()
+                            if name == "sidecar-metrics":
+                                scraper = Scraper(port).start()
                             keys = server.create_sessions(n_sessions)
-                            print(f"sidecar up: pid {server.proc.pid}, {len(server.pids()['workers'])} "
+                            print(f"{name} up: pid {server.proc.pid}, {len(server.pids()['workers'])} "
                                   f"child processes (writer, workers), "
                                   f"data {server.dir}", file=sys.stderr)
                         r = run_point(server, keys, level, turns, warmup, args.clients,
                                       args.seed + 1000 * rnd)
                     finally:
-                        if name == "sidecar":
+                        if scraper is not None:
+                            print(f"  … {name}: {scraper.stop()}", file=sys.stderr)
+                        if name.startswith("sidecar"):
                             server.stop()
-                    if name == "sidecar":
+                    if name.startswith("sidecar"):
                         try:
                             checks.append(server.verify(turns + warmup))
                         except sqlite3.Error as e:
@@ -431,6 +539,8 @@ def main() -> int:
     finally:
         for s in servers:
             s.stop()
+        if sink is not None:
+            sink.stop()
     servers = [_Named(n) for n in names]
     for level in levels:
         for server in servers:
@@ -481,10 +591,21 @@ def main() -> int:
         if s and b and b["rate"]:
             print(goal_line(f"sidecar / bare turns/s at {level} in flight "
                             f"({s['rate']:,.0f} / {b['rate']:,.0f})", s["rate"] / b["rate"], GOAL))
+        m = by.get(("sidecar-metrics", level))
+        if s and m and s["rate"]:
+            print(f"  metrics on and scraped every second / metrics off at {level} in flight "
+                  f"({m['rate']:,.0f} / {s['rate']:,.0f}) = {m['rate'] / s['rate']:.3f}x")
+        t = by.get(("sidecar-traced", level))
+        if s and t and s["rate"]:
+            print(f"  tracing on: sidecar-traced / sidecar turns/s at {level} in flight "
+                  f"({t['rate']:,.0f} / {s['rate']:,.0f}) = {t['rate'] / s['rate']:.2f}x, p50 "
+                  f"{t['p50_ms']:.1f} / {s['p50_ms']:.1f} ms")
         p = by.get(("bare-plain", level))
         if s and p and p["rate"]:
             print(f"  for reference, not the goal: sidecar / bare-plain at {level} in flight "
                   f"({s['rate']:,.0f} / {p['rate']:,.0f}) = {s['rate'] / p['rate']:.2f}x")
+    if sink is not None:
+        print(f"trace sink: {sink.requests:,} OTLP export requests, {sink.bytes / 1e6:,.1f} MB of spans")
     if args.keep:
         print(f"data kept in {root}")
     else:

@@ -17,7 +17,9 @@ Runners run one after another so timing-sensitive scenarios (busy, queue)
 are not disturbed by another language's load.
 
 Only the standard library is used here; the health check uses grpcio when it
-is importable (the project venv) and falls back to "socket accepts".
+is importable (the project venv) and falls back to "socket accepts". The TLS
+listeners' certificates are made with the ``openssl`` command by the test
+suite's helper (tests/helpers/certs.py), which needs nothing else.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 LANGS = ("python", "node", "go")
+
+sys.path.insert(0, str(ROOT / "tests"))
+from helpers.certs import available as openssl_available, make_certs  # noqa: E402
 
 
 def runner_command(lang: str, python: str) -> list[str]:
@@ -88,13 +93,28 @@ class Sidecar:
         self.token = secrets.token_urlsafe(24)
         self.unix = f"unix:{self.dir}/sidecar.sock"
         self.tcp = f"127.0.0.1:{free_port()}"
+        # TLS and mTLS listeners ([[listen]] entries), certificates of a fresh CA.
+        self.tls, self.mtls = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+        self.certs = make_certs(self.dir / "certs")
         self.log = self.dir / "sidecar.log"
         config = self.dir / "conformance.toml"
         template = string.Template((HERE / "conformance.toml.tmpl").read_text(encoding="utf-8"))
-        config.write_text(template.substitute(TOKEN=self.token), encoding="utf-8")
+        config.write_text(template.substitute(TOKEN=self.token) + self._tls_listeners(), encoding="utf-8")
         self.cmd = [binary, "serve", "--data-dir", str(self.dir), "--listen", self.unix, "--listen", self.tcp,
                     "--config", str(config), "--log-format", "text"]
         self.proc: subprocess.Popen | None = None
+
+    def _tls_listeners(self) -> str:
+        c = self.certs
+        entry = f'address = "{{}}"\ncert = "{c.server_cert}"\nkey = "{c.server_key}"\n'
+        return (f"\n[[listen]]\n{entry.format(self.tls)}"
+                f'\n[[listen]]\n{entry.format(self.mtls)}client_ca = "{c.ca}"\n')
+
+    def tls_arguments(self) -> list[str]:
+        """The runner's options for the TLS scenarios (README.md)."""
+        c = self.certs
+        return ["--tls", self.tls, "--mtls", self.mtls, "--ca", str(c.ca), "--wrong-ca", str(c.other_ca),
+                "--client-cert", str(c.client_cert), "--client-key", str(c.client_key)]
 
     def start(self, timeout: float) -> None:
         with open(self.log, "wb") as log:
@@ -135,7 +155,7 @@ def run_runner(lang: str, cmd: list[str], sidecar: Sidecar, scenarios: Path, tim
                ids: list[str]) -> tuple[dict[str, dict], str | None]:
     """Run one language's runner; returns (results by scenario id, crash text or None)."""
     full = cmd + ["--lang", lang, "--unix", sidecar.unix, "--tcp", sidecar.tcp, "--token", sidecar.token,
-                  "--scenarios", str(scenarios)]
+                  *sidecar.tls_arguments(), "--scenarios", str(scenarios)]
     if not Path(cmd[0]).exists():
         return {}, f"runner not found: {cmd[0]}"
     try:
@@ -249,6 +269,9 @@ def main() -> int:
     scenarios = Path(args.scenarios).resolve()
     ids = [s["id"] for s in json.loads(scenarios.read_text(encoding="utf-8"))["scenarios"]]
 
+    if not openssl_available():
+        print("conformance: the TLS scenarios need the openssl command", file=sys.stderr)
+        return 2
     sidecar = Sidecar(args.sidecar, args.keep)
     try:
         return run_suite(sidecar, args, langs, scenarios, ids)

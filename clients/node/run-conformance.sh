@@ -2,7 +2,8 @@
 # Run the Node conformance runner (protocol: clients/conformance/README.md).
 #
 #   clients/node/run-conformance.sh --lang node --unix unix:/p/sidecar.sock \
-#     --tcp 127.0.0.1:PORT --token TOKEN --scenarios clients/conformance/scenarios.json
+#     --tcp 127.0.0.1:PORT --token TOKEN [--tls … --mtls … --ca … (README)] \
+#     --scenarios clients/conformance/scenarios.json
 #
 # Installs dependencies when missing (npm ci) and builds (npm run build) first;
 # their output goes to stderr so stdout carries only the runner's JSON lines.

@@ -237,6 +237,34 @@ class Runner:
             except asc.Unauthenticated as err:
                 check(err.reason == s["expect"]["tcp_without_token_reason"], f"reason {err.reason}")
 
+    async def _tls_session(self, target: str, source: dict, **tls) -> str:
+        """The scenario source's session id over a TLS listener (no wait: a
+        refused handshake fails the call at once, UNAVAILABLE)."""
+        async with await asc.connect(target, self.args.token, wait_ready=False, **tls) as client:
+            return (await client.get_or_create_session(source)).session_id
+
+    async def _refused(self, target: str, source: dict, code: str, **tls) -> None:
+        try:
+            await self._tls_session(target, source, **tls)
+        except asc.SidecarError as err:
+            check(err.code.name == code, f"refused with {err.code.name}, not {code}: {err}")
+            return
+        raise Failure(f"{target} accepted a client with {sorted(tls)}")
+
+    async def tls_custom_ca(self, s: dict) -> None:
+        via_unix = await (await self.client("unix")).get_or_create_session(s["source"])
+        via_tls = await self._tls_session(self.args.tls, s["source"], ca_file=self.args.ca)
+        check(via_tls == via_unix.session_id, f"unix {via_unix.session_id} vs tls {via_tls}")
+        await self._refused(self.args.tls, s["source"], s["expect"]["wrong_ca_code"], ca_file=self.args.wrong_ca)
+
+    async def mtls_client_cert(self, s: dict) -> None:
+        via_unix = await (await self.client("unix")).get_or_create_session(s["source"])
+        via_mtls = await self._tls_session(self.args.mtls, s["source"], ca_file=self.args.ca,
+                                           cert_file=self.args.client_cert, key_file=self.args.client_key)
+        check(via_mtls == via_unix.session_id, f"unix {via_unix.session_id} vs mtls {via_mtls}")
+        await self._refused(self.args.mtls, s["source"], s["expect"]["without_client_cert_code"],
+                            ca_file=self.args.ca)
+
     # -- driver -----------------------------------------------------------
 
     async def run_one(self, scenario: dict) -> dict:
@@ -265,7 +293,7 @@ class Runner:
 
 SCENARIOS = {name: getattr(Runner, name) for name in (
     "get_or_create_idempotent", "echo_prompt", "duplicate_request_id", "reject_if_busy", "queue_order",
-    "stream_resume", "tool_call", "tool_scope_violation", "unix_and_tcp")}
+    "stream_resume", "tool_call", "tool_scope_violation", "unix_and_tcp", "tls_custom_ca", "mtls_client_cert")}
 
 
 def main() -> int:
@@ -274,6 +302,12 @@ def main() -> int:
     parser.add_argument("--unix", required=True, help="unix:/path/sidecar.sock")
     parser.add_argument("--tcp", required=True, help="127.0.0.1:PORT")
     parser.add_argument("--token", required=True)
+    parser.add_argument("--tls", required=True, help="127.0.0.1:PORT of the TLS listener")
+    parser.add_argument("--mtls", required=True, help="127.0.0.1:PORT of the mTLS listener")
+    parser.add_argument("--ca", required=True, help="PEM CA of both listeners' certificate")
+    parser.add_argument("--wrong-ca", required=True, help="PEM CA that signed nothing here")
+    parser.add_argument("--client-cert", required=True)
+    parser.add_argument("--client-key", required=True)
     parser.add_argument("--scenarios", required=True)
     parser.add_argument("--only", default="", help="comma-separated scenario ids (debugging)")
     args = parser.parse_args()

@@ -36,7 +36,7 @@ from .config_schema import ConfigError, array, key, named, section
 from .sessions.context import DEFAULT_PII_SAFE, NEVER_REDACTED
 
 __all__ = ["AUTO_RESUME_MODES", "AgentCache", "AuthToken", "Config", "ConfigError", "DEFAULT_PROFILE",
-           "Limits", "PlatformConfig", "Profile", "load_config"]
+           "Limits", "Listener", "PlatformConfig", "Profile", "load_config"]
 
 DEFAULT_PROFILE = "main"
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
@@ -178,6 +178,64 @@ class ClusterConfig:
                                              "(renewed every third of it)")
 
 
+def _pem_file(path: str) -> str | None:
+    """A listener's PEM file must be readable ("" is not given: no TLS)."""
+    from .tls import readable
+    return readable(path) if path else None
+
+
+@dataclass
+class Listener:
+    """``[[listen]]``: a listener with settings of its own. With ``cert`` and
+    ``key`` a TCP listener serves TLS; with ``client_ca`` too, every client
+    must present a certificate that CA signed (mTLS). Bearer tokens are
+    needed on TCP either way (docs/security.md)."""
+    address: str = key("", required=True, check=_listen_address,
+                       doc="`HOST:PORT` (or `unix:PATH`, without TLS)")
+    cert: str = key("", check=_pem_file,
+                    doc="PEM certificate chain of the listener: it serves TLS (needs `key`)")
+    client_ca: str = key("", check=_pem_file,
+                         doc="PEM CA certificates: clients must present a certificate one of them "
+                             "signed (mTLS; needs `cert` and `key`)")
+    # Declared last: the name shadows key() in the class body.
+    key: str = key("", check=_pem_file, doc="PEM private key of `cert`, unencrypted")
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.cert)
+
+    def _validate(self) -> Iterator[tuple[str, str, Any]]:
+        if self.key and not self.cert:
+            yield "cert", "required with key (the certificate of that key)", ""
+        if self.cert and not self.key:
+            yield "key", "required with cert (the certificate's private key)", ""
+        if self.client_ca and not (self.cert or self.key):
+            yield "cert", "required with client_ca (mTLS is TLS with client certificates)", ""
+        if self.cert and self.address.startswith("unix:"):
+            yield "address", "TLS is for TCP listeners (HOST:PORT)", self.address
+        if self.cert and self.key:
+            from .tls import check_pair
+            for name, problem in check_pair(self.cert, self.key, self.client_ca):
+                yield name, problem, getattr(self, name)
+
+
+def _metrics_address(value: str) -> str | None:
+    if not value:
+        return None  # off
+    host, sep, port = value.rpartition(":")
+    if not (sep and host and port.isdigit() and int(port) <= 65535):
+        return "expected HOST:PORT, e.g. 127.0.0.1:9464 (empty: off)"
+    return None
+
+
+@dataclass
+class MetricsConfig:
+    """The Prometheus endpoint ([operations.md](operations.md#metrics))."""
+    listen: str = key("", check=_metrics_address,
+                      doc="`HOST:PORT` of the HTTP listener serving `/metrics` (empty: off); "
+                          "unauthenticated, so keep it on a private address")
+
+
 @dataclass
 class StreamConfig:
     """How a turn's text reaches its streams ([stream])."""
@@ -232,6 +290,10 @@ class Config:
     # [[auth.tokens]], [profiles.NAME], [platforms.NAME], [recovery]
     tokens: list[AuthToken] = array(AuthToken, toml="auth.tokens",
                                     doc="bearer tokens (TCP listeners need at least one)")
+    # [[listen]]: listeners with settings of their own (TLS); bound after sidecar.listen.
+    listeners: list[Listener] = array(Listener, toml="listen",
+                                      doc="listeners with settings of their own: TLS and mTLS "
+                                          "([security.md](security.md))")
     profiles: dict[str, Profile] = named(Profile, names=_name("profile", fold=False),
                                          doc="named agent configurations (`main` always exists)")
     platforms: dict[str, PlatformConfig] = named(PlatformConfig, names=_name("platform", fold=True),
@@ -240,16 +302,28 @@ class Config:
                            doc="which lanes get a continue turn after a restart (DECISIONS.md \"Recovery\")")
     store: StoreConfig = section(StoreConfig, doc="the store ([store])")
     cluster: ClusterConfig = section(ClusterConfig, doc="several sidecars on one PostgreSQL ([cluster])")
+    metrics: MetricsConfig = section(MetricsConfig, doc="Prometheus metrics over HTTP "
+                                                           "([operations.md](operations.md#metrics))")
     stream: StreamConfig = section(StreamConfig, doc="text delta coalescing ([stream])")
 
     def _validate(self) -> Iterator[tuple[str, str, Any]]:
         tcp = [t for t in self.listen if not t.startswith("unix:")]
         if tcp and not self.tokens:
             yield "sidecar.listen", "a TCP listener needs [[auth.tokens]] in the config", tcp[0]
+        for i, entry in enumerate(self.listeners):
+            if not entry.address.startswith("unix:") and not self.tokens:
+                yield f"listen[{i}].address", "a TCP listener needs [[auth.tokens]] in the config", \
+                    entry.address
         if self.store.backend == "postgres" and not self.store.dsn:
             yield "store.dsn", "backend \"postgres\" needs a DSN (dsn, dsn_env or dsn_file)", ""
         if self.cluster.advertise and self.store.backend != "postgres":
             yield "cluster.advertise", "a cluster needs [store] backend = \"postgres\"", self.cluster.advertise
+
+    def all_listeners(self) -> list[Listener]:
+        """Every listener to bind: ``sidecar.listen`` (``--listen``), then
+        ``[[listen]]``; the data dir's socket when there is none."""
+        out = [Listener(address=a) for a in self.listen] + list(self.listeners)
+        return out or [Listener(address=self.default_socket)]
 
     @property
     def db_path(self) -> str:

@@ -57,7 +57,8 @@ class Loader:
             if value is not BAD:
                 kwargs[fname] = value
         for f in fields.values():
-            if f.metadata.get("required") and f.name not in kwargs and f.name not in secrets:
+            given = (f.metadata.get("toml") or f.name) in table  # given but bad: reported already
+            if f.metadata.get("required") and f.name not in kwargs and f.name not in secrets and not given:
                 k = f.metadata.get("toml") or f.name
                 hint = f" (give {k}, {k}_env or {k}_file)" if f.metadata.get("secret") else ""
                 self.out.add(where + k, "required" + hint)

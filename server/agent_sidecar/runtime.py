@@ -18,8 +18,11 @@ import signal
 import stat
 
 from .children import tune_gc
+from . import __version__
 from .config import Config
 from .heap import return_large_blocks
+from .obs.live import Live
+from .obs import tracing
 from .sdnotify import notify
 from .store import Store, StoreUnavailable, open_store
 from .store.jobs import index_messages
@@ -44,6 +47,10 @@ class Sidecar:
         self.exit_code = 0
         self._lock_fd: int | None = None
         self._health_tasks: set[asyncio.Task] = set()
+        self.tools = None
+        self.auth = None
+        self.live = Live(self)  # what GetStatus and the metrics read (obs/)
+        self.metrics = None  # the [metrics] listener, when configured
 
     def _private_data_dir(self) -> None:
         """Transcripts are private to the sidecar's user: umask 077 for this
@@ -79,7 +86,9 @@ class Sidecar:
         from .api.prompt_service import PromptService
         from .api.server import build_server, calm_grpc_threads
         from .api.session_service import SessionService
+        from .api.status_service import StatusService
         from .api.tool_service import ToolService
+        from .obs.status import snapshot
         from .tools.registry import ToolRegistry
         from .turns.manager import TurnManager
 
@@ -90,16 +99,20 @@ class Sidecar:
                                 dsn=sc.dsn, node_id=self.cfg.node_id(), pool_size=sc.pool_size,
                                 preload=JOB_MODULES, log_format=self.cfg.log_format,
                                 log_level=self.cfg.log_level, on_lost=self._store_lost)
-        tools = ToolRegistry()
+        tools = self.tools = ToolRegistry()
         self.turns = TurnManager(self.cfg, self.store, tools)
         # Spawned before any gRPC thread exists, the writer and the workers in parallel.
         await asyncio.gather(self.store.start(), self.turns.start_workers())
+        tracing.configure(__version__)  # after the spawns: its export thread is not theirs
         return_large_blocks()  # the memory of a large request goes back once it is gone
-        auth = Authenticator(self.cfg.tokens)
+        auth = self.auth = Authenticator(self.cfg.tokens)
+        if self.cfg.metrics.listen:  # before the restore: a long one can be watched
+            await self._start_metrics()
         self.server, self.health, bound = build_server(self.cfg, [
             SessionService(self.cfg, self.store, auth, self.turns),
             PromptService(self.cfg, self.store, auth, self.turns),
-            ToolService(self.cfg, auth, tools)], auth)
+            ToolService(self.cfg, auth, tools),
+            StatusService(self.cfg, auth, lambda: snapshot(self.live))], auth)
         from grpc_health.v1 import health_pb2
         # grpc's servicer starts SERVING; we are not, until the restore is done.
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -114,6 +127,14 @@ class Sidecar:
         log.info("serving", extra={"listen": bound, "db": self.cfg.db_path,
                                    "workers": self.cfg.worker_count(), "batch_threads": calmed})
         return bound
+
+    async def _start_metrics(self) -> None:
+        """The Prometheus endpoint (obs/): imported only when configured."""
+        from .obs.http import MetricsServer
+        from .obs.metrics import SidecarMetrics
+        self.metrics = MetricsServer(SidecarMetrics(self.live).render)
+        bound = await self.metrics.start(self.cfg.metrics.listen)
+        log.info("metrics listening", extra={"listen": bound, "path": "/metrics"})
 
     def _store_changed(self, fault) -> None:
         """Health follows the store: NOT_SERVING while it cannot write (every
@@ -171,6 +192,7 @@ class Sidecar:
             await self.server.stop(grace=1)
         if self.turns is not None:
             await self.turns.stop()
+        await asyncio.to_thread(tracing.shutdown)  # what the exporters hold goes out
         if self.store is not None:
             if not self.exit_code:
                 try:  # the full-text index complete on disk, as a clean stop should leave it
@@ -186,6 +208,8 @@ class Sidecar:
                 error = f"frames of turns were not saved: {self.store.fault.message}"
             else:
                 error = "frames of turns were not saved" if unsaved else None
+            if self.metrics is not None:
+                await self.metrics.close()
             await self.store.close()
             if graceful and not self.exit_code:
                 self._mark_clean(error)

@@ -9,7 +9,6 @@ benchmarks/."""
 from __future__ import annotations
 
 import json
-import shutil
 import struct
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import pytest
 from agent_sidecar.bench import stats
 from agent_sidecar.bench.plot import SIZE_PX
 from agent_sidecar.v1 import session_service_pb2 as spb
+from helpers.certs import available as certs_available, make_certs
 from helpers.config import echo, scripted
 from helpers.sessions import transcript
 from sidecar_proc import ROOT, TOKEN, Sidecar, free_port
@@ -159,20 +159,18 @@ def test_refused_token_is_one_line_and_exit_1(sc):
 
 
 def test_tls_target(tmp_path):
-    """A TLS endpoint (here the bare server with a self-signed certificate)
-    is reached with --ca-cert."""
-    if not shutil.which("openssl"):
+    """A TLS endpoint (here the bare server with a certificate of the test CA)
+    is reached with --ca-cert (the old spelling of --ca)."""
+    if not certs_available():
         pytest.skip("openssl not installed")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                    "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
-                    "-out", str(cert)], check=True, capture_output=True)
+    certs = make_certs(tmp_path / "certs")
+    cert, key, ca = certs.server_cert, certs.server_key, certs.ca
     port = free_port()
     bare = subprocess.Popen([sys.executable, "-m", "agent_sidecar.bench.bare", "--listen", f"127.0.0.1:{port}",
                              "--tls-cert", str(cert), "--tls-key", str(key)], stdout=subprocess.PIPE, text=True)
     try:
         assert bare.stdout.readline().startswith("serving ")
-        r = bench("--target", f"127.0.0.1:{port}", "--ca-cert", str(cert), "--concurrency", "2", "--turns", "4",
+        r = bench("--target", f"127.0.0.1:{port}", "--ca-cert", str(ca), "--concurrency", "2", "--turns", "4",
                   "--calibrate", "0", "--prompt-words", "3")
         assert r.returncode == 0, r.stderr
         assert "Throughput and latency" in r.stdout

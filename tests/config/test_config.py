@@ -63,13 +63,18 @@ def dotted(path: tuple) -> str:
     return out
 
 
+# The required key of each array's entries, and a value that satisfies it.
+ENTRY_NEEDS = {"auth.tokens": ("token", "t"), "listen": ("address", "unix:/tmp/sidecar-test.sock")}
+
+
 def setting(path: tuple, value) -> dict:
-    """The TOML table that sets ``path`` to ``value`` (an array's entry gets the token it needs)."""
+    """The TOML table that sets ``path`` to ``value`` (an array's entry gets the key it needs)."""
     raw: dict = {}
     table = raw
     for i, p in enumerate(path[:-1]):
         if isinstance(path[i + 1], int):
-            entry = {"token": "t"} if path[-1] not in ("token", "token_env", "token_file") else {}
+            needed, sample = ENTRY_NEEDS[".".join(path[:i + 1])]
+            entry = {needed: sample} if path[-1] not in (needed, needed + "_env", needed + "_file") else {}
             table[p] = [entry]
             table = entry
         elif not isinstance(p, int):
@@ -341,3 +346,78 @@ def test_a_new_section_gets_checks_environment_and_secrets_from_its_declaration(
     root, lines = parse_root({"store": {"backend": "mysql", "pool_size": 0, "dsn_env": "NOPE"}}, {})
     assert [line.split(": ")[1] for line in lines] == ["store.backend", "store.pool_size", "store.dsn_env"]
     assert parse_root({}, {})[0] == Root()  # an optional secret may be left out
+
+
+# -- TLS listeners (issue 17 item 5) ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    from helpers.certs import available, make_certs
+    if not available():
+        pytest.skip("the openssl command is not installed")
+    c = make_certs(tmp_path_factory.mktemp("certs"))
+    encrypted = c.dir / "encrypted.key"
+    import subprocess
+    subprocess.run(["openssl", "pkey", "-in", str(c.server_key), "-aes256", "-passout", "pass:x",
+                    "-out", str(encrypted)], check=True, capture_output=True)
+    return c
+
+
+A_TOKEN = '[[auth.tokens]]\ntoken = "t"\n'
+
+
+def listen(address: str = "127.0.0.1:50443", **keys: str) -> str:
+    return f'[[listen]]\naddress = "{address}"\n' + "".join(f'{k} = "{v}"\n' for k, v in keys.items())
+
+
+def test_tls_listeners_load_with_their_files(tmp_path, certs):
+    cfg = load(tmp_path, A_TOKEN + '[sidecar]\nlisten = ["unix:/tmp/s.sock"]\n'
+               + listen(cert=certs.server_cert, key=certs.server_key)
+               + listen("[::1]:50444", cert=certs.server_cert, key=certs.server_key, client_ca=certs.ca)
+               + listen("127.0.0.1:50051"))
+    got = [(x.address, x.tls, bool(x.client_ca)) for x in cfg.all_listeners()]
+    assert got == [("unix:/tmp/s.sock", False, False), ("127.0.0.1:50443", True, False),
+                   ("[::1]:50444", True, True), ("127.0.0.1:50051", False, False)]
+    assert [x.address for x in load(tmp_path, "").all_listeners()] == [load(tmp_path, "").default_socket]
+    # `config show` prints what loads back (an unset client_ca is "": not given).
+    from agent_sidecar.cli.config_cmd import as_table
+    shown = as_table(cfg, Config)
+    assert load(tmp_path, to_toml(shown).replace('token = "***"', 'token = "t"')).listeners == cfg.listeners
+
+
+@pytest.mark.parametrize("case,key", [
+    ("key_without_cert", "listen[1].cert"),
+    ("cert_without_key", "listen[0].key"),
+    ("missing_cert_file", "listen[0].cert"),
+    ("missing_client_ca_file", "listen[0].client_ca"),
+    ("client_ca_without_cert", "listen[0].cert"),
+    ("key_of_another_cert", "listen[0].key"),
+    ("cert_not_pem", "listen[0].cert"),
+    ("key_not_pem", "listen[0].key"),
+    ("encrypted_key", "listen[0].key"),
+    ("client_ca_not_pem", "listen[0].client_ca"),
+    ("tls_on_a_unix_socket", "listen[0].address"),
+    ("tcp_without_tokens", "listen[0].address"),
+    ("no_address", "listen[0].address"),
+    ("empty_cert", "listen[0].cert"),
+])
+def test_invalid_tls_listeners_are_refused_naming_the_key(tmp_path, certs, case, key):
+    c, k = certs.server_cert, certs.server_key
+    text = {
+        "key_without_cert": listen() + listen("127.0.0.1:2", key=k),
+        "cert_without_key": listen(cert=c),
+        "missing_cert_file": listen(cert=tmp_path / "nope.pem", key=k),
+        "missing_client_ca_file": listen(cert=c, key=k, client_ca=tmp_path / "nope.pem"),
+        "client_ca_without_cert": listen(client_ca=certs.ca),
+        "key_of_another_cert": listen(cert=c, key=certs.client_key),
+        "cert_not_pem": listen(cert=k, key=k),
+        "key_not_pem": listen(cert=c, key=c),
+        "encrypted_key": listen(cert=c, key=certs.dir / "encrypted.key"),
+        "client_ca_not_pem": listen(cert=c, key=k, client_ca=k),
+        "tls_on_a_unix_socket": listen("unix:/tmp/s.sock", cert=c, key=k),
+        "tcp_without_tokens": None,
+        "no_address": f'[[listen]]\ncert = "{c}"\nkey = "{k}"\n',
+        "empty_cert": listen(cert="", key=k),
+    }[case]
+    lines = problems(tmp_path, listen() if text is None else A_TOKEN + text)
+    assert names(lines) == [key], lines

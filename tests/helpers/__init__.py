@@ -12,6 +12,7 @@ on sys.path, so ``from helpers.streams import run`` works from any folder).
 * ``store``: the store read through its typed interface (``StoreView``) and
   store jobs run on a real file (``LocalStore``).
 * ``logs``: the JSON log, only where a log line is itself what a test checks.
+* ``metrics``: the ``/metrics`` endpoint scraped over HTTP (``scrape``, ``Samples``).
 * ``key_cases``, ``fake_openai``: data and a fake OpenAI server.
 
 The sidecar process itself is tests/sidecar_proc.py (``Sidecar``), also used

@@ -94,12 +94,18 @@ def on_disk(disk: SmallDisk, tmp_path, **kw) -> Sidecar:
 
 # -- what the client sees ------------------------------------------------------------------
 
-def health(sc) -> int:
+def health(sc, service: str = "") -> int:
     try:
         return health_pb2_grpc.HealthStub(sc.channel()).Check(
-            health_pb2.HealthCheckRequest(), timeout=5).status
+            health_pb2.HealthCheckRequest(service=service), timeout=5).status
     except grpc.RpcError:
         return -1
+
+
+def every_health(sc) -> set[int]:
+    """The statuses of the server and of each service by name (one status: a set of one)."""
+    from agent_sidecar.api.server import SERVICE_NAMES
+    return {health(sc, name) for name in ("", *SERVICE_NAMES)}
 
 
 def retry_delay(err: grpc.RpcError) -> float | None:
@@ -167,8 +173,8 @@ def test_turns_end_once_and_the_store_recovers_when_the_disk_fills(disk, tmp_pat
         disk.fill()
         err = append_until_refused(sessions, spare.session_id)
         assert_store_unavailable(err)
-        wait_until(lambda: health(sc) == health_pb2.HealthCheckResponse.NOT_SERVING,
-                   what="NOT_SERVING while the store cannot write")
+        wait_until(lambda: every_health(sc) == {health_pb2.HealthCheckResponse.NOT_SERVING},
+                   what="NOT_SERVING while the store cannot write, for every service name")
         # While it cannot write: writes and new prompts are refused, retryably.
         with pytest.raises(grpc.RpcError) as refused:
             big_append(sessions, spare.session_id, 100)
@@ -181,8 +187,8 @@ def test_turns_end_once_and_the_store_recovers_when_the_disk_fills(disk, tmp_pat
                                    timeout=10).session.session_id == spare.session_id
         sessions.SearchMessages(spb.SearchMessagesRequest(query="w1"), timeout=10)
         disk.free()
-        wait_until(lambda: health(sc) == health_pb2.HealthCheckResponse.SERVING, timeout=30,
-                   what="SERVING once the store can write again")
+        wait_until(lambda: every_health(sc) == {health_pb2.HealthCheckResponse.SERVING}, timeout=30,
+                   what="SERVING once the store can write again, for every service name")
         ends = []
         for r in runs:
             r.result(timeout=60)

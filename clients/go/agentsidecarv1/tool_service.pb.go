@@ -372,7 +372,12 @@ type ToolInvocation struct {
 	// The turn's request id.
 	RequestId string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// How long the sidecar waits for the result.
-	TimeoutMs     int64 `protobuf:"varint,7,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	TimeoutMs int64 `protobuf:"varint,7,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// W3C Trace Context of the sidecar's span for this tool call, as HTTP
+	// headers would carry it ("traceparent", and "tracestate" when there is
+	// one). Empty when the sidecar does not trace. A host that traces makes its
+	// span of the call a child of this context.
+	TraceContext  map[string]string `protobuf:"bytes,8,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -454,6 +459,13 @@ func (x *ToolInvocation) GetTimeoutMs() int64 {
 		return x.TimeoutMs
 	}
 	return 0
+}
+
+func (x *ToolInvocation) GetTraceContext() map[string]string {
+	if x != nil {
+		return x.TraceContext
+	}
+	return nil
 }
 
 // ServeToolsResponse is a message from the sidecar to the tool host.
@@ -566,7 +578,7 @@ const file_agent_sidecar_v1_tool_service_proto_rawDesc = "" +
 	"\x0fToolsRegistered\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1d\n" +
 	"\n" +
-	"tool_names\x18\x02 \x03(\tR\ttoolNames\"\xf7\x01\n" +
+	"tool_names\x18\x02 \x03(\tR\ttoolNames\"\x91\x03\n" +
 	"\x0eToolInvocation\x12#\n" +
 	"\rinvocation_id\x18\x01 \x01(\tR\finvocationId\x12\x1b\n" +
 	"\ttool_name\x18\x02 \x01(\tR\btoolName\x12%\n" +
@@ -578,7 +590,11 @@ const file_agent_sidecar_v1_tool_service_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x06 \x01(\tR\trequestId\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\a \x01(\x03R\ttimeoutMs\"\xa8\x01\n" +
+	"timeout_ms\x18\a \x01(\x03R\ttimeoutMs\x12W\n" +
+	"\rtrace_context\x18\b \x03(\v22.agent_sidecar.v1.ToolInvocation.TraceContextEntryR\ftraceContext\x1a?\n" +
+	"\x11TraceContextEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa8\x01\n" +
 	"\x12ServeToolsResponse\x12C\n" +
 	"\n" +
 	"registered\x18\x01 \x01(\v2!.agent_sidecar.v1.ToolsRegisteredH\x00R\n" +
@@ -603,7 +619,7 @@ func file_agent_sidecar_v1_tool_service_proto_rawDescGZIP() []byte {
 	return file_agent_sidecar_v1_tool_service_proto_rawDescData
 }
 
-var file_agent_sidecar_v1_tool_service_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_agent_sidecar_v1_tool_service_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_agent_sidecar_v1_tool_service_proto_goTypes = []any{
 	(*ToolSpec)(nil),             // 0: agent_sidecar.v1.ToolSpec
 	(*RegisterTools)(nil),        // 1: agent_sidecar.v1.RegisterTools
@@ -612,20 +628,22 @@ var file_agent_sidecar_v1_tool_service_proto_goTypes = []any{
 	(*ToolsRegistered)(nil),      // 4: agent_sidecar.v1.ToolsRegistered
 	(*ToolInvocation)(nil),       // 5: agent_sidecar.v1.ToolInvocation
 	(*ServeToolsResponse)(nil),   // 6: agent_sidecar.v1.ServeToolsResponse
+	nil,                          // 7: agent_sidecar.v1.ToolInvocation.TraceContextEntry
 }
 var file_agent_sidecar_v1_tool_service_proto_depIdxs = []int32{
 	0, // 0: agent_sidecar.v1.RegisterTools.tools:type_name -> agent_sidecar.v1.ToolSpec
 	1, // 1: agent_sidecar.v1.ServeToolsRequest.register:type_name -> agent_sidecar.v1.RegisterTools
 	2, // 2: agent_sidecar.v1.ServeToolsRequest.result:type_name -> agent_sidecar.v1.ToolInvocationResult
-	4, // 3: agent_sidecar.v1.ServeToolsResponse.registered:type_name -> agent_sidecar.v1.ToolsRegistered
-	5, // 4: agent_sidecar.v1.ServeToolsResponse.invocation:type_name -> agent_sidecar.v1.ToolInvocation
-	3, // 5: agent_sidecar.v1.ToolService.ServeTools:input_type -> agent_sidecar.v1.ServeToolsRequest
-	6, // 6: agent_sidecar.v1.ToolService.ServeTools:output_type -> agent_sidecar.v1.ServeToolsResponse
-	6, // [6:7] is the sub-list for method output_type
-	5, // [5:6] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	7, // 3: agent_sidecar.v1.ToolInvocation.trace_context:type_name -> agent_sidecar.v1.ToolInvocation.TraceContextEntry
+	4, // 4: agent_sidecar.v1.ServeToolsResponse.registered:type_name -> agent_sidecar.v1.ToolsRegistered
+	5, // 5: agent_sidecar.v1.ServeToolsResponse.invocation:type_name -> agent_sidecar.v1.ToolInvocation
+	3, // 6: agent_sidecar.v1.ToolService.ServeTools:input_type -> agent_sidecar.v1.ServeToolsRequest
+	6, // 7: agent_sidecar.v1.ToolService.ServeTools:output_type -> agent_sidecar.v1.ServeToolsResponse
+	7, // [7:8] is the sub-list for method output_type
+	6, // [6:7] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_agent_sidecar_v1_tool_service_proto_init() }
@@ -647,7 +665,7 @@ func file_agent_sidecar_v1_tool_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_sidecar_v1_tool_service_proto_rawDesc), len(file_agent_sidecar_v1_tool_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

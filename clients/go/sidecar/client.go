@@ -45,16 +45,20 @@ type options struct {
 	dialOpts     []grpc.DialOption
 	resumeWindow time.Duration
 	lazy         bool
+	tls          tlsOptions
+	insecure     bool
 }
 
 // Option configures Dial.
 type Option func(*options)
 
-// WithToken sends "authorization: Bearer <token>" with every call. It works
-// over the plaintext transports the sidecar listens on (TCP and Unix socket).
+// WithToken sends "authorization: Bearer <token>" with every call. Over a
+// plain connection only to a Unix socket or a loopback address, unless
+// WithInsecure: to another host use WithTLS (or WithCAFile).
 func WithToken(token string) Option { return func(o *options) { o.token = token } }
 
-// WithDialOptions appends raw grpc.DialOptions (interceptors, TLS, ...).
+// WithDialOptions appends raw grpc.DialOptions (interceptors, other
+// transport credentials, ...); they come after the options above.
 func WithDialOptions(opts ...grpc.DialOption) Option {
 	return func(o *options) { o.dialOpts = append(o.dialOpts, opts...) }
 }
@@ -93,11 +97,24 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 			MinConnectTimeout: 5 * time.Second,
 		}),
 	}
+	if o.tls.enabled {
+		creds, err := o.tls.transportCredentials()
+		if err != nil {
+			return nil, err
+		}
+		dialOpts = append(dialOpts, grpc.WithTransportCredentials(creds))
+	}
+	// A token that must not travel in cleartext: gRPC refuses it on a plain
+	// connection, however the connection's credentials were given.
+	requireTLS := !o.insecure && !IsLocalTarget(target)
 	if o.token != "" {
-		dialOpts = append(dialOpts, grpc.WithPerRPCCredentials(bearer(o.token)))
+		dialOpts = append(dialOpts, grpc.WithPerRPCCredentials(bearer{o.token, requireTLS}))
 	}
 	dialOpts = append(dialOpts, o.dialOpts...)
 	conn, err := grpc.NewClient(target, dialOpts...)
+	if err != nil && o.token != "" && requireTLS && strings.Contains(err.Error(), "transport level security") {
+		return nil, fmt.Errorf("sidecar: dial %s: %w", target, ErrCleartextToken)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("sidecar: dial %s: %w", target, err)
 	}
@@ -130,14 +147,18 @@ func (c *Client) Close() error { return c.conn.Close() }
 // Conn returns the underlying grpc.ClientConn (for health checks and the like).
 func (c *Client) Conn() *grpc.ClientConn { return c.conn }
 
-// bearer is a PerRPCCredentials that does not require transport security.
-type bearer string
-
-func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+// bearer is the token as PerRPCCredentials; it requires transport security
+// (TLS) unless the target is local or WithInsecure was given.
+type bearer struct {
+	token      string
+	requireTLS bool
 }
 
-func (bearer) RequireTransportSecurity() bool { return false }
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + b.token}, nil
+}
+
+func (b bearer) RequireTransportSecurity() bool { return b.requireTLS }
 
 // unaryErrors converts unary call failures to *Error.
 func unaryErrors(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,

@@ -3,7 +3,9 @@
  * Conformance runner for the Node client (protocol: clients/conformance/README.md).
  *
  *     node dist/conformance/runner.js --lang node --unix unix:/p/sidecar.sock \
- *       --tcp 127.0.0.1:PORT --token TOKEN --scenarios clients/conformance/scenarios.json
+ *       --tcp 127.0.0.1:PORT --token TOKEN --tls 127.0.0.1:PORT --mtls 127.0.0.1:PORT \
+ *       --ca CA.pem --wrong-ca OTHER.pem --client-cert C.pem --client-key C.key \
+ *       --scenarios clients/conformance/scenarios.json
  *
  * Runs every scenario in file order with `{lang}` replaced, and prints one JSON
  * line per scenario: {"scenario": id, "ok": bool, "error"?: text}. Exits 0 when
@@ -45,6 +47,12 @@ async function main(): Promise<number> {
       unix: { type: "string" },
       tcp: { type: "string" },
       token: { type: "string", default: "" },
+      tls: { type: "string" },
+      mtls: { type: "string" },
+      ca: { type: "string" },
+      "wrong-ca": { type: "string" },
+      "client-cert": { type: "string" },
+      "client-key": { type: "string" },
       scenarios: { type: "string", default: "clients/conformance/scenarios.json" },
       only: { type: "string", multiple: true },
     },
@@ -59,7 +67,12 @@ async function main(): Promise<number> {
 
   const unix = connect(values.unix);
   const tcp = values.tcp ? connect(values.tcp, { token: values.token || undefined }) : undefined;
-  const ctx: Ctx = { lang, unix, tcp, tcpTarget: values.tcp, token: values.token ?? "" };
+  const v = values;
+  const tls =
+    v.tls && v.mtls && v.ca && v["wrong-ca"] && v["client-cert"] && v["client-key"]
+      ? { tls: v.tls, mtls: v.mtls, ca: v.ca, wrongCa: v["wrong-ca"], clientCert: v["client-cert"], clientKey: v["client-key"] }
+      : undefined;
+  const ctx: Ctx = { lang, unix, tcp, tcpTarget: values.tcp, token: values.token ?? "", tls };
 
   for (const sc of scenarios) {
     if (values.only && !values.only.includes(sc.id)) continue;

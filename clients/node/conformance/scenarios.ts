@@ -3,7 +3,7 @@
  * resolves when the scenario passes and throws an Error saying what differed.
  */
 import { isDeepStrictEqual } from "node:util";
-import { connect, type SidecarClient, type SourceInput } from "../src/client";
+import { connect, type ConnectOptions, type SidecarClient, type SourceInput } from "../src/client";
 import { REASONS, SidecarError } from "../src/errors";
 import { frameKind, type FrameKind } from "../src/frames";
 import { ActivityFrame } from "../src/gen/agent_sidecar/v1/prompt_service";
@@ -21,6 +21,18 @@ export interface Ctx {
   tcp?: SidecarClient;
   tcpTarget?: string;
   token: string;
+  /** The TLS scenarios' listeners and PEM files (clients/conformance/README.md). */
+  tls?: TlsArgs;
+}
+
+/** --tls, --mtls, --ca, --wrong-ca, --client-cert, --client-key. */
+export interface TlsArgs {
+  tls: string;
+  mtls: string;
+  ca: string;
+  wrongCa: string;
+  clientCert: string;
+  clientKey: string;
 }
 
 type Handler = (sc: Scenario, ctx: Ctx) => Promise<void>;
@@ -45,6 +57,28 @@ function client(sc: Scenario, ctx: Ctx): SidecarClient {
 }
 
 const kinds = (frames: ActivityFrame[]) => frames.map((f) => frameKind(f) ?? "?");
+
+/** The source's session id over a TLS listener, with these connect options. */
+async function tlsSession(target: string, sc: Scenario, ctx: Ctx, opts: ConnectOptions): Promise<string> {
+  const c = connect(target, { token: ctx.token, ...opts });
+  try {
+    return (await c.getOrCreateSession(toSource(sc.source))).sessionId;
+  } finally {
+    c.close();
+  }
+}
+
+/** A TLS listener refuses these connect options: the call fails with `code` (a name). */
+async function tlsRefused(target: string, sc: Scenario, ctx: Ctx, opts: ConnectOptions, code: string): Promise<void> {
+  let error: unknown;
+  try {
+    await tlsSession(target, sc, ctx, opts);
+  } catch (err) {
+    error = err;
+  }
+  check(error instanceof SidecarError, `${target} accepted a client with ${Object.keys(opts).join(", ")}`);
+  check(error.codeName === code, `refused with ${error.codeName}, not ${code}: ${error.message}`);
+}
 
 /** Match kinds against a pattern like ["accepted", "text_delta+", "usage?", "x*"]. */
 export function matchKinds(actual: string[], pattern: string[]): boolean {
@@ -271,5 +305,25 @@ export const HANDLERS: Record<string, Handler> = {
     } finally {
       anon.close();
     }
+  },
+
+  async tls_custom_ca(sc, ctx) {
+    check(ctx.tls, "scenario needs --tls");
+    const viaUnix = await ctx.unix.getOrCreateSession(toSource(sc.source));
+    const viaTls = await tlsSession(ctx.tls.tls, sc, ctx, { caFile: ctx.tls.ca });
+    check(viaTls === viaUnix.sessionId, `session ids differ: ${viaUnix.sessionId} vs ${viaTls}`);
+    await tlsRefused(ctx.tls.tls, sc, ctx, { caFile: ctx.tls.wrongCa }, sc.expect.wrong_ca_code);
+  },
+
+  async mtls_client_cert(sc, ctx) {
+    check(ctx.tls, "scenario needs --mtls");
+    const viaUnix = await ctx.unix.getOrCreateSession(toSource(sc.source));
+    const viaMtls = await tlsSession(ctx.tls.mtls, sc, ctx, {
+      caFile: ctx.tls.ca,
+      certFile: ctx.tls.clientCert,
+      keyFile: ctx.tls.clientKey,
+    });
+    check(viaMtls === viaUnix.sessionId, `session ids differ: ${viaUnix.sessionId} vs ${viaMtls}`);
+    await tlsRefused(ctx.tls.mtls, sc, ctx, { caFile: ctx.tls.ca }, sc.expect.without_client_cert_code);
   },
 };

@@ -4,7 +4,7 @@
  * as a prompt for a `local` DM session named after the OS user, and streams the
  * reply. Hosts one tool, `local.clock.now`.
  *
- *     node dist/examples/console-chat.js [--target unix:./data/sidecar.sock] [--token T] [--profile main]
+ *     node dist/examples/console-chat.js [--target unix:./data/sidecar.sock] [--token T] [--ca CA.pem] [--profile main]
  *
  * Commands: /new and /reset (fresh session), /stop (cancel the turn and suspend),
  * /queue TEXT (run after the current turn, in order), /undo (rewind one user
@@ -100,11 +100,12 @@ async function main(): Promise<void> {
     options: {
       target: { type: "string", default: "unix:./data/sidecar.sock" },
       token: { type: "string" },
+      ca: { type: "string" },
       profile: { type: "string", default: "main" },
     },
   });
   const profile = values.profile!;
-  const client = connect(values.target!, { token: values.token });
+  const client = connect(values.target!, { token: values.token, caFile: values.ca });
   await client.ready(5000);
   const me = userInfo();
   const source: SourceInput = {

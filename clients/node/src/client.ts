@@ -11,7 +11,7 @@ import {
   type ChannelCredentials,
   type ChannelOptions,
 } from "@grpc/grpc-js";
-import { bearerInterceptor, openChannel, unary, type UnaryMethod } from "./connection";
+import { bearerInterceptor, checkCleartext, openChannel, tlsCredentials, unary, type UnaryMethod } from "./connection";
 import { FrameSequencer } from "./frames";
 import { type Message, type Session, SessionSource, type Usage } from "./gen/agent_sidecar/v1/common";
 import {
@@ -50,7 +50,25 @@ export type Delivery =
 export interface ConnectOptions {
   /** Bearer token sent as `authorization: Bearer <token>` on every call (needed over TCP). */
   token?: string;
-  /** Channel credentials; insecure by default (Unix socket, or TCP on localhost). */
+  /**
+   * TLS to a TCP listener with a certificate (`[[listen]] cert/key`): verify it
+   * with the system's roots, or with `caFile`. Implied by `caFile`, `certFile`, `keyFile`.
+   */
+  tls?: boolean;
+  /** PEM file of the CA certificates that verify the sidecar's certificate (a private CA). */
+  caFile?: string;
+  /** PEM client certificate, which a listener with a `client_ca` requires (mTLS); with `keyFile`. */
+  certFile?: string;
+  /** PEM private key of `certFile`. */
+  keyFile?: string;
+  /** The name to expect in the sidecar's certificate when it is not the target's host. */
+  serverName?: string;
+  /**
+   * Send `token` over a plain channel to a host that is not loopback (cleartext:
+   * anyone on the path can read it). Without it that connect throws.
+   */
+  insecure?: boolean;
+  /** Channel credentials, replacing the TLS options; insecure by default (Unix socket, or TCP on localhost). */
   credentials?: ChannelCredentials;
   /** Extra @grpc/grpc-js channel options. */
   channelOptions?: ChannelOptions;
@@ -102,7 +120,20 @@ export function parseDelivery(d: Delivery | undefined): DeliveryMode {
   return v;
 }
 
-/** Connect to a sidecar at `unix:/path/sidecar.sock`, a bare socket path, or `host:port`. */
+/** The channel credentials {@link ConnectOptions} ask for: theirs, TLS from files, or plain. */
+function channelCredentials(options: ConnectOptions): ChannelCredentials {
+  if (options.credentials) return options.credentials;
+  if (options.tls || options.caFile || options.certFile || options.keyFile) {
+    return tlsCredentials({ caFile: options.caFile, certFile: options.certFile, keyFile: options.keyFile });
+  }
+  return grpcCredentials.createInsecure();
+}
+
+/**
+ * Connect to a sidecar at `unix:/path/sidecar.sock`, a bare socket path, or `host:port`.
+ * A token is never sent in cleartext to another machine by accident: over a plain
+ * channel to a host that is not loopback this throws unless `insecure: true`.
+ */
 export function connect(target: string, options: ConnectOptions = {}): SidecarClient {
   return new SidecarClient(target, options);
 }
@@ -119,13 +150,20 @@ export class SidecarClient {
   private readonly resume: ResumeOptions | false | undefined;
 
   constructor(readonly target: string, options: ConnectOptions = {}) {
-    this.channel = openChannel(target, options.credentials, options.channelOptions);
+    const creds = channelCredentials(options);
+    // _isSecure() is grpc-js's own answer for any credentials (public in its typings).
+    checkCleartext(target, options.token, creds._isSecure(), options.insecure ?? false);
+    const channelOptions: ChannelOptions = { ...(options.channelOptions ?? {}) };
+    if (options.serverName) {
+      channelOptions["grpc.ssl_target_name_override"] = options.serverName;
+      channelOptions["grpc.default_authority"] = options.serverName;
+    }
+    this.channel = openChannel(target, creds, channelOptions);
     const clientOptions = {
       channelOverride: this.channel,
       interceptors: options.token ? [bearerInterceptor(options.token)] : [],
     };
     // With channelOverride the stubs share this.channel; their credentials argument is unused.
-    const creds = options.credentials ?? grpcCredentials.createInsecure();
     const mk = <T>(C: new (a: string, c: ChannelCredentials, o: object) => T): T => new C(target, creds, clientOptions);
     this.raw = { sessions: mk(SessionServiceClient), prompts: mk(PromptServiceClient), tools: mk(ToolServiceClient) };
     this.timeoutMs = options.callTimeoutMs ?? 30_000;

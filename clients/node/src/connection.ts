@@ -15,6 +15,8 @@ import {
   type ServiceError,
 } from "@grpc/grpc-js";
 import { Metadata as GrpcMetadata } from "@grpc/grpc-js";
+import { readFileSync } from "node:fs";
+import { isIP } from "node:net";
 import { fromGrpcError } from "./errors";
 import serviceConfig from "./service_config.json";
 
@@ -58,6 +60,59 @@ export const DEFAULT_CHANNEL_OPTIONS: ChannelOptions = {
   "grpc.max_reconnect_backoff_ms": 2000,
   "grpc.service_config": SERVICE_CONFIG,
 };
+
+/** Where the TLS material of {@link tlsCredentials} comes from: PEM file paths. */
+export interface TlsFiles {
+  /** CA certificates that verify the sidecar's certificate (default: the system's roots). */
+  caFile?: string;
+  /** A client certificate, for a listener with a `client_ca` (mTLS); with `keyFile`. */
+  certFile?: string;
+  /** The private key of `certFile`. */
+  keyFile?: string;
+}
+
+/** Channel credentials for a TLS listener of the sidecar, from PEM files. */
+export function tlsCredentials(files: TlsFiles = {}): ChannelCredentials {
+  if ((files.certFile === undefined) !== (files.keyFile === undefined)) {
+    throw new TypeError("certFile and keyFile go together (the client certificate and its key)");
+  }
+  const read = (path?: string) => (path === undefined ? null : readFileSync(path));
+  return grpcCredentials.createSsl(read(files.caFile), read(files.keyFile), read(files.certFile));
+}
+
+/**
+ * Whether `target` only reaches this machine: a Unix socket, or a TCP address
+ * whose host is `localhost` or a loopback IP (127.0.0.0/8, ::1).
+ */
+export function isLocalTarget(target: string): boolean {
+  let t = normalizeTarget(target);
+  if (t.startsWith("unix:") || t.startsWith("unix-abstract:")) return true;
+  for (const scheme of ["dns:///", "dns:", "ipv4:", "ipv6:"]) {
+    if (t.startsWith(scheme)) {
+      t = t.slice(scheme.length);
+      break;
+    }
+  }
+  const cut = t.lastIndexOf(":");
+  const host = (cut >= 0 ? t.slice(0, cut) : t).replace(/^\[|\]$/g, "").toLowerCase();
+  if (host === "localhost" || host.endsWith(".localhost")) return true;
+  if (isIP(host) === 4) return host.startsWith("127.");
+  if (isIP(host) === 6) return host === "::1" || host === "0:0:0:0:0:0:0:1";
+  return false;
+}
+
+/**
+ * Refuse to send `token` in cleartext to another machine: a token on a plain
+ * channel to a host that is not loopback throws unless `insecure` is set.
+ */
+export function checkCleartext(target: string, token: string | undefined, secure: boolean, insecure: boolean): void {
+  if (token && !secure && !insecure && !isLocalTarget(target)) {
+    throw new Error(
+      `refusing to send the bearer token in cleartext to ${target}: connect with TLS ` +
+        "(tls: true, caFile: ...) to a TLS listener, or pass insecure: true to send it anyway",
+    );
+  }
+}
 
 /** Open one channel to `target` (insecure unless `creds` is given). */
 export function openChannel(target: string, creds?: ChannelCredentials, options?: ChannelOptions): Channel {

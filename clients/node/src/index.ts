@@ -19,7 +19,15 @@ export {
   type SourceInput,
   type WatchOptions,
 } from "./client";
-export { bearerInterceptor, DEFAULT_CHANNEL_OPTIONS, normalizeTarget, SERVICE_CONFIG } from "./connection";
+export {
+  bearerInterceptor,
+  DEFAULT_CHANNEL_OPTIONS,
+  isLocalTarget,
+  normalizeTarget,
+  SERVICE_CONFIG,
+  tlsCredentials,
+  type TlsFiles,
+} from "./connection";
 export {
   AgentBusy,
   AgentTimeout,

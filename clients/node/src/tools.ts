@@ -28,6 +28,11 @@ export interface ToolContext {
   requestId: string;
   /** How long the sidecar waits for the result (0 if unknown). */
   timeoutMs: number;
+  /**
+   * W3C Trace Context of the sidecar's span for this call (`traceparent`,
+   * `tracestate`); empty when the sidecar does not trace.
+   */
+  traceContext: { [key: string]: string };
   /** Aborted when the sidecar's timeout passes or the host closes. */
   signal: AbortSignal;
 }
@@ -220,6 +225,7 @@ export class ToolHost {
         sessionId: inv.sessionId,
         requestId: inv.requestId,
         timeoutMs: inv.timeoutMs,
+        traceContext: inv.traceContext,
         signal: ac.signal,
       };
       const value = await tool.handler(args, ctx);

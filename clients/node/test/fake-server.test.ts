@@ -110,7 +110,7 @@ function serveTools(call: ServerDuplexStream<ServeToolsRequest, ServeToolsRespon
       const names = m.value.tools.map((t) => t.name);
       call.write({ message: { $case: "registered", value: { namespace: m.value.namespace, toolNames: names } } });
       for (const [id, tool, args] of [["i1", names[0], '{"a":2,"b":3}'], ["i2", "conf.node.nope", "{}"]]) {
-        const inv = { invocationId: id, toolName: tool, argumentsJson: args, sessionKey: "k", sessionId: "s", requestId: "r", timeoutMs: 5000 };
+        const inv = { invocationId: id, toolName: tool, argumentsJson: args, sessionKey: "k", sessionId: "s", requestId: "r", timeoutMs: 5000 , traceContext: {} };
         call.write({ message: { $case: "invocation", value: inv } });
       }
     } else if (m?.$case === "result") {

@@ -3,9 +3,11 @@
  * semantics to run the conformance scenario handlers: session get-or-create,
  * echo and slow-echo turns, request-id dedup with replay, REJECT_IF_BUSY,
  * QUEUE order, WatchActivity resume, a tool call through ServeTools, a scope
- * violation, and bearer tokens on TCP. Not a reference implementation.
+ * violation, bearer tokens on TCP, and a TLS and an mTLS listener when given
+ * certificates. Not a reference implementation.
  */
 import { randomUUID } from "node:crypto";
+import { readFileSync } from "node:fs";
 import { EventEmitter } from "node:events";
 import { Metadata, Server, ServerCredentials, status as GrpcCode } from "@grpc/grpc-js";
 import { encodeStatusDetails, STATUS_DETAILS_KEY } from "../src/errors";
@@ -13,7 +15,7 @@ import { Session } from "../src/gen/agent_sidecar/v1/common";
 import { type ActivityFrame, DeliveryMode, PromptServiceService, type PromptRequest } from "../src/gen/agent_sidecar/v1/prompt_service";
 import { SessionServiceService } from "../src/gen/agent_sidecar/v1/session_service";
 import { ToolServiceService, type ServeToolsRequest, type ToolInvocationResult } from "../src/gen/agent_sidecar/v1/tool_service";
-import { listenUnix, sleep, type TestServer } from "./helpers";
+import { type Certs, listenUnix, sleep, type TestServer } from "./helpers";
 
 type Event = NonNullable<ActivityFrame["event"]>;
 
@@ -50,6 +52,11 @@ class Turn extends EventEmitter {
 export class FakeSidecar {
   readonly token = "fake-token";
   tcpTarget = "";
+  /** With certificates: a TLS listener and an mTLS one (client certificates of `certs.ca`). */
+  tlsTarget = "";
+  mtlsTarget = "";
+
+  constructor(private readonly certs?: Certs) {}
   private unix?: TestServer;
   private readonly sessions = new Map<string, Session>();
   private readonly turns = new Map<string, Turn>();
@@ -87,6 +94,16 @@ export class FakeSidecar {
       server.bindAsync("127.0.0.1:0", ServerCredentials.createInsecure(), (e, p) => (e ? reject(e) : resolve(p))),
     );
     this.tcpTarget = `127.0.0.1:${port}`;
+    if (this.certs) {
+      const c = this.certs;
+      const pair = { cert_chain: readFileSync(c.serverCert), private_key: readFileSync(c.serverKey) };
+      const bind = (creds: ServerCredentials) =>
+        new Promise<string>((resolve, reject) =>
+          server.bindAsync("127.0.0.1:0", creds, (e, p) => (e ? reject(e) : resolve(`127.0.0.1:${p}`))),
+        );
+      this.tlsTarget = await bind(ServerCredentials.createSsl(null, [pair]));
+      this.mtlsTarget = await bind(ServerCredentials.createSsl(readFileSync(c.ca), [pair], true));
+    }
   }
 
   async stop(): Promise<void> {
@@ -187,7 +204,7 @@ export class FakeSidecar {
         for (const tool of m.value.tools) {
           this.toolHosts.set(tool.name, ({ name, args }) => {
             const id = randomUUID();
-            const inv = { invocationId: id, toolName: name, argumentsJson: args, sessionKey: "", sessionId: "", requestId: "", timeoutMs: 5000 };
+            const inv = { invocationId: id, toolName: name, argumentsJson: args, sessionKey: "", sessionId: "", requestId: "", timeoutMs: 5000 , traceContext: {} };
             call.write({ message: { $case: "invocation", value: inv } });
             return new Promise((r) => pending.set(id, r));
           });

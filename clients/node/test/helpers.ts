@@ -1,4 +1,5 @@
 /** Test helpers: frame builders and an in-process fake sidecar (grpc-js server on a Unix socket). */
+import { execFileSync } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -66,6 +67,45 @@ export async function listenUnix(server: Server): Promise<TestServer> {
       server.forceShutdown();
       rmSync(dir, { recursive: true, force: true });
     },
+  };
+}
+
+/** The PEM files of tests/helpers/certs.py (a CA, server and client certificates, a wrong CA). */
+export interface Certs {
+  ca: string;
+  serverCert: string;
+  serverKey: string;
+  clientCert: string;
+  clientKey: string;
+  otherCa: string;
+}
+
+/**
+ * Certificates made by the repository's one certificate helper
+ * (tests/helpers/certs.py, the openssl command), or undefined when python3
+ * or openssl is missing.
+ */
+export function makeCerts(dir: string): Certs | undefined {
+  const tests = join(__dirname, "..", "..", "..", "..", "tests");
+  const code = [
+    "import sys; from pathlib import Path",
+    `sys.path.insert(0, ${JSON.stringify(tests)})`,
+    "from helpers.certs import available, make_certs",
+    `sys.exit(3) if not available() else make_certs(Path(${JSON.stringify(dir)}))`,
+  ].join("\n");
+  try {
+    execFileSync("python3", ["-c", code], { stdio: "ignore", timeout: 30_000 });
+  } catch {
+    return undefined;
+  }
+  const f = (name: string) => join(dir, name);
+  return {
+    ca: f("ca.pem"),
+    serverCert: f("server.pem"),
+    serverKey: f("server.key"),
+    clientCert: f("client.pem"),
+    clientKey: f("client.key"),
+    otherCa: f("other-ca.pem"),
   };
 }
 

@@ -6,7 +6,7 @@ It is the smallest complete adapter, to copy from: it derives a SessionSource
 usual chat commands onto SessionService/PromptService calls, and hosts one
 tool (``local.clock.now``) so a model with ``tools = ["local.*"]`` can call it.
 
-    python clients/python/examples/console_chat.py [--target unix:./data/sidecar.sock] [--token T]
+    python clients/python/examples/console_chat.py [--target unix:./data/sidecar.sock] [--token T] [--ca CA.pem]
 
 Commands: /new and /reset (fresh session), /stop (cancel the turn and
 suspend), /queue TEXT (run TEXT as its own turn after the current ones),
@@ -78,7 +78,7 @@ async def chat(args: argparse.Namespace) -> int:
     user = getpass.getuser()
     source = {"platform": "local", "chat_type": "dm", "chat_id": args.chat_id or user,
               "user_id": user, "user_name": user}
-    client = await connect(args.target, token=args.token)
+    client = await connect(args.target, token=args.token, ca_file=args.ca)
     turns: set[asyncio.Task] = set()
     async with client, contextlib.AsyncExitStack() as stack:
         session = await client.get_or_create_session(source, profile=args.profile)
@@ -133,6 +133,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="Chat with agent-sidecar from the terminal.")
     parser.add_argument("--target", default=DEFAULT_TARGET, help="unix:PATH or HOST:PORT (default %(default)s)")
     parser.add_argument("--token", default=None, help="bearer token (needed over TCP)")
+    parser.add_argument("--ca", default=None, help="PEM CA file: TLS to a listener with a certificate of that CA")
     parser.add_argument("--profile", default=None, help="sidecar profile (default: main)")
     parser.add_argument("--chat-id", default=None, help="chat id (default: your user name)")
     args = parser.parse_args()

@@ -5,12 +5,18 @@ a TCP caller must present a bearer token, scoped to platforms, possibly admin
 from __future__ import annotations
 
 import hmac
+from collections import Counter
 from dataclasses import dataclass
 
 import grpc
 
 from ..config import AuthToken
 from ..errors import PERMISSION_DENIED, UNAUTHENTICATED, SidecarError, excerpt
+
+# Refused credentials since the start, by reason (UNAUTHENTICATED: no or an unknown
+# token; PERMISSION_DENIED: a token without the platform or admin right), for the
+# metrics endpoint. One per process: a process serves one sidecar.
+FAILURES: Counter[str] = Counter()
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,11 +29,13 @@ class Principal:
 
     def require_platform(self, platform: str) -> None:
         if not self.allows(platform):
+            FAILURES[PERMISSION_DENIED] += 1
             raise SidecarError(PERMISSION_DENIED,
                                f"credential not valid for platform {excerpt(platform)}")
 
     def require_admin(self) -> None:
         if not self.admin:
+            FAILURES[PERMISSION_DENIED] += 1
             raise SidecarError(PERMISSION_DENIED, "this call needs an admin credential")
 
 
@@ -35,6 +43,8 @@ LOCAL = Principal(admin=True, platforms=frozenset({"*"}))
 
 
 class Authenticator:
+    failures = FAILURES  # what the metrics read
+
     def __init__(self, tokens: list[AuthToken]):
         self._tokens = [(t.token.encode(), Principal(t.admin, frozenset(t.platforms))) for t in tokens]
 
@@ -46,8 +56,10 @@ class Authenticator:
             if key == "authorization" and value.startswith("Bearer "):
                 presented = value[7:].strip().encode()
         if not presented:
+            FAILURES[UNAUTHENTICATED] += 1
             raise SidecarError(UNAUTHENTICATED, "a bearer token is required over TCP")
         for token, principal in self._tokens:
             if hmac.compare_digest(token, presented):
                 return principal
+        FAILURES[UNAUTHENTICATED] += 1
         raise SidecarError(UNAUTHENTICATED, "unknown bearer token")

@@ -13,6 +13,7 @@ import math
 
 from .. import errors as E
 from ..config import Config
+from ..logs import bind_turn
 from ..sessions.keys import build_session_key, canonical_session_key, split_session_key
 from ..store import Store
 from ..turns import jobs
@@ -94,6 +95,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
     @streaming
     async def Prompt(self, request, context, principal):
         rid, key, platform, profile, source = self._validate(request, principal)
+        bind_turn(rid, key)  # this call's task: its log lines are the turn's
         prof = self.cfg.profile(profile)
         timeout = prof.timeout_s or self.cfg.gateway_timeout
         remaining = context.time_remaining()

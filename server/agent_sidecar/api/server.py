@@ -18,6 +18,7 @@ started from the loop later (store reads) keep the default one.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -26,21 +27,28 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from ..config import Config
+from ..config import Config, Listener
+from ..obs.rpc import interceptors
+from ..tls import host_of, is_loopback, read_pem
 from ..v1 import prompt_service_pb2, prompt_service_pb2_grpc, session_service_pb2
 from ..v1 import session_service_pb2_grpc, tool_service_pb2, tool_service_pb2_grpc
+from ..v1 import status_service_pb2, status_service_pb2_grpc
 from .boundary import Boundary
 from .caps import Caps
 
 _ADD = {"SessionService": session_service_pb2_grpc.add_SessionServiceServicer_to_server,
         "PromptService": prompt_service_pb2_grpc.add_PromptServiceServicer_to_server,
-        "ToolService": tool_service_pb2_grpc.add_ToolServiceServicer_to_server}
+        "ToolService": tool_service_pb2_grpc.add_ToolServiceServicer_to_server,
+        "StatusService": status_service_pb2_grpc.add_StatusServiceServicer_to_server}
 
-_SERVICE_MODULES = (session_service_pb2, prompt_service_pb2, tool_service_pb2)
+log = logging.getLogger("agent_sidecar")
+
+_SERVICE_MODULES = (session_service_pb2, prompt_service_pb2, tool_service_pb2, status_service_pb2)
 SERVICE_NAMES = (
     session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name,
     prompt_service_pb2.DESCRIPTOR.services_by_name["PromptService"].full_name,
     tool_service_pb2.DESCRIPTOR.services_by_name["ToolService"].full_name,
+    status_service_pb2.DESCRIPTOR.services_by_name["StatusService"].full_name,
 )
 
 # Frames and transcripts can be large; keepalive pings keep idle watch streams
@@ -82,15 +90,15 @@ def server_options(caps: Caps) -> list[tuple[str, int]]:
 
 def build_server(cfg: Config, services: list,
                  auth) -> tuple[grpc.aio.Server, health.HealthServicer, list[str]]:
-    """The server with ``services`` (SessionService, PromptService, ToolService
-    instances), each call through the boundary (auth, size, parse, caps), plus
+    """The server with ``services`` (SessionService, PromptService, ToolService,
+    StatusService instances), each call through the boundary (auth, size, parse, caps), plus
     health and reflection (as gRPC serves them); listeners bound."""
     caps = Caps(cfg.limits)
-    server = grpc.aio.server(options=server_options(caps))
+    server = grpc.aio.server(options=server_options(caps), interceptors=interceptors())
     edge = Boundary(server, auth, caps)
     for service in services:
         _ADD[type(service).__name__](service, edge)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = SidecarHealth()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         SERVICE_NAMES + (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -98,30 +106,67 @@ def build_server(cfg: Config, services: list,
     return server, health_servicer, bind_listeners(server, cfg)
 
 
+class SidecarHealth(health.aio.HealthServicer):
+    """grpc.health.v1 for the server ("") and for each of our services by
+    name: one status for all of them, so ``set("", s)`` sets every name
+    (the runtime sets "" as the restore, a store fault and a drain change
+    it). A checker asking for ``agent_sidecar.v1.PromptService`` gets the
+    same answer as one asking for the server, never NOT_FOUND."""
+
+    async def set(self, service: str, status) -> None:
+        await super().set(service, status)
+        if service == "":
+            for name in SERVICE_NAMES:
+                await super().set(name, status)
+
+
 def bind_listeners(server: grpc.aio.Server, cfg: Config) -> list[str]:
     """Every listener of the config, bound: the one place a listener is added
-    (a Unix socket born 0600; TCP only with tokens). Returns what was bound
-    (a TCP port 0 resolved)."""
-    targets = cfg.listen or [cfg.default_socket]
+    (a Unix socket born 0600; TCP only with tokens; TLS where the listener
+    has a certificate, client certificates required where it has a client
+    CA). Returns what was bound (a TCP port 0 resolved, ``(TLS)`` or
+    ``(mTLS)`` after a secure one)."""
     bound = []
-    for target in targets:
+    for listener in cfg.all_listeners():
+        target = listener.address
         if target.startswith("unix:"):
-            path = target[5:]
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            _prepare_unix(path)
-            old = os.umask(0o177)  # the socket is born 0600: only our own user
-            try:
-                server.add_insecure_port(target)
-            finally:
-                os.umask(old)
+            _bind_unix(server, target)
             bound.append(target)
+            continue
+        if not cfg.tokens:
+            raise RuntimeError(f"listening on TCP ({target}) needs [[auth.tokens]] in the config")
+        if listener.tls:
+            port = server.add_secure_port(target, server_credentials(listener))
         else:
-            if not cfg.tokens:
-                raise RuntimeError(f"listening on TCP ({target}) needs [[auth.tokens]] in the config")
             port = server.add_insecure_port(target)
-            host = target.rsplit(":", 1)[0]
-            bound.append(f"{host}:{port}")
+        address = f"{target.rsplit(':', 1)[0]}:{port}"
+        if not listener.tls and not is_loopback(host_of(target)):
+            # Tokens reach this port from other machines in cleartext.
+            log.warning("a TCP listener without TLS accepts bearer tokens from the network in "
+                        "cleartext", extra={"listen": address,
+                                            "fix": "give it cert and key in [[listen]] (docs/security.md)"})
+        bound.append(address + (" (mTLS)" if listener.client_ca else " (TLS)" if listener.tls else ""))
     return bound
+
+
+def _bind_unix(server: grpc.aio.Server, target: str) -> None:
+    path = target[5:]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    _prepare_unix(path)
+    old = os.umask(0o177)  # the socket is born 0600: only our own user
+    try:
+        server.add_insecure_port(target)
+    finally:
+        os.umask(old)
+
+
+def server_credentials(listener: Listener) -> grpc.ServerCredentials:
+    """The listener's TLS credentials (its files were checked at load: tls.py);
+    with a client CA, a client without a certificate it signed is refused in
+    the handshake."""
+    roots = read_pem(listener.client_ca) if listener.client_ca else None
+    return grpc.ssl_server_credentials([(read_pem(listener.key), read_pem(listener.cert))],
+                                       root_certificates=roots, require_client_auth=roots is not None)
 
 
 def calm_grpc_threads() -> int:

@@ -17,8 +17,10 @@ from . import stats
 
 def options_dict(opts) -> dict:
     """The run's options for the JSON document: never the token, the prompt
-    as its size and its first words."""
-    d = dataclasses.asdict(opts)
+    as its size and its first words, TLS as a yes or no."""
+    d = dataclasses.asdict(dataclasses.replace(opts, credentials=None))
+    d.pop("credentials")
+    d["tls"] = opts.credentials is not None
     d.pop("token", None)
     text = d.pop("text")
     d["prompt"] = {"words": len(text.split()), "chars": len(text), "start": text[:60]}

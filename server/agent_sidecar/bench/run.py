@@ -28,7 +28,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from . import load, procs, report
 
@@ -47,9 +47,11 @@ class BenchOptions:
     levels: list[int] = field(default_factory=lambda: [1])
     sweep: bool = False
     token: str | None = None
-    tls: bool = False
-    ca_cert: str | None = None
-    tls_server_name: str | None = None
+    # TLS to the target: grpc.ChannelCredentials and channel options, as
+    # cli/connection.py builds them from the target options (None: plain).
+    credentials: Any = None
+    channel_options: tuple = ()
+    insecure: bool = False  # --insecure: the token over plain TCP to another host
     connect_timeout_s: float = 5.0
     profile: str | None = None
     platform: str = "bench"
@@ -74,28 +76,14 @@ class BenchOptions:
 Status = Callable[[str, "load.Point | None"], None]
 
 
-def _credentials(opts: BenchOptions):
-    import grpc
-    if not (opts.tls or opts.ca_cert):
-        return None, ()
-    roots = None
-    if opts.ca_cert:
-        try:
-            with open(opts.ca_cert, "rb") as f:
-                roots = f.read()
-        except OSError as e:
-            raise BenchError(f"--ca-cert {opts.ca_cert}: {e.strerror}") from None
-    options = (("grpc.ssl_target_name_override", opts.tls_server_name),) if opts.tls_server_name else ()
-    return grpc.ssl_channel_credentials(root_certificates=roots), options
-
-
 async def connect(target: str, opts: BenchOptions, *, tls: bool = True):
     """A client for ``target``; BenchError (one line) when nothing answers."""
     from agent_sidecar_client import SidecarError, connect as client_connect
-    credentials, options = _credentials(opts) if tls else (None, ())
+    credentials, options = (opts.credentials, opts.channel_options) if tls else (None, ())
     try:
         return await client_connect(target, opts.token if tls else None, timeout=opts.connect_timeout_s,
-                                    credentials=credentials, options=options, call_timeout=60.0)
+                                    credentials=credentials, options=options, call_timeout=60.0,
+                                    insecure=opts.insecure)
     except SidecarError:
         raise BenchError(f"no sidecar reachable at {target} within {opts.connect_timeout_s:g}s") from None
     except Exception as e:  # a malformed target, bad TLS material...

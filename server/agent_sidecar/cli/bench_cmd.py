@@ -16,7 +16,8 @@ import sys
 import time
 from collections import deque
 
-DEFAULT_TARGET = "unix:./data/sidecar.sock"
+from .connection import DEFAULT_TARGET, TargetError, add_target_arguments, credentials
+
 # Common words, cycled to build --prompt-words N: a prompt a tokenizer and a
 # model treat as ordinary text, and the echo model answers word for word.
 _VOCABULARY = ("the quick brown fox jumps over a lazy dog while seven bright stars shine above "
@@ -68,11 +69,7 @@ def add_arguments(sub) -> argparse.ArgumentParser:
                        description="Drive a running sidecar with concurrent turns and report throughput, "
                                    "latency, errors and (on this host) CPU and memory.")
     t = b.add_argument_group("target")
-    t.add_argument("--target", default=DEFAULT_TARGET, help=f"the sidecar's address (default {DEFAULT_TARGET})")
-    t.add_argument("--token", default=None, help="bearer token (TCP)")
-    t.add_argument("--tls", action="store_true", help="TLS to the target (system roots unless --ca-cert)")
-    t.add_argument("--ca-cert", default=None, help="PEM roots to verify the target's certificate (implies --tls)")
-    t.add_argument("--tls-server-name", default=None, help="the name to expect in the target's certificate")
+    add_target_arguments(t, DEFAULT_TARGET)
     t.add_argument("--connect-timeout", type=_positive(float), default=5.0, help="seconds (default 5)")
     t.add_argument("--pid", type=int, default=None,
                    help="the sidecar's pid for CPU/RSS figures (default: found from the listening socket)")
@@ -134,11 +131,15 @@ def options_from(args):
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise ValueError(f"{flag} {path}: no such directory")
+    try:
+        creds, channel_options = credentials(args)
+    except TargetError as e:
+        raise ValueError(str(e)) from None
     levels = args.sweep or [args.concurrency or 10]
     return BenchOptions(
         target=args.target, text=args.prompt if args.prompt is not None else prompt_of(args.prompt_words or 200),
         levels=levels, sweep=args.sweep is not None and len(levels) > 1, token=args.token,
-        tls=args.tls or bool(args.ca_cert), ca_cert=args.ca_cert, tls_server_name=args.tls_server_name,
+        credentials=creds, channel_options=channel_options, insecure=args.insecure,
         connect_timeout_s=args.connect_timeout, profile=args.profile, platform=args.platform,
         sessions=args.sessions, duration_s=None if args.turns else (args.duration or 10.0), turns=args.turns,
         warmup_s=args.warmup, ramp_s=args.ramp, delivery=args.delivery, tools=args.tools,

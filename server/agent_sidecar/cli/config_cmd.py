@@ -47,7 +47,7 @@ def run(args) -> int:
     if args.action == "show":
         sys.stdout.write(to_toml(as_table(cfg, Config)))
         return 0
-    listen = cfg.listen or [cfg.default_socket]
+    listen = [x.address + (" (mTLS)" if x.client_ca else " (TLS)" if x.tls else "") for x in cfg.all_listeners()]
     print(f"{args.file}: ok ({len(cfg.profiles)} profile(s): {', '.join(sorted(cfg.profiles))}; "
           f"{len(cfg.tokens)} token(s); listen {', '.join(listen)}; data {cfg.data_dir})")
     return 0

@@ -3,18 +3,30 @@ container health checks and scripts.
 
 Exit status 0 when the answer is SERVING, 1 for anything else (NOT_SERVING
 while the startup restore runs or a drain is under way, no answer within the
-timeout, no sidecar at all). One line on stdout says which.
+timeout, no sidecar at all). One line on stdout says which. Target options
+that cannot work (``--cert`` without ``--key``, a token in cleartext to
+another host) are exit status 2, as argparse's errors; the options are every
+command's (connection.py).
 """
 
 from __future__ import annotations
+
+import sys
+
+from .connection import TargetError, call_metadata, open_channel
 
 
 def run(args) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    metadata = [("authorization", f"Bearer {args.token}")] if args.token else None
-    with grpc.insecure_channel(args.target) as channel:
+    try:
+        channel = open_channel(args)
+    except TargetError as e:
+        print(f"agent-sidecar health: {e}", file=sys.stderr)
+        return 2
+    metadata = call_metadata(args)
+    with channel:
         try:
             response = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=args.service), metadata=metadata,

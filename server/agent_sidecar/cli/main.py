@@ -1,4 +1,4 @@
-"""``agent-sidecar``: serve, sessions, doctor, health, config, bench; ``--version``.
+"""``agent-sidecar``: serve, sessions, doctor, health, status, config, bench; ``--version``.
 
 It imports nothing heavy at module level (grpc and the server come in
 inside the commands), so ``agent-sidecar --help`` and the small commands
@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from .. import __version__
+from .connection import add_target_arguments  # argparse only; grpc comes in when a command runs
 
 
 def _serve(args) -> int:
@@ -33,6 +34,11 @@ def _health(args) -> int:
     return run(args)
 
 
+def _status(args) -> int:
+    from .status import run
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agent-sidecar",
                                 description="A gRPC session runtime for chat-bot agents.")
@@ -50,9 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_serve)
 
     ss = sub.add_parser("sessions", help="inspect sessions of a running sidecar")
-    ss.add_argument("--target", default="unix:./data/sidecar.sock",
-                    help="the sidecar's address (default unix:./data/sidecar.sock)")
-    ss.add_argument("--token", default=None, help="bearer token (TCP)")
+    add_target_arguments(ss)
     ss_sub = ss.add_subparsers(dest="action", required=True)
     ls = ss_sub.add_parser("list", help="list sessions, most recently active first")
     ls.add_argument("--platform", default="")
@@ -69,12 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_doctor)
 
     h = sub.add_parser("health", help="ask a running sidecar's health service (exit 0 when SERVING)")
-    h.add_argument("--target", default="unix:./data/sidecar.sock",
-                   help="the sidecar's address (default unix:./data/sidecar.sock)")
-    h.add_argument("--token", default=None, help="bearer token (TCP)")
+    add_target_arguments(h)
     h.add_argument("--service", default="", help="the service name to ask about (default: the server)")
     h.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer (default 3)")
     h.set_defaults(func=_health)
+
+    st = sub.add_parser("status", help="what a running sidecar is doing: workers, turns, queues, store")
+    add_target_arguments(st)  # over TCP: an admin token
+    st.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    st.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer (default 5)")
+    st.set_defaults(func=_status)
 
     from .config_cmd import add_arguments as add_config  # its imports: config, no grpc
     add_config(sub)

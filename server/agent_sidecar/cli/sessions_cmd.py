@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from datetime import datetime, timezone
 
+from .connection import TargetError, call_metadata, open_channel
+
 
 def _when(ts) -> str:
     if not ts.seconds:
@@ -18,8 +20,13 @@ def run(args) -> int:
     from ..v1 import session_service_pb2 as pb
     from ..v1 import session_service_pb2_grpc as pb_grpc
 
-    metadata = [("authorization", f"Bearer {args.token}")] if args.token else None
-    with grpc.insecure_channel(args.target) as channel:
+    try:
+        channel = open_channel(args)
+    except TargetError as e:
+        print(f"agent-sidecar: {e}", file=sys.stderr)
+        return 2
+    metadata = call_metadata(args)
+    with channel:
         stub = pb_grpc.SessionServiceStub(channel)
         try:
             if args.action == "list":

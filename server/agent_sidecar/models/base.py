@@ -32,6 +32,9 @@ class ModelRequest:
     iteration: int = 0
     session_key: str = ""
     request_id: str = ""
+    # W3C traceparent for this call's outgoing requests ("" when not traced):
+    # a backend that calls over HTTP sends it as the ``traceparent`` header.
+    traceparent: str = ""
 
 
 @dataclass(slots=True)

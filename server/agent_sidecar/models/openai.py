@@ -134,13 +134,14 @@ class OpenAIModel:
         body, names = self.build_body(request)
         payload = json.dumps(body).encode()
         tag = call_tag(request.request_id, request.iteration)  # for call ids the server leaves out
+        headers = {"traceparent": request.traceparent} if request.traceparent else None
         attempt = 0
         while True:
             yielded = False
             try:
                 # aclosing: if our consumer stops early, the HTTP response is
                 # closed now rather than whenever the generator is collected.
-                async with contextlib.aclosing(self._attempt(payload, tag, names)) as events:
+                async with contextlib.aclosing(self._attempt(payload, tag, names, headers)) as events:
                     async for event in events:
                         yielded = True
                         yield event
@@ -157,12 +158,14 @@ class OpenAIModel:
                 attempt += 1
                 await asyncio.sleep(delay)
 
-    async def _attempt(self, payload: bytes, tag: str, names: dict[str, str]) -> AsyncIterator[ModelEvent]:
-        """One HTTP exchange. Raises Retryable for transient failures."""
+    async def _attempt(self, payload: bytes, tag: str, names: dict[str, str],
+                       headers: dict[str, str] | None = None) -> AsyncIterator[ModelEvent]:
+        """One HTTP exchange (``headers``: this call's own, besides the client's).
+        Raises Retryable for transient failures."""
         import httpx
 
         try:
-            async with self._http().stream("POST", self.url, content=payload) as response:
+            async with self._http().stream("POST", self.url, content=payload, headers=headers) as response:
                 status = response.status_code
                 if status >= 400:
                     snippet = excerpt(await response.aread())

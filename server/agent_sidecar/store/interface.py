@@ -59,11 +59,14 @@ from .records import (
     RoutingPatch,
     SearchHit,
     SessionEntry,
+    StoreStats,
     UsageDelta,
 )
 
 if TYPE_CHECKING:  # only in annotations: the store writer process runs no event loop
     import asyncio
+
+    from .writer.client import CommitStats
 
 R = TypeVar("R")
 
@@ -352,6 +355,14 @@ class Store(Protocol):
 
     # the worker side (a picklable recipe for TranscriptReader)
     def reader_spec(self) -> tuple: ...
+
+    # for operators (the metrics endpoint, GetStatus)
+    async def stats(self) -> StoreStats:
+        """How large the store is and how far the full-text index is behind."""
+
+    @property
+    def commit_stats(self) -> CommitStats:
+        """The writer's commit times, group sizes and backlog (store/writer/client.py)."""
 
 
 class TranscriptReader(Protocol):

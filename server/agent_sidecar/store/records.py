@@ -265,6 +265,19 @@ class FrameRecord:
 NewFrame = tuple
 
 
+# -- what the store holds, for operators ------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """``size_bytes``: what the store takes (SQLite: the database file and its
+    WAL; PostgreSQL: the database); ``fts_backlog``: messages not in the
+    full-text index yet (0 for a backend that indexes on insert)."""
+
+    backend: str
+    size_bytes: int
+    fts_backlog: int
+
+
 # -- the cluster (several sidecars on one database) ---------------------------------------------
 
 @dataclass(frozen=True, slots=True)

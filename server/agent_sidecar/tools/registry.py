@@ -79,6 +79,7 @@ class ToolRegistry:
         self._ids = itertools.count(1)
         self.version = 0  # bumped on every (un)registration
         self._specs: dict[tuple, tuple[int, list]] = {}
+        self.connected: set[ToolHost] = set()  # hosts registered and not yet gone
 
     # -- registration ------------------------------------------------------------
 
@@ -111,6 +112,7 @@ class ToolRegistry:
             s.host = host
             self.tools[s.name] = s
             host.names.append(s.name)
+        self.connected.add(host)
         self.version += 1
         return [s.name for s in specs]
 
@@ -119,8 +121,25 @@ class ToolRegistry:
             spec = self.tools.get(name)
             if spec is not None and spec.host is host:
                 del self.tools[name]
+        self.connected.discard(host)
         self.version += 1
         host.fail_all("the tool host disconnected")
+
+    def namespace_of(self, name: str) -> str:
+        """What the metrics label a call of ``name`` with: its host's namespace,
+        ``local`` for an in-process tool, ``unknown`` for a name nobody serves
+        (a name the model made up must not become a label of its own)."""
+        spec = self.tools.get(name)
+        if spec is None:
+            return "unknown"
+        return spec.host.namespace if spec.host is not None else "local"
+
+    def hosts_by_namespace(self) -> dict[str, int]:
+        """Tool hosts connected now (ServeTools streams that registered), by namespace."""
+        out: dict[str, int] = {}
+        for host in self.connected:
+            out[host.namespace] = out.get(host.namespace, 0) + 1
+        return out
 
     def specs_for(self, scopes: list[str], platform: str) -> list[dict[str, Any]]:
         """The tool specs a profile's model is offered in a session of

@@ -10,6 +10,7 @@ Timeouts and cancellation are the caller's (worker.py); this module only loops.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -42,6 +43,8 @@ class TurnIO(Protocol):
     async def invoke_tool(self, call_id: str, name: str, arguments_json: str) -> tuple[bool, str]: ...
     def take_steered(self) -> list[str]: ...
     def close_steering(self) -> None: ...
+    def model_called(self, seconds: float, ok: bool) -> None:
+        """One model call ended (for the metrics), on its own or with an error."""
 
 
 @dataclass
@@ -133,6 +136,7 @@ async def _model_call(agent: Agent, backend, spec: TurnSpec, io: TurnIO,
                            session_key=agent.session_key, request_id=spec.request_id)
     parts: list[str] = []
     calls: list[ToolCallRequest] = []
+    t0 = time.monotonic()
     try:
         async for ev in backend.stream(request):
             if type(ev) is TextDelta:
@@ -143,11 +147,14 @@ async def _model_call(agent: Agent, backend, spec: TurnSpec, io: TurnIO,
             elif type(ev) is UsageReport:
                 io.frame("usage", _usage_body(ev))
     except BaseException as e:
+        if isinstance(e, Exception):  # not a cancel or the turn's timeout: the call failed
+            io.model_called(time.monotonic() - t0, False)
         if parts:
             _keep(agent, io, {"role": "assistant", "content": "".join(parts)})
         if isinstance(e, ModelError):
             raise TurnFailed(E.LLM_API_FAILURE, str(e)) from None
         raise
+    io.model_called(time.monotonic() - t0, True)
     return "".join(parts), calls
 
 

@@ -20,6 +20,7 @@ nothing is delivered before it is durable.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 import time
@@ -28,11 +29,13 @@ from typing import Any, Callable
 
 import orjson
 
+from ..obs import turnlog
 from ..sessions import transcripts as tx
 from ..store import StoreUnavailable
 from ..store.records import Append, FrameRecord
 from ..v1 import prompt_service_pb2 as ppb
 from .flush import FN, MSG, FlushOutOfOrder, run_flush
+from .stats import TurnStats
 
 log = logging.getLogger("agent_sidecar.frames")
 
@@ -137,8 +140,10 @@ def _wake(fut: asyncio.Future | None) -> None:
 
 
 class FrameBus:
-    def __init__(self, store, buffer_frames: int = 10_000, buffer_bytes: int = 8 << 20):
+    def __init__(self, store, buffer_frames: int = 10_000, buffer_bytes: int = 8 << 20,
+                 stats: TurnStats | None = None):
         self.store = store
+        self.stats = stats or TurnStats()  # frames persisted, turns ended (turns/stats.py)
         self.buffer_frames, self.buffer_bytes = buffer_frames, buffer_bytes  # per Subscriber
         self._frames: list[tuple] = []  # (row, turn, kind, body)
         self._writes: list[tuple] = []  # (FN, (fn, args) or None) or (MSG, append_many item)
@@ -227,7 +232,9 @@ class FrameBus:
             self._requeue(frames, writes, thens)
             return
         self.store.flush()  # this loop iteration's frames are gathered: no need to wait for the next
-        fut.add_done_callback(functools.partial(self._committed, flight))
+        # Run in a context of its own: a flush carries many turns' frames, so
+        # its callbacks are none of them (logs.TURN, the current span).
+        fut.add_done_callback(functools.partial(self._committed, flight), context=contextvars.Context())
         self._sent_no = no
         self._flights.append(flight)
 
@@ -283,6 +290,9 @@ class FrameBus:
         its key and platform; a subscriber that falls behind its bound leaves
         its fan-out here and now (see Subscriber)."""
         size = frame.ByteSize()
+        stats = self.stats
+        stats.frames += 1
+        stats.frame_bytes += size
         subs = turn.subscribers
         if subs:
             for sub in tuple(subs):
@@ -296,6 +306,8 @@ class FrameBus:
                         self.unwatch(index, name, sub)
         if kind in TERMINAL:
             turn.ended(frame)
+            stats.turn_ended(turn, kind, frame.failed.reason if kind == "failed" else "")
+            turnlog.finished(turn, frame)
 
     def deliver_committed(self, turn, frame, kind: str) -> None:
         """For frames written by a job of their own (``accepted``)."""

@@ -98,6 +98,11 @@ class Turn:
     absorbed_from: "Turn | None" = None
     absorbed_by: "Turn | None" = None
     absorbed: list[dict[str, Any]] = field(default_factory=list)
+    # For the metrics (turns/stats.py): when its start was decided (monotonic), and
+    # whether its first text delta came in.
+    began_at: float = 0.0
+    first_token_seen: bool = False
+    span: Any = None  # its trace span while tracing is on (obs/otel.py)
 
     @classmethod
     def restored(cls, **kw) -> "Turn":
@@ -144,6 +149,7 @@ class Turn:
         """Its start is decided (published, or committed by its accept)."""
         self._move(Phase.STARTING, Phase.WAITING)
         self.began = True
+        self.began_at = time.monotonic()
 
     def run_on(self, worker) -> None:
         self._move(Phase.RUNNING, Phase.STARTING)

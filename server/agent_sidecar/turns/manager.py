@@ -21,6 +21,7 @@ from typing import Any
 
 from .. import errors as E
 from ..config import Config
+from ..obs import tracing
 from ..sessions.source import SessionSource
 from ..store import Store
 from ..tools.registry import ToolRegistry
@@ -31,12 +32,15 @@ from ..delivery import FOLLOW_UP
 from .lanes import Lane, Turn
 from .memory import budget_per_worker
 from .pool import WorkerHandle, WorkerPool
+from .stats import TurnStats
 
 
 class TurnManager:
     def __init__(self, cfg: Config, store: Store, tools: ToolRegistry):
         self.cfg, self.store = cfg, store
-        self.bus = FrameBus(store, cfg.limits.stream_buffer_frames, cfg.limits.stream_buffer_bytes)
+        self.stats = TurnStats()  # for the metrics endpoint (turns/stats.py)
+        self.bus = FrameBus(store, cfg.limits.stream_buffer_frames, cfg.limits.stream_buffer_bytes,
+                            self.stats)
         self.lanes: dict[str, Lane] = {}
         self.recent = dedup.RecentRequests(cfg.dedup_window_s)  # the dedup window's request ids
         self.prompts = SystemPrompts(cfg)
@@ -177,6 +181,8 @@ class TurnManager:
             admission.check(self.live, self.cfg.limits)
         turn = Turn(rid=rid, key=key, platform=platform, profile=profile, text=text,
                     delivery=delivery or FOLLOW_UP, timeout_s=timeout_s, payload=payload)
+        if tracing.ACTIVE is not None:
+            tracing.ACTIVE.turn_began(turn)  # a child of the Prompt RPC's span
         # Reserved before any await: a twin call with this request id follows
         # this turn (and hears it if it is refused) instead of placing its own.
         self.live[rid] = turn
@@ -295,11 +301,14 @@ class TurnManager:
         turn.sid = res.session_id  # a switch may have moved the lane while it waited
         profile, system_prompt = self.prompts.for_turn(turn, res.lane)
         h = self.pool.slot_for(turn.key)
+        h.turns_run += 1
         turn.run_on(h)
         turn.worker_gen = h.generation if h.ready.is_set() else -1
         msg = wire.run(turn.rid, turn.key, turn.sid, res.rev, res.base_seq, turn.user_texts(),
                        profile.wire, system_prompt, self.tools.specs_for(profile.tools, turn.platform),
                        turn.timeout_s)
+        if tracing.ACTIVE is not None:  # its model calls' HTTP requests carry it on
+            msg["traceparent"] = tracing.ACTIVE.traceparent(turn)
         if h.ready.is_set():
             h.send(msg)
         else:

@@ -40,6 +40,8 @@ class WorkerHandle:
         self.pid = 0
         self.info: dict[str, Any] = {}
         self.generation = 0
+        self.turns_run = 0  # turns dispatched to this slot, every incarnation
+        self.restarts = 0  # deaths of this slot's worker (each is replaced)
 
     def send(self, msg: dict) -> None:
         if self.channel is not None:
@@ -87,6 +89,7 @@ class WorkerPool:
             h.channel = None
         await asyncio.get_running_loop().run_in_executor(None, proc.join, 5)
         log.error("worker died", extra={"index": h.index, "pid": h.pid, "exitcode": proc.exitcode})
+        h.restarts += 1
         try:
             self.on_exit(h)
         except Exception:

@@ -8,7 +8,7 @@ stay dicts on the wire (orjson writes and reads them without a class in
 between: a busy sidecar sends tens of thousands a second).
 
 Parent → worker: run, cancel, steer, tool_result, ack, evict, clear, stop.
-Worker → parent: hello, frame, message, tool_call, steered, done, log.
+Worker → parent: hello, frame, message, tool_call, steered, done, evicted, log, model_call.
 
 Pure (no grpc): the worker imports it. ``encode``/``read_message``/
 ``open_stream`` let tests drive a real worker over its pipe.
@@ -40,6 +40,9 @@ class Run(TypedDict):
     system_prompt: str
     tools: list[dict[str, Any]]
     timeout_s: float
+    # Tracing on: the turn span's W3C traceparent; each model call's HTTP
+    # request carries one naming a child span, reported back as a ModelCall.
+    traceparent: NotRequired[str]
 
 
 class Cancel(TypedDict):
@@ -152,6 +155,17 @@ class Steered(TypedDict):
     ok: bool
 
 
+class TurnReport(TypedDict):
+    """What the worker measured of one turn, for the parent's metrics
+    (turns/stats.py): each model call as ``[seconds, ok]`` (a call cut off by
+    a cancel or the timeout is left out), whether the session's agent was
+    warm, and how many agents the cache evicted (LRU) to make room for it."""
+    backend: str
+    model_calls: list[tuple[float, bool]]
+    cache_hit: bool
+    evicted: int
+
+
 class Done(TypedDict):
     type: Literal["done"]
     request_id: str
@@ -159,6 +173,31 @@ class Done(TypedDict):
     final_text: NotRequired[str]
     reason: NotRequired[str]
     message: NotRequired[str]
+    report: NotRequired[TurnReport]
+
+
+class Evicted(TypedDict):
+    """The worker's housekeeping shed warm agents (``why``: ttl or pressure)."""
+    type: Literal["evicted"]
+    why: str
+    count: int
+    keys: list[str]  # the first few, for the log
+
+
+class ModelCall(TypedDict):
+    """One model call of a traced turn, reported when it is over: the span
+    id its traceparent named and its wall-clock start and end (ns)."""
+    type: Literal["model_call"]
+    request_id: str
+    span_id: str  # 16 hex digits
+    start_ns: int
+    end_ns: int
+    iteration: int
+    backend: str  # the profile's model backend (openai, echo, ...)
+    model: str  # its model_options.model, when it has one
+    input_tokens: int
+    output_tokens: int
+    error: str  # why it failed; "" when it did not
 
 
 def hello(pid: int, index: int, grpc_loaded: bool) -> Hello:
@@ -182,13 +221,35 @@ def steered(request_id: str, steer_id: str, ok: bool) -> Steered:
     return {"type": "steered", "request_id": request_id, "steer_id": steer_id, "ok": ok}
 
 
-def completed(request_id: str, final_text: str) -> Done:
-    return {"type": "done", "request_id": request_id, "ok": True, "final_text": final_text}
+def completed(request_id: str, final_text: str, report: TurnReport | None = None) -> Done:
+    out: Done = {"type": "done", "request_id": request_id, "ok": True, "final_text": final_text}
+    if report is not None:
+        out["report"] = report
+    return out
 
 
-def failed(request_id: str, reason: str, message_text: str) -> Done:
-    return {"type": "done", "request_id": request_id, "ok": False, "reason": reason,
-            "message": message_text}
+def failed(request_id: str, reason: str, message_text: str, report: TurnReport | None = None) -> Done:
+    out: Done = {"type": "done", "request_id": request_id, "ok": False, "reason": reason,
+                 "message": message_text}
+    if report is not None:
+        out["report"] = report
+    return out
+
+
+def turn_report(backend: str, model_calls: list[tuple[float, bool]], cache_hit: bool,
+                evicted: int) -> TurnReport:
+    return {"backend": backend, "model_calls": model_calls, "cache_hit": cache_hit, "evicted": evicted}
+
+
+def evicted(why: str, count: int, keys: list[str]) -> Evicted:
+    return {"type": "evicted", "why": why, "count": count, "keys": keys}
+
+
+def model_call(request_id: str, span_id: str, start_ns: int, end_ns: int, iteration: int,
+               backend: str, model: str, input_tokens: int, output_tokens: int, error: str) -> ModelCall:
+    return {"type": "model_call", "request_id": request_id, "span_id": span_id, "start_ns": start_ns,
+            "end_ns": end_ns, "iteration": iteration, "backend": backend, "model": model,
+            "input_tokens": input_tokens, "output_tokens": output_tokens, "error": error}
 
 
 def log(msg: str, level: str, **fields: Any) -> dict[str, Any]:

@@ -24,10 +24,12 @@ import orjson
 
 from .. import errors as E
 from ..children import Channel, open_channel, tune_gc
+from ..logs import TURN, bind_turn
 from ..models.registry import load_backend
 from .agent import Agent, ToolRefused, TurnFailed, TurnSpec, run_turn
 from . import wire
 from .cache import AgentCache
+from .model_trace import TracedBackend
 
 
 # Under load a worker writes to the parent at most this often (children.Channel):
@@ -55,6 +57,7 @@ class _TurnIO:
         self.coalesce_s = coalesce_s
         self._text: list[str] = []  # deltas waiting for their window to close
         self._window: asyncio.TimerHandle | None = None
+        self.model_calls: list[tuple[float, bool]] = []  # for the turn's report (wire.TurnReport)
 
     def frame(self, kind: str, body: dict[str, Any]) -> None:
         if kind == "text_delta" and self.coalesce_s > 0:
@@ -107,6 +110,9 @@ class _TurnIO:
     def close_steering(self) -> None:
         self.steering_open = False
 
+    def model_called(self, seconds: float, ok: bool) -> None:
+        self.model_calls.append((seconds, ok))
+
 
 class Worker:
     def __init__(self, fileno: int, index: int, settings: dict[str, Any]):
@@ -133,6 +139,9 @@ class Worker:
     def log(self, msg: str, level: str = "info", **fields) -> None:
         if level == "debug" and not self.debug:
             return  # per-turn chatter costs the parent's loop; only when asked for
+        bound = TURN.get()  # logged while a turn runs (its task): the turn's ids
+        if bound is not None:
+            fields = {"request_id": bound[0], "session_key": bound[1], **fields}
         self.send(wire.log(msg, level, **fields))
 
     def transcripts(self):
@@ -221,7 +230,9 @@ class Worker:
 
     # -- one turn ---------------------------------------------------------------
 
-    def _agent_for(self, m: wire.Run) -> Agent:
+    def _agent_for(self, m: wire.Run) -> tuple[Agent, bool, int]:
+        """The session's agent, whether it was warm, and how many agents the
+        cache evicted to make room for it."""
         key = m["session_key"]
         agent = self.cache.get(key)
         texts = m["texts"]  # the turn's user messages: one, or a burst's (seqs base_seq on)
@@ -229,7 +240,7 @@ class Worker:
                 and agent.next_seq == m["base_seq"] and agent.unpersisted <= 0):
             for text in texts:
                 agent.add({"role": "user", "content": text})
-            return agent
+            return agent, True, 0
         # Miss (or the store moved on): rebuild from the committed transcript,
         # which already holds this turn's user messages.
         msgs = self.transcripts().load_for_model(m["session_id"])
@@ -240,22 +251,27 @@ class Worker:
         evicted = self.cache.put(agent)
         if evicted:
             self.log("agents evicted", "debug", why="lru", count=len(evicted), keys=evicted[:16])
-        return agent
+        return agent, False, len(evicted)
 
     async def _turn(self, m: wire.Run) -> None:
         rid = m["request_id"]
         profile = m["profile"]
         agent = io = None
+        hit, evicted = False, 0
+        bind_turn(rid, m["session_key"])  # this task's log lines are the turn's
         try:
-            agent = self._agent_for(m)
+            agent, hit, evicted = self._agent_for(m)
             io = _TurnIO(self, rid, agent, self.coalesce_s)
             self.turns[rid] = (self.turns[rid][0], io)
             agent.in_turn = True
             spec = TurnSpec(system_prompt=m["system_prompt"], tools=m["tools"],
                             scopes=profile.get("tools", []),
                             max_iterations=profile.get("max_iterations", 25), request_id=rid)
+            backend = self.backend(profile)
+            if "traceparent" in m:
+                backend = TracedBackend(backend, m["traceparent"], rid, profile, self.send)
             async with asyncio.timeout(m["timeout_s"]):  # in this task: no second one to wait for
-                final = await run_turn(agent, self.backend(profile), spec, io)
+                final = await run_turn(agent, backend, spec, io)
             done = wire.completed(rid, final)
         except TurnFailed as e:
             done = wire.failed(rid, e.reason, e.message)
@@ -272,6 +288,8 @@ class Worker:
                 agent.in_turn = False
                 agent.last_used = self.cache.clock()
             self.turns.pop(rid, None)
+        if agent is not None:
+            done["report"] = wire.turn_report(profile["model"], io.model_calls if io else [], hit, evicted)
         self.send(done)
 
     async def _housekeeping(self) -> None:
@@ -279,7 +297,7 @@ class Worker:
             await asyncio.sleep(self.sweep_interval)
             for why, keys in (("ttl", self.cache.sweep_idle()), ("pressure", self.cache.sweep_pressure())):
                 if keys:
-                    self.log("agents evicted", why=why, count=len(keys), keys=keys[:16])
+                    self.send(wire.evicted(why, len(keys), keys[:16]))
 
 
 def worker_main(conn, index: int, settings: dict[str, Any]) -> None:

@@ -8,11 +8,14 @@ for each message a worker sends (wire.py declares the messages).
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import orjson
 
 from .. import errors as E
+from ..logs import TURN
+from ..obs import tracing
 from ..sessions import lifecycle as life
 from . import jobs, wire
 from .lanes import Turn
@@ -36,9 +39,24 @@ def on_message(m: TurnManager, h: WorkerHandle, msg: dict) -> None:
             if fut is not None and not fut.done():
                 fut.set_result(msg["ok"])
             return
+        case "evicted":
+            m.stats.evictions.add(msg["why"], msg["count"])
+            log.info("agents evicted", extra={"worker": h.index, "why": msg["why"], "count": msg["count"],
+                                              "keys": msg["keys"]})
+            return
+        case "done" if "report" in msg:  # counted even when the turn's end came first
+            m.stats.worker_report(msg["report"])
     turn = m.live.get(msg.get("request_id", ""))
     if turn is None or turn.closing:
         return
+    bound = TURN.set((turn.rid, turn.key))  # what this message causes logs as the turn's
+    try:
+        _on_turn_message(m, h, turn, msg)
+    finally:
+        TURN.reset(bound)
+
+
+def _on_turn_message(m: TurnManager, h: WorkerHandle, turn: Turn, msg: dict) -> None:
     if turn.taken_back and msg["type"] != "done" and _refused(h, turn, msg):
         return
     match msg["type"]:
@@ -47,9 +65,11 @@ def on_message(m: TurnManager, h: WorkerHandle, msg: dict) -> None:
         case "message":
             _message(m, h, turn, msg["message"])
         case "tool_call":
-            m.spawn(_run_tool(m, h, turn, msg))
+            m.spawn(_run_tool(m, h, turn, msg))  # the task inherits the turn's log context
         case "done":
             _done(m, turn, msg)
+        case "model_call" if tracing.ACTIVE is not None:
+            tracing.ACTIVE.model_call(turn, msg)
 
 
 def _frame(m: TurnManager, turn: Turn, msg: wire.Frame) -> None:
@@ -59,6 +79,8 @@ def _frame(m: TurnManager, turn: Turn, msg: wire.Frame) -> None:
             m.cancel_turn(turn, E.RESOURCE_EXHAUSTED)
         return
     kind, body = msg["kind"], msg["body"]
+    if kind == "text_delta" and not turn.first_token_seen:
+        m.stats.first_delta(turn)
     if kind == "usage":
         for k, v in body.items():
             turn.usage[k] = turn.usage.get(k, 0) + v
@@ -112,15 +134,27 @@ async def _run_tool(m: TurnManager, h: WorkerHandle, turn: Turn, msg: wire.ToolC
     """One tool call, answered to the worker. A call the registry refuses
     (the host may not serve this session's platform) is answered with
     ``refused``: the agent loop then ends the turn with that reason."""
+    namespace = m.tools.namespace_of(msg["name"])
+    meta = {"session_key": turn.key, "session_id": turn.sid, "request_id": turn.rid}
+    span = None
+    if tracing.ACTIVE is not None:  # the host's span of the call is a child of ours
+        span, meta["trace_context"] = tracing.ACTIVE.tool_begin(turn, msg["name"], msg["call_id"])
+    started, ok, refused = time.perf_counter(), False, ""
     try:
-        ok, result = await m.tools.invoke(msg["name"], msg["arguments"], {
-            "session_key": turn.key, "session_id": turn.sid, "request_id": turn.rid},
-            platform=turn.platform)
+        ok, result = await m.tools.invoke(msg["name"], msg["arguments"], meta, platform=turn.platform)
         reply = wire.tool_result(turn.rid, msg["call_id"], ok, result)
     except E.SidecarError as e:
+        ok, refused = False, e.reason
         reply = wire.tool_result(turn.rid, msg["call_id"], False,
                                  orjson.dumps({"error": e.message, "reason": e.reason}).decode(),
                                  refused=e.reason)
+    finally:
+        if span is not None:
+            tracing.ACTIVE.tool_end(span, ok, refused)
+    elapsed = time.perf_counter() - started
+    m.stats.tool_call(namespace, elapsed, ok)
+    log.debug("tool call", extra={"tool": msg["name"], "call_id": msg["call_id"], "ok": ok,
+                                  "refused": refused, "duration_ms": round(elapsed * 1e3, 3)})
     h.send(reply)
 
 

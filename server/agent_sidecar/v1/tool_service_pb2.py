@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#agent_sidecar/v1/tool_service.proto\x12\x10\x61gent_sidecar.v1\"M\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x1e\n\x16parameters_json_schema\x18\x03 \x01(\t\"M\n\rRegisterTools\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12)\n\x05tools\x18\x02 \x03(\x0b\x32\x1a.agent_sidecar.v1.ToolSpec\"]\n\x14ToolInvocationResult\x12\x15\n\rinvocation_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x13\n\x0bresult_json\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\x8d\x01\n\x11ServeToolsRequest\x12\x33\n\x08register\x18\x01 \x01(\x0b\x32\x1f.agent_sidecar.v1.RegisterToolsH\x00\x12\x38\n\x06result\x18\x02 \x01(\x0b\x32&.agent_sidecar.v1.ToolInvocationResultH\x00\x42\t\n\x07message\"8\n\x0fToolsRegistered\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x12\n\ntool_names\x18\x02 \x03(\t\"\xa3\x01\n\x0eToolInvocation\x12\x15\n\rinvocation_id\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\x12\x13\n\x0bsession_key\x18\x04 \x01(\t\x12\x12\n\nsession_id\x18\x05 \x01(\t\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x12\n\ntimeout_ms\x18\x07 \x01(\x03\"\x90\x01\n\x12ServeToolsResponse\x12\x37\n\nregistered\x18\x01 \x01(\x0b\x32!.agent_sidecar.v1.ToolsRegisteredH\x00\x12\x36\n\ninvocation\x18\x02 \x01(\x0b\x32 .agent_sidecar.v1.ToolInvocationH\x00\x42\t\n\x07message2j\n\x0bToolService\x12[\n\nServeTools\x12#.agent_sidecar.v1.ServeToolsRequest\x1a$.agent_sidecar.v1.ServeToolsResponse(\x01\x30\x01\x42QZOgithub.com/agent-sidecar/agent-sidecar/clients/go/agentsidecarv1;agentsidecarv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#agent_sidecar/v1/tool_service.proto\x12\x10\x61gent_sidecar.v1\"M\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x1e\n\x16parameters_json_schema\x18\x03 \x01(\t\"M\n\rRegisterTools\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12)\n\x05tools\x18\x02 \x03(\x0b\x32\x1a.agent_sidecar.v1.ToolSpec\"]\n\x14ToolInvocationResult\x12\x15\n\rinvocation_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x13\n\x0bresult_json\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\x8d\x01\n\x11ServeToolsRequest\x12\x33\n\x08register\x18\x01 \x01(\x0b\x32\x1f.agent_sidecar.v1.RegisterToolsH\x00\x12\x38\n\x06result\x18\x02 \x01(\x0b\x32&.agent_sidecar.v1.ToolInvocationResultH\x00\x42\t\n\x07message\"8\n\x0fToolsRegistered\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x12\n\ntool_names\x18\x02 \x03(\t\"\xa3\x02\n\x0eToolInvocation\x12\x15\n\rinvocation_id\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\x12\x13\n\x0bsession_key\x18\x04 \x01(\t\x12\x12\n\nsession_id\x18\x05 \x01(\t\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x12\n\ntimeout_ms\x18\x07 \x01(\x03\x12I\n\rtrace_context\x18\x08 \x03(\x0b\x32\x32.agent_sidecar.v1.ToolInvocation.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x90\x01\n\x12ServeToolsResponse\x12\x37\n\nregistered\x18\x01 \x01(\x0b\x32!.agent_sidecar.v1.ToolsRegisteredH\x00\x12\x36\n\ninvocation\x18\x02 \x01(\x0b\x32 .agent_sidecar.v1.ToolInvocationH\x00\x42\t\n\x07message2j\n\x0bToolService\x12[\n\nServeTools\x12#.agent_sidecar.v1.ServeToolsRequest\x1a$.agent_sidecar.v1.ServeToolsResponse(\x01\x30\x01\x42QZOgithub.com/agent-sidecar/agent-sidecar/clients/go/agentsidecarv1;agentsidecarv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,6 +32,8 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agent_sidecar.v1.tool_servi
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'ZOgithub.com/agent-sidecar/agent-sidecar/clients/go/agentsidecarv1;agentsidecarv1'
+  _globals['_TOOLINVOCATION_TRACECONTEXTENTRY']._loaded_options = None
+  _globals['_TOOLINVOCATION_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_TOOLSPEC']._serialized_start=57
   _globals['_TOOLSPEC']._serialized_end=134
   _globals['_REGISTERTOOLS']._serialized_start=136
@@ -43,9 +45,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOOLSREGISTERED']._serialized_start=454
   _globals['_TOOLSREGISTERED']._serialized_end=510
   _globals['_TOOLINVOCATION']._serialized_start=513
-  _globals['_TOOLINVOCATION']._serialized_end=676
-  _globals['_SERVETOOLSRESPONSE']._serialized_start=679
-  _globals['_SERVETOOLSRESPONSE']._serialized_end=823
-  _globals['_TOOLSERVICE']._serialized_start=825
-  _globals['_TOOLSERVICE']._serialized_end=931
+  _globals['_TOOLINVOCATION']._serialized_end=804
+  _globals['_TOOLINVOCATION_TRACECONTEXTENTRY']._serialized_start=753
+  _globals['_TOOLINVOCATION_TRACECONTEXTENTRY']._serialized_end=804
+  _globals['_SERVETOOLSRESPONSE']._serialized_start=807
+  _globals['_SERVETOOLSRESPONSE']._serialized_end=951
+  _globals['_TOOLSERVICE']._serialized_start=953
+  _globals['_TOOLSERVICE']._serialized_end=1059
 # @@protoc_insertion_point(module_scope)

@@ -3,7 +3,9 @@
 // client package only, printing one JSON object per scenario on stdout:
 //
 //	conformance --lang go --unix unix:/tmp/d/sidecar.sock --tcp 127.0.0.1:PORT \
-//	    --token TOKEN --scenarios clients/conformance/scenarios.json
+//	    --token TOKEN --tls 127.0.0.1:PORT --mtls 127.0.0.1:PORT --ca CA.pem \
+//	    --wrong-ca OTHER.pem --client-cert C.pem --client-key C.key \
+//	    --scenarios clients/conformance/scenarios.json
 //
 // It exits 0 once every scenario has run, whatever their outcome.
 package main
@@ -34,6 +36,7 @@ type result struct {
 // runner holds the flags and the shared connections.
 type runner struct {
 	lang, unixTarget, tcpTarget, token string
+	tlsArgs                            tlsArgs
 
 	unix *sidecar.Client // lazily dialled, reused across scenarios
 }
@@ -45,6 +48,12 @@ func main() {
 	flag.StringVar(&r.unixTarget, "unix", "", "Unix socket target, unix:/path/sidecar.sock")
 	flag.StringVar(&r.tcpTarget, "tcp", "", "TCP target, host:port")
 	flag.StringVar(&r.token, "token", "", "bearer token for TCP")
+	flag.StringVar(&r.tlsArgs.tls, "tls", "", "TLS listener, host:port")
+	flag.StringVar(&r.tlsArgs.mtls, "mtls", "", "mTLS listener, host:port")
+	flag.StringVar(&r.tlsArgs.ca, "ca", "", "PEM CA of the TLS listeners' certificate")
+	flag.StringVar(&r.tlsArgs.wrongCA, "wrong-ca", "", "PEM CA that signed nothing here")
+	flag.StringVar(&r.tlsArgs.clientCert, "client-cert", "", "PEM client certificate for --mtls")
+	flag.StringVar(&r.tlsArgs.clientKey, "client-key", "", "PEM key of --client-cert")
 	flag.StringVar(&path, "scenarios", "clients/conformance/scenarios.json", "scenarios file")
 	flag.Parse()
 	if r.unixTarget == "" {

@@ -55,6 +55,8 @@ type expect struct {
 	FinalTextContains     string   `json:"final_text_contains"`
 	SameSessionID         bool     `json:"same_session_id"`
 	TCPWithoutTokenReason string   `json:"tcp_without_token_reason"`
+	WrongCACode           string   `json:"wrong_ca_code"`
+	WithoutClientCertCode string   `json:"without_client_cert_code"`
 }
 
 // source decodes the scenario's SessionSource (proto field names).
@@ -79,6 +81,8 @@ var scenarioFuncs = map[string]func(context.Context, *runner, *scenario) error{
 	"tool_call":                toolCall,
 	"tool_scope_violation":     toolScopeViolation,
 	"unix_and_tcp":             unixAndTCP,
+	"tls_custom_ca":            tlsCustomCA,
+	"mtls_client_cert":         mtlsClientCert,
 }
 
 func getOrCreateIdempotent(ctx context.Context, r *runner, sc *scenario) error {

@@ -44,23 +44,27 @@ type chat struct {
 func main() {
 	target := flag.String("target", "unix:./data/sidecar.sock", "sidecar address: unix:/path/sidecar.sock or host:port")
 	token := flag.String("token", "", "bearer token (needed over TCP when auth is on)")
+	ca := flag.String("ca", "", "PEM CA file: TLS to a listener with a certificate of that CA")
 	profile := flag.String("profile", "", `profile for a new session (default "main")`)
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *target, *token, *profile); err != nil {
+	if err := run(ctx, *target, *token, *ca, *profile); err != nil {
 		fmt.Fprintln(os.Stderr, "console-chat:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, target, token, profile string) error {
+func run(ctx context.Context, target, token, ca, profile string) error {
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var opts []sidecar.Option
 	if token != "" {
 		opts = append(opts, sidecar.WithToken(token))
+	}
+	if ca != "" {
+		opts = append(opts, sidecar.WithCAFile(ca))
 	}
 	c, err := sidecar.Dial(dctx, target, opts...)
 	if err != nil {

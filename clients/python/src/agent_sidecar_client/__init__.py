@@ -20,6 +20,7 @@ from agent_sidecar_client._proto.error_reason_pb2 import ErrorReason
 from agent_sidecar_client._proto.prompt_service_pb2 import ActivityFrame, Attachment, DeliveryMode
 from agent_sidecar_client._proto.tool_service_pb2 import ToolInvocation
 from agent_sidecar_client._stream import FrameStream
+from agent_sidecar_client._tls import tls_credentials
 from agent_sidecar_client.client import DEFAULT_TARGET, SidecarClient, connect
 from agent_sidecar_client.errors import (
     AgentBusy,
@@ -41,7 +42,7 @@ from agent_sidecar_client.tools import ToolHost
 __version__ = "0.1.0"
 
 __all__ = [
-    "DEFAULT_TARGET", "SidecarClient", "connect", "FrameStream", "ToolHost",
+    "DEFAULT_TARGET", "SidecarClient", "connect", "tls_credentials", "FrameStream", "ToolHost",
     "ActivityFrame", "Attachment", "DeliveryMode", "Message", "Session", "SessionSource", "SessionState",
     "ToolInvocation", "Usage", "ErrorReason", "TERMINAL_KINDS", "frame_kind", "SeqFilter", "CursorFilter", "SequenceGap",
     "SidecarError", "AgentBusy", "AgentTimeout", "LlmApiFailure", "MaxIterations", "ToolScopeViolation",

@@ -26,6 +26,7 @@ from agent_sidecar_client._proto import session_service_pb2 as session_pb
 from agent_sidecar_client._proto import session_service_pb2_grpc as session_grpc
 from agent_sidecar_client._proto import tool_service_pb2_grpc as tool_grpc
 from agent_sidecar_client._stream import FrameStream
+from agent_sidecar_client._tls import PemSource, check_cleartext, tls_credentials
 
 DEFAULT_TARGET = "unix:./data/sidecar.sock"
 # The deadline of a unary call unless the client is given another (None: none).
@@ -84,14 +85,22 @@ class SidecarClient:
     def __init__(self, target: str = DEFAULT_TARGET, token: str | None = None,
                  *, options: Iterable[tuple[str, Any]] = (),
                  call_timeout: float | None = DEFAULT_CALL_TIMEOUT,
-                 credentials: grpc.ChannelCredentials | None = None) -> None:
+                 credentials: grpc.ChannelCredentials | None = None, tls: bool = False,
+                 ca_file: PemSource | None = None, cert_file: PemSource | None = None,
+                 key_file: PemSource | None = None, server_name: str | None = None,
+                 insecure: bool = False) -> None:
+        if credentials is None and (tls or ca_file is not None or cert_file is not None or key_file is not None):
+            credentials = tls_credentials(ca_file, cert_file, key_file)
+        check_cleartext(target, token, credentials is not None, insecure)
+        if server_name:
+            options = (*options, ("grpc.ssl_target_name_override", server_name))
         self.target = target
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
         #: Deadline in seconds of every unary call the wrappers make (None: no deadline).
         self.call_timeout = call_timeout
         if credentials is None:
             self.channel = grpc.aio.insecure_channel(target, options=channel_options(options))
-        else:  # TLS, e.g. a proxy in front of the sidecar: grpc.ssl_channel_credentials(...)
+        else:  # TLS: a TLS listener of the sidecar, or a proxy in front of it
             self.channel = grpc.aio.secure_channel(target, credentials, options=channel_options(options))
         self.sessions = session_grpc.SessionServiceStub(self.channel)
         self.prompts = prompt_grpc.PromptServiceStub(self.channel)
@@ -324,21 +333,35 @@ def channel_options(options: Iterable[tuple[str, Any]] = ()) -> tuple[tuple[str,
 async def connect(target: str = DEFAULT_TARGET, token: str | None = None, *, wait_ready: bool = True,
                   timeout: float = 10.0, options: Iterable[tuple[str, Any]] = (),
                   call_timeout: float | None = DEFAULT_CALL_TIMEOUT,
-                  credentials: grpc.ChannelCredentials | None = None) -> SidecarClient:
+                  credentials: grpc.ChannelCredentials | None = None, tls: bool = False,
+                  ca_file: PemSource | None = None, cert_file: PemSource | None = None,
+                  key_file: PemSource | None = None, server_name: str | None = None,
+                  insecure: bool = False) -> SidecarClient:
     """Open a client: ``"unix:./data/sidecar.sock"``, ``"unix:///abs/path"`` or ``"host:port"``.
 
     ``token`` is sent as ``authorization: Bearer <token>`` metadata on every
-    call (plain metadata, so it works over the insecure channel the sidecar
-    serves). With ``wait_ready`` the call fails fast (SidecarError,
+    call. With ``wait_ready`` the call fails fast (SidecarError,
     UNAVAILABLE) when nothing answers within ``timeout`` seconds.
     ``call_timeout`` is the deadline of each unary call (default 30 s; None
     for none); the idempotent reads are retried on UNAVAILABLE within it.
-    ``credentials`` (``grpc.ssl_channel_credentials(...)``) makes the channel
-    TLS, for a sidecar behind a TLS-terminating proxy; the token is sent the
-    same way.
+
+    TLS, for a TCP listener with a certificate (``[[listen]] cert/key``):
+    ``tls=True`` verifies the sidecar's certificate with the system's roots,
+    ``ca_file`` with these CA certificates instead (a private CA);
+    ``cert_file`` and ``key_file`` present a client certificate, which a
+    listener with a ``client_ca`` requires (mTLS). Each is a path or PEM
+    bytes, and any of them implies ``tls``. ``server_name`` is the name to
+    expect in the certificate when it is not the target's host.
+    ``credentials`` (any ``grpc.ChannelCredentials``) replaces all of these.
+
+    The token is never sent in cleartext to another machine by accident: a
+    token on a plain channel to a host that is not loopback raises
+    ValueError unless ``insecure=True`` (Unix sockets and 127.0.0.1 need no
+    TLS).
     """
     client = SidecarClient(target, token, options=options, call_timeout=call_timeout,
-                           credentials=credentials)
+                           credentials=credentials, tls=tls, ca_file=ca_file, cert_file=cert_file,
+                           key_file=key_file, server_name=server_name, insecure=insecure)
     if wait_ready:
         try:
             await client.wait_ready(timeout)

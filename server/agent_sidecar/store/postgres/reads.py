@@ -118,3 +118,8 @@ def load_for_model(conn, session_id: str) -> list[dict[str, Any]]:
     return [rows.model_message(role, content, extra) for role, content, extra in conn.execute(
         "SELECT role, content, extra FROM messages WHERE session_id = %s AND active ORDER BY seq",
         (session_id,))]
+
+
+async def database_size(conn) -> int:
+    row = await _one(conn, "SELECT pg_database_size(current_database())")
+    return int(row[0]) if row else 0

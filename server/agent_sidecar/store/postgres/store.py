@@ -20,8 +20,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from ..faults import StoreUnavailable, unavailable
 from ..interface import StoreOpenError
-from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry
-from ..writer.client import GroupCommitWriter, StoreClosed
+from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry, StoreStats
+from ..writer.client import CommitStats, GroupCommitWriter, StoreClosed
 from ..jobs import nothing
 from . import reads
 from .connection import CHANNEL, connect, is_fault
@@ -123,6 +123,14 @@ class PostgresStore:
     async def frames_after(self, cursor: int, *, session_key: str = "", platform: str = "",
                            limit: int = 1000) -> list[FrameRecord]:
         return await self._read(reads.frames_after, cursor, session_key, platform, limit)
+
+    async def stats(self) -> StoreStats:
+        """The database's size; no index backlog (the tsvector column is written with each row)."""
+        return StoreStats("postgres", await self._read(reads.database_size), 0)
+
+    @property
+    def commit_stats(self) -> CommitStats:
+        return self.writer.stats
 
     def reader_spec(self) -> tuple:
         return ("agent_sidecar.store.postgres.reader:open_reader", (self.dsn,))

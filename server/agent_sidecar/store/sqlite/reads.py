@@ -14,6 +14,7 @@ from ...errors import invalid
 from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry
 from . import rows
 from .ledger import REQUEST_FRAMES
+from .messages import FTS_MARK
 
 
 def entry(conn: apsw.Connection, key: str) -> SessionEntry | None:
@@ -127,3 +128,9 @@ def frames_after(conn: apsw.Connection, cursor: int, session_key: str, platform:
         where, name = "platform = ?", platform
     return [rows.frame(r) for r in conn.execute(
         f"{rows.FRAME_SELECT} WHERE {where} AND id > ? ORDER BY id LIMIT ?", (name, cursor, limit))]
+
+
+def fts_backlog(conn: apsw.Connection) -> int:
+    """Messages past the full-text index's mark (what the next indexing takes)."""
+    return conn.execute("SELECT count(*) FROM messages WHERE id > coalesce("
+                        "(SELECT value FROM meta WHERE key = ?), 0)", (FTS_MARK,)).fetchone()[0]

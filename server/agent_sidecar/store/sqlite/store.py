@@ -23,8 +23,8 @@ import apsw
 from ..faults import StoreUnavailable, unavailable
 from ..interface import StoreOpenError
 from ..jobs import index_messages, nothing
-from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry
-from ..writer.client import GroupCommitWriter, StoreClosed
+from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry, StoreStats
+from ..writer.client import CommitStats, GroupCommitWriter, StoreClosed
 from . import reads
 from .connection import is_fault, open_reader, open_writer
 from .schema import migrate
@@ -154,6 +154,19 @@ class SqliteStore:
     async def frames_after(self, cursor: int, *, session_key: str = "", platform: str = "",
                            limit: int = 1000) -> list[FrameRecord]:
         return await self._read_off_loop(reads.frames_after, cursor, session_key, platform, limit)
+
+    async def stats(self) -> StoreStats:
+        size = 0
+        for path in (self.path, self.path + "-wal"):
+            try:
+                size += os.stat(path).st_size
+            except OSError:
+                pass
+        return StoreStats("sqlite", size, await self._read_off_loop(reads.fts_backlog))
+
+    @property
+    def commit_stats(self) -> CommitStats:
+        return self.writer.stats
 
     def reader_spec(self) -> tuple:
         """What a worker process opens to read transcripts (reader.py)."""

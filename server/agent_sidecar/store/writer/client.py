@@ -27,10 +27,32 @@ import pickle
 from typing import Any, Callable
 
 from ...children import Channel, ChildProcess, spawn
+from ...meters import BATCH_JOBS, COMMIT_SECONDS, Histogram
 from ..faults import FaultMonitor, StoreClosed, StoreUnavailable, probe
 from .process import CLOSE
 
 log = logging.getLogger("agent_sidecar.store")
+
+
+class CommitStats:
+    """The writer's commits as the parent hears of them, for the metrics
+    endpoint: each group's time (measured in the writer process, from its
+    first job to its COMMIT) and size in jobs, and the jobs not answered yet."""
+
+    def __init__(self, writer: "GroupCommitWriter"):
+        self._writer = writer
+        self.seconds = Histogram(COMMIT_SECONDS)
+        self.jobs = Histogram(BATCH_JOBS)
+        self.last_seconds = 0.0
+
+    @property
+    def backlog(self) -> int:
+        """Jobs submitted whose commit has not been answered (queued or in the writer)."""
+        return len(self._writer._pending)
+
+    @property
+    def pid(self) -> int:
+        return self._writer.pid
 
 
 class GroupCommitWriter:
@@ -55,6 +77,7 @@ class GroupCommitWriter:
         self._closed = False
         self._done: asyncio.Future | None = None
         self.faults = FaultMonitor(self._retry_probe)
+        self.stats = CommitStats(self)
 
     @property
     def closed(self) -> bool:
@@ -142,9 +165,14 @@ class GroupCommitWriter:
             if self._done is not None and not self._done.done():
                 self._done.set_result(None)
             return
+        seconds, results = msg
         self.commits += 1
-        self.jobs += len(msg)
-        for jid, ok, value in msg:
+        self.jobs += len(results)
+        stats = self.stats
+        stats.seconds.observe(seconds)
+        stats.jobs.observe(len(results))
+        stats.last_seconds = seconds
+        for jid, ok, value in results:
             fault = value if not ok and isinstance(value, StoreUnavailable) else None
             self.faults.answered(jid, ok, fault)  # failing first: a caller's retry waits for a round
             self._answer(jid, ok, value)

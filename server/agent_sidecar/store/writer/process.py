@@ -128,7 +128,9 @@ def _serve(pipe, db: WriterBackend) -> None:
         for i in range(0, len(jobs), MAX_BATCH):
             runs = _runs(jobs[i:i + MAX_BATCH])
             last_jobs += len(runs)
-            pipe.send_bytes(_encode_results(commit(db, uow, runs)))
+            t0 = time.perf_counter()
+            results = commit(db, uow, runs)
+            pipe.send_bytes(_encode_results(results, time.perf_counter() - t0))
         last_commit = time.monotonic()
         if stop:
             return
@@ -264,9 +266,11 @@ def _commit_once(db: WriterBackend, uow, runs, last: bool) -> list[tuple[int, bo
     return [(jid, ok, unavailable(v) if not ok and db.is_fault(v) else v) for jid, ok, v in out]
 
 
-def _encode_results(results: list[tuple[int, bool, Any]]) -> bytes:
+def _encode_results(results: list[tuple[int, bool, Any]], seconds: float) -> bytes:
+    """One group's answer: ``(seconds the group took to run and commit, results)``;
+    the parent's metrics take the time (store/writer/client.py)."""
     try:
-        return pickle.dumps(results, protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps((seconds, results), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # some result will not pickle: send that one as an error
         safe = []
         for jid, ok, value in results:
@@ -275,7 +279,7 @@ def _encode_results(results: list[tuple[int, bool, Any]]) -> bytes:
             except Exception as e:
                 ok, value = False, RuntimeError(f"store job result could not be sent: {e!r} ({value!r:.200})")
             safe.append((jid, ok, value))
-        return pickle.dumps(safe, protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps((seconds, safe), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 __all__ = ["CLOSE", "StoreUnavailable", "WriterBackend", "at_end", "commit", "writer_main"]

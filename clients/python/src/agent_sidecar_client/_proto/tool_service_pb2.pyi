@@ -53,7 +53,14 @@ class ToolsRegistered(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., tool_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ToolInvocation(_message.Message):
-    __slots__ = ("invocation_id", "tool_name", "arguments_json", "session_key", "session_id", "request_id", "timeout_ms")
+    __slots__ = ("invocation_id", "tool_name", "arguments_json", "session_key", "session_id", "request_id", "timeout_ms", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     INVOCATION_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +68,7 @@ class ToolInvocation(_message.Message):
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     invocation_id: str
     tool_name: str
     arguments_json: str
@@ -68,7 +76,8 @@ class ToolInvocation(_message.Message):
     session_id: str
     request_id: str
     timeout_ms: int
-    def __init__(self, invocation_id: _Optional[str] = ..., tool_name: _Optional[str] = ..., arguments_json: _Optional[str] = ..., session_key: _Optional[str] = ..., session_id: _Optional[str] = ..., request_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, invocation_id: _Optional[str] = ..., tool_name: _Optional[str] = ..., arguments_json: _Optional[str] = ..., session_key: _Optional[str] = ..., session_id: _Optional[str] = ..., request_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ServeToolsResponse(_message.Message):
     __slots__ = ("registered", "invocation")

@@ -89,6 +89,18 @@ export interface ToolInvocation {
   requestId: string;
   /** How long the sidecar waits for the result. */
   timeoutMs: number;
+  /**
+   * W3C Trace Context of the sidecar's span for this tool call, as HTTP
+   * headers would carry it ("traceparent", and "tracestate" when there is
+   * one). Empty when the sidecar does not trace. A host that traces makes its
+   * span of the call a child of this context.
+   */
+  traceContext: { [key: string]: string };
+}
+
+export interface ToolInvocation_TraceContextEntry {
+  key: string;
+  value: string;
 }
 
 /** ServeToolsResponse is a message from the sidecar to the tool host. */
@@ -614,6 +626,7 @@ function createBaseToolInvocation(): ToolInvocation {
     sessionId: "",
     requestId: "",
     timeoutMs: 0,
+    traceContext: {},
   };
 }
 
@@ -640,6 +653,9 @@ export const ToolInvocation: MessageFns<ToolInvocation> = {
     if (message.timeoutMs !== 0) {
       writer.uint32(56).int64(message.timeoutMs);
     }
+    globalThis.Object.entries(message.traceContext).forEach(([key, value]: [string, string]) => {
+      ToolInvocation_TraceContextEntry.encode({ key: key as any, value }, writer.uint32(66).fork()).join();
+    });
     return writer;
   },
 
@@ -712,6 +728,17 @@ export const ToolInvocation: MessageFns<ToolInvocation> = {
             message.timeoutMs = longToNumber(reader.int64());
             continue;
           }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            const entry8 = ToolInvocation_TraceContextEntry.decode(reader, reader.uint32());
+            if (entry8.value !== undefined) {
+              message.traceContext[entry8.key] = entry8.value;
+            }
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -761,6 +788,33 @@ export const ToolInvocation: MessageFns<ToolInvocation> = {
         : isSet(object.timeout_ms)
         ? globalThis.Number(object.timeout_ms)
         : 0,
+      traceContext: isObject(object.traceContext)
+        ? (globalThis.Object.entries(object.traceContext) as [string, any][]).reduce(
+          (acc: { [key: string]: string }, [key, value]: [string, any]) => {
+            globalThis.Object.defineProperty(acc, key, {
+              value: globalThis.String(value),
+              enumerable: true,
+              configurable: true,
+              writable: true,
+            });
+            return acc;
+          },
+          {},
+        )
+        : isObject(object.trace_context)
+        ? (globalThis.Object.entries(object.trace_context) as [string, any][]).reduce(
+          (acc: { [key: string]: string }, [key, value]: [string, any]) => {
+            globalThis.Object.defineProperty(acc, key, {
+              value: globalThis.String(value),
+              enumerable: true,
+              configurable: true,
+              writable: true,
+            });
+            return acc;
+          },
+          {},
+        )
+        : {},
     };
   },
 
@@ -787,6 +841,15 @@ export const ToolInvocation: MessageFns<ToolInvocation> = {
     if (message.timeoutMs !== 0) {
       obj.timeoutMs = Math.round(message.timeoutMs);
     }
+    if (message.traceContext) {
+      const entries = globalThis.Object.entries(message.traceContext) as [string, string][];
+      if (entries.length > 0) {
+        obj.traceContext = {};
+        entries.forEach(([k, v]) => {
+          obj.traceContext[k] = v;
+        });
+      }
+    }
     return obj;
   },
 
@@ -802,6 +865,104 @@ export const ToolInvocation: MessageFns<ToolInvocation> = {
     message.sessionId = object.sessionId ?? "";
     message.requestId = object.requestId ?? "";
     message.timeoutMs = object.timeoutMs ?? 0;
+    message.traceContext = (globalThis.Object.entries(object.traceContext ?? {}) as [string, string][]).reduce(
+      (acc: { [key: string]: string }, [key, value]: [string, string]) => {
+        if (value !== undefined) {
+          acc[key] = globalThis.String(value);
+        }
+        return acc;
+      },
+      {},
+    );
+    return message;
+  },
+};
+
+function createBaseToolInvocation_TraceContextEntry(): ToolInvocation_TraceContextEntry {
+  return { key: "", value: "" };
+}
+
+export const ToolInvocation_TraceContextEntry: MessageFns<ToolInvocation_TraceContextEntry> = {
+  encode(message: ToolInvocation_TraceContextEntry, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.key !== "") {
+      writer.uint32(10).string(message.key);
+    }
+    if (message.value !== "") {
+      writer.uint32(18).string(message.value);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ToolInvocation_TraceContextEntry {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseToolInvocation_TraceContextEntry();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.key = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.value = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ToolInvocation_TraceContextEntry {
+    return {
+      key: isSet(object.key) ? globalThis.String(object.key) : "",
+      value: isSet(object.value) ? globalThis.String(object.value) : "",
+    };
+  },
+
+  toJSON(message: ToolInvocation_TraceContextEntry): unknown {
+    const obj: any = {};
+    if (message.key !== "") {
+      obj.key = message.key;
+    }
+    if (message.value !== "") {
+      obj.value = message.value;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ToolInvocation_TraceContextEntry>, I>>(
+    base?: I,
+  ): ToolInvocation_TraceContextEntry {
+    return ToolInvocation_TraceContextEntry.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ToolInvocation_TraceContextEntry>, I>>(
+    object: I,
+  ): ToolInvocation_TraceContextEntry {
+    const message = createBaseToolInvocation_TraceContextEntry();
+    message.key = object.key ?? "";
+    message.value = object.value ?? "";
     return message;
   },
 };
@@ -992,6 +1153,10 @@ function longToNumber(int64: { toString(): string }): number {
     throw new globalThis.Error("Value is smaller than Number.MIN_SAFE_INTEGER");
   }
   return num;
+}
+
+function isObject(value: any): boolean {
+  return typeof value === "object" && value !== null;
 }
 
 function isSet(value: any): boolean {

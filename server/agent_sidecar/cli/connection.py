@@ -1,0 +1,84 @@
+"""How every command that talks to a running sidecar reaches it: the target
+options (``--target``, ``--token``, ``--tls``, ``--ca``, ``--cert``/``--key``,
+``--server-name``, ``--insecure``) and the channel they describe, built here
+and nowhere else (health, sessions, status and bench take the same options).
+
+The bearer token is a password: it is never sent in cleartext to another
+machine by accident. A token over a plain TCP channel to a host that is not
+loopback is refused unless ``--insecure`` says so (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+DEFAULT_TARGET = "unix:./data/sidecar.sock"
+
+
+class TargetError(Exception):
+    """Target options that cannot work together, or a file that cannot be read: one line."""
+
+
+def add_target_arguments(parser: Any, default: str = DEFAULT_TARGET) -> None:
+    """The target options on ``parser`` (a parser or an argument group)."""
+    parser.add_argument("--target", default=default, help=f"the sidecar's address (default {default})")
+    parser.add_argument("--token", default=None, help="bearer token (TCP)")
+    parser.add_argument("--tls", action="store_true",
+                        help="TLS to the target (the system's roots unless --ca)")
+    parser.add_argument("--ca", "--ca-cert", dest="ca_file", default=None, metavar="FILE",
+                        help="PEM CA certificates that verify the target's certificate (implies --tls)")
+    parser.add_argument("--cert", dest="cert_file", default=None, metavar="FILE",
+                        help="PEM client certificate, for a listener that requires one (mTLS; with --key)")
+    parser.add_argument("--key", dest="key_file", default=None, metavar="FILE", help="PEM private key of --cert")
+    parser.add_argument("--server-name", "--tls-server-name", dest="server_name", default=None,
+                        help="the name to expect in the target's certificate (default: the target's host)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="allow --token over plain TCP to a host that is not loopback (cleartext)")
+
+
+def uses_tls(args: argparse.Namespace) -> bool:
+    return bool(args.tls or args.ca_file or args.cert_file or args.key_file)
+
+
+def credentials(args: argparse.Namespace) -> tuple[Any, tuple[tuple[str, str], ...]]:
+    """(grpc.ChannelCredentials or None for a plain channel, channel options)
+    of the target options; TargetError when they do not fit together."""
+    from ..tls import target_is_local
+    if bool(args.cert_file) != bool(args.key_file):
+        raise TargetError("--cert and --key go together")
+    if not uses_tls(args):
+        if args.token and not args.insecure and not target_is_local(args.target):
+            raise TargetError(f"refusing to send --token in cleartext to {args.target}: use --tls "
+                              "(and --ca) for a TLS listener, or --insecure to send it anyway")
+        return None, ()
+    if args.target.startswith("unix:"):
+        raise TargetError("TLS is for TCP targets (HOST:PORT), not a Unix socket")
+    import grpc
+    try:
+        roots, cert, key = (_read(path) for path in (args.ca_file, args.cert_file, args.key_file))
+    except OSError as e:
+        raise TargetError(f"cannot read {e.filename}: {e.strerror}") from None
+    options = (("grpc.ssl_target_name_override", args.server_name),) if args.server_name else ()
+    return grpc.ssl_channel_credentials(root_certificates=roots, private_key=key,
+                                        certificate_chain=cert), options
+
+
+def _read(path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def open_channel(args: argparse.Namespace) -> Any:
+    """A blocking grpc.Channel to ``args.target`` as the target options say."""
+    import grpc
+    creds, options = credentials(args)
+    if creds is None:
+        return grpc.insecure_channel(args.target)
+    return grpc.secure_channel(args.target, creds, options=options)
+
+
+def call_metadata(args: argparse.Namespace) -> list[tuple[str, str]] | None:
+    return [("authorization", f"Bearer {args.token}")] if args.token else None

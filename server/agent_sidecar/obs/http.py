@@ -1,0 +1,106 @@
+"""The ``[metrics] listen`` endpoint: a small HTTP/1.1 server on the event
+loop that answers ``GET /metrics`` with the text exposition format.
+
+On the loop, not in a thread (prometheus_client's own server is threaded):
+the collectors read the turn engine's dicts and lanes, which only the loop
+changes, so a scrape reads them between two loop steps and never while one
+is half-changed. A scrape costs the loop the time to format the samples,
+about a millisecond for a few hundred of them.
+
+One request per connection (``Connection: close``); a request line or
+headers that do not arrive within READ_TIMEOUT_S, or exceed MAX_HEAD_BYTES,
+end the connection. The endpoint has no authentication: bind it to a
+private address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable
+
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+log = logging.getLogger("agent_sidecar.obs")
+
+READ_TIMEOUT_S = 10.0
+MAX_HEAD_BYTES = 16 * 1024
+PATH = "/metrics"
+
+
+def split_address(listen: str) -> tuple[str, int]:
+    """``HOST:PORT`` (config.py checked its form); ``[::1]:9464`` for IPv6."""
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class MetricsServer:
+    """``render()`` returns the body of one scrape."""
+
+    def __init__(self, render: Callable[[], Awaitable[bytes]]):
+        self.render = render
+        self.server: asyncio.Server | None = None
+
+    async def start(self, listen: str) -> str:
+        """Listen on ``listen``; returns the address bound (a port 0 resolved).
+        A listener that cannot be bound raises RuntimeError naming the key."""
+        host, port = split_address(listen)
+        try:
+            self.server = await asyncio.start_server(self._serve, host, port, limit=MAX_HEAD_BYTES)
+        except OSError as e:
+            raise RuntimeError(f"metrics.listen: cannot listen on {listen}: {e.strerror or e}") from None
+        bound_port = self.server.sockets[0].getsockname()[1]
+        return f"{listen.rpartition(':')[0]}:{bound_port}"
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            try:
+                await asyncio.wait_for(self.server.wait_closed(), 2)
+            except asyncio.TimeoutError:
+                pass
+            self.server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            method, target = await asyncio.wait_for(_read_head(reader), READ_TIMEOUT_S)
+            if method not in ("GET", "HEAD"):
+                await _respond(writer, 405, b"only GET\n", extra="Allow: GET, HEAD\r\n")
+            elif target.split("?", 1)[0] != PATH:
+                await _respond(writer, 404, b"metrics are at /metrics\n")
+            else:
+                body = await self.render()
+                await _respond(writer, 200, body, CONTENT_TYPE_LATEST, head_only=method == "HEAD")
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                ValueError, ConnectionError):
+            pass  # a client that sent no proper request, or went away: nothing to answer
+        except Exception:
+            log.exception("metrics scrape failed")
+            try:
+                await _respond(writer, 500, b"scrape failed (see the sidecar log)\n")
+            except ConnectionError:
+                pass
+        finally:
+            writer.close()
+
+
+async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str]:
+    """The request line's method and target; the headers are read and ignored."""
+    line = (await reader.readuntil(b"\r\n")).decode("latin-1").split()
+    if len(line) != 3:
+        raise ValueError("not an HTTP request line")
+    while (await reader.readuntil(b"\r\n")) != b"\r\n":
+        pass
+    return line[0], line[1]
+
+
+_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}
+
+
+async def _respond(writer: asyncio.StreamWriter, status: int, body: bytes,
+                   content_type: str = "text/plain; charset=utf-8", head_only: bool = False,
+                   extra: str = "") -> None:
+    head = (f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n{extra}\r\n")
+    writer.write(head.encode("latin-1") + (b"" if head_only else body))
+    await writer.drain()

@@ -1,0 +1,130 @@
+"""The running sidecar's state, read on demand for a scrape or a GetStatus
+call: nothing here runs unless asked, so the hot paths pay nothing for it.
+
+``Live`` reads the objects runtime.py wires (the turn manager, its worker
+pool, the store, the tool registry) and the counters they keep as plain
+numbers (turns/stats.py, store/writer/client.py CommitStats, api/auth.py).
+It imports none of them (duck-typed on purpose: obs/ sits beside the layers,
+and every layer may hook into obs/ without an import cycle). Everything is
+read on the event loop, where those objects change, so a read never sees one
+half-updated.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .. import __version__
+from ..delivery import MODE_NAMES
+
+log = logging.getLogger("agent_sidecar.obs")
+
+
+def rss_bytes(pid: int) -> int:
+    """A process's resident memory (VmRSS of /proc/PID/status); 0 when it is gone."""
+    if pid <= 0:
+        return 0
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    index: int
+    pid: int
+    alive: bool  # ready (a dead one is being replaced)
+    rss_bytes: int
+    turns_run: int  # turns dispatched to the slot since the start
+    turns_running: int  # its turns in flight now
+    restarts: int
+
+
+@dataclass(frozen=True)
+class WriterInfo:
+    pid: int
+    rss_bytes: int
+    backlog: int  # jobs not answered yet
+    last_commit_seconds: float
+    commits: int
+
+
+class Live:
+    """``runtime``: the Sidecar of runtime.py (its cfg, store, turns, tools, auth)."""
+
+    def __init__(self, runtime: Any):
+        self.runtime = runtime
+        self.started_at = time.time()
+        self._t0 = time.monotonic()
+        self.version = __version__
+
+    @property
+    def turns(self) -> Any:
+        return self.runtime.turns
+
+    def node_id(self) -> str:
+        return self.runtime.cfg.node_id()
+
+    def uptime(self) -> float:
+        return time.monotonic() - self._t0
+
+    def serving(self) -> bool:
+        turns = self.turns
+        return bool(turns is not None and turns.ready.is_set() and turns.accepting
+                    and not turns.draining and self.store_writable())
+
+    def store_writable(self) -> bool:
+        store = self.runtime.store
+        return bool(store is not None and store.writable)
+
+    def workers(self) -> list[WorkerInfo]:
+        turns = self.turns
+        pool = turns.pool if turns is not None else None
+        if pool is None:
+            return []
+        running: dict[int, int] = {}
+        for t in turns.live.values():
+            if t.worker is not None and t.in_flight:
+                running[t.worker.index] = running.get(t.worker.index, 0) + 1
+        return [WorkerInfo(h.index, h.pid, h.ready.is_set(), rss_bytes(h.pid) if h.ready.is_set() else 0,
+                           h.turns_run, running.get(h.index, 0), h.restarts) for h in pool.handles]
+
+    def in_flight(self) -> int:
+        """Turns started whose end has not committed."""
+        return self.turns.open_turns() if self.turns is not None else 0
+
+    def queue_depths(self) -> dict[int, int]:
+        """Prompts waiting in their lanes, by delivery mode (every mode, 0 included)."""
+        out = dict.fromkeys(MODE_NAMES, 0)
+        if self.turns is not None:
+            for lane in self.turns.lanes.values():
+                if lane.depth():
+                    for t in lane.waiting():
+                        out[t.delivery] = out.get(t.delivery, 0) + 1
+        return out
+
+    def writer(self) -> WriterInfo | None:
+        store = self.runtime.store
+        if store is None:
+            return None
+        c = store.commit_stats
+        return WriterInfo(c.pid, rss_bytes(c.pid), c.backlog, c.last_seconds, c.seconds.count)
+
+    async def store_stats(self) -> Any:
+        """The store's StoreStats, or None when it cannot be read now (closed, failing)."""
+        store = self.runtime.store
+        if store is None:
+            return None
+        try:
+            return await store.stats()
+        except Exception as e:  # a read of a failing store: the rest of the answer still counts
+            log.debug("store stats unavailable", extra={"error": f"{type(e).__name__}: {e}"})
+            return None

@@ -1,0 +1,97 @@
+"""TLS material of a listener: its PEM files checked when the config loads,
+read when the server binds; and what counts as a loopback address.
+
+Why check at load: gRPC meets the files only when the port is added, after
+the store and the workers have started, and a key that does not belong to its
+certificate, a truncated file or an encrypted key then fails as "Failed to
+bind to address" (the reason only in gRPC's own debug log). The standard
+library's ``ssl`` parses the same PEM with OpenSSL, so ``agent-sidecar config
+check`` and ``serve`` refuse such a listener before anything starts, naming
+the key (``listen[1].key``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+_CERT = b"-----BEGIN CERTIFICATE-----"
+_KEY = b"PRIVATE KEY-----"
+
+
+def readable(path: str) -> str | None:
+    """None when ``path`` is a file this process can read, else the problem."""
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as e:
+        return f"cannot read the file: {e.strerror or e}"
+    return None
+
+
+def _ssl_problem(e: Exception) -> str:
+    import ssl
+    if isinstance(e, ssl.SSLError) and e.reason:
+        return e.reason.lower().replace("_", " ")
+    return getattr(e, "strerror", None) or str(e)
+
+
+def check_pair(cert: str, key: str, client_ca: str) -> list[tuple[str, str]]:
+    """(key name, problem) for a certificate chain and private key that do not
+    load as a server's pair, or a client CA file that holds no certificate."""
+    import ssl
+    problems = []
+    cert_pem, key_pem = read_pem(cert), read_pem(key)
+    if _CERT not in cert_pem:
+        problems.append(("cert", "not a PEM certificate (no BEGIN CERTIFICATE block)"))
+    if _KEY not in key_pem:
+        problems.append(("key", "not a PEM private key (no BEGIN PRIVATE KEY block)"))
+    elif b"ENCRYPTED" in key_pem:
+        problems.append(("key", "an encrypted private key (give it unencrypted, readable only by the sidecar)"))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    if not problems:
+        try:
+            ctx.load_cert_chain(cert, key, password=lambda: b"")
+        except (ssl.SSLError, OSError) as e:
+            problems.append(("key", f"does not load as the private key of cert ({_ssl_problem(e)})"))
+    if client_ca and _CERT not in read_pem(client_ca):
+        problems.append(("client_ca", "not a PEM file of CA certificates (no BEGIN CERTIFICATE block)"))
+    elif client_ca:
+        try:
+            ctx.load_verify_locations(cafile=client_ca)
+        except (ssl.SSLError, OSError) as e:
+            problems.append(("client_ca", f"not a PEM file of CA certificates ({_ssl_problem(e)})"))
+    return problems
+
+
+def read_pem(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def host_of(address: str) -> str:
+    """The host part of ``HOST:PORT`` (``[::1]:5`` -> ``::1``)."""
+    return address.rsplit(":", 1)[0].strip("[]")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only reaches this machine: ``localhost`` or a loopback
+    IP (127.0.0.0/8, ::1). A wildcard (0.0.0.0, ::) or any other name is not."""
+    if host.lower() == "localhost" or host.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def target_is_local(target: str) -> bool:
+    """Whether a gRPC target only reaches this machine: a Unix socket, or a
+    TCP address on a loopback host (``localhost:5``, ``127.0.0.1:5``,
+    ``[::1]:5``, with or without a ``dns:``/``ipv4:``/``ipv6:`` scheme)."""
+    if target.startswith(("unix:", "unix-abstract:")):
+        return True
+    for scheme in ("dns:///", "dns:", "ipv4:", "ipv6:"):
+        if target.startswith(scheme):
+            target = target[len(scheme):]
+            break
+    return is_loopback(host_of(target))

@@ -1,0 +1,165 @@
+"""TLS and mTLS on TCP listeners (issue 17 item 5), against a real sidecar
+with three listeners: its Unix socket, a TLS listener and an mTLS listener
+(``[[listen]]`` with ``client_ca``), certificates made by helpers.certs.
+
+What a client sees: the Python client reaches the same sessions over TLS with
+a private CA (and over mTLS with a client certificate); a wrong CA, a plain
+channel to a TLS port and an mTLS listener without a client certificate are
+refused in the handshake. ``agent-sidecar health`` takes the same options.
+Health answers for each service by name. The bearer token is never sent in
+cleartext to another machine: clients and the CLI refuse it unless told to,
+and the sidecar warns about a plain TCP listener open to the network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+import agent_sidecar_client as asc
+from agent_sidecar.api.server import SERVICE_NAMES
+from helpers.certs import available, make_certs
+from helpers.ids import source
+from helpers.logs import log_lines
+from helpers.sessions import create
+from sidecar_proc import ROOT, TOKEN, Sidecar, free_port
+
+pytestmark = pytest.mark.skipif(not available(), reason="the openssl command is not installed")
+
+EXE = ROOT / ".venv" / "bin" / "agent-sidecar"
+CLI = [str(EXE)] if EXE.exists() else [sys.executable, "-m", "agent_sidecar"]
+
+
+def listener(address: str, certs, client_ca: bool = False) -> str:
+    text = f'\n[[listen]]\naddress = "{address}"\ncert = "{certs.server_cert}"\nkey = "{certs.server_key}"\n'
+    return text + (f'client_ca = "{certs.ca}"\n' if client_ca else "")
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture(scope="module")
+def sc(tmp_path_factory, certs):
+    tls, mtls = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    config = (f'[[auth.tokens]]\ntoken = "{TOKEN}"\nadmin = true\n'
+              + listener(tls, certs) + listener(mtls, certs, client_ca=True))
+    s = Sidecar(tmp_path_factory.mktemp("tls") / "data", config=config, workers=1)
+    s.tls_target, s.mtls_target = tls, mtls
+    s.start()
+    yield s
+    s.stop()
+
+
+async def _session_id(target: str, **kw) -> str:
+    """The session of a fixed source, over ``target`` with the Python client (no wait:
+    a refused handshake fails the call at once)."""
+    async with await asc.connect(target, TOKEN, wait_ready=False, call_timeout=10, **kw) as client:
+        return (await client.get_or_create_session({"platform": "telegram", "chat_id": "tls"})).session_id
+
+
+def session_id(target: str, **kw) -> str:
+    return asyncio.run(_session_id(target, **kw))
+
+
+def refused(target: str, **kw) -> asc.SidecarError:
+    with pytest.raises(asc.SidecarError) as e:
+        session_id(target, **kw)
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE, e.value
+    return e.value
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+# -- the Python client ------------------------------------------------------------------------------
+
+def test_the_python_client_reaches_the_same_sessions_over_tls_with_a_private_ca(sc, certs):
+    over_unix = create(sc.sessions(), source("telegram", "tls"))[0].session_id
+    assert session_id(sc.tls_target, ca_file=certs.ca) == over_unix
+    assert session_id(sc.tls_target, ca_file=certs.ca.read_bytes()) == over_unix  # PEM bytes too
+    # Another name in the certificate than the target's host: localhost is one of its names.
+    assert session_id(f"localhost:{sc.tls_target.rsplit(':', 1)[1]}", ca_file=certs.ca) == over_unix
+
+
+def test_a_wrong_ca_and_a_plain_channel_are_refused_by_a_tls_listener(sc, certs):
+    assert "CERTIFICATE_VERIFY_FAILED" in refused(sc.tls_target, ca_file=certs.other_ca).message
+    refused(sc.tls_target, tls=True)  # the system's roots do not know the test CA
+    refused(sc.tls_target)  # plaintext to a TLS port (loopback: the token may go plain)
+
+
+def test_mtls_takes_the_client_certificate_and_refuses_a_client_without_one(sc, certs):
+    over_unix = create(sc.sessions(), source("telegram", "tls"))[0].session_id
+    assert session_id(sc.mtls_target, ca_file=certs.ca, cert_file=certs.client_cert,
+                      key_file=certs.client_key) == over_unix
+    refused(sc.mtls_target, ca_file=certs.ca)
+    # The server's own certificate is no client certificate (its usage is serverAuth).
+    refused(sc.mtls_target, ca_file=certs.ca, cert_file=certs.server_cert, key_file=certs.server_key)
+
+
+# -- the command line -------------------------------------------------------------------------------
+
+def test_health_over_tls_and_mtls_with_the_target_options(sc, certs):
+    ok = cli("health", "--target", sc.tls_target, "--ca", str(certs.ca))
+    assert ok.returncode == 0 and ok.stdout.strip() == f"{sc.tls_target}: SERVING", ok
+    mtls = ["health", "--target", sc.mtls_target, "--ca", str(certs.ca), "--timeout", "5"]
+    ok = cli(*mtls, "--cert", str(certs.client_cert), "--key", str(certs.client_key))
+    assert ok.returncode == 0 and ok.stdout.strip() == f"{sc.mtls_target}: SERVING", ok
+    no_cert = cli(*mtls)
+    assert no_cert.returncode == 1 and "UNAVAILABLE" in no_cert.stdout, no_cert
+    wrong_ca = cli("health", "--target", sc.tls_target, "--ca", str(certs.other_ca))
+    assert wrong_ca.returncode == 1 and "UNAVAILABLE" in wrong_ca.stdout, wrong_ca
+    half = cli("health", "--target", sc.mtls_target, "--cert", str(certs.client_cert))
+    assert half.returncode == 2 and half.stderr.strip() == "agent-sidecar health: --cert and --key go together"
+    listed = cli("sessions", "--target", sc.tls_target, "--token", TOKEN, "--ca", str(certs.ca), "list")
+    assert listed.returncode == 0 and "agent:main:telegram:dm:tls" in listed.stdout, listed
+    status = cli("status", "--target", sc.mtls_target, "--token", TOKEN, "--ca", str(certs.ca), "--json",
+                 "--cert", str(certs.client_cert), "--key", str(certs.client_key))
+    assert status.returncode == 0 and '"serving": true' in status.stdout, status
+
+
+def test_the_cli_refuses_a_token_in_cleartext_to_another_host_unless_told():
+    # 192.0.2.1 is TEST-NET-1: nothing answers there; the refusal comes before any connection.
+    r = cli("health", "--target", "192.0.2.1:50051", "--token", "t")
+    assert r.returncode == 2 and "refusing to send --token in cleartext to 192.0.2.1:50051" in r.stderr, r
+    r = cli("health", "--target", "192.0.2.1:50051", "--token", "t", "--insecure", "--timeout", "0.2")
+    assert r.returncode == 1 and r.stdout.startswith("192.0.2.1:50051: "), r  # it tried
+
+
+# -- health per service name ------------------------------------------------------------------------
+
+def test_health_answers_for_each_service_by_name(sc):
+    stub = health_pb2_grpc.HealthStub(sc.channel())
+    assert set(SERVICE_NAMES) >= {"agent_sidecar.v1.PromptService", "agent_sidecar.v1.SessionService",
+                                  "agent_sidecar.v1.ToolService"}
+    for name in ("", *SERVICE_NAMES):
+        status = stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5).status
+        assert status == health_pb2.HealthCheckResponse.SERVING, name
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Check(health_pb2.HealthCheckRequest(service="agent_sidecar.v1.NoSuchService"), timeout=5)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+# -- the sidecar's warning ----------------------------------------------------------------------------
+
+def test_the_sidecar_warns_about_a_plain_tcp_listener_open_to_the_network(tmp_path, certs):
+    """The log line is the behaviour under test: the operator's only signal."""
+    wide, local, secure = f"0.0.0.0:{free_port()}", f"127.0.0.1:{free_port()}", f"0.0.0.0:{free_port()}"
+    config = f'[[auth.tokens]]\ntoken = "{TOKEN}"\n[[listen]]\naddress = "{wide}"\n' \
+        f'[[listen]]\naddress = "{local}"\n' + listener(secure, certs)
+    s = Sidecar(tmp_path / "data", config=config, workers=1).start()
+    try:
+        warned = [line["listen"] for line in log_lines(s) if line["level"] == "warning"
+                  and "cleartext" in line["msg"]]
+        serving = log_lines(s, "serving")[0]["listen"]
+    finally:
+        s.stop()
+    assert warned == [wide], log_lines(s)
+    assert f"{secure} (TLS)" in serving and wide in serving and local in serving

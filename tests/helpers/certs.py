@@ -1,0 +1,68 @@
+"""Certificates for TLS tests, made by the ``openssl`` command line (no
+Python dependency, so the conformance harness can use it too):
+
+* ``ca``: a CA that signs the two below;
+* ``server_cert``/``server_key``: for ``localhost``, 127.0.0.1 and ::1;
+* ``client_cert``/``client_key``: a client certificate (mTLS);
+* ``other_ca``: a CA that signed nothing here ("the wrong CA").
+
+EC P-256 keys, valid for two days: a set is made in well under a second.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+_CA_EXT = """basicConstraints = critical,CA:TRUE
+keyUsage = critical,keyCertSign,cRLSign
+subjectKeyIdentifier = hash"""
+_SERVER_EXT = """basicConstraints = critical,CA:FALSE
+keyUsage = critical,digitalSignature
+extendedKeyUsage = serverAuth
+subjectAltName = DNS:localhost,IP:127.0.0.1,IP:::1"""
+_CLIENT_EXT = """basicConstraints = critical,CA:FALSE
+keyUsage = critical,digitalSignature
+extendedKeyUsage = clientAuth"""
+
+
+@dataclass(frozen=True)
+class Certs:
+    dir: Path
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+    other_ca: Path
+
+
+def available() -> bool:
+    return shutil.which("openssl") is not None
+
+
+def _make(out: Path, name: str, cn: str, ext: str, signer: tuple[Path, Path] | None) -> tuple[Path, Path]:
+    """One key and certificate (``signer``: the CA's certificate and key; None: self-signed)."""
+    config = out / f"{name}.cnf"
+    config.write_text(f"[req]\nprompt = no\ndistinguished_name = dn\nx509_extensions = ext\n"
+                      f"[dn]\nCN = {cn}\n[ext]\n{ext}\n")
+    cert, key = out / f"{name}.pem", out / f"{name}.key"
+    cmd = ["openssl", "req", "-x509", "-new", "-config", str(config), "-newkey", "ec",
+           "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
+           "-keyout", str(key), "-out", str(cert)]
+    if signer:
+        cmd += ["-CA", str(signer[0]), "-CAkey", str(signer[1])]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+    return cert, key
+
+
+def make_certs(out: Path) -> Certs:
+    """A fresh set in ``out`` (created if missing)."""
+    out.mkdir(parents=True, exist_ok=True)
+    ca = _make(out, "ca", "agent-sidecar test CA", _CA_EXT, None)
+    other_ca, _ = _make(out, "other-ca", "another CA", _CA_EXT, None)
+    server_cert, server_key = _make(out, "server", "localhost", _SERVER_EXT, ca)
+    client_cert, client_key = _make(out, "client", "test client", _CLIENT_EXT, ca)
+    return Certs(out, ca[0], server_cert, server_key, client_cert, client_key, other_ca)

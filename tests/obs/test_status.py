@@ -1,0 +1,118 @@
+"""``agent-sidecar status`` and the GetStatus RPC behind it, against a real
+sidecar: the fields an operator reads are there and true (the worker and
+writer pids are the real child processes, the store size is the file's),
+the RPC wants an admin credential over TCP; and a ``[metrics] listen`` the
+sidecar cannot use is refused, naming the key."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+import agent_sidecar
+from agent_sidecar.v1 import status_service_pb2 as spb
+from agent_sidecar.v1 import status_service_pb2_grpc as spb_grpc
+from helpers.config import echo, table
+from helpers.ids import source
+from helpers.procs import children
+from helpers.streams import run
+from sidecar_proc import ROOT, TOKEN, Sidecar, error_info
+
+MODES = ["REJECT_IF_BUSY", "FOLLOW_UP", "QUEUE", "INTERRUPT", "ROLLBACK", "STEER"]
+
+
+@pytest.fixture(scope="module")
+def sc(tmp_path_factory):
+    s = Sidecar(tmp_path_factory.mktemp("status") / "data", config=echo("main"), tcp=True, workers=2).start()
+    yield s
+    s.stop()
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agent_sidecar", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def test_status_json_tells_the_truth(sc):
+    for _ in range(3):
+        assert run(sc.prompts(), text="hello", src=source()).end == "completed"
+    out = cli("status", "--target", sc.target, "--json")
+    assert out.returncode == 0, out.stderr
+    st = json.loads(out.stdout)
+    assert st["version"] == agent_sidecar.__version__
+    assert st["node_id"] == f"{socket.gethostname()}:{os.path.abspath(sc.data_dir)}"
+    assert st["serving"] is True and st["uptime_seconds"] > 0 and st["started_at"].endswith("Z")
+    kids = children(sc)
+    workers = {w["index"]: w for w in st["workers"]}
+    assert sorted(workers) == [0, 1]
+    for i, w in workers.items():
+        assert w["pid"] == kids[f"sidecar-work-{i}"] and w["alive"] and w["restarts"] == 0
+        assert w["rss_bytes"] > 1 << 20 and w["turns_running"] == 0
+    assert sum(w["turns_run"] for w in st["workers"]) == 3
+    assert st["turns_in_flight"] == 0 and st["prompts_admitted"] == 0
+    assert st["queues"] == dict.fromkeys(MODES, 0)
+    store = st["store"]
+    assert store["backend"] == "sqlite" and store["writable"] is True
+    assert store["writer_pid"] == kids["sidecar-writer"] and store["writer_rss_bytes"] > 1 << 20
+    assert store["commits"] > 0 and store["last_commit_seconds"] > 0 and store["writer_backlog"] >= 0
+    assert store["size_bytes"] >= os.path.getsize(sc.data_dir / "sidecar.db") > 0
+    assert store["fts_backlog"] >= 0
+
+
+def test_status_table(sc):
+    out = cli("status", "--target", sc.target)
+    assert out.returncode == 0, out.stderr
+    kids = children(sc)
+    assert "SERVING" in out.stdout and agent_sidecar.__version__ in out.stdout
+    for name in ("sidecar-work-0", "sidecar-work-1", "sidecar-writer"):
+        assert str(kids[name]) in out.stdout
+
+
+def test_get_status_over_tcp_needs_an_admin_token(sc):
+    stub = spb_grpc.StatusServiceStub(sc.channel(tcp=True))
+    r = stub.GetStatus(spb.GetStatusRequest(), metadata=[("authorization", f"Bearer {TOKEN}")], timeout=10)
+    assert r.version == agent_sidecar.__version__ and len(r.workers) == 2
+    with pytest.raises(grpc.RpcError) as e:
+        stub.GetStatus(spb.GetStatusRequest(), timeout=10)
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED and error_info(e.value)[0] == "UNAUTHENTICATED"
+    out = cli("status", "--target", sc.tcp_target, "--token", TOKEN, "--json")
+    assert out.returncode == 0 and json.loads(out.stdout)["serving"] is True, out.stderr
+
+
+def test_status_without_a_sidecar_fails(tmp_path):
+    out = cli("status", "--target", f"unix:{tmp_path}/none.sock", "--timeout", "1")
+    assert out.returncode == 1 and "UNAVAILABLE" in out.stderr and out.stdout == ""
+
+
+@pytest.mark.parametrize("value, problem", [
+    ('"9464"', "expected HOST:PORT"),
+    ('"localhost:99999"', "expected HOST:PORT"),
+    ("9464", "expected a string"),
+])
+def test_a_bad_metrics_listen_is_refused_naming_the_key(tmp_path, value, problem):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"[metrics]\nlisten = {value}\n")
+    for args in (["config", "check", str(cfg)],
+                 ["serve", "--data-dir", str(tmp_path / "data"), "--config", str(cfg)]):
+        out = cli(*args)
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        assert "config error: metrics.listen: " + problem in out.stderr, out.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_metrics_port_in_use_stops_the_start(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        sc = Sidecar(tmp_path / "data", config=table("metrics", listen=f"127.0.0.1:{port}"))
+        with pytest.raises(RuntimeError, match="exited with 1"):
+            sc.start()
+        assert f"metrics.listen: cannot listen on 127.0.0.1:{port}" in sc.log()
+    sc.stop()

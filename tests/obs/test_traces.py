@@ -1,0 +1,174 @@
+"""Traces (issue 17): a sidecar started with the standard OTEL_* variables
+exports, over real OTLP/HTTP to a collector in this process, the span tree of
+a prompt: the Prompt RPC's span (a child of the caller's traceparent), the
+turn's span under it, one span per model call and per tool call under that;
+and the traceparent goes on to the OpenAI-compatible server (an HTTP header
+naming the model call's span) and to the tool host (the invocation's
+trace_context naming the tool call's span). Off by default: then nothing of
+OpenTelemetry is imported and nothing is propagated."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers.config import profile
+from helpers.fake_openai import FakeOpenAI
+from helpers.otlp import Collector
+from helpers.streams import assert_well_formed, collect, prompt_req
+from helpers.tools import AB_SCHEMA, ToolHost, answers
+from sidecar_proc import Sidecar
+
+SERVER, CLIENT = 2, 3  # opentelemetry.proto SpanKind
+ERROR = 2  # Status.code
+SCRIPTS = {
+    "tools": [{"tool_calls": [{"name": "test.add", "arguments": {"a": 2, "b": 3}, "id": "call_t"}]},
+              {"text": "the answer is 5"}],
+    "down": [{"status": 400, "body": '{"error": {"message": "no such model"}}'}],
+}
+
+
+@pytest.fixture(scope="module")
+def fakes():
+    servers = {name: FakeOpenAI(script).start() for name, script in SCRIPTS.items()}
+    yield servers
+    for f in servers.values():
+        f.stop()
+
+
+@pytest.fixture(scope="module")
+def collector():
+    with Collector() as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def sc(tmp_path_factory, fakes, collector):
+    profiles = "".join(profile(name, "openai", {"base_url": fake.url, "model": "gpt-test", "max_retries": 0},
+                               tools=["test.*"]) for name, fake in fakes.items())
+    s = Sidecar(tmp_path_factory.mktemp("traces") / "data", config=profiles,
+                env=collector.env()).start()
+    yield s
+    s.stop()
+
+
+def _traceparent() -> tuple[str, str, str]:
+    trace_id, span_id = os.urandom(16).hex(), os.urandom(8).hex()
+    return f"00-{trace_id}-{span_id}-01", trace_id, span_id
+
+
+def _prompt(sc, profile_name: str, traceparent: str):
+    req = prompt_req(text="add 2 and 3", profile=profile_name)
+    out = collect(sc.prompts().Prompt(req, timeout=30, metadata=[("traceparent", traceparent)]))
+    return req.request_id, out
+
+
+def _tree(collector, trace_id: str, rid: str, model_calls: int, tool_calls: int):
+    """The trace's spans once its turn and every child have arrived."""
+    def complete(spans):
+        mine = [s for s in spans if s.trace_id == trace_id]
+        turns = [s for s in mine if s.name == "turn" and s.attributes["agent_sidecar.request_id"] == rid]
+        if not turns:
+            return None
+        kids = [s for s in mine if s.parent_id == turns[0].span_id]
+        rpc = [s for s in mine if s.span_id == turns[0].parent_id]
+        models = [s for s in kids if s.name == "chat gpt-test"]
+        tools = [s for s in kids if s.name.startswith("execute_tool")]
+        if rpc and len(models) == model_calls and len(tools) == tool_calls:
+            return rpc[0], turns[0], sorted(models, key=lambda s: s.start_ns), tools
+        return None
+    return collector.wait_for(complete, what=f"the span tree of {rid}")
+
+
+def test_a_prompt_exports_its_span_tree_and_passes_the_traceparent_on(sc, fakes, collector, host):
+    traceparent, trace_id, caller_span = _traceparent()
+    rid, out = _prompt(sc, "tools", traceparent)
+    assert_well_formed(out)
+    rpc, turn, models, (tool,) = _tree(collector, trace_id, rid, model_calls=2, tool_calls=1)
+
+    assert rpc.name == "agent_sidecar.v1.PromptService/Prompt" and rpc.kind == SERVER
+    assert rpc.parent_id == caller_span, "the caller's traceparent is the RPC span's parent"
+    assert (rpc.attributes["rpc.system"], rpc.attributes["rpc.grpc.status_code"]) == ("grpc", 0)
+    assert turn.attributes["agent_sidecar.session_key"] == out.key
+    assert (turn.attributes["agent_sidecar.outcome"], turn.attributes["agent_sidecar.profile"]) == (
+        "completed", "tools")
+    assert rpc.start_ns <= turn.start_ns <= models[0].start_ns < tool.start_ns < models[1].start_ns
+    assert models[1].end_ns <= turn.end_ns <= rpc.end_ns
+    assert [m.attributes["agent_sidecar.iteration"] for m in models] == [0, 1]
+    assert all(m.kind == CLIENT and m.attributes["agent_sidecar.model_backend"] == "openai" for m in models)
+    assert (tool.name, tool.attributes["gen_ai.tool.call.id"]) == ("execute_tool test.add", "call_t")
+
+    # The model server saw each call's own span as the parent of its request.
+    sent = [h["traceparent"] for h in fakes["tools"].headers[-2:]]
+    assert sent == [f"00-{trace_id}-{m.span_id}-01" for m in models]
+    # The tool host got the tool call's span in the invocation.
+    (inv,) = [i for i in host.invocations if i.request_id == rid]
+    assert dict(inv.trace_context) == {"traceparent": f"00-{trace_id}-{tool.span_id}-01"}
+
+
+def test_a_failed_turn_marks_its_spans_as_errors(sc, fakes, collector):
+    traceparent, trace_id, _ = _traceparent()
+    rid, out = _prompt(sc, "down", traceparent)
+    assert out.end == "failed" and out.last.failed.reason == "LLM_API_FAILURE"
+    rpc, turn, (model,), _ = _tree(collector, trace_id, rid, model_calls=1, tool_calls=0)
+    assert turn.status == ERROR and turn.attributes["agent_sidecar.reason"] == "LLM_API_FAILURE"
+    assert model.status == ERROR
+    assert rpc.status == ERROR and rpc.attributes["rpc.grpc.status_code"] == 14  # UNAVAILABLE
+    assert fakes["down"].headers[-1]["traceparent"] == f"00-{trace_id}-{model.span_id}-01"
+
+
+def test_a_prompt_without_a_traceparent_starts_a_trace(sc, collector, host):
+    req = prompt_req(text="add", profile="tools")
+    assert_well_formed(collect(sc.prompts().Prompt(req, timeout=30)))
+    turn = collector.wait_for(lambda spans: next((s for s in spans if s.name == "turn" and
+                              s.attributes["agent_sidecar.request_id"] == req.request_id), None))
+    rpc = collector.wait_for(lambda spans: next((s for s in spans if s.span_id == turn.parent_id), None))
+    assert rpc.parent_id == "" and rpc.trace_id == turn.trace_id and rpc.service == "agent-sidecar"
+
+
+def test_tracing_off_propagates_nothing(tmp_path):
+    """No OTEL_* variables: no trace context reaches the model server or the tool host."""
+    with FakeOpenAI(SCRIPTS["tools"]) as fake:
+        sc = Sidecar(tmp_path / "data", config=profile("main", "openai", {
+            "base_url": fake.url, "model": "gpt-test"}, tools=["test.*"])).start()
+        try:
+            with ToolHost(sc.tools(), "test", [("test.add", "test.add", AB_SCHEMA)],
+                          answers({"test.add": lambda a: a["a"] + a["b"]})) as h:
+                out = collect(sc.prompts().Prompt(prompt_req(text="add"), timeout=30, metadata=[
+                    ("traceparent", _traceparent()[0])]))
+                assert_well_formed(out)
+                assert [inv.trace_context for inv in h.invocations] == [{}]
+            assert len(fake.headers) == 2 and not any("traceparent" in x for x in fake.headers)
+        finally:
+            sc.stop()
+
+
+def test_tracing_off_imports_no_opentelemetry_and_workers_never_do():
+    """Off is free: the whole server imported and tracing configured from an
+    empty environment leave OpenTelemetry unimported; a worker's modules never
+    import it (nor grpc), on or off."""
+    code = (
+        "import importlib, pkgutil, sys, agent_sidecar\n"
+        "from agent_sidecar.obs import tracing\n"
+        "import agent_sidecar.turns.worker\n"
+        "worker = sorted(m for m in sys.modules if m.startswith(('opentelemetry', 'grpc')))\n"
+        "for m in pkgutil.walk_packages(agent_sidecar.__path__, 'agent_sidecar.'):\n"
+        "    if m.name != 'agent_sidecar.obs.otel' and not m.name.startswith('agent_sidecar.bench'):\n"
+        "        importlib.import_module(m.name)\n"
+        "assert tracing.configure('0', env={}) is False and tracing.ACTIVE is None\n"
+        "print(worker, sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[] []", out.stdout
+
+
+def test_tracing_is_on_only_when_the_environment_asks():
+    from agent_sidecar.obs.tracing import exporter_names
+    assert exporter_names({}) == []
+    assert exporter_names({"OTEL_TRACES_EXPORTER": "none"}) == []
+    assert exporter_names({"OTEL_TRACES_EXPORTER": "console, otlp"}) == ["console", "otlp"]
+    assert exporter_names({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}) == ["otlp"]
+    assert exporter_names({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}) == []

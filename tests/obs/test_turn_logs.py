@@ -1,0 +1,153 @@
+"""Logs (issue 17): one ``turn finished`` line per turn with its fields, the
+turn's request_id and session_key on every line its work causes (in the
+parent and in its worker), an ``rpc`` access-log line per call at debug
+level, RFC 3339 timestamps on every line. The log lines are the behaviour
+under test here, so they are what these tests read (helpers.logs)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from datetime import datetime, timedelta, timezone
+
+import grpc
+import pytest
+
+from agent_sidecar import logs
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
+from helpers.config import echo, profile, table
+from helpers.fake_openai import FakeOpenAI
+from helpers.ids import source
+from helpers.logs import log_lines
+from helpers.streams import assert_failed, assert_well_formed, prompt_req, run, start
+from helpers.waiting import wait_until
+from sidecar_proc import Sidecar
+
+RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+ADD = [{"tool_calls": [{"name": "test.add", "arguments": {"a": 2, "b": 3}, "id": "call_l"}]},
+       {"text": "the answer is 5"}]
+SCRIPTS = {
+    "tools": ADD * 2,  # two turns with a tool call each
+    "down": [{"status": 400, "body": '{"error": {"message": "no such model"}}'}],
+}
+
+
+@pytest.fixture(scope="module")
+def fakes():
+    servers = {name: FakeOpenAI(script).start() for name, script in SCRIPTS.items()}
+    yield servers
+    for f in servers.values():
+        f.stop()
+
+
+@pytest.fixture(scope="module")
+def sc(tmp_path_factory, fakes):
+    # Idle agents are shed at once, so a session's next turn rebuilds its agent in the worker.
+    config = (table("agent.agent_cache", idle_ttl_secs=0.3, sweep_interval_secs=0.2) + echo("main")
+              + table("sidecar", keepalive_s=0.2)  # a watch's first response comes at once
+              + "".join(profile(name, "openai", {"base_url": fake.url, "model": "gpt-test", "max_retries": 0},
+                                tools=["test.*"]) for name, fake in fakes.items()))
+    s = Sidecar(tmp_path_factory.mktemp("turnlogs") / "data", config=config).start()
+    yield s
+    s.stop()
+
+
+def finished_line(sc, rid: str) -> dict:
+    lines = wait_until(lambda: [x for x in log_lines(sc, "turn finished") if x.get("request_id") == rid],
+                       what=f"the turn finished line of {rid}")
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_a_completed_turn_logs_one_line_with_its_fields(sc, host):
+    out = run(sc.prompts(), prompt_req(text="add 2 and 3", profile="tools"))
+    assert_well_formed(out)
+    line = finished_line(sc, out.request_id)
+    fields = {k: line[k] for k in ("session_key", "platform", "profile", "outcome", "reason", "frames",
+                                   "input_tokens", "output_tokens")}
+    assert fields == {"session_key": out.key, "platform": "telegram", "profile": "tools",
+                      "outcome": "completed", "reason": "", "frames": out.last.seq,
+                      "input_tokens": out.usage()[0], "output_tokens": out.usage()[1]}
+    assert out.usage() == (20, 4) and line["duration_ms"] > 0 and line["level"] == "info"
+    assert "detail" not in line
+
+
+def test_a_failed_turn_logs_its_reason_and_detail(sc):
+    out = run(sc.prompts(), prompt_req(text="hello", profile="down"))
+    assert_failed(out, "LLM_API_FAILURE", grpc.StatusCode.UNAVAILABLE)
+    line = finished_line(sc, out.request_id)
+    assert (line["outcome"], line["reason"], line["frames"], line["session_key"]) == (
+        "failed", "LLM_API_FAILURE", out.last.seq, out.key)
+    assert "HTTP 400" in line["detail"] and "no such model" in line["detail"]
+
+
+def test_lines_a_turn_causes_carry_its_request_id_and_session_key(sc, host):
+    out = run(sc.prompts(), prompt_req(text="add 2 and 3", profile="tools"))
+    assert_well_formed(out)
+    ids = {"request_id": out.request_id, "session_key": out.key}
+    # In the parent: the tool call's line, logged by a task the turn's message started.
+    (tool,) = [x for x in log_lines(sc, "tool call") if x.get("call_id") == "call_l"
+               and x.get("request_id") == out.request_id]
+    assert {k: tool[k] for k in ids} == ids and tool["ok"] is True
+    # The Prompt call's access line, logged when the call ended.
+    (access,) = [x for x in log_lines(sc, "rpc") if x.get("request_id") == out.request_id]
+    assert (access["method"], access["code"], access["session_key"]) == (
+        "/agent_sidecar.v1.PromptService/Prompt", "OK", out.key)
+
+    # In the worker: the second turn of a session whose agent was shed rebuilds it there.
+    first = start(sc.prompts(), text="first", src=source()).result(10)
+    evicted = wait_until(lambda: [x for x in log_lines(sc, "agents evicted") if first.key in x.get("keys", [])],
+                         what="the idle agent shed")
+    assert all("request_id" not in x for x in evicted), "housekeeping is no turn's work"
+    second = start(sc.prompts(), text="second", key=first.key).result(10)
+    assert second.end == "completed"
+    (rebuilt,) = wait_until(lambda: [x for x in log_lines(sc, "agent rebuilt from store")
+                                     if x.get("key") == first.key], what="the agent rebuilt")
+    assert (rebuilt["request_id"], rebuilt["session_key"]) == (second.request_id, first.key)
+
+
+def test_each_rpc_gets_an_access_line_with_its_code(sc):
+    with pytest.raises(grpc.RpcError) as e:
+        list(sc.prompts().Prompt(prompt_req(request_id=""), timeout=10))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    lines = wait_until(lambda: [x for x in log_lines(sc, "rpc") if x.get("code") == "INVALID_ARGUMENT"],
+                       what="the refused call's access line")
+    line = lines[-1]
+    assert line["method"] == "/agent_sidecar.v1.PromptService/Prompt" and line["level"] == "debug"
+    assert line["peer"].startswith("unix:") and line["duration_ms"] >= 0
+
+
+def test_calls_cancelled_by_their_client_get_their_line_and_the_sidecar_goes_on(sc):
+    """A watch never ends by itself: the client cancels it. Each one's line says
+    CANCELLED (reading the call's peer after such an end once crashed the process)."""
+    out = run(sc.prompts(), prompt_req(text="hello"))
+    for _ in range(3):
+        call = sc.prompts().WatchActivity(ppb.WatchActivityRequest(session_key=out.key), timeout=10)
+        next(call)
+        call.cancel()
+    wait_until(lambda: len([x for x in log_lines(sc, "rpc") if x["code"] == "CANCELLED" and
+                            x["method"].endswith("/WatchActivity")]) >= 3, what="three CANCELLED lines")
+    assert run(sc.prompts(), prompt_req(text="still here")).end == "completed"
+
+
+def test_every_line_has_an_rfc3339_timestamp(sc):
+    run(sc.prompts(), prompt_req(text="hello"))
+    lines = log_lines(sc)
+    assert len(lines) > 10
+    bad = [x for x in lines if not RFC3339.match(str(x.get("ts")))]
+    assert not bad, bad[:3]
+    now = datetime.now(timezone.utc)
+    for x in lines:
+        assert now - timedelta(minutes=10) < datetime.fromisoformat(x["ts"]) <= now + timedelta(seconds=1)
+
+
+def test_the_text_format_has_the_timestamp_the_fields_and_the_bound_turn():
+    record = logging.makeLogRecord({"name": "agent_sidecar.turns", "levelname": "INFO", "msg": "turn finished",
+                                    "created": 1_700_000_000.25, "outcome": "completed"})
+    token = logs.bind_turn("r-1", "agent:main:telegram:dm:1")
+    try:
+        line = logs.TextFormatter().format(record)
+    finally:
+        logs.TURN.reset(token)
+    assert line == ("2023-11-14T22:13:20.250Z INFO agent_sidecar.turns: turn finished outcome=completed"
+                    " request_id=r-1 session_key=agent:main:telegram:dm:1")
