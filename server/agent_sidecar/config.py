@@ -176,6 +176,19 @@ class ClusterConfig:
                                           "(an admin token of every sidecar's [[auth.tokens]])")
     lease_ttl_s: float = key(10.0, gt=0, doc="a lane's lease lasts this long unless renewed "
                                              "(renewed every third of it)")
+    ca_file: str = key("", check=lambda p: _pem_file(p),
+                       doc="PEM CA certificates of the other sidecars' TLS listeners: calls forwarded "
+                           "to them use TLS (empty: plaintext, for loopback or a private network)")
+    cert_file: str = key("", check=lambda p: _pem_file(p),
+                         doc="PEM client certificate this sidecar presents to the others (their mTLS)")
+    key_file: str = key("", check=lambda p: _pem_file(p), doc="PEM private key of `cert_file`")
+
+    def _validate(self) -> Iterator[tuple[str, str, Any]]:
+        if bool(self.cert_file) != bool(self.key_file):
+            yield ("key_file" if self.cert_file else "cert_file"), \
+                "cert_file and key_file go together (a client certificate and its key)", ""
+        if self.cert_file and not self.ca_file:
+            yield "ca_file", "required with cert_file (client certificates are for TLS)", ""
 
 
 def _pem_file(path: str) -> str | None:

@@ -40,6 +40,10 @@ QUEUE_FULL = "QUEUE_FULL"
 # gone): nothing can be made durable, so nothing is acknowledged; retryable
 # (UNAVAILABLE with RetryInfo). See store/faults.py.
 STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
+# A cluster (several sidecars on one PostgreSQL): the session's lane moved to
+# another sidecar (this one lost its lease) or its holder cannot be reached;
+# nothing was acknowledged by this call, retry (docs/cluster.md).
+LANE_MOVED = "LANE_MOVED"
 
 DOMAIN = "agent-sidecar"
 

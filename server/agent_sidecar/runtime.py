@@ -33,7 +33,8 @@ log = logging.getLogger("agent_sidecar")
 # start, not when the first job (the startup restore) arrives.
 JOB_MODULES = ("agent_sidecar.recovery.housekeeping", "agent_sidecar.recovery.startup",
                "agent_sidecar.sessions.lifecycle", "agent_sidecar.sessions.transcripts",
-               "agent_sidecar.turns.jobs", "agent_sidecar.turns.flush", "agent_sidecar.store.jobs")
+               "agent_sidecar.turns.jobs", "agent_sidecar.turns.flush", "agent_sidecar.store.jobs",
+               "agent_sidecar.cluster.jobs")
 
 
 class Sidecar:
@@ -43,9 +44,11 @@ class Sidecar:
         self.server = None
         self.health = None
         self.turns = None
+        self.tail = None  # [cluster] the frame tail, when the store is shared (PostgreSQL)
         self._stopping = asyncio.Event()
         self.exit_code = 0
         self._lock_fd: int | None = None
+        self._forward = None  # cluster/forward.py, on a cluster
         self._health_tasks: set[asyncio.Task] = set()
         self.tools = None
         self.auth = None
@@ -89,29 +92,17 @@ class Sidecar:
         from .api.status_service import StatusService
         from .api.tool_service import ToolService
         from .obs.status import snapshot
-        from .tools.registry import ToolRegistry
-        from .turns.manager import TurnManager
 
         self._private_data_dir()
         self._lock_data_dir()
-        sc = self.cfg.store
-        self.store = open_store(sc.backend, path=self.cfg.db_path, synchronous=self.cfg.synchronous,
-                                dsn=sc.dsn, node_id=self.cfg.node_id(), pool_size=sc.pool_size,
-                                preload=JOB_MODULES, log_format=self.cfg.log_format,
-                                log_level=self.cfg.log_level, on_lost=self._store_lost)
-        tools = self.tools = ToolRegistry()
-        self.turns = TurnManager(self.cfg, self.store, tools)
-        # Spawned before any gRPC thread exists, the writer and the workers in parallel.
-        await asyncio.gather(self.store.start(), self.turns.start_workers())
-        tracing.configure(__version__)  # after the spawns: its export thread is not theirs
-        return_large_blocks()  # the memory of a large request goes back once it is gone
+        forward = await self._start_engine()
         auth = self.auth = Authenticator(self.cfg.tokens)
         if self.cfg.metrics.listen:  # before the restore: a long one can be watched
             await self._start_metrics()
         self.server, self.health, bound = build_server(self.cfg, [
-            SessionService(self.cfg, self.store, auth, self.turns),
-            PromptService(self.cfg, self.store, auth, self.turns),
-            ToolService(self.cfg, auth, tools),
+            SessionService(self.cfg, self.store, auth, self.turns, forward),
+            PromptService(self.cfg, self.store, auth, self.turns, forward, tail=self.tail),
+            ToolService(self.cfg, auth, self.tools),
             StatusService(self.cfg, auth, lambda: snapshot(self.live))], auth)
         from grpc_health.v1 import health_pb2
         # grpc's servicer starts SERVING; we are not, until the restore is done.
@@ -127,6 +118,42 @@ class Sidecar:
         log.info("serving", extra={"listen": bound, "db": self.cfg.db_path,
                                    "workers": self.cfg.worker_count(), "batch_threads": calmed})
         return bound
+
+    async def _start_engine(self):
+        """The store, the tool registry and the turn engine (on PostgreSQL also
+        the cluster's leases, forwarder and frame tail), with the writer and
+        the workers spawned. Returns the forwarder (None off a cluster)."""
+        from .tools.registry import ToolRegistry
+        from .turns.manager import TurnManager
+        sc = self.cfg.store
+        self.store = open_store(sc.backend, path=self.cfg.db_path, synchronous=self.cfg.synchronous,
+                                dsn=sc.dsn, node_id=self.cfg.node_id(), pool_size=sc.pool_size,
+                                preload=JOB_MODULES, log_format=self.cfg.log_format,
+                                log_level=self.cfg.log_level, on_lost=self._store_lost)
+        tools = self.tools = ToolRegistry()
+        leases, forward = self._cluster()
+        self.turns = TurnManager(self.cfg, self.store, tools, leases)
+        if leases is not None:
+            leases.attach(self.turns)
+        # Spawned before any gRPC thread exists, the writer and the workers in parallel.
+        await asyncio.gather(self.store.start(), self.turns.start_workers())
+        tracing.configure(__version__)  # after the spawns: its export thread is not theirs
+        return_large_blocks()  # the memory of a large request goes back once it is gone
+        if sc.backend == "postgres":  # [cluster] every node's frames to this node's watchers
+            from .cluster.tail import FrameTail
+            self.tail = FrameTail(self.store, self.turns, self.cfg.node_id())
+            await self.tail.start()  # before the server: no watcher subscribes ahead of its cursor
+        return forward
+
+    def _cluster(self):
+        """Several sidecars on one PostgreSQL: lane leases and call forwarding
+        (cluster/); none on the embedded SQLite store."""
+        if self.cfg.store.backend != "postgres":
+            return None, None
+        from .cluster.forward import Forwarder
+        from .cluster.leases import ClusterLeases
+        self._forward = Forwarder(self.cfg, self.cfg.limits.max_request_bytes)
+        return ClusterLeases(self.cfg, self.store), self._forward
 
     async def _start_metrics(self) -> None:
         """The Prometheus endpoint (obs/): imported only when configured."""
@@ -192,6 +219,8 @@ class Sidecar:
             await self.server.stop(grace=1)
         if self.turns is not None:
             await self.turns.stop()
+        if self.tail is not None:
+            await self.tail.stop()
         await asyncio.to_thread(tracing.shutdown)  # what the exporters hold goes out
         if self.store is not None:
             if not self.exit_code:
@@ -208,6 +237,8 @@ class Sidecar:
                 error = f"frames of turns were not saved: {self.store.fault.message}"
             else:
                 error = "frames of turns were not saved" if unsaved else None
+            if graceful and not self.exit_code and error is None and self.turns.leases is not None:
+                await self._leave_cluster()
             if self.metrics is not None:
                 await self.metrics.close()
             await self.store.close()
@@ -216,6 +247,16 @@ class Sidecar:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
         log.info("stopped", extra={"clean": graceful and not self.exit_code, "drained": drained})
+
+    async def _leave_cluster(self) -> None:
+        """A clean stop of a cluster node: its lanes let go (the other nodes
+        take their queued prompts at once), its marker row written."""
+        try:
+            await self.turns.leases.stop()
+        except StoreUnavailable as e:
+            log.warning("leaving the cluster failed; its leases run out instead", extra={"error": e.message})
+        if self._forward is not None:
+            await self._forward.close()
 
     def _mark_clean(self, error: str | None) -> None:
         """The marker, only when everything acknowledged is on disk. When

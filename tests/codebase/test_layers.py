@@ -1,7 +1,7 @@
 """The architecture as the tree shows it: which package may import which.
 
-api → turns → store; sessions, recovery and tools beside turns, not inside
-them; store at the bottom, knowing nothing of the domain; wiring only in
+api → cluster → turns → store; sessions, recovery and tools beside turns,
+not inside them; store at the bottom, knowing nothing of the domain; wiring only in
 runtime.py and cli/. Read from the sources (every import, at any depth of a
 module), so a lazy import inside a function counts too."""
 
@@ -25,7 +25,8 @@ ALLOWED = {
     "obs": {"delivery", "__version__"},  # below what it observes: it reads turns and calls by attribute
     "turns": {"store", "sessions", "recovery", "tools", "models", "errors", "config", "delivery",
               "children", "child", "v1", "meters", "obs", "logs"},
-    "api": {"turns", "store", "sessions", "tools", "errors", "config", "delivery", "heap", "v1", "tls",
+    "cluster": {"turns", "store", "recovery", "errors", "config", "v1", "tls"},
+    "api": {"cluster", "turns", "store", "sessions", "tools", "errors", "config", "delivery", "heap", "v1", "tls",
             "obs", "logs"},
 }
 

@@ -421,3 +421,14 @@ def test_invalid_tls_listeners_are_refused_naming_the_key(tmp_path, certs, case,
     }[case]
     lines = problems(tmp_path, listen() if text is None else A_TOKEN + text)
     assert names(lines) == [key], lines
+
+
+@pytest.mark.parametrize("text,key", [
+    ('[cluster]\ncert_file = "{c}"\nca_file = "{c}"\n', "cluster.key_file"),
+    ('[cluster]\ncert_file = "{c}"\nkey_file = "{c}"\n', "cluster.ca_file"),
+    ('[cluster]\nca_file = "{missing}"\n', "cluster.ca_file"),
+])
+def test_a_cluster_tls_setting_that_cannot_work_is_refused_naming_its_key(tmp_path, text, key):
+    pem = tmp_path / "x.pem"
+    pem.write_text("-----BEGIN CERTIFICATE-----\n")
+    assert key in names(problems(tmp_path, text.format(c=pem, missing=tmp_path / "nope.pem")))

@@ -142,6 +142,14 @@ const (
 	// again. Comes with RetryInfo.
 	// gRPC status: UNAVAILABLE
 	ErrorReason_ERROR_REASON_STORE_UNAVAILABLE ErrorReason = 23
+	// Several sidecars on one PostgreSQL database: the session's lane is run by
+	// another sidecar now (this one lost its lease to it), or the sidecar that
+	// holds it could not be reached to forward the call. Retrying with the same
+	// request id is safe: it lands on the lane's holder and either follows the
+	// turn (if its accept had committed) or places the prompt anew; nothing runs
+	// twice. Comes with RetryInfo.
+	// gRPC status: UNAVAILABLE
+	ErrorReason_ERROR_REASON_LANE_MOVED ErrorReason = 24
 )
 
 // Enum value maps for ErrorReason.
@@ -171,6 +179,7 @@ var (
 		21: "ERROR_REASON_OVERLOADED",
 		22: "ERROR_REASON_QUEUE_FULL",
 		23: "ERROR_REASON_STORE_UNAVAILABLE",
+		24: "ERROR_REASON_LANE_MOVED",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":          0,
@@ -197,6 +206,7 @@ var (
 		"ERROR_REASON_OVERLOADED":           21,
 		"ERROR_REASON_QUEUE_FULL":           22,
 		"ERROR_REASON_STORE_UNAVAILABLE":    23,
+		"ERROR_REASON_LANE_MOVED":           24,
 	}
 )
 
@@ -231,7 +241,7 @@ var File_agent_sidecar_v1_error_reason_proto protoreflect.FileDescriptor
 
 const file_agent_sidecar_v1_error_reason_proto_rawDesc = "" +
 	"\n" +
-	"#agent_sidecar/v1/error_reason.proto\x12\x10agent_sidecar.v1*\xb2\x06\n" +
+	"#agent_sidecar/v1/error_reason.proto\x12\x10agent_sidecar.v1*\xcf\x06\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17ERROR_REASON_AGENT_BUSY\x10\x01\x12\x1e\n" +
@@ -257,7 +267,8 @@ const file_agent_sidecar_v1_error_reason_proto_rawDesc = "" +
 	"\x1cERROR_REASON_STREAM_TOO_SLOW\x10\x14\x12\x1b\n" +
 	"\x17ERROR_REASON_OVERLOADED\x10\x15\x12\x1b\n" +
 	"\x17ERROR_REASON_QUEUE_FULL\x10\x16\x12\"\n" +
-	"\x1eERROR_REASON_STORE_UNAVAILABLE\x10\x17BQZOgithub.com/agent-sidecar/agent-sidecar/clients/go/agentsidecarv1;agentsidecarv1b\x06proto3"
+	"\x1eERROR_REASON_STORE_UNAVAILABLE\x10\x17\x12\x1b\n" +
+	"\x17ERROR_REASON_LANE_MOVED\x10\x18BQZOgithub.com/agent-sidecar/agent-sidecar/clients/go/agentsidecarv1;agentsidecarv1b\x06proto3"
 
 var (
 	file_agent_sidecar_v1_error_reason_proto_rawDescOnce sync.Once

@@ -38,12 +38,14 @@ CODE_FOR_REASON: dict[str, grpc.StatusCode] = {
     "restart_interrupted": grpc.StatusCode.UNAVAILABLE,
     "shutdown_timeout": grpc.StatusCode.UNAVAILABLE,
     E.STORE_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    E.LANE_MOVED: grpc.StatusCode.UNAVAILABLE,
 }
 
 # RetryInfo for reasons that are always worth retrying, when the error does not
 # name its own delay (a turn's ``failed`` frame re-raised on its Prompt stream).
 DEFAULT_RETRY_S: dict[str, float] = {
     E.STORE_UNAVAILABLE: 1.0,
+    E.LANE_MOVED: 0.2,
 }
 
 

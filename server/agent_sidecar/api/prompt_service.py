@@ -47,8 +47,10 @@ def _too_slow(resume: str) -> E.SidecarError:
 
 
 class PromptService(pb_grpc.PromptServiceServicer):
-    def __init__(self, cfg: Config, store: Store, auth, turns):
+    def __init__(self, cfg: Config, store: Store, auth, turns, forward=None, tail=None):
         self.cfg, self.store, self.auth, self.turns = cfg, store, auth, turns
+        self.forward = forward  # a cluster: calls for lanes run elsewhere (cluster/forward.py)
+        self.tail = tail  # a cluster: every node's frames (cluster/tail.py FrameTail)
 
     # -- Prompt ------------------------------------------------------------------------
 
@@ -161,10 +163,12 @@ class PromptService(pb_grpc.PromptServiceServicer):
     async def _replay_request(self, rid: str, after_seq: int):
         """Persisted frames after ``after_seq``, then live ones if the turn is still going."""
         turn = self.turns.live.get(rid)
-        sub = None
+        sub = elsewhere = None
         if turn is not None:
             sub = self.turns.bus.subscriber()
             turn.subscribers.append(sub)  # before reading the store: no gap
+        elif self.tail is not None:  # [cluster] maybe running on another node: the tail has it
+            elsewhere = self.tail.follow_request(rid)  # before reading the store: no gap
         try:
             records = await self.store.request_frames(rid, after_seq)
             if not records and turn is None and await self.store.ledger(rid) is None:
@@ -183,9 +187,48 @@ class PromptService(pb_grpc.PromptServiceServicer):
                 except jobs.DuplicateRequest:  # it was an earlier run's request: from the store
                     async for frame in self._replay_request(rid, last):
                         yield frame
+            elif elsewhere is not None:
+                async for frame in self._follow_elsewhere(elsewhere, rid, last):
+                    yield frame
         finally:
             if sub is not None and sub in turn.subscribers:
                 turn.subscribers.remove(sub)
+            if elsewhere is not None:
+                self.tail.unfollow_request(rid, elsewhere)
+
+    async def _follow_elsewhere(self, sub: Subscriber, rid: str, last_seq: int):
+        """[cluster] A request this node does not run, after its stored frames:
+        while the ledger has it open (another node runs or queues it), its
+        frames from the cluster tail up to its terminal frame; once the ledger
+        has it closed (read after the frames: its terminal frame has committed
+        with that), whatever the store has left. The ledger is read again at
+        each keepalive, so a row deleted meanwhile ends the stream too."""
+        check = True
+        while True:
+            if check:
+                entry = await self.store.ledger(rid)
+                if entry is None or not entry.open:
+                    for record in await self.store.request_frames(rid, last_seq):
+                        frame = frame_from_record(record)
+                        yield frame
+                        if _ends_stream(frame):
+                            return
+                    return
+                check = False
+            try:
+                frame = await sub.get(self.cfg.keepalive_s)
+            except TooSlow:
+                raise _too_slow(f"WatchActivity(request_id={rid!r}, after_seq={last_seq})") from None
+            if frame is None:
+                check = True
+                yield self._keepalive(rid, entry.session_key, entry.session_id, last_seq)
+                continue
+            if frame.seq <= last_seq:
+                continue
+            last_seq = frame.seq
+            yield frame
+            if _ends_stream(frame):
+                return
 
     # -- WatchActivity -------------------------------------------------------------------
 
@@ -243,17 +286,35 @@ class PromptService(pb_grpc.PromptServiceServicer):
 
     # -- Cancel, GetQueue ------------------------------------------------------------------
 
+    async def _route(self, key: str) -> None:
+        """A cluster: LaneElsewhere (the call is forwarded) when another node runs the lane."""
+        if self.turns.leases is not None:
+            await self.turns.leases.route(key)
+
+    async def _route_request(self, rid: str, principal) -> None:
+        if self.turns.leases is None:
+            return
+        entry = await self.store.ledger(rid)
+        if entry is not None and entry.status in ("queued", "running"):
+            principal.require_platform(entry.platform)
+            await self._route(entry.session_key)
+
     @unary
     async def Cancel(self, request, context, principal):
         if bool(request.session_key) == bool(request.request_id):
             raise E.invalid("session_key", "give exactly one of session_key and request_id")
         if request.request_id:
             turn = self.turns.live.get(request.request_id)
+            if turn is None:
+                await self._route_request(request.request_id, principal)
         else:
             try:
-                lane = self.turns.lanes.get(canonical_session_key(request.session_key))
+                key = canonical_session_key(request.session_key)
             except ValueError:  # not a key: no lane has it
-                lane = None
+                return pb.CancelResponse(cancelled=False)
+            lane = self.turns.lanes.get(key)
+            if lane is None:
+                await self._route(key)
             turn = lane.running if lane else None
         if turn is None:
             return pb.CancelResponse(cancelled=False)
@@ -270,6 +331,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
             raise E.invalid("session_key", "is not a session key") from None
         lane = self.turns.lanes.get(key)
         if lane is None:
+            await self._route(key)
             return pb.GetQueueResponse()
 
         def q(t):

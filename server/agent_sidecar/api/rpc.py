@@ -2,7 +2,11 @@
 rich gRPC status. Anything else is a bug: it is logged with the RPC name and
 surfaces as INTERNAL, and the server keeps serving. The caller was
 authenticated, and the request read and checked, by api/boundary.py, which
-passes the principal in."""
+passes the principal in.
+
+In a cluster a handler may find the lane it needs run by another node
+(``LaneElsewhere``, turns/leasing.py): the call is then made again on that
+node by the service's ``forward`` (cluster/forward.py) and its answer relayed."""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ import logging
 import grpc
 
 from ..errors import INTERNAL, SidecarError
+from ..cluster.forward import forwarded, moved
+from ..turns.leasing import LaneElsewhere
 from .errors import abort
 
 log = logging.getLogger("agent_sidecar.api")
@@ -21,10 +27,22 @@ def unary(fn):
     @functools.wraps(fn)
     async def wrapper(self, request, context, principal):
         try:
-            return await fn(self, request, context, principal)
+            try:
+                return await fn(self, request, context, principal)
+            except LaneElsewhere as e:
+                return await _forwarder(self, e, context).unary(
+                    e, type(self).__name__, fn.__name__, request, context)
         except Exception as e:
             await _fail(context, fn.__name__, e)
     return wrapper
+
+
+def _forwarder(service, e: LaneElsewhere, context):
+    """The service's forwarder, unless this call was forwarded here already."""
+    forward = getattr(service, "forward", None)
+    if forward is None or forwarded(context):
+        raise moved(e, "not this sidecar")
+    return forward
 
 
 async def _fail(context, name: str, e: Exception) -> None:
@@ -44,11 +62,17 @@ def _internal(name: str) -> SidecarError:
 
 
 def streaming(fn):
+    """A stream handler raises LaneElsewhere before its first item, if at all."""
     @functools.wraps(fn)
     async def wrapper(self, request, context, principal):
         try:
-            async for item in fn(self, request, context, principal):
-                yield item
+            try:
+                async for item in fn(self, request, context, principal):
+                    yield item
+            except LaneElsewhere as e:
+                async for item in _forwarder(self, e, context).stream(
+                        e, type(self).__name__, fn.__name__, request, context):
+                    yield item
         except Exception as e:
             await _fail(context, fn.__name__, e)
     return wrapper

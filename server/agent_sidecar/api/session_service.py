@@ -30,8 +30,9 @@ PAGE_BYTES = 3 * 1024 * 1024
 
 
 class SessionService(pb_grpc.SessionServiceServicer):
-    def __init__(self, cfg: Config, store: Store, auth, turns):
+    def __init__(self, cfg: Config, store: Store, auth, turns, forward=None):
         self.cfg, self.store, self.auth, self.turns = cfg, store, auth, turns
+        self.forward = forward  # a cluster: lane calls for lanes run elsewhere (cluster/forward.py)
 
     # -- helpers ------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import orjson
 
@@ -127,10 +127,15 @@ def close_with_frame(uow: UnitOfWork, e: LedgerEntry, status: str, reason: str,
     uow.queue.remove(e.request_id)
 
 
-def _count_restarts(uow: UnitOfWork, in_flight: list[str], now: float, plan: RestorePlan) -> None:
+def _count_restarts(uow: UnitOfWork, in_flight: list[str], now: float, plan: RestorePlan,
+                    keys: Sequence[str] | None) -> None:
     """Stuck loops: consecutive restarts with the lane in flight; a lane that
     was not in flight this time starts again from zero."""
-    uow.restarts.keep_only(in_flight)
+    if keys is None:
+        uow.restarts.keep_only(in_flight)
+    else:
+        for key in set(keys) - set(in_flight):
+            uow.restarts.reset(key)
     for key in in_flight:
         if uow.restarts.increment(key, now) >= STUCK_LOOP_RESTARTS:
             life.suspend(uow, key)
@@ -145,20 +150,22 @@ def _count_restarts(uow: UnitOfWork, in_flight: list[str], now: float, plan: Res
 
 
 def restore(uow: UnitOfWork, clean: bool, freshness_s: float,
-            auto_resume: str = "interrupted") -> RestorePlan:
+            auto_resume: str = "interrupted", keys: Sequence[str] | None = None) -> RestorePlan:
     """The whole restore as one job. ``auto_resume`` is
-    ``recovery.auto_resume`` (see resume_turns)."""
+    ``recovery.auto_resume`` (see resume_turns). With ``keys``, the same
+    restore for those lanes only: a cluster node taking lanes over from a node
+    that died or stalled (``clean``: their last node let them go)."""
     plan = RestorePlan(clean=clean)
     now = time.time()
     if not clean:
-        plan.marked = life.suspend_recently_active(uow, RECENT_WINDOW_S, INTERRUPTED)
-    open_prompts = uow.ledger.open_prompts()
+        plan.marked = life.suspend_recently_active(uow, RECENT_WINDOW_S, INTERRUPTED, keys)
+    open_prompts = uow.ledger.open_prompts(keys)
     # In flight = a turn that had started and not ended (the ledger says so; the
     # lane's ``running`` flag may also be up for a lane that only had queued work).
     in_flight = sorted({o.entry.session_key for o in open_prompts
                         if o.entry.status == "running" and o.entry.started_at is not None})
-    _count_restarts(uow, in_flight, now, plan)
-    uow.routing.clear_running()
+    _count_restarts(uow, in_flight, now, plan, keys)
+    uow.routing.clear_running(keys)
     for o in open_prompts:
         e = o.entry
         if e.status == "running" and (e.started_at is not None or e.delivery == STEER):
@@ -179,7 +186,7 @@ def restore(uow: UnitOfWork, clean: bool, freshness_s: float,
     # A lane whose continue turn from the last start never ran has it queued
     # (it runs now, in its place): it gets no second one.
     waiting = {q.entry.session_key for q in plan.queued if q.entry.request_id.startswith("resume:")}
-    plan.resume = resume_turns(uow, now - freshness_s, auto_resume, set(in_flight), waiting)
+    plan.resume = resume_turns(uow, now - freshness_s, auto_resume, set(in_flight), waiting, keys)
     return plan
 
 
@@ -201,7 +208,7 @@ def absorbed_texts(uow: UnitOfWork, rid: str) -> list[dict[str, Any]]:
 
 
 def resume_turns(uow: UnitOfWork, fresh_since: float, mode: str, in_flight: set[str],
-                 waiting: set[str] = frozenset()) -> list[ResumeTurn]:
+                 waiting: set[str] = frozenset(), keys: Sequence[str] | None = None) -> list[ResumeTurn]:
     """The continue turns to run (docs/semantics.md "Recovery"): lanes marked
     ``resume_pending``, not suspended, active since ``fresh_since``, and
 
@@ -217,7 +224,7 @@ def resume_turns(uow: UnitOfWork, fresh_since: float, mode: str, in_flight: set[
     if mode == "off":
         return []
     out = []
-    for entry in uow.routing.resume_candidates(fresh_since):
+    for entry in uow.routing.resume_candidates(fresh_since, keys):
         key, reason = entry.session_key, entry.resume_reason
         if mode == "recent" and reason not in AUTO_RESUME_REASONS:
             continue

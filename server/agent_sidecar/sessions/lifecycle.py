@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Sequence
 
 from ..errors import SidecarError, invalid, not_found
 from ..store import UnitOfWork
@@ -159,11 +160,13 @@ def mark_resume_pending_many(uow: UnitOfWork, keys: list[str], reason: str) -> N
 
 
 def suspend_recently_active(uow: UnitOfWork, max_age_seconds: float,
-                            reason: str = "restart_interrupted") -> list[str]:
+                            reason: str = "restart_interrupted",
+                            among: Sequence[str] | None = None) -> list[str]:
     """Crash recovery (seed 001 §7): mark lanes updated within the window
-    ``resume_pending``, skipping suspended and already-pending ones."""
+    ``resume_pending``, skipping suspended and already-pending ones (of
+    ``among`` only, when given: lanes a cluster node takes over)."""
     now = time.time()
-    keys = uow.routing.keys_active_since(now - max_age_seconds)
+    keys = uow.routing.keys_active_since(now - max_age_seconds, among)
     mark = RoutingPatch(resume_pending=True, resume_reason=reason, last_resume_marked_at=now)
     for key in keys:
         uow.routing.patch(key, mark)
@@ -182,12 +185,15 @@ def delete(uow: UnitOfWork, key: str) -> bool:
     if uow.routing.get(key) is None:
         return False
     uow.delete_lane(key)
+    uow.announce("delete", (key,))  # the other sidecars of a cluster drop it too
     return True
 
 
 def clear_all(uow: UnitOfWork) -> int:
     """seed 000's $sessionClearAll: everything goes, no trash."""
-    return uow.clear_all()
+    n = uow.clear_all()
+    uow.announce("clear_all", ())
+    return n
 
 
 def prune(uow: UnitOfWork, max_age_days: int, busy_keys: set[str]) -> int:
@@ -199,4 +205,6 @@ def prune(uow: UnitOfWork, max_age_days: int, busy_keys: set[str]) -> int:
             if k not in busy_keys]
     for key in keys:
         uow.routing.delete(key)
+    if keys:
+        uow.announce("prune", keys)
     return len(keys)

@@ -42,15 +42,18 @@ inline (SQLite) or through its own async driver, and long scans off the loop.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable, ContextManager, Iterable, Protocol, Sequence, TypeVar
 
 from ..errors import SidecarError
 from .faults import StoreUnavailable  # noqa: F401  (the interface's error)
 from .records import (
     Append,
+    ClusterOp,
     FrameRecord,
     Incarnation,
     LaneHead,
+    LeaseGrant,
+    LeaseHolder,
     LedgerEntry,
     Message,
     NewFrame,
@@ -107,18 +110,20 @@ class RoutingRepo(Protocol):
         """Add the counters (and set ``last_prompt_tokens``/``cost_status``
         when given); ``updated_at`` moves the lane too when not None."""
 
-    def keys_active_since(self, since: float) -> list[str]:
+    def keys_active_since(self, since: float, keys: Sequence[str] | None = None) -> list[str]:
         """Lanes updated at or after ``since`` that are neither suspended nor
-        already resume_pending (seed 001 §7's suspend_recently_active)."""
+        already resume_pending (seed 001 §7's suspend_recently_active); of
+        ``keys`` only, when given (a lane taken over in a cluster)."""
 
-    def resume_candidates(self, since: float) -> list[SessionEntry]:
-        """Lanes resume_pending, not suspended, updated at or after ``since``."""
+    def resume_candidates(self, since: float, keys: Sequence[str] | None = None) -> list[SessionEntry]:
+        """Lanes resume_pending, not suspended, updated at or after ``since``
+        (of ``keys`` only, when given)."""
 
     def idle_before(self, cutoff: float) -> list[str]:
         """Lanes updated before ``cutoff``, not suspended, not running."""
 
-    def clear_running(self) -> None:
-        """No lane is running (the startup restore rebuilds them)."""
+    def clear_running(self, keys: Sequence[str] | None = None) -> None:
+        """No lane (of ``keys``, when given) is running: the restore rebuilds them."""
 
     def delete(self, key: str) -> bool: ...
 
@@ -189,8 +194,9 @@ class LedgerRepo(Protocol):
     def close(self, request_id: str, status: str, reason: str, last_seq: int, at: float) -> None:
         """The request ended (``last_seq``: its terminal frame's seq)."""
 
-    def open_prompts(self) -> list[OpenPrompt]:
-        """Every queued or running row with its slot, by key then creation."""
+    def open_prompts(self, keys: Sequence[str] | None = None) -> list[OpenPrompt]:
+        """Every queued or running row (of ``keys``, when given) with its
+        slot, by key then creation."""
 
     def ids_with_prefix(self, prefix: str) -> list[str]: ...
 
@@ -236,8 +242,43 @@ class TurnStateRepo(Protocol):
     def put(self, session_id: str, request_id: str, at: float, state: dict[str, Any]) -> None: ...
 
 
+class LeaseRepo(Protocol):
+    """Per-lane leases of a cluster (DECISIONS.md "Scale beyond one machine"):
+    at most one node runs a lane's turns. Times are the database's."""
+
+    def take(self, key: str, node_id: str, address: str, ttl_s: float) -> LeaseGrant | LeaseHolder:
+        """The lease for ``node_id`` when free, run out, let go or its own
+        (a new epoch each time), else who holds it."""
+
+    def fenced(self, node_id: str, epochs: dict[str, int]) -> set[str]:
+        """Of these lanes, those whose lease no longer names ``node_id`` at that
+        epoch; the others cannot change hands before this transaction ends."""
+
+    def renew(self, node_id: str, keys: Iterable[str], ttl_s: float) -> dict[str, int]:
+        """Extend these leases of ``node_id``; returns those still its own."""
+
+    def release(self, key: str, node_id: str, epoch: int) -> None:
+        """Let the lane go (another node may take it at once)."""
+
+    def of_node(self, node_id: str) -> list[str]:
+        """Lanes whose last lease named ``node_id`` (recently)."""
+
+    def orphaned(self, limit: int = 100) -> list[str]:
+        """Lanes whose lease ran out with queued or running work in the ledger."""
+
+
+class NodeRepo(Protocol):
+    def arrive(self, node_id: str, address: str) -> bool:
+        """This node starts; returns whether its last run stopped cleanly."""
+
+    def leave(self, node_id: str) -> None:
+        """This node stops cleanly (the per-node clean-shutdown marker)."""
+
+
 class UnitOfWork(Protocol):
-    """One job's view of the store, inside the backend's transaction."""
+    """One job's view of the store, inside the backend's transaction.
+    ``leases`` and ``nodes`` are None on a backend without a cluster (SQLite:
+    one sidecar per file); ``node_id`` names the sidecar whose writer runs it."""
 
     routing: RoutingRepo
     incarnations: IncarnationRepo
@@ -247,6 +288,9 @@ class UnitOfWork(Protocol):
     frames: FrameRepo
     restarts: RestartRepo
     turn_state: TurnStateRepo
+    leases: LeaseRepo | None
+    nodes: NodeRepo | None
+    node_id: str
 
     def delete_lane(self, key: str) -> None:
         """Everything a lane owns: its incarnations, messages, turn state,
@@ -267,6 +311,12 @@ class UnitOfWork(Protocol):
 
     def probe(self) -> None:
         """Write one row to prove the store can write again (a retry round)."""
+
+    def announce(self, op: str, keys: Sequence[str]) -> None:
+        """Tell the other sidecars sharing this store, once (and only if) this
+        transaction commits, that lanes went (a ClusterOp: ``clear_all``,
+        ``delete``, ``prune``), so they drop what they hold of them. A no-op
+        on a store only one sidecar uses (SQLite)."""
 
 
 Job = Callable[..., R]
@@ -348,6 +398,10 @@ class Store(Protocol):
 
     async def recent_requests(self, since: float, limit: int) -> list[tuple[str, float, str]]: ...
 
+    async def lease_holder(self, key: str) -> LeaseHolder | None:
+        """The live lease on a lane, if any node holds one (a cluster; None on
+        a backend without leases)."""
+
     async def request_frames(self, request_id: str, after_seq: int = 0) -> list[FrameRecord]: ...
 
     async def frames_after(self, cursor: int, *, session_key: str = "", platform: str = "",
@@ -372,3 +426,19 @@ class TranscriptReader(Protocol):
     def load_for_model(self, session_id: str) -> list[dict[str, Any]]: ...
 
     def close(self) -> None: ...
+
+
+class SharedStore(Store, Protocol):
+    """A store several sidecars write at once (PostgreSQL): what a sidecar's
+    cluster tail (cluster/tail.py) asks of it besides the reads of ``Store``."""
+
+    async def last_frame_cursor(self) -> int:
+        """The highest frame cursor committed so far (0: none)."""
+
+    def follow_cluster(self, idle_s: float) -> AsyncGenerator[int | ClusterOp, None]:
+        """What every sidecar commits, as it commits: an int > 0 is the highest
+        frame cursor of one commit with frames; 0 means "catch up by cursor
+        now" (yielded once listening, so nothing committed before is missed,
+        and again after every ``idle_s`` of silence, a safety net); a
+        ``ClusterOp`` is an announce. Raises ``StoreUnavailable`` when the
+        connection is lost; the caller follows again and catches up."""

@@ -259,6 +259,19 @@ class FrameRecord:
     body: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterOp:
+    """A change to the shared store that every other sidecar of a cluster must
+    mirror in its own memory (its lanes, cached agents, dedup index), announced
+    in the transaction that made it (UnitOfWork.announce). ``op`` is
+    ``clear_all`` (``keys`` empty), ``delete`` or ``prune``; ``origin`` is the
+    node whose job made it (it has done its own part already)."""
+
+    op: str
+    keys: tuple[str, ...]
+    origin: str
+
+
 # A frame to insert: (request_id, seq, session_key, session_id, platform, at,
 # kind, body as orjson bytes or None). A tuple, not a dataclass: a busy sidecar
 # inserts tens of thousands a second and pickles each one to the writer.
@@ -283,13 +296,14 @@ class StoreStats:
 @dataclass(frozen=True, slots=True)
 class LeaseGrant:
     """This node holds the lane at ``epoch``. ``previous_node`` held it before
-    (empty: nobody); ``previous_expired``: that lease had run out (its node
-    died or stalled), so the lane's work may have been cut off."""
+    (empty: nobody); ``previous_clean``: that node let the lane go (a drain, an
+    idle lane) rather than its lease running out under it (its node died or
+    stalled, so the lane's work may have been cut off)."""
 
     session_key: str
     epoch: int
     previous_node: str = ""
-    previous_expired: bool = False
+    previous_clean: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,3 +314,4 @@ class LeaseHolder:
     node_id: str
     address: str
     epoch: int
+    seconds_left: float = 0.0  # until the lease runs out unless renewed

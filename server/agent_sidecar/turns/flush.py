@@ -20,6 +20,7 @@ from typing import Any
 from ..store import UnitOfWork
 from ..store.records import Append
 from ..store.writer.process import at_end
+from .leasing import check_fence
 
 log = logging.getLogger("agent_sidecar.frames")
 
@@ -47,7 +48,7 @@ def _flush_undone() -> None:
 
 
 def run_flush(uow: UnitOfWork, order: tuple[int, int], rows: list[tuple],
-              writes: list[tuple]) -> tuple[list, int]:
+              writes: list[tuple], fence: dict[str, int] | None = None) -> tuple[list, int]:
     """One flush: ``order`` is (this flush's number, the one before it);
     ``writes`` holds ``(FN, (job, args) or None)`` and ``(MSG, Append)``;
     ``rows`` the frames (records.NewFrame). Returns each write's result (an
@@ -57,10 +58,13 @@ def run_flush(uow: UnitOfWork, order: tuple[int, int], rows: list[tuple],
     a savepoint and replayed with a savepoint per write, so one bad write fails
     alone and the batch's frames still land. Not so a store fault (a full
     disk): it fails the whole flush, which the bus keeps and retries — a frame
-    must never commit without the writes queued before it."""
+    must never commit without the writes queued before it. In a cluster
+    ``fence`` holds each lane's lease epoch: a lane that moved refuses the
+    whole flush (LeaseLost), which the bus sends again without that lane."""
     no, prev = order
     if prev != _FlushOrder.ran:
         raise FlushOutOfOrder(f"flush {no} follows {prev}, but {_FlushOrder.ran} ran last")
+    check_fence(uow, fence)
     try:
         with uow.savepoint():
             results = _run_writes(uow, writes, isolate=False)

@@ -35,6 +35,7 @@ from ..store import StoreUnavailable
 from ..store.records import Append, FrameRecord
 from ..v1 import prompt_service_pb2 as ppb
 from .flush import FN, MSG, FlushOutOfOrder, run_flush
+from .leasing import LeaseLost
 from .stats import TurnStats
 
 log = logging.getLogger("agent_sidecar.frames")
@@ -134,20 +135,57 @@ class Subscriber:
         return frame
 
 
+def _fence(frames: list[tuple], owners: list) -> dict[str, int]:
+    """The lease epochs a flush is written under: per lane, the oldest epoch
+    among its items (a lane's items of two epochs: the older is refused first)."""
+    fence: dict[str, int] = {}
+    for turn in [f[1] for f in frames] + owners:
+        key, epoch = turn.key, turn.epoch
+        if epoch and (key not in fence or epoch < fence[key]):
+            fence[key] = epoch
+    return fence
+
+
+def _without(gone: Callable[[Any], bool], frames, writes, thens, owners) -> tuple:
+    """A flush's items minus those whose turn is ``gone``, and how many were dropped."""
+    kept_frames = [f for f in frames if not gone(f[1])]
+    keep = [i for i, turn in enumerate(owners) if not gone(turn)]
+    dropped = len(frames) - len(kept_frames) + len(owners) - len(keep)
+    return (kept_frames, [writes[i] for i in keep], [thens[i] for i in keep], [owners[i] for i in keep],
+            dropped)
+
+
+def _dropped(turn) -> bool:
+    return turn.dropped
+
+
+def _fenced_by(epochs: dict[str, int]) -> Callable[[Any], bool]:
+    """Items of a turn written under a refused epoch (or an older one)."""
+    return lambda turn: turn.key in epochs and turn.epoch <= epochs[turn.key]
+
+
 def _wake(fut: asyncio.Future | None) -> None:
     if fut is not None and not fut.done():
         fut.set_result(None)
 
 
 class FrameBus:
+    """``on_fenced(epochs, count)`` (a cluster, turns/leasing.py): every frame and
+    write carries its turn's lane and lease epoch, each flush is fenced on
+    them in the store, and a flush refused because lanes moved is sent again
+    without those lanes' items, which are reported here."""
+
     def __init__(self, store, buffer_frames: int = 10_000, buffer_bytes: int = 8 << 20,
-                 stats: TurnStats | None = None):
+                 stats: TurnStats | None = None,
+                 on_fenced: Callable[[dict[str, int], int], None] | None = None):
         self.store = store
         self.stats = stats or TurnStats()  # frames persisted, turns ended (turns/stats.py)
         self.buffer_frames, self.buffer_bytes = buffer_frames, buffer_bytes  # per Subscriber
+        self.on_fenced = on_fenced
         self._frames: list[tuple] = []  # (row, turn, kind, body)
         self._writes: list[tuple] = []  # (FN, (fn, args) or None) or (MSG, append_many item)
         self._thens: list[Callable | None] = []  # one per write: run after commit
+        self._owners: list = []  # one per write: its turn (its lane and lease epoch)
         self._scheduled = False
         self._flights: deque = deque()  # sent, not answered yet: (no, frames, writes, thens)
         self._undone: list[tuple] = []  # answered without committing, to send again
@@ -156,6 +194,10 @@ class FrameBus:
         self._resync = False  # a flush failed: wait for those in flight, then send again
         self.by_key: dict[str, set[Subscriber]] = {}
         self.by_platform: dict[str, set[Subscriber]] = {}
+        # [cluster] False when several sidecars share the store: the cluster tail
+        # (cluster/tail.py) feeds by_key/by_platform every node's frames, this
+        # node's too, in cursor order; the bus then serves only turns' own streams.
+        self.feeds_watchers = True
         store.add_retrier(self._retry)
         store.watch_faults(self._store_changed)
 
@@ -173,23 +215,26 @@ class FrameBus:
         if write is not None or then is not None:
             self._writes.append((FN, write))
             self._thens.append(then)
+            self._owners.append(turn)
         self._frames.append(((turn.rid, seq, turn.key, turn.sid, turn.platform, at, kind,
                               orjson.dumps(body) if body else None), turn, kind, body))
         self._schedule()
 
-    def write(self, fn: Callable, *args: Any, then: Callable | None = None) -> None:
-        """Queue a store job (no frame) into the next flush, keeping order with frames."""
+    def write(self, turn, fn: Callable, *args: Any, then: Callable | None = None) -> None:
+        """Queue a store job of ``turn`` (no frame) into the next flush,
+        keeping order with frames."""
         self._writes.append((FN, (fn, args)))
         self._thens.append(then)
+        self._owners.append(turn)
         self._schedule()
 
-    def append_message(self, session_id: str, msg: dict[str, Any], request_id: str,
-                       then: Callable | None = None) -> None:
-        """Queue a transcript message of a turn; consecutive ones in a flush
+    def append_message(self, turn, msg: dict[str, Any], then: Callable | None = None) -> None:
+        """Queue a transcript message of ``turn``; consecutive ones in a flush
         become one ``append_many`` (one executemany for all turns)."""
-        self._writes.append((MSG, Append(session_id, (tx.from_model(msg),), request_id,
+        self._writes.append((MSG, Append(turn.sid, (tx.from_model(msg),), turn.rid,
                                          touch_lane=False)))
         self._thens.append(then)
+        self._owners.append(turn)
         self._schedule()
 
     def _schedule(self) -> None:
@@ -215,21 +260,23 @@ class FrameBus:
             if self._flights:
                 return
             self._resync = False
-            for _, frames, writes, thens in reversed(self._undone):
-                self._requeue(frames, writes, thens)
+            for _, frames, writes, thens, owners in reversed(self._undone):
+                # Not again for turns dropped meanwhile (their lane's lease was lost).
+                self._requeue(*_without(_dropped, frames, writes, thens, owners)[:4])
             self._undone.clear()
             self._sent_no = self._committed_no
         if not self._frames and not self._writes:
             return
-        frames, writes, thens = self._frames, self._writes, self._thens
-        self._frames, self._writes, self._thens = [], [], []
+        frames, writes, thens, owners = self._frames, self._writes, self._thens, self._owners
+        self._frames, self._writes, self._thens, self._owners = [], [], [], []
         no = self._sent_no + 1
-        flight = (no, frames, writes, thens)
+        flight = (no, frames, writes, thens, owners)
+        fence = _fence(frames, owners) if self.on_fenced is not None else None
         try:
             fut = self.store.write(run_flush, (no, self._sent_no), [item[0] for item in frames],
-                                   writes, retry=retry)
+                                   writes, fence, retry=retry)
         except StoreUnavailable:
-            self._requeue(frames, writes, thens)
+            self._requeue(frames, writes, thens, owners)
             return
         self.store.flush()  # this loop iteration's frames are gathered: no need to wait for the next
         # Run in a context of its own: a flush carries many turns' frames, so
@@ -246,9 +293,18 @@ class FrameBus:
         if fault is None:  # writable again: what waited goes now
             self._schedule()
 
-    def _requeue(self, frames, writes, thens) -> None:
+    def _requeue(self, frames, writes, thens, owners) -> None:
         """Put a flush that did not commit back at the head of the queue."""
-        self._frames, self._writes, self._thens = frames + self._frames, writes + self._writes, thens + self._thens
+        self._frames, self._writes = frames + self._frames, writes + self._writes
+        self._thens, self._owners = thens + self._thens, owners + self._owners
+
+    def forget(self, key: str) -> None:
+        """Drop what is queued (not sent) for lane ``key``: this node lost its
+        lease (TurnManager.abandon); the store would refuse it anyway."""
+        gone = lambda turn: turn.key == key  # noqa: E731
+        self._frames, self._writes, self._thens, self._owners = _without(
+            gone, self._frames, self._writes, self._thens, self._owners)[:4]
+        self._undone = [(no, *_without(gone, *rest)[:4]) for no, *rest in self._undone]
 
     def idle(self) -> bool:
         """Nothing published is waiting for its commit (queued or in flight)."""
@@ -264,14 +320,19 @@ class FrameBus:
             self._flights.remove(flight)
         if not ok:
             self._resync = True
-            if isinstance(value, (StoreUnavailable, FlushOutOfOrder)):  # kept, in order
+            if isinstance(value, LeaseLost):  # sent again without the moved lanes' items
+                no, *rest = flight
+                *kept, dropped = _without(_fenced_by(value.epochs), *rest)
+                self._undone.append((no, *kept))
+                self.on_fenced(value.epochs, dropped)
+            elif isinstance(value, (StoreUnavailable, FlushOutOfOrder)):  # kept, in order
                 self._undone.append(flight)
             else:  # not the store's fault: a retry would fail the same way
                 log.error("frame flush failed", exc_info=value)
             self._send(retry=False)
             return
         self._committed_no = flight[0]
-        _, frames, _, thens = flight
+        _, frames, _, thens, _ = flight
         results, first_id = value
         cursor = first_id
         for row, turn, kind, body in frames:
@@ -298,16 +359,21 @@ class FrameBus:
             for sub in tuple(subs):
                 if not sub.push(frame, size):
                     subs.remove(sub)
-        for index, name in ((self.by_key, turn.key), (self.by_platform, turn.platform)):
+        if self.feeds_watchers:
+            self.to_watchers(frame, turn.key, turn.platform, size)
+        if kind in TERMINAL:
+            turn.ended(frame)
+            stats.turn_ended(turn, kind, frame.failed.reason if kind == "failed" else "")
+            turnlog.finished(turn, frame)
+
+    def to_watchers(self, frame, key: str, platform: str, size: int) -> None:
+        """Hand a committed frame to the watchers of its key and platform."""
+        for index, name in ((self.by_key, key), (self.by_platform, platform)):
             subs = index.get(name)
             if subs:
                 for sub in tuple(subs):
                     if not sub.push(frame, size):
                         self.unwatch(index, name, sub)
-        if kind in TERMINAL:
-            turn.ended(frame)
-            stats.turn_ended(turn, kind, frame.failed.reason if kind == "failed" else "")
-            turnlog.finished(turn, frame)
 
     def deliver_committed(self, turn, frame, kind: str) -> None:
         """For frames written by a job of their own (``accepted``)."""

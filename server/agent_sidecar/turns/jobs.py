@@ -19,6 +19,7 @@ from ..sessions import lifecycle as life
 from ..sessions import transcripts as tx
 from ..sessions.source import SessionSource
 from ..store import UnitOfWork, batched
+from .leasing import check_fence
 from ..store.records import (UNSET, Append, LedgerEntry, Message, QueueSlot, RoutingPatch,
                              UsageDelta)
 
@@ -56,6 +57,7 @@ class AcceptRequest:
     slot: str | None  # its queue slot when it waits (pending, fifo), None when it runs now
     position: int
     start_now: bool  # the lane is idle: its start commits with its accept
+    fence: dict[str, int] | None = None  # a cluster: the lane's lease epoch it is accepted under
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +204,7 @@ def accept(uow: UnitOfWork, req: AcceptRequest) -> Accepted:
     ledger payload and closes that prompt's ledger row with its ``superseded``
     frame here too: one transaction moves the texts from the prompt that
     carried them to the one that carries them now."""
+    check_fence(uow, req.fence)
     p, now = req.prompt, time.time()
     payload, link = p.payload, None
     if ABSORB in payload:  # reads only: a refusal below still comes before any write

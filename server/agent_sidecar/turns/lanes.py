@@ -8,6 +8,7 @@ own methods, each of which checks the phase it leaves::
        │   └─accept (a steer)─▶ JOINED        │                    │
        │             WAITING ◀─release─ ABSORBED ◀─absorb─ WAITING  │
        └───────────── any open phase ──ending──▶ ENDING ──ended──▶ ENDED
+                        any phase ──drop (the lane's lease was lost)──▶ ENDED
 
 * RESERVED: the request id is taken in memory (a twin follows this turn), its
   accept job not committed yet; an end decided meanwhile is deferred until it
@@ -91,6 +92,8 @@ class Turn:
     deferred_end: tuple | None = None  # (status, reason, text) decided while RESERVED
     acked: bool = False  # its accept committed (its ``accepted`` frame is durable)
     began: bool = False  # its start was decided (it has, or will have, user messages)
+    epoch: int = 0  # its lane's lease epoch when it was placed (a cluster; 0: none)
+    dropped: bool = False  # its lane's lease was lost: no longer this node's turn (drop)
     # Burst collapse (docs/semantics.md FOLLOW_UP, burst.py): the pending prompt this
     # one absorbed (whose own ``absorbed_from`` goes on back), who absorbed this
     # one, and for a turn restored from the store the absorbed texts read back
@@ -177,8 +180,19 @@ class Turn:
 
     def ended(self, frame) -> None:
         """Its terminal frame committed (an absorbed turn's comes with its absorber's accept)."""
+        if self.dropped:
+            return
         self._move(Phase.ENDED, Phase.ENDING, Phase.ABSORBED)
         self.terminal = frame
+
+    def drop(self) -> None:
+        """This node lost the lane's lease: the turn is no longer this node's
+        to end (the node that took the lane over closes or reruns it from the
+        ledger). It ends here without a terminal frame; what was already on
+        its way to the store for it lands or is fenced, and changes nothing
+        here."""
+        self.phase = Phase.ENDED
+        self.dropped = True
 
     def cancel(self, reason: str) -> None:
         """Its worker is told to stop; it ends with ``reason``."""

@@ -30,17 +30,20 @@ from .context import SystemPrompts
 from .frames import FrameBus, build_frame
 from ..delivery import FOLLOW_UP
 from .lanes import Lane, Turn
+from .leasing import LaneLeases, LeaseLost
 from .memory import budget_per_worker
 from .pool import WorkerHandle, WorkerPool
 from .stats import TurnStats
 
 
 class TurnManager:
-    def __init__(self, cfg: Config, store: Store, tools: ToolRegistry):
+    def __init__(self, cfg: Config, store: Store, tools: ToolRegistry,
+                 leases: LaneLeases | None = None):
         self.cfg, self.store = cfg, store
+        self.leases = leases  # a cluster's lane leases (turns/leasing.py); None: every lane is ours
         self.stats = TurnStats()  # for the metrics endpoint (turns/stats.py)
         self.bus = FrameBus(store, cfg.limits.stream_buffer_frames, cfg.limits.stream_buffer_bytes,
-                            self.stats)
+                            self.stats, on_fenced=leases.refused if leases is not None else None)
         self.lanes: dict[str, Lane] = {}
         self.recent = dedup.RecentRequests(cfg.dedup_window_s)  # the dedup window's request ids
         self.prompts = SystemPrompts(cfg)
@@ -111,14 +114,17 @@ class TurnManager:
 
     async def on_reset(self, key: str) -> None:
         self.store.check_writable()  # refused before its turns are ended
+        await self._own(key)  # a cluster: the lane's holder does it
         self._drop_lane(key)
 
     async def on_suspend(self, key: str) -> None:
+        await self._own(key)
         self._drop_lane(key)
 
     async def on_delete(self, key: str) -> None:
         """Before the delete job: the lane's turns end and their ends commit."""
         self.store.check_writable()
+        await self._own(key)  # a cluster: the lane's holder does it
         self._drop_lane(key)
         if self.pool:
             self.pool.slot_for(key).send(wire.evict(key))
@@ -127,11 +133,13 @@ class TurnManager:
     async def rewind(self, key: str, session_id: str, n: int) -> dict[str, Any]:
         """RewindSession: the lane's waiting prompts and running turn count first (undo.py)."""
         self.store.check_writable()  # refused before it drops or cancels anything
+        await self._own(key)
         return await undo.rewind(self, key, session_id, n)
 
     async def rewrite(self, key: str, session_id: str, messages: list) -> None:
         """RewriteTranscript: the running turn is taken back first (undo.py)."""
         self.store.check_writable()
+        await self._own(key)
         await undo.rewrite(self, key, session_id, messages)
 
     async def on_clear_all(self) -> None:
@@ -152,6 +160,14 @@ class TurnManager:
             self.supersede(turn, "")
         if lane.running is not None:
             self.cancel_turn(lane.running, E.CANCELLED)
+
+    async def _own(self, key: str) -> int:
+        """In a cluster, this node's lease on the lane (taken when it has none;
+        LaneElsewhere when another node runs it); 0 on one sidecar."""
+        return await self.leases.hold(key) if self.leases is not None else 0
+
+    def _epoch(self, key: str) -> int:
+        return self.leases.epoch(key) if self.leases is not None else 0
 
     def lane(self, key: str) -> Lane:
         """The key's lane, made when it has none."""
@@ -179,8 +195,12 @@ class TurnManager:
         self.store.check_writable()
         if not internal:
             admission.check(self.live, self.cfg.limits)
+        epoch = await self._own(key) if not internal else self._epoch(key)
+        if self.live.get(rid) is not None:  # a twin placed while this one took the lease
+            return None
         turn = Turn(rid=rid, key=key, platform=platform, profile=profile, text=text,
-                    delivery=delivery or FOLLOW_UP, timeout_s=timeout_s, payload=payload)
+                    delivery=delivery or FOLLOW_UP, timeout_s=timeout_s, payload=payload,
+                    epoch=epoch)
         if tracing.ACTIVE is not None:
             tracing.ACTIVE.turn_began(turn)  # a child of the Prompt RPC's span
         # Reserved before any await: a twin call with this request id follows
@@ -198,7 +218,8 @@ class TurnManager:
         # hold up SERVING, so they start after their accept, through the bus.
         start_now = slot is None and lane.running is turn and not internal
         accepted = self.store.write(jobs.accept, jobs.AcceptRequest(
-            turn.record(), source, self.cfg.dedup_window_s, slot, position, start_now))
+            turn.record(), source, self.cfg.dedup_window_s, slot, position, start_now,
+            {key: epoch} if epoch else None))
         # Registered before anyone awaits it: runs first, as the accept commits.
         accepted.add_done_callback(functools.partial(self._accepted, turn, lane, internal))
         try:
@@ -231,6 +252,8 @@ class TurnManager:
     def _accepted(self, turn: Turn, lane: Lane, internal: bool, fut: asyncio.Future) -> None:
         """The accept job's answer, run as it commits (in commit order with the
         bus's frames, so watchers by key or platform see cursors in order)."""
+        if turn.dropped:  # its lane's lease was lost meanwhile: the lane is not ours now
+            return
         error = fut.exception() if not fut.cancelled() else E.SidecarError(E.UNAVAILABLE, "cancelled")
         if error is not None:
             self._unreserve(lane, turn, error)
@@ -265,6 +288,9 @@ class TurnManager:
     def _unreserve(self, lane: Lane, turn: Turn, error: BaseException) -> None:
         """A prompt refused before its accept committed leaves no trace; a twin
         call following it gets the same answer (see PromptService._follow)."""
+        if isinstance(error, LeaseLost) and self.leases is not None:
+            self.leases.refused(error.epochs, 1)  # the lane's turns here end, this one too
+            return
         if self.live.get(turn.rid) is turn:
             del self.live[turn.rid]
         lane.detach(turn)

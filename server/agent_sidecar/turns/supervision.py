@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING
 
 from .. import errors as E
 from ..delivery import INTERRUPT, ROLLBACK
-from ..recovery.startup import RestoredPrompt
+from ..recovery.startup import RestorePlan, RestoredPrompt
 from ..sessions import lifecycle as life
 from ..store import StoreUnavailable
+from . import wire
 from .lanes import Turn
+from .leasing import LeaseLost
 
 if TYPE_CHECKING:
     from .manager import TurnManager
@@ -39,8 +41,13 @@ RESUME_TEXT = ("[The previous turn was interrupted ({reason}) before it finished
 
 
 async def restore(m: TurnManager) -> None:
-    """Run the store's restore job, rebuild queued lanes, submit auto-resume turns."""
+    """Run the store's restore job, rebuild queued lanes, submit auto-resume
+    turns. A cluster node restores only the lanes it held (its leases do)."""
     from ..recovery.startup import consume_marker, restore as restore_job
+    if m.leases is not None:
+        await m.recent.load(m.store)
+        await m.leases.restore()
+        return
     clean = consume_marker(m.cfg.data_dir)
     plan = await m.store.write(restore_job, clean, m.cfg.gateway_auto_continue_freshness,
                                m.cfg.auto_resume)
@@ -49,8 +56,17 @@ async def restore(m: TurnManager) -> None:
                                        "suspended": plan.suspended,
                                        "closed_turns": plan.closed_turns,
                                        "queued": len(plan.queued), "resume": len(plan.resume)})
+    await adopt(m, plan)
+
+
+async def adopt(m: TurnManager, plan: RestorePlan, epoch: int = 0) -> None:
+    """Run what a restore plan found: its queued prompts back in their lanes,
+    in order, its auto-resume turns submitted, those lanes started. For the
+    startup restore, and for lanes a cluster node takes over (``epoch``: the
+    lease they are held at)."""
+    keys = {q.entry.session_key for q in plan.queued} | {r.session_key for r in plan.resume}
     for q in plan.queued:
-        _restore_queued(m, q)
+        _restore_queued(m, q).epoch = epoch
     # Submitted together, the resume turns' accepts share a few commits.
     await asyncio.gather(*(
         m.submit(rid=r.request_id, key=r.session_key, platform=r.platform,
@@ -59,11 +75,13 @@ async def restore(m: TurnManager) -> None:
                  source=None, timeout_s=m.cfg.gateway_timeout,
                  payload={"resume": r.reason}, internal=True)
         for r in plan.resume))
-    for lane in list(m.lanes.values()):
-        m.advance(lane)
+    for key in sorted(keys):
+        lane = m.lanes.get(key)
+        if lane is not None:
+            m.advance(lane)
 
 
-def _restore_queued(m: TurnManager, q: RestoredPrompt) -> None:
+def _restore_queued(m: TurnManager, q: RestoredPrompt) -> Turn:
     e = q.entry
     turn = Turn.restored(rid=e.request_id, key=e.session_key, platform=e.platform,
                          profile=e.payload.get("profile", "main"), text=e.text,
@@ -82,6 +100,7 @@ def _restore_queued(m: TurnManager, q: RestoredPrompt) -> None:
         lane.fifo.append(turn)
     lane.position_counter = max(lane.position_counter, q.position)
     m.live[turn.rid] = turn
+    return turn
 
 
 async def drain(m: TurnManager, timeout: float) -> bool:
@@ -195,3 +214,23 @@ def end_streams(m: TurnManager, err: BaseException) -> None:
         for sub in turn.subscribers:
             sub.push(err)
         turn.subscribers.clear()
+
+
+def abandon(m: TurnManager, key: str) -> None:
+    """This node lost the lane's lease: its turns here stop at once, writing
+    nothing more (the store would refuse it); the node that took the lane
+    over closes or reruns them from the ledger. Their streams end with
+    LANE_MOVED: a retry with the same request id follows the turn there."""
+    lane = m.lanes.pop(key, None)
+    error = LeaseLost({key: 0})
+    for turn in [t for t in m.live.values() if t.key == key]:
+        del m.live[turn.rid]
+        if turn.began and turn.worker is not None and not turn.finished:
+            turn.worker.send(wire.cancel(turn.rid, E.LANE_MOVED))
+        turn.drop()
+        for sub in turn.subscribers:
+            sub.push(error)
+        turn.subscribers.clear()
+    m.bus.forget(key)
+    if lane is not None and m.pool is not None:
+        m.pool.slot_for(key).send(wire.evict(key))

@@ -97,7 +97,7 @@ def _message(m: TurnManager, h: WorkerHandle, turn: Turn, message: dict) -> None
     ack = wire.ack(turn.key)
     # The ack tells the worker this message reached the store: until then
     # its agent may not be evicted (seed 001 §11) nor reused as is.
-    m.bus.append_message(turn.sid, message, turn.rid, then=lambda _: h.send(ack))
+    m.bus.append_message(turn, message, then=lambda _: h.send(ack))
 
 
 def _done(m: TurnManager, turn: Turn, msg: wire.Done) -> None:
@@ -164,7 +164,7 @@ def on_exit(m: TurnManager, h: WorkerHandle) -> None:
     for turn in list(m.live.values()):
         if turn.worker is h and turn.worker_gen == h.generation and turn.in_flight:
             _close_dangling_tool_calls(m, turn, "the worker running this turn died")
-            m.bus.write(life.mark_resume_pending, turn.key, "worker_crashed")
+            m.bus.write(turn, life.mark_resume_pending, turn.key, "worker_crashed")
             m.end(turn, "failed", E.WORKER_CRASHED, "the worker process running the turn died")
 
 
@@ -172,5 +172,5 @@ def _close_dangling_tool_calls(m: TurnManager, turn: Turn, why: str) -> None:
     for call_id, name in list(turn.open_tool_calls.items()):
         message = {"role": "tool", "tool_call_id": call_id, "name": name,
                    "content": orjson.dumps({"error": why}).decode()}
-        m.bus.append_message(turn.sid, message, turn.rid)
+        m.bus.append_message(turn, message)
     turn.open_tool_calls.clear()

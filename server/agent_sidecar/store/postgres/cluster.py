@@ -10,7 +10,7 @@ takes the same lane back, which gives it a new epoch.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 import psycopg
 
@@ -18,34 +18,41 @@ from ..records import LeaseGrant, LeaseHolder
 
 
 class PostgresLeases:
-    def __init__(self, conn: psycopg.Connection):
-        self.conn = conn
+    """Every operation that locks lease rows takes the frames lock first
+    (``order``): one lock order for every writer of the cluster."""
+
+    def __init__(self, conn: psycopg.Connection, order: Callable[[], None]):
+        self.conn, self.order = conn, order
 
     def take(self, key: str, node_id: str, address: str, ttl_s: float) -> LeaseGrant | LeaseHolder:
-        """The lane's lease for ``node_id``: new, expired, or already this
-        node's (then its epoch moves on too: a takeover by the node's new
-        incarnation). Held by another node and alive: who holds it."""
+        """The lane's lease for ``node_id``: new, run out, let go, or already
+        this node's (then its epoch moves on too: a restarted node takes its
+        lanes back as a new holder). Held by another node and alive: who
+        holds it. Concurrent takes of one lane serialise on its row: one wins."""
+        self.order()
         row = self.conn.execute(
-            "WITH old AS (SELECT node_id, epoch, expires_at < now() AS expired FROM leases"
+            "WITH old AS (SELECT node_id, released AS clean FROM leases"
             " WHERE session_key = %(key)s FOR UPDATE)"
             " INSERT INTO leases AS l (session_key, node_id, epoch, expires_at, address)"
             " VALUES (%(key)s, %(node)s, 1, now() + make_interval(secs => %(ttl)s), %(addr)s)"
             " ON CONFLICT (session_key) DO UPDATE SET node_id = excluded.node_id, epoch = l.epoch + 1,"
-            " expires_at = excluded.expires_at, address = excluded.address"
+            " expires_at = excluded.expires_at, address = excluded.address, released = false"
             " WHERE l.expires_at < now() OR l.node_id = excluded.node_id"
-            " RETURNING l.epoch, (SELECT node_id FROM old), (SELECT expired FROM old)",
+            " RETURNING l.epoch, (SELECT node_id FROM old), (SELECT clean FROM old)",
             {"key": key, "node": node_id, "ttl": ttl_s, "addr": address}).fetchone()
         if row is not None:
-            epoch, previous, expired = row
-            return LeaseGrant(key, epoch, previous or "", bool(expired))
-        node, addr, epoch = self.conn.execute(
-            "SELECT node_id, address, epoch FROM leases WHERE session_key = %s", (key,)).fetchone()
-        return LeaseHolder(key, node, addr, epoch)
+            epoch, previous, clean = row
+            return LeaseGrant(key, epoch, previous or "", clean is not False)
+        node, addr, epoch, left = self.conn.execute(
+            "SELECT node_id, address, epoch, extract(epoch FROM expires_at - now())::float8"
+            " FROM leases WHERE session_key = %s", (key,)).fetchone()
+        return LeaseHolder(key, node, addr, epoch, max(0.0, left))
 
     def fenced(self, node_id: str, epochs: dict[str, int]) -> set[str]:
         """Of these lanes, those whose lease no longer names ``node_id`` at
         that epoch. The rows are locked FOR SHARE until the transaction ends:
         no takeover can commit between this check and this job's commit."""
+        self.order()
         rows = self.conn.execute(
             "SELECT session_key, node_id, epoch FROM leases WHERE session_key = ANY(%s) FOR SHARE",
             (list(epochs),)).fetchall()
@@ -55,28 +62,33 @@ class PostgresLeases:
     def renew(self, node_id: str, keys: Iterable[str], ttl_s: float) -> dict[str, int]:
         """Extend this node's leases on ``keys``; returns those still its own
         (lane -> epoch). A lane missing from the answer was taken over."""
+        self.order()
         return dict(self.conn.execute(
             "UPDATE leases SET expires_at = now() + make_interval(secs => %s)"
             " WHERE node_id = %s AND session_key = ANY(%s) RETURNING session_key, epoch",
             (ttl_s, node_id, list(keys))).fetchall())
 
     def release(self, key: str, node_id: str, epoch: int) -> None:
-        """Let another node take the lane at once (the row and its epoch stay)."""
-        self.conn.execute("UPDATE leases SET expires_at = now() WHERE session_key = %s"
+        """Let another node take the lane at once (the row and its epoch stay);
+        the next holder knows it was let go, not lost."""
+        self.order()
+        self.conn.execute("UPDATE leases SET expires_at = now(), released = true WHERE session_key = %s"
                           " AND node_id = %s AND epoch = %s", (key, node_id, epoch))
 
     def of_node(self, node_id: str) -> list[str]:
+        """Lanes ``node_id`` held and did not let go: what its last run had
+        when it ended (a crash leaves them held until they run out)."""
         return [r[0] for r in self.conn.execute(
-            "SELECT session_key FROM leases WHERE node_id = %s AND expires_at > now() - interval '1 hour'",
-            (node_id,))]
+            "SELECT session_key FROM leases WHERE node_id = %s AND NOT released", (node_id,))]
 
     def orphaned(self, limit: int = 100) -> list[str]:
         """Lanes whose lease expired with acknowledged work left in the ledger
         (queued or running): a node died under them."""
+        # Driven from the open ledger rows (a partial index): few, however
+        # long the history of leases.
         return [r[0] for r in self.conn.execute(
-            "SELECT l.session_key FROM leases l WHERE l.expires_at < now() AND EXISTS"
-            " (SELECT 1 FROM prompts p WHERE p.session_key = l.session_key"
-            " AND p.status IN ('queued', 'running')) LIMIT %s", (limit,))]
+            "SELECT DISTINCT p.session_key FROM prompts p JOIN leases l ON l.session_key = p.session_key"
+            " WHERE p.status IN ('queued', 'running') AND l.expires_at < now() LIMIT %s", (limit,))]
 
 
 class PostgresNodes:

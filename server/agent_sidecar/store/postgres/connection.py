@@ -15,12 +15,17 @@ sets it explicitly for its session).
 
 from __future__ import annotations
 
+import logging
+
 import orjson
 import psycopg
 from psycopg import errors as pgerr
 from psycopg.types.json import set_json_dumps, set_json_loads
 
 from ..faults import is_store_fault
+from ..records import ClusterOp
+
+log = logging.getLogger("agent_sidecar.store")
 
 # The driver's exceptions that mean "the store cannot write now" (faults.py):
 # the server gone or refusing, a full disk, resources exhausted.
@@ -31,6 +36,7 @@ DRIVER_FAULTS = (psycopg.OperationalError, pgerr.DiskFull, pgerr.InsufficientRes
 TRANSIENT = (pgerr.DeadlockDetected, pgerr.SerializationFailure, pgerr.LockNotAvailable)
 FRAMES_LOCK = 0x5AD3_F4A3  # pg_advisory_xact_lock key: frame inserts in commit order
 CHANNEL = "agent_sidecar_frames"  # NOTIFY channel: a commit's highest frame cursor
+CONTROL_CHANNEL = "agent_sidecar_control"  # NOTIFY channel: ClusterOp JSON (UnitOfWork.announce)
 
 
 def _dumps(obj) -> str:
@@ -49,6 +55,21 @@ def is_fault(e: BaseException) -> bool:
     return is_store_fault(e, DRIVER_FAULTS)
 
 
+def announce_payload(op: str, keys: list[str], origin: str) -> str:
+    """A ClusterOp as the control channel carries it (JSON)."""
+    return _dumps({"op": op, "keys": keys, "origin": origin})
+
+
+def read_announce(payload: str) -> ClusterOp | None:
+    """A control channel payload back as a ClusterOp; None (logged) for anything else."""
+    try:
+        d = orjson.loads(payload)
+        return ClusterOp(str(d["op"]), tuple(str(k) for k in d["keys"]), str(d["origin"]))
+    except (ValueError, KeyError, TypeError):
+        log.warning("unreadable cluster notification", extra={"payload": payload[:200]})
+        return None
+
+
 class PostgresWriter:
     """The writer process's backend: one connection; each group commit one
     transaction with a savepoint per job (process.WriterBackend). A commit that
@@ -58,6 +79,10 @@ class PostgresWriter:
     def __init__(self, dsn: str, node_id: str):
         self.conn = connect(dsn, autocommit=True)
         self.conn.execute("SET synchronous_commit = on")
+        # A writer stopped inside a transaction (SIGSTOP, a stall) must not hold
+        # lease rows locked for ever: the server ends its session instead, and
+        # a takeover waits at most this long (cluster/leases.py).
+        self.conn.execute("SET idle_in_transaction_session_timeout = '5s'")
         self.node_id = node_id
         self._uow = None
 

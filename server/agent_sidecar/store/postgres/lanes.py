@@ -9,7 +9,7 @@ other writer; a racing insert of the same key meets ON CONFLICT.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -70,22 +70,25 @@ class PostgresRouting:
              d.cost_usd, d.last_prompt_tokens, d.last_prompt_tokens, d.cost_status, d.cost_status,
              updated_at, key)).rowcount == 1
 
-    def keys_active_since(self, since: float) -> list[str]:
-        return [r[0] for r in self.conn.execute(
-            "SELECT session_key FROM routing WHERE updated_at >= %s AND NOT suspended"
-            " AND NOT resume_pending", (since,))]
+    def keys_active_since(self, since: float, keys: Sequence[str] | None = None) -> list[str]:
+        sql = "SELECT session_key FROM routing WHERE updated_at >= %s AND NOT suspended AND NOT resume_pending"
+        if keys is None:
+            return [r[0] for r in self.conn.execute(sql, (since,))]
+        return [r[0] for r in self.conn.execute(sql + " AND session_key = ANY(%s)", (since, list(keys)))]
 
-    def resume_candidates(self, since: float) -> list[SessionEntry]:
-        return [rows.entry(r) for r in self.conn.execute(
-            rows.ENTRY_SELECT + " WHERE r.resume_pending AND r.updated_at >= %s AND NOT r.suspended",
-            (since,))]
+    def resume_candidates(self, since: float, keys: Sequence[str] | None = None) -> list[SessionEntry]:
+        sql = rows.ENTRY_SELECT + " WHERE r.resume_pending AND r.updated_at >= %s AND NOT r.suspended"
+        if keys is None:
+            return [rows.entry(r) for r in self.conn.execute(sql, (since,))]
+        return [rows.entry(r) for r in self.conn.execute(sql + " AND r.session_key = ANY(%s)",
+                                                          (since, list(keys)))]
 
     def idle_before(self, cutoff: float) -> list[str]:
         return [r[0] for r in self.conn.execute(
             "SELECT session_key FROM routing WHERE updated_at < %s AND NOT suspended AND NOT running",
             (cutoff,))]
 
-    def clear_running(self, keys: Iterable[str] | None = None) -> None:
+    def clear_running(self, keys: Sequence[str] | None = None) -> None:
         if keys is None:
             self.conn.execute("UPDATE routing SET running = false WHERE running")
         else:

@@ -70,7 +70,7 @@ class PostgresLedger:
         self.conn.execute("UPDATE prompts SET status = %s, finished_at = %s, reason = %s, last_seq = %s"
                           " WHERE request_id = %s", (status, at, reason or None, last_seq, request_id))
 
-    def open_prompts(self, keys: list[str] | None = None) -> list[OpenPrompt]:
+    def open_prompts(self, keys: Sequence[str] | None = None) -> list[OpenPrompt]:
         cols = ", ".join("p." + c for c in rows.LEDGER_COLUMNS)
         sql = (f"SELECT {cols}, q.slot, q.position FROM prompts p"
                " LEFT JOIN prompt_queue q ON q.request_id = p.request_id"
@@ -78,7 +78,7 @@ class PostgresLedger:
         params: tuple = ()
         if keys is not None:
             sql += " AND p.session_key = ANY(%s)"
-            params = (keys,)
+            params = (list(keys),)
         n = len(rows.LEDGER_COLUMNS)
         found = self.conn.execute(sql + " ORDER BY p.session_key, p.created_at", params).fetchall()
         return [OpenPrompt(rows.ledger(r[:n]), r[n], r[n + 1]) for r in found]
@@ -121,13 +121,23 @@ class PostgresFrames:
     def __init__(self, conn: psycopg.Connection):
         self.conn = conn
         self.written = 0  # the highest cursor this transaction inserted (0: none)
+        self.ordered = False  # this transaction holds FRAMES_LOCK
 
     def begin(self) -> None:
         self.written = 0
+        self.ordered = False
+
+    def order(self) -> None:
+        """Take FRAMES_LOCK for the rest of the transaction (once): frame
+        cursors then commit in order. Lease rows are locked only after it
+        (cluster.py), so two sidecars' writers never wait on each other in a
+        circle (one holding the frames lock, the other a lease row)."""
+        if not self.ordered:
+            self.conn.execute("SELECT pg_advisory_xact_lock(%s)", (FRAMES_LOCK,))
+            self.ordered = True
 
     def insert(self, new: Sequence[NewFrame]) -> int:
-        if not self.written:  # the first frame of this transaction: in commit order
-            self.conn.execute("SELECT pg_advisory_xact_lock(%s)", (FRAMES_LOCK,))
+        self.order()  # the first frame of this transaction: in commit order
         n = len(new)
         first = self.conn.execute("SELECT setval('frames_id_seq', nextval('frames_id_seq') + %s - 1) - %s + 1",
                                   (n, n)).fetchone()[0]

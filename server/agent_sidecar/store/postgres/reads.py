@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry
+from ..records import FrameRecord, LeaseHolder, LedgerEntry, Message, SearchHit, SessionEntry
 from . import rows
 from .ledger import REQUEST_FRAMES
 
@@ -113,11 +113,22 @@ async def frames_after(conn, cursor: int, session_key: str, platform: str,
         (name, cursor, limit))]
 
 
+async def last_frame_cursor(conn) -> int:
+    row = await _one(conn, "SELECT coalesce(max(id), 0) FROM frames")
+    return row[0] if row else 0
+
+
 def load_for_model(conn, session_id: str) -> list[dict[str, Any]]:
     """Synchronous, for a worker's own connection (reader.py)."""
     return [rows.model_message(role, content, extra) for role, content, extra in conn.execute(
         "SELECT role, content, extra FROM messages WHERE session_id = %s AND active ORDER BY seq",
         (session_id,))]
+
+
+async def lease_holder(conn, key: str) -> LeaseHolder | None:
+    row = await _one(conn, "SELECT node_id, address, epoch, extract(epoch FROM expires_at - now())::float8"
+                           " FROM leases WHERE session_key = %s AND expires_at > now()", (key,))
+    return LeaseHolder(key, row[0], row[1], row[2], row[3]) if row else None
 
 
 async def database_size(conn) -> int:

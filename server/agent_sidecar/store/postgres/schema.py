@@ -160,7 +160,8 @@ CREATE TABLE leases (
     node_id      text NOT NULL,
     epoch        bigint NOT NULL,
     expires_at   timestamptz NOT NULL,
-    address      text NOT NULL DEFAULT ''
+    address      text NOT NULL DEFAULT '',
+    released     boolean NOT NULL DEFAULT false  -- let go by its node (not run out)
 );
 CREATE INDEX leases_by_node ON leases (node_id);
 

@@ -5,27 +5,31 @@ Writes go through this sidecar's writer process (store/writer/: group commit,
 one transaction per group, a savepoint per job) on its own connection; reads
 through a pool of asyncio connections (psycopg_pool), each read one statement.
 Every sidecar of a cluster runs the same migrations at start (serialised by an
-advisory lock: once). ``follow_frames`` yields the highest frame cursor of each
-commit any sidecar made (LISTEN/NOTIFY), for watchers of frames run elsewhere.
+advisory lock: once). ``follow_cluster`` yields the highest frame cursor of each
+commit any sidecar made and the announces of deletes (LISTEN/NOTIFY), for the
+cluster tail (cluster/tail.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from ..faults import StoreUnavailable, unavailable
 from ..interface import StoreOpenError
-from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry, StoreStats
+from ..records import FrameRecord, LeaseHolder, LedgerEntry, Message, SearchHit, SessionEntry, StoreStats
 from ..writer.client import CommitStats, GroupCommitWriter, StoreClosed
 from ..jobs import nothing
 from . import reads
-from .connection import CHANNEL, connect, is_fault
+from .connection import CHANNEL, CONTROL_CHANNEL, connect, is_fault, read_announce
 from .schema import migrate
+
+if TYPE_CHECKING:
+    from ..records import ClusterOp
 
 log = logging.getLogger("agent_sidecar.store")
 
@@ -114,6 +118,9 @@ class PostgresStore:
     async def ledger(self, request_id: str) -> LedgerEntry | None:
         return await self._read(reads.ledger, request_id)
 
+    async def lease_holder(self, key: str) -> LeaseHolder | None:
+        return await self._read(reads.lease_holder, key)
+
     async def recent_requests(self, since: float, limit: int) -> list[tuple[str, float, str]]:
         return await self._read(reads.recent_requests, since, limit)
 
@@ -135,18 +142,44 @@ class PostgresStore:
     def reader_spec(self) -> tuple:
         return ("agent_sidecar.store.postgres.reader:open_reader", (self.dsn,))
 
-    async def follow_frames(self) -> AsyncIterator[int]:
-        """The highest cursor of every commit with frames, any sidecar's, as
-        they come (a dedicated connection LISTENing on the frames channel).
-        Ends when the connection is lost; the caller catches up by cursor."""
-        conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+    async def last_frame_cursor(self) -> int:
+        return await self._read(reads.last_frame_cursor)
+
+    async def follow_cluster(self, idle_s: float) -> AsyncGenerator[int | ClusterOp, None]:
+        """What every sidecar of the cluster commits (interface.SharedStore):
+        a dedicated connection LISTENs on the frames and the control channels.
+        Each ``idle_s`` it checks that the connection still answers (a lost
+        one raises StoreUnavailable, even a silent one: the check is bounded)
+        and yields 0, the caller's periodic catch-up."""
+        try:
+            conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True,
+                                                         application_name=follower_name(self.node_id))
+        except Exception as e:
+            raise unavailable(e) from None
         try:
             await conn.execute(f"LISTEN {CHANNEL}")
-            async for note in conn.notifies():
-                yield int(note.payload)
+            await conn.execute(f"LISTEN {CONTROL_CHANNEL}")
+            yield 0  # listening: whatever committed before is read by cursor
+            while True:
+                async for note in conn.notifies(timeout=idle_s):
+                    if note.channel == CHANNEL:
+                        yield int(note.payload)
+                    else:
+                        op = read_announce(note.payload)
+                        if op is not None:
+                            yield op
+                await asyncio.wait_for(conn.execute("SELECT 1"), timeout=max(idle_s, 1.0))
+                yield 0
+        except (psycopg.Error, TimeoutError, OSError) as e:
+            raise unavailable(e) from None
         finally:
             await conn.close()
 
     async def close(self) -> None:
         await self._pool.close()
         await self.writer.close()
+
+
+def follower_name(node_id: str) -> str:
+    """The ``application_name`` of a sidecar's listening connection (pg_stat_activity)."""
+    return f"agent-sidecar-follow:{node_id}"[:63]

@@ -4,15 +4,18 @@ the writer process's connection, inside its transaction (connection.py)."""
 from __future__ import annotations
 
 import contextlib
+from typing import Sequence
 
+import orjson
 import psycopg
 
 from .cluster import PostgresLeases, PostgresNodes
-from .connection import is_fault
+from .connection import CONTROL_CHANNEL, announce_payload, is_fault
 from .lanes import PostgresIncarnations, PostgresRestarts, PostgresRouting, PostgresTurnState
 from .ledger import PostgresFrames, PostgresLedger, PostgresQueue
 from .messages import PostgresMessages
 
+NOTIFY_BYTES = 7000  # a NOTIFY payload must stay under 8000 bytes: more keys, more notifications
 _LANE_TABLES = ("routing", "incarnations", "messages", "turn_state", "frames", "prompts",
                 "prompt_queue", "restart_counts", "leases")
 
@@ -28,7 +31,7 @@ class PostgresUnitOfWork:
         self.frames = PostgresFrames(conn)
         self.restarts = PostgresRestarts(conn)
         self.turn_state = PostgresTurnState(conn)
-        self.leases = PostgresLeases(conn)
+        self.leases = PostgresLeases(conn, self.frames.order)
         self.nodes = PostgresNodes(conn)
 
     def begin(self) -> None:
@@ -64,3 +67,26 @@ class PostgresUnitOfWork:
     def probe(self) -> None:
         self.conn.execute("INSERT INTO meta (key, value) VALUES ('store_probe', to_jsonb(extract(epoch"
                           " FROM now()))) ON CONFLICT (key) DO UPDATE SET value = excluded.value")
+
+    def announce(self, op: str, keys: Sequence[str]) -> None:
+        """NOTIFY the control channel: delivered to every listening sidecar at
+        COMMIT, never for a transaction (or savepoint) rolled back. Many keys
+        are split over several payloads, each under PostgreSQL's limit."""
+        for chunk in _chunks(list(keys), NOTIFY_BYTES):
+            self.conn.execute("SELECT pg_notify(%s, %s)",
+                              (CONTROL_CHANNEL, announce_payload(op, chunk, self.node_id)))
+
+
+def _chunks(keys: list[str], budget: int) -> list[list[str]]:
+    """``keys`` in runs whose JSON stays within ``budget`` bytes (at least one
+    run, empty for no keys)."""
+    out: list[list[str]] = [[]]
+    size = 0
+    for key in keys:
+        n = len(orjson.dumps(key)) + 1
+        if out[-1] and size + n > budget:
+            out.append([])
+            size = 0
+        out[-1].append(key)
+        size += n
+    return out

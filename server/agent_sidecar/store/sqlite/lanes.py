@@ -7,7 +7,7 @@ is the same SQL text, so SQLite's statement cache finds it prepared.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import apsw
 import orjson
@@ -72,24 +72,30 @@ class SqliteRouting:
              updated_at, key))
         return self.conn.changes() == 1
 
-    def keys_active_since(self, since: float) -> list[str]:
-        return [r[0] for r in self.conn.execute(
+    def keys_active_since(self, since: float, keys: Sequence[str] | None = None) -> list[str]:
+        found = [r[0] for r in self.conn.execute(
             "SELECT session_key FROM routing WHERE updated_at >= ? AND suspended = 0"
             " AND resume_pending = 0", (since,))]
+        return found if keys is None else [k for k in found if k in set(keys)]
 
-    def resume_candidates(self, since: float) -> list[SessionEntry]:
+    def resume_candidates(self, since: float, keys: Sequence[str] | None = None) -> list[SessionEntry]:
         # Through the partial index on pending resumes.
-        return [rows.entry(r) for r in self.conn.execute(
+        found = [rows.entry(r) for r in self.conn.execute(
             rows.ENTRY_SELECT + " WHERE r.resume_pending = 1 AND r.updated_at >= ?"
             " AND r.suspended = 0", (since,))]
+        return found if keys is None else [e for e in found if e.session_key in set(keys)]
 
     def idle_before(self, cutoff: float) -> list[str]:
         return [r[0] for r in self.conn.execute(
             "SELECT session_key FROM routing WHERE updated_at < ? AND suspended = 0 AND running = 0",
             (cutoff,))]
 
-    def clear_running(self) -> None:
-        self.conn.execute("UPDATE routing SET running = 0 WHERE running = 1")
+    def clear_running(self, keys: Sequence[str] | None = None) -> None:
+        if keys is None:
+            self.conn.execute("UPDATE routing SET running = 0 WHERE running = 1")
+        else:
+            self.conn.executemany("UPDATE routing SET running = 0 WHERE session_key = ? AND running = 1",
+                                  [(k,) for k in keys])
 
     def delete(self, key: str) -> bool:
         self.conn.execute("DELETE FROM routing WHERE session_key = ?", (key,))

@@ -75,14 +75,15 @@ class SqliteLedger:
         self.conn.execute("UPDATE prompts SET status = ?, finished_at = ?, reason = ?, last_seq = ?"
                           " WHERE request_id = ?", (status, at, reason or None, last_seq, request_id))
 
-    def open_prompts(self) -> list[OpenPrompt]:
+    def open_prompts(self, keys: Sequence[str] | None = None) -> list[OpenPrompt]:
         cols = ", ".join("p." + c for c in rows.LEDGER_COLUMNS)
         found = self.conn.execute(
             f"SELECT {cols}, q.slot, q.position FROM prompts p"
             " LEFT JOIN prompt_queue q ON q.request_id = p.request_id"
             " WHERE p.status IN ('queued', 'running') ORDER BY p.session_key, p.created_at").fetchall()
         n = len(rows.LEDGER_COLUMNS)
-        return [OpenPrompt(rows.ledger(r[:n]), r[n], r[n + 1]) for r in found]
+        out = [OpenPrompt(rows.ledger(r[:n]), r[n], r[n + 1]) for r in found]
+        return out if keys is None else [o for o in out if o.entry.session_key in set(keys)]
 
     def ids_with_prefix(self, prefix: str) -> list[str]:
         return [r[0] for r in self.conn.execute(

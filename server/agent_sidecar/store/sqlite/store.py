@@ -145,6 +145,9 @@ class SqliteStore:
     async def ledger(self, request_id: str) -> LedgerEntry | None:
         return self._read(reads.ledger, request_id)
 
+    async def lease_holder(self, key: str) -> None:
+        return None  # one sidecar per file: every lane is its own
+
     async def recent_requests(self, since: float, limit: int) -> list[tuple[str, float, str]]:
         return await self._read_off_loop(reads.recent_requests, since, limit)
 

@@ -36,6 +36,7 @@ class SqliteUnitOfWork:
         self.turn_state = SqliteTurnState(conn)
         self.leases = None  # one sidecar per file: no cluster, no leases
         self.nodes = None
+        self.node_id = ""
 
     @contextlib.contextmanager
     def savepoint(self):
@@ -67,6 +68,9 @@ class SqliteUnitOfWork:
 
     def index_messages(self, limit: int | None = None) -> int:
         return self.messages.index_pending(limit)
+
+    def announce(self, op: str, keys) -> None:
+        """One sidecar per file: nobody else to tell."""
 
     def probe(self) -> None:
         """A retry round's write: one real row, so its commit needs the WAL to

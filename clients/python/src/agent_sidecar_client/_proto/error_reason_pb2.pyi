@@ -30,6 +30,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_REASON_OVERLOADED: _ClassVar[ErrorReason]
     ERROR_REASON_QUEUE_FULL: _ClassVar[ErrorReason]
     ERROR_REASON_STORE_UNAVAILABLE: _ClassVar[ErrorReason]
+    ERROR_REASON_LANE_MOVED: _ClassVar[ErrorReason]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 ERROR_REASON_AGENT_BUSY: ErrorReason
 ERROR_REASON_AGENT_TIMEOUT: ErrorReason
@@ -54,3 +55,4 @@ ERROR_REASON_STREAM_TOO_SLOW: ErrorReason
 ERROR_REASON_OVERLOADED: ErrorReason
 ERROR_REASON_QUEUE_FULL: ErrorReason
 ERROR_REASON_STORE_UNAVAILABLE: ErrorReason
+ERROR_REASON_LANE_MOVED: ErrorReason

@@ -177,6 +177,16 @@ export enum ErrorReason {
    * gRPC status: UNAVAILABLE
    */
   STORE_UNAVAILABLE = 23,
+  /**
+   * LANE_MOVED - Several sidecars on one PostgreSQL database: the session's lane is run by
+   * another sidecar now (this one lost its lease to it), or the sidecar that
+   * holds it could not be reached to forward the call. Retrying with the same
+   * request id is safe: it lands on the lane's holder and either follows the
+   * turn (if its accept had committed) or places the prompt anew; nothing runs
+   * twice. Comes with RetryInfo.
+   * gRPC status: UNAVAILABLE
+   */
+  LANE_MOVED = 24,
 }
 
 export function errorReasonFromJSON(object: any): ErrorReason {
@@ -253,6 +263,9 @@ export function errorReasonFromJSON(object: any): ErrorReason {
     case 23:
     case "ERROR_REASON_STORE_UNAVAILABLE":
       return ErrorReason.STORE_UNAVAILABLE;
+    case 24:
+    case "ERROR_REASON_LANE_MOVED":
+      return ErrorReason.LANE_MOVED;
     default:
       throw new globalThis.Error("Unrecognized enum value " + object + " for enum ErrorReason");
   }
@@ -308,6 +321,8 @@ export function errorReasonToJSON(object: ErrorReason): string {
       return "ERROR_REASON_QUEUE_FULL";
     case ErrorReason.STORE_UNAVAILABLE:
       return "ERROR_REASON_STORE_UNAVAILABLE";
+    case ErrorReason.LANE_MOVED:
+      return "ERROR_REASON_LANE_MOVED";
     default:
       throw new globalThis.Error("Unrecognized enum value " + object + " for enum ErrorReason");
   }

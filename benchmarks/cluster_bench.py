@@ -1,0 +1,435 @@
+#!/usr/bin/env python3
+"""Cluster benchmark: echo turns/s, p50/p99 turn latency and CPU per turn with
+one sidecar on SQLite, one on PostgreSQL, and two and three sidecars on one
+PostgreSQL database, in one run (one machine state), plus PostgreSQL's own CPU.
+
+    .venv/bin/python benchmarks/cluster_bench.py            # full run
+    .venv/bin/python benchmarks/cluster_bench.py --quick    # smoke run
+
+**On a 2-core machine this measures overhead, not scale**: the sidecars,
+PostgreSQL and the client share the same two cores, so more nodes cannot add
+throughput; the table prices the PostgreSQL path and the cluster (leases,
+forwarding) per turn against the embedded SQLite store.
+
+PostgreSQL is ``--dsn``'s server or one started for the run (``initdb`` into a
+temporary directory, as the ``postgres`` user when run as root, on a free port
+with its socket dir there; stopped and removed at the end), default settings
+(fsync on); a fresh database per configuration. The sidecars run the default
+configuration (echo model, workers = CPU count), each on its own data dir and
+Unix socket; on PostgreSQL every one is a cluster node (``[cluster] node_id,
+advertise, token``, the token an admin ``[[auth.tokens]]`` too, a TCP listener
+on the advertised address), the single one as well: leases and fencing are
+the PostgreSQL path. The client (this file with ``--client``: grpc.aio on
+uvloop, one channel per node) keeps ``--in-flight`` Prompt calls going, each
+on a random session with no turn in flight (QUEUE, one word: five frames,
+checked), and sends each call to the next node in turn, as an adapter behind a
+load balancer would: most calls reach a node that does not hold the lane's
+lease and are forwarded to the holder. ``--affinity`` adds rows where each
+session's calls all go to one node.
+
+Per configuration: sessions created, one warm-up turn per session (each lane
+takes its lease), then ``--turns`` timed turns, latency per call from sending
+it to its ``completed`` frame. Lease takes in the window come from the lease
+rows' epochs; a timed call to a node other than the holder of a lane with no
+take was forwarded (lanes with takes give a range: a lane idle for
+``lease_ttl_s`` is let go, and its next call takes it wherever it lands).
+CPU over the window from /proc: the sidecars' whole process trees, the
+postmaster's (exited backends included), the client's, other programs'.
+Afterwards the store must hold every turn, completed, with its five frames.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import _common
+from _common import CLK_TCK, CpuWindow, load_average, machine_line, percentile, table
+from _postgres import Postgres, free_port
+from agent_sidecar.bench.procs import process_tree
+from turns_bench import DELIVERY_QUEUE, KINDS, TEXT, SidecarServer, _wait_socket
+
+HERE = Path(__file__).resolve()
+TOKEN = "cluster-bench-token"
+CONFIGS = [("sqlite", 1, False), ("postgres", 1, False), ("postgres", 2, False), ("postgres", 3, False)]
+
+
+# -- the client: concurrent Prompt calls spread over the nodes -----------------------
+
+class Client:
+    def __init__(self, spec: dict):
+        self.spec, self.n = spec, len(spec["targets"])
+        self.rng = random.Random(spec["seed"])
+        self.home = {k: i % self.n for i, k in enumerate(spec["keys"])}  # --affinity: its node
+        self.idle, self.warm = list(spec["keys"]), list(spec["keys"])
+        self.count, self.errors = 0, []
+        self.calls: dict[str, list[int]] = {}  # session -> timed calls per node
+
+    async def turn(self, stubs: list, latencies: list | None) -> None:
+        import grpc
+        from agent_sidecar.v1 import prompt_service_pb2 as pb
+        if latencies is None:  # warm-up: every session once, so each lane holds its lease
+            key = self.warm.pop()
+        else:
+            i = self.rng.randrange(len(self.idle))
+            self.idle[i], self.idle[-1] = self.idle[-1], self.idle[i]
+            key = self.idle.pop()
+        self.count += 1
+        node = self.home[key] if self.spec["affinity"] else self.count % self.n
+        req = pb.PromptRequest(request_id=f"{self.spec['run']}-{self.count}", session_key=key,
+                               text=TEXT, delivery=DELIVERY_QUEUE)
+        t0, kinds = time.monotonic(), []
+        try:
+            async for resp in stubs[node].Prompt(req, timeout=120):
+                kinds.append(resp.frame.WhichOneof("event"))
+        except grpc.aio.AioRpcError as e:
+            self.errors.append(f"{e.code().name} after [{','.join(kinds)}]: {(e.details() or '')[:300]}")
+            return
+        finally:
+            if latencies is not None:
+                self.idle.append(key)
+        if kinds != KINDS:
+            self.errors.append("frames: " + ",".join(kinds))
+        elif latencies is not None:
+            latencies.append(time.monotonic() - t0)
+            self.calls.setdefault(key, [0] * self.n)[node] += 1
+
+    async def run(self, stubs: list, total: int, latencies: list | None) -> tuple[float, float]:
+        remaining = [total]
+
+        async def lane() -> None:
+            while remaining[0] > 0:
+                remaining[0] -= 1
+                await self.turn(stubs, latencies)
+        t0 = time.monotonic()
+        await asyncio.gather(*(lane() for _ in range(min(self.spec["in_flight"], total))))
+        return t0, time.monotonic()
+
+    async def main(self) -> dict:
+        import grpc
+        from agent_sidecar.v1 import prompt_service_pb2_grpc as pb_grpc
+        channels = [grpc.aio.insecure_channel(t) for t in self.spec["targets"]]
+        for ch in channels:
+            await asyncio.wait_for(ch.channel_ready(), 30)
+        stubs = [pb_grpc.PromptServiceStub(ch) for ch in channels]
+        await self.run(stubs, self.spec["warmup"], None)
+        warm_errors, self.errors = len(self.errors), []
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        latencies: list[float] = []
+        t0, t1 = await self.run(stubs, self.spec["turns"], latencies)
+        for ch in channels:
+            await ch.close()
+        by_kind: dict = {}  # one example of each kind of error (its status and the frames before it)
+        for e in self.errors:
+            by_kind.setdefault(e.split(":")[0], [0, e])[0] += 1
+        return {"start": t0, "end": t1, "latencies": latencies,
+                "errors": [f"{n} x {e}" for n, e in by_kind.values()],
+                "error_count": len(self.errors), "warmup_errors": warm_errors, "calls": self.calls}
+
+
+def client_main(spec_json: str) -> int:
+    import uvloop
+    spec = json.loads(spec_json)
+    result = uvloop.run(Client(spec).main())
+    # Through a file, not the pipe: stdout may be left non-blocking by the event
+    # loop, and a result larger than the pipe's buffer was then cut short.
+    Path(spec["out"]).write_text(json.dumps(result))
+    print("done", flush=True)
+    sys.stdin.readline()  # stay alive until the driver has read our CPU time
+    return 0
+
+
+# -- sidecars, and CPU of whole process trees ------------------------------------------
+
+class Node(SidecarServer):
+    """turns_bench's sidecar; on PostgreSQL a cluster node with a TCP listener."""
+
+    def __init__(self, root: Path, name: str, dsn: str | None):
+        self.port = free_port() if dsn else None
+        config = "" if dsn is None else f"""[store]
+backend = "postgres"
+dsn = "{dsn}"
+[cluster]
+node_id = "{name}"
+advertise = "127.0.0.1:{self.port}"
+token = "{TOKEN}"
+[[auth.tokens]]
+token = "{TOKEN}"
+admin = true
+platforms = ["*"]
+"""
+        super().__init__(root, None, name, config)
+        self.name = name  # its node_id in the lease rows
+
+    def start(self) -> None:
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        cfg = self.dir / "config.toml"
+        cfg.write_text(self.config)
+        args = [sys.executable, "-m", "agent_sidecar", "serve", "--data-dir", str(self.dir),
+                "--config", str(cfg), "--log-format", "json", "--listen", f"unix:{self.sock}"]
+        args += ["--listen", f"127.0.0.1:{self.port}"] if self.port else []
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(_common.ROOT / "server"), os.environ.get("PYTHONPATH", "")]))
+        self._logf = open(self.log, "ab")
+        self.proc = subprocess.Popen(args, stdout=self._logf, stderr=subprocess.STDOUT, env=env, cwd=self.dir)
+        _wait_socket(self.sock, self.proc, 60, self.log)
+        deadline = time.monotonic() + 60
+        with grpc.insecure_channel(f"unix:{self.sock}") as ch:
+            while health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status \
+                    != health_pb2.HealthCheckResponse.SERVING:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.name} not SERVING after 60 s")
+                time.sleep(0.05)
+
+
+def _tree_cpu(root: int) -> float:
+    """CPU seconds of a process tree now, children that exited included (a
+    reaped child's time is in its parent's cutime/cstime): PostgreSQL's
+    backends and autovacuum workers come and go during a window."""
+    total = 0.0
+    for _, pid in process_tree(root):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                data = f.read()
+        except OSError:
+            continue
+        total += sum(int(x) for x in data[data.rindex(")") + 2:].split()[11:15]) / CLK_TCK
+    return total
+
+
+class TreeCpu(CpuWindow):
+    """CpuWindow whose ("tree", pid) items count a whole process tree."""
+
+    @staticmethod
+    def _cpu(item) -> float:
+        if isinstance(item, tuple) and item[0] == "tree":
+            return _tree_cpu(item[1])
+        return CpuWindow._cpu(item)
+
+
+# -- one configuration: nodes up, sessions, warm-up, the timed window, the checks ------
+
+def leases(dsn: str | None) -> dict[str, tuple[str, int]]:
+    if dsn is None:
+        return {}
+    import psycopg
+    with psycopg.connect(dsn) as conn:
+        return {k: (n, e) for k, n, e in conn.execute("SELECT session_key, node_id, epoch FROM leases")}
+
+
+def stored(dsn: str | None, sqlite_file: Path) -> tuple[dict, int]:
+    """(prompts by status, frames) the store holds after the run."""
+    if dsn is None:
+        conn = sqlite3.connect(f"file:{sqlite_file}?mode=ro", uri=True)
+    else:
+        import psycopg
+        conn = psycopg.connect(dsn)
+    try:
+        status = dict(conn.execute("SELECT status, count(*) FROM prompts GROUP BY status").fetchall())
+        return status, conn.execute("SELECT count(*) FROM frames").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def forwarded(calls: dict, before: dict, after: dict, names: list[str]) -> tuple[int, int, int]:
+    """(lease takes in the window, forwarded calls at least, at most). A take
+    moves a lane's epoch on by one. On a lane with no take, a call to a node
+    other than the holder was forwarded; on one with takes, each take was a
+    call that was not, and of the rest some were (which ones, the rows do not say)."""
+    takes = {k: e - before.get(k, ("", 0))[1] for k, (_, e) in after.items()}
+    low = high = 0
+    if len(names) == 1:  # nowhere to forward to
+        return sum(takes.values()), 0, 0
+    for key, per_node in calls.items():
+        if takes.get(key, 0) == 0 and key in before:
+            low += sum(c for i, c in enumerate(per_node) if names[i] != before[key][0])
+        else:
+            high += max(0, sum(per_node) - takes.get(key, 0))
+    return sum(takes.values()), low, low + high
+
+
+def run_config(root: Path, pg: Postgres, pg_root: int | None, cfg: tuple, rnd: int, args) -> dict:
+    backend, n, affinity = cfg
+    tag = f"{backend}{n}{'a' if affinity else ''}_{rnd}"
+    dsn = pg.create_db(f"cluster_bench_{os.getpid()}_{tag}") if backend == "postgres" else None
+    nodes = [Node(root, f"{tag}-n{i}", dsn) for i in range(n)]
+    try:
+        for node in nodes:
+            node.start()
+        keys = nodes[0].create_sessions(args.sessions)
+        spec = {"targets": [f"unix:{x.sock}" for x in nodes], "keys": keys, "seed": args.seed + rnd,
+                "run": uuid.uuid4().hex[:8], "in_flight": args.in_flight, "turns": args.turns,
+                "warmup": args.sessions, "affinity": affinity, "out": str(root / f"{tag}-client.json")}
+        r = drive(spec, nodes, pg_root, dsn)
+    finally:
+        for node in nodes:  # stop them together (a clean stop drains and lets go of leases)
+            if node.proc and node.proc.poll() is None:
+                node.proc.send_signal(signal.SIGTERM)
+        for node in nodes:
+            node.stop()
+    status, frames = stored(dsn, nodes[0].dir / "sidecar.db")
+    want = args.turns + args.sessions
+    r.update(config=f"{n} x {backend}" + (" affinity" if affinity else ""), backend=backend,
+             nodes=n, affinity=affinity, round=rnd,
+             stored_ok=(status, frames) == ({"completed": want}, 5 * want),
+             stored=f"prompts {status}, {frames:,} frames (expected {want:,} completed, {5 * want:,})")
+    return r
+
+
+def drive(spec: dict, nodes: list[Node], pg_root: int | None, dsn: str | None) -> dict:
+    """One client process through warm-up and the timed window; CPU and leases around it."""
+    client = subprocess.Popen([sys.executable, str(HERE), "--client", json.dumps(spec)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        if client.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the client did not get ready (exit {client.poll()})")
+        groups = {"sidecars": [("tree", x.proc.pid) for x in nodes], "client": [client.pid]}
+        if pg_root and dsn:
+            groups["postgres"] = [("tree", pg_root)]
+        before, cpu = leases(dsn), TreeCpu(groups)
+        cpu.start()
+        client.stdin.write("go\n")
+        client.stdin.flush()
+        line = client.stdout.readline()
+        usage = cpu.stop()
+        if line.strip() != "done":
+            raise RuntimeError(f"the client died mid-run (exit {client.poll()})")
+        result, after = json.loads(Path(spec["out"]).read_text()), leases(dsn)
+        client.stdin.write("exit\n")
+        client.stdin.close()
+        client.wait(30)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+    lat, secs = sorted(result["latencies"]), result["end"] - result["start"]
+    takes, low, high = forwarded(result["calls"], before, after, [x.name for x in nodes])
+    return {"turns": len(lat), "seconds": secs, "rate": len(lat) / secs if secs > 0 else 0.0,
+            "p50_ms": percentile(lat, 50) * 1e3, "p99_ms": percentile(lat, 99) * 1e3,
+            "errors": result["error_count"], "warmup_errors": result["warmup_errors"],
+            "error_sample": result["errors"], "lease_takes": takes, "forwarded": [low, high],
+            "cpu": usage}
+
+
+# -- the report --------------------------------------------------------------------------
+
+def per_turn(r: dict, group: str) -> float | None:
+    s = r["cpu"]["groups"].get(group)
+    return None if s is None else 1e3 * s / max(1, r["turns"])
+
+
+def server_ms(r: dict) -> float:
+    return per_turn(r, "sidecars") + (per_turn(r, "postgres") or 0.0)
+
+
+def report(best: list[dict], every: list[dict]) -> list[str]:
+    rows = []
+    for r in best:
+        pgc = per_turn(r, "postgres")
+        low, high = r["forwarded"]
+        fwd = "-" if r["backend"] == "sqlite" else f"{low:,}" + (f"–{high:,}" if high > low else "")
+        takes = "-" if r["backend"] == "sqlite" else r["lease_takes"]
+        rows.append([r["config"], r["turns"], r["rate"], r["p50_ms"], r["p99_ms"], r["errors"], takes, fwd,
+                     per_turn(r, "sidecars"), "-" if pgc is None else pgc, server_ms(r),
+                     per_turn(r, "client"), f"{100 * r['cpu']['others'] / r['cpu']['wall']:.0f}%"])
+    out = [table(["config", "turns", "turns/s", "p50 ms", "p99 ms", "errors", "lease takes", "forwarded",
+                  "sidecars ms/turn", "postgres ms/turn", "server ms/turn", "client ms/turn",
+                  "other programs"], rows, title="Echo turns (one word, 5 frames per turn)")]
+    out.append("CPU ms per turn over the timed window: sidecars = every node's whole process tree, "
+               "postgres = the postmaster's tree, server = the two; other programs: 100% = one core. "
+               "lease takes: leases taken in the window (a lane idle for lease_ttl_s is let go, so a "
+               "session's next call takes it again); forwarded: timed calls the node they were sent to "
+               "passed to the lane's holder, from the lease rows (a range when leases moved).")
+    if len({r["round"] for r in every}) > 1:
+        out.append("all rounds (turns/s): " + "; ".join(
+            f"{b['config']}: " + "/".join(f"{r['rate']:,.0f}" for r in every if r["config"] == b["config"])
+            for b in best))
+    for r in every:
+        if r["errors"] or r["warmup_errors"] or not r["stored_ok"]:
+            out.append(f"  {r['config']} round {r['round'] + 1}: {r['errors']} errors "
+                       f"({r['warmup_errors']} in warm-up) {r['error_sample']}; store: {r['stored']}")
+    if all(r["stored_ok"] for r in every):
+        out.append("store after every configuration: every turn completed with its 5 frames -> ok")
+    lite = next((r for r in best if r["backend"] == "sqlite"), None)
+    for r in best:
+        if lite and r["backend"] == "postgres":
+            out.append(f"{r['config']} / 1 x sqlite: server CPU per turn {server_ms(r):.2f} / "
+                       f"{server_ms(lite):.2f} ms = {server_ms(r) / server_ms(lite):.2f}x · turns/s "
+                       f"{r['rate'] / lite['rate']:.2f}x · p50 {r['p50_ms'] / lite['p50_ms']:.2f}x")
+    out.append(f"On this {os.cpu_count()}-core machine this measures overhead, not scale: every node, "
+               "PostgreSQL and the client share the same cores.")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smoke run: fewer turns and sessions")
+    ap.add_argument("--turns", type=int, default=None, help="timed turns per configuration (default 3000, quick 200)")
+    ap.add_argument("--sessions", type=int, default=None, help="sessions, each warmed up once (default 1000, quick 100)")
+    ap.add_argument("--in-flight", type=int, default=64, help="concurrent Prompt calls (default 64)")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds, interleaved; each row is its best round")
+    ap.add_argument("--affinity", action="store_true",
+                    help="also run 2 and 3 nodes with each session's calls on one node (no forwarding)")
+    ap.add_argument("--dsn", default=None, help="an existing PostgreSQL server (default: start one)")
+    ap.add_argument("--json", metavar="FILE", help="write every figure here")
+    ap.add_argument("--dir", default=None, help="parent directory for the temporary directory")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--client", metavar="SPEC", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.client:
+        return client_main(args.client)
+    sys.stdout.reconfigure(line_buffering=True)
+    args.turns = args.turns or (200 if args.quick else 3000)
+    args.sessions = args.sessions or (100 if args.quick else 1000)
+    if args.in_flight > args.sessions:
+        ap.error("--in-flight must not exceed --sessions (each in-flight turn needs an idle session)")
+    configs = CONFIGS + ([("postgres", 2, True), ("postgres", 3, True)] if args.affinity else [])
+
+    load0 = load_average()
+    print(f"cluster_bench · {machine_line()} · load avg {load0}" + (" · QUICK" if args.quick else ""))
+    print(f"{args.sessions:,} sessions · warm-up one turn each · {args.turns:,} timed turns · "
+          f"{args.in_flight} in flight · each call to the next node (round-robin) · "
+          f"best of {args.repeat} round(s)")
+    print(f"NOTE: on this {os.cpu_count()}-core machine this measures overhead, not scale.")
+    root = Path(tempfile.mkdtemp(prefix="cluster-bench-", dir=args.dir))
+    pg, every, pg_root = Postgres(root, args.dsn), [], None
+    try:
+        pg.start()
+        pg_root = pg.postmaster_pid()
+        for rnd in range(args.repeat):
+            for cfg in configs:
+                every.append(r := run_config(root, pg, pg_root, cfg, rnd, args))
+                print(f"  … round {rnd + 1}: {r['config']}: {r['rate']:,.0f} turns/s, p50 {r['p50_ms']:.1f} ms, "
+                      f"p99 {r['p99_ms']:.1f} ms, errors {r['errors']}", file=sys.stderr)
+    finally:
+        pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    best = [max((r for r in every if r["config"] == c), key=lambda r: r["rate"])
+            for c in dict.fromkeys(r["config"] for r in every)]
+    print("\n" + "\n".join(report(best, every)))
+    print(f"load avg at start {load0}, at the end {load_average()}"
+          + ("" if pg_root else " · PostgreSQL's CPU unknown (not a local process)"))
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "options": {k: v for k, v in vars(args).items() if k not in ("client", "dsn")},
+            "load_avg": [load0, load_average()], "cores": os.cpu_count(), "best": best, "rounds": every},
+            indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""``Forwarder``: a call for a lane another node runs, passed to that node.
+
+Any sidecar of a cluster answers any call. When a call needs the lane's
+holder (a Prompt, a lane admin call, Cancel, GetQueue) and another live node
+holds the lease, the handler raises ``LaneElsewhere``; api/rpc.py hands the
+call here, and it is made again on the holder (its advertised address, from
+the lease row) with the cluster token, and the holder's answer or stream is
+relayed as it comes, status and rich error details included. The caller was
+authenticated and its request checked here first; the holder trusts the
+cluster token.
+
+A forwarded call is marked (``HOP``) and never forwarded again: if the lane
+moved meanwhile the holder answers LANE_MOVED, and so does this node when
+the holder cannot be reached (its lease runs out within ``seconds_left``, and
+a retry then takes the lane over). The client's retry with the same request
+id is safe either way: it follows the turn if its accept had committed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, AsyncIterator
+
+import grpc
+
+from ..config import Config
+from ..errors import LANE_MOVED, SidecarError
+from ..tls import read_pem, target_is_local
+from ..turns.leasing import LaneElsewhere
+from ..v1 import prompt_service_pb2_grpc, session_service_pb2_grpc
+
+log = logging.getLogger("agent_sidecar.cluster")
+
+HOP = "x-agent-sidecar-forwarded-by"
+_STUBS = {"PromptService": prompt_service_pb2_grpc.PromptServiceStub,
+          "SessionService": session_service_pb2_grpc.SessionServiceStub}
+# Transport failures reaching the holder (as opposed to the holder's own answer).
+_UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def forwarded(context) -> bool:
+    return any(k == HOP for k, _ in context.invocation_metadata() or ())
+
+
+def moved(e: LaneElsewhere, why: str) -> SidecarError:
+    return SidecarError(LANE_MOVED, f"the session's lane is run by {e.node_id}, {why}; retry",
+                        retry_after_s=max(0.2, min(e.seconds_left, 5.0)))
+
+
+class Forwarder:
+    def __init__(self, cfg: Config, max_message_bytes: int):
+        self.node_id = cfg.node_id()
+        self._metadata = ((HOP, self.node_id),) + (
+            (("authorization", f"Bearer {cfg.cluster.token}"),) if cfg.cluster.token else ())
+        self._options = [("grpc.max_send_message_length", max_message_bytes),
+                         ("grpc.max_receive_message_length", max_message_bytes)]
+        self._credentials = _peer_credentials(cfg)
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def _call(self, e: LaneElsewhere, service: str, method: str):
+        if not e.address:
+            raise moved(e, "which advertises no address")
+        channel = self._channels.get(e.address)
+        if channel is None:
+            channel = self._channels[e.address] = (
+                grpc.aio.secure_channel(e.address, self._credentials, options=self._options)
+                if self._credentials is not None else
+                grpc.aio.insecure_channel(e.address, options=self._options))
+        return getattr(_STUBS[service](channel), method)
+
+    def _timeout(self, context) -> float | None:
+        left = context.time_remaining()
+        return left if left is not None and left < 1e9 else None
+
+    async def unary(self, e: LaneElsewhere, service: str, method: str, request, context) -> Any:
+        call = self._call(e, service, method)
+        try:
+            return await call(request, metadata=self._metadata, timeout=self._timeout(context))
+        except grpc.aio.AioRpcError as err:
+            await self._relay(e, err, context)
+
+    async def stream(self, e: LaneElsewhere, service: str, method: str, request,
+                     context) -> AsyncIterator[Any]:
+        call = self._call(e, service, method)
+        try:
+            async for item in call(request, metadata=self._metadata, timeout=self._timeout(context)):
+                yield item
+        except grpc.aio.AioRpcError as err:
+            await self._relay(e, err, context)
+
+    async def _relay(self, e: LaneElsewhere, err: grpc.aio.AioRpcError, context) -> None:
+        """The holder's error as the caller's; the holder out of reach as LANE_MOVED."""
+        if err.code() in _UNREACHABLE and not _from_sidecar(err):
+            log.warning("lane holder unreachable", extra={"node": e.node_id, "address": e.address,
+                                                          "error": err.details()})
+            raise moved(e, f"which cannot be reached at {e.address}")
+        await context.abort(err.code(), err.details() or "", tuple(err.trailing_metadata() or ()))
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+
+def _peer_credentials(cfg: Config) -> grpc.ChannelCredentials | None:
+    """TLS to the other sidecars when ``[cluster] ca_file`` is set (with a
+    client certificate for their mTLS listeners when ``cert_file`` is)."""
+    c = cfg.cluster
+    if not c.ca_file:
+        if c.token and not all(target_is_local(a) for a in (c.advertise,) if a):
+            log.warning("calls between sidecars carry the cluster token in cleartext: set "
+                        "[cluster] ca_file (TLS listeners) unless the network is private")
+        return None
+    chain = read_pem(c.cert_file) if c.cert_file else None
+    return grpc.ssl_channel_credentials(read_pem(c.ca_file), read_pem(c.key_file) if chain else None, chain)
+
+
+def _from_sidecar(err: grpc.aio.AioRpcError) -> bool:
+    """Whether the status came from a sidecar (rich details attached), not the transport."""
+    return any(k == "grpc-status-details-bin" for k, _ in err.trailing_metadata() or ())

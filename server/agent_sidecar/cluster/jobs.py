@@ -1,0 +1,99 @@
+"""The cluster's store jobs: taking a lane (its lease, then the restore of
+what the lane's last node left), renewing and letting go of leases, a node's
+arrival and clean leave. They run in the writer process like every job; the
+rules of what a taken-over lane needs are the startup restore's
+(recovery/startup.py), scoped to the lanes taken."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from ..recovery.startup import RestorePlan, restore
+from ..store import UnitOfWork
+from ..store.records import LeaseGrant, LeaseHolder
+
+
+@dataclass(frozen=True, slots=True)
+class Restoring:
+    """How a taken lane is restored: recovery's settings."""
+
+    freshness_s: float
+    auto_resume: str
+
+
+@dataclass(frozen=True, slots=True)
+class LaneTake:
+    """A take's answer: the lease (or who holds it) and, when this node got
+    it, what the lane's last node left to do."""
+
+    lease: LeaseGrant | LeaseHolder
+    plan: RestorePlan | None = None
+
+    @property
+    def work(self) -> bool:
+        p = self.plan
+        return p is not None and bool(p.queued or p.resume or p.closed_turns)
+
+
+def _take(uow: UnitOfWork, key: str, address: str, ttl_s: float, how: Restoring,
+          clean: bool = True) -> LaneTake:
+    assert uow.leases is not None, "a cluster job on a backend without leases"
+    got = uow.leases.take(key, uow.node_id, address, ttl_s)
+    if isinstance(got, LeaseHolder):
+        return LaneTake(got)
+    plan = restore(uow, clean and got.previous_clean, how.freshness_s, how.auto_resume, keys=[key])
+    return LaneTake(got, plan)
+
+
+def take_lane(uow: UnitOfWork, key: str, address: str, ttl_s: float, how: Restoring) -> LaneTake:
+    """This node takes the lane's lease if nobody else holds it alive; then
+    the lane is restored as after a restart: a turn its last node was running
+    is closed (interrupted, with synthetic tool results), its queued prompts
+    come back in order, auto-resume by the recovery rules."""
+    return _take(uow, key, address, ttl_s, how)
+
+
+def take_orphans(uow: UnitOfWork, address: str, ttl_s: float, how: Restoring,
+                 limit: int = 50) -> list[LaneTake]:
+    """Lanes whose node died or stalled with work acknowledged: taken over."""
+    assert uow.leases is not None
+    return [t for t in (_take(uow, k, address, ttl_s, how) for k in uow.leases.orphaned(limit))
+            if isinstance(t.lease, LeaseGrant)]
+
+
+def arrive(uow: UnitOfWork, address: str, ttl_s: float, how: Restoring) -> tuple[bool, list[LaneTake]]:
+    """A node starts: its marker read (did its last run stop cleanly?), the
+    lanes its last run held taken back and restored; those with nothing to do
+    are let go at once."""
+    assert uow.leases is not None and uow.nodes is not None
+    clean = uow.nodes.arrive(uow.node_id, address)
+    takes = []
+    for key in uow.leases.of_node(uow.node_id):
+        take = _take(uow, key, address, ttl_s, how, clean)
+        if isinstance(take.lease, LeaseHolder):
+            continue
+        if take.work:
+            takes.append(take)
+        else:
+            uow.leases.release(key, uow.node_id, take.lease.epoch)
+    return clean, takes
+
+
+def renew(uow: UnitOfWork, keys: list[str], ttl_s: float) -> dict[str, int]:
+    assert uow.leases is not None
+    return uow.leases.renew(uow.node_id, keys, ttl_s)
+
+
+def release(uow: UnitOfWork, leases: Iterable[tuple[str, int]]) -> None:
+    assert uow.leases is not None
+    for key, epoch in leases:
+        uow.leases.release(key, uow.node_id, epoch)
+
+
+def leave(uow: UnitOfWork, leases: list[tuple[str, int]]) -> None:
+    """A clean stop: every lease let go (queued prompts are taken over by the
+    other nodes at once), then the node's marker."""
+    assert uow.nodes is not None
+    release(uow, leases)
+    uow.nodes.leave(uow.node_id)

@@ -1,0 +1,219 @@
+"""``ClusterLeases``: this node's leases on the lanes it runs (turns/leasing.py's
+``LaneLeases``), on a PostgreSQL store several sidecars share.
+
+Guarantees, and why:
+
+* A lane runs on at most one node. A prompt (or a lane admin call) for a lane
+  this node does not hold takes the lease first (``hold``), in a store job
+  that also restores what the lane's last node left (cluster/jobs.py); a
+  lane another live node holds raises ``LaneElsewhere`` and api/ forwards
+  the call there.
+* Every write of a turn carries the epoch its lane was held at, and the store
+  refuses it once the epoch has moved (the fence, checked in the same
+  transaction as the write). So a node that stalled past its lease (a
+  SIGSTOP, a partition) can never write after another node took the lane,
+  whatever its clock says.
+* Leases are renewed every third of ``lease_ttl_s``; a lane whose renewal has
+  not been confirmed for ``SAFE`` of the TTL (measured on this node's
+  monotonic clock from when the renewal was *sent*, so a slow answer only
+  shortens it) is dropped here before its lease can run out in the database,
+  where expiry is judged on the database's clock: the node stops running the
+  lane before anyone else may start it.
+* A lane idle here for a TTL is let go, so the next prompt can land on any
+  node without waiting; a clean stop lets every lane go and writes the
+  node's marker. Lanes whose node died with work acknowledged are taken over
+  by a reaper on every node once their lease runs out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Iterable
+
+from ..config import Config
+from ..store import Store, StoreUnavailable
+from ..store.records import LeaseHolder
+from ..turns import supervision
+from ..turns.leasing import LaneElsewhere
+from . import jobs
+
+if TYPE_CHECKING:
+    from ..turns.manager import TurnManager
+
+log = logging.getLogger("agent_sidecar.cluster")
+
+SAFE = 0.8  # of the TTL: how long a confirmed lease is trusted here
+
+
+class ClusterLeases:
+    def __init__(self, cfg: Config, store: Store):
+        self.cfg, self.store = cfg, store
+        self.node_id = cfg.node_id()
+        self.address = cfg.cluster.advertise
+        self.ttl = cfg.cluster.lease_ttl_s
+        self.how = jobs.Restoring(cfg.gateway_auto_continue_freshness, cfg.auto_resume)
+        self.held: dict[str, int] = {}  # lane -> epoch held
+        self.trusted_until: dict[str, float] = {}  # lane -> loop time its lease is trusted to
+        self.idle_since: dict[str, float] = {}
+        self.fenced_writes = 0  # writes the store refused because a lane's epoch moved
+        self._taking: dict[str, asyncio.Future] = {}
+        self._manager: TurnManager | None = None
+        self._task: asyncio.Task | None = None
+
+    def attach(self, manager: TurnManager) -> None:
+        self._manager = manager
+
+    # -- LaneLeases ---------------------------------------------------------------------
+
+    def epoch(self, key: str) -> int:
+        return self.held.get(key, 0)
+
+    async def route(self, key: str) -> None:
+        if key in self.held:
+            return
+        lease = await self.store.lease_holder(key)
+        if lease is not None and lease.node_id != self.node_id:
+            raise LaneElsewhere(key, lease.node_id, lease.address, lease.seconds_left)
+
+    async def hold(self, key: str) -> int:
+        epoch = self.held.get(key)
+        if epoch and self.trusted_until[key] > asyncio.get_running_loop().time():
+            return epoch
+        if epoch:  # its renewal is overdue: this node stops running it, then takes it anew
+            self.lost([key])
+        pending = self._taking.get(key)
+        if pending is not None:  # one take per lane at a time; the others wait for it
+            return await asyncio.shield(pending)
+        fut = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody may await it
+        self._taking[key] = fut
+        try:
+            epoch = await self._take(key)
+        except BaseException as e:
+            fut.set_exception(e)
+            raise
+        else:
+            fut.set_result(epoch)
+            return epoch
+        finally:
+            del self._taking[key]
+
+    async def _take(self, key: str) -> int:
+        sent = asyncio.get_running_loop().time()
+        take = await self.store.write(jobs.take_lane, key, self.address, self.ttl, self.how)
+        lease = take.lease
+        if isinstance(lease, LeaseHolder):
+            raise LaneElsewhere(key, lease.node_id, lease.address, lease.seconds_left)
+        self._granted(key, lease.epoch, sent)
+        if take.work:
+            log.info("lane taken over", extra={"key": key, "from": lease.previous_node,
+                                                "clean": lease.previous_clean})
+            await supervision.adopt(self._manager, take.plan, lease.epoch)
+        return lease.epoch
+
+    def _granted(self, key: str, epoch: int, sent: float) -> None:
+        self.held[key] = epoch
+        self.trusted_until[key] = sent + self.ttl * SAFE
+        self.idle_since.pop(key, None)
+
+    def lost(self, keys: Iterable[str]) -> None:
+        """Lanes this node may no longer run: their turns here stop, unwritten."""
+        for key in keys:
+            if self.held.pop(key, None) is not None:
+                log.warning("lane lease lost", extra={"key": key})
+            self.trusted_until.pop(key, None)
+            self.idle_since.pop(key, None)
+            if self._manager is not None:
+                supervision.abandon(self._manager, key)
+
+    def refused(self, epochs: dict[str, int], writes: int) -> None:
+        """The store fenced ``writes`` writes of these lanes, written under
+        these epochs. A lane held anew since (a newer epoch: its old turns were
+        dropped when it was taken) stays; the others stop here."""
+        self.fenced_writes += writes
+        log.warning("fenced writes refused", extra={"keys": sorted(epochs), "writes": writes,
+                                                    "total": self.fenced_writes})
+        self.lost([k for k, e in epochs.items() if self.held.get(k, 0) <= e])
+
+    # -- the node's life ------------------------------------------------------------------
+
+    async def restore(self) -> None:
+        """The node's start: its lanes from its last run back, then the keeper runs."""
+        sent = asyncio.get_running_loop().time()
+        clean, takes = await self.store.write(jobs.arrive, self.address, self.ttl, self.how)
+        log.info("cluster node arrived", extra={"node": self.node_id, "clean": clean,
+                                                "lanes": len(takes)})
+        await self._adopt_all(takes, sent)
+        self._task = asyncio.get_running_loop().create_task(self._keep())
+
+    async def _adopt_all(self, takes: list[jobs.LaneTake], sent: float) -> None:
+        self.lost([t.lease.session_key for t in takes])  # an older hold of ours is over
+        for take in takes:
+            self._granted(take.lease.session_key, take.lease.epoch, sent)
+        await asyncio.gather(*(supervision.adopt(self._manager, t.plan, t.lease.epoch) for t in takes))
+
+    async def stop(self) -> None:
+        """A clean stop, after the drain: every lane let go, the marker written."""
+        if self._task is not None:
+            self._task.cancel()
+        leases = list(self.held.items())
+        self.held.clear()
+        await self.store.write(jobs.leave, leases)
+
+    # -- renewing, letting go, taking over ---------------------------------------------------
+
+    async def _keep(self) -> None:
+        loop = asyncio.get_running_loop()
+        every = self.ttl / 3
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self._renew(loop.time())
+                await self._release_idle(loop.time())
+            except StoreUnavailable as e:
+                log.warning("cluster lease renewal failed", extra={"error": e.message})
+            except Exception:
+                log.exception("cluster lease renewal failed")
+            self.lost([k for k, t in self.trusted_until.items() if t <= loop.time()])
+            try:
+                await self._reap(loop.time())
+            except StoreUnavailable:
+                pass
+            except Exception:
+                log.exception("taking over orphaned lanes failed")
+
+    async def _renew(self, sent: float) -> None:
+        keys = list(self.held)
+        if not keys:
+            return
+        kept = await self.store.write(jobs.renew, keys, self.ttl)
+        gone = []
+        for key in keys:
+            if key in self.held and kept.get(key) == self.held[key]:
+                self.trusted_until[key] = sent + self.ttl * SAFE
+            elif key in self.held:
+                gone.append(key)
+        self.lost(gone)
+
+    async def _release_idle(self, now: float) -> None:
+        m = self._manager
+        busy = set(m.lanes) | {t.key for t in m.live.values()} | set(self._taking)
+        idle = []
+        for key, epoch in self.held.items():
+            if key in busy:
+                self.idle_since.pop(key, None)
+            elif now - self.idle_since.setdefault(key, now) >= self.ttl:
+                idle.append((key, epoch))
+        for key, _ in idle:
+            del self.held[key]
+            self.trusted_until.pop(key, None)
+            self.idle_since.pop(key, None)
+        if idle:
+            await self.store.write(jobs.release, idle)
+
+    async def _reap(self, sent: float) -> None:
+        takes = await self.store.write(jobs.take_orphans, self.address, self.ttl, self.how)
+        if takes:
+            log.info("orphaned lanes taken over", extra={"lanes": [t.lease.session_key for t in takes]})
+            await self._adopt_all(takes, sent)

@@ -1,0 +1,247 @@
+"""Several sidecars on one PostgreSQL database: each lane run by one node at a
+time, calls forwarded to the lane's holder, a dead or stalled node's lanes
+taken over at lease expiry with the restart's recovery, its late writes
+refused by the epoch fence (issue 16; docs/cluster.md).
+
+Real sidecar processes on one real PostgreSQL (tests/helpers/cluster.py);
+assertions through gRPC
+(frames by request id, from any node) and the fenced-write count the stalled
+node reports (the behaviour asked for is that it counts them).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import grpc
+import pytest
+
+from helpers.config import echo
+from helpers.ids import rid, source
+from helpers.logs import log_lines
+from helpers.sessions import transcript
+from helpers.streams import QUEUE, TERMINAL, PromptRun, kind_of, start, watch
+from helpers.cluster import Cluster
+from helpers.waiting import wait_until
+
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
+
+TTL = 3.0  # short, for the tests that wait for a lease to run out
+CALM_TTL = 15.0  # for the others: no takeover from a node merely slowed by a busy machine
+FOLLOW_UP = ppb.DeliveryMode.Value("DELIVERY_MODE_FOLLOW_UP")
+
+
+@pytest.fixture
+def nodes(tmp_path, cluster_dsn):
+    """``nodes(n, config, ttl=...)``: a started cluster of ``n`` nodes on this test's database."""
+    made: list[Cluster] = []
+
+    def make(n: int, config: str = "", ttl: float = TTL) -> Cluster:
+        made.append(Cluster(tmp_path, cluster_dsn, n, config, lease_ttl_s=ttl, workers=2).start())
+        return made[-1]
+    yield make
+    for cl in made:
+        cl.stop()
+
+
+def _frames(node: Node, request_id: str) -> list:
+    """A request's stored frames, read from ``node`` (any node: one database)."""
+    return watch(node.prompts(), request_id=request_id, timeout=20).frames
+
+
+def _interval(frames) -> tuple[float, float]:
+    at = {kind_of(f): f.at.ToNanoseconds() / 1e9 for f in frames}
+    return at["started"], next(f.at.ToNanoseconds() / 1e9 for f in frames if kind_of(f) in TERMINAL)
+
+
+def test_one_lane_prompted_on_every_node_runs_one_turn_at_a_time_in_order(nodes):
+    ns = nodes(3, echo(latency_ms=20), ttl=CALM_TTL)
+    src = source("telegram")
+    runs = [start(ns[i % 3].prompts(), ppb.PromptRequest(
+        request_id=rid(f"q{i}"), text=f"turn number {i}", source=src, delivery=QUEUE)) for i in range(6)]
+    for r in runs:
+        r.result(60)
+        assert r.kinds()[-1] == "completed", (r.kinds(), r.details)
+        assert r.kinds().count("started") == 1
+    intervals = sorted(_interval(r.frames) for r in runs)
+    for (_, end), (begin, _) in zip(intervals, intervals[1:]):
+        assert end <= begin, intervals  # never two turns of the lane at once, on any node
+    # QUEUE order: turns start in the order their prompts were accepted.
+    by_start = sorted(runs, key=lambda r: _interval(r.frames)[0])
+    assert [r.request_id for r in by_start] == [r.request_id for r in runs]
+
+
+def test_follow_ups_sent_to_different_nodes_absorb_into_one_turn(nodes):
+    ns = nodes(3, echo(latency_ms=60), ttl=CALM_TTL)
+    src = source("telegram")
+    first = start(ns[0].prompts(), ppb.PromptRequest(request_id=rid("busy"), text="a long " * 20,
+                                                     source=src))
+    first.wait_for("started")
+    follow = [start(ns[i].prompts(), ppb.PromptRequest(request_id=rid(f"f{i}"), text=f"also {i}",
+                                                       source=src, delivery=FOLLOW_UP))
+              for i in (1, 2, 0)]
+    for r in [first, *follow]:
+        r.result(60)
+    assert first.kinds()[-1] == "completed"
+    # docs/semantics.md FOLLOW_UP: each newer follow-up absorbs the pending one; the last runs them all.
+    assert [r.kinds()[-1] for r in follow] == ["superseded", "superseded", "completed"]
+    users = [m.content for m in transcript(ns[1].sessions(), first.frames[0].session_id) if m.role == "user"]
+    assert users[1:] == ["also 1", "also 2", "also 0"], users  # nothing sent is dropped, in order
+
+
+def test_kill9_of_a_node_under_load_loses_nothing_and_runs_nothing_twice(nodes):
+    ns = nodes(3, echo(latency_ms=15))
+    lanes = [source("telegram") for _ in range(6)]
+    acked: dict[str, tuple] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+    survivors = list(ns)[:2]
+
+    def client(lane_no: int) -> None:
+        rng = random.Random(lane_no)
+        while not stop.is_set():
+            request_id = rid(f"l{lane_no}")
+            for _attempt in range(20):  # retries go to a live node, same request id
+                target = rng.choice(list(ns) if not stop.is_set() else survivors)
+                if target.proc.poll() is not None:
+                    target = rng.choice(survivors)
+                run = PromptRun(target.prompts(), ppb.PromptRequest(
+                    request_id=request_id, text="words " * 10, source=lanes[lane_no], delivery=QUEUE),
+                    timeout=30, background=False)
+                if "accepted" in run.kinds():
+                    with lock:
+                        acked[request_id] = lanes[lane_no]
+                if run.kinds() and run.kinds()[-1] in TERMINAL:
+                    break
+                time.sleep(0.2)
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(6)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: len(acked) >= 12, timeout=60, what="load before the kill")
+    ns[2].kill9()
+    time.sleep(3 * TTL)  # load goes on across the takeover
+    stop.set()
+    for t in threads:
+        t.join(60)
+    reader = survivors[0]
+
+    def ended(request_id: str) -> bool:
+        return any(kind_of(f) in TERMINAL for f in _frames(reader, request_id))
+    for request_id in acked:
+        wait_until(lambda: ended(request_id), timeout=30, what=f"{request_id} ended")
+    per_lane: dict[str, list] = {}
+    for request_id, lane in acked.items():
+        frames = _frames(reader, request_id)
+        kinds = [kind_of(f) for f in frames]
+        assert sum(k in TERMINAL for k in kinds) == 1, (request_id, kinds)
+        assert kinds.count("started") <= 1, (request_id, kinds)  # never ran twice
+        assert [f.seq for f in frames] == list(range(1, len(frames) + 1))
+        if "started" in kinds:
+            per_lane.setdefault(frames[0].session_key, []).append(_interval(frames))
+    for key, intervals in per_lane.items():
+        intervals.sort()
+        for (_, end), (begin, _) in zip(intervals, intervals[1:]):
+            assert end <= begin, (key, intervals)
+
+
+def test_a_stalled_holder_is_fenced_after_its_lane_is_taken_over(nodes):
+    a, b = nodes(2, echo(latency_ms=150))
+    src = source("telegram")
+    turn = start(a.prompts(), ppb.PromptRequest(request_id=rid("stall"), text="slow " * 40, source=src))
+    turn.wait_for("text_delta")
+    a.pause()  # the parent stalls; its workers stream on into the pipe
+    try:
+        # b's reaper takes the lane once a's lease runs out, and closes a's turn
+        # as a restart would.
+        wait_until(lambda: kind_of(_frames(b, turn.request_id)[-1]) in TERMINAL, timeout=10 * TTL,
+                   what="the takeover closing the stalled turn")
+    finally:
+        a.resume(children=False)
+    closed = _frames(b, turn.request_id)
+    assert closed[-1].failed.reason == "restart_interrupted", closed[-1]
+    wait_until(lambda: log_lines(a, "fenced writes refused"), timeout=10, what="the fence refusing a")
+    assert log_lines(a, "lane lease lost")
+    # Nothing of a's after the takeover: the request's frames are as b closed them.
+    assert [(f.seq, kind_of(f)) for f in _frames(b, turn.request_id)] == \
+        [(f.seq, kind_of(f)) for f in closed]
+    # The lane works again, on either node.
+    again = PromptRun(a.prompts(), ppb.PromptRequest(request_id=rid("after"), text="hi", source=src),
+                      background=False)
+    assert again.kinds()[-1] == "completed", (again.kinds(), again.details)
+
+
+def test_the_holders_refusal_of_a_forwarded_prompt_reaches_the_caller_as_it_is(nodes):
+    a, b = nodes(2, echo(latency_ms=100), ttl=CALM_TTL)
+    src = source("telegram")
+    busy = start(a.prompts(), ppb.PromptRequest(request_id=rid("busy"), text="slow " * 20, source=src))
+    busy.wait_for("started")
+    rejected = PromptRun(b.prompts(), ppb.PromptRequest(
+        request_id=rid("rej"), text="now?", source=src,
+        delivery=ppb.DeliveryMode.Value("DELIVERY_MODE_REJECT_IF_BUSY")), background=False)
+    assert rejected.code == grpc.StatusCode.ABORTED, (rejected.code, rejected.details)
+    assert rejected.reason == "AGENT_BUSY"  # the holder's ErrorInfo, relayed
+
+
+def test_a_twin_sent_to_another_node_gets_the_original_turns_frames(nodes):
+    a, b = nodes(2, echo(latency_ms=5), ttl=CALM_TTL)
+    req = ppb.PromptRequest(request_id=rid("twin"), text="only once please", source=source("telegram"))
+    original = PromptRun(a.prompts(), req, background=False)
+    twin = PromptRun(b.prompts(), req, background=False)
+    assert original.kinds()[-1] == "completed"
+    assert [(f.seq, kind_of(f), f.cursor) for f in twin.frames] == \
+        [(f.seq, kind_of(f), f.cursor) for f in original.frames]
+    assert [kind_of(f) for f in _frames(b, req.request_id)].count("started") == 1
+
+
+def test_a_restarted_node_takes_its_lanes_back_and_runs_what_was_queued(nodes):
+    a, b = nodes(2, echo(latency_ms=150), ttl=CALM_TTL)
+    src = source("telegram")
+    running = start(a.prompts(), ppb.PromptRequest(request_id=rid("run"), text="slow " * 30, source=src))
+    running.wait_for("text_delta")
+    queued = start(b.prompts(), ppb.PromptRequest(request_id=rid("queued"), text="next", source=src,
+                                                  delivery=QUEUE))  # forwarded to a, the holder
+    a.kill9()
+    a.restart()  # well inside the lease: a's own lanes come back to it at once
+
+    def ended(request_id: str):
+        frames = _frames(b, request_id)
+        return frames if frames and kind_of(frames[-1]) in TERMINAL else None
+    closed = wait_until(lambda: ended(running.request_id), timeout=CALM_TTL * 0.7, what="the cut-off turn closed", interval=0.2)
+    assert closed[-1].failed.reason == "restart_interrupted"
+    ran = wait_until(lambda: ended(queued.request_id), timeout=CALM_TTL * 0.7, what="the queued prompt run", interval=0.2)
+    assert [kind_of(f) for f in ran].count("started") == 1 and kind_of(ran[-1]) == "completed"
+
+
+def test_calls_between_nodes_go_over_mtls_when_the_cluster_has_a_ca(tmp_path, cluster_dsn):
+    from helpers import certs
+    from helpers.cluster import Node
+    from sidecar_proc import free_port
+    if not certs.available():
+        pytest.skip("needs openssl to make certificates")
+    c = certs.make_certs(tmp_path / "certs")
+    made = []
+    for name in ("a", "b"):
+        port = free_port()  # the mTLS listener each node advertises to the other
+        listen = (f'[[listen]]\naddress = "127.0.0.1:{port}"\ncert = "{c.server_cert}"\n'
+                  f'key = "{c.server_key}"\nclient_ca = "{c.ca}"\n')
+        made.append(Node(tmp_path / name, name, cluster_dsn, echo(latency_ms=5) + listen,
+                         lease_ttl_s=CALM_TTL, cluster={
+                             "advertise": f"127.0.0.1:{port}", "ca_file": str(c.ca),
+                             "cert_file": str(c.client_cert), "key_file": str(c.client_key)}))
+    a, b = made
+    try:
+        for node in made:
+            node.start()
+        src = source("telegram")
+        first = PromptRun(a.prompts(), ppb.PromptRequest(request_id=rid("m1"), text="one", source=src),
+                          background=False)
+        second = PromptRun(b.prompts(), ppb.PromptRequest(request_id=rid("m2"), text="two", source=src),
+                           background=False)  # a holds the lane: forwarded to a over mTLS
+        assert first.kinds()[-1] == "completed" and second.kinds()[-1] == "completed", second.details
+        assert log_lines(b, "lane holder unreachable") == []
+    finally:
+        for node in made:
+            node.stop(timeout=30)

@@ -1,0 +1,77 @@
+"""ClearAllSessions and DeleteSession act on every node of a cluster (issue
+16): the node that ran the call announces it in the delete's own transaction
+(NOTIFY on the control channel), and every other node drops what it held of
+those lanes: a turn it runs is cancelled, its queued prompts are superseded,
+its cached agents are evicted, the request ids it remembers are forgotten (a
+reuse runs a new turn instead of replaying a deleted one). Two real sidecars
+on one real PostgreSQL database."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from agent_sidecar.api.session_service import CLEAR_ALL_CONFIRM
+from agent_sidecar.errors import CANCELLED
+from agent_sidecar.v1 import session_service_pb2 as spb
+from helpers.cluster import Cluster
+from helpers.config import echo
+from helpers.ids import source, words
+from helpers.sessions import get_session, rpc_error, transcript
+from helpers.streams import QUEUE, PromptRun, assert_well_formed, prompt_req, run
+from helpers.waiting import wait_until
+
+PROFILES = echo("main") + echo("slow", 20)
+
+
+@pytest.fixture
+def cl(tmp_path, cluster_dsn):
+    with Cluster(tmp_path, cluster_dsn, n=2, config=PROFILES) as c:
+        yield c
+
+
+def assert_runs_anew(node, req, old) -> None:
+    """The same request id (and session) as ``old`` on ``node``, once that node
+    has heard of the delete: a new turn in a new session, not a replay of the
+    deleted one (REQUEST_NOT_FOUND: a replay changes nothing, so it is asked again)."""
+    def anew():
+        out = run(node.prompts(), req)
+        return out if out.code == grpc.StatusCode.OK else None
+    again = wait_until(anew, 10, interval=0.05, what=f"{req.request_id} to run anew on {node.node_id}")
+    assert_well_formed(again)
+    assert again.session_id != old.session_id and again.key == old.key
+    assert [m.content for m in transcript(node.sessions(), again.session_id)] == [req.text, req.text]
+
+
+def test_clear_all_on_one_node_clears_every_node(cl):
+    a, b = cl["a"], cl["b"]
+    idle_req = prompt_req(text="an idle session on b")
+    idle = run(b.prompts(), idle_req)
+    src = source()
+    busy = PromptRun(b.prompts(), text=words(400), src=src, profile="slow")
+    busy.wait_for("text_delta")
+    queued = PromptRun(b.prompts(), prompt_req(text="waiting", source=src, profile="slow", delivery=QUEUE))
+    queued.wait_for("accepted")
+
+    r = a.sessions().ClearAllSessions(spb.ClearAllSessionsRequest(confirm=CLEAR_ALL_CONFIRM), timeout=10)
+    assert r.sessions_deleted == 2
+
+    assert busy.result(30).end == "failed" and busy.last.failed.reason == CANCELLED, busy.kinds()
+    assert queued.result(30).end == "superseded", queued.kinds()
+    with rpc_error(grpc.StatusCode.NOT_FOUND):
+        get_session(b.sessions(), idle.key)
+    assert_runs_anew(b, idle_req, idle)
+
+
+def test_delete_session_on_one_node_is_forgotten_on_every_node(cl):
+    a, b = cl["a"], cl["b"]
+    src = source()
+    req = prompt_req(text="a session run on b", source=src, profile="slow")
+    first = run(b.prompts(), req)
+    busy = PromptRun(b.prompts(), text=words(400), src=src, profile="slow")
+    busy.wait_for("text_delta")
+    assert a.sessions().DeleteSession(spb.DeleteSessionRequest(session_key=first.key), timeout=10).deleted
+    assert busy.result(30).end == "failed" and busy.last.failed.reason == CANCELLED, busy.kinds()
+    with rpc_error(grpc.StatusCode.NOT_FOUND):
+        get_session(b.sessions(), first.key)
+    assert_runs_anew(b, req, first)
