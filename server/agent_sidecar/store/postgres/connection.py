@@ -8,19 +8,19 @@ notifications on asyncio connections from ``psycopg_pool`` — with its C
 speedups (``psycopg[binary]``). asyncpg is asyncio-only, and the writer
 process would need an event loop of its own to use it.
 
-JSON columns go through orjson both ways. Durability: a COMMIT returns once
+Every connection is configured by codec.configure: JSON through orjson both
+ways, and text escaped so that a NUL character survives. Durability: a COMMIT returns once
 PostgreSQL has flushed it (``synchronous_commit`` on, its default; the writer
 sets it explicitly for its session).
 """
 
 from __future__ import annotations
 
-import orjson
 import psycopg
 from psycopg import errors as pgerr
-from psycopg.types.json import set_json_dumps, set_json_loads
 
 from ..faults import is_store_fault
+from .codec import configure
 
 # The driver's exceptions that mean "the store cannot write now" (faults.py):
 # the server gone or refusing, a full disk, resources exhausted.
@@ -33,16 +33,16 @@ FRAMES_LOCK = 0x5AD3_F4A3  # pg_advisory_xact_lock key: frame inserts in commit 
 CHANNEL = "agent_sidecar_frames"  # NOTIFY channel: a commit's highest frame cursor
 
 
-def _dumps(obj) -> str:
-    return orjson.dumps(obj).decode()
-
-
-set_json_dumps(_dumps)
-set_json_loads(orjson.loads)
-
-
 def connect(dsn: str, **kw) -> psycopg.Connection:
-    return psycopg.connect(dsn, **kw)
+    conn = psycopg.connect(dsn, **kw)
+    configure(conn)
+    return conn
+
+
+async def connect_async(dsn: str, **kw) -> psycopg.AsyncConnection:
+    conn = await psycopg.AsyncConnection.connect(dsn, **kw)
+    configure(conn)
+    return conn
 
 
 def is_fault(e: BaseException) -> bool:

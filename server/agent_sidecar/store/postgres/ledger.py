@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 
 from ..records import LedgerEntry, NewFrame, OpenPrompt, QueueSlot
 from . import rows
+from .codec import json_text
 from .connection import FRAMES_LOCK
 
 _INSERT_LEDGER = ("INSERT INTO prompts (request_id, session_key, session_id, platform, status, delivery,"
@@ -135,7 +136,7 @@ class PostgresFrames:
         self.conn.execute(_INSERT_FRAMES, {
             "first": first, "rid": list(cols[0]), "seq": list(cols[1]), "key": list(cols[2]),
             "sid": list(cols[3]), "platform": list(cols[4]), "at": list(cols[5]),
-            "kind": list(cols[6]), "body": [b.decode() if b else None for b in cols[7]]})
+            "kind": list(cols[6]), "body": [json_text(b) if b else None for b in cols[7]]})
         self.written = first + n - 1
         return first
 

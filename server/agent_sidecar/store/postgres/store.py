@@ -24,10 +24,15 @@ from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry
 from ..writer.client import GroupCommitWriter, StoreClosed
 from ..jobs import nothing
 from . import reads
-from .connection import CHANNEL, connect, is_fault
+from .codec import configure
+from .connection import CHANNEL, connect, connect_async, is_fault
 from .schema import migrate
 
 log = logging.getLogger("agent_sidecar.store")
+
+
+async def _configure(conn: psycopg.AsyncConnection) -> None:
+    configure(conn)
 
 
 class PostgresStore:
@@ -48,7 +53,8 @@ class PostgresStore:
             ("agent_sidecar.store.postgres.connection:open_backend", (dsn, node_id)),
             preload, log_format, log_level, on_lost)
         self._pool = AsyncConnectionPool(dsn, min_size=1, max_size=max(1, pool_size), open=False,
-                                         kwargs={"autocommit": True}, name="agent-sidecar-reads")
+                                         kwargs={"autocommit": True}, configure=_configure,
+                                         name="agent-sidecar-reads")
 
     async def start(self) -> None:
         await asyncio.gather(self.writer.start(), self._pool.open(wait=True, timeout=30))
@@ -131,7 +137,7 @@ class PostgresStore:
         """The highest cursor of every commit with frames, any sidecar's, as
         they come (a dedicated connection LISTENing on the frames channel).
         Ends when the connection is lost; the caller catches up by cursor."""
-        conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+        conn = await connect_async(self.dsn, autocommit=True)
         try:
             await conn.execute(f"LISTEN {CHANNEL}")
             async for note in conn.notifies():
