@@ -262,17 +262,20 @@ def local_store(where):
 
 
 @contextlib.asynccontextmanager
-async def opened_store(where):
-    """The backend's own ``Store`` on ``where``'s store, in the test's event loop,
-    for tests of code that takes a Store (its reads; its writes once started)."""
+async def opened_store(where, *, writes: bool = False, **kw):
+    """The backend's own ``Store`` on ``where``'s store, in the test's event
+    loop, for tests of code that takes a Store: its reads, and its writes with
+    ``writes`` (the writer process started). ``kw``: the backend's options."""
     dsn = store_dsn(where)
     if dsn:
         from agent_sidecar.store.postgres.store import PostgresStore
-        store = PostgresStore(dsn)
-        await store.start()
+        store = PostgresStore(dsn, **kw)
+        await store.start()  # its reads need the pool that start opens
     else:
         from agent_sidecar.store.sqlite.store import SqliteStore
-        store = SqliteStore(db_path(where))  # migrated; its reads need no writer process
+        store = SqliteStore(db_path(where), **kw)  # migrated; its reads need no writer process
+        if writes:
+            await store.start()
     try:
         yield store
     finally:

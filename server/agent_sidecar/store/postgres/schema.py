@@ -85,7 +85,7 @@ CREATE TABLE messages (
     content_tsv  tsvector GENERATED ALWAYS AS (to_tsvector('simple', content)) STORED,
     UNIQUE (session_id, seq)
 );
-CREATE INDEX messages_fts ON messages USING gin (content_tsv);
+CREATE INDEX messages_fts ON messages USING gin (content_tsv);  -- FTS_INDEX
 
 CREATE TABLE turn_state (
     session_id  text PRIMARY KEY,
@@ -174,7 +174,8 @@ CREATE TABLE nodes (
 """),
 ]
 
-FTS_REBUILD = "REINDEX INDEX messages_fts"
+# The derived full-text index (maintenance.py rebuilds it).
+FTS_INDEX = "CREATE INDEX messages_fts ON messages USING gin (content_tsv)"
 
 
 def migrate(conn) -> list[int]:
