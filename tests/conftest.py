@@ -10,6 +10,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sidecar_proc import Sidecar  # noqa: E402
 from helpers import pg  # noqa: E402
 
+pg.hide_settings()  # before any sidecar or pytest-xdist worker is started
+
 BACKENDS = ("sqlite", "postgres")
 
 

@@ -14,7 +14,8 @@
 * ``database(name)``: a database several sidecars share (cluster tests).
 
 The session's databases are dropped at ``close()`` on a server the tests did
-not start themselves.
+not start themselves. ``python3 tests/helpers/pg.py start DIR`` / ``stop DIR``
+(standard library only) is how .ci/run starts the one server of a CI run.
 """
 
 from __future__ import annotations
@@ -29,8 +30,38 @@ import tempfile
 import threading
 from pathlib import Path
 
-PG_BIN = Path(os.environ.get("AGENT_SIDECAR_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
 DSN_ENV = "AGENT_SIDECAR_TEST_PG_DSN"
+
+
+
+BIN_ENV = "AGENT_SIDECAR_TEST_PG_BIN"
+
+
+def hide_settings() -> None:
+    """A sidecar reads every ``AGENT_SIDECAR_*`` variable as config and refuses
+    one that names no key: the tests' own two move to names it does not read
+    (a leading ``_``), inherited by every process the tests start."""
+    for name in (DSN_ENV, BIN_ENV):
+        if name in os.environ:
+            os.environ["_" + name] = os.environ.pop(name)
+
+
+def _setting(name: str) -> str:
+    return os.environ.get(name) or os.environ.get("_" + name) or ""
+
+
+def _pg_bin() -> Path:
+    """``AGENT_SIDECAR_TEST_PG_BIN``, else PostgreSQL 15's (the image's), else
+    the newest version the distribution installed."""
+    if _setting(BIN_ENV):
+        return Path(_setting(BIN_ENV))
+    default = Path("/usr/lib/postgresql/15/bin")
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parent.parent.name)
+                   if p.parent.parent.name.isdigit() else 0)
+    return default if (default / "initdb").exists() or not found else found[-1].parent
+
+
+PG_BIN = _pg_bin()
 # A test server: durability of the server's own disk is not what the tests
 # check (a sidecar's crash is; PostgreSQL keeps running), so it skips fsync.
 SERVER_SETTINGS = ("fsync=off", "full_page_writes=off", "synchronous_commit=on",
@@ -84,6 +115,7 @@ class PgServer:
         self._created: set[str] = set()
         self._lock = threading.Lock()
         self._template_ready = False
+        self._strategy = ""
 
     @classmethod
     def start_temp(cls) -> "PgServer":
@@ -96,7 +128,7 @@ class PgServer:
 
     @classmethod
     def from_env(cls) -> "PgServer":
-        dsn = os.environ.get(DSN_ENV)
+        dsn = _setting(DSN_ENV)
         return cls(dsn) if dsn else cls.start_temp()
 
     def dsn(self, dbname: str) -> str:
@@ -115,6 +147,8 @@ class PgServer:
         from agent_sidecar.store.postgres.schema import migrate
         self._admin(f'CREATE DATABASE "{self.template}"')
         self._created.add(self.template)
+        with psycopg.connect(self.admin_dsn) as conn:  # a plain file copy per database (15+): the fastest
+            self._strategy = " STRATEGY FILE_COPY" if conn.info.server_version >= 150000 else ""
         with psycopg.connect(self.dsn(self.template), autocommit=True) as conn:
             migrate(conn)
         self._template_ready = True
@@ -129,7 +163,7 @@ class PgServer:
             if db not in self._created:
                 self._ensure_template()
                 try:
-                    self._admin(f'CREATE DATABASE "{db}" TEMPLATE "{self.template}"')
+                    self._admin(f'CREATE DATABASE "{db}" TEMPLATE "{self.template}"{self._strategy}')
                 except psycopg.errors.DuplicateDatabase:
                     pass
                 self._created.add(db)
@@ -168,3 +202,14 @@ SERVER: PgServer | None = None  # the server once started (the pg_server fixture
 
 def active() -> PgServer | None:
     return ACTIVE
+
+
+if __name__ == "__main__":
+    import sys
+    if len(sys.argv) != 3 or sys.argv[1] not in ("start", "stop"):
+        sys.exit("usage: pg.py start|stop DIR")
+    where = Path(sys.argv[2])
+    if sys.argv[1] == "start":
+        print(start_server(where))
+    else:
+        stop_server(where)

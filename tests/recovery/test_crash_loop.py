@@ -205,7 +205,7 @@ def test_crash_loop(tmp_path):
                                         " WHERE f.kind = 'completed'"):
             completed_by_key[key].append((fid, rid))
         seq_gaps = db.execute("SELECT session_id, count(*), max(seq) FROM messages GROUP BY session_id"
-                              " HAVING count(*) != max(seq) OR min(seq) != 1").fetchall()
+                              " HAVING count(*) != max(seq) OR min(seq) != 1")
         suspended = db.execute("SELECT count(*) FROM routing WHERE suspended")[0][0]
         open_rows = db.execute("SELECT count(*) FROM prompts WHERE status IN ('queued', 'running')")[0][0]
 
