@@ -84,6 +84,9 @@ def _as_postgres(args: list[str]) -> list[str]:
 def start_server(root: Path) -> str:
     """initdb into ``root/data`` and start it on a free port, socket in
     ``root``; returns the admin DSN. ``stop_server(root)`` stops it."""
+    if not (PG_BIN / "initdb").exists():
+        raise RuntimeError(f"no PostgreSQL in {PG_BIN}: install postgresql (apt-get install postgresql), "
+                           f"set {BIN_ENV} to its bin directory, or {DSN_ENV} to a server's DSN")
     if os.geteuid() == 0:
         shutil.chown(root, "postgres", "postgres")
     data = root / "data"
