@@ -11,9 +11,10 @@ DATA ?= ./data
 STAMP := $(VENV)/.installed
 TOOLS := .tools
 PYTEST_ARGS ?=
-# Tests spread over two processes (pytest-xdist), a module's tests in one (its
+# Tests spread over four processes (pytest-xdist; they mostly wait on their
+# sidecars, so more processes than cores), a module's tests in one (its
 # module-scoped sidecar); XDIST= runs them in one process.
-XDIST ?= -n 2 --dist loadscope
+XDIST ?= -n 4 --dist loadscope
 
 .PHONY: install run test pytest client-tests conformance lint breaking proto-baseline proto clients docs \
 	check-generated package-check bench bench-report clean

@@ -159,10 +159,10 @@ def test_startup_after_kill9_marks_fails_and_runs_queue(tmp_path):
         sc.sessions().SuspendSession(spb.SuspendSessionRequest(session_key=gone.key), timeout=10)
         busy = PromptRun(sc.prompts(), text=words(40), src=source(), profile="slow")
         busy.wait_for("text_delta")
-        queued = [PromptRun(sc.prompts(), text=f"queued number {i}", key=busy.key, delivery=QUEUE)
-                  for i in range(4)]
-        for q in queued:
-            q.wait_for("accepted")
+        queued = []
+        for i in range(4):  # one after another: the queue's order is the order of acceptance
+            queued.append(PromptRun(sc.prompts(), text=f"queued number {i}", key=busy.key, delivery=QUEUE))
+            queued[-1].wait_for("accepted")
         sc.kill9()
         store = StoreView(sc)
         assert store.entry(busy.key).running
