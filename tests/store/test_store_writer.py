@@ -17,11 +17,12 @@ from agent_sidecar.children import CHILD_NICE
 from agent_sidecar.errors import SidecarError
 from agent_sidecar.sessions import lifecycle as life
 from agent_sidecar.sessions.source import SessionSource
-from agent_sidecar.store import StoreClosed, open_store
+from agent_sidecar.store import StoreClosed
 from agent_sidecar.v1 import session_service_pb2 as spb
 from helpers.ids import source
 from helpers.logs import log_lines
 from helpers.procs import alive, children, cmdline, comm, grpc_loaded, mapped, niceness, sched_policy
+from helpers.store import opened_store
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
@@ -117,9 +118,7 @@ def test_jobs_are_module_level_functions_with_plain_arguments(tmp_path):
     A domain error raised there arrives whole (reason and field)."""
 
     async def go():
-        store = open_store(path=str(tmp_path / "s.db"), log_format="text")
-        await store.start()
-        try:
+        async with opened_store(tmp_path / "s.db", writes=True, log_format="text") as store:
             with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
                 store.write(lambda uow: None)
             entry, created = await store.write(life.get_or_create, "agent:main:t:dm:1",
@@ -132,8 +131,6 @@ def test_jobs_are_module_level_functions_with_plain_arguments(tmp_path):
             await asyncio.gather(*(store.write(life.mark_resume_pending, entry.session_key, f"r{i}")
                                    for i in range(200)))
             assert store.writer.commits - before == 1, "writes of one loop iteration share a commit"
-        finally:
-            await store.close()
         with pytest.raises(StoreClosed):
             store.write(life.suspend, "agent:main:t:dm:1")
 
