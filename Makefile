@@ -1,7 +1,8 @@
 # agent-sidecar — every entry point a developer or CI needs.
 #   make run     install into .venv, then serve ./data (Unix socket ./data/sidecar.sock)
 #   make test    install, lint, breaking-change check, generated code and docs up to date, the test
-#                suite, the conformance table, and the pack-and-install check of every package
+#                suite (on SQLite, then on PostgreSQL), the conformance table, and the
+#                pack-and-install check of every package
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
@@ -10,6 +11,10 @@ DATA ?= ./data
 STAMP := $(VENV)/.installed
 TOOLS := .tools
 PYTEST_ARGS ?=
+# Tests spread over four processes (pytest-xdist; they mostly wait on their
+# sidecars, so more processes than cores), a module's tests in one (its
+# module-scoped sidecar); XDIST= runs them in one process.
+XDIST ?= -n 4 --dist loadscope
 
 .PHONY: install run test pytest client-tests conformance lint breaking proto-baseline proto clients docs \
 	check-generated package-check bench bench-report clean
@@ -76,8 +81,19 @@ proto-baseline: $(TOOLS)/node_modules/.bin/buf
 	$(TOOLS)/node_modules/.bin/buf build --exclude-source-info -o -#format=json \
 		| $(PY) -m json.tool --indent 1 > proto/v1-baseline.json
 
+# The suite twice: everything on SQLite, then the behavioural folders (and the
+# PostgreSQL backend's own tests) with every sidecar on PostgreSQL: the server
+# AGENT_SIDECAR_TEST_PG_DSN names (.ci/run starts one), else one the tests start.
+# The DSN goes to pytest alone (which hides it from the sidecars it starts):
+# every sidecar reads AGENT_SIDECAR_* as config, the other steps' too.
+PG_TESTS := tests/api tests/sessions tests/turns tests/recovery tests/tools tests/models tests/store
+PG_DSN := $(AGENT_SIDECAR_TEST_PG_DSN)
+unexport AGENT_SIDECAR_TEST_PG_DSN
 pytest: install
-	$(BIN)/python -m pytest tests clients/python/tests $(PYTEST_ARGS)
+	AGENT_SIDECAR_TEST_PG_DSN="$(PG_DSN)" $(BIN)/python -m pytest tests clients/python/tests \
+		$(XDIST) $(PYTEST_ARGS)
+	AGENT_SIDECAR_TEST_PG_DSN="$(PG_DSN)" $(BIN)/python -m pytest --backend postgres $(PG_TESTS) \
+		$(XDIST) $(PYTEST_ARGS)
 
 # The Go and Node clients' own unit tests (no sidecar needed).
 client-tests:
@@ -102,13 +118,16 @@ bench: install
 
 # The standard sweep (agent-sidecar bench --compare-bare) against a fresh sidecar on
 # the echo model at 20 ms per token: benchmarks/results/bench-report.{png,json}.
-# A few minutes; smaller: make bench-report SWEEP=2,4 DURATION=3 WORDS=20
-SWEEP ?= 25,50,100,200,400
+# A few minutes; smaller: make bench-report SWEEP=2,4 DURATION=3 WORDS=20; COALESCE=0 for
+# one text_delta frame per model delta (default: the sidecar's [stream] coalesce_ms).
+SWEEP ?= 25,50,100,200,400,800
 DURATION ?= 20
 WORDS ?= 200
+COALESCE ?=
 bench-report: install
 	$(BIN)/python benchmarks/stream_bench.py --sweep $(SWEEP) --duration $(DURATION) \
-		--prompt-words $(WORDS) --out benchmarks/results --name bench-report
+		--prompt-words $(WORDS) $(if $(COALESCE),--coalesce-ms $(COALESCE)) \
+		--out benchmarks/results --name bench-report$(if $(COALESCE),-coalesce-$(COALESCE))
 
 clean:
 	rm -rf $(VENV) $(TOOLS)

@@ -38,10 +38,13 @@ from turns_bench import SidecarServer
 STANDARD_SWEEP = "25,50,100,200,400"
 
 
-def sidecar_config(token_latency_ms: float) -> str:
-    return ("# echo at a model's pace: one delta per word, token_latency_ms before each\n"
+def sidecar_config(token_latency_ms: float, coalesce_ms: float | None = None) -> str:
+    text = ("# echo at a model's pace: one delta per word, token_latency_ms before each\n"
             "[profiles.main]\nmodel = \"echo\"\n"
             f"model_options = {{ token_latency_ms = {token_latency_ms!r} }}\n")
+    if coalesce_ms is not None:  # else the sidecar's default
+        text += f"[stream]\ncoalesce_ms = {coalesce_ms!r}\n"
+    return text
 
 
 def bench_args(args, target: str, out: Path | None) -> list[str]:
@@ -70,6 +73,8 @@ def main() -> int:
     ap.add_argument("--slo", default="10%", help="the knee's bound over the ideal turn (default 10%%)")
     ap.add_argument("--calibrate", type=int, default=3, help="calibration turns (default 3)")
     ap.add_argument("--workers", type=int, default=None, help="sidecar workers (default: its own, CPU count)")
+    ap.add_argument("--coalesce-ms", type=float, default=None,
+                    help="the sidecar's [stream] coalesce_ms (default: its own; 0: one frame per delta)")
     ap.add_argument("--out", default=None, help="directory for NAME.json and NAME.png (default: none)")
     ap.add_argument("--name", default="stream-bench", help="file name stem in --out (default stream-bench)")
     ap.add_argument("--dir", default=None, help="parent directory for the temporary data dir")
@@ -88,9 +93,11 @@ def main() -> int:
     print(f"stream_bench · {machine_line()} · load avg {load_average()}" + (" · QUICK" if args.quick else ""),
           flush=True)
     print(f"sweep {args.sweep} sessions · {args.prompt_words} words per turn at {args.token_latency_ms:g} ms "
-          f"per token (model-side ideal {ideal:.2f} s) · {args.duration:g} s per point", flush=True)
+          f"per token (model-side ideal {ideal:.2f} s) · {args.duration:g} s per point · coalesce_ms "
+          + ("default" if args.coalesce_ms is None else f"{args.coalesce_ms:g}"), flush=True)
     root = Path(tempfile.mkdtemp(prefix="stream-bench-", dir=args.dir))
-    server = SidecarServer(root, args.workers, "sidecar", config=sidecar_config(args.token_latency_ms))
+    server = SidecarServer(root, args.workers, "sidecar",
+                           config=sidecar_config(args.token_latency_ms, args.coalesce_ms))
     try:
         server.start()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(

@@ -246,8 +246,8 @@ class SidecarServer:
 
     def pids(self) -> dict[str, list[int]]:
         pid = self.proc.pid
-        # Children name themselves (sidecar-writer, sidecar-work-N); multiprocessing's
-        # resource tracker is a child too, it idles: count it with the workers.
+        # Children name themselves (sidecar-writer, sidecar-work-N); any other child
+        # (an older sidecar's multiprocessing resource tracker) idles: count it with the workers.
         kids = children_of(pid)
         writer = [k for k in kids if _common.proc_comm(k) == "sidecar-writer"]
         return {"sidecar loop thread": [(pid, pid)],
@@ -520,7 +520,7 @@ def main() -> int:
                                 scraper = Scraper(port).start()
                             keys = server.create_sessions(n_sessions)
                             print(f"{name} up: pid {server.proc.pid}, {len(server.pids()['workers'])} "
-                                  f"child processes (writer, workers, multiprocessing resource tracker), "
+                                  f"child processes (writer, workers), "
                                   f"data {server.dir}", file=sys.stderr)
                         r = run_point(server, keys, level, turns, warmup, args.clients,
                                       args.seed + 1000 * rnd)

@@ -7,7 +7,58 @@ import pytest
 # sidecar process class (tests/sidecar_proc.py) from here.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from helpers import pg  # noqa: E402
 from sidecar_proc import Sidecar  # noqa: E402
+
+pg.hide_settings()  # before any sidecar or pytest-xdist worker is started
+
+BACKENDS = ("sqlite", "postgres")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--backend", choices=BACKENDS, default="sqlite",
+                     help="the store of every Sidecar of the tests: sqlite (a file in its data dir) or "
+                          "postgres (a database of its own on a real PostgreSQL: the server "
+                          f"${pg.DSN_ENV} names, else one started for the session)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "sqlite_only(reason): a test of the SQLite backend itself "
+                                       "(its file, its SQL, doctor); skipped on --backend postgres")
+    config.addinivalue_line("markers", "postgres_only(reason): a test of the PostgreSQL backend "
+                                       "itself; skipped on --backend sqlite")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip, with the marker's reason, what is not about this run's backend."""
+    backend = config.getoption("backend")
+    other = {"sqlite": "postgres_only", "postgres": "sqlite_only"}[backend]
+    for item in items:
+        mark = item.get_closest_marker(other)
+        if mark is not None:
+            why = mark.args[0] if mark.args else mark.kwargs.get("reason", "")
+            item.add_marker(pytest.mark.skip(reason=f"{other}: {why}"))
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """The tests' PostgreSQL server (helpers.pg): started for the session
+    unless the environment names one; stopped (or its databases dropped) at the end."""
+    server = pg.PgServer.from_env()
+    pg.SERVER = server
+    yield server
+    pg.SERVER = None
+    server.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def store_backend(request):
+    """This run's backend; on postgres every Sidecar gets a database of its data dir."""
+    backend = request.config.getoption("backend")
+    if backend == "postgres":
+        pg.ACTIVE = request.getfixturevalue("pg_server")
+    yield backend
+    pg.ACTIVE = None
 
 
 @pytest.fixture

@@ -1,5 +1,11 @@
 """A real sidecar in a subprocess, for tests: temp data dir, Unix socket (and
-optionally TCP), generated stubs. No mocks: this is the program users run."""
+optionally TCP), generated stubs. No mocks: this is the program users run.
+
+Its store follows the backend the tests run on (``pytest --backend``): the
+SQLite file in its data dir, or on PostgreSQL the database of its data dir
+(helpers.pg: the same one again after a restart). ``database="name"`` puts
+several sidecars on one PostgreSQL database (on either backend run: the test
+then needs the ``pg_server`` fixture), ``dsn=`` on a database of one's own."""
 
 from __future__ import annotations
 
@@ -35,16 +41,43 @@ class Sidecar:
 
     def __init__(self, data_dir: Path | str | None = None, config: str = "", tcp: bool = False,
                  workers: int = 2, extra_args: list[str] | None = None,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, dsn: str | None = None,
+                 database: str | None = None):
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="sidecar-"))
         self.config_text = config
         self.tcp_port = free_port() if tcp else None
         self.workers = workers
         self.extra_args = extra_args or []
         self.env = env  # extra environment for the sidecar (and so its workers)
+        self._dsn, self.database = dsn, database
         self.proc: subprocess.Popen | None = None
         self._channels: list[grpc.Channel] = []
         self.log_path = self.data_dir / "sidecar.log"
+
+    @property
+    def store_dsn(self) -> str | None:
+        """The PostgreSQL database this sidecar's store is on, None for SQLite."""
+        if self._dsn is None:
+            from helpers import pg
+            if self.database is not None:
+                server = pg.active() or pg.SERVER
+                if server is None:
+                    raise RuntimeError("Sidecar(database=...) needs a PostgreSQL: use the pg_server fixture")
+                self._dsn = server.database(self.database)
+            elif pg.active() is not None:
+                self._dsn = pg.active().database_for(self.data_dir)
+        return self._dsn
+
+    @property
+    def backend(self) -> str:
+        return "postgres" if self.store_dsn else "sqlite"
+
+    def store_env(self) -> dict[str, str]:
+        """The environment that puts the sidecar on its store's backend."""
+        dsn = self.store_dsn
+        if not dsn:
+            return {}
+        return {"AGENT_SIDECAR_STORE__BACKEND": "postgres", "AGENT_SIDECAR_STORE__DSN": dsn}
 
     @property
     def socket_path(self) -> Path:
@@ -73,7 +106,7 @@ class Sidecar:
             args += ["--listen", self.tcp_target]
         args += self.extra_args
         self._log = open(self.log_path, "ab")
-        env = {**os.environ, **self.env} if self.env else None
+        env = {**os.environ, **self.store_env(), **(self.env or {})}
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
         self.wait_serving(timeout)
         return self

@@ -1,5 +1,4 @@
-"""``python -m agent_sidecar``. The guard matters: spawned workers re-import the
-parent's main module (as ``__mp_main__``) and must not run the CLI again."""
+"""``python -m agent_sidecar``."""
 
 import sys
 

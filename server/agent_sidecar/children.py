@@ -1,152 +1,66 @@
-"""The sidecar's spawned children (turn workers, the store writer), both sides.
+"""The sidecar's spawned children (turn workers, the store writer), parent
+side; child.py is what a child runs first (its name, its title, dying with
+the parent, its priority, its blocking pipe).
 
-Child side, ``become_child``: what every child does first: take a name
-``top``/``ps -o comm`` shows and a title ``ps -o args`` shows, die with the
-parent, and step back in CPU priority. Dying with the parent matters most for
-the store writer: a writer that outlived a ``kill -9``'d sidecar could commit
-behind the back of the next sidecar's startup recovery. Linux only (prctl);
-elsewhere a child notices its parent is gone when its pipe reaches EOF.
+Both sides, ``Channel``: length-prefixed messages over a Unix socketpair, in
+``multiprocessing.Connection``'s own framing, so a child may use a plain
+``Connection`` on its end. The protocol parses whole messages out of whatever
+the socket delivers and coalesces everything sent in one event-loop
+iteration into one write — a turn's frames, its message and its ``done``
+usually cross in one syscall and wake the other side once. Workers speak
+orjson; the store writer speaks pickle.
 
-Why children run at ``nice +CHILD_NICE``: they are batch processors behind the
-parent's event loop. When the cores are busy, a child that wakes for every
-message preempts the loop, runs a tiny batch, and sleeps again; a child that
-yields to the loop finds more work waiting each time it runs. Measured on the
-2-core benchmark machine: ~15% less CPU per turn in the writer and workers and
-~10% more turns per second; on an idle machine it changes nothing. Niceness is
-relative, and +5 still leaves a child a third of a full share against any
-busy process, so nothing is starved.
-
-Both sides, ``Channel``: length-prefixed messages over the multiprocessing
-Pipe (a Unix socketpair), in ``multiprocessing.Connection``'s own framing, so
-a child may use a plain ``Connection`` on its end. The protocol parses whole
-messages out of whatever the socket delivers and coalesces everything sent in
-one event-loop iteration into one write — a turn's frames, its message and its
-``done`` usually cross in one syscall and wake the other side once. Workers
-speak orjson; the store writer speaks pickle.
-
-Parent side, ``spawn``: start a child with ``spawn`` (never fork: grpcio is not
-fork-safe), wrap our end in a Channel, wait for the child's hello.
+Parent side, ``spawn``: start a child as a fresh interpreter (never fork:
+grpcio is not fork-safe) running child.main on its end of a socketpair —
+not through multiprocessing, whose spawn start method also starts a
+resource-tracker process and imports its package into every child; nothing
+here needs either. Wrap our end in a Channel, wait for the child's hello.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing as mp
 import os
-import signal
+import pickle
 import socket
-import struct
+import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 
+from .child import CHILD_NICE, TITLE_PREFIX, become_child, frame, set_title, tune_gc
+from .child import LEN as _LEN
+from .child import LEN_LONG as _LEN_LONG
+
+__all__ = ["CHILD_NICE", "TITLE_PREFIX", "Channel", "ChildProcess", "become_child", "frame", "open_channel",
+           "set_title", "spawn", "tune_gc"]
+
 log = logging.getLogger("agent_sidecar.children")
-
-_PR_SET_PDEATHSIG = 1
-_PR_SET_NAME = 15
-CHILD_NICE = 5  # see the module docstring
-
-
-def _prctl(option: int, arg) -> None:
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-TITLE_PREFIX = "agent-sidecar: "
-_ROLES = {"sidecar-writer": "store writer", "sidecar-work-": "worker "}  # comm name -> title role
-
-
-def set_title(role: str) -> None:
-    """Show ``agent-sidecar: ROLE`` as this process's command line (``ps -o
-    args``, /proc/PID/cmdline), so an operator sees which process is which
-    even where ``comm`` is cut to 15 bytes. setproctitle renames the calling
-    thread too; its old name is put back, so ``comm`` stays as it was. Without
-    setproctitle installed the command line stays as it was."""
-    try:
-        from setproctitle import setproctitle
-    except ImportError:
-        return
-    try:
-        with open("/proc/thread-self/comm", "rb") as f:
-            comm = f.read().rstrip(b"\n")
-    except OSError:
-        comm = b""
-    setproctitle(TITLE_PREFIX + role)
-    if comm:
-        _prctl(_PR_SET_NAME, comm[:15])
-
-
-def _role(name: str) -> str:
-    """The title role of a child named ``name`` ("sidecar-work-1" -> "worker 1")."""
-    for prefix, role in _ROLES.items():
-        if name.startswith(prefix):
-            return role + name[len(prefix):]
-    return name
-
-
-def become_child(name: str, parent_pid: int, title: str | None = None) -> None:
-    """Name this process (``comm``, at most 15 bytes are kept) and title it
-    (``agent-sidecar: TITLE``; default: the role its name says), ask the
-    kernel for SIGKILL when the parent dies, ignore SIGINT/SIGTERM (a Ctrl-C
-    reaches the whole process group, and the parent decides when children
-    stop), and lower our CPU priority by CHILD_NICE."""
-    set_title(title or _role(name))
-    _prctl(_PR_SET_NAME, name.encode()[:15])
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        os.nice(CHILD_NICE)
-    except OSError:  # not allowed here: run at the parent's priority
-        pass
-    if os.getppid() != parent_pid:  # the parent died before we asked
-        os._exit(1)
-
-
-def tune_gc() -> None:
-    """Called by the parent once it serves and by each child once it is ready.
-    Everything built at startup (modules, config, protobuf descriptors,
-    restored lanes) lives as long as the process: freeze it out of the cyclic
-    GC's reach. A larger first generation suits processes that allocate many
-    short-lived objects per message (frames, unpickled jobs, model requests)
-    and rarely make cycles."""
-    import gc
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 20)
 
 
 # -- the pipe ----------------------------------------------------------------------------
 
-_LEN = struct.Struct("!i")  # multiprocessing.Connection's header; -1 then "!Q" past 2 GiB
-_LEN_LONG = struct.Struct("!Q")
-
-
-def frame(body: bytes) -> bytes:
-    """One message as it travels: its length, then its bytes."""
-    if len(body) > 0x7FFFFFFF:
-        return _LEN.pack(-1) + _LEN_LONG.pack(len(body)) + body
-    return _LEN.pack(len(body)) + body
-
-
 class Channel(asyncio.Protocol):
+    """``pace_s`` > 0 paces the writes: one at most every ``pace_s`` seconds.
+    A message sent after a quiet spell still leaves at the end of its loop
+    iteration; under load, what is sent meanwhile waits (at most ``pace_s``)
+    and leaves in one write, so the other side wakes and reads once for many
+    messages."""
+
     def __init__(self, on_message: Callable[[Any], Any], on_lost: Callable[[], Any],
                  loads: Callable[[bytes | bytearray], Any] = orjson.loads,
-                 dumps: Callable[[Any], bytes] = orjson.dumps):
+                 dumps: Callable[[Any], bytes] = orjson.dumps, pace_s: float = 0.0):
         self.on_message, self.on_lost = on_message, on_lost
         self.loads, self.dumps = loads, dumps
+        self.pace_s = pace_s
         self.transport: asyncio.Transport | None = None
         self._in = bytearray()
         self._out: list[bytes] = []
         self._scheduled = False
+        self._written_at = 0.0  # loop time of the last write (with pace_s)
 
     # -- sending ------------------------------------------------------------------
 
@@ -160,13 +74,20 @@ class Channel(asyncio.Protocol):
             self._flush()
         elif not self._scheduled:
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop = asyncio.get_running_loop()
+            wait = self._written_at + self.pace_s - loop.time() if self.pace_s else 0.0
+            if wait > 0:
+                loop.call_later(wait, self._flush)
+            else:
+                loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._scheduled = False
         out, self._out = self._out, []
         if out and self.transport is not None and not self.transport.is_closing():
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+            if self.pace_s:
+                self._written_at = asyncio.get_running_loop().time()
 
     def close(self) -> None:
         self._flush()
@@ -207,8 +128,8 @@ class Channel(asyncio.Protocol):
 
 async def open_channel(fileno: int, on_message: Callable[[Any], Any], on_lost: Callable[[], Any],
                        **codec) -> Channel:
-    """Wrap one end of a multiprocessing Pipe in a Channel (``codec``: its
-    ``loads``/``dumps``, orjson by default)."""
+    """Wrap one end of a child's socketpair in a Channel (``codec``: its
+    ``loads``/``dumps``, orjson by default, and ``pace_s``)."""
     sock = socket.socket(fileno=os.dup(fileno))
     sock.setblocking(False)
     _, channel = await asyncio.get_running_loop().create_unix_connection(
@@ -216,18 +137,70 @@ async def open_channel(fileno: int, on_message: Callable[[Any], Any], on_lost: C
     return channel
 
 
-async def spawn(target: Callable, args: tuple, name: str, on_message: Callable[[Any], Any],
+# The child's command: find this package where the parent found it, then child.main.
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BOOT = ("import sys; sys.path.insert(0, sys.argv[2]); "
+        "from agent_sidecar.child import main; main(int(sys.argv[1]))")
+
+
+class ChildProcess:
+    """A spawned child (what ``spawn`` returns): its pid, whether it lives,
+    its exit code (negative: the signal that ended it), waiting for it and
+    killing it."""
+
+    def __init__(self, popen: subprocess.Popen):
+        self._popen = popen
+        self.pid = popen.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._popen.poll()
+
+    def is_alive(self) -> bool:
+        return self._popen.poll() is None
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for it to exit (and reap it), at most ``timeout`` seconds."""
+        try:
+            self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def kill(self) -> None:
+        if self._popen.poll() is None:
+            self._popen.kill()
+
+
+def start_child(target: str, args: tuple) -> tuple[ChildProcess, socket.socket]:
+    """Start ``target`` ("module:function") as ``function(pipe, *args)`` in a
+    new interpreter (child.main); returns it and our end of its socketpair."""
+    ours, theirs = socket.socketpair()
+    try:
+        popen = subprocess.Popen(
+            # the interpreter's own flags (-X, -W, -B ...), as multiprocessing passes them
+            # (a private helper of subprocess: typeshed has no stub for it)
+            [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", BOOT,  # type: ignore[attr-defined]
+             str(theirs.fileno()), _PACKAGE_ROOT],
+            stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), close_fds=True)
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    # The first message: where to import from, and what to run (child.main reads it).
+    ours.sendall(frame(pickle.dumps((list(sys.path), target, args), protocol=pickle.HIGHEST_PROTOCOL)))
+    return ChildProcess(popen), ours
+
+
+async def spawn(target: str, args: tuple, name: str, on_message: Callable[[Any], Any],
                 on_lost: Callable[[], Any], timeout: float = 60.0,
-                **codec) -> tuple[mp.process.BaseProcess, Channel, Any]:
-    """Start ``target(child_end, *args)`` in a spawned process and return
-    (process, channel, hello) once its first message, the hello, arrived.
-    ``on_message`` gets every later message; ``on_lost`` runs when the
-    child's end of the pipe closes (before the hello too, which then fails)."""
-    ctx = mp.get_context("spawn")
-    parent_end, child_end = ctx.Pipe(duplex=True)
-    proc = ctx.Process(target=target, args=(child_end, *args), name=name, daemon=True)
-    proc.start()
-    child_end.close()
+                **codec) -> tuple[ChildProcess, Channel, Any]:
+    """Start ``target(child_end, *args)`` (``target``: "module:function") in
+    a child process and return (process, channel, hello) once its first
+    message, the hello, arrived. ``on_message`` gets every later message;
+    ``on_lost`` runs when the child's end of the pipe closes (before the hello
+    too, which then fails). ``name`` names the child in errors."""
+    proc, ours = start_child(target, args)
     hello: asyncio.Future = asyncio.get_running_loop().create_future()
 
     def first_then_on(msg: Any) -> None:
@@ -242,7 +215,12 @@ async def spawn(target: Callable, args: tuple, name: str, on_message: Callable[[
         on_lost()
 
     try:
-        channel = await open_channel(parent_end.fileno(), first_then_on, lost, **codec)
+        channel = await open_channel(ours.fileno(), first_then_on, lost, **codec)
     finally:
-        parent_end.close()
-    return proc, channel, await asyncio.wait_for(hello, timeout)
+        ours.close()
+    try:
+        return proc, channel, await asyncio.wait_for(hello, timeout)
+    except BaseException:
+        channel.close()
+        proc.kill()
+        raise

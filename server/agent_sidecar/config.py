@@ -251,6 +251,15 @@ class MetricsConfig:
 
 
 @dataclass
+class StreamConfig:
+    """How a turn's text reaches its streams ([stream])."""
+    coalesce_ms: float = key(40.0, ge=0, le=1000,
+                             doc="text deltas a turn's model produces within this many ms are "
+                                 "persisted and sent as one `text_delta` frame (the first at once; "
+                                 "0: one frame per model delta)")
+
+
+@dataclass
 class Config:
     # seed 001 appendix: top-level keys
     group_sessions_per_user: bool = key(True, doc="groups and channels get one lane per participant")
@@ -309,6 +318,7 @@ class Config:
     cluster: ClusterConfig = section(ClusterConfig, doc="several sidecars on one PostgreSQL ([cluster])")
     metrics: MetricsConfig = section(MetricsConfig, doc="Prometheus metrics over HTTP "
                                                            "([operations.md](operations.md#metrics))")
+    stream: StreamConfig = section(StreamConfig, doc="text delta coalescing ([stream])")
 
     def _validate(self) -> Iterator[tuple[str, str, Any]]:
         tcp = [t for t in self.listen if not t.startswith("unix:")]

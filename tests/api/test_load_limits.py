@@ -33,7 +33,8 @@ MAX_BYTES = 5000
 CONFIG = (f"[sidecar.limits]\nstream_buffer_frames = {BUFFER_FRAMES}\n"
           f"max_prompts_in_flight = {MAX_PROMPTS}\nmax_prompt_bytes_in_flight = {MAX_BYTES}\n\n"
           + slow_echo("main", latency_ms=0) + slow_echo("trickle", latency_ms=8)
-          + slow_echo("slow", latency_ms=100))
+          + slow_echo("slow", latency_ms=100)
+          + "[stream]\ncoalesce_ms = 0\n")  # one frame per word: the bounds count frames
 SMALL_WINDOW = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]
 
 

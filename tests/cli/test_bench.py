@@ -29,7 +29,8 @@ from agent_sidecar.v1 import session_service_pb2 as spb
 WORDS = 8
 TOOL_STEPS = [{"tool_calls": [{"name": "bench.echo", "arguments": {"text": "from the tool"}}]},
               {"text_from_last_tool_result": True}]
-CONFIG = echo("main", 5) + scripted("tooly", TOOL_STEPS, tools=["bench.*"])
+CONFIG = (echo("main", 5) + scripted("tooly", TOOL_STEPS, tools=["bench.*"])
+          + "[stream]\ncoalesce_ms = 0\n")  # one text_delta per word, as the bare server sends
 
 
 @pytest.fixture(scope="module")

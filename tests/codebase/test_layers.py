@@ -17,14 +17,14 @@ import agent_sidecar
 ROOT = Path(agent_sidecar.__file__).parent
 # What each package (or top-level module) may import of the sidecar's own.
 ALLOWED = {
-    "store": {"errors", "children", "logs", "meters"},
+    "store": {"errors", "children", "child", "logs", "meters"},
     "sessions": {"store", "errors"},
     "recovery": {"sessions", "store", "errors", "delivery"},
     "tools": {"errors"},
     "models": {"errors"},
     "obs": {"delivery", "__version__"},  # below what it observes: it reads turns and calls by attribute
     "turns": {"store", "sessions", "recovery", "tools", "models", "errors", "config", "delivery",
-              "children", "v1", "meters", "obs", "logs"},
+              "children", "child", "v1", "meters", "obs", "logs"},
     "cluster": {"turns", "store", "recovery", "errors", "config", "v1", "tls"},
     "api": {"cluster", "turns", "store", "sessions", "tools", "errors", "config", "delivery", "heap", "v1", "tls",
             "obs", "logs"},

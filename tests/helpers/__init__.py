@@ -10,7 +10,8 @@ on sys.path, so ``from helpers.streams import run`` works from any folder).
 * ``tools``: ``ToolHost``, a ServeTools stream in the test process.
 * ``recovery``: health, the clean-shutdown marker, a restart that waits for the restore.
 * ``store``: the store read through its typed interface (``StoreView``) and
-  store jobs run on a real file (``LocalStore``).
+  store jobs run on a real store (``LocalStore``), on the run's backend.
+* ``pg``: the tests' PostgreSQL server and its databases (``--backend postgres``).
 * ``logs``: the JSON log, only where a log line is itself what a test checks.
 * ``metrics``: the ``/metrics`` endpoint scraped over HTTP (``scrape``, ``Samples``).
 * ``key_cases``, ``fake_openai``: data and a fake OpenAI server.

@@ -60,10 +60,17 @@ def worker_pid(sc, index: int) -> int | None:
     return children(sc).get(f"sidecar-work-{index}")
 
 
+def mapped(pid: int, fragment: str) -> bool:
+    """Whether a file whose path contains ``fragment`` is mapped into the
+    process: a native module it imported (``"/_asyncio."``), a library one
+    loaded (``"/libssl."``)."""
+    with open(f"/proc/{pid}/maps") as f:
+        return fragment in f.read()
+
+
 def grpc_loaded(pid: int) -> bool:
     """Whether the process has grpc's native module mapped (so has imported grpc)."""
-    with open(f"/proc/{pid}/maps") as f:
-        return "/grpc/_cython/" in f.read()
+    return mapped(pid, "/grpc/_cython/")
 
 
 def cmdline(pid: int) -> str:

@@ -2,30 +2,34 @@
 
 * ``StoreView(sc)``: what a data dir's store holds, read with the interface's
   typed reads (``Store.entry``, ``ledger``, ``request_frames``, ``transcript``…,
-  as the SQLite backend answers them: store/sqlite/reads.py) and the read
-  operations of its unit of work (``ledger.open_prompts``, ``messages.of_request``…),
-  each call on a fresh read-only connection: one snapshot per call, next to a
-  running sidecar or on a stopped one's data dir. It never migrates or writes.
-  For what the API cannot show (a request's ledger status, the rows one turn
-  wrote, what a stopped sidecar left behind).
-* ``LocalStore(path)``: a real, migrated SQLite file opened in the test
-  process, for tests of store jobs: jobs run on its unit of work the way the
-  writer process runs them (one transaction each), reads through the
-  backend's own read functions.
+  as the backend itself answers them: store/sqlite/reads.py or
+  store/postgres/reads.py) and the read operations of its unit of work
+  (``ledger.open_prompts``, ``messages.of_request``…), each call on a fresh
+  connection: one snapshot per call, next to a running sidecar or on a stopped
+  one's store. It never migrates or writes. For what the API cannot show (a
+  request's ledger status, the rows one turn wrote, what a stopped sidecar
+  left behind).
+* ``LocalStore(where)``: a real, migrated store opened in the test process, for
+  tests of store jobs: jobs run on its unit of work the way the writer process
+  runs them (one transaction each), reads through the backend's own read
+  functions. ``where`` is a Sidecar (its store), a data dir or a file path.
+
+Both follow the backend the tests run on (``pytest --backend``): a Sidecar's
+own store, else the SQLite file at the path, or on PostgreSQL the database of
+that path (helpers.pg).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from agent_sidecar.store.records import FrameRecord, LedgerEntry, Message, OpenPrompt, SessionEntry
-from agent_sidecar.store.sqlite import reads
-from agent_sidecar.store.sqlite.connection import open_reader, open_writer
-from agent_sidecar.store.sqlite.schema import migrate
-from agent_sidecar.store.sqlite.uow import SqliteUnitOfWork
+
+from . import pg
 
 ALL = 1 << 30  # "no limit" for the paged reads
 
@@ -36,59 +40,125 @@ def db_path(where) -> str:
     return str(Path(data_dir) / "sidecar.db") if data_dir is not None else str(where)
 
 
-class StoreView:
-    def __init__(self, where):
-        self.path = db_path(where)
+def store_dsn(where) -> str | None:
+    """The PostgreSQL database of a Sidecar or a path, None for an SQLite file."""
+    dsn = getattr(where, "store_dsn", None)
+    if dsn is not None or hasattr(where, "store_dsn"):
+        return dsn
+    server = pg.active()
+    return server.database_for(where) if server is not None else None
 
-    def _read(self, fn: Callable[..., Any], *args: Any) -> Any:
+
+class _SqliteSide:
+    """Reads of an SQLite file, each on a fresh read-only connection."""
+
+    def __init__(self, path: str):
+        from agent_sidecar.store.sqlite import reads
+        self.path, self.reads = path, reads
+
+    def read(self, name: str, *args: Any) -> Any:
+        return self.run(lambda conn: getattr(self.reads, name)(conn, *args))
+
+    def run(self, fn: Callable[[Any], Any]) -> Any:
+        from agent_sidecar.store.sqlite.connection import open_reader
         conn = open_reader(self.path)
         try:
             with conn:
-                return fn(conn, *args)
+                return fn(conn)
         finally:
             conn.close()
 
-    def _uow(self, op: Callable[[SqliteUnitOfWork], Any]) -> Any:
-        return self._read(lambda conn: op(SqliteUnitOfWork(conn)))
+    def uow(self, op: Callable[[Any], Any]) -> Any:
+        from agent_sidecar.store.sqlite.uow import SqliteUnitOfWork
+        return self.run(lambda conn: op(SqliteUnitOfWork(conn)))
+
+    def scalar(self, sql: str, args: tuple) -> Any:
+        row = self.run(lambda conn: conn.execute(sql.replace("%s", "?"), args).fetchone())
+        return row[0] if row else None
+
+
+class _PostgresSide:
+    """Reads of a PostgreSQL database, each on a fresh connection in a
+    read-only transaction (the backend's reads are coroutines: each runs on a
+    loop of its own)."""
+
+    def __init__(self, dsn: str):
+        from agent_sidecar.store.postgres import reads
+        self.dsn, self.reads = dsn, reads
+
+    def read(self, name: str, *args: Any) -> Any:
+        from agent_sidecar.store.postgres.connection import connect_async
+
+        async def go():
+            async with await connect_async(self.dsn, autocommit=True) as conn:
+                return await getattr(self.reads, name)(conn, *args)
+        return asyncio.run(go())
+
+    def run(self, fn: Callable[[Any], Any]) -> Any:
+        from agent_sidecar.store.postgres.connection import connect
+        with connect(self.dsn, autocommit=True) as conn:
+            with conn.transaction():
+                conn.execute("SET TRANSACTION READ ONLY")
+                return fn(conn)
+
+    def uow(self, op: Callable[[Any], Any]) -> Any:
+        from agent_sidecar.store.postgres.uow import PostgresUnitOfWork
+        return self.run(lambda conn: op(PostgresUnitOfWork(conn)))
+
+    def scalar(self, sql: str, args: tuple) -> Any:
+        row = self.run(lambda conn: conn.execute(sql, args).fetchone())
+        return row[0] if row else None
+
+
+def _side(where) -> _SqliteSide | _PostgresSide:
+    dsn = store_dsn(where)
+    return _PostgresSide(dsn) if dsn else _SqliteSide(db_path(where))
+
+
+class StoreView:
+    def __init__(self, where):
+        self._side = _side(where)
+        self.backend = "postgres" if isinstance(self._side, _PostgresSide) else "sqlite"
+
+    def _read(self, name: str, *args: Any) -> Any:
+        return self._side.read(name, *args)
+
+    def _uow(self, op: Callable[[Any], Any]) -> Any:
+        return self._side.uow(op)
 
     # -- lanes -----------------------------------------------------------------------------
 
     def entry(self, key: str) -> SessionEntry | None:
-        return self._read(reads.entry, key)
+        return self._read("entry", key)
 
     def entries(self, platform: str = "") -> list[SessionEntry]:
         """Every lane (of this platform)."""
-        return self._read(reads.list_entries, platform, None, None, ALL)
+        return self._read("list_entries", platform, None, None, ALL)
 
     def restart_count(self, key: str) -> int:
         """The lane's stuck-loop counter (consecutive restarts with a turn in flight).
         The storage interface has no read of it (RestartRepo only writes), so
-        this (with turn_state_rows) queries the SQLite schema: the only such
-        reads outside tests/store/."""
-        def count(conn):
-            row = conn.execute("SELECT count FROM restart_counts WHERE session_key = ?",
-                               (key,)).fetchone()
-            return row[0] if row else 0
-        return self._read(count)
+        this (with turn_state_rows) queries the schema (one statement, the same
+        on both backends): the only such reads outside tests/store/."""
+        return self._side.scalar("SELECT count FROM restart_counts WHERE session_key = %s", (key,)) or 0
 
     def turn_state_rows(self, session_id: str) -> int:
         """How many saved turn states the incarnation has. No interface read
         either (TurnStateRepo only writes): a query of the schema, as restart_count."""
-        return self._read(lambda conn: conn.execute(
-            "SELECT count(*) FROM turn_state WHERE session_id = ?", (session_id,)).fetchone()[0])
+        return self._side.scalar("SELECT count(*) FROM turn_state WHERE session_id = %s", (session_id,))
 
     def restart_counts(self) -> int:
         """How many lanes have a stuck-loop counter (see restart_count)."""
-        return self._read(lambda conn: conn.execute("SELECT count(*) FROM restart_counts").fetchone()[0])
+        return self._side.scalar("SELECT count(*) FROM restart_counts", ())
 
     def session_key_of(self, session_id: str) -> str | None:
         """The lane of an incarnation, None when the store has no such incarnation."""
-        return self._read(reads.session_key_of, session_id)
+        return self._read("session_key_of", session_id)
 
     # -- transcripts -------------------------------------------------------------------------
 
     def transcript(self, session_id: str, include_rewound: bool = False) -> list[Message]:
-        return self._read(reads.transcript, session_id, include_rewound, 0, None)
+        return self._read("transcript", session_id, include_rewound, 0, None)
 
     def turn_rows(self, request_id: str) -> list[Message]:
         """The transcript rows one turn wrote (hidden ones too), in seq order."""
@@ -100,7 +170,7 @@ class StoreView:
     # -- the ledger and frames -----------------------------------------------------------------
 
     def ledger(self, request_id: str) -> LedgerEntry | None:
-        return self._read(reads.ledger, request_id)
+        return self._read("ledger", request_id)
 
     def status(self, request_id: str) -> str | None:
         """The request's ledger status (queued, running, completed…), None when not in it."""
@@ -122,17 +192,17 @@ class StoreView:
 
     def requests_of(self, key: str) -> list[str]:
         """Every request id the ledger holds for a lane."""
-        return [r for r, _, k in self._read(reads.recent_requests, 0.0, ALL) if k == key]
+        return [r for r, _, k in self._read("recent_requests", 0.0, ALL) if k == key]
 
     def request_frames(self, request_id: str) -> list[FrameRecord]:
         """The request's persisted frames (what WatchActivity replays), in seq order."""
-        return self._read(reads.request_frames, request_id, 0)
+        return self._read("request_frames", request_id, 0)
 
     def kinds(self, request_id: str) -> list[str]:
         return [f.kind for f in self.request_frames(request_id)]
 
     def frames_after(self, cursor: int = 0, *, session_key: str = "", platform: str = "") -> list[FrameRecord]:
-        return self._read(reads.frames_after, cursor, session_key, platform, ALL)
+        return self._read("frames_after", cursor, session_key, platform, ALL)
 
     def last_cursor(self, platform: str) -> int:
         """The cursor of the newest persisted frame of a platform (0 when none)."""
@@ -140,32 +210,139 @@ class StoreView:
 
 
 class LocalStore:
-    def __init__(self, path: Path | str):
-        self.conn = open_writer(str(path))
-        migrate(self.conn)
-        self.uow = SqliteUnitOfWork(self.conn)
+    def __init__(self, where):
+        dsn = store_dsn(where)
+        self.backend = "postgres" if dsn else "sqlite"
+        if dsn:
+            from agent_sidecar.store.postgres.connection import connect
+            from agent_sidecar.store.postgres.schema import migrate
+            from agent_sidecar.store.postgres.uow import PostgresUnitOfWork
+            self.conn = connect(dsn, autocommit=True)
+            migrate(self.conn)
+            self.uow = PostgresUnitOfWork(self.conn)
+            self._side: _SqliteSide | _PostgresSide = _PostgresSide(dsn)
+        else:
+            from agent_sidecar.store.sqlite.connection import open_writer
+            from agent_sidecar.store.sqlite.schema import migrate
+            from agent_sidecar.store.sqlite.uow import SqliteUnitOfWork
+            self.conn = open_writer(db_path(where))
+            migrate(self.conn)
+            self.uow = SqliteUnitOfWork(self.conn)
+            self._side = _SqliteSide(db_path(where))
 
     def job(self, fn, *args):
         """``fn(uow, *args)`` in a transaction of its own; its result."""
+        if self.backend == "postgres":
+            self.uow.begin()
+            with self.conn.transaction():
+                return fn(self.uow, *args)
         with self.conn:
             return fn(self.uow, *args)
 
     def read(self, name: str, *args):
-        """``store.sqlite.reads.<name>(conn, *args)``: what the Store's read returns."""
-        with self.conn:
-            return getattr(reads, name)(self.conn, *args)
+        """``store.<backend>.reads.<name>(conn, *args)``: what the Store's read returns."""
+        return self._side.read(name, *args)
+
+    def reader_spec(self) -> tuple:
+        """What a worker process opens to read this store (Store.reader_spec)."""
+        if self.backend == "postgres":
+            return ("agent_sidecar.store.postgres.reader:open_reader", (self._side.dsn,))
+        return ("agent_sidecar.store.sqlite.reader:open_reader", (self._side.path,))
 
     def close(self) -> None:
         self.conn.close()
 
 
 @contextlib.contextmanager
-def local_store(path: Path | str):
-    s = LocalStore(path)
+def local_store(where):
+    s = LocalStore(where)
     try:
         yield s
     finally:
         s.close()
+
+
+@contextlib.asynccontextmanager
+async def opened_store(where, *, writes: bool = False, **kw):
+    """The backend's own ``Store`` on ``where``'s store, in the test's event
+    loop, for tests of code that takes a Store: its reads, and its writes with
+    ``writes`` (the writer process started). ``kw``: the backend's options."""
+    dsn = store_dsn(where)
+    if dsn:
+        from agent_sidecar.store.postgres.store import PostgresStore
+        store = PostgresStore(dsn, **kw)
+        await store.start()  # its reads need the pool that start opens
+    else:
+        from agent_sidecar.store.sqlite.store import SqliteStore
+        store = SqliteStore(db_path(where), **kw)  # migrated; its reads need no writer process
+        if writes:
+            await store.start()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+class RawSql:
+    """One connection to a store, SQL in the dialect both backends share
+    (``?`` placeholders; each statement its own transaction). Not an oracle:
+    for setup no API can make (rows made old) and audits of invariants no
+    interface read exposes; tests of the SQLite backend itself use ``query``."""
+
+    def __init__(self, where):
+        self.dsn = store_dsn(where)
+        self.backend = "postgres" if self.dsn else "sqlite"
+        if self.dsn:
+            from agent_sidecar.store.postgres.connection import connect
+            self.conn = connect(self.dsn, autocommit=True)
+        else:
+            import sqlite3
+            self.conn = sqlite3.connect(db_path(where), timeout=10, isolation_level=None)
+
+    def execute(self, sql: str, args: tuple = ()) -> list[tuple]:
+        """The statement's rows (none for a write)."""
+        if self.dsn:
+            sql = sql.replace("%", "%%").replace("?", "%s")
+        cur = self.conn.execute(sql, args)
+        return list(cur.fetchall()) if cur.description else []
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+@contextlib.contextmanager
+def raw_sql(where):
+    s = RawSql(where)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@contextlib.contextmanager
+def writes_held(where):
+    """Hold the store's write lock: the sidecar's writes (an accept job's too)
+    wait for its release; reads go on. A fault made at the store, not a read of
+    it: on SQLite another writer's ``BEGIN IMMEDIATE``, on PostgreSQL every
+    table of the schema locked ``IN EXCLUSIVE MODE`` (which blocks writers only)."""
+    dsn = store_dsn(where)
+    if dsn:
+        from agent_sidecar.store.postgres.connection import connect
+        with connect(dsn, autocommit=True) as conn:
+            with conn.transaction():
+                tables = [t for (t,) in conn.execute(
+                    "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")]
+                conn.execute("LOCK TABLE " + ", ".join(f'"{t}"' for t in tables) + " IN EXCLUSIVE MODE")
+                yield
+        return
+    import sqlite3
+    from contextlib import closing
+    with closing(sqlite3.connect(db_path(where), timeout=10, isolation_level=None)) as db:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            db.execute("ROLLBACK")
 
 
 def query(where, sql: str, args: tuple = ()) -> list[tuple]:

@@ -40,6 +40,7 @@ def sc(tmp_path_factory, fakes):
     profiles = "".join(profile(name, "openai", {
         "base_url": fake.url, "model": "gpt-test", "backoff_initial_s": 0.01,
         "backoff_max_s": 0.05, "max_retries": 2}, tools=["test.*"]) for name, fake in fakes.items())
+    profiles += "[stream]\ncoalesce_ms = 0\n"  # one frame per chunk: what the backend streamed, as it came
     s = Sidecar(tmp_path_factory.mktemp("openai") / "data", config=profiles, workers=2).start()
     yield s
     s.stop()

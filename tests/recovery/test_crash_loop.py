@@ -1,7 +1,7 @@
 """The crash loop (issue 5): a load generator keeps 50 sessions busy (echo with
 token latency, QUEUE mostly, some FOLLOW_UP, some default) while the test
 `kill -9`s the sidecar 20 times at random moments, restarting it each time. Then
-it settles, stops cleanly, and the store is read with stdlib sqlite3:
+it settles, stops cleanly, and the store is read in SQL (helpers.store.raw_sql):
 
 - every acknowledged prompt (its `accepted` frame reached the client) has exactly
   one ledger row, ended: completed, superseded, or failed with a recovery reason
@@ -11,7 +11,7 @@ it settles, stops cleanly, and the store is read with stdlib sqlite3:
   own (none for one superseded before it started); no request id has two
   `started` frames;
 - each session's completed QUEUE prompts completed in submission order;
-- `PRAGMA integrity_check` is ok.
+- `PRAGMA integrity_check` is ok (SQLite).
 
 A prompt not acknowledged is retried with the same request id (as a client
 would); acknowledgement may then come from the dedup replay."""
@@ -21,16 +21,14 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import sqlite3
 import threading
 import time
 from collections import Counter, defaultdict
-from contextlib import closing
 from dataclasses import dataclass
 
 import grpc
 from helpers.config import echo
-from helpers.store import StoreView
+from helpers.store import StoreView, raw_sql
 from helpers.streams import D
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
@@ -183,11 +181,11 @@ def test_crash_loop(tmp_path):
     wait_until(lambda: settled(sc), 60, 0.3, "every session idle with an empty queue")
     assert sc.stop() == 0, sc.log()
 
-    # An audit of the whole store file, kept in SQL on purpose: it checks invariants of
+    # An audit of the whole store, kept in SQL on purpose: it checks invariants of
     # rows no interface read exposes (which request wrote each message, across every
     # incarnation and re-run; hidden rows' seqs; SQLite's own integrity check).
-    with closing(sqlite3.connect(str(sc.data_dir / "sidecar.db"))) as db:
-        integrity = db.execute("PRAGMA integrity_check").fetchall()
+    with raw_sql(sc) as db:
+        integrity = db.execute("PRAGMA integrity_check") if db.backend == "sqlite" else [("ok",)]
         ledger = {r[0]: r for r in db.execute(
             "SELECT request_id, session_key, status, reason, started_at, finished_at FROM prompts")}
         started = Counter(r for (r,) in db.execute("SELECT request_id FROM frames WHERE kind = 'started'"))
@@ -198,7 +196,8 @@ def test_crash_loop(tmp_path):
         user_rows = Counter({r: len(v) for r, v in users.items()})
         texts = {}  # request id -> (its text, the request id it absorbed)
         for r, text, payload in db.execute("SELECT request_id, text, payload FROM prompts"):
-            texts[r] = (text, json.loads(payload).get("absorbed_from") if payload else None)
+            payload = json.loads(payload) if isinstance(payload, (str, bytes)) else payload
+            texts[r] = (text, payload.get("absorbed_from") if payload else None)
         terminal = {r: (k, fid) for r, k, fid in db.execute(
             "SELECT request_id, kind, id FROM frames WHERE kind IN ('completed', 'failed', 'superseded')")}
         completed_by_key = defaultdict(list)
@@ -206,9 +205,9 @@ def test_crash_loop(tmp_path):
                                         " WHERE f.kind = 'completed'"):
             completed_by_key[key].append((fid, rid))
         seq_gaps = db.execute("SELECT session_id, count(*), max(seq) FROM messages GROUP BY session_id"
-                              " HAVING count(*) != max(seq) OR min(seq) != 1").fetchall()
-        suspended = db.execute("SELECT count(*) FROM routing WHERE suspended = 1").fetchone()[0]
-        open_rows = db.execute("SELECT count(*) FROM prompts WHERE status IN ('queued', 'running')").fetchone()[0]
+                              " HAVING count(*) != max(seq) OR min(seq) != 1")
+        suspended = db.execute("SELECT count(*) FROM routing WHERE suspended")[0][0]
+        open_rows = db.execute("SELECT count(*) FROM prompts WHERE status IN ('queued', 'running')")[0][0]
 
     acks = gen.acks
     status = Counter(ledger[a.rid][2] if a.rid in ledger else "MISSING" for a in acks)

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import json
 import signal
-import sqlite3
 import time
-from contextlib import closing
 
 import grpc
 from helpers.config import echo, scripted, table
 from helpers.ids import source, words
 from helpers.recovery import health, marker, restart
 from helpers.sessions import get_session, transcript
-from helpers.store import StoreView
+from helpers.store import StoreView, raw_sql
 from helpers.streams import D, PromptRun, Watcher, kind_of, watch
 from helpers.tools import ToolHost
 from helpers.waiting import wait_until
@@ -161,10 +159,10 @@ def test_startup_after_kill9_marks_fails_and_runs_queue(tmp_path):
         sc.sessions().SuspendSession(spb.SuspendSessionRequest(session_key=gone.key), timeout=10)
         busy = PromptRun(sc.prompts(), text=words(40), src=source(), profile="slow")
         busy.wait_for("text_delta")
-        queued = [PromptRun(sc.prompts(), text=f"queued number {i}", key=busy.key, delivery=QUEUE)
-                  for i in range(4)]
-        for q in queued:
-            q.wait_for("accepted")
+        queued = []
+        for i in range(4):  # one after another: the queue's order is the order of acceptance
+            queued.append(PromptRun(sc.prompts(), text=f"queued number {i}", key=busy.key, delivery=QUEUE))
+            queued[-1].wait_for("accepted")
         sc.kill9()
         store = StoreView(sc)
         assert store.entry(busy.key).running
@@ -352,8 +350,8 @@ def test_retention_prunes_old_frames_and_ledger_not_transcripts(tmp_path):
         ids = tuple(p.request_id for p in old)
         age = 8 * 86400
         # Setup, not an oracle: no API makes rows old, so they are backdated in the
-        # stopped sidecar's file; what retention then did is read through the interface.
-        with closing(sqlite3.connect(str(sc.data_dir / "sidecar.db"))) as conn, conn:
+        # stopped sidecar's store; what retention then did is read through the interface.
+        with raw_sql(sc) as conn:
             conn.execute("UPDATE frames SET at = at - ? WHERE request_id IN (?, ?, ?)", (age, *ids))
             conn.execute("UPDATE prompts SET created_at = created_at - ?, finished_at = finished_at - ?"
                          " WHERE request_id IN (?, ?, ?)", (age, age, *ids))

@@ -13,7 +13,7 @@ from helpers.config import echo, scripted, table
 from helpers.ids import source, words
 from helpers.recovery import marker, restart
 from helpers.sessions import get_session, transcript
-from helpers.store import StoreView, db_path, local_store
+from helpers.store import StoreView, local_store
 from helpers.streams import D, PromptRun, get_queue, kind_of, watch
 from helpers.tools import ToolHost
 from helpers.waiting import wait_until
@@ -175,7 +175,7 @@ def test_resume_request_id_follows_the_highest_one_left(tmp_path):
     try:
         run = crash_mid_turn(sc, source())
         sid, key = run.session_id, run.key
-        with local_store(db_path(sc)) as s:  # what retention left: :2 (the stopped sidecar's file)
+        with local_store(sc) as s:  # what retention left: :2 (the stopped sidecar's store)
             assert s.job(lambda uow: uow.ledger.insert(LedgerEntry(
                 request_id=f"resume:{sid}:2", session_key=key, session_id=sid, platform="telegram",
                 status="completed", delivery=2, text="continue", created_at=time.time())))

@@ -14,7 +14,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from helpers.ids import source as src
 from helpers.ids import uniq
 from helpers.sessions import create, rpc_error, seed, transcript, turns
-from helpers.store import db_path, local_store
+from helpers.store import local_store
 from sidecar_proc import TOKEN, Sidecar
 
 from agent_sidecar.store.records import RoutingPatch
@@ -103,7 +103,7 @@ def test_prune_skips_suspended_keeps_transcripts(tmp_path):
         fresh, _ = create(st, src("telegram"))
         assert sc.stop() == 0
         ten_days_ago = time.time() - 10 * 86400
-        with local_store(db_path(sc)) as store:  # the stopped sidecar's file, through its unit of work
+        with local_store(sc) as store:  # the stopped sidecar's store, through its unit of work
             aged = [store.job(lambda uow, k: uow.routing.patch(k, RoutingPatch(updated_at=ten_days_ago)), k)
                     for k in (suspended.session_key, old.session_key)]
             assert aged == [True, True]

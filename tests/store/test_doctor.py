@@ -4,6 +4,7 @@ dir and next to a running one. The FTS index is corrupted with stdlib sqlite3.""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import subprocess
 import sys
@@ -19,13 +20,18 @@ from sidecar_proc import ROOT, Sidecar
 
 from agent_sidecar.v1 import session_service_pb2 as spb
 
+pytestmark = pytest.mark.sqlite_only("the SQLite file's own checks and its FTS5 index, corrupted with sqlite3")
+
 TEXTS = ["the quick brown fox", "jumps over the lazy dog", "zebra crossing ahead",
          "unicode naïve café", "the fox again"]
 
 
-def doctor(data_dir, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+def doctor(data_dir, *args: str, timeout: float = 60, env: dict[str, str] | None = None
+           ) -> subprocess.CompletedProcess:
+    """``agent-sidecar doctor`` on a data dir; ``env``: a Sidecar's store_env() (its backend)."""
     return subprocess.run([sys.executable, "-m", "agent_sidecar", "doctor", "--data-dir", str(data_dir),
-                           *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+                           *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, **(env or {})})
 
 
 def all_messages(sc) -> list[tuple]:

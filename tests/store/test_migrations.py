@@ -11,12 +11,15 @@ import time
 from pathlib import Path
 
 import apsw
+import pytest
 from helpers.store import query
 from helpers.streams import assert_well_formed, prompt_req, run, watch
 from sidecar_proc import Sidecar
 
 from agent_sidecar.recovery import startup
 from agent_sidecar.store.sqlite import schema as migrations
+
+pytestmark = pytest.mark.sqlite_only("the SQLite schema's migrations (PostgreSQL's: test_postgres_backend.py)")
 
 KEY = "agent:main:telegram:dm:old-chat"
 SID = "sid-old"

@@ -79,6 +79,9 @@ class SmallDisk:
         subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
 
 
+SQLITE_DISK = pytest.mark.sqlite_only("a full filesystem under the SQLite file (PostgreSQL's disk is the server's)")
+
+
 @pytest.fixture
 def disk(tmp_path):
     d = SmallDisk(tmp_path / "disk", 16)
@@ -161,6 +164,7 @@ def assert_ended_once(sc, run: PromptRun) -> str:
 
 # -- item 1 and 2: a disk that fills and frees ----------------------------------------------
 
+@SQLITE_DISK
 def test_turns_end_once_and_the_store_recovers_when_the_disk_fills(disk, tmp_path):
     sc = on_disk(disk, tmp_path, config=slow_echo("main", latency_ms=30), workers=2).start()
     try:
@@ -205,6 +209,7 @@ def test_turns_end_once_and_the_store_recovers_when_the_disk_fills(disk, tmp_pat
         sc.stop()
 
 
+@SQLITE_DISK
 def test_prompts_acknowledged_while_the_disk_fills_each_end_once(disk, tmp_path):
     """The issue's scenario: prompts keep coming while their own frames fill
     the disk; each acknowledged one ends exactly once, the others were refused
@@ -241,6 +246,7 @@ def test_prompts_acknowledged_while_the_disk_fills_each_end_once(disk, tmp_path)
         sc.stop()
 
 
+@SQLITE_DISK
 def test_sigterm_with_a_full_disk_stops_without_a_traceback(disk, tmp_path):
     """A turn's end cannot commit: SIGTERM stops at once (no drain wait for
     a store that cannot write), without a traceback, with no marker and exit
@@ -274,6 +280,7 @@ def test_sigterm_with_a_full_disk_stops_without_a_traceback(disk, tmp_path):
         assert replay.kinds()[-1] == "failed" and sum(k in TERMINAL for k in replay.kinds()) == 1
 
 
+@SQLITE_DISK
 def test_a_flush_behind_one_that_did_not_commit_waits_for_it(disk):
     """Store level (jobs.run_flush on a real writer, a real full disk): the
     frame bus keeps flushes in flight, so one sent behind a flush that failed
@@ -386,6 +393,7 @@ def mode(path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
 
 
+@pytest.mark.sqlite_only("the modes of the SQLite files")
 def test_store_files_are_private(tmp_path):
     data = tmp_path / "data"
     data.mkdir(mode=0o755)

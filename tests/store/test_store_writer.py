@@ -14,7 +14,8 @@ import signal
 import pytest
 from helpers.ids import source
 from helpers.logs import log_lines
-from helpers.procs import alive, children, comm, grpc_loaded, niceness, sched_policy
+from helpers.procs import alive, children, cmdline, comm, grpc_loaded, mapped, niceness, sched_policy
+from helpers.store import opened_store
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
@@ -22,7 +23,7 @@ from agent_sidecar.children import CHILD_NICE
 from agent_sidecar.errors import SidecarError
 from agent_sidecar.sessions import lifecycle as life
 from agent_sidecar.sessions.source import SessionSource
-from agent_sidecar.store import StoreClosed, open_store
+from agent_sidecar.store import StoreClosed
 from agent_sidecar.v1 import session_service_pb2 as spb
 
 
@@ -41,6 +42,23 @@ def test_writer_is_a_named_child_without_grpc(tmp_path):
         assert not grpc_loaded(pids["writer"])
         assert comm(pids["writer"]) == "sidecar-writer"
         assert comm(pids["worker0"]) == "sidecar-work-0"
+
+
+def test_the_tree_is_the_writer_and_the_workers_importing_what_they_use(tmp_path):
+    """No multiprocessing resource tracker (nothing needs one: children are
+    spawned without multiprocessing, children.py); no child loads
+    multiprocessing; the writer, which runs no event loop, loads neither
+    asyncio nor ssl (issue 18 item 6: idle memory)."""
+    with Sidecar(tmp_path / "data", workers=2).start() as sc:
+        pids = child_pids(sc)
+        kids = children(sc)
+        assert sorted(kids) == ["sidecar-work-0", "sidecar-work-1", "sidecar-writer"], \
+            {name: cmdline(pid) for name, pid in kids.items()}
+        assert not any("resource_tracker" in cmdline(pid) for pid in kids.values())
+        for name, pid in pids.items():
+            assert not mapped(pid, "/_multiprocessing."), name
+        for fragment in ("/_asyncio.", "/_ssl.", "/libssl."):
+            assert not mapped(pids["writer"], fragment), fragment
 
 
 def test_children_yield_the_cpu_to_the_event_loop(tmp_path):
@@ -100,9 +118,7 @@ def test_jobs_are_module_level_functions_with_plain_arguments(tmp_path):
     A domain error raised there arrives whole (reason and field)."""
 
     async def go():
-        store = open_store(path=str(tmp_path / "s.db"), log_format="text")
-        await store.start()
-        try:
+        async with opened_store(tmp_path / "s.db", writes=True, log_format="text") as store:
             with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
                 store.write(lambda uow: None)
             entry, created = await store.write(life.get_or_create, "agent:main:t:dm:1",
@@ -115,8 +131,6 @@ def test_jobs_are_module_level_functions_with_plain_arguments(tmp_path):
             await asyncio.gather(*(store.write(life.mark_resume_pending, entry.session_key, f"r{i}")
                                    for i in range(200)))
             assert store.writer.commits - before == 1, "writes of one loop iteration share a commit"
-        finally:
-            await store.close()
         with pytest.raises(StoreClosed):
             store.write(life.suspend, "agent:main:t:dm:1")
 

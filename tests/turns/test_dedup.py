@@ -1,4 +1,4 @@
-"""The dedup window's index (turns/dedup.py) on a real store file: what it
+"""The dedup window's index (turns/dedup.py) on a real store: what it
 preloads from the ledger at startup, and that it says when an id it does not
 hold may still be in the ledger (the preload was cut at its limit)."""
 
@@ -7,10 +7,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from helpers.store import local_store
+from helpers.store import local_store, opened_store
 
 from agent_sidecar.store.records import LedgerEntry
-from agent_sidecar.store.sqlite.store import SqliteStore
 from agent_sidecar.turns.dedup import RecentRequests
 
 KEY = "agent:main:t:dm:1"
@@ -25,11 +24,8 @@ def ledger(path, *rows: tuple[str, float]) -> None:
 
 def with_store(path, body) -> None:
     async def go():
-        store = SqliteStore(path)  # migrated; reads need no writer process
-        try:
+        async with opened_store(path) as store:
             await body(store)
-        finally:
-            await store.close()
     asyncio.run(go())
 
 

@@ -8,17 +8,15 @@ and a deleted session leaves no rows behind."""
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
-from contextlib import closing, contextmanager
 
 import grpc
 import pytest
 from helpers.config import profile, scripted
 from helpers.ids import source, words
 from helpers.sessions import get_session, transcript
-from helpers.store import StoreView
+from helpers.store import StoreView, writes_held
 from helpers.streams import TERMINAL, D, PromptRun, assert_well_formed, collect, kind_of, start, watch
 from helpers.waiting import wait_until
 from sidecar_proc import TOKEN, Sidecar
@@ -37,7 +35,8 @@ CONFIG = (profile("main", "echo")
           + profile("stream", "echo", {"token_latency_ms": 5})
           + scripted("host", [{"text": "first answer", "token_latency_ms": 500}, {"echo_input": True}])
           + scripted("crash", [{"text": "x", "kill": "worker"}])
-          + f"[sidecar.limits]\nmax_frames_per_turn = {MAX_FRAMES}\n")
+          + f"[sidecar.limits]\nmax_frames_per_turn = {MAX_FRAMES}\n"
+          + "[stream]\ncoalesce_ms = 0\n")  # one frame per word: the limit is reached mid-stream
 
 # Every table that holds rows of a session (what DeleteSession removes).
 
@@ -68,18 +67,6 @@ def _crash_the_worker(prompts) -> None:
     boom = start(prompts, text="die", src=source(), profile="crash")
     boom.result(15)
     assert boom.reason == "WORKER_CRASHED", _frames(boom)
-
-
-@contextmanager
-def store_locked(sc):
-    """Hold the store's write lock: the sidecar's writes (an accept job's too) wait for its release.
-    A fault made at the SQLite file (another writer), not a read of it."""
-    with closing(sqlite3.connect(sc.data_dir / "sidecar.db", timeout=10, isolation_level=None)) as db:
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        finally:
-            db.execute("ROLLBACK")
 
 
 def _leftovers(sc, key: str, sid: str) -> dict[str, int]:
@@ -213,7 +200,7 @@ def test_twin_of_a_refused_prompt_is_refused_too(sc):
     def call():
         outs.append(collect(prompts.Prompt(req, timeout=5)))
     threads = [threading.Thread(target=call) for _ in range(2)]
-    with store_locked(sc):  # both calls arrive while the first one's accept is pending
+    with writes_held(sc):  # both calls arrive while the first one's accept is pending
         for t in threads:
             t.start()
         time.sleep(0.5)
@@ -228,7 +215,7 @@ def test_retry_after_a_deadline_during_the_accept_gets_the_whole_turn(sc):
     """A retry after a client deadline during the accept gets the whole turn; the session goes IDLE."""
     prompts, sessions = sc.prompts(), sc.sessions()
     req = ppb.PromptRequest(request_id=f"deadline-{id(sc)}", text="hello there", source=source())
-    with store_locked(sc):  # the accept cannot commit before the deadline
+    with writes_held(sc):  # the accept cannot commit before the deadline
         first = collect(prompts.Prompt(req, timeout=0.5))
     assert first.code == grpc.StatusCode.DEADLINE_EXCEEDED, (first.code, first.kinds())
     retry = collect(prompts.Prompt(req, timeout=15))

@@ -24,6 +24,7 @@ from helpers.streams import (
     kind_of,
     prompt_req,
     run,
+    start,
     watch,
 )
 from helpers.waiting import wait_until
@@ -207,12 +208,19 @@ def test_duplicate_request_id_survives_a_restart(tmp_path):
 
 
 def test_a_request_id_past_the_dedup_window_starts_a_new_turn(tmp_path):
-    cfg = "[sidecar]\ndedup_window_s = 1\n" + PROFILES
+    """The window counts from the request's acceptance: the twin goes as soon as
+    it is accepted (a loaded machine may take longer than a window to run the
+    turn), the reuse once the window has passed since."""
+    window = 2.0
+    cfg = f"[sidecar]\ndedup_window_s = {window}\n" + PROFILES
     with Sidecar(tmp_path / "data", config=cfg, workers=1) as s:
         req = prompt_req(text="once")
-        out = run(s.prompts(), req)
-        assert ident(run(s.prompts(), req).frames) == ident(out.frames)  # inside the window
-        time.sleep(1.2)
+        first = start(s.prompts(), req)
+        accepted_at = first.wait_for("accepted").at.ToNanoseconds() / 1e9
+        twin = run(s.prompts(), req)  # inside the window
+        out = first.result()
+        assert ident(twin.frames) == ident(out.frames)
+        time.sleep(max(0.0, accepted_at + window + 0.2 - time.time()))
         later = run(s.prompts(), req)
         assert_well_formed(later)
         assert later.frames[0].at.ToNanoseconds() > out.last.at.ToNanoseconds()  # new frames

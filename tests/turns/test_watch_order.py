@@ -23,7 +23,7 @@ WATCH_PAGE = 10_000  # rows per read of a WatchActivity replay (prompt_service.W
 def sc(tmp_path_factory):
     # One turn here streams more frames than a stream may buffer by default
     # (limits.stream_buffer_frames), faster than the test reads them.
-    limits = "[sidecar.limits]\nstream_buffer_frames = 100000\n\n"
+    limits = "[sidecar.limits]\nstream_buffer_frames = 100000\n\n[stream]\ncoalesce_ms = 0\n\n"  # a frame a word
     s = Sidecar(tmp_path_factory.mktemp("watch") / "data", config=limits + profile("main", "echo"),
                 workers=2).start()
     yield s

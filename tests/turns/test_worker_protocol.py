@@ -26,10 +26,11 @@ async def _with_worker(tmp_path, body):
     with local_store(db) as s:  # what the parent commits before a run: the incarnation and the user message
         s.job(lambda uow: uow.incarnations.insert("s1", "k", 0.0))
         s.job(tx.append, "s1", [tx.Message(role="user", content="still here")])
+        spec = s.reader_spec()
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=True)
-    spec = {"reader": ("agent_sidecar.store.sqlite.reader:open_reader", (db,)), "parent_pid": os.getpid()}
-    proc = ctx.Process(target=worker_main, args=(child, 0, spec), daemon=True)
+    proc = ctx.Process(target=worker_main, args=(child, 0, {"reader": spec, "parent_pid": os.getpid()}),
+                       daemon=True)
     proc.start()
     child.close()
     reader, writer = await open_stream(parent.fileno())

@@ -7,7 +7,9 @@
 - a WAL checkpoint;
 - a summary: sessions, incarnations, messages, frames, ledger, file sizes.
 Exit status 0 when everything checks out (after repair, if asked), 1 otherwise.
-The work itself is the backend's (store/sqlite/maintenance.py).
+The work itself is the backend's (store/sqlite/maintenance.py, or with
+``[store] backend = "postgres"`` in the config or the environment,
+store/postgres/maintenance.py: no file, no WAL checkpoint of its own).
 """
 
 from __future__ import annotations
@@ -23,14 +25,25 @@ def _say(msg: str) -> None:
     print(msg, flush=True)
 
 
-def run(args) -> int:
+def _open(args):
+    """The data dir's store, by the config's backend (the file, the environment)."""
+    from ..config import load_config
+    cfg = load_config(getattr(args, "config", None), data_dir=args.data_dir)
+    if cfg.store.backend == "postgres":
+        from ..store.postgres.maintenance import PostgresMaintenance
+        return PostgresMaintenance(cfg.store.dsn)
     db_path = os.path.join(args.data_dir, "sidecar.db")
     if not os.path.exists(db_path):
-        print(f"agent-sidecar doctor: no store at {db_path}", file=sys.stderr)
-        return 1
+        raise NotAStore(f"no store at {db_path}")
+    return SqliteMaintenance(db_path)
+
+
+def run(args) -> int:
+    from ..config import ConfigError
+    from ..store.interface import StoreOpenError
     try:
-        store = SqliteMaintenance(db_path)
-    except (StoreLocked, NotAStore) as e:
+        store = _open(args)
+    except (StoreLocked, NotAStore, StoreOpenError, ConfigError) as e:
         print(f"agent-sidecar doctor: {e}", file=sys.stderr)
         return 1
     try:
@@ -42,14 +55,14 @@ def run(args) -> int:
         store.close()
 
 
-def _integrity(store: SqliteMaintenance, label: str) -> bool:
+def _integrity(store, label: str) -> bool:
     result = store.integrity()
     ok = result == ["ok"]
     _say(f"  {label}: {'ok' if ok else '; '.join(result[:5])}")
     return ok
 
 
-def _check(args, store: SqliteMaintenance) -> int:
+def _check(args, store) -> int:
     _say("integrity check …")
     healthy = _integrity(store, "integrity")
     ok, detail = store.fts_check()
@@ -65,8 +78,9 @@ def _check(args, store: SqliteMaintenance) -> int:
     elif not ok:
         _say("  run `agent-sidecar doctor --rebuild-fts` to rebuild it from the messages")
     healthy &= ok
-    log_pages, done = store.checkpoint()
-    _say(f"  WAL checkpoint: {done}/{log_pages} pages")
+    pages = store.checkpoint()
+    if pages is not None:  # a backend with a WAL of its own (SQLite)
+        _say(f"  WAL checkpoint: {pages[1]}/{pages[0]} pages")
     _say("summary:")
     for k, v in store.summary().items():
         _say(f"  {k:14} {v:>12,}")

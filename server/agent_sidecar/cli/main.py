@@ -1,8 +1,8 @@
 """``agent-sidecar``: serve, sessions, doctor, health, status, config, bench; ``--version``.
 
-This module is imported by every spawned worker (it is the console script's
-main module, which multiprocessing's spawn re-imports), so it imports nothing
-heavy at module level: grpc and the server come in inside the commands.
+It imports nothing heavy at module level (grpc and the server come in
+inside the commands), so ``agent-sidecar --help`` and the small commands
+start fast.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="check and repair the store (sidecar may be stopped)")
     d.add_argument("--data-dir", default="./data")
     d.add_argument("--rebuild-fts", action="store_true", help="drop and rebuild the full-text index")
+    d.add_argument("--config", default=None, help="the sidecar's TOML config (its [store] backend and dsn)")
     d.set_defaults(func=_doctor)
 
     h = sub.add_parser("health", help="ask a running sidecar's health service (exit 0 when SERVING)")

@@ -8,10 +8,11 @@ holds the writer for long: other sessions' writes interleave between batches
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
+# asyncio is imported in the coroutines that use it: the store writer process
+# imports this module for its jobs and runs no event loop.
 from ..sessions import lifecycle as life
 from ..store import StoreUnavailable, UnitOfWork
 from ..store.jobs import index_messages as index_job
@@ -33,6 +34,7 @@ async def _in_batches(store, delete, *args) -> int:
     """Run ``delete(conn, *args)`` as its own small writer job until a batch
     comes back short, yielding to the loop between batches; returns the rows
     deleted."""
+    import asyncio
     total = 0
     while True:
         n = await store.write(delete, *args)
@@ -56,6 +58,7 @@ INDEX_BATCH = 20_000
 async def index_messages(store) -> None:
     """Keep the full-text index at most about a second behind the transcripts
     (the backend's batch indexing); cancelled at shutdown."""
+    import asyncio
     while True:
         try:
             while await store.write(index_job, INDEX_BATCH) == INDEX_BATCH:
@@ -69,6 +72,7 @@ async def index_messages(store) -> None:
 
 async def run(cfg, store, busy_keys) -> None:
     """The timer loop; cancelled at shutdown."""
+    import asyncio
     last_prune = 0.0
     while True:
         try:

@@ -5,9 +5,8 @@ imports a database driver; the domain writes through ``Store.write(job,
 methods. See interface.py for what every backend guarantees.
 """
 
-from .faults import StoreUnavailable
+from .faults import StoreClosed, StoreUnavailable
 from .interface import Store, StoreOpenError, UnitOfWork, batched
-from .writer.client import StoreClosed
 
 __all__ = ["Store", "StoreOpenError", "StoreClosed", "StoreUnavailable", "UnitOfWork",
            "batched", "open_store"]

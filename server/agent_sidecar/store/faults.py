@@ -24,13 +24,16 @@ between failing and writable.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..errors import STORE_UNAVAILABLE, SidecarError
+
+if TYPE_CHECKING:  # the monitor's loop is the parent's; the store writer process imports
+    import asyncio  # this module for its errors and runs no event loop
 
 log = logging.getLogger("agent_sidecar.store")
 
@@ -69,6 +72,12 @@ def probe(uow) -> None:
     """The retry round's own write (a job): the backend's proof that it can
     write again (see UnitOfWork.probe)."""
     uow.probe()
+
+
+class StoreClosed(StoreUnavailable):
+    """The store was closed (or its writer died); no more writes are accepted.
+    For a client the same as any store that cannot write: UNAVAILABLE,
+    STORE_UNAVAILABLE, retry (the next sidecar will take it)."""
 
 
 class FaultMonitor:
@@ -137,11 +146,13 @@ class FaultMonitor:
                   extra={"error": fault.message})
         self._tell(fault)
         if not self._closed:
+            import asyncio
             self._task = asyncio.get_running_loop().create_task(self._recover())
 
     async def _recover(self) -> None:
         """Retry rounds with a doubling delay (up to RETRY_AFTER_S) until one
         commits whole; then the store is writable again."""
+        import asyncio
         delay = FIRST_ROUND_S
         while True:
             await asyncio.sleep(delay)
@@ -156,6 +167,7 @@ class FaultMonitor:
         self._tell(None)
 
     async def _retry_round(self) -> bool:
+        import asyncio
         self._round, self._round_ok = set(), True
         self._round_done = asyncio.get_running_loop().create_future()
         try:

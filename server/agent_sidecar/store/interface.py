@@ -69,7 +69,9 @@ from .records import (
     UsageDelta,
 )
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # only in annotations: the store writer process runs no event loop
+    import asyncio
+
     from .writer.client import CommitStats
 
 R = TypeVar("R")

@@ -13,8 +13,6 @@ An evicted session loses nothing: its next turn rebuilds it from the store.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -35,9 +33,9 @@ def anon_rss_bytes() -> int:
 
 
 def malloc_trim() -> None:
+    import ctypes  # the process's own symbols: libc's malloc_trim among them (glibc)
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
+        ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):
         pass
 

@@ -47,7 +47,7 @@ TERMINAL = frozenset(("completed", "failed", "superseded"))
 def build_frame(rid: str, key: str, sid: str, seq: int, at: float, cursor: int, kind: str,
                 body: dict[str, Any]) -> ppb.ActivityFrame:
     f = ppb.ActivityFrame(request_id=rid, session_key=key, session_id=sid, seq=seq, cursor=cursor)
-    f.at.FromNanoseconds(int(at * 1e9))
+    f.at.seconds, f.at.nanos = divmod(int(at * 1e9), 1_000_000_000)  # FromNanoseconds, without its Python
     sub = getattr(f, kind)
     sub.SetInParent()
     for k, v in body.items():

@@ -65,6 +65,7 @@ class TurnManager:
         c = self.cfg.agent_cache
         settings = {"reader": self.store.reader_spec(), "parent_pid": os.getpid(),
                     "debug": logging.getLogger("agent_sidecar").isEnabledFor(logging.DEBUG),
+                    "coalesce_ms": self.cfg.stream.coalesce_ms,
                     "cache": {
             "max_size": c.max_size, "idle_ttl_secs": c.idle_ttl_secs,
             "memory_budget_bytes": budget_per_worker(c.memory_high_mb, n),

@@ -11,15 +11,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import multiprocessing as mp
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..children import Channel, spawn
+from ..children import Channel, ChildProcess, spawn
 from . import wire
-from .worker import worker_main
 
 log = logging.getLogger("agent_sidecar.workers")
+WORKER_MAIN = "agent_sidecar.turns.worker:worker_main"  # what a worker process runs
 
 
 def rendezvous(key: str, slots: int) -> int:
@@ -36,7 +35,7 @@ def rendezvous(key: str, slots: int) -> int:
 class WorkerHandle:
     def __init__(self, index: int):
         self.index = index
-        self.process: mp.process.BaseProcess | None = None
+        self.process: ChildProcess | None = None
         self.channel: Channel | None = None
         self.ready = asyncio.Event()
         self.pid = 0
@@ -72,7 +71,7 @@ class WorkerPool:
     async def _spawn(self, h: WorkerHandle, timeout: float = 60.0) -> None:
         lost = asyncio.Event()
         proc, channel, info = await spawn(
-            worker_main, (h.index, self.settings), f"agent-sidecar-worker-{h.index}",
+            WORKER_MAIN, (h.index, self.settings), f"agent-sidecar-worker-{h.index}",
             lambda msg: self.on_message(h, msg), lost.set, timeout)
         h.process, h.channel, h.pid, h.info = proc, channel, info["pid"], info
         h.generation += 1

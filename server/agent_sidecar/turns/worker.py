@@ -1,7 +1,7 @@
 """A worker process: runs agent turns for the sessions that hash to it.
 
-Started with multiprocessing's ``spawn`` (never fork: grpcio is not fork-safe),
-eagerly, before the gRPC server exists. It imports no grpc — check
+Started as a fresh interpreter (children.spawn; never fork: grpcio is not
+fork-safe), eagerly, before the gRPC server exists. It imports no grpc — check
 ``grpc_loaded`` in its hello message — which keeps it at about half the memory.
 
 One uvloop loop serves many sessions' turns at once; the parent guarantees one
@@ -33,27 +33,68 @@ from .agent import Agent, ToolRefused, TurnFailed, TurnSpec, run_turn
 from .cache import AgentCache
 from .model_trace import TracedBackend
 
+# Under load a worker writes to the parent at most this often (children.Channel):
+# every turn's frames of that spell in one write, read by the parent's loop at once.
+WRITE_PACE_S = 0.002
+
 
 class _TurnIO:
-    """What one running turn sees of the outside world."""
+    """What one running turn sees of the outside world.
 
-    def __init__(self, worker: Worker, rid: str, agent: Agent):
+    Text deltas are coalesced (``coalesce_s`` > 0): a delta that finds no
+    window open goes out at once and opens one; the deltas that arrive while
+    it is open go out together, as one ``text_delta`` whose text is theirs
+    concatenated, when it closes (and a new window opens behind them). So no
+    delta waits longer than one window, the first of a turn not at all, and
+    a model streaming faster than the window sends one frame per window.
+    Anything else the turn sends (another frame, a transcript message, a tool
+    call, its end) sends the waiting text first, so the order is the model's."""
+
+    def __init__(self, worker: Worker, rid: str, agent: Agent, coalesce_s: float = 0.0):
         self.w, self.rid, self.agent = worker, rid, agent
         self.steered: list[str] = []
         self.steering_open = True
         self.tool_waits: dict[str, asyncio.Future] = {}
+        self.coalesce_s = coalesce_s
+        self._text: list[str] = []  # deltas waiting for their window to close
+        self._window: asyncio.TimerHandle | None = None
         self.model_calls: list[tuple[float, bool]] = []  # for the turn's report (wire.TurnReport)
 
     def frame(self, kind: str, body: dict[str, Any]) -> None:
+        if kind == "text_delta" and self.coalesce_s > 0:
+            if self._window is not None:
+                self._text.append(body["text"])
+                return
+            self._window = asyncio.get_running_loop().call_later(self.coalesce_s, self._window_closed)
+        else:
+            self.flush_text()
         self.w.send(wire.frame_msg(self.rid, kind, body))
 
+    def _window_closed(self) -> None:
+        self._window = None
+        if self._text:
+            text, self._text = "".join(self._text), []
+            self._window = asyncio.get_running_loop().call_later(self.coalesce_s, self._window_closed)
+            self.w.send(wire.frame_msg(self.rid, "text_delta", {"text": text}))
+
+    def flush_text(self) -> None:
+        """Send the text waiting in the window now, and close the window."""
+        if self._window is not None:
+            self._window.cancel()
+            self._window = None
+        if self._text:
+            text, self._text = "".join(self._text), []
+            self.w.send(wire.frame_msg(self.rid, "text_delta", {"text": text}))
+
     def message(self, msg: dict[str, Any]) -> None:
+        self.flush_text()
         self.agent.unpersisted += 1
         self.w.send(wire.message(self.rid, msg))
 
     async def invoke_tool(self, call_id: str, name: str, arguments_json: str) -> tuple[bool, str]:
         fut = asyncio.get_running_loop().create_future()
         self.tool_waits[call_id] = fut
+        self.flush_text()
         self.w.send(wire.tool_call(self.rid, call_id, name, arguments_json))
         try:
             ok, result, refused = await fut
@@ -77,6 +118,7 @@ class _TurnIO:
 class Worker:
     def __init__(self, fileno: int, index: int, settings: dict[str, Any]):
         self.fileno, self.index, self.settings = fileno, index, settings
+        self.coalesce_s = float(settings.get("coalesce_ms", 0)) / 1000
         c = settings.get("cache", {})
         self.cache = AgentCache(max_size=c.get("max_size", 128), idle_ttl=c.get("idle_ttl_secs", 3600),
                                 memory_budget_bytes=c.get("memory_budget_bytes", 0),
@@ -137,7 +179,7 @@ class Worker:
             if not done.done():
                 done.set_result(None)
 
-        self.channel = await open_channel(self.fileno, on_message, on_lost)
+        self.channel = await open_channel(self.fileno, on_message, on_lost, pace_s=WRITE_PACE_S)
         self.send(wire.hello(os.getpid(), self.index,
                              any(m == "grpc" or m.startswith("grpc.") for m in sys.modules)))
         tune_gc()
@@ -222,7 +264,7 @@ class Worker:
         bind_turn(rid, m["session_key"])  # this task's log lines are the turn's
         try:
             agent, hit, evicted = self._agent_for(m)
-            io = _TurnIO(self, rid, agent)
+            io = _TurnIO(self, rid, agent, self.coalesce_s)
             self.turns[rid] = (self.turns[rid][0], io)
             agent.in_turn = True
             spec = TurnSpec(system_prompt=m["system_prompt"], tools=m["tools"],
@@ -231,7 +273,8 @@ class Worker:
             backend = self.backend(profile)
             if "traceparent" in m:
                 backend = TracedBackend(backend, m["traceparent"], rid, profile, self.send)
-            final = await asyncio.wait_for(run_turn(agent, backend, spec, io), m["timeout_s"])
+            async with asyncio.timeout(m["timeout_s"]):  # in this task: no second one to wait for
+                final = await run_turn(agent, backend, spec, io)
             done = wire.completed(rid, final)
         except TurnFailed as e:
             done = wire.failed(rid, e.reason, e.message)
@@ -242,6 +285,8 @@ class Worker:
         except Exception as e:  # a backend bug must fail the turn, not the worker
             done = wire.failed(rid, E.LLM_API_FAILURE, f"{type(e).__name__}: {e}")
         finally:
+            if io is not None:
+                io.flush_text()  # what the model said goes out before the turn's end
             if agent is not None:
                 agent.in_turn = False
                 agent.last_used = self.cache.clock()
@@ -259,10 +304,10 @@ class Worker:
 
 
 def worker_main(conn, index: int, settings: dict[str, Any]) -> None:
-    """The spawn target. ``conn`` is our end of a multiprocessing Pipe."""
+    """The spawn target (children.spawn). ``conn`` is our end of the pipe (child.Pipe)."""
     import uvloop
 
-    from ..children import become_child
+    from ..child import become_child
     become_child(f"sidecar-work-{index}", settings["parent_pid"])
     worker = Worker(conn.fileno(), index, settings)
     uvloop.run(worker.run())

@@ -8,7 +8,8 @@ notifications on asyncio connections from ``psycopg_pool`` — with its C
 speedups (``psycopg[binary]``). asyncpg is asyncio-only, and the writer
 process would need an event loop of its own to use it.
 
-JSON columns go through orjson both ways. Durability: a COMMIT returns once
+Every connection is configured by codec.configure: JSON through orjson both
+ways, and text escaped so that a NUL character survives. Durability: a COMMIT returns once
 PostgreSQL has flushed it (``synchronous_commit`` on, its default; the writer
 sets it explicitly for its session).
 """
@@ -21,10 +22,10 @@ from typing import TYPE_CHECKING
 import orjson
 import psycopg
 from psycopg import errors as pgerr
-from psycopg.types.json import set_json_dumps, set_json_loads
 
 from ..faults import is_store_fault
 from ..records import ClusterOp
+from .codec import configure
 
 log = logging.getLogger("agent_sidecar.store")
 
@@ -43,16 +44,16 @@ CHANNEL = "agent_sidecar_frames"  # NOTIFY channel: a commit's highest frame cur
 CONTROL_CHANNEL = "agent_sidecar_control"  # NOTIFY channel: ClusterOp JSON (UnitOfWork.announce)
 
 
-def _dumps(obj) -> str:
-    return orjson.dumps(obj).decode()
-
-
-set_json_dumps(_dumps)
-set_json_loads(orjson.loads)
-
-
 def connect(dsn: str, **kw) -> psycopg.Connection:
-    return psycopg.connect(dsn, **kw)
+    conn = psycopg.connect(dsn, **kw)
+    configure(conn)
+    return conn
+
+
+async def connect_async(dsn: str, **kw) -> psycopg.AsyncConnection:
+    conn = await psycopg.AsyncConnection.connect(dsn, **kw)
+    configure(conn)
+    return conn
 
 
 def is_fault(e: BaseException) -> bool:
@@ -61,7 +62,7 @@ def is_fault(e: BaseException) -> bool:
 
 def announce_payload(op: str, keys: list[str], origin: str) -> str:
     """A ClusterOp as the control channel carries it (JSON)."""
-    return _dumps({"op": op, "keys": keys, "origin": origin})
+    return orjson.dumps({"op": op, "keys": keys, "origin": origin}).decode()
 
 
 def read_announce(payload: str) -> ClusterOp | None:

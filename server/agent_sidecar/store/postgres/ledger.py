@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 
 from ..records import LedgerEntry, NewFrame, OpenPrompt, QueueSlot
 from . import rows
+from .codec import json_text
 from .connection import FRAMES_LOCK
 
 _INSERT_LEDGER = ("INSERT INTO prompts (request_id, session_key, session_id, platform, status, delivery,"
@@ -84,9 +85,9 @@ class PostgresLedger:
         return [OpenPrompt(rows.ledger(r[:n]), r[n], r[n + 1]) for r in found]
 
     def ids_with_prefix(self, prefix: str) -> list[str]:
-        return [r[0] for r in self.conn.execute(
-            "SELECT request_id FROM prompts WHERE request_id >= %s AND request_id < %s",
-            (prefix, prefix + "\uffff"))]
+        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        return [r[0] for r in self.conn.execute("SELECT request_id FROM prompts WHERE request_id LIKE %s",
+                                                (pattern,))]
 
     def recent(self, since: float, limit: int) -> list[tuple[str, float, str]]:
         return [tuple(r) for r in self.conn.execute(
@@ -95,8 +96,8 @@ class PostgresLedger:
 
     def delete_closed_before(self, cutoff: float, limit: int) -> int:
         return self.conn.execute(
-            "DELETE FROM prompts WHERE request_id IN (SELECT request_id FROM prompts"
-            " WHERE created_at < %s AND status NOT IN ('queued', 'running') LIMIT %s)",
+            "DELETE FROM prompts WHERE request_id = ANY(ARRAY(SELECT request_id FROM prompts"
+            " WHERE created_at < %s AND status NOT IN ('queued', 'running') LIMIT %s))",
             (cutoff, limit)).rowcount
 
     def delete_key(self, key: str) -> None:
@@ -145,7 +146,7 @@ class PostgresFrames:
         self.conn.execute(_INSERT_FRAMES, {
             "first": first, "rid": list(cols[0]), "seq": list(cols[1]), "key": list(cols[2]),
             "sid": list(cols[3]), "platform": list(cols[4]), "at": list(cols[5]),
-            "kind": list(cols[6]), "body": [b.decode() if b else None for b in cols[7]]})
+            "kind": list(cols[6]), "body": [json_text(b) if b else None for b in cols[7]]})
         self.written = first + n - 1
         return first
 
@@ -153,10 +154,32 @@ class PostgresFrames:
         return rows.one(self.conn.execute(f"SELECT max(seq) {REQUEST_FRAMES}", {"rid": request_id}).fetchone())[0] or 0
 
     def delete_before(self, at: float, limit: int) -> int:
+        cutoff = self._cutoff_id(at)
+        if not cutoff:
+            return 0
         return self.conn.execute(
-            "DELETE FROM frames WHERE id IN (SELECT id FROM frames WHERE id < coalesce("
-            "(SELECT min(id) FROM frames WHERE at >= %s), (SELECT max(id) + 1 FROM frames))"
-            " ORDER BY id LIMIT %s)", (at, limit)).rowcount
+            "DELETE FROM frames WHERE id = ANY(ARRAY(SELECT id FROM frames WHERE id < %s ORDER BY id LIMIT %s))",
+            (cutoff, limit)).rowcount
+
+    def _cutoff_id(self, at: float) -> int:
+        """The smallest frame id with ``at >= at``: a binary search over ids
+        (they grow with time), each probe a primary-key lookup, so retention
+        needs no index on ``at`` (one more per frame insert) and never reads
+        the frames it keeps (as store/sqlite/ledger.py's cutoff_id)."""
+        lo, hi = rows.one(self.conn.execute(
+            "SELECT (SELECT min(id) FROM frames), (SELECT max(id) FROM frames)").fetchone())
+        if lo is None:
+            return 0
+        while lo < hi:
+            mid = (lo + hi) // 2
+            row = self.conn.execute("SELECT id, at FROM frames WHERE id >= %s ORDER BY id LIMIT 1",
+                                    (mid,)).fetchone()
+            if row is None or row[1] >= at:
+                hi = mid
+            else:
+                lo = row[0] + 1
+        row = self.conn.execute("SELECT at FROM frames WHERE id = %s", (lo,)).fetchone()
+        return lo if row is None or row[0] >= at else lo + 1
 
     def delete_key(self, key: str) -> None:
         self.conn.execute("DELETE FROM frames WHERE session_key = %s", (key,))

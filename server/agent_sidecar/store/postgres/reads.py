@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...errors import invalid
 from ..records import FrameRecord, LeaseHolder, LedgerEntry, Message, SearchHit, SessionEntry
 from . import rows
 from .ledger import REQUEST_FRAMES
@@ -63,23 +64,40 @@ async def transcript(conn, session_id: str, include_rewound: bool, after_seq: in
     return [rows.message(r) for r in await _all(conn, sql, params)]
 
 
-_SEARCH = ("SELECT i.session_key, m.session_id, m.seq, m.role,"
-           " ts_headline('simple', m.content, q, 'StartSel=[, StopSel=], MaxWords=12, MinWords=3,"
-           " FragmentDelimiter=…, MaxFragments=1'), m.created_at"
-           " FROM messages m JOIN incarnations i ON i.session_id = m.session_id,"
-           " websearch_to_tsquery('simple', %(q)s) q"
-           " WHERE m.content_tsv @@ q AND m.active")
+# A snippet as SQLite's snippet() makes it: about 12 words from the best match
+# on, the matches in [brackets], "…" where the message goes on before or after.
+# ts_headline marks the matches with two Unicode noncharacters (never meant to
+# be in text), which become the brackets once the plain headline has been
+# compared with the message's start and end for the "…".
+START, STOP = "\ufdd0", "\ufdd1"
+_HEADLINE = f"MaxWords=12, MinWords=11, StartSel={START}, StopSel={STOP}"
+_SEARCH = (
+    "SELECT session_key, session_id, seq, role,"
+    " CASE WHEN starts_with(content, plain) THEN '' ELSE '…' END"
+    " || replace(replace(hl, %(start)s, '['), %(stop)s, ']')"
+    " || CASE WHEN right(content, length(plain)) = plain THEN '' ELSE '…' END, created_at"
+    " FROM (SELECT i.session_key, m.session_id, m.seq, m.role, m.content, m.created_at, m.id,"
+    " ts_rank(m.content_tsv, q) AS rank, q"
+    " FROM messages m JOIN incarnations i ON i.session_id = m.session_id,"
+    " websearch_to_tsquery('simple', %(q)s) q WHERE m.content_tsv @@ q AND m.active{key}"
+    " ORDER BY rank DESC, m.id LIMIT %(limit)s) top,"
+    " LATERAL (SELECT ts_headline('simple', top.content, top.q, %(opts)s) AS hl) h,"
+    " LATERAL (SELECT replace(replace(h.hl, %(start)s, ''), %(stop)s, '') AS plain) p"
+    " ORDER BY rank DESC, id")
 
 
 async def search(conn, query: str, session_key: str, limit: int) -> list[SearchHit]:
     """``websearch_to_tsquery`` accepts any text (quotes, or, -word), so every
-    query is searched; one with no words finds nothing. NUL is a space."""
-    sql, params = _SEARCH, {"q": query.replace("\x00", " "), "limit": limit}
+    query with a word in it is searched; one without is refused as on SQLite.
+    NUL and other control characters separate words."""
+    query = "".join(" " if ord(ch) < 32 else ch for ch in query)
+    if not query.split():
+        raise invalid("query", "has no words to search for")
+    params = {"q": query, "limit": limit, "start": START, "stop": STOP, "opts": _HEADLINE}
+    key = ""
     if session_key:
-        sql += " AND i.session_key = %(key)s"
-        params["key"] = session_key
-    sql += " ORDER BY ts_rank(m.content_tsv, q) DESC, m.id LIMIT %(limit)s"
-    return [SearchHit(*r) for r in await _all(conn, sql, params)]
+        key, params["key"] = " AND i.session_key = %(key)s", session_key
+    return [SearchHit(*r) for r in await _all(conn, _SEARCH.format(key=key), params)]
 
 
 async def ledger(conn, request_id: str) -> LedgerEntry | None:

@@ -7,7 +7,9 @@ edit a shipped one.
 
 The tables are the SQLite backend's (store/sqlite/schema.py), in PostgreSQL's
 types: times are ``double precision`` seconds since the epoch (the records'
-unit on every backend), flags ``boolean``, payloads ``jsonb``. Every lookup
+unit on every backend), flags ``boolean``, payloads ``jsonb``, request ids
+``COLLATE "C"`` (byte order, as SQLite's: a prefix of ids is an index range
+whatever the database's locale). Every lookup
 and list on a request path has its index. Full-text search is a generated
 ``tsvector`` column with a GIN index (the ``simple`` configuration: no
 stemming, so every language's words match as typed); ``doctor --rebuild-fts``
@@ -81,21 +83,21 @@ CREATE TABLE messages (
     created_at   double precision NOT NULL,
     active       boolean NOT NULL DEFAULT true,
     hidden_by    text,
-    request_id   text,
+    request_id   text COLLATE "C",
     content_tsv  tsvector GENERATED ALWAYS AS (to_tsvector('simple', content)) STORED,
     UNIQUE (session_id, seq)
 );
-CREATE INDEX messages_fts ON messages USING gin (content_tsv);
+CREATE INDEX messages_fts ON messages USING gin (content_tsv);  -- FTS_INDEX
 
 CREATE TABLE turn_state (
     session_id  text PRIMARY KEY,
-    request_id  text NOT NULL,
+    request_id  text COLLATE "C" NOT NULL,
     updated_at  double precision NOT NULL,
     state       jsonb NOT NULL
 );
 
 CREATE TABLE prompts (
-    request_id   text PRIMARY KEY,
+    request_id   text COLLATE "C" PRIMARY KEY,
     session_key  text NOT NULL,
     session_id   text NOT NULL,
     platform     text NOT NULL,
@@ -116,7 +118,7 @@ CREATE INDEX prompts_open ON prompts (session_key, created_at) WHERE status IN (
 CREATE INDEX prompts_by_key ON prompts (session_key);
 
 CREATE TABLE prompt_queue (
-    request_id   text PRIMARY KEY,
+    request_id   text COLLATE "C" PRIMARY KEY,
     session_key  text NOT NULL,
     slot         text NOT NULL CHECK (slot IN ('pending', 'fifo')),
     position     bigint NOT NULL,
@@ -129,7 +131,7 @@ CREATE INDEX prompt_queue_by_key ON prompt_queue (session_key, slot, position);
 -- grow with commit order across every sidecar of the cluster.
 CREATE TABLE frames (
     id           bigserial PRIMARY KEY,
-    request_id   text NOT NULL,
+    request_id   text COLLATE "C" NOT NULL,
     seq          bigint NOT NULL,
     session_key  text NOT NULL,
     session_id   text NOT NULL,
@@ -175,7 +177,8 @@ CREATE TABLE nodes (
 """),
 ]
 
-FTS_REBUILD = "REINDEX INDEX messages_fts"
+# The derived full-text index (maintenance.py rebuilds it).
+FTS_INDEX = "CREATE INDEX messages_fts ON messages USING gin (content_tsv)"
 
 
 def migrate(conn) -> list[int]:

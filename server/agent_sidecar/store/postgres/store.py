@@ -26,13 +26,18 @@ from ..jobs import nothing
 from ..records import FrameRecord, LeaseHolder, LedgerEntry, Message, SearchHit, SessionEntry, StoreStats
 from ..writer.client import CommitStats, GroupCommitWriter, StoreClosed
 from . import reads
-from .connection import CHANNEL, CONTROL_CHANNEL, connect, is_fault, read_announce
+from .codec import configure
+from .connection import CHANNEL, CONTROL_CHANNEL, connect, connect_async, is_fault, read_announce
 from .schema import migrate
 
 if TYPE_CHECKING:
     from ..records import ClusterOp
 
 log = logging.getLogger("agent_sidecar.store")
+
+
+async def _configure(conn: psycopg.AsyncConnection) -> None:
+    configure(conn)
 
 
 class PostgresStore:
@@ -53,7 +58,8 @@ class PostgresStore:
             ("agent_sidecar.store.postgres.connection:open_backend", (dsn, node_id)),
             preload, log_format, log_level, on_lost)
         self._pool = AsyncConnectionPool(dsn, min_size=1, max_size=max(1, pool_size), open=False,
-                                         kwargs={"autocommit": True}, name="agent-sidecar-reads")
+                                         kwargs={"autocommit": True}, configure=_configure,
+                                         name="agent-sidecar-reads")
 
     async def start(self) -> None:
         await asyncio.gather(self.writer.start(), self._pool.open(wait=True, timeout=30))
@@ -153,8 +159,8 @@ class PostgresStore:
         one raises StoreUnavailable, even a silent one: the check is bounded)
         and yields 0, the caller's periodic catch-up."""
         try:
-            conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True,
-                                                         application_name=follower_name(self.node_id))
+            conn = await connect_async(self.dsn, autocommit=True,
+                                       application_name=follower_name(self.node_id))
         except Exception as e:
             raise unavailable(e) from None
         try:

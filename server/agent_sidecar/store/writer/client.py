@@ -22,24 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing as mp
 import os
 import pickle
 from collections.abc import Callable
 from typing import Any
 
-from ...children import Channel, spawn
+from ...children import Channel, ChildProcess, spawn
 from ...meters import BATCH_JOBS, COMMIT_SECONDS, Histogram
-from ..faults import FaultMonitor, StoreUnavailable, probe
-from .process import CLOSE, writer_main
+from ..faults import FaultMonitor, StoreClosed, StoreUnavailable, probe
+from .process import CLOSE
 
 log = logging.getLogger("agent_sidecar.store")
-
-
-class StoreClosed(StoreUnavailable):
-    """The store was closed (or its writer died); no more writes are accepted.
-    For a client the same as any store that cannot write: UNAVAILABLE,
-    STORE_UNAVAILABLE, retry (the next sidecar will take it)."""
 
 
 class CommitStats:
@@ -76,7 +69,7 @@ class GroupCommitWriter:
         self.info: dict[str, Any] = {}
         self.commits = 0
         self.jobs = 0
-        self._process: mp.process.BaseProcess | None = None
+        self._process: ChildProcess | None = None
         self._channel: Channel | None = None
         self._pending: dict[int, asyncio.Future] = {}
         self._outbox: list = []  # (job id, blob), or [job, job ids, args] for a run of a @batched job
@@ -95,7 +88,8 @@ class GroupCommitWriter:
     async def start(self, timeout: float = 60.0) -> None:
         self._done = asyncio.get_running_loop().create_future()
         self._process, self._channel, self.info = await spawn(
-            writer_main, (self.backend, os.getpid(), self.log_format, self.log_level, self.preload),
+            "agent_sidecar.store.writer.process:writer_main",
+            (self.backend, os.getpid(), self.log_format, self.log_level, self.preload),
             "agent-sidecar-store-writer", self._on_message, self._on_lost, timeout,
             loads=pickle.loads, dumps=_dumps)
         self.pid = self.info["pid"]

@@ -81,12 +81,12 @@ class WriterBackend(Protocol):
 
 def writer_main(pipe, backend: tuple, parent_pid: int, log_format: str, log_level: str,
                 preload: tuple[str, ...] = ()) -> None:
-    """The spawn target. ``pipe`` is our end of a multiprocessing Pipe;
+    """The spawn target (children.spawn). ``pipe`` is our end of the pipe (child.Pipe);
     ``backend`` is ``("module:function", args)``, the function opening the
     WriterBackend; ``preload`` names the modules jobs live in, imported now
     (while the parent still starts its workers) rather than when the first
     job arrives and health waits for it."""
-    from ...children import become_child, tune_gc
+    from ...child import become_child, tune_gc
     become_child("sidecar-writer", parent_pid)
     from ... import logs
     logs.setup(log_format, log_level)

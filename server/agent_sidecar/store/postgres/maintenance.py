@@ -1,0 +1,104 @@
+"""Maintenance of a PostgreSQL store, sidecars running or not (``agent-sidecar
+doctor`` with ``[store] backend = "postgres"``): the schema's indexes, the
+full-text index's check and rebuild, a summary. The same operations as
+store/sqlite/maintenance.py, in PostgreSQL's terms:
+
+* integrity: every migration applied and every index of the schema valid (an
+  index build that was interrupted leaves an invalid one behind, which the
+  planner then ignores: lookups would scan);
+* the full-text index is derived: ``content_tsv`` is a generated column
+  (computed from ``content`` on every insert, so it cannot drift from it) and
+  ``messages_fts`` its GIN index; the check probes the index with words of the
+  newest messages, the rebuild is ``REINDEX … CONCURRENTLY`` (the sidecars go on
+  writing meanwhile) or a new build when the index is missing or invalid;
+* the server checkpoints its own WAL: nothing to do here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import psycopg
+
+from ..interface import StoreOpenError
+from . import rows
+from .connection import connect
+from .schema import FTS_INDEX, MIGRATIONS, migrate
+
+_INVALID_INDEXES = (
+    "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+    " JOIN pg_namespace n ON n.oid = c.relnamespace"
+    " WHERE n.nspname = current_schema() AND NOT (i.indisvalid AND i.indisready) ORDER BY 1")
+_FTS_STATE = ("SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+              " JOIN pg_namespace n ON n.oid = c.relnamespace"
+              " WHERE n.nspname = current_schema() AND c.relname = 'messages_fts'")
+PROBES = 5
+
+
+class PostgresMaintenance:
+    def __init__(self, dsn: str):
+        try:
+            self.conn = connect(dsn, autocommit=True)
+            migrate(self.conn)
+        except psycopg.Error as e:
+            raise StoreOpenError(f"cannot open the PostgreSQL store: {e}") from None
+
+    def integrity(self) -> list[str]:
+        """``["ok"]`` when every migration is recorded and every index valid."""
+        problems = [f"index {name} is not valid" for (name,) in self.conn.execute(_INVALID_INDEXES)]
+        done = {v for (v,) in self.conn.execute("SELECT version FROM schema_migrations")}
+        problems += [f"migration {v} ({name}) not applied" for v, name, _ in MIGRATIONS if v not in done]
+        return problems or ["ok"]
+
+    def fts_check(self) -> tuple[bool, str]:
+        """The index exists, is valid, and finds (through the index alone) the
+        newest live messages by a word of their own."""
+        state = self.conn.execute(_FTS_STATE).fetchone()
+        if state is None:
+            return False, "the index messages_fts is missing"
+        if not state[0]:
+            return False, "the index messages_fts is not valid"
+        with self.conn.transaction():
+            self.conn.execute("SET LOCAL enable_seqscan = off")
+            probes = self.conn.execute(
+                "SELECT id, (tsvector_to_array(content_tsv))[1] FROM messages"
+                " WHERE active AND content_tsv != ''::tsvector ORDER BY id DESC LIMIT %s", (PROBES,)).fetchall()
+            for msg_id, word in probes:
+                found = rows.one(self.conn.execute(
+                    "SELECT count(*) FROM messages WHERE content_tsv @@ to_tsquery('simple', quote_literal(%s))"
+                    " AND id = %s", (word, msg_id)).fetchone())[0]
+                if not found:
+                    return False, f"message {msg_id} is not found by its word {word!r}"
+        return True, "ok"
+
+    def message_count(self) -> int:
+        return rows.one(self.conn.execute("SELECT count(*) FROM messages").fetchone())[0]
+
+    def rebuild_fts(self, advance: Callable[[int], None] | None = None) -> int:
+        """Rebuild the index from every message (concurrently with the
+        sidecars' writes); returns the rows indexed."""
+        state = self.conn.execute(_FTS_STATE).fetchone()
+        if state is not None and state[0]:
+            self.conn.execute("REINDEX INDEX CONCURRENTLY messages_fts")
+        else:
+            self.conn.execute("DROP INDEX CONCURRENTLY IF EXISTS messages_fts")
+            self.conn.execute(FTS_INDEX.replace("CREATE INDEX", "CREATE INDEX CONCURRENTLY"))
+        n = self.message_count()
+        if advance is not None:
+            advance(n)
+        return n
+
+    def checkpoint(self) -> None:
+        """The server checkpoints its own WAL."""
+        return None
+
+    def summary(self) -> dict[str, int]:
+        def count(table):
+            return rows.one(self.conn.execute(f"SELECT count(*) FROM {table}").fetchone())[0]
+        out = {t: count(t) for t in ("routing", "incarnations", "messages", "frames", "prompts",
+                                     "prompt_queue")}
+        out["db_bytes"] = rows.one(self.conn.execute("SELECT pg_database_size(current_database())").fetchone())[0]
+        return out
+
+    def close(self) -> None:
+        self.conn.close()

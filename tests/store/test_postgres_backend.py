@@ -1,0 +1,350 @@
+"""The PostgreSQL backend itself (store/postgres/), on a real server: its
+numbered migrations, that every lookup and list of the request path goes
+through an index, text that PostgreSQL cannot hold as is (NUL), the full-text
+index and its rebuild. A test of a backend may use its SQL; the behaviour of
+the sidecar on PostgreSQL is the behavioural suite's (``--backend postgres``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import orjson
+import pytest
+from helpers.store import local_store
+from test_doctor import doctor
+
+from agent_sidecar.store.postgres import reads
+from agent_sidecar.store.postgres.connection import connect, connect_async
+from agent_sidecar.store.postgres.schema import MIGRATIONS, migrate
+from agent_sidecar.store.postgres.uow import PostgresUnitOfWork
+from agent_sidecar.store.records import Append, LedgerEntry, Message, QueueSlot, RoutingPatch, SessionEntry, UsageDelta
+
+pytestmark = pytest.mark.postgres_only("the PostgreSQL backend's own schema, plans and text")
+
+# Tables that grow with use: a scan of one of them on the request path is a defect.
+BIG = {"routing", "incarnations", "messages", "prompts", "prompt_queue", "frames", "turn_state"}
+LANES, MESSAGES_PER_LANE, PROMPTS_PER_LANE, FRAMES_PER_PROMPT = 2000, 10, 4, 5
+NOW = time.time()
+
+
+def test_migrations_are_numbered_and_run_once_by_sidecars_starting_together(pg_server):
+    assert [v for v, _, _ in MIGRATIONS] == list(range(1, len(MIGRATIONS) + 1))
+    dsn = pg_server.dsn(_fresh_database(pg_server, "migrate"))
+    applied: list[list[int]] = []
+
+    def one():
+        with connect(dsn, autocommit=True) as conn:
+            applied.append(migrate(conn))
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(applied, key=len) == [[], [], [], [v for v, _, _ in MIGRATIONS]]
+    with connect(dsn, autocommit=True) as conn:
+        assert [r[0] for r in conn.execute("SELECT version FROM schema_migrations ORDER BY 1")] == \
+            [v for v, _, _ in MIGRATIONS]
+        assert migrate(conn) == []
+
+
+def _fresh_database(server, name: str) -> str:
+    """An empty database (not from the migrated template)."""
+    db = f"{server.prefix}_{name}"
+    with connect(server.admin_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{db}"')
+        conn.execute(f'CREATE DATABASE "{db}" TEMPLATE template0')
+    server._created.add(db)
+    return db
+
+
+# -- every lookup and list through an index ------------------------------------------------------
+
+class Explaining:
+    """A connection that EXPLAINs every statement before running it and keeps
+    the relations each plan reads whole (Seq Scan). Sequential scans are
+    disabled on it, so a plan keeps one only where no index can serve the
+    statement at all, whatever the tables' sizes and statistics."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.scans: dict[str, set[str]] = {}
+        conn.execute("SET enable_seqscan = off")
+
+    def explain(self, sql: str, params) -> None:
+        if not sql.lstrip().upper().startswith(("SELECT", "INSERT", "UPDATE", "DELETE", "WITH")):
+            return
+        plan = self.conn.execute("EXPLAIN (FORMAT JSON) " + sql, params).fetchone()[0]
+        self.scans[sql] = set(seq_scans(plan[0]["Plan"]))
+
+    def execute(self, sql, params=None, **kw):
+        self.explain(sql, params)
+        return self.conn.execute(sql, params, **kw)
+
+    def cursor(self):
+        outer = self
+
+        class Cursor:
+            def __enter__(self):
+                self.cur = outer.conn.cursor()
+                return self
+
+            def __exit__(self, *exc):
+                self.cur.close()
+
+            def executemany(self, sql, rows):
+                rows = list(rows)
+                if rows:
+                    outer.explain(sql, rows[0])
+                return self.cur.executemany(sql, rows)
+        return Cursor()
+
+    def transaction(self):
+        return self.conn.transaction()
+
+
+class ExplainingAsync:
+    def __init__(self, conn, into: Explaining):
+        self.conn, self.into = conn, into
+
+    async def start(self) -> ExplainingAsync:
+        await self.conn.execute("SET enable_seqscan = off")
+        return self
+
+    async def execute(self, sql, params=None):
+        if sql.lstrip().upper().startswith("SELECT"):
+            cur = await self.conn.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+            self.into.scans[sql] = set(seq_scans((await cur.fetchone())[0][0]["Plan"]))
+        return await self.conn.execute(sql, params)
+
+
+def seq_scans(node: dict):
+    if node.get("Node Type") == "Seq Scan":
+        yield node["Relation Name"]
+    for child in node.get("Plans", ()):
+        yield from seq_scans(child)
+
+
+POPULATE = f"""
+INSERT INTO routing (session_key, session_id, profile, platform, chat_type, created_at, updated_at,
+                     suspended, resume_pending, running)
+SELECT 'agent:main:p' || (i % 3) || ':dm:' || i, 's' || i, 'main', 'p' || (i % 3), 'dm',
+       {NOW} - 40 * 86400 + i * 600, {NOW} - 40 * 86400 + i * 600, i % 97 = 0, i % 89 = 0, i % 83 = 0
+FROM generate_series(1, {LANES}) i;
+INSERT INTO incarnations (session_id, session_key, created_at, next_seq)
+SELECT session_id, session_key, created_at, {MESSAGES_PER_LANE} + 1 FROM routing;
+INSERT INTO messages (session_id, seq, role, content, created_at, request_id)
+SELECT 's' || i, n, CASE WHEN n % 2 = 1 THEN 'user' ELSE 'assistant' END,
+       'word' || (i * 7 + n) % 1000 || ' lane' || i || ' filler text number ' || n,
+       {NOW} - 40 * 86400 + i * 600 + n, 'r' || i || '-' || ((n + 1) / 2 % {PROMPTS_PER_LANE})
+FROM generate_series(1, {LANES}) i, generate_series(1, {MESSAGES_PER_LANE}) n;
+INSERT INTO prompts (request_id, session_key, session_id, platform, status, delivery, text, created_at,
+                     started_at, finished_at, first_frame, first_seq)
+SELECT 'r' || i || '-' || k, 'agent:main:p' || (i % 3) || ':dm:' || i, 's' || i, 'p' || (i % 3),
+       CASE WHEN i % 5 = 0 AND k = 3 THEN 'queued' ELSE 'completed' END, 3, 'hello',
+       {NOW} - 40 * 86400 + i * 600 + k, {NOW} - 40 * 86400 + i * 600 + k, {NOW} - 40 * 86400 + i * 600 + k,
+       ((i - 1) * {PROMPTS_PER_LANE} + k) * {FRAMES_PER_PROMPT} + 1, k * 2 + 1
+FROM generate_series(1, {LANES}) i, generate_series(0, {PROMPTS_PER_LANE - 1}) k;
+INSERT INTO prompt_queue (request_id, session_key, slot, position, enqueued_at)
+SELECT request_id, session_key, 'fifo', 1, created_at FROM prompts WHERE status = 'queued';
+INSERT INTO frames (id, request_id, seq, session_key, session_id, platform, at, kind, body)
+SELECT p.first_frame + f - 1, p.request_id, f, p.session_key, p.session_id, p.platform, p.created_at + f,
+       CASE WHEN f = 1 THEN 'accepted' ELSE 'text_delta' END, '{{"text": "x"}}'::jsonb
+FROM prompts p, generate_series(1, {FRAMES_PER_PROMPT}) f;
+SELECT setval('frames_id_seq', (SELECT max(id) FROM frames));
+INSERT INTO turn_state (session_id, request_id, updated_at, state)
+SELECT session_id, 'r', created_at, '{{}}'::jsonb FROM routing;
+ANALYZE;
+"""
+
+
+@pytest.fixture(scope="module")
+def big_store(pg_server):
+    dsn = pg_server.database("big")
+    with connect(dsn, autocommit=True) as conn:
+        conn.execute(POPULATE)
+    return dsn
+
+
+def lane(i: int) -> tuple[str, str]:
+    return f"agent:main:p{i % 3}:dm:{i}", f"s{i}"
+
+
+def exercise_writes(uow: PostgresUnitOfWork) -> None:
+    """Every repository operation of the request path and the restore, once."""
+    key, sid = lane(1500)
+    other_key, other_sid = lane(1600)
+    rid = "r1500-1"
+    r, inc, msgs, led, q, fr = (uow.routing, uow.incarnations, uow.messages, uow.ledger, uow.queue,
+                                uow.frames)
+    r.get(key)
+    r.head(key)
+    r.insert(SessionEntry("agent:main:p0:dm:new", "s-new", "main", "p0", "dm", NOW, NOW))
+    r.patch(key, RoutingPatch(running=True), session_id=sid, if_current=RoutingPatch(resume_pending=False))
+    r.add_usage(key, UsageDelta(input_tokens=3, last_prompt_tokens=3, cost_status="ok"), NOW)
+    r.keys_active_since(NOW - 3600)
+    r.resume_candidates(NOW - 3600)
+    r.idle_before(NOW - 39 * 86400)
+    r.clear_running()
+    inc.insert("s-new", "agent:main:p0:dm:new", NOW)
+    inc.get(sid)
+    inc.end(sid, "reset", NOW)
+    inc.reopen(sid)
+    inc.add_turn(sid)
+    inc.bump_rev(sid)
+    inc.of_key(key)
+    msgs.append([Append(sid, (Message(role="user", content="hi"),), request_id=rid),
+                 Append(other_sid, (Message(role="user", content="yo"),), request_id=None)])
+    msgs.hide_from(sid, 9, "rewind")
+    msgs.hide_request(sid, rid, "rollback")
+    msgs.last_user(sid, 2)
+    msgs.of_request(rid)
+    msgs.hide_live(other_sid, "reset")
+    led.get(rid)
+    led.insert(LedgerEntry("r-new", key, sid, "p1", "queued", 3, "hello", {}, NOW))
+    q.insert(QueueSlot("r-new", key, "fifo", 2, NOW))
+    led.mark_started("r-new", sid, NOW, 12, True)
+    led.mark_started(rid, sid, NOW, 12, False)
+    cursor = fr.insert([("r-new", 1, key, sid, "p1", NOW, "accepted", b'{"queue_position": 0}')])
+    led.set_first_frame("r-new", cursor, 12)
+    fr.last_seq("r-new")
+    led.close("r-new", "completed", "", 1, NOW)
+    q.remove("r-new")
+    led.open_prompts()
+    led.open_prompts([key])
+    led.ids_with_prefix("r1500-")
+    led.recent(NOW - 60, 100)
+    led.delete_closed_before(NOW - 39 * 86400, 100)
+    led.forget(rid)
+    fr.delete_before(NOW - 39 * 86400, 100)
+    uow.restarts.increment(key, NOW)
+    uow.restarts.reset(key)
+    uow.turn_state.put(sid, rid, NOW, {"n": 1})
+    uow.delete_lane(other_key)
+
+
+async def exercise_reads(conn) -> None:
+    key, sid = lane(1500)
+    await reads.entry(conn, key)
+    await reads.session_key_of(conn, sid)
+    await reads.list_entries(conn, "", None, None, 50)
+    await reads.list_entries(conn, "p1", None, None, 50)
+    await reads.list_entries(conn, "", NOW - 86400, (NOW - 3600, key), 50)
+    await reads.transcript(conn, sid, False, 0, None)
+    await reads.transcript(conn, sid, True, 4, 100)
+    await reads.search(conn, "word123", "", 20)
+    await reads.search(conn, "word123 filler", key, 20)
+    await reads.ledger(conn, "r1500-2")
+    await reads.recent_requests(conn, NOW - 3600, 100)
+    await reads.request_frames(conn, "r1500-2", 0)
+    await reads.frames_after(conn, 39_000, key, "", 1000)
+    await reads.frames_after(conn, 39_000, "", "p1", 1000)
+    await reads.frames_after(conn, 39_000, "", "", 1000)
+
+
+def test_every_lookup_and_list_goes_through_an_index(big_store):
+    with connect(big_store, autocommit=True) as raw:
+        conn = Explaining(raw)
+        with raw.transaction(force_rollback=True):
+            uow = PostgresUnitOfWork(conn)
+            uow.begin()
+            exercise_writes(uow)
+        reads.load_for_model(conn, lane(1500)[1])
+
+    async def go():
+        async with await connect_async(big_store, autocommit=True) as aconn:
+            await exercise_reads(await ExplainingAsync(aconn, conn).start())
+    asyncio.run(go())
+    assert len(conn.scans) >= 50, f"only {len(conn.scans)} statements seen"
+    scans = {sql: sorted(tables & BIG) for sql, tables in conn.scans.items() if tables & BIG}
+    assert not scans, "\n".join(f"Seq Scan on {t}: {sql}" for sql, t in scans.items())
+
+
+# -- text PostgreSQL cannot hold as is ---------------------------------------------------------------
+
+ODD = ["a\x00b", "\x00", "\uffff", "\uffff0", "x\uffff\x00\uffff\uffff0", "\\u0000", "plain é"]
+
+
+def test_nul_and_the_escape_mark_round_trip_through_every_kind_of_column(tmp_path):
+    with local_store(tmp_path / "odd") as s:
+        key, sid = "agent:main:t:dm:\x00odd\uffff", "sid\x00\uffff"
+        s.job(lambda uow: uow.routing.insert(SessionEntry(key, sid, "main", "t", "dm", NOW, NOW,
+                                                            origin={"chat_name": "\x00\uffff0"})))
+        s.job(lambda uow: uow.incarnations.insert(sid, key, NOW))
+        msgs = tuple(Message(role="user", content=t, tool_calls_json=json.dumps([{"id": t}])) for t in ODD)
+        s.job(lambda uow: uow.messages.append([Append(sid, msgs, request_id="r\x00")]))
+        s.job(lambda uow: uow.ledger.insert(LedgerEntry("r\x00", key, sid, "t", "completed", 1, "\x00",
+                                                        {"absorbed_from": "\x00\uffff"}, NOW)))
+        body = orjson.dumps({"text": "\x00 and \uffff and \\u0000"})
+        cursor = s.job(lambda uow: uow.frames.insert([("r\x00", 1, key, sid, "t", NOW, "text_delta", body)]))
+        s.job(lambda uow: uow.ledger.set_first_frame("r\x00", cursor, 1))
+
+        entry = s.read("entry", key)
+        assert (entry.session_id, entry.origin) == (sid, {"chat_name": "\x00\uffff0"})
+        got = s.read("transcript", sid, False, 0, None)
+        assert [m.content for m in got] == ODD
+        assert [json.loads(m.tool_calls_json)[0]["id"] for m in got] == ODD
+        row = s.read("ledger", "r\x00")
+        assert (row.text, row.payload) == ("\x00", {"absorbed_from": "\x00\uffff"})
+        assert [f.body for f in s.read("request_frames", "r\x00", 0)] == [orjson.loads(body)]
+        assert [h.session_key for h in s.read("search", "plain", "", 10)] == [key]
+
+
+# -- the full-text index ---------------------------------------------------------------------------
+
+def test_search_is_websearch_syntax_with_snippets(tmp_path):
+    with local_store(tmp_path / "fts") as s:
+        s.job(lambda uow: uow.incarnations.insert("s1", "k1", NOW))
+        texts = ["the quick brown fox", "a lazy dog sleeps", "quick thinking saves the day",
+                 " ".join(["far"] * 30) + " needle " + " ".join(["away"] * 30)]
+        s.job(lambda uow: uow.messages.append([Append("s1", tuple(Message(role="user", content=t)
+                                                                  for t in texts))]))
+
+        def snippets(q):
+            return sorted(h.snippet for h in s.read("search", q, "", 10))
+        assert snippets("quick") == ["[quick] thinking saves the day", "the [quick] brown fox"]
+        assert snippets('"brown fox"') == ["the quick [brown] [fox]"]
+        assert snippets("quick -fox") == ["[quick] thinking saves the day"]
+        assert snippets("dog or day") == ["a lazy [dog] sleeps", "quick thinking saves the [day]"]
+        (long,) = snippets("needle")
+        assert long.startswith("…") and long.endswith("…") and "[needle]" in long, long
+        assert snippets("nothing-here") == []
+
+
+def test_doctor_rebuilds_a_missing_fts_index(tmp_path):
+    from sidecar_proc import Sidecar
+    data = tmp_path / "data"
+    sc = Sidecar(data)
+    env = sc.store_env()
+    with local_store(sc) as s:
+        s.job(lambda uow: uow.incarnations.insert("s1", "k1", NOW))
+        s.job(lambda uow: uow.messages.append([Append("s1", (Message(role="user", content="zebra crossing"),))]))
+        r = doctor(data, env=env)
+        assert r.returncode == 0 and "full-text index: ok" in r.stdout, r.stdout + r.stderr
+        s.conn.execute("DROP INDEX messages_fts")
+        r = doctor(data, env=env)
+        assert r.returncode == 1 and "messages_fts is missing" in r.stdout, r.stdout + r.stderr
+        r = doctor(data, "--rebuild-fts", env=env)
+        assert r.returncode == 0 and "rebuilt full-text index from 1 messages: ok" in r.stdout, r.stdout + r.stderr
+        assert [h.snippet for h in s.read("search", "zebra", "", 10)] == ["[zebra] crossing"]
+
+
+def test_prefix_lookups_and_retention_cut_exactly(tmp_path):
+    """``ids_with_prefix`` is a LIKE on byte-ordered ids (no locale, wildcards
+    in the prefix taken literally, any character after it); retention's cut
+    is found by binary search over frame ids."""
+    ids = ["resume:s1:1", "resume:s1:2", "resume:s1:\U0001f600", "resume:s1_x", "resume:s10:1", "resume%s1"]
+    with local_store(tmp_path / "cut") as s:
+        for rid in ids:
+            s.job(lambda uow, rid=rid: uow.ledger.insert(LedgerEntry(rid, "k", "s", "t", "completed", 1, "x", {}, NOW)))
+        assert sorted(s.job(lambda uow: uow.ledger.ids_with_prefix("resume:s1:"))) == sorted(ids[:3])
+        assert s.job(lambda uow: uow.ledger.ids_with_prefix("resume%")) == ["resume%s1"]
+        assert s.job(lambda uow: uow.ledger.ids_with_prefix("resume:s1_")) == ["resume:s1_x"]
+        s.job(lambda uow: uow.frames.insert([("r", n, "k", "s", "t", 100.0 + n, "text_delta", None)
+                                             for n in range(10)]))
+        assert s.job(lambda uow: uow.frames.delete_before(105.0, 3)) == 3
+        assert s.job(lambda uow: uow.frames.delete_before(105.0, 100)) == 2
+        assert s.job(lambda uow: uow.frames.delete_before(105.0, 100)) == 0
+        assert [f.at for f in s.read("frames_after", 0, "k", "", 100)] == [105.0 + n for n in range(5)]
