@@ -58,7 +58,7 @@ def is_fault(e: BaseException) -> bool:
 
 def announce_payload(op: str, keys: list[str], origin: str) -> str:
     """A ClusterOp as the control channel carries it (JSON)."""
-    return _dumps({"op": op, "keys": keys, "origin": origin})
+    return orjson.dumps({"op": op, "keys": keys, "origin": origin}).decode()
 
 
 def read_announce(payload: str) -> ClusterOp | None:
