@@ -12,7 +12,7 @@ them from the ledger, as a restart would.
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+from typing import Protocol
 
 from ..errors import LANE_MOVED, SidecarError
 
