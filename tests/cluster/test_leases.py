@@ -218,7 +218,6 @@ def test_a_restarted_node_takes_its_lanes_back_and_runs_what_was_queued(nodes):
 
 def test_calls_between_nodes_go_over_mtls_when_the_cluster_has_a_ca(tmp_path, cluster_dsn):
     from helpers import certs
-    from helpers.cluster import Node
     from sidecar_proc import free_port
     if not certs.available():
         pytest.skip("needs openssl to make certificates")
