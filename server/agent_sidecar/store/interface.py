@@ -42,7 +42,6 @@ inline (SQLite) or through its own async driver, and long scans off the loop.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
