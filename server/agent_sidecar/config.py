@@ -171,8 +171,9 @@ class ClusterConfig:
     """This sidecar among several on one PostgreSQL database."""
     node_id: str = key("", doc="this sidecar's name in the cluster, unique (default: the host name "
                                "and the data dir)")
-    advertise: str = key("", doc="`host:port` where the other sidecars reach this one "
-                                 "(a TCP listener of this sidecar)")
+    advertise: str = key("", doc="`host:port` where the other sidecars reach this one (a TCP listener "
+                                 "of this sidecar); set, it makes this sidecar a cluster node "
+                                 "(unset: it runs alone on its database)")
     token: str = key("", secret=True, doc="the bearer token sidecars present to each other "
                                           "(an admin token of every sidecar's [[auth.tokens]])")
     lease_ttl_s: float = key(10.0, gt=0, doc="a lane's lease lasts this long unless renewed "
@@ -332,6 +333,13 @@ class Config:
             yield "store.dsn", "backend \"postgres\" needs a DSN (dsn, dsn_env or dsn_file)", ""
         if self.cluster.advertise and self.store.backend != "postgres":
             yield "cluster.advertise", "a cluster needs [store] backend = \"postgres\"", self.cluster.advertise
+
+    @property
+    def clustered(self) -> bool:
+        """One of several sidecars on one PostgreSQL database (``[cluster]
+        advertise`` set): lanes under leases (cluster/). Without it a sidecar
+        on PostgreSQL runs alone on its database, as on SQLite."""
+        return bool(self.cluster.advertise)
 
     def all_listeners(self) -> list[Listener]:
         """Every listener to bind: ``sidecar.listen`` (``--listen``), then

@@ -153,7 +153,7 @@ class Sidecar:
         await asyncio.gather(self.store.start(), self.turns.start_workers())
         tracing.configure(__version__)  # after the spawns: its export thread is not theirs
         return_large_blocks()  # the memory of a large request goes back once it is gone
-        if sc.backend == "postgres":  # [cluster] every node's frames to this node's watchers
+        if self.cfg.clustered:  # every node's frames to this node's watchers
             from .cluster.tail import FrameTail
             shared = cast("SharedStore", self.store)  # the PostgreSQL store is one
             self.tail = FrameTail(shared, self.turns, self.cfg.node_id())
@@ -162,8 +162,8 @@ class Sidecar:
 
     def _cluster(self):
         """Several sidecars on one PostgreSQL: lane leases and call forwarding
-        (cluster/); none on the embedded SQLite store."""
-        if self.cfg.store.backend != "postgres":
+        (cluster/), when ``[cluster] advertise`` makes this sidecar a node."""
+        if not self.cfg.clustered:
             return None, None
         from .cluster.forward import Forwarder
         from .cluster.leases import ClusterLeases
