@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from ..faults import StoreUnavailable, unavailable
+from ..faults import unavailable
 from ..interface import StoreOpenError
-from ..jobs import nothing
 from ..records import FrameRecord, LeaseHolder, LedgerEntry, Message, SearchHit, SessionEntry, StoreStats
-from ..writer.client import CommitStats, GroupCommitWriter, StoreClosed
+from ..writer.backed import WriterBacked
+from ..writer.client import CommitStats, GroupCommitWriter
 from . import reads
 from .codec import configure
 from .connection import CHANNEL, CONTROL_CHANNEL, connect, connect_async, is_fault, read_announce
@@ -40,7 +40,7 @@ async def _configure(conn: psycopg.AsyncConnection) -> None:
     configure(conn)
 
 
-class PostgresStore:
+class PostgresStore(WriterBacked):
     """``await start()`` before writing; ``await close()`` at the end."""
 
     def __init__(self, dsn: str, *, node_id: str = "", pool_size: int = 4,
@@ -64,35 +64,7 @@ class PostgresStore:
     async def start(self) -> None:
         await asyncio.gather(self.writer.start(), self._pool.open(wait=True, timeout=30))
 
-    # -- writes (as every backend: store/writer/) -------------------------------------------
-
-    def write(self, job: Callable[..., Any], *args: Any, retry: bool = False) -> asyncio.Future:
-        return self.writer.write(job, *args, retry=retry)
-
-    def flush(self) -> None:
-        self.writer.flush()
-
-    async def barrier(self) -> None:
-        await self.writer.write(nothing)
-
-    @property
-    def fault(self) -> StoreUnavailable | None:
-        return self.writer.faults.fault
-
-    @property
-    def writable(self) -> bool:
-        return self.fault is None and not self.writer.closed
-
-    def check_writable(self) -> None:
-        if self.writer.closed:
-            raise StoreClosed("the store is closed")
-        self.writer.faults.refuse()
-
-    def watch_faults(self, listener: Callable[[StoreUnavailable | None], None]) -> None:
-        self.writer.faults.listen(listener)
-
-    def add_retrier(self, retrier: Callable[[], None]) -> None:
-        self.writer.faults.add_retrier(retrier)
+    # -- writes: WriterBacked (store/writer/backed.py) ----------------------------------
 
     # -- reads ------------------------------------------------------------------------------
 

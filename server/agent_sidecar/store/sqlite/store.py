@@ -21,17 +21,18 @@ from typing import Any
 
 import apsw
 
-from ..faults import StoreUnavailable, unavailable
+from ..faults import unavailable
 from ..interface import StoreOpenError
-from ..jobs import index_messages, nothing
+from ..jobs import index_messages
 from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry, StoreStats
-from ..writer.client import CommitStats, GroupCommitWriter, StoreClosed
+from ..writer.backed import WriterBacked
+from ..writer.client import CommitStats, GroupCommitWriter
 from . import reads
 from .connection import is_fault, open_reader, open_writer
 from .schema import migrate
 
 
-class SqliteStore:
+class SqliteStore(WriterBacked):
     """``await start()`` before writing; ``await close()`` at the end."""
 
     def __init__(self, path: str, synchronous: str = "FULL", *, preload: tuple[str, ...] = (),
@@ -60,42 +61,7 @@ class SqliteStore:
         """Spawn the writer process (before any gRPC thread exists)."""
         await self.writer.start()
 
-    # -- writes -----------------------------------------------------------------------------
-
-    def write(self, job: Callable[..., Any], *args: Any, retry: bool = False) -> asyncio.Future:
-        """``job(uow, *args)`` in the writer process (see interface.py)."""
-        return self.writer.write(job, *args, retry=retry)
-
-    def flush(self) -> None:
-        self.writer.flush()
-
-    async def barrier(self) -> None:
-        """Returns once every write submitted before it has committed."""
-        await self.writer.write(nothing)
-
-    # -- when it cannot write (faults.py) ---------------------------------------------------
-
-    @property
-    def fault(self) -> StoreUnavailable | None:
-        """What keeps the store from writing now, or None when it can."""
-        return self.writer.faults.fault
-
-    @property
-    def writable(self) -> bool:
-        return self.fault is None and not self.writer.closed
-
-    def check_writable(self) -> None:
-        """Raise StoreUnavailable while the store is failing: for callers that
-        would change state in memory before their first write."""
-        if self.writer.closed:
-            raise StoreClosed("the store is closed")
-        self.writer.faults.refuse()
-
-    def watch_faults(self, listener: Callable[[StoreUnavailable | None], None]) -> None:
-        self.writer.faults.listen(listener)
-
-    def add_retrier(self, retrier: Callable[[], None]) -> None:
-        self.writer.faults.add_retrier(retrier)
+    # -- writes: WriterBacked (store/writer/backed.py) ----------------------------------
 
     # -- reads -----------------------------------------------------------------------------
 
