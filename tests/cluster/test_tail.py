@@ -107,7 +107,8 @@ def test_a_watch_misses_nothing_when_its_node_loses_the_listening_connection(cl)
                    what="the first frames on a")
         with psycopg.connect(cl.dsn, autocommit=True) as conn:
             cut = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                               " WHERE application_name = %s", (follower_name("a"),)).fetchone()[0]
+                               " WHERE application_name = %s AND datname = current_database()",
+                               (follower_name("a"),)).fetchone()[0]
         assert cut == 1
         assert_well_formed(long.result(60))
         assert ident(w.frames_of(long.request_id, timeout=20)) == ident(long.frames)
