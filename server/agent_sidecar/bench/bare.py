@@ -10,8 +10,9 @@ something, on the user's own machine, so ``agent-sidecar bench
 --compare-bare`` prices persistence and the worker hop and nothing else.
 
 ``Prompt`` yields ``accepted``, ``started``, then one ``text_delta`` per word
-of the reply — sleeping ``token_latency_ms`` before each, as the echo model
-does (and ``first_delay_ms`` once before the first) — then ``usage`` and
+of the reply, each due ``token_latency_ms`` after the one before it, as
+the echo model paces them (models/_text.paced: a write that takes long does
+not push the next delta back; ``first_delay_ms`` once before the first) — then ``usage`` and
 ``completed``, with every field the sidecar fills (timestamps, seq, cursor).
 The reply is the prompt's own words (echo) unless ``--reply-words N`` asks
 for N fixed words, to mimic a model whose answer is not an echo.
@@ -33,7 +34,7 @@ REPLY_WORD = "lorem "
 
 
 def _servicers(token_latency_s: float, first_delay_s: float, reply_words: int):
-    from ..models._text import split_words
+    from ..models._text import paced, split_words
     from ..v1 import common_pb2
     from ..v1 import prompt_service_pb2 as pb
     from ..v1 import prompt_service_pb2_grpc as pb_grpc
@@ -63,9 +64,7 @@ def _servicers(token_latency_s: float, first_delay_s: float, reply_words: int):
             if first_delay_s:
                 await asyncio.sleep(first_delay_s)
             seq = 2
-            for word in words:
-                if token_latency_s:
-                    await asyncio.sleep(token_latency_s)
+            async for word in paced(words, token_latency_s):  # the echo model's pace
                 seq += 1
                 yield frame(request, sid, seq, "text_delta", text=word)
             yield frame(request, sid, seq + 1, "usage", input_tokens=len(request.text.split()) + 5,

@@ -1,4 +1,5 @@
-"""Small text helpers shared by the built-in test/demo backends (echo, scripted).
+"""Small text helpers shared by the built-in test/demo backends (echo, scripted),
+and the pace they stream at (shared with the bench's bare server).
 
 Kept apart so both backends split and count text the same way: a test that runs
 the same words through either backend sees the same deltas and the same usage.
@@ -6,13 +7,34 @@ the same words through either backend sees the same deltas and the same usage.
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 # A "word" token is the word plus the whitespace after it; leading whitespace
 # sticks to the first word. Concatenating the tokens gives the text back exactly.
 _WORD = re.compile(r"\s*\S+\s*")
+
+
+async def paced(items: Sequence[T], interval_s: float) -> AsyncIterator[T]:
+    """Each item when it is due: the i-th (from 0) at start + (i + 1) ×
+    ``interval_s`` on the loop's clock, as a remote model streams at its own
+    pace whatever its consumer does. An item that comes due while the
+    consumer is still busy with the last one follows at once: the consumer's
+    own time (a write, a commit) never adds up over a stream, so a streaming
+    server is measured against the model's pace, not its pace plus its
+    writes."""
+    loop = asyncio.get_running_loop()
+    due = loop.time()
+    for item in items:
+        due += interval_s
+        delay = due - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        yield item
 
 
 def split_words(text: str) -> list[str]:

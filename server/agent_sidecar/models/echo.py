@@ -12,19 +12,19 @@ TextDelta and one UsageReport.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from agent_sidecar.models._text import count_input_words, last_user_text, split_words
+from agent_sidecar.models._text import count_input_words, last_user_text, paced, split_words
 from agent_sidecar.models.base import ModelEvent, ModelRequest, TextDelta, UsageReport
 
 _OPTIONS = frozenset({"token_latency_ms", "prefix"})
 
 
 class EchoModel:
-    """Options: ``token_latency_ms`` (float, default 0: simulated latency before
-    each token), ``prefix`` (str, default "": prepended to the reply, carried in
+    """Options: ``token_latency_ms`` (float, default 0: simulated latency per
+    token, the n-th token due n latencies after the call began, _text.paced),
+    ``prefix`` (str, default "": prepended to the reply, carried in
     the first delta)."""
 
     def __init__(self, options: dict[str, Any] | None = None) -> None:
@@ -58,8 +58,7 @@ class EchoModel:
                 tokens = [self._prefix]
         latency = self._latency_s
         if latency:
-            for token in tokens:
-                await asyncio.sleep(latency)
+            async for token in paced(tokens, latency):
                 yield TextDelta(token)
         else:
             for token in tokens:
