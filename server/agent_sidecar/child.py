@@ -102,10 +102,16 @@ class Pipe:
 
 
 def main(fd: int) -> None:
-    """The child's entry (children.BOOT): read the target, run it, exit."""
+    """The child's entry (children.BOOT): read the target, run it, exit.
+    Modules named ``without`` are refused to everything the child imports
+    (an ImportError, which stdlib and uvloop treat as "not available"): a
+    worker whose model backends make no TLS calls is started without ssl,
+    whose OpenSSL costs every process that loads it a few MB."""
     pipe = Pipe(fd)
-    path, target, args = pickle.loads(pipe.recv_bytes())
+    path, target, args, without = pickle.loads(pipe.recv_bytes())
     sys.path[:] = path
+    for name in without:
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]  # "import name" now raises ImportError
     module, _, fn = target.partition(":")
     __import__(module)
     getattr(sys.modules[module], fn)(pipe, *args)

@@ -304,10 +304,15 @@ class Worker:
 
 
 def worker_main(conn, index: int, settings: dict[str, Any]) -> None:
-    """The spawn target (children.spawn). ``conn`` is our end of the pipe (child.Pipe)."""
-    import uvloop
-
+    """The spawn target (children.spawn). ``conn`` is our end of the pipe
+    (child.Pipe). On uvloop, unless the worker was started without ssl
+    (WorkerPool: no backend needs TLS), which uvloop imports: then stdlib's loop."""
     from ..child import become_child
     become_child(f"sidecar-work-{index}", settings["parent_pid"])
     worker = Worker(conn.fileno(), index, settings)
-    uvloop.run(worker.run())
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(worker.run())
+    else:
+        uvloop.run(worker.run())
