@@ -9,9 +9,9 @@ The ideal turn (what ``--slo`` is measured against) is, in this order: the
 ``--ideal`` given; the median turn of the calibration (``--calibrate`` turns
 one at a time on the target before the sweep, default 3); the p50 turn of the
 target's lowest point. The bare server's timing is ``--bare-latency-ms`` when
-given, else read off the calibration: the median gap between deltas, less
-how late a sleep of that length wakes on this machine (the bare server's own
-sleeps add that again), as the token latency; the deltas per turn (echo when
+given, else read off the calibration: the median gap between deltas as the
+token latency (both the echo model and the bare server pace by deadline, so
+a late wake-up does not add up); the deltas per turn (echo when
 it equals the prompt's words); and the time to the first delta beyond one gap
 as a first delay (0 below 25 ms, which is the sidecar's own overhead under
 load, not the model's).
@@ -150,21 +150,10 @@ class BareProcess:
             pass
 
 
-async def sleep_overshoot_ms(ms: float, rounds: int = 10) -> float:
-    """The median of how much later than asked ``asyncio.sleep(ms)`` returns here."""
-    if ms <= 0:
-        return 0.0
-    late = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        await asyncio.sleep(ms / 1e3)
-        late.append((time.perf_counter() - t0) * 1e3 - ms)
-    return max(0.0, sorted(late)[len(late) // 2])
-
-
-def bare_timing(opts: BenchOptions, calibration: dict | None, words: int, overshoot_ms: float = 0.0) -> dict:
-    """How the bare server should stream: given, or read off the calibration
-    (``overshoot_ms``: how late a sleep of one gap wakes, see sleep_overshoot_ms)."""
+def bare_timing(opts: BenchOptions, calibration: dict | None, words: int) -> dict:
+    """How the bare server should stream: given, or read off the calibration.
+    The gap is the token latency as it is: the bare server paces by deadline
+    (models/_text.paced), so a late wake-up does not add up over a turn."""
     if opts.bare_latency_ms is not None or not calibration or not calibration.get("turns"):
         return {"token_latency_ms": opts.bare_latency_ms or 0.0, "first_delay_ms": opts.bare_first_delay_ms,
                 "reply_words": 0, "source": "given" if opts.bare_latency_ms is not None else "default"}
@@ -176,9 +165,8 @@ def bare_timing(opts: BenchOptions, calibration: dict | None, words: int, oversh
     else:
         first_delay = first - gap if first - gap >= FIRST_DELAY_FLOOR_MS else 0.0
     reply = 0 if round(per_turn) == words else max(1, round(per_turn))
-    gap = max(0.0, gap - overshoot_ms) if gap else gap
     return {"token_latency_ms": round(gap, 3), "first_delay_ms": round(first_delay, 3),
-            "reply_words": reply, "source": "calibrated", "sleep_overshoot_ms": round(overshoot_ms, 3)}
+            "reply_words": reply, "source": "calibrated"}
 
 
 async def _sessions(client, opts: BenchOptions, n: int, prefix: str, where: str) -> list[str]:
@@ -263,9 +251,7 @@ class _Run:
         opts = self.opts
         if not opts.compare_bare:
             return
-        gap = (self.calibration or {}).get("delta_gap_ms", {}).get("p50") if opts.bare_latency_ms is None else None
-        late = await sleep_overshoot_ms(gap) if gap else 0.0
-        self.timing = bare_timing(opts, self.calibration, len(opts.text.split()), late)
+        self.timing = bare_timing(opts, self.calibration, len(opts.text.split()))
         bare = self.bare = BareProcess(self.timing, unix=opts.target.startswith("unix:"))
         address = await asyncio.get_running_loop().run_in_executor(None, bare.start)
         assert bare.proc is not None  # start() ran it
