@@ -1,5 +1,6 @@
 """Small helpers shared by the benchmarks: goal lines, the machine line, the
-import path to the in-tree server code; tables, percentiles and per-process
+import path to the in-tree server code, a free port, stopping a server, a
+client's window of calls kept in flight; tables, percentiles and per-process
 CPU accounting come from ``agent_sidecar.bench`` (one copy for both).
 
 Benchmarks are measurements, not tests: they print what they saw and say
@@ -8,11 +9,15 @@ whether a goal was met, and never fail on it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import platform
 import signal
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,3 +69,24 @@ def terminate(proc: subprocess.Popen | None, grace: float) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def keep_in_flight(total: int, in_flight: int, call: Callable[[], Awaitable[None]]) -> tuple[float, float]:
+    """``total`` awaits of ``call()``, ``in_flight`` of them going at a time
+    (each lane starts another as soon as its call ends); returns the window's
+    (start, end) on the monotonic clock."""
+    remaining = [total]
+
+    async def lane() -> None:
+        while remaining[0] > 0:
+            remaining[0] -= 1
+            await call()
+    t0 = time.monotonic()
+    await asyncio.gather(*(lane() for _ in range(min(in_flight, total))))
+    return t0, time.monotonic()

@@ -14,19 +14,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 from pathlib import Path
+
+from _common import free_port
 
 from agent_sidecar.bench.procs import parent_pid
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Postgres:

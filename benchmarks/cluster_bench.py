@@ -55,12 +55,9 @@ import time
 import uuid
 from pathlib import Path
 
-import _common
-from _common import CLK_TCK, CpuWindow, load_average, machine_line, percentile, table
-from _postgres import Postgres, free_port
-from turns_bench import DELIVERY_QUEUE, KINDS, TEXT, SidecarServer, _wait_socket
-
-from agent_sidecar.bench.procs import process_tree
+from _common import CpuWindow, free_port, keep_in_flight, load_average, machine_line, percentile, table
+from _postgres import Postgres
+from turns_bench import DELIVERY_QUEUE, KINDS, TEXT, SidecarServer
 
 HERE = Path(__file__).resolve()
 TOKEN = "cluster-bench-token"
@@ -108,17 +105,6 @@ class Client:
             latencies.append(time.monotonic() - t0)
             self.calls.setdefault(key, [0] * self.n)[node] += 1
 
-    async def run(self, stubs: list, total: int, latencies: list | None) -> tuple[float, float]:
-        remaining = [total]
-
-        async def lane() -> None:
-            while remaining[0] > 0:
-                remaining[0] -= 1
-                await self.turn(stubs, latencies)
-        t0 = time.monotonic()
-        await asyncio.gather(*(lane() for _ in range(min(self.spec["in_flight"], total))))
-        return t0, time.monotonic()
-
     async def main(self) -> dict:
         import grpc
 
@@ -127,12 +113,13 @@ class Client:
         for ch in channels:
             await asyncio.wait_for(ch.channel_ready(), 30)
         stubs = [pb_grpc.PromptServiceStub(ch) for ch in channels]
-        await self.run(stubs, self.spec["warmup"], None)
+        await keep_in_flight(self.spec["warmup"], self.spec["in_flight"], lambda: self.turn(stubs, None))
         warm_errors, self.errors = len(self.errors), []
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         latencies: list[float] = []
-        t0, t1 = await self.run(stubs, self.spec["turns"], latencies)
+        t0, t1 = await keep_in_flight(self.spec["turns"], self.spec["in_flight"],
+                                      lambda: self.turn(stubs, latencies))
         for ch in channels:
             await ch.close()
         by_kind: dict = {}  # one example of each kind of error (its status and the frames before it)
@@ -155,19 +142,19 @@ def client_main(spec_json: str) -> int:
     return 0
 
 
-# -- sidecars, and CPU of whole process trees ------------------------------------------
+# -- the sidecars ---------------------------------------------------------------------
 
 class Node(SidecarServer):
     """turns_bench's sidecar; on PostgreSQL a cluster node with a TCP listener."""
 
     def __init__(self, root: Path, name: str, dsn: str | None):
-        self.port = free_port() if dsn else None
+        port = free_port() if dsn else None
         config = "" if dsn is None else f"""[store]
 backend = "postgres"
 dsn = "{dsn}"
 [cluster]
 node_id = "{name}"
-advertise = "127.0.0.1:{self.port}"
+advertise = "127.0.0.1:{port}"
 token = "{TOKEN}"
 [[auth.tokens]]
 token = "{TOKEN}"
@@ -176,52 +163,7 @@ platforms = ["*"]
 """
         super().__init__(root, None, name, config)
         self.name = name  # its node_id in the lease rows
-
-    def start(self) -> None:
-        import grpc
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
-        cfg = self.dir / "config.toml"
-        cfg.write_text(self.config)
-        args = [sys.executable, "-m", "agent_sidecar", "serve", "--data-dir", str(self.dir),
-                "--config", str(cfg), "--log-format", "json", "--listen", f"unix:{self.sock}"]
-        args += ["--listen", f"127.0.0.1:{self.port}"] if self.port else []
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [str(_common.ROOT / "server"), os.environ.get("PYTHONPATH", "")]))
-        self._logf = open(self.log, "ab")
-        self.proc = subprocess.Popen(args, stdout=self._logf, stderr=subprocess.STDOUT, env=env, cwd=self.dir)
-        _wait_socket(self.sock, self.proc, 60, self.log)
-        deadline = time.monotonic() + 60
-        with grpc.insecure_channel(f"unix:{self.sock}") as ch:
-            while health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status \
-                    != health_pb2.HealthCheckResponse.SERVING:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.name} not SERVING after 60 s")
-                time.sleep(0.05)
-
-
-def _tree_cpu(root: int) -> float:
-    """CPU seconds of a process tree now, children that exited included (a
-    reaped child's time is in its parent's cutime/cstime): PostgreSQL's
-    backends and autovacuum workers come and go during a window."""
-    total = 0.0
-    for _, pid in process_tree(root):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                data = f.read()
-        except OSError:
-            continue
-        total += sum(int(x) for x in data[data.rindex(")") + 2:].split()[11:15]) / CLK_TCK
-    return total
-
-
-class TreeCpu(CpuWindow):
-    """CpuWindow whose ("tree", pid) items count a whole process tree."""
-
-    @staticmethod
-    def _cpu(item) -> float:
-        if isinstance(item, tuple) and item[0] == "tree":
-            return _tree_cpu(item[1])
-        return CpuWindow._cpu(item)
+        self.listen = [f"127.0.0.1:{port}"] if port else []
 
 
 # -- one configuration: nodes up, sessions, warm-up, the timed window, the checks ------
@@ -303,7 +245,7 @@ def drive(spec: dict, nodes: list[Node], pg_root: int | None, dsn: str | None) -
         groups = {"sidecars": [("tree", x.proc.pid) for x in nodes], "client": [client.pid]}
         if pg_root and dsn:
             groups["postgres"] = [("tree", pg_root)]
-        before, cpu = leases(dsn), TreeCpu(groups)
+        before, cpu = leases(dsn), CpuWindow(groups)
         cpu.start()
         client.stdin.write("go\n")
         client.stdin.flush()

@@ -69,7 +69,18 @@ import uuid
 from pathlib import Path
 
 import _common  # noqa: F401  (sets sys.path)
-from _common import CpuWindow, children_of, goal_line, load_average, machine_line, percentile, table, terminate
+from _common import (
+    CpuWindow,
+    children_of,
+    free_port,
+    goal_line,
+    keep_in_flight,
+    load_average,
+    machine_line,
+    percentile,
+    table,
+    terminate,
+)
 
 GOAL = 0.6
 HERE = Path(__file__).resolve()
@@ -126,26 +137,14 @@ def client_main(spec_json: str) -> int:
                 elif latencies is not None and kinds is not None:
                     latencies.append(time.monotonic() - t0)
 
-            async def run(total: int, in_flight: int, latencies: list | None) -> tuple[float, float]:
-                remaining = [total]
-
-                async def lane() -> None:
-                    while remaining[0] > 0:
-                        remaining[0] -= 1
-                        await one_turn(latencies)
-
-                t0 = time.monotonic()
-                await asyncio.gather(*(lane() for _ in range(min(in_flight, total))))
-                return t0, time.monotonic()
-
             if spec["warmup"]:
-                await run(spec["warmup"], spec["in_flight"], None)
+                await keep_in_flight(spec["warmup"], spec["in_flight"], lambda: one_turn(None))
             warm_errors = list(errors)
             errors.clear()
             print("ready", flush=True)
             await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
             latencies: list[float] = []
-            t0, t1 = await run(spec["turns"], spec["in_flight"], latencies)
+            t0, t1 = await keep_in_flight(spec["turns"], spec["in_flight"], lambda: one_turn(latencies))
             return {"start": t0, "end": t1, "latencies": latencies, "errors": errors[:20],
                     "error_count": len(errors), "warmup_errors": len(warm_errors),
                     "turns": len(latencies)}
@@ -197,6 +196,7 @@ class SidecarServer:
         self.log = self.dir / "sidecar.log"
         self.workers = workers
         self.config = config
+        self.listen: list[str] = []  # addresses it listens on besides its Unix socket
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -207,6 +207,8 @@ class SidecarServer:
                 "--listen", f"unix:{self.sock}"]
         if self.workers:
             args += ["--workers", str(self.workers)]
+        for address in self.listen:
+            args += ["--listen", address]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [str(_common.ROOT / "server"), os.environ.get("PYTHONPATH", "")]), **self.env)
         self._logf = open(self.log, "ab")
@@ -215,11 +217,12 @@ class SidecarServer:
         _wait_socket(self.sock, self.proc, 60, self.log)
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
+        deadline = time.monotonic() + 60
         with grpc.insecure_channel(f"unix:{self.sock}") as ch:
-            for _ in range(200):
-                r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
-                if r.status == health_pb2.HealthCheckResponse.SERVING:
-                    break
+            while health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status \
+                    != health_pb2.HealthCheckResponse.SERVING:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.dir.name} not SERVING after 60 s")
                 time.sleep(0.05)
 
     def create_sessions(self, n: int) -> list[str]:
@@ -306,13 +309,6 @@ class Scraper:
         self._thread.join(15)
         mean = 1e3 * self.seconds / self.scrapes if self.scrapes else float("nan")
         return f"{self.scrapes} scrapes (mean {mean:.1f} ms), {self.errors} failed"
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class _Named:
@@ -505,7 +501,7 @@ def main() -> int:
                     if name.startswith("sidecar"):
                         # Every point on a fresh sidecar and data dir: rounds are
                         # true repeats (transcripts do not grow from one to the next).
-                        port = _free_port()
+                        port = free_port()
                         config = (f'[metrics]\nlisten = "127.0.0.1:{port}"\n' if name == "sidecar-metrics"
                                   else "# defaults: echo model on profile main, synchronous = FULL\n")
                         server = SidecarServer(root, args.workers, f"{name}-{rnd}-{level}", config,

@@ -10,6 +10,7 @@ turn's stream from looking dead.
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
 
 from .. import errors as E
 from ..config import Config
@@ -44,6 +45,18 @@ def _too_slow(resume: str) -> E.SidecarError:
         "the stream's reader fell behind (more than limits.stream_buffer_frames frames or"
         f" limits.stream_buffer_bytes bytes waiting) and the stream was ended; resume with {resume}",
         retry_after_s=0.1)
+
+
+# A followed request's (session key, session id) while it goes on; None once it is over.
+StillOpen = Callable[[], Awaitable[tuple[str, str] | None]]
+
+
+def _live(turn) -> StillOpen:
+    """A turn this node runs: open until its terminal frame ends the stream
+    (the keepalive carries its session id as it is then: a switch may move it)."""
+    async def ids() -> tuple[str, str] | None:
+        return turn.key, turn.sid
+    return ids
 
 
 class PromptService(pb_grpc.PromptServiceServicer):
@@ -118,7 +131,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
             return
         sub = turn.subscribers[0]
         try:
-            async for frame in self._follow(sub, turn, 0):
+            async for frame in self._follow(sub, rid, 0, _live(turn)):
                 yield pb.PromptResponse(frame=frame)
         finally:
             if sub in turn.subscribers:
@@ -134,16 +147,24 @@ class PromptService(pb_grpc.PromptServiceServicer):
         if entry is not None:
             principal.require_platform(entry.platform)
 
-    async def _follow(self, sub: Subscriber, turn, last_seq: int):
-        """Live frames of one turn, skipping what was already sent, ending after
-        the terminal frame (raising its reason for a failed turn)."""
-        while True:
+    async def _follow(self, sub: Subscriber, rid: str, last_seq: int, still_open: StillOpen):
+        """Live frames of one request, skipping what was already sent, ending
+        after the terminal frame (raising its reason for a failed turn; a
+        reader that fell behind gets STREAM_TOO_SLOW, saying where to resume).
+        ``still_open()`` is asked before the first wait and at every
+        ``keepalive_s`` without a frame: the request's (session key, session
+        id), which the keepalive frame carries, while it goes on; None once it
+        is over, and the stream ends with what the store has after ``last_seq``."""
+        ids = await still_open()
+        while ids is not None:
             try:
                 frame = await sub.get(self.cfg.keepalive_s)
             except TooSlow:
-                raise _too_slow(f"WatchActivity(request_id={turn.rid!r}, after_seq={last_seq})") from None
+                raise _too_slow(f"WatchActivity(request_id={rid!r}, after_seq={last_seq})") from None
             if frame is None:
-                yield self._keepalive(turn.rid, turn.key, turn.sid, last_seq)
+                ids = await still_open()
+                if ids is not None:
+                    yield self._keepalive(rid, *ids, last_seq)
                 continue
             if isinstance(frame, BaseException):  # the turn was refused before its accept
                 raise frame
@@ -153,6 +174,23 @@ class PromptService(pb_grpc.PromptServiceServicer):
             yield frame
             if _ends_stream(frame):
                 return
+        for record in await self.store.request_frames(rid, last_seq):
+            frame = frame_from_record(record)
+            yield frame
+            if _ends_stream(frame):
+                return
+
+    def _in_ledger(self, rid: str) -> StillOpen:
+        """[cluster] A request this node does not run, followed through the
+        cluster tail: open while the ledger has it open (another node runs or
+        queues it). Once the ledger has it closed (read after the frames: its
+        terminal frame has committed with that) or deleted, the store has the
+        rest. Read again at each keepalive, so a row deleted meanwhile ends
+        the stream too."""
+        async def ids() -> tuple[str, str] | None:
+            entry = await self.store.ledger(rid)
+            return (entry.session_key, entry.session_id) if entry is not None and entry.open else None
+        return ids
 
     @staticmethod
     def _keepalive(rid, key, sid, seq):
@@ -183,54 +221,19 @@ class PromptService(pb_grpc.PromptServiceServicer):
                     return
             if turn is not None and sub is not None:  # subscribed together, above
                 try:
-                    async for frame in self._follow(sub, turn, last):
+                    async for frame in self._follow(sub, rid, last, _live(turn)):
                         yield frame
                 except jobs.DuplicateRequest:  # it was an earlier run's request: from the store
                     async for frame in self._replay_request(rid, last):
                         yield frame
             elif elsewhere is not None:
-                async for frame in self._follow_elsewhere(elsewhere, rid, last):
+                async for frame in self._follow(elsewhere, rid, last, self._in_ledger(rid)):
                     yield frame
         finally:
             if sub is not None and sub in turn.subscribers:
                 turn.subscribers.remove(sub)
             if elsewhere is not None:
                 self.tail.unfollow_request(rid, elsewhere)
-
-    async def _follow_elsewhere(self, sub: Subscriber, rid: str, last_seq: int):
-        """[cluster] A request this node does not run, after its stored frames:
-        while the ledger has it open (another node runs or queues it), its
-        frames from the cluster tail up to its terminal frame; once the ledger
-        has it closed (read after the frames: its terminal frame has committed
-        with that), whatever the store has left. The ledger is read again at
-        each keepalive, so a row deleted meanwhile ends the stream too."""
-        check = True
-        while True:
-            if check:
-                entry = await self.store.ledger(rid)
-                if entry is None or not entry.open:
-                    for record in await self.store.request_frames(rid, last_seq):
-                        frame = frame_from_record(record)
-                        yield frame
-                        if _ends_stream(frame):
-                            return
-                    return
-                key, sid = entry.session_key, entry.session_id
-                check = False
-            try:
-                frame = await sub.get(self.cfg.keepalive_s)
-            except TooSlow:
-                raise _too_slow(f"WatchActivity(request_id={rid!r}, after_seq={last_seq})") from None
-            if frame is None:
-                check = True
-                yield self._keepalive(rid, key, sid, last_seq)
-                continue
-            if frame.seq <= last_seq:
-                continue
-            last_seq = frame.seq
-            yield frame
-            if _ends_stream(frame):
-                return
 
     # -- WatchActivity -------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from ..sessions.entry import SessionEntry
 from ..sessions.keys import build_session_key, canonical_session_key, split_session_key
 from ..store import Store
 from ..store.records import Message, UsageDelta
+from ..turns import lane_admin, undo
 from ..v1 import session_service_pb2 as pb
 from ..v1 import session_service_pb2_grpc as pb_grpc
 from . import convert as cv
@@ -129,7 +130,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         key = self._key(request.session_key, principal)
         cv.check_size(request.display_name, "display_name", self.cfg.limits.max_id_length)
         await self._entry(key)
-        await self.turns.on_reset(key)
+        await lane_admin.reset(self.turns, key)
         entry = await self.store.write(life.reset, key, request.display_name)
         return pb.ResetSessionResponse(session=self._session(entry))
 
@@ -144,7 +145,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
     async def SuspendSession(self, request, context, principal):
         key = self._key(request.session_key, principal)
         entry = await self.store.write(life.suspend, key)
-        await self.turns.on_suspend(key)
+        await lane_admin.suspend(self.turns, key)
         return pb.SuspendSessionResponse(session=self._session(entry))
 
     @unary
@@ -160,7 +161,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         key = self._key(request.session_key, principal)
         if not principal.admin and not principal.allows(split_session_key(key)[1]):
             principal.require_admin()
-        await self.turns.on_delete(key)
+        await lane_admin.delete(self.turns, key)
         deleted = await self.store.write(life.delete, key)
         self.turns.recent.forget(key)  # its ledger rows went: a reuse of their ids runs anew
         return pb.DeleteSessionResponse(deleted=deleted)
@@ -172,7 +173,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
             raise SidecarError(FAILED_PRECONDITION,
                                f"confirm must be the literal string {CLEAR_ALL_CONFIRM!r}",
                                field="confirm")
-        await self.turns.on_clear_all()
+        await lane_admin.clear_all(self.turns)
         n = await self.store.write(life.clear_all)
         self.turns.recent.forget(None)
         return pb.ClearAllSessionsResponse(sessions_deleted=n)
@@ -232,7 +233,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
     async def RewriteTranscript(self, request, context, principal):
         key = await self._incarnation_key(request.session_id, principal)
         messages = cv.messages_from_proto(request.messages, self.cfg)
-        await self.turns.rewrite(key, request.session_id, messages)  # the running turn goes first
+        await undo.rewrite(self.turns, key, request.session_id, messages)  # the running turn goes first
         return pb.RewriteTranscriptResponse()
 
     @unary
@@ -241,7 +242,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         if request.n < 0:
             raise invalid("n", "must not be negative")
         n = request.n or 1
-        out = await self.turns.rewind(key, request.session_id, n)  # waiting prompts count first
+        out = await undo.rewind(self.turns, key, request.session_id, n)  # waiting prompts count first
         return pb.RewindSessionResponse(**out)
 
     @unary

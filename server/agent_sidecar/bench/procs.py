@@ -38,6 +38,18 @@ def proc_cpu_seconds(pid: int, tid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
 
 
+def tree_cpu_seconds(root: int) -> float:
+    """user+system CPU seconds of a process tree now, children that exited
+    included (a reaped child's time is in its parent's cutime/cstime): a
+    database server's backends come and go during a window."""
+    total = 0.0
+    for _, pid in process_tree(root):
+        data = _read(f"/proc/{pid}/stat")
+        if data:
+            total += sum(int(x) for x in data[data.rindex(")") + 2:].split()[11:15]) / CLK_TCK
+    return total
+
+
 def parent_pid(pid: int) -> int | None:
     data = _read(f"/proc/{pid}/stat")
     if not data:
@@ -105,12 +117,15 @@ class CpuWindow:
     the rest of the machine used meanwhile (other programs steal our cores too)."""
 
     def __init__(self, groups: dict[str, list]):
-        """``groups``: label -> pids; a (pid, tid) pair counts one thread, and a
-        ("rest", pid, tid) triple counts the process minus that thread."""
+        """``groups``: label -> pids; a (pid, tid) pair counts one thread, a
+        ("rest", pid, tid) triple the process minus that thread, and a
+        ("tree", pid) pair the whole process tree (``tree_cpu_seconds``)."""
         self.groups = groups
 
     @staticmethod
     def _cpu(item) -> float:
+        if isinstance(item, tuple) and item[0] == "tree":
+            return tree_cpu_seconds(item[1])
         if isinstance(item, tuple) and item[0] == "rest":
             return proc_cpu_seconds(item[1]) - proc_cpu_seconds(item[1], item[2])
         if isinstance(item, tuple):

@@ -39,11 +39,10 @@ import contextlib
 import logging
 from typing import Any
 
-from ..errors import CANCELLED
 from ..store import StoreUnavailable
 from ..store.interface import SharedStore
 from ..store.records import ClusterOp, FrameRecord
-from ..turns import wire
+from ..turns import lane_admin, wire
 from ..turns.frames import Subscriber, frame_from_record
 from ..turns.supervision import until_ended
 
@@ -163,22 +162,23 @@ class FrameTail:
 
 async def mirror(turns: Any, op: ClusterOp) -> None:
     """Another node's ClearAll, DeleteSession or Prune, on this node: what
-    this node's own call does before its job (``turns.on_clear_all``; for a
-    delete, what ``on_delete`` does short of taking the lane's lease, which
-    the deleting node holds): the lanes' queued prompts superseded, running
-    turns cancelled, cached agents evicted; and their request ids forgotten
-    (their ledger rows are gone, so a reuse runs anew). Pruned lanes were
-    idle: only their cached agents go."""
+    this node's own call does before its job (``lane_admin.clear_all``; for a
+    delete, ``lane_admin.evict``: what ``delete`` does short of taking the
+    lane's lease, which the deleting node holds; with leases only the holder
+    runs the lane's turns, so this is for whatever remains here): the lanes'
+    queued prompts superseded, running turns cancelled, cached agents evicted;
+    and their request ids forgotten (their ledger rows are gone, so a reuse
+    runs anew). Pruned lanes were idle: only their cached agents go."""
     log.info("mirroring another node's delete", extra={"op": op.op, "keys": len(op.keys),
                                                        "origin": op.origin})
     try:
         if op.op == "clear_all":
             turns.recent.forget(None)
-            await turns.on_clear_all()
+            await lane_admin.clear_all(turns)
         elif op.op == "delete":
             for key in op.keys:
                 turns.recent.forget(key)
-                _drop_here(turns, key)
+                lane_admin.evict(turns, key)
             await until_ended([t for t in turns.live.values() if t.key in op.keys])
         elif op.op == "prune":
             busy = turns.busy_keys()
@@ -191,19 +191,3 @@ async def mirror(turns: Any, op: ClusterOp) -> None:
         log.warning("could not mirror another node's delete", extra={"op": op.op, "error": e.message})
     except Exception:
         log.exception("could not mirror another node's delete", extra={"op": op.op})
-
-
-def _drop_here(turns: Any, key: str) -> None:
-    """The lane's state on this node (TurnManager._drop_lane, and the eviction
-    of on_delete): waiting prompts superseded, a running turn cancelled, the
-    cached agent evicted. On a cluster with leases only the lane's holder runs
-    its turns, and it made the delete itself; this is for whatever remains."""
-    lane = turns.lanes.get(key)
-    if lane is not None:
-        for turn in lane.waiting():
-            lane.detach(turn)
-            turns.supersede(turn, "")
-        if lane.running is not None:
-            turns.cancel_turn(lane.running, CANCELLED)
-    if turns.pool is not None:
-        turns.pool.slot_for(key).send(wire.evict(key))

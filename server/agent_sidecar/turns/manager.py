@@ -2,13 +2,15 @@
 
 It accepts prompts (ledger first, then the ``accepted`` frame), keeps each
 session's lane (running turn, interrupt slot, follow-up slot, FIFO), starts
-turns on the session's worker, ends them, and cleans up after cancels and
-resets. Beside it: worker_events.py turns what workers say into frames and
-transcript rows (and handles dead workers), placement.py puts a prompt for a
-busy lane where its delivery mode says, supervision.py restores, drains and
-watches, dedup.py answers "seen this request id?", context.py builds
-system prompts. Every decision about a lane is made synchronously on the event
-loop, so lanes need no locks; the store mirrors them for recovery.
+turns on the session's worker, ends them, and cleans up after cancels.
+Beside it, functions over a TurnManager: worker_events.py turns what workers
+say into frames and transcript rows (and handles dead workers), placement.py
+puts a prompt for a busy lane where its delivery mode says, lane_admin.py
+ends a lane's turns before a reset, suspend or delete (undo.py: before a
+rewind or rewrite), supervision.py restores, drains and watches; dedup.py
+answers "seen this request id?", context.py builds system prompts. Every
+decision about a lane is made synchronously on the event loop, so lanes need
+no locks; the store mirrors them for recovery.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ..obs import tracing
 from ..sessions.source import SessionSource
 from ..store import Store
 from ..tools.registry import ToolRegistry
-from . import admission, burst, dedup, jobs, placement, supervision, undo, wire, worker_events
+from . import admission, burst, dedup, jobs, placement, supervision, wire, worker_events
 from .context import SystemPrompts
 from .frames import FrameBus, build_frame
 from .lanes import Lane, Turn
@@ -102,7 +104,7 @@ class TurnManager:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    # -- what SessionService asks -----------------------------------------------------
+    # -- lanes and their leases -------------------------------------------------------
 
     def queue_depth(self, key: str) -> int:
         lane = self.lanes.get(key)
@@ -115,56 +117,7 @@ class TurnManager:
     def busy_keys(self) -> set[str]:
         return {k for k, lane in self.lanes.items() if lane.running is not None}
 
-    async def on_reset(self, key: str) -> None:
-        self.store.check_writable()  # refused before its turns are ended
-        await self._own(key)  # a cluster: the lane's holder does it
-        self._drop_lane(key)
-
-    async def on_suspend(self, key: str) -> None:
-        await self._own(key)
-        self._drop_lane(key)
-
-    async def on_delete(self, key: str) -> None:
-        """Before the delete job: the lane's turns end and their ends commit."""
-        self.store.check_writable()
-        await self._own(key)  # a cluster: the lane's holder does it
-        self._drop_lane(key)
-        if self.pool:
-            self.pool.slot_for(key).send(wire.evict(key))
-        await supervision.until_ended([t for t in self.live.values() if t.key == key])
-
-    async def rewind(self, key: str, session_id: str, n: int) -> dict[str, Any]:
-        """RewindSession: the lane's waiting prompts and running turn count first (undo.py)."""
-        self.store.check_writable()  # refused before it drops or cancels anything
-        await self._own(key)
-        return await undo.rewind(self, key, session_id, n)
-
-    async def rewrite(self, key: str, session_id: str, messages: list) -> None:
-        """RewriteTranscript: the running turn is taken back first (undo.py)."""
-        self.store.check_writable()
-        await self._own(key)
-        await undo.rewrite(self, key, session_id, messages)
-
-    async def on_clear_all(self) -> None:
-        self.store.check_writable()
-        for key in list(self.lanes):
-            self._drop_lane(key)
-        if self.pool:
-            self.pool.broadcast(wire.CLEAR)
-        await supervision.until_ended(list(self.live.values()))
-
-    def _drop_lane(self, key: str) -> None:
-        """The lane's queued prompts end superseded; its running turn is cancelled."""
-        lane = self.lanes.get(key)
-        if lane is None:
-            return
-        for turn in lane.waiting():
-            lane.detach(turn)
-            self.supersede(turn, "")
-        if lane.running is not None:
-            self.cancel_turn(lane.running, E.CANCELLED)
-
-    async def _own(self, key: str) -> int:
+    async def own(self, key: str) -> int:
         """In a cluster, this node's lease on the lane (taken when it has none;
         LaneElsewhere when another node runs it); 0 on one sidecar."""
         return await self.leases.hold(key) if self.leases is not None else 0
@@ -198,7 +151,7 @@ class TurnManager:
         self.store.check_writable()
         if not internal:
             admission.check(self.live, self.cfg.limits)
-        epoch = await self._own(key) if not internal else self._epoch(key)
+        epoch = await self.own(key) if not internal else self._epoch(key)
         if self.live.get(rid) is not None:  # a twin placed while this one took the lease
             return None
         turn = Turn(rid=rid, key=key, platform=platform, profile=profile, text=text,

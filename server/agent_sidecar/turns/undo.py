@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 from .. import errors as E
 from ..sessions import transcripts as tx
+from .lane_admin import claim
 from .lanes import Lane, Turn
 
 if TYPE_CHECKING:
@@ -59,7 +60,10 @@ async def rewind(m: TurnManager, key: str, session_id: str, n: int) -> dict[str,
     """RewindSession(session_id, n) with the lane taken into account (see the
     module docstring). Returns the RewindSessionResponse fields: ``turns_undone``
     counts dropped prompts and the cancelled turn too; ``target_text`` is the
-    first text of the oldest user turn undone."""
+    first text of the oldest user turn undone. Refused before it drops or
+    cancels anything while the store cannot write; in a cluster the lane's
+    holder does it (lane_admin.claim, as for ``rewrite``)."""
+    await claim(m, key)
     entry = await m.store.entry(key)  # before the lane is read: no await from here on
     lane = m.lanes.get(key)
     undone: list[Turn] = []  # newest first
@@ -96,6 +100,7 @@ async def rewrite(m: TurnManager, key: str, session_id: str, messages: list) -> 
     the running turn of this incarnation is taken back (also one whose start is
     still in flight: its user message would land in the replaced transcript);
     prompts that have not started stay and run after."""
+    await claim(m, key)
     lane = m.lanes.get(key)
     advance = False
     if lane is not None:
