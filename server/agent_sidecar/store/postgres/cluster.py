@@ -119,12 +119,16 @@ class PostgresLeases:
         let go at once (cluster/jobs.py), so each holder that went away makes
         its lanes orphans once."""
         # Both driven from a small partial index (open ledger rows; lanes
-        # marked resume_pending), however long the history of leases.
+        # marked resume_pending), each lease looked up by its key: however
+        # long the history of leases, never a scan of them (a join could be
+        # planned as one).
         return [r[0] for r in self.conn.execute(
-            "(SELECT p.session_key FROM prompts p JOIN leases l ON l.session_key = p.session_key"
-            " WHERE p.status IN ('queued', 'running') AND l.expires_at < now())"
-            " UNION (SELECT r.session_key FROM routing r JOIN leases l ON l.session_key = r.session_key"
-            " WHERE r.resume_pending AND NOT r.suspended AND NOT l.released AND l.expires_at < now())"
+            "SELECT o.session_key FROM (SELECT DISTINCT session_key FROM prompts"
+            " WHERE status IN ('queued', 'running')) o"
+            " WHERE (SELECT l.expires_at < now() FROM leases l WHERE l.session_key = o.session_key)"
+            " UNION SELECT r.session_key FROM routing r WHERE r.resume_pending AND NOT r.suspended"
+            " AND (SELECT l.expires_at < now() AND NOT l.released FROM leases l"
+            " WHERE l.session_key = r.session_key)"
             " LIMIT %s", (limit,))]
 
 
