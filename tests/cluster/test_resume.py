@@ -93,6 +93,18 @@ def test_auto_resume_off_runs_no_continue_turn_after_a_clean_stop(tmp_path, clus
         assert (entry.resume_pending, entry.resume_reason) == (True, "shutdown_timeout")  # the mark stays
 
 
+def test_auto_resume_off_the_other_node_takes_the_lane_and_lets_it_go(tmp_path, cluster_dsn):
+    cfg = CUT_OFF + table("recovery", auto_resume="off")
+    with Cluster(tmp_path, cluster_dsn, n=2, config=cfg) as cl:
+        a, b = cl["a"], cl["b"]
+        long = _cut_off_by_the_drain(a)
+        store = StoreView(b)
+        # a left the lane to run out; b's reaper takes it, finds nothing due, lets it go.
+        wait_until(lambda: long.key not in store.lanes_held_by("a") + store.lanes_held_by("b"), 30, 0.2,
+                   "the lane taken over and let go")
+        assert store.resume_turns(long.session_id) == [] and store.lease_holder(long.key) is None
+
+
 # -- store level: an orphan once per holder that went away ---------------------------------------
 
 @pytest.mark.parametrize("mode, reason, idle_s, due", [
