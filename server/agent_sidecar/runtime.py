@@ -50,6 +50,20 @@ JOB_MODULES = ("agent_sidecar.recovery.housekeeping", "agent_sidecar.recovery.st
                "agent_sidecar.cluster.jobs")
 
 
+def store_description(cfg: Config) -> str:
+    """What the store is, for the log: the SQLite file, or PostgreSQL and its
+    DSN without the password (the log must never hold a secret)."""
+    if cfg.store.backend != "postgres":
+        return f"sqlite {cfg.db_path}"
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    try:
+        params = conninfo_to_dict(cfg.store.dsn)
+    except ProgrammingError:  # not a DSN libpq reads (the store opened with it: not expected)
+        return "postgres"
+    return "postgres " + make_conninfo("", **{k: v for k, v in params.items() if k != "password"})
+
+
 class Sidecar:
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -129,7 +143,7 @@ class Sidecar:
             await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         notify("READY=1\nSTATUS=serving")  # systemd Type=notify: the restore is done
         tune_gc()
-        log.info("serving", extra={"listen": bound, "db": self.cfg.db_path,
+        log.info("serving", extra={"listen": bound, "db": store_description(self.cfg),
                                    "workers": self.cfg.worker_count(), "batch_threads": calmed})
         return bound
 

@@ -1,10 +1,11 @@
 """ClearAllSessions and DeleteSession act on every node of a cluster (issue
-16): the node that ran the call announces it in the delete's own transaction
-(NOTIFY on the control channel), and every other node drops what it held of
-those lanes: a turn it runs is cancelled, its queued prompts are superseded,
-its cached agents are evicted, the request ids it remembers are forgotten (a
-reuse runs a new turn instead of replaying a deleted one). Two real sidecars
-on one real PostgreSQL database."""
+16): the node that ran the call revokes the lanes' leases and announces it in
+the delete's own transaction (NOTIFY on the control channel), and every other
+node drops what it held of those lanes: a turn it runs or queues stops without
+writing (the fence would refuse it; its stream ends CANCELLED), so no row of a
+cleared session comes back; its cached agents are evicted, the request ids it
+remembers are forgotten (a reuse runs a new turn instead of replaying a
+deleted one). Two real sidecars on one real PostgreSQL database."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from helpers.cluster import Cluster
 from helpers.config import echo
 from helpers.ids import source, words
 from helpers.sessions import get_session, rpc_error, transcript
-from helpers.streams import QUEUE, PromptRun, assert_well_formed, prompt_req, run
+from helpers.store import StoreView
+from helpers.streams import QUEUE, PromptRun, assert_well_formed, prompt_req, run, watch
 from helpers.waiting import wait_until
 
 from agent_sidecar.api.session_service import CLEAR_ALL_CONFIRM
@@ -56,11 +58,30 @@ def test_clear_all_on_one_node_clears_every_node(cl):
     r = a.sessions().ClearAllSessions(spb.ClearAllSessionsRequest(confirm=CLEAR_ALL_CONFIRM), timeout=10)
     assert r.sessions_deleted == 2
 
-    assert busy.result(30).end == "failed" and busy.last.failed.reason == CANCELLED, busy.kinds()
-    assert queued.result(30).end == "superseded", queued.kinds()
-    with rpc_error(grpc.StatusCode.NOT_FOUND):
-        get_session(b.sessions(), idle.key)
+    # b's turns stop without writing (their session is gone, frames and all): CANCELLED.
+    for stream in (busy, queued):
+        stream.result(30)
+        assert (stream.code, stream.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), stream.kinds()
+    # Nothing of the cleared sessions comes back once b's turns have ended, on any node.
+    for node in (a, b):
+        for key in (idle.key, busy.key):
+            with rpc_error(grpc.StatusCode.NOT_FOUND):
+                get_session(node.sessions(), key)
+        assert list(node.sessions().ListSessions(spb.ListSessionsRequest(), timeout=10).sessions) == []
+        for rid in (idle.request_id, busy.request_id, queued.request_id):
+            assert watch(node.prompts(), request_id=rid, timeout=10).code == grpc.StatusCode.NOT_FOUND
+    store = StoreView(a)
+    assert store.entries() == [] and store.frames_after(0) == [] and store.open_prompts() == []
+    for sid in (idle.session_id, busy.session_id):
+        assert store.transcript(sid, include_rewound=True) == [] and store.session_key_of(sid) is None
+    for rid in (idle.request_id, busy.request_id, queued.request_id):
+        assert store.ledger(rid) is None and store.request_frames(rid) == []
+    # The cleared lanes work again, on either node (nobody trusts a revoked lease).
     assert_runs_anew(b, idle_req, idle)
+    for node in (b, a):
+        again = run(node.prompts(), prompt_req(text=f"again on {node.node_id}", source=src, profile="slow"))
+        assert_well_formed(again)
+        assert again.key == busy.key and again.session_id != busy.session_id
 
 
 def test_delete_session_on_one_node_is_forgotten_on_every_node(cl):

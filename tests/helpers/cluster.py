@@ -53,7 +53,7 @@ class Node(Sidecar):
                  cluster: dict[str, Any] | None = None, env: dict[str, str] | None = None):
         store_env = {"AGENT_SIDECAR_STORE__BACKEND": "postgres", "AGENT_SIDECAR_STORE__DSN": dsn}
         super().__init__(data_dir, config=config, tcp=True, workers=workers,
-                         env={**store_env, **(env or {})})
+                         env={**store_env, **(env or {})}, dsn=dsn)  # dsn: StoreView(node) reads it
         self.node_id, self.dsn, self.token = node_id, dsn, token
         self.config_text = config + "\n" + node_config(node_id, self.tcp_port, token, lease_ttl_s, cluster)
         self.paused = False

@@ -204,6 +204,16 @@ class StoreView:
     def frames_after(self, cursor: int = 0, *, session_key: str = "", platform: str = "") -> list[FrameRecord]:
         return self._read("frames_after", cursor, session_key, platform, ALL)
 
+    def lease_holder(self, key: str):
+        """The live lease on a lane (a cluster's store, PostgreSQL), None when
+        nobody holds one: free, let go or run out."""
+        return self._read("lease_holder", key)
+
+    def lanes_held_by(self, node_id: str) -> list[str]:
+        """The lanes whose lease names this node and that it did not let go (a
+        cluster's store): held, or left to run out by a node that went away."""
+        return self._uow(lambda uow: uow.leases.of_node(node_id))
+
     def last_cursor(self, platform: str) -> int:
         """The cursor of the newest persisted frame of a platform (0 when none)."""
         return max((f.cursor for f in self.frames_after(platform=platform)), default=0)

@@ -42,6 +42,10 @@ SEED = 20240605
 SESSIONS = 50
 KILLS = 20
 MAX_OUTSTANDING = 3
+# Load each sidecar run must carry before it is killed (the kill then comes at
+# a random moment after): acknowledged prompts, and turns whose `completed`
+# frame a client read. A slow machine only makes the test wait longer for it.
+ACKS_PER_RUN, COMPLETED_PER_RUN = 26, 16
 QUEUE, FOLLOW_UP = D.Value("DELIVERY_MODE_QUEUE"), D.Value("DELIVERY_MODE_FOLLOW_UP")
 RECOVERY_REASONS = ("restart_interrupted", "WORKER_CRASHED")
 RETRY_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
@@ -67,6 +71,7 @@ class LoadGen:
     def __init__(self, target: str, seed: int):
         self.target, self.rng = target, random.Random(seed)
         self.acks: list[Ack] = []
+        self.completed: set[str] = set()  # request ids whose `completed` frame a client read
         self.dropped = 0  # never acknowledged (given up at the end)
         self.rejected: Counter = Counter()
         self.stopping = threading.Event()
@@ -75,6 +80,10 @@ class LoadGen:
     def start(self) -> LoadGen:
         self.thread.start()
         return self
+
+    def carried(self, acks: int, completed: int):
+        """A condition: this many prompts acknowledged, this many completions read, in all."""
+        return lambda: len(self.acks) >= acks and len(self.completed) >= completed
 
     def stop(self) -> None:
         self.stopping.set()
@@ -110,7 +119,7 @@ class LoadGen:
                                     delivery=delivery, profile=profile)
             call = await self._submit(stub, req, i, n, delivery)
             if call is not None:
-                task = asyncio.ensure_future(self._drain(call))
+                task = asyncio.ensure_future(self._drain(call, req.request_id))
                 open_calls.add(task)
                 readers.add(task)
                 task.add_done_callback(open_calls.discard)
@@ -142,11 +151,11 @@ class LoadGen:
         self.dropped += 1
         return None
 
-    @staticmethod
-    async def _drain(call) -> None:
+    async def _drain(self, call, rid: str) -> None:
         try:
-            while await call.read() is not grpc.aio.EOF:
-                pass
+            while (resp := await call.read()) is not grpc.aio.EOF:
+                if resp.frame.WhichOneof("event") == "completed":
+                    self.completed.add(rid)
         except grpc.aio.AioRpcError:
             pass
         except asyncio.CancelledError:
@@ -170,6 +179,8 @@ def test_crash_loop(tmp_path):
     kills = restarts = 0
     try:
         for _ in range(KILLS):
+            wait_until(gen.carried(len(gen.acks) + ACKS_PER_RUN, len(gen.completed) + COMPLETED_PER_RUN),
+                       120, 0.05, f"load on run {restarts + 1} of the sidecar")
             time.sleep(rng.uniform(0.3, 1.5))
             sc.kill9()
             kills += 1
@@ -271,7 +282,13 @@ def test_crash_loop(tmp_path):
     assert kills == restarts == KILLS
     assert not seq_gaps, seq_gaps
     assert open_rows == 0, counts
-    assert len(acks) > 500 and status["completed"] > 300 and sum(resumed_by.values()) > 0, counts
+    # Every turn a client saw complete is completed in the store (and each run
+    # carried its load: ACKS_PER_RUN and COMPLETED_PER_RUN, waited for above).
+    lost = sorted(r for r in gen.completed if ledger.get(r, (0, 0, ""))[2] != "completed")
+    assert not lost, (counts, lost[:20])
+    assert len(acks) >= KILLS * ACKS_PER_RUN, counts
+    assert status["completed"] >= len(gen.completed) >= KILLS * COMPLETED_PER_RUN, counts
+    assert sum(resumed_by.values()) > 0, counts
     assert not problems, (counts, problems[:20])
 
 

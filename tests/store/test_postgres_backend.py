@@ -14,6 +14,7 @@ import time
 import orjson
 import pytest
 from helpers.store import local_store
+from psycopg.conninfo import make_conninfo
 from test_doctor import doctor
 
 from agent_sidecar.store.postgres import reads
@@ -25,7 +26,7 @@ from agent_sidecar.store.records import Append, LedgerEntry, Message, QueueSlot,
 pytestmark = pytest.mark.postgres_only("the PostgreSQL backend's own schema, plans and text")
 
 # Tables that grow with use: a scan of one of them on the request path is a defect.
-BIG = {"routing", "incarnations", "messages", "prompts", "prompt_queue", "frames", "turn_state"}
+BIG = {"routing", "incarnations", "messages", "prompts", "prompt_queue", "frames", "turn_state", "leases"}
 LANES, MESSAGES_PER_LANE, PROMPTS_PER_LANE, FRAMES_PER_PROMPT = 2000, 10, 4, 5
 NOW = time.time()
 
@@ -71,13 +72,17 @@ class Explaining:
     def __init__(self, conn):
         self.conn = conn
         self.scans: dict[str, set[str]] = {}
+        self.unkeyed: dict[str, set[str]] = {}  # relations read with no index condition (see unkeyed_scans)
         conn.execute("SET enable_seqscan = off")
+        self.partial = {r[0] for r in conn.execute(
+            "SELECT indexrelid::regclass::text FROM pg_index WHERE indpred IS NOT NULL")}
 
     def explain(self, sql: str, params) -> None:
-        if not sql.lstrip().upper().startswith(("SELECT", "INSERT", "UPDATE", "DELETE", "WITH")):
+        if not sql.lstrip().upper().startswith(("SELECT", "INSERT", "UPDATE", "DELETE", "WITH", "(")):
             return
         plan = self.conn.execute("EXPLAIN (FORMAT JSON) " + sql, params).fetchone()[0]
         self.scans[sql] = set(seq_scans(plan[0]["Plan"]))
+        self.unkeyed[sql] = set(unkeyed_scans(plan[0]["Plan"], self.partial))
 
     def execute(self, sql, params=None, **kw):
         self.explain(sql, params)
@@ -127,6 +132,19 @@ def seq_scans(node: dict):
         yield from seq_scans(child)
 
 
+def unkeyed_scans(node: dict, partial: set[str]):
+    """Relations a plan reads whole: a Seq Scan, or (what ``enable_seqscan =
+    off`` turns a seq scan into) an index scan with no index condition on an
+    index that is not partial. A partial index is a small set by design
+    (open ledger rows, lanes marked resume_pending)."""
+    kind = node.get("Node Type")
+    if kind == "Seq Scan" or (kind in ("Index Scan", "Index Only Scan") and "Index Cond" not in node
+                              and node.get("Index Name") not in partial):
+        yield node["Relation Name"]
+    for child in node.get("Plans", ()):
+        yield from unkeyed_scans(child, partial)
+
+
 POPULATE = f"""
 INSERT INTO routing (session_key, session_id, profile, platform, chat_type, created_at, updated_at,
                      suspended, resume_pending, running)
@@ -156,6 +174,11 @@ FROM prompts p, generate_series(1, {FRAMES_PER_PROMPT}) f;
 SELECT setval('frames_id_seq', (SELECT max(id) FROM frames));
 INSERT INTO turn_state (session_id, request_id, updated_at, state)
 SELECT session_id, 'r', created_at, '{{}}'::jsonb FROM routing;
+INSERT INTO leases (session_key, node_id, epoch, expires_at, address, released)
+SELECT 'agent:main:p' || (i % 3) || ':dm:' || i, 'n' || (i % 3), 1 + i % 5,
+       now() + CASE WHEN i % 4 = 0 THEN interval '-1 hour' ELSE interval '1 hour' END, 'addr', i % 7 = 0
+FROM generate_series(1, {LANES}) i;
+INSERT INTO nodes (node_id, address) VALUES ('n0', 'addr'), ('n1', 'addr'), ('n2', 'addr');
 ANALYZE;
 """
 
@@ -223,6 +246,25 @@ def exercise_writes(uow: PostgresUnitOfWork) -> None:
     uow.restarts.reset(key)
     uow.turn_state.put(sid, rid, NOW, {"n": 1})
     uow.delete_lane(other_key)
+    exercise_leases(uow)
+
+
+def exercise_leases(uow: PostgresUnitOfWork) -> None:
+    """Every operation of the cluster's leases and node rows, once."""
+    key, held_elsewhere = lane(1500)[0], lane(1501)[0]  # a lease run out; one another node holds
+    leases = uow.leases
+    leases.take(key, "n0", "addr", 30)
+    leases.take(held_elsewhere, "n-new", "addr", 30)  # refused: who holds it is read back
+    leases.fenced("n0", {key: 2, held_elsewhere: 3})
+    leases.renew("n0", [key, held_elsewhere], 30)
+    leases.of_node("n1")
+    leases.orphaned(50)  # both branches: open ledger rows, lanes marked resume_pending
+    leases.expire(key, "n0", 2)
+    leases.release(key, "n0", 2)
+    leases.revoke([key])
+    leases.revoked([key, held_elsewhere])
+    uow.nodes.arrive("n0", "addr")
+    uow.nodes.leave("n0")
 
 
 async def exercise_reads(conn) -> None:
@@ -260,6 +302,13 @@ def test_every_lookup_and_list_goes_through_an_index(big_store):
     assert len(conn.scans) >= 50, f"only {len(conn.scans)} statements seen"
     scans = {sql: sorted(tables & BIG) for sql, tables in conn.scans.items() if tables & BIG}
     assert not scans, "\n".join(f"Seq Scan on {t}: {sql}" for sql, t in scans.items())
+    # The cluster's statements run on every node every few seconds (renewals,
+    # the reaper): none may read a table whole, not even along an index.
+    cluster = [sql for sql in conn.unkeyed if "leases" in sql or "nodes" in sql]
+    assert len(cluster) >= 10, cluster
+    whole = {sql: sorted(conn.unkeyed[sql] & (BIG | {"nodes"})) for sql in cluster
+             if conn.unkeyed[sql] & (BIG | {"nodes"})}
+    assert not whole, "\n".join(f"{t} read whole: {sql}" for sql, t in whole.items())
 
 
 # -- text PostgreSQL cannot hold as is ---------------------------------------------------------------
@@ -348,3 +397,21 @@ def test_prefix_lookups_and_retention_cut_exactly(tmp_path):
         assert s.job(lambda uow: uow.frames.delete_before(105.0, 100)) == 2
         assert s.job(lambda uow: uow.frames.delete_before(105.0, 100)) == 0
         assert [f.at for f in s.read("frames_after", 0, "k", "", 100)] == [105.0 + n for n in range(5)]
+
+
+# -- what the log says the store is ---------------------------------------------------------------
+
+def test_the_serving_line_names_postgres_and_the_dsn_without_its_password(pg_server, tmp_path):
+    """The log line is the behaviour here: it says what the store is, and never a secret."""
+    from helpers.logs import log_lines
+    from sidecar_proc import Sidecar
+    secret = "not-the-servers-password"  # the tests' server trusts local connections: any will do
+    dsn = make_conninfo(pg_server.database("serving_line"), password=secret)
+    sc = Sidecar(tmp_path / "data", dsn=dsn).start()
+    try:
+        (line,) = log_lines(sc, "serving")
+    finally:
+        sc.stop()
+    assert line["db"].startswith("postgres ") and "dbname=" in line["db"], line
+    assert "sidecar.db" not in line["db"] and "password" not in line["db"] and secret not in sc.log()
+

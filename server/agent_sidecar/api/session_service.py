@@ -164,6 +164,8 @@ class SessionService(pb_grpc.SessionServiceServicer):
         await lane_admin.delete(self.turns, key)
         deleted = await self.store.write(life.delete, key)
         self.turns.recent.forget(key)  # its ledger rows went: a reuse of their ids runs anew
+        if self.turns.leases is not None and deleted:  # the job revoked the lane's lease
+            self.turns.leases.cleared([key])
         return pb.DeleteSessionResponse(deleted=deleted)
 
     @unary
@@ -176,6 +178,8 @@ class SessionService(pb_grpc.SessionServiceServicer):
         await lane_admin.clear_all(self.turns)
         n = await self.store.write(life.clear_all)
         self.turns.recent.forget(None)
+        if self.turns.leases is not None:  # the job revoked every lease
+            self.turns.leases.cleared(None)
         return pb.ClearAllSessionsResponse(sessions_deleted=n)
 
     # -- transcripts ----------------------------------------------------------

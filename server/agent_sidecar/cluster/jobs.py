@@ -56,10 +56,22 @@ def take_lane(uow: UnitOfWork, key: str, address: str, ttl_s: float, how: Restor
 
 def take_orphans(uow: UnitOfWork, address: str, ttl_s: float, how: Restoring,
                  limit: int = 50) -> list[LaneTake]:
-    """Lanes whose node died or stalled with work acknowledged: taken over."""
+    """Lanes whose node died, stalled, or stopped with a turn cut off:
+    taken over and restored. Those with nothing to do (no queued prompt, no
+    continue turn due by the recovery rules) are let go at once, as ``arrive``
+    does, so a lane is taken over once per holder that went away, never again
+    and again by every reaper pass."""
     assert uow.leases is not None
-    return [t for t in (_take(uow, k, address, ttl_s, how) for k in uow.leases.orphaned(limit))
-            if isinstance(t.lease, LeaseGrant)]
+    takes = []
+    for key in uow.leases.orphaned(limit):
+        take = _take(uow, key, address, ttl_s, how)
+        if isinstance(take.lease, LeaseHolder):
+            continue
+        if take.work:
+            takes.append(take)
+        else:
+            uow.leases.release(key, uow.node_id, take.lease.epoch)
+    return takes
 
 
 def arrive(uow: UnitOfWork, address: str, ttl_s: float, how: Restoring) -> tuple[bool, list[LaneTake]]:
@@ -93,7 +105,17 @@ def release(uow: UnitOfWork, leases: Iterable[tuple[str, int]]) -> None:
 
 def leave(uow: UnitOfWork, leases: list[tuple[str, int]]) -> None:
     """A clean stop: every lease let go (queued prompts are taken over by the
-    other nodes at once), then the node's marker."""
-    assert uow.nodes is not None
-    release(uow, leases)
+    other nodes at once), then the node's marker. A lane its drain marked
+    ``resume_pending`` (a turn cut off by the drain timeout) is not let go
+    but left to run out now: to the other nodes its node went away with its
+    work cut off, so one of them (or this node, restarted) takes it over and
+    restores it, its continue turn by the recovery rules, as one sidecar's
+    next start would."""
+    assert uow.leases is not None and uow.nodes is not None
+    for key, epoch in leases:
+        entry = uow.routing.get(key)
+        if entry is not None and entry.resume_pending and not entry.suspended:
+            uow.leases.expire(key, uow.node_id, epoch)
+        else:
+            uow.leases.release(key, uow.node_id, epoch)
     uow.nodes.leave(uow.node_id)

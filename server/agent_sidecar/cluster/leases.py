@@ -20,9 +20,13 @@ Guarantees, and why:
   where expiry is judged on the database's clock: the node stops running the
   lane before anyone else may start it.
 * A lane idle here for a TTL is let go, so the next prompt can land on any
-  node without waiting; a clean stop lets every lane go and writes the
-  node's marker. Lanes whose node died with work acknowledged are taken over
-  by a reaper on every node once their lease runs out.
+  node without waiting; a clean stop lets every lane go (except those whose
+  turn its drain cut off: left to run out, for a continue turn elsewhere)
+  and writes the node's marker. Lanes whose node died with work acknowledged
+  or a turn cut off are taken over by a reaper on every node once their
+  lease runs out (cluster/jobs.py take_orphans: once per holder gone).
+* A delete revokes its lanes' leases (``cleared``): this node forgets them
+  and stops their turns, unwritten.
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING
 
 from ..config import Config
+from ..errors import CANCELLED, SidecarError
 from ..store import Store, StoreUnavailable
 from ..store.records import LeaseHolder
 from ..turns import supervision
@@ -129,14 +135,43 @@ class ClusterLeases:
             if self._manager is not None:
                 supervision.abandon(self._manager, key)
 
-    def refused(self, epochs: dict[str, int], writes: int) -> None:
+    def cleared(self, keys: Iterable[str] | None = None) -> None:
+        """These lanes (None: every lane) were deleted (DeleteSession,
+        ClearAllSessions, run here or on another node), and the delete's job
+        revoked their leases (their epochs moved on, so the store refuses
+        whatever this node still had on its way). This node forgets what it
+        held of them, so the next prompt on such a lane takes it anew instead
+        of writing under a dead epoch; their turns here stop at once, writing
+        nothing, their streams ending CANCELLED (the session is gone, frames
+        and all)."""
+        m = self._manager
+        if keys is None:
+            gone = set(self.held) | set(self._taking)
+            if m is not None:
+                gone |= set(m.lanes) | {t.key for t in m.live.values()}
+        else:
+            gone = set(keys)
+        error = SidecarError(CANCELLED, "the session was deleted while this prompt was in flight")
+        for key in gone:
+            self.held.pop(key, None)
+            self.trusted_until.pop(key, None)
+            self.idle_since.pop(key, None)
+            if m is not None:
+                supervision.abandon(m, key, error)
+
+    def refused(self, epochs: dict[str, int], writes: int, revoked: AbstractSet[str] = frozenset()) -> None:
         """The store fenced ``writes`` writes of these lanes, written under
         these epochs. A lane held anew since (a newer epoch: its old turns were
-        dropped when it was taken) stays; the others stop here."""
+        dropped when it was taken) stays; the others stop here: as deleted
+        (``cleared``) the ``revoked`` ones (a delete's job revoked their
+        leases: the fence often refuses their next write before the delete's
+        notification arrives), as lost the rest."""
         self.fenced_writes += writes
         log.warning("fenced writes refused", extra={"keys": sorted(epochs), "writes": writes,
                                                     "total": self.fenced_writes})
-        self.lost([k for k, e in epochs.items() if self.held.get(k, 0) <= e])
+        stopped = [k for k, e in epochs.items() if self.held.get(k, 0) <= e]
+        self.cleared([k for k in stopped if k in revoked])
+        self.lost([k for k in stopped if k not in revoked])
 
     # -- the node's life ------------------------------------------------------------------
 
@@ -205,6 +240,8 @@ class ClusterLeases:
     async def _release_idle(self, now: float) -> None:
         m = self._manager
         assert m is not None  # attached before the keeper runs
+        if m.draining:  # the stop lets every lane go at once, after the drain (jobs.leave)
+            return
         busy = set(m.lanes) | {t.key for t in m.live.values()} | set(self._taking)
         idle = []
         for key, epoch in self.held.items():

@@ -161,21 +161,26 @@ class FrameTail:
 
 
 async def mirror(turns: Any, op: ClusterOp) -> None:
-    """Another node's ClearAll, DeleteSession or Prune, on this node: what
-    this node's own call does before its job (``lane_admin.clear_all``; for a
-    delete, ``lane_admin.evict``: what ``delete`` does short of taking the
-    lane's lease, which the deleting node holds; with leases only the holder
-    runs the lane's turns, so this is for whatever remains here): the lanes'
-    queued prompts superseded, running turns cancelled, cached agents evicted;
-    and their request ids forgotten (their ledger rows are gone, so a reuse
-    runs anew). Pruned lanes were idle: only their cached agents go."""
+    """Another node's ClearAll, DeleteSession or Prune, on this node. Its
+    job committed already and revoked the lanes' leases, so nothing this node
+    still writes of them can land (the fence): the leases it held of them are
+    forgotten and their turns here stop at once, unwritten, their streams
+    ending CANCELLED (``ClusterLeases.cleared``); then what this node's own
+    call does (``lane_admin.clear_all``; for a delete, ``lane_admin.evict``,
+    short of taking the lane's lease): cached agents evicted, request ids
+    forgotten (their ledger rows are gone, so a reuse runs anew). Pruned
+    lanes were idle: only their cached agents go."""
     log.info("mirroring another node's delete", extra={"op": op.op, "keys": len(op.keys),
                                                        "origin": op.origin})
     try:
         if op.op == "clear_all":
             turns.recent.forget(None)
+            if turns.leases is not None:  # the job revoked every lease: what runs here stops unwritten
+                turns.leases.cleared(None)
             await lane_admin.clear_all(turns)
         elif op.op == "delete":
+            if turns.leases is not None:
+                turns.leases.cleared(op.keys)
             for key in op.keys:
                 turns.recent.forget(key)
                 lane_admin.evict(turns, key)

@@ -184,13 +184,20 @@ def delete(uow: UnitOfWork, key: str) -> bool:
     """Drop the lane, every incarnation, messages, state, frames, ledger and queue."""
     if uow.routing.get(key) is None:
         return False
+    if uow.leases is not None:  # a cluster: a write of the lane still on its way is refused
+        uow.leases.revoke([key])
     uow.delete_lane(key)
     uow.announce("delete", (key,))  # the other sidecars of a cluster drop it too
     return True
 
 
 def clear_all(uow: UnitOfWork) -> int:
-    """seed 000's $sessionClearAll: everything goes, no trash."""
+    """seed 000's $sessionClearAll: everything goes, no trash. In a cluster
+    every lease is revoked first (the turns other nodes are still ending
+    write under their old epochs: the fence refuses it, so no row of a
+    cleared session comes back after the truncate)."""
+    if uow.leases is not None:
+        uow.leases.revoke(None)
     n = uow.clear_all()
     uow.announce("clear_all", ())
     return n

@@ -262,11 +262,24 @@ class LeaseRepo(Protocol):
     def release(self, key: str, node_id: str, epoch: int) -> None:
         """Let the lane go (another node may take it at once)."""
 
+    def expire(self, key: str, node_id: str, epoch: int) -> None:
+        """Let the lease run out now without letting the lane go: the next
+        holder restores it as a lane whose node went away (``orphaned``)."""
+
+    def revoke(self, keys: Sequence[str] | None = None) -> None:
+        """The lanes (None: every lane) were deleted: each lease moves to a new
+        epoch, names no node and is let go, so writes under an older epoch
+        are refused."""
+
+    def revoked(self, keys: Iterable[str]) -> set[str]:
+        """Of these lanes, those whose lease was revoked and not taken since."""
+
     def of_node(self, node_id: str) -> list[str]:
-        """Lanes whose last lease named ``node_id`` (recently)."""
+        """Lanes whose last lease named ``node_id`` and that it did not let go."""
 
     def orphaned(self, limit: int = 100) -> list[str]:
-        """Lanes whose lease ran out with queued or running work in the ledger."""
+        """Lanes whose lease ran out with queued or running work in the ledger,
+        or ran out without being let go on a lane marked resume_pending."""
 
 
 class NodeRepo(Protocol):

@@ -171,14 +171,15 @@ def _wake(fut: asyncio.Future | None) -> None:
 
 
 class FrameBus:
-    """``on_fenced(epochs, count)`` (a cluster, turns/leasing.py): every frame and
-    write carries its turn's lane and lease epoch, each flush is fenced on
-    them in the store, and a flush refused because lanes moved is sent again
-    without those lanes' items, which are reported here."""
+    """``on_fenced(epochs, count, revoked)`` (a cluster, turns/leasing.py): every
+    frame and write carries its turn's lane and lease epoch, each flush is
+    fenced on them in the store, and a flush refused because lanes moved is
+    sent again without those lanes' items, which are reported here (with the
+    lanes among them that were deleted)."""
 
     def __init__(self, store, buffer_frames: int = 10_000, buffer_bytes: int = 8 << 20,
                  stats: TurnStats | None = None,
-                 on_fenced: Callable[[dict[str, int], int], None] | None = None):
+                 on_fenced: Callable[[dict[str, int], int, frozenset[str]], None] | None = None):
         self.store = store
         self.stats = stats or TurnStats()  # frames persisted, turns ended (turns/stats.py)
         self.buffer_frames, self.buffer_bytes = buffer_frames, buffer_bytes  # per Subscriber
@@ -326,7 +327,7 @@ class FrameBus:
                 *kept, dropped = _without(_fenced_by(value.epochs), *rest)
                 self._undone.append((no, *kept))
                 assert self.on_fenced is not None  # frames are fenced (so LeaseLost) only with one
-                self.on_fenced(value.epochs, dropped)
+                self.on_fenced(value.epochs, dropped, value.revoked)
             elif isinstance(value, (StoreUnavailable, FlushOutOfOrder)):  # kept, in order
                 self._undone.append(flight)
             else:  # not the store's fault: a retry would fail the same way

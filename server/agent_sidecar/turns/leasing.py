@@ -12,6 +12,8 @@ them from the ledger, as a restart would.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from typing import Protocol
 
 from ..errors import LANE_MOVED, SidecarError
@@ -42,21 +44,30 @@ class LaneLeases(Protocol):
         """Raise LaneElsewhere when another live node holds the lane (a read:
         no lease is taken)."""
 
-    def refused(self, epochs: dict[str, int], writes: int) -> None:
+    def refused(self, epochs: dict[str, int], writes: int, revoked: AbstractSet[str] = frozenset()) -> None:
         """The store refused ``writes`` writes of these lanes at these epochs
-        (their epoch moved): the lanes stop here unless held anew since."""
+        (their epoch moved; ``revoked``: the lane was deleted): the lanes stop
+        here unless held anew since."""
+
+    def cleared(self, keys: Iterable[str] | None = None) -> None:
+        """These lanes (None: every lane) were deleted and their leases
+        revoked: forget them here; their turns here stop, writing nothing."""
 
     async def stop(self) -> None:
-        """A clean stop: every lane let go, the node's marker written."""
+        """A clean stop: every lane let go (those whose turn the drain cut off
+        left to run out, for another node to resume), the node's marker written."""
 
 
 class LeaseLost(SidecarError):
     """The store refused a write of these lanes (lane -> the epoch it was
     written under): the epoch moved on (another node, or this node anew, took
-    the lane). What the write belonged to was not acknowledged."""
+    the lane; or the lane was deleted: ``revoked``, its lease revoked by a
+    DeleteSession or ClearAllSessions). What the write belonged to was not
+    acknowledged."""
 
-    def __init__(self, epochs: dict[str, int]):
+    def __init__(self, epochs: dict[str, int], revoked: Iterable[str] = ()):
         self.epochs = dict(epochs)
+        self.revoked = frozenset(revoked)
         super().__init__(LANE_MOVED, "the session's lane is run by another sidecar now; retry",
                          retry_after_s=0.2)
 
@@ -65,7 +76,7 @@ class LeaseLost(SidecarError):
         return sorted(self.epochs)
 
     def __reduce__(self):  # raised in the writer process, re-raised in the parent
-        return (LeaseLost, (self.epochs,))
+        return (LeaseLost, (self.epochs, self.revoked))
 
 
 def check_fence(uow, fences: dict[str, int] | None) -> None:
@@ -75,4 +86,4 @@ def check_fence(uow, fences: dict[str, int] | None) -> None:
     if fences and uow.leases is not None:
         lost = uow.leases.fenced(uow.node_id, fences)
         if lost:
-            raise LeaseLost({k: fences[k] for k in lost})
+            raise LeaseLost({k: fences[k] for k in lost}, uow.leases.revoked(lost))

@@ -217,17 +217,19 @@ def end_streams(m: TurnManager, err: BaseException) -> None:
         turn.subscribers.clear()
 
 
-def abandon(m: TurnManager, key: str) -> None:
+def abandon(m: TurnManager, key: str, error: E.SidecarError | None = None) -> None:
     """This node lost the lane's lease: its turns here stop at once, writing
     nothing more (the store would refuse it); the node that took the lane
     over closes or reruns them from the ledger. Their streams end with
-    LANE_MOVED: a retry with the same request id follows the turn there."""
+    LANE_MOVED: a retry with the same request id follows the turn there.
+    ``error``: another end for their streams (the lane was deleted)."""
     lane = m.lanes.pop(key, None)
-    error = LeaseLost({key: 0})
+    if error is None:
+        error = LeaseLost({key: 0})
     for turn in [t for t in m.live.values() if t.key == key]:
         del m.live[turn.rid]
         if turn.began and turn.worker is not None and not turn.finished:
-            turn.worker.send(wire.cancel(turn.rid, E.LANE_MOVED))
+            turn.worker.send(wire.cancel(turn.rid, error.reason))
         turn.drop()
         for sub in turn.subscribers:
             sub.push(error)

@@ -10,7 +10,7 @@ takes the same lane back, which gives it a new epoch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import psycopg
 
@@ -62,11 +62,12 @@ class PostgresLeases:
 
     def renew(self, node_id: str, keys: Iterable[str], ttl_s: float) -> dict[str, int]:
         """Extend this node's leases on ``keys``; returns those still its own
-        (lane -> epoch). A lane missing from the answer was taken over."""
+        (lane -> epoch). A lane missing from the answer was taken over, or
+        revoked (a let-go lease is never brought back to life by a renewal)."""
         self.order()
         return dict(self.conn.execute(
             "UPDATE leases SET expires_at = now() + make_interval(secs => %s)"
-            " WHERE node_id = %s AND session_key = ANY(%s) RETURNING session_key, epoch",
+            " WHERE node_id = %s AND session_key = ANY(%s) AND NOT released RETURNING session_key, epoch",
             (ttl_s, node_id, list(keys))).fetchall())
 
     def release(self, key: str, node_id: str, epoch: int) -> None:
@@ -76,6 +77,33 @@ class PostgresLeases:
         self.conn.execute("UPDATE leases SET expires_at = now(), released = true WHERE session_key = %s"
                           " AND node_id = %s AND epoch = %s", (key, node_id, epoch))
 
+    def expire(self, key: str, node_id: str, epoch: int) -> None:
+        """Let the lease run out now *without* letting the lane go: to the
+        other nodes it is a lane whose node went away with its work cut off
+        (``orphaned``), and its next holder restores it as after a crash. A
+        clean stop leaves so the lanes its drain marked ``resume_pending``."""
+        self.order()
+        self.conn.execute("UPDATE leases SET expires_at = now() WHERE session_key = %s"
+                          " AND node_id = %s AND epoch = %s", (key, node_id, epoch))
+
+    def revoke(self, keys: Sequence[str] | None = None) -> None:
+        """The lanes were deleted (None: every lane, ClearAllSessions): each
+        lease moves to a new epoch, names no node and is let go, so every
+        write still on its way under an older epoch, from any node, is
+        refused by the fence instead of bringing rows of a deleted session
+        back. The rows stay (an epoch never repeats for a lane)."""
+        self.order()
+        sql = "UPDATE leases SET epoch = epoch + 1, node_id = '', expires_at = now(), released = true"
+        if keys is None:
+            self.conn.execute(sql)
+        elif keys:
+            self.conn.execute(sql + " WHERE session_key = ANY(%s)", (list(keys),))
+
+    def revoked(self, keys: Iterable[str]) -> set[str]:
+        """Of these lanes, those whose lease was revoked (and nobody took since)."""
+        return {r[0] for r in self.conn.execute(
+            "SELECT session_key FROM leases WHERE session_key = ANY(%s) AND node_id = ''", (list(keys),))}
+
     def of_node(self, node_id: str) -> list[str]:
         """Lanes ``node_id`` held and did not let go: what its last run had
         when it ended (a crash leaves them held until they run out)."""
@@ -83,13 +111,25 @@ class PostgresLeases:
             "SELECT session_key FROM leases WHERE node_id = %s AND NOT released", (node_id,))]
 
     def orphaned(self, limit: int = 100) -> list[str]:
-        """Lanes whose lease expired with acknowledged work left in the ledger
-        (queued or running): a node died under them."""
-        # Driven from the open ledger rows (a partial index): few, however
-        # long the history of leases.
+        """Lanes whose node went away under them: their lease ran out
+        (expired, not necessarily let go) with acknowledged work left in the
+        ledger (queued or running), or ran out *without* being let go while
+        the lane is marked ``resume_pending`` (a crash, or a clean stop whose
+        drain cut a turn off: ``expire``). A lane taken with nothing to do is
+        let go at once (cluster/jobs.py), so each holder that went away makes
+        its lanes orphans once."""
+        # Both driven from a small partial index (open ledger rows; lanes
+        # marked resume_pending), each lease looked up by its key: however
+        # long the history of leases, never a scan of them (a join could be
+        # planned as one).
         return [r[0] for r in self.conn.execute(
-            "SELECT DISTINCT p.session_key FROM prompts p JOIN leases l ON l.session_key = p.session_key"
-            " WHERE p.status IN ('queued', 'running') AND l.expires_at < now() LIMIT %s", (limit,))]
+            "SELECT o.session_key FROM (SELECT DISTINCT session_key FROM prompts"
+            " WHERE status IN ('queued', 'running')) o"
+            " WHERE (SELECT l.expires_at < now() FROM leases l WHERE l.session_key = o.session_key)"
+            " UNION SELECT r.session_key FROM routing r WHERE r.resume_pending AND NOT r.suspended"
+            " AND (SELECT l.expires_at < now() AND NOT l.released FROM leases l"
+            " WHERE l.session_key = r.session_key)"
+            " LIMIT %s", (limit,))]
 
 
 class PostgresNodes:

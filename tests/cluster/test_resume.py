@@ -1,0 +1,152 @@
+"""Auto-resume in a cluster after a clean stop (issue 16, DECISIONS.md
+"Recovery"): a node stopped with SIGTERM whose drain timed out on a running
+turn marks that lane ``resume_pending`` (``shutdown_timeout``); the lane then
+gets its continue turn exactly once, by the recovery rules, on another node
+(or on the node itself, restarted alone), as one sidecar's next start gives it.
+
+Real sidecars on one real PostgreSQL database, asserted through gRPC and the
+store's typed reads; and, store level, the cluster jobs on the backend's own
+unit of work: a lane cut off is taken over once per holder that went away,
+never again and again by the reapers when nothing is due.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+from helpers.cluster import Cluster
+from helpers.config import echo, table
+from helpers.ids import source, uniq, words
+from helpers.recovery import RESUME_PREFIX, restart
+from helpers.sessions import get_session, transcript
+from helpers.store import StoreView, local_store
+from helpers.streams import PromptRun, kind_of, watch
+from helpers.waiting import wait_until
+
+from agent_sidecar.cluster import jobs
+from agent_sidecar.recovery.startup import INTERRUPTED
+from agent_sidecar.sessions import lifecycle as life
+from agent_sidecar.sessions.source import SessionSource
+from agent_sidecar.store.records import RoutingPatch
+
+CUT_OFF = echo("main") + echo("slow", 20) + table("sidecar", drain_timeout=0.5)
+
+
+def _cut_off_by_the_drain(node) -> PromptRun:
+    """A slow turn running on ``node``, then ``node`` stopped cleanly with a
+    drain too short for it."""
+    long = PromptRun(node.prompts(), text=words(400), src=source("discord"), profile="slow")
+    long.wait_for("text_delta")
+    assert node.stop() == 0, node.log()[-3000:]
+    return long
+
+
+def _assert_resumed_once(node, long: PromptRun) -> None:
+    """The lane got one continue turn (run to its end), the cut-off turn is
+    closed, and once the lane is let go nothing more runs on it."""
+    store = StoreView(node)
+    key, sid = long.key, long.session_id
+    rid = f"resume:{sid}:1"
+    wait_until(lambda: store.status(rid) == "completed", 30, 0.1, f"{rid} run to its end")
+    frames = watch(node.prompts(), request_id=rid, timeout=20).frames
+    assert [kind_of(f) for f in frames][:2] == ["accepted", "started"] and kind_of(frames[-1]) == "completed"
+    assert "shutdown_timeout" in frames[-1].completed.final_text
+    assert store.ledger(long.request_id).status == "failed"
+    # Free afterwards: its holder let it go once idle; a lane let go is nobody's orphan.
+    wait_until(lambda: store.lease_holder(key) is None, 30, 0.2, "the resumed lane let go")
+    assert [e.request_id for e in store.resume_turns(sid)] == [rid]
+    notes = [m for m in transcript(node.sessions(), sid)
+             if m.role == "user" and m.content.startswith(RESUME_PREFIX)]
+    assert len(notes) == 1, notes
+    assert not get_session(node.sessions(), key).resume_pending  # the completed turn consumed the mark
+
+
+def test_a_turn_cut_off_by_a_clean_stop_is_resumed_once_on_another_node(tmp_path, cluster_dsn):
+    with Cluster(tmp_path, cluster_dsn, n=2, config=CUT_OFF) as cl:
+        a, b = cl["a"], cl["b"]
+        long = _cut_off_by_the_drain(a)
+        _assert_resumed_once(b, long)
+        again = PromptRun(b.prompts(), text="still there?", key=long.key, background=False)
+        assert again.kinds()[-1] == "completed", (again.kinds(), again.details)
+
+
+def test_a_node_restarted_alone_resumes_the_turn_its_drain_cut_off(tmp_path, cluster_dsn):
+    with Cluster(tmp_path, cluster_dsn, n=1, config=CUT_OFF) as cl:
+        a = cl["a"]
+        long = _cut_off_by_the_drain(a)
+        restart(a)
+        _assert_resumed_once(a, long)
+
+
+def test_auto_resume_off_runs_no_continue_turn_after_a_clean_stop(tmp_path, cluster_dsn):
+    cfg = CUT_OFF + table("recovery", auto_resume="off")
+    with Cluster(tmp_path, cluster_dsn, n=1, config=cfg) as cl:
+        a = cl["a"]
+        long = _cut_off_by_the_drain(a)
+        restart(a)  # its restore (before it serves) took the lane back, found nothing due, let it go
+        store = StoreView(a)
+        assert store.resume_turns(long.session_id) == []
+        assert store.lease_holder(long.key) is None
+        entry = store.entry(long.key)
+        assert (entry.resume_pending, entry.resume_reason) == (True, "shutdown_timeout")  # the mark stays
+
+
+def test_auto_resume_off_the_other_node_takes_the_lane_and_lets_it_go(tmp_path, cluster_dsn):
+    cfg = CUT_OFF + table("recovery", auto_resume="off")
+    with Cluster(tmp_path, cluster_dsn, n=2, config=cfg) as cl:
+        a, b = cl["a"], cl["b"]
+        long = _cut_off_by_the_drain(a)
+        store = StoreView(b)
+        # a left the lane to run out; b's reaper takes it, finds nothing due, lets it go.
+        wait_until(lambda: long.key not in store.lanes_held_by("a") + store.lanes_held_by("b"), 30, 0.2,
+                   "the lane taken over and let go")
+        assert store.resume_turns(long.session_id) == [] and store.lease_holder(long.key) is None
+
+
+# -- store level: an orphan once per holder that went away ---------------------------------------
+
+@pytest.mark.parametrize("mode, reason, idle_s, due", [
+    ("interrupted", "shutdown_timeout", 0, True),
+    ("recent", INTERRUPTED, 0, True),
+    ("off", "shutdown_timeout", 0, False),
+    ("interrupted", "shutdown_timeout", 7200, False),  # stale: active last outside the freshness window
+    ("interrupted", INTERRUPTED, 0, False),  # merely active: marked, never resumed
+])
+def test_a_lane_cut_off_is_an_orphan_once_per_holder_that_went_away(cluster_dsn, mode, reason, idle_s, due):
+    how = jobs.Restoring(3600, mode)
+    ttl = 60.0
+    with local_store(SimpleNamespace(store_dsn=cluster_dsn)) as s:
+        def as_node(node: str, fn, *args):
+            s.uow.node_id = node
+            return s.job(fn, *args)
+
+        key = f"agent:main:telegram:dm:{uniq()}"
+        s.job(life.get_or_create, key, SessionSource("telegram", chat_id=key), "main")
+        grant = as_node("a", jobs.take_lane, key, "addr-a", ttl, how).lease
+        s.job(life.mark_resume_pending, key, reason)
+        if idle_s:
+            s.job(lambda uow: uow.routing.patch(key, RoutingPatch(updated_at=time.time() - idle_s)))
+        as_node("a", jobs.leave, [(key, grant.epoch)])  # a clean stop: this lane left to run out
+
+        assert as_node("b", lambda uow: uow.leases.orphaned()) == [key]
+        takes = as_node("b", jobs.take_orphans, "addr-b", ttl, how)
+        if not due:  # taken, nothing to do, let go at once: nobody's orphan any more
+            assert takes == []
+            assert as_node("c", lambda uow: uow.leases.orphaned()) == []
+            assert as_node("c", jobs.take_orphans, "addr-c", ttl, how) == []
+            return
+        assert [t.lease.session_key for t in takes] == [key]
+        plan = takes[0].plan
+        assert [(r.session_key, r.reason) for r in plan.resume] == [(key, reason)]
+        epoch = takes[0].lease.epoch
+        # b holds it (its continue turn runs there): nobody else's to take.
+        assert as_node("c", jobs.take_orphans, "addr-c", ttl, how) == []
+        # b dies with the mark still up (its continue turn failed): the lane is an orphan once more.
+        as_node("b", lambda uow: uow.leases.expire(key, "b", epoch))
+        again = as_node("c", jobs.take_orphans, "addr-c", ttl, how)
+        assert [t.lease.session_key for t in again] == [key]
+        # c lets it go (idle): not an orphan any more, whatever its mark says.
+        as_node("c", jobs.release, [(key, again[0].lease.epoch)])
+        assert as_node("a", lambda uow: uow.leases.orphaned()) == []
