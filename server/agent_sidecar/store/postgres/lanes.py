@@ -19,7 +19,7 @@ from ..records import Incarnation, LaneHead, RoutingPatch, SessionEntry, UsageDe
 from . import rows
 
 _INSERT_ROUTING = ("INSERT INTO routing (" + ", ".join(rows.ROUTING_FIELDS) + ") VALUES ("
-                   + ", ".join("%s" for _ in rows.ROUTING_FIELDS) + ") ON CONFLICT DO NOTHING")
+                   + ", ".join("%s" for _ in rows.ROUTING_FIELDS) + ") ON CONFLICT DO NOTHING RETURNING true")
 
 
 class PostgresRouting:
@@ -40,10 +40,10 @@ class PostgresRouting:
     def insert(self, entry: SessionEntry) -> bool:
         cur = self.conn.execute(_INSERT_ROUTING, tuple(rows.column_value(f, getattr(entry, f))
                                                        for f in rows.ROUTING_FIELDS))
-        return cur.rowcount == 1
+        return cur.fetchone() is not None
 
     def patch(self, key: str, patch: RoutingPatch, *, session_id: str | None = None,
-              if_current: RoutingPatch | None = None) -> bool:
+              if_current: RoutingPatch | None = None) -> None:
         plain = patch.changes()
         guarded = if_current.changes() if if_current is not None else {}
         shape = (tuple(plain), tuple(guarded))
@@ -56,11 +56,11 @@ class PostgresRouting:
         for c, v in guarded.items():
             params += [session_id, rows.column_value(c, v)]
         params.append(key)
-        return self.conn.execute(sql, params).rowcount == 1
+        self.conn.execute(sql, params)  # no answer awaited (the writer's pipeline)
 
-    def add_usage(self, key: str, d: UsageDelta, updated_at: float | None) -> bool:
+    def add_usage(self, key: str, d: UsageDelta, updated_at: float | None) -> None:
         total = d.input_tokens + d.output_tokens + d.cache_read_tokens + d.cache_write_tokens
-        return self.conn.execute(
+        self.conn.execute(
             "UPDATE routing SET input_tokens = input_tokens + %s, output_tokens = output_tokens + %s,"
             " cache_read_tokens = cache_read_tokens + %s, cache_write_tokens = cache_write_tokens + %s,"
             " total_tokens = total_tokens + %s, estimated_cost_usd = estimated_cost_usd + %s,"
@@ -69,7 +69,7 @@ class PostgresRouting:
             " updated_at = coalesce(%s, updated_at) WHERE session_key = %s",
             (d.input_tokens, d.output_tokens, d.cache_read_tokens, d.cache_write_tokens, total,
              d.cost_usd, d.last_prompt_tokens, d.last_prompt_tokens, d.cost_status, d.cost_status,
-             updated_at, key)).rowcount == 1
+             updated_at, key))
 
     def keys_active_since(self, since: float, keys: Sequence[str] | None = None) -> list[str]:
         sql = "SELECT session_key FROM routing WHERE updated_at >= %s AND NOT suspended AND NOT resume_pending"
@@ -97,7 +97,8 @@ class PostgresRouting:
                               (list(keys),))
 
     def delete(self, key: str) -> bool:
-        return self.conn.execute("DELETE FROM routing WHERE session_key = %s", (key,)).rowcount == 1
+        return self.conn.execute("DELETE FROM routing WHERE session_key = %s RETURNING true",
+                                 (key,)).fetchone() is not None
 
     def count(self) -> int:
         return rows.one(self.conn.execute("SELECT count(*) FROM routing").fetchone())[0]

@@ -23,17 +23,22 @@ from .connection import FRAMES_LOCK
 
 _INSERT_LEDGER = ("INSERT INTO prompts (request_id, session_key, session_id, platform, status, delivery,"
                   " text, payload, created_at, started_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-                  " ON CONFLICT DO NOTHING")
+                  " ON CONFLICT DO NOTHING RETURNING true")
 # One request's frames, found through its ledger row (as on SQLite).
 REQUEST_FRAMES = ("FROM frames WHERE session_key = (SELECT session_key FROM prompts WHERE request_id = %(rid)s)"
                   " AND id >= (SELECT coalesce(first_frame, 0) FROM prompts WHERE request_id = %(rid)s)"
                   " AND request_id = %(rid)s")
+# One statement: the ids handed out (the sequence moved on by n at once, under
+# FRAMES_LOCK) and the rows inserted with them; answers the first id. The CTE
+# ``ids`` calls volatile functions, so it runs once (and is materialized).
 _INSERT_FRAMES = (
-    "INSERT INTO frames (id, request_id, seq, session_key, session_id, platform, at, kind, body)"
-    " SELECT %(first)s + u.n - 1, u.rid, u.seq, u.key, u.sid, u.platform, u.at, u.kind, u.body::jsonb"
-    " FROM unnest(%(rid)s::text[], %(seq)s::bigint[], %(key)s::text[], %(sid)s::text[],"
+    "WITH ids AS (SELECT setval('frames_id_seq', nextval('frames_id_seq') + %(n)s - 1) - %(n)s + 1 AS first),"
+    " ins AS (INSERT INTO frames (id, request_id, seq, session_key, session_id, platform, at, kind, body)"
+    " SELECT ids.first + u.n - 1, u.rid, u.seq, u.key, u.sid, u.platform, u.at, u.kind, u.body::jsonb"
+    " FROM ids, unnest(%(rid)s::text[], %(seq)s::bigint[], %(key)s::text[], %(sid)s::text[],"
     " %(platform)s::text[], %(at)s::float8[], %(kind)s::text[], %(body)s::text[])"
-    " WITH ORDINALITY AS u(rid, seq, key, sid, platform, at, kind, body, n)")
+    " WITH ORDINALITY AS u(rid, seq, key, sid, platform, at, kind, body, n))"
+    " SELECT first FROM ids")
 
 
 class PostgresLedger:
@@ -47,7 +52,7 @@ class PostgresLedger:
     def insert(self, e: LedgerEntry) -> bool:
         return self.conn.execute(_INSERT_LEDGER, (
             e.request_id, e.session_key, e.session_id, e.platform, e.status, e.delivery, e.text,
-            Jsonb(e.payload), e.created_at, e.started_at)).rowcount == 1
+            Jsonb(e.payload), e.created_at, e.started_at)).fetchone() is not None
 
     def forget(self, request_id: str) -> None:
         self.conn.execute(f"DELETE {REQUEST_FRAMES}", {"rid": request_id})
@@ -95,10 +100,10 @@ class PostgresLedger:
             " ORDER BY created_at DESC LIMIT %s", (since, limit))]
 
     def delete_closed_before(self, cutoff: float, limit: int) -> int:
-        return self.conn.execute(
+        return rows.count(self.conn,
             "DELETE FROM prompts WHERE request_id = ANY(ARRAY(SELECT request_id FROM prompts"
             " WHERE created_at < %s AND status NOT IN ('queued', 'running') LIMIT %s))",
-            (cutoff, limit)).rowcount
+            (cutoff, limit))
 
     def delete_key(self, key: str) -> None:
         self.conn.execute("DELETE FROM prompt_queue WHERE session_key = %s", (key,))
@@ -140,13 +145,11 @@ class PostgresFrames:
     def insert(self, new: Sequence[NewFrame]) -> int:
         self.order()  # the first frame of this transaction: in commit order
         n = len(new)
-        first = rows.one(self.conn.execute(
-            "SELECT setval('frames_id_seq', nextval('frames_id_seq') + %s - 1) - %s + 1", (n, n)).fetchone())[0]
         cols = list(zip(*new))
-        self.conn.execute(_INSERT_FRAMES, {
-            "first": first, "rid": list(cols[0]), "seq": list(cols[1]), "key": list(cols[2]),
+        first = rows.one(self.conn.execute(_INSERT_FRAMES, {
+            "n": n, "rid": list(cols[0]), "seq": list(cols[1]), "key": list(cols[2]),
             "sid": list(cols[3]), "platform": list(cols[4]), "at": list(cols[5]),
-            "kind": list(cols[6]), "body": [json_text(b) if b else None for b in cols[7]]})
+            "kind": list(cols[6]), "body": [json_text(b) if b else None for b in cols[7]]}).fetchone())[0]
         self.written = first + n - 1
         return first
 
@@ -157,9 +160,9 @@ class PostgresFrames:
         cutoff = self._cutoff_id(at)
         if not cutoff:
             return 0
-        return self.conn.execute(
+        return rows.count(self.conn,
             "DELETE FROM frames WHERE id = ANY(ARRAY(SELECT id FROM frames WHERE id < %s ORDER BY id LIMIT %s))",
-            (cutoff, limit)).rowcount
+            (cutoff, limit))
 
     def _cutoff_id(self, at: float) -> int:
         """The smallest frame id with ``at >= at``: a binary search over ids

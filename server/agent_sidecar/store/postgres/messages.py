@@ -2,9 +2,14 @@
 
 As on SQLite: append-only rows, hiding instead of deleting, a turn's rows
 found from the first seq its ledger row records. Seqs are handed out under the
-incarnation's row lock (``SELECT … FOR UPDATE``), so appends from several
-sidecars to one incarnation never collide. The full-text index is a generated
-column: nothing to catch up (``index_pending`` is 0).
+incarnation's row lock, so appends from several sidecars to one incarnation
+never collide: an append to one incarnation (the common case: a turn's user
+messages, its reply) is one statement whose UPDATE of ``next_seq`` takes the
+lock and inserts the rows; an append to several locks them all first, in
+session-id order (``SELECT … FOR UPDATE``), then writes every row in one
+statement and every ``next_seq`` in another, neither awaited (the writer's
+pipeline, connection.py). The full-text index is a generated column: nothing
+to catch up (``index_pending`` is 0).
 """
 
 from __future__ import annotations
@@ -18,8 +23,28 @@ from ..interface import unknown_session
 from ..records import Append, Message
 from . import rows
 
+# Every row of an append in one statement each (arrays, not a statement per row).
 _INSERT = ("INSERT INTO messages (session_id, seq, role, content, extra, created_at, request_id)"
-           " VALUES (%s, %s, %s, %s, %s, %s, %s)")
+           " SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[]::jsonb[],"
+           " %s::float8[], %s::text[])")
+_NEXT_SEQ = ("UPDATE incarnations i SET next_seq = u.next_seq FROM unnest(%s::text[], %s::bigint[])"
+             " AS u(session_id, next_seq) WHERE i.session_id = u.session_id")
+_TOUCH = ("UPDATE routing r SET updated_at = %s FROM unnest(%s::text[], %s::text[]) AS u(key, sid)"
+          " WHERE r.session_key = u.key AND r.session_id = u.sid")
+# An append to one incarnation (a turn's user messages, its reply) in one
+# statement: the seqs handed out by the UPDATE (its row lock, as FOR UPDATE),
+# the rows inserted with them, the lane touched if asked; answers
+# (first seq, rev), no row for an unknown session id (nothing written then).
+_APPEND_ONE = (
+    "WITH inc AS (UPDATE incarnations SET next_seq = next_seq + %(n)s WHERE session_id = %(sid)s"
+    " RETURNING next_seq - %(n)s AS first, session_key, rev),"
+    " ins AS (INSERT INTO messages (session_id, seq, role, content, extra, created_at, request_id)"
+    " SELECT %(sid)s, inc.first + u.n - 1, u.role, u.content, u.extra::jsonb, u.at, %(rid)s"
+    " FROM inc, unnest(%(role)s::text[], %(content)s::text[], %(extra)s::text[], %(at)s::float8[])"
+    " WITH ORDINALITY AS u(role, content, extra, at, n)),"
+    " touch AS (UPDATE routing r SET updated_at = %(now)s FROM inc WHERE %(touch)s"
+    " AND r.session_key = inc.session_key AND r.session_id = %(sid)s)"
+    " SELECT first, rev FROM inc")
 TURN_ROWS = ("SELECT m.seq, m.role, m.content, m.extra, m.created_at, m.active"
              " FROM prompts p JOIN messages m"
              " ON m.session_id = p.session_id AND m.seq >= coalesce(p.first_seq, 0)"
@@ -32,6 +57,8 @@ class PostgresMessages:
 
     def append(self, items: Sequence[Append]) -> list:
         now = time.time()
+        if len(items) == 1 and items[0].messages:
+            return [self._append_one(items[0], now)]
         sids = list(dict.fromkeys(item.session_id for item in items))
         found = {r[0]: [r[1], r[2], r[3], False] for r in self.conn.execute(
             "SELECT session_id, next_seq, session_key, rev FROM incarnations"
@@ -48,36 +75,46 @@ class PostgresMessages:
             first = seq = st[0]
             for m in item.messages:
                 out_rows.append((item.session_id, seq, m.role, m.content, rows.message_extra(m),
-                                 m.created_at or now, item.request_id))
+                                 float(m.created_at or now), item.request_id))
                 seq += 1
             st[0] = seq
             results.append((first, seq - 1, st[2]))
         if out_rows:
-            with self.conn.cursor() as cur:
-                cur.executemany(_INSERT, out_rows)
-                cur.executemany("UPDATE incarnations SET next_seq = %s WHERE session_id = %s",
-                                [(st[0], sid) for sid, st in found.items()])
-                touched = [(now, st[1], sid) for sid, st in found.items() if st[3]]
-                if touched:
-                    cur.executemany("UPDATE routing SET updated_at = %s WHERE session_key = %s"
-                                    " AND session_id = %s", touched)
+            # No answer awaited for these (the writer's pipeline): only the
+            # seqs above came from the server, under the row locks.
+            self.conn.execute(_INSERT, [list(c) for c in zip(*out_rows)])
+            self.conn.execute(_NEXT_SEQ, ([sid for sid in found], [st[0] for st in found.values()]))
+            touched = [(st[1], sid) for sid, st in found.items() if st[3]]
+            if touched:
+                self.conn.execute(_TOUCH, (now, [k for k, _ in touched], [s for _, s in touched]))
         return results
 
+    def _append_one(self, item: Append, now: float) -> tuple[int, int, int] | Exception:
+        msgs = item.messages
+        row = self.conn.execute(_APPEND_ONE, {
+            "n": len(msgs), "sid": item.session_id, "rid": item.request_id, "now": now,
+            "touch": item.touch_lane, "role": [m.role for m in msgs], "content": [m.content for m in msgs],
+            "extra": [rows.message_extra(m) for m in msgs],
+            "at": [float(m.created_at or now) for m in msgs]}).fetchone()
+        if row is None:
+            return unknown_session(item.session_id)
+        return (row[0], row[0] + len(msgs) - 1, row[1])
+
     def hide_live(self, session_id: str, reason: str) -> int:
-        return self.conn.execute("UPDATE messages SET active = false, hidden_by = %s"
-                                 " WHERE session_id = %s AND active", (reason, session_id)).rowcount
+        return rows.count(self.conn, "UPDATE messages SET active = false, hidden_by = %s"
+                          " WHERE session_id = %s AND active", (reason, session_id))
 
     def hide_from(self, session_id: str, seq: int, reason: str) -> int:
-        return self.conn.execute("UPDATE messages SET active = false, hidden_by = %s"
-                                 " WHERE session_id = %s AND active AND seq >= %s",
-                                 (reason, session_id, seq)).rowcount
+        return rows.count(self.conn, "UPDATE messages SET active = false, hidden_by = %s"
+                          " WHERE session_id = %s AND active AND seq >= %s", (reason, session_id, seq))
 
     def hide_request(self, session_id: str, request_id: str, reason: str) -> int:
-        return self.conn.execute(
+        return rows.count(
+            self.conn,
             "UPDATE messages SET active = false, hidden_by = %(reason)s WHERE session_id = %(sid)s"
             " AND seq >= coalesce((SELECT first_seq FROM prompts WHERE request_id = %(rid)s), 0)"
             " AND request_id = %(rid)s AND active",
-            {"reason": reason, "sid": session_id, "rid": request_id}).rowcount
+            {"reason": reason, "sid": session_id, "rid": request_id})
 
     def last_user(self, session_id: str, n: int) -> list[tuple[int, str]]:
         return [tuple(r) for r in self.conn.execute(

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from psycopg.types.json import Jsonb
 
 from ..records import ROUTING_FIELDS, FrameRecord, LedgerEntry, Message, SessionEntry
+from .codec import json_text
 
 ENTRY_SELECT = (
     "SELECT " + ", ".join("r." + c for c in ROUTING_FIELDS)
@@ -22,6 +24,14 @@ def one(row: Any) -> Any:
     if row is None:
         raise LookupError("a single-row query returned no row")
     return row
+
+
+def count(conn: Any, sql: str, params: Any) -> int:
+    """How many rows an UPDATE or DELETE (``sql``) touched, as a row of its
+    own: in the writer's pipeline a cursor's rowcount is not known until the
+    statement's answer arrived, and a fetch is what waits for it."""
+    return one(conn.execute(f"WITH touched AS ({sql} RETURNING 1) SELECT count(*) FROM touched",
+                            params).fetchone())[0]
 
 
 def entry(row: tuple) -> SessionEntry:
@@ -39,11 +49,13 @@ def column_value(name: str, value: Any) -> Any:
 MESSAGE_SELECT = "SELECT seq, role, content, extra, created_at, active FROM messages"
 
 
-def message_extra(m: Message) -> Jsonb | None:
+def message_extra(m: Message) -> str | None:
+    """A message's optional fields as JSON text (a ``text[]`` element cast to
+    jsonb: codec.json_text), None when it has none."""
     d = {k: v for k, v in (("tool_call_id", m.tool_call_id), ("tool_name", m.tool_name),
                            ("tool_calls_json", m.tool_calls_json),
                            ("synthetic", m.synthetic)) if v}
-    return Jsonb(d) if d else None
+    return json_text(orjson.dumps(d)) if d else None
 
 
 def message(row: tuple) -> Message:
@@ -61,7 +73,6 @@ def model_message(role: str, content: str, extra: dict | None) -> dict[str, Any]
     m: dict[str, Any] = {"role": role, "content": content}
     if extra:
         if extra.get("tool_calls_json"):
-            import orjson
             m["tool_calls"] = orjson.loads(extra["tool_calls_json"])
         if extra.get("tool_call_id"):
             m["tool_call_id"] = extra["tool_call_id"]

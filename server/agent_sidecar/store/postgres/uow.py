@@ -10,7 +10,7 @@ import orjson
 import psycopg
 
 from .cluster import PostgresLeases, PostgresNodes
-from .connection import CONTROL_CHANNEL, announce_payload, is_fault
+from .connection import CONTROL_CHANNEL, announce_payload, is_fault, settle
 from .lanes import PostgresIncarnations, PostgresRestarts, PostgresRouting, PostgresTurnState
 from .ledger import PostgresFrames, PostgresLedger, PostgresQueue
 from .messages import PostgresMessages
@@ -23,6 +23,8 @@ _LANE_TABLES = ("routing", "incarnations", "messages", "turn_state", "frames", "
 class PostgresUnitOfWork:
     def __init__(self, conn: psycopg.Connection, node_id: str = ""):
         self.conn, self.node_id = conn, node_id
+        self.pipeline: psycopg.Pipeline | None = None  # the writer's group runs in pipeline mode
+        self._savepoints = 0
         self.routing = PostgresRouting(conn)
         self.incarnations = PostgresIncarnations(conn)
         self.messages = PostgresMessages(conn)
@@ -34,14 +36,38 @@ class PostgresUnitOfWork:
         self.leases = PostgresLeases(conn, self.frames.order)
         self.nodes = PostgresNodes(conn)
 
-    def begin(self) -> None:
-        """A new transaction of the writer process."""
+    def begin(self, pipeline: psycopg.Pipeline | None = None) -> None:
+        """A new transaction of the writer process (in ``pipeline`` mode)."""
+        self.pipeline = pipeline
+        self._savepoints = 0
         self.frames.begin()
+
+    def end(self) -> None:
+        self.pipeline = None
 
     @contextlib.contextmanager
     def savepoint(self):
-        with self.conn.transaction():
+        """In the writer's pipeline: plain SAVEPOINT / RELEASE with one sync at
+        the end, so the block's errors are raised inside the block (psycopg's
+        nested transaction() syncs on the way in and out: four round trips)."""
+        pipeline = self.pipeline
+        if pipeline is None:
+            with self.conn.transaction():
+                yield
+            return
+        self._savepoints += 1
+        name = f"uow_{self._savepoints}"
+        self.conn.execute(f"SAVEPOINT {name}")
+        try:
             yield
+            self.conn.execute(f"RELEASE SAVEPOINT {name}")
+            pipeline.sync()
+        except BaseException:
+            settle(pipeline)
+            self.conn.execute(f"ROLLBACK TO SAVEPOINT {name}")
+            self.conn.execute(f"RELEASE SAVEPOINT {name}")
+            pipeline.sync()
+            raise
 
     def is_fault(self, e: BaseException) -> bool:
         return is_fault(e)
