@@ -64,7 +64,16 @@ from pathlib import Path
 
 import _common
 import _pgcount
-from _common import CLK_TCK, CpuWindow, load_average, machine_line, percentile, proc_comm, table
+from _common import (
+    CLK_TCK,
+    CpuWindow,
+    load_average,
+    machine_line,
+    percentile,
+    proc_comm,
+    proc_cpu_seconds,
+    table,
+)
 from _postgres import Postgres, free_port
 from turns_bench import DELIVERY_QUEUE, KINDS, TEXT, SidecarServer, _wait_socket
 
@@ -333,11 +342,14 @@ def drive(spec: dict, nodes: list[Node], pg_root: int | None, dsn: str | None,
         before, cpu = leases(dsn), TreeCpu(groups)
         if counter is not None and dsn:
             counter.start(dsn, [x.writer_pid() for x in nodes])
+        writers = [x.writer_pid() for x in nodes]
+        writer0 = sum(proc_cpu_seconds(w) for w in writers)
         cpu.start()
         client.stdin.write("go\n")
         client.stdin.flush()
         line = client.stdout.readline()
         usage = cpu.stop()
+        usage["writers"] = sum(proc_cpu_seconds(w) for w in writers) - writer0  # part of "sidecars"
         counted = counter.stop() if counter is not None else None
         if line.strip() != "done":
             raise RuntimeError(f"the client died mid-run (exit {client.poll()})")
@@ -377,12 +389,14 @@ def report(best: list[dict], every: list[dict]) -> list[str]:
         fwd = "-" if r["backend"] == "sqlite" else f"{low:,}" + (f"–{high:,}" if high > low else "")
         takes = "-" if r["backend"] == "sqlite" else r["lease_takes"]
         rows.append([r["config"], r["turns"], r["rate"], r["p50_ms"], r["p99_ms"], r["errors"], takes, fwd,
-                     per_turn(r, "sidecars"), "-" if pgc is None else pgc, server_ms(r),
+                     per_turn(r, "sidecars"), 1e3 * r["cpu"]["writers"] / max(1, r["turns"]),
+                     "-" if pgc is None else pgc, server_ms(r),
                      per_turn(r, "client"), f"{100 * r['cpu']['others'] / r['cpu']['wall']:.0f}%"])
     out = [table(["config", "turns", "turns/s", "p50 ms", "p99 ms", "errors", "lease takes", "forwarded",
-                  "sidecars ms/turn", "postgres ms/turn", "server ms/turn", "client ms/turn",
+                  "sidecars ms/turn", "of it writers", "postgres ms/turn", "server ms/turn", "client ms/turn",
                   "other programs"], rows, title="Echo turns (one word, 5 frames per turn)")]
-    out.append("CPU ms per turn over the timed window: sidecars = every node's whole process tree, "
+    out.append("CPU ms per turn over the timed window: sidecars = every node's whole process tree "
+               "(of it writers: their store writer processes), "
                "postgres = the postmaster's tree, server = the two; other programs: 100% = one core. "
                "lease takes: leases taken in the window (a lane idle for lease_ttl_s is let go, so a "
                "session's next call takes it again); forwarded: timed calls the node they were sent to "
