@@ -87,12 +87,18 @@ class Explaining:
         outer = self
 
         class Cursor:
-            def __enter__(self):
+            def __init__(self):
                 self.cur = outer.conn.cursor()
+
+            def __enter__(self):
                 return self
 
             def __exit__(self, *exc):
                 self.cur.close()
+
+            def execute(self, sql, params=None, **kw):
+                outer.explain(sql, params)
+                return self.cur.execute(sql, params, **kw)
 
             def executemany(self, sql, rows):
                 rows = list(rows)

@@ -30,6 +30,7 @@ from psycopg import errors as pgerr
 from ..faults import is_store_fault
 from ..records import ClusterOp
 from .codec import configure
+from .rows import sender
 
 log = logging.getLogger("agent_sidecar.store")
 
@@ -115,6 +116,7 @@ class PostgresWriter:
         # Every statement of the write path prepared once (after psycopg's
         # prepare_threshold uses), none evicted: they are fewer than this.
         self.conn.prepared_max = PREPARED_MAX
+        self.send = sender(self.conn)
         self.node_id = node_id
         self._uow: PostgresUnitOfWork | None = None
         self._pipeline: contextlib.ExitStack | None = None
@@ -123,15 +125,15 @@ class PostgresWriter:
         stack = contextlib.ExitStack()
         pipeline = stack.enter_context(self.conn.pipeline())
         self._pipeline = stack
-        self.conn.execute("BEGIN")
+        self.send("BEGIN")
         if self._uow is not None:
             self._uow.begin(pipeline)
 
     def commit(self) -> None:
         top = self._uow.frames.written if self._uow is not None else 0
         if top:
-            self.conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, str(top)))
-        self.conn.execute("COMMIT")
+            self.send("SELECT pg_notify(%s, %s)", (CHANNEL, str(top)))
+        self.send("COMMIT")
         self._end_pipeline(check=True)  # the sync: COMMIT's answer (or its error) arrives here
 
     def rollback(self) -> None:
@@ -153,16 +155,16 @@ class PostgresWriter:
             pass  # the rollback that follows undoes whatever failed
 
     def savepoint(self) -> None:
-        self.conn.execute("SAVEPOINT job")
+        self.send("SAVEPOINT job")
 
     def release(self) -> None:
-        self.conn.execute("RELEASE SAVEPOINT job")
+        self.send("RELEASE SAVEPOINT job")
         self._sync()
 
     def rollback_to(self) -> None:
         if self._uow is not None and self._uow.pipeline is not None:
             settle(self._uow.pipeline)
-        self.conn.execute("ROLLBACK TO SAVEPOINT job")
+        self.send("ROLLBACK TO SAVEPOINT job")
 
     def _sync(self) -> None:
         if self._uow is not None and self._uow.pipeline is not None:

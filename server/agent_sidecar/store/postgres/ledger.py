@@ -44,6 +44,7 @@ _INSERT_FRAMES = (
 class PostgresLedger:
     def __init__(self, conn: psycopg.Connection):
         self.conn = conn
+        self.send = rows.sender(conn)
 
     def get(self, request_id: str) -> LedgerEntry | None:
         row = self.conn.execute(rows.LEDGER_SELECT + " WHERE request_id = %s", (request_id,)).fetchone()
@@ -55,25 +56,25 @@ class PostgresLedger:
             Jsonb(e.payload), e.created_at, e.started_at)).fetchone() is not None
 
     def forget(self, request_id: str) -> None:
-        self.conn.execute(f"DELETE {REQUEST_FRAMES}", {"rid": request_id})
-        self.conn.execute("DELETE FROM prompts WHERE request_id = %s", (request_id,))
+        self.send(f"DELETE {REQUEST_FRAMES}", {"rid": request_id})
+        self.send("DELETE FROM prompts WHERE request_id = %s", (request_id,))
 
     def mark_started(self, request_id: str, session_id: str, at: float, first_seq: int,
                      from_queue: bool) -> None:
         if from_queue:
-            self.conn.execute("UPDATE prompts SET status = 'running', started_at = %s, session_id = %s,"
+            self.send("UPDATE prompts SET status = 'running', started_at = %s, session_id = %s,"
                               " first_seq = %s WHERE request_id = %s", (at, session_id, first_seq, request_id))
-            self.conn.execute("DELETE FROM prompt_queue WHERE request_id = %s", (request_id,))
+            self.send("DELETE FROM prompt_queue WHERE request_id = %s", (request_id,))
         else:
-            self.conn.execute("UPDATE prompts SET started_at = %s, session_id = %s, first_seq = %s"
+            self.send("UPDATE prompts SET started_at = %s, session_id = %s, first_seq = %s"
                               " WHERE request_id = %s", (at, session_id, first_seq, request_id))
 
     def set_first_frame(self, request_id: str, cursor: int, first_seq: int | None) -> None:
-        self.conn.execute("UPDATE prompts SET first_frame = %s, first_seq = %s WHERE request_id = %s",
+        self.send("UPDATE prompts SET first_frame = %s, first_seq = %s WHERE request_id = %s",
                           (cursor, first_seq, request_id))
 
     def close(self, request_id: str, status: str, reason: str, last_seq: int, at: float) -> None:
-        self.conn.execute("UPDATE prompts SET status = %s, finished_at = %s, reason = %s, last_seq = %s"
+        self.send("UPDATE prompts SET status = %s, finished_at = %s, reason = %s, last_seq = %s"
                           " WHERE request_id = %s", (status, at, reason or None, last_seq, request_id))
 
     def open_prompts(self, keys: Sequence[str] | None = None) -> list[OpenPrompt]:
@@ -106,26 +107,28 @@ class PostgresLedger:
             (cutoff, limit))
 
     def delete_key(self, key: str) -> None:
-        self.conn.execute("DELETE FROM prompt_queue WHERE session_key = %s", (key,))
-        self.conn.execute("DELETE FROM prompts WHERE session_key = %s", (key,))
+        self.send("DELETE FROM prompt_queue WHERE session_key = %s", (key,))
+        self.send("DELETE FROM prompts WHERE session_key = %s", (key,))
 
 
 class PostgresQueue:
     def __init__(self, conn: psycopg.Connection):
         self.conn = conn
+        self.send = rows.sender(conn)
 
     def insert(self, s: QueueSlot) -> None:
-        self.conn.execute("INSERT INTO prompt_queue (request_id, session_key, slot, position, enqueued_at)"
+        self.send("INSERT INTO prompt_queue (request_id, session_key, slot, position, enqueued_at)"
                           " VALUES (%s, %s, %s, %s, %s)",
                           (s.request_id, s.session_key, s.slot, s.position, s.enqueued_at))
 
     def remove(self, request_id: str) -> None:
-        self.conn.execute("DELETE FROM prompt_queue WHERE request_id = %s", (request_id,))
+        self.send("DELETE FROM prompt_queue WHERE request_id = %s", (request_id,))
 
 
 class PostgresFrames:
     def __init__(self, conn: psycopg.Connection):
         self.conn = conn
+        self.send = rows.sender(conn)
         self.written = 0  # the highest cursor this transaction inserted (0: none)
         self.ordered = False  # this transaction holds FRAMES_LOCK
 
@@ -139,7 +142,7 @@ class PostgresFrames:
         (cluster.py), so two sidecars' writers never wait on each other in a
         circle (one holding the frames lock, the other a lease row)."""
         if not self.ordered:
-            self.conn.execute("SELECT pg_advisory_xact_lock(%s)", (FRAMES_LOCK,))
+            self.send("SELECT pg_advisory_xact_lock(%s)", (FRAMES_LOCK,))
             self.ordered = True
 
     def insert(self, new: Sequence[NewFrame]) -> int:
@@ -185,4 +188,4 @@ class PostgresFrames:
         return lo if row is None or row[0] >= at else lo + 1
 
     def delete_key(self, key: str) -> None:
-        self.conn.execute("DELETE FROM frames WHERE session_key = %s", (key,))
+        self.send("DELETE FROM frames WHERE session_key = %s", (key,))

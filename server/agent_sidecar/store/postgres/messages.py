@@ -54,6 +54,7 @@ TURN_ROWS = ("SELECT m.seq, m.role, m.content, m.extra, m.created_at, m.active"
 class PostgresMessages:
     def __init__(self, conn: psycopg.Connection):
         self.conn = conn
+        self.send = rows.sender(conn)
 
     def append(self, items: Sequence[Append]) -> list:
         now = time.time()
@@ -82,11 +83,11 @@ class PostgresMessages:
         if out_rows:
             # No answer awaited for these (the writer's pipeline): only the
             # seqs above came from the server, under the row locks.
-            self.conn.execute(_INSERT, [list(c) for c in zip(*out_rows)])
-            self.conn.execute(_NEXT_SEQ, ([sid for sid in found], [st[0] for st in found.values()]))
+            self.send(_INSERT, [list(c) for c in zip(*out_rows)])
+            self.send(_NEXT_SEQ, ([sid for sid in found], [st[0] for st in found.values()]))
             touched = [(st[1], sid) for sid, st in found.items() if st[3]]
             if touched:
-                self.conn.execute(_TOUCH, (now, [k for k, _ in touched], [s for _, s in touched]))
+                self.send(_TOUCH, (now, [k for k, _ in touched], [s for _, s in touched]))
         return results
 
     def _append_one(self, item: Append, now: float) -> tuple[int, int, int] | Exception:
@@ -128,4 +129,4 @@ class PostgresMessages:
         return 0  # the tsvector column is computed on insert
 
     def delete_sessions(self, session_ids: list[str]) -> None:
-        self.conn.execute("DELETE FROM messages WHERE session_id = ANY(%s)", (session_ids,))
+        self.send("DELETE FROM messages WHERE session_id = ANY(%s)", (session_ids,))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -24,6 +25,16 @@ def one(row: Any) -> Any:
     if row is None:
         raise LookupError("a single-row query returned no row")
     return row
+
+
+def sender(conn: Any) -> Callable[..., Any]:
+    """``send(sql, params)`` for a statement whose answer nobody reads: one
+    cursor kept for them, its adapters looked up once (a cursor per statement,
+    as ``conn.execute`` makes, costs more than some statements). Never for a
+    statement whose rows are read: in the writer's pipeline a cursor shows the
+    answer of the last of its statements to arrive, so each read takes a
+    cursor of its own (``conn.execute``)."""
+    return conn.cursor().execute
 
 
 def count(conn: Any, sql: str, params: Any) -> int:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import orjson
 import psycopg
 
+from . import rows
 from .cluster import PostgresLeases, PostgresNodes
 from .connection import CONTROL_CHANNEL, announce_payload, is_fault, settle
 from .lanes import PostgresIncarnations, PostgresRestarts, PostgresRouting, PostgresTurnState
@@ -23,6 +24,7 @@ _LANE_TABLES = ("routing", "incarnations", "messages", "turn_state", "frames", "
 class PostgresUnitOfWork:
     def __init__(self, conn: psycopg.Connection, node_id: str = ""):
         self.conn, self.node_id = conn, node_id
+        self.send = rows.sender(conn)
         self.pipeline: psycopg.Pipeline | None = None  # the writer's group runs in pipeline mode
         self._savepoints = 0
         self.routing = PostgresRouting(conn)
@@ -57,15 +59,15 @@ class PostgresUnitOfWork:
             return
         self._savepoints += 1
         name = f"uow_{self._savepoints}"
-        self.conn.execute(f"SAVEPOINT {name}")
+        self.send(f"SAVEPOINT {name}")
         try:
             yield
-            self.conn.execute(f"RELEASE SAVEPOINT {name}")
+            self.send(f"RELEASE SAVEPOINT {name}")
             pipeline.sync()
         except BaseException:
             settle(pipeline)
-            self.conn.execute(f"ROLLBACK TO SAVEPOINT {name}")
-            self.conn.execute(f"RELEASE SAVEPOINT {name}")
+            self.send(f"ROLLBACK TO SAVEPOINT {name}")
+            self.send(f"RELEASE SAVEPOINT {name}")
             pipeline.sync()
             raise
 
@@ -75,8 +77,8 @@ class PostgresUnitOfWork:
     def delete_lane(self, key: str) -> None:
         sids = self.incarnations.of_key(key)
         self.messages.delete_sessions(sids)
-        self.conn.execute("DELETE FROM turn_state WHERE session_id = ANY(%s)", (sids,))
-        self.conn.execute("DELETE FROM incarnations WHERE session_key = %s", (key,))
+        self.send("DELETE FROM turn_state WHERE session_id = ANY(%s)", (sids,))
+        self.send("DELETE FROM incarnations WHERE session_key = %s", (key,))
         self.frames.delete_key(key)
         self.ledger.delete_key(key)
         self.restarts.reset(key)
@@ -84,14 +86,14 @@ class PostgresUnitOfWork:
 
     def clear_all(self) -> int:
         n = self.routing.count()
-        self.conn.execute("TRUNCATE " + ", ".join(t for t in _LANE_TABLES if t != "leases"))
+        self.send("TRUNCATE " + ", ".join(t for t in _LANE_TABLES if t != "leases"))
         return n
 
     def index_messages(self, limit: int | None = None) -> int:
         return 0
 
     def probe(self) -> None:
-        self.conn.execute("INSERT INTO meta (key, value) VALUES ('store_probe', to_jsonb(extract(epoch"
+        self.send("INSERT INTO meta (key, value) VALUES ('store_probe', to_jsonb(extract(epoch"
                           " FROM now()))) ON CONFLICT (key) DO UPDATE SET value = excluded.value")
 
     def announce(self, op: str, keys: Sequence[str]) -> None:
@@ -99,7 +101,7 @@ class PostgresUnitOfWork:
         COMMIT, never for a transaction (or savepoint) rolled back. Many keys
         are split over several payloads, each under PostgreSQL's limit."""
         for chunk in _chunks(list(keys), NOTIFY_BYTES):
-            self.conn.execute("SELECT pg_notify(%s, %s)",
+            self.send("SELECT pg_notify(%s, %s)",
                               (CONTROL_CHANNEL, announce_payload(op, chunk, self.node_id)))
 
 
