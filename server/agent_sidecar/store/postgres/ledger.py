@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import orjson
 import psycopg
 from psycopg.types.json import Jsonb
 
 from ..records import LedgerEntry, NewFrame, OpenPrompt, QueueSlot
 from . import rows
-from .codec import json_text
+from .codec import json_rows
 from .connection import FRAMES_LOCK
 
 _INSERT_LEDGER = ("INSERT INTO prompts (request_id, session_key, session_id, platform, status, delivery,"
@@ -29,15 +30,15 @@ REQUEST_FRAMES = ("FROM frames WHERE session_key = (SELECT session_key FROM prom
                   " AND id >= (SELECT coalesce(first_frame, 0) FROM prompts WHERE request_id = %(rid)s)"
                   " AND request_id = %(rid)s")
 # One statement: the ids handed out (the sequence moved on by n at once, under
-# FRAMES_LOCK) and the rows inserted with them; answers the first id. The CTE
-# ``ids`` calls volatile functions, so it runs once (and is materialized).
+# FRAMES_LOCK) and the rows (codec.json_rows, in order) inserted with them;
+# answers the first id. The CTE ``ids`` calls volatile functions, so it runs
+# once (and is materialized).
 _INSERT_FRAMES = (
     "WITH ids AS (SELECT setval('frames_id_seq', nextval('frames_id_seq') + %(n)s - 1) - %(n)s + 1 AS first),"
     " ins AS (INSERT INTO frames (id, request_id, seq, session_key, session_id, platform, at, kind, body)"
-    " SELECT ids.first + u.n - 1, u.rid, u.seq, u.key, u.sid, u.platform, u.at, u.kind, u.body::jsonb"
-    " FROM ids, unnest(%(rid)s::text[], %(seq)s::bigint[], %(key)s::text[], %(sid)s::text[],"
-    " %(platform)s::text[], %(at)s::float8[], %(kind)s::text[], %(body)s::text[])"
-    " WITH ORDINALITY AS u(rid, seq, key, sid, platform, at, kind, body, n))"
+    " SELECT ids.first + f.n - 1, f.r->>0, (f.r->>1)::bigint, f.r->>2, f.r->>3, f.r->>4,"
+    " (f.r->>5)::float8, f.r->>6, nullif((f.r->7)::jsonb, 'null')"
+    " FROM ids, json_array_elements(%(rows)s::json) WITH ORDINALITY AS f(r, n))"
     " SELECT first FROM ids")
 
 
@@ -148,11 +149,9 @@ class PostgresFrames:
     def insert(self, new: Sequence[NewFrame]) -> int:
         self.order()  # the first frame of this transaction: in commit order
         n = len(new)
-        cols = list(zip(*new))
-        first = rows.one(self.conn.execute(_INSERT_FRAMES, {
-            "n": n, "rid": list(cols[0]), "seq": list(cols[1]), "key": list(cols[2]),
-            "sid": list(cols[3]), "platform": list(cols[4]), "at": list(cols[5]),
-            "kind": list(cols[6]), "body": [json_text(b) if b else None for b in cols[7]]}).fetchone())[0]
+        data = json_rows([[rid, seq, key, sid, platform, float(at), kind, orjson.Fragment(body) if body else None]
+                          for rid, seq, key, sid, platform, at, kind, body in new])
+        first = rows.one(self.conn.execute(_INSERT_FRAMES, {"n": n, "rows": data}).fetchone())[0]
         self.written = first + n - 1
         return first
 

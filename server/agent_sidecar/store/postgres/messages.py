@@ -22,15 +22,17 @@ import psycopg
 from ..interface import unknown_session
 from ..records import Append, Message
 from . import rows
+from .codec import json_rows
 
-# Every row of an append in one statement each (arrays, not a statement per row).
+# Every row of an append in one statement, every next_seq in another (the
+# rows as one json parameter: codec.json_rows), not a statement per row.
 _INSERT = ("INSERT INTO messages (session_id, seq, role, content, extra, created_at, request_id)"
-           " SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[]::jsonb[],"
-           " %s::float8[], %s::text[])")
-_NEXT_SEQ = ("UPDATE incarnations i SET next_seq = u.next_seq FROM unnest(%s::text[], %s::bigint[])"
-             " AS u(session_id, next_seq) WHERE i.session_id = u.session_id")
-_TOUCH = ("UPDATE routing r SET updated_at = %s FROM unnest(%s::text[], %s::text[]) AS u(key, sid)"
-          " WHERE r.session_key = u.key AND r.session_id = u.sid")
+           " SELECT r->>0, (r->>1)::bigint, r->>2, r->>3, nullif((r->4)::jsonb, 'null'), (r->>5)::float8, r->>6"
+           " FROM json_array_elements(%s::json) AS r")
+_NEXT_SEQ = ("UPDATE incarnations i SET next_seq = (u.r->>1)::bigint FROM json_array_elements(%s::json) AS u(r)"
+             " WHERE i.session_id = u.r->>0")
+_TOUCH = ("UPDATE routing r SET updated_at = %s FROM json_array_elements(%s::json) AS u(k)"
+          " WHERE r.session_key = u.k->>0 AND r.session_id = u.k->>1")
 # An append to one incarnation (a turn's user messages, its reply) in one
 # statement: the seqs handed out by the UPDATE (its row lock, as FOR UPDATE),
 # the rows inserted with them, the lane touched if asked; answers
@@ -39,9 +41,8 @@ _APPEND_ONE = (
     "WITH inc AS (UPDATE incarnations SET next_seq = next_seq + %(n)s WHERE session_id = %(sid)s"
     " RETURNING next_seq - %(n)s AS first, session_key, rev),"
     " ins AS (INSERT INTO messages (session_id, seq, role, content, extra, created_at, request_id)"
-    " SELECT %(sid)s, inc.first + u.n - 1, u.role, u.content, u.extra::jsonb, u.at, %(rid)s"
-    " FROM inc, unnest(%(role)s::text[], %(content)s::text[], %(extra)s::text[], %(at)s::float8[])"
-    " WITH ORDINALITY AS u(role, content, extra, at, n)),"
+    " SELECT %(sid)s, inc.first + m.n - 1, m.r->>0, m.r->>1, nullif((m.r->2)::jsonb, 'null'),"
+    " (m.r->>3)::float8, %(rid)s FROM inc, json_array_elements(%(msgs)s::json) WITH ORDINALITY AS m(r, n)),"
     " touch AS (UPDATE routing r SET updated_at = %(now)s FROM inc WHERE %(touch)s"
     " AND r.session_key = inc.session_key AND r.session_id = %(sid)s)"
     " SELECT first, rev FROM inc")
@@ -64,7 +65,7 @@ class PostgresMessages:
         found = {r[0]: [r[1], r[2], r[3], False] for r in self.conn.execute(
             "SELECT session_id, next_seq, session_key, rev FROM incarnations"
             " WHERE session_id = ANY(%s) ORDER BY session_id FOR UPDATE", (sids,))}
-        out_rows: list[tuple] = []
+        out_rows: list[list] = []
         results: list = []
         for item in items:
             st = found.get(item.session_id)
@@ -75,28 +76,27 @@ class PostgresMessages:
                 st[3] = True
             first = seq = st[0]
             for m in item.messages:
-                out_rows.append((item.session_id, seq, m.role, m.content, rows.message_extra(m),
-                                 float(m.created_at or now), item.request_id))
+                out_rows.append([item.session_id, seq, m.role, m.content, rows.message_extra(m),
+                                 float(m.created_at or now), item.request_id])
                 seq += 1
             st[0] = seq
             results.append((first, seq - 1, st[2]))
         if out_rows:
             # No answer awaited for these (the writer's pipeline): only the
             # seqs above came from the server, under the row locks.
-            self.send(_INSERT, [list(c) for c in zip(*out_rows)])
-            self.send(_NEXT_SEQ, ([sid for sid in found], [st[0] for st in found.values()]))
-            touched = [(st[1], sid) for sid, st in found.items() if st[3]]
+            self.send(_INSERT, (json_rows(out_rows),))
+            self.send(_NEXT_SEQ, (json_rows([[sid, st[0]] for sid, st in found.items()]),))
+            touched = [[st[1], sid] for sid, st in found.items() if st[3]]
             if touched:
-                self.send(_TOUCH, (now, [k for k, _ in touched], [s for _, s in touched]))
+                self.send(_TOUCH, (now, json_rows(touched)))
         return results
 
     def _append_one(self, item: Append, now: float) -> tuple[int, int, int] | Exception:
         msgs = item.messages
         row = self.conn.execute(_APPEND_ONE, {
-            "n": len(msgs), "sid": item.session_id, "rid": item.request_id, "now": now,
-            "touch": item.touch_lane, "role": [m.role for m in msgs], "content": [m.content for m in msgs],
-            "extra": [rows.message_extra(m) for m in msgs],
-            "at": [float(m.created_at or now) for m in msgs]}).fetchone()
+            "n": len(msgs), "sid": item.session_id, "rid": item.request_id, "now": now, "touch": item.touch_lane,
+            "msgs": json_rows([[m.role, m.content, rows.message_extra(m), float(m.created_at or now)]
+                               for m in msgs])}).fetchone()
         if row is None:
             return unknown_session(item.session_id)
         return (row[0], row[0] + len(msgs) - 1, row[1])

@@ -10,7 +10,6 @@ import orjson
 from psycopg.types.json import Jsonb
 
 from ..records import ROUTING_FIELDS, FrameRecord, LedgerEntry, Message, SessionEntry
-from .codec import json_text
 
 ENTRY_SELECT = (
     "SELECT " + ", ".join("r." + c for c in ROUTING_FIELDS)
@@ -60,13 +59,12 @@ def column_value(name: str, value: Any) -> Any:
 MESSAGE_SELECT = "SELECT seq, role, content, extra, created_at, active FROM messages"
 
 
-def message_extra(m: Message) -> str | None:
-    """A message's optional fields as JSON text (a ``text[]`` element cast to
-    jsonb: codec.json_text), None when it has none."""
+def message_extra(m: Message) -> dict[str, Any] | None:
+    """A message's optional fields (its ``extra`` column), None when it has none."""
     d = {k: v for k, v in (("tool_call_id", m.tool_call_id), ("tool_name", m.tool_name),
                            ("tool_calls_json", m.tool_calls_json),
                            ("synthetic", m.synthetic)) if v}
-    return json_text(orjson.dumps(d)) if d else None
+    return d or None
 
 
 def message(row: tuple) -> Message:
