@@ -110,9 +110,9 @@ class Counter:
                     syscalls[m.group(2)] = syscalls.get(m.group(2), 0) + int(m.group(1))
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             rows = conn.execute(
-                "SELECT calls, query FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database"
-                " WHERE datname = current_database()) ORDER BY calls DESC").fetchall()
-        return {"syscalls": syscalls, "statements": [[int(c), q] for c, q in rows], "sent": sent}
+                "SELECT calls, total_exec_time, query FROM pg_stat_statements WHERE dbid = (SELECT oid"
+                " FROM pg_database WHERE datname = current_database()) ORDER BY calls DESC").fetchall()
+        return {"syscalls": syscalls, "statements": [[int(c), q, float(ms)] for c, ms, q in rows], "sent": sent}
 
 
 def report(rows: list[dict], top: int = 40) -> list[str]:
@@ -121,15 +121,16 @@ def report(rows: list[dict], top: int = 40) -> list[str]:
     out = []
     for r in rows:
         c, turns = r["count"], max(1, r["turns"])
-        total = sum(n for n, _ in c["statements"])
+        total = sum(s[0] for s in c["statements"])
         sent = sum(c["sent"].values())
         words = " ".join(f"{w} {n / turns:.2f}" for w, n in sorted(c["sent"].items(), key=lambda x: -x[1]))
         out.append(f"{r['config']}: the writers sent {sent / turns:.1f} statements per turn ({words}); "
                    f"{c['syscalls'].get('sendto', 0) / turns:.1f} writer round trips per turn "
                    f"(answers its backend sent; {c['syscalls'].get('epoll_wait', 0) / turns:.1f} times it "
                    f"waited idle); pg_stat_statements: {total / turns:.1f} per turn "
-                   "(no utility statement once prepared), the most frequent:")
-        for n, q in c["statements"][:top]:
+                   "(no utility statement once prepared), the most frequent (per turn, and "
+                   "each one's mean execution time):")
+        for n, q, ms in c["statements"][:top]:
             if n / turns >= 0.01:
-                out.append(f"  {n / turns:6.2f}  {' '.join(q.split())[:150]}")
+                out.append(f"  {n / turns:6.2f} {1e3 * ms / max(1, n):6.0f} us  {' '.join(q.split())[:140]}")
     return out
