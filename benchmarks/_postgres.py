@@ -27,8 +27,9 @@ PG_BIN = Path("/usr/lib/postgresql/15/bin")
 class Postgres:
     """``start()``, then ``create_db(name)`` -> a DSN for it; ``stop()`` at the end."""
 
-    def __init__(self, root: Path, dsn: str | None):
+    def __init__(self, root: Path, dsn: str | None, options: str = ""):
         self.dsn, self.pgdata, self.made = dsn, root / "pg", []
+        self.options = options  # more server settings for a scratch server (``-c name=value`` ...)
         self.own = False  # a server this run started (and stops)
 
     def _pg(self, tool: str, *args) -> None:
@@ -49,7 +50,7 @@ class Postgres:
         self._pg("initdb", "-D", self.pgdata, "-U", "postgres", "--auth=trust", "-E", "UTF8")
         port = free_port()
         self._pg("pg_ctl", "-D", self.pgdata, "-w", "-l", self.pgdata / "server.log", "-o",
-                 f"-p {port} -k {sock} -c listen_addresses=127.0.0.1", "start")
+                 f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 {self.options}", "start")
         self.dsn, self.own = f"host=127.0.0.1 port={port} user=postgres dbname=postgres", True
 
     def _admin(self, *sql: str) -> None:

@@ -36,6 +36,13 @@ take was forwarded (lanes with takes give a range: a lane idle for
 CPU over the window from /proc: the sidecars' whole process trees, the
 postmaster's (exited backends included), the client's, other programs'.
 Afterwards the store must hold every turn, completed, with its five frames.
+
+``--only`` picks configurations (``--only 1xsqlite,1xpostgres``); ``--baseline
+DIR`` runs each one a second time with the sidecars' code from another checkout
+(``DIR/server``: the same interpreter and packages, the old code), interleaved
+with this one's, so before and after come from one machine state; ``--count``
+adds, per PostgreSQL configuration, the statements per turn and the store
+writers' round trips per turn (_pgcount.py; a separate window, traced).
 """
 
 from __future__ import annotations
@@ -55,13 +62,27 @@ import time
 import uuid
 from pathlib import Path
 
-from _common import CpuWindow, free_port, keep_in_flight, load_average, machine_line, percentile, table
+import _common
+import _pgcount
+from _common import (
+    CpuWindow,
+    children_of,
+    free_port,
+    keep_in_flight,
+    load_average,
+    machine_line,
+    percentile,
+    proc_comm,
+    proc_cpu_seconds,
+    table,
+)
 from _postgres import Postgres
 from turns_bench import DELIVERY_QUEUE, KINDS, TEXT, SidecarServer
 
 HERE = Path(__file__).resolve()
 TOKEN = "cluster-bench-token"
 CONFIGS = [("sqlite", 1, False), ("postgres", 1, False), ("postgres", 2, False), ("postgres", 3, False)]
+BASE = " [base]"  # the label suffix of a configuration run with --baseline's code
 
 
 # -- the client: concurrent Prompt calls spread over the nodes -----------------------
@@ -147,7 +168,7 @@ def client_main(spec_json: str) -> int:
 class Node(SidecarServer):
     """turns_bench's sidecar; on PostgreSQL a cluster node with a TCP listener."""
 
-    def __init__(self, root: Path, name: str, dsn: str | None):
+    def __init__(self, root: Path, name: str, dsn: str | None, server: Path):
         port = free_port() if dsn else None
         config = "" if dsn is None else f"""[store]
 backend = "postgres"
@@ -164,6 +185,11 @@ platforms = ["*"]
         super().__init__(root, None, name, config)
         self.name = name  # its node_id in the lease rows
         self.listen = [f"127.0.0.1:{port}"] if port else []
+        self.server = server  # the sidecar's code: this checkout's server/, or --baseline's
+
+    def writer_pid(self) -> int:
+        assert self.proc is not None  # started
+        return next(k for k in children_of(self.proc.pid) if proc_comm(k) == "sidecar-writer")
 
 
 # -- one configuration: nodes up, sessions, warm-up, the timed window, the checks ------
@@ -207,11 +233,21 @@ def forwarded(calls: dict, before: dict, after: dict, names: list[str]) -> tuple
     return sum(takes.values()), low, low + high
 
 
-def run_config(root: Path, pg: Postgres, pg_root: int | None, cfg: tuple, rnd: int, args) -> dict:
-    backend, n, affinity = cfg
-    tag = f"{backend}{n}{'a' if affinity else ''}_{rnd}"
+def label(cfg: tuple) -> str:
+    backend, n, affinity, base = cfg
+    return f"{n} x {backend}" + (" affinity" if affinity else "") + (BASE if base else "")
+
+
+def run_config(root: Path, pg: Postgres, pg_root: int | None, cfg: tuple, rnd: int, args,
+               count: bool = False) -> dict:
+    backend, n, affinity, base = cfg
+    tag = f"{backend}{n}{'a' if affinity else ''}{'b' if base else ''}{'c' if count else ''}_{rnd}"
     dsn = pg.create_db(f"cluster_bench_{os.getpid()}_{tag}") if backend == "postgres" else None
-    nodes = [Node(root, f"{tag}-n{i}", dsn) for i in range(n)]
+    server = Path(args.baseline) / "server" if base else _common.ROOT / "server"
+    nodes = [Node(root, f"{tag}-n{i}", dsn, server) for i in range(n)]
+    saved = dict(os.environ)
+    if count and dsn:
+        os.environ.update(_pgcount.environ(root))  # the writers count what they send
     try:
         for node in nodes:
             node.start()
@@ -219,8 +255,11 @@ def run_config(root: Path, pg: Postgres, pg_root: int | None, cfg: tuple, rnd: i
         spec = {"targets": [f"unix:{x.sock}" for x in nodes], "keys": keys, "seed": args.seed + rnd,
                 "run": uuid.uuid4().hex[:8], "in_flight": args.in_flight, "turns": args.turns,
                 "warmup": args.sessions, "affinity": affinity, "out": str(root / f"{tag}-client.json")}
-        r = drive(spec, nodes, pg_root, dsn)
+        counter = _pgcount.Counter(root, tag) if count and dsn else None
+        r = drive(spec, nodes, pg_root, dsn, counter)
     finally:
+        os.environ.clear()
+        os.environ.update(saved)
         for node in nodes:  # stop them together (a clean stop drains and lets go of leases)
             if node.proc and node.proc.poll() is None:
                 node.proc.send_signal(signal.SIGTERM)
@@ -228,14 +267,15 @@ def run_config(root: Path, pg: Postgres, pg_root: int | None, cfg: tuple, rnd: i
             node.stop()
     status, frames = stored(dsn, nodes[0].dir / "sidecar.db")
     want = args.turns + args.sessions
-    r.update(config=f"{n} x {backend}" + (" affinity" if affinity else ""), backend=backend,
+    r.update(config=label(cfg), backend=backend,
              nodes=n, affinity=affinity, round=rnd,
              stored_ok=(status, frames) == ({"completed": want}, 5 * want),
              stored=f"prompts {status}, {frames:,} frames (expected {want:,} completed, {5 * want:,})")
     return r
 
 
-def drive(spec: dict, nodes: list[Node], pg_root: int | None, dsn: str | None) -> dict:
+def drive(spec: dict, nodes: list[Node], pg_root: int | None, dsn: str | None,
+          counter: _pgcount.Counter | None = None) -> dict:
     """One client process through warm-up and the timed window; CPU and leases around it."""
     client = subprocess.Popen([sys.executable, str(HERE), "--client", json.dumps(spec)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -246,11 +286,17 @@ def drive(spec: dict, nodes: list[Node], pg_root: int | None, dsn: str | None) -
         if pg_root and dsn:
             groups["postgres"] = [("tree", pg_root)]
         before, cpu = leases(dsn), CpuWindow(groups)
+        if counter is not None and dsn:
+            counter.start(dsn, [x.writer_pid() for x in nodes])
+        writers = [x.writer_pid() for x in nodes]
+        writer0 = sum(proc_cpu_seconds(w) for w in writers)
         cpu.start()
         client.stdin.write("go\n")
         client.stdin.flush()
         line = client.stdout.readline()
         usage = cpu.stop()
+        usage["writers"] = sum(proc_cpu_seconds(w) for w in writers) - writer0  # part of "sidecars"
+        counted = counter.stop() if counter is not None else None
         if line.strip() != "done":
             raise RuntimeError(f"the client died mid-run (exit {client.poll()})")
         result, after = json.loads(Path(spec["out"]).read_text()), leases(dsn)
@@ -267,7 +313,7 @@ def drive(spec: dict, nodes: list[Node], pg_root: int | None, dsn: str | None) -
             "p50_ms": percentile(lat, 50) * 1e3, "p99_ms": percentile(lat, 99) * 1e3,
             "errors": result["error_count"], "warmup_errors": result["warmup_errors"],
             "error_sample": result["errors"], "lease_takes": takes, "forwarded": [low, high],
-            "cpu": usage}
+            "cpu": usage, "count": counted}
 
 
 # -- the report --------------------------------------------------------------------------
@@ -289,12 +335,14 @@ def report(best: list[dict], every: list[dict]) -> list[str]:
         fwd = "-" if r["backend"] == "sqlite" else f"{low:,}" + (f"–{high:,}" if high > low else "")
         takes = "-" if r["backend"] == "sqlite" else r["lease_takes"]
         rows.append([r["config"], r["turns"], r["rate"], r["p50_ms"], r["p99_ms"], r["errors"], takes, fwd,
-                     per_turn(r, "sidecars"), "-" if pgc is None else pgc, server_ms(r),
+                     per_turn(r, "sidecars"), 1e3 * r["cpu"]["writers"] / max(1, r["turns"]),
+                     "-" if pgc is None else pgc, server_ms(r),
                      per_turn(r, "client"), f"{100 * r['cpu']['others'] / r['cpu']['wall']:.0f}%"])
     out = [table(["config", "turns", "turns/s", "p50 ms", "p99 ms", "errors", "lease takes", "forwarded",
-                  "sidecars ms/turn", "postgres ms/turn", "server ms/turn", "client ms/turn",
+                  "sidecars ms/turn", "of it writers", "postgres ms/turn", "server ms/turn", "client ms/turn",
                   "other programs"], rows, title="Echo turns (one word, 5 frames per turn)")]
-    out.append("CPU ms per turn over the timed window: sidecars = every node's whole process tree, "
+    out.append("CPU ms per turn over the timed window: sidecars = every node's whole process tree "
+               "(of it writers: their store writer processes), "
                "postgres = the postmaster's tree, server = the two; other programs: 100% = one core. "
                "lease takes: leases taken in the window (a lane idle for lease_ttl_s is let go, so a "
                "session's next call takes it again); forwarded: timed calls the node they were sent to "
@@ -309,15 +357,29 @@ def report(best: list[dict], every: list[dict]) -> list[str]:
                        f"({r['warmup_errors']} in warm-up) {r['error_sample']}; store: {r['stored']}")
     if all(r["stored_ok"] for r in every):
         out.append("store after every configuration: every turn completed with its 5 frames -> ok")
-    lite = next((r for r in best if r["backend"] == "sqlite"), None)
+    by_config = {r["config"]: r for r in best}
     for r in best:
+        base = r["config"].endswith(BASE)
+        lite = by_config.get("1 x sqlite" + (BASE if base else ""))
         if lite and r["backend"] == "postgres":
-            out.append(f"{r['config']} / 1 x sqlite: server CPU per turn {server_ms(r):.2f} / "
-                       f"{server_ms(lite):.2f} ms = {server_ms(r) / server_ms(lite):.2f}x · turns/s "
-                       f"{r['rate'] / lite['rate']:.2f}x · p50 {r['p50_ms'] / lite['p50_ms']:.2f}x")
+            out.append(_ratio(r, lite))
+    for r in best:
+        if (old := by_config.get(r["config"] + BASE)) is not None:
+            out.append(_ratio(r, old))
     out.append(f"On this {os.cpu_count()}-core machine this measures overhead, not scale: every node, "
                "PostgreSQL and the client share the same cores.")
     return out
+
+
+def _ratio(r: dict, other: dict) -> str:
+    return (f"{r['config']} / {other['config']}: server CPU per turn {server_ms(r):.2f} / "
+            f"{server_ms(other):.2f} ms = {server_ms(r) / server_ms(other):.2f}x · turns/s "
+            f"{r['rate'] / other['rate']:.2f}x · p50 {r['p50_ms'] / other['p50_ms']:.2f}x")
+
+
+def _swap_pairs(configs: list[tuple]) -> list[tuple]:
+    """Each (this code, baseline) pair the other way round."""
+    return [c for i in range(0, len(configs), 2) for c in reversed(configs[i:i + 2])]
 
 
 def main() -> int:
@@ -334,6 +396,12 @@ def main() -> int:
     ap.add_argument("--json", metavar="FILE", help="write every figure here")
     ap.add_argument("--dir", default=None, help="parent directory for the temporary directory")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--only", default=None, metavar="LIST",
+                    help="these configurations only, e.g. 1xsqlite,1xpostgres (default: all)")
+    ap.add_argument("--baseline", default=None, metavar="DIR",
+                    help="also run each configuration with the sidecar code of the checkout DIR")
+    ap.add_argument("--count", action="store_true",
+                    help="also count statements and writer round trips per turn (PostgreSQL rows)")
     ap.add_argument("--client", metavar="SPEC", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.client:
@@ -344,6 +412,14 @@ def main() -> int:
     if args.in_flight > args.sessions:
         ap.error("--in-flight must not exceed --sessions (each in-flight turn needs an idle session)")
     configs = CONFIGS + ([("postgres", 2, True), ("postgres", 3, True)] if args.affinity else [])
+    if args.only:
+        wanted = {w.strip().replace(" ", "") for w in args.only.split(",")}
+        configs = [c for c in configs if f"{c[1]}x{c[0]}{'affinity' if c[2] else ''}" in wanted]
+        if not configs:
+            ap.error(f"--only {args.only}: no such configuration")
+    if args.baseline and not (Path(args.baseline) / "server" / "agent_sidecar").is_dir():
+        ap.error(f"--baseline {args.baseline}: no server/agent_sidecar there")
+    configs = [(*c, base) for c in configs for base in ((False, True) if args.baseline else (False,))]
 
     load0 = load_average()
     print(f"cluster_bench · {machine_line()} · load avg {load0}" + (" · QUICK" if args.quick else ""))
@@ -352,27 +428,36 @@ def main() -> int:
           f"best of {args.repeat} round(s)")
     print(f"NOTE: on this {os.cpu_count()}-core machine this measures overhead, not scale.")
     root = Path(tempfile.mkdtemp(prefix="cluster-bench-", dir=args.dir))
-    pg, every, pg_root = Postgres(root, args.dsn), [], None
+    pg, every, pg_root = Postgres(root, args.dsn, _pgcount.PRELOAD if args.count else ""), [], None
+    counted: list[dict] = []
     try:
         pg.start()
         pg_root = pg.postmaster_pid()
         for rnd in range(args.repeat):
-            for cfg in configs:
+            # with --baseline, this code and the baseline's take turns going first
+            for cfg in (configs if rnd % 2 == 0 else _swap_pairs(configs) if args.baseline else configs):
                 every.append(r := run_config(root, pg, pg_root, cfg, rnd, args))
                 print(f"  … round {rnd + 1}: {r['config']}: {r['rate']:,.0f} turns/s, p50 {r['p50_ms']:.1f} ms, "
                       f"p99 {r['p99_ms']:.1f} ms, errors {r['errors']}", file=sys.stderr)
+        for cfg in configs if args.count else []:
+            if cfg[0] == "postgres":
+                counted.append(run_config(root, pg, pg_root, cfg, 0, args, count=True))
     finally:
         pg.stop()
         shutil.rmtree(root, ignore_errors=True)
     best = [max((r for r in every if r["config"] == c), key=lambda r: r["rate"])
             for c in dict.fromkeys(r["config"] for r in every)]
     print("\n" + "\n".join(report(best, every)))
+    if counted:
+        print("\nStatements and round trips per turn (a separate traced window of each PostgreSQL "
+              "configuration):\n" + "\n".join(_pgcount.report(counted)))
     print(f"load avg at start {load0}, at the end {load_average()}"
           + ("" if pg_root else " · PostgreSQL's CPU unknown (not a local process)"))
     if args.json:
         Path(args.json).write_text(json.dumps({
             "options": {k: v for k, v in vars(args).items() if k not in ("client", "dsn")},
-            "load_avg": [load0, load_average()], "cores": os.cpu_count(), "best": best, "rounds": every},
+            "load_avg": [load0, load_average()], "cores": os.cpu_count(), "best": best, "rounds": every,
+            "counted": counted},
             indent=2))
     return 0
 

@@ -197,6 +197,7 @@ class SidecarServer:
         self.workers = workers
         self.config = config
         self.listen: list[str] = []  # addresses it listens on besides its Unix socket
+        self.server = _common.ROOT / "server"  # the sidecar's code (cluster_bench --baseline: another's)
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -210,7 +211,7 @@ class SidecarServer:
         for address in self.listen:
             args += ["--listen", address]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [str(_common.ROOT / "server"), os.environ.get("PYTHONPATH", "")]), **self.env)
+            [str(self.server), os.environ.get("PYTHONPATH", "")]), **self.env)
         self._logf = open(self.log, "ab")
         self.proc = subprocess.Popen(args, stdout=self._logf, stderr=subprocess.STDOUT, env=env,
                                      cwd=self.dir)

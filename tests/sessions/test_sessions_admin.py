@@ -104,9 +104,10 @@ def test_prune_skips_suspended_keeps_transcripts(tmp_path):
         assert sc.stop() == 0
         ten_days_ago = time.time() - 10 * 86400
         with local_store(sc) as store:  # the stopped sidecar's store, through its unit of work
-            aged = [store.job(lambda uow, k: uow.routing.patch(k, RoutingPatch(updated_at=ten_days_ago)), k)
-                    for k in (suspended.session_key, old.session_key)]
-            assert aged == [True, True]
+            aged = (suspended.session_key, old.session_key)
+            for key in aged:
+                store.job(lambda uow, k: uow.routing.patch(k, RoutingPatch(updated_at=ten_days_ago)), key)
+            assert [store.read("entry", k).updated_at for k in aged] == [ten_days_ago] * 2
         sc.start()
         st = sc.sessions()
         recent = st.ListSessions(pb.ListSessionsRequest(active_within_seconds=86400), timeout=10)

@@ -92,12 +92,18 @@ class Explaining:
         outer = self
 
         class Cursor:
-            def __enter__(self):
+            def __init__(self):
                 self.cur = outer.conn.cursor()
+
+            def __enter__(self):
                 return self
 
             def __exit__(self, *exc):
                 self.cur.close()
+
+            def execute(self, sql, params=None, **kw):
+                outer.explain(sql, params)
+                return self.cur.execute(sql, params, **kw)
 
             def executemany(self, sql, rows):
                 rows = list(rows)
@@ -323,11 +329,16 @@ def test_nul_and_the_escape_mark_round_trip_through_every_kind_of_column(tmp_pat
                                                             origin={"chat_name": "\x00\uffff0"})))
         s.job(lambda uow: uow.incarnations.insert(sid, key, NOW))
         msgs = tuple(Message(role="user", content=t, tool_calls_json=json.dumps([{"id": t}])) for t in ODD)
-        s.job(lambda uow: uow.messages.append([Append(sid, msgs, request_id="r\x00")]))
+        # an append of several items, then of one item of several messages, then of one message
+        s.job(lambda uow: uow.messages.append([Append(sid, msgs[:2], request_id="r\x00"),
+                                               Append(sid, msgs[2:3], request_id="r\x00")]))
+        s.job(lambda uow: uow.messages.append([Append(sid, msgs[3:-1], request_id="r\x00")]))
+        s.job(lambda uow: uow.messages.append([Append(sid, msgs[-1:], request_id="r\x00")]))
         s.job(lambda uow: uow.ledger.insert(LedgerEntry("r\x00", key, sid, "t", "completed", 1, "\x00",
                                                         {"absorbed_from": "\x00\uffff"}, NOW)))
         body = orjson.dumps({"text": "\x00 and \uffff and \\u0000"})
-        cursor = s.job(lambda uow: uow.frames.insert([("r\x00", 1, key, sid, "t", NOW, "text_delta", body)]))
+        cursor = s.job(lambda uow: uow.frames.insert([("r\x00", 1, key, sid, "t", NOW, "text_delta", body),
+                                                      ("r\x00", 2, key, sid, "t\uffff", NOW, "x\x00", None)]))
         s.job(lambda uow: uow.ledger.set_first_frame("r\x00", cursor, 1))
 
         entry = s.read("entry", key)
@@ -337,7 +348,8 @@ def test_nul_and_the_escape_mark_round_trip_through_every_kind_of_column(tmp_pat
         assert [json.loads(m.tool_calls_json)[0]["id"] for m in got] == ODD
         row = s.read("ledger", "r\x00")
         assert (row.text, row.payload) == ("\x00", {"absorbed_from": "\x00\uffff"})
-        assert [f.body for f in s.read("request_frames", "r\x00", 0)] == [orjson.loads(body)]
+        assert [(f.seq, f.platform, f.kind, f.body, f.at) for f in s.read("request_frames", "r\x00", 0)] == \
+            [(1, "t", "text_delta", orjson.loads(body), NOW), (2, "t\uffff", "x\x00", {}, NOW)]
         assert [h.session_key for h in s.read("search", "plain", "", 10)] == [key]
 
 

@@ -152,3 +152,70 @@ def test_jobs_are_module_level_functions_with_plain_arguments(tmp_path):
             store.write(life.suspend, "agent:main:t:dm:1")
 
     asyncio.run(go())
+
+
+# -- one commit group: a job failing on the database fails alone ---------------------------------
+
+def _new_incarnation(uow, sid: str) -> str:
+    uow.incarnations.insert(sid, f"agent:main:t:dm:{sid}", 1.0)
+    return sid
+
+
+def _write_then_conflict(uow, sid: str, taken: str) -> None:
+    """A write of its own, then one the database refuses (``taken`` exists)."""
+    uow.incarnations.insert(sid, f"agent:main:t:dm:{sid}", 1.0)
+    uow.incarnations.insert(taken, "agent:main:t:dm:taken", 1.0)
+
+
+def _exists(uow, sids: list[str]) -> list[bool]:
+    return [uow.incarnations.get(s) is not None for s in sids]
+
+
+def test_a_job_the_database_refuses_rolls_back_alone_in_its_commit_group(tmp_path):
+    """Jobs of one loop iteration share a transaction; the one whose write the
+    database refuses (a unique key) fails with its own error, its other write
+    undone, and the jobs before and after it commit, reads included (on
+    PostgreSQL the group is pipelined: the error must surface in its job)."""
+
+    async def go():
+        async with opened_store(tmp_path / "s.db", writes=True, log_format="text") as store:
+            await store.write(_new_incarnation, "taken")
+            before = store.writer.commits
+            futs = [store.write(_new_incarnation, "before"),
+                    store.write(_write_then_conflict, "undone", "taken"),
+                    store.write(_exists, ["before", "taken"]),
+                    store.write(_new_incarnation, "after")]
+            done = await asyncio.gather(*futs, return_exceptions=True)
+            assert store.writer.commits - before == 1, "the four jobs shared one commit"
+            assert done[0] == "before" and done[2] == [True, True] and done[3] == "after", done
+            assert isinstance(done[1], Exception) and "StoreUnavailable" not in type(done[1]).__name__, done
+            assert await store.write(_exists, ["before", "undone", "after"]) == [True, False, True]
+
+    asyncio.run(go())
+
+
+def test_a_frame_flush_with_a_refused_write_replays_it_alone_and_keeps_its_frames(tmp_path):
+    """run_flush runs its writes bare in a savepoint; one the database refuses
+    undoes them all, then each runs again in a savepoint of its own: that one
+    fails alone, the others and the flush's frames commit."""
+    from agent_sidecar.store.records import Append, Message
+    from agent_sidecar.turns.flush import FN, MSG, run_flush
+
+    async def go():
+        async with opened_store(tmp_path / "s.db", writes=True, log_format="text") as store:
+            await store.write(_new_incarnation, "taken")
+            await store.write(_new_incarnation, "chat")
+            frames = [("r1", 1, "agent:main:t:dm:chat", "chat", "t", 1.0, "accepted", None)]
+            writes = [(FN, (_new_incarnation, ("first",))), (FN, (_write_then_conflict, ("undone", "taken"))),
+                      (MSG, Append("chat", (Message("user", "hi"),), "r1")), (FN, (_new_incarnation, ("last",)))]
+            results, cursor = await store.write(run_flush, (1, 0), frames, writes)
+            assert results[0] == "first" and results[3] == "last", results
+            assert isinstance(results[1], Exception), results
+            assert results[2][:2] == (1, 1), results  # the message's seqs
+            assert cursor > 0
+            assert await store.write(_exists, ["first", "undone", "last"]) == [True, False, True]
+            frames_now = await store.frames_after(0, platform="t")
+            assert [(f.request_id, f.kind) for f in frames_now] == [("r1", "accepted")]
+            assert [m.content for m in await store.transcript("chat")] == ["hi"]
+
+    asyncio.run(go())

@@ -102,15 +102,17 @@ class RoutingRepo(Protocol):
         """A new row; False when the key exists (another writer won the race)."""
 
     def patch(self, key: str, patch: RoutingPatch, *, session_id: str | None = None,
-              if_current: RoutingPatch | None = None) -> bool:
-        """Apply ``patch``; ``if_current`` is applied too, but only while the row
-        still points at ``session_id`` (a compare-and-set: a turn ending after a
-        reset must not touch the new incarnation's flags). One statement.
-        Returns whether the row exists."""
+              if_current: RoutingPatch | None = None) -> None:
+        """Apply ``patch`` (to no row when the key does not exist); ``if_current``
+        is applied too, but only while the row still points at ``session_id`` (a
+        compare-and-set: a turn ending after a reset must not touch the new
+        incarnation's flags). One statement, whose answer nobody waits for (no
+        result: on PostgreSQL it is pipelined, no round trip of its own)."""
 
-    def add_usage(self, key: str, delta: UsageDelta, updated_at: float | None) -> bool:
+    def add_usage(self, key: str, delta: UsageDelta, updated_at: float | None) -> None:
         """Add the counters (and set ``last_prompt_tokens``/``cost_status``
-        when given); ``updated_at`` moves the lane too when not None."""
+        when given); ``updated_at`` moves the lane too when not None. No
+        result, as ``patch``."""
 
     def keys_active_since(self, since: float, keys: Sequence[str] | None = None) -> list[str]:
         """Lanes updated at or after ``since`` that are neither suspended nor

@@ -57,6 +57,16 @@ def json_text(data: bytes) -> str:
     return _raw_nuls(data).decode()
 
 
+def json_rows(rows: list) -> str:
+    """Rows (lists of plain values; ``orjson.Fragment`` for JSON already
+    serialised) as the text of ONE ``json`` parameter, which a statement takes
+    apart with ``json_array_elements``: psycopg dumps a str in C, where a
+    parameter per column as an array goes through its Python list dumper,
+    element by element. Text values come out of it (``->>``) escaped as the
+    str dumper escapes them, so they are stored exactly as a plain parameter."""
+    return json_text(orjson.dumps(rows))
+
+
 def dumps(obj) -> bytes:
     """``obj`` as ``jsonb`` text, escaped (the jsonb dumper sends it as is)."""
     data = _raw_nuls(orjson.dumps(obj))

@@ -8,6 +8,9 @@ notifications on asyncio connections from ``psycopg_pool`` — with its C
 speedups (``psycopg[binary]``). asyncpg is asyncio-only, and the writer
 process would need an event loop of its own to use it.
 
+The writer runs each group in pipeline mode (``PostgresWriter``): only a
+statement whose answer a job reads waits for the server.
+
 Every connection is configured by codec.configure: JSON through orjson both
 ways, and text escaped so that a NUL character survives. Durability: a COMMIT returns once
 PostgreSQL has flushed it (``synchronous_commit`` on, its default; the writer
@@ -16,6 +19,7 @@ sets it explicitly for its session).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -26,6 +30,7 @@ from psycopg import errors as pgerr
 from ..faults import is_store_fault
 from ..records import ClusterOp
 from .codec import configure
+from .rows import sender
 
 log = logging.getLogger("agent_sidecar.store")
 
@@ -42,6 +47,8 @@ TRANSIENT = (pgerr.DeadlockDetected, pgerr.SerializationFailure, pgerr.LockNotAv
 FRAMES_LOCK = 0x5AD3_F4A3  # pg_advisory_xact_lock key: frame inserts in commit order
 CHANNEL = "agent_sidecar_frames"  # NOTIFY channel: a commit's highest frame cursor
 CONTROL_CHANNEL = "agent_sidecar_control"  # NOTIFY channel: ClusterOp JSON (UnitOfWork.announce)
+WRITER_APPLICATION = "agent-sidecar-writer"  # the writer's application_name (pg_stat_activity)
+PREPARED_MAX = 500
 
 
 def connect(dsn: str, **kw) -> psycopg.Connection:
@@ -75,44 +82,93 @@ def read_announce(payload: str) -> ClusterOp | None:
         return None
 
 
+def settle(pipeline: psycopg.Pipeline) -> None:
+    """Wait for every statement sent so far, ignoring their errors: what the
+    caller is undoing already failed (a statement sent after an error is
+    discarded until this sync, so a ROLLBACK TO must come after it)."""
+    try:
+        pipeline.sync()
+    except psycopg.Error:
+        pass
+
+
 class PostgresWriter:
     """The writer process's backend: one connection; each group commit one
     transaction with a savepoint per job (process.WriterBackend). A commit that
     wrote frames notifies ``CHANNEL`` with its highest cursor, so every sidecar
-    of the cluster wakes its watchers (LISTEN/NOTIFY is delivered at COMMIT)."""
+    of the cluster wakes its watchers (LISTEN/NOTIFY is delivered at COMMIT).
+
+    A group runs in pipeline mode: a statement whose result nobody reads (most
+    writes, BEGIN, the savepoints, COMMIT) is sent without waiting for its
+    answer; a read waits for its own (and everything before it). Each job ends
+    with a sync (``release``), so its errors are raised while it is the job
+    that runs: one failing job still rolls back alone, to its savepoint. The
+    transaction commits on the sync that ends the pipeline, before ``commit``
+    returns, so durability on return is unchanged."""
 
     def __init__(self, dsn: str, node_id: str):
-        self.conn = connect(dsn, autocommit=True)
+        self.conn = connect(dsn, autocommit=True, application_name=WRITER_APPLICATION)
         self.conn.execute("SET synchronous_commit = on")
         # A writer stopped inside a transaction (SIGSTOP, a stall) must not hold
         # lease rows locked for ever: the server ends its session instead, and
         # a takeover waits at most this long (cluster/leases.py).
         self.conn.execute("SET idle_in_transaction_session_timeout = '5s'")
+        # Every statement of the write path prepared once (after psycopg's
+        # prepare_threshold uses), none evicted: they are fewer than this.
+        self.conn.prepared_max = PREPARED_MAX
+        self.send = sender(self.conn)
         self.node_id = node_id
         self._uow: PostgresUnitOfWork | None = None
+        self._pipeline: contextlib.ExitStack | None = None
 
     def begin(self) -> None:
-        self.conn.execute("BEGIN")
+        stack = contextlib.ExitStack()
+        pipeline = stack.enter_context(self.conn.pipeline())
+        self._pipeline = stack
+        self.send("BEGIN")
         if self._uow is not None:
-            self._uow.begin()
+            self._uow.begin(pipeline)
 
     def commit(self) -> None:
         top = self._uow.frames.written if self._uow is not None else 0
         if top:
-            self.conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, str(top)))
-        self.conn.execute("COMMIT")
+            self.send("SELECT pg_notify(%s, %s)", (CHANNEL, str(top)))
+        self.send("COMMIT")
+        self._end_pipeline(check=True)  # the sync: COMMIT's answer (or its error) arrives here
 
     def rollback(self) -> None:
+        self._end_pipeline(check=False)
         self.conn.execute("ROLLBACK")
 
+    def _end_pipeline(self, check: bool) -> None:
+        stack, self._pipeline = self._pipeline, None
+        if self._uow is not None:
+            self._uow.end()
+        if stack is None:
+            return
+        if check:
+            stack.close()
+            return
+        try:
+            stack.close()
+        except psycopg.Error:
+            pass  # the rollback that follows undoes whatever failed
+
     def savepoint(self) -> None:
-        self.conn.execute("SAVEPOINT job")
+        self.send("SAVEPOINT job")
 
     def release(self) -> None:
-        self.conn.execute("RELEASE SAVEPOINT job")
+        self.send("RELEASE SAVEPOINT job")
+        self._sync()
 
     def rollback_to(self) -> None:
-        self.conn.execute("ROLLBACK TO SAVEPOINT job")
+        if self._uow is not None and self._uow.pipeline is not None:
+            settle(self._uow.pipeline)
+        self.send("ROLLBACK TO SAVEPOINT job")
+
+    def _sync(self) -> None:
+        if self._uow is not None and self._uow.pipeline is not None:
+            self._uow.pipeline.sync()
 
     def unit_of_work(self):
         from .uow import PostgresUnitOfWork

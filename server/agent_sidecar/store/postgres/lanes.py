@@ -19,12 +19,13 @@ from ..records import Incarnation, LaneHead, RoutingPatch, SessionEntry, UsageDe
 from . import rows
 
 _INSERT_ROUTING = ("INSERT INTO routing (" + ", ".join(rows.ROUTING_FIELDS) + ") VALUES ("
-                   + ", ".join("%s" for _ in rows.ROUTING_FIELDS) + ") ON CONFLICT DO NOTHING")
+                   + ", ".join("%s" for _ in rows.ROUTING_FIELDS) + ") ON CONFLICT DO NOTHING RETURNING true")
 
 
 class PostgresRouting:
     def __init__(self, conn: psycopg.Connection):
         self.conn = conn
+        self.send = rows.sender(conn)
         self._patches: dict[tuple, str] = {}
 
     def get(self, key: str) -> SessionEntry | None:
@@ -40,10 +41,10 @@ class PostgresRouting:
     def insert(self, entry: SessionEntry) -> bool:
         cur = self.conn.execute(_INSERT_ROUTING, tuple(rows.column_value(f, getattr(entry, f))
                                                        for f in rows.ROUTING_FIELDS))
-        return cur.rowcount == 1
+        return cur.fetchone() is not None
 
     def patch(self, key: str, patch: RoutingPatch, *, session_id: str | None = None,
-              if_current: RoutingPatch | None = None) -> bool:
+              if_current: RoutingPatch | None = None) -> None:
         plain = patch.changes()
         guarded = if_current.changes() if if_current is not None else {}
         shape = (tuple(plain), tuple(guarded))
@@ -56,11 +57,11 @@ class PostgresRouting:
         for c, v in guarded.items():
             params += [session_id, rows.column_value(c, v)]
         params.append(key)
-        return self.conn.execute(sql, params).rowcount == 1
+        self.send(sql, params)  # no answer awaited (the writer's pipeline)
 
-    def add_usage(self, key: str, d: UsageDelta, updated_at: float | None) -> bool:
+    def add_usage(self, key: str, d: UsageDelta, updated_at: float | None) -> None:
         total = d.input_tokens + d.output_tokens + d.cache_read_tokens + d.cache_write_tokens
-        return self.conn.execute(
+        self.send(
             "UPDATE routing SET input_tokens = input_tokens + %s, output_tokens = output_tokens + %s,"
             " cache_read_tokens = cache_read_tokens + %s, cache_write_tokens = cache_write_tokens + %s,"
             " total_tokens = total_tokens + %s, estimated_cost_usd = estimated_cost_usd + %s,"
@@ -69,7 +70,7 @@ class PostgresRouting:
             " updated_at = coalesce(%s, updated_at) WHERE session_key = %s",
             (d.input_tokens, d.output_tokens, d.cache_read_tokens, d.cache_write_tokens, total,
              d.cost_usd, d.last_prompt_tokens, d.last_prompt_tokens, d.cost_status, d.cost_status,
-             updated_at, key)).rowcount == 1
+             updated_at, key))
 
     def keys_active_since(self, since: float, keys: Sequence[str] | None = None) -> list[str]:
         sql = "SELECT session_key FROM routing WHERE updated_at >= %s AND NOT suspended AND NOT resume_pending"
@@ -91,13 +92,14 @@ class PostgresRouting:
 
     def clear_running(self, keys: Sequence[str] | None = None) -> None:
         if keys is None:
-            self.conn.execute("UPDATE routing SET running = false WHERE running")
+            self.send("UPDATE routing SET running = false WHERE running")
         else:
-            self.conn.execute("UPDATE routing SET running = false WHERE running AND session_key = ANY(%s)",
+            self.send("UPDATE routing SET running = false WHERE running AND session_key = ANY(%s)",
                               (list(keys),))
 
     def delete(self, key: str) -> bool:
-        return self.conn.execute("DELETE FROM routing WHERE session_key = %s", (key,)).rowcount == 1
+        return self.conn.execute("DELETE FROM routing WHERE session_key = %s RETURNING true",
+                                 (key,)).fetchone() is not None
 
     def count(self) -> int:
         return rows.one(self.conn.execute("SELECT count(*) FROM routing").fetchone())[0]
@@ -110,9 +112,10 @@ _INCARNATION = ("SELECT session_id, session_key, created_at, ended_at, end_reaso
 class PostgresIncarnations:
     def __init__(self, conn: psycopg.Connection):
         self.conn = conn
+        self.send = rows.sender(conn)
 
     def insert(self, session_id: str, key: str, created_at: float) -> None:
-        self.conn.execute("INSERT INTO incarnations (session_id, session_key, created_at)"
+        self.send("INSERT INTO incarnations (session_id, session_key, created_at)"
                           " VALUES (%s, %s, %s)", (session_id, key, created_at))
 
     def get(self, session_id: str) -> Incarnation | None:
@@ -128,15 +131,15 @@ class PostgresIncarnations:
         return Incarnation(*row) if row else None
 
     def reopen(self, session_id: str) -> None:
-        self.conn.execute("UPDATE incarnations SET ended_at = NULL, end_reason = NULL"
+        self.send("UPDATE incarnations SET ended_at = NULL, end_reason = NULL"
                           " WHERE session_id = %s", (session_id,))
 
     def add_turn(self, session_id: str) -> None:
-        self.conn.execute("UPDATE incarnations SET turn_count = turn_count + 1 WHERE session_id = %s",
+        self.send("UPDATE incarnations SET turn_count = turn_count + 1 WHERE session_id = %s",
                           (session_id,))
 
     def bump_rev(self, session_id: str) -> None:
-        self.conn.execute("UPDATE incarnations SET rev = rev + 1 WHERE session_id = %s", (session_id,))
+        self.send("UPDATE incarnations SET rev = rev + 1 WHERE session_id = %s", (session_id,))
 
     def of_key(self, key: str) -> list[str]:
         return [r[0] for r in self.conn.execute(
@@ -146,9 +149,10 @@ class PostgresIncarnations:
 class PostgresRestarts:
     def __init__(self, conn: psycopg.Connection):
         self.conn = conn
+        self.send = rows.sender(conn)
 
     def keep_only(self, keys: Iterable[str]) -> None:
-        self.conn.execute("DELETE FROM restart_counts WHERE NOT (session_key = ANY(%s))", (list(keys),))
+        self.send("DELETE FROM restart_counts WHERE NOT (session_key = ANY(%s))", (list(keys),))
 
     def increment(self, key: str, at: float) -> int:
         return rows.one(self.conn.execute(
@@ -157,15 +161,16 @@ class PostgresRestarts:
             " RETURNING count", (key, at)).fetchone())[0]
 
     def reset(self, key: str) -> None:
-        self.conn.execute("DELETE FROM restart_counts WHERE session_key = %s", (key,))
+        self.send("DELETE FROM restart_counts WHERE session_key = %s", (key,))
 
 
 class PostgresTurnState:
     def __init__(self, conn: psycopg.Connection):
         self.conn = conn
+        self.send = rows.sender(conn)
 
     def put(self, session_id: str, request_id: str, at: float, state: dict[str, Any]) -> None:
-        self.conn.execute("INSERT INTO turn_state (session_id, request_id, updated_at, state)"
+        self.send("INSERT INTO turn_state (session_id, request_id, updated_at, state)"
                           " VALUES (%s, %s, %s, %s) ON CONFLICT (session_id) DO UPDATE SET"
                           " request_id = excluded.request_id, updated_at = excluded.updated_at,"
                           " state = excluded.state", (session_id, request_id, at, Jsonb(state)))

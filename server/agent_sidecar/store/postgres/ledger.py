@@ -13,32 +13,39 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import orjson
 import psycopg
 from psycopg.types.json import Jsonb
 
 from ..records import LedgerEntry, NewFrame, OpenPrompt, QueueSlot
 from . import rows
-from .codec import json_text
+from .codec import json_rows
 from .connection import FRAMES_LOCK
 
 _INSERT_LEDGER = ("INSERT INTO prompts (request_id, session_key, session_id, platform, status, delivery,"
                   " text, payload, created_at, started_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-                  " ON CONFLICT DO NOTHING")
+                  " ON CONFLICT DO NOTHING RETURNING true")
 # One request's frames, found through its ledger row (as on SQLite).
 REQUEST_FRAMES = ("FROM frames WHERE session_key = (SELECT session_key FROM prompts WHERE request_id = %(rid)s)"
                   " AND id >= (SELECT coalesce(first_frame, 0) FROM prompts WHERE request_id = %(rid)s)"
                   " AND request_id = %(rid)s")
+# One statement: the ids handed out (the sequence moved on by n at once, under
+# FRAMES_LOCK) and the rows (codec.json_rows, in order) inserted with them;
+# answers the first id. The CTE ``ids`` calls volatile functions, so it runs
+# once (and is materialized).
 _INSERT_FRAMES = (
-    "INSERT INTO frames (id, request_id, seq, session_key, session_id, platform, at, kind, body)"
-    " SELECT %(first)s + u.n - 1, u.rid, u.seq, u.key, u.sid, u.platform, u.at, u.kind, u.body::jsonb"
-    " FROM unnest(%(rid)s::text[], %(seq)s::bigint[], %(key)s::text[], %(sid)s::text[],"
-    " %(platform)s::text[], %(at)s::float8[], %(kind)s::text[], %(body)s::text[])"
-    " WITH ORDINALITY AS u(rid, seq, key, sid, platform, at, kind, body, n)")
+    "WITH ids AS (SELECT setval('frames_id_seq', nextval('frames_id_seq') + %(n)s - 1) - %(n)s + 1 AS first),"
+    " ins AS (INSERT INTO frames (id, request_id, seq, session_key, session_id, platform, at, kind, body)"
+    " SELECT ids.first + f.n - 1, f.r->>0, (f.r->>1)::bigint, f.r->>2, f.r->>3, f.r->>4,"
+    " (f.r->>5)::float8, f.r->>6, nullif((f.r->7)::jsonb, 'null')"
+    " FROM ids, json_array_elements(%(rows)s::json) WITH ORDINALITY AS f(r, n))"
+    " SELECT first FROM ids")
 
 
 class PostgresLedger:
     def __init__(self, conn: psycopg.Connection):
         self.conn = conn
+        self.send = rows.sender(conn)
 
     def get(self, request_id: str) -> LedgerEntry | None:
         row = self.conn.execute(rows.LEDGER_SELECT + " WHERE request_id = %s", (request_id,)).fetchone()
@@ -47,28 +54,28 @@ class PostgresLedger:
     def insert(self, e: LedgerEntry) -> bool:
         return self.conn.execute(_INSERT_LEDGER, (
             e.request_id, e.session_key, e.session_id, e.platform, e.status, e.delivery, e.text,
-            Jsonb(e.payload), e.created_at, e.started_at)).rowcount == 1
+            Jsonb(e.payload), e.created_at, e.started_at)).fetchone() is not None
 
     def forget(self, request_id: str) -> None:
-        self.conn.execute(f"DELETE {REQUEST_FRAMES}", {"rid": request_id})
-        self.conn.execute("DELETE FROM prompts WHERE request_id = %s", (request_id,))
+        self.send(f"DELETE {REQUEST_FRAMES}", {"rid": request_id})
+        self.send("DELETE FROM prompts WHERE request_id = %s", (request_id,))
 
     def mark_started(self, request_id: str, session_id: str, at: float, first_seq: int,
                      from_queue: bool) -> None:
         if from_queue:
-            self.conn.execute("UPDATE prompts SET status = 'running', started_at = %s, session_id = %s,"
+            self.send("UPDATE prompts SET status = 'running', started_at = %s, session_id = %s,"
                               " first_seq = %s WHERE request_id = %s", (at, session_id, first_seq, request_id))
-            self.conn.execute("DELETE FROM prompt_queue WHERE request_id = %s", (request_id,))
+            self.send("DELETE FROM prompt_queue WHERE request_id = %s", (request_id,))
         else:
-            self.conn.execute("UPDATE prompts SET started_at = %s, session_id = %s, first_seq = %s"
+            self.send("UPDATE prompts SET started_at = %s, session_id = %s, first_seq = %s"
                               " WHERE request_id = %s", (at, session_id, first_seq, request_id))
 
     def set_first_frame(self, request_id: str, cursor: int, first_seq: int | None) -> None:
-        self.conn.execute("UPDATE prompts SET first_frame = %s, first_seq = %s WHERE request_id = %s",
+        self.send("UPDATE prompts SET first_frame = %s, first_seq = %s WHERE request_id = %s",
                           (cursor, first_seq, request_id))
 
     def close(self, request_id: str, status: str, reason: str, last_seq: int, at: float) -> None:
-        self.conn.execute("UPDATE prompts SET status = %s, finished_at = %s, reason = %s, last_seq = %s"
+        self.send("UPDATE prompts SET status = %s, finished_at = %s, reason = %s, last_seq = %s"
                           " WHERE request_id = %s", (status, at, reason or None, last_seq, request_id))
 
     def open_prompts(self, keys: Sequence[str] | None = None) -> list[OpenPrompt]:
@@ -95,32 +102,34 @@ class PostgresLedger:
             " ORDER BY created_at DESC LIMIT %s", (since, limit))]
 
     def delete_closed_before(self, cutoff: float, limit: int) -> int:
-        return self.conn.execute(
+        return rows.count(self.conn,
             "DELETE FROM prompts WHERE request_id = ANY(ARRAY(SELECT request_id FROM prompts"
             " WHERE created_at < %s AND status NOT IN ('queued', 'running') LIMIT %s))",
-            (cutoff, limit)).rowcount
+            (cutoff, limit))
 
     def delete_key(self, key: str) -> None:
-        self.conn.execute("DELETE FROM prompt_queue WHERE session_key = %s", (key,))
-        self.conn.execute("DELETE FROM prompts WHERE session_key = %s", (key,))
+        self.send("DELETE FROM prompt_queue WHERE session_key = %s", (key,))
+        self.send("DELETE FROM prompts WHERE session_key = %s", (key,))
 
 
 class PostgresQueue:
     def __init__(self, conn: psycopg.Connection):
         self.conn = conn
+        self.send = rows.sender(conn)
 
     def insert(self, s: QueueSlot) -> None:
-        self.conn.execute("INSERT INTO prompt_queue (request_id, session_key, slot, position, enqueued_at)"
+        self.send("INSERT INTO prompt_queue (request_id, session_key, slot, position, enqueued_at)"
                           " VALUES (%s, %s, %s, %s, %s)",
                           (s.request_id, s.session_key, s.slot, s.position, s.enqueued_at))
 
     def remove(self, request_id: str) -> None:
-        self.conn.execute("DELETE FROM prompt_queue WHERE request_id = %s", (request_id,))
+        self.send("DELETE FROM prompt_queue WHERE request_id = %s", (request_id,))
 
 
 class PostgresFrames:
     def __init__(self, conn: psycopg.Connection):
         self.conn = conn
+        self.send = rows.sender(conn)
         self.written = 0  # the highest cursor this transaction inserted (0: none)
         self.ordered = False  # this transaction holds FRAMES_LOCK
 
@@ -134,19 +143,15 @@ class PostgresFrames:
         (cluster.py), so two sidecars' writers never wait on each other in a
         circle (one holding the frames lock, the other a lease row)."""
         if not self.ordered:
-            self.conn.execute("SELECT pg_advisory_xact_lock(%s)", (FRAMES_LOCK,))
+            self.send("SELECT pg_advisory_xact_lock(%s)", (FRAMES_LOCK,))
             self.ordered = True
 
     def insert(self, new: Sequence[NewFrame]) -> int:
         self.order()  # the first frame of this transaction: in commit order
         n = len(new)
-        first = rows.one(self.conn.execute(
-            "SELECT setval('frames_id_seq', nextval('frames_id_seq') + %s - 1) - %s + 1", (n, n)).fetchone())[0]
-        cols = list(zip(*new))
-        self.conn.execute(_INSERT_FRAMES, {
-            "first": first, "rid": list(cols[0]), "seq": list(cols[1]), "key": list(cols[2]),
-            "sid": list(cols[3]), "platform": list(cols[4]), "at": list(cols[5]),
-            "kind": list(cols[6]), "body": [json_text(b) if b else None for b in cols[7]]})
+        data = json_rows([[rid, seq, key, sid, platform, float(at), kind, orjson.Fragment(body) if body else None]
+                          for rid, seq, key, sid, platform, at, kind, body in new])
+        first = rows.one(self.conn.execute(_INSERT_FRAMES, {"n": n, "rows": data}).fetchone())[0]
         self.written = first + n - 1
         return first
 
@@ -157,9 +162,9 @@ class PostgresFrames:
         cutoff = self._cutoff_id(at)
         if not cutoff:
             return 0
-        return self.conn.execute(
+        return rows.count(self.conn,
             "DELETE FROM frames WHERE id = ANY(ARRAY(SELECT id FROM frames WHERE id < %s ORDER BY id LIMIT %s))",
-            (cutoff, limit)).rowcount
+            (cutoff, limit))
 
     def _cutoff_id(self, at: float) -> int:
         """The smallest frame id with ``at >= at``: a binary search over ids
@@ -182,4 +187,4 @@ class PostgresFrames:
         return lo if row is None or row[0] >= at else lo + 1
 
     def delete_key(self, key: str) -> None:
-        self.conn.execute("DELETE FROM frames WHERE session_key = %s", (key,))
+        self.send("DELETE FROM frames WHERE session_key = %s", (key,))

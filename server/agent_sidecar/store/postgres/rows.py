@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import orjson
 from psycopg.types.json import Jsonb
 
 from ..records import ROUTING_FIELDS, FrameRecord, LedgerEntry, Message, SessionEntry
@@ -24,6 +26,24 @@ def one(row: Any) -> Any:
     return row
 
 
+def sender(conn: Any) -> Callable[..., Any]:
+    """``send(sql, params)`` for a statement whose answer nobody reads: one
+    cursor kept for them, its adapters looked up once (a cursor per statement,
+    as ``conn.execute`` makes, costs more than some statements). Never for a
+    statement whose rows are read: in the writer's pipeline a cursor shows the
+    answer of the last of its statements to arrive, so each read takes a
+    cursor of its own (``conn.execute``)."""
+    return conn.cursor().execute
+
+
+def count(conn: Any, sql: str, params: Any) -> int:
+    """How many rows an UPDATE or DELETE (``sql``) touched, as a row of its
+    own: in the writer's pipeline a cursor's rowcount is not known until the
+    statement's answer arrived, and a fetch is what waits for it."""
+    return one(conn.execute(f"WITH touched AS ({sql} RETURNING 1) SELECT count(*) FROM touched",
+                            params).fetchone())[0]
+
+
 def entry(row: tuple) -> SessionEntry:
     values = dict(zip(ROUTING_FIELDS, row))
     values["turn_count"] = row[len(ROUTING_FIELDS)]
@@ -39,11 +59,12 @@ def column_value(name: str, value: Any) -> Any:
 MESSAGE_SELECT = "SELECT seq, role, content, extra, created_at, active FROM messages"
 
 
-def message_extra(m: Message) -> Jsonb | None:
+def message_extra(m: Message) -> dict[str, Any] | None:
+    """A message's optional fields (its ``extra`` column), None when it has none."""
     d = {k: v for k, v in (("tool_call_id", m.tool_call_id), ("tool_name", m.tool_name),
                            ("tool_calls_json", m.tool_calls_json),
                            ("synthetic", m.synthetic)) if v}
-    return Jsonb(d) if d else None
+    return d or None
 
 
 def message(row: tuple) -> Message:
@@ -61,7 +82,6 @@ def model_message(role: str, content: str, extra: dict | None) -> dict[str, Any]
     m: dict[str, Any] = {"role": role, "content": content}
     if extra:
         if extra.get("tool_calls_json"):
-            import orjson
             m["tool_calls"] = orjson.loads(extra["tool_calls_json"])
         if extra.get("tool_call_id"):
             m["tool_call_id"] = extra["tool_call_id"]

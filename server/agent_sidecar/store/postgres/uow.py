@@ -9,8 +9,9 @@ from collections.abc import Sequence
 import orjson
 import psycopg
 
+from . import rows
 from .cluster import PostgresLeases, PostgresNodes
-from .connection import CONTROL_CHANNEL, announce_payload, is_fault
+from .connection import CONTROL_CHANNEL, announce_payload, is_fault, settle
 from .lanes import PostgresIncarnations, PostgresRestarts, PostgresRouting, PostgresTurnState
 from .ledger import PostgresFrames, PostgresLedger, PostgresQueue
 from .messages import PostgresMessages
@@ -23,6 +24,9 @@ _LANE_TABLES = ("routing", "incarnations", "messages", "turn_state", "frames", "
 class PostgresUnitOfWork:
     def __init__(self, conn: psycopg.Connection, node_id: str = ""):
         self.conn, self.node_id = conn, node_id
+        self.send = rows.sender(conn)
+        self.pipeline: psycopg.Pipeline | None = None  # the writer's group runs in pipeline mode
+        self._savepoints = 0
         self.routing = PostgresRouting(conn)
         self.incarnations = PostgresIncarnations(conn)
         self.messages = PostgresMessages(conn)
@@ -34,14 +38,38 @@ class PostgresUnitOfWork:
         self.leases = PostgresLeases(conn, self.frames.order)
         self.nodes = PostgresNodes(conn)
 
-    def begin(self) -> None:
-        """A new transaction of the writer process."""
+    def begin(self, pipeline: psycopg.Pipeline | None = None) -> None:
+        """A new transaction of the writer process (in ``pipeline`` mode)."""
+        self.pipeline = pipeline
+        self._savepoints = 0
         self.frames.begin()
+
+    def end(self) -> None:
+        self.pipeline = None
 
     @contextlib.contextmanager
     def savepoint(self):
-        with self.conn.transaction():
+        """In the writer's pipeline: plain SAVEPOINT / RELEASE with one sync at
+        the end, so the block's errors are raised inside the block (psycopg's
+        nested transaction() syncs on the way in and out: four round trips)."""
+        pipeline = self.pipeline
+        if pipeline is None:
+            with self.conn.transaction():
+                yield
+            return
+        self._savepoints += 1
+        name = f"uow_{self._savepoints}"
+        self.send(f"SAVEPOINT {name}")
+        try:
             yield
+            self.send(f"RELEASE SAVEPOINT {name}")
+            pipeline.sync()
+        except BaseException:
+            settle(pipeline)
+            self.send(f"ROLLBACK TO SAVEPOINT {name}")
+            self.send(f"RELEASE SAVEPOINT {name}")
+            pipeline.sync()
+            raise
 
     def is_fault(self, e: BaseException) -> bool:
         return is_fault(e)
@@ -49,8 +77,8 @@ class PostgresUnitOfWork:
     def delete_lane(self, key: str) -> None:
         sids = self.incarnations.of_key(key)
         self.messages.delete_sessions(sids)
-        self.conn.execute("DELETE FROM turn_state WHERE session_id = ANY(%s)", (sids,))
-        self.conn.execute("DELETE FROM incarnations WHERE session_key = %s", (key,))
+        self.send("DELETE FROM turn_state WHERE session_id = ANY(%s)", (sids,))
+        self.send("DELETE FROM incarnations WHERE session_key = %s", (key,))
         self.frames.delete_key(key)
         self.ledger.delete_key(key)
         self.restarts.reset(key)
@@ -58,14 +86,14 @@ class PostgresUnitOfWork:
 
     def clear_all(self) -> int:
         n = self.routing.count()
-        self.conn.execute("TRUNCATE " + ", ".join(t for t in _LANE_TABLES if t != "leases"))
+        self.send("TRUNCATE " + ", ".join(t for t in _LANE_TABLES if t != "leases"))
         return n
 
     def index_messages(self, limit: int | None = None) -> int:
         return 0
 
     def probe(self) -> None:
-        self.conn.execute("INSERT INTO meta (key, value) VALUES ('store_probe', to_jsonb(extract(epoch"
+        self.send("INSERT INTO meta (key, value) VALUES ('store_probe', to_jsonb(extract(epoch"
                           " FROM now()))) ON CONFLICT (key) DO UPDATE SET value = excluded.value")
 
     def announce(self, op: str, keys: Sequence[str]) -> None:
@@ -73,7 +101,7 @@ class PostgresUnitOfWork:
         COMMIT, never for a transaction (or savepoint) rolled back. Many keys
         are split over several payloads, each under PostgreSQL's limit."""
         for chunk in _chunks(list(keys), NOTIFY_BYTES):
-            self.conn.execute("SELECT pg_notify(%s, %s)",
+            self.send("SELECT pg_notify(%s, %s)",
                               (CONTROL_CHANNEL, announce_payload(op, chunk, self.node_id)))
 
 

@@ -43,7 +43,7 @@ class SqliteRouting:
         return self.conn.changes() == 1
 
     def patch(self, key: str, patch: RoutingPatch, *, session_id: str | None = None,
-              if_current: RoutingPatch | None = None) -> bool:
+              if_current: RoutingPatch | None = None) -> None:
         plain = patch.changes()
         guarded = if_current.changes() if if_current is not None else {}
         shape = (tuple(plain), tuple(guarded))
@@ -57,9 +57,8 @@ class SqliteRouting:
             params += [session_id, rows.column_value(c, v)]
         params.append(key)
         self.conn.execute(sql, params)
-        return self.conn.changes() == 1
 
-    def add_usage(self, key: str, d: UsageDelta, updated_at: float | None) -> bool:
+    def add_usage(self, key: str, d: UsageDelta, updated_at: float | None) -> None:
         total = d.input_tokens + d.output_tokens + d.cache_read_tokens + d.cache_write_tokens
         self.conn.execute(
             "UPDATE routing SET input_tokens = input_tokens + ?, output_tokens = output_tokens + ?,"
@@ -71,7 +70,6 @@ class SqliteRouting:
             (d.input_tokens, d.output_tokens, d.cache_read_tokens, d.cache_write_tokens, total,
              d.cost_usd, d.last_prompt_tokens, d.last_prompt_tokens, d.cost_status, d.cost_status,
              updated_at, key))
-        return self.conn.changes() == 1
 
     def keys_active_since(self, since: float, keys: Sequence[str] | None = None) -> list[str]:
         found = [r[0] for r in self.conn.execute(
