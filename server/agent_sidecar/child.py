@@ -102,16 +102,10 @@ class Pipe:
 
 
 def main(fd: int) -> None:
-    """The child's entry (children.BOOT): read the target, run it, exit.
-    Modules named ``without`` are refused to everything the child imports
-    (an ImportError, which stdlib and uvloop treat as "not available"): a
-    worker whose model backends make no TLS calls is started without ssl,
-    whose OpenSSL costs every process that loads it a few MB."""
+    """The child's entry (children.BOOT): read the target, run it, exit."""
     pipe = Pipe(fd)
-    path, target, args, without = pickle.loads(pipe.recv_bytes())
+    path, target, args = pickle.loads(pipe.recv_bytes())
     sys.path[:] = path
-    for name in without:
-        sys.modules.setdefault(name, None)  # type: ignore[arg-type]  # "import name" now raises ImportError
     module, _, fn = target.partition(":")
     __import__(module)
     getattr(sys.modules[module], fn)(pipe, *args)

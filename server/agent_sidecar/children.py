@@ -171,10 +171,9 @@ class ChildProcess:
             self._popen.kill()
 
 
-def start_child(target: str, args: tuple, without: tuple[str, ...] = ()) -> tuple[ChildProcess, socket.socket]:
+def start_child(target: str, args: tuple) -> tuple[ChildProcess, socket.socket]:
     """Start ``target`` ("module:function") as ``function(pipe, *args)`` in a
-    new interpreter (child.main), where the modules ``without`` names cannot
-    be imported; returns it and our end of its socketpair."""
+    new interpreter (child.main); returns it and our end of its socketpair."""
     ours, theirs = socket.socketpair()
     try:
         popen = subprocess.Popen(
@@ -189,20 +188,19 @@ def start_child(target: str, args: tuple, without: tuple[str, ...] = ()) -> tupl
     finally:
         theirs.close()
     # The first message: where to import from, and what to run (child.main reads it).
-    ours.sendall(frame(pickle.dumps((list(sys.path), target, args, without), protocol=pickle.HIGHEST_PROTOCOL)))
+    ours.sendall(frame(pickle.dumps((list(sys.path), target, args), protocol=pickle.HIGHEST_PROTOCOL)))
     return ChildProcess(popen), ours
 
 
 async def spawn(target: str, args: tuple, name: str, on_message: Callable[[Any], Any],
-                on_lost: Callable[[], Any], timeout: float = 60.0, without: tuple[str, ...] = (),
+                on_lost: Callable[[], Any], timeout: float = 60.0,
                 **codec) -> tuple[ChildProcess, Channel, Any]:
     """Start ``target(child_end, *args)`` (``target``: "module:function") in
-    a child process (without the modules ``without`` names: start_child) and
-    return (process, channel, hello) once its first message, the hello,
-    arrived. ``on_message`` gets every later message;
+    a child process and return (process, channel, hello) once its first
+    message, the hello, arrived. ``on_message`` gets every later message;
     ``on_lost`` runs when the child's end of the pipe closes (before the hello
     too, which then fails). ``name`` names the child in errors."""
-    proc, ours = start_child(target, args, without)
+    proc, ours = start_child(target, args)
     hello: asyncio.Future = asyncio.get_running_loop().create_future()
 
     def first_then_on(msg: Any) -> None:

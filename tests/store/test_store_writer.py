@@ -12,12 +12,10 @@ import pickle
 import signal
 
 import pytest
-from helpers.config import profile
 from helpers.ids import source
 from helpers.logs import log_lines
 from helpers.procs import alive, children, cmdline, comm, grpc_loaded, mapped, niceness, sched_policy
 from helpers.store import opened_store
-from helpers.streams import prompt_req, run
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
@@ -62,20 +60,6 @@ def test_the_tree_is_the_writer_and_the_workers_importing_what_they_use(tmp_path
         if sc.backend == "sqlite":  # psycopg itself imports asyncio and ssl
             for fragment in ("/_asyncio.", "/_ssl.", "/libssl."):
                 assert not mapped(pids["writer"], fragment), fragment
-
-
-@pytest.mark.parametrize("model", ["echo", "openai"])
-def test_workers_load_tls_only_for_a_backend_that_may_use_it(tmp_path, model):
-    """Echo and scripted make no network calls: their workers start without
-    ssl (so without OpenSSL, and on stdlib asyncio, as uvloop imports ssl);
-    a profile on any other backend gets workers that can make TLS calls."""
-    options = {"base_url": "http://127.0.0.1:9", "model": "m"} if model == "openai" else None
-    with Sidecar(tmp_path / "data", config=profile("other", model, options), workers=1).start() as sc:
-        worker = child_pids(sc)["worker0"]
-        for fragment in ("/_ssl.", "/libssl.", "/uvloop/"):
-            assert mapped(worker, fragment) == (model == "openai"), fragment
-        out = run(sc.prompts(), prompt_req(text="still answers", source=source()))
-        assert out.end == "completed" and out.text() == "still answers"
 
 
 def test_children_yield_the_cpu_to_the_event_loop(tmp_path):

@@ -23,16 +23,6 @@ BUILTINS: dict[str, str] = {
 }
 
 
-# Built-ins that never open a network connection, so a worker running only
-# these needs no TLS (turns/pool.py starts it without ssl and OpenSSL).
-WITHOUT_TLS = frozenset({"echo", "scripted"})
-
-
-def needs_tls(name: str) -> bool:
-    """Whether backend ``name`` may make TLS calls (any that is not known not to)."""
-    return name not in WITHOUT_TLS
-
-
 def _entry_points() -> dict[str, Any]:
     from importlib.metadata import entry_points
 

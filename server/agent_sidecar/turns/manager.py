@@ -25,7 +25,6 @@ from typing import Any
 from .. import errors as E
 from ..config import Config
 from ..delivery import FOLLOW_UP
-from ..models.registry import needs_tls
 from ..obs import tracing
 from ..sessions.source import SessionSource
 from ..store import Store
@@ -69,7 +68,6 @@ class TurnManager:
         settings = {"reader": self.store.reader_spec(), "parent_pid": os.getpid(),
                     "debug": logging.getLogger("agent_sidecar").isEnabledFor(logging.DEBUG),
                     "coalesce_ms": self.cfg.stream.coalesce_ms,
-                    "tls": any(needs_tls(p.model) for p in self.cfg.profiles.values()),
                     "cache": {
             "max_size": c.max_size, "idle_ttl_secs": c.idle_ttl_secs,
             "memory_budget_bytes": budget_per_worker(c.memory_high_mb, n),

@@ -51,10 +51,7 @@ class WorkerHandle:
 
 class WorkerPool:
     """``on_message(handle, msg)`` gets every message a worker sends;
-    ``on_exit(handle)`` runs when a worker dies (before its replacement).
-    ``settings["tls"]`` false (no profile's backend makes TLS calls): the
-    workers start without ssl (child.main), and so on stdlib asyncio, since
-    uvloop imports ssl."""
+    ``on_exit(handle)`` runs when a worker dies (before its replacement)."""
 
     def __init__(self, count: int, settings: dict[str, Any],
                  on_message: Callable[[WorkerHandle, dict], None],
@@ -75,8 +72,7 @@ class WorkerPool:
         lost = asyncio.Event()
         proc, channel, info = await spawn(
             WORKER_MAIN, (h.index, self.settings), f"agent-sidecar-worker-{h.index}",
-            lambda msg: self.on_message(h, msg), lost.set, timeout,
-            without=() if self.settings.get("tls", True) else ("ssl",))
+            lambda msg: self.on_message(h, msg), lost.set, timeout)
         h.process, h.channel, h.pid, h.info = proc, channel, info["pid"], info
         h.generation += 1
         h.ready.set()

@@ -304,15 +304,10 @@ class Worker:
 
 
 def worker_main(conn, index: int, settings: dict[str, Any]) -> None:
-    """The spawn target (children.spawn). ``conn`` is our end of the pipe
-    (child.Pipe). On uvloop, unless the worker was started without ssl
-    (WorkerPool: no backend needs TLS), which uvloop imports: then stdlib's loop."""
+    """The spawn target (children.spawn). ``conn`` is our end of the pipe (child.Pipe)."""
+    import uvloop
+
     from ..child import become_child
     become_child(f"sidecar-work-{index}", settings["parent_pid"])
     worker = Worker(conn.fileno(), index, settings)
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(worker.run())
-    else:
-        uvloop.run(worker.run())
+    uvloop.run(worker.run())
