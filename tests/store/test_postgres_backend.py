@@ -11,6 +11,7 @@ import json
 import threading
 import time
 
+import grpc
 import orjson
 import pytest
 from helpers.store import local_store
@@ -427,3 +428,31 @@ def test_the_serving_line_names_postgres_and_the_dsn_without_its_password(pg_ser
     assert line["db"].startswith("postgres ") and "dbname=" in line["db"], line
     assert "sidecar.db" not in line["db"] and "password" not in line["db"] and secret not in sc.log()
 
+
+
+def test_the_writer_connects_again_after_its_connection_is_lost(pg_server, tmp_path):
+    """The server ends the writer's session (a restart, a failover, an
+    operator's pg_terminate_backend): writes fail as a store fault for a moment,
+    then the writer has a new connection and prompts run again, without a
+    restart of the sidecar."""
+    import psycopg
+    from helpers.ids import source
+    from helpers.streams import prompt_req, run
+    from helpers.waiting import wait_until
+    from sidecar_proc import Sidecar
+
+    from agent_sidecar.store.postgres.connection import WRITER_APPLICATION
+    dsn = pg_server.database("writer_reconnects")
+    with Sidecar(tmp_path / "data", dsn=dsn).start() as sc:
+        src = source()
+        assert run(sc.prompts(), prompt_req(text="before", source=src)).end == "completed"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            cut = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                               " WHERE application_name = %s AND datname = current_database()",
+                               (WRITER_APPLICATION,)).fetchone()[0]
+        assert cut == 1
+
+        def answered() -> bool:
+            out = run(sc.prompts(), prompt_req(text="after", source=src), timeout=10)
+            return out.code == grpc.StatusCode.OK and out.end == "completed" and out.text() == "after"
+        wait_until(answered, 30, what="a prompt completed after the writer's connection was cut")

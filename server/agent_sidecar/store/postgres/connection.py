@@ -107,7 +107,13 @@ class PostgresWriter:
     returns, so durability on return is unchanged."""
 
     def __init__(self, dsn: str, node_id: str):
-        self.conn = connect(dsn, autocommit=True, application_name=WRITER_APPLICATION)
+        self.dsn, self.node_id = dsn, node_id
+        self._open()
+        self._uow: PostgresUnitOfWork | None = None
+        self._pipeline: contextlib.ExitStack | None = None
+
+    def _open(self) -> None:
+        self.conn = connect(self.dsn, autocommit=True, application_name=WRITER_APPLICATION)
         self.conn.execute("SET synchronous_commit = on")
         # A writer stopped inside a transaction (SIGSTOP, a stall) must not hold
         # lease rows locked for ever: the server ends its session instead, and
@@ -117,11 +123,27 @@ class PostgresWriter:
         # prepare_threshold uses), none evicted: they are fewer than this.
         self.conn.prepared_max = PREPARED_MAX
         self.send = sender(self.conn)
-        self.node_id = node_id
-        self._uow: PostgresUnitOfWork | None = None
-        self._pipeline: contextlib.ExitStack | None = None
+
+    def _reconnect(self) -> None:
+        """The connection was lost (the server restarted, failed over, or ended
+        this session): a new one, for the group about to begin. While the
+        server cannot be reached this raises, and the group fails as a store
+        fault (StoreUnavailable), which the store's retry rounds try again:
+        the writer comes back when the database does. Nothing is lost: a
+        transaction the lost connection had open was rolled back with it and
+        its jobs were answered as failed."""
+        log.warning("store connection lost; connecting again")
+        try:
+            self.conn.close()
+        except psycopg.Error:
+            pass
+        self._open()  # raises while the server cannot be reached; the next group tries again
+        if self._uow is not None:
+            self._uow.bind(self.conn)
 
     def begin(self) -> None:
+        if self.conn.broken or self.conn.closed:
+            self._reconnect()
         stack = contextlib.ExitStack()
         pipeline = stack.enter_context(self.conn.pipeline())
         self._pipeline = stack

@@ -23,10 +23,15 @@ _LANE_TABLES = ("routing", "incarnations", "messages", "turn_state", "frames", "
 
 class PostgresUnitOfWork:
     def __init__(self, conn: psycopg.Connection, node_id: str = ""):
-        self.conn, self.node_id = conn, node_id
-        self.send = rows.sender(conn)
+        self.node_id = node_id
         self.pipeline: psycopg.Pipeline | None = None  # the writer's group runs in pipeline mode
         self._savepoints = 0
+        self.bind(conn)
+
+    def bind(self, conn: psycopg.Connection) -> None:
+        """Every repository on ``conn`` (the writer's connection; again after it reconnected)."""
+        self.conn = conn
+        self.send = rows.sender(conn)
         self.routing = PostgresRouting(conn)
         self.incarnations = PostgresIncarnations(conn)
         self.messages = PostgresMessages(conn)
