@@ -19,7 +19,7 @@ configuration (echo model, workers = CPU count), each on its own data dir and
 Unix socket; on PostgreSQL every one is a cluster node (``[cluster] node_id,
 advertise, token``, the token an admin ``[[auth.tokens]]`` too, a TCP listener
 on the advertised address), the single one as well: leases and fencing are
-the PostgreSQL path. The client (this file with ``--client``: grpc.aio on
+the PostgreSQL path. The client (``_cluster_client.py``: grpc.aio on
 uvloop, one channel per node) keeps ``--in-flight`` Prompt calls going, each
 on a random session with no turn in flight (QUEUE, one word: five frames,
 checked), and sends each call to the next node in turn, as an adapter behind a
@@ -48,17 +48,14 @@ writers' round trips per turn (_pgcount.py; a separate window, traced).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import random
 import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
@@ -68,7 +65,6 @@ from _common import (
     CpuWindow,
     children_of,
     free_port,
-    keep_in_flight,
     load_average,
     machine_line,
     percentile,
@@ -77,90 +73,12 @@ from _common import (
     table,
 )
 from _postgres import Postgres
-from turns_bench import DELIVERY_QUEUE, KINDS, TEXT, SidecarServer
+from turns_bench import SidecarServer
 
-HERE = Path(__file__).resolve()
+CLIENT = Path(__file__).resolve().parent / "_cluster_client.py"  # the client process
 TOKEN = "cluster-bench-token"
 CONFIGS = [("sqlite", 1, False), ("postgres", 1, False), ("postgres", 2, False), ("postgres", 3, False)]
 BASE = " [base]"  # the label suffix of a configuration run with --baseline's code
-
-
-# -- the client: concurrent Prompt calls spread over the nodes -----------------------
-
-class Client:
-    def __init__(self, spec: dict):
-        self.spec, self.n = spec, len(spec["targets"])
-        self.rng = random.Random(spec["seed"])
-        self.home = {k: i % self.n for i, k in enumerate(spec["keys"])}  # --affinity: its node
-        self.idle, self.warm = list(spec["keys"]), list(spec["keys"])
-        self.count, self.errors = 0, []
-        self.calls: dict[str, list[int]] = {}  # session -> timed calls per node
-
-    async def turn(self, stubs: list, latencies: list | None) -> None:
-        import grpc
-
-        from agent_sidecar.v1 import prompt_service_pb2 as pb
-        if latencies is None:  # warm-up: every session once, so each lane holds its lease
-            key = self.warm.pop()
-        else:
-            i = self.rng.randrange(len(self.idle))
-            self.idle[i], self.idle[-1] = self.idle[-1], self.idle[i]
-            key = self.idle.pop()
-        self.count += 1
-        node = self.home[key] if self.spec["affinity"] else self.count % self.n
-        req = pb.PromptRequest(request_id=f"{self.spec['run']}-{self.count}", session_key=key,
-                               text=TEXT, delivery=DELIVERY_QUEUE)
-        t0, kinds = time.monotonic(), []
-        try:
-            async for resp in stubs[node].Prompt(req, timeout=120):
-                kinds.append(resp.frame.WhichOneof("event"))
-        except grpc.aio.AioRpcError as e:
-            self.errors.append(f"{e.code().name} after [{','.join(kinds)}]: {(e.details() or '')[:300]}")
-            return
-        finally:
-            if latencies is not None:
-                self.idle.append(key)
-        if kinds != KINDS:
-            self.errors.append("frames: " + ",".join(kinds))
-        elif latencies is not None:
-            latencies.append(time.monotonic() - t0)
-            self.calls.setdefault(key, [0] * self.n)[node] += 1
-
-    async def main(self) -> dict:
-        import grpc
-
-        from agent_sidecar.v1 import prompt_service_pb2_grpc as pb_grpc
-        channels = [grpc.aio.insecure_channel(t) for t in self.spec["targets"]]
-        for ch in channels:
-            await asyncio.wait_for(ch.channel_ready(), 30)
-        stubs = [pb_grpc.PromptServiceStub(ch) for ch in channels]
-        await keep_in_flight(self.spec["warmup"], self.spec["in_flight"], lambda: self.turn(stubs, None))
-        warm_errors, self.errors = len(self.errors), []
-        print("ready", flush=True)
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-        latencies: list[float] = []
-        t0, t1 = await keep_in_flight(self.spec["turns"], self.spec["in_flight"],
-                                      lambda: self.turn(stubs, latencies))
-        for ch in channels:
-            await ch.close()
-        by_kind: dict = {}  # one example of each kind of error (its status and the frames before it)
-        for e in self.errors:
-            by_kind.setdefault(e.split(":")[0], [0, e])[0] += 1
-        return {"start": t0, "end": t1, "latencies": latencies,
-                "errors": [f"{n} x {e}" for n, e in by_kind.values()],
-                "error_count": len(self.errors), "warmup_errors": warm_errors, "calls": self.calls}
-
-
-def client_main(spec_json: str) -> int:
-    import uvloop
-    spec = json.loads(spec_json)
-    result = uvloop.run(Client(spec).main())
-    # Through a file, not the pipe: stdout may be left non-blocking by the event
-    # loop, and a result larger than the pipe's buffer was then cut short.
-    Path(spec["out"]).write_text(json.dumps(result))
-    print("done", flush=True)
-    sys.stdin.readline()  # stay alive until the driver has read our CPU time
-    return 0
 
 
 # -- the sidecars ---------------------------------------------------------------------
@@ -277,7 +195,7 @@ def run_config(root: Path, pg: Postgres, pg_root: int | None, cfg: tuple, rnd: i
 def drive(spec: dict, nodes: list[Node], pg_root: int | None, dsn: str | None,
           counter: _pgcount.Counter | None = None) -> dict:
     """One client process through warm-up and the timed window; CPU and leases around it."""
-    client = subprocess.Popen([sys.executable, str(HERE), "--client", json.dumps(spec)],
+    client = subprocess.Popen([sys.executable, str(CLIENT), json.dumps(spec)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         if client.stdout.readline().strip() != "ready":
@@ -402,10 +320,7 @@ def main() -> int:
                     help="also run each configuration with the sidecar code of the checkout DIR")
     ap.add_argument("--count", action="store_true",
                     help="also count statements and writer round trips per turn (PostgreSQL rows)")
-    ap.add_argument("--client", metavar="SPEC", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.client:
-        return client_main(args.client)
     sys.stdout.reconfigure(line_buffering=True)
     args.turns = args.turns or (200 if args.quick else 3000)
     args.sessions = args.sessions or (100 if args.quick else 1000)
