@@ -254,7 +254,7 @@ class MetricsConfig:
 @dataclass
 class StreamConfig:
     """How a turn's text reaches its streams ([stream])."""
-    coalesce_ms: float = key(40.0, ge=0, le=1000,
+    coalesce_ms: float = key(100.0, ge=0, le=1000,
                              doc="text deltas a turn's model produces within this many ms are "
                                  "persisted and sent as one `text_delta` frame (the first at once; "
                                  "0: one frame per model delta)")
