@@ -46,6 +46,24 @@ def _take(uow: UnitOfWork, key: str, address: str, ttl_s: float, how: Restoring,
     return LaneTake(got, plan)
 
 
+def _take_all(uow: UnitOfWork, keys: Iterable[str], address: str, ttl_s: float, how: Restoring,
+              clean: bool = True) -> list[LaneTake]:
+    """Take each lane another node does not hold alive; the takes with work
+    to do are returned, the others let go at once (a lane taken with nothing
+    to do must not stay held, nor be an orphan again)."""
+    assert uow.leases is not None
+    takes = []
+    for key in keys:
+        take = _take(uow, key, address, ttl_s, how, clean)
+        if isinstance(take.lease, LeaseHolder):
+            continue
+        if take.work:
+            takes.append(take)
+        else:
+            uow.leases.release(key, uow.node_id, take.lease.epoch)
+    return takes
+
+
 def take_lane(uow: UnitOfWork, key: str, address: str, ttl_s: float, how: Restoring) -> LaneTake:
     """This node takes the lane's lease if nobody else holds it alive; then
     the lane is restored as after a restart: a turn its last node was running
@@ -62,16 +80,7 @@ def take_orphans(uow: UnitOfWork, address: str, ttl_s: float, how: Restoring,
     does, so a lane is taken over once per holder that went away, never again
     and again by every reaper pass."""
     assert uow.leases is not None
-    takes = []
-    for key in uow.leases.orphaned(limit):
-        take = _take(uow, key, address, ttl_s, how)
-        if isinstance(take.lease, LeaseHolder):
-            continue
-        if take.work:
-            takes.append(take)
-        else:
-            uow.leases.release(key, uow.node_id, take.lease.epoch)
-    return takes
+    return _take_all(uow, uow.leases.orphaned(limit), address, ttl_s, how)
 
 
 def arrive(uow: UnitOfWork, address: str, ttl_s: float, how: Restoring) -> tuple[bool, list[LaneTake]]:
@@ -80,16 +89,7 @@ def arrive(uow: UnitOfWork, address: str, ttl_s: float, how: Restoring) -> tuple
     are let go at once."""
     assert uow.leases is not None and uow.nodes is not None
     clean = uow.nodes.arrive(uow.node_id, address)
-    takes = []
-    for key in uow.leases.of_node(uow.node_id):
-        take = _take(uow, key, address, ttl_s, how, clean)
-        if isinstance(take.lease, LeaseHolder):
-            continue
-        if take.work:
-            takes.append(take)
-        else:
-            uow.leases.release(key, uow.node_id, take.lease.epoch)
-    return clean, takes
+    return clean, _take_all(uow, uow.leases.of_node(uow.node_id), address, ttl_s, how, clean)
 
 
 def renew(uow: UnitOfWork, keys: list[str], ttl_s: float) -> dict[str, int]:
