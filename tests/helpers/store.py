@@ -263,13 +263,9 @@ class LocalStore:
         self.conn.close()
 
 
-@contextlib.contextmanager
-def local_store(where):
-    s = LocalStore(where)
-    try:
-        yield s
-    finally:
-        s.close()
+def local_store(where) -> contextlib.closing[LocalStore]:
+    """A LocalStore for a ``with`` block, closed at its end."""
+    return contextlib.closing(LocalStore(where))
 
 
 @contextlib.asynccontextmanager
@@ -320,13 +316,9 @@ class RawSql:
         self.conn.close()
 
 
-@contextlib.contextmanager
-def raw_sql(where):
-    s = RawSql(where)
-    try:
-        yield s
-    finally:
-        s.close()
+def raw_sql(where) -> contextlib.closing[RawSql]:
+    """A RawSql for a ``with`` block, closed at its end."""
+    return contextlib.closing(RawSql(where))
 
 
 @contextlib.contextmanager

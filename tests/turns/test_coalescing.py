@@ -30,21 +30,22 @@ PROFILES = (
 )
 
 
+def _with_window(tmp_path_factory, name: str, coalesce_ms: float):
+    s = Sidecar(tmp_path_factory.mktemp(name) / "data",
+                config=table("stream", coalesce_ms=coalesce_ms) + PROFILES, workers=1).start()
+    yield s
+    s.stop()
+
+
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory):
     """A window far longer than any of these turns."""
-    s = Sidecar(tmp_path_factory.mktemp("coalesce") / "data",
-                config=table("stream", coalesce_ms=1000) + PROFILES, workers=1).start()
-    yield s
-    s.stop()
+    yield from _with_window(tmp_path_factory, "coalesce", 1000)
 
 
 @pytest.fixture(scope="module")
 def off(tmp_path_factory):
-    s = Sidecar(tmp_path_factory.mktemp("coalesce-off") / "data",
-                config=table("stream", coalesce_ms=0) + PROFILES, workers=1).start()
-    yield s
-    s.stop()
+    yield from _with_window(tmp_path_factory, "coalesce-off", 0)
 
 
 def deltas(out) -> list[str]:
