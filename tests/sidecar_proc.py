@@ -23,6 +23,8 @@ import grpc
 from agent_sidecar.v1 import (
     prompt_service_pb2_grpc,
     session_service_pb2_grpc,
+    status_service_pb2,
+    status_service_pb2_grpc,
     tool_service_pb2_grpc,
 )
 
@@ -147,6 +149,11 @@ class Sidecar:
 
     def tools(self, tcp: bool = False):
         return tool_service_pb2_grpc.ToolServiceStub(self.channel(tcp))
+
+    def status(self) -> status_service_pb2.GetStatusResponse:
+        """GetStatus over the Unix socket (trusted: admin)."""
+        stub = status_service_pb2_grpc.StatusServiceStub(self.channel())
+        return stub.GetStatus(status_service_pb2.GetStatusRequest(), timeout=10)
 
     def kill9(self) -> None:
         """A real crash: SIGKILL, no cleanup, workers orphaned then reaped."""

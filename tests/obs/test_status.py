@@ -9,16 +9,15 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 
 import grpc
 import pytest
+from helpers.cli import cli
 from helpers.config import echo, table
 from helpers.ids import source
 from helpers.procs import children
 from helpers.streams import run
-from sidecar_proc import ROOT, TOKEN, Sidecar, error_info
+from sidecar_proc import TOKEN, Sidecar, error_info
 
 import agent_sidecar
 from agent_sidecar.v1 import status_service_pb2 as spb
@@ -32,11 +31,6 @@ def sc(tmp_path_factory):
     s = Sidecar(tmp_path_factory.mktemp("status") / "data", config=echo("main"), tcp=True, workers=2).start()
     yield s
     s.stop()
-
-
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent_sidecar", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
 
 
 def test_status_json_tells_the_truth(sc):
@@ -56,6 +50,7 @@ def test_status_json_tells_the_truth(sc):
         assert w["rss_bytes"] > 1 << 20 and w["turns_running"] == 0
     assert sum(w["turns_run"] for w in st["workers"]) == 3
     assert st["turns_in_flight"] == 0 and st["prompts_admitted"] == 0
+    assert st["cluster"] is None  # one sidecar: no cluster block
     assert st["queues"] == dict.fromkeys(MODES, 0)
     store = st["store"]
     assert store["backend"] == "sqlite" and store["writable"] is True

@@ -84,7 +84,10 @@ type GetStatusResponse struct {
 	// Prompts waiting in their session's lane, one entry per delivery mode.
 	Queues []*QueueDepth `protobuf:"bytes,9,rep,name=queues,proto3" json:"queues,omitempty"`
 	// The store and its writer process.
-	Store         *StoreStatus `protobuf:"bytes,10,opt,name=store,proto3" json:"store,omitempty"`
+	Store *StoreStatus `protobuf:"bytes,10,opt,name=store,proto3" json:"store,omitempty"`
+	// This node's share of a cluster (several sidecars on one PostgreSQL);
+	// unset on a sidecar that is not a cluster node.
+	Cluster       *ClusterStatus `protobuf:"bytes,11,opt,name=cluster,proto3" json:"cluster,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -185,6 +188,13 @@ func (x *GetStatusResponse) GetQueues() []*QueueDepth {
 func (x *GetStatusResponse) GetStore() *StoreStatus {
 	if x != nil {
 		return x.Store
+	}
+	return nil
+}
+
+func (x *GetStatusResponse) GetCluster() *ClusterStatus {
+	if x != nil {
+		return x.Cluster
 	}
 	return nil
 }
@@ -463,12 +473,92 @@ func (x *StoreStatus) GetCommits() int64 {
 	return 0
 }
 
+// ClusterStatus is what one cluster node holds of the lanes and what it lost
+// (docs/cluster.md). The counters count from the node's start.
+type ClusterStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Lanes whose lease this node holds now (only their turns run here).
+	LanesHeld int32 `protobuf:"varint,1,opt,name=lanes_held,json=lanesHeld,proto3" json:"lanes_held,omitempty"`
+	// Lanes taken with work their last holder left to finish (a node that
+	// died, stalled or stopped mid-turn, or this node before a restart): their
+	// interrupted turns closed and queued prompts rerun, as a restart does.
+	LanesTakenOver int64 `protobuf:"varint,2,opt,name=lanes_taken_over,json=lanesTakenOver,proto3" json:"lanes_taken_over,omitempty"`
+	// Lanes this node stopped running because their lease moved on (its
+	// renewal came too late, or another node took the lane): their turns here
+	// stopped, writing nothing more.
+	LeasesLost int64 `protobuf:"varint,3,opt,name=leases_lost,json=leasesLost,proto3" json:"leases_lost,omitempty"`
+	// Writes the store refused because the lane's epoch had moved on since
+	// they were made (the fence): each one is a write of a node that did not
+	// know yet that it lost the lane.
+	FencedWrites  int64 `protobuf:"varint,4,opt,name=fenced_writes,json=fencedWrites,proto3" json:"fenced_writes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterStatus) Reset() {
+	*x = ClusterStatus{}
+	mi := &file_agent_sidecar_v1_status_service_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterStatus) ProtoMessage() {}
+
+func (x *ClusterStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_sidecar_v1_status_service_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterStatus.ProtoReflect.Descriptor instead.
+func (*ClusterStatus) Descriptor() ([]byte, []int) {
+	return file_agent_sidecar_v1_status_service_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ClusterStatus) GetLanesHeld() int32 {
+	if x != nil {
+		return x.LanesHeld
+	}
+	return 0
+}
+
+func (x *ClusterStatus) GetLanesTakenOver() int64 {
+	if x != nil {
+		return x.LanesTakenOver
+	}
+	return 0
+}
+
+func (x *ClusterStatus) GetLeasesLost() int64 {
+	if x != nil {
+		return x.LeasesLost
+	}
+	return 0
+}
+
+func (x *ClusterStatus) GetFencedWrites() int64 {
+	if x != nil {
+		return x.FencedWrites
+	}
+	return 0
+}
+
 var File_agent_sidecar_v1_status_service_proto protoreflect.FileDescriptor
 
 const file_agent_sidecar_v1_status_service_proto_rawDesc = "" +
 	"\n" +
 	"%agent_sidecar/v1/status_service.proto\x12\x10agent_sidecar.v1\x1a%agent_sidecar/v1/prompt_service.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x12\n" +
-	"\x10GetStatusRequest\"\xba\x03\n" +
+	"\x10GetStatusRequest\"\xf5\x03\n" +
 	"\x11GetStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x129\n" +
@@ -481,7 +571,8 @@ const file_agent_sidecar_v1_status_service_proto_rawDesc = "" +
 	"\x10prompts_admitted\x18\b \x01(\x05R\x0fpromptsAdmitted\x124\n" +
 	"\x06queues\x18\t \x03(\v2\x1c.agent_sidecar.v1.QueueDepthR\x06queues\x123\n" +
 	"\x05store\x18\n" +
-	" \x01(\v2\x1d.agent_sidecar.v1.StoreStatusR\x05store\"\xc7\x01\n" +
+	" \x01(\v2\x1d.agent_sidecar.v1.StoreStatusR\x05store\x129\n" +
+	"\acluster\x18\v \x01(\v2\x1f.agent_sidecar.v1.ClusterStatusR\acluster\"\xc7\x01\n" +
 	"\fWorkerStatus\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x14\n" +
@@ -506,7 +597,14 @@ const file_agent_sidecar_v1_status_service_proto_rawDesc = "" +
 	"\x10writer_rss_bytes\x18\x06 \x01(\x03R\x0ewriterRssBytes\x12%\n" +
 	"\x0ewriter_backlog\x18\a \x01(\x03R\rwriterBacklog\x12.\n" +
 	"\x13last_commit_seconds\x18\b \x01(\x01R\x11lastCommitSeconds\x12\x18\n" +
-	"\acommits\x18\t \x01(\x03R\acommits2e\n" +
+	"\acommits\x18\t \x01(\x03R\acommits\"\x9e\x01\n" +
+	"\rClusterStatus\x12\x1d\n" +
+	"\n" +
+	"lanes_held\x18\x01 \x01(\x05R\tlanesHeld\x12(\n" +
+	"\x10lanes_taken_over\x18\x02 \x01(\x03R\x0elanesTakenOver\x12\x1f\n" +
+	"\vleases_lost\x18\x03 \x01(\x03R\n" +
+	"leasesLost\x12#\n" +
+	"\rfenced_writes\x18\x04 \x01(\x03R\ffencedWrites2e\n" +
 	"\rStatusService\x12T\n" +
 	"\tGetStatus\x12\".agent_sidecar.v1.GetStatusRequest\x1a#.agent_sidecar.v1.GetStatusResponseBQZOgithub.com/agent-sidecar/agent-sidecar/clients/go/agentsidecarv1;agentsidecarv1b\x06proto3"
 
@@ -522,29 +620,31 @@ func file_agent_sidecar_v1_status_service_proto_rawDescGZIP() []byte {
 	return file_agent_sidecar_v1_status_service_proto_rawDescData
 }
 
-var file_agent_sidecar_v1_status_service_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_agent_sidecar_v1_status_service_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_agent_sidecar_v1_status_service_proto_goTypes = []any{
 	(*GetStatusRequest)(nil),      // 0: agent_sidecar.v1.GetStatusRequest
 	(*GetStatusResponse)(nil),     // 1: agent_sidecar.v1.GetStatusResponse
 	(*WorkerStatus)(nil),          // 2: agent_sidecar.v1.WorkerStatus
 	(*QueueDepth)(nil),            // 3: agent_sidecar.v1.QueueDepth
 	(*StoreStatus)(nil),           // 4: agent_sidecar.v1.StoreStatus
-	(*timestamppb.Timestamp)(nil), // 5: google.protobuf.Timestamp
-	(DeliveryMode)(0),             // 6: agent_sidecar.v1.DeliveryMode
+	(*ClusterStatus)(nil),         // 5: agent_sidecar.v1.ClusterStatus
+	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
+	(DeliveryMode)(0),             // 7: agent_sidecar.v1.DeliveryMode
 }
 var file_agent_sidecar_v1_status_service_proto_depIdxs = []int32{
-	5, // 0: agent_sidecar.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
+	6, // 0: agent_sidecar.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
 	2, // 1: agent_sidecar.v1.GetStatusResponse.workers:type_name -> agent_sidecar.v1.WorkerStatus
 	3, // 2: agent_sidecar.v1.GetStatusResponse.queues:type_name -> agent_sidecar.v1.QueueDepth
 	4, // 3: agent_sidecar.v1.GetStatusResponse.store:type_name -> agent_sidecar.v1.StoreStatus
-	6, // 4: agent_sidecar.v1.QueueDepth.delivery:type_name -> agent_sidecar.v1.DeliveryMode
-	0, // 5: agent_sidecar.v1.StatusService.GetStatus:input_type -> agent_sidecar.v1.GetStatusRequest
-	1, // 6: agent_sidecar.v1.StatusService.GetStatus:output_type -> agent_sidecar.v1.GetStatusResponse
-	6, // [6:7] is the sub-list for method output_type
-	5, // [5:6] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	5, // 4: agent_sidecar.v1.GetStatusResponse.cluster:type_name -> agent_sidecar.v1.ClusterStatus
+	7, // 5: agent_sidecar.v1.QueueDepth.delivery:type_name -> agent_sidecar.v1.DeliveryMode
+	0, // 6: agent_sidecar.v1.StatusService.GetStatus:input_type -> agent_sidecar.v1.GetStatusRequest
+	1, // 7: agent_sidecar.v1.StatusService.GetStatus:output_type -> agent_sidecar.v1.GetStatusResponse
+	7, // [7:8] is the sub-list for method output_type
+	6, // [6:7] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_agent_sidecar_v1_status_service_proto_init() }
@@ -559,7 +659,7 @@ func file_agent_sidecar_v1_status_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_sidecar_v1_status_service_proto_rawDesc), len(file_agent_sidecar_v1_status_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -43,4 +43,8 @@ def to_proto(s: Any) -> pb.GetStatusResponse:
         st.writer_backlog, st.last_commit_seconds = s.writer.backlog, s.writer.last_commit_seconds
         st.commits = s.writer.commits
     st.writable = s.store_writable
+    c = s.cluster
+    if c is not None:
+        out.cluster.lanes_held, out.cluster.lanes_taken_over = c.lanes_held, c.lanes_taken_over
+        out.cluster.leases_lost, out.cluster.fenced_writes = c.leases_lost, c.fenced_writes
     return out

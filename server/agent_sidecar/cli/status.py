@@ -44,7 +44,9 @@ def as_dict(r) -> dict[str, Any]:
     """The response as plain JSON types (numbers as numbers, times in RFC 3339)."""
     from ..delivery import MODE_NAMES
     started = datetime.fromtimestamp(r.started_at.ToNanoseconds() / 1e9, UTC)
-    s = r.store
+    s, c = r.store, r.cluster
+    cluster = {"lanes_held": c.lanes_held, "lanes_taken_over": c.lanes_taken_over,
+               "leases_lost": c.leases_lost, "fenced_writes": c.fenced_writes} if r.HasField("cluster") else None
     return {
         "version": r.version, "node_id": r.node_id,
         "started_at": started.isoformat(timespec="seconds").replace("+00:00", "Z"),
@@ -58,6 +60,7 @@ def as_dict(r) -> dict[str, Any]:
                   "writable": s.writable, "writer_pid": s.writer_pid,
                   "writer_rss_bytes": s.writer_rss_bytes, "writer_backlog": s.writer_backlog,
                   "last_commit_seconds": s.last_commit_seconds, "commits": s.commits},
+        "cluster": cluster,
     }
 
 
@@ -98,4 +101,9 @@ def as_table(st: dict[str, Any]) -> str:
             f"  writer pid {s['writer_pid']} ({_bytes(s['writer_rss_bytes'])}) · backlog "
             f"{s['writer_backlog']} jobs · last commit {s['last_commit_seconds'] * 1e3:.2f} ms · "
             f"{s['commits']} commits"]
+    c = st["cluster"]
+    if c is not None:
+        out += ["", "cluster",
+                f"  lanes held {c['lanes_held']} · taken over {c['lanes_taken_over']} · leases lost "
+                f"{c['leases_lost']} · fenced writes {c['fenced_writes']}"]
     return "\n".join(out)

@@ -63,7 +63,10 @@ class ClusterLeases:
         self.held: dict[str, int] = {}  # lane -> epoch held
         self.trusted_until: dict[str, float] = {}  # lane -> loop time its lease is trusted to
         self.idle_since: dict[str, float] = {}
+        # What GetStatus and the metrics report of this node (counted from its start):
         self.fenced_writes = 0  # writes the store refused because a lane's epoch moved
+        self.leases_lost = 0  # lanes stopped here because their lease moved on
+        self.taken_over = 0  # lanes taken with work their last holder left
         self._taking: dict[str, asyncio.Future] = {}
         self._manager: TurnManager | None = None
         self._task: asyncio.Task | None = None
@@ -114,6 +117,7 @@ class ClusterLeases:
             raise LaneElsewhere(key, lease.node_id, lease.address, lease.seconds_left)
         self._granted(key, lease.epoch, sent)
         if take.work:
+            self.taken_over += 1
             log.info("lane taken over", extra={"key": key, "from": lease.previous_node,
                                                 "clean": lease.previous_clean})
             assert self._manager is not None and take.plan is not None  # attached at startup; work: a plan
@@ -129,6 +133,7 @@ class ClusterLeases:
         """Lanes this node may no longer run: their turns here stop, unwritten."""
         for key in keys:
             if self.held.pop(key, None) is not None:
+                self.leases_lost += 1
                 log.warning("lane lease lost", extra={"key": key})
             self.trusted_until.pop(key, None)
             self.idle_since.pop(key, None)
@@ -181,6 +186,7 @@ class ClusterLeases:
         clean, takes = await self.store.write(jobs.arrive, self.address, self.ttl, self.how)
         log.info("cluster node arrived", extra={"node": self.node_id, "clean": clean,
                                                 "lanes": len(takes)})
+        self.taken_over += len(takes)
         await self._adopt_all(takes, sent)
         self._task = asyncio.get_running_loop().create_task(self._keep())
 
@@ -259,5 +265,6 @@ class ClusterLeases:
     async def _reap(self, sent: float) -> None:
         takes = await self.store.write(jobs.take_orphans, self.address, self.ttl, self.how)
         if takes:
+            self.taken_over += len(takes)
             log.info("orphaned lanes taken over", extra={"lanes": [t.lease.session_key for t in takes]})
             await self._adopt_all(takes, sent)

@@ -57,6 +57,14 @@ class WriterInfo:
     commits: int
 
 
+@dataclass(frozen=True)
+class ClusterInfo:
+    lanes_held: int
+    lanes_taken_over: int
+    leases_lost: int
+    fenced_writes: int
+
+
 class Live:
     """``runtime``: the Sidecar of runtime.py (its cfg, store, turns, tools, auth)."""
 
@@ -110,6 +118,14 @@ class Live:
                     for t in lane.waiting():
                         out[t.delivery] = out.get(t.delivery, 0) + 1
         return out
+
+    def cluster(self) -> ClusterInfo | None:
+        """This node's leases and what it lost of them (cluster/leases.py);
+        None off a cluster."""
+        leases = self.turns.leases if self.turns is not None else None
+        if leases is None:
+            return None
+        return ClusterInfo(len(leases.held), leases.taken_over, leases.leases_lost, leases.fenced_writes)
 
     def writer(self) -> WriterInfo | None:
         store = self.runtime.store

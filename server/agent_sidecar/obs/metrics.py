@@ -71,6 +71,9 @@ class SidecarCollector:
             yield from self._turns(turns)
             yield from self._workers()
         yield from self._store()
+        cluster = live.cluster()
+        if cluster is not None:
+            yield from self._cluster(cluster)
         runtime = live.runtime
         if runtime.tools is not None:
             yield from self._tools(runtime.tools, turns.stats if turns is not None else None)
@@ -142,6 +145,15 @@ class SidecarCollector:
                          "its WAL; PostgreSQL: the database).", [], {(): st.size_bytes})
             yield _gauge("store_fts_backlog_messages", "Messages not in the full-text index yet.", [],
                          {(): st.fts_backlog})
+
+    def _cluster(self, c: Any) -> Iterator[Metric]:
+        yield _gauge("cluster_lanes_held", "Lanes whose lease this node holds now.", [], {(): c.lanes_held})
+        yield _counter("cluster_lanes_taken_over_total", "Lanes taken with work their last holder left "
+                       "(interrupted turns closed, queued prompts rerun).", [], {(): c.lanes_taken_over})
+        yield _counter("cluster_leases_lost_total", "Lanes this node stopped running because their lease "
+                       "moved on.", [], {(): c.leases_lost})
+        yield _counter("cluster_fenced_writes_total", "Writes the store refused because their lane's epoch "
+                       "had moved on (the fence).", [], {(): c.fenced_writes})
 
     def _tools(self, tools: Any, s: Any) -> Iterator[Metric]:
         yield _gauge("tool_hosts", "Tool hosts connected (ServeTools streams), by namespace.",

@@ -1,13 +1,13 @@
 """The snapshot GetStatus answers with (and ``agent-sidecar status`` shows):
 what the sidecar is, how long it has run, its processes, its turns and
-queues, its store. Read from the live state (live.py) when asked."""
+queues, its store, and on a cluster its leases. Read from the live state (live.py) when asked."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from .live import Live, WorkerInfo, WriterInfo
+from .live import ClusterInfo, Live, WorkerInfo, WriterInfo
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class StatusSnapshot:
     store_writable: bool
     writer: WriterInfo | None
     store: Any = None  # store.records.StoreStats, or None when it could not be read
+    cluster: ClusterInfo | None = None  # None off a cluster
 
 
 async def snapshot(live: Live) -> StatusSnapshot:
@@ -34,4 +35,5 @@ async def snapshot(live: Live) -> StatusSnapshot:
         uptime_seconds=live.uptime(), serving=live.serving(), workers=live.workers(),
         turns_in_flight=live.in_flight(), prompts_admitted=len(turns.live) if turns is not None else 0,
         queued=live.queue_depths(), backend=live.runtime.cfg.store.backend,
-        store_writable=live.store_writable(), writer=live.writer(), store=await live.store_stats())
+        store_writable=live.store_writable(), writer=live.writer(), store=await live.store_stats(),
+        cluster=live.cluster())

@@ -15,7 +15,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("version", "node_id", "started_at", "uptime_seconds", "serving", "workers", "turns_in_flight", "prompts_admitted", "queues", "store")
+    __slots__ = ("version", "node_id", "started_at", "uptime_seconds", "serving", "workers", "turns_in_flight", "prompts_admitted", "queues", "store", "cluster")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class GetStatusResponse(_message.Message):
     PROMPTS_ADMITTED_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     STORE_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
     version: str
     node_id: str
     started_at: _timestamp_pb2.Timestamp
@@ -36,7 +37,8 @@ class GetStatusResponse(_message.Message):
     prompts_admitted: int
     queues: _containers.RepeatedCompositeFieldContainer[QueueDepth]
     store: StoreStatus
-    def __init__(self, version: _Optional[str] = ..., node_id: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., uptime_seconds: _Optional[float] = ..., serving: _Optional[bool] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., turns_in_flight: _Optional[int] = ..., prompts_admitted: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueDepth, _Mapping]]] = ..., store: _Optional[_Union[StoreStatus, _Mapping]] = ...) -> None: ...
+    cluster: ClusterStatus
+    def __init__(self, version: _Optional[str] = ..., node_id: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., uptime_seconds: _Optional[float] = ..., serving: _Optional[bool] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., turns_in_flight: _Optional[int] = ..., prompts_admitted: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueDepth, _Mapping]]] = ..., store: _Optional[_Union[StoreStatus, _Mapping]] = ..., cluster: _Optional[_Union[ClusterStatus, _Mapping]] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
     __slots__ = ("index", "pid", "alive", "rss_bytes", "turns_run", "turns_running", "restarts")
@@ -85,3 +87,15 @@ class StoreStatus(_message.Message):
     last_commit_seconds: float
     commits: int
     def __init__(self, backend: _Optional[str] = ..., size_bytes: _Optional[int] = ..., fts_backlog: _Optional[int] = ..., writable: _Optional[bool] = ..., writer_pid: _Optional[int] = ..., writer_rss_bytes: _Optional[int] = ..., writer_backlog: _Optional[int] = ..., last_commit_seconds: _Optional[float] = ..., commits: _Optional[int] = ...) -> None: ...
+
+class ClusterStatus(_message.Message):
+    __slots__ = ("lanes_held", "lanes_taken_over", "leases_lost", "fenced_writes")
+    LANES_HELD_FIELD_NUMBER: _ClassVar[int]
+    LANES_TAKEN_OVER_FIELD_NUMBER: _ClassVar[int]
+    LEASES_LOST_FIELD_NUMBER: _ClassVar[int]
+    FENCED_WRITES_FIELD_NUMBER: _ClassVar[int]
+    lanes_held: int
+    lanes_taken_over: int
+    leases_lost: int
+    fenced_writes: int
+    def __init__(self, lanes_held: _Optional[int] = ..., lanes_taken_over: _Optional[int] = ..., leases_lost: _Optional[int] = ..., fenced_writes: _Optional[int] = ...) -> None: ...

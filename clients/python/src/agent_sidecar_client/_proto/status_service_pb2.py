@@ -26,7 +26,7 @@ from agent_sidecar_client._proto import prompt_service_pb2 as agent__sidecar_dot
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%agent_sidecar/v1/status_service.proto\x12\x10\x61gent_sidecar.v1\x1a%agent_sidecar/v1/prompt_service.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x12\n\x10GetStatusRequest\"\xce\x02\n\x11GetStatusResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12.\n\nstarted_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0euptime_seconds\x18\x04 \x01(\x01\x12\x0f\n\x07serving\x18\x05 \x01(\x08\x12/\n\x07workers\x18\x06 \x03(\x0b\x32\x1e.agent_sidecar.v1.WorkerStatus\x12\x17\n\x0fturns_in_flight\x18\x07 \x01(\x05\x12\x18\n\x10prompts_admitted\x18\x08 \x01(\x05\x12,\n\x06queues\x18\t \x03(\x0b\x32\x1c.agent_sidecar.v1.QueueDepth\x12,\n\x05store\x18\n \x01(\x0b\x32\x1d.agent_sidecar.v1.StoreStatus\"\x88\x01\n\x0cWorkerStatus\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\r\n\x05\x61live\x18\x03 \x01(\x08\x12\x11\n\trss_bytes\x18\x04 \x01(\x03\x12\x11\n\tturns_run\x18\x05 \x01(\x03\x12\x15\n\rturns_running\x18\x06 \x01(\x05\x12\x10\n\x08restarts\x18\x07 \x01(\x05\"O\n\nQueueDepth\x12\x30\n\x08\x64\x65livery\x18\x01 \x01(\x0e\x32\x1e.agent_sidecar.v1.DeliveryMode\x12\x0f\n\x07prompts\x18\x02 \x01(\x05\"\xcd\x01\n\x0bStoreStatus\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\x12\x13\n\x0b\x66ts_backlog\x18\x03 \x01(\x03\x12\x10\n\x08writable\x18\x04 \x01(\x08\x12\x12\n\nwriter_pid\x18\x05 \x01(\x05\x12\x18\n\x10writer_rss_bytes\x18\x06 \x01(\x03\x12\x16\n\x0ewriter_backlog\x18\x07 \x01(\x03\x12\x1b\n\x13last_commit_seconds\x18\x08 \x01(\x01\x12\x0f\n\x07\x63ommits\x18\t \x01(\x03\x32\x65\n\rStatusService\x12T\n\tGetStatus\x12\".agent_sidecar.v1.GetStatusRequest\x1a#.agent_sidecar.v1.GetStatusResponseBQZOgithub.com/agent-sidecar/agent-sidecar/clients/go/agentsidecarv1;agentsidecarv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%agent_sidecar/v1/status_service.proto\x12\x10\x61gent_sidecar.v1\x1a%agent_sidecar/v1/prompt_service.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x12\n\x10GetStatusRequest\"\x80\x03\n\x11GetStatusResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12.\n\nstarted_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0euptime_seconds\x18\x04 \x01(\x01\x12\x0f\n\x07serving\x18\x05 \x01(\x08\x12/\n\x07workers\x18\x06 \x03(\x0b\x32\x1e.agent_sidecar.v1.WorkerStatus\x12\x17\n\x0fturns_in_flight\x18\x07 \x01(\x05\x12\x18\n\x10prompts_admitted\x18\x08 \x01(\x05\x12,\n\x06queues\x18\t \x03(\x0b\x32\x1c.agent_sidecar.v1.QueueDepth\x12,\n\x05store\x18\n \x01(\x0b\x32\x1d.agent_sidecar.v1.StoreStatus\x12\x30\n\x07\x63luster\x18\x0b \x01(\x0b\x32\x1f.agent_sidecar.v1.ClusterStatus\"\x88\x01\n\x0cWorkerStatus\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\r\n\x05\x61live\x18\x03 \x01(\x08\x12\x11\n\trss_bytes\x18\x04 \x01(\x03\x12\x11\n\tturns_run\x18\x05 \x01(\x03\x12\x15\n\rturns_running\x18\x06 \x01(\x05\x12\x10\n\x08restarts\x18\x07 \x01(\x05\"O\n\nQueueDepth\x12\x30\n\x08\x64\x65livery\x18\x01 \x01(\x0e\x32\x1e.agent_sidecar.v1.DeliveryMode\x12\x0f\n\x07prompts\x18\x02 \x01(\x05\"\xcd\x01\n\x0bStoreStatus\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\x12\x13\n\x0b\x66ts_backlog\x18\x03 \x01(\x03\x12\x10\n\x08writable\x18\x04 \x01(\x08\x12\x12\n\nwriter_pid\x18\x05 \x01(\x05\x12\x18\n\x10writer_rss_bytes\x18\x06 \x01(\x03\x12\x16\n\x0ewriter_backlog\x18\x07 \x01(\x03\x12\x1b\n\x13last_commit_seconds\x18\x08 \x01(\x01\x12\x0f\n\x07\x63ommits\x18\t \x01(\x03\"i\n\rClusterStatus\x12\x12\n\nlanes_held\x18\x01 \x01(\x05\x12\x18\n\x10lanes_taken_over\x18\x02 \x01(\x03\x12\x13\n\x0bleases_lost\x18\x03 \x01(\x03\x12\x15\n\rfenced_writes\x18\x04 \x01(\x03\x32\x65\n\rStatusService\x12T\n\tGetStatus\x12\".agent_sidecar.v1.GetStatusRequest\x1a#.agent_sidecar.v1.GetStatusResponseBQZOgithub.com/agent-sidecar/agent-sidecar/clients/go/agentsidecarv1;agentsidecarv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,13 +37,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSTATUSREQUEST']._serialized_start=131
   _globals['_GETSTATUSREQUEST']._serialized_end=149
   _globals['_GETSTATUSRESPONSE']._serialized_start=152
-  _globals['_GETSTATUSRESPONSE']._serialized_end=486
-  _globals['_WORKERSTATUS']._serialized_start=489
-  _globals['_WORKERSTATUS']._serialized_end=625
-  _globals['_QUEUEDEPTH']._serialized_start=627
-  _globals['_QUEUEDEPTH']._serialized_end=706
-  _globals['_STORESTATUS']._serialized_start=709
-  _globals['_STORESTATUS']._serialized_end=914
-  _globals['_STATUSSERVICE']._serialized_start=916
-  _globals['_STATUSSERVICE']._serialized_end=1017
+  _globals['_GETSTATUSRESPONSE']._serialized_end=536
+  _globals['_WORKERSTATUS']._serialized_start=539
+  _globals['_WORKERSTATUS']._serialized_end=675
+  _globals['_QUEUEDEPTH']._serialized_start=677
+  _globals['_QUEUEDEPTH']._serialized_end=756
+  _globals['_STORESTATUS']._serialized_start=759
+  _globals['_STORESTATUS']._serialized_end=964
+  _globals['_CLUSTERSTATUS']._serialized_start=966
+  _globals['_CLUSTERSTATUS']._serialized_end=1071
+  _globals['_STATUSSERVICE']._serialized_start=1073
+  _globals['_STATUSSERVICE']._serialized_end=1174
 # @@protoc_insertion_point(module_scope)

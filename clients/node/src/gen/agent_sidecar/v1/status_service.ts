@@ -61,7 +61,14 @@ export interface GetStatusResponse {
   /** Prompts waiting in their session's lane, one entry per delivery mode. */
   queues: QueueDepth[];
   /** The store and its writer process. */
-  store?: StoreStatus | undefined;
+  store?:
+    | StoreStatus
+    | undefined;
+  /**
+   * This node's share of a cluster (several sidecars on one PostgreSQL);
+   * unset on a sidecar that is not a cluster node.
+   */
+  cluster?: ClusterStatus | undefined;
 }
 
 /** WorkerStatus is one worker slot. */
@@ -113,6 +120,33 @@ export interface StoreStatus {
   lastCommitSeconds: number;
   /** Group commits since the sidecar started. */
   commits: number;
+}
+
+/**
+ * ClusterStatus is what one cluster node holds of the lanes and what it lost
+ * (docs/cluster.md). The counters count from the node's start.
+ */
+export interface ClusterStatus {
+  /** Lanes whose lease this node holds now (only their turns run here). */
+  lanesHeld: number;
+  /**
+   * Lanes taken with work their last holder left to finish (a node that
+   * died, stalled or stopped mid-turn, or this node before a restart): their
+   * interrupted turns closed and queued prompts rerun, as a restart does.
+   */
+  lanesTakenOver: number;
+  /**
+   * Lanes this node stopped running because their lease moved on (its
+   * renewal came too late, or another node took the lane): their turns here
+   * stopped, writing nothing more.
+   */
+  leasesLost: number;
+  /**
+   * Writes the store refused because the lane's epoch had moved on since
+   * they were made (the fence): each one is a write of a node that did not
+   * know yet that it lost the lane.
+   */
+  fencedWrites: number;
 }
 
 function createBaseGetStatusRequest(): GetStatusRequest {
@@ -179,6 +213,7 @@ function createBaseGetStatusResponse(): GetStatusResponse {
     promptsAdmitted: 0,
     queues: [],
     store: undefined,
+    cluster: undefined,
   };
 }
 
@@ -213,6 +248,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     }
     if (message.store !== undefined) {
       StoreStatus.encode(message.store, writer.uint32(82).fork()).join();
+    }
+    if (message.cluster !== undefined) {
+      ClusterStatus.encode(message.cluster, writer.uint32(90).fork()).join();
     }
     return writer;
   },
@@ -310,6 +348,14 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
             message.store = StoreStatus.decode(reader, reader.uint32());
             continue;
           }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.cluster = ClusterStatus.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -358,6 +404,7 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         ? object.queues.map((e: any) => QueueDepth.fromJSON(e))
         : [],
       store: isSet(object.store) ? StoreStatus.fromJSON(object.store) : undefined,
+      cluster: isSet(object.cluster) ? ClusterStatus.fromJSON(object.cluster) : undefined,
     };
   },
 
@@ -393,6 +440,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     if (message.store !== undefined) {
       obj.store = StoreStatus.toJSON(message.store);
     }
+    if (message.cluster !== undefined) {
+      obj.cluster = ClusterStatus.toJSON(message.cluster);
+    }
     return obj;
   },
 
@@ -412,6 +462,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     message.queues = object.queues?.map((e) => QueueDepth.fromPartial(e)) || [];
     message.store = (object.store !== undefined && object.store !== null)
       ? StoreStatus.fromPartial(object.store)
+      : undefined;
+    message.cluster = (object.cluster !== undefined && object.cluster !== null)
+      ? ClusterStatus.fromPartial(object.cluster)
       : undefined;
     return message;
   },
@@ -906,6 +959,139 @@ export const StoreStatus: MessageFns<StoreStatus> = {
     message.writerBacklog = object.writerBacklog ?? 0;
     message.lastCommitSeconds = object.lastCommitSeconds ?? 0;
     message.commits = object.commits ?? 0;
+    return message;
+  },
+};
+
+function createBaseClusterStatus(): ClusterStatus {
+  return { lanesHeld: 0, lanesTakenOver: 0, leasesLost: 0, fencedWrites: 0 };
+}
+
+export const ClusterStatus: MessageFns<ClusterStatus> = {
+  encode(message: ClusterStatus, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.lanesHeld !== 0) {
+      writer.uint32(8).int32(message.lanesHeld);
+    }
+    if (message.lanesTakenOver !== 0) {
+      writer.uint32(16).int64(message.lanesTakenOver);
+    }
+    if (message.leasesLost !== 0) {
+      writer.uint32(24).int64(message.leasesLost);
+    }
+    if (message.fencedWrites !== 0) {
+      writer.uint32(32).int64(message.fencedWrites);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ClusterStatus {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseClusterStatus();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.lanesHeld = reader.int32();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.lanesTakenOver = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.leasesLost = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.fencedWrites = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ClusterStatus {
+    return {
+      lanesHeld: isSet(object.lanesHeld)
+        ? globalThis.Number(object.lanesHeld)
+        : isSet(object.lanes_held)
+        ? globalThis.Number(object.lanes_held)
+        : 0,
+      lanesTakenOver: isSet(object.lanesTakenOver)
+        ? globalThis.Number(object.lanesTakenOver)
+        : isSet(object.lanes_taken_over)
+        ? globalThis.Number(object.lanes_taken_over)
+        : 0,
+      leasesLost: isSet(object.leasesLost)
+        ? globalThis.Number(object.leasesLost)
+        : isSet(object.leases_lost)
+        ? globalThis.Number(object.leases_lost)
+        : 0,
+      fencedWrites: isSet(object.fencedWrites)
+        ? globalThis.Number(object.fencedWrites)
+        : isSet(object.fenced_writes)
+        ? globalThis.Number(object.fenced_writes)
+        : 0,
+    };
+  },
+
+  toJSON(message: ClusterStatus): unknown {
+    const obj: any = {};
+    if (message.lanesHeld !== 0) {
+      obj.lanesHeld = Math.round(message.lanesHeld);
+    }
+    if (message.lanesTakenOver !== 0) {
+      obj.lanesTakenOver = Math.round(message.lanesTakenOver);
+    }
+    if (message.leasesLost !== 0) {
+      obj.leasesLost = Math.round(message.leasesLost);
+    }
+    if (message.fencedWrites !== 0) {
+      obj.fencedWrites = Math.round(message.fencedWrites);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ClusterStatus>, I>>(base?: I): ClusterStatus {
+    return ClusterStatus.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ClusterStatus>, I>>(object: I): ClusterStatus {
+    const message = createBaseClusterStatus();
+    message.lanesHeld = object.lanesHeld ?? 0;
+    message.lanesTakenOver = object.lanesTakenOver ?? 0;
+    message.leasesLost = object.leasesLost ?? 0;
+    message.fencedWrites = object.fencedWrites ?? 0;
     return message;
   },
 };
