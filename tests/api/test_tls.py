@@ -14,25 +14,21 @@ and the sidecar warns about a plain TCP listener open to the network.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers.certs import available, make_certs
+from helpers.cli import cli
 from helpers.ids import source
 from helpers.logs import log_lines
 from helpers.sessions import create
-from sidecar_proc import ROOT, TOKEN, Sidecar, free_port
+from sidecar_proc import TOKEN, Sidecar, free_port
 
 import agent_sidecar_client as asc
 from agent_sidecar.api.server import SERVICE_NAMES
 
 pytestmark = pytest.mark.skipif(not available(), reason="the openssl command is not installed")
-
-EXE = ROOT / ".venv" / "bin" / "agent-sidecar"
-CLI = [str(EXE)] if EXE.exists() else [sys.executable, "-m", "agent_sidecar"]
 
 
 def listener(address: str, certs, client_ca: bool = False) -> str:
@@ -73,10 +69,6 @@ def refused(target: str, **kw) -> asc.SidecarError:
         session_id(target, **kw)
     assert e.value.code == grpc.StatusCode.UNAVAILABLE, e.value
     return e.value
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=60, cwd=ROOT)
 
 
 # -- the Python client ------------------------------------------------------------------------------

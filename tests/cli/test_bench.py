@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 from helpers.certs import available as certs_available
 from helpers.certs import make_certs
+from helpers.cli import cli
 from helpers.config import echo, scripted
 from helpers.sessions import transcript
-from sidecar_proc import ROOT, TOKEN, Sidecar, free_port
+from sidecar_proc import TOKEN, Sidecar, free_port
 
 from agent_sidecar.bench import stats
 from agent_sidecar.bench.plot import SIZE_PX
@@ -41,8 +42,7 @@ def sc(tmp_path_factory):
 
 
 def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent_sidecar", "bench", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT)
+    return cli("bench", *args, timeout=timeout)
 
 
 def png_size(path: Path) -> tuple[int, int]:

@@ -6,7 +6,6 @@ docs/configuration.md holding every key the loader knows."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import tomllib
 
 import grpc
 import pytest
+from helpers.cli import cli
 from helpers.procs import children, cmdline, comm
 from helpers.streams import assert_well_formed, prompt_req
 from helpers.streams import run as run_prompt
@@ -27,15 +27,7 @@ from agent_sidecar.config import Config, load_config
 from agent_sidecar.config_schema import tree
 from agent_sidecar.v1 import session_service_pb2 as spb
 
-EXE = ROOT / ".venv" / "bin" / "agent-sidecar"
-CLI = [str(EXE)] if EXE.exists() else [sys.executable, "-m", "agent_sidecar"]
 DOC = ROOT / "docs" / "configuration.md"
-CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_SIDECAR_")}
-
-
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=60, cwd=ROOT,
-                          env={**CLEAN_ENV, **(env or {})})
 
 
 # -- the commands ----------------------------------------------------------------------------------

@@ -4,19 +4,18 @@ dir and next to a running one. The FTS index is corrupted with stdlib sqlite3.""
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import subprocess
-import sys
 from contextlib import closing
 
 import pytest
+from helpers.cli import cli
 from helpers.config import echo
 from helpers.ids import source
 from helpers.recovery import health
 from helpers.store import query
 from helpers.streams import PromptRun
-from sidecar_proc import ROOT, Sidecar
+from sidecar_proc import Sidecar
 
 from agent_sidecar.v1 import session_service_pb2 as spb
 
@@ -29,9 +28,7 @@ TEXTS = ["the quick brown fox", "jumps over the lazy dog", "zebra crossing ahead
 def doctor(data_dir, *args: str, timeout: float = 60, env: dict[str, str] | None = None
            ) -> subprocess.CompletedProcess:
     """``agent-sidecar doctor`` on a data dir; ``env``: a Sidecar's store_env() (its backend)."""
-    return subprocess.run([sys.executable, "-m", "agent_sidecar", "doctor", "--data-dir", str(data_dir),
-                           *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, **(env or {})})
+    return cli("doctor", "--data-dir", str(data_dir), *args, env=env, timeout=timeout)
 
 
 def all_messages(sc) -> list[tuple]:
