@@ -278,7 +278,9 @@ def test_queue_cap_is_resource_exhausted(stubs):
 @pytest.mark.parametrize("mode", ["follow_up", "steer"])
 def test_queue_cap_counts_only_what_deepens_the_queue(stubs, mode):
     prompts, _ = stubs
-    first = busy(prompts, 30, profile="capone")
+    # A steer must find the turn still streaming (else it falls back to a
+    # follow-up): give it a long one; it ends as soon as the steer joins.
+    first = busy(prompts, 80 if mode == "steer" else 30, profile="capone")
     a = start(prompts, text="a", key=first.key)  # the pending slot: depth 1 = the cap
     delivery = D.DELIVERY_MODE_STEER if mode == "steer" else D.DELIVERY_MODE_FOLLOW_UP
     b = PromptRun(prompts, text="b", key=first.key, delivery=delivery)
