@@ -174,13 +174,24 @@ func convertError(ctx context.Context, err error) error {
 	if !ok {
 		return err
 	}
-	if e.cause == nil && e.Reason == "" && ctx.Err() != nil &&
-		(e.Code == codes.Canceled || e.Code == codes.DeadlineExceeded) {
-		c := *e
-		c.cause = ctx.Err()
-		return &c
+	if e.cause != nil || e.Reason != "" {
+		return e
 	}
-	return e
+	var cause error
+	_, hasDeadline := ctx.Deadline()
+	switch {
+	case ctx.Err() != nil && (e.Code == codes.Canceled || e.Code == codes.DeadlineExceeded):
+		cause = ctx.Err()
+	case e.Code == codes.DeadlineExceeded && hasDeadline:
+		// The server saw the call's deadline pass (gRPC sends it along) before
+		// this side's timer fired: the call's own deadline all the same.
+		cause = context.DeadlineExceeded
+	default:
+		return e
+	}
+	c := *e
+	c.cause = cause
+	return &c
 }
 
 // streamError is the error a Prompt or Watch iterator ends with, always an
@@ -203,18 +214,18 @@ func streamError(ctx context.Context, err error) *Error {
 	default:
 		e = &Error{Code: codes.Unavailable, Message: err.Error(), cause: err}
 	}
-	deadline := errors.Is(ctx.Err(), context.DeadlineExceeded)
+	deadline := errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(e.cause, context.DeadlineExceeded)
 	switch {
 	case e.Reason == "" && (deadline || e.Code == codes.DeadlineExceeded):
 		t := *e
 		t.Code, t.Reason, t.Domain, t.status = codes.DeadlineExceeded, ReasonAgentTimeout, ErrorDomain, nil
 		if deadline {
-			t.cause = ctx.Err()
+			t.cause = context.DeadlineExceeded
 		}
 		e = &t
 	case e.Reason == ReasonAgentTimeout && deadline && e.cause == nil:
 		t := *e
-		t.cause = ctx.Err()
+		t.cause = context.DeadlineExceeded
 		e = &t
 	}
 	return e
