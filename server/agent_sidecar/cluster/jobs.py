@@ -7,14 +7,13 @@ rules of what a taken-over lane needs are the startup restore's
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from ..recovery.startup import RestorePlan, restore
 from ..store import UnitOfWork
-from ..store.records import LeaseGrant, LeaseHolder
+from ..store.records import LeaseGrant, LeaseHolder, record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Restoring:
     """How a taken lane is restored: recovery's settings."""
 
@@ -22,7 +21,7 @@ class Restoring:
     auto_resume: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class LaneTake:
     """A take's answer: the lease (or who holds it) and, when this node got
     it, what the lane's last node left to do."""

@@ -30,7 +30,7 @@ import orjson
 from ..delivery import STEER
 from ..sessions import lifecycle as life
 from ..store import UnitOfWork
-from ..store.records import Append, LedgerEntry, Message, RoutingPatch
+from ..store.records import Append, LedgerEntry, Message, RoutingPatch, record
 
 MARKER = ".clean_shutdown"
 RECENT_WINDOW_S = 120
@@ -45,7 +45,7 @@ INTERRUPTED = "restart_interrupted"
 _SLOT_ORDER = {"next": 0, "pending": 1, "fifo": 2}
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RestoredPrompt:
     """A prompt acknowledged and not yet run: it runs after the restart,
     exactly once, in its place. ``slot`` "next" means it was about to start."""
@@ -57,7 +57,7 @@ class RestoredPrompt:
     absorbed: tuple[dict[str, Any], ...] = ()  # a follow-up's absorbed texts, oldest first
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ResumeTurn:
     request_id: str
     session_key: str

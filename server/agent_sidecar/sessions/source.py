@@ -19,8 +19,10 @@ Design choices:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any
+
+from ..store.records import record
 
 __all__ = ["SessionSource", "CHAT_TYPES", "describe_source"]
 
@@ -30,7 +32,7 @@ CHAT_TYPES = ("dm", "group", "channel", "thread")
 _BOOL_FIELDS = frozenset({"is_bot", "role_authorized"})
 
 
-@dataclass(slots=True, frozen=True)
+@record
 class SessionSource:
     """Frozen descriptor of a message's origin (seed 001 §1).
 

@@ -7,12 +7,18 @@ Times are seconds since the epoch (UTC) as floats, on every backend.
 
 ``UNSET`` marks a field of a patch that is left as it is (``None`` is a value:
 ``last_resume_marked_at=None`` clears it).
+
+``@record`` makes a frozen, slotted dataclass: the shape of every value that
+crosses the writer pipe, pickled as its class and a tuple of its fields.
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field, fields
-from typing import Any, Final
+from typing import Any, Final, TypeVar, dataclass_transform
+
+T = TypeVar("T")
 
 
 class _Unset:
@@ -32,9 +38,30 @@ def _unset() -> _Unset:
 UNSET: Final = _Unset()
 
 
+@dataclass_transform(frozen_default=True)
+def record(cls: type[T]) -> type[T]:
+    """``cls`` as a frozen, slotted dataclass that pickles as its class and
+    the tuple of its field values (unpickling calls ``__init__`` with them).
+
+    dataclasses' own pickling of a frozen slotted class runs ``fields()`` and
+    a ``setattr`` per field in Python on both ends; these values cross the
+    writer pipe several times a turn. Every field must be a positional
+    ``__init__`` parameter and there is no ``__post_init__``, so the copy is
+    the value."""
+    made: Any = dataclass(frozen=True, slots=True)(cls)
+    fs = fields(made)
+    assert all(f.init and not f.kw_only for f in fs) and not hasattr(made, "__post_init__"), made
+    get = operator.attrgetter(*(f.name for f in fs))
+    if len(fs) == 1:
+        made.__reduce__ = lambda self: (made, (get(self),))
+    else:
+        made.__reduce__ = lambda self: (made, get(self))
+    return made
+
+
 # -- lanes ---------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@record
 class SessionEntry:
     """One routing row (seed 001 §2's SessionEntry) plus its incarnation's
     ``turn_count`` (seed 000's session row). ``origin`` is the SessionSource
@@ -73,7 +100,7 @@ class SessionEntry:
 ROUTING_FIELDS: Final = tuple(f.name for f in fields(SessionEntry) if f.name != "turn_count")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RoutingPatch:
     """The columns of a routing row to change; every field left ``UNSET`` stays."""
 
@@ -109,7 +136,7 @@ class RoutingPatch:
 PATCH_FIELDS: Final = tuple(f.name for f in fields(RoutingPatch))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class LaneHead:
     """What accepting a prompt needs of its lane, without decoding the rest."""
 
@@ -120,7 +147,7 @@ class LaneHead:
     origin: dict[str, Any] | None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class UsageDelta:
     """Token and cost counters to add (seed 001 §2); ``last_prompt_tokens``
     replaces the lane's when positive."""
@@ -134,7 +161,7 @@ class UsageDelta:
     cost_status: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Incarnation:
     """One session id a key has had."""
 
@@ -170,7 +197,7 @@ class Message:
     synthetic: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Append:
     """Messages to append to one incarnation; ``request_id`` names the turn
     that wrote them (None for AppendMessages/SeedSession)."""
@@ -181,7 +208,7 @@ class Append:
     touch_lane: bool = True  # move the lane's updated_at (a turn's end moves it anyway)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SearchHit:
     session_key: str
     session_id: str
@@ -193,7 +220,7 @@ class SearchHit:
 
 # -- the prompt ledger and queue -------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@record
 class LedgerEntry:
     """One request id's row: what was asked, where, and how it ended.
     ``first_frame`` is the cursor of its ``accepted`` frame and ``first_seq``
@@ -220,7 +247,7 @@ class LedgerEntry:
         return self.status in ("queued", "running")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class QueueSlot:
     """A prompt waiting for its lane: the single follow-up slot (``pending``)
     or the FIFO (``fifo``); ``position`` orders a lane's prompts."""
@@ -232,7 +259,7 @@ class QueueSlot:
     enqueued_at: float
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class OpenPrompt:
     """A ledger row still queued or running, with its queue slot if any."""
 
@@ -243,7 +270,7 @@ class OpenPrompt:
 
 # -- activity frames ---------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@record
 class FrameRecord:
     """A persisted activity frame; ``cursor`` is its global position (grows
     with commit order, never reused), ``seq`` its place in its request."""
@@ -259,7 +286,7 @@ class FrameRecord:
     body: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ClusterOp:
     """A change to the shared store that every other sidecar of a cluster must
     mirror in its own memory (its lanes, cached agents, dedup index), announced
@@ -280,7 +307,7 @@ NewFrame = tuple
 
 # -- what the store holds, for operators ------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@record
 class StoreStats:
     """``size_bytes``: what the store takes (SQLite: the database file and its
     WAL; PostgreSQL: the database); ``fts_backlog``: messages not in the
@@ -293,7 +320,7 @@ class StoreStats:
 
 # -- the cluster (several sidecars on one database) ---------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@record
 class LeaseGrant:
     """This node holds the lane at ``epoch``. ``previous_node`` held it before
     (empty: nobody); ``previous_clean``: that node let the lane go (a drain, an
@@ -306,7 +333,7 @@ class LeaseGrant:
     previous_clean: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class LeaseHolder:
     """Another node holds the lane; calls for it go to ``address``."""
 

@@ -9,7 +9,7 @@ applies the results to its turns. Only rules live here; rows are the store's.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import orjson
@@ -19,7 +19,7 @@ from ..sessions import lifecycle as life
 from ..sessions import transcripts as tx
 from ..sessions.source import SessionSource
 from ..store import UnitOfWork, batched
-from ..store.records import UNSET, Append, LedgerEntry, Message, NewFrame, QueueSlot, RoutingPatch, UsageDelta
+from ..store.records import UNSET, Append, LedgerEntry, Message, NewFrame, QueueSlot, RoutingPatch, UsageDelta, record
 from .leasing import check_fence
 
 
@@ -34,7 +34,7 @@ def request_id_reused(rid: str) -> SidecarError:
                         " within the dedup window; use a new request id", field="request_id")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PromptRecord:
     """What the ledger keeps of a prompt (``Turn.record()``)."""
 
@@ -48,7 +48,7 @@ class PromptRecord:
     created_at: float
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AcceptRequest:
     prompt: PromptRecord
     source: SessionSource | None  # None: the prompt named its lane by key
@@ -59,7 +59,7 @@ class AcceptRequest:
     fence: dict[str, int] | None = None  # a cluster: the lane's lease epoch it is accepted under
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class LaneState:
     """What a turn's system prompt needs of its lane, as the job saw it."""
 
@@ -68,7 +68,7 @@ class LaneState:
     origin: dict[str, Any] | None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Started:
     """A turn's start: where its user messages went (``base_seq`` on, in
     incarnation revision ``rev``: what the worker's cache must match)."""
@@ -81,7 +81,7 @@ class Started:
     cursor: int = 0  # of its ``started`` frame when the accept job wrote it
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ClosedFrame:
     request_id: str
     seq: int
@@ -90,7 +90,7 @@ class ClosedFrame:
     cursor: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Absorbed:
     """An absorbing follow-up's accept (burst.py): the prompt it links to, and
     that prompt's ``superseded`` frame, written by the same job."""
@@ -99,7 +99,7 @@ class Absorbed:
     closed: ClosedFrame | None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Accepted:
     session_id: str
     cursor: int  # of the ``accepted`` frame
@@ -108,7 +108,7 @@ class Accepted:
     absorbed: Absorbed | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StartRequest:
     request_id: str
     session_key: str
@@ -117,7 +117,7 @@ class StartRequest:
     synthetic: bool = False  # an auto-resume note (nobody wrote it)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TurnEnd:
     request_id: str
     session_key: str
