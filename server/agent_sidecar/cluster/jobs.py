@@ -112,8 +112,8 @@ def leave(uow: UnitOfWork, leases: list[tuple[str, int]]) -> None:
     next start would."""
     assert uow.leases is not None and uow.nodes is not None
     for key, epoch in leases:
-        entry = uow.routing.get(key)
-        if entry is not None and entry.resume_pending and not entry.suspended:
+        head = uow.routing.head(key)
+        if head is not None and head.resume_pending and not head.suspended:
             uow.leases.expire(key, uow.node_id, epoch)
         else:
             uow.leases.release(key, uow.node_id, epoch)

@@ -129,14 +129,18 @@ class ClusterLeases:
         self.trusted_until[key] = sent + self.ttl * SAFE
         self.idle_since.pop(key, None)
 
+    def _forget(self, key: str) -> bool:
+        """Drop what this node keeps of its lease on ``key``; whether it held one."""
+        self.trusted_until.pop(key, None)
+        self.idle_since.pop(key, None)
+        return self.held.pop(key, None) is not None
+
     def lost(self, keys: Iterable[str]) -> None:
         """Lanes this node may no longer run: their turns here stop, unwritten."""
         for key in keys:
-            if self.held.pop(key, None) is not None:
+            if self._forget(key):
                 self.leases_lost += 1
                 log.warning("lane lease lost", extra={"key": key})
-            self.trusted_until.pop(key, None)
-            self.idle_since.pop(key, None)
             if self._manager is not None:
                 supervision.abandon(self._manager, key)
 
@@ -158,9 +162,7 @@ class ClusterLeases:
             gone = set(keys)
         error = SidecarError(CANCELLED, "the session was deleted while this prompt was in flight")
         for key in gone:
-            self.held.pop(key, None)
-            self.trusted_until.pop(key, None)
-            self.idle_since.pop(key, None)
+            self._forget(key)
             if m is not None:
                 supervision.abandon(m, key, error)
 
@@ -256,9 +258,7 @@ class ClusterLeases:
             elif now - self.idle_since.setdefault(key, now) >= self.ttl:
                 idle.append((key, epoch))
         for key, _ in idle:
-            del self.held[key]
-            self.trusted_until.pop(key, None)
-            self.idle_since.pop(key, None)
+            self._forget(key)
         if idle:
             await self.store.write(jobs.release, idle)
 
