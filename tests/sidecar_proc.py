@@ -156,9 +156,16 @@ class Sidecar:
         return stub.GetStatus(status_service_pb2.GetStatusRequest(), timeout=10)
 
     def kill9(self) -> None:
-        """A real crash: SIGKILL, no cleanup, workers orphaned then reaped."""
+        """A real crash: SIGKILL, no cleanup. Returns once its children (the
+        writer, the workers: killed by their parent-death signal) are gone too,
+        so nothing of this sidecar writes after it returns."""
+        from helpers import procs
+        doomed = list(procs.children(self).values()) if self.proc.poll() is None else []
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
+        deadline = time.monotonic() + 10
+        while any(procs.alive(pid) for pid in doomed) and time.monotonic() < deadline:
+            time.sleep(0.01)
         self._close_channels()
 
     def stop(self, timeout: float = 90.0) -> int:
