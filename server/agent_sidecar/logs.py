@@ -62,16 +62,17 @@ class JsonFormatter(logging.Formatter):
         self.clock = _Clock()
 
     def format(self, record: logging.LogRecord) -> str:
-        out = {
-            "ts": self.clock.rfc3339(record.created),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for k, v in _fields(record).items():
+        exc = self.formatException(record.exc_info) if record.exc_info else None
+        return self.line(record.created, record.levelname, record.name, record.getMessage(),
+                         _fields(record), exc)
+
+    def line(self, t: float, level: str, logger: str, msg: str, fields: dict,
+             exc: str | None = None) -> str:
+        out = {"ts": self.clock.rfc3339(t), "level": level.lower(), "logger": logger, "msg": msg}
+        for k, v in fields.items():
             out.setdefault(k, v)
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+        if exc:
+            out["exc"] = exc
         return orjson.dumps(out, default=str).decode()
 
 
@@ -83,18 +84,58 @@ class TextFormatter(logging.Formatter):
         self.clock = _Clock()
 
     def format(self, record: logging.LogRecord) -> str:
-        line = f"{self.clock.rfc3339(record.created)} {record.levelname} {record.name}: {record.getMessage()}"
-        fields = _fields(record)
+        exc = self.formatException(record.exc_info) if record.exc_info else None
+        return self.line(record.created, record.levelname, record.name, record.getMessage(),
+                         _fields(record), exc)
+
+    def line(self, t: float, level: str, logger: str, msg: str, fields: dict,
+             exc: str | None = None) -> str:
+        line = f"{self.clock.rfc3339(t)} {level} {logger}: {msg}"
         if fields:
             line += " " + " ".join(f"{k}={v}" for k, v in fields.items())
-        if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+        if exc:
+            line += "\n" + exc
         return line
 
 
+# The handler setup() installed, while it is the root's only one.
+_HANDLER: logging.StreamHandler | None = None
+
+
+def info_fields(logger: logging.Logger, msg: str, fields: dict) -> None:
+    """``logger.info(msg, extra=fields)``, the same line, without building a
+    LogRecord when setup()'s handler is the only one it reaches (no handlers
+    or filters of the logger's own, the root's handler unchanged): for a line
+    written once per turn, where the framework's record costs more than the
+    line. Otherwise, and when INFO is off, exactly the framework's call."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    handler = _HANDLER
+    if (handler is None or logger.handlers or logger.filters or handler.filters
+            or logging.root.handlers != [handler] or handler.level > logging.INFO):
+        logger.info(msg, extra=fields)
+        return
+    bound = TURN.get()
+    if bound is not None and ("request_id" not in fields or "session_key" not in fields):
+        fields = {**fields}
+        fields.setdefault("request_id", bound[0])
+        fields.setdefault("session_key", bound[1])
+    formatter = handler.formatter
+    assert isinstance(formatter, (JsonFormatter, TextFormatter))
+    line = formatter.line(time.time(), "INFO", logger.name, msg, fields)
+    with handler.lock:  # type: ignore[union-attr]  # createLock() made it
+        try:
+            handler.stream.write(line + "\n")
+            handler.stream.flush()
+        except Exception:  # as StreamHandler.emit: a log line never fails its caller
+            pass
+
+
 def setup(fmt: str = "json", level: str = "info") -> None:
+    global _HANDLER
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    _HANDLER = handler

@@ -19,6 +19,7 @@ import logging
 import time
 from typing import Any
 
+from .. import logs
 from . import tracing
 
 log = logging.getLogger("agent_sidecar.turns")
@@ -41,4 +42,4 @@ def finished(turn: Any, frame: Any) -> None:
               "output_tokens": int(usage.get("output_tokens", 0)), "frames": frame.seq}
     if outcome == "failed":
         fields["detail"] = frame.failed.message[:DETAIL_CHARS]
-    log.info("turn finished", extra=fields)
+    logs.info_fields(log, "turn finished", fields)

@@ -13,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from ..errors import SidecarError, invalid, not_found
 from ..store import UnitOfWork
-from ..store.records import UNSET, Append, Message, RoutingPatch, SessionEntry, UsageDelta
+from ..store.records import Append, Message, RoutingColumns, RoutingPatch, SessionEntry, UsageDelta
 from .entry import new_session_id, origin_of
 from .source import SessionSource
 
@@ -24,10 +25,10 @@ from .source import SessionSource
 # belong to the incarnation's conversation (seed 001 builds a new SessionEntry).
 # The resume marker goes with its time: ``last_resume_marked_at`` is set and
 # cleared together with ``resume_pending``.
-FRESH = dict(input_tokens=0, output_tokens=0, cache_read_tokens=0, cache_write_tokens=0,
-             total_tokens=0, estimated_cost_usd=0.0, cost_status="unknown", last_prompt_tokens=0,
-             suspended=False, resume_pending=False, resume_reason="", last_resume_marked_at=None,
-             expiry_finalized=False)
+FRESH: RoutingColumns = dict(
+    input_tokens=0, output_tokens=0, cache_read_tokens=0, cache_write_tokens=0, total_tokens=0,
+    estimated_cost_usd=0.0, cost_status="unknown", last_prompt_tokens=0, suspended=False,
+    resume_pending=False, resume_reason="", last_resume_marked_at=None, expiry_finalized=False)
 # What a completed turn consumes (seed 001 §2, §7): the resume marker with its
 # reason and time, and the notices of a new incarnation (fresh reset, auto
 # reset and its reason), which are for its first turn. A failed or cancelled
@@ -45,15 +46,22 @@ def require_entry(uow: UnitOfWork, key: str) -> SessionEntry:
 
 def _replace_incarnation(uow: UnitOfWork, entry: SessionEntry, end_reason: str, now: float, *,
                          was_auto_reset: bool, auto_reset_reason: str, is_fresh_reset: bool,
-                         display_name: str | None = None, origin=UNSET) -> SessionEntry:
-    """End the lane's incarnation and point the lane at a new one."""
+                         display_name: str | None = None,
+                         origin: dict[str, Any] | None = None) -> SessionEntry:
+    """End the lane's incarnation and point the lane at a new one (its
+    ``origin`` and ``display_name`` too, when given)."""
     ended = uow.incarnations.end(entry.session_id, end_reason, now)
     sid = new_session_id(now)
     uow.incarnations.insert(sid, entry.session_key, now)
-    uow.routing.patch(entry.session_key, RoutingPatch(
-        session_id=sid, created_at=now, updated_at=now, **FRESH, was_auto_reset=was_auto_reset,
-        auto_reset_reason=auto_reset_reason, reset_had_activity=bool(ended and ended.had_activity),
-        is_fresh_reset=is_fresh_reset, display_name=display_name or UNSET, origin=origin))
+    columns: RoutingColumns = {**FRESH, "session_id": sid, "created_at": now, "updated_at": now,
+                               "was_auto_reset": was_auto_reset, "auto_reset_reason": auto_reset_reason,
+                               "reset_had_activity": bool(ended and ended.had_activity),
+                               "is_fresh_reset": is_fresh_reset}
+    if display_name:
+        columns["display_name"] = display_name
+    if origin is not None:
+        columns["origin"] = origin
+    uow.routing.patch(entry.session_key, RoutingPatch(columns))
     # Stuck-loop restarts count against a conversation; a new one starts at zero.
     uow.restarts.reset(entry.session_key)
     return require_entry(uow, entry.session_key)
@@ -84,8 +92,8 @@ def get_or_create(uow: UnitOfWork, key: str, source: SessionSource, profile: str
                                     origin=origin), True
     if entry.resume_pending:
         return entry, False  # soft recovery: same id, flag cleared by the next good turn
-    name = source.chat_name or UNSET
-    uow.routing.patch(key, RoutingPatch(updated_at=now, origin=origin, display_name=name))
+    uow.routing.patch(key, RoutingPatch(updated_at=now, origin=origin, display_name=source.chat_name)
+                      if source.chat_name else RoutingPatch(updated_at=now, origin=origin))
     return dataclasses.replace(entry, updated_at=now, origin=origin,
                                display_name=source.chat_name or entry.display_name), False
 
@@ -130,8 +138,8 @@ def switch(uow: UnitOfWork, key: str, target_session_id: str) -> SessionEntry:
     now = time.time()
     uow.incarnations.end(entry.session_id, "switched", now)
     uow.incarnations.reopen(target_session_id)
-    uow.routing.patch(key, RoutingPatch(session_id=target_session_id, created_at=now, updated_at=now,
-                                        **FRESH, is_fresh_reset=False, was_auto_reset=False,
+    uow.routing.patch(key, RoutingPatch(FRESH, session_id=target_session_id, created_at=now,
+                                        updated_at=now, is_fresh_reset=False, was_auto_reset=False,
                                         auto_reset_reason="", reset_had_activity=False))
     uow.restarts.reset(key)
     return require_entry(uow, key)

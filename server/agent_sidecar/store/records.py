@@ -5,7 +5,7 @@ JSON-able dicts — because it travels: pickled to the store's writer process
 and back, and read by backends that know nothing of the domain above them.
 Times are seconds since the epoch (UTC) as floats, on every backend.
 
-``UNSET`` marks a field of a patch that is left as it is (``None`` is a value:
+A ``RoutingPatch`` names the columns it changes (``None`` is a value:
 ``last_resume_marked_at=None`` clears it).
 
 ``@record`` makes a frozen, slotted dataclass: the shape of every value that
@@ -15,27 +15,12 @@ crosses the writer pipe, pickled as its class and a tuple of its fields.
 from __future__ import annotations
 
 import operator
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Final, TypeVar, dataclass_transform
+from types import MappingProxyType
+from typing import Any, Final, TypedDict, TypeVar, Unpack, dataclass_transform
 
 T = TypeVar("T")
-
-
-class _Unset:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "UNSET"
-
-    def __reduce__(self):
-        return (_unset, ())
-
-
-def _unset() -> _Unset:
-    return UNSET
-
-
-UNSET: Final = _Unset()
 
 
 @dataclass_transform(frozen_default=True)
@@ -100,40 +85,74 @@ class SessionEntry:
 ROUTING_FIELDS: Final = tuple(f.name for f in fields(SessionEntry) if f.name != "turn_count")
 
 
-@record
+class RoutingColumns(TypedDict, total=False):
+    """The columns of a routing row a ``RoutingPatch`` may set (SessionEntry's
+    fields, ``turn_count`` aside: that is the incarnation's)."""
+
+    session_id: str
+    created_at: float
+    updated_at: float
+    origin: dict[str, Any] | None
+    display_name: str
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    total_tokens: int
+    estimated_cost_usd: float
+    cost_status: str
+    last_prompt_tokens: int
+    was_auto_reset: bool
+    auto_reset_reason: str
+    reset_had_activity: bool
+    is_fresh_reset: bool
+    expiry_finalized: bool
+    suspended: bool
+    resume_pending: bool
+    resume_reason: str
+    last_resume_marked_at: float | None
+    running: bool
+
+
+PATCH_FIELDS: Final = frozenset(RoutingColumns.__annotations__)
+
+
 class RoutingPatch:
-    """The columns of a routing row to change; every field left ``UNSET`` stays."""
+    """The columns of a routing row to change, by name (``RoutingPatch(
+    running=True)``); a column not named stays.
+    Immutable, and cheap to make: lane updates make one or two a turn, so it
+    holds just the columns given rather than a field per column."""
 
-    session_id: Any = UNSET
-    created_at: Any = UNSET
-    updated_at: Any = UNSET
-    origin: Any = UNSET
-    display_name: Any = UNSET
-    input_tokens: Any = UNSET
-    output_tokens: Any = UNSET
-    cache_read_tokens: Any = UNSET
-    cache_write_tokens: Any = UNSET
-    total_tokens: Any = UNSET
-    estimated_cost_usd: Any = UNSET
-    cost_status: Any = UNSET
-    last_prompt_tokens: Any = UNSET
-    was_auto_reset: Any = UNSET
-    auto_reset_reason: Any = UNSET
-    reset_had_activity: Any = UNSET
-    is_fresh_reset: Any = UNSET
-    expiry_finalized: Any = UNSET
-    suspended: Any = UNSET
-    resume_pending: Any = UNSET
-    resume_reason: Any = UNSET
-    last_resume_marked_at: Any = UNSET
-    running: Any = UNSET
+    __slots__ = ("_changes",)
 
-    def changes(self) -> dict[str, Any]:
-        """The fields this patch sets, in declaration order."""
-        return {f: v for f in PATCH_FIELDS if (v := getattr(self, f)) is not UNSET}
+    def __init__(self, base: RoutingColumns | None = None, /, **columns: Unpack[RoutingColumns]) -> None:
+        """The columns of ``base`` (a set of columns several patches share),
+        then those named."""
+        changes: dict[str, Any] = {**base, **columns} if base else dict(columns)
+        unknown = changes.keys() - PATCH_FIELDS
+        if unknown:
+            raise TypeError(f"RoutingPatch: not a routing column: {', '.join(sorted(unknown))}")
+        self._changes: Mapping[str, Any] = MappingProxyType(changes)
+
+    def changes(self) -> Mapping[str, Any]:
+        """The columns this patch sets, in the order they were given."""
+        return self._changes
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RoutingPatch) and dict(self._changes) == dict(other._changes)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._changes.items()))
+
+    def __repr__(self) -> str:
+        return "RoutingPatch(" + ", ".join(f"{k}={v!r}" for k, v in self._changes.items()) + ")"
+
+    def __reduce__(self):
+        return (_routing_patch, (dict(self._changes),))
 
 
-PATCH_FIELDS: Final = tuple(f.name for f in fields(RoutingPatch))
+def _routing_patch(changes: dict[str, Any]) -> RoutingPatch:
+    return RoutingPatch(**changes)
 
 
 @record

@@ -19,7 +19,7 @@ from ..sessions import lifecycle as life
 from ..sessions import transcripts as tx
 from ..sessions.source import SessionSource
 from ..store import UnitOfWork, batched
-from ..store.records import UNSET, Append, LedgerEntry, Message, NewFrame, QueueSlot, RoutingPatch, UsageDelta, record
+from ..store.records import Append, LedgerEntry, Message, NewFrame, QueueSlot, RoutingPatch, UsageDelta, record
 from .leasing import check_fence
 
 
@@ -290,7 +290,7 @@ def finish(uow: UnitOfWork, end: TurnEnd) -> None:
         uow.incarnations.add_turn(end.session_id)
         uow.restarts.reset(end.session_key)
     uow.routing.patch(end.session_key,
-                      RoutingPatch(updated_at=now, running=False if end.lane_idle else UNSET),
+                      RoutingPatch(updated_at=now, running=False) if end.lane_idle else RoutingPatch(updated_at=now),
                       session_id=end.session_id, if_current=life.CONSUMED_BY_A_TURN if done else None)
     uow.turn_state.put(end.session_id, end.request_id, now, end.state)
 
