@@ -94,6 +94,55 @@ def test_small_rpcs_accept_small_requests():
         assert caps.request_limit(ppb.DESCRIPTOR.message_types_by_name[name]) < 64 * 1024
 
 
+def _one_field_over(desc, plan, caps):
+    """Requests of type ``desc`` with one capped value just past its cap (an
+    ASCII string or bytes of n + 1, or n + 1 empty items of a nested repeated
+    field), each with that value's path."""
+    from google.protobuf.message_factory import GetMessageClass
+    for name, cap, sub, repeated in plan:
+        field = desc.fields_by_name[name]
+        if cap is not None and not repeated:
+            msg = GetMessageClass(desc)()
+            value = "x" * (cap.n + 1)
+            setattr(msg, name, value.encode() if field.type == field.TYPE_BYTES else value)
+            yield msg, name
+        elif cap is not None:
+            msg = GetMessageClass(desc)()
+            for _ in range(cap.n + 1):
+                if sub is not None:
+                    getattr(msg, name).add()
+                else:
+                    getattr(msg, name).append(b"" if field.type == field.TYPE_BYTES else "")
+            yield msg, name
+        if sub:
+            for inner, path in _one_field_over(field.message_type, sub, caps):
+                msg = GetMessageClass(desc)()
+                (getattr(msg, name).add() if repeated else getattr(msg, name)).CopyFrom(inner)
+                yield msg, f"{name}.{path}"
+
+
+def test_a_request_below_the_small_floor_breaks_no_string_cap():
+    """Caps.check skips the string caps of a request no longer than its type's
+    floor (the boundary passes the request's size): every value just past its
+    cap makes a request longer than that, unless it is a top-level count,
+    which the short check counts."""
+    caps = Caps(Limits())
+    checked = 0
+    for service in SERVICES:
+        for m in service.methods:
+            floor, counts = caps.small(m.input_type)
+            top_counts = {name for name, _ in counts}
+            for msg, path in _one_field_over(m.input_type, caps.plan(m.input_type), caps):
+                size = msg.ByteSize()
+                if path in top_counts and size <= floor:
+                    with pytest.raises(Exception, match="more than"):
+                        caps.check(msg, size)
+                else:
+                    assert size > floor, (m.name, path, size, floor)
+                checked += 1
+    assert checked > 50
+
+
 # -- string caps and short errors (issue 14 item 9) ------------------------------
 
 @pytest.fixture(scope="module")

@@ -108,7 +108,7 @@ class _Reader:
             log.warning("undecodable request", extra={"rpc": self.method, "field": field,
                                                       "problem": problem, "bytes": len(raw)})
             raise invalid(field, problem) from None
-        self.caps.check(request)
+        self.caps.check(request, len(raw))
         return request
 
     async def read(self, context):

@@ -103,6 +103,7 @@ class Caps:
         self.limits = limits
         self._table = _field_caps(limits)
         self._plans: dict[str, tuple] = {}
+        self._small: dict[str, tuple[int, tuple]] = {}
 
     def _cap(self, msg: Descriptor, f: FieldDescriptor) -> Cap | None:
         """The field's cap; None for a field that needs none (a scalar, a
@@ -130,9 +131,42 @@ class Caps:
             self._plans[msg.full_name] = got
         return got
 
-    def check(self, request) -> None:
-        """Refuse the first field over its cap: INVALID_ARGUMENT naming it."""
-        _check(request, self.plan(request.DESCRIPTOR), "")
+    def check(self, request, size: int | None = None) -> None:
+        """Refuse the first field over its cap: INVALID_ARGUMENT naming it.
+        With the request's wire ``size``, a request too small to break any
+        string or bytes cap has only its top-level counts checked (see
+        ``small``)."""
+        desc = request.DESCRIPTOR
+        if size is not None:
+            floor, counts = self.small(desc)
+            if size <= floor:
+                for name, cap in counts:
+                    if len(getattr(request, name)) > cap.n:
+                        raise invalid(name, f"more than {cap.n} items")
+                return
+        _check(request, self.plan(desc), "")
+
+    def small(self, msg: Descriptor) -> tuple[int, tuple]:
+        """(floor, counts): a message of this type of at most ``floor`` bytes
+        is within every cap but perhaps the item counts of its top-level
+        repeated fields (``counts``: (name, cap)). A string or bytes value
+        takes at least a byte per character on the wire, and an item of a
+        nested repeated field at least two."""
+        got = self._small.get(msg.full_name)
+        if got is None:
+            counts = tuple((name, cap) for name, cap, _, repeated in self.plan(msg)
+                           if repeated and cap is not None)
+            got = self._small[msg.full_name] = (self._floor(self.plan(msg), top=True), counts)
+        return got
+
+    def _floor(self, plan: tuple, top: bool) -> int:
+        floor = 1 << 62
+        for _, cap, sub, repeated in plan:
+            if cap is not None and (not repeated or not top):
+                floor = min(floor, 2 * cap.n if repeated else cap.n)
+            if sub:
+                floor = min(floor, self._floor(sub, top=False))
+        return floor
 
     def max_wire_size(self, msg: Descriptor) -> int:
         """The most bytes a message of this type within every cap can take."""
