@@ -9,6 +9,7 @@ worker is replaced in the same slot, so its sessions stay put.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 from collections.abc import Callable, Mapping
@@ -21,8 +22,10 @@ log = logging.getLogger("agent_sidecar.workers")
 WORKER_MAIN = "agent_sidecar.turns.worker:worker_main"  # what a worker process runs
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def rendezvous(key: str, slots: int) -> int:
-    """Highest-random-weight hashing: the slot with the largest hash(key, slot)."""
+    """Highest-random-weight hashing: the slot with the largest hash(key, slot).
+    Asked for every turn: the answers for the keys seen lately are kept."""
     best, best_score = 0, b""
     kb = key.encode()
     for slot in range(slots):

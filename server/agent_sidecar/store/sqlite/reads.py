@@ -60,9 +60,11 @@ def transcript(conn: apsw.Connection, session_id: str, include_rewound: bool, af
 
 
 def load_for_model(conn: apsw.Connection, session_id: str) -> list[dict[str, Any]]:
-    return [rows.model_message(role, content, extra) for role, content, extra in conn.execute(
-        "SELECT role, content, extra FROM messages WHERE session_id = ? AND active = 1 ORDER BY seq",
-        (session_id,))]
+    # A plain row (no tool fields) is made here: no call per row of a transcript.
+    return [rows.model_message(role, content, extra) if extra else {"role": role, "content": content}
+            for role, content, extra in conn.execute(
+                "SELECT role, content, extra FROM messages WHERE session_id = ? AND active = 1"
+                " ORDER BY seq", (session_id,))]
 
 
 _SEARCH = ("SELECT i.session_key, m.session_id, m.seq, m.role,"
