@@ -141,9 +141,6 @@ class RoutingPatch:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RoutingPatch) and dict(self._changes) == dict(other._changes)
 
-    def __hash__(self) -> int:
-        return hash(tuple(self._changes.items()))
-
     def __repr__(self) -> str:
         return "RoutingPatch(" + ", ".join(f"{k}={v!r}" for k, v in self._changes.items()) + ")"
 
