@@ -51,13 +51,12 @@ log = logging.getLogger("agent_sidecar.store")
 MAX_BATCH = 2000
 MAX_MESSAGES = 256
 CLOSE = "close"  # the parent's last message, and our answer to it
-# Under concurrent load (the last commit carried at least GATHER_MIN_JOBS calls,
-# each call of a @batched run counted: many callers in one parent loop
-# iteration mean more follow; and it ended less than BUSY_GAP_S ago) the writer
-# sleeps GATHER_S before taking what waits on its pipe: fewer, larger commits.
-# Each commit has a fixed cost beyond its rows (hot pages rewritten, the log
-# write, the fsync). An idle store, or one caller writing in sequence, commits
-# at once: nothing would join its group.
+# Under concurrent load (the last commit carried at least GATHER_MIN_JOBS runs —
+# a run of one @batched job counts once: its callers were gathered already — and
+# ended less than BUSY_GAP_S ago) the writer sleeps GATHER_S before taking what
+# waits on its pipe: fewer, larger commits. Each commit has a fixed cost beyond
+# its rows (hot pages rewritten, the log write, the fsync). An idle store, or one
+# caller writing in sequence, commits at once: nothing would join its group.
 GATHER_S = 0.001
 BUSY_GAP_S = 0.002
 GATHER_MIN_JOBS = 3
@@ -129,7 +128,7 @@ def _serve(pipe, db: WriterBackend) -> None:
         last_jobs = 0
         for i in range(0, len(jobs), MAX_BATCH):
             runs = _runs(jobs[i:i + MAX_BATCH])
-            last_jobs += sum(len(jids) for jids, _, _ in runs)
+            last_jobs += len(runs)
             t0 = time.perf_counter()
             results = commit(db, uow, runs)
             pipe.send_bytes(_encode_results(results, time.perf_counter() - t0))
