@@ -22,7 +22,7 @@ ALLOWED = {
     "recovery": {"sessions", "store", "errors", "delivery"},
     "tools": {"errors"},
     "models": {"errors"},
-    "obs": {"delivery", "__version__"},  # below what it observes: it reads turns and calls by attribute
+    "obs": {"delivery", "__version__", "logs"},  # below what it observes: it reads turns and calls by attribute
     "turns": {"store", "sessions", "recovery", "tools", "models", "errors", "config", "delivery",
               "children", "child", "v1", "meters", "obs", "logs"},
     "cluster": {"turns", "store", "recovery", "errors", "config", "v1", "tls"},

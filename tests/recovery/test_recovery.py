@@ -208,9 +208,10 @@ def test_prompt_acknowledged_survives_kill9(tmp_path):
     never holds an acknowledged-but-unstarted turn for it. After the restart the
     turn has exactly one terminal frame: `completed` when the echo's end had
     committed before the kill landed, else failed `restart_interrupted` (then
-    resumed); its user message is in the transcript exactly once. (Which one is
-    read after the restart: a commit racing the kill may be read by a snapshot
-    taken in between and still count once SQLite recovers its WAL.)"""
+    resumed); its user message is in the transcript exactly once. Which of the
+    two is read after the restart: the store writer dies of its parent-death
+    signal a moment after the parent, so a read right after the kill may miss
+    a commit that then lands."""
     sc = Sidecar(tmp_path / "data", config=echo("main"), workers=1).start()
     try:
         src = source()
