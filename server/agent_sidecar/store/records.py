@@ -86,8 +86,8 @@ ROUTING_FIELDS: Final = tuple(f.name for f in fields(SessionEntry) if f.name != 
 
 
 class RoutingColumns(TypedDict, total=False):
-    """The columns of a routing row a ``RoutingPatch`` may set (SessionEntry's
-    fields, ``turn_count`` aside: that is the incarnation's)."""
+    """The columns of a routing row a ``RoutingPatch`` may set: SessionEntry's
+    fields but the lane's identity and ``turn_count`` (the incarnation's)."""
 
     session_id: str
     created_at: float
@@ -115,6 +115,8 @@ class RoutingColumns(TypedDict, total=False):
 
 
 PATCH_FIELDS: Final = frozenset(RoutingColumns.__annotations__)
+# The lane's identity (its key, profile, platform, chat type) is never patched.
+assert PATCH_FIELDS == frozenset(ROUTING_FIELDS) - {"session_key", "profile", "platform", "chat_type"}
 
 
 class RoutingPatch:
