@@ -160,12 +160,12 @@ class Sidecar:
         writer, the workers: killed by their parent-death signal) are gone too,
         so nothing of this sidecar writes after it returns."""
         from helpers import procs
+        from helpers.waiting import wait_until
         doomed = list(procs.children(self).values()) if self.proc.poll() is None else []
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
-        deadline = time.monotonic() + 10
-        while any(procs.alive(pid) for pid in doomed) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: not any(procs.alive(pid) for pid in doomed), 10, interval=0.01,
+                   what="the killed sidecar's children to die")
         self._close_channels()
 
     def stop(self, timeout: float = 90.0) -> int:

@@ -48,11 +48,18 @@ class _Clock:
 
 def _fields(record: logging.LogRecord) -> dict:
     """The record's own fields (``extra``), then the bound turn's ids."""
-    out = {k: v for k, v in vars(record).items() if k not in _STD and not k.startswith("_")}
+    return _with_turn({k: v for k, v in vars(record).items() if k not in _STD and not k.startswith("_")})
+
+
+def _with_turn(fields: dict) -> dict:
+    """``fields`` with the bound turn's ids added where it has none (a copy
+    only when something is added)."""
     bound = TURN.get()
-    if bound is not None:
-        out.setdefault("request_id", bound[0])
-        out.setdefault("session_key", bound[1])
+    if bound is None or ("request_id" in fields and "session_key" in fields):
+        return fields
+    out = {**fields}
+    out.setdefault("request_id", bound[0])
+    out.setdefault("session_key", bound[1])
     return out
 
 
@@ -115,14 +122,9 @@ def info_fields(logger: logging.Logger, msg: str, fields: dict) -> None:
             or logging.root.handlers != [handler] or handler.level > logging.INFO):
         logger.info(msg, extra=fields)
         return
-    bound = TURN.get()
-    if bound is not None and ("request_id" not in fields or "session_key" not in fields):
-        fields = {**fields}
-        fields.setdefault("request_id", bound[0])
-        fields.setdefault("session_key", bound[1])
     formatter = handler.formatter
     assert isinstance(formatter, (JsonFormatter, TextFormatter))
-    line = formatter.line(time.time(), "INFO", logger.name, msg, fields)
+    line = formatter.line(time.time(), "INFO", logger.name, msg, _with_turn(fields))
     with handler.lock:  # type: ignore[union-attr]  # createLock() made it
         try:
             handler.stream.write(line + "\n")
