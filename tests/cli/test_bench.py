@@ -23,7 +23,7 @@ from helpers.config import echo, scripted
 from helpers.sessions import transcript
 from sidecar_proc import TOKEN, Sidecar, free_port
 
-from agent_sidecar.bench import stats
+from agent_sidecar.bench import report, stats, text
 from agent_sidecar.bench.plot import SIZE_PX
 from agent_sidecar.v1 import session_service_pb2 as spb
 
@@ -122,6 +122,26 @@ def test_sweep_with_bare_writes_json_and_png_that_match_the_store(sc, tmp_path):
     assert all(float(row[1]) > 0 for row in ratio_rows), r.stdout  # turns/s, sidecar over bare
     assert all(x["turns_per_s"] > 0 for x in doc["ratios"])
     assert png_size(png) == SIZE_PX
+    check_client_bound_warning(doc)
+
+
+def check_client_bound_warning(doc: dict) -> None:
+    """The document says whether the bench's own CPU paced each point; a
+    point where it did is named in a warning, and so is a knee it sets."""
+    for p in doc["points"]:
+        share = p["procs"]["bench_cpu_s"] / p["procs"]["wall_s"]
+        assert p["client_bound"] is (share >= stats.CLIENT_BOUND_SHARE)
+    for p in doc["points"]:  # every point within the SLO, and the client idle, but ...
+        p["turn_ms"]["p99"] = 1e3 * doc["slo"]["limit_s"] / 2
+        p["procs"]["bench_cpu_s"] = 0.0
+    bound = doc["points"][-1]  # ... bare at 2: as if this client had used a whole core there
+    bound["procs"]["bench_cpu_s"] = bound["procs"]["wall_s"]
+    bound["turn_ms"]["p99"] = 1e3 * 10 * doc["slo"]["limit_s"]  # and missed the SLO there
+    out = text.render(report.analyse(doc))
+    warning = [line for line in out.splitlines() if line.startswith("warning: this bench client")]
+    assert len(warning) == 1 and "bare c=2" in warning[0], out
+    assert doc["knee"]["bare"]["first_failing"] == 2 and doc["knee"]["bare"]["client_bound"] is True
+    assert "(client-bound" in out.split("knee (", 1)[1].splitlines()[0]
 
 
 def test_tool_load_over_tcp_counts_every_tool_call(sc, tmp_path):

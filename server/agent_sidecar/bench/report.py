@@ -97,8 +97,10 @@ def _totals(doc: dict) -> dict:
 
 
 def analyse(doc: dict) -> dict:
-    """Add ``slo``, each point's ``p99_over_ideal`` / ``within_slo``, ``knee``
-    (sweeps), ``ratios`` (with the bare server) and ``totals``."""
+    """Add ``slo``, each point's ``p99_over_ideal`` / ``within_slo`` /
+    ``client_bound`` (stats.client_bound), ``knee`` (sweeps; its
+    ``client_bound`` says the first failing point was), ``ratios`` (with the
+    bare server) and ``totals``."""
     ideal, source = _ideal(doc)
     bound = doc["options"]["slo"]
     limit = ideal * (1 + bound) if ideal else None
@@ -107,6 +109,7 @@ def analyse(doc: dict) -> dict:
         p99 = p["turn_ms"]["p99"]
         p["p99_over_ideal"] = (p99 / 1e3 / ideal) if p99 is not None and ideal else None
         p["within_slo"] = bool(limit and p99 is not None and p["error_count"] == 0 and p99 / 1e3 <= limit)
+        p["client_bound"] = stats.client_bound(p.get("procs"))
     doc["knee"] = None
     if doc["options"]["sweep"] and limit:
         knees: dict[str, Any] = {}
@@ -114,7 +117,10 @@ def analyse(doc: dict) -> dict:
             mine = [(p["concurrency"], None if p["turn_ms"]["p99"] is None else p["turn_ms"]["p99"] / 1e3,
                      p["error_count"]) for p in doc["points"] if p["server"] == server]
             if mine:
-                knees[server] = stats.knee(mine, limit)
+                knees[server] = k = stats.knee(mine, limit)
+                # A knee set by a point the client could not drive is the client's.
+                k["client_bound"] = any(p["client_bound"] for p in doc["points"]
+                                        if p["server"] == server and p["concurrency"] == k["first_failing"])
         if "bare" in knees:
             s, b = knees["sidecar"], knees["bare"]
             # A knee beyond the sweep is only a lower bound: no ratio from it.

@@ -5,6 +5,7 @@ memory per process (local targets), the sidecar/bare ratios, and the headline
 from __future__ import annotations
 
 from .report import fmt, table
+from .stats import CLIENT_BOUND_SHARE
 
 _SHORT = {"loop thread": "loop", "other threads": "threads", "sidecar-writer": "writer",
           "resource-tracker": "tracker"}
@@ -115,7 +116,20 @@ def _knee_text(k: dict | None, lowest: int) -> str:
         text += f" (~{k['interpolated']:.0f} interpolated)"
     if k["non_monotone"]:
         text += " (a higher point passed again: noisy run)"
+    if k.get("client_bound"):
+        text += " (client-bound: see the warning)"
     return text
+
+
+def client_bound_line(doc: dict) -> str | None:
+    """A warning naming the points the bench's own client paced."""
+    bound = [f"{p['server']} c={p['concurrency']}" for p in doc["points"] if p.get("client_bound")]
+    if not bound:
+        return None
+    return (f"warning: this bench client used >= {100 * CLIENT_BOUND_SHARE:.0f}% of a core at "
+            + ", ".join(bound) + ": there its own CPU paced the load, so those points (and a knee they "
+            "set) measure the client as much as the server; run the bench from another host or "
+            "lower the point's deltas/s")
 
 
 def headline(doc: dict) -> str:
@@ -150,7 +164,7 @@ def render(doc: dict) -> str:
     errs = error_lines(doc)
     if errs:
         blocks[-1] += "\n" + "\n".join(errs)
-    for extra in (cpu_table(doc), idle_line(doc), ratio_table(doc)):
+    for extra in (cpu_table(doc), client_bound_line(doc), idle_line(doc), ratio_table(doc)):
         if extra:
             blocks.append(extra)
     t = doc["totals"]
