@@ -128,8 +128,7 @@ def client_bound_line(doc: dict) -> str | None:
         return None
     return (f"warning: this bench client used >= {100 * CLIENT_BOUND_SHARE:.0f}% of a core at "
             + ", ".join(bound) + ": there its own CPU paced the load, so those points (and a knee they "
-            "set) measure the client as much as the server; run the bench from another host or "
-            "lower the point's deltas/s")
+            "set) measure the client as much as the server, which may sustain more than this client drove")
 
 
 def headline(doc: dict) -> str:
