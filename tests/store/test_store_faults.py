@@ -82,9 +82,16 @@ class SmallDisk:
 SQLITE_DISK = pytest.mark.sqlite_only("a full filesystem under the SQLite file (PostgreSQL's disk is the server's)")
 
 
+# Large enough that once free() runs, every write the tests asked for fits: the
+# 42 large prompts of the acknowledged-while-filling test take ~34 MB when all
+# complete (prompts queued behind a busy lane run only after the disk is freed),
+# so a smaller disk could fill again for real and refuse the retries that follow.
+DISK_MB = 64
+
+
 @pytest.fixture
 def disk(tmp_path):
-    d = SmallDisk(tmp_path / "disk", 16)
+    d = SmallDisk(tmp_path / "disk", DISK_MB)
     yield d
     d.unmount()
 
@@ -250,7 +257,7 @@ def test_prompts_acknowledged_while_the_disk_fills_each_end_once(disk, tmp_path)
         assert ended["refused"] + ended["failed"] > 0, ended  # the disk did fill
         for s in chats:  # every lane free again (a STORE_UNAVAILABLE says when to retry: a client does)
             r = _prompt_retrying(prompts, s)
-            assert r.kinds()[-1:] == ["completed"], (r.kinds(), r.code, r.reason, r.details)
+            assert r.kinds()[-1:] == ["completed"], (r.kinds(), r.code, r.reason, r.details, ended)
     finally:
         disk.free()
         sc.stop()
