@@ -24,6 +24,12 @@ the one message as raw bytes itself. On the wire nothing changes: a unary call
 is a stream with one message. A server interceptor, gRPC's usual place for
 authentication, sees the method and metadata but not the peer, so it cannot
 tell the trusted Unix socket from TCP.
+
+When every listener is a Unix socket (``trusted_only``) there is no caller to
+refuse before its request is read, so a unary request is read by gRPC as
+usual, through the same checks (``_Reader.parse_or_refusal`` as its
+deserializer): one read operation per call fewer. The refusals and their
+statuses are the same either way.
 """
 
 from __future__ import annotations
@@ -50,8 +56,9 @@ class Boundary:
     (generic and registered handlers, the same dict); both ways get the
     wrapped handlers, built from the registered call."""
 
-    def __init__(self, server: grpc.aio.Server, auth, caps: Caps):
+    def __init__(self, server: grpc.aio.Server, auth, caps: Caps, trusted_only: bool = False):
         self.server, self.auth, self.caps = server, auth, caps
+        self.trusted_only = trusted_only  # every listener is a Unix socket (see the module docstring)
         self.trimmer = Trimmer()
 
     def add_generic_rpc_handlers(self, handlers) -> None:
@@ -71,9 +78,17 @@ class Boundary:
         auth = self.auth
         if not h.request_streaming:
             behavior = h.unary_stream if h.response_streaming else h.unary_unary
+            if h.response_streaming and not inspect.isasyncgenfunction(behavior):
+                raise TypeError(f"{name}: a response stream must be an async generator")
+            if self.trusted_only:
+                if h.response_streaming:
+                    return grpc.unary_stream_rpc_method_handler(
+                        _read_unary_stream(auth, behavior), request_deserializer=reader.parse_or_refusal,
+                        response_serializer=h.response_serializer)
+                return grpc.unary_unary_rpc_method_handler(
+                    _read_unary_unary(auth, behavior), request_deserializer=reader.parse_or_refusal,
+                    response_serializer=h.response_serializer)
             if h.response_streaming:
-                if not inspect.isasyncgenfunction(behavior):
-                    raise TypeError(f"{name}: a response stream must be an async generator")
                 return grpc.stream_stream_rpc_method_handler(
                     _unary_stream(auth, reader, behavior), response_serializer=h.response_serializer)
             return grpc.stream_unary_rpc_method_handler(
@@ -111,6 +126,14 @@ class _Reader:
         self.caps.check(request, len(raw))
         return request
 
+    def parse_or_refusal(self, raw: bytes):
+        """``parse`` as gRPC's deserializer: a refusal is returned, not raised
+        (raised, gRPC would end the call with its own status)."""
+        try:
+            return self.parse(raw)
+        except SidecarError as e:
+            return e
+
     async def read(self, context):
         """The call's one request message, read only now."""
         raw = await context.read()
@@ -147,6 +170,37 @@ def _unary_stream(auth, reader: _Reader, behavior):
     async def unary_stream(requests, context):
         request, principal = await _admit(auth, reader, context)
         if request is None:
+            return
+        async for item in behavior(request, context, principal):
+            yield item
+    return unary_stream
+
+
+async def _admit_read(auth, request, context):
+    """The principal of a call whose request gRPC read (``trusted_only``), or
+    None with the call's error status set (the request was refused)."""
+    try:
+        if isinstance(request, SidecarError):
+            raise request
+        return auth.authenticate(context)
+    except SidecarError as e:
+        await abort(context, e)
+        return None
+
+
+def _read_unary_unary(auth, behavior):
+    async def unary_unary(request, context):
+        principal = await _admit_read(auth, request, context)
+        if principal is None:
+            return None
+        return await behavior(request, context, principal)
+    return unary_unary
+
+
+def _read_unary_stream(auth, behavior):
+    async def unary_stream(request, context):
+        principal = await _admit_read(auth, request, context)
+        if principal is None:
             return
         async for item in behavior(request, context, principal):
             yield item

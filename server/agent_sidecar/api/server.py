@@ -102,7 +102,8 @@ def build_server(cfg: Config, services: list,
     health and reflection (as gRPC serves them); listeners bound."""
     caps = Caps(cfg.limits)
     server = grpc.aio.server(options=server_options(caps), interceptors=interceptors())
-    edge = Boundary(server, auth, caps)
+    trusted_only = all(listener.address.startswith("unix:") for listener in cfg.all_listeners())
+    edge = Boundary(server, auth, caps, trusted_only)
     for service in services:
         _ADD[type(service).__name__](service, edge)
     health_servicer = SidecarHealth()
