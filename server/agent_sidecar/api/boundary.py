@@ -34,6 +34,7 @@ statuses are the same either way.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 
@@ -80,19 +81,17 @@ class Boundary:
             behavior = h.unary_stream if h.response_streaming else h.unary_unary
             if h.response_streaming and not inspect.isasyncgenfunction(behavior):
                 raise TypeError(f"{name}: a response stream must be an async generator")
-            if self.trusted_only:
-                if h.response_streaming:
-                    return grpc.unary_stream_rpc_method_handler(
-                        _read_unary_stream(auth, behavior), request_deserializer=reader.parse_or_refusal,
+            wrapper = _unary_stream if h.response_streaming else _unary_unary
+            if self.trusted_only:  # gRPC reads the request, through our checks
+                make = grpc.unary_stream_rpc_method_handler if h.response_streaming \
+                    else grpc.unary_unary_rpc_method_handler
+                return make(wrapper(functools.partial(_admit_read, auth), behavior),
+                            request_deserializer=reader.parse_or_refusal,
+                            response_serializer=h.response_serializer)
+            make = grpc.stream_stream_rpc_method_handler if h.response_streaming \
+                else grpc.stream_unary_rpc_method_handler
+            return make(wrapper(functools.partial(_admit, auth, reader), behavior),
                         response_serializer=h.response_serializer)
-                return grpc.unary_unary_rpc_method_handler(
-                    _read_unary_unary(auth, behavior), request_deserializer=reader.parse_or_refusal,
-                    response_serializer=h.response_serializer)
-            if h.response_streaming:
-                return grpc.stream_stream_rpc_method_handler(
-                    _unary_stream(auth, reader, behavior), response_serializer=h.response_serializer)
-            return grpc.stream_unary_rpc_method_handler(
-                _unary_unary(auth, reader, behavior), response_serializer=h.response_serializer)
         if not h.response_streaming or not inspect.iscoroutinefunction(h.stream_stream):
             raise TypeError(f"{name}: a request stream must be a reader/writer coroutine")
         return grpc.stream_stream_rpc_method_handler(
@@ -142,8 +141,9 @@ class _Reader:
         return self.parse(raw)
 
 
-async def _admit(auth, reader: _Reader, context):
-    """(request, principal), or (None, None) with the call's error status set."""
+async def _admit(auth, reader: _Reader, requests, context):
+    """(request, principal), or (None, None) with the call's error status set;
+    the request is read only once its caller is authenticated."""
     try:
         principal = auth.authenticate(context)
     except SidecarError as e:
@@ -157,50 +157,34 @@ async def _admit(auth, reader: _Reader, context):
         return None, None
 
 
-def _unary_unary(auth, reader: _Reader, behavior):
-    async def unary_unary(requests, context):
-        request, principal = await _admit(auth, reader, context)
-        if request is None:
-            return None
-        return await behavior(request, context, principal)
-    return unary_unary
-
-
-def _unary_stream(auth, reader: _Reader, behavior):
-    async def unary_stream(requests, context):
-        request, principal = await _admit(auth, reader, context)
-        if request is None:
-            return
-        async for item in behavior(request, context, principal):
-            yield item
-    return unary_stream
-
-
 async def _admit_read(auth, request, context):
-    """The principal of a call whose request gRPC read (``trusted_only``), or
-    None with the call's error status set (the request was refused)."""
+    """``_admit`` for a request gRPC read already (``trusted_only``): it is
+    the request, or the refusal ``_Reader.parse_or_refusal`` returned."""
     try:
         if isinstance(request, SidecarError):
             raise request
-        return auth.authenticate(context)
+        return request, auth.authenticate(context)
     except SidecarError as e:
         await abort(context, e)
-        return None
+        return None, None
 
 
-def _read_unary_unary(auth, behavior):
-    async def unary_unary(request, context):
-        principal = await _admit_read(auth, request, context)
-        if principal is None:
+def _unary_unary(admit, behavior):
+    """``admit(first, context)``: ``_admit`` or ``_admit_read``, bound; ``first``
+    is what gRPC passes the handler (the request stream, or the request)."""
+    async def unary_unary(first, context):
+        request, principal = await admit(first, context)
+        if request is None:
             return None
         return await behavior(request, context, principal)
     return unary_unary
 
 
-def _read_unary_stream(auth, behavior):
-    async def unary_stream(request, context):
-        principal = await _admit_read(auth, request, context)
-        if principal is None:
+def _unary_stream(admit, behavior):
+    """As ``_unary_unary``, for a response stream."""
+    async def unary_stream(first, context):
+        request, principal = await admit(first, context)
+        if request is None:
             return
         async for item in behavior(request, context, principal):
             yield item
