@@ -114,7 +114,8 @@ def test_a_prompt_stream_whose_client_stops_reading_resumes_by_request_id(sc, st
         out = watch(prompts, request_id=req.request_id)
         return out if out.reason != "REQUEST_NOT_FOUND" else None
     whole = wait_until(known, timeout=15)
-    assert whole.kinds()[-1] == "completed" and whole.code == grpc.StatusCode.OK, whole.kinds()[-2:]
+    assert whole.kinds()[-1:] == ["completed"] and whole.code == grpc.StatusCode.OK, \
+        (whole.kinds()[-2:], whole.code, whole.reason, whole.details)
     assert len(whole.frames) > 4 * BUFFER_FRAMES
 
     got = collect(call)
