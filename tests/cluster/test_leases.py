@@ -173,7 +173,9 @@ def test_a_stalled_holder_is_fenced_after_its_lane_is_taken_over(nodes):
     finally:
         a.resume(children=False)
     assert closed[-1].failed.reason == "restart_interrupted", closed[-1]
-    assert b.status().cluster.lanes_taken_over == 1
+    # The take's commit makes the closing readable; b counts the take when
+    # the commit's answer reaches its loop, a moment later.
+    wait_until(lambda: b.status().cluster.lanes_taken_over == 1, timeout=5, what="b counting the takeover")
     # a wakes up with its worker's frames waiting: whichever comes first, its
     # renewal finding the lease gone or the store fencing its flush, it stops
     # running the lane, writing nothing more.
