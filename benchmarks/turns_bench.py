@@ -17,9 +17,10 @@ Processes (all separate, so no one borrows another's event loop):
   ``Prompt`` builds and
   streams the same five ActivityFrame messages (accepted, started, text_delta,
   usage, completed) with no persistence, no workers, no lanes. Its gRPC helper
-  threads get the sidecar's scheduler setting (``calm_grpc_threads``), so the
+  threads get the sidecar's scheduler setting (``calm_grpc_threads``) and its
+  handlers are generic ones only, as the sidecar's (``GenericOnly``), so the
   ratio prices persistence and workers only.
-* **bare-plain** — the same bare server without that setting, as anyone would
+* **bare-plain** — the same bare server without those settings, as anyone would
   first write it: printed for reference, not used for the goal.
 * **sidecar-traced** (``--tracing``) — the same sidecar with OpenTelemetry
   tracing on (``OTEL_TRACES_EXPORTER=otlp``, the ``otel`` extra): every turn's

@@ -54,8 +54,9 @@ class Boundary:
     """Takes the place of the grpc.aio server in the generated
     ``add_*Servicer_to_server(servicer, server)``: every method handler they
     register reaches the real server wrapped. They register each service twice
-    (generic and registered handlers, the same dict); both ways get the
-    wrapped handlers, built from the registered call."""
+    (generic and registered handlers, the same dict); the wrapped handlers,
+    built from the registered call, reach the server as generic handlers only
+    (why: ``GenericOnly`` in api/server.py)."""
 
     def __init__(self, server: grpc.aio.Server, auth, caps: Caps, trusted_only: bool = False):
         self.server, self.auth, self.caps = server, auth, caps
@@ -68,7 +69,6 @@ class Boundary:
     def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
         wrapped = {name: self.wrap(service, name, h) for name, h in handlers.items()}
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
-        self.server.add_registered_method_handlers(service, wrapped)
 
     def wrap(self, service: str, name: str, h: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         # The generated Request.FromString, bound to its class (the stubs type it as an optional plain callable).

@@ -4,16 +4,16 @@ and keep gRPC's helper threads from preempting the event loop.
 Why ``calm_grpc_threads``: every RPC of a grpc.aio server passes through the
 one event-loop thread; gRPC's own threads (the completion-queue poller, the
 event engine's pool, its timer) wake once per completed operation. At equal
-priority each wake-up preempts the loop thread wherever it runs: on the
-2-core benchmark machine the loop was switched out ~12,000 times a second,
-about seven times per turn, and spent a fifth of its time in the kernel's
-context-switch paths. ``SCHED_BATCH`` (Linux) keeps those threads' fair share
-of the CPU but tells the scheduler their wake-ups need not preempt anyone:
-they run on an idle core or at the loop's next tick. Measured: ~10% more turns
-per second and ~10% less CPU per turn; a bare grpc.aio server gains 30-50%
-(benchmarks/README.md). Threads gRPC starts later are started by its own
-threads and inherit the policy; the loop thread, the children and threads
-started from the loop later (store reads) keep the default one.
+priority each wake-up preempts the loop thread wherever it runs, several
+times per turn, and the loop pays the kernel's context-switch paths each
+time. ``SCHED_BATCH`` (Linux) keeps those threads' fair share of the CPU but
+tells the scheduler their wake-ups need not preempt anyone: they run on an
+idle core or at the loop's next tick (what it gains: benchmarks/README.md).
+Threads gRPC starts later are started by its own threads and inherit the
+policy; the loop thread, the children and threads started from the loop
+later (store reads) keep the default one.
+
+Why ``GenericOnly``: see its docstring; every call is served the same way.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import threading
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from ..config import Config, Listener
 from ..obs.rpc import interceptors
@@ -95,6 +95,28 @@ def server_options(caps: Caps) -> list[tuple[str, int]]:
     return SERVER_OPTIONS + [("grpc.max_receive_message_length", largest)]
 
 
+class GenericOnly:
+    """Stands in for the grpc.aio server in a generated
+    ``add_*Servicer_to_server(servicer, server)``: its handlers reach the
+    server as generic handlers only, never as registered methods. Why: the
+    grpc.aio server's serving loop keeps one pending request per registered
+    method and, for every call it accepts, waits on all of them at once
+    (``asyncio.wait`` over the set, a done-callback added to and removed from
+    each), so every call costs in proportion to the number of registered
+    methods, the ~30 of our services, health and reflection. A generic handler
+    is one pending request, and finding a call's handler is a dict lookup per
+    service. The calls and their statuses are the same either way."""
+
+    def __init__(self, server: grpc.aio.Server):
+        self.server = server
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        self.server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        pass  # the same handlers came as the generic ones just before
+
+
 def build_server(cfg: Config, services: list,
                  auth) -> tuple[grpc.aio.Server, health.HealthServicer, list[str]]:
     """The server with ``services`` (SessionService, PromptService, ToolService,
@@ -107,10 +129,11 @@ def build_server(cfg: Config, services: list,
     for service in services:
         _ADD[type(service).__name__](service, edge)
     health_servicer = SidecarHealth()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, GenericOnly(server))
+    # enable_server_reflection(names, server), without the registered methods:
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(
         SERVICE_NAMES + (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                         reflection.SERVICE_NAME), server)
+                         reflection.SERVICE_NAME)), GenericOnly(server))
     return server, health_servicer, bind_listeners(server, cfg)
 
 

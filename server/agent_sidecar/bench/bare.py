@@ -17,9 +17,11 @@ not push the next delta back; ``first_delay_ms`` once before the first) — then
 The reply is the prompt's own words (echo) unless ``--reply-words N`` asks
 for N fixed words, to mimic a model whose answer is not an echo.
 ``GetOrCreateSession`` answers with a key built from the source, so the
-bench drives both servers the same way. Its gRPC helper threads get the
-sidecar's scheduler setting (``calm_grpc_threads``) unless ``--plain``, so a
-comparison prices the sidecar's work, not a setting only one side has.
+bench drives both servers the same way. Unless ``--plain`` it gets the
+sidecar's gRPC settings: its helper threads the scheduler policy
+(``calm_grpc_threads``), its handlers registered as generic ones only
+(``GenericOnly``), so a comparison prices the sidecar's work, not a setting
+only one side has.
 """
 
 from __future__ import annotations
@@ -89,11 +91,11 @@ async def serve(listen: str, token_latency_ms: float = 0.0, first_delay_ms: floa
     (the bound port replaces ``:0``)."""
     import grpc
 
-    from ..api.server import SERVER_OPTIONS, calm_grpc_threads
+    from ..api.server import SERVER_OPTIONS, GenericOnly, calm_grpc_threads
 
     server = grpc.aio.server(options=SERVER_OPTIONS)
     for add, servicer in _servicers(token_latency_ms / 1000, first_delay_ms / 1000, reply_words):
-        add(servicer, server)
+        add(servicer, GenericOnly(server) if calm else server)
     if tls:
         port = server.add_secure_port(listen, grpc.ssl_server_credentials([(tls[1], tls[0])]))
     else:
