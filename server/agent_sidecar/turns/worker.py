@@ -34,8 +34,14 @@ from .cache import AgentCache
 from .model_trace import TracedBackend
 
 # Under load a worker writes to the parent at most this often (children.Channel):
-# every turn's frames of that spell in one write, read by the parent's loop at once.
-WRITE_PACE_S = 0.002
+# every turn's frames of that spell in one write, read by the parent's loop at
+# once, and persisted in one frame flush. The parent flushes what one wake-up
+# brought, so this pace bounds the store's commits for streamed frames too; a
+# commit's fsync costs the writer more CPU than the rows in it. What it costs:
+# under load a frame reaches the parent up to this much later; a message after
+# a quiet spell (a turn at a time, a model slower than this per token) leaves
+# at once.
+WRITE_PACE_S = 0.005
 
 
 class _TurnIO:
