@@ -13,9 +13,9 @@ Threads gRPC starts later are started by its own threads and inherit the
 policy; the loop thread, the children and threads started from the loop
 later (store reads) keep the default one.
 
-Every service reaches the server through ``GenericOnly``: as generic handlers,
-which the server finds per call at a constant cost (its docstring says why
-registered methods do not).
+Every service reaches the server as generic handlers only (ours through the
+Boundary, health and reflection through ``GenericOnly``, whose docstring says
+why: a call's cost does not then grow with the number of methods).
 """
 
 from __future__ import annotations
@@ -105,9 +105,10 @@ class GenericOnly:
     method and, for every call it accepts, waits on all of them at once
     (``asyncio.wait`` over the set, a done-callback added to and removed from
     each), so every call costs in proportion to the number of registered
-    methods: every method of our services, health's and reflection's. A generic handler
-    is one pending request, and finding a call's handler is a dict lookup per
-    service. The calls and their statuses are the same either way."""
+    methods: every method of our services, health's and reflection's. A
+    generic handler is one pending request, and finding a call's handler is a
+    dict lookup per service. The calls and their statuses are the same either
+    way."""
 
     def __init__(self, server: grpc.aio.Server):
         self.server = server
