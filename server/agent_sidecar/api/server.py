@@ -131,12 +131,13 @@ def build_server(cfg: Config, services: list,
     edge = Boundary(server, auth, caps, trusted_only)
     for service in services:
         _ADD[type(service).__name__](service, edge)
+    generic = GenericOnly(server)
     health_servicer = SidecarHealth()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, GenericOnly(server))
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, generic)
     # enable_server_reflection(names, server), without the registered methods:
     reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(
         SERVICE_NAMES + (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                         reflection.SERVICE_NAME)), GenericOnly(server))
+                         reflection.SERVICE_NAME)), generic)
     return server, health_servicer, bind_listeners(server, cfg)
 
 
