@@ -110,6 +110,7 @@ def test_health_over_tls_and_mtls_with_the_target_options(sc, certs):
     assert wrong_ca.returncode == 1 and "UNAVAILABLE" in wrong_ca.stdout, wrong_ca
     half = cli("health", "--target", sc.mtls_target, "--cert", str(certs.client_cert))
     assert half.returncode == 2 and half.stderr.strip() == "agent-sidecar health: --cert and --key go together"
+    create(sc.sessions(), source("telegram", "tls"))  # this test's own session, whichever ran before it
     listed = cli("sessions", "--target", sc.tls_target, "--token", TOKEN, "--ca", str(certs.ca), "list")
     assert listed.returncode == 0 and "agent:main:telegram:dm:tls" in listed.stdout, listed
     status = cli("status", "--target", sc.mtls_target, "--token", TOKEN, "--ca", str(certs.ca), "--json",
