@@ -20,8 +20,8 @@ ALLOWED = {
     "store": {"errors", "children", "child", "logs", "meters"},
     "sessions": {"store", "errors"},
     "recovery": {"sessions", "store", "errors", "delivery"},
-    "tools": {"errors"},
-    "models": {"errors"},
+    "tools": {"errors", "entry_points"},
+    "models": {"errors", "entry_points"},
     "obs": {"delivery", "__version__", "logs"},  # below what it observes: it reads turns and calls by attribute
     "turns": {"store", "sessions", "recovery", "tools", "models", "errors", "config", "delivery",
               "children", "child", "v1", "meters", "obs", "logs"},

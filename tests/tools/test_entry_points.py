@@ -120,3 +120,56 @@ def test_model_and_tool_from_entry_points(tmp_path):
         assert done == ["QUICK!", "NAP!"], done
     finally:
         sc.stop()
+
+
+def _dist(root, dirname, text):
+    info = root / dirname
+    info.mkdir()
+    (info / "entry_points.txt").write_text(textwrap.dedent(text))
+
+
+def test_the_reader_answers_as_importlib_metadata_does(tmp_path, monkeypatch):
+    """agent_sidecar.entry_points reads entry_points.txt without importing
+    importlib.metadata (and the email package with it): for this environment's
+    distributions and for hand-made ones it finds the same entry points."""
+    import importlib.metadata
+    import sys
+
+    from agent_sidecar.entry_points import entry_points
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    _dist(first, "My.Plugin-2.0.dist-info", """\
+        # a comment
+        [agent_sidecar.models]
+        loud = sidecar_plugin:ShoutModel [extra]
+        [agent_sidecar.tools]
+        plug=sidecar_plugin:tools
+        """)
+    _dist(second, "my_plugin-1.0.dist-info", "[agent_sidecar.models]\nold = elsewhere:Old\n")  # shadowed
+    _dist(second, "other-1.0.egg-info", "[agent_sidecar.models]\nother = os.path:join\n")
+    monkeypatch.setattr(sys, "path", [str(first), str(second), *sys.path])
+    importlib.invalidate_caches()
+    for group in ("agent_sidecar.models", "agent_sidecar.tools", "console_scripts", "pytest11"):
+        ours = sorted((ep.name, ep.value) for ep in entry_points(group))
+        theirs = sorted((ep.name, ep.value) for ep in importlib.metadata.entry_points(group=group))
+        assert ours == theirs, group
+    models = {ep.name: ep for ep in entry_points("agent_sidecar.models")}
+    assert "old" not in models and models["loud"].value == "sidecar_plugin:ShoutModel [extra]"
+    import os.path
+    assert models["other"].load() is os.path.join
+
+
+def test_a_malformed_entry_point_fails_to_load_with_its_name(tmp_path, monkeypatch):
+    import sys
+
+    import pytest
+
+    from agent_sidecar.entry_points import entry_points
+
+    _dist(tmp_path, "broken-1.0.dist-info", "[agent_sidecar.tools]\nbad = not a module path!\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    (ep,) = entry_points("agent_sidecar.tools")
+    with pytest.raises(ValueError, match="'bad'"):
+        ep.load()

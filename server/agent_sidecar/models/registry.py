@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from agent_sidecar.entry_points import EntryPoint, entry_points
 from agent_sidecar.models.base import ModelBackend
 
 ENTRY_POINT_GROUP = "agent_sidecar.models"
@@ -23,10 +24,8 @@ BUILTINS: dict[str, str] = {
 }
 
 
-def _entry_points() -> dict[str, Any]:
-    from importlib.metadata import entry_points
-
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+def _entry_points() -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(ENTRY_POINT_GROUP)}
 
 
 def _import(target: str) -> Any:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib.metadata
 import inspect
 import itertools
 import logging
@@ -32,6 +31,7 @@ from typing import Any
 import orjson
 
 from .. import errors as E
+from ..entry_points import entry_points
 from .scope import in_scope
 
 log = logging.getLogger("agent_sidecar.tools")
@@ -85,7 +85,7 @@ class ToolRegistry:
     # -- registration ------------------------------------------------------------
 
     def load_entry_points(self) -> None:
-        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        for ep in entry_points(ENTRY_POINT_GROUP):
             try:
                 for spec in ep.load()():
                     self.tools[spec["name"]] = ToolSpec(
