@@ -33,6 +33,9 @@ TURN_ROWS = ("SELECT m.seq, m.role, m.content, m.extra, m.created_at, m.active"
              " FROM prompts p JOIN messages m"
              " ON m.session_id = p.session_id AND m.seq >= coalesce(p.first_seq, 0)"
              " WHERE p.request_id = ?1 AND m.request_id = ?1 ORDER BY m.seq")
+# One item's seq range: the incarnation's next_seq moves past it, and the row says where it ends.
+_TAKE_SEQS = ("UPDATE incarnations SET next_seq = next_seq + ? WHERE session_id = ?"
+              " RETURNING next_seq, session_key, rev")
 FTS_MARK = "fts_indexed_id"
 
 
@@ -41,44 +44,38 @@ class SqliteMessages:
         self.conn = conn
 
     def append(self, items: Sequence[Append]) -> list:
-        """One executemany for every row of every item, seqs handed out per
-        incarnation in item order; the lanes' ``updated_at`` moves for items
-        that ask (a turn's end moves it anyway: two index updates saved per
-        message)."""
+        """Seqs handed out per incarnation in item order, each item's range
+        taken by one ``UPDATE ... RETURNING`` (no read before the write); the
+        rows of every item in one insert; the lanes' ``updated_at`` moves for
+        items that ask (a turn's end moves it anyway: two index updates saved
+        per message)."""
         now = time.time()
-        state: dict[str, list] = {}  # session_id -> [next_seq, session_key, rev, touch]
         out_rows: list[tuple] = []
         results: list = []
+        touched: dict[str, str] = {}  # session_id -> session_key
         execute, extra_of = self.conn.execute, rows.message_extra
         for item in items:
-            sid = item.session_id
-            st = state.get(sid)
-            if st is None:
-                row = execute("SELECT next_seq, session_key, rev FROM incarnations"
-                              " WHERE session_id = ?", (sid,)).fetchone()
-                if row is None:
-                    results.append(unknown_session(sid))
-                    continue
-                st = state[sid] = [row[0], row[1], row[2], False]
+            sid, msgs, rid = item.session_id, item.messages, item.request_id
+            taken = execute(_TAKE_SEQS, (len(msgs), sid)).fetchone()
+            if taken is None:
+                results.append(unknown_session(sid))
+                continue
+            end, key, rev = taken
+            first = end - len(msgs)
             if item.touch_lane:
-                st[3] = True
-            first = seq = st[0]
-            rid = item.request_id
-            for m in item.messages:
+                touched[sid] = key
+            for seq, m in enumerate(msgs, first):
                 extra = extra_of(m) if (m.tool_call_id or m.tool_name or m.tool_calls_json
                                         or m.synthetic) else None
                 out_rows.append((sid, seq, m.role, m.content, extra, m.created_at or now, rid))
-                seq += 1
-            st[0] = seq
-            results.append((first, seq - 1, st[2]))
-        if out_rows:
+            results.append((first, end - 1, rev))
+        if len(out_rows) == 1:
+            execute(_INSERT, out_rows[0])
+        elif out_rows:
             self.conn.executemany(_INSERT, out_rows)
-            self.conn.executemany("UPDATE incarnations SET next_seq = ? WHERE session_id = ?",
-                                  [(st[0], sid) for sid, st in state.items()])
-            touched = [(now, st[1], sid) for sid, st in state.items() if st[3]]
-            if touched:
-                self.conn.executemany("UPDATE routing SET updated_at = ? WHERE session_key = ?"
-                                      " AND session_id = ?", touched)
+        if touched and out_rows:
+            self.conn.executemany("UPDATE routing SET updated_at = ? WHERE session_key = ?"
+                                  " AND session_id = ?", [(now, k, s) for s, k in touched.items()])
         return results
 
     def hide_live(self, session_id: str, reason: str) -> int:
