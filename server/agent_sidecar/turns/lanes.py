@@ -55,9 +55,6 @@ class Phase(enum.Enum):
     ENDED = "ended"
 
 
-_CLOSING = frozenset({Phase.ABSORBED, Phase.ENDING, Phase.ENDED})
-
-
 class TurnStateError(RuntimeError):
     """A transition from a phase it does not leave: a bug in the turn engine."""
 
@@ -122,8 +119,11 @@ class Turn:
 
     @property
     def closing(self) -> bool:
-        """Its end is decided (absorbed, ending or ended): nothing else may end it."""
-        return self.phase in _CLOSING
+        """Its end is decided (absorbed, ending or ended): nothing else may end it.
+        Compared by identity: a set of phases would hash each (Enum's
+        ``__hash__`` is Python code), several times a turn."""
+        phase = self.phase
+        return phase is Phase.ENDING or phase is Phase.ENDED or phase is Phase.ABSORBED
 
     @property
     def finished(self) -> bool:
