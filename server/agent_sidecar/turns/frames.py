@@ -370,13 +370,20 @@ class FrameBus:
             turnlog.finished(turn, frame)
 
     def to_watchers(self, frame, key: str, platform: str, size: int) -> None:
-        """Hand a committed frame to the watchers of its key and platform."""
-        for index, name in ((self.by_key, key), (self.by_platform, platform)):
-            subs = index.get(name)
-            if subs:
-                for sub in tuple(subs):
-                    if not sub.push(frame, size):
-                        self.unwatch(index, name, sub)
+        """Hand a committed frame to the watchers of its key and platform
+        (every frame passes here: with nobody watching it is two lookups)."""
+        subs = self.by_key.get(key)
+        if subs:
+            self._push(subs, self.by_key, key, frame, size)
+        subs = self.by_platform.get(platform)
+        if subs:
+            self._push(subs, self.by_platform, platform, frame, size)
+
+    def _push(self, subs: set[Subscriber], index: dict[str, set[Subscriber]], name: str, frame,
+              size: int) -> None:
+        for sub in tuple(subs):
+            if not sub.push(frame, size):
+                self.unwatch(index, name, sub)
 
     def deliver_committed(self, turn, frame, kind: str) -> None:
         """For frames written by a job of their own (``accepted``)."""
