@@ -27,6 +27,10 @@ Processes (all separate, so no one borrows another's event loop):
   spans (Prompt RPC, turn, model call) batched and exported over OTLP/HTTP to a
   sink in this driver that answers 200 and drops them. Next to ``sidecar`` in
   the same run, it prices tracing.
+* **sidecar-base** (``--baseline DIR``) — the sidecar of another checkout
+  (DIR/server, e.g. a ``git worktree`` of an older commit), driven by this
+  checkout's client, each round right before or after ``sidecar``: the paired
+  ratio per round says what a change did, on a machine whose speed drifts.
 * **client(s)** — this file with ``--client``: grpc.aio on uvloop, one channel,
   ``in_flight / clients`` concurrent ``Prompt`` calls each.
 
@@ -60,6 +64,7 @@ import os
 import random
 import shutil
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -85,6 +90,10 @@ from _common import (
 
 GOAL = 0.6
 HERE = Path(__file__).resolve()
+# A command the sidecar runs under (``BENCH_SIDECAR_PREFIX="valgrind --tool=callgrind
+# --trace-children=yes"``: turn_instructions.py); then every wait on it is 30 times longer.
+PREFIX = os.environ.get("BENCH_SIDECAR_PREFIX", "").split()
+SLOW = 30 if PREFIX else 1
 TEXT = "hello"
 KINDS = ["accepted", "started", "text_delta", "usage", "completed"]
 DELIVERY_QUEUE = 3
@@ -126,7 +135,7 @@ def client_main(spec_json: str) -> int:
                 t0 = time.monotonic()
                 kinds = []
                 try:
-                    async for resp in stub.Prompt(req, timeout=120):
+                    async for resp in stub.Prompt(req, timeout=120 * SLOW):
                         kinds.append(resp.frame.WhichOneof("event"))
                 except grpc.aio.AioRpcError as e:
                     errors.append(f"{e.code().name}: {e.details()}")
@@ -188,8 +197,8 @@ class SidecarServer:
 
     def __init__(self, root: Path, workers: int | None, name: str = "sidecar",
                  config: str = "# defaults: echo model on profile main, synchronous = FULL\n",
-                 kind: str = "sidecar", env: dict[str, str] | None = None):
-        self.name = kind  # the row it reports under (sidecar, sidecar-traced)
+                 kind: str = "sidecar", env: dict[str, str] | None = None, server: Path | None = None):
+        self.name = kind  # the row it reports under (sidecar, sidecar-traced, sidecar-base)
         self.env = env or {}
         self.dir = root / name
         self.dir.mkdir()
@@ -198,13 +207,13 @@ class SidecarServer:
         self.workers = workers
         self.config = config
         self.listen: list[str] = []  # addresses it listens on besides its Unix socket
-        self.server = _common.ROOT / "server"  # the sidecar's code (cluster_bench --baseline: another's)
+        self.server = server or _common.ROOT / "server"  # the sidecar's code (--baseline: another's)
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         cfg = self.dir / "config.toml"
         cfg.write_text(self.config)
-        args = [_py(), *os.environ.get("BENCH_SIDECAR_WRAP", "").split(), "-m", "agent_sidecar",
+        args = [*PREFIX, _py(), *os.environ.get("BENCH_SIDECAR_WRAP", "").split(), "-m", "agent_sidecar",
                 "serve", "--data-dir", str(self.dir), "--config", str(cfg), "--log-format", "json",
                 "--listen", f"unix:{self.sock}"]
         if self.workers:
@@ -216,10 +225,10 @@ class SidecarServer:
         self._logf = open(self.log, "ab")
         self.proc = subprocess.Popen(args, stdout=self._logf, stderr=subprocess.STDOUT, env=env,
                                      cwd=self.dir)
-        _wait_socket(self.sock, self.proc, 60, self.log)
+        _wait_socket(self.sock, self.proc, 60 * SLOW, self.log)
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 60 * SLOW
         with grpc.insecure_channel(f"unix:{self.sock}") as ch:
             while health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status \
                     != health_pb2.HealthCheckResponse.SERVING:
@@ -244,7 +253,7 @@ class SidecarServer:
                         r = await stub.GetOrCreateSession(spb.GetOrCreateSessionRequest(
                             source=common_pb2.SessionSource(platform="bench", chat_id=f"chat{i}",
                                                             user_id=f"user{i}", chat_type="dm")),
-                            timeout=60)
+                            timeout=60 * SLOW)
                         return r.session.session_key
                 return list(await asyncio.gather(*(one(i) for i in range(n))))
         return asyncio.run(go())
@@ -261,7 +270,7 @@ class SidecarServer:
                 "workers": [k for k in kids if k not in writer]}
 
     def stop(self) -> None:
-        terminate(self.proc, 90)
+        terminate(self.proc, 90 * SLOW)
         if getattr(self, "_logf", None):
             self._logf.close()
 
@@ -434,6 +443,26 @@ def run_point(server, keys: list[str], in_flight: int, turns: int, warmup: int, 
             "max_ms": (lat[-1] * 1e3) if lat else float("nan"), "cpu": usage}
 
 
+def paired_line(runs: list[dict], level: int) -> str:
+    """This checkout's sidecar against --baseline's, round by round (the two
+    ran back to back, in alternating order): the median of the per-round ratios
+    of turns/s and of CPU per turn, which a drifting machine blurs less than a
+    ratio of bests."""
+    def by_round(name: str) -> list[dict]:
+        return [r for r in runs if r["server"] == name and r["in_flight"] == level]
+    pairs = list(zip(by_round("sidecar"), by_round("sidecar-base")))
+    if not pairs:
+        return f"  sidecar / sidecar-base at {level} in flight: no pair of rounds"
+
+    def cpu(r: dict) -> float:
+        return sum(r["cpu"]["groups"].values()) / max(1, r["turns"])
+    rates = sorted(a["rate"] / b["rate"] for a, b in pairs)
+    cpus = sorted(cpu(a) / cpu(b) for a, b in pairs)
+    return (f"  sidecar / sidecar-base at {level} in flight, {len(pairs)} paired round(s): turns/s ratio "
+            f"median {statistics.median(rates):.3f} (range {rates[0]:.3f}–{rates[-1]:.3f}), "
+            f"CPU per turn ratio median {statistics.median(cpus):.3f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: fewer turns and sessions")
@@ -446,13 +475,16 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=None,
                     help="rounds, alternating the servers; each row reports its best round (default 2, quick 1)")
     ap.add_argument("--workers", type=int, default=None, help="sidecar workers (default: its own default, CPU count)")
-    ap.add_argument("--only", choices=("sidecar", "sidecar-traced", "bare", "bare-plain"), default=None)
+    ap.add_argument("--only", choices=("sidecar", "sidecar-base", "sidecar-traced", "bare", "bare-plain"),
+                    default=None)
     ap.add_argument("--tracing", action="store_true",
                     help="also run sidecar-traced: the sidecar with OpenTelemetry tracing on (OTLP to a sink)")
     ap.add_argument("--no-plain", action="store_true",
                     help="skip the bare-plain reference server (saves a third of the run)")
     ap.add_argument("--metrics", action="store_true",
                     help="also run sidecar-metrics: [metrics] listen on, /metrics scraped every second")
+    ap.add_argument("--baseline", default=None, metavar="DIR",
+                    help="also run the sidecar of another checkout (sidecar-base), paired round by round")
     ap.add_argument("--dir", default=None, help="parent directory for the temporary data dirs")
     ap.add_argument("--keep", action="store_true", help="keep the data dirs (sidecar.db, sidecar.log)")
     ap.add_argument("--seed", type=int, default=1)
@@ -475,6 +507,11 @@ def main() -> int:
     print(f"{n_sessions:,} sessions · {turns:,} timed turns per point · warm-up {warmup:,} turns · "
           f"{args.clients} client process(es) · text {TEXT!r} (5 frames per turn) · delivery QUEUE, "
           f"each in-flight turn on its own idle session · best of {repeat} round(s)")
+    baseline = Path(args.baseline).resolve() / "server" if args.baseline else None
+    if args.only == "sidecar-base" and baseline is None:
+        ap.error("--only sidecar-base needs --baseline")
+    if baseline is not None and not (baseline / "agent_sidecar").is_dir():
+        ap.error(f"--baseline {args.baseline}: no server/agent_sidecar there")
     root = Path(tempfile.mkdtemp(prefix="turns-bench-", dir=args.dir))
     servers = []
     results: list[dict] = []
@@ -487,6 +524,8 @@ def main() -> int:
                  and not (n == "sidecar-traced" and not args.tracing)]
         if args.metrics:
             names.insert(names.index("sidecar") + 1 if "sidecar" in names else 0, "sidecar-metrics")
+        if args.baseline and args.only in (None, "sidecar", "sidecar-base"):
+            names.insert(names.index("sidecar") + 1 if "sidecar" in names else 0, "sidecar-base")
         bare_keys = [f"agent:main:bench:dm:chat{i}" for i in range(n_sessions)]
         bares = {}
         for name in names:
@@ -508,7 +547,8 @@ def main() -> int:
                                   else "# defaults: echo model on profile main, synchronous = FULL\n")
                         server = SidecarServer(root, args.workers, f"{name}-{rnd}-{level}", config,
                                                kind=name,
-                                               env=sink.env() if name == "sidecar-traced" else None)
+                                               env=sink.env() if name == "sidecar-traced" else None,
+                                               server=baseline if name == "sidecar-base" else None)
                     else:
                         server, keys = bares[name], bare_keys
                     try:
@@ -517,9 +557,9 @@ def main() -> int:
                             if name == "sidecar-metrics":
                                 scraper = Scraper(port).start()
                             keys = server.create_sessions(n_sessions)
-                            print(f"{name} up: pid {server.proc.pid}, {len(server.pids()['workers'])} "
-                                  f"child processes (writer, workers), "
-                                  f"data {server.dir}", file=sys.stderr)
+                            kids = server.pids()
+                            print(f"{name} up: pid {server.proc.pid}, writer {kids['store writer']}, "
+                                  f"workers {kids['workers']}, data {server.dir}", file=sys.stderr)
                         r = run_point(server, keys, level, turns, warmup, args.clients,
                                       args.seed + 1000 * rnd)
                     finally:
@@ -591,6 +631,8 @@ def main() -> int:
         if s and b and b["rate"]:
             print(goal_line(f"sidecar / bare turns/s at {level} in flight "
                             f"({s['rate']:,.0f} / {b['rate']:,.0f})", s["rate"] / b["rate"], GOAL))
+        if args.baseline:
+            print(paired_line(all_runs, level))
         m = by.get(("sidecar-metrics", level))
         if s and m and s["rate"]:
             print(f"  metrics on and scraped every second / metrics off at {level} in flight "
