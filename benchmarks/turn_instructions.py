@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Instructions per echo turn, per sidecar process, counted by valgrind: a
+figure this machine's noise cannot blur, so two trees compare to a fraction
+of a percent where turns/s needs many paired rounds to show 5%.
+
+    .venv/bin/python benchmarks/turn_instructions.py                       # this checkout
+    .venv/bin/python benchmarks/turn_instructions.py --baseline ../before  # and another
+
+How: turns_bench.py runs the sidecar under ``valgrind --tool=callgrind
+--trace-children=yes`` (its ``BENCH_SIDECAR_PREFIX``) twice, with ``--turns``
+A and then B; each process's instruction count in the second run minus the
+first, over B − A, is its instructions per turn (start-up, session creation and
+warm-up are the same in both runs and cancel out). The processes: the parent
+(its event loop and gRPC's threads), the store writer, the workers (summed,
+with any other child). The load is turns_bench's: echo turns, ``--in-flight``
+at a time, each on its own idle session, this checkout's client for both trees.
+
+Under valgrind every process runs some 50× slower, so one tree takes a few
+minutes. Group commit batches a little differently from run to run (its
+groups depend on timing), so the counts move between runs, by far less than
+the percent a change is worth finding at. Instructions are not time (a cache
+miss or an fsync costs none here); they price the interpreter's work, which is
+where a Python sidecar's CPU goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import _common  # noqa: F401  (sets sys.path)
+from _common import machine_line, table
+
+HERE = Path(__file__).resolve().parent
+_UP = re.compile(r"^(sidecar(?:-base)?) up: pid (\d+), writer \[([\d, ]*)\], workers \[([\d, ]*)\]", re.M)
+
+
+def _pids(text: str) -> list[int]:
+    return [int(p) for p in text.replace(",", " ").split()]
+
+
+def _total(path: Path, wait_s: float = 120.0) -> int:
+    """A callgrind output file's instruction count (its ``totals:`` line),
+    once the process wrote it: a child may exit after the sidecar did (an
+    older tree's multiprocessing resource tracker does)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        if path.exists():
+            for line in path.read_text(errors="replace").splitlines():
+                if line.startswith("totals:"):
+                    return int(line.split()[1])
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{path}: no totals line after {wait_s:.0f} s (did the process exit?)")
+        time.sleep(0.5)
+
+
+def run_once(which: str, turns: int, args: argparse.Namespace, out: Path) -> dict[str, int]:
+    """One turns_bench run under callgrind: instructions by process role."""
+    out.mkdir(parents=True)  # a new one: a kept directory is not mixed with an earlier run's files
+    prefix = f"valgrind --tool=callgrind --trace-children=yes --callgrind-out-file={out}/%p"
+    cmd = [sys.executable, str(HERE / "turns_bench.py"), "--only", which, "--in-flight", str(args.in_flight),
+           "--turns", str(turns), "--sessions", str(args.sessions), "--warmup", str(args.warmup),
+           "--repeat", "1"]
+    if args.baseline:
+        cmd += ["--baseline", args.baseline]
+    done = subprocess.run(cmd, env=dict(os.environ, BENCH_SIDECAR_PREFIX=prefix), capture_output=True,
+                          text=True)
+    up = _UP.search(done.stderr)
+    if done.returncode != 0 or up is None:
+        raise RuntimeError(f"turns_bench failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    parent, writer, workers = int(up.group(2)), _pids(up.group(3)), _pids(up.group(4))
+    counts = {"parent": _total(out / str(parent)),
+              "store writer": sum(_total(out / str(p)) for p in writer),
+              "workers": sum(_total(out / str(p)) for p in workers)}
+    counts["sidecar, all processes"] = sum(counts.values())
+    return counts
+
+
+def per_turn(which: str, args: argparse.Namespace, work: Path) -> dict[str, float]:
+    a, b = args.turns
+    counts = []
+    for n in (a, b):
+        t0 = time.monotonic()
+        counts.append(run_once(which, n, args, work / f"{which}-{n}"))
+        print(f"  … {which}, {n:,} turns: {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    out = {role: (counts[1][role] - counts[0][role]) / (b - a) for role in counts[0]}
+    print(f"  … {which}: " + ", ".join(f"{role} {n:,.0f}" for role, n in out.items())
+          + " instructions per turn", file=sys.stderr, flush=True)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--baseline", metavar="DIR", help="another checkout, counted the same way")
+    ap.add_argument("--turns", default="300,1300", help="the two runs' timed turns (default 300,1300)")
+    ap.add_argument("--in-flight", type=int, default=64)
+    ap.add_argument("--sessions", type=int, default=100)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--keep", metavar="DIR", help="write the callgrind files into DIR (for callgrind_annotate)"
+                    " instead of a temporary directory")
+    args = ap.parse_args()
+    args.turns = sorted(int(x) for x in args.turns.split(","))
+    if len(args.turns) != 2 or args.turns[0] == args.turns[1]:
+        ap.error("--turns takes two different counts, e.g. 300,1300")
+    if shutil.which("valgrind") is None:
+        ap.error("valgrind is not installed (apt-get install valgrind)")
+    print(f"turn_instructions · {machine_line()} · echo turns, {args.in_flight} in flight over "
+          f"{args.sessions} sessions · runs of {args.turns[0]:,} and {args.turns[1]:,} turns")
+    with tempfile.TemporaryDirectory(prefix="turn-instructions-") as d:
+        work = Path(args.keep) if args.keep else Path(d)
+        mine = per_turn("sidecar", args, work)
+        base = per_turn("sidecar-base", args, work) if args.baseline else None
+    header = ["process", "this checkout (instructions/turn)"]
+    if base:
+        header += [f"baseline {args.baseline}", "this / baseline"]
+    rows = []
+    for role, n in mine.items():
+        row: list = [role, f"{n:,.0f}"]
+        if base:
+            row += [f"{base[role]:,.0f}", f"{n / base[role]:.3f}" if base[role] else "-"]
+        rows.append(row)
+    print(table(header, rows, title="Instructions per echo turn (callgrind, whole process incl. its threads)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
