@@ -42,12 +42,15 @@ def record(cls: type[T]) -> type[T]:
 
 def _pickled_as_fields(cls: Any, fs: tuple) -> Any:
     """``cls`` pickles as itself and the tuple of its field values, in
-    ``__init__``'s order (unpickling calls it with them)."""
+    ``__init__``'s order (unpickling calls it with them). Defined as
+    ``__reduce_ex__``, the method pickle (and copy) call first: a
+    ``__reduce__`` is reached through ``object.__reduce_ex__``, one more call
+    per record pickled."""
     get = operator.attrgetter(*(f.name for f in fs))
     if len(fs) == 1:
-        cls.__reduce__ = lambda self: (cls, (get(self),))
+        cls.__reduce_ex__ = lambda self, protocol: (cls, (get(self),))
     else:
-        cls.__reduce__ = lambda self: (cls, get(self))
+        cls.__reduce_ex__ = lambda self, protocol: (cls, get(self))
     return cls
 
 
