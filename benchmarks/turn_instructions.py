@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Instructions per echo turn, per sidecar process, counted by valgrind: a
-figure this machine's noise cannot blur, so two trees compare to a fraction
-of a percent where turns/s needs many paired rounds to show 5%.
+figure this machine's noise cannot blur, so two trees compare to about a
+percent where turns/s needs many paired rounds to show 5%.
 
     .venv/bin/python benchmarks/turn_instructions.py                       # this checkout
     .venv/bin/python benchmarks/turn_instructions.py --baseline ../before  # and another
@@ -17,8 +17,8 @@ at a time, each on its own idle session, this checkout's client for both trees.
 
 Under valgrind every process runs some 50× slower, so one tree takes a few
 minutes. Group commit batches a little differently from run to run (its
-groups depend on timing), so the counts move between runs, by far less than
-the percent a change is worth finding at. Instructions are not time (a cache
+groups depend on timing), so the counts move between runs: two runs of one
+tree agreed to about 1%. Instructions are not time (a cache
 miss or an fsync costs none here); they price the interpreter's work, which is
 where a Python sidecar's CPU goes.
 """
@@ -39,7 +39,7 @@ import _common  # noqa: F401  (sets sys.path)
 from _common import machine_line, table
 
 HERE = Path(__file__).resolve().parent
-_UP = re.compile(r"^(sidecar(?:-base)?) up: pid (\d+), writer \[([\d, ]*)\], workers \[([\d, ]*)\]", re.M)
+_UP = re.compile(r"^sidecar(?:-base)? up: pid (\d+), writer \[([\d, ]*)\], workers \[([\d, ]*)\]", re.M)
 
 
 def _pids(text: str) -> list[int]:
@@ -75,7 +75,7 @@ def run_once(which: str, turns: int, args: argparse.Namespace, out: Path) -> dic
     up = _UP.search(done.stderr)
     if done.returncode != 0 or up is None:
         raise RuntimeError(f"turns_bench failed ({done.returncode}):\n{done.stderr[-2000:]}")
-    parent, writer, workers = int(up.group(2)), _pids(up.group(3)), _pids(up.group(4))
+    parent, writer, workers = int(up.group(1)), _pids(up.group(2)), _pids(up.group(3))
     counts = {"parent": _total(out / str(parent)),
               "store writer": sum(_total(out / str(p)) for p in writer),
               "workers": sum(_total(out / str(p)) for p in workers)}
