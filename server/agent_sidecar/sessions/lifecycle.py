@@ -2,7 +2,7 @@
 suspend, resume marking, usage, delete, prune (seed 001 §2–§3, §7; seed 000's
 lifecycle).
 
-Each function takes the unit of work first (store/interface.py) and runs as
+Each function takes the unit of work first (store/unit_of_work.py) and runs as
 one job: atomic, and isolated from every other writer, so read-then-write
 logic here is safe — 200 concurrent GetOrCreateSession calls for one key see
 one row. Only the rules live here; the rows are the store's.

@@ -2,11 +2,13 @@
 (sqlite/, the embedded default). Nothing outside this package writes SQL or
 imports a database driver; the domain writes through ``Store.write(job,
 *args)`` with jobs over a ``UnitOfWork`` and reads through ``Store``'s typed
-methods. See interface.py for what every backend guarantees.
+methods. See interface.py for what every backend guarantees, and
+unit_of_work.py for the repositories a job writes through.
 """
 
 from .faults import StoreClosed, StoreUnavailable
-from .interface import Store, StoreOpenError, UnitOfWork, batched
+from .interface import Store, StoreOpenError
+from .unit_of_work import UnitOfWork, batched
 
 __all__ = ["Store", "StoreOpenError", "StoreClosed", "StoreUnavailable", "UnitOfWork",
            "batched", "open_store"]

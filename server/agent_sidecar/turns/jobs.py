@@ -1,7 +1,7 @@
 """The prompt ledger's rules as store jobs: accepting a prompt, a turn's start
 and end, usage accounting.
 
-They run as store jobs (store/interface.py), so they take plain data — never
+They run as store jobs (store/unit_of_work.py), so they take plain data — never
 a ``Turn`` — and return plain data (the frozen records below); the manager
 applies the results to its turns. Only rules live here; rows are the store's.
 """

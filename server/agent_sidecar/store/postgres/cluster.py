@@ -1,5 +1,5 @@
 """PostgreSQL repositories of the cluster: lane leases and node rows
-(interface.LeaseRepo, NodeRepo). Every time is the database's ``now()``, never
+(unit_of_work.LeaseRepo, NodeRepo). Every time is the database's ``now()``, never
 a node's clock.
 
 A lease row is never deleted, only expired: its ``epoch`` grows by one with

@@ -1,5 +1,5 @@
 """PostgreSQL repositories of the lanes: routing rows, incarnations,
-stuck-loop counters, turn state (interface.RoutingRepo and friends).
+stuck-loop counters, turn state (unit_of_work.RoutingRepo and friends).
 
 Isolation against the other sidecars of the cluster comes from row locks:
 ``routing.get`` reads the row ``FOR UPDATE``, so a job's read-then-write of a

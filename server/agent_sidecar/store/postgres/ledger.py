@@ -1,5 +1,5 @@
 """PostgreSQL repositories of the prompt ledger, the queue mirror and the
-activity frames (interface.LedgerRepo, QueueRepo, FrameRepo).
+activity frames (unit_of_work.LedgerRepo, QueueRepo, FrameRepo).
 
 Frame cursors grow with commit order across the cluster: the first frame
 insert of a transaction takes a transaction-scoped advisory lock (every

@@ -1,4 +1,4 @@
-"""The PostgreSQL transcript repository (interface.MessageRepo).
+"""The PostgreSQL transcript repository (unit_of_work.MessageRepo).
 
 As on SQLite: append-only rows, hiding instead of deleting, a turn's rows
 found from the first seq its ledger row records. Seqs are handed out under the
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import psycopg
 
-from ..interface import unknown_session
 from ..records import Append, Message
+from ..unit_of_work import unknown_session
 from . import rows
 from .codec import json_rows
 

@@ -1,4 +1,4 @@
-"""The PostgreSQL unit of work: every repository of interface.UnitOfWork over
+"""The PostgreSQL unit of work: every repository of unit_of_work.UnitOfWork over
 the writer process's connection, inside its transaction (connection.py)."""
 
 from __future__ import annotations

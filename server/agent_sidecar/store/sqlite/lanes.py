@@ -1,5 +1,5 @@
 """SQLite repositories of the lanes: routing rows, incarnations, stuck-loop
-counters, turn state (interface.RoutingRepo and friends).
+counters, turn state (unit_of_work.RoutingRepo and friends).
 
 Statements are built once per shape and cached: a patch of the same columns
 is the same SQL text, so SQLite's statement cache finds it prepared.

@@ -1,5 +1,5 @@
 """SQLite repositories of the prompt ledger, the queue mirror and the activity
-frames (interface.LedgerRepo, QueueRepo, FrameRepo).
+frames (unit_of_work.LedgerRepo, QueueRepo, FrameRepo).
 
 A request's frames are found through its ledger row: its session key and
 first frame id bound a range of ``frames_by_key``. There is no index on the

@@ -1,4 +1,4 @@
-"""The SQLite transcript repository (interface.MessageRepo) and the full-text
+"""The SQLite transcript repository (unit_of_work.MessageRepo) and the full-text
 index's batch indexing.
 
 Rows are append-only; hiding clears ``active`` and records why in
@@ -22,8 +22,8 @@ from typing import Any
 
 import apsw
 
-from ..interface import unknown_session
 from ..records import Append, Message
+from ..unit_of_work import unknown_session
 from . import rows
 
 _INSERT = ("INSERT INTO messages (session_id, seq, role, content, extra, created_at, request_id)"

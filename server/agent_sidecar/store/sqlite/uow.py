@@ -1,4 +1,4 @@
-"""The SQLite unit of work: every repository of interface.UnitOfWork over the
+"""The SQLite unit of work: every repository of unit_of_work.UnitOfWork over the
 writer process's one connection.
 
 Atomicity and isolation come from the writer process: one job at a time on

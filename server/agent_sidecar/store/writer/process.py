@@ -21,7 +21,7 @@ every statement, so a writer *thread* and the gRPC event loop handed the GIL
 back and forth many times per turn and the parent could never use more than
 one core. Here SQL runs on its own core; the parent only pickles references.
 
-Jobs marked ``@batched(many)`` (store/interface.py) run as one ``many`` call
+Jobs marked ``@batched(many)`` (store/unit_of_work.py) run as one ``many`` call
 per run of consecutive calls in a group: one executemany where there would be
 one statement per caller.
 
@@ -191,7 +191,7 @@ def _raiser(e: Exception) -> Callable:
 
 
 def _many_of(fn: Callable[..., Any]) -> Callable[[Any, list[tuple]], list]:
-    """The ``many`` a job was marked with by @batched (store/interface.py)."""
+    """The ``many`` a job was marked with by @batched (store/unit_of_work.py)."""
     many: Callable[[Any, list[tuple]], list] = fn.many  # type: ignore[attr-defined]  # set by @batched
     return many
 
