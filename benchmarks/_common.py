@@ -42,9 +42,10 @@ from agent_sidecar.bench.stats import percentile  # noqa: E402,F401
 
 
 def machine_line() -> str:
-    import sqlite3
+    """The machine, and the SQLite the sidecar runs on (apsw's, not the stdlib's)."""
+    import apsw
     return (f"{platform.node()} · {os.cpu_count()} CPU · Python {platform.python_version()} · "
-            f"stdlib sqlite {sqlite3.sqlite_version}")
+            f"SQLite {apsw.sqlite_lib_version()} (apsw {apsw.apsw_version()})")
 
 
 def goal_line(what: str, ratio: float, goal: float) -> str:

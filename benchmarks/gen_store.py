@@ -2,7 +2,7 @@
 
     python benchmarks/gen_store.py DIR --sessions 100000 --frames 1000000
 
-The schema is the server's own (``agent_sidecar.store.migrations.migrate`` on a
+The schema is the server's own (``agent_sidecar.store.sqlite.schema.migrate`` on a
 fresh file); rows are bulk-inserted with apsw in big transactions and the
 full-text index is built once at the end. What a crash
 leaves behind is included: lanes with ``running = 1`` and an open ``running``
@@ -27,8 +27,8 @@ import _common  # noqa: F401  (import path to the in-tree server)
 import apsw
 import orjson
 
-from agent_sidecar.sessions import transcripts as tx
-from agent_sidecar.store.migrations import migrate
+from agent_sidecar.store.sqlite.messages import SqliteMessages
+from agent_sidecar.store.sqlite.schema import migrate
 
 PLATFORMS = ("telegram", "discord", "slack", "whatsapp")
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
@@ -197,7 +197,7 @@ def generate(out: Path, sessions: int, frames: int, running: int, recent: int, p
     counts["queued"] = q
     with conn:  # the derived index, once, from the canonical rows
         conn.execute("INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')")
-        tx.set_index_mark(conn, conn.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0])
+        SqliteMessages(conn).set_index_mark(conn.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0])
     with conn:  # lets the benchmark shift activity times to "just now" on each copy
         conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('gen_store_at', ?)", (str(now),))
     conn.execute("PRAGMA journal_mode=WAL")

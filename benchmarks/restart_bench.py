@@ -33,8 +33,8 @@ import grpc
 from _common import ROOT, machine_line, table, terminate
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from agent_sidecar.recovery.startup import TURN_MESSAGES
-from agent_sidecar.turns.jobs import REQUEST_FRAMES
+from agent_sidecar.store.sqlite.ledger import REQUEST_FRAMES
+from agent_sidecar.store.sqlite.messages import TURN_ROWS
 
 GOAL_S = 1.0
 # The queries of recovery/startup.py's restore() and of the first housekeeping
@@ -49,7 +49,7 @@ QUERIES = {
                          " LEFT JOIN prompt_queue q ON q.request_id = p.request_id"
                          " WHERE p.status IN ('queued', 'running') ORDER BY p.session_key, p.created_at", ()),
     "last frame seq of a request": (f"SELECT max(seq) {REQUEST_FRAMES}", ("r",)),
-    "dangling tool calls": (TURN_MESSAGES, ("r",)),
+    "dangling tool calls": (TURN_ROWS, ("r",)),
     "auto-resume candidates": ("SELECT session_key, session_id, platform, profile, resume_reason FROM routing"
                                " WHERE resume_pending = 1 AND updated_at >= ? AND suspended = 0",
                                (time.time() - 3600,)),
@@ -156,13 +156,14 @@ def one_run(store: Path, run_dir: Path, workers: int, timeout: float = 120) -> d
 def restore_in_process(store: Path, scratch: Path) -> tuple[float, dict]:
     """The restore job alone, on a copy, in one transaction (as the writer runs it)."""
     from agent_sidecar.recovery.startup import restore
-    from agent_sidecar.store.db import open_writer
+    from agent_sidecar.store.sqlite.connection import open_writer
+    from agent_sidecar.store.sqlite.uow import SqliteUnitOfWork
     copy_store(store, scratch)
     refresh_times(scratch)
     conn = open_writer(str(scratch / "sidecar.db"))
     t0 = time.perf_counter()
     with conn:
-        plan = restore(conn, False, 3600)
+        plan = restore(SqliteUnitOfWork(conn), False, 3600)
     dt = time.perf_counter() - t0
     conn.close()
     return dt, {"marked": len(plan.marked), "suspended": len(plan.suspended),
@@ -178,7 +179,9 @@ def query_plans(store: Path) -> list[list]:
         plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
         kind = "search"
         for step in plan:
-            if step.startswith("SCAN"):  # a scan reads a whole table or index, unless it is partial
+            # a scan reads a whole table or index, unless it is partial ("SCAN CONSTANT ROW"
+            # is the one row of a SELECT without FROM, not a scan)
+            if step.startswith("SCAN") and step != "SCAN CONSTANT ROW":
                 idx = step.split(" INDEX ")[1].split()[0] if " INDEX " in step else None
                 if idx in partial:
                     kind = "partial-index scan" if kind == "search" else kind
