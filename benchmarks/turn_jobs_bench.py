@@ -49,7 +49,7 @@ USAGE = {"input_tokens": 1, "output_tokens": 1}
 
 class Bench:
     def __init__(self, path: str, sessions: int):
-        self.conn = open_writer(path)
+        self.conn = open_writer(path, one_thread=True)  # as the writer process opens it
         migrate(self.conn)
         self.conn.execute("PRAGMA synchronous=OFF")
         self.uow = SqliteUnitOfWork(self.conn)

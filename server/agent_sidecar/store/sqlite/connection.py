@@ -19,13 +19,21 @@ DRIVER_FAULTS = (apsw.FullError, apsw.IOError, apsw.ReadOnlyError, apsw.CantOpen
 HEADROOM_BYTES = 4 << 20  # wal_autocheckpoint (1000 pages of 4 KiB): the WAL's size between checkpoints
 
 
-def open_writer(path: str, synchronous: str = "FULL") -> apsw.Connection:
+def open_writer(path: str, synchronous: str = "FULL", *, one_thread: bool = False) -> apsw.Connection:
     """The one read-write connection. WAL so readers never block it; ``synchronous``
     FULL (default) fsyncs the WAL on every commit, NORMAL leaves the last commits to
-    the OS on power loss but still loses nothing on a process crash."""
+    the OS on power loss but still loses nothing on a process crash.
+
+    ``one_thread``: the connection of a process that has one thread (the store
+    writer's: tests/store/test_store_writer.py checks it has), so SQLite's
+    per-connection mutex is left out (``SQLITE_OPEN_NOMUTEX``), which every
+    statement's prepare, bind, step and reset took and released. SQLite then
+    requires that no two threads use the connection at once, and neither apsw nor
+    SQLite checks it: a process that starts a thread must not pass it."""
     if synchronous.upper() not in ("FULL", "NORMAL"):
         raise ValueError("store.synchronous must be FULL or NORMAL")
-    conn = apsw.Connection(path)
+    flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
+    conn = apsw.Connection(path, flags=flags | apsw.SQLITE_OPEN_NOMUTEX if one_thread else flags)
     conn.setbusytimeout(BUSY_TIMEOUT_MS)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
@@ -76,7 +84,7 @@ class SqliteWriter:
 
     def __init__(self, path: str, synchronous: str):
         self.path = path
-        self.conn = open_writer(path, synchronous)
+        self.conn = open_writer(path, synchronous, one_thread=True)  # this process has one thread
 
     def begin(self) -> None:
         self.conn.execute("BEGIN IMMEDIATE")
