@@ -16,9 +16,12 @@ with any other child). The load is turns_bench's: echo turns, ``--in-flight``
 at a time, each on its own idle session, this checkout's client for both trees.
 
 Under valgrind every process runs some 50× slower, so one tree takes a few
-minutes. Group commit batches a little differently from run to run (its
-groups depend on timing), so the counts move between runs: two runs of one
-tree agreed to about 1%. Instructions are not time (a cache
+minutes. Group commit batches differently from run to run (its groups depend
+on timing), so the counts move between runs: two runs of one tree on a quiet
+machine agreed to about 1%, but the store writer's count moved by ~10% between
+a quiet run and one that shared the cores with another benchmark (fewer,
+larger groups, or more, smaller ones). Compare trees within one run, which
+alternates them under the same load. Instructions are not time (a cache
 miss or an fsync costs none here); they price the interpreter's work, which is
 where a Python sidecar's CPU goes.
 """
