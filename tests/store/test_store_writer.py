@@ -51,7 +51,7 @@ def test_the_sqlite_writer_process_runs_one_thread(tmp_path):
     restore and a client's writes."""
     with Sidecar(tmp_path / "data", workers=1).start() as sc:
         if sc.backend != "sqlite":
-            pytest.skip("the PostgreSQL writer's driver keeps its own threads")
+            pytest.skip("only the SQLite writer opens its connection without the mutex")
         pid = child_pids(sc)["writer"]
         for _ in range(3):
             sc.sessions().GetOrCreateSession(spb.GetOrCreateSessionRequest(source=source()), timeout=10)

@@ -7,10 +7,10 @@ Two sides:
   module-level function ``job(uow, *args) -> result`` holding a domain rule
   (get-or-create, accept a prompt, finish a turn, the restore plan...). The
   backend runs it inside a unit of work, against the typed repository
-  operations of ``UnitOfWork`` (unit_of_work.py); it supplies those operations and the unit of
-  work, never a rule. ``write`` returns an ``asyncio.Future``: its result is
-  the job's return value, its exception whatever the job raised (a
-  ``SidecarError`` for a refusal, ``StoreUnavailable`` when the store could
+  operations of ``UnitOfWork`` (unit_of_work.py); it supplies those operations
+  and the unit of work, never a rule. ``write`` returns an ``asyncio.Future``:
+  its result is the job's return value, its exception whatever the job raised
+  (a ``SidecarError`` for a refusal, ``StoreUnavailable`` when the store could
   not commit).
 * **Reads** are the typed async methods of ``Store``. Each is one snapshot.
 

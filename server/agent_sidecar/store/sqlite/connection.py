@@ -33,7 +33,7 @@ def open_writer(path: str, synchronous: str = "FULL", *, one_thread: bool = Fals
     if synchronous.upper() not in ("FULL", "NORMAL"):
         raise ValueError("store.synchronous must be FULL or NORMAL")
     flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
-    conn = apsw.Connection(path, flags=flags | apsw.SQLITE_OPEN_NOMUTEX if one_thread else flags)
+    conn = apsw.Connection(path, flags=(flags | apsw.SQLITE_OPEN_NOMUTEX) if one_thread else flags)
     conn.setbusytimeout(BUSY_TIMEOUT_MS)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
