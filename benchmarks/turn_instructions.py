@@ -17,9 +17,9 @@ at a time, each on its own idle session, this checkout's client for both trees.
 
 Under valgrind every process runs some 50× slower, so one tree takes a few
 minutes. Group commit batches differently from run to run (its groups depend
-on timing), so the counts move between runs: two runs of one tree on a quiet
-machine agreed to about 1%, but the store writer's count moved by ~10% between
-a quiet run and one that shared the cores with another benchmark (fewer,
+on timing), so the counts move between runs: runs of one tree on a quiet
+machine agreed to 1–3% (the store writer's count moves most), and the writer's
+moved by ~10% in a run that shared the cores with another benchmark (fewer,
 larger groups, or more, smaller ones). Compare trees within one run, which
 alternates them under the same load. Instructions are not time (a cache
 miss or an fsync costs none here); they price the interpreter's work, which is
