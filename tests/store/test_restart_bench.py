@@ -11,7 +11,10 @@ import re
 import subprocess
 import sys
 
+import pytest
 from sidecar_proc import ROOT
+
+pytestmark = pytest.mark.sqlite_only("the generator writes a SQLite store; the restarted sidecar runs on it")
 
 
 def test_restart_bench_generates_a_crash_store_restores_it_and_prices_its_queries():

@@ -44,14 +44,13 @@ def test_writer_is_a_named_child_without_grpc(tmp_path):
         assert comm(pids["worker0"]) == "sidecar-work-0"
 
 
+@pytest.mark.sqlite_only("only the SQLite writer opens its connection without the mutex")
 def test_the_sqlite_writer_process_runs_one_thread(tmp_path):
     """Its connection leaves SQLite's per-connection mutex out
     (store/sqlite/connection.py, ``one_thread``), which is safe only while
     nothing else in the process runs: checked once it has run the startup
     restore and a client's writes."""
     with Sidecar(tmp_path / "data", workers=1).start() as sc:
-        if sc.backend != "sqlite":
-            pytest.skip("only the SQLite writer opens its connection without the mutex")
         pid = child_pids(sc)["writer"]
         for _ in range(3):
             sc.sessions().GetOrCreateSession(spb.GetOrCreateSessionRequest(source=source()), timeout=10)
