@@ -20,8 +20,9 @@ minutes. Group commit batches differently from run to run (its groups depend
 on timing), so the counts move between runs: runs of one tree on a quiet
 machine agreed to 1–3% (the store writer's count moves most), and the writer's
 moved by ~10% in a run that shared the cores with another benchmark (fewer,
-larger groups, or more, smaller ones). Compare trees within one run, which
-alternates them under the same load. Instructions are not time (a cache
+larger groups, or more, smaller ones). Compare trees within one run: it
+interleaves their runs, so a change of the machine's load falls on both.
+Instructions are not time (a cache
 miss or an fsync costs none here); they price the interpreter's work, which is
 where a Python sidecar's CPU goes.
 """
@@ -86,16 +87,22 @@ def run_once(which: str, turns: int, args: argparse.Namespace, out: Path) -> dic
     return counts
 
 
-def per_turn(which: str, args: argparse.Namespace, work: Path) -> dict[str, float]:
+def per_turn(trees: list[str], args: argparse.Namespace, work: Path) -> dict[str, dict[str, float]]:
+    """Instructions per turn by process role, for each of ``trees`` (turns_bench
+    names: sidecar, sidecar-base). The runs interleave (A turns of each tree,
+    then B turns of each), so a change in the machine's load falls on both."""
     a, b = args.turns
-    counts = []
+    counts: dict[str, list[dict[str, int]]] = {tree: [] for tree in trees}
     for n in (a, b):
-        t0 = time.monotonic()
-        counts.append(run_once(which, n, args, work / f"{which}-{n}"))
-        print(f"  … {which}, {n:,} turns: {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
-    out = {role: (counts[1][role] - counts[0][role]) / (b - a) for role in counts[0]}
-    print(f"  … {which}: " + ", ".join(f"{role} {n:,.0f}" for role, n in out.items())
-          + " instructions per turn", file=sys.stderr, flush=True)
+        for tree in trees:
+            t0 = time.monotonic()
+            counts[tree].append(run_once(tree, n, args, work / f"{tree}-{n}"))
+            print(f"  … {tree}, {n:,} turns: {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    out = {}
+    for tree, (short, long) in counts.items():
+        out[tree] = {role: (long[role] - short[role]) / (b - a) for role in short}
+        print(f"  … {tree}: " + ", ".join(f"{role} {n:,.0f}" for role, n in out[tree].items())
+              + " instructions per turn", file=sys.stderr, flush=True)
     return out
 
 
@@ -118,8 +125,8 @@ def main() -> int:
           f"{args.sessions} sessions · runs of {args.turns[0]:,} and {args.turns[1]:,} turns")
     with tempfile.TemporaryDirectory(prefix="turn-instructions-") as d:
         work = Path(args.keep) if args.keep else Path(d)
-        mine = per_turn("sidecar", args, work)
-        base = per_turn("sidecar-base", args, work) if args.baseline else None
+        counted = per_turn(["sidecar", "sidecar-base"] if args.baseline else ["sidecar"], args, work)
+    mine, base = counted["sidecar"], counted.get("sidecar-base")
     header = ["process", "this checkout (instructions/turn)"]
     if base:
         header += [f"baseline {args.baseline}", "this / baseline"]
