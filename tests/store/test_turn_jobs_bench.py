@@ -8,7 +8,10 @@ import re
 import subprocess
 import sys
 
+import pytest
 from sidecar_proc import ROOT
+
+pytestmark = pytest.mark.sqlite_only("the bench runs the jobs on an SQLite connection of its own")
 
 
 def test_turn_jobs_bench_runs_and_prices_both_jobs():
