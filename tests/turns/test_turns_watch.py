@@ -122,6 +122,28 @@ def test_watch_by_session_key_sees_live_frames_of_a_later_turn(sc):
         w2.close()
 
 
+def test_a_large_frame_is_the_same_on_its_stream_a_watcher_and_a_replay(sc):
+    """A frame past 16 KB (a three-byte length prefix) arrives identical on
+    the Prompt stream, on a watcher of its session key and in a replay by
+    request: every stream sends the frame's one encoding."""
+    stub = sc.prompts()
+    first = run(stub, prompt_req(text="make the session"))
+    key = first.frames[0].session_key
+    w = Watcher(stub, session_key=key, after_cursor=0)
+    try:
+        _probe_until_live(sc, w, key)
+        text = " ".join(f"wörd{i}" for i in range(3_000))  # ~20 KB; the echo says it back
+        out = run(stub, prompt_req(text=text, session_key=key))
+        assert_well_formed(out)
+        assert out.last.completed.final_text == text and out.last.ByteSize() > 16_384
+        got = w.frames_of(out.frames[0].request_id)
+        assert ident(got) == ident(out.frames)
+    finally:
+        w.close()
+    again = watch(stub, request_id=out.frames[0].request_id)
+    assert ident(again.frames) == ident(out.frames)
+
+
 def test_watch_by_platform(sc):
     stub = sc.prompts()
     platform = uniq("plat")

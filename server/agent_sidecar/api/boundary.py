@@ -87,16 +87,16 @@ class Boundary:
                     else grpc.unary_unary_rpc_method_handler
                 return make(wrapper(functools.partial(_admit_read, auth), behavior),
                             request_deserializer=reader.parse_or_refusal,
-                            response_serializer=h.response_serializer)
+                            response_serializer=_bytes_as_is(h.response_serializer))
             make = grpc.stream_stream_rpc_method_handler if h.response_streaming \
                 else grpc.stream_unary_rpc_method_handler
             return make(wrapper(functools.partial(_admit, auth, reader), behavior),
-                        response_serializer=h.response_serializer)
+                        response_serializer=_bytes_as_is(h.response_serializer))
         if not h.response_streaming or not inspect.iscoroutinefunction(h.stream_stream):
             raise TypeError(f"{name}: a request stream must be a reader/writer coroutine")
         return grpc.stream_stream_rpc_method_handler(
             _stream_stream(auth, h.stream_stream), request_deserializer=reader.parse,
-            response_serializer=h.response_serializer)
+            response_serializer=_bytes_as_is(h.response_serializer))
 
 
 class _Reader:
@@ -167,6 +167,15 @@ async def _admit_read(auth, request, context):
     except SidecarError as e:
         await abort(context, e)
         return None, None
+
+
+def _bytes_as_is(serialize):
+    """The handler's response serializer, except that bytes go out as they
+    are: a stream of frames yields each response already encoded, once for
+    all the streams that carry it (turns/subscriber.py StreamedFrame)."""
+    def serializer(response) -> bytes:
+        return response if type(response) is bytes else serialize(response)
+    return serializer
 
 
 def _unary_unary(admit, behavior):

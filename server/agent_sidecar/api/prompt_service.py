@@ -18,7 +18,8 @@ from ..logs import bind_turn
 from ..sessions.keys import build_session_key, canonical_session_key, split_session_key
 from ..store import Store
 from ..turns import jobs
-from ..turns.frames import TERMINAL, Subscriber, TooSlow, frame_from_record
+from ..turns.frames import TERMINAL, frame_from_record
+from ..turns.subscriber import StreamedFrame, Subscriber, TooSlow
 from ..v1 import prompt_service_pb2 as pb
 from ..v1 import prompt_service_pb2_grpc as pb_grpc
 from . import convert as cv
@@ -126,13 +127,13 @@ class PromptService(pb_grpc.PromptServiceServicer):
                                        timeout_s=timeout, payload=payload)
         if turn is None:  # a known request id: its original turn's frames
             await self._authorize_request(rid, principal)
-            async for frame in self._replay_request(rid, 0):
-                yield pb.PromptResponse(frame=frame)
+            async for item in self._replay_request(rid, 0):
+                yield item.wire
             return
         sub = turn.subscribers[0]
         try:
-            async for frame in self._follow(sub, rid, 0, _live(turn)):
-                yield pb.PromptResponse(frame=frame)
+            async for item in self._follow(sub, rid, 0, _live(turn)):
+                yield item.wire
         finally:
             if sub in turn.subscribers:
                 turn.subscribers.remove(sub)
@@ -158,26 +159,26 @@ class PromptService(pb_grpc.PromptServiceServicer):
         ids = await still_open()
         while ids is not None:
             try:
-                frame = await sub.get(self.cfg.keepalive_s)
+                item = await sub.get(self.cfg.keepalive_s)
             except TooSlow:
                 raise _too_slow(f"WatchActivity(request_id={rid!r}, after_seq={last_seq})") from None
-            if frame is None:
+            if item is None:
                 ids = await still_open()
                 if ids is not None:
-                    yield self._keepalive(rid, *ids, last_seq)
+                    yield StreamedFrame(self._keepalive(rid, *ids, last_seq))
                 continue
-            if isinstance(frame, BaseException):  # the turn was refused before its accept
-                raise frame
-            if frame.seq <= last_seq:
+            if isinstance(item, BaseException):  # the turn was refused before its accept
+                raise item
+            if item.frame.seq <= last_seq:
                 continue
-            last_seq = frame.seq
-            yield frame
-            if _ends_stream(frame):
+            last_seq = item.frame.seq
+            yield item
+            if _ends_stream(item.frame):
                 return
         for record in await self.store.request_frames(rid, last_seq):
-            frame = frame_from_record(record)
-            yield frame
-            if _ends_stream(frame):
+            item = StreamedFrame(frame_from_record(record))
+            yield item
+            if _ends_stream(item.frame):
                 return
 
     def _in_ledger(self, rid: str) -> StillOpen:
@@ -214,21 +215,21 @@ class PromptService(pb_grpc.PromptServiceServicer):
                 raise E.SidecarError(E.REQUEST_NOT_FOUND, f"no such request: {E.excerpt(rid)}")
             last = after_seq
             for record in records:
-                frame = frame_from_record(record)
-                last = frame.seq
-                yield frame
-                if _ends_stream(frame):
+                item = StreamedFrame(frame_from_record(record))
+                last = item.frame.seq
+                yield item
+                if _ends_stream(item.frame):
                     return
             if turn is not None and sub is not None:  # subscribed together, above
                 try:
-                    async for frame in self._follow(sub, rid, last, _live(turn)):
-                        yield frame
+                    async for item in self._follow(sub, rid, last, _live(turn)):
+                        yield item
                 except jobs.DuplicateRequest:  # it was an earlier run's request: from the store
-                    async for frame in self._replay_request(rid, last):
-                        yield frame
+                    async for item in self._replay_request(rid, last):
+                        yield item
             elif elsewhere is not None:
-                async for frame in self._follow(elsewhere, rid, last, self._in_ledger(rid)):
-                    yield frame
+                async for item in self._follow(elsewhere, rid, last, self._in_ledger(rid)):
+                    yield item
         finally:
             if sub is not None and sub in turn.subscribers:
                 turn.subscribers.remove(sub)
@@ -246,8 +247,8 @@ class PromptService(pb_grpc.PromptServiceServicer):
             raise E.invalid("after_seq", "must not be negative")
         if request.request_id:
             await self._authorize_request(request.request_id, principal)
-            async for frame in self._replay_request(request.request_id, request.after_seq):
-                yield pb.WatchActivityResponse(frame=frame)
+            async for item in self._replay_request(request.request_id, request.after_seq):
+                yield item.wire
             return
         if request.session_key:
             try:
@@ -268,24 +269,25 @@ class PromptService(pb_grpc.PromptServiceServicer):
             while last > 0:  # the persisted frames after the cursor, a page at a time
                 records = await self.store.frames_after(last, limit=WATCH_PAGE, **where)
                 for record in records:
-                    frame = frame_from_record(record)
-                    last = frame.cursor
-                    yield pb.WatchActivityResponse(frame=frame)
+                    last = record.cursor
+                    yield StreamedFrame(frame_from_record(record)).wire
                 if len(records) < WATCH_PAGE:
                     break
             while True:
                 try:
-                    frame = await sub.get(self.cfg.keepalive_s)
+                    item = await sub.get(self.cfg.keepalive_s)
                 except TooSlow:  # resume after the last frame sent, or before the first one due
                     cursor = last or max(sub.first_cursor - 1, 0)
                     raise _too_slow(f"WatchActivity({column}={name!r}, after_cursor={cursor})") from None
-                if frame is None:
-                    yield pb.WatchActivityResponse(frame=self._keepalive("", "", "", 0))
+                if item is None:
+                    yield StreamedFrame(self._keepalive("", "", "", 0)).wire
                     continue
-                if frame.cursor <= last:
+                if isinstance(item, BaseException):  # only a turn's own stream is sent one
+                    raise item
+                if item.frame.cursor <= last:
                     continue
-                last = frame.cursor
-                yield pb.WatchActivityResponse(frame=frame)
+                last = item.frame.cursor
+                yield item.wire
         finally:
             self.turns.bus.unwatch(index, name, sub)
 

@@ -43,7 +43,8 @@ from ..store import StoreUnavailable
 from ..store.interface import SharedStore
 from ..store.records import ClusterOp, FrameRecord
 from ..turns import lane_admin, wire
-from ..turns.frames import Subscriber, frame_from_record
+from ..turns.frames import frame_from_record
+from ..turns.subscriber import StreamedFrame, Subscriber
 from ..turns.supervision import until_ended
 
 log = logging.getLogger("agent_sidecar.cluster")
@@ -141,13 +142,12 @@ class FrameTail:
         by_request = self.by_request.get(r.request_id)
         if not (by_key or by_platform or by_request):
             return
-        frame = frame_from_record(r)
-        size = frame.ByteSize()
+        item = StreamedFrame(frame_from_record(r))
         if by_key or by_platform:
-            self.bus.to_watchers(frame, r.session_key, r.platform, size)
+            self.bus.to_watchers(item, r.session_key, r.platform)
         if by_request:
             for sub in tuple(by_request):
-                if not sub.push(frame, size):  # fell behind: its stream says where to resume
+                if not sub.push(item):  # fell behind: its stream says where to resume
                     self.unfollow_request(r.request_id, sub)
 
     # -- other nodes' deletes --------------------------------------------------------------

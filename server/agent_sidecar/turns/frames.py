@@ -38,6 +38,7 @@ from ..v1 import prompt_service_pb2 as ppb
 from .flush import FN, MSG, FlushOutOfOrder, run_flush
 from .leasing import LeaseLost
 from .stats import TurnStats
+from .subscriber import StreamedFrame, Subscriber
 
 log = logging.getLogger("agent_sidecar.frames")
 
@@ -58,82 +59,6 @@ def build_frame(rid: str, key: str, sid: str, seq: int, at: float, cursor: int, 
 def frame_from_record(r: FrameRecord) -> ppb.ActivityFrame:
     """A frame as the store read it back."""
     return build_frame(r.request_id, r.session_key, r.session_id, r.seq, r.at, r.cursor, r.kind, r.body)
-
-
-class TooSlow(Exception):
-    """Raised by ``Subscriber.get`` once the subscriber was dropped for falling behind."""
-
-
-def frame_size(item) -> int:
-    """What a queued item counts against a subscriber's byte bound."""
-    return item.ByteSize() if isinstance(item, ppb.ActivityFrame) else 0
-
-
-class Subscriber:
-    """A bounded frame queue for one stream (a Prompt call, a WatchActivity);
-    ``get`` returns None on keepalive timeout.
-
-    Bounded because the stream's reader sets its pace: gRPC's write to a client
-    that stopped reading waits for HTTP/2 flow control (it blocks only that
-    stream's handler, never the loop), and every frame published meanwhile
-    would wait here, without end, for every such stream. With more than
-    ``max_frames`` frames or ``max_bytes`` bytes waiting (a frame that finds the
-    queue empty is always taken, however large), the subscriber is dropped:
-    its queue is freed at once, ``push`` answers False from then on so the bus
-    takes it out of its fan-out (a dropped stream costs the bus nothing), and
-    the stream's next ``get`` raises ``TooSlow``; the stream then ends telling
-    its client where to resume. Nothing is lost by that: every frame is
-    persisted before it is pushed, and WatchActivity replays from the store."""
-
-    __slots__ = ("buf", "waiter", "held", "max_frames", "max_bytes", "dropped", "first_cursor")
-
-    def __init__(self, max_frames: int = 10_000, max_bytes: int = 8 << 20):
-        self.buf: deque = deque()
-        self.waiter: asyncio.Future | None = None
-        self.held = 0  # bytes of the frames in ``buf``
-        self.max_frames, self.max_bytes = max_frames, max_bytes
-        self.dropped = False
-        self.first_cursor = 0  # cursor of the first frame pushed (0: none yet)
-
-    def push(self, frame, size: int = 0) -> bool:
-        """Queue ``frame`` (``size`` = ``frame_size(frame)``); False once dropped."""
-        if self.dropped:
-            return False
-        buf = self.buf
-        if buf:
-            if len(buf) >= self.max_frames or self.held + size > self.max_bytes:
-                self.dropped = True
-                buf.clear()
-                self.held = 0
-                _wake(self.waiter)
-                return False
-        elif not self.first_cursor:
-            self.first_cursor = getattr(frame, "cursor", 0)
-        buf.append(frame)
-        self.held += size
-        w = self.waiter  # None while the stream's handler is busy writing
-        if w is not None and not w.done():
-            w.set_result(None)
-        return True
-
-    async def get(self, timeout: float):
-        if not self.buf and not self.dropped:
-            loop = asyncio.get_running_loop()
-            self.waiter = loop.create_future()
-            handle = loop.call_later(timeout, _wake, self.waiter)
-            try:
-                await self.waiter
-            finally:
-                handle.cancel()
-                self.waiter = None
-        if self.dropped:
-            raise TooSlow()
-        if not self.buf:
-            return None
-        frame = self.buf.popleft()
-        if self.held:
-            self.held = max(0, self.held - frame_size(frame))
-        return frame
 
 
 def _fence(frames: list[tuple], owners: list) -> dict[str, int]:
@@ -163,11 +88,6 @@ def _dropped(turn) -> bool:
 def _fenced_by(epochs: dict[str, int]) -> Callable[[Any], bool]:
     """Items of a turn written under a refused epoch (or an older one)."""
     return lambda turn: turn.key in epochs and turn.epoch <= epochs[turn.key]
-
-
-def _wake(fut: asyncio.Future | None) -> None:
-    if fut is not None and not fut.done():
-        fut.set_result(None)
 
 
 class FrameBus:
@@ -353,36 +273,36 @@ class FrameBus:
         """Hand a committed frame to the turn's streams and to the watchers of
         its key and platform; a subscriber that falls behind its bound leaves
         its fan-out here and now (see Subscriber)."""
-        size = frame.ByteSize()
+        item = StreamedFrame(frame)
         stats = self.stats
         stats.frames += 1
-        stats.frame_bytes += size
+        stats.frame_bytes += item.size
         subs = turn.subscribers
         if subs:
             for sub in tuple(subs):
-                if not sub.push(frame, size):
+                if not sub.push(item):
                     subs.remove(sub)
         if self.feeds_watchers:
-            self.to_watchers(frame, turn.key, turn.platform, size)
+            self.to_watchers(item, turn.key, turn.platform)
         if kind in TERMINAL:
             turn.ended(frame)
             stats.turn_ended(turn, kind, frame.failed.reason if kind == "failed" else "")
             turnlog.finished(turn, frame)
 
-    def to_watchers(self, frame, key: str, platform: str, size: int) -> None:
+    def to_watchers(self, item: StreamedFrame, key: str, platform: str) -> None:
         """Hand a committed frame to the watchers of its key and platform
         (every frame passes here: with nobody watching it is two lookups)."""
         subs = self.by_key.get(key)
         if subs:
-            self._push(subs, self.by_key, key, frame, size)
+            self._push(subs, self.by_key, key, item)
         subs = self.by_platform.get(platform)
         if subs:
-            self._push(subs, self.by_platform, platform, frame, size)
+            self._push(subs, self.by_platform, platform, item)
 
-    def _push(self, subs: set[Subscriber], index: dict[str, set[Subscriber]], name: str, frame,
-              size: int) -> None:
+    def _push(self, subs: set[Subscriber], index: dict[str, set[Subscriber]], name: str,
+              item: StreamedFrame) -> None:
         for sub in tuple(subs):
-            if not sub.push(frame, size):
+            if not sub.push(item):
                 self.unwatch(index, name, sub)
 
     def deliver_committed(self, turn, frame, kind: str) -> None:

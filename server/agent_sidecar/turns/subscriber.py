@@ -1,0 +1,124 @@
+"""The stream's side of the frame bus (turns/frames.py): what a committed
+frame is on its way out (``StreamedFrame``, encoded once for every stream
+that sends it) and the bounded queue of one stream (``Subscriber``: a
+Prompt call, a WatchActivity), which drops a reader that falls behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from ..v1 import prompt_service_pb2 as ppb
+
+
+class TooSlow(Exception):
+    """Raised by ``Subscriber.get`` once the subscriber was dropped for falling behind."""
+
+
+# PromptResponse and WatchActivityResponse are both ``{ActivityFrame frame = 1}``:
+# field 1, length-delimited.
+_FRAME_FIELD = b"\x0a"
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+class StreamedFrame:
+    """A frame as every stream that carries it sends it: ``frame`` (what
+    the streams' handlers read: its seq, cursor, kind), ``wire`` (the
+    encoded PromptResponse or WatchActivityResponse holding it; the two are
+    the same bytes) and ``size`` (the frame's encoded size, what it counts
+    against a subscriber's byte bound and in the persisted-bytes metric).
+
+    Encoded once, here: a committed frame goes to its turn's stream and to
+    every watcher of its key and platform, and each of them sends ``wire``
+    as it is (api/boundary.py passes bytes through gRPC's serializer), so
+    no stream sizes, copies or encodes the frame again."""
+
+    __slots__ = ("frame", "wire", "size")
+
+    def __init__(self, frame: ppb.ActivityFrame):
+        data = frame.SerializeToString()
+        self.frame, self.size = frame, len(data)
+        self.wire = _FRAME_FIELD + _varint(len(data)) + data
+
+
+class Subscriber:
+    """A bounded frame queue for one stream (a Prompt call, a WatchActivity);
+    ``get`` returns None on keepalive timeout.
+
+    Bounded because the stream's reader sets its pace: gRPC's write to a client
+    that stopped reading waits for HTTP/2 flow control (it blocks only that
+    stream's handler, never the loop), and every frame published meanwhile
+    would wait here, without end, for every such stream. With more than
+    ``max_frames`` frames or ``max_bytes`` bytes waiting (a frame that finds the
+    queue empty is always taken, however large), the subscriber is dropped:
+    its queue is freed at once, ``push`` answers False from then on so the bus
+    takes it out of its fan-out (a dropped stream costs the bus nothing), and
+    the stream's next ``get`` raises ``TooSlow``; the stream then ends telling
+    its client where to resume. Nothing is lost by that: every frame is
+    persisted before it is pushed, and WatchActivity replays from the store."""
+
+    __slots__ = ("buf", "waiter", "held", "max_frames", "max_bytes", "dropped", "first_cursor")
+
+    def __init__(self, max_frames: int = 10_000, max_bytes: int = 8 << 20):
+        self.buf: deque = deque()
+        self.waiter: asyncio.Future | None = None
+        self.held = 0  # bytes of the frames in ``buf``
+        self.max_frames, self.max_bytes = max_frames, max_bytes
+        self.dropped = False
+        self.first_cursor = 0  # cursor of the first frame pushed (0: none yet)
+
+    def push(self, item: StreamedFrame | BaseException) -> bool:
+        """Queue a frame (or the error that ends the stream: a turn refused
+        before its accept); False once dropped."""
+        if self.dropped:
+            return False
+        size = item.size if type(item) is StreamedFrame else 0
+        buf = self.buf
+        if buf:
+            if len(buf) >= self.max_frames or self.held + size > self.max_bytes:
+                self.dropped = True
+                buf.clear()
+                self.held = 0
+                _wake(self.waiter)
+                return False
+        elif not self.first_cursor and type(item) is StreamedFrame:
+            self.first_cursor = item.frame.cursor
+        buf.append(item)
+        self.held += size
+        w = self.waiter  # None while the stream's handler is busy writing
+        if w is not None and not w.done():
+            w.set_result(None)
+        return True
+
+    async def get(self, timeout: float) -> StreamedFrame | BaseException | None:
+        if not self.buf and not self.dropped:
+            loop = asyncio.get_running_loop()
+            self.waiter = loop.create_future()
+            handle = loop.call_later(timeout, _wake, self.waiter)
+            try:
+                await self.waiter
+            finally:
+                handle.cancel()
+                self.waiter = None
+        if self.dropped:
+            raise TooSlow()
+        if not self.buf:
+            return None
+        item = self.buf.popleft()
+        if type(item) is StreamedFrame:
+            self.held -= item.size
+        return item
+
+
+def _wake(fut: asyncio.Future | None) -> None:
+    if fut is not None and not fut.done():
+        fut.set_result(None)
