@@ -63,9 +63,13 @@ def expect_invalid(call, field: str) -> grpc.RpcError:
     return err
 
 
-def raw_call(sc, method: str, data: bytes, *, stream: bool = False):
-    """Call ``method`` (/pkg.Service/Name) with ``data`` as its request bytes."""
+def raw_call(sc, method: str, data: bytes, *, stream: bool | str = False):
+    """Call ``method`` (/pkg.Service/Name) with ``data`` as its request bytes
+    (``stream="both"``: a request stream of that one message)."""
     ch = sc.channel()
+    if stream == "both":
+        return list(ch.stream_stream(method, request_serializer=lambda b: b,
+                                     response_deserializer=lambda b: b)(iter([data]), timeout=10))
     if stream:
         return list(ch.unary_stream(method, request_serializer=lambda b: b,
                                     response_deserializer=lambda b: b)(data, timeout=10))
@@ -211,6 +215,9 @@ def test_unknown_profile_error_quotes_a_short_prefix(shared_sidecar):
 GET_SESSION = "/agent_sidecar.v1.SessionService/GetSession"
 GET_OR_CREATE = "/agent_sidecar.v1.SessionService/GetOrCreateSession"
 WATCH = "/agent_sidecar.v1.PromptService/WatchActivity"
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+HEALTH_WATCH = "/grpc.health.v1.Health/Watch"
+REFLECTION = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
 
 
 @pytest.mark.parametrize("method,data,field,stream", [
@@ -220,7 +227,13 @@ WATCH = "/agent_sidecar.v1.PromptService/WatchActivity"
     (GET_SESSION, b"\x0a\x09abc", "session_key", False),              # longer than the bytes
     (GET_SESSION, b"\xff\xff\xff", "request", False),                 # no wire format at all
     (WATCH, b"\x1a\x01\xfe", "platform", True),                       # a response stream
-], ids=["utf8", "overlong", "nested", "truncated", "garbage", "stream"])
+    # The standard services, which need no credential, the same way:
+    (HEALTH_CHECK, b"\x0a\x02\xc3\x28", "service", False),
+    (HEALTH_CHECK, b"\xff\xff\xff", "request", False),
+    (HEALTH_WATCH, b"\xff\xff\xff", "request", True),
+    (REFLECTION, b"\xff\xff\xff", "request", "both"),
+], ids=["utf8", "overlong", "nested", "truncated", "garbage", "stream",
+        "health-utf8", "health-garbage", "health-watch", "reflection"])
 def test_undecodable_request_is_invalid_argument(sidecar, method, data, field, stream):
     before = len(sidecar.log())
     with rpc_error(INVALID, "INVALID_ARGUMENT", field):

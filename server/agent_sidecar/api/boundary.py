@@ -169,6 +169,72 @@ async def _admit_read(auth, request, context):
         return None, None
 
 
+def parsed_only(service: str, name: str, h: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A standard service's handler (health, reflection) with step 3 only:
+    bytes that are no valid request end the call INVALID_ARGUMENT naming the
+    field, with ErrorInfo and one short log line, as for our services; gRPC
+    itself answers UNKNOWN and logs a traceback, per call, for a caller that
+    needs no credential (a health probe). No authentication and no caps: their
+    requests are bounded by the server's largest message."""
+    cls = h.request_deserializer.__self__  # type: ignore[union-attr]  # the generated FromString
+
+    def parse(raw: bytes):
+        try:
+            return cls.FromString(raw)
+        except DecodeError:
+            field, problem = wire.undecodable(cls.DESCRIPTOR, raw)
+            log.warning("undecodable request", extra={"rpc": f"/{service}/{name}", "field": field,
+                                                      "problem": problem, "bytes": len(raw)})
+            return invalid(field, problem)
+
+    if not h.request_streaming and not h.response_streaming:
+        return grpc.unary_unary_rpc_method_handler(_refusing_unary(h.unary_unary), parse,
+                                                   h.response_serializer)
+    if not h.request_streaming:
+        return grpc.unary_stream_rpc_method_handler(_refusing_unary_stream(h.unary_stream), parse,
+                                                    h.response_serializer)
+    if not inspect.isasyncgenfunction(h.stream_stream):
+        raise TypeError(f"{name}: a standard stream handler must be an async generator")
+    return grpc.stream_stream_rpc_method_handler(_refusing_streams(h.stream_stream), parse,
+                                                 h.response_serializer)
+
+
+def _refusing_unary(behavior):
+    async def unary_unary(request, context):
+        if isinstance(request, SidecarError):
+            await abort(context, request)
+            return None
+        return await behavior(request, context)
+    return unary_unary
+
+
+def _refusing_unary_stream(behavior):
+    async def unary_stream(request, context):
+        if isinstance(request, SidecarError):
+            await abort(context, request)
+            return
+        async for item in behavior(request, context):
+            yield item
+    return unary_stream
+
+
+def _refusing_streams(behavior):
+    """A request that does not parse ends the call where the handler reads it."""
+    async def raising(requests):
+        async for request in requests:
+            if isinstance(request, SidecarError):
+                raise request
+            yield request
+
+    async def stream_stream(requests, context):
+        try:
+            async for item in behavior(raising(requests), context):
+                yield item
+        except SidecarError as e:
+            await abort(context, e)
+    return stream_stream
+
+
 def _bytes_as_is(serialize):
     """The handler's response serializer, except that bytes go out as they
     are: a stream of frames yields each response already encoded, once for

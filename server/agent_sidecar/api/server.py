@@ -42,7 +42,7 @@ from ..v1 import (
     tool_service_pb2,
     tool_service_pb2_grpc,
 )
-from .boundary import Boundary
+from .boundary import Boundary, parsed_only
 from .caps import Caps
 
 _ADD = {"SessionService": session_service_pb2_grpc.add_SessionServiceServicer_to_server,
@@ -108,16 +108,17 @@ class GenericOnly:
     methods: every method of our services, health's and reflection's. A
     generic handler is one pending request, and finding a call's handler is a
     dict lookup per service. The calls and their statuses are the same either
-    way."""
+    way. Each handler gets the boundary's parse step (``parsed_only``)."""
 
     def __init__(self, server: grpc.aio.Server):
         self.server = server
 
     def add_generic_rpc_handlers(self, handlers) -> None:
-        self.server.add_generic_rpc_handlers(handlers)
+        pass  # the same handlers follow in add_registered_method_handlers
 
     def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
-        pass  # the same handlers came as the generic ones just before
+        wrapped = {name: parsed_only(service, name, h) for name, h in handlers.items()}
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
 
 
 def build_server(cfg: Config, services: list,
