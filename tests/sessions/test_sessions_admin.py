@@ -295,6 +295,17 @@ def test_scoped_tokens(tmp_path):
         with rpc_error(denied, "PERMISSION_DENIED"):
             list(prompts.WatchActivity(ppb.WatchActivityRequest(request_id="dc-turn"),
                                        timeout=10, metadata=tg))
+        # Cancel is refused the same whether or not the lane runs a turn: an idle
+        # lane's answer must not tell a telegram token what a busy one's would.
+        with rpc_error(denied, "PERMISSION_DENIED"):
+            prompts.Cancel(ppb.CancelRequest(session_key=d.session_key), timeout=10, metadata=tg)
+        with rpc_error(denied, "PERMISSION_DENIED"):
+            prompts.Cancel(ppb.CancelRequest(request_id="dc-turn"), timeout=10, metadata=tg)
+        assert not prompts.Cancel(ppb.CancelRequest(session_key=s.session_key), timeout=10,
+                                  metadata=tg).cancelled  # its own idle lane: nothing to cancel
+        for bad in ("not-a-key", "a\x00b", "agent:main"):
+            with rpc_error(INVALID, "INVALID_ARGUMENT", "session_key"):
+                prompts.Cancel(ppb.CancelRequest(session_key=bad), timeout=10, metadata=adm)
         r = tcp.ClearAllSessions(pb.ClearAllSessionsRequest(confirm="DELETE ALL SESSIONS"),
                                  timeout=10, metadata=adm)
         assert r.sessions_deleted == 3

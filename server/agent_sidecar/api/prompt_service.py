@@ -48,6 +48,19 @@ def _too_slow(resume: str) -> E.SidecarError:
         retry_after_s=0.1)
 
 
+def _scoped_key(value: str, principal) -> str:
+    """A request's ``session_key`` in its one spelling, refused when it is not
+    a key (INVALID_ARGUMENT) or names a platform outside the caller's
+    (PERMISSION_DENIED), before anything looks the lane up: whether a lane
+    exists or runs a turn is no answer to a call that may not ask."""
+    try:
+        key = canonical_session_key(value)
+    except ValueError:
+        raise E.invalid("session_key", "is not a session key") from None
+    principal.require_platform(split_session_key(key)[1])
+    return key
+
+
 # A followed request's (session key, session id) while it goes on; None once it is over.
 StillOpen = Callable[[], Awaitable[tuple[str, str] | None]]
 
@@ -251,11 +264,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
                 yield item.wire
             return
         if request.session_key:
-            try:
-                key = canonical_session_key(request.session_key)
-            except ValueError:
-                raise E.invalid("session_key", "is not a session key") from None
-            principal.require_platform(split_session_key(key)[1])
+            key = _scoped_key(request.session_key, principal)
             index, name, column = self.turns.bus.by_key, key, "session_key"
             where = {"session_key": key}
         else:
@@ -311,14 +320,14 @@ class PromptService(pb_grpc.PromptServiceServicer):
         if bool(request.session_key) == bool(request.request_id):
             raise E.invalid("session_key", "give exactly one of session_key and request_id")
         if request.request_id:
+            # Checked whether or not it runs: the answer must not tell another
+            # platform's credential that a request of this one is in flight.
+            await self._authorize_request(request.request_id, principal)
             turn = self.turns.live.get(request.request_id)
             if turn is None:
                 await self._route_request(request.request_id, principal)
         else:
-            try:
-                key = canonical_session_key(request.session_key)
-            except ValueError:  # not a key: no lane has it
-                return pb.CancelResponse(cancelled=False)
+            key = _scoped_key(request.session_key, principal)
             lane = self.turns.lanes.get(key)
             if lane is None:
                 await self._route(key)
@@ -330,12 +339,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
 
     @unary
     async def GetQueue(self, request, context, principal):
-        key = cv.require(request.session_key, "session_key")
-        try:
-            key = canonical_session_key(key)
-            principal.require_platform(split_session_key(key)[1])
-        except ValueError:
-            raise E.invalid("session_key", "is not a session key") from None
+        key = _scoped_key(cv.require(request.session_key, "session_key"), principal)
         lane = self.turns.lanes.get(key)
         if lane is None:
             await self._route(key)
