@@ -76,6 +76,32 @@ def test_transcript_pages_count_bytes_not_characters(sc):
     assert got == 20 and pages >= 2, (got, pages)
 
 
+def test_session_pages_end_before_a_default_receive_limit(sc):
+    """120 sessions whose chat name and topic are 4,096 four-byte characters
+    each (~4 MiB of sessions): a page of page_size 1000 ends at the byte
+    budget, every page fits a client with the default 4 MiB receive limit,
+    and paging returns each session once, most recent first."""
+    big = "\U0001F600" * 4096
+    stub = sc.sessions()
+    platform = "bigpages"
+    made = [stub.GetOrCreateSession(pb.GetOrCreateSessionRequest(
+        source=src(platform, chat_type="group", chat_name=big, chat_topic=big)), timeout=10).session
+        for _ in range(120)]
+    seen, times, tok, pages = [], [], "", 0
+    while True:
+        r = stub.ListSessions(pb.ListSessionsRequest(platform=platform, page_size=1000, page_token=tok),
+                              timeout=30)
+        assert r.ByteSize() < 4 * 1024 * 1024
+        seen += [x.session_key for x in r.sessions]
+        times += [x.updated_at.ToNanoseconds() for x in r.sessions]
+        pages += 1
+        tok = r.next_page_token
+        if not tok:
+            break
+    assert pages >= 2 and sorted(seen) == sorted(m.session_key for m in made)
+    assert times == sorted(times, reverse=True)
+
+
 def test_switch_session_starts_a_fresh_entry(sc):
     """/resume to an earlier incarnation: the lane's counters are not the ones
     the incarnation it left spent (seed 001: switch_session makes a new entry)."""

@@ -53,7 +53,8 @@ type SessionServiceClient interface {
 	// One session by key or by id. Read-only; SESSION_NOT_FOUND when absent.
 	GetSession(ctx context.Context, in *GetSessionRequest, opts ...grpc.CallOption) (*GetSessionResponse, error)
 	// Sessions, most recently active first (updated_at descending), paged
-	// (AIP-158). Read-only.
+	// (AIP-158); a page also ends before about 3 MiB so that default gRPC
+	// receive limits hold. Read-only.
 	ListSessions(ctx context.Context, in *ListSessionsRequest, opts ...grpc.CallOption) (*ListSessionsResponse, error)
 	// /new, /reset: new session_id, is_fresh_reset, queued prompts dropped.
 	// The old incarnation ends (its transcript stays readable by id); waiting
@@ -308,7 +309,8 @@ type SessionServiceServer interface {
 	// One session by key or by id. Read-only; SESSION_NOT_FOUND when absent.
 	GetSession(context.Context, *GetSessionRequest) (*GetSessionResponse, error)
 	// Sessions, most recently active first (updated_at descending), paged
-	// (AIP-158). Read-only.
+	// (AIP-158); a page also ends before about 3 MiB so that default gRPC
+	// receive limits hold. Read-only.
 	ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error)
 	// /new, /reset: new session_id, is_fresh_reset, queued prompts dropped.
 	// The old incarnation ends (its transcript stays readable by id); waiting

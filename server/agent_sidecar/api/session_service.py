@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from ..config import Config
 from ..errors import FAILED_PRECONDITION, SidecarError, excerpt, invalid, not_found
@@ -28,6 +30,28 @@ CLEAR_ALL_CONFIRM = "DELETE ALL SESSIONS"
 MAX_TOKEN_DELTA = 2 ** 40
 MAX_COST_DELTA = 1e9
 PAGE_BYTES = 3 * 1024 * 1024
+
+
+def _within_page_bytes(items: list, size_of: Callable[[Any], int]) -> list:
+    """The leading ``items`` whose ``size_of`` (bytes on the wire) add up to
+    at most PAGE_BYTES, and always the first: a page ends at page_size or at
+    this budget, so a client with gRPC's default receive limit can read it."""
+    page: list = []
+    used = 0
+    for item in items:
+        used += size_of(item)
+        if page and used > PAGE_BYTES:
+            break
+        page.append(item)
+    return page
+
+
+def _message_bytes(m: Message) -> int:
+    return 64 + sum(len(v.encode()) for v in (m.content, m.tool_calls_json, m.tool_name, m.tool_call_id))
+
+
+def _proto_bytes(msg) -> int:
+    return msg.ByteSize() + 8  # with its tag and length in the page
 
 
 class SessionService(pb_grpc.SessionServiceServicer):
@@ -117,13 +141,12 @@ class SessionService(pb_grpc.SessionServiceServicer):
         since = time.time() - request.active_within_seconds if request.active_within_seconds else None
         found = await self.store.list_entries(platform=platform, active_since=since, limit=size + 1,
                                               after=(token["u"], token["s"]) if token else None)
-        entries = found[:size]
+        sessions = _within_page_bytes([self._session(e) for e in found[:size]], _proto_bytes)
         nxt = ""
-        if len(found) > size:
-            last = entries[-1]
+        if len(sessions) < len(found):
+            last = found[len(sessions) - 1]
             nxt = cv.encode_page_token({"k": "sessions", "u": last.updated_at, "s": last.session_key})
-        return pb.ListSessionsResponse(sessions=[self._session(e) for e in entries],
-                                       next_page_token=nxt)
+        return pb.ListSessionsResponse(sessions=sessions, next_page_token=nxt)
 
     @unary
     async def ResetSession(self, request, context, principal):
@@ -207,16 +230,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         after = token["after"] if token else 0
         msgs = await self.store.transcript(request.session_id, include_rewound=request.include_rewound,
                                            after_seq=after, limit=size + 1)
-        # A page ends at page_size or at a byte budget (always holding at least
-        # one message), so a client with default receive limits can read it.
-        page: list[Message] = []
-        used = 0
-        for m in msgs[:size]:  # bytes on the wire, not characters
-            used += 64 + sum(len(v.encode()) for v in
-                             (m.content, m.tool_calls_json, m.tool_name, m.tool_call_id))
-            if page and used > PAGE_BYTES:
-                break
-            page.append(m)
+        page: list[Message] = _within_page_bytes(msgs[:size], _message_bytes)
         nxt = ""
         if len(page) < len(msgs):
             nxt = cv.encode_page_token({"k": "transcript", "after": page[-1].seq})

@@ -151,7 +151,8 @@ class SessionServiceServicer:
 
     def ListSessions(self, request, context):
         """Sessions, most recently active first (updated_at descending), paged
-        (AIP-158). Read-only.
+        (AIP-158); a page also ends before about 3 MiB so that default gRPC
+        receive limits hold. Read-only.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -3644,7 +3644,8 @@ export const SessionServiceService = {
   },
   /**
    * Sessions, most recently active first (updated_at descending), paged
-   * (AIP-158). Read-only.
+   * (AIP-158); a page also ends before about 3 MiB so that default gRPC
+   * receive limits hold. Read-only.
    */
   listSessions: {
     path: "/agent_sidecar.v1.SessionService/ListSessions" as const,
@@ -3888,7 +3889,8 @@ export interface SessionServiceServer extends UntypedServiceImplementation {
   getSession: handleUnaryCall<GetSessionRequest, GetSessionResponse>;
   /**
    * Sessions, most recently active first (updated_at descending), paged
-   * (AIP-158). Read-only.
+   * (AIP-158); a page also ends before about 3 MiB so that default gRPC
+   * receive limits hold. Read-only.
    */
   listSessions: handleUnaryCall<ListSessionsRequest, ListSessionsResponse>;
   /**
@@ -4011,7 +4013,8 @@ export interface SessionServiceClient extends Client {
   ): ClientUnaryCall;
   /**
    * Sessions, most recently active first (updated_at descending), paged
-   * (AIP-158). Read-only.
+   * (AIP-158); a page also ends before about 3 MiB so that default gRPC
+   * receive limits hold. Read-only.
    */
   listSessions(
     request: ListSessionsRequest,
