@@ -154,6 +154,8 @@ def _cases():
             page_size=-1)), INVALID, "page_size"),
         ("transcript-negative-page-size", lambda st, k: st.GetTranscript(S.GetTranscriptRequest(
             session_id=k.session_id, page_size=-5)), INVALID, "page_size"),
+        ("list-platform-colon", lambda st, k: st.ListSessions(S.ListSessionsRequest(
+            platform="tele:gram")), INVALID, "platform"),
         ("list-negative-active", lambda st, k: st.ListSessions(S.ListSessionsRequest(
             active_within_seconds=-1)), INVALID, "active_within_seconds"),
         ("search-empty", lambda st, k: st.SearchMessages(S.SearchMessagesRequest()),

@@ -170,6 +170,14 @@ def test_watch_unknown_request_id_is_not_found(sc):
     assert out.reason, "no ErrorInfo"
 
 
+def test_watch_of_a_platform_name_no_platform_can_have_is_refused(sc):
+    """No platform name holds ':' (source.platform refuses it): such a watch
+    is INVALID_ARGUMENT naming the field, not a stream that waits forever."""
+    out = collect(sc.prompts().WatchActivity(ppb.WatchActivityRequest(platform="tele:gram"), timeout=5))
+    assert out.frames == []
+    assert out.code == grpc.StatusCode.INVALID_ARGUMENT and out.field == "platform", (out.code, out.details)
+
+
 # -- idempotency ------------------------------------------------------------------------
 
 

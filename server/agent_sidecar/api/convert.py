@@ -11,7 +11,7 @@ import orjson
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from ..config import Config
-from ..errors import invalid
+from ..errors import excerpt, invalid
 from ..sessions.entry import SessionEntry, origin_of
 from ..sessions.source import CHAT_TYPES, SessionSource
 from ..sessions.transcripts import ROLES, Message
@@ -150,6 +150,15 @@ def page_size(requested: int, cfg: Config) -> int:
     if requested == 0:
         return cfg.limits.default_page_size
     return min(requested, cfg.limits.max_page_size)
+
+
+def platform_filter(value: str) -> str:
+    """A request's ``platform`` (lower case, "" for none). A name with ``:``
+    is refused: no platform has one (``source.platform`` refuses it), so
+    such a filter could only ever match nothing, or watch nothing forever."""
+    if ":" in value:
+        raise invalid("platform", f"must not contain ':' (got {excerpt(value)})")
+    return value.lower()
 
 
 def require(value: str, field: str, cfg: Config | None = None) -> str:

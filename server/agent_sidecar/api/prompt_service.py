@@ -268,7 +268,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
             index, name, column = self.turns.bus.by_key, key, "session_key"
             where = {"session_key": key}
         else:
-            platform = request.platform.lower()
+            platform = cv.platform_filter(request.platform)
             principal.require_platform(platform)
             index, name, column = self.turns.bus.by_platform, platform, "platform"
             where = {"platform": platform}

@@ -133,7 +133,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         token = cv.decode_page_token(request.page_token, "sessions", {"u": (int, float), "s": str})
         if request.active_within_seconds < 0:
             raise invalid("active_within_seconds", "must not be negative")
-        platform = request.platform.lower()
+        platform = cv.platform_filter(request.platform)
         if platform:
             principal.require_platform(platform)
         elif not principal.allows("*"):
