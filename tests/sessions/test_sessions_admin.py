@@ -319,6 +319,15 @@ def test_health_serving(shared_sidecar):
         health_pb2.HealthCheckResponse.SERVING
 
 
+def test_health_watch_streams_the_status(shared_sidecar):
+    """Watch is a handler that writes through its context, not a generator:
+    the boundary's parse step must leave it one."""
+    call = health_pb2_grpc.HealthStub(shared_sidecar.channel()).Watch(health_pb2.HealthCheckRequest(),
+                                                                      timeout=5)
+    assert next(iter(call)).status == health_pb2.HealthCheckResponse.SERVING
+    call.cancel()
+
+
 def test_reflection_lists_services(shared_sidecar):
     stub = reflection_pb2_grpc.ServerReflectionStub(shared_sidecar.channel())
     resp = next(iter(stub.ServerReflectionInfo(

@@ -194,7 +194,7 @@ def parsed_only(service: str, name: str, h: grpc.RpcMethodHandler) -> grpc.RpcMe
         return grpc.unary_stream_rpc_method_handler(_refusing_unary_stream(h.unary_stream), parse,
                                                     h.response_serializer)
     if not inspect.isasyncgenfunction(h.stream_stream):
-        raise TypeError(f"{name}: a standard stream handler must be an async generator")
+        raise TypeError(f"{name}: a standard request stream handler must be an async generator")
     return grpc.stream_stream_rpc_method_handler(_refusing_streams(h.stream_stream), parse,
                                                  h.response_serializer)
 
@@ -209,13 +209,24 @@ def _refusing_unary(behavior):
 
 
 def _refusing_unary_stream(behavior):
-    async def unary_stream(request, context):
+    """Of the same kind as ``behavior``, which gRPC tells apart: an async
+    generator (reflection's) or a coroutine that writes through its context
+    (health's Watch)."""
+    if inspect.isasyncgenfunction(behavior):
+        async def unary_stream(request, context):
+            if isinstance(request, SidecarError):
+                await abort(context, request)
+                return
+            async for item in behavior(request, context):
+                yield item
+        return unary_stream
+
+    async def writing(request, context):
         if isinstance(request, SidecarError):
             await abort(context, request)
             return
-        async for item in behavior(request, context):
-            yield item
-    return unary_stream
+        await behavior(request, context)
+    return writing
 
 
 def _refusing_streams(behavior):
