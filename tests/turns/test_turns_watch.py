@@ -94,13 +94,23 @@ def _probe_until_live(sc, w: Watcher, key: str) -> None:
     wait_until(seen, timeout=10, interval=0)
 
 
-def test_watch_by_session_key_sees_live_frames_of_a_later_turn(sc):
-    stub = sc.prompts()
-    first = run(stub, prompt_req(text="make the session"))
+def _watched_session(sc) -> tuple:
+    """A session made by one turn, and a watcher of its key that sees live frames."""
+    first = run(sc.prompts(), prompt_req(text="make the session"))
     key = first.frames[0].session_key
-    w = Watcher(stub, session_key=key, after_cursor=0)
+    w = Watcher(sc.prompts(), session_key=key, after_cursor=0)
     try:
         _probe_until_live(sc, w, key)
+    except BaseException:
+        w.close()
+        raise
+    return first, key, w
+
+
+def test_watch_by_session_key_sees_live_frames_of_a_later_turn(sc):
+    stub = sc.prompts()
+    first, key, w = _watched_session(sc)
+    try:
         other = run(stub, prompt_req(text="someone else"))  # another session: not seen
         out = run(stub, prompt_req(text=WORDS, session_key=key))
         assert_well_formed(out)
@@ -127,11 +137,8 @@ def test_a_large_frame_is_the_same_on_its_stream_a_watcher_and_a_replay(sc):
     the Prompt stream, on a watcher of its session key and in a replay by
     request: every stream sends the frame's one encoding."""
     stub = sc.prompts()
-    first = run(stub, prompt_req(text="make the session"))
-    key = first.frames[0].session_key
-    w = Watcher(stub, session_key=key, after_cursor=0)
+    _, key, w = _watched_session(sc)
     try:
-        _probe_until_live(sc, w, key)
         text = " ".join(f"wörd{i}" for i in range(3_000))  # ~20 KB; the echo says it back
         out = run(stub, prompt_req(text=text, session_key=key))
         assert_well_formed(out)
