@@ -13,7 +13,8 @@ In order, each step refused with a status carrying ErrorInfo:
 4. whether every field is within its cap, before any handler looks it up.
 
 Then the handler runs with ``(request, context, principal)``: the principal is
-computed once, here.
+computed once, here. The standard services (health, reflection: api/server.py
+``GenericOnly``) get step 3 only (``parsed_only``): they need no credential.
 
 How: the generated ``add_*Servicer_to_server`` functions register their method
 handlers on a ``Boundary`` standing in for the server, which wraps each one.
