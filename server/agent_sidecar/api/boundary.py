@@ -100,6 +100,18 @@ class Boundary:
             response_serializer=_bytes_as_is(h.response_serializer))
 
 
+def _decoded(cls, raw: bytes, method: str):
+    """``cls`` parsed from ``raw``; bytes protobuf refuses are INVALID_ARGUMENT
+    naming the field (step 3), with one short log line."""
+    try:
+        return cls.FromString(raw)
+    except DecodeError:
+        field, problem = wire.undecodable(cls.DESCRIPTOR, raw)
+        log.warning("undecodable request", extra={"rpc": method, "field": field,
+                                                  "problem": problem, "bytes": len(raw)})
+        raise invalid(field, problem) from None
+
+
 class _Reader:
     """Size check, parse and caps of one RPC's request messages."""
 
@@ -116,13 +128,7 @@ class _Reader:
             raise invalid(wire.largest(desc, raw),
                           f"too large: the request has {len(raw)} bytes, a {desc.name}"
                           f" at most {self.limit}")
-        try:
-            request = self.cls.FromString(raw)
-        except DecodeError:
-            field, problem = wire.undecodable(desc, raw)
-            log.warning("undecodable request", extra={"rpc": self.method, "field": field,
-                                                      "problem": problem, "bytes": len(raw)})
-            raise invalid(field, problem) from None
+        request = _decoded(self.cls, raw, self.method)
         self.caps.check(request, len(raw))
         return request
 
@@ -178,15 +184,13 @@ def parsed_only(service: str, name: str, h: grpc.RpcMethodHandler) -> grpc.RpcMe
     needs no credential (a health probe). No authentication and no caps: their
     requests are bounded by the server's largest message."""
     cls = h.request_deserializer.__self__  # type: ignore[union-attr]  # the generated FromString
+    method = f"/{service}/{name}"
 
     def parse(raw: bytes):
         try:
-            return cls.FromString(raw)
-        except DecodeError:
-            field, problem = wire.undecodable(cls.DESCRIPTOR, raw)
-            log.warning("undecodable request", extra={"rpc": f"/{service}/{name}", "field": field,
-                                                      "problem": problem, "bytes": len(raw)})
-            return invalid(field, problem)
+            return _decoded(cls, raw, method)
+        except SidecarError as e:  # returned, not raised (gRPC would end the call its own way)
+            return e
 
     if not h.request_streaming and not h.response_streaming:
         return grpc.unary_unary_rpc_method_handler(_refusing_unary(h.unary_unary), parse,
