@@ -13,6 +13,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from ..config import Config
 from ..errors import excerpt, invalid
 from ..sessions.entry import SessionEntry, origin_of
+from ..sessions.keys import canonical_session_key, split_session_key
 from ..sessions.source import CHAT_TYPES, SessionSource
 from ..sessions.transcripts import ROLES, Message
 from ..v1 import common_pb2 as c
@@ -150,6 +151,21 @@ def page_size(requested: int, cfg: Config) -> int:
     if requested == 0:
         return cfg.limits.default_page_size
     return min(requested, cfg.limits.max_page_size)
+
+
+def scoped_key(value: str, principal, cfg: Config) -> str:
+    """A request's ``session_key`` in its one spelling (the platform in lower
+    case), refused when it is missing or no key (INVALID_ARGUMENT) or names a
+    platform outside the caller's (PERMISSION_DENIED), before anything looks
+    the lane up: whether a lane exists or runs a turn is no answer to a call
+    that may not ask."""
+    require(value, "session_key", cfg)
+    try:
+        key = canonical_session_key(value)
+    except ValueError:
+        raise invalid("session_key", "is not a session key (agent:{profile}:{platform}:…)") from None
+    principal.require_platform(split_session_key(key)[1])
+    return key
 
 
 def platform_filter(value: str) -> str:

@@ -17,6 +17,7 @@ from ..config import Config
 from ..logs import bind_turn
 from ..sessions.keys import build_session_key, canonical_session_key, split_session_key
 from ..store import Store
+from ..store.records import LedgerEntry
 from ..turns import jobs
 from ..turns.frames import TERMINAL, frame_from_record
 from ..turns.subscriber import StreamedFrame, Subscriber, TooSlow
@@ -46,19 +47,6 @@ def _too_slow(resume: str) -> E.SidecarError:
         "the stream's reader fell behind (more than limits.stream_buffer_frames frames or"
         f" limits.stream_buffer_bytes bytes waiting) and the stream was ended; resume with {resume}",
         retry_after_s=0.1)
-
-
-def _scoped_key(value: str, principal) -> str:
-    """A request's ``session_key`` in its one spelling, refused when it is not
-    a key (INVALID_ARGUMENT) or names a platform outside the caller's
-    (PERMISSION_DENIED), before anything looks the lane up: whether a lane
-    exists or runs a turn is no answer to a call that may not ask."""
-    try:
-        key = canonical_session_key(value)
-    except ValueError:
-        raise E.invalid("session_key", "is not a session key") from None
-    principal.require_platform(split_session_key(key)[1])
-    return key
 
 
 # A followed request's (session key, session id) while it goes on; None once it is over.
@@ -151,15 +139,18 @@ class PromptService(pb_grpc.PromptServiceServicer):
             if sub in turn.subscribers:
                 turn.subscribers.remove(sub)
 
-    async def _authorize_request(self, rid: str, principal) -> None:
-        """A request's frames are readable only with a credential for its platform."""
+    async def _authorize_request(self, rid: str, principal) -> LedgerEntry | None:
+        """A request's frames are readable only with a credential for its
+        platform. Returns its ledger entry when it was read (the request does
+        not run on this node)."""
         live = self.turns.live.get(rid)
         if live is not None:
             principal.require_platform(live.platform)
-            return
+            return None
         entry = await self.store.ledger(rid)
         if entry is not None:
             principal.require_platform(entry.platform)
+        return entry
 
     async def _follow(self, sub: Subscriber, rid: str, last_seq: int, still_open: StillOpen):
         """Live frames of one request, skipping what was already sent, ending
@@ -264,7 +255,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
                 yield item.wire
             return
         if request.session_key:
-            key = _scoped_key(request.session_key, principal)
+            key = cv.scoped_key(request.session_key, principal, self.cfg)
             index, name, column = self.turns.bus.by_key, key, "session_key"
             where = {"session_key": key}
         else:
@@ -307,14 +298,6 @@ class PromptService(pb_grpc.PromptServiceServicer):
         if self.turns.leases is not None:
             await self.turns.leases.route(key)
 
-    async def _route_request(self, rid: str, principal) -> None:
-        if self.turns.leases is None:
-            return
-        entry = await self.store.ledger(rid)
-        if entry is not None and entry.status in ("queued", "running"):
-            principal.require_platform(entry.platform)
-            await self._route(entry.session_key)
-
     @unary
     async def Cancel(self, request, context, principal):
         if bool(request.session_key) == bool(request.request_id):
@@ -322,12 +305,12 @@ class PromptService(pb_grpc.PromptServiceServicer):
         if request.request_id:
             # Checked whether or not it runs: the answer must not tell another
             # platform's credential that a request of this one is in flight.
-            await self._authorize_request(request.request_id, principal)
+            entry = await self._authorize_request(request.request_id, principal)
             turn = self.turns.live.get(request.request_id)
-            if turn is None:
-                await self._route_request(request.request_id, principal)
+            if turn is None and entry is not None and entry.open:
+                await self._route(entry.session_key)
         else:
-            key = _scoped_key(request.session_key, principal)
+            key = cv.scoped_key(request.session_key, principal, self.cfg)
             lane = self.turns.lanes.get(key)
             if lane is None:
                 await self._route(key)
@@ -339,7 +322,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
 
     @unary
     async def GetQueue(self, request, context, principal):
-        key = _scoped_key(cv.require(request.session_key, "session_key"), principal)
+        key = cv.scoped_key(request.session_key, principal, self.cfg)
         lane = self.turns.lanes.get(key)
         if lane is None:
             await self._route(key)

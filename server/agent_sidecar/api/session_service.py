@@ -15,7 +15,7 @@ from ..sessions import lifecycle as life
 from ..sessions import transcripts as tx
 from ..sessions.context import build_session_context_prompt, shared_multi_user
 from ..sessions.entry import SessionEntry
-from ..sessions.keys import build_session_key, canonical_session_key, split_session_key
+from ..sessions.keys import build_session_key, split_session_key
 from ..store import Store
 from ..store.records import Message, UsageDelta
 from ..turns import lane_admin, undo
@@ -77,16 +77,6 @@ class SessionService(pb_grpc.SessionServiceServicer):
             raise invalid(path if path.startswith("source") else field, str(e)) from None
         return key, profile
 
-    def _key(self, key: str, principal, field: str = "session_key") -> str:
-        cv.require(key, field, self.cfg)
-        try:
-            key = canonical_session_key(key)
-            _, platform, _ = split_session_key(key)
-        except ValueError:
-            raise invalid(field, "is not a session key (agent:{profile}:{platform}:…)") from None
-        principal.require_platform(platform)
-        return key
-
     async def _entry(self, key: str) -> SessionEntry:
         entry = await self.store.entry(key)
         if entry is None:
@@ -98,7 +88,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         key = await self.store.session_key_of(session_id)
         if key is None:
             raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {excerpt(session_id)}")
-        self._key(key, principal)
+        cv.scoped_key(key, principal, self.cfg)
         return key
 
     # -- lanes --------------------------------------------------------------
@@ -117,7 +107,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         if bool(request.session_key) == bool(request.session_id):
             raise invalid("session_key", "give exactly one of session_key and session_id")
         if request.session_key:
-            entry = await self._entry(self._key(request.session_key, principal))
+            entry = await self._entry(cv.scoped_key(request.session_key, principal, self.cfg))
         else:
             key = await self._incarnation_key(request.session_id, principal)
             entry = await self._entry(key)
@@ -150,7 +140,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
 
     @unary
     async def ResetSession(self, request, context, principal):
-        key = self._key(request.session_key, principal)
+        key = cv.scoped_key(request.session_key, principal, self.cfg)
         cv.check_size(request.display_name, "display_name", self.cfg.limits.max_id_length)
         await self._entry(key)
         await lane_admin.reset(self.turns, key)
@@ -159,21 +149,21 @@ class SessionService(pb_grpc.SessionServiceServicer):
 
     @unary
     async def SwitchSession(self, request, context, principal):
-        key = self._key(request.session_key, principal)
+        key = cv.scoped_key(request.session_key, principal, self.cfg)
         cv.require(request.target_session_id, "target_session_id", self.cfg)
         entry = await self.store.write(life.switch, key, request.target_session_id)
         return pb.SwitchSessionResponse(session=self._session(entry))
 
     @unary
     async def SuspendSession(self, request, context, principal):
-        key = self._key(request.session_key, principal)
+        key = cv.scoped_key(request.session_key, principal, self.cfg)
         entry = await self.store.write(life.suspend, key)
         await lane_admin.suspend(self.turns, key)
         return pb.SuspendSessionResponse(session=self._session(entry))
 
     @unary
     async def MarkResumePending(self, request, context, principal):
-        key = self._key(request.session_key, principal)
+        key = cv.scoped_key(request.session_key, principal, self.cfg)
         reason = cv.check_size(cv.require(request.reason, "reason"), "reason",
                                self.cfg.limits.max_id_length)
         entry = await self.store.write(life.mark_resume_pending, key, reason)
@@ -181,7 +171,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
 
     @unary
     async def DeleteSession(self, request, context, principal):
-        key = self._key(request.session_key, principal)
+        key = cv.scoped_key(request.session_key, principal, self.cfg)
         if not principal.admin and not principal.allows(split_session_key(key)[1]):
             principal.require_admin()
         await lane_admin.delete(self.turns, key)
@@ -213,7 +203,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         if request.HasField("source") == bool(request.session_key):
             raise invalid("source", "give exactly one of source and session_key")
         if request.session_key:
-            key = self._key(request.session_key, principal)
+            key = cv.scoped_key(request.session_key, principal, self.cfg)
             entry = await self.store.write(life.seed, key, messages)
         else:
             source = cv.source_from_proto(request.source, self.cfg)
@@ -271,7 +261,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         if request.limit < 0:
             raise invalid("limit", "must not be negative")
         if request.session_key:
-            self._key(request.session_key, principal)
+            cv.scoped_key(request.session_key, principal, self.cfg)
         elif not principal.allows("*"):
             raise invalid("session_key", "is required for a platform-scoped credential")
         hits = await self.store.search(query, session_key=request.session_key,
@@ -285,7 +275,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
 
     @unary
     async def UpdateUsage(self, request, context, principal):
-        key = self._key(request.session_key, principal)
+        key = cv.scoped_key(request.session_key, principal, self.cfg)
         d = request.delta
         for name in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens"):
             if not 0 <= getattr(d, name) <= MAX_TOKEN_DELTA:
