@@ -524,7 +524,7 @@ def main() -> int:
                  and not (n == "sidecar-traced" and not args.tracing)]
         if args.metrics:
             names.insert(names.index("sidecar") + 1 if "sidecar" in names else 0, "sidecar-metrics")
-        if args.baseline and args.only in (None, "sidecar", "sidecar-base"):
+        if args.baseline and args.only in (None, "sidecar-base"):  # --only sidecar: this checkout alone
             names.insert(names.index("sidecar") + 1 if "sidecar" in names else 0, "sidecar-base")
         bare_keys = [f"agent:main:bench:dm:chat{i}" for i in range(n_sessions)]
         bares = {}
