@@ -32,6 +32,12 @@ def bind_turn(request_id: str, session_key: str) -> contextvars.Token:
     return TURN.set((request_id, session_key))
 
 
+# ".000Z" … ".999Z": a timestamp's end, by its milliseconds.
+_MILLIS = tuple(f".{ms:03d}Z" for ms in range(1000))
+# What every JSON line has before the fields; a field of the same name does not replace it.
+_HEAD = frozenset(("ts", "level", "logger", "msg"))
+
+
 class _Clock:
     """RFC 3339 UTC timestamps; the seconds part is formatted once a second."""
 
@@ -43,7 +49,7 @@ class _Clock:
         second = int(t)
         if second != self._second:
             self._second, self._prefix = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        return f"{self._prefix}.{int((t - second) * 1000):03d}Z"
+        return self._prefix + _MILLIS[int((t - second) * 1000)]
 
 
 def _fields(record: logging.LogRecord) -> dict:
@@ -76,8 +82,11 @@ class JsonFormatter(logging.Formatter):
     def line(self, t: float, level: str, logger: str, msg: str, fields: dict,
              exc: str | None = None) -> str:
         out = {"ts": self.clock.rfc3339(t), "level": level.lower(), "logger": logger, "msg": msg}
-        for k, v in fields.items():
-            out.setdefault(k, v)
+        if _HEAD.isdisjoint(fields):
+            out.update(fields)
+        else:
+            for k, v in fields.items():
+                out.setdefault(k, v)
         if exc:
             out["exc"] = exc
         return orjson.dumps(out, default=str).decode()
@@ -117,9 +126,9 @@ def info_fields(logger: logging.Logger, msg: str, fields: dict) -> None:
     line. Otherwise, and when INFO is off, exactly the framework's call."""
     if not logger.isEnabledFor(logging.INFO):
         return
-    handler = _HANDLER
+    handler, installed = _HANDLER, logging.root.handlers
     if (handler is None or logger.handlers or logger.filters or handler.filters
-            or logging.root.handlers != [handler] or handler.level > logging.INFO):
+            or len(installed) != 1 or installed[0] is not handler or handler.level > logging.INFO):
         logger.info(msg, extra=fields)
         return
     formatter = handler.formatter

@@ -11,6 +11,7 @@ import re
 from datetime import UTC, datetime, timedelta
 
 import grpc
+import orjson
 import pytest
 from helpers.config import echo, profile, table
 from helpers.fake_openai import FakeOpenAI
@@ -151,3 +152,16 @@ def test_the_text_format_has_the_timestamp_the_fields_and_the_bound_turn():
         logs.TURN.reset(token)
     assert line == ("2023-11-14T22:13:20.250Z INFO agent_sidecar.turns: turn finished outcome=completed"
                     " request_id=r-1 session_key=agent:main:telegram:dm:1")
+
+
+@pytest.mark.parametrize("created, ts", [(1_700_000_000.0, "2023-11-14T22:13:20.000Z"),
+                                         (1_700_000_000.0995, "2023-11-14T22:13:20.099Z"),
+                                         (1_700_000_000.9995, "2023-11-14T22:13:20.999Z")])
+def test_the_json_format_keeps_its_own_keys_ahead_of_the_fields(created, ts):
+    """A field named like one of the line's own keys (ts, level, logger, msg)
+    does not replace it; the milliseconds are cut, never rounded up."""
+    record = logging.makeLogRecord({"name": "agent_sidecar.turns", "levelname": "INFO", "msg": "turn finished",
+                                    "created": created, "outcome": "completed", "ts": "forged", "level": "x"})
+    line = orjson.loads(logs.JsonFormatter().format(record))
+    assert list(line)[:5] == ["ts", "level", "logger", "msg", "outcome"]
+    assert (line["ts"], line["level"], line["msg"], line["outcome"]) == (ts, "info", "turn finished", "completed")
