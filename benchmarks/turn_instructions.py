@@ -72,8 +72,10 @@ def run_once(which: str, turns: int, args: argparse.Namespace, out: Path) -> dic
     cmd = [sys.executable, str(HERE / "turns_bench.py"), "--only", which, "--in-flight", str(args.in_flight),
            "--turns", str(turns), "--sessions", str(args.sessions), "--warmup", str(args.warmup),
            "--repeat", "1"]
-    if args.baseline:
+    if which == "sidecar-base":  # (with --only sidecar, --baseline would run both sidecars)
         cmd += ["--baseline", args.baseline]
+    if args.log_level:
+        cmd += ["--log-level", args.log_level]
     done = subprocess.run(cmd, env=dict(os.environ, BENCH_SIDECAR_PREFIX=prefix), capture_output=True,
                           text=True)
     up = _UP.search(done.stderr)
@@ -113,6 +115,8 @@ def main() -> int:
     ap.add_argument("--in-flight", type=int, default=64)
     ap.add_argument("--sessions", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--log-level", default=None,
+                    help="the sidecars' --log-level (warning: without the per-turn log line)")
     ap.add_argument("--keep", metavar="DIR", help="write the callgrind files into DIR (for callgrind_annotate)"
                     " instead of a temporary directory")
     args = ap.parse_args()

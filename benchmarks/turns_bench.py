@@ -207,6 +207,7 @@ class SidecarServer:
         self.workers = workers
         self.config = config
         self.listen: list[str] = []  # addresses it listens on besides its Unix socket
+        self.log_level: str | None = None  # --log-level (None: the sidecar's default, info)
         self.server = server or _common.ROOT / "server"  # the sidecar's code (--baseline: another's)
         self.proc: subprocess.Popen | None = None
 
@@ -220,6 +221,8 @@ class SidecarServer:
             args += ["--workers", str(self.workers)]
         for address in self.listen:
             args += ["--listen", address]
+        if self.log_level:
+            args += ["--log-level", self.log_level]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [str(self.server), os.environ.get("PYTHONPATH", "")]), **self.env)
         self._logf = open(self.log, "ab")
@@ -486,6 +489,8 @@ def main() -> int:
     ap.add_argument("--baseline", default=None, metavar="DIR",
                     help="also run the sidecar of another checkout (sidecar-base), paired round by round")
     ap.add_argument("--dir", default=None, help="parent directory for the temporary data dirs")
+    ap.add_argument("--log-level", default=None,
+                    help="the sidecars' --log-level (e.g. warning: no `turn finished` line per turn)")
     ap.add_argument("--keep", action="store_true", help="keep the data dirs (sidecar.db, sidecar.log)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--client", metavar="SPEC", help=argparse.SUPPRESS)
@@ -524,7 +529,7 @@ def main() -> int:
                  and not (n == "sidecar-traced" and not args.tracing)]
         if args.metrics:
             names.insert(names.index("sidecar") + 1 if "sidecar" in names else 0, "sidecar-metrics")
-        if args.baseline and args.only in (None, "sidecar-base"):  # --only sidecar: this checkout alone
+        if args.baseline and args.only in (None, "sidecar", "sidecar-base"):
             names.insert(names.index("sidecar") + 1 if "sidecar" in names else 0, "sidecar-base")
         bare_keys = [f"agent:main:bench:dm:chat{i}" for i in range(n_sessions)]
         bares = {}
@@ -549,6 +554,7 @@ def main() -> int:
                                                kind=name,
                                                env=sink.env() if name == "sidecar-traced" else None,
                                                server=baseline if name == "sidecar-base" else None)
+                        server.log_level = args.log_level
                     else:
                         server, keys = bares[name], bare_keys
                     try:
