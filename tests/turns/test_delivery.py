@@ -148,6 +148,29 @@ def test_twenty_queued_prompts_run_in_order(stubs):
     assert get_queue(prompts, first.key) == type(q)()
 
 
+def test_a_queue_too_large_for_a_client_comes_with_its_longest_texts_cut(stubs):
+    """30 queued prompts of 250 KB would be a 7.5 MB answer, past the 4 MiB a
+    gRPC client reads by default: the long texts come cut to an equal share at a
+    character boundary, marked, with their whole size; a short one stays whole."""
+    prompts, sessions = stubs
+    first = busy(prompts, 40)
+    long_text = "é" * 125_000  # 250,000 bytes: an odd share cuts inside a character
+    queued = [start(prompts, text=long_text, key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
+              for _ in range(30)]
+    fu = start(prompts, text="and a short one", key=first.key)
+    q = get_queue(prompts, first.key)  # the test's client keeps gRPC's default receive limit
+    assert q.ByteSize() < 3 * 1024 * 1024
+    assert (q.pending.text, q.pending.text_truncated, q.pending.text_bytes) == ("and a short one", False, 15)
+    assert [x.request_id for x in q.queued] == [p.request_id for p in queued]
+    cut = {x.text for x in q.queued}
+    assert len(cut) == 1 and all(x.text_truncated and x.text_bytes == 250_000 for x in q.queued)
+    text = cut.pop()
+    assert 50_000 < len(text) < 125_000 and long_text.startswith(text)
+    sessions.ResetSession(spb.ResetSessionRequest(session_key=first.key), timeout=10)
+    for p in queued + [fu]:
+        assert p.result(10).end == "superseded"
+
+
 def test_interrupt_cancels_and_keeps_what_it_wrote(stubs):
     prompts, sessions = stubs
     first = busy(prompts, 40)

@@ -882,12 +882,17 @@ type QueuedPrompt struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The prompt's request id.
 	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	// Its text.
+	// Its text, whole unless `text_truncated`.
 	Text string `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
 	// The mode it was sent with.
 	Delivery DeliveryMode `protobuf:"varint,3,opt,name=delivery,proto3,enum=agent_sidecar.v1.DeliveryMode" json:"delivery,omitempty"`
 	// When it was accepted.
-	EnqueuedAt    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=enqueued_at,json=enqueuedAt,proto3" json:"enqueued_at,omitempty"`
+	EnqueuedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=enqueued_at,json=enqueuedAt,proto3" json:"enqueued_at,omitempty"`
+	// True when `text` is only the start of the prompt's text (see
+	// GetQueueResponse). The turn runs with the whole text.
+	TextTruncated bool `protobuf:"varint,5,opt,name=text_truncated,json=textTruncated,proto3" json:"text_truncated,omitempty"`
+	// The size of the whole text in bytes (UTF-8), cut or not.
+	TextBytes     uint64 `protobuf:"varint,6,opt,name=text_bytes,json=textBytes,proto3" json:"text_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -950,7 +955,25 @@ func (x *QueuedPrompt) GetEnqueuedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *QueuedPrompt) GetTextTruncated() bool {
+	if x != nil {
+		return x.TextTruncated
+	}
+	return false
+}
+
+func (x *QueuedPrompt) GetTextBytes() uint64 {
+	if x != nil {
+		return x.TextBytes
+	}
+	return 0
+}
+
 // GetQueueResponse lists what waits on a session, in the order it will run.
+// An answer stays under about 3 MiB, so that a client with gRPC's default
+// receive limit (4 MiB) can read it: when the texts together would pass that,
+// the longest are cut to an equal share, at a character boundary, and marked
+// `text_truncated`; texts shorter than the share stay whole.
 type GetQueueResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The single follow-up slot; unset when empty.
@@ -1546,14 +1569,17 @@ const file_agent_sidecar_v1_prompt_service_proto_rawDesc = "" +
 	"\tcancelled\x18\x01 \x01(\bR\tcancelled\"2\n" +
 	"\x0fGetQueueRequest\x12\x1f\n" +
 	"\vsession_key\x18\x01 \x01(\tR\n" +
-	"sessionKey\"\xba\x01\n" +
+	"sessionKey\"\x80\x02\n" +
 	"\fQueuedPrompt\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12:\n" +
 	"\bdelivery\x18\x03 \x01(\x0e2\x1e.agent_sidecar.v1.DeliveryModeR\bdelivery\x12;\n" +
 	"\venqueued_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"enqueuedAt\"\x84\x01\n" +
+	"enqueuedAt\x12%\n" +
+	"\x0etext_truncated\x18\x05 \x01(\bR\rtextTruncated\x12\x1d\n" +
+	"\n" +
+	"text_bytes\x18\x06 \x01(\x04R\ttextBytes\"\x84\x01\n" +
 	"\x10GetQueueResponse\x128\n" +
 	"\apending\x18\x01 \x01(\v2\x1e.agent_sidecar.v1.QueuedPromptR\apending\x126\n" +
 	"\x06queued\x18\x02 \x03(\v2\x1e.agent_sidecar.v1.QueuedPromptR\x06queued*\xd7\x01\n" +

@@ -153,6 +153,25 @@ def page_size(requested: int, cfg: Config) -> int:
     return min(requested, cfg.limits.max_page_size)
 
 
+# What one answer carries at most (a list page, a queue): under the 4 MiB that
+# gRPC clients accept by default, with room for what surrounds the items.
+ANSWER_BYTES = 3 * 1024 * 1024
+
+
+def equal_share(sizes: list[int], budget: int) -> int | None:
+    """The largest share such that every size cut to it adds up to at most
+    ``budget`` (sizes under the share stay whole); None when they fit as they are."""
+    if sum(sizes) <= budget:
+        return None
+    left, ordered = max(budget, 0), sorted(sizes)
+    for i, size in enumerate(ordered):
+        share = left // (len(ordered) - i)
+        if size > share:
+            return share
+        left -= size
+    return None  # not reached: the sizes did not fit
+
+
 def scoped_key(value: str, principal, cfg: Config) -> str:
     """A request's ``session_key`` in its one spelling (the platform in lower
     case), refused when it is missing or no key (INVALID_ARGUMENT) or names a

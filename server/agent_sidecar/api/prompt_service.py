@@ -328,8 +328,25 @@ class PromptService(pb_grpc.PromptServiceServicer):
             await self._route(key)
             return pb.GetQueueResponse()
 
-        def q(t):
-            return pb.QueuedPrompt(request_id=t.rid, text=t.text, delivery=t.delivery,
-                                   enqueued_at=cv.ts(t.created_at))
-        return pb.GetQueueResponse(pending=q(lane.pending) if lane.pending else None,
-                                   queued=[q(t) for t in list(lane.interrupt) + list(lane.fifo)])
+        waiting = [lane.pending] if lane.pending else []
+        waiting += [*lane.interrupt, *lane.fifo]
+        texts = [t.text.encode() for t in waiting]
+        rest = sum(len(t.rid.encode()) + QUEUED_FIELDS_BYTES for t in waiting)
+        share = cv.equal_share([len(b) for b in texts], cv.ANSWER_BYTES - rest)
+        out = [_queued(t, data, share) for t, data in zip(waiting, texts)]
+        pending = out.pop(0) if lane.pending else None
+        return pb.GetQueueResponse(pending=pending, queued=out)
+
+
+# A queued prompt's encoded size besides its text and request id, at most:
+# the tags and lengths, the delivery, the timestamp, text_truncated, text_bytes.
+QUEUED_FIELDS_BYTES = 64
+
+
+def _queued(t, data: bytes, share: int | None) -> pb.QueuedPrompt:
+    """``t``'s entry of GetQueue, its text (``data``, UTF-8) cut to ``share``
+    bytes if longer, at a character boundary."""
+    cut = share is not None and len(data) > share
+    return pb.QueuedPrompt(request_id=t.rid, text=data[:share].decode(errors="ignore") if cut else t.text,
+                           delivery=t.delivery, enqueued_at=cv.ts(t.created_at), text_truncated=cut,
+                           text_bytes=len(data))

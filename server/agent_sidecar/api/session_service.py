@@ -29,18 +29,15 @@ CLEAR_ALL_CONFIRM = "DELETE ALL SESSIONS"
 # (a counter that overflowed would turn into a REAL and poison every read).
 MAX_TOKEN_DELTA = 2 ** 40
 MAX_COST_DELTA = 1e9
-PAGE_BYTES = 3 * 1024 * 1024
-
-
 def _within_page_bytes(items: list, size_of: Callable[[Any], int]) -> list:
     """The leading ``items`` whose ``size_of`` (bytes on the wire) add up to
-    at most PAGE_BYTES, and always the first: a page ends at page_size or at
+    at most ``convert.ANSWER_BYTES``, and always the first: a page ends at page_size or at
     this budget, so a client with gRPC's default receive limit can read it."""
     page: list = []
     used = 0
     for item in items:
         used += size_of(item)
-        if page and used > PAGE_BYTES:
+        if page and used > cv.ANSWER_BYTES:
             break
         page.append(item)
     return page

@@ -192,16 +192,20 @@ class GetQueueRequest(_message.Message):
     def __init__(self, session_key: _Optional[str] = ...) -> None: ...
 
 class QueuedPrompt(_message.Message):
-    __slots__ = ("request_id", "text", "delivery", "enqueued_at")
+    __slots__ = ("request_id", "text", "delivery", "enqueued_at", "text_truncated", "text_bytes")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_FIELD_NUMBER: _ClassVar[int]
     ENQUEUED_AT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    TEXT_BYTES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     delivery: DeliveryMode
     enqueued_at: _timestamp_pb2.Timestamp
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., delivery: _Optional[_Union[DeliveryMode, str]] = ..., enqueued_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    text_truncated: bool
+    text_bytes: int
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., delivery: _Optional[_Union[DeliveryMode, str]] = ..., enqueued_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., text_truncated: _Optional[bool] = ..., text_bytes: _Optional[int] = ...) -> None: ...
 
 class GetQueueResponse(_message.Message):
     __slots__ = ("pending", "queued")

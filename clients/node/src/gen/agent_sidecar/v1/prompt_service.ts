@@ -336,15 +336,30 @@ export interface GetQueueRequest {
 export interface QueuedPrompt {
   /** The prompt's request id. */
   requestId: string;
-  /** Its text. */
+  /** Its text, whole unless `text_truncated`. */
   text: string;
   /** The mode it was sent with. */
   delivery: DeliveryMode;
   /** When it was accepted. */
-  enqueuedAt?: Date | undefined;
+  enqueuedAt?:
+    | Date
+    | undefined;
+  /**
+   * True when `text` is only the start of the prompt's text (see
+   * GetQueueResponse). The turn runs with the whole text.
+   */
+  textTruncated: boolean;
+  /** The size of the whole text in bytes (UTF-8), cut or not. */
+  textBytes: number;
 }
 
-/** GetQueueResponse lists what waits on a session, in the order it will run. */
+/**
+ * GetQueueResponse lists what waits on a session, in the order it will run.
+ * An answer stays under about 3 MiB, so that a client with gRPC's default
+ * receive limit (4 MiB) can read it: when the texts together would pass that,
+ * the longest are cut to an equal share, at a character boundary, and marked
+ * `text_truncated`; texts shorter than the share stay whole.
+ */
 export interface GetQueueResponse {
   /** The single follow-up slot; unset when empty. */
   pending?:
@@ -2249,7 +2264,7 @@ export const GetQueueRequest: MessageFns<GetQueueRequest> = {
 };
 
 function createBaseQueuedPrompt(): QueuedPrompt {
-  return { requestId: "", text: "", delivery: 0, enqueuedAt: undefined };
+  return { requestId: "", text: "", delivery: 0, enqueuedAt: undefined, textTruncated: false, textBytes: 0 };
 }
 
 export const QueuedPrompt: MessageFns<QueuedPrompt> = {
@@ -2265,6 +2280,12 @@ export const QueuedPrompt: MessageFns<QueuedPrompt> = {
     }
     if (message.enqueuedAt !== undefined) {
       Timestamp.encode(toTimestamp(message.enqueuedAt), writer.uint32(34).fork()).join();
+    }
+    if (message.textTruncated !== false) {
+      writer.uint32(40).bool(message.textTruncated);
+    }
+    if (message.textBytes !== 0) {
+      writer.uint32(48).uint64(message.textBytes);
     }
     return writer;
   },
@@ -2314,6 +2335,22 @@ export const QueuedPrompt: MessageFns<QueuedPrompt> = {
             message.enqueuedAt = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
             continue;
           }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.textTruncated = reader.bool();
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.textBytes = longToNumber(reader.uint64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2340,6 +2377,16 @@ export const QueuedPrompt: MessageFns<QueuedPrompt> = {
         : isSet(object.enqueued_at)
         ? fromJsonTimestamp(object.enqueued_at)
         : undefined,
+      textTruncated: isSet(object.textTruncated)
+        ? globalThis.Boolean(object.textTruncated)
+        : isSet(object.text_truncated)
+        ? globalThis.Boolean(object.text_truncated)
+        : false,
+      textBytes: isSet(object.textBytes)
+        ? globalThis.Number(object.textBytes)
+        : isSet(object.text_bytes)
+        ? globalThis.Number(object.text_bytes)
+        : 0,
     };
   },
 
@@ -2357,6 +2404,12 @@ export const QueuedPrompt: MessageFns<QueuedPrompt> = {
     if (message.enqueuedAt !== undefined) {
       obj.enqueuedAt = message.enqueuedAt.toISOString();
     }
+    if (message.textTruncated !== false) {
+      obj.textTruncated = message.textTruncated;
+    }
+    if (message.textBytes !== 0) {
+      obj.textBytes = Math.round(message.textBytes);
+    }
     return obj;
   },
 
@@ -2369,6 +2422,8 @@ export const QueuedPrompt: MessageFns<QueuedPrompt> = {
     message.text = object.text ?? "";
     message.delivery = object.delivery ?? 0;
     message.enqueuedAt = object.enqueuedAt ?? undefined;
+    message.textTruncated = object.textTruncated ?? false;
+    message.textBytes = object.textBytes ?? 0;
     return message;
   },
 };
