@@ -17,6 +17,7 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from helpers import procs
 from helpers.config import slow_echo
 from helpers.ids import uniq, words
 from helpers.streams import D, PromptRun, collect, start, watch
@@ -127,6 +128,42 @@ def test_a_prompt_stream_whose_client_stops_reading_resumes_by_request_id(sc, st
     rest = watch(prompts, request_id=req.request_id, after_seq=after)
     assert [f.seq for f in got.frames + rest.frames] == [f.seq for f in whole.frames]
     assert rest.kinds()[-1] == "completed"
+
+
+def test_replays_left_unread_hold_a_page_each_not_the_whole_turn(tmp_path):
+    """WatchActivity(request_id) of a finished 6,000-frame turn, by 20 clients
+    that read one frame and then nothing: each replay holds one page of the
+    turn while its write waits (it once held the whole turn, ~5 MB a reader).
+    A reader that goes on gets every frame, in order, across the pages."""
+    s = Sidecar(tmp_path / "data", config=slow_echo("main", latency_ms=0) + "[stream]\ncoalesce_ms = 0\n",
+                workers=1).start()
+    channels = []
+    try:
+        prompts = s.prompts()
+        turn = PromptRun(prompts, text=words(6000), src=c.SessionSource(platform="telegram", chat_id=uniq()))
+        assert turn.result(60).end == "completed" and len(turn.frames) > 6000
+        before = procs.rss_bytes(s.proc.pid)
+        calls = []
+        for _ in range(20):
+            ch = grpc.insecure_channel(s.target, options=SMALL_WINDOW)
+            channels.append(ch)
+            from agent_sidecar.v1 import prompt_service_pb2_grpc
+            call = prompt_service_pb2_grpc.PromptServiceStub(ch).WatchActivity(
+                ppb.WatchActivityRequest(request_id=turn.request_id), timeout=60)
+            assert next(call).frame.seq == 1  # its replay began: it has read what it holds
+            calls.append(call)
+        grown = procs.rss_bytes(s.proc.pid) - before
+        assert grown < 24 << 20, f"20 unread replays grew the sidecar by {grown / 2**20:.0f} MB"
+        whole = watch(prompts, request_id=turn.request_id, timeout=30)
+        assert [f.seq for f in whole.frames] == [f.seq for f in turn.frames]
+        later = watch(prompts, request_id=turn.request_id, after_seq=3000, timeout=30)
+        assert [f.seq for f in later.frames] == [f.seq for f in turn.frames][3000:]
+        for call in calls:
+            call.cancel()
+    finally:
+        for ch in channels:
+            ch.close()
+        s.stop()
 
 
 # -- admission ---------------------------------------------------------------------------------

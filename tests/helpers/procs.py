@@ -77,3 +77,12 @@ def cmdline(pid: int) -> str:
     """The process's arguments as ``ps -o args`` shows them (its title, once set)."""
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         return f.read().replace(b"\0", b" ").decode().strip()
+
+
+def rss_bytes(pid: int) -> int:
+    """The process's resident memory (VmRSS)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for {pid}")

@@ -288,6 +288,7 @@ async def exercise_reads(conn) -> None:
     await reads.ledger(conn, "r1500-2")
     await reads.recent_requests(conn, NOW - 3600, 100)
     await reads.request_frames(conn, "r1500-2", 0)
+    await reads.request_frames(conn, "r1500-2", 2, 39_000, 256)  # a replay's next page
     await reads.frames_after(conn, 39_000, key, "", 1000)
     await reads.frames_after(conn, 39_000, "", "p1", 1000)
     await reads.frames_after(conn, 39_000, "", "", 1000)

@@ -28,6 +28,9 @@ from .rpc import streaming, unary
 
 _MODES = set(pb.DeliveryMode.values()) - {0}
 WATCH_PAGE = 10_000  # rows per read when WatchActivity replays after a cursor
+# Rows per read when a request's frames are replayed: what a replay holds while
+# its client does not read (the live part is bounded by the Subscriber).
+REPLAY_PAGE = 256
 
 
 def _ends_stream(frame) -> bool:
@@ -179,11 +182,23 @@ class PromptService(pb_grpc.PromptServiceServicer):
             yield item
             if _ends_stream(item.frame):
                 return
-        for record in await self.store.request_frames(rid, last_seq):
-            item = StreamedFrame(frame_from_record(record))
+        async for item in self._stored(rid, last_seq):
             yield item
             if _ends_stream(item.frame):
                 return
+
+    async def _stored(self, rid: str, after_seq: int, first: list | None = None):
+        """A request's persisted frames after ``after_seq``, a page at a time
+        (``first``: the first page, already read)."""
+        records = first if first is not None else \
+            await self.store.request_frames(rid, after_seq, limit=REPLAY_PAGE)
+        while records:
+            for record in records:
+                yield StreamedFrame(frame_from_record(record))
+            if len(records) < REPLAY_PAGE:
+                return
+            last = records[-1]
+            records = await self.store.request_frames(rid, last.seq, after_cursor=last.cursor, limit=REPLAY_PAGE)
 
     def _in_ledger(self, rid: str) -> StillOpen:
         """[cluster] A request this node does not run, followed through the
@@ -214,12 +229,11 @@ class PromptService(pb_grpc.PromptServiceServicer):
         elif self.tail is not None:  # [cluster] maybe running on another node: the tail has it
             elsewhere = self.tail.follow_request(rid)  # before reading the store: no gap
         try:
-            records = await self.store.request_frames(rid, after_seq)
+            records = await self.store.request_frames(rid, after_seq, limit=REPLAY_PAGE)
             if not records and turn is None and await self.store.ledger(rid) is None:
                 raise E.SidecarError(E.REQUEST_NOT_FOUND, f"no such request: {E.excerpt(rid)}")
             last = after_seq
-            for record in records:
-                item = StreamedFrame(frame_from_record(record))
+            async for item in self._stored(rid, after_seq, records):
                 last = item.frame.seq
                 yield item
                 if _ends_stream(item.frame):

@@ -136,7 +136,12 @@ class Store(Protocol):
         """The live lease on a lane, if any node holds one (a cluster; None on
         a backend without leases)."""
 
-    async def request_frames(self, request_id: str, after_seq: int = 0) -> list[FrameRecord]: ...
+    async def request_frames(self, request_id: str, after_seq: int = 0, *, after_cursor: int = 0,
+                             limit: int = 0) -> list[FrameRecord]:
+        """One request's frames with seq past ``after_seq`` and cursor past
+        ``after_cursor``, in seq order, at most ``limit`` (0: all). A request's
+        frames are written in seq order, so seq order is cursor order, and a
+        replay pages on by the last cursor it got."""
 
     async def frames_after(self, cursor: int, *, session_key: str = "", platform: str = "",
                            limit: int = 1000) -> list[FrameRecord]: ...

@@ -10,7 +10,6 @@ from typing import Any
 from ...errors import invalid
 from ..records import FrameRecord, LeaseHolder, LedgerEntry, Message, SearchHit, SessionEntry
 from . import rows
-from .ledger import REQUEST_FRAMES
 
 
 async def _all(conn, sql: str, params: Any = ()) -> list[tuple]:
@@ -111,10 +110,20 @@ async def recent_requests(conn, since: float, limit: int) -> list[tuple[str, flo
         " ORDER BY created_at DESC LIMIT %s", (since, limit))]
 
 
-async def request_frames(conn, request_id: str, after_seq: int) -> list[FrameRecord]:
+# A request's frames from its first one, or past a cursor (whichever is later),
+# along frames_by_key: a page costs its own rows, not those before it.
+_REQUEST_PAGE = (f"SELECT {rows.FRAME_COLS} FROM frames"
+                 " WHERE session_key = (SELECT session_key FROM prompts WHERE request_id = %(rid)s)"
+                 " AND id > GREATEST(%(cursor)s, (SELECT coalesce(first_frame, 0) - 1 FROM prompts"
+                 " WHERE request_id = %(rid)s))"
+                 " AND request_id = %(rid)s AND seq > %(after)s ORDER BY id LIMIT %(limit)s")
+
+
+async def request_frames(conn, request_id: str, after_seq: int, after_cursor: int = 0,
+                         limit: int = 0) -> list[FrameRecord]:
     return [rows.frame(r) for r in await _all(
-        conn, f"SELECT {rows.FRAME_COLS} {REQUEST_FRAMES} AND seq > %(after)s ORDER BY seq",
-        {"rid": request_id, "after": after_seq})]
+        conn, _REQUEST_PAGE, {"rid": request_id, "after": after_seq, "cursor": after_cursor,
+                              "limit": limit or None})]
 
 
 async def frames_after(conn, cursor: int, session_key: str, platform: str,

@@ -13,7 +13,6 @@ import apsw
 from ...errors import invalid
 from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry
 from . import rows
-from .ledger import REQUEST_FRAMES
 from .messages import FTS_MARK
 
 
@@ -120,9 +119,18 @@ def recent_requests(conn: apsw.Connection, since: float, limit: int) -> list[tup
 _FRAME_COLS = "id, request_id, seq, session_key, session_id, platform, at, kind, body"
 
 
-def request_frames(conn: apsw.Connection, request_id: str, after_seq: int) -> list[FrameRecord]:
-    return [rows.frame(r) for r in conn.execute(
-        f"SELECT {_FRAME_COLS} {REQUEST_FRAMES} AND seq > ?2 ORDER BY seq", (request_id, after_seq))]
+# A request's frames from its first one, or past a cursor (whichever is later),
+# along frames_by_key: a page costs its own rows, not those before it.
+_REQUEST_PAGE = (f"SELECT {_FRAME_COLS} FROM frames"
+                 " WHERE session_key = (SELECT session_key FROM prompts WHERE request_id = ?1)"
+                 " AND id > max(?3, (SELECT coalesce(first_frame, 0) - 1 FROM prompts WHERE request_id = ?1))"
+                 " AND request_id = ?1 AND seq > ?2 ORDER BY id LIMIT ?4")
+
+
+def request_frames(conn: apsw.Connection, request_id: str, after_seq: int, after_cursor: int = 0,
+                   limit: int = 0) -> list[FrameRecord]:
+    return [rows.frame(r) for r in conn.execute(_REQUEST_PAGE, (request_id, after_seq, after_cursor,
+                                                                limit or -1))]
 
 
 def frames_after(conn: apsw.Connection, cursor: int, session_key: str, platform: str,

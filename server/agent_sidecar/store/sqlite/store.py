@@ -118,8 +118,9 @@ class SqliteStore(WriterBacked):
     async def recent_requests(self, since: float, limit: int) -> list[tuple[str, float, str]]:
         return await self._read_off_loop(reads.recent_requests, since, limit)
 
-    async def request_frames(self, request_id: str, after_seq: int = 0) -> list[FrameRecord]:
-        return await self._read_off_loop(reads.request_frames, request_id, after_seq)
+    async def request_frames(self, request_id: str, after_seq: int = 0, *, after_cursor: int = 0,
+                             limit: int = 0) -> list[FrameRecord]:
+        return await self._read_off_loop(reads.request_frames, request_id, after_seq, after_cursor, limit)
 
     async def frames_after(self, cursor: int, *, session_key: str = "", platform: str = "",
                            limit: int = 1000) -> list[FrameRecord]:
