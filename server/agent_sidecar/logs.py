@@ -12,6 +12,7 @@ Pure (no grpc): the workers and the store writer import it.
 
 from __future__ import annotations
 
+import atexit
 import contextvars
 import logging
 import sys
@@ -114,8 +115,33 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+class _Handler(logging.StreamHandler):
+    """setup()'s handler: a StreamHandler that also writes the lines
+    ``info_fields`` holds back (``pending``), always ahead of any record it
+    emits, so lines keep the order they were logged in."""
+
+    def __init__(self, stream) -> None:
+        super().__init__(stream)
+        self.pending: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.pending:
+            self.write_pending()
+        super().emit(record)
+
+    def write_pending(self) -> None:
+        with self.lock:  # type: ignore[union-attr]  # createLock() made it
+            lines, self.pending = self.pending, []
+            if lines:
+                try:
+                    self.stream.write("".join(lines))
+                    self.stream.flush()
+                except Exception:  # as StreamHandler.emit: a log line never fails its caller
+                    pass
+
+
 # The handler setup() installed, while it is the root's only one.
-_HANDLER: logging.StreamHandler | None = None
+_HANDLER: _Handler | None = None
 
 
 def info_fields(logger: logging.Logger, msg: str, fields: dict) -> None:
@@ -123,7 +149,13 @@ def info_fields(logger: logging.Logger, msg: str, fields: dict) -> None:
     LogRecord when setup()'s handler is the only one it reaches (no handlers
     or filters of the logger's own, the root's handler unchanged): for a line
     written once per turn, where the framework's record costs more than the
-    line. Otherwise, and when INFO is off, exactly the framework's call."""
+    line. Otherwise, and when INFO is off, exactly the framework's call.
+
+    On a thread running an event loop, the line is written with the others
+    of the same loop iteration, in one write right after it (a write to a log
+    file per turn cost more than the line itself); a line logged by any other
+    means meanwhile writes them first, and so does the process's exit. A
+    ``kill -9`` loses at most that iteration's lines."""
     if not logger.isEnabledFor(logging.INFO):
         return
     handler, installed = _HANDLER, logging.root.handlers
@@ -134,17 +166,23 @@ def info_fields(logger: logging.Logger, msg: str, fields: dict) -> None:
     formatter = handler.formatter
     assert isinstance(formatter, (JsonFormatter, TextFormatter))
     line = formatter.line(time.time(), "INFO", logger.name, msg, _with_turn(fields))
-    with handler.lock:  # type: ignore[union-attr]  # createLock() made it
-        try:
-            handler.stream.write(line + "\n")
-            handler.stream.flush()
-        except Exception:  # as StreamHandler.emit: a log line never fails its caller
-            pass
+    pending = handler.pending
+    pending.append(line + "\n")
+    if len(pending) == 1:
+        aio = sys.modules.get("asyncio")  # not imported (the store writer): no loop runs
+        loop = aio._get_running_loop() if aio is not None else None
+        if loop is not None:
+            loop.call_soon(handler.write_pending)
+        else:  # no loop on this thread: at once
+            handler.write_pending()
 
 
 def setup(fmt: str = "json", level: str = "info") -> None:
     global _HANDLER
-    handler = logging.StreamHandler(sys.stderr)
+    if _HANDLER is not None:
+        _HANDLER.write_pending()
+    handler = _Handler(sys.stderr)
+    atexit.register(handler.write_pending)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -6,8 +6,11 @@ under test here, so they are what these tests read (helpers.logs)."""
 
 from __future__ import annotations
 
+import asyncio
+import io
 import logging
 import re
+import sys
 from datetime import UTC, datetime, timedelta
 
 import grpc
@@ -165,3 +168,42 @@ def test_the_json_format_keeps_its_own_keys_ahead_of_the_fields(created, ts):
     line = orjson.loads(logs.JsonFormatter().format(record))
     assert list(line)[:5] == ["ts", "level", "logger", "msg", "outcome"]
     assert (line["ts"], line["level"], line["msg"], line["outcome"]) == (ts, "info", "turn finished", "completed")
+
+
+def test_lines_of_one_loop_iteration_go_out_in_one_write_in_the_order_logged(monkeypatch):
+    """``info_fields`` on a running loop holds its line until the iteration
+    ends, then writes the iteration's lines in one write; a line logged by
+    other means writes them first, so the order stays as logged. Without a
+    running loop the line is written at once."""
+    class Stream(io.StringIO):
+        def __init__(self):
+            super().__init__()
+            self.writes = 0
+
+        def write(self, s):
+            self.writes += 1
+            return super().write(s)
+
+    stream = Stream()
+    monkeypatch.setattr(sys, "stderr", stream)
+    saved = logging.getLogger().handlers[:], logging.getLogger().level
+    try:
+        logs.setup("json", "info")
+        turns = logging.getLogger("agent_sidecar.turns")
+
+        async def one_iteration():
+            for i in range(3):
+                logs.info_fields(turns, "turn finished", {"n": i})
+            assert stream.writes == 0  # held back: nothing written yet
+            await asyncio.sleep(0)  # the iteration ends
+            assert stream.writes == 1
+            logs.info_fields(turns, "turn finished", {"n": 3})
+            turns.warning("something else")  # writes the held line first
+        asyncio.run(one_iteration())
+        logs.info_fields(turns, "turn finished", {"n": 4})  # no loop: at once
+        lines = [orjson.loads(x) for x in stream.getvalue().splitlines()]
+        assert [x.get("n", x["msg"]) for x in lines] == [0, 1, 2, 3, "something else", 4]
+    finally:
+        logging.getLogger().handlers[:], level = saved
+        logging.getLogger().setLevel(level)
+        logs._HANDLER = None
