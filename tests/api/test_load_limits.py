@@ -26,6 +26,7 @@ from sidecar_proc import Sidecar
 
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
+from agent_sidecar.v1 import prompt_service_pb2_grpc
 from agent_sidecar.v1 import session_service_pb2 as spb
 
 BUFFER_FRAMES = 50
@@ -50,7 +51,6 @@ def sc(tmp_path_factory):
 def stalled(sc):
     """A PromptService stub on a channel whose calls we leave unread."""
     ch = grpc.insecure_channel(sc.target, options=SMALL_WINDOW)
-    from agent_sidecar.v1 import prompt_service_pb2_grpc
     yield prompt_service_pb2_grpc.PromptServiceStub(ch)
     ch.close()
 
@@ -147,7 +147,6 @@ def test_replays_left_unread_hold_a_page_each_not_the_whole_turn(tmp_path):
         for _ in range(20):
             ch = grpc.insecure_channel(s.target, options=SMALL_WINDOW)
             channels.append(ch)
-            from agent_sidecar.v1 import prompt_service_pb2_grpc
             call = prompt_service_pb2_grpc.PromptServiceStub(ch).WatchActivity(
                 ppb.WatchActivityRequest(request_id=turn.request_id), timeout=60)
             assert next(call).frame.seq == 1  # its replay began: it has read what it holds

@@ -31,6 +31,9 @@ WATCH_PAGE = 10_000  # rows per read when WatchActivity replays after a cursor
 # Rows per read when a request's frames are replayed: what a replay holds while
 # its client does not read (the live part is bounded by the Subscriber).
 REPLAY_PAGE = 256
+# A queued prompt's encoded size besides its text and request id, at most:
+# the tags and lengths, the delivery, the timestamp, text_truncated, text_bytes.
+QUEUED_FIELDS_BYTES = 64
 
 
 def _ends_stream(frame) -> bool:
@@ -350,11 +353,6 @@ class PromptService(pb_grpc.PromptServiceServicer):
         out = [_queued(t, data, share) for t, data in zip(waiting, texts)]
         pending = out.pop(0) if lane.pending else None
         return pb.GetQueueResponse(pending=pending, queued=out)
-
-
-# A queued prompt's encoded size besides its text and request id, at most:
-# the tags and lengths, the delivery, the timestamp, text_truncated, text_bytes.
-QUEUED_FIELDS_BYTES = 64
 
 
 def _queued(t, data: bytes, share: int | None) -> pb.QueuedPrompt:
