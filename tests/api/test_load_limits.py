@@ -134,7 +134,8 @@ def test_replays_left_unread_hold_a_page_each_not_the_whole_turn(tmp_path):
     """WatchActivity(request_id) of a finished 6,000-frame turn, by 20 clients
     that read one frame and then nothing: each replay holds one page of the
     turn while its write waits (it once held the whole turn, ~5 MB a reader).
-    A reader that goes on gets every frame, in order, across the pages."""
+    A reader that goes on gets every frame, in order, across the pages, by
+    request id and by session key after a cursor."""
     s = Sidecar(tmp_path / "data", config=slow_echo("main", latency_ms=0) + "[stream]\ncoalesce_ms = 0\n",
                 workers=1).start()
     channels = []
@@ -157,6 +158,10 @@ def test_replays_left_unread_hold_a_page_each_not_the_whole_turn(tmp_path):
         assert [f.seq for f in whole.frames] == [f.seq for f in turn.frames]
         later = watch(prompts, request_id=turn.request_id, after_seq=3000, timeout=30)
         assert [f.seq for f in later.frames] == [f.seq for f in turn.frames][3000:]
+        cursors = [f.cursor for f in turn.frames]  # the same turn by its key, after a cursor, across pages
+        by_key = collect(prompts.WatchActivity(ppb.WatchActivityRequest(  # (after_cursor 0 is "live only")
+            session_key=turn.key, after_cursor=cursors[0]), timeout=30), stop=lambda f: f.cursor == cursors[-1])
+        assert [f.cursor for f in by_key.frames if f.cursor] == cursors[1:]
         for call in calls:
             call.cancel()
     finally:

@@ -14,9 +14,8 @@ from helpers.ids import source, uniq, words
 from helpers.streams import TERMINAL, PromptRun, Watcher, collect, kind_of
 from sidecar_proc import Sidecar
 
+from agent_sidecar.api.prompt_service import REPLAY_PAGE  # rows per read of a WatchActivity replay
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
-
-WATCH_PAGE = 10_000  # rows per read of a WatchActivity replay (prompt_service.WATCH_PAGE)
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +30,12 @@ def sc(tmp_path_factory):
 
 
 def test_watch_by_key_replays_past_one_page(sc):
-    """A key watcher resuming after a cursor gets every later frame (over one page) up to the terminal."""
+    """A key watcher resuming after a cursor gets every later frame (over several pages) up to the terminal."""
     prompts = sc.prompts()
-    p = PromptRun(prompts, text=words(WATCH_PAGE + 100), src=source()).result(60)
+    p = PromptRun(prompts, text=words(4 * REPLAY_PAGE + 100), src=source()).result(60)
     assert p.end == "completed"
     expected = [(f.seq, kind_of(f)) for f in p.frames[1:]]
-    assert len(expected) > WATCH_PAGE
+    assert len(expected) > 4 * REPLAY_PAGE
     rid = p.request_id
     out = collect(prompts.WatchActivity(ppb.WatchActivityRequest(
         session_key=p.key, after_cursor=p.frames[0].cursor), timeout=15),

@@ -27,9 +27,9 @@ from . import convert as cv
 from .rpc import streaming, unary
 
 _MODES = set(pb.DeliveryMode.values()) - {0}
-WATCH_PAGE = 10_000  # rows per read when WatchActivity replays after a cursor
-# Rows per read when a request's frames are replayed: what a replay holds while
-# its client does not read (the live part is bounded by the Subscriber).
+# Rows per read when persisted frames are replayed (a request's, or a key's or
+# platform's after a cursor): what a replay holds while its client does not
+# read (the live part is bounded by the Subscriber).
 REPLAY_PAGE = 256
 # A queued prompt's encoded size besides its text and request id, at most:
 # the tags and lengths, the delivery, the timestamp, text_truncated, text_bytes.
@@ -284,11 +284,11 @@ class PromptService(pb_grpc.PromptServiceServicer):
         try:
             last = request.after_cursor
             while last > 0:  # the persisted frames after the cursor, a page at a time
-                records = await self.store.frames_after(last, limit=WATCH_PAGE, **where)
+                records = await self.store.frames_after(last, limit=REPLAY_PAGE, **where)
                 for record in records:
                     last = record.cursor
                     yield StreamedFrame(frame_from_record(record)).wire
-                if len(records) < WATCH_PAGE:
+                if len(records) < REPLAY_PAGE:
                     break
             while True:
                 try:
