@@ -190,11 +190,9 @@ class PromptService(pb_grpc.PromptServiceServicer):
             if _ends_stream(item.frame):
                 return
 
-    async def _stored(self, rid: str, after_seq: int, first: list | None = None):
-        """A request's persisted frames after ``after_seq``, a page at a time
-        (``first``: the first page, already read)."""
-        records = first if first is not None else \
-            await self.store.request_frames(rid, after_seq, limit=REPLAY_PAGE)
+    async def _stored(self, rid: str, after_seq: int):
+        """A request's persisted frames after ``after_seq``, a page at a time."""
+        records = await self.store.request_frames(rid, after_seq, limit=REPLAY_PAGE)
         while records:
             for record in records:
                 yield StreamedFrame(frame_from_record(record))
@@ -232,15 +230,14 @@ class PromptService(pb_grpc.PromptServiceServicer):
         elif self.tail is not None:  # [cluster] maybe running on another node: the tail has it
             elsewhere = self.tail.follow_request(rid)  # before reading the store: no gap
         try:
-            records = await self.store.request_frames(rid, after_seq, limit=REPLAY_PAGE)
-            if not records and turn is None and await self.store.ledger(rid) is None:
-                raise E.SidecarError(E.REQUEST_NOT_FOUND, f"no such request: {E.excerpt(rid)}")
             last = after_seq
-            async for item in self._stored(rid, after_seq, records):
+            async for item in self._stored(rid, after_seq):
                 last = item.frame.seq
                 yield item
                 if _ends_stream(item.frame):
                     return
+            if last == after_seq and turn is None and await self.store.ledger(rid) is None:
+                raise E.SidecarError(E.REQUEST_NOT_FOUND, f"no such request: {E.excerpt(rid)}")
             if turn is not None and sub is not None:  # subscribed together, above
                 try:
                     async for item in self._follow(sub, rid, last, _live(turn)):
