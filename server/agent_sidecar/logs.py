@@ -144,6 +144,13 @@ class _Handler(logging.StreamHandler):
 _HANDLER: _Handler | None = None
 
 
+@atexit.register
+def _write_pending() -> None:
+    """The installed handler's held-back lines, now (at exit; before setup() replaces it)."""
+    if _HANDLER is not None:
+        _HANDLER.write_pending()
+
+
 def info_fields(logger: logging.Logger, msg: str, fields: dict) -> None:
     """``logger.info(msg, extra=fields)``, the same line, without building a
     LogRecord when setup()'s handler is the only one it reaches (no handlers
@@ -179,10 +186,8 @@ def info_fields(logger: logging.Logger, msg: str, fields: dict) -> None:
 
 def setup(fmt: str = "json", level: str = "info") -> None:
     global _HANDLER
-    if _HANDLER is not None:
-        _HANDLER.write_pending()
+    _write_pending()
     handler = _Handler(sys.stderr)
-    atexit.register(handler.write_pending)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
