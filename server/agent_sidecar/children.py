@@ -44,18 +44,21 @@ log = logging.getLogger("agent_sidecar.children")
 # -- the pipe ----------------------------------------------------------------------------
 
 class Channel(asyncio.Protocol):
-    """``pace_s`` > 0 paces the writes: one at most every ``pace_s`` seconds.
-    A message sent after a quiet spell still leaves at the end of its loop
-    iteration; under load, what is sent meanwhile waits (at most ``pace_s``)
-    and leaves in one write, so the other side wakes and reads once for many
-    messages."""
+    """``pace_s`` > 0 paces the writes under load. A message sent at least
+    ``quiet_s`` after the last write leaves at the end of its loop iteration
+    (a turn at a time, a model slower than that per token): waiting would
+    gather nothing else and only add latency. One sent sooner than that finds
+    the channel busy: it waits until ``pace_s`` after the last write and
+    leaves in one write with what else was sent meanwhile, so under load the
+    other side wakes and reads once for many messages."""
 
     def __init__(self, on_message: Callable[[Any], Any], on_lost: Callable[[], Any],
                  loads: Callable[[bytes | bytearray], Any] = orjson.loads,
-                 dumps: Callable[[Any], bytes] = orjson.dumps, pace_s: float = 0.0):
+                 dumps: Callable[[Any], bytes] = orjson.dumps, pace_s: float = 0.0,
+                 quiet_s: float = 0.0):
         self.on_message, self.on_lost = on_message, on_lost
         self.loads, self.dumps = loads, dumps
-        self.pace_s = pace_s
+        self.pace_s, self.quiet_s = pace_s, quiet_s
         self.transport: asyncio.Transport | None = None
         self._in = bytearray()
         self._out: list[bytes] = []
@@ -75,9 +78,9 @@ class Channel(asyncio.Protocol):
         elif not self._scheduled:
             self._scheduled = True
             loop = asyncio.get_running_loop()
-            wait = self._written_at + self.pace_s - loop.time() if self.pace_s else 0.0
-            if wait > 0:
-                loop.call_later(wait, self._flush)
+            since = loop.time() - self._written_at
+            if self.pace_s and since < self.quiet_s:  # busy: join the next paced write
+                loop.call_later(self.pace_s - since, self._flush)
             else:
                 loop.call_soon(self._flush)
 
@@ -129,7 +132,7 @@ class Channel(asyncio.Protocol):
 async def open_channel(fileno: int, on_message: Callable[[Any], Any], on_lost: Callable[[], Any],
                        **codec) -> Channel:
     """Wrap one end of a child's socketpair in a Channel (``codec``: its
-    ``loads``/``dumps``, orjson by default, and ``pace_s``)."""
+    ``loads``/``dumps``, orjson by default, ``pace_s`` and ``quiet_s``)."""
     sock = socket.socket(fileno=os.dup(fileno))
     sock.setblocking(False)
     _, channel = await asyncio.get_running_loop().create_unix_connection(

@@ -38,10 +38,11 @@ from .model_trace import TracedBackend
 # once, and persisted in one frame flush. The parent flushes what one wake-up
 # brought, so this pace bounds the store's commits for streamed frames too; a
 # commit's fsync costs the writer more CPU than the rows in it. What it costs:
-# under load a frame reaches the parent up to this much later; a message after
-# a quiet spell (a turn at a time, a model slower than this per token) leaves
-# at once.
+# under load a frame reaches the parent up to this much later. A message sent
+# WRITE_QUIET_S or more after the last write leaves at once: one turn at a time
+# writes every few milliseconds, and pacing those would only delay each turn.
 WRITE_PACE_S = 0.005
+WRITE_QUIET_S = 0.001
 
 
 class _TurnIO:
@@ -185,7 +186,8 @@ class Worker:
             if not done.done():
                 done.set_result(None)
 
-        self.channel = await open_channel(self.fileno, on_message, on_lost, pace_s=WRITE_PACE_S)
+        self.channel = await open_channel(self.fileno, on_message, on_lost, pace_s=WRITE_PACE_S,
+                                          quiet_s=WRITE_QUIET_S)
         self.send(wire.hello(os.getpid(), self.index,
                              any(m == "grpc" or m.startswith("grpc.") for m in sys.modules)))
         tune_gc()
