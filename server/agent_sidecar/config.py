@@ -114,13 +114,15 @@ class Limits:
     default_page_size: int = key(100, ge=1, doc="a list call's page when it asks for none")
     max_frames_per_turn: int = key(20_000, ge=2, doc="frames one turn may produce")
     max_id_length: int = key(256, ge=1, doc="request ids, display names and other ids (characters)")
-    # Load limits (issue 14). A stream (Prompt, WatchActivity) whose reader
-    # falls this far behind is ended with STREAM_TOO_SLOW (it resumes from the
-    # store); prompts in flight or queued, and the bytes of their text and
-    # attachments, are capped sidecar-wide (OVERLOADED; 0: no cap). The
-    # defaults keep a hostile burst within a small (2 GB) host.
-    stream_buffer_frames: int = key(10_000, ge=1, doc="frames a stream may fall behind its reader "
-                                                       "before it ends STREAM_TOO_SLOW")
+    # Load limits (issue 14). A stream (Prompt, WatchActivity) holds this much
+    # for its reader: past it, a client that stopped reading is ended with
+    # STREAM_TOO_SLOW (it resumes from the store), and one that reads on gets
+    # the rest from the store (turns/subscriber.py). Prompts in flight or
+    # queued, and the bytes of their text and attachments, are capped
+    # sidecar-wide (OVERLOADED; 0: no cap). The defaults keep a hostile burst
+    # within a small (2 GB) host.
+    stream_buffer_frames: int = key(10_000, ge=1, doc="frames a stream holds for its reader; past "
+                                                       "it, a stalled client's stream ends STREAM_TOO_SLOW")
     stream_buffer_bytes: int = key(8 * 1024 * 1024, ge=1, doc="the same bound in bytes")
     max_prompts_in_flight: int = key(1000, ge=0, doc="prompts running or queued, whole sidecar "
                                                      "(0: no cap); past it OVERLOADED")

@@ -30,8 +30,8 @@ UNAVAILABLE = "UNAVAILABLE"
 REQUEST_NOT_FOUND = "REQUEST_NOT_FOUND"  # WatchActivity for a request id never seen
 INTERNAL = "INTERNAL"
 # Load limits (issue 14), all RESOURCE_EXHAUSTED with RetryInfo: a stream whose
-# reader fell behind its buffer bound (it resumes with WatchActivity from the
-# cursor or seq its message names), the sidecar's admission limits on prompts
+# client stopped reading past its buffer bound (it resumes with WatchActivity from
+# the cursor or seq its message names), the sidecar's admission limits on prompts
 # in flight, a session's queue cap.
 STREAM_TOO_SLOW = "STREAM_TOO_SLOW"
 OVERLOADED = "OVERLOADED"

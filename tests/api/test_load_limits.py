@@ -12,6 +12,7 @@ and the sidecar's write of the next frame waits, as with a hung adapter."""
 from __future__ import annotations
 
 import re
+import time
 
 import grpc
 import pytest
@@ -19,11 +20,12 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from helpers import procs
 from helpers.config import slow_echo
-from helpers.ids import uniq, words
-from helpers.streams import D, PromptRun, collect, start, watch
+from helpers.ids import rid, uniq, words
+from helpers.streams import D, PromptRun, Stream, collect, kind_of, run, start, watch
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
+from agent_sidecar.turns.subscriber import STALL_S
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import prompt_service_pb2_grpc
@@ -87,6 +89,7 @@ def test_a_watcher_that_stops_reading_is_ended_and_resumes_without_gap(sc, stall
     assert [t.end for t in turns] == ["completed"] * 12, [t.kinds()[-1:] for t in turns]
     published = sorted(f.cursor for t in turns for f in t.frames)
     assert len(published) > 4 * BUFFER_FRAMES
+    time.sleep(STALL_S + 0.5)  # the stream's write has waited past STALL_S: its client stopped reading
 
     got = collect(call, stop=lambda f: f.cursor == published[-1])  # before the bound: it reads all
     assert got.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (got.code, got.details, len(got.frames))
@@ -101,6 +104,28 @@ def test_a_watcher_that_stops_reading_is_ended_and_resumes_without_gap(sc, stall
     rest = collect(prompts.WatchActivity(ppb.WatchActivityRequest(platform=platform, after_cursor=cursor),
                                          timeout=30), stop=lambda f: f.cursor == published[-1])
     assert sent + [f.cursor for f in rest.frames] == published, "the resumed watch has a gap or a repeat"
+
+
+def test_reading_clients_that_a_burst_outruns_read_on_from_the_store(sc):
+    """Echo without latency, a frame a word: a turn's frames commit many times
+    BUFFER_FRAMES at once. Its own Prompt stream and a platform watcher, both
+    read at once, get every frame in order and end with the turn, never
+    STREAM_TOO_SLOW (they were once cut after a few frames)."""
+    prompts, platform = sc.prompts(), uniq("plat")
+    big = rid()
+    watcher = Stream(prompts.WatchActivity(ppb.WatchActivityRequest(platform=platform), timeout=60),
+                     stop=lambda f: f.request_id == big and kind_of(f) == "completed")
+    first = run(prompts, text="before", src=c.SessionSource(platform=platform, chat_id=uniq()))
+    wait_until(lambda: any(f.request_id == first.request_id for f in watcher.frames),
+               what="the watcher's first frame")  # it is subscribed
+    turn = run(prompts, text=words(3000), src=c.SessionSource(platform=platform, chat_id=uniq()),
+               request_id=big, timeout=60)
+    assert turn.code == grpc.StatusCode.OK and turn.end == "completed", (turn.code, turn.reason, turn.details)
+    assert [f.seq for f in turn.frames] == list(range(1, len(turn.frames) + 1))
+    assert len(turn.frames) > 3000
+    watcher.result(30)
+    assert watcher.error is None or watcher.code == grpc.StatusCode.CANCELLED, (watcher.code, watcher.reason)
+    assert [f.cursor for f in watcher.frames if f.request_id == big] == [f.cursor for f in turn.frames]
 
 
 def test_a_prompt_stream_whose_client_stops_reading_resumes_by_request_id(sc, stalled):
@@ -118,6 +143,7 @@ def test_a_prompt_stream_whose_client_stops_reading_resumes_by_request_id(sc, st
     assert whole.kinds()[-1:] == ["completed"] and whole.code == grpc.StatusCode.OK, \
         (whole.kinds()[-2:], whole.code, whole.reason, whole.details)
     assert len(whole.frames) > 4 * BUFFER_FRAMES
+    time.sleep(STALL_S + 0.5)  # the stream's write has waited past STALL_S: its client stopped reading
 
     got = collect(call)
     assert got.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (got.code, got.details, len(got.frames))

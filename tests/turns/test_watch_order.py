@@ -20,10 +20,8 @@ from agent_sidecar.v1 import prompt_service_pb2 as ppb
 
 @pytest.fixture(scope="module")
 def sc(tmp_path_factory):
-    # One turn here streams more frames than a stream may buffer by default
-    # (limits.stream_buffer_frames), faster than the test reads them.
-    limits = "[sidecar.limits]\nstream_buffer_frames = 100000\n\n[stream]\ncoalesce_ms = 0\n\n"  # a frame a word
-    s = Sidecar(tmp_path_factory.mktemp("watch") / "data", config=limits + profile("main", "echo"),
+    one_frame_a_word = "[stream]\ncoalesce_ms = 0\n\n"
+    s = Sidecar(tmp_path_factory.mktemp("watch") / "data", config=one_frame_a_word + profile("main", "echo"),
                 workers=2).start()
     yield s
     s.stop()

@@ -125,6 +125,8 @@ const (
 	// buffer bound (`limits.stream_buffer_frames` / `stream_buffer_bytes`); its
 	// message names where to resume: WatchActivity(request_id, after_seq=N) or
 	// WatchActivity(platform|session_key, after_cursor=N). Comes with RetryInfo.
+	// A client that keeps reading is not ended this way: when a burst outgrows
+	// the bound, its stream reads on from the store.
 	// gRPC status: RESOURCE_EXHAUSTED
 	ErrorReason_ERROR_REASON_STREAM_TOO_SLOW ErrorReason = 20
 	// The sidecar holds as many prompts (or prompt bytes) in flight and queued

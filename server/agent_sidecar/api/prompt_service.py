@@ -20,7 +20,7 @@ from ..store import Store
 from ..store.records import LedgerEntry
 from ..turns import jobs
 from ..turns.frames import TERMINAL, frame_from_record
-from ..turns.subscriber import StreamedFrame, Subscriber, TooSlow
+from ..turns.subscriber import FellBehind, StreamedFrame, Subscriber, TooSlow
 from ..v1 import prompt_service_pb2 as pb
 from ..v1 import prompt_service_pb2_grpc as pb_grpc
 from . import convert as cv
@@ -46,12 +46,13 @@ def _ends_stream(frame) -> bool:
 
 
 def _too_slow(resume: str) -> E.SidecarError:
-    """A stream dropped by its Subscriber: nothing is lost (the frames are
-    persisted), so the error says exactly where to pick up."""
+    """A stream whose client stopped reading, dropped by its Subscriber:
+    nothing is lost (the frames are persisted), so the error says exactly
+    where to pick up."""
     return E.SidecarError(
         E.STREAM_TOO_SLOW,
-        "the stream's reader fell behind (more than limits.stream_buffer_frames frames or"
-        f" limits.stream_buffer_bytes bytes waiting) and the stream was ended; resume with {resume}",
+        "the stream's client stopped reading while more than limits.stream_buffer_frames frames or"
+        f" limits.stream_buffer_bytes bytes waited for it, and the stream was ended; resume with {resume}",
         retry_after_s=0.1)
 
 
@@ -137,13 +138,19 @@ class PromptService(pb_grpc.PromptServiceServicer):
             async for item in self._replay_request(rid, 0):
                 yield item.wire
             return
-        sub = turn.subscribers[0]
+        sub, last, behind = turn.subscribers[0], 0, False
         try:
             async for item in self._follow(sub, rid, 0, _live(turn)):
+                last = item.frame.seq
                 yield item.wire
+        except FellBehind:  # a burst outran a reading client: on from the store
+            behind = True
         finally:
             if sub in turn.subscribers:
                 turn.subscribers.remove(sub)
+        if behind:
+            async for item in self._replay_request(rid, last):
+                yield item.wire
 
     async def _authorize_request(self, rid: str, principal) -> LedgerEntry | None:
         """A request's frames are readable only with a credential for its
@@ -161,7 +168,8 @@ class PromptService(pb_grpc.PromptServiceServicer):
     async def _follow(self, sub: Subscriber, rid: str, last_seq: int, still_open: StillOpen):
         """Live frames of one request, skipping what was already sent, ending
         after the terminal frame (raising its reason for a failed turn; a
-        reader that fell behind gets STREAM_TOO_SLOW, saying where to resume).
+        client that stopped reading gets STREAM_TOO_SLOW, saying where to
+        resume; FellBehind passes to the caller, which goes on from the store).
         ``still_open()`` is asked before the first wait and at every
         ``keepalive_s`` without a frame: the request's (session key, session
         id), which the keepalive frame carries, while it goes on; None once it
@@ -221,38 +229,42 @@ class PromptService(pb_grpc.PromptServiceServicer):
         return f
 
     async def _replay_request(self, rid: str, after_seq: int):
-        """Persisted frames after ``after_seq``, then live ones if the turn is still going."""
-        turn = self.turns.live.get(rid)
-        sub = elsewhere = None
-        if turn is not None:
-            sub = self.turns.bus.subscriber()
-            turn.subscribers.append(sub)  # before reading the store: no gap
-        elif self.tail is not None:  # [cluster] maybe running on another node: the tail has it
-            elsewhere = self.tail.follow_request(rid)  # before reading the store: no gap
-        try:
-            last = after_seq
-            async for item in self._stored(rid, after_seq):
-                last = item.frame.seq
-                yield item
-                if _ends_stream(item.frame):
-                    return
-            if last == after_seq and turn is None and await self.store.ledger(rid) is None:
-                raise E.SidecarError(E.REQUEST_NOT_FOUND, f"no such request: {E.excerpt(rid)}")
-            if turn is not None and sub is not None:  # subscribed together, above
-                try:
-                    async for item in self._follow(sub, rid, last, _live(turn)):
-                        yield item
-                except jobs.DuplicateRequest:  # it was an earlier run's request: from the store
-                    async for item in self._replay_request(rid, last):
-                        yield item
-            elif elsewhere is not None:
-                async for item in self._follow(elsewhere, rid, last, self._in_ledger(rid)):
+        """Persisted frames after ``after_seq``, then live ones while the turn
+        goes on; when the live ones outrun a reading client (FellBehind), or
+        the live turn was a twin of an earlier run's request, the next pass
+        reads on from the store."""
+        last, first = after_seq, True
+        while True:
+            turn = self.turns.live.get(rid)
+            sub: Subscriber | None = None
+            if turn is not None:
+                sub = self.turns.bus.subscriber()
+                turn.subscribers.append(sub)  # before reading the store: no gap
+            elif self.tail is not None:  # [cluster] maybe running on another node: the tail has it
+                sub = self.tail.follow_request(rid)  # before reading the store: no gap
+            try:
+                async for item in self._stored(rid, last):
+                    last = item.frame.seq
                     yield item
-        finally:
-            if sub is not None and sub in turn.subscribers:
-                turn.subscribers.remove(sub)
-            if elsewhere is not None:
-                self.tail.unfollow_request(rid, elsewhere)
+                    if _ends_stream(item.frame):
+                        return
+                if first and last == after_seq and turn is None and await self.store.ledger(rid) is None:
+                    raise E.SidecarError(E.REQUEST_NOT_FOUND, f"no such request: {E.excerpt(rid)}")
+                first = False
+                if sub is None:
+                    return
+                still_open = _live(turn) if turn is not None else self._in_ledger(rid)
+                async for item in self._follow(sub, rid, last, still_open):
+                    last = item.frame.seq
+                    yield item
+                return
+            except (FellBehind, jobs.DuplicateRequest):
+                continue
+            finally:
+                if turn is not None and sub in turn.subscribers:
+                    turn.subscribers.remove(sub)
+                elif turn is None and sub is not None:
+                    self.tail.unfollow_request(rid, sub)
 
     # -- WatchActivity -------------------------------------------------------------------
 
@@ -277,33 +289,44 @@ class PromptService(pb_grpc.PromptServiceServicer):
             principal.require_platform(platform)
             index, name, column = self.turns.bus.by_platform, platform, "platform"
             where = {"platform": platform}
-        sub = self.turns.bus.watch(index, name)
-        try:
-            last = request.after_cursor
-            while last > 0:  # the persisted frames after the cursor, a page at a time
-                records = await self.store.frames_after(last, limit=REPLAY_PAGE, **where)
-                for record in records:
-                    last = record.cursor
-                    yield StreamedFrame(frame_from_record(record)).wire
-                if len(records) < REPLAY_PAGE:
-                    break
-            while True:
-                try:
-                    item = await sub.get(self.cfg.keepalive_s)
-                except TooSlow:  # resume after the last frame sent, or before the first one due
-                    cursor = last or max(sub.first_cursor - 1, 0)
-                    raise _too_slow(f"WatchActivity({column}={name!r}, after_cursor={cursor})") from None
-                if item is None:
-                    yield StreamedFrame(self._keepalive("", "", "", 0)).wire
-                    continue
-                if isinstance(item, BaseException):  # only a turn's own stream is sent one
-                    raise item
-                if item.frame.cursor <= last:
-                    continue
-                last = item.frame.cursor
-                yield item.wire
-        finally:
-            self.turns.bus.unwatch(index, name, sub)
+        async for data in self._watch(index, name, column, where, request.after_cursor):
+            yield data
+
+    async def _watch(self, index, name: str, column: str, where: dict[str, str], after_cursor: int):
+        """A key's or platform's frames (encoded) after ``after_cursor`` (0:
+        from now on): the persisted ones a page at a time, then live ones. A
+        pass per subscriber: when a burst outruns a reading client
+        (FellBehind), the next pass reads on from the store."""
+        last, from_store = after_cursor, after_cursor > 0
+        while True:
+            sub = self.turns.bus.watch(index, name)  # before reading the store: no gap
+            try:
+                while from_store:  # the persisted frames after the cursor, a page at a time
+                    records = await self.store.frames_after(last, limit=REPLAY_PAGE, **where)
+                    for record in records:
+                        last = record.cursor
+                        yield StreamedFrame(frame_from_record(record)).wire
+                    from_store = len(records) == REPLAY_PAGE
+                while True:
+                    try:
+                        item = await sub.get(self.cfg.keepalive_s)
+                    except (TooSlow, FellBehind) as e:  # after the last frame sent, or before the first due
+                        last = last or max(sub.first_cursor - 1, 0)
+                        if isinstance(e, TooSlow):
+                            raise _too_slow(f"WatchActivity({column}={name!r}, after_cursor={last})") from None
+                        from_store = True
+                        break
+                    if item is None:
+                        yield StreamedFrame(self._keepalive("", "", "", 0)).wire
+                        continue
+                    if isinstance(item, BaseException):  # only a turn's own stream is sent one
+                        raise item
+                    if item.frame.cursor <= last:
+                        continue
+                    last = item.frame.cursor
+                    yield item.wire
+            finally:
+                self.turns.bus.unwatch(index, name, sub)
 
     # -- Cancel, GetQueue ------------------------------------------------------------------
 

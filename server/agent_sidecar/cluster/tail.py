@@ -147,7 +147,7 @@ class FrameTail:
             self.bus.to_watchers(item, r.session_key, r.platform)
         if by_request:
             for sub in tuple(by_request):
-                if not sub.push(item):  # fell behind: its stream says where to resume
+                if not sub.push(item):  # dropped: its stream reads on from the store, or says where to resume
                     self.unfollow_request(r.request_id, sub)
 
     # -- other nodes' deletes --------------------------------------------------------------

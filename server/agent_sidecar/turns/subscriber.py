@@ -1,19 +1,33 @@
 """The stream's side of the frame bus (turns/frames.py): what a committed
 frame is on its way out (``StreamedFrame``, encoded once for every stream
 that sends it) and the bounded queue of one stream (``Subscriber``: a
-Prompt call, a WatchActivity), which drops a reader that falls behind.
+Prompt call, a WatchActivity), which lets go of a reader that falls behind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 
 from ..v1 import prompt_service_pb2 as ppb
 
+# A stream whose previous write to its client took longer than this when its
+# queue overflowed has a client that stopped reading (gRPC's write waits for
+# HTTP/2 flow control); a quicker one met a burst. Well above what a reading
+# client's write takes on a loaded sidecar, well below a hung adapter's wait.
+STALL_S = 1.0
+
 
 class TooSlow(Exception):
-    """Raised by ``Subscriber.get`` once the subscriber was dropped for falling behind."""
+    """Raised by ``Subscriber.get`` once the subscriber was dropped while its
+    client had stopped reading: the stream ends, saying where to resume."""
+
+
+class FellBehind(Exception):
+    """Raised by ``Subscriber.get`` once the subscriber was dropped while its
+    client kept reading (one commit brought more frames than the bound): the
+    stream goes on from the store, then with a new subscriber."""
 
 
 # PromptResponse and WatchActivityResponse are both ``{ActivityFrame frame = 1}``:
@@ -60,13 +74,18 @@ class Subscriber:
     would wait here, without end, for every such stream. With more than
     ``max_frames`` frames or ``max_bytes`` bytes waiting (a frame that finds the
     queue empty is always taken, however large), the subscriber is dropped:
-    its queue is freed at once, ``push`` answers False from then on so the bus
-    takes it out of its fan-out (a dropped stream costs the bus nothing), and
-    the stream's next ``get`` raises ``TooSlow``; the stream then ends telling
-    its client where to resume. Nothing is lost by that: every frame is
-    persisted before it is pushed, and WatchActivity replays from the store."""
+    its queue is freed at once, and ``push`` answers False from then on so the
+    bus takes it out of its fan-out (a dropped stream costs the bus nothing).
+    The stream's next ``get`` says why it fell behind, from how long the
+    stream's previous write took (the time between its last two ``get``s):
+    longer than ``STALL_S``, its client stopped reading, and ``TooSlow`` ends
+    the stream telling the client where to resume; shorter (a fast reader
+    that one large commit outran), ``FellBehind``, and the stream reads on
+    from the store. Nothing is lost either way: every frame is persisted
+    before it is pushed."""
 
-    __slots__ = ("buf", "waiter", "held", "max_frames", "max_bytes", "dropped", "first_cursor")
+    __slots__ = ("buf", "waiter", "held", "max_frames", "max_bytes", "dropped", "first_cursor",
+                 "got_at")
 
     def __init__(self, max_frames: int = 10_000, max_bytes: int = 8 << 20):
         self.buf: deque = deque()
@@ -75,6 +94,7 @@ class Subscriber:
         self.max_frames, self.max_bytes = max_frames, max_bytes
         self.dropped = False
         self.first_cursor = 0  # cursor of the first frame pushed (0: none yet)
+        self.got_at = 0.0  # monotonic time the last ``get`` returned (0: none yet)
 
     def push(self, item: StreamedFrame | BaseException) -> bool:
         """Queue a frame (or the error that ends the stream: a turn refused
@@ -110,7 +130,8 @@ class Subscriber:
                 handle.cancel()
                 self.waiter = None
         if self.dropped:
-            raise TooSlow()
+            raise TooSlow() if self.got_at and time.monotonic() - self.got_at > STALL_S else FellBehind()
+        self.got_at = time.monotonic()  # the stream now writes what it got (or a keepalive)
         if not self.buf:
             return None
         item = self.buf.popleft()
