@@ -1,7 +1,8 @@
 """Load limits through a real sidecar (issue 14, items 4 and 5): a stream whose
 client stops reading is ended with STREAM_TOO_SLOW once its buffer bound is
 passed, without holding up anyone else, and resumes from the store with no
-gap; admission control refuses prompts past the sidecar-wide caps on prompts
+gap, while one that keeps reading reads past a burst from the store, never
+cut; admission control refuses prompts past the sidecar-wide caps on prompts
 and bytes in flight, and a session's queue past its default cap, with
 RESOURCE_EXHAUSTED + ErrorInfo + RetryInfo, writing nothing.
 
