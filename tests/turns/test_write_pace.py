@@ -51,7 +51,7 @@ def test_a_message_after_a_quiet_spell_leaves_at_once_despite_the_pace():
 
 def test_messages_sent_close_after_a_write_wait_for_the_pace_and_leave_in_one_write():
     async def main():
-        channel, peer = await _channel(pace_s=0.2, quiet_s=600.0)  # every send finds the channel busy
+        channel, peer = await _channel(pace_s=1.0, quiet_s=600.0)  # every send finds the channel busy
         channel.send({"n": 1})  # the first write of all: nothing to pace against
         assert await _read(peer, len(_wire({"n": 1}))) == _wire({"n": 1})
         for n in (2, 3, 4):
