@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
+from helpers import procs
 from helpers.ids import rid
 from helpers.ids import source as src
 from helpers.sessions import assert_serving, rpc_error, seed, turns
@@ -42,11 +43,7 @@ MAX_TRAILER_BYTES = 4096
 
 
 def vm_rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
+    return procs.rss_bytes(pid) / 2**20
 
 
 def trailer_bytes(err: grpc.RpcError) -> int:

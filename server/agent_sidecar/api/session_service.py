@@ -29,6 +29,8 @@ CLEAR_ALL_CONFIRM = "DELETE ALL SESSIONS"
 # (a counter that overflowed would turn into a REAL and poison every read).
 MAX_TOKEN_DELTA = 2 ** 40
 MAX_COST_DELTA = 1e9
+
+
 def _within_page_bytes(items: list, size_of: Callable[[Any], int]) -> list:
     """The leading ``items`` whose ``size_of`` (bytes on the wire) add up to
     at most ``convert.ANSWER_BYTES``, and always the first: a page ends at page_size or at
