@@ -27,6 +27,7 @@ import _common  # noqa: F401  (import path to the in-tree server)
 import apsw
 import orjson
 
+from agent_sidecar.store.sqlite import frame_keys
 from agent_sidecar.store.sqlite.messages import SqliteMessages
 from agent_sidecar.store.sqlite.schema import migrate
 
@@ -198,6 +199,7 @@ def generate(out: Path, sessions: int, frames: int, running: int, recent: int, p
     with conn:  # the derived index, once, from the canonical rows
         conn.execute("INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')")
         SqliteMessages(conn).set_index_mark(conn.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0])
+        frame_keys.index_pending(conn)  # as the writer's passes would have left it
     with conn:  # lets the benchmark shift activity times to "just now" on each copy
         conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('gen_store_at', ?)", (str(now),))
     conn.execute("PRAGMA journal_mode=WAL")

@@ -33,7 +33,7 @@ import grpc
 from _common import ROOT, machine_line, table, terminate
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from agent_sidecar.store.sqlite.ledger import REQUEST_FRAMES
+from agent_sidecar.store.sqlite.frame_keys import INDEXED_PAGE, OF_REQUEST, TAIL_PAGE
 from agent_sidecar.store.sqlite.messages import TURN_ROWS
 
 GOAL_S = 1.0
@@ -48,7 +48,11 @@ QUERIES = {
                          " p.text, p.payload, p.created_at, q.slot, q.position FROM prompts p"
                          " LEFT JOIN prompt_queue q ON q.request_id = p.request_id"
                          " WHERE p.status IN ('queued', 'running') ORDER BY p.session_key, p.created_at", ()),
-    "last frame seq of a request": (f"SELECT max(seq) {REQUEST_FRAMES}", ("r",)),
+    "a request's key and first frame": ("SELECT session_key, coalesce(first_frame, 0) FROM prompts"
+                                        " WHERE request_id = ?", ("r",)),
+    "last frame seq of a request: indexed": (INDEXED_PAGE.format(columns="f.seq", where=OF_REQUEST),
+                                             ("k", 0, 10, "r", 0, -1)),
+    "last frame seq of a request: tail": (TAIL_PAGE.format(columns="f.seq", where=OF_REQUEST), (0, "k", "r", 0, -1)),
     "dangling tool calls": (TURN_ROWS, ("r",)),
     "auto-resume candidates": ("SELECT session_key, session_id, platform, profile, resume_reason FROM routing"
                                " WHERE resume_pending = 1 AND updated_at >= ? AND suspended = 0",

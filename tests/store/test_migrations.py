@@ -81,9 +81,12 @@ def test_a_version_3_store_migrates_and_keeps_its_frames_and_cursors(tmp_path):
     # the frames the old sidecar deleted (ids 6-8) are never numbered again
     assert min(f.cursor for f in new.frames) == 9
     assert query(sc, "SELECT first_frame, first_seq FROM prompts WHERE request_id = ?", (OLD_RID,)) == [(1, 1)]
-    assert query(sc, "SELECT version FROM schema_migrations ORDER BY version") == [(1,), (2,), (3,), (4,)]
+    assert query(sc, "SELECT version FROM schema_migrations ORDER BY version") == [(1,), (2,), (3,), (4,), (5,)]
     indexes = {name for (name,) in query(
         sc, "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name IN ('frames', 'messages')")}
     assert "messages_by_request" not in indexes
     assert not any(name.startswith("sqlite_autoindex_frames") for name in indexes)
-    assert {"frames_by_key", "frames_by_platform"} <= indexes
+    assert "frames_by_platform" in indexes and "frames_by_key" not in indexes
+    # migration 5: the old frames' keys are in frame_keys, all of them below the mark
+    assert query(sc, "SELECT id FROM frame_keys WHERE id <= 5 ORDER BY id") == [(i,) for i in range(1, 6)]
+    assert query(sc, "SELECT value FROM meta WHERE key = 'frames_keyed'")[0][0] >= 5

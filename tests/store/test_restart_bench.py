@@ -35,5 +35,5 @@ def test_restart_bench_generates_a_crash_store_restores_it_and_prices_its_querie
     assert re.search(r"health Check SERVING: median [\d,]+ ms", out.stdout), out.stdout
     # Every startup query is planned, and none reads a whole table.
     plans = re.findall(r"^(\S.*?)\s{2,}(search|partial-index scan|FULL (?:INDEX )?SCAN)\s", out.stdout, re.M)
-    assert len(plans) == 13, out.stdout
+    assert len(plans) == 15, out.stdout
     assert not [name for name, kind in plans if kind.startswith("FULL")], out.stdout

@@ -2,11 +2,11 @@
 frames (unit_of_work.LedgerRepo, QueueRepo, FrameRepo).
 
 A request's frames are found through its ledger row: its session key and
-first frame id bound a range of ``frames_by_key``. There is no index on the
-request id (ids are random, so one would cost a random b-tree page per turn in
-every commit; migration 4). Frame ids are the global cursor: AUTOINCREMENT,
-so a cursor once handed out is never handed out again, and rows inserted by
-one executemany get consecutive ids.
+first frame id bound a range of the key's frames (frame_keys.py). There is no
+index on the request id (ids are random, so one would cost a random b-tree
+page per turn in every commit; migration 4). Frame ids are the global cursor:
+AUTOINCREMENT, so a cursor once handed out is never handed out again, and rows
+inserted by one executemany get consecutive ids.
 """
 
 from __future__ import annotations
@@ -18,14 +18,10 @@ import apsw
 import orjson
 
 from ..records import LedgerEntry, NewFrame, OpenPrompt, QueueSlot
-from . import rows
+from . import frame_keys, rows
 
 INSERT_FRAME = ("INSERT INTO frames (request_id, seq, session_key, session_id, platform, at, kind, body)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
-# One request's frames (?1 is the request id), found through its ledger row.
-REQUEST_FRAMES = ("FROM frames WHERE session_key = (SELECT session_key FROM prompts WHERE request_id = ?1)"
-                  " AND id >= (SELECT coalesce(first_frame, 0) FROM prompts WHERE request_id = ?1)"
-                  " AND request_id = ?1")
 _INSERT_LEDGER = ("INSERT INTO prompts (request_id, session_key, session_id, platform, status, delivery,"
                   " text, payload, created_at, started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                   " ON CONFLICT DO NOTHING")
@@ -50,7 +46,9 @@ class SqliteLedger:
         return True
 
     def forget(self, request_id: str) -> None:
-        self.conn.execute(f"DELETE {REQUEST_FRAMES}", (request_id,))  # before the row it is found by
+        # Its frames before the row they are found by.
+        frame_keys.delete_ids(self.conn, [r[0] for r in frame_keys.of_request(self.conn, request_id,
+                                                                              columns="f.id")])
         self.conn.execute("DELETE FROM prompts WHERE request_id = ?", (request_id,))
 
     def mark_started(self, request_id: str, session_id: str, at: float, first_seq: int,
@@ -121,29 +119,47 @@ class SqliteQueue:
 
 
 class SqliteFrames:
-    def __init__(self, conn: apsw.Connection):
+    """``key_batch``: frames inserted between two passes of the key index
+    (frame_keys.py), counted in this process; the pass runs inside the insert
+    that reaches it."""
+
+    def __init__(self, conn: apsw.Connection, key_batch: int = frame_keys.KEY_BATCH):
         self.conn = conn
+        self.key_batch = key_batch
+        self._unkeyed: int | None = None  # read from the store at the first insert
 
     def insert(self, new: Sequence[NewFrame]) -> int:
         if len(new) == 1:
             self.conn.execute(INSERT_FRAME, new[0])
         else:
             self.conn.executemany(INSERT_FRAME, new)
-        return self.conn.last_insert_rowid() - len(new) + 1
+        first = self.conn.last_insert_rowid() - len(new) + 1
+        if self._unkeyed is None:
+            self._unkeyed = frame_keys.unkeyed(self.conn)
+        else:
+            self._unkeyed += len(new)
+        if self._unkeyed >= self.key_batch:
+            frame_keys.index_pending(self.conn)
+            self._unkeyed = 0
+        return first
 
     def last_seq(self, request_id: str) -> int:
-        return rows.one(self.conn.execute(f"SELECT max(seq) {REQUEST_FRAMES}", (request_id,)).fetchone())[0] or 0
+        seqs = frame_keys.of_request(self.conn, request_id, columns="f.seq")
+        return max((s for (s,) in seqs), default=0)
 
     def delete_before(self, at: float, limit: int) -> int:
         cutoff = cutoff_id(self.conn, at)
         if not cutoff:
             return 0
-        self.conn.execute("DELETE FROM frames WHERE id IN (SELECT id FROM frames WHERE id < ?"
-                          " ORDER BY id LIMIT ?)", (cutoff, limit))
-        return self.conn.changes()
+        last = rows.one(self.conn.execute("SELECT max(id), count(*) FROM (SELECT id FROM frames WHERE id < ?"
+                                          " ORDER BY id LIMIT ?)", (cutoff, limit)).fetchone())
+        if not last[1]:
+            return 0
+        frame_keys.delete_through(self.conn, last[0])
+        return last[1]
 
     def delete_key(self, key: str) -> None:
-        self.conn.execute("DELETE FROM frames WHERE session_key = ?", (key,))
+        frame_keys.delete_key(self.conn, key)
 
 
 def cutoff_id(conn: apsw.Connection, cutoff: float) -> int:

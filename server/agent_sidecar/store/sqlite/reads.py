@@ -2,7 +2,8 @@
 run in one read transaction on a read-only connection (store.py). Every one
 goes through an index: keyset pages on ``routing_by_updated`` and
 ``routing_by_platform``, a request's frames through its ledger row, frame
-replays on ``frames_by_key`` / ``frames_by_platform``."""
+replays on ``frame_keys`` (plus the short tail it has not taken yet:
+frame_keys.py) / ``frames_by_platform``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import apsw
 
 from ...errors import invalid
 from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry
-from . import rows
+from . import frame_keys, rows
 from .messages import FTS_MARK
 
 
@@ -116,31 +117,20 @@ def recent_requests(conn: apsw.Connection, since: float, limit: int) -> list[tup
         " ORDER BY created_at DESC LIMIT ?", (since, limit))]
 
 
-_FRAME_COLS = "id, request_id, seq, session_key, session_id, platform, at, kind, body"
-
-
-# A request's frames from its first one, or past a cursor (whichever is later),
-# along frames_by_key: a page costs its own rows, not those before it.
-_REQUEST_PAGE = (f"SELECT {_FRAME_COLS} FROM frames"
-                 " WHERE session_key = (SELECT session_key FROM prompts WHERE request_id = ?1)"
-                 " AND id > max(?3, (SELECT coalesce(first_frame, 0) - 1 FROM prompts WHERE request_id = ?1))"
-                 " AND request_id = ?1 AND seq > ?2 ORDER BY id LIMIT ?4")
-
-
 def request_frames(conn: apsw.Connection, request_id: str, after_seq: int, after_cursor: int = 0,
                    limit: int = 0) -> list[FrameRecord]:
-    return [rows.frame(r) for r in conn.execute(_REQUEST_PAGE, (request_id, after_seq, after_cursor,
-                                                                limit or -1))]
+    """A request's frames from its first one, or past a cursor (whichever is
+    later): a page costs its own rows, not those before it (frame_keys.py)."""
+    return [rows.frame(r) for r in frame_keys.of_request(conn, request_id, after_seq=after_seq,
+                                                         after_id=after_cursor, limit=limit or -1)]
 
 
 def frames_after(conn: apsw.Connection, cursor: int, session_key: str, platform: str,
                  limit: int) -> list[FrameRecord]:
     if session_key:
-        where, name = "session_key = ?", session_key
-    else:
-        where, name = "platform = ?", platform
+        return [rows.frame(r) for r in frame_keys.of_key(conn, session_key, cursor, limit=limit)]
     return [rows.frame(r) for r in conn.execute(
-        f"{rows.FRAME_SELECT} WHERE {where} AND id > ? ORDER BY id LIMIT ?", (name, cursor, limit))]
+        f"{rows.FRAME_SELECT} WHERE platform = ? AND id > ? ORDER BY id LIMIT ?", (platform, cursor, limit))]
 
 
 def fts_backlog(conn: apsw.Connection) -> int:

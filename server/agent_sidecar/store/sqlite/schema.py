@@ -210,6 +210,20 @@ ALTER TABLE frames_v4 RENAME TO frames;
 CREATE INDEX frames_by_key ON frames (session_key, id);
 CREATE INDEX frames_by_platform ON frames (platform, id);
 """),
+    (5, "frame keys indexed in batches", """
+-- frames_by_key took a random b-tree page per streamed frame in every commit
+-- (the sessions' streams interleave): frame_keys holds the same pairs, filled in
+-- batches sorted by key, with the highest id it holds in meta (frame_keys.py).
+CREATE TABLE frame_keys (
+    id           INTEGER PRIMARY KEY,
+    session_key  TEXT NOT NULL
+);
+INSERT INTO frame_keys (id, session_key) SELECT id, session_key FROM frames ORDER BY id;
+CREATE INDEX frame_keys_by_key ON frame_keys (session_key, id);
+INSERT INTO meta (key, value) VALUES ('frames_keyed', (SELECT coalesce(max(id), 0) FROM frames))
+    ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+DROP INDEX frames_by_key;
+"""),
 ]
 
 # What `doctor --rebuild-fts` recreates (then it indexes every message).

@@ -19,7 +19,7 @@ from .lanes import SqliteIncarnations, SqliteRestarts, SqliteRouting, SqliteTurn
 from .ledger import SqliteFrames, SqliteLedger, SqliteQueue
 from .messages import SqliteMessages
 
-_LANE_TABLES = ("routing", "incarnations", "messages", "turn_state", "frames", "prompts",
+_LANE_TABLES = ("routing", "incarnations", "messages", "turn_state", "frames", "frame_keys", "prompts",
                 "prompt_queue", "restart_counts")
 
 
