@@ -27,7 +27,7 @@ import apsw
 from . import rows
 
 MARK = "frames_keyed"
-KEY_BATCH = 2048  # frames between two indexing passes: the most a tail scan reads, about
+KEY_BATCH = 2048  # frames between two indexing passes, so about the most rows a tail scan reads
 
 _COLUMNS = "f.id, f.request_id, f.seq, f.session_key, f.session_id, f.platform, f.at, f.kind, f.body"
 # A key's frames in (after, mark], then past max(after, mark); ``where`` adds a
@@ -38,7 +38,8 @@ TAIL_PAGE = "SELECT {columns} FROM frames f WHERE f.id > ? AND f.session_key = ?
 
 
 def mark(conn: apsw.Connection) -> int:
-    """The highest frame id whose key is in ``frame_keys``."""
+    """The highest frame id indexed so far: every frame at or below it has
+    its key in ``frame_keys``."""
     row = conn.execute("SELECT value FROM meta WHERE key = ?", (MARK,)).fetchone()
     return int(row[0]) if row else 0
 

@@ -213,7 +213,7 @@ CREATE INDEX frames_by_platform ON frames (platform, id);
     (5, "frame keys indexed in batches", """
 -- frames_by_key took a random b-tree page per streamed frame in every commit
 -- (the sessions' streams interleave): frame_keys holds the same pairs, filled in
--- batches sorted by key, with the highest id it holds in meta (frame_keys.py).
+-- batches sorted by key, with the highest id indexed in meta (frame_keys.py).
 CREATE TABLE frame_keys (
     id           INTEGER PRIMARY KEY,
     session_key  TEXT NOT NULL
