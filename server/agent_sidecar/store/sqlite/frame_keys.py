@@ -29,7 +29,7 @@ from . import rows
 MARK = "frames_keyed"
 KEY_BATCH = 2048  # frames between two indexing passes, so about the most rows a tail scan reads
 
-_COLUMNS = "f.id, f.request_id, f.seq, f.session_key, f.session_id, f.platform, f.at, f.kind, f.body"
+_COLUMNS = ", ".join(f"f.{c}" for c in rows.FRAME_COLUMNS)  # what rows.frame reads
 # A key's frames in (after, mark], then past max(after, mark); ``where`` adds a
 # condition on f: (key, after, mark, *where's, limit) and (after, key, *where's, limit).
 INDEXED_PAGE = ("SELECT {columns} FROM frame_keys k JOIN frames f ON f.id = k.id"

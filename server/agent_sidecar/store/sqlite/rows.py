@@ -96,7 +96,9 @@ def model_message(role: str, content: str, extra: bytes | None) -> dict[str, Any
 
 # -- frames and the ledger ----------------------------------------------------------------------
 
-FRAME_SELECT = "SELECT id, request_id, seq, session_key, session_id, platform, at, kind, body FROM frames"
+# A frame row's columns in the order ``frame`` reads them.
+FRAME_COLUMNS = ("id", "request_id", "seq", "session_key", "session_id", "platform", "at", "kind", "body")
+FRAME_SELECT = f"SELECT {', '.join(FRAME_COLUMNS)} FROM frames"
 
 
 def frame(row: tuple) -> FrameRecord:
