@@ -185,6 +185,28 @@ def test_interrupt_cancels_and_keeps_what_it_wrote(stubs):
     assert all(m.active for m in msgs)
 
 
+def test_two_interrupts_sent_together_keep_both_texts(stubs):
+    """Whichever of the two the sidecar saw start first, the first INTERRUPT's
+    text reaches the transcript before the second's: it started and was
+    cancelled (keeping its user message), or it had not started and the second
+    took it over (superseded, its text run in the second's turn)."""
+    prompts, sessions = stubs
+    for _ in range(4):  # the race goes either way; every round must keep both
+        first = busy(prompts, 40)
+        first.wait_for("text_delta")
+        a = PromptRun(prompts, text="interrupt A", key=first.key, delivery=D.DELIVERY_MODE_INTERRUPT)
+        b = PromptRun(prompts, text="interrupt B", key=first.key, delivery=D.DELIVERY_MODE_INTERRUPT)
+        assert first.result(10).end == "failed" and first.reason == "CANCELLED"
+        assert b.result(10).end == "completed", b.kinds()
+        if a.result(10).end == "superseded":
+            assert a.kinds() == ["accepted", "superseded"]
+            assert a.last.superseded.by_request_id == b.request_id
+        else:
+            assert "started" in a.kinds() and a.reason == "CANCELLED", a.kinds()
+        users = [m.content for m in transcript(sessions, first.session_id) if m.role == "user"]
+        assert users == [words(40, "busy"), "interrupt A", "interrupt B"]
+
+
 def test_rollback_hides_the_cancelled_turn(stubs):
     prompts, sessions = stubs
     first = busy(prompts, 40)

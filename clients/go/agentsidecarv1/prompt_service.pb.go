@@ -38,7 +38,10 @@ const (
 	// Join the session's FIFO: each queued prompt gets its own full turn, in
 	// order, never merged.
 	DeliveryMode_DELIVERY_MODE_QUEUE DeliveryMode = 3
-	// Cancel the in-flight turn (it keeps what it wrote), then run this one.
+	// Cancel the in-flight turn (it keeps what it wrote), then run this one. A
+	// prompt that has not started yet (an earlier INTERRUPT still waiting, or
+	// the queued prompt about to start) is taken over instead, as FOLLOW_UP
+	// does: it ends superseded and its text runs in this turn, before this one's.
 	DeliveryMode_DELIVERY_MODE_INTERRUPT DeliveryMode = 4
 	// Cancel the in-flight turn, soft-delete what it wrote, then run this one.
 	DeliveryMode_DELIVERY_MODE_ROLLBACK DeliveryMode = 5

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from .. import errors as E
 from ..delivery import FOLLOW_UP, INTERRUPT, QUEUE, REJECT_IF_BUSY, ROLLBACK, STEER
 from . import burst, wire
-from .lanes import Lane, Turn
+from .lanes import Lane, Phase, Turn
 
 if TYPE_CHECKING:
     from .manager import TurnManager
@@ -49,9 +49,13 @@ async def place_busy(m: TurnManager, lane: Lane, turn: Turn) -> str | None:
                              f" (profiles.{turn.profile}.queue_cap = {cap}); retry later",
                              retry_after_s=1.0)
     if mode in (INTERRUPT, ROLLBACK):
+        if mode == INTERRUPT:
+            absorb_unstarted(lane, turn)
         lane.interrupt.append(turn)
         running = lane.running
-        if running is not None and not running.finished:
+        if running is None:  # it took over the turn that was about to start
+            m.advance(lane)
+        elif not running.finished:
             if mode == ROLLBACK:
                 running.want_rollback()
             m.cancel_turn(running, E.CANCELLED)
@@ -63,6 +67,36 @@ async def place_busy(m: TurnManager, lane: Lane, turn: Turn) -> str | None:
         burst.absorb(lane.pending, turn)
     lane.pending = turn
     return "pending"
+
+
+def absorb_unstarted(lane: Lane, turn: Turn) -> None:
+    """An INTERRUPT takes over a user prompt that has not started yet, as a
+    follow-up takes over the pending one (burst.py): the older INTERRUPT still
+    waiting behind the cancelled turn, or else the queued prompt next in line
+    whose start is not decided yet. That one ends ``superseded`` by this turn,
+    and its text runs in this turn as its own user message, before this one's.
+
+    Why: a turn that has started keeps its user message when it is cancelled;
+    one that had not would keep nothing. Two INTERRUPTs sent together would
+    otherwise lose the first one's text or not depending on milliseconds."""
+    if lane.interrupt:
+        older = lane.interrupt[-1]
+        if older.delivery == INTERRUPT and _unstarted_user_prompt(older):
+            lane.interrupt.pop()
+            burst.absorb(older, turn)
+        return
+    running = lane.running
+    if running is not None and running.queued and _unstarted_user_prompt(running):
+        lane.running = None  # popped to run while its accept commits: nothing of it ran
+        burst.absorb(running, turn)
+
+
+def _unstarted_user_prompt(t: Turn) -> bool:
+    """Acknowledged or about to be, nothing of it started or decided: its text
+    can still move to another turn. Not an auto-resume note (synthetic)."""
+    return ((t.phase is Phase.WAITING or t.phase is Phase.RESERVED) and not t.began
+            and t.host is None and t.deferred_end is None and not t.cancel_reason
+            and "resume" not in t.payload)
 
 
 def position(lane: Lane, turn: Turn) -> int:

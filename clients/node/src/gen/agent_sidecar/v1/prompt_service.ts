@@ -48,7 +48,12 @@ export enum DeliveryMode {
    * order, never merged.
    */
   QUEUE = 3,
-  /** INTERRUPT - Cancel the in-flight turn (it keeps what it wrote), then run this one. */
+  /**
+   * INTERRUPT - Cancel the in-flight turn (it keeps what it wrote), then run this one. A
+   * prompt that has not started yet (an earlier INTERRUPT still waiting, or
+   * the queued prompt about to start) is taken over instead, as FOLLOW_UP
+   * does: it ends superseded and its text runs in this turn, before this one's.
+   */
   INTERRUPT = 4,
   /** ROLLBACK - Cancel the in-flight turn, soft-delete what it wrote, then run this one. */
   ROLLBACK = 5,
