@@ -72,6 +72,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import _common  # noqa: F401  (sets sys.path)
@@ -325,11 +326,6 @@ class Scraper:
         return f"{self.scrapes} scrapes (mean {mean:.1f} ms), {self.errors} failed"
 
 
-class _Named:
-    def __init__(self, name: str):
-        self.name = name
-
-
 class BareServer:
     def __init__(self, root: Path, calm: bool = True):
         self.name = "bare" if calm else "bare-plain"
@@ -466,7 +462,7 @@ def paired_line(runs: list[dict], level: int) -> str:
             f"CPU per turn ratio median {statistics.median(cpus):.3f}")
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: fewer turns and sessions")
     ap.add_argument("--in-flight", default="64,256", help="comma-separated concurrent Prompt calls")
@@ -494,150 +490,148 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the data dirs (sidecar.db, sidecar.log)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--client", metavar="SPEC", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.client:
-        return client_main(args.client)
-    sys.stdout.reconfigure(line_buffering=True)
+    return ap
 
+
+@dataclass
+class Plan:
+    """What one run measures: the servers in their order, and each point's sizes."""
+    args: argparse.Namespace
+    names: list[str]
+    levels: list[int]
+    turns: int
+    n_sessions: int
+    warmup: int
+    repeat: int
+    baseline: Path | None
+
+
+def _plan(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Plan:
     levels = [int(x) for x in args.in_flight.split(",")]
-    turns = args.turns or (300 if args.quick else 3000)
     n_sessions = args.sessions or (300 if args.quick else 1000)
-    warmup = args.warmup if args.warmup is not None else (100 if args.quick else n_sessions)
-    repeat = args.repeat or (1 if args.quick else 2)
     if max(levels) > n_sessions:
         ap.error("--in-flight must not exceed --sessions (each in-flight turn needs an idle session)")
-
-    print(f"turns_bench · {machine_line()} · load avg {load_average()}"
-          + (" · QUICK" if args.quick else ""))
-    print(f"{n_sessions:,} sessions · {turns:,} timed turns per point · warm-up {warmup:,} turns · "
-          f"{args.clients} client process(es) · text {TEXT!r} (5 frames per turn) · delivery QUEUE, "
-          f"each in-flight turn on its own idle session · best of {repeat} round(s)")
     baseline = Path(args.baseline).resolve() / "server" if args.baseline else None
     if args.only == "sidecar-base" and baseline is None:
         ap.error("--only sidecar-base needs --baseline")
     if baseline is not None and not (baseline / "agent_sidecar").is_dir():
         ap.error(f"--baseline {args.baseline}: no server/agent_sidecar there")
-    root = Path(tempfile.mkdtemp(prefix="turns-bench-", dir=args.dir))
-    servers = []
-    results: list[dict] = []
-    all_runs: list[dict] = []
-    checks: list[str] = []
-    sink = TraceSink() if args.tracing else None
+    names = [n for n in ("sidecar", "sidecar-traced", "bare", "bare-plain") if args.only in (None, n)
+             and not (n == "bare-plain" and args.no_plain and args.only != n)
+             and not (n == "sidecar-traced" and not args.tracing)]
+    if args.metrics:
+        names.insert(names.index("sidecar") + 1 if "sidecar" in names else 0, "sidecar-metrics")
+    if args.baseline and args.only in (None, "sidecar", "sidecar-base"):
+        names.insert(names.index("sidecar") + 1 if "sidecar" in names else 0, "sidecar-base")
+    return Plan(args, names, levels, turns=args.turns or (300 if args.quick else 3000), n_sessions=n_sessions,
+                warmup=args.warmup if args.warmup is not None else (100 if args.quick else n_sessions),
+                repeat=args.repeat or (1 if args.quick else 2), baseline=baseline)
+
+
+def _sidecar_point(plan: Plan, root: Path, name: str, rnd: int, level: int, sink: TraceSink | None,
+                   checks: list[str]) -> dict:
+    """One point on a fresh sidecar and data dir, so rounds are true repeats
+    (transcripts do not grow from one to the next); its store checked after."""
+    args = plan.args
+    port = free_port()
+    config = (f'[metrics]\nlisten = "127.0.0.1:{port}"\n' if name == "sidecar-metrics"
+              else "# defaults: echo model on profile main, synchronous = FULL\n")
+    server = SidecarServer(root, args.workers, f"{name}-{rnd}-{level}", config, kind=name,
+                           env=sink.env() if name == "sidecar-traced" and sink else None,
+                           server=plan.baseline if name == "sidecar-base" else None)
+    server.log_level = args.log_level
+    scraper = None
     try:
-        names = [n for n in ("sidecar", "sidecar-traced", "bare", "bare-plain") if args.only in (None, n)
-                 and not (n == "bare-plain" and args.no_plain and args.only != n)
-                 and not (n == "sidecar-traced" and not args.tracing)]
-        if args.metrics:
-            names.insert(names.index("sidecar") + 1 if "sidecar" in names else 0, "sidecar-metrics")
-        if args.baseline and args.only in (None, "sidecar", "sidecar-base"):
-            names.insert(names.index("sidecar") + 1 if "sidecar" in names else 0, "sidecar-base")
-        bare_keys = [f"agent:main:bench:dm:chat{i}" for i in range(n_sessions)]
-        bares = {}
-        for name in names:
-            if not name.startswith("sidecar"):
-                bares[name] = BareServer(root, calm=(name == "bare"))
-                bares[name].start()
-                servers.append(bares[name])
-        for rnd in range(repeat):
-            for level in levels:
-                # Odd rounds run the servers in the reverse order: none is always
-                # first after a quiet spell, or always right behind another.
-                for name in (names if rnd % 2 == 0 else names[::-1]):
-                    scraper = None
+        server.start()
+        if name == "sidecar-metrics":
+            scraper = Scraper(port).start()
+        keys = server.create_sessions(plan.n_sessions)
+        kids = server.pids()
+        print(f"{name} up: pid {server.proc.pid}, writer {kids['store writer']}, "
+              f"workers {kids['workers']}, data {server.dir}", file=sys.stderr)
+        r = run_point(server, keys, level, plan.turns, plan.warmup, args.clients, args.seed + 1000 * rnd)
+    finally:
+        if scraper is not None:
+            print(f"  … {name}: {scraper.stop()}", file=sys.stderr)
+        server.stop()
+    try:
+        checks.append(server.verify(plan.turns + plan.warmup))
+    except sqlite3.Error as e:
+        checks.append(f"store check failed: {e}")
+    return r
+
+
+def _run_rounds(plan: Plan, root: Path, sink: TraceSink | None, checks: list[str]) -> list[dict]:
+    """Every server at every level, ``repeat`` times; odd rounds run the
+    servers in reverse order, so none is always first after a quiet spell or
+    always right behind another."""
+    args = plan.args
+    bare_keys = [f"agent:main:bench:dm:chat{i}" for i in range(plan.n_sessions)]
+    bares = {name: BareServer(root, calm=(name == "bare")) for name in plan.names if not name.startswith("sidecar")}
+    runs: list[dict] = []
+    try:
+        for b in bares.values():
+            b.start()
+        for rnd in range(plan.repeat):
+            for level in plan.levels:
+                for name in (plan.names if rnd % 2 == 0 else plan.names[::-1]):
                     if name.startswith("sidecar"):
-                        # Every point on a fresh sidecar and data dir: rounds are
-                        # true repeats (transcripts do not grow from one to the next).
-                        port = free_port()
-                        config = (f'[metrics]\nlisten = "127.0.0.1:{port}"\n' if name == "sidecar-metrics"
-                                  else "# defaults: echo model on profile main, synchronous = FULL\n")
-                        server = SidecarServer(root, args.workers, f"{name}-{rnd}-{level}", config,
-                                               kind=name,
-                                               env=sink.env() if name == "sidecar-traced" else None,
-                                               server=baseline if name == "sidecar-base" else None)
-                        server.log_level = args.log_level
+                        r = _sidecar_point(plan, root, name, rnd, level, sink, checks)
                     else:
-                        server, keys = bares[name], bare_keys
-                    try:
-                        if name.startswith("sidecar"):
-                            server.start()
-                            if name == "sidecar-metrics":
-                                scraper = Scraper(port).start()
-                            keys = server.create_sessions(n_sessions)
-                            kids = server.pids()
-                            print(f"{name} up: pid {server.proc.pid}, writer {kids['store writer']}, "
-                                  f"workers {kids['workers']}, data {server.dir}", file=sys.stderr)
-                        r = run_point(server, keys, level, turns, warmup, args.clients,
+                        r = run_point(bares[name], bare_keys, level, plan.turns, plan.warmup, args.clients,
                                       args.seed + 1000 * rnd)
-                    finally:
-                        if scraper is not None:
-                            print(f"  … {name}: {scraper.stop()}", file=sys.stderr)
-                        if name.startswith("sidecar"):
-                            server.stop()
-                    if name.startswith("sidecar"):
-                        try:
-                            checks.append(server.verify(turns + warmup))
-                        except sqlite3.Error as e:
-                            checks.append(f"store check failed: {e}")
-                    all_runs.append(r)
+                    runs.append(r)
                     print(f"  … round {rnd + 1}: {name} @ {level}: {r['rate']:,.0f} turns/s, "
                           f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, errors {r['errors']}, "
                           f"others' CPU {100 * r['cpu']['others'] / r['cpu']['wall']:.0f}%", file=sys.stderr)
     finally:
-        for s in servers:
-            s.stop()
-        if sink is not None:
-            sink.stop()
-    servers = [_Named(n) for n in names]
-    for level in levels:
-        for server in servers:
-            mine = [r for r in all_runs if r["server"] == server.name and r["in_flight"] == level]
-            if mine:
-                results.append(max(mine, key=lambda r: r["rate"]))
+        for b in bares.values():
+            b.stop()
+    return runs
 
+
+def _print_tables(plan: Plan, results: list[dict], all_runs: list[dict], checks: list[str]) -> None:
     print()
-    rows = []
-    for r in results:
-        rows.append([r["server"], r["in_flight"], r["turns"], r["rate"], r["rate"] * 5, r["p50_ms"],
-                     r["p99_ms"], r["max_ms"], r["errors"]])
+    rows = [[r["server"], r["in_flight"], r["turns"], r["rate"], r["rate"] * 5, r["p50_ms"],
+             r["p99_ms"], r["max_ms"], r["errors"]] for r in results]
     print(table(["server", "in flight", "turns", "turns/s", "frames/s", "p50 ms", "p99 ms", "max ms",
                  "errors"], rows, title="Echo turns (one word, 5 frames per turn)"))
-    if repeat > 1:
+    if plan.repeat > 1:
         print("all rounds (turns/s): " + "; ".join(
-            f"{srv.name} @{lv}: " + "/".join(f"{r['rate']:,.0f}" for r in all_runs
-                                             if r["server"] == srv.name and r["in_flight"] == lv)
-            for lv in levels for srv in servers))
+            f"{name} @{lv}: " + "/".join(f"{r['rate']:,.0f}" for r in all_runs
+                                         if r["server"] == name and r["in_flight"] == lv)
+            for lv in plan.levels for name in plan.names))
     for r in all_runs:
         if r["errors"] or r["warmup_errors"]:
             print(f"  {r['server']} @ {r['in_flight']}: {r['errors']} errors "
                   f"({r['warmup_errors']} during warm-up), e.g. {r['error_sample']}")
-
     print()
     cpu_rows = []
     for r in results:
         u = r["cpu"]
-        cores = u["cores"]
         parts = [f"{g} {100 * s / u['wall']:.0f}%" for g, s in u["groups"].items()]
         cpu_rows.append([r["server"], r["in_flight"], "  ".join(parts),
                          f"{100 * u['others'] / u['wall']:.0f}%",
-                         f"{100 * u['machine_busy'] / (u['wall'] * cores):.0f}%",
+                         f"{100 * u['machine_busy'] / (u['wall'] * u['cores']):.0f}%",
                          1e3 * sum(u["groups"].values()) / max(1, r["turns"])])
     print(table(["server", "in flight", "CPU by process group (100% = one core)", "other programs",
                  "machine busy", "our CPU ms/turn"], cpu_rows,
                 title=f"Where the CPU went during each timed window ({os.cpu_count()} cores)"))
-
     if checks:
         bad = [c for c in checks if not c.endswith("-> ok")]
         print(f"store after each sidecar point ({len(checks)}): "
               + ("every turn's frames and messages persisted -> ok" if not bad else "; ".join(bad)))
 
+
+def _print_ratios(plan: Plan, results: list[dict], all_runs: list[dict]) -> None:
     print()
     by = {(r["server"], r["in_flight"]): r for r in results}
-    for level in levels:
+    for level in plan.levels:
         s, b = by.get(("sidecar", level)), by.get(("bare", level))
         if s and b and b["rate"]:
             print(goal_line(f"sidecar / bare turns/s at {level} in flight "
                             f"({s['rate']:,.0f} / {b['rate']:,.0f})", s["rate"] / b["rate"], GOAL))
-        if args.baseline:
+        if plan.baseline is not None:
             print(paired_line(all_runs, level))
         m = by.get(("sidecar-metrics", level))
         if s and m and s["rate"]:
@@ -652,6 +646,36 @@ def main() -> int:
         if s and p and p["rate"]:
             print(f"  for reference, not the goal: sidecar / bare-plain at {level} in flight "
                   f"({s['rate']:,.0f} / {p['rate']:,.0f}) = {s['rate'] / p['rate']:.2f}x")
+
+
+def main() -> int:
+    ap = _parser()
+    args = ap.parse_args()
+    if args.client:
+        return client_main(args.client)
+    sys.stdout.reconfigure(line_buffering=True)
+    plan = _plan(ap, args)
+    print(f"turns_bench · {machine_line()} · load avg {load_average()}"
+          + (" · QUICK" if args.quick else ""))
+    print(f"{plan.n_sessions:,} sessions · {plan.turns:,} timed turns per point · warm-up {plan.warmup:,} turns · "
+          f"{args.clients} client process(es) · text {TEXT!r} (5 frames per turn) · delivery QUEUE, "
+          f"each in-flight turn on its own idle session · best of {plan.repeat} round(s)")
+    root = Path(tempfile.mkdtemp(prefix="turns-bench-", dir=args.dir))
+    checks: list[str] = []
+    sink = TraceSink() if args.tracing else None
+    try:
+        all_runs = _run_rounds(plan, root, sink, checks)
+    finally:
+        if sink is not None:
+            sink.stop()
+    results = []  # each server's best round at each level
+    for level in plan.levels:
+        for name in plan.names:
+            mine = [r for r in all_runs if r["server"] == name and r["in_flight"] == level]
+            if mine:
+                results.append(max(mine, key=lambda r: r["rate"]))
+    _print_tables(plan, results, all_runs, checks)
+    _print_ratios(plan, results, all_runs)
     if sink is not None:
         print(f"trace sink: {sink.requests:,} OTLP export requests, {sink.bytes / 1e6:,.1f} MB of spans")
     if args.keep:
