@@ -300,7 +300,7 @@ def _swap_pairs(configs: list[tuple]) -> list[tuple]:
     return [c for i in range(0, len(configs), 2) for c in reversed(configs[i:i + 2])]
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: fewer turns and sessions")
     ap.add_argument("--turns", type=int, default=None, help="timed turns per configuration (default 3000, quick 200)")
@@ -320,10 +320,11 @@ def main() -> int:
                     help="also run each configuration with the sidecar code of the checkout DIR")
     ap.add_argument("--count", action="store_true",
                     help="also count statements and writer round trips per turn (PostgreSQL rows)")
-    args = ap.parse_args()
-    sys.stdout.reconfigure(line_buffering=True)
-    args.turns = args.turns or (200 if args.quick else 3000)
-    args.sessions = args.sessions or (100 if args.quick else 1000)
+    return ap
+
+
+def _configs(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[tuple]:
+    """The configurations to run, each (backend, nodes, affinity, baseline)."""
     if args.in_flight > args.sessions:
         ap.error("--in-flight must not exceed --sessions (each in-flight turn needs an idle session)")
     configs = CONFIGS + ([("postgres", 2, True), ("postgres", 3, True)] if args.affinity else [])
@@ -334,15 +335,12 @@ def main() -> int:
             ap.error(f"--only {args.only}: no such configuration")
     if args.baseline and not (Path(args.baseline) / "server" / "agent_sidecar").is_dir():
         ap.error(f"--baseline {args.baseline}: no server/agent_sidecar there")
-    configs = [(*c, base) for c in configs for base in ((False, True) if args.baseline else (False,))]
+    return [(*c, base) for c in configs for base in ((False, True) if args.baseline else (False,))]
 
-    load0 = load_average()
-    print(f"cluster_bench · {machine_line()} · load avg {load0}" + (" · QUICK" if args.quick else ""))
-    print(f"{args.sessions:,} sessions · warm-up one turn each · {args.turns:,} timed turns · "
-          f"{args.in_flight} in flight · each call to the next node (round-robin) · "
-          f"best of {args.repeat} round(s)")
-    print(f"NOTE: on this {os.cpu_count()}-core machine this measures overhead, not scale.")
-    root = Path(tempfile.mkdtemp(prefix="cluster-bench-", dir=args.dir))
+
+def _rounds(root: Path, configs: list[tuple], args: argparse.Namespace) -> tuple[list[dict], list[dict], int | None]:
+    """Every configuration, ``repeat`` rounds, on one PostgreSQL; then the
+    counted windows. Returns (every round, counted, PostgreSQL's pid or None)."""
     pg, every, pg_root = Postgres(root, args.dsn, _pgcount.PRELOAD if args.count else ""), [], None
     counted: list[dict] = []
     try:
@@ -359,6 +357,26 @@ def main() -> int:
                 counted.append(run_config(root, pg, pg_root, cfg, 0, args, count=True))
     finally:
         pg.stop()
+    return every, counted, pg_root
+
+
+def main() -> int:
+    ap = _parser()
+    args = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)
+    args.turns = args.turns or (200 if args.quick else 3000)
+    args.sessions = args.sessions or (100 if args.quick else 1000)
+    configs = _configs(ap, args)
+    load0 = load_average()
+    print(f"cluster_bench · {machine_line()} · load avg {load0}" + (" · QUICK" if args.quick else ""))
+    print(f"{args.sessions:,} sessions · warm-up one turn each · {args.turns:,} timed turns · "
+          f"{args.in_flight} in flight · each call to the next node (round-robin) · "
+          f"best of {args.repeat} round(s)")
+    print(f"NOTE: on this {os.cpu_count()}-core machine this measures overhead, not scale.")
+    root = Path(tempfile.mkdtemp(prefix="cluster-bench-", dir=args.dir))
+    try:
+        every, counted, pg_root = _rounds(root, configs, args)
+    finally:
         shutil.rmtree(root, ignore_errors=True)
     best = [max((r for r in every if r["config"] == c), key=lambda r: r["rate"])
             for c in dict.fromkeys(r["config"] for r in every)]

@@ -200,6 +200,42 @@ def query_plans(store: Path) -> list[list]:
     return rows
 
 
+def _row(name: str, r: dict) -> list:
+    plan = r.get("plan")
+    return [name, r["serving_s"] * 1000, (r["workers_ready_s"] or 0) * 1000,
+            (r.get("restore_logged_s") or 0) * 1000, (r.get("serving_logged_s") or 0) * 1000,
+            r["ready_s"] * 1000, " ".join(f"{k}={v}" for k, v in plan.items()) if plan else "-"]
+
+
+def _timed_runs(store: Path, scratch: Path, workers: int, runs: int) -> None:
+    """One start on an empty store, then ``runs`` starts on copies of the crash
+    store: the table, and the goal line for each of the two readiness marks."""
+    empty = scratch / "empty"
+    empty.mkdir()
+    rows = [_row("empty store", one_run(empty, scratch / "run-empty", workers))]
+    times, ready = [], []
+    r: dict = {}
+    for i in range(runs):
+        r = one_run(store, scratch / f"run-{i}", workers)
+        times.append(r["serving_s"])
+        ready.append(r["ready_s"])
+        rows.append(_row(f"crash store #{i + 1}", r))
+        shutil.rmtree(scratch / f"run-{i}", ignore_errors=True)
+    print()
+    print(table(["run", "health SERVING", "workers ready", "restore job done", "'serving' logged",
+                 "seen ready", "restore plan"], rows,
+                "ms since spawn: first health SERVING / log timestamps / when the 'serving' line was seen"))
+    for label, xs in (("health Check SERVING", times), ("really ready ('serving' logged)", ready)):
+        med = statistics.median(xs)
+        print(f"{label}: median {med * 1000:,.0f} ms, max {max(xs) * 1000:,.0f} ms;"
+              f" goal < {GOAL_S * 1000:,.0f} ms: {'met' if max(xs) < GOAL_S else 'NOT met'}")
+    if ready and max(ready) - max(times) > 0.05:
+        print("note: health reported SERVING before startup finished (grpc's HealthServicer starts"
+              " with \"\" = SERVING; runtime.py sets it only after turns.start())")
+    if "pruned" in r:
+        print(f"first housekeeping pass (after SERVING) pruned {r['pruned']}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="10,000 sessions / 100,000 frames")
@@ -229,35 +265,7 @@ def main(argv=None) -> int:
         print(machine_line())
         print(f"store: {store} ({size:,.0f} MB), {a.workers} workers, {a.runs} runs")
 
-        empty = scratch / "empty"
-        empty.mkdir()
-        base = one_run(empty, scratch / "run-empty", a.workers)
-        def row(name, r):
-            plan = r.get("plan")
-            return [name, r["serving_s"] * 1000, (r["workers_ready_s"] or 0) * 1000,
-                    (r.get("restore_logged_s") or 0) * 1000, (r.get("serving_logged_s") or 0) * 1000,
-                    r["ready_s"] * 1000, " ".join(f"{k}={v}" for k, v in plan.items()) if plan else "-"]
-        rows = [row("empty store", base)]
-        times, ready = [], []
-        for i in range(a.runs):
-            r = one_run(store, scratch / f"run-{i}", a.workers)
-            times.append(r["serving_s"])
-            ready.append(r["ready_s"])
-            rows.append(row(f"crash store #{i + 1}", r))
-            shutil.rmtree(scratch / f"run-{i}", ignore_errors=True)
-        print()
-        print(table(["run", "health SERVING", "workers ready", "restore job done", "'serving' logged",
-                     "seen ready", "restore plan"], rows,
-                    "ms since spawn: first health SERVING / log timestamps / when the 'serving' line was seen"))
-        for label, xs in (("health Check SERVING", times), ("really ready ('serving' logged)", ready)):
-            med = statistics.median(xs)
-            print(f"{label}: median {med * 1000:,.0f} ms, max {max(xs) * 1000:,.0f} ms;"
-                  f" goal < {GOAL_S * 1000:,.0f} ms: {'met' if max(xs) < GOAL_S else 'NOT met'}")
-        if ready and max(ready) - max(times) > 0.05:
-            print("note: health reported SERVING before startup finished (grpc's HealthServicer starts"
-                  " with \"\" = SERVING; runtime.py sets it only after turns.start())")
-        if "pruned" in r:
-            print(f"first housekeeping pass (after SERVING) pruned {r['pruned']}")
+        _timed_runs(store, scratch, a.workers, a.runs)
 
         dt, plan = restore_in_process(store, scratch / "inproc")
         print(f"\nrestore job alone (in-process, one transaction): {dt * 1000:,.1f} ms  {plan}")

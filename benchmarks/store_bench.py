@@ -266,7 +266,7 @@ async def _load_points(path: str, sizes: list[int], min_runs: int, budget_s: flo
 
 # -- main ------------------------------------------------------------------------------
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: short windows, small loads")
     ap.add_argument("--seconds", type=float, default=None, help="measuring window per point (default 3, quick 0.4)")
@@ -275,77 +275,99 @@ def main() -> int:
     ap.add_argument("--concurrency", default="1,10,100", help="comma-separated session counts")
     ap.add_argument("--loads", default=None, help="transcript sizes (default 100,1000,10000; quick 100,1000)")
     ap.add_argument("--dir", default=None, help="parent directory for the temporary databases")
-    args = ap.parse_args()
+    return ap
+
+
+def _append_rounds(base_dir: str, levels: list[int], seconds: float, repeat: int) -> dict[tuple, list[dict]]:
+    """Every level, ``repeat`` times: the store, then both sqlite3 baselines."""
+    import uvloop
+
+    runs: dict[tuple, list[dict]] = {}
+    for rnd in range(repeat):
+        for n in levels:
+            tag = f"{n}-{rnd}"
+            runs.setdefault(("store", n), []).append(
+                uvloop.run(_store_point(os.path.join(base_dir, f"store{tag}.db"), n, seconds)))
+            for shape, fname in (("serialised", "ser"), ("conn/thread", "cpt")):
+                runs.setdefault((shape, n), []).append(
+                    _baseline_point(os.path.join(base_dir, f"{fname}{tag}.db"), n, seconds, shape))
+            print(f"  … round {rnd + 1}, {n} sessions: store {runs[('store', n)][-1]['rate']:,.0f}/s, "
+                  f"serialised {runs[('serialised', n)][-1]['rate']:,.0f}/s, "
+                  f"conn/thread {runs[('conn/thread', n)][-1]['rate']:,.0f}/s", file=sys.stderr)
+    return runs
+
+
+def _print_appends(runs: dict[tuple, list[dict]], levels: list[int], repeat: int) -> dict[int, tuple]:
+    """The appends table (each cell its best round); returns (store, baseline) per level."""
+    def best(kind, n):
+        return max(runs[(kind, n)], key=lambda r: r["rate"])
+
+    rows = []
+    summary = {}
+    for n in levels:
+        s, b1, b2 = best("store", n), best("serialised", n), best("conn/thread", n)
+        base = max((b1, b2), key=lambda b: b["rate"])
+        summary[n] = (s, base)
+        errs = sum(r["errors"] for r in runs[("conn/thread", n)])
+        others = max(r["others"] for k in ("store", "serialised", "conn/thread") for r in runs[(k, n)])
+        rows.append([n, s["rate"], s["per_commit"], s["p50_ms"], s["p99_ms"], b1["rate"],
+                     b2["rate"] if not errs else f"{b2['rate']:,.0f} ({errs} err)",
+                     base["shape"], s["rate"] / base["rate"], f"{100 * others:.0f}%"])
+    print()
+    print(table(["sessions", "store appends/s", "rows/commit", "p50 ms", "p99 ms",
+                 "sqlite3 serialised/s", "sqlite3 conn/thread/s", "baseline =", "ratio",
+                 "others' CPU (max)"], rows,
+                title="Durable appends (WAL, synchronous=FULL on both sides; one message per append)"))
+    first = runs[("store", levels[0])][0]
+    print(f"equal durability: store synchronous={first['synchronous']} (2 = FULL), baseline "
+          f"journal_mode={runs[('serialised', levels[0])][0]['journal_mode']} synchronous=2 (FULL). "
+          f"'others' CPU' = what other programs used meanwhile (100% = one core).")
+    if repeat > 1:
+        print("all rounds (appends/s): " + "; ".join(
+            f"{k} @{n}: " + "/".join(f"{r['rate']:,.0f}" for r in v) for (k, n), v in runs.items()))
+    return summary
+
+
+def _print_loads(base_dir: str, loads: list[int], quick: bool) -> None:
+    import uvloop
+
+    loaded = uvloop.run(_load_points(os.path.join(base_dir, "load.db"), loads,
+                                     min_runs=3 if quick else 7, budget_s=0.3 if quick else 2.0))
+    print()
+    print(table(["messages", "median ms", "best ms", "µs/message", "runs", "store.transcript ms (1 run)"],
+                [[r["size"], r["median_ms"], r["best_ms"], r["us_per_msg"], r["runs"], r["async_ms"]]
+                 for r in loaded],
+                title="Transcript load: one read transaction on a reader connection (warm cache)"))
+
+
+def _print_ceiling(base_dir: str, summary: dict[int, tuple], levels: list[int], seconds: float) -> None:
+    print()
+    n = 100 if 100 in summary else levels[-1]
+    s, base = summary[n]
+    ceiling = _ceiling_point(os.path.join(base_dir, "ceiling.db"), seconds)
+    print(f"SQLite ceiling on this schema (one thread, {ceiling['per_commit']} rows per commit, bare "
+          f"executemany with its full-text rows, FULL; SQLite {ceiling['apsw']}): {ceiling['rate']:,.0f} rows/s = "
+          f"{ceiling['rate'] / base['rate']:.1f}x the baseline; the store at {n} sessions reaches "
+          f"{s['rate'] / ceiling['rate']:.0%} of it")
+    print(goal_line(f"store at {n} sessions vs one-row-per-commit baseline ({base['shape']}, "
+                    f"{base['rate']:,.0f}/s)", s["rate"] / base["rate"], GOAL))
+
+
+def main() -> int:
+    args = _parser().parse_args()
     sys.stdout.reconfigure(line_buffering=True)
     seconds = args.seconds or (0.4 if args.quick else 3.0)
     repeat = args.repeat or (1 if args.quick else 2)
     levels = [int(x) for x in args.concurrency.split(",")]
     loads = [int(x) for x in (args.loads or ("100,1000" if args.quick else "100,1000,10000")).split(",")]
-
-    import uvloop
-
     print(f"store_bench · {machine_line()} · load avg {load_average()}")
     print(f"window {seconds:g}s per point · best of {repeat} round(s)" + (" · QUICK" if args.quick else ""))
     base_dir = tempfile.mkdtemp(prefix="store-bench-", dir=args.dir)
     try:
-        runs: dict[tuple, list[dict]] = {}
-        for rnd in range(repeat):
-            for n in levels:
-                tag = f"{n}-{rnd}"
-                runs.setdefault(("store", n), []).append(
-                    uvloop.run(_store_point(os.path.join(base_dir, f"store{tag}.db"), n, seconds)))
-                for shape, fname in (("serialised", "ser"), ("conn/thread", "cpt")):
-                    runs.setdefault((shape, n), []).append(
-                        _baseline_point(os.path.join(base_dir, f"{fname}{tag}.db"), n, seconds, shape))
-                print(f"  … round {rnd + 1}, {n} sessions: store {runs[('store', n)][-1]['rate']:,.0f}/s, "
-                      f"serialised {runs[('serialised', n)][-1]['rate']:,.0f}/s, "
-                      f"conn/thread {runs[('conn/thread', n)][-1]['rate']:,.0f}/s", file=sys.stderr)
-
-        def best(kind, n):
-            return max(runs[(kind, n)], key=lambda r: r["rate"])
-
-        rows = []
-        summary = {}
-        for n in levels:
-            s, b1, b2 = best("store", n), best("serialised", n), best("conn/thread", n)
-            base = max((b1, b2), key=lambda b: b["rate"])
-            summary[n] = (s, base)
-            errs = sum(r["errors"] for r in runs[("conn/thread", n)])
-            others = max(r["others"] for k in ("store", "serialised", "conn/thread") for r in runs[(k, n)])
-            rows.append([n, s["rate"], s["per_commit"], s["p50_ms"], s["p99_ms"], b1["rate"],
-                         b2["rate"] if not errs else f"{b2['rate']:,.0f} ({errs} err)",
-                         base["shape"], s["rate"] / base["rate"], f"{100 * others:.0f}%"])
-        print()
-        print(table(["sessions", "store appends/s", "rows/commit", "p50 ms", "p99 ms",
-                     "sqlite3 serialised/s", "sqlite3 conn/thread/s", "baseline =", "ratio",
-                     "others' CPU (max)"], rows,
-                    title="Durable appends (WAL, synchronous=FULL on both sides; one message per append)"))
-        first = runs[("store", levels[0])][0]
-        print(f"equal durability: store synchronous={first['synchronous']} (2 = FULL), baseline "
-              f"journal_mode={runs[('serialised', levels[0])][0]['journal_mode']} synchronous=2 (FULL). "
-              f"'others' CPU' = what other programs used meanwhile (100% = one core).")
-        if repeat > 1:
-            print("all rounds (appends/s): " + "; ".join(
-                f"{k} @{n}: " + "/".join(f"{r['rate']:,.0f}" for r in v) for (k, n), v in runs.items()))
-
-        loaded = uvloop.run(_load_points(os.path.join(base_dir, "load.db"), loads,
-                                         min_runs=3 if args.quick else 7,
-                                         budget_s=0.3 if args.quick else 2.0))
-        print()
-        print(table(["messages", "median ms", "best ms", "µs/message", "runs", "store.transcript ms (1 run)"],
-                    [[r["size"], r["median_ms"], r["best_ms"], r["us_per_msg"], r["runs"], r["async_ms"]]
-                     for r in loaded],
-                    title="Transcript load: one read transaction on a reader connection (warm cache)"))
-        print()
-        n = 100 if 100 in summary else levels[-1]
-        s, base = summary[n]
-        ceiling = _ceiling_point(os.path.join(base_dir, "ceiling.db"), seconds)
-        print(f"SQLite ceiling on this schema (one thread, {ceiling['per_commit']} rows per commit, bare "
-              f"executemany with its full-text rows, FULL; SQLite {ceiling['apsw']}): {ceiling['rate']:,.0f} rows/s = "
-              f"{ceiling['rate'] / base['rate']:.1f}x the baseline; the store at {n} sessions reaches "
-              f"{s['rate'] / ceiling['rate']:.0%} of it")
-        print(goal_line(f"store at {n} sessions vs one-row-per-commit baseline ({base['shape']}, "
-                        f"{base['rate']:,.0f}/s)", s["rate"] / base["rate"], GOAL))
+        runs = _append_rounds(base_dir, levels, seconds, repeat)
+        summary = _print_appends(runs, levels, repeat)
+        _print_loads(base_dir, loads, args.quick)
+        _print_ceiling(base_dir, summary, levels, seconds)
     finally:
         shutil.rmtree(base_dir, ignore_errors=True)
     return 0
