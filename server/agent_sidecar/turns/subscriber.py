@@ -17,6 +17,9 @@ from ..v1 import prompt_service_pb2 as ppb
 # HTTP/2 flow control); a quicker one met a burst. Well above what a reading
 # client's write takes on a loaded sidecar, well below a hung adapter's wait.
 STALL_S = 1.0
+# The event loop's timers ring to the millisecond: an alarm that rings this
+# close to a wait's end ends it rather than ringing again for the rest.
+ALARM_SLACK_S = 0.002
 
 
 class TooSlow(Exception):
@@ -82,10 +85,18 @@ class Subscriber:
     the stream telling the client where to resume; shorter (a fast reader
     that one large commit outran), ``FellBehind``, and the stream reads on
     from the store. Nothing is lost either way: every frame is persisted
-    before it is pushed."""
+    before it is pushed.
+
+    The keepalive wait (``get``'s ``timeout``) costs no timer per frame: a
+    stream that streams waits a few milliseconds at a time, and a timer made
+    and cancelled for each of those waits was a good part of what the loop
+    spent per frame. One alarm per subscriber is armed when a wait finds none,
+    and it is looked at only when it rings: a wait that began after it was set
+    sets it again for that wait's own end. So a wait still ends ``timeout``
+    after it began, and a subscriber makes at most one timer per ``timeout``."""
 
     __slots__ = ("buf", "waiter", "held", "max_frames", "max_bytes", "dropped", "first_cursor",
-                 "got_at")
+                 "got_at", "wait_since", "alarm")
 
     def __init__(self, max_frames: int = 10_000, max_bytes: int = 8 << 20):
         self.buf: deque = deque()
@@ -95,6 +106,8 @@ class Subscriber:
         self.dropped = False
         self.first_cursor = 0  # cursor of the first frame pushed (0: none yet)
         self.got_at = 0.0  # monotonic time the last ``get`` returned (0: none yet)
+        self.wait_since = 0.0  # loop time the current wait began
+        self.alarm: asyncio.TimerHandle | None = None  # rings at the earliest end of a wait
 
     def push(self, item: StreamedFrame | BaseException) -> bool:
         """Queue a frame (or the error that ends the stream: a turn refused
@@ -122,12 +135,13 @@ class Subscriber:
     async def get(self, timeout: float) -> StreamedFrame | BaseException | None:
         if not self.buf and not self.dropped:
             loop = asyncio.get_running_loop()
-            self.waiter = loop.create_future()
-            handle = loop.call_later(timeout, _wake, self.waiter)
+            self.waiter = waiter = loop.create_future()
+            self.wait_since = now = loop.time()
+            if self.alarm is None:
+                self.alarm = loop.call_at(now + timeout, self._ring, timeout)
             try:
-                await self.waiter
+                await waiter
             finally:
-                handle.cancel()
                 self.waiter = None
         if self.dropped:
             raise TooSlow() if self.got_at and time.monotonic() - self.got_at > STALL_S else FellBehind()
@@ -138,6 +152,21 @@ class Subscriber:
         if type(item) is StreamedFrame:
             self.held -= item.size
         return item
+
+    def _ring(self, timeout: float) -> None:
+        """The alarm: ends the wait under way if it began ``timeout`` ago
+        (``get`` returns None, a keepalive), else rings again at its end. With
+        no wait under way (the stream is writing) the next wait arms it."""
+        self.alarm = None
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return
+        loop = asyncio.get_running_loop()
+        end = self.wait_since + timeout
+        if loop.time() >= end - ALARM_SLACK_S:
+            waiter.set_result(None)
+        else:
+            self.alarm = loop.call_at(end, self._ring, timeout)
 
 
 def _wake(fut: asyncio.Future | None) -> None:

@@ -1,0 +1,65 @@
+"""A stream's wait for its next frame (turns/subscriber.py ``Subscriber.get``):
+it ends with None (the stream then sends a keepalive) once ``timeout`` passed
+without a frame, counted from when that wait began, and a stream that keeps
+getting frames sets no timer per frame. Real event loop, real timers."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agent_sidecar.turns.subscriber import Subscriber
+
+TIMEOUT = 0.3
+
+
+def test_a_wait_with_no_frame_ends_with_none_after_the_timeout():
+    async def main():
+        sub, loop = Subscriber(), asyncio.get_running_loop()
+        began = loop.time()
+        assert await sub.get(TIMEOUT) is None
+        assert loop.time() - began >= TIMEOUT - 0.01
+    asyncio.run(main())
+
+
+def test_frames_closer_than_the_timeout_keep_the_wait_from_ending_empty():
+    """Each wait counts from its own start: frames every TIMEOUT / 3 for longer
+    than several timeouts never end a wait with None; the first None comes a
+    whole timeout after the last frame."""
+    async def main():
+        sub, loop = Subscriber(), asyncio.get_running_loop()
+
+        async def feed():
+            for i in range(12):
+                await asyncio.sleep(TIMEOUT / 3)
+                sub.push(i)
+        feeder = loop.create_task(feed())
+        got = []
+        while (item := await sub.get(TIMEOUT)) is not None:
+            got.append(item)
+        last = loop.time()
+        await feeder
+        assert got == list(range(12))
+        assert await sub.get(TIMEOUT) is None
+        assert loop.time() - last >= TIMEOUT - 0.01
+    asyncio.run(main())
+
+
+def test_one_alarm_serves_every_wait_until_it_rings():
+    """The alarm set by the first wait is the one the following waits use:
+    no timer is made (and cancelled) per frame."""
+    async def main():
+        sub = Subscriber()
+        waiting = asyncio.get_running_loop().create_task(sub.get(60.0))
+        await asyncio.sleep(0)
+        alarm = sub.alarm
+        assert alarm is not None
+        sub.push("a")
+        assert await waiting == "a"
+        for item in ("b", "c", "d"):
+            waiting = asyncio.get_running_loop().create_task(sub.get(60.0))
+            await asyncio.sleep(0)
+            assert sub.alarm is alarm
+            sub.push(item)
+            assert await waiting == item
+        alarm.cancel()
+    asyncio.run(main())
