@@ -50,7 +50,9 @@ class Channel(asyncio.Protocol):
     gather nothing else and only add latency. One sent sooner than that finds
     the channel busy: it waits until ``pace_s`` after the last write and
     leaves in one write with what else was sent meanwhile, so under load the
-    other side wakes and reads once for many messages."""
+    other side wakes and reads once for many messages. A message something
+    waits for (``soon``: a tool call, a steer's answer) leaves at the end of
+    its loop iteration whatever the pace, with everything sent before it."""
 
     def __init__(self, on_message: Callable[[Any], Any], on_lost: Callable[[], Any],
                  loads: Callable[[bytes | bytearray], Any] = orjson.loads,
@@ -63,18 +65,24 @@ class Channel(asyncio.Protocol):
         self._in = bytearray()
         self._out: list[bytes] = []
         self._scheduled = False
+        self._soon = False  # a flush at the end of this loop iteration is due
         self._written_at = 0.0  # loop time of the last write (with pace_s)
 
     # -- sending ------------------------------------------------------------------
 
-    def send(self, msg: Any, now: bool = False) -> None:
-        """Queue ``msg`` for the write at the end of this loop iteration, or,
-        with ``now``, write it (and anything queued before it) at once."""
+    def send(self, msg: Any, now: bool = False, soon: bool = False) -> None:
+        """Queue ``msg`` for the next write (paced, see the class), or, with
+        ``soon``, for one at the end of this loop iteration, or, with ``now``,
+        write it (and anything queued before it) at once."""
         if self.transport is None or self.transport.is_closing():
             return
         self._out.append(frame(self.dumps(msg)))
         if now:
             self._flush()
+        elif soon:
+            if not self._soon:
+                self._soon = True
+                asyncio.get_running_loop().call_soon(self._flush)
         elif not self._scheduled:
             self._scheduled = True
             loop = asyncio.get_running_loop()
@@ -85,7 +93,7 @@ class Channel(asyncio.Protocol):
                 loop.call_soon(self._flush)
 
     def _flush(self) -> None:
-        self._scheduled = False
+        self._scheduled = self._soon = False  # a paced flush still due finds nothing, or what came since
         out, self._out = self._out, []
         if out and self.transport is not None and not self.transport.is_closing():
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))

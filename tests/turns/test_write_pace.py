@@ -70,3 +70,20 @@ def test_messages_sent_close_after_a_write_wait_for_the_pace_and_leave_in_one_wr
         channel.close()
         peer.close()
     asyncio.run(main())
+
+
+def test_a_message_something_waits_for_leaves_at_once_with_what_was_held():
+    """A tool call or a steer's answer (``soon``) is never paced: it leaves at
+    the end of its loop iteration, with the messages the pace was holding
+    before it, in order."""
+    async def main():
+        channel, peer = await _channel(pace_s=600.0, quiet_s=600.0)  # every send finds the channel busy
+        channel.send({"n": 1})  # the first write of all: nothing to pace against
+        assert await _read(peer, len(_wire({"n": 1}))) == _wire({"n": 1})
+        channel.send({"n": 2})  # held by the pace (600 s)
+        channel.send({"n": 3}, soon=True)
+        expected = _wire({"n": 2}, {"n": 3})
+        assert await _read(peer, len(expected)) == expected
+        channel.close()
+        peer.close()
+    asyncio.run(main())

@@ -37,11 +37,14 @@ from .model_trace import TracedBackend
 # every turn's frames of that spell in one write, read by the parent's loop at
 # once, and persisted in one frame flush. The parent flushes what one wake-up
 # brought, so this pace bounds the store's commits for streamed frames too; a
-# commit's fsync costs the writer more CPU than the rows in it. What it costs:
-# under load a frame reaches the parent up to this much later. A message sent
-# WRITE_QUIET_S or more after the last write leaves at once: one turn at a time
-# writes every few milliseconds, and pacing those would only delay each turn.
-WRITE_PACE_S = 0.005
+# commit's fsync and its pages cost the writer more CPU than the rows in it,
+# and each wake-up of the parent costs its loop. What it costs: under load a
+# frame reaches the parent up to this much later, a chat client sees text at
+# most that much later than the model made it. A message sent WRITE_QUIET_S or
+# more after the last write leaves at once: one turn at a time writes every few
+# milliseconds, and pacing those would only delay each turn. What a turn waits
+# for (a tool call, a steer's answer) is never paced.
+WRITE_PACE_S = 0.010
 WRITE_QUIET_S = 0.001
 
 
@@ -102,7 +105,7 @@ class _TurnIO:
         fut = asyncio.get_running_loop().create_future()
         self.tool_waits[call_id] = fut
         self.flush_text()
-        self.w.send(wire.tool_call(self.rid, call_id, name, arguments_json))
+        self.w.send(wire.tool_call(self.rid, call_id, name, arguments_json), soon=True)
         try:
             ok, result, refused = await fut
         finally:
@@ -141,9 +144,11 @@ class Worker:
 
     # -- plumbing -------------------------------------------------------------
 
-    def send(self, msg: Mapping[str, Any]) -> None:
+    def send(self, msg: Mapping[str, Any], soon: bool = False) -> None:
+        """To the parent, paced; ``soon``: something waits for it, so at the
+        end of this loop iteration (children.Channel)."""
         assert self.channel is not None  # opened first thing in run()
-        self.channel.send(msg)
+        self.channel.send(msg, soon=soon)
 
     def log(self, msg: str, level: str = "info", **fields) -> None:
         if level == "debug" and not self.debug:
@@ -216,7 +221,7 @@ class Worker:
                 ok = bool(io and io.steering_open)
                 if ok and io:
                     io.steered.append(msg["text"])
-                self.send(wire.steered(msg["request_id"], msg["steer_id"], ok))
+                self.send(wire.steered(msg["request_id"], msg["steer_id"], ok), soon=True)
             case "tool_result":
                 entry = self.turns.get(msg["request_id"])
                 fut = entry[1].tool_waits.get(msg["call_id"]) if entry and entry[1] else None
