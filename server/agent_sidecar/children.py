@@ -230,8 +230,10 @@ async def spawn(target: str, args: tuple, name: str, on_message: Callable[[Any],
     finally:
         ours.close()
     try:
-        return proc, channel, await asyncio.wait_for(hello, timeout)
+        said = await asyncio.wait_for(hello, timeout)
     except BaseException:
         channel.close()
         proc.kill()
         raise
+    channel.on_message = on_message  # from now on straight to it (a child says a lot)
+    return proc, channel, said

@@ -75,7 +75,7 @@ class WorkerPool:
         lost = asyncio.Event()
         proc, channel, info = await spawn(
             WORKER_MAIN, (h.index, self.settings), f"agent-sidecar-worker-{h.index}",
-            lambda msg: self.on_message(h, msg), lost.set, timeout)
+            functools.partial(self.on_message, h), lost.set, timeout)
         h.process, h.channel, h.pid, h.info = proc, channel, info["pid"], info
         h.generation += 1
         h.ready.set()

@@ -28,6 +28,11 @@ log = logging.getLogger("agent_sidecar.turns")
 
 
 def on_message(m: TurnManager, h: WorkerHandle, msg: Any) -> None:  # decoded: "type" names its wire TypedDict
+    if msg["type"] == "frame":  # most of what workers say: a running turn's streamed frames
+        turn = m.live.get(msg["request_id"])
+        if turn is not None and not turn.closing and not turn.taken_back:
+            _frame(m, turn, msg)  # not bound to the turn's log context: its one warning names the turn
+            return
     match msg["type"]:
         case "log":
             fields = {k: v for k, v in msg.items() if k not in ("type", "msg", "level")}
@@ -75,7 +80,8 @@ def _on_turn_message(m: TurnManager, h: WorkerHandle, turn: Turn, msg: Any) -> N
 def _frame(m: TurnManager, turn: Turn, msg: wire.Frame) -> None:
     if turn.next_seq >= m.cfg.limits.max_frames_per_turn:  # one seq left: the terminal frame
         if not turn.cancel_reason:
-            log.warning("turn reached max_frames_per_turn; cancelling it", extra={"request_id": turn.rid})
+            log.warning("turn reached max_frames_per_turn; cancelling it",
+                        extra={"request_id": turn.rid, "session_key": turn.key})
             m.cancel_turn(turn, E.RESOURCE_EXHAUSTED)
         return
     kind, body = msg["kind"], msg["body"]
