@@ -63,3 +63,19 @@ def test_one_alarm_serves_every_wait_until_it_rings():
             assert await waiting == item
         alarm.cancel()
     asyncio.run(main())
+
+
+def test_close_cancels_the_alarm():
+    """A stream done waiting cancels the alarm at once: a ringing alarm would
+    otherwise hold the subscriber up to a timeout after the stream ended."""
+    async def main():
+        sub = Subscriber()
+        waiting = asyncio.get_running_loop().create_task(sub.get(60.0))
+        await asyncio.sleep(0)
+        alarm = sub.alarm
+        sub.push("a")
+        assert await waiting == "a"
+        sub.close()
+        assert sub.alarm is None and alarm.cancelled()
+        sub.close()  # twice is harmless
+    asyncio.run(main())

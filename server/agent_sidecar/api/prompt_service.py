@@ -175,24 +175,27 @@ class PromptService(pb_grpc.PromptServiceServicer):
         id), which the keepalive frame carries, while it goes on; None once it
         is over, and the stream ends with what the store has after ``last_seq``."""
         ids = await still_open()
-        while ids is not None:
-            try:
-                item = await sub.get(self.cfg.keepalive_s)
-            except TooSlow:
-                raise _too_slow(f"WatchActivity(request_id={rid!r}, after_seq={last_seq})") from None
-            if item is None:
-                ids = await still_open()
-                if ids is not None:
-                    yield StreamedFrame(self._keepalive(rid, *ids, last_seq))
-                continue
-            if isinstance(item, BaseException):  # the turn was refused before its accept
-                raise item
-            if item.frame.seq <= last_seq:
-                continue
-            last_seq = item.frame.seq
-            yield item
-            if _ends_stream(item.frame):
-                return
+        try:
+            while ids is not None:
+                try:
+                    item = await sub.get(self.cfg.keepalive_s)
+                except TooSlow:
+                    raise _too_slow(f"WatchActivity(request_id={rid!r}, after_seq={last_seq})") from None
+                if item is None:
+                    ids = await still_open()
+                    if ids is not None:
+                        yield StreamedFrame(self._keepalive(rid, *ids, last_seq))
+                    continue
+                if isinstance(item, BaseException):  # the turn was refused before its accept
+                    raise item
+                if item.frame.seq <= last_seq:
+                    continue
+                last_seq = item.frame.seq
+                yield item
+                if _ends_stream(item.frame):
+                    return
+        finally:
+            sub.close()  # no more waits on it
         async for item in self._stored(rid, last_seq):
             yield item
             if _ends_stream(item.frame):
@@ -327,6 +330,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
                     yield item.wire
             finally:
                 self.turns.bus.unwatch(index, name, sub)
+                sub.close()
 
     # -- Cancel, GetQueue ------------------------------------------------------------------
 

@@ -93,7 +93,8 @@ class Subscriber:
     spent per frame. One alarm per subscriber is armed when a wait finds none,
     and it is looked at only when it rings: a wait that began after it was set
     sets it again for that wait's own end. So a wait still ends ``timeout``
-    after it began, and a subscriber makes at most one timer per ``timeout``."""
+    after it began, and a subscriber makes at most one timer per ``timeout``.
+    A stream done with its subscriber ``close``s it, which cancels the alarm."""
 
     __slots__ = ("buf", "waiter", "held", "max_frames", "max_bytes", "dropped", "first_cursor",
                  "got_at", "wait_since", "alarm")
@@ -152,6 +153,14 @@ class Subscriber:
         if type(item) is StreamedFrame:
             self.held -= item.size
         return item
+
+    def close(self) -> None:
+        """The stream waits on this subscriber no more: its alarm goes now
+        rather than when it rings (until then the loop's timers would hold
+        the subscriber, up to ``timeout`` after its last wait began)."""
+        if self.alarm is not None:
+            self.alarm.cancel()
+            self.alarm = None
 
     def _ring(self, timeout: float) -> None:
         """The alarm: ends the wait under way if it began ``timeout`` ago
