@@ -107,6 +107,9 @@ def test_sweep_with_bare_writes_json_and_png_that_match_the_store(sc, tmp_path):
     assert doc["slo"]["ideal_s"] > 0 and doc["slo"]["limit_s"] == pytest.approx(1.1 * doc["slo"]["ideal_s"])
     assert set(doc["knee"]) >= {"sidecar", "bare", "ratio"}
     assert doc["bare"]["source"] == "calibrated" and doc["bare"]["reply_words"] == 0
+    # the lanes' first turns were spread over one calibration turn (--ramp auto)
+    assert doc["ramp"]["s"] == pytest.approx(doc["calibration"]["turn_ms"]["p50"] / 1e3)
+    assert "first turns spread over" in r.stdout
 
     # Every turn the bench sent (calibration, warm-up, drain included) is in the store.
     totals = doc["totals"]
@@ -217,3 +220,18 @@ def test_knee_rules():
     assert stats.parse_slo("10%") == pytest.approx(0.1) and stats.parse_slo("0.25") == 0.25
     with pytest.raises(ValueError):
         stats.parse_slo("ten")
+
+
+def test_ramp_spreads_the_first_turns_over_one_ideal_turn():
+    """--ramp auto (the default): one ideal turn, so each lane's turns keep an
+    even place in the cycle; the ideal is --ideal, else the calibration's
+    median turn; with neither, 1 s. A given --ramp wins."""
+    from agent_sidecar.bench.run import DEFAULT_RAMP_S, BenchOptions, ramp_for
+
+    calibration = {"turn_ms": {"p50": 4020.0}}
+    assert ramp_for(BenchOptions(target="t", text="x"), calibration)[0] == pytest.approx(4.02)
+    assert ramp_for(BenchOptions(target="t", text="x", ideal_s=4.0), calibration)[0] == 4.0
+    assert ramp_for(BenchOptions(target="t", text="x", ramp_s=0.5, ideal_s=4.0), calibration)[0] == 0.5
+    assert ramp_for(BenchOptions(target="t", text="x", ramp_s=0.0), calibration)[0] == 0.0
+    assert ramp_for(BenchOptions(target="t", text="x"), None)[0] == DEFAULT_RAMP_S
+    assert ramp_for(BenchOptions(target="t", text="x"), {"turn_ms": {"p50": None}})[0] == DEFAULT_RAMP_S

@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # the client is the bench extra's: imported where used
     from agent_sidecar_client import SidecarClient, ToolHost
 
 FIRST_DELAY_FLOOR_MS = 25.0
+DEFAULT_RAMP_S = 1.0  # --ramp auto with no ideal turn known (no --ideal, no calibration)
 ONE_DELTA_FLOOR_MS = 5.0  # one delta per turn: below this its wait is overhead, not latency
 
 
@@ -66,7 +67,7 @@ class BenchOptions:
     duration_s: float | None = 10.0
     turns: int | None = None
     warmup_s: float | None = None
-    ramp_s: float = 1.0
+    ramp_s: float | None = None  # None: auto (ramp_for)
     delivery: str = "queue"
     tools: bool = False
     compare_bare: bool = False
@@ -177,9 +178,29 @@ async def _sessions(client, opts: BenchOptions, n: int, prefix: str, where: str)
         raise BenchError(f"cannot create sessions on {where}: {e}") from None
 
 
-def _spec(opts: BenchOptions, concurrency: int) -> load.LoadSpec:
+def ramp_for(opts: BenchOptions, calibration: dict | None) -> tuple[float, str]:
+    """How long the lanes' first turns are spread over, and why: ``--ramp``
+    when given; else one ideal turn (``--ideal``, else the calibration's
+    median turn), else DEFAULT_RAMP_S.
+
+    Why one turn: each lane starts its next turn when its last one ends, so
+    the spread of the first starts is the spread of every later one. Lanes
+    started within a second, with turns of four, send their prompts in a
+    burst of four times the mean rate every turn and then nothing: the
+    prompts' first deltas then queue behind each other, and the bursts' big
+    commits make each delta cheaper than a steady load's do."""
+    if opts.ramp_s is not None:
+        return opts.ramp_s, "given (--ramp)"
+    if opts.ideal_s:
+        return opts.ideal_s, "one ideal turn (--ideal)"
+    if calibration and calibration["turn_ms"]["p50"] is not None:
+        return calibration["turn_ms"]["p50"] / 1e3, "one ideal turn (median calibration turn)"
+    return DEFAULT_RAMP_S, "default (no ideal turn known)"
+
+
+def _spec(opts: BenchOptions, concurrency: int, ramp_s: float) -> load.LoadSpec:
     return load.LoadSpec(concurrency=concurrency, text=opts.text, duration_s=opts.duration_s, turns=opts.turns,
-                         warmup_s=opts.warmup_s, ramp_s=opts.ramp_s, delivery=opts.delivery,
+                         warmup_s=opts.warmup_s, ramp_s=ramp_s, delivery=opts.delivery,
                          profile=opts.profile, turn_timeout_s=opts.turn_timeout_s)
 
 
@@ -189,6 +210,7 @@ async def run_bench(opts: BenchOptions, status: Status) -> dict:
     try:
         await run.setup()
         await run.calibrate()
+        run.ramp = ramp_for(opts, run.calibration)
         await run.start_bare()
         await run.sweep()
     finally:
@@ -212,6 +234,7 @@ class _Run:
         self.tree: list[tuple[str, int]] | None = None
         self.idle: list[dict] | None = None
         self.calibration: dict | None = None
+        self.ramp: tuple[float, str] = (DEFAULT_RAMP_S, "")
         self.timing: dict | None = None
         self.keys: list[str] = []
         self.servers: list[tuple] = []
@@ -268,7 +291,7 @@ class _Run:
                 if tree:  # re-read per point: a crashed worker's replacement is a new pid
                     tree = procs.process_tree(tree[0][1], tree[0][0])
                 window = procs.TreeWindow(tree) if tree else None
-                result = await load.run_point(client, pool, _spec(self.opts, level),
+                result = await load.run_point(client, pool, _spec(self.opts, level, self.ramp[0]),
                                               functools.partial(self.status, label), window)
                 self.points.append({"server": name, "concurrency": level, **result})
                 self.status(f"done {label}: {_brief(result)}", None)
@@ -288,7 +311,8 @@ class _Run:
                 "options": report.options_dict(self.opts), "machine": report.machine(),
                 "sidecar_pid": self.pid, "local": self.tree is not None, "idle_memory": self.idle,
                 "sessions": {"platform": self.opts.platform, "count": len(self.keys), "keys": self.keys},
-                "calibration": self.calibration, "bare": self.timing, "points": self.points,
+                "calibration": self.calibration, "ramp": {"s": self.ramp[0], "source": self.ramp[1]},
+                "bare": self.timing, "points": self.points,
                 "tool_invocations": self.tool_host.invocations if self.tool_host else None}
 
 

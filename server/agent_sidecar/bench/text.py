@@ -23,6 +23,9 @@ def header(doc: dict) -> list[str]:
     where = f"local, pid {doc['sidecar_pid']}" if doc["local"] else "not on this host: no CPU/RSS figures"
     per_point = f"{o['duration_s']:g} s per point" if o["turns"] is None else f"{o['turns']} turns per point"
     warm = "auto (one turn per lane)" if o["warmup_s"] is None else f"{o['warmup_s']:g} s"
+    ramp = doc.get("ramp")  # (absent from a document written before --ramp auto)
+    if ramp:
+        warm += f" · first turns spread over {ramp['s']:.3g} s"
     load = " ".join(f"{x:.2f}" for x in m["load_avg"]) if m["load_avg"] else "?"
     lines = [f"agent-sidecar bench · {o['target']} ({where}) · profile {o['profile'] or 'main'} · "
              f"prompt {o['prompt']['words']} words · delivery {o['delivery']}"

@@ -52,7 +52,8 @@ def _positive(kind):
     return parse
 
 
-def _warmup(text: str) -> float | None:
+def _seconds_or_auto(text: str) -> float | None:
+    """``--warmup`` and ``--ramp``: seconds (>= 0), or ``auto`` (None)."""
     if text == "auto":
         return None
     try:
@@ -91,9 +92,11 @@ def add_arguments(sub) -> argparse.ArgumentParser:
     ld.add_argument("--delivery", choices=DELIVERIES, default="queue", help="delivery mode (default queue)")
     ld.add_argument("--tools", action="store_true",
                     help="host <platform>.echo and <platform>.sleep tools here, for a profile that calls them")
-    ld.add_argument("--warmup", type=_warmup, default=None, metavar="SECONDS|auto",
+    ld.add_argument("--warmup", type=_seconds_or_auto, default=None, metavar="SECONDS|auto",
                     help="warm-up per point (default auto: until every lane has finished one turn)")
-    ld.add_argument("--ramp", type=float, default=1.0, help="spread the lanes' starts over S seconds (default 1)")
+    ld.add_argument("--ramp", type=_seconds_or_auto, default=None, metavar="SECONDS|auto",
+                    help="spread the lanes' first turns over S seconds (default auto: one ideal turn, so "
+                         "that turns start evenly over time, not in a burst per turn)")
     ld.add_argument("--turn-timeout", type=_positive(float), default=300.0, help="seconds per turn (default 300)")
     ld.add_argument("--seed", type=int, default=1)
     m = b.add_argument_group("measure and compare")
@@ -122,8 +125,8 @@ def options_from(args):
 
     if args.tools and args.compare_bare:
         raise ValueError("--tools and --compare-bare do not go together: the bare server has no tool host")
-    if args.calibrate < 0 or args.ramp < 0:
-        raise ValueError("--calibrate and --ramp must be >= 0")
+    if args.calibrate < 0:
+        raise ValueError("--calibrate must be >= 0")
     if args.bare_latency_ms is not None and args.bare_latency_ms < 0:
         raise ValueError("--bare-latency-ms must be >= 0")
     if args.prompt is not None and not args.prompt.strip():
