@@ -228,10 +228,10 @@ def test_ramp_spreads_the_first_turns_over_one_ideal_turn():
     median turn; with neither, 1 s. A given --ramp wins."""
     from agent_sidecar.bench.run import DEFAULT_RAMP_S, BenchOptions, ramp_for
 
-    calibration = {"turn_ms": {"p50": 4020.0}}
+    calibration = {"turn_ms": {"p50": 4020.0, "n": 3}}  # as load.run_point summarizes it
     assert ramp_for(BenchOptions(target="t", text="x"), calibration)[0] == pytest.approx(4.02)
     assert ramp_for(BenchOptions(target="t", text="x", ideal_s=4.0), calibration)[0] == 4.0
     assert ramp_for(BenchOptions(target="t", text="x", ramp_s=0.5, ideal_s=4.0), calibration)[0] == 0.5
     assert ramp_for(BenchOptions(target="t", text="x", ramp_s=0.0), calibration)[0] == 0.0
     assert ramp_for(BenchOptions(target="t", text="x"), None)[0] == DEFAULT_RAMP_S
-    assert ramp_for(BenchOptions(target="t", text="x"), {"turn_ms": {"p50": None}})[0] == DEFAULT_RAMP_S
+    assert ramp_for(BenchOptions(target="t", text="x"), {"turn_ms": {"p50": None, "n": 0}})[0] == DEFAULT_RAMP_S

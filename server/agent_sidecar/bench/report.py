@@ -40,13 +40,21 @@ def machine() -> dict:
 
 # -- analysis -------------------------------------------------------------------------
 
+def ideal_before_points(ideal_s: float | None, calibration: dict | None) -> tuple[float, str] | None:
+    """The ideal turn as known before any point has run: ``--ideal``, else
+    the calibration's median turn; None when neither is there."""
+    if ideal_s:
+        return ideal_s, "given (--ideal)"
+    if calibration and calibration["turn_ms"]["p50"] is not None:
+        return (calibration["turn_ms"]["p50"] / 1e3,
+                f"median of {calibration['turn_ms']['n']} calibration turns at concurrency 1")
+    return None
+
+
 def _ideal(doc: dict) -> tuple[float | None, str]:
-    opts = doc["options"]
-    if opts.get("ideal_s"):
-        return opts["ideal_s"], "given (--ideal)"
-    cal = doc.get("calibration")
-    if cal and cal["turn_ms"]["p50"] is not None:
-        return cal["turn_ms"]["p50"] / 1e3, f"median of {cal['turn_ms']['n']} calibration turns at concurrency 1"
+    known = ideal_before_points(doc["options"].get("ideal_s"), doc.get("calibration"))
+    if known is not None:
+        return known
     mine = sorted((p for p in doc["points"] if p["server"] == "sidecar" and p["turn_ms"]["p50"] is not None),
                   key=lambda p: p["concurrency"])
     if mine:

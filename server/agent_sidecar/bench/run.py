@@ -180,8 +180,9 @@ async def _sessions(client, opts: BenchOptions, n: int, prefix: str, where: str)
 
 def ramp_for(opts: BenchOptions, calibration: dict | None) -> tuple[float, str]:
     """How long the lanes' first turns are spread over, and why: ``--ramp``
-    when given; else one ideal turn (``--ideal``, else the calibration's
-    median turn), else DEFAULT_RAMP_S.
+    when given; else one ideal turn as known before the points
+    (report.ideal_before_points: ``--ideal``, else the calibration's median
+    turn), else DEFAULT_RAMP_S.
 
     Why one turn: each lane starts its next turn when its last one ends, so
     the spread of the first starts is the spread of every later one. Lanes
@@ -191,10 +192,9 @@ def ramp_for(opts: BenchOptions, calibration: dict | None) -> tuple[float, str]:
     commits make each delta cheaper than a steady load's do."""
     if opts.ramp_s is not None:
         return opts.ramp_s, "given (--ramp)"
-    if opts.ideal_s:
-        return opts.ideal_s, "one ideal turn (--ideal)"
-    if calibration and calibration["turn_ms"]["p50"] is not None:
-        return calibration["turn_ms"]["p50"] / 1e3, "one ideal turn (median calibration turn)"
+    ideal = report.ideal_before_points(opts.ideal_s, calibration)
+    if ideal is not None:
+        return ideal[0], f"one ideal turn: {ideal[1]}"
     return DEFAULT_RAMP_S, "default (no ideal turn known)"
 
 
@@ -210,7 +210,6 @@ async def run_bench(opts: BenchOptions, status: Status) -> dict:
     try:
         await run.setup()
         await run.calibrate()
-        run.ramp = ramp_for(opts, run.calibration)
         await run.start_bare()
         await run.sweep()
     finally:
@@ -284,6 +283,7 @@ class _Run:
                              procs.process_tree(bare.proc.pid, "bare")))
 
     async def sweep(self) -> None:
+        self.ramp = ramp_for(self.opts, self.calibration)
         levels = self.opts.levels
         for i, level in enumerate(levels):
             for name, client, pool, tree in self.servers:
