@@ -93,6 +93,7 @@ def test_sweep_with_bare_writes_json_and_png_that_match_the_store(sc, tmp_path):
     for p in doc["points"]:
         assert p["turns"] > 0 and p["error_count"] == 0 and p["errors"] == {}
         assert p["turns_per_s"] > 0 and p["deltas_per_s"] > 0 and p["deltas_per_turn"] == WORDS
+        assert p["words_per_turn"] == WORDS and p["first_delta_words"] == 1
         for key in ("first_delta_ms", "turn_ms"):
             assert set(p[key]) >= {"p50", "p90", "p99", "max"}
             assert 0 < p[key]["p50"] <= p[key]["p90"] <= p[key]["p99"] <= p[key]["max"]
@@ -107,6 +108,7 @@ def test_sweep_with_bare_writes_json_and_png_that_match_the_store(sc, tmp_path):
     assert doc["slo"]["ideal_s"] > 0 and doc["slo"]["limit_s"] == pytest.approx(1.1 * doc["slo"]["ideal_s"])
     assert set(doc["knee"]) >= {"sidecar", "bare", "ratio"}
     assert doc["bare"]["source"] == "calibrated" and doc["bare"]["reply_words"] == 0
+    assert doc["bare"]["first_delta_ms"] >= doc["bare"]["delta_gap_ms"] > 0  # one word a frame: never sooner than a gap
     # the lanes' first turns were spread over one calibration turn (--ramp auto)
     assert doc["ramp"]["s"] == pytest.approx(doc["calibration"]["turn_ms"]["p50"] / 1e3)
     assert "first turns spread over" in r.stdout
@@ -235,3 +237,31 @@ def test_ramp_spreads_the_first_turns_over_one_ideal_turn():
     assert ramp_for(BenchOptions(target="t", text="x", ramp_s=0.0), calibration)[0] == 0.0
     assert ramp_for(BenchOptions(target="t", text="x"), None)[0] == DEFAULT_RAMP_S
     assert ramp_for(BenchOptions(target="t", text="x"), {"turn_ms": {"p50": None, "n": 0}})[0] == DEFAULT_RAMP_S
+
+
+def test_bare_timing_follows_the_frames_the_calibration_saw():
+    """The bare server streams what the sidecar sent: one frame per word at
+    the gap; a model's wait before its first token (25 ms or more beyond a
+    gap) before the first; and, from a coalescing sidecar (frames of several
+    words, the first sent at once), the first frame after its own words at
+    the pace of the later frames' words, not one frame gap late."""
+    from agent_sidecar.bench.run import BenchOptions, bare_timing
+
+    def calibration(first: float, gap: float | None, frames: float, words: float, first_words: float) -> dict:
+        return {"turns": 3, "first_delta_ms": {"p50": first}, "delta_gap_ms": {"p50": gap},
+                "deltas_per_turn": frames, "words_per_turn": words, "first_delta_words": first_words}
+
+    opts = BenchOptions(target="t", text="w " * 200)
+    per_token = bare_timing(opts, calibration(23.0, 20.0, 200, 200, 1), 200)
+    assert (per_token["first_delta_ms"], per_token["delta_gap_ms"], per_token["reply_words"]) == (20.0, 20.0, 0)
+    slow_start = bare_timing(opts, calibration(520.0, 20.0, 200, 200, 1), 200)
+    assert slow_start["first_delta_ms"] == 520.0
+    # 200 words at 20 ms, coalesced into 100 ms windows: the first word alone, then 40 frames of ~5
+    coalesced = bare_timing(opts, calibration(24.5, 99.5, 41, 200, 1), 200)
+    assert coalesced["delta_gap_ms"] == 99.5 and coalesced["reply_words"] == 41
+    assert coalesced["first_delta_ms"] == pytest.approx(99.5 * 40 / 199, abs=1e-3)
+    one_frame = bare_timing(opts, calibration(30.0, None, 1, 200, 200), 200)
+    assert (one_frame["first_delta_ms"], one_frame["delta_gap_ms"], one_frame["reply_words"]) == (30.0, 30.0, 1)
+    given = bare_timing(BenchOptions(target="t", text="x", bare_latency_ms=20.0, bare_first_delay_ms=5.0),
+                        calibration(24.5, 99.5, 41, 200, 1), 1)
+    assert (given["first_delta_ms"], given["delta_gap_ms"], given["source"]) == (25.0, 20.0, "given")

@@ -10,10 +10,14 @@ something, on the user's own machine, so ``agent-sidecar bench
 --compare-bare`` prices persistence and the worker hop and nothing else.
 
 ``Prompt`` yields ``accepted``, ``started``, then one ``text_delta`` per word
-of the reply, each due ``token_latency_ms`` after the one before it, as
-the echo model paces them (models/_text.paced: a write that takes long does
-not push the next delta back; ``first_delay_ms`` once before the first) — then ``usage`` and
+of the reply: the first ``first_delta_ms`` after ``started`` (default one
+``token_latency_ms``), each later one ``token_latency_ms`` after the one
+before it, as the echo model paces them (models/_text.paced: a write that
+takes long does not push the next delta back) — then ``usage`` and
 ``completed``, with every field the sidecar fills (timestamps, seq, cursor).
+To stand in for a sidecar that coalesces deltas, the bench gives it the
+frames' gap and a first delta sooner than that gap (a coalescing window sends
+its first delta at once).
 The reply is the prompt's own words (echo) unless ``--reply-words N`` asks
 for N fixed words, to mimic a model whose answer is not an echo.
 ``GetOrCreateSession`` answers with a key built from the source, so the
@@ -35,7 +39,7 @@ import time
 REPLY_WORD = "lorem "
 
 
-def _servicers(token_latency_s: float, first_delay_s: float, reply_words: int):
+def _servicers(token_latency_s: float, first_delta_s: float | None, reply_words: int):
     from ..models._text import paced, split_words
     from ..v1 import common_pb2
     from ..v1 import prompt_service_pb2 as pb
@@ -63,10 +67,8 @@ def _servicers(token_latency_s: float, first_delay_s: float, reply_words: int):
             words = fixed if reply_words else split_words(request.text)
             yield frame(request, sid, 1, "accepted", queue_position=0)
             yield frame(request, sid, 2, "started")
-            if first_delay_s:
-                await asyncio.sleep(first_delay_s)
             seq = 2
-            async for word in paced(words, token_latency_s):  # the echo model's pace
+            async for word in paced(words, token_latency_s, first_delta_s):  # the echo model's pace
                 seq += 1
                 yield frame(request, sid, seq, "text_delta", text=word)
             yield frame(request, sid, seq + 1, "usage", input_tokens=len(request.text.split()) + 5,
@@ -85,7 +87,7 @@ def _servicers(token_latency_s: float, first_delay_s: float, reply_words: int):
             (spb_grpc.add_SessionServiceServicer_to_server, Sessions()))
 
 
-async def serve(listen: str, token_latency_ms: float = 0.0, first_delay_ms: float = 0.0,
+async def serve(listen: str, token_latency_ms: float = 0.0, first_delta_ms: float | None = None,
                 reply_words: int = 0, calm: bool = True, tls: tuple[bytes, bytes] | None = None) -> None:
     """Serve until SIGTERM or SIGINT; prints ``serving <address>`` once bound
     (the bound port replaces ``:0``)."""
@@ -94,7 +96,8 @@ async def serve(listen: str, token_latency_ms: float = 0.0, first_delay_ms: floa
     from ..api.server import SERVER_OPTIONS, GenericOnly, calm_grpc_threads
 
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    for add, servicer in _servicers(token_latency_ms / 1000, first_delay_ms / 1000, reply_words):
+    first_delta_s = None if first_delta_ms is None else first_delta_ms / 1000
+    for add, servicer in _servicers(token_latency_ms / 1000, first_delta_s, reply_words):
         add(servicer, GenericOnly(server) if calm else server)
     if tls:
         port = server.add_secure_port(listen, grpc.ssl_server_credentials([(tls[1], tls[0])]))
@@ -117,15 +120,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m agent_sidecar.bench.bare", description=__doc__.split("\n\n")[0])
     ap.add_argument("--listen", required=True, metavar="unix:PATH|HOST:PORT")
     ap.add_argument("--token-latency-ms", type=float, default=0.0,
-                    help="sleep before each text delta, as the echo model's token_latency_ms")
-    ap.add_argument("--first-delay-ms", type=float, default=0.0, help="sleep once before the first delta")
+                    help="the gap between text deltas, as the echo model's token_latency_ms")
+    ap.add_argument("--first-delta-ms", type=float, default=None,
+                    help="when the first text delta is due after started (default: one --token-latency-ms)")
     ap.add_argument("--reply-words", type=int, default=0,
                     help="reply with N fixed words instead of echoing the prompt (0: echo)")
     ap.add_argument("--plain", action="store_true", help="leave gRPC's threads at the default scheduler policy")
     ap.add_argument("--tls-cert", default=None, help="PEM certificate chain: serve TLS (with --tls-key)")
     ap.add_argument("--tls-key", default=None, help="PEM private key")
     args = ap.parse_args(argv)
-    if args.token_latency_ms < 0 or args.first_delay_ms < 0 or args.reply_words < 0:
+    if args.token_latency_ms < 0 or (args.first_delta_ms or 0) < 0 or args.reply_words < 0:
         ap.error("latencies and --reply-words must be >= 0")
     if bool(args.tls_cert) != bool(args.tls_key):
         ap.error("--tls-cert and --tls-key go together")
@@ -134,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.tls_cert, "rb") as c, open(args.tls_key, "rb") as k:
             tls = (c.read(), k.read())
     import uvloop
-    uvloop.run(serve(args.listen, args.token_latency_ms, args.first_delay_ms, args.reply_words,
+    uvloop.run(serve(args.listen, args.token_latency_ms, args.first_delta_ms, args.reply_words,
                      calm=not args.plain, tls=tls))
     return 0
 

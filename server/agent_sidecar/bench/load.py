@@ -60,6 +60,8 @@ class Turn:
     last: float | None = None  # the last text delta
     end: float = 0.0
     deltas: int = 0
+    words: int = 0  # of the text deltas' text
+    first_words: int = 0  # of the first text delta's
     tool_calls: int = 0
     outcome: str = ""  # "completed", or the reason it did not
 
@@ -171,10 +173,12 @@ async def run_turn(client: Any, key: str, spec: LoadSpec, point: Point, lane: in
             kind = frame.WhichOneof("event")
             if kind == "text_delta":
                 now = time.monotonic()
+                words = len(frame.text_delta.text.split())
                 if turn.first is None:
-                    turn.first = now
+                    turn.first, turn.first_words = now, words
                 turn.last = now
                 turn.deltas += 1
+                turn.words += words
                 point.delta(now)
             elif kind == "tool_call":
                 turn.tool_calls += 1
@@ -291,6 +295,10 @@ def summarize(point: Point, cpu: dict | None) -> dict:
         "deltas_per_s": point.window_deltas / window,
         "tool_calls_per_s": point.window_tool_calls / window,
         "deltas_per_turn": (sum(t.deltas for t in ok) / len(ok)) if ok else None,
+        # Words per turn against deltas per turn: how many a frame carries (a
+        # coalescing sidecar sends several); the first delta's words on their own.
+        "words_per_turn": (sum(t.words for t in ok) / len(ok)) if ok else None,
+        "first_delta_words": (sum(t.first_words for t in ok) / len(ok)) if ok else None,
         # The stream's pace: per turn, the mean gap between its deltas.
         "delta_gap_ms": stats.summarize(((t.last - t.first) / (t.deltas - 1) for t in ok
                                          if t.deltas > 1 and t.first is not None and t.last is not None), 1e3),

@@ -9,12 +9,16 @@ The ideal turn (what ``--slo`` is measured against) is, in this order: the
 ``--ideal`` given; the median turn of the calibration (``--calibrate`` turns
 one at a time on the target before the sweep, default 3); the p50 turn of the
 target's lowest point. The bare server's timing is ``--bare-latency-ms`` when
-given, else read off the calibration: the median gap between deltas as the
-token latency (both the echo model and the bare server pace by deadline, so
-a late wake-up does not add up); the deltas per turn (echo when
-it equals the prompt's words); and the time to the first delta beyond one gap
-as a first delay (0 below 25 ms, which is the sidecar's own overhead under
-load, not the model's).
+given, else read off the calibration (``bare_timing``): the median gap
+between deltas (both the echo model and the bare server pace by deadline, so
+a late wake-up does not add up); the deltas per turn (echo when it equals the
+prompt's words); and when the first delta is due: one gap, plus the wait
+beyond it when that is 25 ms or more (less is the sidecar's own overhead, not
+the model's); with a coalescing sidecar (frames of several words, the first
+sent at once), after the first frame's words at the pace of the later
+frames' words. So the bare server streams the frames the sidecar sent, at
+the model's times; ``--bare-latency-ms`` with the model's token latency
+compares against a server streaming one frame per token instead.
 """
 
 from __future__ import annotations
@@ -113,8 +117,8 @@ class BareProcess:
 
     def start(self, timeout: float = 30.0) -> str:
         args = [sys.executable, "-m", "agent_sidecar.bench.bare", "--listen", self.listen,
-                "--token-latency-ms", str(self.timing["token_latency_ms"]),
-                "--first-delay-ms", str(self.timing["first_delay_ms"]),
+                "--token-latency-ms", str(self.timing["delta_gap_ms"]),
+                "--first-delta-ms", str(self.timing["first_delta_ms"]),
                 "--reply-words", str(self.timing["reply_words"])]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         stdout, stderr = self.proc.stdout, self.proc.stderr
@@ -153,21 +157,42 @@ class BareProcess:
 
 def bare_timing(opts: BenchOptions, calibration: dict | None, words: int) -> dict:
     """How the bare server should stream: given, or read off the calibration.
-    The gap is the token latency as it is: the bare server paces by deadline
-    (models/_text.paced), so a late wake-up does not add up over a turn."""
+    The gap is the one the client saw between deltas, as it is: the bare
+    server paces by deadline (models/_text.paced), so a late wake-up does not
+    add up over a turn. The first delta is due one gap after ``started``, or
+    when the calibration saw it if that was FIRST_DELAY_FLOOR_MS or more
+    later (the model's own wait before its first token; less is the
+    sidecar's overhead, not the model's). A sidecar that coalesces sends a
+    turn's first delta at once and then one frame of several words per
+    window: then the first is due after its own words at the pace of the
+    words in the later frames."""
     if opts.bare_latency_ms is not None or not calibration or not calibration.get("turns"):
-        return {"token_latency_ms": opts.bare_latency_ms or 0.0, "first_delay_ms": opts.bare_first_delay_ms,
+        gap = opts.bare_latency_ms or 0.0
+        return {"delta_gap_ms": gap, "first_delta_ms": gap + opts.bare_first_delay_ms,
                 "reply_words": 0, "source": "given" if opts.bare_latency_ms is not None else "default"}
     gap = calibration["delta_gap_ms"]["p50"]
     first = calibration["first_delta_ms"]["p50"] or 0.0
     per_turn = calibration["deltas_per_turn"] or 0
     if gap is None:  # one delta per turn: all the wait is before it
-        gap, first_delay = (first if first >= ONE_DELTA_FLOOR_MS else 0.0), 0.0
+        gap = first_delta = first if first >= ONE_DELTA_FLOOR_MS else 0.0
+    elif first - gap >= FIRST_DELAY_FLOOR_MS:
+        first_delta = first
     else:
-        first_delay = first - gap if first - gap >= FIRST_DELAY_FLOOR_MS else 0.0
+        first_delta = _coalesced_first(calibration, gap) or gap
     reply = 0 if round(per_turn) == words else max(1, round(per_turn))
-    return {"token_latency_ms": round(gap, 3), "first_delay_ms": round(first_delay, 3),
+    return {"delta_gap_ms": round(gap, 3), "first_delta_ms": round(first_delta, 3),
             "reply_words": reply, "source": "calibrated"}
+
+
+def _coalesced_first(calibration: dict, gap: float) -> float | None:
+    """When a coalescing sidecar's first delta would come at the model's
+    pace: its words at the pace of the words in the frames after it. None
+    when the frames carry one word each (no coalescing seen)."""
+    frames, words = calibration["deltas_per_turn"] or 0, calibration.get("words_per_turn") or 0
+    first_words = calibration.get("first_delta_words") or 0
+    if frames < 2 or words - first_words <= frames - 1:
+        return None
+    return first_words * gap * (frames - 1) / (words - first_words)
 
 
 async def _sessions(client, opts: BenchOptions, n: int, prefix: str, where: str) -> list[str]:

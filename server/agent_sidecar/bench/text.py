@@ -39,8 +39,8 @@ def header(doc: dict) -> list[str]:
     if doc.get("bare"):
         b = doc["bare"]
         reply = "echo of the prompt" if not b["reply_words"] else f"{b['reply_words']} words"
-        lines.append(f"bare server ({b['source']}): token latency {b['token_latency_ms']:g} ms, "
-                     f"first delay {b['first_delay_ms']:g} ms, reply {reply}, no persistence")
+        lines.append(f"bare server ({b['source']}): first delta at {b['first_delta_ms']:g} ms, then one every "
+                     f"{b['delta_gap_ms']:g} ms, reply {reply}, no persistence")
     return lines
 
 

@@ -108,7 +108,8 @@ def add_arguments(sub) -> argparse.ArgumentParser:
     m.add_argument("--compare-bare", action="store_true",
                    help="run the same load against a built-in bare gRPC server and print the ratios")
     m.add_argument("--bare-latency-ms", type=float, default=None,
-                   help="the bare server's delay before each delta (default: measured in the calibration)")
+                   help="the bare server's gap between deltas, e.g. the model's token latency for one frame per "
+                        "token (default: the frames and gaps the calibration saw)")
     m.add_argument("--bare-first-delay-ms", type=float, default=0.0,
                    help="with --bare-latency-ms: an extra delay before the first delta")
     o = b.add_argument_group("output")

@@ -19,22 +19,22 @@ T = TypeVar("T")
 _WORD = re.compile(r"\s*\S+\s*")
 
 
-async def paced(items: Sequence[T], interval_s: float) -> AsyncIterator[T]:
-    """Each item when it is due: the i-th (from 0) at start + (i + 1) ×
-    ``interval_s`` on the loop's clock, as a remote model streams at its own
-    pace whatever its consumer does. An item that comes due while the
-    consumer is still busy with the last one follows at once: the consumer's
-    own time (a write, a commit) never adds up over a stream, so a streaming
-    server is measured against the model's pace, not its pace plus its
-    writes."""
+async def paced(items: Sequence[T], interval_s: float, first_s: float | None = None) -> AsyncIterator[T]:
+    """Each item when it is due: the first at start + ``first_s`` (default
+    ``interval_s``), each later one ``interval_s`` after the one before, on
+    the loop's clock, as a remote model streams at its own pace whatever its
+    consumer does. An item that comes due while the consumer is still busy
+    with the last one follows at once: the consumer's own time (a write, a
+    commit) never adds up over a stream, so a streaming server is measured
+    against the model's pace, not its pace plus its writes."""
     loop = asyncio.get_running_loop()
-    due = loop.time()
+    due = loop.time() + (interval_s if first_s is None else first_s)
     for item in items:
-        due += interval_s
         delay = due - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
         yield item
+        due += interval_s
 
 
 def split_words(text: str) -> list[str]:
