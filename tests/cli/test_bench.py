@@ -94,6 +94,8 @@ def test_sweep_with_bare_writes_json_and_png_that_match_the_store(sc, tmp_path):
         assert p["turns"] > 0 and p["error_count"] == 0 and p["errors"] == {}
         assert p["turns_per_s"] > 0 and p["deltas_per_s"] > 0 and p["deltas_per_turn"] == WORDS
         assert p["words_per_turn"] == WORDS and p["first_delta_words"] == 1
+        assert p["words_per_s"] == p["deltas_per_s"]  # one word a frame: per word is per delta
+        assert p["server_cpu_us_per_word"] == p["server_cpu_us_per_delta"] > 0
         for key in ("first_delta_ms", "turn_ms"):
             assert set(p[key]) >= {"p50", "p90", "p99", "max"}
             assert 0 < p[key]["p50"] <= p[key]["p90"] <= p[key]["p99"] <= p[key]["max"]
@@ -107,6 +109,10 @@ def test_sweep_with_bare_writes_json_and_png_that_match_the_store(sc, tmp_path):
     assert doc["local"] and doc["sidecar_pid"] == sc.proc.pid
     assert doc["slo"]["ideal_s"] > 0 and doc["slo"]["limit_s"] == pytest.approx(1.1 * doc["slo"]["ideal_s"])
     assert set(doc["knee"]) >= {"sidecar", "bare", "ratio"}
+    for server in ("sidecar", "bare"):  # how soon text starts at the knee, beside it
+        knee = doc["knee"][server]
+        at_knee = [p for p in doc["points"] if p["server"] == server and p["concurrency"] == knee["concurrency"]]
+        assert knee["first_delta_p99_ms"] == (at_knee[0]["first_delta_ms"]["p99"] if at_knee else None)
     assert doc["bare"]["source"] == "calibrated" and doc["bare"]["reply_words"] == 0
     assert doc["bare"]["first_delta_ms"] >= doc["bare"]["delta_gap_ms"] > 0  # one word a frame: never sooner than a gap
     # the lanes' first turns were spread over one calibration turn (--ramp auto)
@@ -125,7 +131,7 @@ def test_sweep_with_bare_writes_json_and_png_that_match_the_store(sc, tmp_path):
     ratio_rows = [line.split() for line in block]
     assert [row[0] for row in ratio_rows] == ["1", "2"], r.stdout
     assert all(float(row[1]) > 0 for row in ratio_rows), r.stdout  # turns/s, sidecar over bare
-    assert all(x["turns_per_s"] > 0 for x in doc["ratios"])
+    assert all(x["turns_per_s"] > 0 and x["cpu_per_word"] == x["cpu_per_delta"] > 0 for x in doc["ratios"])
     assert png_size(png) == SIZE_PX
     check_client_bound_warning(doc)
 
@@ -146,7 +152,7 @@ def check_client_bound_warning(doc: dict) -> None:
     warning = [line for line in out.splitlines() if line.startswith("warning: this bench client")]
     assert len(warning) == 1 and "bare c=2" in warning[0], out
     assert doc["knee"]["bare"]["first_failing"] == 2 and doc["knee"]["bare"]["client_bound"] is True
-    assert "(client-bound" in out.split("knee (", 1)[1].splitlines()[0]
+    assert "client-bound: see the warning" in out.split("knee (", 1)[1].splitlines()[0]
 
 
 def test_tool_load_over_tcp_counts_every_tool_call(sc, tmp_path):

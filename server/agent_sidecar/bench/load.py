@@ -106,6 +106,7 @@ class Point:
         self.turns: list[Turn] = []
         self.deltas_by_second: defaultdict[int, int] = defaultdict(int)
         self.window_deltas = 0
+        self.window_words = 0
         self.window_done = 0
         self.window_tool_calls = 0
         self.measured_started = 0
@@ -134,10 +135,11 @@ class Point:
             if self.spec.turns is not None and self.measured_started >= self.spec.turns:
                 self.measured_all_started.set()
 
-    def delta(self, now: float) -> None:
+    def delta(self, now: float, words: int) -> None:
         self.deltas_by_second[int(now - self.t0)] += 1
         if self.counting:
             self.window_deltas += 1
+            self.window_words += words
 
     def finished(self, lane: int, turn: Turn) -> None:
         self.in_flight -= 1
@@ -179,7 +181,7 @@ async def run_turn(client: Any, key: str, spec: LoadSpec, point: Point, lane: in
                 turn.last = now
                 turn.deltas += 1
                 turn.words += words
-                point.delta(now)
+                point.delta(now, words)
             elif kind == "tool_call":
                 turn.tool_calls += 1
             elif kind == "completed":
@@ -293,6 +295,7 @@ def summarize(point: Point, cpu: dict | None) -> dict:
         "turns": len(ok),
         "turns_per_s": point.window_done / window,
         "deltas_per_s": point.window_deltas / window,
+        "words_per_s": point.window_words / window,
         "tool_calls_per_s": point.window_tool_calls / window,
         "deltas_per_turn": (sum(t.deltas for t in ok) / len(ok)) if ok else None,
         # Words per turn against deltas per turn: how many a frame carries (a
@@ -320,6 +323,8 @@ def summarize(point: Point, cpu: dict | None) -> dict:
     }
     if cpu is not None and point.window_deltas:
         out["server_cpu_us_per_delta"] = 1e6 * cpu["server_cpu_s"] / point.window_deltas
+    if cpu is not None and point.window_words:  # the same text in fewer frames costs less per word
+        out["server_cpu_us_per_word"] = 1e6 * cpu["server_cpu_s"] / point.window_words
     return out
 
 

@@ -86,7 +86,8 @@ def _ratios(points: list[dict]) -> list[dict]:
                     "turn_p99_added_ms": _added(s, b, "turn_ms", "p99"),
                     "first_delta_p50_added_ms": _added(s, b, "first_delta_ms", "p50"),
                     "first_delta_p99_added_ms": _added(s, b, "first_delta_ms", "p99"),
-                    "cpu_per_delta": _ratio(s.get("server_cpu_us_per_delta"), b.get("server_cpu_us_per_delta"))})
+                    "cpu_per_delta": _ratio(s.get("server_cpu_us_per_delta"), b.get("server_cpu_us_per_delta")),
+                    "cpu_per_word": _ratio(s.get("server_cpu_us_per_word"), b.get("server_cpu_us_per_word"))})
     return out
 
 
@@ -129,6 +130,10 @@ def analyse(doc: dict) -> dict:
                 # A knee set by a point the client could not drive is the client's.
                 k["client_bound"] = any(p["client_bound"] for p in doc["points"]
                                         if p["server"] == server and p["concurrency"] == k["first_failing"])
+                # How soon text starts there: a knee whose first delta lags is not one a chat can use.
+                k["first_delta_p99_ms"] = next((p["first_delta_ms"]["p99"] for p in doc["points"]
+                                                if p["server"] == server and p["concurrency"] == k["concurrency"]),
+                                               None)
         if "bare" in knees:
             s, b = knees["sidecar"], knees["bare"]
             # A knee beyond the sweep is only a lower bound: no ratio from it.

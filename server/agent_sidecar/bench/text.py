@@ -75,12 +75,14 @@ def cpu_table(doc: dict) -> str | None:
         parts = " · ".join(f"{_short(g)} {100 * s / wall:.0f}" for g, s in u["threads"].items())
         rss = sum(x["rss_mb"] or 0 for x in u["processes"])
         rows.append([p["server"], p["concurrency"], 100 * u["server_cpu_s"] / wall,
-                     p.get("server_cpu_us_per_delta"), parts, rss, 100 * u["bench_cpu_s"] / wall,
+                     p.get("server_cpu_us_per_delta"), p.get("server_cpu_us_per_word"), parts, rss,
+                     100 * u["bench_cpu_s"] / wall,
                      100 * u["others_cpu_s"] / wall])
     if not rows:
         return None
     cores = doc["machine"]["cpus"]
-    return table(["server", "conc", "CPU %", "µs/delta", "CPU % by process", "RSS MB", "bench %", "others %"],
+    return table(["server", "conc", "CPU %", "µs/delta", "µs/word", "CPU % by process", "RSS MB", "bench %",
+                  "others %"],
                  rows, title=f"CPU and memory on this host during each measure window "
                              f"(100% = one core of {cores}; bench = this client)")
 
@@ -100,10 +102,10 @@ def ratio_table(doc: dict) -> str | None:
     if not doc["ratios"]:
         return None
     rows = [[r["concurrency"], r["turns_per_s"], r["deltas_per_s"], r["turn_p50_added_ms"], r["turn_p99_added_ms"],
-             r["first_delta_p50_added_ms"], r["first_delta_p99_added_ms"], r["cpu_per_delta"]]
+             r["first_delta_p50_added_ms"], r["first_delta_p99_added_ms"], r["cpu_per_delta"], r["cpu_per_word"]]
             for r in doc["ratios"]]
     return table(["conc", "turns/s x", "deltas/s x", "turn p50 +ms", "turn p99 +ms", "first p50 +ms",
-                  "first p99 +ms", "CPU/delta x"], rows,
+                  "first p99 +ms", "CPU/delta x", "CPU/word x"], rows,
                  title="sidecar / bare (same load and timing, this run): ratios (x) and added latency (+ms)")
 
 
@@ -112,16 +114,18 @@ def _knee_text(k: dict | None, lowest: int) -> str:
         return "-"
     if k["concurrency"] is None:
         return f"< {lowest} (the lowest point already missed the SLO)"
-    text = f"{k['concurrency']}"
     if k["beyond_sweep"]:
-        return f">= {text} (every point met the SLO)"
+        return f">= {k['concurrency']} (every point met the SLO)"
+    notes = []
     if k["interpolated"] is not None:
-        text += f" (~{k['interpolated']:.0f} interpolated)"
+        notes.append(f"~{k['interpolated']:.0f} interpolated")
+    if k.get("first_delta_p99_ms") is not None:
+        notes.append(f"first delta p99 {k['first_delta_p99_ms']:,.0f} ms there")
     if k["non_monotone"]:
-        text += " (a higher point passed again: noisy run)"
+        notes.append("a higher point passed again: noisy run")
     if k.get("client_bound"):
-        text += " (client-bound: see the warning)"
-    return text
+        notes.append("client-bound: see the warning")
+    return f"{k['concurrency']}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def client_bound_line(doc: dict) -> str | None:
