@@ -81,7 +81,7 @@ def test_a_version_3_store_migrates_and_keeps_its_frames_and_cursors(tmp_path):
     # the frames the old sidecar deleted (ids 6-8) are never numbered again
     assert min(f.cursor for f in new.frames) == 9
     assert query(sc, "SELECT first_frame, first_seq FROM prompts WHERE request_id = ?", (OLD_RID,)) == [(1, 1)]
-    assert query(sc, "SELECT version FROM schema_migrations ORDER BY version") == [(1,), (2,), (3,), (4,), (5,)]
+    assert query(sc, "SELECT version FROM schema_migrations ORDER BY version") == [(v,) for v in range(1, 7)]
     indexes = {name for (name,) in query(
         sc, "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name IN ('frames', 'messages')")}
     assert "messages_by_request" not in indexes

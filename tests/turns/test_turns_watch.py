@@ -289,6 +289,24 @@ def test_cursors_never_go_back_after_frames_are_deleted(tmp_path):
             w.close()
 
 
+def test_the_resume_point_before_a_new_stores_first_frame_is_not_live_only(tmp_path):
+    """A stream ended for not reading is told to resume after the cursor before
+    the first frame it was due; after_cursor = 0 means "live only", so the very
+    first frame a store writes is not cursor 1, and resuming before it replays it."""
+    with Sidecar(tmp_path / "data", config=PROFILES, workers=1) as s:
+        platform = uniq("first")
+        first = run(s.prompts(), prompt_req(text="the first words", source=c.SessionSource(
+            platform=platform, chat_id="a")))
+        assert_well_formed(first)
+        resume_at = first.frames[0].cursor - 1
+        assert resume_at > 0, [f.cursor for f in first.frames]
+        w = Watcher(s.prompts(), platform=platform, after_cursor=resume_at)
+        try:
+            assert ident(w.frames_of(first.frames[0].request_id, timeout=3)) == ident(first.frames)
+        finally:
+            w.close()
+
+
 def test_duplicate_of_a_failed_turn_replays_its_failure(sc):
     stub = sc.prompts()
     req = prompt_req(text=WORDS, profile="slow")

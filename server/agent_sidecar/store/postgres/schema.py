@@ -175,6 +175,13 @@ CREATE TABLE nodes (
     clean_stop    boolean NOT NULL DEFAULT false
 );
 """),
+    (2, "frame cursors start at 2", """
+-- A stream ended for not reading (STREAM_TOO_SLOW) names its resume point, the
+-- cursor before the first frame it was due, and after_cursor = 0 means "live
+-- only": so no frame is cursor 1. A store that wrote frames already is past it.
+SELECT setval(pg_get_serial_sequence('frames', 'id'), 1)
+    WHERE NOT (SELECT is_called FROM frames_id_seq);
+"""),
 ]
 
 # The derived full-text index (maintenance.py rebuilds it).

@@ -224,6 +224,13 @@ INSERT INTO meta (key, value) VALUES ('frames_keyed', (SELECT coalesce(max(id), 
     ON CONFLICT (key) DO UPDATE SET value = excluded.value;
 DROP INDEX frames_by_key;
 """),
+    (6, "frame cursors start at 2", """
+-- A stream ended for not reading (STREAM_TOO_SLOW) names its resume point, the
+-- cursor before the first frame it was due, and after_cursor = 0 means "live
+-- only": so no frame is cursor 1. A store that wrote frames already is past it.
+INSERT INTO sqlite_sequence (name, seq) SELECT 'frames', 1
+    WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'frames');
+"""),
 ]
 
 # What `doctor --rebuild-fts` recreates (then it indexes every message).
