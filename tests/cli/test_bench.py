@@ -260,14 +260,18 @@ def test_bare_timing_follows_the_frames_the_calibration_saw():
     opts = BenchOptions(target="t", text="w " * 200)
     per_token = bare_timing(opts, calibration(23.0, 20.0, 200, 200, 1), 200)
     assert (per_token["first_delta_ms"], per_token["delta_gap_ms"], per_token["reply_words"]) == (20.0, 20.0, 0)
+    assert per_token["delta_words"] == 1
     slow_start = bare_timing(opts, calibration(520.0, 20.0, 200, 200, 1), 200)
     assert slow_start["first_delta_ms"] == 520.0
     # 200 words at 20 ms, coalesced into 100 ms windows: the first word alone, then 40 frames of ~5
     coalesced = bare_timing(opts, calibration(24.5, 99.5, 41, 200, 1), 200)
-    assert coalesced["delta_gap_ms"] == 99.5 and coalesced["reply_words"] == 41
+    assert coalesced["delta_gap_ms"] == 99.5 and (coalesced["reply_words"], coalesced["delta_words"]) == (41, 5)
     assert coalesced["first_delta_ms"] == pytest.approx(99.5 * 40 / 199, abs=1e-3)
     one_frame = bare_timing(opts, calibration(30.0, None, 1, 200, 200), 200)
     assert (one_frame["first_delta_ms"], one_frame["delta_gap_ms"], one_frame["reply_words"]) == (30.0, 30.0, 1)
+    assert one_frame["delta_words"] == 200  # the whole reply in its one delta
+    silent = bare_timing(opts, calibration(0.0, None, 0, 0, 0), 200)  # no text at all: no division by it
+    assert (silent["reply_words"], silent["delta_words"]) == (1, 1)
     given = bare_timing(BenchOptions(target="t", text="x", bare_latency_ms=20.0, bare_first_delay_ms=5.0),
                         calibration(24.5, 99.5, 41, 200, 1), 1)
     assert (given["first_delta_ms"], given["delta_gap_ms"], given["source"]) == (25.0, 20.0, "given")

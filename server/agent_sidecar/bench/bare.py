@@ -19,7 +19,8 @@ To stand in for a sidecar that coalesces deltas, the bench gives it the
 frames' gap and a first delta sooner than that gap (a coalescing window sends
 its first delta at once).
 The reply is the prompt's own words (echo) unless ``--reply-words N`` asks
-for N fixed words, to mimic a model whose answer is not an echo.
+for N fixed deltas (``--delta-words K`` words each, default 1), to mimic a
+model whose answer is not an echo, or a sidecar's coalesced frames.
 ``GetOrCreateSession`` answers with a key built from the source, so the
 bench drives both servers the same way. Unless ``--plain`` it gets the
 sidecar's gRPC settings: its helper threads the scheduler policy
@@ -39,7 +40,7 @@ import time
 REPLY_WORD = "lorem "
 
 
-def _servicers(token_latency_s: float, first_delta_s: float | None, reply_words: int):
+def _servicers(token_latency_s: float, first_delta_s: float | None, reply_words: int, delta_words: int = 1):
     from ..models._text import paced, split_words
     from ..v1 import common_pb2
     from ..v1 import prompt_service_pb2 as pb
@@ -48,7 +49,7 @@ def _servicers(token_latency_s: float, first_delta_s: float | None, reply_words:
     from ..v1 import session_service_pb2_grpc as spb_grpc
 
     cursor = [0]
-    fixed = [REPLY_WORD] * reply_words
+    fixed = [REPLY_WORD * delta_words] * reply_words
 
     def frame(req, sid: str, seq: int, kind: str, **body):
         cursor[0] += 1
@@ -72,7 +73,8 @@ def _servicers(token_latency_s: float, first_delta_s: float | None, reply_words:
                 seq += 1
                 yield frame(request, sid, seq, "text_delta", text=word)
             yield frame(request, sid, seq + 1, "usage", input_tokens=len(request.text.split()) + 5,
-                        output_tokens=len(words), cache_read_tokens=0, cache_write_tokens=0, cost_usd=0.0)
+                        output_tokens=len(words) * (delta_words if reply_words else 1), cache_read_tokens=0,
+                        cache_write_tokens=0, cost_usd=0.0)
             yield frame(request, sid, seq + 2, "completed", final_text="".join(words))
 
     class Sessions(spb_grpc.SessionServiceServicer):
@@ -88,7 +90,8 @@ def _servicers(token_latency_s: float, first_delta_s: float | None, reply_words:
 
 
 async def serve(listen: str, token_latency_ms: float = 0.0, first_delta_ms: float | None = None,
-                reply_words: int = 0, calm: bool = True, tls: tuple[bytes, bytes] | None = None) -> None:
+                reply_words: int = 0, calm: bool = True, tls: tuple[bytes, bytes] | None = None,
+                delta_words: int = 1) -> None:
     """Serve until SIGTERM or SIGINT; prints ``serving <address>`` once bound
     (the bound port replaces ``:0``)."""
     import grpc
@@ -97,7 +100,7 @@ async def serve(listen: str, token_latency_ms: float = 0.0, first_delta_ms: floa
 
     server = grpc.aio.server(options=SERVER_OPTIONS)
     first_delta_s = None if first_delta_ms is None else first_delta_ms / 1000
-    for add, servicer in _servicers(token_latency_ms / 1000, first_delta_s, reply_words):
+    for add, servicer in _servicers(token_latency_ms / 1000, first_delta_s, reply_words, delta_words):
         add(servicer, GenericOnly(server) if calm else server)
     if tls:
         port = server.add_secure_port(listen, grpc.ssl_server_credentials([(tls[1], tls[0])]))
@@ -124,13 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first-delta-ms", type=float, default=None,
                     help="when the first text delta is due after started (default: one --token-latency-ms)")
     ap.add_argument("--reply-words", type=int, default=0,
-                    help="reply with N fixed words instead of echoing the prompt (0: echo)")
+                    help="reply with N fixed deltas instead of echoing the prompt (0: echo)")
+    ap.add_argument("--delta-words", type=int, default=1, help="with --reply-words: words in each delta (default 1)")
     ap.add_argument("--plain", action="store_true", help="leave gRPC's threads at the default scheduler policy")
     ap.add_argument("--tls-cert", default=None, help="PEM certificate chain: serve TLS (with --tls-key)")
     ap.add_argument("--tls-key", default=None, help="PEM private key")
     args = ap.parse_args(argv)
-    if args.token_latency_ms < 0 or (args.first_delta_ms or 0) < 0 or args.reply_words < 0:
-        ap.error("latencies and --reply-words must be >= 0")
+    if args.token_latency_ms < 0 or (args.first_delta_ms or 0) < 0 or args.reply_words < 0 or args.delta_words < 1:
+        ap.error("latencies and --reply-words must be >= 0, --delta-words >= 1")
     if bool(args.tls_cert) != bool(args.tls_key):
         ap.error("--tls-cert and --tls-key go together")
     tls = None
@@ -139,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             tls = (c.read(), k.read())
     import uvloop
     uvloop.run(serve(args.listen, args.token_latency_ms, args.first_delta_ms, args.reply_words,
-                     calm=not args.plain, tls=tls))
+                     calm=not args.plain, tls=tls, delta_words=args.delta_words))
     return 0
 
 
