@@ -113,7 +113,7 @@ def test_sweep_with_bare_writes_json_and_png_that_match_the_store(sc, tmp_path):
         knee = doc["knee"][server]
         at_knee = [p for p in doc["points"] if p["server"] == server and p["concurrency"] == knee["concurrency"]]
         assert knee["first_delta_p99_ms"] == (at_knee[0]["first_delta_ms"]["p99"] if at_knee else None)
-    assert doc["bare"]["source"] == "calibrated" and doc["bare"]["reply_words"] == 0
+    assert doc["bare"]["source"] == "calibrated" and doc["bare"]["reply_deltas"] == 0
     assert doc["bare"]["first_delta_ms"] >= doc["bare"]["delta_gap_ms"] > 0  # one word a frame: never sooner than a gap
     # the lanes' first turns were spread over one calibration turn (--ramp auto)
     assert doc["ramp"]["s"] == pytest.approx(doc["calibration"]["turn_ms"]["p50"] / 1e3)
@@ -259,19 +259,19 @@ def test_bare_timing_follows_the_frames_the_calibration_saw():
 
     opts = BenchOptions(target="t", text="w " * 200)
     per_token = bare_timing(opts, calibration(23.0, 20.0, 200, 200, 1), 200)
-    assert (per_token["first_delta_ms"], per_token["delta_gap_ms"], per_token["reply_words"]) == (20.0, 20.0, 0)
+    assert (per_token["first_delta_ms"], per_token["delta_gap_ms"], per_token["reply_deltas"]) == (20.0, 20.0, 0)
     assert per_token["delta_words"] == 1
     slow_start = bare_timing(opts, calibration(520.0, 20.0, 200, 200, 1), 200)
     assert slow_start["first_delta_ms"] == 520.0
     # 200 words at 20 ms, coalesced into 100 ms windows: the first word alone, then 40 frames of ~5
     coalesced = bare_timing(opts, calibration(24.5, 99.5, 41, 200, 1), 200)
-    assert coalesced["delta_gap_ms"] == 99.5 and (coalesced["reply_words"], coalesced["delta_words"]) == (41, 5)
+    assert coalesced["delta_gap_ms"] == 99.5 and (coalesced["reply_deltas"], coalesced["delta_words"]) == (41, 5)
     assert coalesced["first_delta_ms"] == pytest.approx(99.5 * 40 / 199, abs=1e-3)
     one_frame = bare_timing(opts, calibration(30.0, None, 1, 200, 200), 200)
-    assert (one_frame["first_delta_ms"], one_frame["delta_gap_ms"], one_frame["reply_words"]) == (30.0, 30.0, 1)
+    assert (one_frame["first_delta_ms"], one_frame["delta_gap_ms"], one_frame["reply_deltas"]) == (30.0, 30.0, 1)
     assert one_frame["delta_words"] == 200  # the whole reply in its one delta
     silent = bare_timing(opts, calibration(0.0, None, 0, 0, 0), 200)  # no text at all: no division by it
-    assert (silent["reply_words"], silent["delta_words"]) == (1, 1)
+    assert (silent["reply_deltas"], silent["delta_words"]) == (1, 1)
     given = bare_timing(BenchOptions(target="t", text="x", bare_latency_ms=20.0, bare_first_delay_ms=5.0),
                         calibration(24.5, 99.5, 41, 200, 1), 1)
     assert (given["first_delta_ms"], given["delta_gap_ms"], given["source"]) == (25.0, 20.0, "given")

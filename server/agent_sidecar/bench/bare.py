@@ -18,7 +18,7 @@ takes long does not push the next delta back) — then ``usage`` and
 To stand in for a sidecar that coalesces deltas, the bench gives it the
 frames' gap and a first delta sooner than that gap (a coalescing window sends
 its first delta at once).
-The reply is the prompt's own words (echo) unless ``--reply-words N`` asks
+The reply is the prompt's own words (echo) unless ``--reply-deltas N`` asks
 for N fixed deltas (``--delta-words K`` words each, default 1), to mimic a
 model whose answer is not an echo, or a sidecar's coalesced frames.
 ``GetOrCreateSession`` answers with a key built from the source, so the
@@ -40,7 +40,7 @@ import time
 REPLY_WORD = "lorem "
 
 
-def _servicers(token_latency_s: float, first_delta_s: float | None, reply_words: int, delta_words: int = 1):
+def _servicers(token_latency_s: float, first_delta_s: float | None, reply_deltas: int, delta_words: int = 1):
     from ..models._text import paced, split_words
     from ..v1 import common_pb2
     from ..v1 import prompt_service_pb2 as pb
@@ -49,7 +49,7 @@ def _servicers(token_latency_s: float, first_delta_s: float | None, reply_words:
     from ..v1 import session_service_pb2_grpc as spb_grpc
 
     cursor = [0]
-    fixed = [REPLY_WORD * delta_words] * reply_words
+    fixed = [REPLY_WORD * delta_words] * reply_deltas
 
     def frame(req, sid: str, seq: int, kind: str, **body):
         cursor[0] += 1
@@ -65,17 +65,17 @@ def _servicers(token_latency_s: float, first_delta_s: float | None, reply_words:
     class Prompts(pb_grpc.PromptServiceServicer):
         async def Prompt(self, request, context):
             sid = "bare-" + request.session_key[-12:]
-            words = fixed if reply_words else split_words(request.text)
+            texts = fixed if reply_deltas else split_words(request.text)  # one per text_delta
             yield frame(request, sid, 1, "accepted", queue_position=0)
             yield frame(request, sid, 2, "started")
             seq = 2
-            async for word in paced(words, token_latency_s, first_delta_s):  # the echo model's pace
+            async for text in paced(texts, token_latency_s, first_delta_s):  # the echo model's pace
                 seq += 1
-                yield frame(request, sid, seq, "text_delta", text=word)
+                yield frame(request, sid, seq, "text_delta", text=text)
             yield frame(request, sid, seq + 1, "usage", input_tokens=len(request.text.split()) + 5,
-                        output_tokens=len(words) * (delta_words if reply_words else 1), cache_read_tokens=0,
+                        output_tokens=len(texts) * (delta_words if reply_deltas else 1), cache_read_tokens=0,
                         cache_write_tokens=0, cost_usd=0.0)
-            yield frame(request, sid, seq + 2, "completed", final_text="".join(words))
+            yield frame(request, sid, seq + 2, "completed", final_text="".join(texts))
 
     class Sessions(spb_grpc.SessionServiceServicer):
         async def GetOrCreateSession(self, request, context):
@@ -90,7 +90,7 @@ def _servicers(token_latency_s: float, first_delta_s: float | None, reply_words:
 
 
 async def serve(listen: str, token_latency_ms: float = 0.0, first_delta_ms: float | None = None,
-                reply_words: int = 0, calm: bool = True, tls: tuple[bytes, bytes] | None = None,
+                reply_deltas: int = 0, calm: bool = True, tls: tuple[bytes, bytes] | None = None,
                 delta_words: int = 1) -> None:
     """Serve until SIGTERM or SIGINT; prints ``serving <address>`` once bound
     (the bound port replaces ``:0``)."""
@@ -100,7 +100,7 @@ async def serve(listen: str, token_latency_ms: float = 0.0, first_delta_ms: floa
 
     server = grpc.aio.server(options=SERVER_OPTIONS)
     first_delta_s = None if first_delta_ms is None else first_delta_ms / 1000
-    for add, servicer in _servicers(token_latency_ms / 1000, first_delta_s, reply_words, delta_words):
+    for add, servicer in _servicers(token_latency_ms / 1000, first_delta_s, reply_deltas, delta_words):
         add(servicer, GenericOnly(server) if calm else server)
     if tls:
         port = server.add_secure_port(listen, grpc.ssl_server_credentials([(tls[1], tls[0])]))
@@ -126,15 +126,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="the gap between text deltas, as the echo model's token_latency_ms")
     ap.add_argument("--first-delta-ms", type=float, default=None,
                     help="when the first text delta is due after started (default: one --token-latency-ms)")
-    ap.add_argument("--reply-words", type=int, default=0,
+    ap.add_argument("--reply-deltas", type=int, default=0,
                     help="reply with N fixed deltas instead of echoing the prompt (0: echo)")
-    ap.add_argument("--delta-words", type=int, default=1, help="with --reply-words: words in each delta (default 1)")
+    ap.add_argument("--delta-words", type=int, default=1, help="with --reply-deltas: the words of each (default 1)")
     ap.add_argument("--plain", action="store_true", help="leave gRPC's threads at the default scheduler policy")
     ap.add_argument("--tls-cert", default=None, help="PEM certificate chain: serve TLS (with --tls-key)")
     ap.add_argument("--tls-key", default=None, help="PEM private key")
     args = ap.parse_args(argv)
-    if args.token_latency_ms < 0 or (args.first_delta_ms or 0) < 0 or args.reply_words < 0 or args.delta_words < 1:
-        ap.error("latencies and --reply-words must be >= 0, --delta-words >= 1")
+    if args.token_latency_ms < 0 or (args.first_delta_ms or 0) < 0 or args.reply_deltas < 0 or args.delta_words < 1:
+        ap.error("latencies and --reply-deltas must be >= 0, --delta-words >= 1")
     if bool(args.tls_cert) != bool(args.tls_key):
         ap.error("--tls-cert and --tls-key go together")
     tls = None
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.tls_cert, "rb") as c, open(args.tls_key, "rb") as k:
             tls = (c.read(), k.read())
     import uvloop
-    uvloop.run(serve(args.listen, args.token_latency_ms, args.first_delta_ms, args.reply_words,
+    uvloop.run(serve(args.listen, args.token_latency_ms, args.first_delta_ms, args.reply_deltas,
                      calm=not args.plain, tls=tls, delta_words=args.delta_words))
     return 0
 

@@ -119,7 +119,7 @@ class BareProcess:
         args = [sys.executable, "-m", "agent_sidecar.bench.bare", "--listen", self.listen,
                 "--token-latency-ms", str(self.timing["delta_gap_ms"]),
                 "--first-delta-ms", str(self.timing["first_delta_ms"]),
-                "--reply-words", str(self.timing["reply_words"]),
+                "--reply-deltas", str(self.timing["reply_deltas"]),
                 "--delta-words", str(self.timing["delta_words"])]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         stdout, stderr = self.proc.stdout, self.proc.stderr
@@ -170,7 +170,7 @@ def bare_timing(opts: BenchOptions, calibration: dict | None, words: int) -> dic
     if opts.bare_latency_ms is not None or not calibration or not calibration.get("turns"):
         gap = opts.bare_latency_ms or 0.0
         return {"delta_gap_ms": gap, "first_delta_ms": gap + opts.bare_first_delay_ms,
-                "reply_words": 0, "delta_words": 1,
+                "reply_deltas": 0, "delta_words": 1,
                 "source": "given" if opts.bare_latency_ms is not None else "default"}
     gap = calibration["delta_gap_ms"]["p50"]
     first = calibration["first_delta_ms"]["p50"] or 0.0
@@ -186,7 +186,7 @@ def bare_timing(opts: BenchOptions, calibration: dict | None, words: int) -> dic
     # so both sides stream as much text and CPU per word compares like for like.
     delta_words = max(1, round((calibration.get("words_per_turn") or 0) / per_turn)) if reply and per_turn else 1
     return {"delta_gap_ms": round(gap, 3), "first_delta_ms": round(first_delta, 3),
-            "reply_words": reply, "delta_words": delta_words, "source": "calibrated"}
+            "reply_deltas": reply, "delta_words": delta_words, "source": "calibrated"}
 
 
 def _coalesced_first(calibration: dict, gap: float) -> float | None:

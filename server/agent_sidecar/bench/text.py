@@ -38,8 +38,8 @@ def header(doc: dict) -> list[str]:
                      f"{slo['limit_s']:.3f} s (+{100 * slo['bound']:g}%) with no errors")
     if doc.get("bare"):
         b = doc["bare"]
-        reply = ("echo of the prompt" if not b["reply_words"]
-                 else f"{b['reply_words']} deltas of {b.get('delta_words', 1)} word(s)")
+        reply = ("echo of the prompt" if not b["reply_deltas"]
+                 else f"{b['reply_deltas']} deltas of {b.get('delta_words', 1)} word(s)")
         lines.append(f"bare server ({b['source']}): first delta at {b['first_delta_ms']:g} ms, then one every "
                      f"{b['delta_gap_ms']:g} ms, reply {reply}, no persistence")
     return lines
