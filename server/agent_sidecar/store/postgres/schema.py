@@ -179,8 +179,7 @@ CREATE TABLE nodes (
 -- A stream ended for not reading (STREAM_TOO_SLOW) names its resume point, the
 -- cursor before the first frame it was due, and after_cursor = 0 means "live
 -- only": so no frame is cursor 1. A store that wrote frames already is past it.
-SELECT setval(pg_get_serial_sequence('frames', 'id'), 1)
-    WHERE NOT (SELECT is_called FROM frames_id_seq);
+SELECT setval('frames_id_seq', 1) WHERE NOT (SELECT is_called FROM frames_id_seq);
 """),
 ]
 
