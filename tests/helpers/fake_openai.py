@@ -25,9 +25,11 @@ A request with ``"stream": false`` gets a plain chat.completion JSON reply.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -84,6 +86,20 @@ class FakeOpenAI:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+    @classmethod
+    @contextlib.contextmanager
+    def several(cls, scripts: dict[str, list[dict[str, Any]]]) -> Iterator[dict[str, FakeOpenAI]]:
+        """One started server per named script (a test module's profiles,
+        one per scenario); every one is stopped on the way out."""
+        servers: dict[str, FakeOpenAI] = {}
+        try:
+            for name, script in scripts.items():
+                servers[name] = cls(script).start()
+            yield servers
+        finally:
+            for server in servers.values():
+                server.stop()
 
     # -- serving -----------------------------------------------------------
     def _next_entry(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:

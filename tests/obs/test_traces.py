@@ -32,10 +32,8 @@ SCRIPTS = {
 
 @pytest.fixture(scope="module")
 def fakes():
-    servers = {name: FakeOpenAI(script).start() for name, script in SCRIPTS.items()}
-    yield servers
-    for f in servers.values():
-        f.stop()
+    with FakeOpenAI.several(SCRIPTS) as servers:
+        yield servers
 
 
 @pytest.fixture(scope="module")
