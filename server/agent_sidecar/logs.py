@@ -70,7 +70,11 @@ def _with_turn(fields: dict) -> dict:
     return out
 
 
-class JsonFormatter(logging.Formatter):
+class _LineFormatter(logging.Formatter):
+    """A record as one ``line`` (its time, level, logger, message, fields and
+    traceback); the subclasses say how a line reads. ``line`` is also what
+    writes lines that are not records (``info_fields``)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.clock = _Clock()
@@ -79,6 +83,14 @@ class JsonFormatter(logging.Formatter):
         exc = self.formatException(record.exc_info) if record.exc_info else None
         return self.line(record.created, record.levelname, record.name, record.getMessage(),
                          _fields(record), exc)
+
+    def line(self, t: float, level: str, logger: str, msg: str, fields: dict,
+             exc: str | None = None) -> str:
+        raise NotImplementedError
+
+
+class JsonFormatter(_LineFormatter):
+    """One JSON object a line: ``ts``, ``level``, ``logger``, ``msg``, then the fields."""
 
     def line(self, t: float, level: str, logger: str, msg: str, fields: dict,
              exc: str | None = None) -> str:
@@ -93,17 +105,8 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
-class TextFormatter(logging.Formatter):
+class TextFormatter(_LineFormatter):
     """``TS LEVEL logger: message key=value ...`` for a human at a terminal."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.clock = _Clock()
-
-    def format(self, record: logging.LogRecord) -> str:
-        exc = self.formatException(record.exc_info) if record.exc_info else None
-        return self.line(record.created, record.levelname, record.name, record.getMessage(),
-                         _fields(record), exc)
 
     def line(self, t: float, level: str, logger: str, msg: str, fields: dict,
              exc: str | None = None) -> str:
@@ -171,7 +174,7 @@ def info_fields(logger: logging.Logger, msg: str, fields: dict) -> None:
         logger.info(msg, extra=fields)
         return
     formatter = handler.formatter
-    assert isinstance(formatter, (JsonFormatter, TextFormatter))
+    assert isinstance(formatter, _LineFormatter)
     line = formatter.line(time.time(), "INFO", logger.name, msg, _with_turn(fields))
     pending = handler.pending
     pending.append(line + "\n")
