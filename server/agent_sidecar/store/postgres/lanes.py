@@ -16,6 +16,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from ..records import Incarnation, LaneHead, RoutingPatch, SessionEntry, UsageDelta
+from ..statements import ENTRY_SELECT, RoutingPatches, one
 from . import rows
 
 _INSERT_ROUTING = ("INSERT INTO routing (" + ", ".join(rows.ROUTING_FIELDS) + ") VALUES ("
@@ -26,10 +27,10 @@ class PostgresRouting:
     def __init__(self, conn: psycopg.Connection):
         self.conn = conn
         self.send = rows.sender(conn)
-        self._patches: dict[tuple, str] = {}
+        self._patches = RoutingPatches("%s", rows.column_value)
 
     def get(self, key: str) -> SessionEntry | None:
-        row = self.conn.execute(rows.ENTRY_SELECT + " WHERE r.session_key = %s FOR UPDATE OF r",
+        row = self.conn.execute(ENTRY_SELECT + " WHERE r.session_key = %s FOR UPDATE OF r",
                                 (key,)).fetchone()
         return rows.entry(row) if row else None
 
@@ -45,19 +46,8 @@ class PostgresRouting:
 
     def patch(self, key: str, patch: RoutingPatch, *, session_id: str | None = None,
               if_current: RoutingPatch | None = None) -> None:
-        plain = patch.changes()
         guarded = if_current.changes() if if_current is not None else {}
-        shape = (tuple(plain), tuple(guarded))
-        sql = self._patches.get(shape)
-        if sql is None:
-            sets = [f"{c} = %s" for c in plain]
-            sets += [f"{c} = CASE WHEN session_id = %s THEN %s ELSE {c} END" for c in guarded]
-            sql = self._patches[shape] = f"UPDATE routing SET {', '.join(sets)} WHERE session_key = %s"
-        params: list[Any] = [rows.column_value(c, v) for c, v in plain.items()]
-        for c, v in guarded.items():
-            params += [session_id, rows.column_value(c, v)]
-        params.append(key)
-        self.send(sql, params)  # no answer awaited (the writer's pipeline)
+        self.send(*self._patches.statement(key, patch.changes(), guarded, session_id))  # no answer awaited
 
     def add_usage(self, key: str, d: UsageDelta, updated_at: float | None) -> None:
         total = d.input_tokens + d.output_tokens + d.cache_read_tokens + d.cache_write_tokens
@@ -79,7 +69,7 @@ class PostgresRouting:
         return [r[0] for r in self.conn.execute(sql + " AND session_key = ANY(%s)", (since, list(keys)))]
 
     def resume_candidates(self, since: float, keys: Sequence[str] | None = None) -> list[SessionEntry]:
-        sql = rows.ENTRY_SELECT + " WHERE r.resume_pending AND r.updated_at >= %s AND NOT r.suspended"
+        sql = ENTRY_SELECT + " WHERE r.resume_pending AND r.updated_at >= %s AND NOT r.suspended"
         if keys is None:
             return [rows.entry(r) for r in self.conn.execute(sql, (since,))]
         return [rows.entry(r) for r in self.conn.execute(sql + " AND r.session_key = ANY(%s)",
@@ -102,7 +92,7 @@ class PostgresRouting:
                                  (key,)).fetchone() is not None
 
     def count(self) -> int:
-        return rows.one(self.conn.execute("SELECT count(*) FROM routing").fetchone())[0]
+        return one(self.conn.execute("SELECT count(*) FROM routing").fetchone())[0]
 
 
 _INCARNATION = ("SELECT session_id, session_key, created_at, ended_at, end_reason, turn_count, next_seq,"
@@ -155,7 +145,7 @@ class PostgresRestarts:
         self.send("DELETE FROM restart_counts WHERE NOT (session_key = ANY(%s))", (list(keys),))
 
     def increment(self, key: str, at: float) -> int:
-        return rows.one(self.conn.execute(
+        return one(self.conn.execute(
             "INSERT INTO restart_counts AS r (session_key, count, updated_at) VALUES (%s, 1, %s)"
             " ON CONFLICT (session_key) DO UPDATE SET count = r.count + 1, updated_at = excluded.updated_at"
             " RETURNING count", (key, at)).fetchone())[0]

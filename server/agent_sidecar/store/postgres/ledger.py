@@ -18,6 +18,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from ..records import LedgerEntry, NewFrame, OpenPrompt, QueueSlot
+from ..statements import one
 from . import rows
 from .codec import json_rows
 from .connection import FRAMES_LOCK
@@ -151,12 +152,12 @@ class PostgresFrames:
         n = len(new)
         data = json_rows([[rid, seq, key, sid, platform, float(at), kind, orjson.Fragment(body) if body else None]
                           for rid, seq, key, sid, platform, at, kind, body in new])
-        first = rows.one(self.conn.execute(_INSERT_FRAMES, {"n": n, "rows": data}).fetchone())[0]
+        first = one(self.conn.execute(_INSERT_FRAMES, {"n": n, "rows": data}).fetchone())[0]
         self.written = first + n - 1
         return first
 
     def last_seq(self, request_id: str) -> int:
-        return rows.one(self.conn.execute(f"SELECT max(seq) {REQUEST_FRAMES}", {"rid": request_id}).fetchone())[0] or 0
+        return one(self.conn.execute(f"SELECT max(seq) {REQUEST_FRAMES}", {"rid": request_id}).fetchone())[0] or 0
 
     def delete_before(self, at: float, limit: int) -> int:
         cutoff = self._cutoff_id(at)
@@ -171,7 +172,7 @@ class PostgresFrames:
         (they grow with time), each probe a primary-key lookup, so retention
         needs no index on ``at`` (one more per frame insert) and never reads
         the frames it keeps (as store/sqlite/ledger.py's cutoff_id)."""
-        lo, hi = rows.one(self.conn.execute(
+        lo, hi = one(self.conn.execute(
             "SELECT (SELECT min(id) FROM frames), (SELECT max(id) FROM frames)").fetchone())
         if lo is None:
             return 0

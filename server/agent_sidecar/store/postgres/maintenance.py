@@ -21,7 +21,7 @@ from collections.abc import Callable
 import psycopg
 
 from ..interface import StoreOpenError
-from . import rows
+from ..statements import one
 from .connection import connect
 from .schema import FTS_INDEX, MIGRATIONS, migrate
 
@@ -64,7 +64,7 @@ class PostgresMaintenance:
                 "SELECT id, (tsvector_to_array(content_tsv))[1] FROM messages"
                 " WHERE active AND content_tsv != ''::tsvector ORDER BY id DESC LIMIT %s", (PROBES,)).fetchall()
             for msg_id, word in probes:
-                found = rows.one(self.conn.execute(
+                found = one(self.conn.execute(
                     "SELECT count(*) FROM messages WHERE content_tsv @@ to_tsquery('simple', quote_literal(%s))"
                     " AND id = %s", (word, msg_id)).fetchone())[0]
                 if not found:
@@ -72,7 +72,7 @@ class PostgresMaintenance:
         return True, "ok"
 
     def message_count(self) -> int:
-        return rows.one(self.conn.execute("SELECT count(*) FROM messages").fetchone())[0]
+        return one(self.conn.execute("SELECT count(*) FROM messages").fetchone())[0]
 
     def rebuild_fts(self, advance: Callable[[int], None] | None = None) -> int:
         """Rebuild the index from every message (concurrently with the
@@ -94,10 +94,10 @@ class PostgresMaintenance:
 
     def summary(self) -> dict[str, int]:
         def count(table):
-            return rows.one(self.conn.execute(f"SELECT count(*) FROM {table}").fetchone())[0]
+            return one(self.conn.execute(f"SELECT count(*) FROM {table}").fetchone())[0]
         out = {t: count(t) for t in ("routing", "incarnations", "messages", "frames", "prompts",
                                      "prompt_queue")}
-        out["db_bytes"] = rows.one(self.conn.execute("SELECT pg_database_size(current_database())").fetchone())[0]
+        out["db_bytes"] = one(self.conn.execute("SELECT pg_database_size(current_database())").fetchone())[0]
         return out
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from ...errors import invalid
 from ..records import FrameRecord, LeaseHolder, LedgerEntry, Message, SearchHit, SessionEntry
+from ..statements import ENTRY_SELECT, entries_page
 from . import rows
 
 
@@ -23,7 +24,7 @@ async def _one(conn, sql: str, params: Any = ()) -> tuple | None:
 
 
 async def entry(conn, key: str) -> SessionEntry | None:
-    row = await _one(conn, rows.ENTRY_SELECT + " WHERE r.session_key = %s", (key,))
+    row = await _one(conn, ENTRY_SELECT + " WHERE r.session_key = %s", (key,))
     return rows.entry(row) if row else None
 
 
@@ -34,19 +35,7 @@ async def session_key_of(conn, session_id: str) -> str | None:
 
 async def list_entries(conn, platform: str, active_since: float | None,
                        after: tuple[float, str] | None, limit: int) -> list[SessionEntry]:
-    sql = rows.ENTRY_SELECT + " WHERE true"
-    params: list[str | float] = []
-    if platform:
-        sql += " AND r.platform = %s"
-        params.append(platform)
-    if active_since is not None:
-        sql += " AND r.updated_at >= %s"
-        params.append(active_since)
-    if after is not None:
-        sql += " AND (r.updated_at < %s OR (r.updated_at = %s AND r.session_key > %s))"
-        params += [after[0], after[0], after[1]]
-    sql += " ORDER BY r.updated_at DESC, r.session_key LIMIT %s"
-    params.append(limit)
+    sql, params = entries_page("%s", platform, active_since, after, limit)
     return [rows.entry(r) for r in await _all(conn, sql, params)]
 
 

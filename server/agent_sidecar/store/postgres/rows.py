@@ -10,20 +10,7 @@ import orjson
 from psycopg.types.json import Jsonb
 
 from ..records import ROUTING_FIELDS, FrameRecord, LedgerEntry, Message, SessionEntry
-
-ENTRY_SELECT = (
-    "SELECT " + ", ".join("r." + c for c in ROUTING_FIELDS)
-    + ", COALESCE(i.turn_count, 0) FROM routing r"
-    " LEFT JOIN incarnations i ON i.session_id = r.session_id"
-)
-
-
-def one(row: Any) -> Any:
-    """The row of a query that always yields one (an aggregate, or the RETURNING of the
-    row just written): no row there is a broken query, not an empty result."""
-    if row is None:
-        raise LookupError("a single-row query returned no row")
-    return row
+from ..statements import one
 
 
 def sender(conn: Any) -> Callable[..., Any]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import apsw
 
+from ..statements import one
 from . import rows
 
 MARK = "frames_keyed"
@@ -46,7 +47,7 @@ def mark(conn: apsw.Connection) -> int:
 
 def unkeyed(conn: apsw.Connection) -> int:
     """About how many frames wait for their keys (ids past the mark; deletes may leave gaps)."""
-    top = rows.one(conn.execute("SELECT coalesce(max(id), 0) FROM frames").fetchone())[0]
+    top = one(conn.execute("SELECT coalesce(max(id), 0) FROM frames").fetchone())[0]
     return max(0, top - mark(conn))
 
 
@@ -55,7 +56,7 @@ def index_pending(conn: apsw.Connection) -> int:
     mark moved to the last of them (in the caller's transaction). Returns how
     many were indexed."""
     last = mark(conn)
-    top = rows.one(conn.execute("SELECT max(id) FROM frames").fetchone())[0]
+    top = one(conn.execute("SELECT max(id) FROM frames").fetchone())[0]
     if top is None or top <= last:
         return 0
     conn.execute("INSERT OR IGNORE INTO frame_keys (id, session_key) SELECT id, session_key FROM frames"

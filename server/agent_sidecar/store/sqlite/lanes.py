@@ -14,6 +14,7 @@ import apsw
 import orjson
 
 from ..records import Incarnation, LaneHead, RoutingPatch, SessionEntry, UsageDelta
+from ..statements import ENTRY_SELECT, RoutingPatches, one
 from . import rows
 
 _INSERT_ROUTING = ("INSERT INTO routing (" + ", ".join(rows.ROUTING_FIELDS) + ") VALUES ("
@@ -23,10 +24,10 @@ _INSERT_ROUTING = ("INSERT INTO routing (" + ", ".join(rows.ROUTING_FIELDS) + ")
 class SqliteRouting:
     def __init__(self, conn: apsw.Connection):
         self.conn = conn
-        self._patches: dict[tuple, str] = {}
+        self._patches = RoutingPatches("?", rows.column_value)
 
     def get(self, key: str) -> SessionEntry | None:
-        row = self.conn.execute(rows.ENTRY_SELECT + " WHERE r.session_key = ?", (key,)).fetchone()
+        row = self.conn.execute(ENTRY_SELECT + " WHERE r.session_key = ?", (key,)).fetchone()
         return rows.entry(row) if row else None
 
     def head(self, key: str) -> LaneHead | None:
@@ -44,19 +45,8 @@ class SqliteRouting:
 
     def patch(self, key: str, patch: RoutingPatch, *, session_id: str | None = None,
               if_current: RoutingPatch | None = None) -> None:
-        plain = patch.changes()
         guarded = if_current.changes() if if_current is not None else {}
-        shape = (tuple(plain), tuple(guarded))
-        sql = self._patches.get(shape)
-        if sql is None:
-            sets = [f"{c} = ?" for c in plain]
-            sets += [f"{c} = CASE WHEN session_id = ? THEN ? ELSE {c} END" for c in guarded]
-            sql = self._patches[shape] = f"UPDATE routing SET {', '.join(sets)} WHERE session_key = ?"
-        params: list[Any] = [rows.column_value(c, v) for c, v in plain.items()]
-        for c, v in guarded.items():
-            params += [session_id, rows.column_value(c, v)]
-        params.append(key)
-        self.conn.execute(sql, params)
+        self.conn.execute(*self._patches.statement(key, patch.changes(), guarded, session_id))
 
     def add_usage(self, key: str, d: UsageDelta, updated_at: float | None) -> None:
         total = d.input_tokens + d.output_tokens + d.cache_read_tokens + d.cache_write_tokens
@@ -80,7 +70,7 @@ class SqliteRouting:
     def resume_candidates(self, since: float, keys: Sequence[str] | None = None) -> list[SessionEntry]:
         # Through the partial index on pending resumes.
         found = [rows.entry(r) for r in self.conn.execute(
-            rows.ENTRY_SELECT + " WHERE r.resume_pending = 1 AND r.updated_at >= ?"
+            ENTRY_SELECT + " WHERE r.resume_pending = 1 AND r.updated_at >= ?"
             " AND r.suspended = 0", (since,))]
         return found if keys is None else [e for e in found if e.session_key in set(keys)]
 
@@ -101,7 +91,7 @@ class SqliteRouting:
         return self.conn.changes() == 1
 
     def count(self) -> int:
-        return rows.one(self.conn.execute("SELECT count(*) FROM routing").fetchone())[0]
+        return one(self.conn.execute("SELECT count(*) FROM routing").fetchone())[0]
 
 
 _INCARNATION = "SELECT session_id, session_key, created_at, ended_at, end_reason, turn_count, next_seq, rev" \
@@ -153,7 +143,7 @@ class SqliteRestarts:
         self.conn.execute("INSERT INTO restart_counts (session_key, count, updated_at) VALUES (?, 1, ?)"
                           " ON CONFLICT (session_key) DO UPDATE SET count = count + 1, updated_at = ?",
                           (key, at, at))
-        return rows.one(self.conn.execute("SELECT count FROM restart_counts WHERE session_key = ?",
+        return one(self.conn.execute("SELECT count FROM restart_counts WHERE session_key = ?",
                                          (key,)).fetchone())[0]
 
     def reset(self, key: str) -> None:

@@ -18,6 +18,7 @@ import apsw
 import orjson
 
 from ..records import LedgerEntry, NewFrame, OpenPrompt, QueueSlot
+from ..statements import one
 from . import frame_keys, rows
 
 INSERT_FRAME = ("INSERT INTO frames (request_id, seq, session_key, session_id, platform, at, kind, body)"
@@ -151,7 +152,7 @@ class SqliteFrames:
         cutoff = cutoff_id(self.conn, at)
         if not cutoff:
             return 0
-        last = rows.one(self.conn.execute("SELECT max(id), count(*) FROM (SELECT id FROM frames WHERE id < ?"
+        last = one(self.conn.execute("SELECT max(id), count(*) FROM (SELECT id FROM frames WHERE id < ?"
                                           " ORDER BY id LIMIT ?)", (cutoff, limit)).fetchone())
         if not last[1]:
             return 0
@@ -168,7 +169,7 @@ def cutoff_id(conn: apsw.Connection, cutoff: float) -> int:
     no index on ``at`` and never scans the table."""
     # Two subqueries, each one step to an end of the rowid b-tree (a combined
     # min/max would scan the whole table).
-    lo, hi = rows.one(conn.execute("SELECT (SELECT min(id) FROM frames), (SELECT max(id) FROM frames)").fetchone())
+    lo, hi = one(conn.execute("SELECT (SELECT min(id) FROM frames), (SELECT max(id) FROM frames)").fetchone())
     if lo is None:
         return 0
     while lo < hi:

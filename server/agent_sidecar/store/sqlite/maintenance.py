@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import apsw
 
-from . import rows
+from ..statements import one
 from .connection import BUSY_TIMEOUT_MS
 from .messages import SqliteMessages
 from .schema import FTS_SCHEMA, migrate
@@ -86,7 +86,7 @@ class SqliteMaintenance:
         return True, "ok"
 
     def message_count(self) -> int:
-        return rows.one(self.conn.execute("SELECT count(*) FROM messages").fetchone())[0]
+        return one(self.conn.execute("SELECT count(*) FROM messages").fetchone())[0]
 
     def rebuild_fts(self, advance: Callable[[int], None] | None = None) -> int:
         """Drop and rebuild the derived index in batches (``advance(n)`` after
@@ -115,7 +115,7 @@ class SqliteMaintenance:
 
     def summary(self) -> dict[str, int]:
         def count(table):
-            return rows.one(self.conn.execute(f"SELECT count(*) FROM {table}").fetchone())[0]
+            return one(self.conn.execute(f"SELECT count(*) FROM {table}").fetchone())[0]
         out = {t: count(t) for t in ("routing", "incarnations", "messages", "frames", "prompts",
                                      "prompt_queue")}
         out["db_bytes"] = os.path.getsize(self.path)

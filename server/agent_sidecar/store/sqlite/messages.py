@@ -23,6 +23,7 @@ from typing import Any
 import apsw
 
 from ..records import Append, Message
+from ..statements import one
 from ..unit_of_work import unknown_session
 from . import rows
 
@@ -129,4 +130,4 @@ class SqliteMessages:
         self.index_pending()
         for sid in session_ids:
             self.conn.execute("DELETE FROM messages WHERE session_id = ?", (sid,))
-        self.set_index_mark(rows.one(self.conn.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone())[0])
+        self.set_index_mark(one(self.conn.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone())[0])

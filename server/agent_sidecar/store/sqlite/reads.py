@@ -13,12 +13,13 @@ import apsw
 
 from ...errors import invalid
 from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry
+from ..statements import ENTRY_SELECT, entries_page, one
 from . import frame_keys, rows
 from .messages import FTS_MARK
 
 
 def entry(conn: apsw.Connection, key: str) -> SessionEntry | None:
-    row = conn.execute(rows.ENTRY_SELECT + " WHERE r.session_key = ?", (key,)).fetchone()
+    row = conn.execute(ENTRY_SELECT + " WHERE r.session_key = ?", (key,)).fetchone()
     return rows.entry(row) if row else None
 
 
@@ -30,19 +31,7 @@ def session_key_of(conn: apsw.Connection, session_id: str) -> str | None:
 
 def list_entries(conn: apsw.Connection, platform: str, active_since: float | None,
                  after: tuple[float, str] | None, limit: int) -> list[SessionEntry]:
-    sql = rows.ENTRY_SELECT + " WHERE 1"
-    params: list[str | float] = []
-    if platform:
-        sql += " AND r.platform = ?"
-        params.append(platform)
-    if active_since is not None:
-        sql += " AND r.updated_at >= ?"
-        params.append(active_since)
-    if after is not None:
-        sql += " AND (r.updated_at < ? OR (r.updated_at = ? AND r.session_key > ?))"
-        params += [after[0], after[0], after[1]]
-    sql += " ORDER BY r.updated_at DESC, r.session_key LIMIT ?"
-    params.append(limit)
+    sql, params = entries_page("?", platform, active_since, after, limit)
     return [rows.entry(r) for r in conn.execute(sql, params)]
 
 
@@ -135,5 +124,5 @@ def frames_after(conn: apsw.Connection, cursor: int, session_key: str, platform:
 
 def fts_backlog(conn: apsw.Connection) -> int:
     """Messages past the full-text index's mark (what the next indexing takes)."""
-    return rows.one(conn.execute("SELECT count(*) FROM messages WHERE id > coalesce("
+    return one(conn.execute("SELECT count(*) FROM messages WHERE id > coalesce("
                                  "(SELECT value FROM meta WHERE key = ?), 0)", (FTS_MARK,)).fetchone())[0]

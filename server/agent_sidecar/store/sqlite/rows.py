@@ -19,22 +19,6 @@ _BOOLS = frozenset({"was_auto_reset", "reset_had_activity", "is_fresh_reset", "e
                     "suspended", "resume_pending", "running"})
 _ORIGIN = ROUTING_FIELDS.index("origin")
 
-# An entry: the routing columns plus the incarnation's turn count.
-ENTRY_SELECT = (
-    "SELECT " + ", ".join("r." + c for c in ROUTING_FIELDS)
-    + ", COALESCE(i.turn_count, 0) FROM routing r"
-    " LEFT JOIN incarnations i ON i.session_id = r.session_id"
-)
-
-
-def one(row: Any) -> Any:
-    """The row of a query that always yields one (an aggregate, or the RETURNING of the
-    row just written): no row there is a broken query, not an empty result."""
-    if row is None:
-        raise LookupError("a single-row query returned no row")
-    return row
-
-
 def entry(row: tuple) -> SessionEntry:
     values = dict(zip(ROUTING_FIELDS, row))
     values["turn_count"] = row[len(ROUTING_FIELDS)]

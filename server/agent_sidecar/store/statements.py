@@ -1,0 +1,81 @@
+"""SQL the two backends (store/sqlite/, store/postgres/) write alike: the
+statements whose text differs between them only in the parameter mark (``?``
+or ``%s``) are built here once, with the backend's mark, so that the backends
+cannot drift apart where callers rely on them answering alike: a ListSessions
+page ends, and the next one begins, at the same row on either.
+
+Each backend converts values its own way (``column_value``: JSON and booleans
+as its driver wants them); what is built here is text and the order of its
+parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .records import ROUTING_FIELDS
+
+# An entry: the routing columns plus the incarnation's turn count.
+ENTRY_SELECT = (
+    "SELECT " + ", ".join("r." + c for c in ROUTING_FIELDS)
+    + ", COALESCE(i.turn_count, 0) FROM routing r"
+    " LEFT JOIN incarnations i ON i.session_id = r.session_id"
+)
+
+
+def one(row: Any) -> Any:
+    """The row of a query that always yields one (an aggregate, or the RETURNING of the
+    row just written): no row there is a broken query, not an empty result."""
+    if row is None:
+        raise LookupError("a single-row query returned no row")
+    return row
+
+
+def entries_page(mark: str, platform: str, active_since: float | None,
+                 after: tuple[float, str] | None, limit: int) -> tuple[str, list[str | float]]:
+    """ListSessions' page: entries newest first (``updated_at``, then the
+    key), those of ``platform`` only when it is given, active since
+    ``active_since``, after the bookmark ``after`` (the last entry's
+    ``(updated_at, session_key)``). Returns the statement and its parameters."""
+    where: list[str] = []
+    params: list[str | float] = []
+    if platform:
+        where.append(f"r.platform = {mark}")
+        params.append(platform)
+    if active_since is not None:
+        where.append(f"r.updated_at >= {mark}")
+        params.append(active_since)
+    if after is not None:
+        where.append(f"(r.updated_at < {mark} OR (r.updated_at = {mark} AND r.session_key > {mark}))")
+        params += [after[0], after[0], after[1]]
+    sql = ENTRY_SELECT + (" WHERE " + " AND ".join(where) if where else "")
+    params.append(limit)
+    return sql + f" ORDER BY r.updated_at DESC, r.session_key LIMIT {mark}", params
+
+
+class RoutingPatches:
+    """The UPDATE of one routing row for a ``RoutingPatch``: its ``plain``
+    columns set, its ``guarded`` ones (``if_current``) only while the row
+    still names the session the caller read. One statement text per shape
+    of patch (which columns, plain or guarded), built once and kept."""
+
+    def __init__(self, mark: str, column_value: Callable[[str, Any], Any]):
+        self.mark, self.column_value = mark, column_value
+        self._texts: dict[tuple, str] = {}
+
+    def statement(self, key: str, plain: Mapping[str, Any], guarded: Mapping[str, Any],
+                  session_id: str | None) -> tuple[str, list[Any]]:
+        shape = (tuple(plain), tuple(guarded))
+        sql = self._texts.get(shape)
+        if sql is None:
+            m = self.mark
+            sets = [f"{c} = {m}" for c in plain]
+            sets += [f"{c} = CASE WHEN session_id = {m} THEN {m} ELSE {c} END" for c in guarded]
+            sql = self._texts[shape] = f"UPDATE routing SET {', '.join(sets)} WHERE session_key = {m}"
+        value = self.column_value
+        params: list[Any] = [value(c, v) for c, v in plain.items()]
+        for c, v in guarded.items():
+            params += [session_id, value(c, v)]
+        params.append(key)
+        return sql, params
