@@ -119,14 +119,17 @@ bench: install
 # The standard sweep (agent-sidecar bench --compare-bare) against a fresh sidecar on
 # the echo model at 20 ms per token: benchmarks/results/bench-report.{png,json}.
 # A few minutes; smaller: make bench-report SWEEP=2,4 DURATION=3 WORDS=20; COALESCE=0 for
-# one text_delta frame per model delta (default: the sidecar's [stream] coalesce_ms).
+# one text_delta frame per model delta (default: the sidecar's [stream] coalesce_ms);
+# FIRST_DELTA_SLO=100 for a knee that also keeps the first delta's p99 within 100 ms.
 SWEEP ?= 25,50,100,200,400,800
 DURATION ?= 20
 WORDS ?= 200
 COALESCE ?=
+FIRST_DELTA_SLO ?=
 bench-report: install
 	$(BIN)/python benchmarks/stream_bench.py --sweep $(SWEEP) --duration $(DURATION) \
 		--prompt-words $(WORDS) $(if $(COALESCE),--coalesce-ms $(COALESCE)) \
+		$(if $(FIRST_DELTA_SLO),--first-delta-slo $(FIRST_DELTA_SLO)) \
 		--out benchmarks/results --name bench-report$(if $(COALESCE),-coalesce-$(COALESCE))
 
 clean:

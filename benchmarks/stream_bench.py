@@ -57,6 +57,8 @@ def bench_args(args, target: str, out: Path | None) -> list[str]:
            "--ideal", str(args.prompt_words * args.token_latency_ms / 1000)]
     if args.warmup is not None:
         cmd += ["--warmup", args.warmup]
+    if args.first_delta_slo is not None:
+        cmd += ["--first-delta-slo", str(args.first_delta_slo)]
     if out is not None:
         cmd += ["--json", str(out / f"{args.name}.json"), "--plot", str(out / f"{args.name}.png")]
     return cmd
@@ -71,6 +73,8 @@ def main() -> int:
     ap.add_argument("--token-latency-ms", type=float, default=20.0, help="echo's delay per token (default 20)")
     ap.add_argument("--warmup", default=None, help="passed to the bench (default auto)")
     ap.add_argument("--slo", default="10%", help="the knee's bound over the ideal turn (default 10%%)")
+    ap.add_argument("--first-delta-slo", type=float, default=None, metavar="MS",
+                    help="the knee's bound on the first delta's p99, in ms (default: none)")
     ap.add_argument("--calibrate", type=int, default=3, help="calibration turns (default 3)")
     ap.add_argument("--workers", type=int, default=None, help="sidecar workers (default: its own, CPU count)")
     ap.add_argument("--coalesce-ms", type=float, default=None,

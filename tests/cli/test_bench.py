@@ -84,7 +84,8 @@ def store_counts(sc: Sidecar, keys: list[str]) -> tuple[int, int]:
 def test_sweep_with_bare_writes_json_and_png_that_match_the_store(sc, tmp_path):
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     r = bench("--target", sc.target, "--sweep", "1,2", "--duration", "1.5", "--prompt-words", str(WORDS),
-              "--calibrate", "2", "--compare-bare", "--json", str(out), "--plot", str(png))
+              "--calibrate", "2", "--compare-bare", "--first-delta-slo", "60000", "--json", str(out),
+              "--plot", str(png))
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
 
@@ -108,6 +109,8 @@ def test_sweep_with_bare_writes_json_and_png_that_match_the_store(sc, tmp_path):
             assert names == ["bare"]
     assert doc["local"] and doc["sidecar_pid"] == sc.proc.pid
     assert doc["slo"]["ideal_s"] > 0 and doc["slo"]["limit_s"] == pytest.approx(1.1 * doc["slo"]["ideal_s"])
+    assert doc["slo"]["first_delta_ms"] == 60000 and all(p["first_delta_ok"] for p in doc["points"])
+    assert "first delta p99 <= 60000 ms with no errors" in r.stdout
     assert set(doc["knee"]) >= {"sidecar", "bare", "ratio"}
     for server in ("sidecar", "bare"):  # how soon text starts at the knee, beside it
         knee = doc["knee"][server]
@@ -133,7 +136,27 @@ def test_sweep_with_bare_writes_json_and_png_that_match_the_store(sc, tmp_path):
     assert all(float(row[1]) > 0 for row in ratio_rows), r.stdout  # turns/s, sidecar over bare
     assert all(x["turns_per_s"] > 0 and x["cpu_per_word"] == x["cpu_per_delta"] > 0 for x in doc["ratios"])
     assert png_size(png) == SIZE_PX
+    check_first_delta_bound(json.loads(out.read_text()))
     check_client_bound_warning(doc)
+
+
+def check_first_delta_bound(doc: dict) -> None:
+    """With a bound on the first delta, a point whose turns are on time but
+    whose text starts late misses the SLO, and the knee stops below it."""
+    doc["options"]["first_delta_slo_ms"] = 100.0
+    for p in doc["points"]:  # every turn on time, all text starting at once ...
+        p["turn_ms"]["p99"] = 1e3 * doc["slo"]["limit_s"] / 2
+        p["first_delta_ms"]["p99"] = 10.0
+    late = doc["points"][2]  # ... but the sidecar's at 2, 150 ms after its prompt
+    assert (late["server"], late["concurrency"]) == ("sidecar", 2)
+    late["first_delta_ms"]["p99"] = 150.0
+    out = text.render(report.analyse(doc))
+    assert [p["within_slo"] for p in doc["points"]] == [True, True, False, True]
+    assert (late["first_delta_ok"], late["p99_over_ideal"]) == (False, pytest.approx(1.1 / 2))
+    k = doc["knee"]["sidecar"]
+    assert (k["concurrency"], k["first_failing"], k["interpolated"]) == (1, 2, None)  # not the turn's p99: no estimate
+    assert doc["knee"]["bare"]["beyond_sweep"] is True
+    assert "first delta p99 <= 100 ms" in out.split("knee (", 1)[1].splitlines()[0], out
 
 
 def check_client_bound_warning(doc: dict) -> None:
@@ -216,15 +239,16 @@ def test_tls_target(tmp_path):
 
 def test_knee_rules():
     limit = 4.4
-    k = stats.knee([(100, 4.6, 0), (25, 4.0, 0), (50, 4.2, 0)], limit)
+    k = stats.knee([(100, 4.6, True), (25, 4.0, True), (50, 4.2, True)], limit)
     assert {"concurrency": 50, "first_failing": 100, "beyond_sweep": False,
             "non_monotone": False}.items() <= k.items()
     assert k["interpolated"] == pytest.approx(75)  # 4.2 -> 4.6 between 50 and 100 crosses 4.4 halfway
-    # an error fails a point whatever its latency; a later pass does not raise the knee
-    k = stats.knee([(25, 4.0, 0), (50, 4.1, 3), (100, 4.2, 0)], limit)
+    # a point that is not clean (errors, a late first delta) fails whatever its turns' p99;
+    # a later pass does not raise the knee
+    k = stats.knee([(25, 4.0, True), (50, 4.1, False), (100, 4.2, True)], limit)
     assert (k["concurrency"], k["interpolated"], k["non_monotone"]) == (25, None, True)
-    assert stats.knee([(25, 4.0, 0), (50, 4.1, 0)], limit)["beyond_sweep"] is True
-    assert stats.knee([(25, 5.0, 0), (50, 6.0, 0)], limit)["concurrency"] is None
+    assert stats.knee([(25, 4.0, True), (50, 4.1, True)], limit)["beyond_sweep"] is True
+    assert stats.knee([(25, 5.0, True), (50, 6.0, True)], limit)["concurrency"] is None
     assert stats.parse_slo("10%") == pytest.approx(0.1) and stats.parse_slo("0.25") == 0.25
     with pytest.raises(ValueError):
         stats.parse_slo("ten")

@@ -71,7 +71,9 @@ def _sweep_title(doc: dict, levels: list[int]) -> str:
     knees, slo = doc.get("knee") or {}, doc["slo"]
     title = f"agent-sidecar bench: sweep of {len(levels)} concurrency levels"
     if knees.get("sidecar"):
-        title += (f" · knee (p99 turn within +{100 * slo['bound']:g}% of ideal): "
+        first = slo.get("first_delta_ms")
+        title += (f" · knee (p99 turn within +{100 * slo['bound']:g}% of ideal"
+                  + (f", first delta p99 <= {first:g} ms" if first is not None else "") + "): "
                   f"sidecar {_knee_label(knees['sidecar'])}")
         if knees.get("bare"):
             title += f", bare {_knee_label(knees['bare'])}"

@@ -106,25 +106,34 @@ def _totals(doc: dict) -> dict:
 
 
 def analyse(doc: dict) -> dict:
-    """Add ``slo``, each point's ``p99_over_ideal`` / ``within_slo`` /
-    ``client_bound`` (stats.client_bound), ``knee`` (sweeps; its
-    ``client_bound`` says the first failing point was), ``ratios`` (with the
-    bare server) and ``totals``."""
+    """Add ``slo``, each point's ``p99_over_ideal`` / ``first_delta_ok`` /
+    ``within_slo`` / ``client_bound`` (stats.client_bound), ``knee`` (sweeps;
+    its ``client_bound`` says the first failing point was), ``ratios`` (with
+    the bare server) and ``totals``.
+
+    The SLO is the p99 turn within ``slo`` of the ideal, no errors and, when
+    ``first_delta_slo_ms`` was given, the first delta's p99 within it: how
+    soon a chat shows text, which a knee set by the turn alone can hide."""
     ideal, source = _ideal(doc)
     bound = doc["options"]["slo"]
+    first_bound = doc["options"].get("first_delta_slo_ms")  # (absent from documents before the option)
     limit = ideal * (1 + bound) if ideal else None
-    doc["slo"] = {"bound": bound, "ideal_s": ideal, "ideal_source": source, "limit_s": limit}
+    doc["slo"] = {"bound": bound, "ideal_s": ideal, "ideal_source": source, "limit_s": limit,
+                  "first_delta_ms": first_bound}
     for p in doc["points"]:
-        p99 = p["turn_ms"]["p99"]
+        p99, first = p["turn_ms"]["p99"], p["first_delta_ms"]["p99"]
         p["p99_over_ideal"] = (p99 / 1e3 / ideal) if p99 is not None and ideal else None
-        p["within_slo"] = bool(limit and p99 is not None and p["error_count"] == 0 and p99 / 1e3 <= limit)
+        p["first_delta_ok"] = first_bound is None or (first is not None and first <= first_bound)
+        p["within_slo"] = bool(limit and p99 is not None and p["error_count"] == 0 and p99 / 1e3 <= limit
+                               and p["first_delta_ok"])
         p["client_bound"] = stats.client_bound(p.get("procs"))
     doc["knee"] = None
     if doc["options"]["sweep"] and limit:
         knees: dict[str, Any] = {}
         for server in ("sidecar", "bare"):
             mine = [(p["concurrency"], None if p["turn_ms"]["p99"] is None else p["turn_ms"]["p99"] / 1e3,
-                     p["error_count"]) for p in doc["points"] if p["server"] == server]
+                     p["error_count"] == 0 and p["first_delta_ok"])
+                    for p in doc["points"] if p["server"] == server]
             if mine:
                 knees[server] = k = stats.knee(mine, limit)
                 # A knee set by a point the client could not drive is the client's.

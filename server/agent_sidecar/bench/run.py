@@ -79,6 +79,7 @@ class BenchOptions:
     bare_first_delay_ms: float = 0.0
     ideal_s: float | None = None
     slo: float = 0.10
+    first_delta_slo_ms: float | None = None  # the SLO's bound on the first delta's p99 (None: none)
     calibrate: int = 3
     pid: int | None = None
     turn_timeout_s: float = 300.0

@@ -64,33 +64,35 @@ def client_bound(procs: dict | None) -> bool | None:
     return procs["bench_cpu_s"] / procs["wall_s"] >= CLIENT_BOUND_SHARE
 
 
-def knee(points: Sequence[tuple[int, float | None, int]], limit_s: float) -> dict:
+def knee(points: Sequence[tuple[int, float | None, bool]], limit_s: float) -> dict:
     """The largest concurrency of a sweep whose p99 turn duration stays within
-    ``limit_s`` with no errors, every lower point passing too.
+    ``limit_s`` and that met the rest of the SLO, every lower point passing too.
 
-    ``points`` are ``(concurrency, p99 seconds, errors)``. The search stops at
-    the first failing point, so a noisy pass above a failure does not raise
-    the knee (``non_monotone`` says it happened). ``interpolated`` estimates
-    where p99 crosses the limit, linearly between the last passing and the
-    first failing point (None when either is missing or the failure is an
-    error rather than latency); ``beyond_sweep`` means every point passed, so
+    ``points`` are ``(concurrency, p99 seconds, clean)``: ``clean`` when the
+    point had no errors and met the SLO's other bound (the first delta's p99,
+    when one was given). The search stops at the first failing point, so a
+    noisy pass above a failure does not raise the knee (``non_monotone`` says
+    it happened). ``interpolated`` estimates where p99 crosses the limit,
+    linearly between the last passing and the first failing point (None when
+    either is missing or the failing point was not clean: then it is not the
+    turn's p99 that failed it); ``beyond_sweep`` means every point passed, so
     the knee is at least the largest concurrency measured.
     """
     ordered = sorted(points, key=lambda p: p[0])
     last_ok: tuple[int, float] | None = None
-    first_bad: tuple[int, float | None, int] | None = None
+    first_bad: tuple[int, float | None, bool] | None = None
     non_monotone = False
-    for conc, p99, errors in ordered:
-        ok = errors == 0 and p99 is not None and p99 <= limit_s
+    for conc, p99, clean in ordered:
+        ok = clean and p99 is not None and p99 <= limit_s
         if first_bad is None:
             if ok and p99 is not None:
                 last_ok = (conc, p99)
             else:
-                first_bad = (conc, p99, errors)
+                first_bad = (conc, p99, clean)
         elif ok:
             non_monotone = True
     interpolated = None
-    if last_ok and first_bad and first_bad[2] == 0 and first_bad[1] is not None and first_bad[1] > last_ok[1]:
+    if last_ok and first_bad and first_bad[2] and first_bad[1] is not None and first_bad[1] > last_ok[1]:
         (c0, p0), c1, p1 = last_ok, first_bad[0], first_bad[1]
         interpolated = c0 + (limit_s - p0) * (c1 - c0) / (p1 - p0)
     return {"concurrency": last_ok[0] if last_ok else None,

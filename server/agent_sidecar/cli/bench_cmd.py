@@ -101,6 +101,9 @@ def add_arguments(sub) -> argparse.ArgumentParser:
     ld.add_argument("--seed", type=int, default=1)
     m = b.add_argument_group("measure and compare")
     m.add_argument("--slo", default="10%", help="allowed p99 turn excess over the ideal (default 10%%)")
+    m.add_argument("--first-delta-slo", type=_positive(float), default=None, metavar="MS",
+                   help="also bound the p99 time to the first text delta, in ms (how soon a chat shows "
+                        "text): a point, and so the knee, must meet both")
     m.add_argument("--ideal", type=_positive(float), default=None,
                    help="the ideal turn in seconds (default: the median calibration turn)")
     m.add_argument("--calibrate", type=int, default=3,
@@ -149,6 +152,7 @@ def options_from(args):
         warmup_s=args.warmup, ramp_s=args.ramp, delivery=args.delivery, tools=args.tools,
         compare_bare=args.compare_bare, bare_latency_ms=args.bare_latency_ms,
         bare_first_delay_ms=args.bare_first_delay_ms, ideal_s=args.ideal, slo=parse_slo(args.slo),
+        first_delta_slo_ms=args.first_delta_slo,
         calibrate=args.calibrate, pid=args.pid, turn_timeout_s=args.turn_timeout, seed=args.seed)
 
 
