@@ -108,6 +108,9 @@ def _sweep(doc: dict, levels: list[int]):
         lat.axhline(slo["limit_s"], color="red", linewidth=1, linestyle="--",
                     label=f"SLO +{100 * slo['bound']:g}%")
         lows.append(slo["ideal_s"])
+    if slo.get("first_delta_ms") is not None:  # --first-delta-slo: the bound the p99 lines must stay under
+        first.axhline(slo["first_delta_ms"], color="red", linewidth=1, linestyle="--",
+                      label=f"SLO {slo['first_delta_ms']:g} ms (p99)")
     for ax, ylabel, title in ((tput, "turns / s", "Throughput"),
                               (lat, "turn duration (s)", "Turn duration (shaded: within the SLO)"),
                               (first, "time to first delta (ms)", "First text delta")):
