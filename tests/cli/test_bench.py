@@ -157,6 +157,10 @@ def check_first_delta_bound(doc: dict) -> None:
     assert (k["concurrency"], k["first_failing"], k["interpolated"]) == (1, 2, None)  # not the turn's p99: no estimate
     assert doc["knee"]["bare"]["beyond_sweep"] is True
     assert "first delta p99 <= 100 ms" in out.split("knee (", 1)[1].splitlines()[0], out
+    doc["options"]["sweep"] = False  # read as single points, the late one says why it missed
+    verdicts = text.headline(report.analyse(doc))
+    assert "sidecar c=2: p99 turn 0.55x ideal, first delta p99 150 ms, NOT within the SLO" in verdicts, verdicts
+    assert "sidecar c=1: p99 turn 0.55x ideal, within the SLO" in verdicts, verdicts
 
 
 def check_client_bound_warning(doc: dict) -> None:

@@ -163,8 +163,9 @@ def headline(doc: dict) -> str:
     parts = []
     for p in doc["points"]:
         verdict = "within" if p["within_slo"] else "NOT within"
+        late = "" if p.get("first_delta_ok", True) else f", first delta p99 {fmt(p['first_delta_ms']['p99'])} ms"
         if p["p99_over_ideal"] is not None:
-            parts.append(f"{p['server']} c={p['concurrency']}: p99 turn {p['p99_over_ideal']:.2f}x ideal, "
+            parts.append(f"{p['server']} c={p['concurrency']}: p99 turn {p['p99_over_ideal']:.2f}x ideal{late}, "
                          f"{verdict} the SLO")
     for r in doc["ratios"]:
         if r["turns_per_s"] is not None:
