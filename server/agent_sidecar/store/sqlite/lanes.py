@@ -144,7 +144,7 @@ class SqliteRestarts:
                           " ON CONFLICT (session_key) DO UPDATE SET count = count + 1, updated_at = ?",
                           (key, at, at))
         return one(self.conn.execute("SELECT count FROM restart_counts WHERE session_key = ?",
-                                         (key,)).fetchone())[0]
+                                     (key,)).fetchone())[0]
 
     def reset(self, key: str) -> None:
         self.conn.execute("DELETE FROM restart_counts WHERE session_key = ?", (key,))

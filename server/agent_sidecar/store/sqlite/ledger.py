@@ -153,7 +153,7 @@ class SqliteFrames:
         if not cutoff:
             return 0
         last = one(self.conn.execute("SELECT max(id), count(*) FROM (SELECT id FROM frames WHERE id < ?"
-                                          " ORDER BY id LIMIT ?)", (cutoff, limit)).fetchone())
+                                     " ORDER BY id LIMIT ?)", (cutoff, limit)).fetchone())
         if not last[1]:
             return 0
         frame_keys.delete_through(self.conn, last[0])

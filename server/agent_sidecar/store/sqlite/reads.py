@@ -125,4 +125,4 @@ def frames_after(conn: apsw.Connection, cursor: int, session_key: str, platform:
 def fts_backlog(conn: apsw.Connection) -> int:
     """Messages past the full-text index's mark (what the next indexing takes)."""
     return one(conn.execute("SELECT count(*) FROM messages WHERE id > coalesce("
-                                 "(SELECT value FROM meta WHERE key = ?), 0)", (FTS_MARK,)).fetchone())[0]
+                            "(SELECT value FROM meta WHERE key = ?), 0)", (FTS_MARK,)).fetchone())[0]
