@@ -157,10 +157,15 @@ def check_first_delta_bound(doc: dict) -> None:
     assert (k["concurrency"], k["first_failing"], k["interpolated"]) == (1, 2, None)  # not the turn's p99: no estimate
     assert doc["knee"]["bare"]["beyond_sweep"] is True
     assert "first delta p99 <= 100 ms" in out.split("knee (", 1)[1].splitlines()[0], out
+    # beside it, the knee the turns alone set: every point's turns were on time
+    assert doc["knee_by_turn"]["sidecar"]["beyond_sweep"] is True and doc["knee_by_turn"]["sidecar"]["concurrency"] == 2
+    assert "by the turn alone (the first delta not bounded): sidecar >= 2" in out, out
     doc["options"]["sweep"] = False  # read as single points, the late one says why it missed
     verdicts = text.headline(report.analyse(doc))
     assert "sidecar c=2: p99 turn 0.55x ideal, first delta p99 150 ms, NOT within the SLO" in verdicts, verdicts
     assert "sidecar c=1: p99 turn 0.55x ideal, within the SLO" in verdicts, verdicts
+    doc["options"].update(sweep=True, first_delta_slo_ms=None)  # no bound: one knee, the turns'
+    assert report.analyse(doc)["knee_by_turn"] is None and doc["knee"]["sidecar"]["beyond_sweep"] is True
 
 
 def check_client_bound_warning(doc: dict) -> None:

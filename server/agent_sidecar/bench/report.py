@@ -108,8 +108,9 @@ def _totals(doc: dict) -> dict:
 def analyse(doc: dict) -> dict:
     """Add ``slo``, each point's ``p99_over_ideal`` / ``first_delta_ok`` /
     ``within_slo`` / ``client_bound`` (stats.client_bound), ``knee`` (sweeps;
-    its ``client_bound`` says the first failing point was), ``ratios`` (with
-    the bare server) and ``totals``.
+    its ``client_bound`` says the first failing point was), ``knee_by_turn``
+    (with a first-delta bound: the knee the turns alone set), ``ratios``
+    (with the bare server) and ``totals``.
 
     The SLO is the p99 turn within ``slo`` of the ideal, no errors and, when
     ``first_delta_slo_ms`` was given, the first delta's p99 within it: how
@@ -127,32 +128,40 @@ def analyse(doc: dict) -> dict:
         p["within_slo"] = bool(limit and p99 is not None and p["error_count"] == 0 and p99 / 1e3 <= limit
                                and p["first_delta_ok"])
         p["client_bound"] = stats.client_bound(p.get("procs"))
-    doc["knee"] = None
+    doc["knee"] = doc["knee_by_turn"] = None
     if doc["options"]["sweep"] and limit:
-        knees: dict[str, Any] = {}
-        for server in ("sidecar", "bare"):
-            mine = [(p["concurrency"], None if p["turn_ms"]["p99"] is None else p["turn_ms"]["p99"] / 1e3,
-                     p["error_count"] == 0 and p["first_delta_ok"])
-                    for p in doc["points"] if p["server"] == server]
-            if mine:
-                knees[server] = k = stats.knee(mine, limit)
-                # A knee set by a point the client could not drive is the client's.
-                k["client_bound"] = any(p["client_bound"] for p in doc["points"]
-                                        if p["server"] == server and p["concurrency"] == k["first_failing"])
-                # How soon text starts there: a knee whose first delta lags is not one a chat can use.
-                k["first_delta_p99_ms"] = next((p["first_delta_ms"]["p99"] for p in doc["points"]
-                                                if p["server"] == server and p["concurrency"] == k["concurrency"]),
-                                               None)
-        if "bare" in knees:
-            s, b = knees["sidecar"], knees["bare"]
-            # A knee beyond the sweep is only a lower bound: no ratio from it.
-            exact = not (s["beyond_sweep"] or b["beyond_sweep"])
-            knees["ratio"] = _ratio(s["concurrency"], b["concurrency"]) if exact else None
-            knees["ratio_interpolated"] = _ratio(s["interpolated"], b["interpolated"]) if exact else None
-        doc["knee"] = knees
+        doc["knee"] = _knees(doc["points"], limit, with_first_delta=True)
+        if first_bound is not None:  # beside it, where the turns alone would have put it
+            doc["knee_by_turn"] = _knees(doc["points"], limit, with_first_delta=False)
     doc["ratios"] = _ratios(doc["points"])
     doc["totals"] = _totals(doc)
     return doc
+
+
+def _knees(points: list[dict], limit: float, with_first_delta: bool) -> dict[str, Any]:
+    """Each server's knee (stats.knee) and the sidecar/bare ratio. A point
+    is clean with no errors and, ``with_first_delta``, its first delta
+    within the SLO's bound."""
+    knees: dict[str, Any] = {}
+    for server in ("sidecar", "bare"):
+        mine = [p for p in points if p["server"] == server]
+        if not mine:
+            continue
+        knees[server] = k = stats.knee(
+            [(p["concurrency"], None if p["turn_ms"]["p99"] is None else p["turn_ms"]["p99"] / 1e3,
+              p["error_count"] == 0 and (p["first_delta_ok"] or not with_first_delta)) for p in mine], limit)
+        # A knee set by a point the client could not drive is the client's.
+        k["client_bound"] = any(p["client_bound"] for p in mine if p["concurrency"] == k["first_failing"])
+        # How soon text starts there: a knee whose first delta lags is not one a chat can use.
+        k["first_delta_p99_ms"] = next((p["first_delta_ms"]["p99"] for p in mine
+                                        if p["concurrency"] == k["concurrency"]), None)
+    if "bare" in knees:
+        s, b = knees["sidecar"], knees["bare"]
+        # A knee beyond the sweep is only a lower bound: no ratio from it.
+        exact = not (s["beyond_sweep"] or b["beyond_sweep"])
+        knees["ratio"] = _ratio(s["concurrency"], b["concurrency"]) if exact else None
+        knees["ratio_interpolated"] = _ratio(s["interpolated"], b["interpolated"]) if exact else None
+    return knees
 
 
 # -- text ---------------------------------------------------------------------------------

@@ -135,6 +135,17 @@ def _knee_text(k: dict | None, lowest: int) -> str:
     return f"{k['concurrency']}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
+def _knees_text(k: dict, lowest: int) -> str:
+    line = f"sidecar {_knee_text(k.get('sidecar'), lowest)}"
+    if "bare" in k:
+        line += f" · bare {_knee_text(k['bare'], lowest)}"
+        if k["ratio"] is not None:
+            line += f" · sidecar/bare {k['ratio']:.2f}x"
+            if k["ratio_interpolated"] is not None:
+                line += f" ({k['ratio_interpolated']:.2f}x interpolated)"
+    return line
+
+
 def client_bound_line(doc: dict) -> str | None:
     """A warning naming the points the bench's own client paced."""
     bound = [f"{p['server']} c={p['concurrency']}" for p in doc["points"] if p.get("client_bound")]
@@ -151,14 +162,9 @@ def headline(doc: dict) -> str:
         k = doc["knee"]
         lowest = min(p["concurrency"] for p in doc["points"])
         line = (f"knee (largest concurrency with p99 turn <= {slo['limit_s']:.3f} s{_first_bound(slo, ',')}, "
-                f"no errors): "
-                f"sidecar {_knee_text(k.get('sidecar'), lowest)}")
-        if "bare" in k:
-            line += f" · bare {_knee_text(k['bare'], lowest)}"
-            if k["ratio"] is not None:
-                line += f" · sidecar/bare {k['ratio']:.2f}x"
-                if k["ratio_interpolated"] is not None:
-                    line += f" ({k['ratio_interpolated']:.2f}x interpolated)"
+                f"no errors): " + _knees_text(k, lowest))
+        if doc.get("knee_by_turn"):
+            line += "\nby the turn alone (the first delta not bounded): " + _knees_text(doc["knee_by_turn"], lowest)
         return line
     parts = []
     for p in doc["points"]:
