@@ -8,6 +8,8 @@ test can rely on its size.
 
 from __future__ import annotations
 
+from .text import first_bound
+
 SIZE_PX = (1500, 500)
 DPI = 100
 COLORS = {"sidecar": "tab:blue", "bare": "tab:orange"}
@@ -71,9 +73,7 @@ def _sweep_title(doc: dict, levels: list[int]) -> str:
     knees, slo = doc.get("knee") or {}, doc["slo"]
     title = f"agent-sidecar bench: sweep of {len(levels)} concurrency levels"
     if knees.get("sidecar"):
-        first = slo.get("first_delta_ms")
-        title += (f" · knee (p99 turn within +{100 * slo['bound']:g}% of ideal"
-                  + (f", first delta p99 <= {first:g} ms" if first is not None else "") + "): "
+        title += (f" · knee (p99 turn within +{100 * slo['bound']:g}% of ideal{first_bound(slo, ',')}): "
                   f"sidecar {_knee_label(knees['sidecar'])}")
         if knees.get("bare"):
             title += f", bare {_knee_label(knees['bare'])}"

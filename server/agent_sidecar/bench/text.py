@@ -35,7 +35,7 @@ def header(doc: dict) -> list[str]:
     slo = doc["slo"]
     if slo["ideal_s"]:
         lines.append(f"ideal turn {slo['ideal_s']:.3f} s ({slo['ideal_source']}) · SLO: p99 turn <= "
-                     f"{slo['limit_s']:.3f} s (+{100 * slo['bound']:g}%){_first_bound(slo)} with no errors")
+                     f"{slo['limit_s']:.3f} s (+{100 * slo['bound']:g}%){first_bound(slo)} with no errors")
     if doc.get("bare"):
         b = doc["bare"]
         reply = ("echo of the prompt" if not b["reply_deltas"]
@@ -110,8 +110,8 @@ def ratio_table(doc: dict) -> str | None:
                  title="sidecar / bare (same load and timing, this run): ratios (x) and added latency (+ms)")
 
 
-def _first_bound(slo: dict, sep: str = " and") -> str:
-    """The SLO's bound on the first delta, as the header and headline add it ("" without one)."""
+def first_bound(slo: dict, sep: str = " and") -> str:
+    """The SLO's bound on the first delta, as the header, the headline and the plot's title add it ("" without one)."""
     bound = slo.get("first_delta_ms")
     return f"{sep} first delta p99 <= {bound:g} ms" if bound is not None else ""
 
@@ -161,7 +161,7 @@ def headline(doc: dict) -> str:
     if doc.get("knee"):
         k = doc["knee"]
         lowest = min(p["concurrency"] for p in doc["points"])
-        line = (f"knee (largest concurrency with p99 turn <= {slo['limit_s']:.3f} s{_first_bound(slo, ',')}, "
+        line = (f"knee (largest concurrency with p99 turn <= {slo['limit_s']:.3f} s{first_bound(slo, ',')}, "
                 f"no errors): " + _knees_text(k, lowest))
         if doc.get("knee_by_turn"):
             line += "\nby the turn alone (the first delta not bounded): " + _knees_text(doc["knee_by_turn"], lowest)
