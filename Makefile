@@ -120,16 +120,18 @@ bench: install
 # the echo model at 20 ms per token: benchmarks/results/bench-report.{png,json}.
 # A few minutes; smaller: make bench-report SWEEP=2,4 DURATION=3 WORDS=20; COALESCE=0 for
 # one text_delta frame per model delta (default: the sidecar's [stream] coalesce_ms);
-# FIRST_DELTA_SLO=100 for a knee that also keeps the first delta's p99 within 100 ms.
+# FIRST_DELTA_SLO=100 for a knee that also keeps the first delta's p99 within 100 ms;
+# CLIENTS=2 to drive the load from two bench client processes.
 SWEEP ?= 25,50,100,200,400,800
 DURATION ?= 20
 WORDS ?= 200
 COALESCE ?=
 FIRST_DELTA_SLO ?=
+CLIENTS ?=
 bench-report: install
 	$(BIN)/python benchmarks/stream_bench.py --sweep $(SWEEP) --duration $(DURATION) \
 		--prompt-words $(WORDS) $(if $(COALESCE),--coalesce-ms $(COALESCE)) \
-		$(if $(FIRST_DELTA_SLO),--first-delta-slo $(FIRST_DELTA_SLO)) \
+		$(if $(FIRST_DELTA_SLO),--first-delta-slo $(FIRST_DELTA_SLO)) $(if $(CLIENTS),--clients $(CLIENTS)) \
 		--out benchmarks/results --name bench-report$(if $(COALESCE),-coalesce-$(COALESCE))
 
 clean:

@@ -59,6 +59,8 @@ def bench_args(args, target: str, out: Path | None) -> list[str]:
         cmd += ["--warmup", args.warmup]
     if args.first_delta_slo is not None:
         cmd += ["--first-delta-slo", str(args.first_delta_slo)]
+    if args.clients is not None:
+        cmd += ["--clients", str(args.clients)]
     if out is not None:
         cmd += ["--json", str(out / f"{args.name}.json"), "--plot", str(out / f"{args.name}.png")]
     return cmd
@@ -76,6 +78,7 @@ def main() -> int:
     ap.add_argument("--first-delta-slo", type=float, default=None, metavar="MS",
                     help="the knee's bound on the first delta's p99, in ms (default: none)")
     ap.add_argument("--calibrate", type=int, default=3, help="calibration turns (default 3)")
+    ap.add_argument("--clients", type=int, default=None, help="bench client processes (default: the bench's, 1)")
     ap.add_argument("--workers", type=int, default=None, help="sidecar workers (default: its own, CPU count)")
     ap.add_argument("--coalesce-ms", type=float, default=None,
                     help="the sidecar's [stream] coalesce_ms (default: its own; 0: one frame per delta)")

@@ -149,19 +149,21 @@ def _role(name: str) -> str:
     return name
 
 
-def become_child(name: str, parent_pid: int, title: str | None = None) -> None:
+def become_child(name: str, parent_pid: int, title: str | None = None, nice: int = CHILD_NICE) -> None:
     """Name this process (``comm``, at most 15 bytes are kept) and title it
     (``agent-sidecar: TITLE``; default: the role its name says), ask the
     kernel for SIGKILL when the parent dies, ignore SIGINT/SIGTERM (a Ctrl-C
     reaches the whole process group, and the parent decides when children
-    stop), and lower our CPU priority by CHILD_NICE."""
+    stop), and lower our CPU priority by ``nice`` (a load generator's
+    children keep the parent's: they are the load, not work behind it)."""
     set_title(title or _role(name))
     _prctl(_PR_SET_NAME, name.encode()[:15])
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        os.nice(CHILD_NICE)
+        if nice:
+            os.nice(nice)
     except OSError:  # not allowed here: run at the parent's priority
         pass
     if os.getppid() != parent_pid:  # the parent died before we asked

@@ -172,13 +172,15 @@ def check_client_bound_warning(doc: dict) -> None:
     """The document says whether the bench's own CPU paced each point; a
     point where it did is named in a warning, and so is a knee it sets."""
     for p in doc["points"]:
+        assert p["procs"]["bench_processes"] == 1  # this one
+        assert p["procs"]["bench_busiest_cpu_s"] == p["procs"]["bench_cpu_s"]
         share = p["procs"]["bench_cpu_s"] / p["procs"]["wall_s"]
         assert p["client_bound"] is (share >= stats.CLIENT_BOUND_SHARE)
     for p in doc["points"]:  # every point within the SLO, and the client idle, but ...
         p["turn_ms"]["p99"] = 1e3 * doc["slo"]["limit_s"] / 2
-        p["procs"]["bench_cpu_s"] = 0.0
+        p["procs"]["bench_cpu_s"] = p["procs"]["bench_busiest_cpu_s"] = 0.0
     bound = doc["points"][-1]  # ... bare at 2: as if this client had used a whole core there
-    bound["procs"]["bench_cpu_s"] = bound["procs"]["wall_s"]
+    bound["procs"]["bench_cpu_s"] = bound["procs"]["bench_busiest_cpu_s"] = bound["procs"]["wall_s"]
     bound["turn_ms"]["p99"] = 1e3 * 10 * doc["slo"]["limit_s"]  # and missed the SLO there
     out = text.render(report.analyse(doc))
     warning = [line for line in out.splitlines() if line.startswith("warning: this bench client")]
@@ -203,6 +205,43 @@ def test_tool_load_over_tcp_counts_every_tool_call(sc, tmp_path):
     turns, messages = store_counts(sc, doc["sessions"]["keys"])
     assert turns == 6 and messages == 4 * 6  # user, tool call, tool result, answer
     assert png_size(png) == SIZE_PX
+
+
+def test_clients_spread_the_load_and_every_turn_reaches_the_store(sc, tmp_path):
+    """--clients 2: the points run in two client processes (each with its own
+    channel, over TCP with the token); their counts add up to what the
+    sidecar holds, their CPU is the bench's, and --turns is shared out
+    exactly."""
+    out = tmp_path / "clients.json"
+    r = bench("--target", sc.tcp_target, "--token", TOKEN, "--clients", "2", "--sweep", "1,3", "--duration", "1.5",
+              "--prompt-words", str(WORDS), "--calibrate", "1", "--compare-bare", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["options"]["clients"] == 2 and "2 client processes" in r.stdout
+    assert "this process and its 2 client processes" in r.stdout
+    assert [(p["server"], p["concurrency"]) for p in doc["points"]] == [
+        ("sidecar", 1), ("bare", 1), ("sidecar", 3), ("bare", 3)]
+    for p in doc["points"]:
+        assert p["turns"] > 0 and p["error_count"] == 0 and p["deltas_per_turn"] == WORDS
+        assert 0 < p["first_delta_ms"]["p50"] <= p["turn_ms"]["p50"]
+        assert p["procs"]["bench_processes"] == 3  # this one and two clients
+        assert 0 < p["procs"]["bench_busiest_cpu_s"] <= p["procs"]["bench_cpu_s"]
+        # every client's deltas counted once, in the second they came (one clock for all)
+        assert sum(row["deltas"] for row in p["series"]) == p["totals"]["deltas"]
+    totals = doc["totals"]
+    assert totals["failed"] == {} and totals["started"] == totals["completed"] > 0
+    assert store_counts(sc, doc["sessions"]["keys"]) == (totals["completed"], 2 * totals["completed"])
+
+    r = bench("--target", sc.target, "--clients", "2", "--concurrency", "3", "--turns", "7", "--warmup", "0",
+              "--calibrate", "0", "--prompt-words", str(WORDS), "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    (point,) = json.loads(out.read_text())["points"]
+    assert point["turns"] == 7 and point["totals"]["completed"] == 7  # 4 + 3, no more, no fewer
+
+
+def test_more_clients_than_sessions_is_refused(sc):
+    r = bench("--target", sc.target, "--clients", "3", "--sessions", "2", "--concurrency", "2")
+    assert r.returncode == 2 and "--clients 3 needs at least as many sessions" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("target", ["unix:/nonexistent/sidecar.sock", "127.0.0.1:{port}"])
@@ -236,9 +275,9 @@ def test_tls_target(tmp_path):
     try:
         assert bare.stdout.readline().startswith("serving ")
         r = bench("--target", f"127.0.0.1:{port}", "--ca-cert", str(ca), "--concurrency", "2", "--turns", "4",
-                  "--calibrate", "0", "--prompt-words", "3")
+                  "--calibrate", "0", "--prompt-words", "3", "--clients", "2")  # each client its own TLS channel
         assert r.returncode == 0, r.stderr
-        assert "Throughput and latency" in r.stdout
+        assert "Throughput and latency" in r.stdout and "2 client processes" in r.stdout
         plain = bench("--target", f"127.0.0.1:{port}", "--connect-timeout", "1", "--turns", "1")
         assert plain.returncode == 1  # TLS-only endpoint, plain channel
     finally:
@@ -268,14 +307,15 @@ def test_ramp_spreads_the_first_turns_over_one_ideal_turn():
     even place in the cycle; the ideal is --ideal, else the calibration's
     median turn; with neither, 1 s. A given --ramp wins."""
     from agent_sidecar.bench.run import DEFAULT_RAMP_S, BenchOptions, ramp_for
+    from agent_sidecar.bench.target import Target
 
     calibration = {"turn_ms": {"p50": 4020.0, "n": 3}}  # as load.run_point summarizes it
-    assert ramp_for(BenchOptions(target="t", text="x"), calibration)[0] == pytest.approx(4.02)
-    assert ramp_for(BenchOptions(target="t", text="x", ideal_s=4.0), calibration)[0] == 4.0
-    assert ramp_for(BenchOptions(target="t", text="x", ramp_s=0.5, ideal_s=4.0), calibration)[0] == 0.5
-    assert ramp_for(BenchOptions(target="t", text="x", ramp_s=0.0), calibration)[0] == 0.0
-    assert ramp_for(BenchOptions(target="t", text="x"), None)[0] == DEFAULT_RAMP_S
-    assert ramp_for(BenchOptions(target="t", text="x"), {"turn_ms": {"p50": None, "n": 0}})[0] == DEFAULT_RAMP_S
+    assert ramp_for(BenchOptions(target=Target("t"), text="x"), calibration)[0] == pytest.approx(4.02)
+    assert ramp_for(BenchOptions(target=Target("t"), text="x", ideal_s=4.0), calibration)[0] == 4.0
+    assert ramp_for(BenchOptions(target=Target("t"), text="x", ramp_s=0.5, ideal_s=4.0), calibration)[0] == 0.5
+    assert ramp_for(BenchOptions(target=Target("t"), text="x", ramp_s=0.0), calibration)[0] == 0.0
+    assert ramp_for(BenchOptions(target=Target("t"), text="x"), None)[0] == DEFAULT_RAMP_S
+    assert ramp_for(BenchOptions(target=Target("t"), text="x"), {"turn_ms": {"p50": None, "n": 0}})[0] == DEFAULT_RAMP_S
 
 
 def test_bare_timing_follows_the_frames_the_calibration_saw():
@@ -285,12 +325,13 @@ def test_bare_timing_follows_the_frames_the_calibration_saw():
     words, the first sent at once), the first frame after its own words at
     the pace of the later frames' words, not one frame gap late."""
     from agent_sidecar.bench.run import BenchOptions, bare_timing
+    from agent_sidecar.bench.target import Target
 
     def calibration(first: float, gap: float | None, frames: float, words: float, first_words: float) -> dict:
         return {"turns": 3, "first_delta_ms": {"p50": first}, "delta_gap_ms": {"p50": gap},
                 "deltas_per_turn": frames, "words_per_turn": words, "first_delta_words": first_words}
 
-    opts = BenchOptions(target="t", text="w " * 200)
+    opts = BenchOptions(target=Target("t"), text="w " * 200)
     per_token = bare_timing(opts, calibration(23.0, 20.0, 200, 200, 1), 200)
     assert (per_token["first_delta_ms"], per_token["delta_gap_ms"], per_token["reply_deltas"]) == (20.0, 20.0, 0)
     assert per_token["delta_words"] == 1
@@ -305,6 +346,6 @@ def test_bare_timing_follows_the_frames_the_calibration_saw():
     assert one_frame["delta_words"] == 200  # the whole reply in its one delta
     silent = bare_timing(opts, calibration(0.0, None, 0, 0, 0), 200)  # no text at all: no division by it
     assert (silent["reply_deltas"], silent["delta_words"]) == (1, 1)
-    given = bare_timing(BenchOptions(target="t", text="x", bare_latency_ms=20.0, bare_first_delay_ms=5.0),
+    given = bare_timing(BenchOptions(target=Target("t"), text="x", bare_latency_ms=20.0, bare_first_delay_ms=5.0),
                         calibration(24.5, 99.5, 41, 200, 1), 1)
     assert (given["first_delta_ms"], given["delta_gap_ms"], given["source"]) == (25.0, 20.0, "given")

@@ -29,7 +29,7 @@ import asyncio
 import random
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,17 +94,23 @@ class SessionPool:
 
 
 class Point:
-    """The state of one running point; ``snapshot()`` feeds the progress line."""
+    """The state of one running point; ``snapshot()`` feeds the progress line.
+    ``lanes``: how many lanes it drives (default the spec's concurrency; a
+    client process of a fleet drives a share, bench/fleet.py); ``t0``: the
+    point's start (default now), which a fleet's processes share, so their
+    per-second counts add up second by second."""
 
-    def __init__(self, spec: LoadSpec):
+    def __init__(self, spec: LoadSpec, lanes: int | None = None, t0: float | None = None):
         self.spec = spec
+        self.lanes = spec.concurrency if lanes is None else lanes
         self.phase = WARMUP if spec.warmup_s != 0 else MEASURE
-        self.t0 = time.monotonic()
+        self.t0 = time.monotonic() if t0 is None else t0
         self.w0 = self.t0 if self.phase == MEASURE else None
         self.w1: float | None = None
         self.counting = self.phase == MEASURE
         self.turns: list[Turn] = []
         self.deltas_by_second: defaultdict[int, int] = defaultdict(int)
+        self.deltas_total = 0
         self.window_deltas = 0
         self.window_words = 0
         self.window_done = 0
@@ -116,6 +122,8 @@ class Point:
         self.in_flight = 0
         self.done_total = 0
         self.errors_total = 0
+        if not self.lanes:
+            self.all_warm.set()
 
     def begin_measure(self) -> None:
         self.phase, self.counting, self.w0 = MEASURE, True, time.monotonic()
@@ -137,6 +145,7 @@ class Point:
 
     def delta(self, now: float, words: int) -> None:
         self.deltas_by_second[int(now - self.t0)] += 1
+        self.deltas_total += 1
         if self.counting:
             self.window_deltas += 1
             self.window_words += words
@@ -150,15 +159,41 @@ class Point:
             self.window_done += ok
             self.window_tool_calls += turn.tool_calls
         self.lanes_warm.add(lane)
-        if len(self.lanes_warm) >= self.spec.concurrency:
+        if len(self.lanes_warm) >= self.lanes:
             self.all_warm.set()
+
+    def tally(self) -> dict:
+        """What this point counted (its turns, its deltas per second, its
+        window's counts), for a fleet's coordinator to ``add`` up."""
+        return {"turns": self.turns, "deltas_by_second": dict(self.deltas_by_second),
+                "window_deltas": self.window_deltas, "window_words": self.window_words,
+                "window_done": self.window_done, "window_tool_calls": self.window_tool_calls}
+
+    def add(self, tally: dict) -> None:
+        """Count in another process's ``tally`` of the same point (same ``t0``)."""
+        self.turns.extend(tally["turns"])
+        for second, n in tally["deltas_by_second"].items():
+            self.deltas_by_second[second] += n
+        self.window_deltas += tally["window_deltas"]
+        self.window_words += tally["window_words"]
+        self.window_done += tally["window_done"]
+        self.window_tool_calls += tally["window_tool_calls"]
+
+    def progress(self, snapshots: list[dict]) -> None:
+        """Show the sum of other processes' ``snapshot()`` counts as ours (a
+        fleet's coordinator, for the progress line)."""
+        self.done_total = sum(s["done"] for s in snapshots)
+        self.errors_total = sum(s["errors"] for s in snapshots)
+        self.in_flight = sum(s["in_flight"] for s in snapshots)
+        self.deltas_total = sum(s["deltas"] for s in snapshots)
+        self.measured_started = sum(s["measured_started"] for s in snapshots)
 
     def snapshot(self) -> dict:
         now = time.monotonic()
         return {"phase": self.phase, "elapsed": now - self.t0,
                 "window_elapsed": (now - self.w0) if self.w0 else 0.0,
                 "done": self.done_total, "errors": self.errors_total, "in_flight": self.in_flight,
-                "deltas": sum(self.deltas_by_second.values())}
+                "deltas": self.deltas_total, "measured_started": self.measured_started}
 
 
 async def run_turn(client: Any, key: str, spec: LoadSpec, point: Point, lane: int) -> Turn:
@@ -212,16 +247,6 @@ async def run_point(client: Any, pool: SessionPool, spec: LoadSpec,
     window and sampled every tick."""
     point = Point(spec)
 
-    async def lane(i: int) -> None:
-        if spec.ramp_s and spec.concurrency > 1:
-            await asyncio.sleep(spec.ramp_s * i / spec.concurrency)
-        while point.accepting():
-            key = pool.take()
-            try:
-                await run_turn(client, key, spec, point, i)
-            finally:
-                pool.give(key)
-
     async def ticker() -> None:
         while True:
             await asyncio.sleep(TICK_S)
@@ -230,25 +255,25 @@ async def run_point(client: Any, pool: SessionPool, spec: LoadSpec,
             if on_tick is not None:
                 on_tick(point)
 
-    lanes = [asyncio.create_task(lane(i)) for i in range(spec.concurrency)]
+    lanes = start_lanes(client, pool, spec, point, range(spec.concurrency))
     tick = asyncio.create_task(ticker())
     cpu = None
     try:
         if point.phase == WARMUP:
-            await _wait_any(lanes, point.all_warm.wait() if spec.warmup_s is None
+            await wait_any(lanes, point.all_warm.wait() if spec.warmup_s is None
                             else asyncio.sleep(spec.warmup_s))
             point.begin_measure()
         if window is not None:
             window.start()
         if spec.turns is None:
             assert spec.duration_s is not None  # a point runs for a number of turns or seconds
-            await _wait_any(lanes, asyncio.sleep(spec.duration_s))
+            await wait_any(lanes, asyncio.sleep(spec.duration_s))
             point.counting, point.w1 = False, time.monotonic()
             cpu = window.stop() if window is not None else None
             point.phase = DRAIN
             await asyncio.gather(*lanes)
         else:
-            await _wait_any(lanes, point.measured_all_started.wait())
+            await wait_any(lanes, point.measured_all_started.wait())
             point.phase = DRAIN
             await asyncio.gather(*lanes)
             point.counting, point.w1 = False, time.monotonic()
@@ -263,7 +288,26 @@ async def run_point(client: Any, pool: SessionPool, spec: LoadSpec,
     return summarize(point, cpu)
 
 
-async def _wait_any(lanes: list[asyncio.Task], awaitable) -> None:
+def start_lanes(client: Any, pool: SessionPool, spec: LoadSpec, point: Point,
+                lanes: Iterable[int]) -> list[asyncio.Task]:
+    """A task per lane ``i`` of ``lanes``: its first turn waits for its place
+    in the ramp (``i / concurrency`` of ``ramp_s``), then it runs turns back
+    to back while the point accepts them."""
+
+    async def lane(i: int) -> None:
+        if spec.ramp_s and spec.concurrency > 1:
+            await asyncio.sleep(spec.ramp_s * i / spec.concurrency)
+        while point.accepting():
+            key = pool.take()
+            try:
+                await run_turn(client, key, spec, point, i)
+            finally:
+                pool.give(key)
+
+    return [asyncio.create_task(lane(i)) for i in lanes]
+
+
+async def wait_any(lanes: list[asyncio.Task], awaitable) -> None:
     """Wait for ``awaitable``, or until every lane has stopped (a lane that
     raised re-raises here)."""
     waiter = asyncio.ensure_future(awaitable)

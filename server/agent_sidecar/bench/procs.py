@@ -186,18 +186,22 @@ def memory_snapshot(tree: list[tuple[str, int]]) -> list[dict]:
 
 class TreeWindow:
     """CPU of every process of a server's tree (the root split into its
-    main thread, the event loop, and its other threads), of this process (the
-    bench's own client) and of everything else, over one window; RSS sampled
-    by ``sample()`` during it and reported as the peak and the last value."""
+    main thread, the event loop, and its other threads), of the bench's own
+    processes (this one, and the client processes of ``--clients``: their
+    sum, and the busiest one's) and of everything else, over one window; RSS
+    sampled by ``sample()`` during it and reported as the peak and the last
+    value."""
 
-    def __init__(self, tree: list[tuple[str, int]]):
+    def __init__(self, tree: list[tuple[str, int]], clients: list[int] | None = None):
         self.tree = tree
+        self.bench = [os.getpid(), *(clients or [])]
         root_label, root = tree[0]
         groups: dict[str, list] = {f"{root_label} loop thread": [(root, root)],
                                    f"{root_label} other threads": [("rest", root, root)]}
         for label, pid in tree[1:]:
             groups[label] = [pid]
-        groups["bench client"] = [os.getpid()]
+        for i, pid in enumerate(self.bench):
+            groups[f"bench {i}"] = [pid]
         self._cpu = CpuWindow(groups)
         self._rss_peak: dict[int, int] = {}
 
@@ -217,7 +221,7 @@ class TreeWindow:
         usage = self._cpu.stop()
         wall = usage["wall"] or 1e-9
         cpu = usage["groups"]
-        bench = cpu.pop("bench client")
+        bench = [cpu.pop(f"bench {i}") for i in range(len(self.bench))]
         procs = []
         for label, pid in self.tree:
             seconds = (cpu.get(f"{label} loop thread", 0.0) + cpu.get(f"{label} other threads", 0.0)
@@ -228,7 +232,8 @@ class TreeWindow:
                           "rss_peak_mb": self._rss_peak.get(pid, 0) / 2**20 or None})
         server = sum(p["cpu_s"] for p in procs)
         return {"wall_s": usage["wall"], "processes": procs, "threads": cpu,
-                "server_cpu_s": server, "bench_cpu_s": bench,
+                "server_cpu_s": server, "bench_cpu_s": sum(bench), "bench_busiest_cpu_s": max(bench),
+                "bench_processes": len(bench),
                 "others_cpu_s": usage["others"], "machine_busy_s": usage["machine_busy"],
                 "cores": usage["cores"]}
 

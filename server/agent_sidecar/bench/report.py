@@ -19,13 +19,13 @@ from . import stats
 def options_dict(opts) -> dict:
     """The run's options for the JSON document: never the token, the prompt
     as its size and its first words, TLS as a yes or no."""
-    d = dataclasses.asdict(dataclasses.replace(opts, credentials=None))
-    d.pop("credentials")
-    d["tls"] = opts.credentials is not None
-    d.pop("token", None)
+    t = opts.target
+    d = dataclasses.asdict(dataclasses.replace(opts, target=None))
+    d.update(target=t.address, tls=t.tls is not None, token_given=bool(t.token),
+             channel_options=list(t.channel_options), insecure=t.insecure,
+             connect_timeout_s=t.connect_timeout_s)
     text = d.pop("text")
     d["prompt"] = {"words": len(text.split()), "chars": len(text), "start": text[:60]}
-    d["token_given"] = bool(opts.token)
     return d
 
 

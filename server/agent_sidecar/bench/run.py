@@ -32,11 +32,13 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import load, procs, report
+from .fleet import Fleet
+from .target import BenchError, Target, connect
 
 if TYPE_CHECKING:  # the client is the bench extra's: imported where used
     from contextlib import AbstractAsyncContextManager
@@ -48,23 +50,13 @@ DEFAULT_RAMP_S = 1.0  # --ramp auto with no ideal turn known (no --ideal, no cal
 ONE_DELTA_FLOOR_MS = 5.0  # one delta per turn: below this its wait is overhead, not latency
 
 
-class BenchError(Exception):
-    """A failure the user can act on: printed as one line, exit status 1."""
-
-
 @dataclass
 class BenchOptions:
-    target: str
+    target: Target
     text: str
     levels: list[int] = field(default_factory=lambda: [1])
     sweep: bool = False
-    token: str | None = None
-    # TLS to the target: grpc.ChannelCredentials and channel options, as
-    # cli/connection.py builds them from the target options (None: plain).
-    credentials: Any = None
-    channel_options: tuple = ()
-    insecure: bool = False  # --insecure: the token over plain TCP to another host
-    connect_timeout_s: float = 5.0
+    clients: int = 1  # client processes driving the points (bench/fleet.py); 1: this one
     profile: str | None = None
     platform: str = "bench"
     sessions: int | None = None
@@ -87,21 +79,6 @@ class BenchOptions:
 
 
 Status = Callable[[str, "load.Point | None"], None]
-
-
-async def connect(target: str, opts: BenchOptions, *, tls: bool = True) -> SidecarClient:
-    """A client for ``target``; BenchError (one line) when nothing answers."""
-    from agent_sidecar_client import SidecarError
-    from agent_sidecar_client import connect as client_connect
-    credentials, options = (opts.credentials, opts.channel_options) if tls else (None, ())
-    try:
-        return await client_connect(target, opts.token if tls else None, timeout=opts.connect_timeout_s,
-                                    credentials=credentials, options=options, call_timeout=60.0,
-                                    insecure=opts.insecure)
-    except SidecarError:
-        raise BenchError(f"no sidecar reachable at {target} within {opts.connect_timeout_s:g}s") from None
-    except Exception as e:  # a malformed target, bad TLS material...
-        raise BenchError(f"cannot connect to {target}: {e}") from None
 
 
 class BareProcess:
@@ -267,28 +244,42 @@ class _Run:
         self.ramp: tuple[float, str] = (DEFAULT_RAMP_S, "")
         self.timing: dict | None = None
         self.keys: list[str] = []
-        self.servers: list[tuple] = []
+        self.servers: list[_Server] = []
+        self.fleets: list[Fleet] = []
         self.points: list[dict] = []
 
     async def setup(self) -> None:
         opts = self.opts
-        self.client = await connect(opts.target, opts)
-        self.pid = opts.pid or procs.listening_pid(opts.target)
+        self.client = await connect(opts.target)
+        self.pid = opts.pid or procs.listening_pid(opts.target.address)
         self.tree = procs.process_tree(self.pid, "sidecar") if self.pid else None
         self.idle = procs.memory_snapshot(self.tree) if self.tree else None
         n = opts.sessions or max(opts.levels)
         self.status(f"creating {n} sessions", None)
-        self.keys = await _sessions(self.client, opts, n, self.run_id, opts.target)
+        self.keys = await _sessions(self.client, opts, n, self.run_id, opts.target.address)
         self.pool = load.SessionPool(self.keys, opts.seed)
-        self.servers.append(("sidecar", self.client, self.pool, self.tree))
+        self.servers.append(await self._server("sidecar", opts.target, self.client, self.keys, self.tree))
         if opts.tools:
             self.tool_host = _tool_host(opts.platform)
             ctx = self.tool_host.host.running(self.client)
             try:
                 await ctx.__aenter__()
             except Exception as e:
-                raise BenchError(f"cannot host the bench tools on {opts.target}: {e}") from None
+                raise BenchError(f"cannot host the bench tools on {opts.target.address}: {e}") from None
             self.host_ctx = ctx
+
+    async def _server(self, name: str, target: Target, client: SidecarClient, keys: list[str],
+                      tree: list[tuple[str, int]] | None) -> _Server:
+        """How the points reach a server: through ``client`` here, or with
+        ``--clients N`` through a fleet of N client processes."""
+        if self.opts.clients == 1:
+            pool = self.pool if name == "sidecar" else load.SessionPool(keys, self.opts.seed)
+            return _Server(name, functools.partial(load.run_point, client, pool), tree)
+        self.status(f"starting {self.opts.clients} client processes for {name}", None)
+        fleet = Fleet(self.opts.clients, target, keys, self.opts.seed, name)
+        self.fleets.append(fleet)
+        await fleet.start()
+        return _Server(name, fleet.run_point, tree, fleet.pids)
 
     async def calibrate(self) -> None:
         opts = self.opts
@@ -305,29 +296,33 @@ class _Run:
         if not opts.compare_bare:
             return
         self.timing = bare_timing(opts, self.calibration, len(opts.text.split()))
-        bare = self.bare = BareProcess(self.timing, unix=opts.target.startswith("unix:"))
+        bare = self.bare = BareProcess(self.timing, unix=opts.target.address.startswith("unix:"))
         address = await asyncio.get_running_loop().run_in_executor(None, bare.start)
         assert bare.proc is not None  # start() ran it
-        self.bare_client = await connect(address, opts, tls=False)
+        target = opts.target.plain(address)
+        self.bare_client = await connect(target)
         keys = await _sessions(self.bare_client, opts, len(self.keys), self.run_id, "the bare server")
-        self.servers.append(("bare", self.bare_client, load.SessionPool(keys, opts.seed),
-                             procs.process_tree(bare.proc.pid, "bare")))
+        self.servers.append(await self._server("bare", target, self.bare_client, keys,
+                                               procs.process_tree(bare.proc.pid, "bare")))
 
     async def sweep(self) -> None:
         self.ramp = ramp_for(self.opts, self.calibration)
         levels = self.opts.levels
         for i, level in enumerate(levels):
-            for name, client, pool, tree in self.servers:
-                label = f"{name} c={level} [{i + 1}/{len(levels)}]"
+            for server in self.servers:
+                label = f"{server.name} c={level} [{i + 1}/{len(levels)}]"
+                tree = server.tree
                 if tree:  # re-read per point: a crashed worker's replacement is a new pid
                     tree = procs.process_tree(tree[0][1], tree[0][0])
-                window = procs.TreeWindow(tree) if tree else None
-                result = await load.run_point(client, pool, _spec(self.opts, level, self.ramp[0]),
-                                              functools.partial(self.status, label), window)
-                self.points.append({"server": name, "concurrency": level, **result})
+                window = procs.TreeWindow(tree, server.bench_pids) if tree else None
+                result = await server.run_point(_spec(self.opts, level, self.ramp[0]),
+                                                functools.partial(self.status, label), window)
+                self.points.append({"server": server.name, "concurrency": level, **result})
                 self.status(f"done {label}: {_brief(result)}", None)
 
     async def teardown(self) -> None:
+        for fleet in self.fleets:
+            await fleet.close()
         if self.host_ctx is not None:
             await self.host_ctx.__aexit__(None, None, None)
         if self.bare_client is not None:
@@ -345,6 +340,17 @@ class _Run:
                 "calibration": self.calibration, "ramp": {"s": self.ramp[0], "source": self.ramp[1]},
                 "bare": self.timing, "points": self.points,
                 "tool_invocations": self.tool_host.invocations if self.tool_host else None}
+
+
+@dataclass
+class _Server:
+    """A server the points run against: ``run_point(spec, on_tick, window)``
+    (load.run_point, or a fleet's), its process tree when it is local, and
+    the bench's client processes that drive it (none: this one alone)."""
+    name: str
+    run_point: Callable[..., Awaitable[dict]]
+    tree: list[tuple[str, int]] | None
+    bench_pids: list[int] = field(default_factory=list)
 
 
 def _brief(result: dict) -> str:

@@ -31,7 +31,8 @@ def header(doc: dict) -> list[str]:
              f"prompt {o['prompt']['words']} words · delivery {o['delivery']}"
              + (" · tools" if o["tools"] else ""),
              f"{doc['sessions']['count']} sessions · {per_point} · warm-up {warm} · "
-             f"{m['cpus']} CPUs · load avg {load}"]
+             + (f"{o['clients']} client processes · " if o.get("clients", 1) > 1 else "")
+             + f"{m['cpus']} CPUs · load avg {load}"]
     slo = doc["slo"]
     if slo["ideal_s"]:
         lines.append(f"ideal turn {slo['ideal_s']:.3f} s ({slo['ideal_source']}) · SLO: p99 turn <= "
@@ -85,7 +86,12 @@ def cpu_table(doc: dict) -> str | None:
     return table(["server", "conc", "CPU %", "µs/delta", "µs/word", "CPU % by process", "RSS MB", "bench %",
                   "others %"],
                  rows, title=f"CPU and memory on this host during each measure window "
-                             f"(100% = one core of {cores}; bench = this client)")
+                             f"(100% = one core of {cores}; bench = {_bench_is(doc)})")
+
+
+def _bench_is(doc: dict) -> str:
+    clients = doc["options"].get("clients", 1)
+    return "this client" if clients == 1 else f"this process and its {clients} client processes"
 
 
 def idle_line(doc: dict) -> str | None:
@@ -151,9 +157,12 @@ def client_bound_line(doc: dict) -> str | None:
     bound = [f"{p['server']} c={p['concurrency']}" for p in doc["points"] if p.get("client_bound")]
     if not bound:
         return None
-    return (f"warning: this bench client used >= {100 * CLIENT_BOUND_SHARE:.0f}% of a core at "
-            + ", ".join(bound) + ": there its own CPU paced the load, so those points (and a knee they "
-            "set) measure the client as much as the server, which may sustain more than this client drove")
+    one = doc["options"].get("clients", 1) == 1
+    return (f"warning: {'this bench client' if one else 'a bench client process'} used >= "
+            f"{100 * CLIENT_BOUND_SHARE:.0f}% of a core at " + ", ".join(bound)
+            + ": there its own CPU paced the load, so those points (and a knee they set) measure the "
+            "client as much as the server, which may sustain more than the bench drove"
+            + (" (--clients N spreads the load over N processes)" if one else ""))
 
 
 def headline(doc: dict) -> str:

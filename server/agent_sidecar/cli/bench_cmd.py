@@ -16,7 +16,7 @@ import sys
 import time
 from collections import deque
 
-from .connection import DEFAULT_TARGET, TargetError, add_target_arguments, credentials
+from .connection import DEFAULT_TARGET, TargetError, add_target_arguments, tls_material
 
 # Common words, cycled to build --prompt-words N: a prompt a tokenizer and a
 # model treat as ordinary text, and the echo model answers word for word.
@@ -98,6 +98,10 @@ def add_arguments(sub) -> argparse.ArgumentParser:
                     help="spread the lanes' first turns over S seconds (default auto: one ideal turn, so "
                          "that turns start evenly over time, not in a burst per turn)")
     ld.add_argument("--turn-timeout", type=_positive(float), default=300.0, help="seconds per turn (default 300)")
+    ld.add_argument("--clients", type=_positive(int), default=1, metavar="N",
+                    help="drive the points from N client processes, each with its own connection and share "
+                         "of the lanes and sessions (default 1: this process); for servers faster than one "
+                         "Python client can read")
     ld.add_argument("--seed", type=int, default=1)
     m = b.add_argument_group("measure and compare")
     m.add_argument("--slo", default="10%", help="allowed p99 turn excess over the ideal (default 10%%)")
@@ -126,6 +130,7 @@ def options_from(args):
     """BenchOptions from parsed arguments; ValueError for combinations argparse cannot check."""
     from ..bench.run import BenchOptions
     from ..bench.stats import parse_slo
+    from ..bench.target import Target
 
     if args.tools and args.compare_bare:
         raise ValueError("--tools and --compare-bare do not go together: the bare server has no tool host")
@@ -139,15 +144,17 @@ def options_from(args):
         if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise ValueError(f"{flag} {path}: no such directory")
     try:
-        creds, channel_options = credentials(args)
+        tls, channel_options = tls_material(args)
     except TargetError as e:
         raise ValueError(str(e)) from None
     levels = args.sweep or [args.concurrency or 10]
+    if args.clients > (args.sessions or max(levels)):
+        raise ValueError(f"--clients {args.clients} needs at least as many sessions (--sessions)")
+    target = Target(args.target, args.token, tls, channel_options, args.insecure, args.connect_timeout)
     return BenchOptions(
-        target=args.target, text=args.prompt if args.prompt is not None else prompt_of(args.prompt_words or 200),
-        levels=levels, sweep=args.sweep is not None and len(levels) > 1, token=args.token,
-        credentials=creds, channel_options=channel_options, insecure=args.insecure,
-        connect_timeout_s=args.connect_timeout, profile=args.profile, platform=args.platform,
+        target=target, text=args.prompt if args.prompt is not None else prompt_of(args.prompt_words or 200),
+        levels=levels, sweep=args.sweep is not None and len(levels) > 1, clients=args.clients,
+        profile=args.profile, platform=args.platform,
         sessions=args.sessions, duration_s=None if args.turns else (args.duration or 10.0), turns=args.turns,
         warmup_s=args.warmup, ramp_s=args.ramp, delivery=args.delivery, tools=args.tools,
         compare_bare=args.compare_bare, bare_latency_ms=args.bare_latency_ms,
@@ -203,7 +210,8 @@ def run(args) -> int:
     import uvloop
 
     from ..bench import text
-    from ..bench.run import BenchError, run_bench
+    from ..bench.run import run_bench
+    from ..bench.target import BenchError
     from .progress import LiveLine
 
     line = LiveLine()

@@ -44,6 +44,20 @@ def uses_tls(args: argparse.Namespace) -> bool:
 def credentials(args: argparse.Namespace) -> tuple[Any, tuple[tuple[str, str], ...]]:
     """(grpc.ChannelCredentials or None for a plain channel, channel options)
     of the target options; TargetError when they do not fit together."""
+    material, options = tls_material(args)
+    if material is None:
+        return None, ()
+    import grpc
+    return grpc.ssl_channel_credentials(*material), options
+
+
+def tls_material(args: argparse.Namespace) -> tuple[tuple[bytes | None, bytes | None, bytes | None] | None,
+                                                     tuple[tuple[str, str], ...]]:
+    """What ``credentials`` is built from, as plain bytes: ((root
+    certificates, private key, certificate chain) or None for a plain
+    channel, channel options). For a caller that builds its channels in
+    other processes (the bench's ``--clients``): grpc's credentials do not
+    pickle."""
     from ..tls import target_is_local
     if bool(args.cert_file) != bool(args.key_file):
         raise TargetError("--cert and --key go together")
@@ -54,14 +68,12 @@ def credentials(args: argparse.Namespace) -> tuple[Any, tuple[tuple[str, str], .
         return None, ()
     if args.target.startswith("unix:"):
         raise TargetError("TLS is for TCP targets (HOST:PORT), not a Unix socket")
-    import grpc
     try:
         roots, cert, key = (_read(path) for path in (args.ca_file, args.cert_file, args.key_file))
     except OSError as e:
         raise TargetError(f"cannot read {e.filename}: {e.strerror}") from None
     options = (("grpc.ssl_target_name_override", args.server_name),) if args.server_name else ()
-    return grpc.ssl_channel_credentials(root_certificates=roots, private_key=key,
-                                        certificate_chain=cert), options
+    return (roots, key, cert), options
 
 
 def _read(path: str | None) -> bytes | None:

@@ -1,0 +1,56 @@
+"""Where the bench connects, as plain data, and the one way it connects.
+
+A ``Target`` pickles (TLS as the PEM bytes, not grpc's credentials object),
+so the client processes of ``--clients`` (bench/fleet.py) open their own
+channels to the same place, with the same token and TLS, as the bench's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the client is the bench extra's: imported where used
+    from agent_sidecar_client import SidecarClient
+
+# (root certificates, private key, certificate chain), as grpc.ssl_channel_credentials takes them
+TlsMaterial = tuple[bytes | None, bytes | None, bytes | None]
+
+
+class BenchError(Exception):
+    """A failure the user can act on: printed as one line, exit status 1."""
+
+
+@dataclass(frozen=True)
+class Target:
+    address: str
+    token: str | None = None
+    tls: TlsMaterial | None = None  # None: a plain channel
+    channel_options: tuple = ()
+    insecure: bool = False  # --insecure: the token over plain TCP to another host
+    connect_timeout_s: float = 5.0
+
+    def plain(self, address: str) -> Target:
+        """The same settings towards a local server of the bench's own (the
+        bare server): no token, no TLS."""
+        return dataclasses.replace(self, address=address, token=None, tls=None, channel_options=())
+
+
+async def connect(target: Target) -> SidecarClient:
+    """A client for ``target``; BenchError (one line) when nothing answers."""
+    from agent_sidecar_client import SidecarError
+    from agent_sidecar_client import connect as client_connect
+    try:
+        credentials = None
+        if target.tls is not None:
+            import grpc
+            credentials = grpc.ssl_channel_credentials(*target.tls)
+        return await client_connect(target.address, target.token, timeout=target.connect_timeout_s,
+                                    credentials=credentials, options=target.channel_options,
+                                    call_timeout=60.0, insecure=target.insecure)
+    except SidecarError:
+        raise BenchError(f"no sidecar reachable at {target.address} within "
+                         f"{target.connect_timeout_s:g}s") from None
+    except Exception as e:  # a malformed target, bad TLS material...
+        raise BenchError(f"cannot connect to {target.address}: {e}") from None
