@@ -9,6 +9,8 @@ benchmarks/."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import struct
 import subprocess
 import sys
@@ -18,12 +20,13 @@ from pathlib import Path
 import pytest
 from helpers.certs import available as certs_available
 from helpers.certs import make_certs
-from helpers.cli import cli
+from helpers.cli import CLEAN_ENV, COMMAND, cli
 from helpers.config import echo, scripted
 from helpers.sessions import transcript
-from sidecar_proc import TOKEN, Sidecar, free_port
+from helpers.waiting import wait_until
+from sidecar_proc import ROOT, TOKEN, Sidecar, free_port
 
-from agent_sidecar.bench import report, stats, text
+from agent_sidecar.bench import procs, report, stats, text
 from agent_sidecar.bench.plot import SIZE_PX
 from agent_sidecar.v1 import session_service_pb2 as spb
 
@@ -237,6 +240,31 @@ def test_clients_spread_the_load_and_every_turn_reaches_the_store(sc, tmp_path):
     assert r.returncode == 0, r.stderr
     (point,) = json.loads(out.read_text())["points"]
     assert point["turns"] == 7 and point["totals"]["completed"] == 7  # 4 + 3, no more, no fewer
+
+
+def test_a_client_process_killed_mid_point_ends_the_run_with_one_line(sc, tmp_path):
+    """kill -9 of one of the --clients processes while its lanes stream: the
+    bench stops at once with a one-line error and exit 1, writes no JSON,
+    and leaves no client behind."""
+    out = tmp_path / "killed.json"
+    bench_proc = subprocess.Popen([*COMMAND, "bench", "--target", sc.target, "--clients", "2", "--concurrency", "4",
+                                   "--duration", "60", "--warmup", "0", "--calibrate", "0", "--prompt-words",
+                                   str(WORDS), "--json", str(out)], cwd=ROOT, env=CLEAN_ENV,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        clients = wait_until(lambda: sorted(pid for pid in procs.children_of(bench_proc.pid)
+                                            if procs.proc_comm(pid).startswith("bench-client-")),
+                             timeout=60, what="two bench client processes")
+        wait_until(lambda: sc.status().turns_in_flight > 0, timeout=60, what="the clients' turns")
+        os.kill(clients[0], signal.SIGKILL)
+        stdout, stderr = bench_proc.communicate(timeout=60)
+    finally:
+        bench_proc.kill()
+    assert bench_proc.returncode == 1, stderr
+    lines = stderr.strip().splitlines()
+    assert lines[-1].startswith("agent-sidecar bench: bench client ") and "exited" in lines[-1], stderr
+    assert "Traceback" not in stderr and not out.exists()
+    wait_until(lambda: all(procs.proc_comm(pid) == "?" for pid in clients), timeout=10, what="no client left")
 
 
 def test_more_clients_than_sessions_is_refused(sc):

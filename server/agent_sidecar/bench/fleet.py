@@ -226,6 +226,8 @@ async def _serve(pipe, target: Target, keys: list[str], seed: int) -> None:
     try:
         while (msg := await inbox.get())[0] == "point":
             channel.send(("result", await _point(channel, inbox, client, pool, *msg[1:])), now=True)
+    except _Closing:  # the coordinator ends the run (or is gone) in the middle of a point
+        pass
     except Exception as e:  # a bug or a broken channel: the coordinator ends the run with it
         channel.send(("error", f"{type(e).__name__}: {e}"), now=True)
     finally:
@@ -269,7 +271,13 @@ async def _ticks(channel: Channel, point: load.Point) -> None:
         channel.send(("tick", point.snapshot()), now=True)
 
 
+class _Closing(Exception):
+    """The coordinator said ``close`` (or its pipe closed) before the point ended."""
+
+
 async def _expect(inbox: asyncio.Queue, kind: str) -> None:
     msg = await inbox.get()
+    if msg[0] == "close":
+        raise _Closing()
     if msg[0] != kind:
         raise RuntimeError(f"expected {kind!r} from the coordinator, got {msg[0]!r}")

@@ -308,8 +308,8 @@ def start_lanes(client: Any, pool: SessionPool, spec: LoadSpec, point: Point,
 
 
 async def wait_any(lanes: list[asyncio.Task], awaitable) -> None:
-    """Wait for ``awaitable``, or until every lane has stopped (a lane that
-    raised re-raises here)."""
+    """Wait for ``awaitable`` (what it raises is raised here), or until every
+    lane has stopped (a lane that raised re-raises here)."""
     waiter = asyncio.ensure_future(awaitable)
     try:
         while not waiter.done():
@@ -320,6 +320,8 @@ async def wait_any(lanes: list[asyncio.Task], awaitable) -> None:
                     raise error
             if not running or all(t.done() for t in lanes):
                 break
+        if waiter.done():
+            waiter.result()  # what it raised, raised here
     finally:
         if not waiter.done():
             waiter.cancel()
