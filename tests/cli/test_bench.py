@@ -267,9 +267,43 @@ def test_a_client_process_killed_mid_point_ends_the_run_with_one_line(sc, tmp_pa
     wait_until(lambda: all(procs.proc_comm(pid) == "?" for pid in clients), timeout=10, what="no client left")
 
 
-def test_more_clients_than_sessions_is_refused(sc):
-    r = bench("--target", sc.target, "--clients", "3", "--sessions", "2", "--concurrency", "2")
-    assert r.returncode == 2 and "--clients 3 needs at least as many sessions" in r.stderr, r.stderr
+def test_several_targets_each_get_their_share_and_hold_their_turns(sc, tmp_path):
+    """--target A,B: two sidecars with stores of their own, one client
+    process each (the default); each target's sessions were made on it, its
+    turns are in its own store, and together they are what the bench sent."""
+    other = Sidecar(tmp_path / "other", config=CONFIG).start()
+    try:
+        out = tmp_path / "two.json"
+        r = bench("--target", f"{sc.target},{other.target}", "--concurrency", "4", "--duration", "1.5",
+                  "--prompt-words", str(WORDS), "--calibrate", "1", "--json", str(out))
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(out.read_text())
+        assert doc["options"]["targets"] == [sc.target, other.target] and doc["options"]["clients"] == 2
+        assert "2 targets: no CPU/RSS figures" in r.stdout and not doc["local"]
+        (point,) = doc["points"]
+        assert point["turns"] > 0 and point["error_count"] == 0 and point["procs"] is None
+        by_target = doc["sessions"]["by_target"]
+        assert sorted(by_target) == sorted([sc.target, other.target])
+        assert all(len(keys) == 2 for keys in by_target.values())
+        held = [store_counts(sc, by_target[sc.target]), store_counts(other, by_target[other.target])]
+        assert all(turns > 0 for turns, _ in held)  # both targets ran turns
+        totals = doc["totals"]
+        assert totals["started"] == totals["completed"] == sum(turns for turns, _ in held)
+    finally:
+        other.stop()
+
+
+@pytest.mark.parametrize("args, error", [
+    (("--clients", "3", "--sessions", "2", "--concurrency", "2"), "--clients 3 needs at least as many sessions"),
+    (("--target", "unix:/a.sock,unix:/b.sock", "--clients", "1"), "--clients 1: at least one client process per"),
+    (("--target", "unix:/a.sock,,unix:/b.sock"), "an empty address"),
+    (("--target", "unix:/a.sock,unix:/a.sock"), "an address given twice"),
+    (("--target", "unix:/a.sock,unix:/b.sock", "--pid", "1"), "--pid is for one target"),
+    (("--target", "unix:/a.sock,10.1.2.3:5000", "--token", "t"), "refusing to send --token in cleartext to 10.1.2.3"),
+])
+def test_target_and_client_options_that_cannot_work_are_refused(args, error):
+    r = bench(*args)
+    assert r.returncode == 2 and error in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("target", ["unix:/nonexistent/sidecar.sock", "127.0.0.1:{port}"])
@@ -338,12 +372,16 @@ def test_ramp_spreads_the_first_turns_over_one_ideal_turn():
     from agent_sidecar.bench.target import Target
 
     calibration = {"turn_ms": {"p50": 4020.0, "n": 3}}  # as load.run_point summarizes it
-    assert ramp_for(BenchOptions(target=Target("t"), text="x"), calibration)[0] == pytest.approx(4.02)
-    assert ramp_for(BenchOptions(target=Target("t"), text="x", ideal_s=4.0), calibration)[0] == 4.0
-    assert ramp_for(BenchOptions(target=Target("t"), text="x", ramp_s=0.5, ideal_s=4.0), calibration)[0] == 0.5
-    assert ramp_for(BenchOptions(target=Target("t"), text="x", ramp_s=0.0), calibration)[0] == 0.0
-    assert ramp_for(BenchOptions(target=Target("t"), text="x"), None)[0] == DEFAULT_RAMP_S
-    assert ramp_for(BenchOptions(target=Target("t"), text="x"), {"turn_ms": {"p50": None, "n": 0}})[0] == DEFAULT_RAMP_S
+
+    def opts(**kw) -> BenchOptions:
+        return BenchOptions(targets=(Target("t"),), text="x", **kw)
+
+    assert ramp_for(opts(), calibration)[0] == pytest.approx(4.02)
+    assert ramp_for(opts(ideal_s=4.0), calibration)[0] == 4.0
+    assert ramp_for(opts(ramp_s=0.5, ideal_s=4.0), calibration)[0] == 0.5
+    assert ramp_for(opts(ramp_s=0.0), calibration)[0] == 0.0
+    assert ramp_for(opts(), None)[0] == DEFAULT_RAMP_S
+    assert ramp_for(opts(), {"turn_ms": {"p50": None, "n": 0}})[0] == DEFAULT_RAMP_S
 
 
 def test_bare_timing_follows_the_frames_the_calibration_saw():
@@ -352,14 +390,15 @@ def test_bare_timing_follows_the_frames_the_calibration_saw():
     gap) before the first; and, from a coalescing sidecar (frames of several
     words, the first sent at once), the first frame after its own words at
     the pace of the later frames' words, not one frame gap late."""
-    from agent_sidecar.bench.run import BenchOptions, bare_timing
+    from agent_sidecar.bench.bare_process import bare_timing
+    from agent_sidecar.bench.run import BenchOptions
     from agent_sidecar.bench.target import Target
 
     def calibration(first: float, gap: float | None, frames: float, words: float, first_words: float) -> dict:
         return {"turns": 3, "first_delta_ms": {"p50": first}, "delta_gap_ms": {"p50": gap},
                 "deltas_per_turn": frames, "words_per_turn": words, "first_delta_words": first_words}
 
-    opts = BenchOptions(target=Target("t"), text="w " * 200)
+    opts = BenchOptions(targets=(Target("t"),), text="w " * 200)
     per_token = bare_timing(opts, calibration(23.0, 20.0, 200, 200, 1), 200)
     assert (per_token["first_delta_ms"], per_token["delta_gap_ms"], per_token["reply_deltas"]) == (20.0, 20.0, 0)
     assert per_token["delta_words"] == 1
@@ -374,6 +413,6 @@ def test_bare_timing_follows_the_frames_the_calibration_saw():
     assert one_frame["delta_words"] == 200  # the whole reply in its one delta
     silent = bare_timing(opts, calibration(0.0, None, 0, 0, 0), 200)  # no text at all: no division by it
     assert (silent["reply_deltas"], silent["delta_words"]) == (1, 1)
-    given = bare_timing(BenchOptions(target=Target("t"), text="x", bare_latency_ms=20.0, bare_first_delay_ms=5.0),
+    given = bare_timing(BenchOptions(targets=(Target("t"),), text="x", bare_latency_ms=20.0, bare_first_delay_ms=5.0),
                         calibration(24.5, 99.5, 41, 200, 1), 1)
     assert (given["first_delta_ms"], given["delta_gap_ms"], given["source"]) == (25.0, 20.0, "given")

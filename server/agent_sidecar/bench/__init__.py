@@ -8,10 +8,11 @@ nothing here is imported by ``serve``):
   process tree from its listening socket.
 * ``bare``   — the built-in bare gRPC server (``python -m agent_sidecar.bench.bare``):
   the same frames with the same timing as the echo model, no persistence.
+* ``bare_process`` — starting it beside the target, and its timing.
 * ``target`` — where the bench connects (picklable: token, TLS as bytes) and how.
 * ``load``   — the load generator on the project's Python client
   (``agent_sidecar_client``, the ``bench`` extra).
-* ``fleet``  — the same load from N client processes (``--clients N``).
+* ``fleet``  — the same load from N client processes (``--clients N``, several targets).
 * ``run``    — one bench run: sessions, calibration, the sweep, sidecar vs bare.
 * ``report`` — the table, the JSON document, the ratio lines.
 * ``plot``   — the PNG (matplotlib, the ``bench`` extra, imported only for ``--plot``).

@@ -1,11 +1,14 @@
-"""The bench's load from several client processes (``--clients N``).
+"""The bench's load from several client processes (``--clients N``, and
+several ``--target`` sidecars).
 
 Why: the bench's client is one Python process, one event loop on one core.
 A server that streams more frames than that loop can read is paced by the
-client rather than measured (stats.client_bound says when). With ``--clients
-N`` each point's lanes are spread over N spawned processes, each with its own
-channel to the server and its own share of the sessions; this process only
-conducts them and adds up what they counted.
+client rather than measured (stats.client_bound says when), and several
+sidecars (a cluster's nodes) need a channel each. With ``--clients N`` each
+point's lanes are spread over N spawned processes, each with its own channel
+to its target (``deal``: client k drives target k mod T) and its own share
+of the sessions; this process only conducts them and adds up what they
+counted.
 
 One point, as ``Fleet.run_point`` conducts it (messages are pickled tuples
 over each client's pipe, children.Channel):
@@ -51,11 +54,12 @@ def _dumps(obj: Any) -> bytes:
 
 
 class Fleet:
-    """``n`` client processes driving one server (``server`` names it in
-    errors); client ``k`` takes the sessions ``keys[k::n]``."""
+    """One client process per ``(target, session keys)`` of ``clients``,
+    driving one server (``server`` names it in errors; several targets when
+    it is several sidecars)."""
 
-    def __init__(self, n: int, target: Target, keys: list[str], seed: int, server: str):
-        self.n, self.target, self.keys, self.seed, self.server = n, target, keys, seed, server
+    def __init__(self, clients: list[tuple[Target, list[str]]], seed: int, server: str):
+        self.clients, self.n, self.seed, self.server = clients, len(clients), seed, server
         self.pids: list[int] = []
         self._procs: list[ChildProcess] = []
         self._channels: list[Channel] = []
@@ -76,8 +80,8 @@ class Fleet:
             self.pids.append(hello[1])
 
     async def _spawn(self, k: int):
-        return await spawn("agent_sidecar.bench.fleet:client_main",
-                           (self.target, self.keys[k::self.n], self.seed + k, os.getpid(), k),
+        target, keys = self.clients[k]
+        return await spawn("agent_sidecar.bench.fleet:client_main", (target, keys, self.seed + k, os.getpid(), k),
                            f"bench client {k}", functools.partial(self._heard, k),
                            functools.partial(self._lost, k), START_TIMEOUT_S, loads=pickle.loads, dumps=_dumps)
 
@@ -141,6 +145,13 @@ class Fleet:
     def _tell(channels: list[Channel], what: str) -> None:
         for channel in channels:
             channel.send((what,), now=True)
+
+
+def deal(sessions: int, clients: int, targets: int) -> list[tuple[int, int]]:
+    """Per bench client ``k``: the target it drives (``k % targets``: the
+    targets' loads differ by one client at most) and how many of the
+    ``sessions`` are its own (an even share, the first ones one more)."""
+    return [(k % targets, sessions // clients + (k < sessions % clients)) for k in range(clients)]
 
 
 def _share(turns: int | None, n: int, k: int) -> int | None:

@@ -18,12 +18,12 @@ from . import stats
 
 def options_dict(opts) -> dict:
     """The run's options for the JSON document: never the token, the prompt
-    as its size and its first words, TLS as a yes or no."""
-    t = opts.target
-    d = dataclasses.asdict(dataclasses.replace(opts, target=None))
-    d.update(target=t.address, tls=t.tls is not None, token_given=bool(t.token),
-             channel_options=list(t.channel_options), insecure=t.insecure,
-             connect_timeout_s=t.connect_timeout_s)
+    as its size and its first words, TLS as a yes or no (never its key)."""
+    t = opts.target  # the token and TLS options are every target's
+    d = dataclasses.asdict(dataclasses.replace(opts, targets=()))
+    d.update(target=",".join(x.address for x in opts.targets), targets=[x.address for x in opts.targets],
+             tls=t.tls is not None, token_given=bool(t.token), channel_options=list(t.channel_options),
+             insecure=t.insecure, connect_timeout_s=t.connect_timeout_s)
     text = d.pop("text")
     d["prompt"] = {"words": len(text.split()), "chars": len(text), "start": text[:60]}
     return d

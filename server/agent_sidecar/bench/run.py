@@ -25,19 +25,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
-import select
-import subprocess
-import sys
-import tempfile
+import itertools
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import load, procs, report
-from .fleet import Fleet
+from .bare_process import BareProcess, bare_timing
+from .fleet import Fleet, deal
 from .target import BenchError, Target, connect
 
 if TYPE_CHECKING:  # the client is the bench extra's: imported where used
@@ -45,14 +42,12 @@ if TYPE_CHECKING:  # the client is the bench extra's: imported where used
 
     from agent_sidecar_client import SidecarClient, ToolHost
 
-FIRST_DELAY_FLOOR_MS = 25.0
 DEFAULT_RAMP_S = 1.0  # --ramp auto with no ideal turn known (no --ideal, no calibration)
-ONE_DELTA_FLOOR_MS = 5.0  # one delta per turn: below this its wait is overhead, not latency
 
 
 @dataclass
 class BenchOptions:
-    target: Target
+    targets: tuple[Target, ...]  # one sidecar, or several (a cluster's nodes, or separate ones)
     text: str
     levels: list[int] = field(default_factory=lambda: [1])
     sweep: bool = False
@@ -77,105 +72,13 @@ class BenchOptions:
     turn_timeout_s: float = 300.0
     seed: int = 1
 
+    @property
+    def target(self) -> Target:
+        """The first target: the calibration's, and the bare server's kind of transport."""
+        return self.targets[0]
+
 
 Status = Callable[[str, "load.Point | None"], None]
-
-
-class BareProcess:
-    """The bare server (bench/bare.py) in a child process, on the same kind of
-    transport as the target: a Unix socket in a temporary directory, or TCP
-    on 127.0.0.1."""
-
-    def __init__(self, timing: dict, unix: bool):
-        self.timing = timing
-        self.dir = tempfile.mkdtemp(prefix="sidecar-bench-bare-")
-        self.listen = f"unix:{self.dir}/bare.sock" if unix else "127.0.0.1:0"
-        self.proc: subprocess.Popen | None = None
-        self.address = ""
-
-    def start(self, timeout: float = 30.0) -> str:
-        args = [sys.executable, "-m", "agent_sidecar.bench.bare", "--listen", self.listen,
-                "--token-latency-ms", str(self.timing["delta_gap_ms"]),
-                "--first-delta-ms", str(self.timing["first_delta_ms"]),
-                "--reply-deltas", str(self.timing["reply_deltas"]),
-                "--delta-words", str(self.timing["delta_words"])]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        stdout, stderr = self.proc.stdout, self.proc.stderr
-        assert stdout is not None and stderr is not None  # PIPE
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([stdout], [], [], 0.2)
-            if ready:
-                line = stdout.readline()
-                if line.startswith("serving "):
-                    self.address = line.split(None, 1)[1].strip()
-                    return self.address
-            if self.proc.poll() is not None:
-                err = (stderr.read() or "").strip().splitlines()
-                raise BenchError(f"the bare server exited ({self.proc.returncode}): "
-                                 f"{err[-1] if err else 'no output'}")
-        self.stop()
-        raise BenchError(f"the bare server did not start within {timeout:g}s")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        sock = os.path.join(self.dir, "bare.sock")
-        if os.path.exists(sock):
-            os.unlink(sock)
-        try:
-            os.rmdir(self.dir)
-        except OSError:
-            pass
-
-
-def bare_timing(opts: BenchOptions, calibration: dict | None, words: int) -> dict:
-    """How the bare server should stream: given, or read off the calibration.
-    The gap is the one the client saw between deltas, as it is: the bare
-    server paces by deadline (models/_text.paced), so a late wake-up does not
-    add up over a turn. The first delta is due one gap after ``started``, or
-    when the calibration saw it if that was FIRST_DELAY_FLOOR_MS or more
-    later (the model's own wait before its first token; less is the
-    sidecar's overhead, not the model's). A sidecar that coalesces sends a
-    turn's first delta at once and then one frame of several words per
-    window: then the first is due after its own words at the pace of the
-    words in the later frames."""
-    if opts.bare_latency_ms is not None or not calibration or not calibration.get("turns"):
-        gap = opts.bare_latency_ms or 0.0
-        return {"delta_gap_ms": gap, "first_delta_ms": gap + opts.bare_first_delay_ms,
-                "reply_deltas": 0, "delta_words": 1,
-                "source": "given" if opts.bare_latency_ms is not None else "default"}
-    gap = calibration["delta_gap_ms"]["p50"]
-    first = calibration["first_delta_ms"]["p50"] or 0.0
-    per_turn = calibration["deltas_per_turn"] or 0
-    if gap is None:  # one delta per turn: all the wait is before it
-        gap = first_delta = first if first >= ONE_DELTA_FLOOR_MS else 0.0
-    elif first - gap >= FIRST_DELAY_FLOOR_MS:
-        first_delta = first
-    else:
-        first_delta = _coalesced_first(calibration, gap) or gap
-    reply = 0 if round(per_turn) == words else max(1, round(per_turn))
-    # Fixed deltas carry the words the sidecar's did (several when it coalesces),
-    # so both sides stream as much text and CPU per word compares like for like.
-    delta_words = max(1, round((calibration.get("words_per_turn") or 0) / per_turn)) if reply and per_turn else 1
-    return {"delta_gap_ms": round(gap, 3), "first_delta_ms": round(first_delta, 3),
-            "reply_deltas": reply, "delta_words": delta_words, "source": "calibrated"}
-
-
-def _coalesced_first(calibration: dict, gap: float) -> float | None:
-    """When a coalescing sidecar's first delta would come at the model's
-    pace: its words at the pace of the words in the frames after it. None
-    when the frames carry one word each (no coalescing seen)."""
-    frames, words = calibration["deltas_per_turn"] or 0, calibration.get("words_per_turn") or 0
-    first_words = calibration.get("first_delta_words") or 0
-    if frames < 2 or words - first_words <= frames - 1:
-        return None
-    return first_words * gap * (frames - 1) / (words - first_words)
 
 
 async def _sessions(client, opts: BenchOptions, n: int, prefix: str, where: str) -> list[str]:
@@ -232,63 +135,89 @@ class _Run:
         self.opts, self.status = opts, status
         self.started = time.time()
         self.run_id = uuid.uuid4().hex[:8]
-        self.client: SidecarClient | None = None
+        self.mains: list[SidecarClient] = []  # this process's client of each target
         self.bare: BareProcess | None = None
         self.bare_client: SidecarClient | None = None
-        self.host_ctx: AbstractAsyncContextManager[Any] | None = None
-        self.tool_host: _BenchTools | None = None
+        self.host_ctxs: list[AbstractAsyncContextManager[Any]] = []
+        self.tool_hosts: list[_BenchTools] = []
         self.pid: int | None = None
         self.tree: list[tuple[str, int]] | None = None
         self.idle: list[dict] | None = None
         self.calibration: dict | None = None
         self.ramp: tuple[float, str] = (DEFAULT_RAMP_S, "")
         self.timing: dict | None = None
-        self.keys: list[str] = []
+        self.shares: list[tuple[Target, list[str]]] = []  # each bench client's target and sessions
         self.servers: list[_Server] = []
         self.fleets: list[Fleet] = []
         self.points: list[dict] = []
 
+    @property
+    def keys(self) -> list[str]:
+        return [key for _, keys in self.shares for key in keys]
+
     async def setup(self) -> None:
         opts = self.opts
-        self.client = await connect(opts.target)
-        self.pid = opts.pid or procs.listening_pid(opts.target.address)
-        self.tree = procs.process_tree(self.pid, "sidecar") if self.pid else None
-        self.idle = procs.memory_snapshot(self.tree) if self.tree else None
+        for target in opts.targets:
+            self.mains.append(await connect(target))
+        if len(opts.targets) == 1:  # CPU and memory: one sidecar's tree
+            self.pid = opts.pid or procs.listening_pid(opts.target.address)
+            self.tree = procs.process_tree(self.pid, "sidecar") if self.pid else None
+            self.idle = procs.memory_snapshot(self.tree) if self.tree else None
         n = opts.sessions or max(opts.levels)
         self.status(f"creating {n} sessions", None)
-        self.keys = await _sessions(self.client, opts, n, self.run_id, opts.target.address)
-        self.pool = load.SessionPool(self.keys, opts.seed)
-        self.servers.append(await self._server("sidecar", opts.target, self.client, self.keys, self.tree))
+        self.shares = await self._sessions_per_client(n)
+        self.servers.append(await self._server("sidecar", self.mains[0], self.shares, self.tree))
         if opts.tools:
-            self.tool_host = _tool_host(opts.platform)
-            ctx = self.tool_host.host.running(self.client)
-            try:
-                await ctx.__aenter__()
-            except Exception as e:
-                raise BenchError(f"cannot host the bench tools on {opts.target.address}: {e}") from None
-            self.host_ctx = ctx
+            for target, client in zip(opts.targets, self.mains):
+                await self._host_tools(target, client)
 
-    async def _server(self, name: str, target: Target, client: SidecarClient, keys: list[str],
+    async def _sessions_per_client(self, n: int) -> list[tuple[Target, list[str]]]:
+        """``n`` sessions, dealt to the bench's clients as fleet.deal says,
+        each created through the target its client drives (the targets may
+        be sidecars with stores of their own)."""
+        opts = self.opts
+        shares = deal(n, opts.clients, len(opts.targets))
+        made: list[Iterator[str]] = []
+        for t, (target, client) in enumerate(zip(opts.targets, self.mains)):
+            prefix = self.run_id if t == 0 else f"{self.run_id}-t{t}"
+            want = sum(count for where, count in shares if where == t)
+            made.append(iter(await _sessions(client, opts, want, prefix, target.address)))
+        return [(opts.targets[t], list(itertools.islice(made[t], count))) for t, count in shares]
+
+    async def _host_tools(self, target: Target, client: SidecarClient) -> None:
+        tools = _tool_host(self.opts.platform)
+        ctx = tools.host.running(client)
+        try:
+            await ctx.__aenter__()
+        except Exception as e:
+            raise BenchError(f"cannot host the bench tools on {target.address}: {e}") from None
+        self.tool_hosts.append(tools)
+        self.host_ctxs.append(ctx)
+
+    async def _server(self, name: str, client: SidecarClient, shares: list[tuple[Target, list[str]]],
                       tree: list[tuple[str, int]] | None) -> _Server:
         """How the points reach a server: through ``client`` here, or with
-        ``--clients N`` through a fleet of N client processes."""
-        if self.opts.clients == 1:
-            pool = self.pool if name == "sidecar" else load.SessionPool(keys, self.opts.seed)
+        ``--clients N`` (or several targets) through a fleet of client processes."""
+        if len(shares) == 1:
+            pool = load.SessionPool(shares[0][1], self.opts.seed)
             return _Server(name, functools.partial(load.run_point, client, pool), tree)
-        self.status(f"starting {self.opts.clients} client processes for {name}", None)
-        fleet = Fleet(self.opts.clients, target, keys, self.opts.seed, name)
+        self.status(f"starting {len(shares)} client processes for {name}", None)
+        fleet = Fleet(shares, self.opts.seed, name)
         self.fleets.append(fleet)
         await fleet.start()
         return _Server(name, fleet.run_point, tree, fleet.pids)
 
     async def calibrate(self) -> None:
+        """``--calibrate`` turns one at a time through the first target, on
+        the first client's sessions."""
         opts = self.opts
         if not opts.calibrate:
             return
         spec = load.LoadSpec(concurrency=1, text=opts.text, duration_s=None, turns=opts.calibrate, warmup_s=0,
                              ramp_s=0, delivery=opts.delivery, profile=opts.profile,
                              turn_timeout_s=opts.turn_timeout_s)
-        self.calibration = await load.run_point(self.client, self.pool, spec,
+        pool = load.SessionPool(self.shares[0][1], opts.seed)
+        self.calibration = await load.run_point(self.mains[0], pool, spec,
                                                 lambda p: self.status("calibrating", p))
 
     async def start_bare(self) -> None:
@@ -301,8 +230,9 @@ class _Run:
         assert bare.proc is not None  # start() ran it
         target = opts.target.plain(address)
         self.bare_client = await connect(target)
-        keys = await _sessions(self.bare_client, opts, len(self.keys), self.run_id, "the bare server")
-        self.servers.append(await self._server("bare", target, self.bare_client, keys,
+        keys = iter(await _sessions(self.bare_client, opts, len(self.keys), self.run_id, "the bare server"))
+        shares = [(target, list(itertools.islice(keys, len(mine)))) for _, mine in self.shares]  # as many each
+        self.servers.append(await self._server("bare", self.bare_client, shares,
                                                procs.process_tree(bare.proc.pid, "bare")))
 
     async def sweep(self) -> None:
@@ -323,23 +253,26 @@ class _Run:
     async def teardown(self) -> None:
         for fleet in self.fleets:
             await fleet.close()
-        if self.host_ctx is not None:
-            await self.host_ctx.__aexit__(None, None, None)
-        if self.bare_client is not None:
-            await self.bare_client.close()
-        if self.client is not None:
-            await self.client.close()
+        for ctx in self.host_ctxs:
+            await ctx.__aexit__(None, None, None)
+        for client in [self.bare_client, *self.mains]:
+            if client is not None:
+                await client.close()
         if self.bare is not None:
             self.bare.stop()
 
     def document(self) -> dict:
+        by_target: dict[str, list[str]] = {}
+        for target, keys in self.shares:
+            by_target.setdefault(target.address, []).extend(keys)
         return {"version": 1, "started_at": self.started, "finished_at": time.time(), "run_id": self.run_id,
                 "options": report.options_dict(self.opts), "machine": report.machine(),
                 "sidecar_pid": self.pid, "local": self.tree is not None, "idle_memory": self.idle,
-                "sessions": {"platform": self.opts.platform, "count": len(self.keys), "keys": self.keys},
+                "sessions": {"platform": self.opts.platform, "count": len(self.keys), "keys": self.keys,
+                             "by_target": by_target},
                 "calibration": self.calibration, "ramp": {"s": self.ramp[0], "source": self.ramp[1]},
                 "bare": self.timing, "points": self.points,
-                "tool_invocations": self.tool_host.invocations if self.tool_host else None}
+                "tool_invocations": sum(t.invocations for t in self.tool_hosts) if self.tool_hosts else None}
 
 
 @dataclass

@@ -20,7 +20,9 @@ def _short(name: str) -> str:
 
 def header(doc: dict) -> list[str]:
     o, m = doc["options"], doc["machine"]
-    where = f"local, pid {doc['sidecar_pid']}" if doc["local"] else "not on this host: no CPU/RSS figures"
+    where = (f"local, pid {doc['sidecar_pid']}" if doc["local"]
+             else f"{len(o['targets'])} targets: no CPU/RSS figures" if len(o.get("targets", ())) > 1
+             else "not on this host: no CPU/RSS figures")
     per_point = f"{o['duration_s']:g} s per point" if o["turns"] is None else f"{o['turns']} turns per point"
     warm = "auto (one turn per lane)" if o["warmup_s"] is None else f"{o['warmup_s']:g} s"
     ramp = doc.get("ramp")  # (absent from a document written before --ramp auto)

@@ -70,7 +70,8 @@ def add_arguments(sub) -> argparse.ArgumentParser:
                        description="Drive a running sidecar with concurrent turns and report throughput, "
                                    "latency, errors and (on this host) CPU and memory.")
     t = b.add_argument_group("target")
-    add_target_arguments(t, DEFAULT_TARGET)
+    add_target_arguments(t, DEFAULT_TARGET, target_help="the sidecar's address, or several, comma-separated "
+                         "(a cluster's nodes, or separate sidecars: one client process or more each)")
     t.add_argument("--connect-timeout", type=_positive(float), default=5.0, help="seconds (default 5)")
     t.add_argument("--pid", type=int, default=None,
                    help="the sidecar's pid for CPU/RSS figures (default: found from the listening socket)")
@@ -98,10 +99,10 @@ def add_arguments(sub) -> argparse.ArgumentParser:
                     help="spread the lanes' first turns over S seconds (default auto: one ideal turn, so "
                          "that turns start evenly over time, not in a burst per turn)")
     ld.add_argument("--turn-timeout", type=_positive(float), default=300.0, help="seconds per turn (default 300)")
-    ld.add_argument("--clients", type=_positive(int), default=1, metavar="N",
+    ld.add_argument("--clients", type=_positive(int), default=None, metavar="N",
                     help="drive the points from N client processes, each with its own connection and share "
-                         "of the lanes and sessions (default 1: this process); for servers faster than one "
-                         "Python client can read")
+                         "of the lanes and sessions, for servers faster than one Python client can read "
+                         "(default: this process alone; with several targets, one each)")
     ld.add_argument("--seed", type=int, default=1)
     m = b.add_argument_group("measure and compare")
     m.add_argument("--slo", default="10%", help="allowed p99 turn excess over the ideal (default 10%%)")
@@ -130,7 +131,6 @@ def options_from(args):
     """BenchOptions from parsed arguments; ValueError for combinations argparse cannot check."""
     from ..bench.run import BenchOptions
     from ..bench.stats import parse_slo
-    from ..bench.target import Target
 
     if args.tools and args.compare_bare:
         raise ValueError("--tools and --compare-bare do not go together: the bare server has no tool host")
@@ -143,17 +143,18 @@ def options_from(args):
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise ValueError(f"{flag} {path}: no such directory")
-    try:
-        tls, channel_options = tls_material(args)
-    except TargetError as e:
-        raise ValueError(str(e)) from None
+    targets = _targets(args)
     levels = args.sweep or [args.concurrency or 10]
-    if args.clients > (args.sessions or max(levels)):
-        raise ValueError(f"--clients {args.clients} needs at least as many sessions (--sessions)")
-    target = Target(args.target, args.token, tls, channel_options, args.insecure, args.connect_timeout)
+    clients = args.clients or len(targets)
+    if clients < len(targets):
+        raise ValueError(f"--clients {clients}: at least one client process per target ({len(targets)})")
+    if clients > (args.sessions or max(levels)):
+        raise ValueError(f"--clients {clients} needs at least as many sessions (--sessions)")
+    if args.pid is not None and len(targets) > 1:
+        raise ValueError("--pid is for one target")
     return BenchOptions(
-        target=target, text=args.prompt if args.prompt is not None else prompt_of(args.prompt_words or 200),
-        levels=levels, sweep=args.sweep is not None and len(levels) > 1, clients=args.clients,
+        targets=targets, text=args.prompt if args.prompt is not None else prompt_of(args.prompt_words or 200),
+        levels=levels, sweep=args.sweep is not None and len(levels) > 1, clients=clients,
         profile=args.profile, platform=args.platform,
         sessions=args.sessions, duration_s=None if args.turns else (args.duration or 10.0), turns=args.turns,
         warmup_s=args.warmup, ramp_s=args.ramp, delivery=args.delivery, tools=args.tools,
@@ -161,6 +162,25 @@ def options_from(args):
         bare_first_delay_ms=args.bare_first_delay_ms, ideal_s=args.ideal, slo=parse_slo(args.slo),
         first_delta_slo_ms=args.first_delta_slo,
         calibrate=args.calibrate, pid=args.pid, turn_timeout_s=args.turn_timeout, seed=args.seed)
+
+
+def _targets(args) -> tuple:
+    """A bench.target.Target per address of ``--target`` (comma-separated),
+    each with the token and TLS options (checked for each address)."""
+    from ..bench.target import Target
+    addresses = [a.strip() for a in args.target.split(",")]
+    if not all(addresses):
+        raise ValueError(f"--target {args.target!r}: an empty address")
+    if len(set(addresses)) < len(addresses):
+        raise ValueError(f"--target {args.target!r}: an address given twice")
+    targets = []
+    for address in addresses:
+        try:
+            tls, channel_options = tls_material(argparse.Namespace(**{**vars(args), "target": address}))
+        except TargetError as e:
+            raise ValueError(str(e)) from None
+        targets.append(Target(address, args.token, tls, channel_options, args.insecure, args.connect_timeout))
+    return tuple(targets)
 
 
 class StatusView:

@@ -20,9 +20,10 @@ class TargetError(Exception):
     """Target options that cannot work together, or a file that cannot be read: one line."""
 
 
-def add_target_arguments(parser: Any, default: str = DEFAULT_TARGET) -> None:
+def add_target_arguments(parser: Any, default: str = DEFAULT_TARGET, target_help: str = "the sidecar's address"
+                         ) -> None:
     """The target options on ``parser`` (a parser or an argument group)."""
-    parser.add_argument("--target", default=default, help=f"the sidecar's address (default {default})")
+    parser.add_argument("--target", default=default, help=f"{target_help} (default {default})")
     parser.add_argument("--token", default=None, help="bearer token (TCP)")
     parser.add_argument("--tls", action="store_true",
                         help="TLS to the target (the system's roots unless --ca)")

@@ -1,0 +1,38 @@
+"""`agent-sidecar bench --target A,B` across a cluster's nodes (several
+sidecars on one PostgreSQL): one client process per node, each node runs the
+lanes of the sessions made through it, and the one database holds every
+turn the bench sent. No figure is asserted: speed is for benchmarks/."""
+
+from __future__ import annotations
+
+import json
+
+from helpers.cli import cli
+from helpers.cluster import Cluster
+from helpers.config import echo
+from helpers.sessions import transcript
+
+from agent_sidecar.v1 import session_service_pb2 as spb
+
+WORDS = 8
+
+
+def test_bench_across_two_nodes_runs_turns_on_both_and_the_database_holds_them_all(tmp_path, cluster_dsn):
+    with Cluster(tmp_path, cluster_dsn, 2, echo("main", 5), lease_ttl_s=15.0, workers=1) as cl:
+        a, b = cl.nodes
+        out = tmp_path / "bench.json"
+        r = cli("bench", "--target", f"{a.target},{b.target}", "--concurrency", "4", "--duration", "1.5",
+                "--prompt-words", str(WORDS), "--calibrate", "0", "--json", str(out), timeout=120)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(out.read_text())
+        assert doc["options"]["clients"] == 2 and doc["points"][0]["error_count"] == 0
+        assert all(sum(w.turns_run for w in node.status().workers) > 0 for node in (a, b))
+
+        stub = a.sessions()  # one database: every node's sessions, read through one of them
+        completed = messages = 0
+        for key in doc["sessions"]["keys"]:
+            session = stub.GetSession(spb.GetSessionRequest(session_key=key), timeout=10).session
+            completed += session.turn_count
+            messages += len(transcript(stub, session.session_id))
+        totals = doc["totals"]
+        assert totals["started"] == totals["completed"] == completed > 0 and messages == 2 * completed
