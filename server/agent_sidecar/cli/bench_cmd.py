@@ -15,8 +15,12 @@ import os
 import sys
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from .connection import DEFAULT_TARGET, TargetError, add_target_arguments, tls_material
+
+if TYPE_CHECKING:  # the bench is imported when the command runs
+    from ..bench.target import Target
 
 # Common words, cycled to build --prompt-words N: a prompt a tokenizer and a
 # model treat as ordinary text, and the echo model answers word for word.
@@ -164,7 +168,7 @@ def options_from(args):
         calibrate=args.calibrate, pid=args.pid, turn_timeout_s=args.turn_timeout, seed=args.seed)
 
 
-def _targets(args) -> tuple:
+def _targets(args) -> tuple[Target, ...]:
     """A bench.target.Target per address of ``--target`` (comma-separated),
     each with the token and TLS options (checked for each address)."""
     from ..bench.target import Target
