@@ -282,6 +282,10 @@ def test_several_targets_each_get_their_share_and_hold_their_turns(sc, tmp_path)
         assert "2 targets: no CPU/RSS figures" in r.stdout and not doc["local"]
         (point,) = doc["points"]
         assert point["turns"] > 0 and point["error_count"] == 0 and point["procs"] is None
+        shares = point["by_target"]  # each target's share of the point, summarized alone
+        assert sorted(shares) == sorted([sc.target, other.target]) and "Per target" in r.stdout
+        assert sum(t["turns"] for t in shares.values()) == point["turns"]
+        assert all(t["turns"] > 0 and t["error_count"] == 0 and t["turn_ms"]["p99"] > 0 for t in shares.values())
         by_target = doc["sessions"]["by_target"]
         assert sorted(by_target) == sorted([sc.target, other.target])
         assert all(len(keys) == 2 for keys in by_target.values())

@@ -139,7 +139,24 @@ class Fleet:
             point.add(run.results[k])
         if on_tick is not None:
             on_tick(point)
-        return load.summarize(point, cpu)
+        out = load.summarize(point, cpu)
+        if len({target.address for target, _ in self.clients}) > 1:
+            out["by_target"] = self._by_target(point, run.results)
+        return out
+
+    def _by_target(self, point: load.Point, results: dict[int, dict]) -> dict[str, dict]:
+        """Per target of several, its clients' turns summarized alone (how
+        evenly the sidecars carried the load): turns/s, errors, latencies."""
+        mine: dict[str, load.Point] = {}
+        for k, tally in sorted(results.items()):
+            address = self.clients[k][0].address
+            if address not in mine:
+                mine[address] = load.Point(point.spec, t0=point.t0)
+                mine[address].w0, mine[address].w1 = point.w0, point.w1
+            mine[address].add(tally)
+        keep = ("turns", "turns_per_s", "deltas_per_s", "first_delta_ms", "turn_ms", "error_count", "errors")
+        return {address: {key: value for key, value in load.summarize(p, None).items() if key in keep}
+                for address, p in mine.items()}
 
     @staticmethod
     def _tell(channels: list[Channel], what: str) -> None:

@@ -60,6 +60,19 @@ def latency_table(doc: dict) -> str:
                  title="Throughput and latency (ms; first = time to the first text delta)")
 
 
+def target_table(doc: dict) -> str | None:
+    """With several targets: each one's share of every point."""
+    rows = []
+    for p in doc["points"]:
+        for address, t in (p.get("by_target") or {}).items():
+            rows.append([p["server"], p["concurrency"], address, t["turns"], t["turns_per_s"],
+                         t["first_delta_ms"]["p99"], t["turn_ms"]["p50"], t["turn_ms"]["p99"], t["error_count"]])
+    if not rows:
+        return None
+    return table(["server", "conc", "target", "turns", "turns/s", "first p99", "turn p50", "turn p99", "errors"],
+                 rows, title="Per target (ms)")
+
+
 def error_lines(doc: dict) -> list[str]:
     out = []
     for p in doc["points"]:
@@ -196,11 +209,12 @@ def render(doc: dict) -> str:
     errs = error_lines(doc)
     if errs:
         blocks[-1] += "\n" + "\n".join(errs)
-    for extra in (cpu_table(doc), client_bound_line(doc), idle_line(doc), ratio_table(doc)):
+    for extra in (target_table(doc), cpu_table(doc), client_bound_line(doc), idle_line(doc), ratio_table(doc)):
         if extra:
             blocks.append(extra)
     t = doc["totals"]
-    blocks.append(f"sent to the target: {t['started']:,} turns ({t['completed']:,} completed"
+    several = len(doc["options"].get("targets", ())) > 1
+    blocks.append(f"sent to the target{'s' if several else ''}: {t['started']:,} turns ({t['completed']:,} completed"
                   + "".join(f", {n:,} {r}" for r, n in t["failed"].items()) + f"), {t['deltas']:,} text deltas"
                   + (f", {t['tool_calls']:,} tool calls ({doc['tool_invocations']:,} answered by the bench's "
                      f"tool host)" if doc["options"]["tools"] else ""))
