@@ -22,13 +22,12 @@ from helpers.certs import available as certs_available
 from helpers.certs import make_certs
 from helpers.cli import CLEAN_ENV, COMMAND, cli
 from helpers.config import echo, scripted
-from helpers.sessions import transcript
+from helpers.sessions import held
 from helpers.waiting import wait_until
 from sidecar_proc import ROOT, TOKEN, Sidecar, free_port
 
 from agent_sidecar.bench import procs, report, stats, text
 from agent_sidecar.bench.plot import SIZE_PX
-from agent_sidecar.v1 import session_service_pb2 as spb
 
 WORDS = 8
 TOOL_STEPS = [{"tool_calls": [{"name": "bench.echo", "arguments": {"text": "from the tool"}}]},
@@ -75,13 +74,7 @@ def png_size(path: Path) -> tuple[int, int]:
 
 def store_counts(sc: Sidecar, keys: list[str]) -> tuple[int, int]:
     """Completed turns and transcript messages of the bench's sessions, over gRPC."""
-    stub = sc.sessions()
-    turns = messages = 0
-    for key in keys:
-        session = stub.GetSession(spb.GetSessionRequest(session_key=key), timeout=10).session
-        turns += session.turn_count
-        messages += len(transcript(stub, session.session_id))
-    return turns, messages
+    return held(sc.sessions(), keys)
 
 
 def test_sweep_with_bare_writes_json_and_png_that_match_the_store(sc, tmp_path):

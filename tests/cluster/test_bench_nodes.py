@@ -10,9 +10,7 @@ import json
 from helpers.cli import cli
 from helpers.cluster import Cluster
 from helpers.config import echo
-from helpers.sessions import transcript
-
-from agent_sidecar.v1 import session_service_pb2 as spb
+from helpers.sessions import held
 
 WORDS = 8
 
@@ -28,11 +26,6 @@ def test_bench_across_two_nodes_runs_turns_on_both_and_the_database_holds_them_a
         assert doc["options"]["clients"] == 2 and doc["points"][0]["error_count"] == 0
         assert all(sum(w.turns_run for w in node.status().workers) > 0 for node in (a, b))
 
-        stub = a.sessions()  # one database: every node's sessions, read through one of them
-        completed = messages = 0
-        for key in doc["sessions"]["keys"]:
-            session = stub.GetSession(spb.GetSessionRequest(session_key=key), timeout=10).session
-            completed += session.turn_count
-            messages += len(transcript(stub, session.session_id))
+        completed, messages = held(a.sessions(), doc["sessions"]["keys"])  # one database: every node's
         totals = doc["totals"]
         assert totals["started"] == totals["completed"] == completed > 0 and messages == 2 * completed

@@ -41,6 +41,16 @@ def get_session(stub, key: str):
     return stub.GetSession(pb.GetSessionRequest(session_key=key), timeout=10).session
 
 
+def held(stub, keys: list[str]) -> tuple[int, int]:
+    """The completed turns and transcript messages of these sessions, over gRPC."""
+    turns = messages = 0
+    for key in keys:
+        session = get_session(stub, key)
+        turns += session.turn_count
+        messages += len(transcript(stub, session.session_id))
+    return turns, messages
+
+
 def transcript(stub, session_id: str, include_rewound: bool = False, page_size: int = 0) -> list:
     """Every message of an incarnation through GetTranscript, following page tokens."""
     out, token = [], ""
