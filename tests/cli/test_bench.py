@@ -185,11 +185,12 @@ def check_client_bound_warning(doc: dict) -> None:
     assert "client-bound: see the warning" in out.split("knee (", 1)[1].splitlines()[0]
 
 
-def test_tool_load_over_tcp_counts_every_tool_call(sc, tmp_path):
+@pytest.mark.parametrize("clients", ["1", "2"])  # 2: the turns come from client processes, the tools from here
+def test_tool_load_over_tcp_counts_every_tool_call(sc, tmp_path, clients):
     out, png = tmp_path / "tools.json", tmp_path / "tools.png"
     r = bench("--target", sc.tcp_target, "--token", TOKEN, "--profile", "tooly", "--tools", "--concurrency", "2",
               "--turns", "6", "--warmup", "0", "--calibrate", "0", "--prompt", "call the tool",
-              "--json", str(out), "--plot", str(png))
+              "--clients", clients, "--json", str(out), "--plot", str(png))
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     (point,) = doc["points"]
