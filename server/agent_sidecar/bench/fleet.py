@@ -112,7 +112,7 @@ class Fleet:
         for k, channel in enumerate(active):
             share = dataclasses.replace(spec, turns=_share(spec.turns, len(active), k))
             channel.send(("point", share, list(range(k, spec.concurrency, len(active))), point.t0), now=True)
-        run = _Conducting(self._inbox, point, len(active), on_tick, window)
+        run = _Conducting(self._inbox, point, on_tick, window)
         if point.phase == load.WARMUP:
             if spec.warmup_s is None:
                 await run.pump(lambda: len(run.warm) == len(active))
@@ -180,13 +180,12 @@ class _Conducting:
     """What the clients said during one point, read from the fleet's inbox;
     the progress line and the CPU window's samples every load.TICK_S."""
 
-    def __init__(self, inbox: asyncio.Queue, point: load.Point, clients: int,
+    def __init__(self, inbox: asyncio.Queue, point: load.Point,
                  on_tick: Callable[[load.Point], None] | None, window: Any):
         self.inbox, self.point, self.on_tick, self.window = inbox, point, on_tick, window
         self.snapshots: dict[int, dict] = {}
         self.warm: set[int] = set()
         self.results: dict[int, dict] = {}
-        self.clients = clients
         self.next_tick = time.monotonic() + load.TICK_S
 
     async def pump(self, done: Callable[[], bool] = lambda: False, seconds: float | None = None) -> None:
