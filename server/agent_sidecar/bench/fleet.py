@@ -268,22 +268,15 @@ async def _point(channel: Channel, inbox: asyncio.Queue, client: Any, pool: load
     point = load.Point(spec, lanes=len(lanes), t0=t0)
     tasks = load.start_lanes(client, pool, spec, point, lanes)
     ticker = asyncio.create_task(_ticks(channel, point))
+
+    async def warmed() -> None:
+        if spec.warmup_s is None:
+            await point.all_warm.wait()
+            channel.send(("warm",), now=True)
+        await _expect(inbox, "measure")
+
     try:
-        if point.phase == load.WARMUP:
-            if spec.warmup_s is None:
-                await load.wait_any(tasks, point.all_warm.wait())
-                channel.send(("warm",), now=True)
-            await load.wait_any(tasks, _expect(inbox, "measure"))
-            point.begin_measure()
-        if spec.turns is None:
-            await load.wait_any(tasks, _expect(inbox, "stop"))
-            point.counting, point.w1, point.phase = False, time.monotonic(), load.DRAIN
-            await asyncio.gather(*tasks)
-        else:
-            await load.wait_any(tasks, point.measured_all_started.wait())
-            point.phase = load.DRAIN
-            await asyncio.gather(*tasks)
-            point.counting, point.w1 = False, time.monotonic()
+        await load.drive(point, tasks, warmed, functools.partial(_expect, inbox, "stop"))
     finally:
         ticker.cancel()
         for t in tasks:

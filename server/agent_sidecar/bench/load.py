@@ -26,10 +26,11 @@ sidecar's store holds afterwards.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -257,27 +258,10 @@ async def run_point(client: Any, pool: SessionPool, spec: LoadSpec,
 
     lanes = start_lanes(client, pool, spec, point, range(spec.concurrency))
     tick = asyncio.create_task(ticker())
-    cpu = None
+    assert spec.turns is not None or spec.duration_s is not None  # a point runs for a number of turns or seconds
     try:
-        if point.phase == WARMUP:
-            await wait_any(lanes, point.all_warm.wait() if spec.warmup_s is None
-                            else asyncio.sleep(spec.warmup_s))
-            point.begin_measure()
-        if window is not None:
-            window.start()
-        if spec.turns is None:
-            assert spec.duration_s is not None  # a point runs for a number of turns or seconds
-            await wait_any(lanes, asyncio.sleep(spec.duration_s))
-            point.counting, point.w1 = False, time.monotonic()
-            cpu = window.stop() if window is not None else None
-            point.phase = DRAIN
-            await asyncio.gather(*lanes)
-        else:
-            await wait_any(lanes, point.measured_all_started.wait())
-            point.phase = DRAIN
-            await asyncio.gather(*lanes)
-            point.counting, point.w1 = False, time.monotonic()
-            cpu = window.stop() if window is not None else None
+        warmed = point.all_warm.wait if spec.warmup_s is None else functools.partial(asyncio.sleep, spec.warmup_s)
+        cpu = await drive(point, lanes, warmed, functools.partial(asyncio.sleep, spec.duration_s), window)
     finally:
         tick.cancel()
         for t in lanes:
@@ -286,6 +270,37 @@ async def run_point(client: Any, pool: SessionPool, spec: LoadSpec,
     if on_tick is not None:
         on_tick(point)
     return summarize(point, cpu)
+
+
+async def drive(point: Point, lanes: list[asyncio.Task], warmed: Callable[[], Awaitable[Any]],
+                elapsed: Callable[[], Awaitable[Any]], window: Any = None) -> dict | None:
+    """Take ``point`` through its phases while ``lanes`` run its turns: the
+    warm-up until ``warmed()`` returns (skipped when the point has none),
+    then the measure window, until ``elapsed()`` returns (a timed point) or
+    until its turns have all started; then the drain. A timed window ends
+    before the drain, a window of turns with it (its last turn's end).
+    ``window`` (a procs.TreeWindow or None) is started and stopped with the
+    measure window; returns what it measured. Here, a point's own timers
+    say when; in a fleet's client process (bench/fleet.py), the bench's."""
+    if point.phase == WARMUP:
+        await wait_any(lanes, warmed())
+        point.begin_measure()
+    if window is not None:
+        window.start()
+    cpu = None
+    if point.spec.turns is None:
+        await wait_any(lanes, elapsed())
+        point.counting, point.w1 = False, time.monotonic()
+        cpu = window.stop() if window is not None else None
+        point.phase = DRAIN
+        await asyncio.gather(*lanes)
+    else:
+        await wait_any(lanes, point.measured_all_started.wait())
+        point.phase = DRAIN
+        await asyncio.gather(*lanes)
+        point.counting, point.w1 = False, time.monotonic()
+        cpu = window.stop() if window is not None else None
+    return cpu
 
 
 def start_lanes(client: Any, pool: SessionPool, spec: LoadSpec, point: Point,
@@ -372,19 +387,3 @@ def summarize(point: Point, cpu: dict | None) -> dict:
     if cpu is not None and point.window_words:  # the same text in fewer frames costs less per word
         out["server_cpu_us_per_word"] = 1e6 * cpu["server_cpu_s"] / point.window_words
     return out
-
-
-async def create_sessions(client: Any, n: int, *, platform: str, prefix: str,
-                          profile: str | None, parallel: int = 32) -> list[str]:
-    """``n`` fresh sessions (GetOrCreateSession with chat ids ``<prefix>-<i>``);
-    their keys in order."""
-    sem = asyncio.Semaphore(parallel)
-
-    async def one(i: int) -> str:
-        async with sem:
-            session = await client.get_or_create_session(
-                {"platform": platform, "chat_type": "dm", "chat_id": f"{prefix}-{i}",
-                 "user_id": f"{prefix}-u{i}"}, profile=profile)
-            return session.session_key
-
-    return list(await asyncio.gather(*(one(i) for i in range(n))))

@@ -81,10 +81,22 @@ class BenchOptions:
 Status = Callable[[str, "load.Point | None"], None]
 
 
-async def _sessions(client, opts: BenchOptions, n: int, prefix: str, where: str) -> list[str]:
+async def _sessions(client, opts: BenchOptions, n: int, prefix: str, where: str, parallel: int = 32) -> list[str]:
+    """``n`` fresh sessions (GetOrCreateSession with chat ids ``<prefix>-<i>``),
+    ``parallel`` calls at a time; their keys in order. BenchError (one line)
+    when ``where`` refuses."""
     from agent_sidecar_client import SidecarError
+    sem = asyncio.Semaphore(parallel)
+
+    async def one(i: int) -> str:
+        async with sem:
+            session = await client.get_or_create_session(
+                {"platform": opts.platform, "chat_type": "dm", "chat_id": f"{prefix}-{i}",
+                 "user_id": f"{prefix}-u{i}"}, profile=opts.profile)
+            return session.session_key
+
     try:
-        return await load.create_sessions(client, n, platform=opts.platform, prefix=prefix, profile=opts.profile)
+        return list(await asyncio.gather(*(one(i) for i in range(n))))
     except SidecarError as e:
         raise BenchError(f"cannot create sessions on {where}: {e}") from None
 
