@@ -121,18 +121,20 @@ bench: install
 # A few minutes; smaller: make bench-report SWEEP=2,4 DURATION=3 WORDS=20; COALESCE=0 for
 # one text_delta frame per model delta (default: the sidecar's [stream] coalesce_ms);
 # FIRST_DELTA_SLO=100 for a knee that also keeps the first delta's p99 within 100 ms;
-# CLIENTS=2 to drive the load from two bench client processes.
+# CLIENTS=2 to drive the load from two bench client processes; FIND_KNEE=2000 to go on
+# past the sweep (levels ~1.5x apart, up to 2000) until each server has missed the SLO.
 SWEEP ?= 25,50,100,200,400,800
 DURATION ?= 20
 WORDS ?= 200
 COALESCE ?=
 FIRST_DELTA_SLO ?=
 CLIENTS ?=
+FIND_KNEE ?=
 bench-report: install
 	$(BIN)/python benchmarks/stream_bench.py --sweep $(SWEEP) --duration $(DURATION) \
 		--prompt-words $(WORDS) $(if $(COALESCE),--coalesce-ms $(COALESCE)) \
 		$(if $(FIRST_DELTA_SLO),--first-delta-slo $(FIRST_DELTA_SLO)) $(if $(CLIENTS),--clients $(CLIENTS)) \
-		--out benchmarks/results --name bench-report$(if $(COALESCE),-coalesce-$(COALESCE))
+		$(if $(FIND_KNEE),--find-knee $(FIND_KNEE)) --out benchmarks/results --name bench-report$(if $(COALESCE),-coalesce-$(COALESCE))
 
 clean:
 	rm -rf $(VENV) $(TOOLS)

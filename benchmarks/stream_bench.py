@@ -61,6 +61,8 @@ def bench_args(args, target: str, out: Path | None) -> list[str]:
         cmd += ["--first-delta-slo", str(args.first_delta_slo)]
     if args.clients is not None:
         cmd += ["--clients", str(args.clients)]
+    if args.find_knee is not None:
+        cmd += ["--find-knee", str(args.find_knee)]
     if out is not None:
         cmd += ["--json", str(out / f"{args.name}.json"), "--plot", str(out / f"{args.name}.png")]
     return cmd
@@ -79,6 +81,8 @@ def main() -> int:
                     help="the knee's bound on the first delta's p99, in ms (default: none)")
     ap.add_argument("--calibrate", type=int, default=3, help="calibration turns (default 3)")
     ap.add_argument("--clients", type=int, default=None, help="bench client processes (default: the bench's, 1)")
+    ap.add_argument("--find-knee", type=int, default=None, metavar="MAX",
+                    help="past the sweep, add levels up to MAX until each server's knee is found")
     ap.add_argument("--workers", type=int, default=None, help="sidecar workers (default: its own, CPU count)")
     ap.add_argument("--coalesce-ms", type=float, default=None,
                     help="the sidecar's [stream] coalesce_ms (default: its own; 0: one frame per delta)")

@@ -298,6 +298,8 @@ def test_several_targets_each_get_their_share_and_hold_their_turns(sc, tmp_path)
     (("--target", "unix:/a.sock,unix:/a.sock"), "an address given twice"),
     (("--target", "unix:/a.sock,unix:/b.sock", "--pid", "1"), "--pid is for one target"),
     (("--target", "unix:/a.sock,10.1.2.3:5000", "--token", "t"), "refusing to send --token in cleartext to 10.1.2.3"),
+    (("--concurrency", "4", "--find-knee", "100"), "--find-knee goes with --sweep"),
+    (("--sweep", "10,50", "--find-knee", "50"), "--find-knee 50 must be above the sweep's largest level (50)"),
 ])
 def test_target_and_client_options_that_cannot_work_are_refused(args, error):
     r = bench(*args)
@@ -343,6 +345,38 @@ def test_tls_target(tmp_path):
     finally:
         bare.terminate()
         bare.wait(10)
+
+
+def test_find_knee_goes_past_the_sweep_until_each_server_fails(tmp_path):
+    """--find-knee: levels past the sweep (each ~1.5x the last) for each
+    server that met the SLO at every point so far. The sidecar admits 30
+    prompts in flight, so its first level past 30 fails (OVERLOADED), and
+    it runs no more; the bare server has no such limit and goes on until
+    the next level would pass the cap. The SLO's bound on the turn is wide
+    (--ideal 1 --slo 100%), so only the refusals fail a point."""
+    sc = Sidecar(tmp_path / "data", config=CONFIG + "[sidecar.limits]\nmax_prompts_in_flight = 30\n").start()
+    try:
+        out = tmp_path / "knee.json"
+        r = bench("--target", sc.target, "--sweep", "4,8", "--find-knee", "60", "--duration", "1",
+                  "--prompt-words", "4", "--ideal", "1", "--slo", "100%", "--ramp", "0", "--calibrate", "1",
+                  "--compare-bare", "--json", str(out))
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(out.read_text())
+    finally:
+        sc.stop()
+    levels = {server: [p["concurrency"] for p in doc["points"] if p["server"] == server]
+              for server in ("sidecar", "bare")}
+    assert levels == {"sidecar": [4, 8, 12, 18, 27, 41], "bare": [4, 8, 12, 18, 27, 41]}
+    assert doc["sessions"]["count"] == 60 and doc["options"]["find_knee"] == 60
+    failed = [p for p in doc["points"] if not p["within_slo"]]
+    assert [(p["server"], p["concurrency"]) for p in failed] == [("sidecar", 41)]
+    assert set(failed[0]["errors"]) == {"OVERLOADED"}
+    sidecar, bare = doc["knee"]["sidecar"], doc["knee"]["bare"]
+    assert (sidecar["concurrency"], sidecar["first_failing"], sidecar["beyond_sweep"]) == (27, 41, False)
+    assert (bare["concurrency"], bare["beyond_sweep"]) == (41, True)  # 62 would pass 60
+    assert doc["knee"]["ratio"] is None  # a knee beyond the points is only a lower bound
+    assert "bare >= 41 (every point met the SLO; the next level would pass --find-knee 60)" in r.stdout
+    assert "c=12 [past the sweep, up to 60]" in r.stderr
 
 
 def test_knee_rules():

@@ -9,6 +9,7 @@ plain-text tables printed on stdout.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import platform
 from typing import Any
@@ -60,6 +61,18 @@ def _ideal(doc: dict) -> tuple[float | None, str]:
     if mine:
         return mine[0]["turn_ms"]["p50"] / 1e3, f"p50 turn at the lowest concurrency ({mine[0]['concurrency']})"
     return None, "unknown (no completed turn)"
+
+
+KNEE_STEP = 1.5  # --find-knee: each level past the sweep this many times the one before
+
+
+def next_level(level: int) -> int:
+    """The level after ``level`` when ``--find-knee`` goes past the sweep:
+    KNEE_STEP times it, rounded up to two significant digits (600, 900,
+    1400, 2100, ...), so the points land on round numbers."""
+    raw = math.ceil(level * KNEE_STEP)
+    unit = 10 ** max(0, len(str(raw)) - 2)
+    return max(level + 1, -(-raw // unit) * unit)
 
 
 def _added(a: dict, b: dict, key: str, q: str) -> float | None:

@@ -3,7 +3,9 @@ the target (and the bare server), and return the JSON document.
 
 The order matters for a fair comparison: points run from the lowest
 concurrency up, the target and the bare server alternating at each one, so a
-machine that slows down over the run slows both sides alike.
+machine that slows down over the run slows both sides alike. With
+``--find-knee`` the levels go on past the sweep's, for the servers that have
+not missed the SLO yet (``_Run._find_knees``).
 
 The ideal turn (what ``--slo`` is measured against) is, in this order: the
 ``--ideal`` given; the median turn of the calibration (``--calibrate`` turns
@@ -51,6 +53,7 @@ class BenchOptions:
     text: str
     levels: list[int] = field(default_factory=lambda: [1])
     sweep: bool = False
+    find_knee: int | None = None  # past the levels, up to this concurrency, until each knee is found
     clients: int = 1  # client processes driving the points (bench/fleet.py); 1: this one
     profile: str | None = None
     platform: str = "bench"
@@ -175,7 +178,7 @@ class _Run:
             self.pid = opts.pid or procs.listening_pid(opts.target.address)
             self.tree = procs.process_tree(self.pid, "sidecar") if self.pid else None
             self.idle = procs.memory_snapshot(self.tree) if self.tree else None
-        n = opts.sessions or max(opts.levels)
+        n = opts.sessions or max(opts.levels + [opts.find_knee or 0])
         self.status(f"creating {n} sessions", None)
         self.shares = await self._sessions_per_client(n)
         self.servers.append(await self._server("sidecar", self.mains[0], self.shares, self.tree))
@@ -251,16 +254,37 @@ class _Run:
         self.ramp = ramp_for(self.opts, self.calibration)
         levels = self.opts.levels
         for i, level in enumerate(levels):
-            for server in self.servers:
-                label = f"{server.name} c={level} [{i + 1}/{len(levels)}]"
-                tree = server.tree
-                if tree:  # re-read per point: a crashed worker's replacement is a new pid
-                    tree = procs.process_tree(tree[0][1], tree[0][0])
-                window = procs.TreeWindow(tree, server.bench_pids) if tree else None
-                result = await server.run_point(_spec(self.opts, level, self.ramp[0]),
-                                                functools.partial(self.status, label), window)
-                self.points.append({"server": server.name, "concurrency": level, **result})
-                self.status(f"done {label}: {_brief(result)}", None)
+            await self._point(self.servers, level, f"[{i + 1}/{len(levels)}]")
+        if self.opts.find_knee:
+            await self._find_knees(self.opts.find_knee)
+
+    async def _find_knees(self, top: int) -> None:
+        """``--find-knee``: past the listed levels, one more level at a time
+        (report.next_level) for each server that met the SLO at every point so
+        far, judged as the report will judge it, until each has a failing
+        point or the next level would pass ``top``. A server that failed
+        already runs no more points: its knee is known."""
+        level = max(self.opts.levels)
+        while (level := report.next_level(level)) <= top:
+            doc = report.analyse(self.document())
+            going = [s for s in self.servers
+                     if all(p["within_slo"] for p in doc["points"] if p["server"] == s.name)]
+            if not going:
+                return
+            await self._point(going, level, f"[past the sweep, up to {top}]")
+
+    async def _point(self, servers: list[_Server], level: int, where: str) -> None:
+        """One level's point on each of ``servers``, in turn."""
+        for server in servers:
+            label = f"{server.name} c={level} {where}"
+            tree = server.tree
+            if tree:  # re-read per point: a crashed worker's replacement is a new pid
+                tree = procs.process_tree(tree[0][1], tree[0][0])
+            window = procs.TreeWindow(tree, server.bench_pids) if tree else None
+            result = await server.run_point(_spec(self.opts, level, self.ramp[0]),
+                                            functools.partial(self.status, label), window)
+            self.points.append({"server": server.name, "concurrency": level, **result})
+            self.status(f"done {label}: {_brief(result)}", None)
 
     async def teardown(self) -> None:
         for fleet in self.fleets:

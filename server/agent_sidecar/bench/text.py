@@ -137,13 +137,14 @@ def first_bound(slo: dict, sep: str = " and") -> str:
     return f"{sep} first delta p99 <= {bound:g} ms" if bound is not None else ""
 
 
-def _knee_text(k: dict | None, lowest: int) -> str:
+def _knee_text(k: dict | None, lowest: int, top: int | None) -> str:
     if k is None:
         return "-"
     if k["concurrency"] is None:
         return f"< {lowest} (the lowest point already missed the SLO)"
     if k["beyond_sweep"]:
-        return f">= {k['concurrency']} (every point met the SLO)"
+        further = f"; the next level would pass --find-knee {top}" if top else ""
+        return f">= {k['concurrency']} (every point met the SLO{further})"
     notes = []
     if k["interpolated"] is not None:
         notes.append(f"~{k['interpolated']:.0f} interpolated")
@@ -156,10 +157,10 @@ def _knee_text(k: dict | None, lowest: int) -> str:
     return f"{k['concurrency']}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
-def _knees_text(k: dict, lowest: int) -> str:
-    line = f"sidecar {_knee_text(k.get('sidecar'), lowest)}"
+def _knees_text(k: dict, lowest: int, top: int | None) -> str:
+    line = f"sidecar {_knee_text(k.get('sidecar'), lowest, top)}"
     if "bare" in k:
-        line += f" · bare {_knee_text(k['bare'], lowest)}"
+        line += f" · bare {_knee_text(k['bare'], lowest, top)}"
         if k["ratio"] is not None:
             line += f" · sidecar/bare {k['ratio']:.2f}x"
             if k["ratio_interpolated"] is not None:
@@ -185,10 +186,12 @@ def headline(doc: dict) -> str:
     if doc.get("knee"):
         k = doc["knee"]
         lowest = min(p["concurrency"] for p in doc["points"])
+        top = doc["options"].get("find_knee")  # (absent from documents before the option)
         line = (f"knee (largest concurrency with p99 turn <= {slo['limit_s']:.3f} s{first_bound(slo, ',')}, "
-                f"no errors): " + _knees_text(k, lowest))
+                f"no errors): " + _knees_text(k, lowest, top))
         if doc.get("knee_by_turn"):
-            line += "\nby the turn alone (the first delta not bounded): " + _knees_text(doc["knee_by_turn"], lowest)
+            line += ("\nby the turn alone (the first delta not bounded): "
+                     + _knees_text(doc["knee_by_turn"], lowest, None))
         return line
     parts = []
     for p in doc["points"]:

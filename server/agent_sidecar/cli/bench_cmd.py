@@ -83,7 +83,7 @@ def add_arguments(sub) -> argparse.ArgumentParser:
     ld.add_argument("--profile", default=None, help="the profile of the sessions and prompts (default main)")
     ld.add_argument("--platform", default="bench", help="the SessionSource platform, and the tools' namespace")
     ld.add_argument("--sessions", type=_positive(int), default=None,
-                    help="sessions to create (default: the largest concurrency)")
+                    help="sessions to create (default: the largest concurrency, or --find-knee's MAX)")
     c = ld.add_mutually_exclusive_group()
     c.add_argument("--concurrency", type=_positive(int), default=None, help="concurrent turns (default 10)")
     c.add_argument("--sweep", type=_levels, default=None, metavar="N,N,...",
@@ -113,6 +113,10 @@ def add_arguments(sub) -> argparse.ArgumentParser:
     m.add_argument("--first-delta-slo", type=_positive(float), default=None, metavar="MS",
                    help="also bound the p99 time to the first text delta, in ms (how soon a chat shows "
                         "text): a point, and so the knee, must meet both")
+    m.add_argument("--find-knee", type=_positive(int), default=None, metavar="MAX",
+                   help="with --sweep: past its last level, add levels (each about 1.5x the last) for each "
+                        "server that met the SLO at every point so far, until one fails or the next level "
+                        "would pass MAX; sessions default to MAX")
     m.add_argument("--ideal", type=_positive(float), default=None,
                    help="the ideal turn in seconds (default: the median calibration turn)")
     m.add_argument("--calibrate", type=int, default=3,
@@ -149,16 +153,21 @@ def options_from(args):
             raise ValueError(f"{flag} {path}: no such directory")
     targets = _targets(args)
     levels = args.sweep or [args.concurrency or 10]
+    if args.find_knee is not None and args.sweep is None:
+        raise ValueError("--find-knee goes with --sweep: it extends a sweep")
+    if args.find_knee is not None and args.find_knee <= max(levels):
+        raise ValueError(f"--find-knee {args.find_knee} must be above the sweep's largest level ({max(levels)})")
     clients = args.clients or len(targets)
     if clients < len(targets):
         raise ValueError(f"--clients {clients}: at least one client process per target ({len(targets)})")
-    if clients > (args.sessions or max(levels)):
+    if clients > (args.sessions or max(levels + [args.find_knee or 0])):
         raise ValueError(f"--clients {clients} needs at least as many sessions (--sessions)")
     if args.pid is not None and len(targets) > 1:
         raise ValueError("--pid is for one target")
     return BenchOptions(
         targets=targets, text=args.prompt if args.prompt is not None else prompt_of(args.prompt_words or 200),
-        levels=levels, sweep=args.sweep is not None and len(levels) > 1, clients=clients,
+        levels=levels, sweep=args.sweep is not None and (len(levels) > 1 or args.find_knee is not None),
+        find_knee=args.find_knee, clients=clients,
         profile=args.profile, platform=args.platform,
         sessions=args.sessions, duration_s=None if args.turns else (args.duration or 10.0), turns=args.turns,
         warmup_s=args.warmup, ramp_s=args.ramp, delivery=args.delivery, tools=args.tools,
