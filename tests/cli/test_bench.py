@@ -376,6 +376,7 @@ def test_find_knee_goes_past_the_sweep_until_each_server_fails(tmp_path):
     assert (bare["concurrency"], bare["beyond_sweep"]) == (41, True)  # 62 would pass 60
     assert doc["knee"]["ratio"] is None  # a knee beyond the points is only a lower bound
     assert "bare >= 41 (every point met the SLO; the next level would pass --find-knee 60)" in r.stdout
+    assert "OVERLOADED: the sidecar refused prompts past its admission limits" in r.stdout
     assert "c=12 [past the sweep, up to 60]" in r.stderr
 
 

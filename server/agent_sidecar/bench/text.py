@@ -73,12 +73,22 @@ def target_table(doc: dict) -> str | None:
                  rows, title="Per target (ms)")
 
 
+# What an error reason says about the load rather than the sidecar, and what to change.
+_ERROR_HINTS = {
+    "OVERLOADED": "the sidecar refused prompts past its admission limits ([sidecar.limits] "
+                  "max_prompts_in_flight, default 1000, and max_prompt_bytes_in_flight): raise them "
+                  "to measure beyond",
+}
+
+
 def error_lines(doc: dict) -> list[str]:
-    out = []
+    out, seen = [], set()
     for p in doc["points"]:
         if p["errors"]:
+            seen.update(p["errors"])
             out.append(f"  errors, {p['server']} c={p['concurrency']}: "
                        + ", ".join(f"{r} {n}" for r, n in sorted(p["errors"].items(), key=lambda kv: -kv[1])))
+    out += [f"  {reason}: {hint}" for reason, hint in _ERROR_HINTS.items() if reason in seen]
     return out
 
 
