@@ -19,7 +19,7 @@ from .records import ROUTING_FIELDS
 # An entry: the routing columns plus the incarnation's turn count. The count
 # is a scalar subquery, not a LEFT JOIN: the same plan on paper (two primary
 # key searches), but the SQLite that apsw bundles ran the join several times
-# slower, and this read is the first of every accept in the writer.
+# slower, and this is every GetSession's read and every job's that reads a lane.
 ENTRY_SELECT = (
     "SELECT " + ", ".join("r." + c for c in ROUTING_FIELDS)
     + ", COALESCE((SELECT i.turn_count FROM incarnations i WHERE i.session_id = r.session_id), 0)"
