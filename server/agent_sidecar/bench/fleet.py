@@ -122,19 +122,16 @@ class Fleet:
             self._tell(active, "measure")
         if window is not None:
             window.start()
-        cpu = None
         if spec.turns is None:
             assert spec.duration_s is not None  # a point runs for a number of turns or seconds
             await run.pump(seconds=spec.duration_s)
-            point.counting, point.w1 = False, time.monotonic()
-            cpu = window.stop() if window is not None else None
+            cpu = point.end_measure(window)
             point.phase = load.DRAIN
             self._tell(active, "stop")
             await run.pump(lambda: len(run.results) == len(active))
         else:
             await run.pump(lambda: len(run.results) == len(active))
-            point.counting, point.w1 = False, time.monotonic()
-            cpu = window.stop() if window is not None else None
+            cpu = point.end_measure(window)
         for k in sorted(run.results):
             point.add(run.results[k])
         if on_tick is not None:

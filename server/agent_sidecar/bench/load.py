@@ -129,6 +129,12 @@ class Point:
     def begin_measure(self) -> None:
         self.phase, self.counting, self.w0 = MEASURE, True, time.monotonic()
 
+    def end_measure(self, window: Any = None) -> dict | None:
+        """The measure window ends now: nothing more is counted, and
+        ``window`` (a procs.TreeWindow, or None) gives what it measured."""
+        self.counting, self.w1 = False, time.monotonic()
+        return window.stop() if window is not None else None
+
     def accepting(self) -> bool:
         if self.phase == DRAIN:
             return False
@@ -287,19 +293,16 @@ async def drive(point: Point, lanes: list[asyncio.Task], warmed: Callable[[], Aw
         point.begin_measure()
     if window is not None:
         window.start()
-    cpu = None
     if point.spec.turns is None:
         await wait_any(lanes, elapsed())
-        point.counting, point.w1 = False, time.monotonic()
-        cpu = window.stop() if window is not None else None
+        cpu = point.end_measure(window)
         point.phase = DRAIN
         await asyncio.gather(*lanes)
     else:
         await wait_any(lanes, point.measured_all_started.wait())
         point.phase = DRAIN
         await asyncio.gather(*lanes)
-        point.counting, point.w1 = False, time.monotonic()
-        cpu = window.stop() if window is not None else None
+        cpu = point.end_measure(window)
     return cpu
 
 
