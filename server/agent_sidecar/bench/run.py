@@ -80,6 +80,12 @@ class BenchOptions:
         """The first target: the calibration's, and the bare server's kind of transport."""
         return self.targets[0]
 
+    @property
+    def session_count(self) -> int:
+        """The sessions the run creates: ``sessions``, else enough for its
+        largest level (``find_knee``'s, when it goes past the sweep)."""
+        return self.sessions or max(self.levels + [self.find_knee or 0])
+
 
 Status = Callable[[str, "load.Point | None"], None]
 
@@ -178,7 +184,7 @@ class _Run:
             self.pid = opts.pid or procs.listening_pid(opts.target.address)
             self.tree = procs.process_tree(self.pid, "sidecar") if self.pid else None
             self.idle = procs.memory_snapshot(self.tree) if self.tree else None
-        n = opts.sessions or max(opts.levels + [opts.find_knee or 0])
+        n = opts.session_count
         self.status(f"creating {n} sessions", None)
         self.shares = await self._sessions_per_client(n)
         self.servers.append(await self._server("sidecar", self.mains[0], self.shares, self.tree))

@@ -160,11 +160,9 @@ def options_from(args):
     clients = args.clients or len(targets)
     if clients < len(targets):
         raise ValueError(f"--clients {clients}: at least one client process per target ({len(targets)})")
-    if clients > (args.sessions or max(levels + [args.find_knee or 0])):
-        raise ValueError(f"--clients {clients} needs at least as many sessions (--sessions)")
     if args.pid is not None and len(targets) > 1:
         raise ValueError("--pid is for one target")
-    return BenchOptions(
+    opts = BenchOptions(
         targets=targets, text=args.prompt if args.prompt is not None else prompt_of(args.prompt_words or 200),
         levels=levels, sweep=args.sweep is not None and (len(levels) > 1 or args.find_knee is not None),
         find_knee=args.find_knee, clients=clients,
@@ -175,6 +173,9 @@ def options_from(args):
         bare_first_delay_ms=args.bare_first_delay_ms, ideal_s=args.ideal, slo=parse_slo(args.slo),
         first_delta_slo_ms=args.first_delta_slo,
         calibrate=args.calibrate, pid=args.pid, turn_timeout_s=args.turn_timeout, seed=args.seed)
+    if clients > opts.session_count:
+        raise ValueError(f"--clients {clients} needs at least as many sessions (--sessions)")
+    return opts
 
 
 def _targets(args) -> tuple[Target, ...]:
