@@ -1,5 +1,6 @@
 """TLS material of a listener: its PEM files checked when the config loads,
-read when the server binds; and what counts as a loopback address.
+read when the server binds; what counts as a loopback address; and the shape
+of a client's material as plain bytes (``ClientMaterial``).
 
 Why check at load: gRPC meets the files only when the port is added, after
 the store and the workers have started, and a key that does not belong to its
@@ -16,6 +17,11 @@ import ipaddress
 
 _CERT = b"-----BEGIN CERTIFICATE-----"
 _KEY = b"PRIVATE KEY-----"
+
+# A client's TLS as plain bytes, in grpc.ssl_channel_credentials' order: (root
+# certificates, private key, certificate chain). Bytes pickle; grpc's
+# credentials object does not.
+ClientMaterial = tuple[bytes | None, bytes | None, bytes | None]
 
 
 def readable(path: str) -> str | None:

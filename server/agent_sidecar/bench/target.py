@@ -11,11 +11,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..tls import ClientMaterial
+
 if TYPE_CHECKING:  # the client is the bench extra's: imported where used
     from agent_sidecar_client import SidecarClient
-
-# (root certificates, private key, certificate chain), as grpc.ssl_channel_credentials takes them
-TlsMaterial = tuple[bytes | None, bytes | None, bytes | None]
 
 
 class BenchError(Exception):
@@ -26,7 +25,7 @@ class BenchError(Exception):
 class Target:
     address: str
     token: str | None = None
-    tls: TlsMaterial | None = None  # None: a plain channel
+    tls: ClientMaterial | None = None  # None: a plain channel
     channel_options: tuple = ()
     insecure: bool = False  # --insecure: the token over plain TCP to another host
     connect_timeout_s: float = 5.0

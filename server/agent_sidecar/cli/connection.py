@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..tls import ClientMaterial, target_is_local
+
 DEFAULT_TARGET = "unix:./data/sidecar.sock"
 
 
@@ -52,14 +54,12 @@ def credentials(args: argparse.Namespace) -> tuple[Any, tuple[tuple[str, str], .
     return grpc.ssl_channel_credentials(*material), options
 
 
-def tls_material(args: argparse.Namespace) -> tuple[tuple[bytes | None, bytes | None, bytes | None] | None,
-                                                     tuple[tuple[str, str], ...]]:
+def tls_material(args: argparse.Namespace) -> tuple[ClientMaterial | None, tuple[tuple[str, str], ...]]:
     """What ``credentials`` is built from, as plain bytes: ((root
     certificates, private key, certificate chain) or None for a plain
     channel, channel options). For a caller that builds its channels in
     other processes (the bench's ``--clients``): grpc's credentials do not
     pickle."""
-    from ..tls import target_is_local
     if bool(args.cert_file) != bool(args.key_file):
         raise TargetError("--cert and --key go together")
     if not uses_tls(args):
