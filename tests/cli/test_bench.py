@@ -72,11 +72,6 @@ def png_size(path: Path) -> tuple[int, int]:
     return width, height
 
 
-def store_counts(sc: Sidecar, keys: list[str]) -> tuple[int, int]:
-    """Completed turns and transcript messages of the bench's sessions, over gRPC."""
-    return held(sc.sessions(), keys)
-
-
 def test_sweep_with_bare_writes_json_and_png_that_match_the_store(sc, tmp_path):
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     r = bench("--target", sc.target, "--sweep", "1,2", "--duration", "1.5", "--prompt-words", str(WORDS),
@@ -123,7 +118,7 @@ def test_sweep_with_bare_writes_json_and_png_that_match_the_store(sc, tmp_path):
     assert totals["failed"] == {} and totals["started"] == totals["completed"] > 0
     assert totals["deltas"] == WORDS * totals["completed"]
     assert doc["sessions"]["count"] == len(doc["sessions"]["keys"]) == 2
-    assert store_counts(sc, doc["sessions"]["keys"]) == (totals["completed"], 2 * totals["completed"])
+    assert held(sc.sessions(), doc["sessions"]["keys"]) == (totals["completed"], 2 * totals["completed"])
 
     assert "sidecar / bare" in r.stdout and "knee (" in r.stdout
     block = r.stdout.split("sidecar / bare", 1)[1].split("\n\n", 1)[0].splitlines()[3:]
@@ -199,7 +194,7 @@ def test_tool_load_over_tcp_counts_every_tool_call(sc, tmp_path, clients):
     assert doc["tool_invocations"] == 6  # answered by the bench's own host
     assert doc["sidecar_pid"] == sc.proc.pid  # found from the TCP listener
     assert TOKEN not in out.read_text()
-    turns, messages = store_counts(sc, doc["sessions"]["keys"])
+    turns, messages = held(sc.sessions(), doc["sessions"]["keys"])
     assert turns == 6 and messages == 4 * 6  # user, tool call, tool result, answer
     assert png_size(png) == SIZE_PX
 
@@ -227,7 +222,7 @@ def test_clients_spread_the_load_and_every_turn_reaches_the_store(sc, tmp_path):
         assert sum(row["deltas"] for row in p["series"]) == p["totals"]["deltas"]
     totals = doc["totals"]
     assert totals["failed"] == {} and totals["started"] == totals["completed"] > 0
-    assert store_counts(sc, doc["sessions"]["keys"]) == (totals["completed"], 2 * totals["completed"])
+    assert held(sc.sessions(), doc["sessions"]["keys"]) == (totals["completed"], 2 * totals["completed"])
 
     r = bench("--target", sc.target, "--clients", "2", "--concurrency", "3", "--turns", "7", "--warmup", "0",
               "--calibrate", "0", "--prompt-words", str(WORDS), "--json", str(out))
@@ -283,10 +278,10 @@ def test_several_targets_each_get_their_share_and_hold_their_turns(sc, tmp_path)
         by_target = doc["sessions"]["by_target"]
         assert sorted(by_target) == sorted([sc.target, other.target])
         assert all(len(keys) == 2 for keys in by_target.values())
-        held = [store_counts(sc, by_target[sc.target]), store_counts(other, by_target[other.target])]
-        assert all(turns > 0 for turns, _ in held)  # both targets ran turns
+        counts = [held(sc.sessions(), by_target[sc.target]), held(other.sessions(), by_target[other.target])]
+        assert all(turns > 0 for turns, _ in counts)  # both targets ran turns
         totals = doc["totals"]
-        assert totals["started"] == totals["completed"] == sum(turns for turns, _ in held)
+        assert totals["started"] == totals["completed"] == sum(turns for turns, _ in counts)
     finally:
         other.stop()
 
