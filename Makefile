@@ -122,7 +122,8 @@ bench: install
 # one text_delta frame per model delta (default: the sidecar's [stream] coalesce_ms);
 # FIRST_DELTA_SLO=100 for a knee that also keeps the first delta's p99 within 100 ms;
 # CLIENTS=2 to drive the load from two bench client processes; FIND_KNEE=2000 to go on
-# past the sweep (levels ~1.5x apart, up to 2000) until each server has missed the SLO.
+# past the sweep (levels ~1.5x apart, up to 2000) until each server has missed the SLO;
+# REPEAT=3 to run the sweep three times and report each one's knee and their median.
 SWEEP ?= 25,50,100,200,400,800
 DURATION ?= 20
 WORDS ?= 200
@@ -130,11 +131,12 @@ COALESCE ?=
 FIRST_DELTA_SLO ?=
 CLIENTS ?=
 FIND_KNEE ?=
+REPEAT ?=
 bench-report: install
 	$(BIN)/python benchmarks/stream_bench.py --sweep $(SWEEP) --duration $(DURATION) \
 		--prompt-words $(WORDS) $(if $(COALESCE),--coalesce-ms $(COALESCE)) \
 		$(if $(FIRST_DELTA_SLO),--first-delta-slo $(FIRST_DELTA_SLO)) $(if $(CLIENTS),--clients $(CLIENTS)) \
-		$(if $(FIND_KNEE),--find-knee $(FIND_KNEE)) --out benchmarks/results --name bench-report$(if $(COALESCE),-coalesce-$(COALESCE))
+		$(if $(FIND_KNEE),--find-knee $(FIND_KNEE)) $(if $(REPEAT),--repeat $(REPEAT)) --out benchmarks/results --name bench-report$(if $(COALESCE),-coalesce-$(COALESCE))
 
 clean:
 	rm -rf $(VENV) $(TOOLS)

@@ -63,6 +63,8 @@ def bench_args(args, target: str, out: Path | None) -> list[str]:
         cmd += ["--clients", str(args.clients)]
     if args.find_knee is not None:
         cmd += ["--find-knee", str(args.find_knee)]
+    if args.repeat > 1:
+        cmd += ["--repeat", str(args.repeat)]
     if out is not None:
         cmd += ["--json", str(out / f"{args.name}.json"), "--plot", str(out / f"{args.name}.png")]
     return cmd
@@ -83,6 +85,8 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=None, help="bench client processes (default: the bench's, 1)")
     ap.add_argument("--find-knee", type=int, default=None, metavar="MAX",
                     help="past the sweep, add levels up to MAX until each server's knee is found")
+    ap.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="run the sweep N times on the same sidecar; the knee is their median (default 1)")
     ap.add_argument("--workers", type=int, default=None, help="sidecar workers (default: its own, CPU count)")
     ap.add_argument("--coalesce-ms", type=float, default=None,
                     help="the sidecar's [stream] coalesce_ms (default: its own; 0: one frame per delta)")

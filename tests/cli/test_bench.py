@@ -295,6 +295,8 @@ def test_several_targets_each_get_their_share_and_hold_their_turns(sc, tmp_path)
     (("--target", "unix:/a.sock,10.1.2.3:5000", "--token", "t"), "refusing to send --token in cleartext to 10.1.2.3"),
     (("--concurrency", "4", "--find-knee", "100"), "--find-knee goes with --sweep"),
     (("--sweep", "10,50", "--find-knee", "50"), "--find-knee 50 must be above the sweep's largest level (50)"),
+    (("--concurrency", "4", "--repeat", "3"), "--repeat goes with --sweep"),
+    (("--sweep", "1,2", "--repeat", "0"), "argument --repeat: '0' must be > 0"),
 ])
 def test_target_and_client_options_that_cannot_work_are_refused(args, error):
     r = bench(*args)
@@ -373,6 +375,79 @@ def test_find_knee_goes_past_the_sweep_until_each_server_fails(tmp_path):
     assert "bare >= 41 (every point met the SLO; the next level would pass --find-knee 60)" in r.stdout
     assert "OVERLOADED: the sidecar refused prompts past its admission limits" in r.stdout
     assert "c=12 [past the sweep, up to 60]" in r.stderr
+
+
+def test_repeat_runs_the_sweep_again_and_reports_each_knee_and_the_median(sc, tmp_path):
+    """--repeat 2: the whole sweep twice, one after the other, on the same
+    sessions and bare server. Each point names its sweep, each sweep has its
+    knee and ratios, the headline gives their median and every sweep's knee,
+    the plot draws the median, and every turn is in the store."""
+    out, png = tmp_path / "repeat.json", tmp_path / "repeat.png"
+    r = bench("--target", sc.target, "--sweep", "1,2", "--repeat", "2", "--turns", "3", "--prompt-words", str(WORDS),
+              "--calibrate", "1", "--ramp", "0", "--compare-bare", "--json", str(out), "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert [(p["round"], p["server"], p["concurrency"]) for p in doc["points"]] == [
+        (1, "sidecar", 1), (1, "bare", 1), (1, "sidecar", 2), (1, "bare", 2),
+        (2, "sidecar", 1), (2, "bare", 1), (2, "sidecar", 2), (2, "bare", 2)]
+    assert doc["options"]["repeat"] == 2 and [x["round"] for x in doc["rounds"]] == [1, 2]
+    for server in ("sidecar", "bare"):  # the median's, beside each sweep's own
+        assert doc["knee"][server]["by_round"] == [x["knee"][server]["concurrency"] for x in doc["rounds"]]
+    assert doc["knee"]["ratio_by_round"] == [x["knee"]["ratio"] for x in doc["rounds"]]
+    assert [(x["round"], x["concurrency"]) for x in doc["ratios"]] == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert "median of 2 sweeps: sidecar " in r.stdout, r.stdout
+    assert "\n  sweep 1: sidecar " in r.stdout and "\n  sweep 2: sidecar " in r.stdout, r.stdout
+    assert "c=1 [1/2, sweep 2/2]" in r.stderr, r.stderr  # the progress names the sweep
+    table_head = r.stdout.split("Throughput and latency", 1)[1].splitlines()[1].split()
+    assert table_head[:3] == ["server", "sweep", "conc"], r.stdout
+    totals = doc["totals"]
+    assert totals["failed"] == {} and held(sc.sessions(), doc["sessions"]["keys"])[0] == totals["completed"]
+    assert png_size(png) == SIZE_PX
+
+
+def _swept(r: int, server: str, conc: int, ok: bool) -> dict:
+    """A point of a sweep as analyse reads it: its turns' p99 1 s (within an
+    ideal of 1 s +10%) when ``ok``, else 2 s."""
+    ms = {"p50": 1e3, "p90": 1e3, "p99": 1e3 if ok else 2e3, "max": 2e3}
+    return {"round": r, "server": server, "concurrency": conc, "turn_ms": ms, "error_count": 0, "errors": {},
+            "first_delta_ms": {"p50": 1.0, "p99": 1.0}, "turns_per_s": 1.0, "deltas_per_s": 1.0,
+            "totals": {"started": 1, "completed": 1, "failed": {}, "deltas": 1, "tool_calls": 0}}
+
+
+def _sweeps(knees: list[tuple[int | None, int | None]]) -> dict:
+    """A document of one sweep per (sidecar knee, bare knee) over levels
+    10, 20, 40: a knee of None fails every point, 40 passes every one."""
+    points = [_swept(r, server, conc, knee is not None and conc <= knee)
+              for r, pair in enumerate(knees, 1) for conc in (10, 20, 40)
+              for server, knee in zip(("sidecar", "bare"), pair)]
+    return report.analyse({"options": {"sweep": True, "slo": 0.1, "ideal_s": 1.0, "repeat": len(knees)},
+                           "points": points})
+
+
+def test_the_median_of_several_sweeps():
+    """Each server's knee is the lower median of the sweeps' knees; a round
+    with no passing point counts lowest; one whose every point passed is a
+    lower bound, and so is the median when it lies at or below it. The ratio
+    is the median of the sweeps' ratios, only when every sweep has one."""
+    doc = _sweeps([(20, 10), (40, 20), (None, 10)])
+    k = doc["knee"]
+    assert [x["knee"]["sidecar"]["concurrency"] for x in doc["rounds"]] == [20, 40, None]
+    assert (k["sidecar"]["concurrency"], k["sidecar"]["beyond_sweep"], k["sidecar"]["first_failing"]) == (20, False, 40)
+    assert k["sidecar"]["by_round"] == [20, 40, None] and k["sidecar"]["beyond_sweep_by_round"] == [False, True, False]
+    assert (k["bare"]["concurrency"], k["bare"]["by_round"]) == (10, [10, 20, 10])
+    assert k["ratio_by_round"] == [2.0, None, None] and k["ratio"] is None
+    line = text.headline(doc)
+    assert line.startswith("knee (largest concurrency with p99 turn <= 1.100 s, no errors), median of 3 sweeps: "
+                           "sidecar 20 (sweeps: 20, >= 40, < 10) · bare 10 (sweeps: 10, 20, 10) · "
+                           "sidecar/bare: no median (a sweep's knee was only a bound)\n"), line
+    assert "\n  sweep 2: sidecar >= 40 (every point met the SLO) · bare 20" in line, line
+
+    doc = _sweeps([(20, 10), (20, 20), (10, 10)])
+    assert doc["knee"]["ratio_by_round"] == [2.0, 1.0, 1.0] and doc["knee"]["ratio"] == 1.0
+    assert "sidecar 20 (sweeps: 20, 20, 10) · bare 10 (sweeps: 10, 20, 10) · sidecar/bare 1.00x" in text.headline(doc)
+    doc = _sweeps([(40, 10), (20, 10), (40, 10)])  # the median is a sweep that passed every point
+    assert (doc["knee"]["sidecar"]["concurrency"], doc["knee"]["sidecar"]["beyond_sweep"]) == (40, True)
+    assert "sidecar >= 40 (sweeps: >= 40, 20, >= 40)" in text.headline(doc)
 
 
 def test_knee_rules():

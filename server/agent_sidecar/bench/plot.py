@@ -1,6 +1,8 @@
 """The bench's PNG: a sweep as throughput and latency against concurrency, or
 one point as its figures over time. matplotlib (the ``bench`` extra) with the
-Agg backend, imported only when a plot is asked for.
+Agg backend, imported only when a plot is asked for. A sweep run several
+times (``--repeat``) is drawn as its median at each level, each sweep's own
+figures as faint dots around it.
 
 The image is always ``SIZE_PX`` (no tight bounding box), so a report or a
 test can rely on its size.
@@ -8,6 +10,9 @@ test can rely on its size.
 
 from __future__ import annotations
 
+import statistics
+
+from .report import round_of
 from .text import first_bound
 
 SIZE_PX = (1500, 500)
@@ -52,9 +57,29 @@ def write(doc: dict, path: str) -> None:
 
 def _by_server(doc: dict) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
-    for p in sorted(doc["points"], key=lambda p: p["concurrency"]):
+    for p in sorted(doc["points"], key=lambda p: (p["concurrency"], round_of(p))):
         out.setdefault(p["server"], []).append(p)
     return out
+
+
+def _median(values: list) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _quantiles(points: list[dict], key: str) -> dict[str, float | None]:
+    return {q: _median([p[key][q] for p in points]) for q in ("p50", "p99")}
+
+
+def _medians(points: list[dict]) -> list[dict]:
+    """One point per level, its plotted figures the median over the sweeps
+    that ran it (the points of one server, ordered by level)."""
+    levels: dict[int, list[dict]] = {}
+    for p in points:
+        levels.setdefault(p["concurrency"], []).append(p)
+    return [{"concurrency": c, "turns_per_s": _median([p["turns_per_s"] for p in ps]),
+             "turn_ms": _quantiles(ps, "turn_ms"), "first_delta_ms": _quantiles(ps, "first_delta_ms")}
+            for c, ps in levels.items()]
 
 
 def _ms_to_s(points: list[dict], key: str, q: str) -> list[float | None]:
@@ -72,6 +97,8 @@ def _knee_label(k: dict | None) -> str:
 def _sweep_title(doc: dict, levels: list[int]) -> str:
     knees, slo = doc.get("knee") or {}, doc["slo"]
     title = f"agent-sidecar bench: sweep of {len(levels)} concurrency levels"
+    if doc.get("rounds"):
+        title += f", median of {len(doc['rounds'])} sweeps"
     if knees.get("sidecar"):
         title += (f" · knee (p99 turn within +{100 * slo['bound']:g}% of ideal{first_bound(slo, ',')}): "
                   f"sidecar {_knee_label(knees['sidecar'])}")
@@ -86,8 +113,14 @@ def _sweep(doc: dict, levels: list[int]):
     plt, fig, (tput, lat, first) = _figure(_sweep_title(doc, levels), 3)
     slo, knees = doc["slo"], doc.get("knee") or {}
     lows = []
-    for server, pts in _by_server(doc).items():
+    for server, each in _by_server(doc).items():
         c = COLORS.get(server, None)
+        pts = _medians(each) if doc.get("rounds") else each
+        if pts is not each:  # every sweep's own figures, faint, around the median
+            ex = [p["concurrency"] for p in each]
+            tput.plot(ex, [p["turns_per_s"] for p in each], ".", color=c, alpha=0.35)
+            lat.plot(ex, _ms_to_s(each, "turn_ms", "p99"), ".", color=c, alpha=0.35)
+            first.plot(ex, [p["first_delta_ms"]["p99"] for p in each], ".", color=c, alpha=0.35)
         xs = [p["concurrency"] for p in pts]
         tput.plot(xs, [p["turns_per_s"] for p in pts], "o-", color=c, label=server)
         p50, p99 = _ms_to_s(pts, "turn_ms", "p50"), _ms_to_s(pts, "turn_ms", "p99")

@@ -12,6 +12,7 @@ import dataclasses
 import math
 import os
 import platform
+import statistics
 from typing import Any
 
 from . import stats
@@ -85,14 +86,19 @@ def _ratio(a, b) -> float | None:
     return a / b if a is not None and b else None
 
 
+def round_of(p: dict) -> int:
+    """The sweep a point belongs to (``--repeat``; 1 in documents from before it)."""
+    return p.get("round", 1)
+
+
 def _ratios(points: list[dict]) -> list[dict]:
-    by = {(p["server"], p["concurrency"]): p for p in points}
+    by = {(round_of(p), p["server"], p["concurrency"]): p for p in points}
     out = []
-    for (server, conc), s in sorted(by.items(), key=lambda kv: kv[0][1]):
-        b = by.get(("bare", conc))
+    for (r, server, conc), s in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][2])):
+        b = by.get((r, "bare", conc))
         if server != "sidecar" or b is None:
             continue
-        out.append({"concurrency": conc,
+        out.append({"round": r, "concurrency": conc,
                     "turns_per_s": _ratio(s["turns_per_s"], b["turns_per_s"]),
                     "deltas_per_s": _ratio(s["deltas_per_s"], b["deltas_per_s"]),
                     "turn_p50_added_ms": _added(s, b, "turn_ms", "p50"),
@@ -122,8 +128,9 @@ def analyse(doc: dict) -> dict:
     """Add ``slo``, each point's ``p99_over_ideal`` / ``first_delta_ok`` /
     ``within_slo`` / ``client_bound`` (stats.client_bound), ``knee`` (sweeps;
     its ``client_bound`` says the first failing point was), ``knee_by_turn``
-    (with a first-delta bound: the knee the turns alone set), ``ratios``
-    (with the bare server) and ``totals``.
+    (with a first-delta bound: the knee the turns alone set), ``rounds``
+    (``--repeat``: each sweep's knees; ``knee`` is then their median,
+    _median_knees), ``ratios`` (with the bare server) and ``totals``.
 
     The SLO is the p99 turn within ``slo`` of the ideal, no errors and, when
     ``first_delta_slo_ms`` was given, the first delta's p99 within it: how
@@ -141,14 +148,32 @@ def analyse(doc: dict) -> dict:
         p["within_slo"] = bool(limit and p99 is not None and p["error_count"] == 0 and p99 / 1e3 <= limit
                                and p["first_delta_ok"])
         p["client_bound"] = stats.client_bound(p.get("procs"))
-    doc["knee"] = doc["knee_by_turn"] = None
+    doc["knee"] = doc["knee_by_turn"] = doc["rounds"] = None
     if doc["options"]["sweep"] and limit:
-        doc["knee"] = _knees(doc["points"], limit, with_first_delta=True)
-        if first_bound is not None:  # beside it, where the turns alone would have put it
-            doc["knee_by_turn"] = _knees(doc["points"], limit, with_first_delta=False)
+        _sweep_knees(doc, limit, with_first_delta=first_bound is not None)
     doc["ratios"] = _ratios(doc["points"])
     doc["totals"] = _totals(doc)
     return doc
+
+
+def _sweep_knees(doc: dict, limit: float, with_first_delta: bool) -> None:
+    """``knee`` and ``knee_by_turn`` of a sweep; of several (``--repeat``),
+    each one's in ``rounds`` and their median (_median_knees) in ``knee``."""
+    rounds: dict[int, list[dict]] = {}
+    for p in doc["points"]:
+        rounds.setdefault(round_of(p), []).append(p)
+    per: list[dict[str, Any]] = [
+        {"round": r, "knee": _knees(pts, limit, with_first_delta=True),
+         # beside it, where the turns alone would have put it
+         "knee_by_turn": _knees(pts, limit, with_first_delta=False) if with_first_delta else None}
+        for r, pts in sorted(rounds.items())]
+    if len(per) == 1:
+        doc["knee"], doc["knee_by_turn"] = per[0]["knee"], per[0]["knee_by_turn"]
+    elif per:
+        doc["rounds"] = per
+        doc["knee"] = _median_knees([x["knee"] for x in per])
+        if with_first_delta:
+            doc["knee_by_turn"] = _median_knees([x["knee_by_turn"] for x in per])
 
 
 def _knees(points: list[dict], limit: float, with_first_delta: bool) -> dict[str, Any]:
@@ -175,6 +200,32 @@ def _knees(points: list[dict], limit: float, with_first_delta: bool) -> dict[str
         knees["ratio"] = _ratio(s["concurrency"], b["concurrency"]) if exact else None
         knees["ratio_interpolated"] = _ratio(s["interpolated"], b["interpolated"]) if exact else None
     return knees
+
+
+def _median_knees(per_round: list[dict]) -> dict[str, Any]:
+    """Several sweeps' knees as one. Each server's is the lower median of
+    its rounds' knees (a level that was measured; a round with no passing
+    point counts lowest), with that round's details, ``by_round`` (every
+    round's knee) and ``beyond_sweep_by_round``. A knee beyond its sweep is only a lower bound, and so is
+    the median when such a round lies at or below it (``beyond_sweep``). The
+    ratio is the median of the rounds' ratios, given only when every round
+    has one (``ratio_by_round``: each round's, None where it had none)."""
+    out: dict[str, Any] = {}
+    for server in ("sidecar", "bare"):
+        mine = [k[server] for k in per_round if server in k]
+        if not mine:
+            continue
+        order = sorted(mine, key=lambda k: -1 if k["concurrency"] is None else k["concurrency"])
+        at = (len(order) - 1) // 2
+        out[server] = {**order[at], "beyond_sweep": any(k["beyond_sweep"] for k in order[:at + 1]),
+                       "by_round": [k["concurrency"] for k in mine],
+                       "beyond_sweep_by_round": [k["beyond_sweep"] for k in mine]}
+    if "bare" in out:
+        for name in ("ratio", "ratio_interpolated"):
+            each = [k.get(name) for k in per_round]
+            out[f"{name}_by_round"] = each
+            out[name] = statistics.median(each) if None not in each else None  # type: ignore[type-var]
+    return out
 
 
 # -- text ---------------------------------------------------------------------------------

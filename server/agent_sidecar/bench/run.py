@@ -5,7 +5,10 @@ The order matters for a fair comparison: points run from the lowest
 concurrency up, the target and the bare server alternating at each one, so a
 machine that slows down over the run slows both sides alike. With
 ``--find-knee`` the levels go on past the sweep's, for the servers that have
-not missed the SLO yet (``_Run._find_knees``).
+not missed the SLO yet (``_Run._find_knees``). With ``--repeat N`` the whole
+sweep (its levels past the sweep too) runs N times, one after another, on the
+same sessions and bare server; each point carries its ``round``, and the
+report gives each round's knee and their median.
 
 The ideal turn (what ``--slo`` is measured against) is, in this order: the
 ``--ideal`` given; the median turn of the calibration (``--calibrate`` turns
@@ -54,6 +57,7 @@ class BenchOptions:
     levels: list[int] = field(default_factory=lambda: [1])
     sweep: bool = False
     find_knee: int | None = None  # past the levels, up to this concurrency, until each knee is found
+    repeat: int = 1  # rounds of the sweep, one after another (report: each round's knee and their median)
     clients: int = 1  # client processes driving the points (bench/fleet.py); 1: this one
     profile: str | None = None
     platform: str = "bench"
@@ -258,29 +262,31 @@ class _Run:
 
     async def sweep(self) -> None:
         self.ramp = ramp_for(self.opts, self.calibration)
-        levels = self.opts.levels
-        for i, level in enumerate(levels):
-            await self._point(self.servers, level, f"[{i + 1}/{len(levels)}]")
-        if self.opts.find_knee:
-            await self._find_knees(self.opts.find_knee)
+        levels, rounds = self.opts.levels, self.opts.repeat
+        for r in range(1, rounds + 1):
+            of = f", sweep {r}/{rounds}" if rounds > 1 else ""
+            for i, level in enumerate(levels):
+                await self._point(self.servers, level, f"[{i + 1}/{len(levels)}{of}]", r)
+            if self.opts.find_knee:
+                await self._find_knees(self.opts.find_knee, r, of)
 
-    async def _find_knees(self, top: int) -> None:
+    async def _find_knees(self, top: int, r: int, of: str) -> None:
         """``--find-knee``: past the listed levels, one more level at a time
         (report.next_level) for each server that met the SLO at every point so
-        far, judged as the report will judge it, until each has a failing
-        point or the next level would pass ``top``. A server that failed
-        already runs no more points: its knee is known."""
+        far in round ``r``, judged as the report will judge it, until each has
+        a failing point or the next level would pass ``top``. A server that
+        failed already runs no more points in this round: its knee is known."""
         level = max(self.opts.levels)
         while (level := report.next_level(level)) <= top:
             doc = report.analyse(self.document())
             going = [s for s in self.servers
-                     if all(p["within_slo"] for p in doc["points"] if p["server"] == s.name)]
+                     if all(p["within_slo"] for p in doc["points"] if p["server"] == s.name and p["round"] == r)]
             if not going:
                 return
-            await self._point(going, level, f"[past the sweep, up to {top}]")
+            await self._point(going, level, f"[past the sweep, up to {top}{of}]", r)
 
-    async def _point(self, servers: list[_Server], level: int, where: str) -> None:
-        """One level's point on each of ``servers``, in turn."""
+    async def _point(self, servers: list[_Server], level: int, where: str, r: int) -> None:
+        """One level's point on each of ``servers``, in turn, in round ``r``."""
         for server in servers:
             label = f"{server.name} c={level} {where}"
             tree = server.tree
@@ -289,7 +295,7 @@ class _Run:
             window = procs.TreeWindow(tree, server.bench_pids) if tree else None
             result = await server.run_point(_spec(self.opts, level, self.ramp[0]),
                                             functools.partial(self.status, label), window)
-            self.points.append({"server": server.name, "concurrency": level, **result})
+            self.points.append({"server": server.name, "concurrency": level, "round": r, **result})
             self.status(f"done {label}: {_brief(result)}", None)
 
     async def teardown(self) -> None:

@@ -4,7 +4,7 @@ memory per process (local targets), the sidecar/bare ratios, and the headline
 
 from __future__ import annotations
 
-from .report import fmt, table
+from .report import fmt, round_of, table
 from .stats import CLIENT_BOUND_SHARE
 
 _SHORT = {"loop thread": "loop", "other threads": "threads", "sidecar-writer": "writer",
@@ -48,14 +48,32 @@ def header(doc: dict) -> list[str]:
     return lines
 
 
+def _repeated(doc: dict) -> bool:
+    return doc["options"].get("repeat", 1) > 1  # (absent from documents before --repeat)
+
+
+def _lead(doc: dict, p: dict) -> list:
+    """A point's first cells in the tables: its server, its sweep (with --repeat), its level."""
+    return [p["server"], *([round_of(p)] if _repeated(doc) else []), p["concurrency"]]
+
+
+def _lead_headers(doc: dict) -> list[str]:
+    return ["server", *(["sweep"] if _repeated(doc) else []), "conc"]
+
+
+def _where(doc: dict, p: dict) -> str:
+    """A point as the warnings name it."""
+    return f"{p['server']} c={p['concurrency']}" + (f" (sweep {round_of(p)})" if _repeated(doc) else "")
+
+
 def latency_table(doc: dict) -> str:
     rows = []
     for p in doc["points"]:
         f, t = p["first_delta_ms"], p["turn_ms"]
-        rows.append([p["server"], p["concurrency"], p["turns"], p["turns_per_s"], p["deltas_per_s"],
+        rows.append([*_lead(doc, p), p["turns"], p["turns_per_s"], p["deltas_per_s"],
                      f["p50"], f["p99"], t["p50"], t["p90"], t["p99"], t["max"], p["p99_over_ideal"],
                      "yes" if p["within_slo"] else "no", p["error_count"]])
-    return table(["server", "conc", "turns", "turns/s", "deltas/s", "first p50", "first p99", "turn p50",
+    return table([*_lead_headers(doc), "turns", "turns/s", "deltas/s", "first p50", "first p99", "turn p50",
                   "turn p90", "turn p99", "turn max", "p99/ideal", "SLO", "errors"], rows,
                  title="Throughput and latency (ms; first = time to the first text delta)")
 
@@ -65,12 +83,12 @@ def target_table(doc: dict) -> str | None:
     rows = []
     for p in doc["points"]:
         for address, t in (p.get("by_target") or {}).items():
-            rows.append([p["server"], p["concurrency"], address, t["turns"], t["turns_per_s"],
+            rows.append([*_lead(doc, p), address, t["turns"], t["turns_per_s"],
                          t["first_delta_ms"]["p99"], t["turn_ms"]["p50"], t["turn_ms"]["p99"], t["error_count"]])
     if not rows:
         return None
-    return table(["server", "conc", "target", "turns", "turns/s", "first p99", "turn p50", "turn p99", "errors"],
-                 rows, title="Per target (ms)")
+    return table([*_lead_headers(doc), "target", "turns", "turns/s", "first p99", "turn p50", "turn p99",
+                  "errors"], rows, title="Per target (ms)")
 
 
 # What an error reason says about the load rather than the sidecar, and what to change.
@@ -86,7 +104,7 @@ def error_lines(doc: dict) -> list[str]:
     for p in doc["points"]:
         if p["errors"]:
             seen.update(p["errors"])
-            out.append(f"  errors, {p['server']} c={p['concurrency']}: "
+            out.append(f"  errors, {_where(doc, p)}: "
                        + ", ".join(f"{r} {n}" for r, n in sorted(p["errors"].items(), key=lambda kv: -kv[1])))
     out += [f"  {reason}: {hint}" for reason, hint in _ERROR_HINTS.items() if reason in seen]
     return out
@@ -101,14 +119,14 @@ def cpu_table(doc: dict) -> str | None:
         wall = u["wall_s"] or 1e-9
         parts = " · ".join(f"{_short(g)} {100 * s / wall:.0f}" for g, s in u["threads"].items())
         rss = sum(x["rss_mb"] or 0 for x in u["processes"])
-        rows.append([p["server"], p["concurrency"], 100 * u["server_cpu_s"] / wall,
+        rows.append([*_lead(doc, p), 100 * u["server_cpu_s"] / wall,
                      p.get("server_cpu_us_per_delta"), p.get("server_cpu_us_per_word"), parts, rss,
                      100 * u["bench_cpu_s"] / wall,
                      100 * u["others_cpu_s"] / wall])
     if not rows:
         return None
     cores = doc["machine"]["cpus"]
-    return table(["server", "conc", "CPU %", "µs/delta", "µs/word", "CPU % by process", "RSS MB", "bench %",
+    return table([*_lead_headers(doc), "CPU %", "µs/delta", "µs/word", "CPU % by process", "RSS MB", "bench %",
                   "others %"],
                  rows, title=f"CPU and memory on this host during each measure window "
                              f"(100% = one core of {cores}; bench = {_bench_is(doc)})")
@@ -133,11 +151,13 @@ def idle_line(doc: dict) -> str | None:
 def ratio_table(doc: dict) -> str | None:
     if not doc["ratios"]:
         return None
-    rows = [[r["concurrency"], r["turns_per_s"], r["deltas_per_s"], r["turn_p50_added_ms"], r["turn_p99_added_ms"],
-             r["first_delta_p50_added_ms"], r["first_delta_p99_added_ms"], r["cpu_per_delta"], r["cpu_per_word"]]
+    sweep = _repeated(doc)
+    rows = [[*([r["round"]] if sweep else []), r["concurrency"], r["turns_per_s"], r["deltas_per_s"],
+             r["turn_p50_added_ms"], r["turn_p99_added_ms"], r["first_delta_p50_added_ms"],
+             r["first_delta_p99_added_ms"], r["cpu_per_delta"], r["cpu_per_word"]]
             for r in doc["ratios"]]
-    return table(["conc", "turns/s x", "deltas/s x", "turn p50 +ms", "turn p99 +ms", "first p50 +ms",
-                  "first p99 +ms", "CPU/delta x", "CPU/word x"], rows,
+    return table([*(["sweep"] if sweep else []), "conc", "turns/s x", "deltas/s x", "turn p50 +ms",
+                  "turn p99 +ms", "first p50 +ms", "first p99 +ms", "CPU/delta x", "CPU/word x"], rows,
                  title="sidecar / bare (same load and timing, this run): ratios (x) and added latency (+ms)")
 
 
@@ -147,9 +167,18 @@ def first_bound(slo: dict, sep: str = " and") -> str:
     return f"{sep} first delta p99 <= {bound:g} ms" if bound is not None else ""
 
 
+def _level_text(concurrency: int | None, lowest: int) -> str:
+    return f"< {lowest}" if concurrency is None else str(concurrency)
+
+
 def _knee_text(k: dict | None, lowest: int, top: int | None) -> str:
     if k is None:
         return "-"
+    if "by_round" in k:  # the median of several sweeps': each one's knee is on its own line
+        each = [(">= " if beyond else "") + _level_text(c, lowest)
+                for c, beyond in zip(k["by_round"], k["beyond_sweep_by_round"])]
+        return (">= " if k["beyond_sweep"] else "") + _level_text(k["concurrency"], lowest) + \
+            f" (sweeps: {', '.join(each)})"
     if k["concurrency"] is None:
         return f"< {lowest} (the lowest point already missed the SLO)"
     if k["beyond_sweep"]:
@@ -175,12 +204,14 @@ def _knees_text(k: dict, lowest: int, top: int | None) -> str:
             line += f" · sidecar/bare {k['ratio']:.2f}x"
             if k["ratio_interpolated"] is not None:
                 line += f" ({k['ratio_interpolated']:.2f}x interpolated)"
+        elif "ratio_by_round" in k:
+            line += " · sidecar/bare: no median (a sweep's knee was only a bound)"
     return line
 
 
 def client_bound_line(doc: dict) -> str | None:
     """A warning naming the points the bench's own client paced."""
-    bound = [f"{p['server']} c={p['concurrency']}" for p in doc["points"] if p.get("client_bound")]
+    bound = [_where(doc, p) for p in doc["points"] if p.get("client_bound")]
     if not bound:
         return None
     one = doc["options"].get("clients", 1) == 1
@@ -197,8 +228,12 @@ def headline(doc: dict) -> str:
         k = doc["knee"]
         lowest = min(p["concurrency"] for p in doc["points"])
         top = doc["options"].get("find_knee")  # (absent from documents before the option)
+        rounds = doc.get("rounds")  # (absent from documents before --repeat)
         line = (f"knee (largest concurrency with p99 turn <= {slo['limit_s']:.3f} s{first_bound(slo, ',')}, "
-                f"no errors): " + _knees_text(k, lowest, top))
+                f"no errors){f', median of {len(rounds)} sweeps' if rounds else ''}: "
+                + _knees_text(k, lowest, top))
+        for x in rounds or ():
+            line += f"\n  sweep {x['round']}: " + _knees_text(x["knee"], lowest, top)
         if doc.get("knee_by_turn"):
             line += ("\nby the turn alone (the first delta not bounded): "
                      + _knees_text(doc["knee_by_turn"], lowest, None))

@@ -117,6 +117,10 @@ def add_arguments(sub) -> argparse.ArgumentParser:
                    help="with --sweep: past its last level, add levels (each about 1.5x the last) for each "
                         "server that met the SLO at every point so far, until one fails or the next level "
                         "would pass MAX; sessions default to MAX")
+    m.add_argument("--repeat", type=_positive(int), default=1, metavar="N",
+                   help="with --sweep: run the whole sweep N times, one after another, and report each "
+                        "sweep's knee and their median (on a busy or noisy machine one sweep can put a knee "
+                        "a level off) (default 1)")
     m.add_argument("--ideal", type=_positive(float), default=None,
                    help="the ideal turn in seconds (default: the median calibration turn)")
     m.add_argument("--calibrate", type=int, default=3,
@@ -157,6 +161,8 @@ def options_from(args):
         raise ValueError("--find-knee goes with --sweep: it extends a sweep")
     if args.find_knee is not None and args.find_knee <= max(levels):
         raise ValueError(f"--find-knee {args.find_knee} must be above the sweep's largest level ({max(levels)})")
+    if args.repeat > 1 and args.sweep is None:
+        raise ValueError("--repeat goes with --sweep: it repeats a sweep")
     clients = args.clients or len(targets)
     if clients < len(targets):
         raise ValueError(f"--clients {clients}: at least one client process per target ({len(targets)})")
@@ -164,8 +170,9 @@ def options_from(args):
         raise ValueError("--pid is for one target")
     opts = BenchOptions(
         targets=targets, text=args.prompt if args.prompt is not None else prompt_of(args.prompt_words or 200),
-        levels=levels, sweep=args.sweep is not None and (len(levels) > 1 or args.find_knee is not None),
-        find_knee=args.find_knee, clients=clients,
+        levels=levels, sweep=args.sweep is not None and (len(levels) > 1 or args.find_knee is not None
+                                                          or args.repeat > 1),
+        find_knee=args.find_knee, repeat=args.repeat, clients=clients,
         profile=args.profile, platform=args.platform,
         sessions=args.sessions, duration_s=None if args.turns else (args.duration or 10.0), turns=args.turns,
         warmup_s=args.warmup, ramp_s=args.ramp, delivery=args.delivery, tools=args.tools,
