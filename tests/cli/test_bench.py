@@ -428,7 +428,7 @@ def test_the_median_of_several_sweeps():
     """Each server's knee is the lower median of the sweeps' knees; a round
     with no passing point counts lowest; one whose every point passed is a
     lower bound, and so is the median when it lies at or below it. The ratio
-    is the median of the sweeps' ratios, only when every sweep has one."""
+    is the lower median of the sweeps' ratios, only when every sweep has one."""
     doc = _sweeps([(20, 10), (40, 20), (None, 10)])
     k = doc["knee"]
     assert [x["knee"]["sidecar"]["concurrency"] for x in doc["rounds"]] == [20, 40, None]
@@ -445,6 +445,8 @@ def test_the_median_of_several_sweeps():
     doc = _sweeps([(20, 10), (20, 20), (10, 10)])
     assert doc["knee"]["ratio_by_round"] == [2.0, 1.0, 1.0] and doc["knee"]["ratio"] == 1.0
     assert "sidecar 20 (sweeps: 20, 20, 10) · bare 10 (sweeps: 10, 20, 10) · sidecar/bare 1.00x" in text.headline(doc)
+    doc = _sweeps([(20, 10), (10, 10)])  # two sweeps: the lower of the middle two, for the ratio too
+    assert (doc["knee"]["sidecar"]["concurrency"], doc["knee"]["ratio"]) == (10, 1.0)
     doc = _sweeps([(40, 10), (20, 10), (40, 10)])  # the median is a sweep that passed every point
     assert (doc["knee"]["sidecar"]["concurrency"], doc["knee"]["sidecar"]["beyond_sweep"]) == (40, True)
     assert "sidecar >= 40 (sweeps: >= 40, 20, >= 40)" in text.headline(doc)

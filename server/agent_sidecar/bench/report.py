@@ -206,10 +206,11 @@ def _median_knees(per_round: list[dict]) -> dict[str, Any]:
     """Several sweeps' knees as one. Each server's is the lower median of
     its rounds' knees (a level that was measured; a round with no passing
     point counts lowest), with that round's details, ``by_round`` (every
-    round's knee) and ``beyond_sweep_by_round``. A knee beyond its sweep is only a lower bound, and so is
-    the median when such a round lies at or below it (``beyond_sweep``). The
-    ratio is the median of the rounds' ratios, given only when every round
-    has one (``ratio_by_round``: each round's, None where it had none)."""
+    round's knee) and ``beyond_sweep_by_round``. A knee beyond its sweep is
+    only a lower bound, and so is the median when such a round lies at or
+    below it (``beyond_sweep``). The ratio is the lower median of the
+    rounds' ratios (one a sweep measured), given only when every round has
+    one (``ratio_by_round``: each round's, None where it had none)."""
     out: dict[str, Any] = {}
     for server in ("sidecar", "bare"):
         mine = [k[server] for k in per_round if server in k]
@@ -224,7 +225,7 @@ def _median_knees(per_round: list[dict]) -> dict[str, Any]:
         for name in ("ratio", "ratio_interpolated"):
             each = [k.get(name) for k in per_round]
             out[f"{name}_by_round"] = each
-            out[name] = statistics.median(each) if None not in each else None  # type: ignore[type-var]
+            out[name] = statistics.median_low(each) if None not in each else None  # type: ignore[type-var]
     return out
 
 
