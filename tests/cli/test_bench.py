@@ -127,8 +127,18 @@ def test_sweep_with_bare_writes_json_and_png_that_match_the_store(sc, tmp_path):
     assert all(float(row[1]) > 0 for row in ratio_rows), r.stdout  # turns/s, sidecar over bare
     assert all(x["turns_per_s"] > 0 and x["cpu_per_word"] == x["cpu_per_delta"] > 0 for x in doc["ratios"])
     assert png_size(png) == SIZE_PX
+    check_render(r.stdout, out, tmp_path / "again.png")
     check_first_delta_bound(json.loads(out.read_text()))
     check_client_bound_warning(doc)
+
+
+def check_render(printed: str, doc: Path, png: Path) -> None:
+    """--render: the same report from the run's JSON, and its plot, without
+    a run (no target is given)."""
+    r = bench("--render", str(doc), "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == printed
+    assert png_size(png) == SIZE_PX
 
 
 def check_first_delta_bound(doc: dict) -> None:
@@ -286,6 +296,22 @@ def test_several_targets_each_get_their_share_and_hold_their_turns(sc, tmp_path)
         other.stop()
 
 
+@pytest.mark.parametrize("content, error", [
+    (None, "cannot read {path}: No such file or directory"),
+    ("{not json", "document this version can read (JSONDecodeError"),
+    ('{"version": 1, "points": []}', "document this version can read (KeyError: 'options')"),
+    ("[1, 2]", "document this version can read (ValueError: no version 1)"),
+])
+def test_render_of_what_is_not_a_bench_document_is_one_line_and_exit_1(tmp_path, content, error):
+    path = tmp_path / "doc.json"
+    if content is not None:
+        path.write_text(content)
+    r = bench("--render", str(path))
+    assert r.returncode == 1 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and error.format(path=path) in lines[0], r.stderr
+
+
 @pytest.mark.parametrize("args, error", [
     (("--clients", "3", "--sessions", "2", "--concurrency", "2"), "--clients 3 needs at least as many sessions"),
     (("--target", "unix:/a.sock,unix:/b.sock", "--clients", "1"), "--clients 1: at least one client process per"),
@@ -297,6 +323,8 @@ def test_several_targets_each_get_their_share_and_hold_their_turns(sc, tmp_path)
     (("--sweep", "10,50", "--find-knee", "50"), "--find-knee 50 must be above the sweep's largest level (50)"),
     (("--concurrency", "4", "--repeat", "3"), "--repeat goes with --sweep"),
     (("--sweep", "1,2", "--repeat", "0"), "argument --repeat: '0' must be > 0"),
+    (("--render", "x.json", "--sweep", "1,2"), "--render reads an earlier run: --sweep does not apply"),
+    (("--render", "x.json", "--compare-bare"), "--render reads an earlier run: --compare-bare does not apply"),
 ])
 def test_target_and_client_options_that_cannot_work_are_refused(args, error):
     r = bench(*args)

@@ -14,6 +14,11 @@ nothing here is imported by ``serve``):
   (``agent_sidecar_client``, the ``bench`` extra).
 * ``fleet``  — the same load from N client processes (``--clients N``, several targets).
 * ``run``    — one bench run: sessions, calibration, the sweep, sidecar vs bare.
-* ``report`` — the table, the JSON document, the ratio lines.
+* ``report`` — the JSON document's judgement: the SLO, the knees (of several
+  sweeps, their median), the ratios, the totals.
+* ``text``   — the document as the tables and the headline on stdout.
 * ``plot``   — the PNG (matplotlib, the ``bench`` extra, imported only for ``--plot``).
+
+``report``, ``text`` and ``plot`` read only the document, so ``--render``
+prints and plots an earlier run's ``--json`` without running anything.
 """

@@ -135,8 +135,23 @@ def add_arguments(sub) -> argparse.ArgumentParser:
     o = b.add_argument_group("output")
     o.add_argument("--json", default=None, metavar="FILE", help="write every figure as JSON")
     o.add_argument("--plot", default=None, metavar="FILE.png", help="write a PNG (needs matplotlib)")
+    o.add_argument("--render", default=None, metavar="FILE.json",
+                   help="run nothing: print the report of an earlier run's --json file, judged as this version "
+                        "judges it (with --plot, draw it; on another machine, say, with matplotlib)")
     b.set_defaults(func=run, _parser=b)
     return b
+
+
+# What --render cannot use: options that shape a run, which it does not make.
+_RUN_ONLY = {"sweep": None, "concurrency": None, "duration": None, "turns": None, "compare_bare": False,
+             "find_knee": None, "repeat": 1, "clients": None, "tools": False}
+
+
+def _check_render(args) -> None:
+    """ValueError naming a run option given with --render (it would be ignored)."""
+    for name, unset in _RUN_ONLY.items():
+        if getattr(args, name) != unset:
+            raise ValueError(f"--render reads an earlier run: --{name.replace('_', '-')} does not apply")
 
 
 def options_from(args):
@@ -240,6 +255,12 @@ class StatusView:
 
 
 def run(args) -> int:
+    if args.render:
+        try:
+            _check_render(args)
+        except ValueError as e:
+            args._parser.error(str(e))
+        return _render(args)
     try:
         opts = options_from(args)
     except ValueError as e:
@@ -268,6 +289,33 @@ def run(args) -> int:
         return 130
     line.close()
     print(text.render(doc), flush=True)
+    return _write_outputs(doc, args)
+
+
+def _render(args) -> int:
+    """``--render``: an earlier run's document, analysed again (report.analyse
+    is pure: it judges the recorded points), printed, and plotted with --plot."""
+    from ..bench import report, text
+    if args.plot:
+        from ..bench.plot import available
+        problem = available()
+        if problem:
+            print(f"agent-sidecar bench: {problem}", file=sys.stderr)
+            return 1
+    try:
+        with open(args.render) as f:
+            doc = json.load(f)
+        if not isinstance(doc, dict) or doc.get("version") != 1:
+            raise ValueError("no version 1")
+        out = text.render(report.analyse(doc))
+    except OSError as e:
+        print(f"agent-sidecar bench: cannot read {args.render}: {e.strerror}", file=sys.stderr)
+        return 1
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        print(f"agent-sidecar bench: {args.render} is not an agent-sidecar bench --json document this version "
+              f"can read ({type(e).__name__}: {e})", file=sys.stderr)
+        return 1
+    print(out, flush=True)
     return _write_outputs(doc, args)
 
 
