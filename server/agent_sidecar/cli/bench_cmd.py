@@ -79,7 +79,19 @@ def add_arguments(sub) -> argparse.ArgumentParser:
     t.add_argument("--connect-timeout", type=_positive(float), default=5.0, help="seconds (default 5)")
     t.add_argument("--pid", type=int, default=None,
                    help="the sidecar's pid for CPU/RSS figures (default: found from the listening socket)")
-    ld = b.add_argument_group("load")
+    _load_arguments(b.add_argument_group("load"))
+    _measure_arguments(b.add_argument_group("measure and compare"))
+    o = b.add_argument_group("output")
+    o.add_argument("--json", default=None, metavar="FILE", help="write every figure as JSON")
+    o.add_argument("--plot", default=None, metavar="FILE.png", help="write a PNG (needs matplotlib)")
+    o.add_argument("--render", default=None, metavar="FILE.json",
+                   help="run nothing: print the report of an earlier run's --json file, judged as this version "
+                        "judges it (with --plot, draw it; on another machine, say, with matplotlib)")
+    b.set_defaults(func=run, _parser=b)
+    return b
+
+
+def _load_arguments(ld) -> None:
     ld.add_argument("--profile", default=None, help="the profile of the sessions and prompts (default main)")
     ld.add_argument("--platform", default="bench", help="the SessionSource platform, and the tools' namespace")
     ld.add_argument("--sessions", type=_positive(int), default=None,
@@ -108,7 +120,9 @@ def add_arguments(sub) -> argparse.ArgumentParser:
                          "of the lanes and sessions, for servers faster than one Python client can read "
                          "(default: this process alone; with several targets, one each)")
     ld.add_argument("--seed", type=int, default=1)
-    m = b.add_argument_group("measure and compare")
+
+
+def _measure_arguments(m) -> None:
     m.add_argument("--slo", default="10%", help="allowed p99 turn excess over the ideal (default 10%%)")
     m.add_argument("--first-delta-slo", type=_positive(float), default=None, metavar="MS",
                    help="also bound the p99 time to the first text delta, in ms (how soon a chat shows "
@@ -132,14 +146,6 @@ def add_arguments(sub) -> argparse.ArgumentParser:
                         "token (default: the frames and gaps the calibration saw)")
     m.add_argument("--bare-first-delay-ms", type=float, default=0.0,
                    help="with --bare-latency-ms: an extra delay before the first delta")
-    o = b.add_argument_group("output")
-    o.add_argument("--json", default=None, metavar="FILE", help="write every figure as JSON")
-    o.add_argument("--plot", default=None, metavar="FILE.png", help="write a PNG (needs matplotlib)")
-    o.add_argument("--render", default=None, metavar="FILE.json",
-                   help="run nothing: print the report of an earlier run's --json file, judged as this version "
-                        "judges it (with --plot, draw it; on another machine, say, with matplotlib)")
-    b.set_defaults(func=run, _parser=b)
-    return b
 
 
 # What --render cannot use: options that shape a run, which it does not make.
