@@ -302,12 +302,10 @@ def _render(args) -> int:
     """``--render``: an earlier run's document, analysed again (report.analyse
     is pure: it judges the recorded points), printed, and plotted with --plot."""
     from ..bench import report, text
-    if args.plot:
-        from ..bench.plot import available
-        problem = available()
-        if problem:
-            print(f"agent-sidecar bench: {problem}", file=sys.stderr)
-            return 1
+    problem = _missing_extras(args, client=False)  # nothing is run: no client needed
+    if problem:
+        print(f"agent-sidecar bench: {problem}", file=sys.stderr)
+        return 1
     try:
         with open(args.render) as f:
             doc = json.load(f)
@@ -325,11 +323,14 @@ def _render(args) -> int:
     return _write_outputs(doc, args)
 
 
-def _missing_extras(args) -> str | None:
-    try:
-        import agent_sidecar_client  # noqa: F401
-    except ImportError:
-        return "needs the Python client; install the bench extra: pip install 'agent-sidecar[bench]'"
+def _missing_extras(args, client: bool = True) -> str | None:
+    """Why the bench cannot do what ``args`` ask (None: it can): the Python
+    client, when ``client`` (a run), and matplotlib, for ``--plot``."""
+    if client:
+        try:
+            import agent_sidecar_client  # noqa: F401
+        except ImportError:
+            return "needs the Python client; install the bench extra: pip install 'agent-sidecar[bench]'"
     if args.plot:
         from ..bench.plot import available
         return available()
