@@ -1,7 +1,7 @@
 """The project documents itself: docs/api.md is what the protos' comments make
 it, no file points at the contract page that is not in the repository (the
 spec's API page, NEEDLE below), and every relative link of the docs and READMEs
-resolves."""
+resolves, down to the heading it names."""
 
 from __future__ import annotations
 
@@ -60,17 +60,35 @@ def test_nothing_points_at_an_api_md_outside_the_repo():
     assert not offenders, f"references to {NEEDLE} (use docs/api.md or docs/semantics.md): {offenders}"
 
 
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings (lower case, punctuation
+    dropped, spaces as hyphens; a repeated heading's -1, -2 are not needed
+    here) and the page's own ``<a name="...">`` anchors."""
+    text = page.read_text()
+    slugs = set(re.findall(r'<a name="([^"]+)"', text))
+    for line in text.splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            slugs.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return slugs
+
+
 def test_relative_links_in_the_docs_resolve():
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
-             *sorted((ROOT / "clients").glob("*/README.md")), ROOT / "deploy/README.md"]
+             *sorted((ROOT / "clients").glob("*/README.md")), ROOT / "deploy/README.md",
+             *sorted((ROOT / "benchmarks").glob("*.md"))]
     broken = []
     for page in pages:
         if not page.exists():
             broken.append(f"{page.relative_to(ROOT)} (missing page)")
             continue
         for target in LINK.findall(page.read_text()):
-            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            if re.match(r"[a-z]+:", target):
                 continue
-            if not (page.parent / target.split("#", 1)[0]).exists():
+            path, _, anchor = target.partition("#")
+            linked = page.parent / path if path else page
+            if not linked.exists():
                 broken.append(f"{page.relative_to(ROOT)} → {target}")
+            elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+                broken.append(f"{page.relative_to(ROOT)} → {target} (no such heading)")
     assert not broken, broken
