@@ -266,6 +266,22 @@ def test_a_client_process_killed_mid_point_ends_the_run_with_one_line(sc, tmp_pa
     wait_until(lambda: all(procs.proc_comm(pid) == "?" for pid in clients), timeout=10, what="no client left")
 
 
+def test_the_listener_is_found_however_its_path_was_spelled(tmp_path):
+    """A sidecar started with ``--listen unix:///abs/path`` binds the path
+    with its slashes ("///abs/path" in /proc/net/unix): the bench still finds
+    the listener, by any spelling of the target."""
+    import socket
+    path = tmp_path / "spelled.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    try:
+        listener.bind("//" + str(path))
+        listener.listen()
+        for target in (f"unix:{path}", f"unix://{path}"):  # the second: unix:///tmp/...
+            assert procs.listening_pid(target) == os.getpid(), target
+    finally:
+        listener.close()
+
+
 def test_several_targets_each_get_their_share_and_hold_their_turns(sc, tmp_path):
     """--target A,B: two sidecars with stores of their own, one client
     process each (the default); each target's sessions were made on it, its

@@ -269,7 +269,8 @@ def _listening_inodes(target: str) -> set[str]:
         found = set()
         for line in data.splitlines()[1:]:
             parts = line.split()
-            if len(parts) >= 8 and parts[7] == path and int(parts[3], 16) & _SO_ACCEPTCON:
+            # the path as bound: `unix:///p` binds "///p", which is /p
+            if len(parts) >= 8 and os.path.normpath(parts[7]) == path and int(parts[3], 16) & _SO_ACCEPTCON:
                 found.add(parts[6])
         return found
     host, _, port = target.rpartition(":")
