@@ -266,6 +266,41 @@ def test_a_client_process_killed_mid_point_ends_the_run_with_one_line(sc, tmp_pa
     wait_until(lambda: all(procs.proc_comm(pid) == "?" for pid in clients), timeout=10, what="no client left")
 
 
+def test_ctrl_c_mid_sweep_keeps_the_points_that_finished(sc, tmp_path):
+    """SIGINT (Ctrl-C) once the sweep's first level is done: the bench stops
+    in the point under way, prints the report of the finished points with a
+    line naming the point cut short, writes the JSON and the plot, and exits
+    130. The store holds every turn the report counts."""
+    out, png = tmp_path / "cut.json", tmp_path / "cut.png"
+    bench_proc = subprocess.Popen([*COMMAND, "bench", "--target", sc.target, "--sweep", "1,2,3,4", "--duration", "3",
+                                   "--calibrate", "1", "--prompt-words", str(WORDS), "--json", str(out),
+                                   "--plot", str(png)], cwd=ROOT, env=CLEAN_ENV,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert bench_proc.stderr is not None
+        for line in bench_proc.stderr:  # one line per finished point (stderr is no terminal)
+            if line.startswith("done sidecar c=1 "):
+                bench_proc.send_signal(signal.SIGINT)
+                break
+        stdout, stderr = bench_proc.communicate(timeout=60)
+    finally:
+        bench_proc.kill()
+    assert bench_proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    doc = json.loads(out.read_text())
+    cut = doc["interrupted"]
+    assert cut.startswith("sidecar c="), cut
+    cut_level = int(cut.split()[1].removeprefix("c="))
+    levels = [p["concurrency"] for p in doc["points"]]
+    assert levels and levels == sorted(levels) and max(levels) < cut_level, (levels, cut)
+    finished = f"{len(levels)} point{'s' if len(levels) > 1 else ''} that finished"
+    assert f"INTERRUPTED during {cut}: the figures above are the {finished}" in stdout, stdout
+    assert "Throughput and latency" in stdout and "knee (" in stdout, stdout
+    assert png_size(png) == SIZE_PX
+    wait_until(lambda: sc.status().turns_in_flight == 0, timeout=30, what="the cut point's turns to end")
+    assert held(sc.sessions(), doc["sessions"]["keys"])[0] >= doc["totals"]["completed"] > 0
+
+
 def test_the_listener_is_found_however_its_path_was_spelled(tmp_path):
     """A sidecar started with ``--listen unix:///abs/path`` binds the path
     with its slashes ("///abs/path" in /proc/net/unix): the bench still finds

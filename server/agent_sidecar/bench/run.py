@@ -141,13 +141,25 @@ def _spec(opts: BenchOptions, concurrency: int, ramp_s: float) -> load.LoadSpec:
 
 
 async def run_bench(opts: BenchOptions, status: Status) -> dict:
-    """The whole run; returns the document (report.analyse() has completed it)."""
+    """The whole run; returns the document (report.analyse() has completed it).
+
+    Cancelled (Ctrl-C: asyncio.Runner cancels this task) once some point has
+    finished, it stops there, tears down as usual and returns the document of
+    the finished points, its ``interrupted`` naming the point that was cut
+    short (whose turns are in no figure): a long sweep stopped early keeps
+    what it measured. Cancelled before any point finished, it raises."""
     run = _Run(opts, status)
     try:
         await run.setup()
         await run.calibrate()
         await run.start_bare()
         await run.sweep()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if not run.points or task is None:
+            raise
+        task.uncancel()  # handled: the run ends here, with its report
+        run.interrupted = run.running or "between points"
     finally:
         await run.teardown()
     return report.analyse(run.document())
@@ -175,6 +187,8 @@ class _Run:
         self.servers: list[_Server] = []
         self.fleets: list[Fleet] = []
         self.points: list[dict] = []
+        self.running: str | None = None  # the point under way, by its progress label
+        self.interrupted: str | None = None  # what a Ctrl-C cut short (run_bench)
 
     @property
     def keys(self) -> list[str]:
@@ -293,8 +307,10 @@ class _Run:
             if tree:  # re-read per point: a crashed worker's replacement is a new pid
                 tree = procs.process_tree(tree[0][1], tree[0][0])
             window = procs.TreeWindow(tree, server.bench_pids) if tree else None
+            self.running = label
             result = await server.run_point(_spec(self.opts, level, self.ramp[0]),
                                             functools.partial(self.status, label), window)
+            self.running = None
             self.points.append({"server": server.name, "concurrency": level, "round": r, **result})
             self.status(f"done {label}: {_brief(result)}", None)
 
@@ -319,7 +335,7 @@ class _Run:
                 "sessions": {"platform": self.opts.platform, "count": len(self.keys), "keys": self.keys,
                              "by_target": by_target},
                 "calibration": self.calibration, "ramp": {"s": self.ramp[0], "source": self.ramp[1]},
-                "bare": self.timing, "points": self.points,
+                "bare": self.timing, "points": self.points, "interrupted": self.interrupted,
                 "tool_invocations": sum(t.invocations for t in self.tool_hosts) if self.tool_hosts else None}
 
 

@@ -289,13 +289,14 @@ def run(args) -> int:
         line.close()
         print(f"agent-sidecar bench: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before any point finished, or a second Ctrl-C
         line.close()
         print("agent-sidecar bench: interrupted", file=sys.stderr)
         return 130
     line.close()
     print(text.render(doc), flush=True)
-    return _write_outputs(doc, args)
+    written = _write_outputs(doc, args)
+    return 130 if doc["interrupted"] and written == 0 else written
 
 
 def _render(args) -> int:
