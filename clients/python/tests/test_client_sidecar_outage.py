@@ -56,3 +56,26 @@ def test_prompt_deadline_holds_while_resuming_after_the_sidecar_dies(tmp_path):
     assert type(err) is asc.AgentTimeout, repr(err)
     assert (err.code, err.reason) == (grpc.StatusCode.DEADLINE_EXCEEDED, "AGENT_TIMEOUT")
     assert 2.5 < elapsed < 5.0
+
+
+def test_a_cancel_as_the_channel_is_found_ready_is_not_lost(tmp_path):
+    """wait_ready on a connected channel, cancelled after its first step: a
+    cancel that found it still waiting reaches the caller. (asyncio.wait_for
+    in Python 3.11 ran the check as a task of its own and, when that finished
+    in the same loop turn as the cancel, returned instead: a Ctrl-C or a task
+    group's cancel was dropped.)"""
+    sc = Sidecar(tmp_path / "data", workers=1).start()
+    try:
+        async def run():
+            async with await asc.connect(sc.target) as client:
+                await client.wait_ready(5)
+                waiting = asyncio.create_task(client.wait_ready(5))
+                await asyncio.sleep(0)  # its first step has run
+                if waiting.cancel():  # still waiting: the cancel must not be lost
+                    with pytest.raises(asyncio.CancelledError):
+                        await waiting
+                else:  # it was done already (a ready channel needs no wait)
+                    await waiting
+        asyncio.run(run())
+    finally:
+        sc.stop()

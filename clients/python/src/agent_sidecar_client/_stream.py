@@ -182,9 +182,11 @@ class FrameStream:
         return None if self._deadline is None else self._deadline.remaining()
 
     async def _wait_ready(self, timeout: float) -> bool:
-        """Wait until the channel has (re)connected; False on timeout."""
+        """Wait until the channel has (re)connected; False on timeout (a
+        cancellation propagates: see SidecarClient.wait_ready)."""
         try:
-            await asyncio.wait_for(self._channel.channel_ready(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._channel.channel_ready()
             return True
         except TimeoutError:
             return False

@@ -108,9 +108,13 @@ class SidecarClient:
         self.tools = tool_grpc.ToolServiceStub(self.channel)
 
     async def wait_ready(self, timeout: float = 10.0) -> None:
-        """Wait until the channel is connected (raises SidecarError UNAVAILABLE)."""
+        """Wait until the channel is connected (raises SidecarError UNAVAILABLE).
+        A cancellation of the caller always propagates (``asyncio.timeout``:
+        Python 3.11's ``wait_for`` drops one that lands as the channel turns
+        ready)."""
         try:
-            await asyncio.wait_for(self.channel.channel_ready(), timeout)
+            async with asyncio.timeout(timeout):
+                await self.channel.channel_ready()
         except TimeoutError:
             raise errors.SidecarError(grpc.StatusCode.UNAVAILABLE, "",
                                       f"no sidecar reachable at {self.target} within {timeout:g}s") from None

@@ -123,7 +123,8 @@ class ToolHost:
             else:
                 work = asyncio.to_thread(tool.func, **args)
             timeout = invocation.timeout_ms / 1000 if invocation.timeout_ms > 0 else None
-            value = await asyncio.wait_for(work, timeout)
+            async with asyncio.timeout(timeout):  # (not wait_for: it can drop the host's cancellation)
+                value = await work
             result.result_json = json.dumps(value)
             result.ok = True
         except TimeoutError:
@@ -184,7 +185,8 @@ class ToolHost:
                 await client.wait_ready(30.0)
 
     async def wait_registered(self, timeout: float | None = None) -> tool_pb.ToolsRegistered:
-        await asyncio.wait_for(self._registered_event.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await self._registered_event.wait()
         assert self.registered is not None
         return self.registered
 
