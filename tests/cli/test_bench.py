@@ -289,16 +289,54 @@ def test_ctrl_c_mid_sweep_keeps_the_points_that_finished(sc, tmp_path):
     assert "Traceback" not in stderr
     doc = json.loads(out.read_text())
     cut = doc["interrupted"]
-    assert cut.startswith("sidecar c="), cut
-    cut_level = int(cut.split()[1].removeprefix("c="))
+    assert cut["reason"] == "SIGINT" and cut["at"].startswith("sidecar c="), cut
+    cut_level = int(cut["at"].split()[1].removeprefix("c="))
     levels = [p["concurrency"] for p in doc["points"]]
     assert levels and levels == sorted(levels) and max(levels) < cut_level, (levels, cut)
     finished = f"{len(levels)} point{'s' if len(levels) > 1 else ''} that finished"
-    assert f"INTERRUPTED during {cut}: the figures above are the {finished}" in stdout, stdout
+    assert f"INTERRUPTED at {cut['at']}, stopped by Ctrl-C (SIGINT): the figures above are the {finished}" \
+        in stdout, stdout
     assert "Throughput and latency" in stdout and "knee (" in stdout, stdout
     assert png_size(png) == SIZE_PX
     wait_until(lambda: sc.status().turns_in_flight == 0, timeout=30, what="the cut point's turns to end")
     assert held(sc.sessions(), doc["sessions"]["keys"])[0] >= doc["totals"]["completed"] > 0
+
+
+def test_a_target_killed_mid_sweep_ends_the_run_with_the_points_that_finished(tmp_path):
+    """kill -9 of the sidecar once the sweep's first level is done: the point
+    under way ends with its turns failed (each gives up resuming after the
+    connect timeout), the next point finds no connection and the run ends
+    there, with the report and JSON of the finished points, a one-line reason
+    and exit 1, instead of running every later point against nothing."""
+    victim = Sidecar(tmp_path / "victim", config=CONFIG).start()
+    out = tmp_path / "lost.json"
+    try:
+        bench_proc = subprocess.Popen([*COMMAND, "bench", "--target", victim.target, "--sweep", "1,2,3,4",
+                                       "--duration", "3", "--calibrate", "1", "--connect-timeout", "1",
+                                       "--prompt-words", str(WORDS), "--json", str(out)], cwd=ROOT, env=CLEAN_ENV,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert bench_proc.stderr is not None
+            for line in bench_proc.stderr:
+                if line.startswith("done sidecar c=1 "):
+                    victim.kill9()  # a real crash, the workers and the writer with it
+                    break
+            stdout, stderr = bench_proc.communicate(timeout=60)
+        finally:
+            bench_proc.kill()
+    finally:
+        victim.stop()
+    assert bench_proc.returncode == 1, stderr
+    assert "Traceback" not in stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"agent-sidecar bench: {victim.target} stopped answering (no connection within 1s) "
+                           "before sidecar c="), stderr
+    doc = json.loads(out.read_text())
+    assert doc["interrupted"]["reason"] == "TARGET_LOST", doc["interrupted"]
+    levels = [p["concurrency"] for p in doc["points"]]
+    assert levels[0] == 1 and doc["points"][0]["error_count"] == 0 and len(levels) < 4, levels
+    assert all(p["error_count"] > 0 for p in doc["points"][1:]), doc["points"]  # the point it died in
+    assert f"INTERRUPTED at {doc['interrupted']['at']}, {victim.target} stopped answering" in stdout, stdout
 
 
 def test_the_listener_is_found_however_its_path_was_spelled(tmp_path):

@@ -51,6 +51,7 @@ class LoadSpec:
     delivery: str = "queue"
     profile: str | None = None
     turn_timeout_s: float = 300.0
+    resume_timeout_s: float = 30.0  # how long a turn whose stream broke tries to resume (the target's connect timeout)
 
 
 @dataclass
@@ -212,7 +213,7 @@ async def run_turn(client: Any, key: str, spec: LoadSpec, point: Point, lane: in
     point.started(turn)
     try:
         stream = client.prompt(spec.text, session_key=key, delivery=spec.delivery, profile=spec.profile,
-                               timeout=spec.turn_timeout_s)
+                               timeout=spec.turn_timeout_s, resume_timeout=spec.resume_timeout_s)
         async for frame in stream:
             kind = frame.WhichOneof("event")
             if kind == "text_delta":

@@ -42,7 +42,7 @@ def _figure(title: str, columns: int):
 def _subtitle(doc: dict) -> str:
     o = doc["options"]
     per = f"{o['duration_s']:g} s/point" if o["turns"] is None else f"{o['turns']} turns/point"
-    cut = f" · INTERRUPTED during {doc['interrupted']}" if doc.get("interrupted") else ""
+    cut = f" · INTERRUPTED at {doc['interrupted']['at']}" if doc.get("interrupted") else ""
     return (f"{o['prompt']['words']}-word prompt · delivery {o['delivery']} · {per} · "
             f"{doc['machine']['cpus']} CPUs · {doc['machine']['host']}{cut}")
 

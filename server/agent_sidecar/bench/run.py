@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from . import load, procs, report
 from .bare_process import BareProcess, bare_timing
 from .fleet import Fleet, deal
-from .target import BenchError, Target, connect
+from .target import BenchError, Target, TargetLost, check_answers, connect
 
 if TYPE_CHECKING:  # the client is the bench extra's: imported where used
     from contextlib import AbstractAsyncContextManager
@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # the client is the bench extra's: imported where used
     from agent_sidecar_client import SidecarClient, ToolHost
 
 DEFAULT_RAMP_S = 1.0  # --ramp auto with no ideal turn known (no --ideal, no calibration)
+INTERRUPTED_BY_SIGNAL = "SIGINT"  # the document's interrupted.reason after a Ctrl-C
 
 
 @dataclass
@@ -137,17 +138,19 @@ def ramp_for(opts: BenchOptions, calibration: dict | None) -> tuple[float, str]:
 def _spec(opts: BenchOptions, concurrency: int, ramp_s: float) -> load.LoadSpec:
     return load.LoadSpec(concurrency=concurrency, text=opts.text, duration_s=opts.duration_s, turns=opts.turns,
                          warmup_s=opts.warmup_s, ramp_s=ramp_s, delivery=opts.delivery,
-                         profile=opts.profile, turn_timeout_s=opts.turn_timeout_s)
+                         profile=opts.profile, turn_timeout_s=opts.turn_timeout_s,
+                         resume_timeout_s=opts.target.connect_timeout_s)
 
 
 async def run_bench(opts: BenchOptions, status: Status) -> dict:
     """The whole run; returns the document (report.analyse() has completed it).
 
-    Cancelled (Ctrl-C: asyncio.Runner cancels this task) once some point has
+    Cancelled (Ctrl-C: asyncio.Runner cancels this task), or finding before
+    a point that a target stopped answering (TargetLost), once some point has
     finished, it stops there, tears down as usual and returns the document of
-    the finished points, its ``interrupted`` naming the point that was cut
-    short (whose turns are in no figure): a long sweep stopped early keeps
-    what it measured. Cancelled before any point finished, it raises."""
+    the finished points, its ``interrupted`` saying where and why (a point
+    cut short is in no figure): a long sweep stopped early keeps what it
+    measured. Before any point has finished, both are raised."""
     run = _Run(opts, status)
     try:
         await run.setup()
@@ -159,7 +162,12 @@ async def run_bench(opts: BenchOptions, status: Status) -> dict:
         if not run.points or task is None:
             raise
         task.uncancel()  # handled: the run ends here, with its report
-        run.interrupted = run.running or "between points"
+        run.interrupted = {"at": run.running or "between points", "reason": INTERRUPTED_BY_SIGNAL,
+                           "message": "stopped by Ctrl-C (SIGINT)"}
+    except TargetLost as e:
+        if not run.points:
+            raise
+        run.interrupted = {"at": run.running, "reason": "TARGET_LOST", "message": str(e)}
     finally:
         await run.teardown()
     return report.analyse(run.document())
@@ -187,8 +195,8 @@ class _Run:
         self.servers: list[_Server] = []
         self.fleets: list[Fleet] = []
         self.points: list[dict] = []
-        self.running: str | None = None  # the point under way, by its progress label
-        self.interrupted: str | None = None  # what a Ctrl-C cut short (run_bench)
+        self.running: str | None = None  # the point under way (or about to be), by its progress label
+        self.interrupted: dict | None = None  # where and why the run ended early (run_bench)
 
     @property
     def keys(self) -> list[str]:
@@ -254,7 +262,7 @@ class _Run:
             return
         spec = load.LoadSpec(concurrency=1, text=opts.text, duration_s=None, turns=opts.calibrate, warmup_s=0,
                              ramp_s=0, delivery=opts.delivery, profile=opts.profile,
-                             turn_timeout_s=opts.turn_timeout_s)
+                             turn_timeout_s=opts.turn_timeout_s, resume_timeout_s=opts.target.connect_timeout_s)
         pool = load.SessionPool(self.shares[0][1], opts.seed)
         self.calibration = await load.run_point(self.mains[0], pool, spec,
                                                 lambda p: self.status("calibrating", p))
@@ -300,9 +308,16 @@ class _Run:
             await self._point(going, level, f"[past the sweep, up to {top}{of}]", r)
 
     async def _point(self, servers: list[_Server], level: int, where: str, r: int) -> None:
-        """One level's point on each of ``servers``, in turn, in round ``r``."""
+        """One level's point on each of ``servers``, in turn, in round ``r``;
+        the targets are asked for a connection first (check_answers), so a
+        sidecar that died in the last point ends the run here instead of
+        every later turn waiting out its resume."""
         for server in servers:
             label = f"{server.name} c={level} {where}"
+            if server.name == "sidecar":
+                self.running = label
+                for target, client in zip(self.opts.targets, self.mains):
+                    await check_answers(target, client)
             tree = server.tree
             if tree:  # re-read per point: a crashed worker's replacement is a new pid
                 tree = procs.process_tree(tree[0][1], tree[0][0])

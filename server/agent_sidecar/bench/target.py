@@ -21,6 +21,11 @@ class BenchError(Exception):
     """A failure the user can act on: printed as one line, exit status 1."""
 
 
+class TargetLost(BenchError):
+    """A target that answered before stopped answering: the run ends there,
+    with the report of the points that finished (run.run_bench)."""
+
+
 @dataclass(frozen=True)
 class Target:
     address: str
@@ -53,3 +58,15 @@ async def connect(target: Target) -> SidecarClient:
                          f"{target.connect_timeout_s:g}s") from None
     except Exception as e:  # a malformed target, bad TLS material...
         raise BenchError(f"cannot connect to {target.address}: {e}") from None
+
+
+async def check_answers(target: Target, client: SidecarClient) -> None:
+    """TargetLost when ``client``'s channel to ``target`` cannot connect
+    within the connect timeout: a sidecar that died (or restarts) mid-run.
+    A busy sidecar passes: this asks for the connection, not for an answer."""
+    from agent_sidecar_client import SidecarError
+    try:
+        await client.wait_ready(target.connect_timeout_s)
+    except SidecarError:
+        raise TargetLost(f"{target.address} stopped answering (no connection within "
+                         f"{target.connect_timeout_s:g}s)") from None

@@ -266,9 +266,9 @@ def render(doc: dict) -> str:
                   + "".join(f", {n:,} {r}" for r, n in t["failed"].items()) + f"), {t['deltas']:,} text deltas"
                   + (f", {t['tool_calls']:,} tool calls ({doc['tool_invocations']:,} answered by the bench's "
                      f"tool host)" if doc["options"]["tools"] else ""))
-    if doc.get("interrupted"):  # (absent from documents before Ctrl-C kept the finished points)
-        n = len(doc["points"])
-        blocks.append(f"INTERRUPTED during {doc['interrupted']}: the figures above are the {n} "
-                      f"point{'s' if n > 1 else ''} that finished; the turns of the one cut short are in none of them")
+    if doc.get("interrupted"):  # (absent from documents before runs stopped early kept their points)
+        cut, n = doc["interrupted"], len(doc["points"])
+        blocks.append(f"INTERRUPTED at {cut['at']}, {cut['message']}: the figures above are the {n} "
+                      f"point{'s' if n > 1 else ''} that finished; a point cut short is in none of them")
     blocks.append(headline(doc))
     return "\n\n".join(blocks)

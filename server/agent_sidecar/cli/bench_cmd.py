@@ -76,7 +76,9 @@ def add_arguments(sub) -> argparse.ArgumentParser:
     t = b.add_argument_group("target")
     add_target_arguments(t, DEFAULT_TARGET, target_help="the sidecar's address, or several, comma-separated "
                          "(a cluster's nodes, or separate sidecars: one client process or more each)")
-    t.add_argument("--connect-timeout", type=_positive(float), default=5.0, help="seconds (default 5)")
+    t.add_argument("--connect-timeout", type=_positive(float), default=5.0,
+                   help="seconds a target may take to connect: at the start, before each point, and for a "
+                        "turn whose stream broke to resume (default 5)")
     t.add_argument("--pid", type=int, default=None,
                    help="the sidecar's pid for CPU/RSS figures (default: found from the listening socket)")
     _load_arguments(b.add_argument_group("load"))
@@ -278,7 +280,7 @@ def run(args) -> int:
     import uvloop
 
     from ..bench import text
-    from ..bench.run import run_bench
+    from ..bench.run import INTERRUPTED_BY_SIGNAL, run_bench
     from ..bench.target import BenchError
     from .progress import LiveLine
 
@@ -296,7 +298,14 @@ def run(args) -> int:
     line.close()
     print(text.render(doc), flush=True)
     written = _write_outputs(doc, args)
-    return 130 if doc["interrupted"] and written == 0 else written
+    cut = doc["interrupted"]
+    if written or cut is None:
+        return written
+    if cut["reason"] == INTERRUPTED_BY_SIGNAL:
+        return 130
+    print(f"agent-sidecar bench: {cut['message']} before {cut['at']}; the report holds the points "
+          f"that finished", file=sys.stderr)
+    return 1
 
 
 def _render(args) -> int:
