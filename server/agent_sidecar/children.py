@@ -230,7 +230,8 @@ async def spawn(target: str, args: tuple, name: str, on_message: Callable[[Any],
     finally:
         ours.close()
     try:
-        said = await asyncio.wait_for(hello, timeout)
+        async with asyncio.timeout(timeout):
+            said = await hello
     except BaseException:
         channel.close()
         proc.kill()

@@ -196,7 +196,8 @@ class _Conducting:
                 self._tick()
             wait = self.next_tick - now if end is None else min(self.next_tick, end) - now
             try:
-                k, msg = await asyncio.wait_for(self.inbox.get(), max(wait, 0.0))
+                async with asyncio.timeout(max(wait, 0.0)):
+                    k, msg = await self.inbox.get()
             except TimeoutError:
                 continue
             self._take(k, msg)

@@ -56,14 +56,16 @@ class MetricsServer:
         if self.server is not None:
             self.server.close()
             try:
-                await asyncio.wait_for(self.server.wait_closed(), 2)
+                async with asyncio.timeout(2):
+                    await self.server.wait_closed()
             except TimeoutError:
                 pass
             self.server = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            method, target = await asyncio.wait_for(_read_head(reader), READ_TIMEOUT_S)
+            async with asyncio.timeout(READ_TIMEOUT_S):
+                method, target = await _read_head(reader)
             if method not in ("GET", "HEAD"):
                 await _respond(writer, 405, b"only GET\n", extra="Allow: GET, HEAD\r\n")
             elif target.split("?", 1)[0] != PATH:

@@ -185,7 +185,8 @@ class ToolRegistry:
                                "arguments_json": arguments_json, "timeout_ms": int(timeout * 1000),
                                **meta})
         try:
-            return await asyncio.wait_for(fut, timeout)
+            async with asyncio.timeout(timeout):
+                return await fut
         except TimeoutError:
             return False, orjson.dumps({"error": f"tool {name!r} timed out after {timeout:.0f} s"}).decode()
         finally:
@@ -200,12 +201,13 @@ class ToolRegistry:
             args = orjson.loads(arguments_json or "{}")
             call = functools.partial(handler, **args) if isinstance(args, dict) \
                 else functools.partial(handler, args)
-            if inspect.iscoroutinefunction(handler):
-                result = await asyncio.wait_for(call(), timeout)
-            else:
-                result = await asyncio.wait_for(asyncio.to_thread(call), timeout)
-                if inspect.isawaitable(result):
-                    result = await asyncio.wait_for(result, timeout)
+            async with asyncio.timeout(timeout):  # the whole call, an awaitable it returns included
+                if inspect.iscoroutinefunction(handler):
+                    result = await call()
+                else:
+                    result = await asyncio.to_thread(call)
+                    if inspect.isawaitable(result):
+                        result = await result
             return True, orjson.dumps(result).decode()
         except TimeoutError:
             return False, orjson.dumps({"error": f"tool {spec.name!r} timed out after {timeout:.0f} s"}).decode()

@@ -117,7 +117,8 @@ async def steer(m: TurnManager, lane: Lane, turn: Turn) -> bool:
     m.steer_waits[turn.rid] = fut
     host.worker.send(wire.steer(host.rid, turn.rid, turn.text))
     try:
-        ok = await asyncio.wait_for(fut, 5)
+        async with asyncio.timeout(5):
+            ok = await fut
     except TimeoutError:
         ok = False
     finally:

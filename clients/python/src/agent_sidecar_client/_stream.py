@@ -199,7 +199,8 @@ class FrameStream:
         try:
             # The status should follow the terminal frame at once; waiting for it
             # (rather than cancelling) keeps the server's logs free of cancellations.
-            code = await asyncio.wait_for(call.code(), 5.0 if wants_error else 0.5)
+            async with asyncio.timeout(5.0 if wants_error else 0.5):
+                code = await call.code()
             if code != grpc.StatusCode.OK:
                 status = errors.status_from_trailers(await call.trailing_metadata())
         except (TimeoutError, grpc.RpcError, asyncio.CancelledError):

@@ -148,7 +148,8 @@ class PostgresStore(WriterBacked):
                         op = read_announce(note.payload)
                         if op is not None:
                             yield op
-                await asyncio.wait_for(conn.execute("SELECT 1"), timeout=max(idle_s, 1.0))
+                async with asyncio.timeout(max(idle_s, 1.0)):
+                    await conn.execute("SELECT 1")
                 yield 0
         except (psycopg.Error, TimeoutError, OSError) as e:
             raise unavailable(e) from None

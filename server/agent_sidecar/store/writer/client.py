@@ -220,7 +220,8 @@ class GroupCommitWriter:
             self._channel.send(CLOSE, now=True)
             assert self._done is not None  # set by start(), which opened the channel
             try:
-                await asyncio.wait_for(asyncio.shield(self._done), timeout)
+                async with asyncio.timeout(timeout):
+                    await asyncio.shield(self._done)
             except TimeoutError:
                 log.warning("the store writer did not confirm its close")
             if self._channel is not None:
