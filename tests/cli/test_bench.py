@@ -298,6 +298,7 @@ def test_ctrl_c_mid_sweep_keeps_the_points_that_finished(sc, tmp_path):
         in stdout, stdout
     assert "Throughput and latency" in stdout and "knee (" in stdout, stdout
     assert png_size(png) == SIZE_PX
+    check_render(stdout, out, tmp_path / "again.png")  # the same report, the cut included, from the JSON
     wait_until(lambda: sc.status().turns_in_flight == 0, timeout=30, what="the cut point's turns to end")
     assert held(sc.sessions(), doc["sessions"]["keys"])[0] >= doc["totals"]["completed"] > 0
 
