@@ -313,16 +313,14 @@ class _Run:
         sidecar that died in the last point ends the run here instead of
         every later turn waiting out its resume."""
         for server in servers:
-            label = f"{server.name} c={level} {where}"
+            label = self.running = f"{server.name} c={level} {where}"
             if server.name == "sidecar":
-                self.running = label
                 for target, client in zip(self.opts.targets, self.mains):
                     await check_answers(target, client)
             tree = server.tree
             if tree:  # re-read per point: a crashed worker's replacement is a new pid
                 tree = procs.process_tree(tree[0][1], tree[0][0])
             window = procs.TreeWindow(tree, server.bench_pids) if tree else None
-            self.running = label
             result = await server.run_point(_spec(self.opts, level, self.ramp[0]),
                                             functools.partial(self.status, label), window)
             self.running = None
