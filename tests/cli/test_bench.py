@@ -266,26 +266,35 @@ def test_a_client_process_killed_mid_point_ends_the_run_with_one_line(sc, tmp_pa
     wait_until(lambda: all(procs.proc_comm(pid) == "?" for pid in clients), timeout=10, what="no client left")
 
 
+def bench_acting_after_first_level(act, *args: str) -> tuple[int, str, str]:
+    """The bench command with ``args``; ``act(proc)`` runs as soon as its
+    stderr reports the sidecar's first level done (one line per finished
+    point: stderr is no terminal). Its exit status, stdout and the rest of
+    its stderr."""
+    proc = subprocess.Popen([*COMMAND, "bench", *args], cwd=ROOT, env=CLEAN_ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if line.startswith("done sidecar c=1 "):
+                act(proc)
+                break
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    return proc.returncode, stdout, stderr
+
+
 def test_ctrl_c_mid_sweep_keeps_the_points_that_finished(sc, tmp_path):
     """SIGINT (Ctrl-C) once the sweep's first level is done: the bench stops
     in the point under way, prints the report of the finished points with a
     line naming the point cut short, writes the JSON and the plot, and exits
     130. The store holds every turn the report counts."""
     out, png = tmp_path / "cut.json", tmp_path / "cut.png"
-    bench_proc = subprocess.Popen([*COMMAND, "bench", "--target", sc.target, "--sweep", "1,2,3,4", "--duration", "3",
-                                   "--calibrate", "1", "--prompt-words", str(WORDS), "--json", str(out),
-                                   "--plot", str(png)], cwd=ROOT, env=CLEAN_ENV,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert bench_proc.stderr is not None
-        for line in bench_proc.stderr:  # one line per finished point (stderr is no terminal)
-            if line.startswith("done sidecar c=1 "):
-                bench_proc.send_signal(signal.SIGINT)
-                break
-        stdout, stderr = bench_proc.communicate(timeout=60)
-    finally:
-        bench_proc.kill()
-    assert bench_proc.returncode == 130, stderr
+    code, stdout, stderr = bench_acting_after_first_level(
+        lambda proc: proc.send_signal(signal.SIGINT), "--target", sc.target, "--sweep", "1,2,3,4", "--duration", "3",
+        "--calibrate", "1", "--prompt-words", str(WORDS), "--json", str(out), "--plot", str(png))
+    assert code == 130, stderr
     assert "Traceback" not in stderr
     doc = json.loads(out.read_text())
     cut = doc["interrupted"]
@@ -312,22 +321,13 @@ def test_a_target_killed_mid_sweep_ends_the_run_with_the_points_that_finished(tm
     victim = Sidecar(tmp_path / "victim", config=CONFIG).start()
     out = tmp_path / "lost.json"
     try:
-        bench_proc = subprocess.Popen([*COMMAND, "bench", "--target", victim.target, "--sweep", "1,2,3,4",
-                                       "--duration", "3", "--calibrate", "1", "--connect-timeout", "1",
-                                       "--prompt-words", str(WORDS), "--json", str(out)], cwd=ROOT, env=CLEAN_ENV,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            assert bench_proc.stderr is not None
-            for line in bench_proc.stderr:
-                if line.startswith("done sidecar c=1 "):
-                    victim.kill9()  # a real crash, the workers and the writer with it
-                    break
-            stdout, stderr = bench_proc.communicate(timeout=60)
-        finally:
-            bench_proc.kill()
+        code, stdout, stderr = bench_acting_after_first_level(
+            lambda proc: victim.kill9(),  # a real crash, the workers and the writer with it
+            "--target", victim.target, "--sweep", "1,2,3,4", "--duration", "3", "--calibrate", "1",
+            "--connect-timeout", "1", "--prompt-words", str(WORDS), "--json", str(out))
     finally:
         victim.stop()
-    assert bench_proc.returncode == 1, stderr
+    assert code == 1, stderr
     assert "Traceback" not in stderr
     last = stderr.strip().splitlines()[-1]
     assert last.startswith(f"agent-sidecar bench: {victim.target} stopped answering (no connection within 1s) "
