@@ -413,6 +413,13 @@ def test_render_of_what_is_not_a_bench_document_is_one_line_and_exit_1(tmp_path,
     (("--sweep", "10,50", "--find-knee", "50"), "--find-knee 50 must be above the sweep's largest level (50)"),
     (("--concurrency", "4", "--repeat", "3"), "--repeat goes with --sweep"),
     (("--sweep", "1,2", "--repeat", "0"), "argument --repeat: '0' must be > 0"),
+    (("--duration", "nan"), "argument --duration: 'nan' must be a finite number > 0"),
+    (("--ramp", "inf"), "argument --ramp: 'inf' must be a finite number >= 0"),
+    (("--warmup", "soon"), "argument --warmup: 'soon': seconds, or 'auto'"),
+    (("--compare-bare", "--bare-latency-ms", "nan"), "argument --bare-latency-ms: 'nan' must be a finite number >= 0"),
+    (("--calibrate", "-1"), "argument --calibrate: '-1' must be >= 0"),
+    (("--plot", "out.txt"), "--plot out.txt: name a .png file (or .svg, .pdf)"),
+    (("--render", "x.json", "--plot", "out"), "--plot out: name a .png file"),
     (("--render", "x.json", "--sweep", "1,2"), "--render reads an earlier run: --sweep does not apply"),
     (("--render", "x.json", "--compare-bare"), "--render reads an earlier run: --compare-bare does not apply"),
 ])
@@ -430,6 +437,16 @@ def test_bad_target_is_one_line_and_exit_1(target, tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("agent-sidecar bench: ") and "reachable" in lines[0], r.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+def test_a_pid_that_is_no_process_is_one_line_and_exit_1(sc):
+    """--pid names the process whose CPU and memory the bench reads: one that
+    is not there would give a run of zeros, so the bench says so instead."""
+    pid = 2**22 + 1  # above Linux's largest pid_max: no process has it
+    r = bench("--target", sc.target, "--pid", str(pid), "--duration", "1")
+    assert r.returncode == 1 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--pid {pid}: no such process" in lines[0], r.stderr
 
 
 def test_refused_token_is_one_line_and_exit_1(sc):

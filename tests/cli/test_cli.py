@@ -165,6 +165,30 @@ def test_sessions_list(sidecar):
     assert "suspended" in r.stdout
 
 
+def test_sessions_list_limit_past_int32_is_capped_by_the_sidecar(sidecar):
+    """--limit is a page size (an int32 on the wire): a huge one is the
+    sidecar's largest page, not a traceback from the request's encoder."""
+    stub = sidecar.sessions()
+    a = seed(stub, src("telegram"), turns("hello", "hi"))
+    r = run("sessions", "--target", sidecar.target, "list", "--limit", "99999999999")
+    assert r.returncode == 0 and a.session_key in r.stdout, r.stderr
+
+
+@pytest.mark.parametrize("args, error", [
+    (("sessions", "--target", "unix:/x.sock", "list", "--limit", "-1"), "argument --limit: '-1' must be >= 0"),
+    (("health", "--target", "unix:/x.sock", "--timeout", "nan"),
+     "argument --timeout: 'nan' must be a finite number > 0"),
+    (("health", "--target", "unix:/x.sock", "--timeout", "0"), "argument --timeout: '0' must be > 0"),
+    (("status", "--target", "unix:/x.sock", "--timeout", "inf"),
+     "argument --timeout: 'inf' must be a finite number > 0"),
+    (("status", "--target", "unix:/x.sock", "--timeout", "soon"), "argument --timeout: 'soon' is not a number"),
+])
+def test_a_number_the_option_cannot_mean_is_refused_with_its_name(args, error):
+    """Before, NaN or 0 became a deadline and came back as DEADLINE_EXCEEDED."""
+    r = run(*args)
+    assert r.returncode == 2 and error in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 def test_sessions_show(sidecar):
     stub = sidecar.sessions()
     a = seed(stub, src("telegram"), turns("hello there", "general kenobi"))

@@ -155,3 +155,17 @@ def test_turn_deadline_bounds_the_resume_wait():
     err, elapsed = asyncio.run(run())
     assert (err.code, err.reason) == (grpc.StatusCode.DEADLINE_EXCEEDED, "AGENT_TIMEOUT")
     assert "deadline" in err.message and elapsed < 2.0
+
+
+@pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), float("inf")])
+def test_a_turn_timeout_that_is_no_deadline_is_refused_before_any_call(timeout):
+    """NaN became a 1 ms deadline for every call of the turn (``max(0.001,
+    nan)``), so the turn failed as AGENT_TIMEOUT instead of naming the typo."""
+    async def main():
+        client = asc.SidecarClient("unix:/nonexistent/sidecar.sock")
+        try:
+            with pytest.raises(ValueError, match="timeout"):
+                client.prompt("hi", session_key="k", timeout=timeout)
+        finally:
+            await client.close()
+    asyncio.run(main())

@@ -10,6 +10,7 @@ test can rely on its size.
 
 from __future__ import annotations
 
+import os
 import statistics
 
 from .report import round_of
@@ -18,6 +19,7 @@ from .text import first_bound
 SIZE_PX = (1500, 500)
 DPI = 100
 COLORS = {"sidecar": "tab:blue", "bare": "tab:orange"}
+FORMATS = ("png", "svg", "pdf")  # by the file name's suffix; the size is SIZE_PX at DPI in each
 
 
 def available() -> str | None:
@@ -27,6 +29,14 @@ def available() -> str | None:
     except ImportError as e:
         return f"--plot needs matplotlib ({e}); install the bench extra: pip install 'agent-sidecar[bench]'"
     return None
+
+
+def format_problem(path: str) -> str | None:
+    """Why ``path`` names no format the plot is written in (None: it names
+    one of ``FORMATS``), checked with the options, before anything runs."""
+    if os.path.splitext(path)[1][1:].lower() in FORMATS:
+        return None
+    return f"--plot {path}: name a .png file (or {', '.join('.' + f for f in FORMATS[1:])})"
 
 
 def _figure(title: str, columns: int):
@@ -48,7 +58,7 @@ def _subtitle(doc: dict) -> str:
 
 
 def write(doc: dict, path: str) -> None:
-    """Write the PNG for ``doc``: the sweep plot when there are several
+    """Write the plot of ``doc`` (a PNG, or another of ``FORMATS``): the sweep plot when there are several
     concurrency levels, the over-time plot for one."""
     levels = sorted({p["concurrency"] for p in doc["points"]})
     plt, fig = (_sweep if len(levels) > 1 else _over_time)(doc, levels)

@@ -28,6 +28,11 @@ def _read(path: str) -> str | None:
         return None
 
 
+def exists(pid: int) -> bool:
+    """Whether /proc shows process ``pid`` (False without /proc)."""
+    return _read(f"/proc/{pid}/stat") is not None
+
+
 def proc_cpu_seconds(pid: int, tid: int | None = None) -> float:
     """user+system CPU seconds of one process (threads included), or of one of
     its threads when ``tid`` is given; 0 if gone."""

@@ -204,6 +204,8 @@ class _Run:
 
     async def setup(self) -> None:
         opts = self.opts
+        if opts.pid is not None and not procs.exists(opts.pid):
+            raise BenchError(f"--pid {opts.pid}: no such process on this host (nothing in /proc/{opts.pid})")
         for target in opts.targets:
             self.mains.append(await connect(target))
         if len(opts.targets) == 1:  # CPU and memory: one sidecar's tree

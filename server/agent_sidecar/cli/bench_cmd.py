@@ -17,6 +17,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
+from .argtypes import non_negative, positive
 from .connection import DEFAULT_TARGET, TargetError, add_target_arguments, tls_material
 
 if TYPE_CHECKING:  # the bench is imported when the command runs
@@ -44,29 +45,15 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
-def _positive(kind):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
-        return value
-    return parse
-
-
 def _seconds_or_auto(text: str) -> float | None:
     """``--warmup`` and ``--ramp``: seconds (>= 0), or ``auto`` (None)."""
     if text == "auto":
         return None
     try:
-        value = float(text)
+        float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: seconds, or 'auto'") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return value
+    return non_negative(float)(text)
 
 
 def add_arguments(sub) -> argparse.ArgumentParser:
@@ -76,7 +63,7 @@ def add_arguments(sub) -> argparse.ArgumentParser:
     t = b.add_argument_group("target")
     add_target_arguments(t, DEFAULT_TARGET, target_help="the sidecar's address, or several, comma-separated "
                          "(a cluster's nodes, or separate sidecars: one client process or more each)")
-    t.add_argument("--connect-timeout", type=_positive(float), default=5.0,
+    t.add_argument("--connect-timeout", type=positive(float), default=5.0,
                    help="seconds a target may take to connect: at the start, before each point, and for a "
                         "turn whose stream broke to resume (default 5)")
     t.add_argument("--pid", type=int, default=None,
@@ -85,7 +72,8 @@ def add_arguments(sub) -> argparse.ArgumentParser:
     _measure_arguments(b.add_argument_group("measure and compare"))
     o = b.add_argument_group("output")
     o.add_argument("--json", default=None, metavar="FILE", help="write every figure as JSON")
-    o.add_argument("--plot", default=None, metavar="FILE.png", help="write a PNG (needs matplotlib)")
+    o.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="write the plot: a PNG, or an SVG or PDF by the file name (needs matplotlib)")
     o.add_argument("--render", default=None, metavar="FILE.json",
                    help="run nothing: print the report of an earlier run's --json file, judged as this version "
                         "judges it (with --plot, draw it; on another machine, say, with matplotlib)")
@@ -96,18 +84,18 @@ def add_arguments(sub) -> argparse.ArgumentParser:
 def _load_arguments(ld) -> None:
     ld.add_argument("--profile", default=None, help="the profile of the sessions and prompts (default main)")
     ld.add_argument("--platform", default="bench", help="the SessionSource platform, and the tools' namespace")
-    ld.add_argument("--sessions", type=_positive(int), default=None,
+    ld.add_argument("--sessions", type=positive(int), default=None,
                     help="sessions to create (default: the largest concurrency, or --find-knee's MAX)")
     c = ld.add_mutually_exclusive_group()
-    c.add_argument("--concurrency", type=_positive(int), default=None, help="concurrent turns (default 10)")
+    c.add_argument("--concurrency", type=positive(int), default=None, help="concurrent turns (default 10)")
     c.add_argument("--sweep", type=_levels, default=None, metavar="N,N,...",
                    help="run one point per concurrency level, e.g. 25,50,100,200,400, and find the knee")
     d = ld.add_mutually_exclusive_group()
-    d.add_argument("--duration", type=_positive(float), default=None, help="seconds measured per point (default 10)")
-    d.add_argument("--turns", type=_positive(int), default=None, help="turns measured per point")
+    d.add_argument("--duration", type=positive(float), default=None, help="seconds measured per point (default 10)")
+    d.add_argument("--turns", type=positive(int), default=None, help="turns measured per point")
     p = ld.add_mutually_exclusive_group()
     p.add_argument("--prompt", default=None, help="the prompt text")
-    p.add_argument("--prompt-words", type=_positive(int), default=None, help="a prompt of N words (default 200)")
+    p.add_argument("--prompt-words", type=positive(int), default=None, help="a prompt of N words (default 200)")
     ld.add_argument("--delivery", choices=DELIVERIES, default="queue", help="delivery mode (default queue)")
     ld.add_argument("--tools", action="store_true",
                     help="host <platform>.echo and <platform>.sleep tools here, for a profile that calls them")
@@ -116,8 +104,8 @@ def _load_arguments(ld) -> None:
     ld.add_argument("--ramp", type=_seconds_or_auto, default=None, metavar="SECONDS|auto",
                     help="spread the lanes' first turns over S seconds (default auto: one ideal turn, so "
                          "that turns start evenly over time, not in a burst per turn)")
-    ld.add_argument("--turn-timeout", type=_positive(float), default=300.0, help="seconds per turn (default 300)")
-    ld.add_argument("--clients", type=_positive(int), default=None, metavar="N",
+    ld.add_argument("--turn-timeout", type=positive(float), default=300.0, help="seconds per turn (default 300)")
+    ld.add_argument("--clients", type=positive(int), default=None, metavar="N",
                     help="drive the points from N client processes, each with its own connection and share "
                          "of the lanes and sessions, for servers faster than one Python client can read "
                          "(default: this process alone; with several targets, one each)")
@@ -126,27 +114,27 @@ def _load_arguments(ld) -> None:
 
 def _measure_arguments(m) -> None:
     m.add_argument("--slo", default="10%", help="allowed p99 turn excess over the ideal (default 10%%)")
-    m.add_argument("--first-delta-slo", type=_positive(float), default=None, metavar="MS",
+    m.add_argument("--first-delta-slo", type=positive(float), default=None, metavar="MS",
                    help="also bound the p99 time to the first text delta, in ms (how soon a chat shows "
                         "text): a point, and so the knee, must meet both")
-    m.add_argument("--find-knee", type=_positive(int), default=None, metavar="MAX",
+    m.add_argument("--find-knee", type=positive(int), default=None, metavar="MAX",
                    help="with --sweep: past its last level, add levels (each about 1.5x the last) for each "
                         "server that met the SLO at every point so far, until one fails or the next level "
                         "would pass MAX; sessions default to MAX")
-    m.add_argument("--repeat", type=_positive(int), default=1, metavar="N",
+    m.add_argument("--repeat", type=positive(int), default=1, metavar="N",
                    help="with --sweep: run the whole sweep N times, one after another, and report each "
                         "sweep's knee and their median (on a busy or noisy machine one sweep can put a knee "
                         "a level off) (default 1)")
-    m.add_argument("--ideal", type=_positive(float), default=None,
+    m.add_argument("--ideal", type=positive(float), default=None,
                    help="the ideal turn in seconds (default: the median calibration turn)")
-    m.add_argument("--calibrate", type=int, default=3,
+    m.add_argument("--calibrate", type=non_negative(int), default=3,
                    help="turns run one at a time before the points, for the ideal and the bare timing (default 3)")
     m.add_argument("--compare-bare", action="store_true",
                    help="run the same load against a built-in bare gRPC server and print the ratios")
-    m.add_argument("--bare-latency-ms", type=float, default=None,
+    m.add_argument("--bare-latency-ms", type=non_negative(float), default=None,
                    help="the bare server's gap between deltas, e.g. the model's token latency for one frame per "
                         "token (default: the frames and gaps the calibration saw)")
-    m.add_argument("--bare-first-delay-ms", type=float, default=0.0,
+    m.add_argument("--bare-first-delay-ms", type=non_negative(float), default=0.0,
                    help="with --bare-latency-ms: an extra delay before the first delta")
 
 
@@ -160,6 +148,19 @@ def _check_render(args) -> None:
     for name, unset in _RUN_ONLY.items():
         if getattr(args, name) != unset:
             raise ValueError(f"--render reads an earlier run: --{name.replace('_', '-')} does not apply")
+    _check_outputs(args)
+
+
+def _check_outputs(args) -> None:
+    """ValueError for a --json or --plot file that cannot be written, before
+    anything runs (not after the points, when the run would be lost)."""
+    from ..bench.plot import format_problem
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise ValueError(f"{flag} {path}: no such directory")
+    problem = format_problem(args.plot) if args.plot else None
+    if problem:
+        raise ValueError(problem)
 
 
 def options_from(args):
@@ -169,15 +170,9 @@ def options_from(args):
 
     if args.tools and args.compare_bare:
         raise ValueError("--tools and --compare-bare do not go together: the bare server has no tool host")
-    if args.calibrate < 0:
-        raise ValueError("--calibrate must be >= 0")
-    if args.bare_latency_ms is not None and args.bare_latency_ms < 0:
-        raise ValueError("--bare-latency-ms must be >= 0")
     if args.prompt is not None and not args.prompt.strip():
         raise ValueError("--prompt must not be empty")
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            raise ValueError(f"{flag} {path}: no such directory")
+    _check_outputs(args)
     targets = _targets(args)
     levels = args.sweep or [args.concurrency or 10]
     if args.find_knee is not None and args.sweep is None:

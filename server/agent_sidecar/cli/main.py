@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from .. import __version__
+from .argtypes import non_negative, positive
 from .connection import add_target_arguments  # argparse only; grpc comes in when a command runs
 
 
@@ -60,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     ss_sub = ss.add_subparsers(dest="action", required=True)
     ls = ss_sub.add_parser("list", help="list sessions, most recently active first")
     ls.add_argument("--platform", default="")
-    ls.add_argument("--limit", type=int, default=50)
+    ls.add_argument("--limit", type=non_negative(int), default=50,
+                    help="sessions to list (default 50; 0: the sidecar's default page; at most its max page)")
     show = ss_sub.add_parser("show", help="show one session and its transcript")
     show.add_argument("key")
     dl = ss_sub.add_parser("delete", help="delete one session and everything it owns")
@@ -76,13 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     h = sub.add_parser("health", help="ask a running sidecar's health service (exit 0 when SERVING)")
     add_target_arguments(h)
     h.add_argument("--service", default="", help="the service name to ask about (default: the server)")
-    h.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer (default 3)")
+    h.add_argument("--timeout", type=positive(float), default=3.0, help="seconds to wait for the answer (default 3)")
     h.set_defaults(func=_health)
 
     st = sub.add_parser("status", help="what a running sidecar is doing: workers, turns, queues, store")
     add_target_arguments(st)  # over TCP: an admin token
     st.add_argument("--json", action="store_true", help="one JSON object instead of the table")
-    st.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer (default 5)")
+    st.add_argument("--timeout", type=positive(float), default=5.0, help="seconds to wait for the answer (default 5)")
     st.set_defaults(func=_status)
 
     from .config_cmd import add_arguments as add_config  # its imports: config, no grpc

@@ -7,6 +7,8 @@ from datetime import UTC, datetime
 
 from .connection import TargetError, call_metadata, open_channel
 
+_INT32_MAX = 2**31 - 1  # ListSessionsRequest.page_size is an int32
+
 
 def _when(ts) -> str:
     if not ts.seconds:
@@ -31,7 +33,8 @@ def run(args) -> int:
         try:
             if args.action == "list":
                 resp = stub.ListSessions(pb.ListSessionsRequest(
-                    platform=args.platform, page_size=args.limit), metadata=metadata, timeout=10)
+                    platform=args.platform, page_size=min(args.limit, _INT32_MAX)),  # the sidecar caps it lower
+                    metadata=metadata, timeout=10)
                 print(f"{'UPDATED (UTC)':19}  {'STATE':7}  {'TURNS':>5}  {'SESSION ID':24}  KEY")
                 for s in resp.sessions:
                     state = "running" if s.state == 2 else ("suspended" if s.suspended else "idle")

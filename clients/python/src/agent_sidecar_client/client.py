@@ -10,6 +10,7 @@ typed errors instead of grpc.RpcError, and a ``prompt`` that hides reconnects.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -348,6 +349,8 @@ class _Deadline:
     """The remaining part of an overall timeout, for the calls of one turn."""
 
     def __init__(self, timeout: float | None) -> None:
+        if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):  # NaN fails both
+            raise ValueError(f"timeout: {timeout!r} is no deadline; seconds above 0, or None for none")
         self.timeout = timeout
         self._end = None if timeout is None else time.monotonic() + timeout
 

@@ -1,0 +1,39 @@
+"""argparse types for the commands' numeric options: one rule, one message.
+
+A number that cannot be what the option means is refused by argparse (exit
+status 2, the option named), not passed on: NaN and infinity pass a ``< 0``
+check and would come back later as a traceback from the event loop's timers,
+or as a DEADLINE_EXCEEDED that hides the typo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+
+def _number(kind: type, *, zero_ok: bool) -> Callable[[str], float]:
+    rule = ">= 0" if zero_ok else "> 0"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} must be a finite number {rule}")
+        if value < 0 or (value == 0 and not zero_ok):
+            raise argparse.ArgumentTypeError(f"{text!r} must be {rule}")
+        return value
+    return parse
+
+
+def positive(kind: type) -> Callable[[str], float]:
+    """A finite number above 0, parsed as ``kind`` (int or float)."""
+    return _number(kind, zero_ok=False)
+
+
+def non_negative(kind: type) -> Callable[[str], float]:
+    """A finite number of at least 0, parsed as ``kind`` (int or float)."""
+    return _number(kind, zero_ok=True)
