@@ -128,6 +128,11 @@ class Limits:
                                                      "(0: no cap); past it OVERLOADED")
     max_prompt_bytes_in_flight: int = key(16 * 1024 * 1024, ge=0,
                                           doc="bytes of their text and attachments (0: no cap)")
+    # Requests of 1 MiB or more being handled at once (api/request_budget.py):
+    # each is held several times over while it is parsed and written.
+    max_request_bytes_in_flight: int = key(32 * 1024 * 1024, ge=0,
+                                           doc="bytes of the large requests (1 MiB or more each) being "
+                                               "handled, whole sidecar (0: no cap); past it OVERLOADED")
     # The largest request message accepted, whatever its fields' limits allow
     # (api/caps.py derives each RPC's own, smaller bound from the limits above);
     # gRPC takes it as an int32.

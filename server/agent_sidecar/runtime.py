@@ -19,6 +19,7 @@ import stat
 from typing import TYPE_CHECKING, cast
 
 from . import __version__
+from .api.request_budget import RequestBudget
 from .children import tune_gc
 from .config import Config
 from .heap import return_large_blocks
@@ -81,6 +82,7 @@ class Sidecar:
         self.auth: Authenticator | None = None
         self.live = Live(self)  # what GetStatus and the metrics read (obs/)
         self.metrics: MetricsServer | None = None  # the [metrics] listener, when configured
+        self.requests = RequestBudget(cfg.limits.max_request_bytes_in_flight)  # large requests being handled
 
     def _private_data_dir(self) -> None:
         """Transcripts are private to the sidecar's user: umask 077 for this
@@ -131,7 +133,7 @@ class Sidecar:
             SessionService(self.cfg, self.store, auth, self.turns, forward),
             PromptService(self.cfg, self.store, auth, self.turns, forward, tail=self.tail),
             ToolService(self.cfg, auth, self.tools),
-            StatusService(self.cfg, auth, lambda: snapshot(self.live))], auth)
+            StatusService(self.cfg, auth, lambda: snapshot(self.live))], auth, self.requests)
         from grpc_health.v1 import health_pb2
         # grpc's servicer starts SERVING; we are not, until the restore is done.
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)

@@ -12,7 +12,9 @@ and the sidecar's write of the next frame waits, as with a hung adapter."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 
 import grpc
@@ -22,9 +24,11 @@ from grpc_status import rpc_status
 from helpers import procs
 from helpers.config import slow_echo
 from helpers.ids import rid, uniq, words
+from helpers.metrics import metrics_config, scrape
+from helpers.sessions import create, get_session, msg, rpc_error, transcript
 from helpers.streams import D, PromptRun, Stream, collect, kind_of, run, start, watch
 from helpers.waiting import wait_until
-from sidecar_proc import Sidecar
+from sidecar_proc import Sidecar, free_port
 
 from agent_sidecar.turns.subscriber import STALL_S
 from agent_sidecar.v1 import common_pb2 as c
@@ -266,3 +270,82 @@ def test_a_session_queue_is_capped_by_default(tmp_path):
         assert "profiles.main.queue_cap = 32" in full.error.details()
         s.sessions().ResetSession(spb.ResetSessionRequest(session_key=first.key), timeout=10)
         assert all(q.result(10).end == "superseded" for q in queued)
+
+
+# -- large requests in flight ------------------------------------------------------------------
+
+LARGE_CAP = 1024 * 1024  # limits.max_request_bytes_in_flight: one large request at a time
+GAUGE = "agent_sidecar_large_requests_bytes"
+
+
+def _large_messages() -> list[c.Message]:
+    return [msg("user", f"{i} " + "y" * 200_000) for i in range(8)]  # ~1.6 MB: a large request
+
+
+@pytest.fixture
+def held_up(tmp_path):
+    """A sidecar with a 1 MiB cap on large requests in flight and /metrics,
+    and a way to hold its store writer (SIGSTOP), so that a write's call
+    stays in flight until ``resume()``."""
+    port = free_port()
+    config = (f"[sidecar.limits]\nmax_request_bytes_in_flight = {LARGE_CAP}\n\n" + metrics_config(port)
+              + slow_echo("slow", latency_ms=100))
+    with Sidecar(tmp_path / "data", config=config, workers=1) as s:
+        writer = wait_until(lambda: procs.children(s).get("sidecar-writer"), what="the store writer")
+        stopped = []
+
+        def stop_writer() -> None:
+            os.kill(writer, signal.SIGSTOP)
+            stopped.append(writer)
+
+        def resume() -> None:
+            while stopped:
+                os.kill(stopped.pop(), signal.SIGCONT)
+        try:
+            yield s, port, stop_writer, resume
+        finally:
+            resume()
+
+
+def test_a_large_request_past_the_bytes_in_flight_cap_is_overloaded_and_writes_nothing(held_up):
+    """While one large request is being handled (its commit held up), another is OVERLOADED
+    with RetryInfo before it is parsed, and writes nothing; reads still answer; once the first
+    has answered, the refused one goes through as sent."""
+    s, port, stop_writer, resume = held_up
+    sessions = s.sessions()
+    (a, _), (b, _) = create(sessions), create(sessions)
+    stop_writer()
+    first = sessions.AppendMessages.future(
+        spb.AppendMessagesRequest(session_id=a.session_id, messages=_large_messages()), timeout=60)
+    wait_until(lambda: scrape(port).value(GAUGE) > LARGE_CAP, what="the first large request in flight")
+    with rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED") as e:
+        sessions.AppendMessages(spb.AppendMessagesRequest(session_id=b.session_id,
+                                                          messages=_large_messages()), timeout=10)
+    assert "limits.max_request_bytes_in_flight" in e.value.details()
+    assert retry_info(e.value) is not None
+    assert get_session(sessions, a.session_key).session_id == a.session_id  # small requests are not counted
+    resume()
+    assert first.result(60).last_seq > 0
+    wait_until(lambda: scrape(port).value(GAUGE) == 0, what="the first request's bytes given back")
+    assert transcript(sessions, b.session_id) == []
+    sessions.AppendMessages(spb.AppendMessagesRequest(session_id=b.session_id, messages=_large_messages()),
+                            timeout=60)
+    assert [m.content for m in transcript(sessions, b.session_id)] == [m.content for m in _large_messages()]
+
+
+def test_a_large_prompt_counts_until_it_is_accepted_not_for_its_whole_turn(held_up):
+    """A Prompt's request is held while its turn streams, but once its accepted frame is out its
+    bytes count against max_prompt_bytes_in_flight (admission) instead: a large request after
+    it is admitted while the turn still runs."""
+    s, port, _, _ = held_up
+    prompts, sessions = s.prompts(), s.sessions()
+    other, _ = create(sessions)
+    req = ppb.PromptRequest(request_id=rid(), text=words(100), profile="slow", source=c.SessionSource(
+        platform="telegram", chat_id=uniq()), attachments=[ppb.Attachment(name="a.bin", data=b"z" * 1_500_000)])
+    turn = start(prompts, req)  # ~10 s of text at 100 ms a word
+    wait_until(lambda: scrape(port).value(GAUGE) == 0, what="the prompt's bytes given back once accepted")
+    appended = sessions.AppendMessages(
+        spb.AppendMessagesRequest(session_id=other.session_id, messages=_large_messages()), timeout=60)
+    assert appended.last_seq > 0 and not turn.done.is_set()  # the turn still runs
+    prompts.Cancel(ppb.CancelRequest(session_key=turn.key), timeout=10)
+    assert turn.result(30).end == "failed"

@@ -6,7 +6,9 @@ In order, each step refused with a status carrying ErrorInfo:
    unauthenticated TCP caller costs no more than its headers, whatever it sends;
 2. how large the request is, before it is parsed: at most what a request of
    that RPC within every field cap can take (api/caps.py); INVALID_ARGUMENT
-   naming the largest field (api/wire.py);
+   naming the largest field (api/wire.py). A large unary request also takes
+   its size from the parent's budget for large requests, and is refused
+   OVERLOADED while that is spent (api/request_budget.py);
 3. whether it parses: bytes protobuf refuses (invalid UTF-8 in a string,
    a corrupt wire format) are INVALID_ARGUMENT naming the field, and one short
    log line instead of gRPC's UNKNOWN and traceback;
@@ -47,6 +49,7 @@ from ..heap import LARGE_BYTES, Trimmer
 from . import wire
 from .caps import Caps
 from .errors import abort
+from .request_budget import Held, RequestBudget
 
 log = logging.getLogger("agent_sidecar.api")
 
@@ -59,8 +62,9 @@ class Boundary:
     built from the registered call, reach the server as generic handlers only
     (why: ``GenericOnly`` in api/server.py)."""
 
-    def __init__(self, server: grpc.aio.Server, auth, caps: Caps, trusted_only: bool = False):
-        self.server, self.auth, self.caps = server, auth, caps
+    def __init__(self, server: grpc.aio.Server, auth, caps: Caps, budget: RequestBudget,
+                 trusted_only: bool = False):
+        self.server, self.auth, self.caps, self.budget = server, auth, caps, budget
         self.trusted_only = trusted_only  # every listener is a Unix socket (see the module docstring)
         self.trimmer = Trimmer()
 
@@ -76,7 +80,8 @@ class Boundary:
         cls = h.request_deserializer.__self__  # type: ignore[union-attr]
         limit = self.caps.request_limit(cls.DESCRIPTOR)
         self.caps.plan(cls.DESCRIPTOR)  # a field without a cap fails here, at startup
-        reader = _Reader(cls, limit, self.caps, f"/{service}/{name}", self.trimmer)
+        reader = _Reader(cls, limit, self.caps, f"/{service}/{name}", self.trimmer,
+                         None if h.request_streaming else self.budget)
         auth = self.auth
         if not h.request_streaming:
             behavior = h.unary_stream if h.response_streaming else h.unary_unary
@@ -113,11 +118,13 @@ def _decoded(cls, raw: bytes, method: str):
 
 
 class _Reader:
-    """Size check, parse and caps of one RPC's request messages."""
+    """Size check, parse and caps of one RPC's request messages; with a
+    ``budget`` (a unary request), a large one's share of it as well."""
 
-    def __init__(self, cls, limit: int, caps: Caps, method: str, trimmer: Trimmer):
+    def __init__(self, cls, limit: int, caps: Caps, method: str, trimmer: Trimmer,
+                 budget: RequestBudget | None = None):
         self.cls, self.limit, self.caps, self.method = cls, limit, caps, method
-        self.trimmer = trimmer
+        self.trimmer, self.budget = trimmer, budget
 
     def parse(self, raw: bytes):
         """The request of ``raw``, or SidecarError: INVALID_ARGUMENT naming a field."""
@@ -132,48 +139,70 @@ class _Reader:
         self.caps.check(request, len(raw))
         return request
 
-    def parse_or_refusal(self, raw: bytes):
-        """``parse`` as gRPC's deserializer: a refusal is returned, not raised
-        (raised, gRPC would end the call with its own status)."""
+    def parse_held(self, raw: bytes) -> tuple[object, Held | None]:
+        """``parse`` of a unary request, after taking its share of the budget
+        (SidecarError OVERLOADED when spent): (request, its share or None)."""
+        held = self.budget.take(len(raw)) if self.budget is not None and len(raw) <= self.limit else None
         try:
-            return self.parse(raw)
+            return self.parse(raw), held
+        except BaseException:
+            if held is not None:
+                held.release()
+            raise
+
+    def parse_or_refusal(self, raw: bytes):
+        """``parse_held`` as gRPC's deserializer: a refusal is returned, not
+        raised (raised, gRPC would end the call with its own status)."""
+        try:
+            return self.parse_held(raw)
         except SidecarError as e:
             return e
 
-    async def read(self, context):
-        """The call's one request message, read only now."""
+    async def read(self, context) -> tuple[object, Held | None]:
+        """The call's one request message, read only now (``parse_held``)."""
         raw = await context.read()
         if raw is grpc.aio.EOF:
             raise invalid("request", "no request message was sent")
-        return self.parse(raw)
+        return self.parse_held(raw)
+
+
+_REFUSED = (None, None, None)
 
 
 async def _admit(auth, reader: _Reader, requests, context):
-    """(request, principal), or (None, None) with the call's error status set;
-    the request is read only once its caller is authenticated."""
+    """(request, principal, its share of the budget), or ``_REFUSED`` with the
+    call's error status set; the request is read only once its caller is
+    authenticated."""
     try:
         principal = auth.authenticate(context)
     except SidecarError as e:
         reader.trimmer.after_large()  # what gRPC buffered of its request, unread
         await abort(context, e)
-        return None, None
+        return _REFUSED
     try:
-        return await reader.read(context), principal
+        request, held = await reader.read(context)
+        return request, principal, held
     except SidecarError as e:
         await abort(context, e)
-        return None, None
+        return _REFUSED
 
 
-async def _admit_read(auth, request, context):
-    """``_admit`` for a request gRPC read already (``trusted_only``): it is
-    the request, or the refusal ``_Reader.parse_or_refusal`` returned."""
+async def _admit_read(auth, parsed, context):
+    """``_admit`` for a request gRPC read already (``trusted_only``): ``parsed``
+    is what ``_Reader.parse_or_refusal`` returned, (request, share) or a refusal."""
     try:
-        if isinstance(request, SidecarError):
-            raise request
-        return request, auth.authenticate(context)
+        if isinstance(parsed, SidecarError):
+            raise parsed
+        request, held = parsed
+        try:
+            return request, auth.authenticate(context), held
+        except SidecarError:
+            if held is not None:
+                held.release()
+            raise
     except SidecarError as e:
         await abort(context, e)
-        return None, None
+        return _REFUSED
 
 
 def parsed_only(service: str, name: str, h: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
@@ -264,21 +293,31 @@ def _unary_unary(admit, behavior):
     """``admit(first, context)``: ``_admit`` or ``_admit_read``, bound; ``first``
     is what gRPC passes the handler (the request stream, or the request)."""
     async def unary_unary(first, context):
-        request, principal = await admit(first, context)
+        request, principal, held = await admit(first, context)
         if request is None:
             return None
-        return await behavior(request, context, principal)
+        try:
+            return await behavior(request, context, principal)
+        finally:
+            if held is not None:
+                held.release()
     return unary_unary
 
 
 def _unary_stream(admit, behavior):
     """As ``_unary_unary``, for a response stream."""
     async def unary_stream(first, context):
-        request, principal = await admit(first, context)
+        request, principal, held = await admit(first, context)
         if request is None:
             return
-        async for item in behavior(request, context, principal):
-            yield item
+        try:
+            async for item in behavior(request, context, principal):
+                if held is not None:  # answered: a Prompt's bytes count in turns/admission.py from here
+                    held.release()
+                yield item
+        finally:
+            if held is not None:
+                held.release()
     return unary_stream
 
 

@@ -44,6 +44,7 @@ from ..v1 import (
 )
 from .boundary import Boundary, parsed_only
 from .caps import Caps
+from .request_budget import RequestBudget
 
 _ADD = {"SessionService": session_service_pb2_grpc.add_SessionServiceServicer_to_server,
         "PromptService": prompt_service_pb2_grpc.add_PromptServiceServicer_to_server,
@@ -121,15 +122,16 @@ class GenericOnly:
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
 
 
-def build_server(cfg: Config, services: list,
-                 auth) -> tuple[grpc.aio.Server, health.HealthServicer, list[str]]:
+def build_server(cfg: Config, services: list, auth,
+                 budget: RequestBudget) -> tuple[grpc.aio.Server, health.HealthServicer, list[str]]:
     """The server with ``services`` (SessionService, PromptService, ToolService,
-    StatusService instances), each call through the boundary (auth, size, parse, caps), plus
-    health and reflection (as gRPC serves them); listeners bound."""
+    StatusService instances), each call through the boundary (auth, size and
+    ``budget``, parse, caps), plus health and reflection (as gRPC serves
+    them); listeners bound."""
     caps = Caps(cfg.limits)
     server = grpc.aio.server(options=server_options(caps), interceptors=interceptors())
     trusted_only = all(listener.address.startswith("unix:") for listener in cfg.all_listeners())
-    edge = Boundary(server, auth, caps, trusted_only)
+    edge = Boundary(server, auth, caps, budget, trusted_only)
     for service in services:
         _ADD[type(service).__name__](service, edge)
     generic = GenericOnly(server)

@@ -84,6 +84,10 @@ class Live:
     def uptime(self) -> float:
         return time.monotonic() - self._t0
 
+    def large_request_bytes(self) -> int:
+        """Bytes of the large requests being handled (api/request_budget.py)."""
+        return self.runtime.requests.held
+
     def serving(self) -> bool:
         turns = self.turns
         return bool(turns is not None and turns.ready.is_set() and turns.accepting

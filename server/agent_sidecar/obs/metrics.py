@@ -66,6 +66,8 @@ class SidecarCollector:
                      ["version", "node_id"], {(live.version, live.node_id()): 1})
         yield _gauge("start_time_seconds", "When the sidecar started (Unix time).", [],
                      {(): live.started_at})
+        yield _gauge("large_requests_bytes", "Bytes of the large requests (1 MiB or more) being handled: "
+                     "what limits.max_request_bytes_in_flight caps.", [], {(): live.large_request_bytes()})
         turns = live.turns
         if turns is not None:
             yield from self._turns(turns)

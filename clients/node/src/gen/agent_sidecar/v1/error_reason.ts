@@ -160,8 +160,9 @@ export enum ErrorReason {
   STREAM_TOO_SLOW = 20,
   /**
    * OVERLOADED - The sidecar holds as many prompts (or prompt bytes) in flight and queued
-   * as its admission limits allow; nothing of the refused prompt was written,
-   * so a retry with the same request id is safe. Comes with RetryInfo.
+   * as its admission limits allow, or as many bytes of large requests (1 MiB
+   * or more) being handled; nothing of the refused request was written, so a
+   * retry (of a prompt, with the same request id) is safe. Comes with RetryInfo.
    * gRPC status: RESOURCE_EXHAUSTED
    */
   OVERLOADED = 21,
