@@ -44,13 +44,14 @@ class Sidecar:
     def __init__(self, data_dir: Path | str | None = None, config: str = "", tcp: bool = False,
                  workers: int = 2, extra_args: list[str] | None = None,
                  env: dict[str, str] | None = None, dsn: str | None = None,
-                 database: str | None = None):
+                 database: str | None = None, wrapper: list[str] | None = None):
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="sidecar-"))
         self.config_text = config
         self.tcp_port = free_port() if tcp else None
         self.workers = workers
         self.extra_args = extra_args or []
         self.env = env  # extra environment for the sidecar (and so its workers)
+        self.wrapper = wrapper or []  # a command that execs the sidecar's, e.g. prlimit: the same pid
         self._dsn, self.database = dsn, database
         self.proc: subprocess.Popen | None = None
         self._channels: list[grpc.Channel] = []
@@ -109,7 +110,8 @@ class Sidecar:
         args += self.extra_args
         self._log = open(self.log_path, "ab")
         env = {**os.environ, **self.store_env(), **(self.env or {})}
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        self.proc = subprocess.Popen(self.wrapper + args, stdout=self._log, stderr=subprocess.STDOUT,
+                                     cwd=ROOT, env=env)
         self.wait_serving(timeout)
         return self
 

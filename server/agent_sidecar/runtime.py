@@ -25,6 +25,7 @@ from .config import Config
 from .heap import return_large_blocks
 from .obs import tracing
 from .obs.live import Live
+from .rlimits import raise_open_files
 from .sdnotify import notify
 from .store import Store, StoreUnavailable, open_store
 from .store.jobs import index_messages
@@ -124,6 +125,7 @@ class Sidecar:
 
         self._private_data_dir()
         self._lock_data_dir()
+        open_files = raise_open_files()  # every connection is a file: as many as the hard limit allows
         forward = await self._start_engine()
         assert self.store is not None and self.turns is not None  # _start_engine built them
         auth = self.auth = Authenticator(self.cfg.tokens)
@@ -146,7 +148,8 @@ class Sidecar:
         notify("READY=1\nSTATUS=serving")  # systemd Type=notify: the restore is done
         tune_gc()
         log.info("serving", extra={"listen": bound, "db": store_description(self.cfg),
-                                   "workers": self.cfg.worker_count(), "batch_threads": calmed})
+                                   "workers": self.cfg.worker_count(), "batch_threads": calmed,
+                                   "open_files": open_files[1] if open_files else None})
         return bound
 
     async def _start_engine(self):

@@ -3,8 +3,10 @@ client stops reading is ended with STREAM_TOO_SLOW once its buffer bound is
 passed, without holding up anyone else, and resumes from the store with no
 gap, while one that keeps reading reads past a burst from the store, never
 cut; admission control refuses prompts past the sidecar-wide caps on prompts
-and bytes in flight, and a session's queue past its default cap, with
-RESOURCE_EXHAUSTED + ErrorInfo + RetryInfo, writing nothing.
+and bytes in flight, large requests past the cap on their bytes in flight,
+and a session's queue past its default cap, with RESOURCE_EXHAUSTED +
+ErrorInfo + RetryInfo, writing nothing; a low soft limit on open files does
+not lock clients out.
 
 A "stalled" client is a real gRPC channel with a small HTTP/2 window (no BDP
 probing, 1 KB lookahead) whose call is simply not read: flow control fills
@@ -15,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import time
 
 import grpc
@@ -25,7 +28,7 @@ from helpers import procs
 from helpers.config import slow_echo
 from helpers.ids import rid, uniq, words
 from helpers.metrics import metrics_config, scrape
-from helpers.sessions import create, get_session, msg, rpc_error, transcript
+from helpers.sessions import assert_serving, create, get_session, msg, rpc_error, transcript
 from helpers.streams import D, PromptRun, Stream, collect, kind_of, run, start, watch
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar, free_port
@@ -349,3 +352,22 @@ def test_a_large_prompt_counts_until_it_is_accepted_not_for_its_whole_turn(held_
     assert appended.last_seq > 0 and not turn.done.is_set()  # the turn still runs
     prompts.Cancel(ppb.CancelRequest(session_key=turn.key), timeout=10)
     assert turn.result(30).end == "failed"
+
+
+# -- connections -------------------------------------------------------------------------------
+
+def test_started_with_a_low_soft_open_files_limit_it_still_takes_new_clients_past_it(tmp_path):
+    """Started as a service manager often starts it (256 open files soft, more hard), the
+    sidecar raises its own soft limit to the hard one: 400 connections held open by one client
+    do not lock a new client out (before, gRPC stopped accepting at 256)."""
+    with Sidecar(tmp_path / "data", workers=1, wrapper=["prlimit", "--nofile=256:4096", "--"]) as s:
+        held = []
+        try:
+            for _ in range(400):
+                conn = socket.socket(socket.AF_UNIX)
+                held.append(conn)
+                conn.connect(str(s.socket_path))
+            assert_serving(s)  # a new channel: health, then a session created
+        finally:
+            for conn in held:
+                conn.close()
