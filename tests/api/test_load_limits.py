@@ -285,15 +285,17 @@ def _large_messages() -> list[c.Message]:
     return [msg("user", f"{i} " + "y" * 200_000) for i in range(8)]  # ~1.6 MB: a large request
 
 
-@pytest.fixture
-def held_up(tmp_path):
+@pytest.fixture(params=["unix only", "with tcp"])
+def held_up(tmp_path, request):
     """A sidecar with a 1 MiB cap on large requests in flight and /metrics,
     and a way to hold its store writer (SIGSTOP), so that a write's call
-    stays in flight until ``resume()``."""
+    stays in flight until ``resume()``. With a TCP listener as well, every
+    call's request is read by the boundary itself, after authentication
+    (api/boundary.py), not by gRPC: both paths take the budget."""
     port = free_port()
     config = (f"[sidecar.limits]\nmax_request_bytes_in_flight = {LARGE_CAP}\n\n" + metrics_config(port)
               + slow_echo("slow", latency_ms=100))
-    with Sidecar(tmp_path / "data", config=config, workers=1) as s:
+    with Sidecar(tmp_path / "data", config=config, workers=1, tcp=request.param == "with tcp") as s:
         writer = wait_until(lambda: procs.children(s).get("sidecar-writer"), what="the store writer")
         stopped = []
 
