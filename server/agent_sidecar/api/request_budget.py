@@ -14,23 +14,22 @@ before it is parsed, and gives it back once its call has answered: a unary
 call's answer, a stream's first message (a Prompt's first frame comes after
 its accept, and from then on turns/admission.py counts its text and
 attachments), or the call's end, however it ends (``Held`` also gives back
-when it is dropped). While the
-requests held reach ``limits.max_request_bytes_in_flight``, another large
-one is refused unparsed: RESOURCE_EXHAUSTED, reason OVERLOADED, with
-RetryInfo; nothing of it was read into the store, so a retry is safe. As in
-turns/admission.py, the cap is checked before a request is added, not with
-it: one large request is admitted whenever none is held, so no request
-within ``max_request_bytes`` is refused on an idle sidecar. Small requests
-are not counted: their number is bounded by what they ask for (prompts by
-admission, the rest answer at once).
+when it is dropped). While the requests held reach
+``limits.max_request_bytes_in_flight``, another large one is refused
+unparsed: RESOURCE_EXHAUSTED, reason OVERLOADED, with RetryInfo; nothing of
+it was read into the store, so a retry is safe. As in turns/admission.py, the
+cap is checked before a request is added, not with it: one large request is
+admitted whenever none is held, so no request within ``max_request_bytes``
+is refused on an idle sidecar. Small requests are not counted: their number
+is bounded by what they ask for (prompts by admission, the rest answer at
+once).
 """
 
 from __future__ import annotations
 
 from .. import errors as E
 from ..heap import LARGE_BYTES
-
-RETRY_AFTER_S = 1.0
+from ..turns.admission import RETRY_AFTER_S
 
 
 class Held:
