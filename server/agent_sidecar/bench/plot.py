@@ -58,8 +58,9 @@ def _subtitle(doc: dict) -> str:
 
 
 def write(doc: dict, path: str) -> None:
-    """Write the plot of ``doc`` (a PNG, or another of ``FORMATS``): the sweep plot when there are several
-    concurrency levels, the over-time plot for one."""
+    """Write the plot of ``doc`` (a PNG, or another of ``FORMATS``): the
+    sweep plot when there are several concurrency levels, the over-time plot
+    for one."""
     levels = sorted({p["concurrency"] for p in doc["points"]})
     plt, fig = (_sweep if len(levels) > 1 else _over_time)(doc, levels)
     fig.savefig(path, dpi=DPI)

@@ -66,7 +66,7 @@ def add_arguments(sub) -> argparse.ArgumentParser:
     t.add_argument("--connect-timeout", type=positive(float), default=5.0,
                    help="seconds a target may take to connect: at the start, before each point, and for a "
                         "turn whose stream broke to resume (default 5)")
-    t.add_argument("--pid", type=int, default=None,
+    t.add_argument("--pid", type=positive(int), default=None,
                    help="the sidecar's pid for CPU/RSS figures (default: found from the listening socket)")
     _load_arguments(b.add_argument_group("load"))
     _measure_arguments(b.add_argument_group("measure and compare"))
