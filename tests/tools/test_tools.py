@@ -165,6 +165,27 @@ def test_registering_outside_the_namespace_is_invalid_argument(sc):
     assert error_info(host.error) == ("INVALID_ARGUMENT", "register.tools[1].name")
 
 
+@pytest.mark.parametrize("namespace, tools, field", [
+    ("bad ns", [("bad ns.x", "", {})], "register.namespace"),
+    ("*", [("*.x", "", {})], "register.namespace"),
+    ("t", [("t..x", "", {})], "register.tools[0].name"),
+    ("t", [("t.a b", "", {})], "register.tools[0].name"),
+    ("t", [("t.ok", "", {}), ("t.ok", "", {})], "register.tools[1].name"),
+    ("t", [("t.n", "", 42)], "register.tools[0].parameters_json_schema"),
+    ("t", [("t.l", "", [1, 2])], "register.tools[0].parameters_json_schema"),
+])
+def test_names_a_model_cannot_call_and_schemas_that_are_no_object_are_invalid_argument(sc, namespace,
+                                                                                        tools, field):
+    """A name is dotted parts of letters, digits, '_' and '-' (no space, no scope wildcard, no
+    empty part), a tool is named once per registration, and its schema is a JSON object:
+    before, all of these registered, and a model was offered what it could not call."""
+    host = ToolHost(sc.tools(), namespace, tools)
+    assert host.ended.wait(10)
+    assert not host.registered.is_set()
+    assert host.error.code() == grpc.StatusCode.INVALID_ARGUMENT, host.error.details()
+    assert error_info(host.error) == ("INVALID_ARGUMENT", field), host.error.details()
+
+
 def test_a_second_namespace_on_one_stream_is_invalid_argument(sc):
     host = ToolHost(sc.tools(), "test", [("test.a", "a", {"type": "object"})])
     try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 
 import grpc
 import orjson
@@ -36,6 +37,11 @@ log = logging.getLogger("agent_sidecar.tools")
 # it; a host that stopped reading its responses is not waited for longer.
 SENDER_DRAIN_S = 5.0
 _CLOSE = object()  # the sender's last item: it returns after writing what came before
+# A namespace and a tool name are dotted names of these parts: what every model
+# API takes as a function name once the dots are mapped (models/openai_wire.py),
+# with no room for a scope's wildcard ("discord.*") or an empty part ("t..x").
+_DOTTED = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
+_DOTTED_RULE = "must be dot-separated parts of letters, digits, '_' and '-'"
 
 
 class ToolService(pb_grpc.ToolServiceServicer):
@@ -78,6 +84,8 @@ class ToolService(pb_grpc.ToolServiceServicer):
         ns = reg.namespace.strip(".")
         if not ns:
             raise E.invalid("register.namespace", "is required")
+        if not _DOTTED.fullmatch(ns):
+            raise E.invalid("register.namespace", f"{E.excerpt(ns)} {_DOTTED_RULE}")
         principal = stream.principal
         if not principal.admin:
             principal.require_platform(ns.split(".")[0])
@@ -87,6 +95,11 @@ class ToolService(pb_grpc.ToolServiceServicer):
                             f"this stream serves {E.excerpt(host.namespace)};"
                             f" open another for {E.excerpt(ns)}")
         specs = [self._spec(i, t, ns) for i, t in enumerate(reg.tools)]
+        seen: set[str] = set()
+        for i, spec in enumerate(specs):
+            if spec.name in seen:
+                raise E.invalid(f"register.tools[{i}].name", f"{E.excerpt(spec.name)} is given twice")
+            seen.add(spec.name)
         if host is None:
             host = stream.host = ToolHost(namespace=ns, platforms=principal.platforms)
             stream.sender = asyncio.get_running_loop().create_task(_send(host, context))
@@ -100,9 +113,13 @@ class ToolService(pb_grpc.ToolServiceServicer):
             params = orjson.loads(t.parameters_json_schema or '{"type": "object"}')
         except orjson.JSONDecodeError:
             raise E.invalid(f"register.tools[{i}].parameters_json_schema", "is not valid JSON") from None
+        if not isinstance(params, dict):
+            raise E.invalid(f"register.tools[{i}].parameters_json_schema", "must be a JSON object (a schema)")
         if not t.name.startswith(ns + "."):
             raise E.invalid(f"register.tools[{i}].name",
                             f"must start with the namespace {E.excerpt(ns)}")
+        if not _DOTTED.fullmatch(t.name):
+            raise E.invalid(f"register.tools[{i}].name", f"{E.excerpt(t.name)} {_DOTTED_RULE}")
         if self.registry.served_in_process(t.name):
             raise E.invalid(f"register.tools[{i}].name", "names a tool the sidecar serves in process")
         return ToolSpec(t.name, t.description, params)
