@@ -225,6 +225,20 @@ def test_sessions_over_tcp_with_token(shared_sidecar):
 
 # -- bad data dirs and stores: one clear line and a non-zero exit, never a traceback -------------
 
+@pytest.mark.parametrize("kind", ["file", "symlink"])
+def test_serve_never_deletes_what_its_listen_path_names_unless_it_is_a_socket(tmp_path, kind):
+    """Before, a `--listen unix:PATH` naming a regular file (or a symlink) deleted it to put
+    the socket there. Now serve refuses, and the file is intact."""
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    path = precious if kind == "file" else tmp_path / "link"
+    if kind == "symlink":
+        path.symlink_to(precious)
+    r = run("serve", "--data-dir", str(tmp_path / "data"), "--listen", f"unix:{path}")
+    assert r.returncode != 0 and "is not a socket" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert path.exists() and precious.read_text() == "keep me"
+
+
 def _garbage_store(tmp_path) -> Path:
     data = tmp_path / "garbage"
     data.mkdir()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import stat
 import threading
 
 import grpc
@@ -74,9 +75,15 @@ SERVER_OPTIONS = [
 
 
 def _prepare_unix(path: str) -> None:
-    """Remove a stale socket file; refuse if another sidecar is listening on it."""
-    if not os.path.exists(path):
+    """Remove a stale socket file; refuse if another sidecar is listening on
+    it, or if the path is anything but a socket (a file the operator named by
+    mistake is never deleted)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
         return
+    if not stat.S_ISSOCK(mode):
+        raise RuntimeError(f"{path} exists and is not a socket; refusing to replace it")
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         s.connect(path)
