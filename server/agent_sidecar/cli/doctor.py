@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..store.sqlite.maintenance import NotAStore, SqliteMaintenance, StoreLocked
+from ..store.sqlite.maintenance import NotAStore, SqliteMaintenance, StoreDamaged, StoreLocked
 from .progress import Progress
 
 
@@ -48,7 +48,7 @@ def run(args) -> int:
         return 1
     try:
         return _check(args, store)
-    except StoreLocked as e:
+    except (StoreLocked, StoreDamaged) as e:
         print(f"agent-sidecar doctor: {e}", file=sys.stderr)
         return 1
     finally:

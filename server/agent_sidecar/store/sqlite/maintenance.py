@@ -5,7 +5,8 @@ dropped and rebuilt from ``messages`` at any time.
 
 A store another writer keeps locked past the busy timeout raises
 ``StoreLocked`` (nothing was checked or changed); a file that is no store
-raises ``NotAStore``.
+raises ``NotAStore``; a store whose pages are damaged fails its integrity
+check, and a step that cannot read past the damage raises ``StoreDamaged``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ class NotAStore(RuntimeError):
     """The file cannot be opened as a store."""
 
 
+class StoreDamaged(RuntimeError):
+    """SQLite found the file's pages damaged where a step had to read them."""
+
+
 class SqliteMaintenance:
     def __init__(self, db_path: str):
         self.path = db_path
@@ -54,10 +59,17 @@ class SqliteMaintenance:
             return fn(*args)
         except apsw.BusyError:
             raise StoreLocked(self._locked()) from None
+        except (apsw.CorruptError, apsw.NotADBError) as e:
+            raise StoreDamaged(f"{self.path} is damaged ({e}); restore it from a backup, or salvage"
+                               f" what is readable with `sqlite3 {self.path} .recover`") from None
 
     def integrity(self) -> list[str]:
-        """SQLite's integrity check of the whole file: ``["ok"]`` when healthy."""
-        return self._guard(lambda: [r[0] for r in self.conn.execute("PRAGMA integrity_check")])
+        """SQLite's integrity check of the whole file: ``["ok"]`` when healthy,
+        else what it found (damage that stops the check itself included)."""
+        try:
+            return self._guard(lambda: [r[0] for r in self.conn.execute("PRAGMA integrity_check")])
+        except StoreDamaged as e:
+            return [str(e)]
 
     def fts_check(self) -> tuple[bool, str]:
         """FTS5's own integrity check, which compares the index with every
@@ -86,7 +98,7 @@ class SqliteMaintenance:
         return True, "ok"
 
     def message_count(self) -> int:
-        return one(self.conn.execute("SELECT count(*) FROM messages").fetchone())[0]
+        return self._guard(lambda: one(self.conn.execute("SELECT count(*) FROM messages").fetchone())[0])
 
     def rebuild_fts(self, advance: Callable[[int], None] | None = None) -> int:
         """Drop and rebuild the derived index in batches (``advance(n)`` after
@@ -114,6 +126,9 @@ class SqliteMaintenance:
         return self._guard(self.conn.wal_checkpoint, None, apsw.SQLITE_CHECKPOINT_PASSIVE)
 
     def summary(self) -> dict[str, int]:
+        return self._guard(self._summary)
+
+    def _summary(self) -> dict[str, int]:
         def count(table):
             return one(self.conn.execute(f"SELECT count(*) FROM {table}").fetchone())[0]
         out = {t: count(t) for t in ("routing", "incarnations", "messages", "frames", "prompts",
