@@ -182,11 +182,19 @@ def test_sessions_list_limit_past_int32_is_capped_by_the_sidecar(sidecar):
     (("status", "--target", "unix:/x.sock", "--timeout", "inf"),
      "argument --timeout: 'inf' must be a finite number > 0"),
     (("status", "--target", "unix:/x.sock", "--timeout", "soon"), "argument --timeout: 'soon' is not a number"),
+    (("sessions", "--target", "unix:/x.sock", "show", "k\udcff"), "argument key: not valid UTF-8"),
+    (("health", "--target", "unix:/tmp/\udcff"), "argument --target: not valid UTF-8"),
+    (("sessions", "--target", "unix:/x.sock", "--token", "se\ncret", "list"),
+     "argument --token: a bearer token is printable ASCII"),
+    (("status", "--target", "unix:/x.sock", "--token", "sécret"), "argument --token: a bearer token is printable"),
 ])
-def test_a_number_the_option_cannot_mean_is_refused_with_its_name(args, error):
-    """Before, NaN or 0 became a deadline and came back as DEADLINE_EXCEEDED."""
+def test_an_argument_the_option_cannot_mean_is_refused_with_its_name(args, error):
+    """Before, NaN or 0 became a deadline and came back as DEADLINE_EXCEEDED; bytes that are not
+    UTF-8 (Python keeps them as surrogates) were tracebacks from the encoder; a token gRPC
+    metadata cannot carry was INTERNAL "Invalid metadata". A token is never echoed."""
     r = run(*args)
     assert r.returncode == 2 and error in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "cret" not in r.stderr
 
 
 def test_sessions_show(sidecar):

@@ -37,3 +37,21 @@ def positive(kind: type) -> Callable[[str], float]:
 def non_negative(kind: type) -> Callable[[str], float]:
     """A finite number of at least 0, parsed as ``kind`` (int or float)."""
     return _number(kind, zero_ok=True)
+
+
+def utf8(text: str) -> str:
+    """Text a request can carry: an argument with bytes that are not UTF-8
+    (Python keeps them as surrogates) is refused here, not by the encoder."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError("not valid UTF-8") from None
+    return text
+
+
+def token(text: str) -> str:
+    """A bearer token gRPC metadata can carry: printable ASCII. The value is
+    never echoed (it is a password)."""
+    if not text or not all(" " < c <= "~" for c in text):
+        raise argparse.ArgumentTypeError("a bearer token is printable ASCII without spaces (not shown)")
+    return text

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from .. import __version__
-from .argtypes import non_negative, positive
+from .argtypes import non_negative, positive, utf8
 from .connection import add_target_arguments  # argparse only; grpc comes in when a command runs
 
 
@@ -60,13 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_target_arguments(ss)
     ss_sub = ss.add_subparsers(dest="action", required=True)
     ls = ss_sub.add_parser("list", help="list sessions, most recently active first")
-    ls.add_argument("--platform", default="")
+    ls.add_argument("--platform", type=utf8, default="")
     ls.add_argument("--limit", type=non_negative(int), default=50,
                     help="sessions to list (default 50; 0: the sidecar's default page; at most its max page)")
     show = ss_sub.add_parser("show", help="show one session and its transcript")
-    show.add_argument("key")
+    show.add_argument("key", type=utf8)
     dl = ss_sub.add_parser("delete", help="delete one session and everything it owns")
-    dl.add_argument("key")
+    dl.add_argument("key", type=utf8)
     ss.set_defaults(func=_sessions)
 
     d = sub.add_parser("doctor", help="check and repair the store (sidecar may be stopped)")
