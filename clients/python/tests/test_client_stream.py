@@ -169,3 +169,11 @@ def test_a_turn_timeout_that_is_no_deadline_is_refused_before_any_call(timeout):
         finally:
             await client.close()
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("token", ["se\ncret", "sécret", "se\tcret"])
+def test_a_token_grpc_metadata_cannot_carry_is_refused_without_echoing_it(token):
+    """Before, it was accepted here and every call failed INTERNAL "Invalid metadata"."""
+    with pytest.raises(ValueError, match="token") as e:
+        asc.SidecarClient("unix:/nonexistent/sidecar.sock", token)
+    assert "cret" not in str(e.value)

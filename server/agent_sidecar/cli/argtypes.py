@@ -52,6 +52,6 @@ def utf8(text: str) -> str:
 def token(text: str) -> str:
     """A bearer token gRPC metadata can carry: printable ASCII. The value is
     never echoed (it is a password)."""
-    if not text or not all(" " < c <= "~" for c in text):
-        raise argparse.ArgumentTypeError("a bearer token is printable ASCII without spaces (not shown)")
+    if not text or not all(" " <= c <= "~" for c in text):
+        raise argparse.ArgumentTypeError("a bearer token is printable ASCII (not shown)")
     return text

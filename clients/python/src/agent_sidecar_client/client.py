@@ -93,6 +93,8 @@ class SidecarClient:
                  insecure: bool = False) -> None:
         if credentials is None and (tls or ca_file is not None or cert_file is not None or key_file is not None):
             credentials = tls_credentials(ca_file, cert_file, key_file)
+        if token is not None and not all(" " <= c <= "~" for c in token):  # what gRPC metadata can carry
+            raise ValueError("token: a bearer token is printable ASCII (not shown)")
         check_cleartext(target, token, credentials is not None, insecure)
         if server_name:
             options = (*options, ("grpc.ssl_target_name_override", server_name))
