@@ -33,7 +33,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .config_loader import Loader, read_toml
-from .config_schema import ConfigError, array, key, named, section
+from .config_schema import ConfigError, array, host_port, key, named, section
 from .sessions.context import DEFAULT_PII_SAFE, NEVER_REDACTED
 
 __all__ = ["AUTO_RESUME_MODES", "AgentCache", "AuthToken", "Config", "ConfigError", "DEFAULT_PROFILE",
@@ -48,10 +48,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 def _listen_address(value: str) -> str | None:
     if value.startswith("unix:"):
         return None if value[5:] else "a Unix socket needs a path (unix:PATH)"
-    host, sep, port = value.rpartition(":")
-    if not (sep and host and port.isdigit() and int(port) <= 65535):
-        return "expected unix:PATH or HOST:PORT"
-    return None
+    why = host_port(value)
+    return f"expected unix:PATH or HOST:PORT ({why})" if why else None
 
 
 def _name(kind: str, fold: bool):
@@ -178,9 +176,10 @@ class ClusterConfig:
     """This sidecar among several on one PostgreSQL database."""
     node_id: str = key("", doc="this sidecar's name in the cluster, unique (default: the host name "
                                "and the data dir)")
-    advertise: str = key("", doc="`host:port` where the other sidecars reach this one (a TCP listener "
-                                 "of this sidecar); set, it makes this sidecar a cluster node "
-                                 "(unset: it runs alone on its database)")
+    advertise: str = key("", check=lambda a: host_port(a, port0=False) if a else None,
+                         doc="`host:port` where the other sidecars reach this one (a TCP listener "
+                             "of this sidecar); set, it makes this sidecar a cluster node "
+                             "(unset: it runs alone on its database)")
     token: str = key("", secret=True, doc="the bearer token sidecars present to each other "
                                           "(an admin token of every sidecar's [[auth.tokens]])")
     lease_ttl_s: float = key(10.0, gt=0, doc="a lane's lease lasts this long unless renewed "
@@ -244,10 +243,8 @@ class Listener:
 def _metrics_address(value: str) -> str | None:
     if not value:
         return None  # off
-    host, sep, port = value.rpartition(":")
-    if not (sep and host and port.isdigit() and int(port) <= 65535):
-        return "expected HOST:PORT, e.g. 127.0.0.1:9464 (empty: off)"
-    return None
+    why = host_port(value)
+    return f"expected HOST:PORT, e.g. 127.0.0.1:9464 (empty: off; {why})" if why else None
 
 
 @dataclass
@@ -287,7 +284,7 @@ class Config:
     log_format: str = key("json", choices=("json", "text"), toml="sidecar.log_format", doc="as `--log-format`")
     log_level: str = key("info", fold="lower", choices=LOG_LEVELS, toml="sidecar.log_level",
                          doc="as `--log-level`")
-    workers: int = key(0, ge=0, toml="sidecar.workers", doc="worker processes (0: CPU count)")
+    workers: int = key(0, ge=0, le=256, toml="sidecar.workers", doc="worker processes (0: CPU count)")
     synchronous: str = key("FULL", fold="upper", choices=("FULL", "NORMAL"), toml="sidecar.synchronous",
                            doc="SQLite durability (a process crash loses nothing acknowledged either way)")
     drain_timeout: float = key(60.0, ge=0, toml="sidecar.drain_timeout",

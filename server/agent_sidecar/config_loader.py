@@ -12,13 +12,19 @@ the variable's text as it is; any other key takes a TOML literal (``4``,
 ``true``, ``["unix:/run/s.sock"]``, ``[{token_env = "T"}]``). A variable with
 the prefix that names no key is an error, as an unknown key in the file is.
 Setting one spelling of a secret (``..._TOKEN_FILE``) replaces whichever
-spelling the file used.
+spelling the file used. A TOML literal is one value: ``4\nx = 1`` is refused.
+
+Files the config names (``token_file``, a listener's PEM files) are read only
+when they are regular files of at most a few MB (``read_file``): a device, a
+FIFO or a huge file is refused, not read until memory runs out.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
+import stat
 import tomllib
 import typing
 from collections.abc import Mapping
@@ -31,6 +37,7 @@ from .config_schema import (
     ConfigError,
     Problems,
     Slot,
+    check_free,
     check_scalar,
     describe,
     is_named,
@@ -38,16 +45,43 @@ from .config_schema import (
     matches,
     members_of,
     tree,
+    utf8,
 )
+
+MAX_CONFIG_BYTES = 16 * 1024 * 1024  # the config file itself
+MAX_SECRET_BYTES = 64 * 1024  # a token_file, dsn_file
+
+
+def read_file(path: str, limit: int, regular: bool = True) -> bytes:
+    """The bytes of the file ``path``, at most ``limit`` of them; OSError
+    (its message the problem) for anything else, and for no regular file when
+    ``regular`` (opened without blocking, so a FIFO is refused, not waited on)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_NONBLOCK if regular else 0))
+    with open(fd, "rb") as f:
+        if regular and not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(f"{path} is larger than " + (f"{limit >> 20} MiB" if limit >= 1 << 20 else
+                                                   f"{limit >> 10} KiB"))
+    return data
+
+
+def file_problem(e: OSError) -> str:
+    """What ``read_file`` refused, as a config error says it."""
+    return f"cannot read the file: {e.strerror}" if e.strerror else str(e)
 
 
 def read_toml(path: str | None) -> dict[str, Any]:
+    """The config file's table; ConfigError when it is not one (not UTF-8,
+    not TOML, nested beyond what the parser recurses into, over 16 MiB)."""
     if not path:
         return {}
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as e:
+        return tomllib.loads(read_file(path, MAX_CONFIG_BYTES, regular=False).decode("utf-8"))
+    except RecursionError:
+        raise ConfigError(f"config error: cannot read config {path}: nested too deeply") from None
+    except (OSError, ValueError) as e:  # ValueError: TOMLDecodeError, UnicodeDecodeError, an integer's digits
         raise ConfigError(f"config error: cannot read config {path}: {e}") from e
 
 
@@ -113,7 +147,9 @@ class Loader:
                 return BAD
             if is_table(tp):
                 return self.parse(tp, v, where + ".")
-            return self._named(typing.get_args(tp)[1], md, v, where) if is_named(tp) else v
+            if is_named(tp):
+                return self._named(typing.get_args(tp)[1], md, v, where)
+            return v if check_free(v, where, self.out) else BAD
         if origin is list:
             inner = typing.get_args(tp)[0]
             if not isinstance(v, list):
@@ -138,7 +174,9 @@ class Loader:
         for name, sub in tables.items():
             path = f"{where}.{name}"
             stored, problem = md["names"](name) if md.get("names") else (name, None)
-            if problem:
+            if not utf8(name):
+                self.out.add(path, "a name must be valid UTF-8 (it has an undecodable byte)")
+            elif problem:
                 self.out.add(path, problem)
             elif stored in out:
                 self.out.add(path, "the same name as another table (names are case-insensitive)")
@@ -166,10 +204,12 @@ class Loader:
             value = self.environ[v]
         elif form == "_file":
             try:
-                with open(v, encoding="utf-8") as fh:
-                    value = fh.read()
-            except (OSError, UnicodeDecodeError) as e:
-                self.out.add(path, f"cannot read the file: {getattr(e, 'strerror', None) or e}", v)
+                value = read_file(v, MAX_SECRET_BYTES).decode("utf-8")
+            except OSError as e:
+                self.out.add(path, file_problem(e), v)
+                return BAD
+            except UnicodeDecodeError as e:
+                self.out.add(path, f"cannot read the file: {e}", v)
                 return BAD
             value = value[:-1] if value.endswith("\n") else value
         return check_scalar(str, f.metadata, value, path, self.out)
@@ -250,9 +290,12 @@ def _env_value(slot: Slot, text: str) -> Any:
     if slot.form or members == (str,):
         return text
     try:
-        value = tomllib.loads("v = " + text)["v"]
-    except tomllib.TOMLDecodeError:
+        parsed = tomllib.loads("v = " + text)
+    except (ValueError, RecursionError):  # not TOML, an integer's digits, nested too deeply
         return text
+    if len(parsed) != 1:  # "4\nx = 1": more than the one value
+        return text
+    value = parsed["v"]
     if str in members and not any(matches(t, value) for t in members if t is not str):
         return text
     return value

@@ -36,8 +36,11 @@ after which the loader checks ``[store]``, the environment overlay knows
 ``agent-sidecar config reference`` (docs/configuration.md) lists the keys.
 
 Checking never coerces: ``42`` is no string, ``true`` is no integer; an
-integer is accepted where a number (float) is. Every problem is collected, so
-one run reports them all, each as ``config error: KEY: WHAT (got VALUE)``.
+integer is accepted where a number (float) is. Every integer fits in 64 bits
+and every string is UTF-8, inside free tables (``dict[str, Any]``) too, which
+nest MAX_DEPTH levels at most: what passes the check, a turn can encode. Every
+problem is collected, so one run reports them all, each as
+``config error: KEY: WHAT (got VALUE)``.
 """
 
 from __future__ import annotations
@@ -45,8 +48,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import ipaddress
 import json
 import math
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -58,6 +63,10 @@ if TYPE_CHECKING:
 
 ENV_PREFIX = "AGENT_SIDECAR_"
 SECRET_FORMS = ("", "_env", "_file")
+# Every integer of a config fits in 64 bits (orjson, SQLite and gRPC take no
+# more), and a free-form table (``model_options``) nests this deep at most.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_DEPTH = 32
 
 
 class ConfigError(ValueError):
@@ -161,14 +170,17 @@ def short(value: Any) -> str:
     if isinstance(value, bool):
         s = "true" if value else "false"
     elif isinstance(value, str):
-        s = json.dumps(value, ensure_ascii=False)
+        s = json.dumps(value, ensure_ascii=not utf8(value))
     elif isinstance(value, list):
         s = "[" + ", ".join(short(v) for v in value[:8]) + (", ..." if len(value) > 8 else "") + "]"
     elif isinstance(value, dict):
         s = "{" + ", ".join(f"{k} = {short(v)}" for k, v in list(value.items())[:4]) + \
             (", ..." if len(value) > 4 else "") + "}"
     else:
-        s = repr(value)
+        try:
+            s = repr(value)
+        except ValueError:  # an integer of more than 4300 digits
+            s = f"an integer of {value.bit_length()} bits"
     return s if len(s) <= 60 else s[:57] + "..."
 
 
@@ -221,8 +233,29 @@ def matches(tp: Any, value: Any) -> bool:
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return is_number(value) and finite(value)
     return isinstance(value, tp)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        return False
+
+
+def utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (an environment variable's invalid
+    byte arrives as a lone surrogate, which does not)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def describe(tp: Any) -> str:
@@ -243,14 +276,18 @@ def check_scalar(tp: Any, md: Mapping[str, Any], value: Any, where: str, out: Pr
     kind = next((t for t in members if matches(t, value)), None)
     if kind is None:
         expected = " or ".join(_EXPECTED[t] for t in members)
-        if float in members and isinstance(value, float):
+        if float in members and is_number(value):
             expected = "a finite number"
         out.add(where, f"expected {expected}", "***" if md.get("secret") else value)
         return BAD
     if kind is float:
         value = float(value)
     problem = None
-    if kind in (int, float):
+    if kind is int and not INT64_MIN <= value <= INT64_MAX:
+        problem = "must fit in 64 bits (-2^63 to 2^63-1)"
+    elif kind is str and not utf8(value):
+        problem = "must be valid UTF-8 (it has an undecodable byte)"
+    elif kind in (int, float):
         if "ge" in md and value < md["ge"]:
             problem = f"must be at least {md['ge']}"
         elif "gt" in md and value <= md["gt"]:
@@ -273,3 +310,61 @@ def check_scalar(tp: Any, md: Mapping[str, Any], value: Any, where: str, out: Pr
         out.add(where, problem, "***" if md.get("secret") else value)
         return BAD
     return value
+
+
+def check_free(value: Any, where: str, out: Problems, depth: int = 0) -> bool:
+    """A value of a free-form table (``model_options``), recursively: its
+    integers fit in 64 bits, its strings (keys too) are UTF-8, it nests at
+    most MAX_DEPTH levels; what a turn's dispatch could not encode is refused."""
+    if isinstance(value, (dict, list)):
+        if depth >= MAX_DEPTH:
+            out.add(where, f"nested too deeply (at most {MAX_DEPTH} levels)")
+            return False
+        ok = True
+        for k, v in (value.items() if isinstance(value, dict) else enumerate(value)):
+            path = f"{where}[{k}]" if isinstance(k, int) else f"{where}.{k}"
+            if isinstance(k, str) and not utf8(k):
+                out.add(path, "a key must be valid UTF-8 (it has an undecodable byte)")
+                ok = False
+            elif not check_free(v, path, out, depth + 1):
+                ok = False
+        return ok
+    if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
+        out.add(where, "must fit in 64 bits (-2^63 to 2^63-1)", value)
+        return False
+    if isinstance(value, str) and not utf8(value):
+        out.add(where, "must be valid UTF-8 (it has an undecodable byte)", value)
+        return False
+    return True
+
+
+# -- addresses ----------------------------------------------------------------------------
+
+_LABEL = r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)"
+_HOST_NAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
+_PORT = re.compile(r"[0-9]{1,5}")
+
+
+def host_port(value: str, port0: bool = True) -> str | None:
+    """None when ``value`` is ``HOST:PORT``: HOST a bracketed IPv6 address
+    (``[::1]``), an IPv4 address or a host name, PORT 0 (``port0``: any free
+    port) or 1 to 65535; else what is wrong with it."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not _PORT.fullmatch(port) or int(port) > 65535 or (int(port) == 0 and not port0):
+        return f"the port must be {0 if port0 else 1} to 65535"
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return "no IPv6 address in the brackets"
+        return None
+    if ":" in host or "[" in host or "]" in host:
+        return "an IPv6 address goes in brackets, e.g. [::1]:PORT"
+    if not (_HOST_NAME.fullmatch(host) and len(host) <= 253):
+        return "the host is no IP address or host name"
+    if host.rstrip(".").rpartition(".")[2].isdigit():  # all-numeric: no top-level domain is
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return "the host is no IPv4 address"
+    return None

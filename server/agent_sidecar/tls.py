@@ -8,12 +8,16 @@ certificate, a truncated file or an encrypted key then fails as "Failed to
 bind to address" (the reason only in gRPC's own debug log). The standard
 library's ``ssl`` parses the same PEM with OpenSSL, so ``agent-sidecar config
 check`` and ``serve`` refuse such a listener before anything starts, naming
-the key (``listen[1].key``).
+the key (``listen[1].key``). A PEM file is read only when it is a regular
+file of at most MAX_PEM_BYTES (config_loader.read_file): ``/dev/zero`` or a
+FIFO is refused, never read without end.
 """
 
 from __future__ import annotations
 
 import ipaddress
+
+from .config_loader import file_problem, read_file
 
 _CERT = b"-----BEGIN CERTIFICATE-----"
 _KEY = b"PRIVATE KEY-----"
@@ -23,14 +27,16 @@ _KEY = b"PRIVATE KEY-----"
 # credentials object does not.
 ClientMaterial = tuple[bytes | None, bytes | None, bytes | None]
 
+MAX_PEM_BYTES = 4 * 1024 * 1024  # a CA bundle is a few hundred KB
+
 
 def readable(path: str) -> str | None:
-    """None when ``path`` is a file this process can read, else the problem."""
+    """None when ``path`` is a PEM file this process can read (a regular file
+    of at most MAX_PEM_BYTES), else the problem."""
     try:
-        with open(path, "rb") as f:
-            f.read(1)
+        read_pem(path)
     except OSError as e:
-        return f"cannot read the file: {e.strerror or e}"
+        return file_problem(e)
     return None
 
 
@@ -45,8 +51,14 @@ def check_pair(cert: str, key: str, client_ca: str) -> list[tuple[str, str]]:
     """(key name, problem) for a certificate chain and private key that do not
     load as a server's pair, or a client CA file that holds no certificate."""
     import ssl
-    problems = []
-    cert_pem, key_pem = read_pem(cert), read_pem(key)
+    problems: list[tuple[str, str]] = []
+    pem = {}
+    for name, path in (("cert", cert), ("key", key), ("client_ca", client_ca)):
+        try:
+            pem[name] = read_pem(path) if path else b""
+        except OSError as e:  # changed since its key's own check read it
+            return [(name, file_problem(e))]
+    cert_pem, key_pem, ca_pem = pem["cert"], pem["key"], pem["client_ca"]
     if _CERT not in cert_pem:
         problems.append(("cert", "not a PEM certificate (no BEGIN CERTIFICATE block)"))
     if _KEY not in key_pem:
@@ -59,7 +71,7 @@ def check_pair(cert: str, key: str, client_ca: str) -> list[tuple[str, str]]:
             ctx.load_cert_chain(cert, key, password=lambda: b"")
         except (ssl.SSLError, OSError) as e:
             problems.append(("key", f"does not load as the private key of cert ({_ssl_problem(e)})"))
-    if client_ca and _CERT not in read_pem(client_ca):
+    if client_ca and _CERT not in ca_pem:
         problems.append(("client_ca", "not a PEM file of CA certificates (no BEGIN CERTIFICATE block)"))
     elif client_ca:
         try:
@@ -70,8 +82,8 @@ def check_pair(cert: str, key: str, client_ca: str) -> list[tuple[str, str]]:
 
 
 def read_pem(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+    """A PEM file's bytes; OSError unless it is a regular file of at most MAX_PEM_BYTES."""
+    return read_file(path, MAX_PEM_BYTES)
 
 
 def host_of(address: str) -> str:
