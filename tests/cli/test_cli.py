@@ -184,6 +184,8 @@ def test_sessions_list_limit_past_int32_is_capped_by_the_sidecar(sidecar):
     (("status", "--target", "unix:/x.sock", "--timeout", "soon"), "argument --timeout: 'soon' is not a number"),
     (("sessions", "--target", "unix:/x.sock", "show", "k\udcff"), "argument key: not valid UTF-8"),
     (("health", "--target", "unix:/tmp/\udcff"), "argument --target: not valid UTF-8"),
+    (("health", "--target", "127.0.0.1:99999"), "argument --target: '127.0.0.1:99999': expected unix:PATH or"),
+    (("status", "--target", "unix:"), "argument --target: unix: needs a path"),
     (("sessions", "--target", "unix:/x.sock", "--token", "se\ncret", "list"),
      "argument --token: a bearer token is printable ASCII"),
     (("status", "--target", "unix:/x.sock", "--token", "sécret"), "argument --token: a bearer token is printable"),

@@ -12,6 +12,8 @@ import argparse
 import math
 from collections.abc import Callable
 
+from ..config_schema import host_port
+
 
 def _number(kind: type, *, zero_ok: bool) -> Callable[[str], float]:
     rule = ">= 0" if zero_ok else "> 0"
@@ -46,6 +48,23 @@ def utf8(text: str) -> str:
         text.encode()
     except UnicodeEncodeError:
         raise argparse.ArgumentTypeError("not valid UTF-8") from None
+    return text
+
+
+def target(text: str) -> str:
+    """``--target``: ``unix:PATH``, ``HOST:PORT`` (checked as the config checks
+    a listener's, port 1 to 65535: gRPC would wrap 99999 to another port), or
+    what gRPC takes as it is (a host alone: port 443; a ``dns:``, ``ipv4:``,
+    ``ipv6:`` or ``unix-abstract:`` target); several comma-separated for the
+    bench (an empty one is refused later, by name)."""
+    for address in utf8(text).split(","):
+        address = address.strip()
+        if address.startswith("unix:") and not address[5:]:
+            raise argparse.ArgumentTypeError("unix: needs a path (unix:PATH)")
+        if ":" in address and not address.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")):
+            why = host_port(address, port0=False)
+            if why:
+                raise argparse.ArgumentTypeError(f"{address!r}: expected unix:PATH or HOST:PORT ({why})")
     return text
 
 

@@ -14,7 +14,7 @@ import argparse
 from typing import Any
 
 from ..tls import ClientMaterial, target_is_local
-from .argtypes import token, utf8
+from .argtypes import target, token
 
 DEFAULT_TARGET = "unix:./data/sidecar.sock"
 
@@ -26,7 +26,7 @@ class TargetError(Exception):
 def add_target_arguments(parser: Any, default: str = DEFAULT_TARGET, target_help: str = "the sidecar's address"
                          ) -> None:
     """The target options on ``parser`` (a parser or an argument group)."""
-    parser.add_argument("--target", type=utf8, default=default, help=f"{target_help} (default {default})")
+    parser.add_argument("--target", type=target, default=default, help=f"{target_help} (default {default})")
     parser.add_argument("--token", type=token, default=None, help="bearer token (TCP)")
     parser.add_argument("--tls", action="store_true",
                         help="TLS to the target (the system's roots unless --ca)")
