@@ -183,3 +183,18 @@ def test_without_setproctitle_the_title_is_left_alone():
             "print(open('/proc/self/cmdline', 'rb').read().split(b'\\0')[0].decode())")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and r.stdout.strip() == sys.executable, r.stderr
+
+
+@pytest.mark.parametrize("what", ["missing dir", "a directory", "not utf-8", "no markers"])
+def test_reference_write_to_what_it_cannot_rewrite_is_one_line_and_exit_2(tmp_path, what):
+    """Before, the first three were tracebacks (FileNotFoundError, IsADirectoryError,
+    UnicodeDecodeError)."""
+    path = {"missing dir": tmp_path / "nope" / "x.md", "a directory": tmp_path,
+            "not utf-8": tmp_path / "ff.md", "no markers": tmp_path / "plain.md"}[what]
+    if what == "not utf-8":
+        path.write_bytes(b"\xff\xfe")
+    elif what == "no markers":
+        path.write_text("# nothing to replace\n")
+    r = cli("config", "reference", "--write", str(path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and str(path) in r.stderr, r.stderr

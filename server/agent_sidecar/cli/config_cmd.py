@@ -222,15 +222,18 @@ def _reference(path: str | None) -> int:
     if path is None:
         sys.stdout.write(reference())
         return 0
-    with open(path, encoding="utf-8") as f:
-        doc = f.read()
     try:
+        with open(path, encoding="utf-8") as f:
+            doc = f.read()
         head, rest = doc.split(BEGIN, 1)
         _, tail = rest.split(END, 1)
-    except ValueError:
-        print(f"agent-sidecar: {path} has no {BEGIN} ... {END} markers", file=sys.stderr)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(head + BEGIN + "\n" + reference() + END + tail)
+    except OSError as e:
+        print(f"agent-sidecar: cannot rewrite {path}: {e.strerror or e}", file=sys.stderr)
         return 2
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(head + BEGIN + "\n" + reference() + END + tail)
+    except ValueError:  # not UTF-8 (UnicodeDecodeError), or no markers
+        print(f"agent-sidecar: {path} is no UTF-8 text with the {BEGIN} ... {END} markers", file=sys.stderr)
+        return 2
     return 0
 
