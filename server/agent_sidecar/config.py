@@ -96,7 +96,7 @@ class AgentCache:
 
 @dataclass
 class AuthToken:
-    token: str = key("", required=True, secret=True, doc="a bearer token")
+    token: str = key("", required=True, secret=True, check=lambda t: _bearer(t), doc="a bearer token")
     platforms: list[str] = key(["*"], nonempty=True, fold="lower",
                                doc="the platforms the token may act on (`*`: all)")
     admin: bool = key(False, doc="may call ClearAllSessions, PruneSessions, delete any session")
@@ -180,8 +180,9 @@ class ClusterConfig:
                          doc="`host:port` where the other sidecars reach this one (a TCP listener "
                              "of this sidecar); set, it makes this sidecar a cluster node "
                              "(unset: it runs alone on its database)")
-    token: str = key("", secret=True, doc="the bearer token sidecars present to each other "
-                                          "(an admin token of every sidecar's [[auth.tokens]])")
+    token: str = key("", secret=True, check=lambda t: _bearer(t),
+                     doc="the bearer token sidecars present to each other "
+                         "(an admin token of every sidecar's [[auth.tokens]])")
     lease_ttl_s: float = key(10.0, gt=0, doc="a lane's lease lasts this long unless renewed "
                                              "(renewed every third of it)")
     ca_file: str = key("", check=lambda p: _pem_file(p),
@@ -238,6 +239,13 @@ class Listener:
             from .tls import check_pair
             for name, problem in check_pair(self.cert, self.key, self.client_ca):
                 yield name, problem, getattr(self, name)
+
+
+def _bearer(token: str) -> str | None:
+    """A token a client can send: gRPC metadata carries printable ASCII only."""
+    if token and not all(" " <= c <= "~" for c in token):
+        return "must be printable ASCII (what gRPC metadata carries; no client could send it)"
+    return None
 
 
 def _metrics_address(value: str) -> str | None:

@@ -203,3 +203,16 @@ def test_an_environment_value_of_more_than_one_toml_value_is_refused(tmp_path):
     env = {"AGENT_SIDECAR_SIDECAR__WORKERS": "4\n", "AGENT_SIDECAR_SIDECAR__REDACT_PII": "true # on"}
     cfg = load(tmp_path, "", env)
     assert (cfg.workers, cfg.redact_pii) == (4, True)
+
+
+@pytest.mark.parametrize("text, key", [
+    ('[[auth.tokens]]\ntoken = "se\\ncret"\n', "auth.tokens[0].token"),
+    ('[[auth.tokens]]\ntoken = "sécret"\n', "auth.tokens[0].token"),
+    ('[cluster]\ntoken = "se\\tcret"\n', "cluster.token"),
+])
+def test_a_token_no_client_can_send_is_refused_without_showing_it(tmp_path, text, key):
+    """gRPC metadata carries printable ASCII: before, such a token loaded and every call made
+    with it failed on the client, INTERNAL 'Invalid metadata'."""
+    lines = refused(check(tmp_path, text))
+    assert any(line.startswith(f"config error: {key}: must be printable ASCII") for line in lines), lines
+    assert "cret" not in "".join(lines)
