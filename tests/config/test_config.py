@@ -284,8 +284,9 @@ def test_a_token_from_the_file_an_environment_variable_or_a_file_of_its_own(tmp_
     assert load(tmp_path, TOKENS.format('token = "inline"')).tokens[0].token == "inline"
     assert load(tmp_path, TOKENS.format('token_env = "T"'), {"T": "from-env"}).tokens[0].token == "from-env"
     assert load(tmp_path, TOKENS.format(f'token_file = "{secret}"')).tokens[0].token == "from-a-file"
-    secret.write_text("two\n\n")  # only one trailing newline is stripped
-    assert load(tmp_path, TOKENS.format(f'token_file = "{secret}"')).tokens[0].token == "two\n"
+    secret.write_text("two\n\n")  # only one trailing newline is stripped: "two\n", no token a client can send
+    lines = problems(tmp_path, TOKENS.format(f'token_file = "{secret}"'))
+    assert names(lines) == ["auth.tokens[0].token_file"] and "printable ASCII" in lines[0], lines
 
 
 def test_a_missing_or_ambiguous_token_is_refused_naming_the_key(tmp_path):
