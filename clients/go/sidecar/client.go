@@ -16,15 +16,19 @@ package sidecar
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
 	pb "github.com/agent-sidecar/agent-sidecar/clients/go/agentsidecarv1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 )
 
 // Client is a connection to one sidecar. It is safe for concurrent use.
@@ -54,7 +58,9 @@ type Option func(*options)
 
 // WithToken sends "authorization: Bearer <token>" with every call. Over a
 // plain connection only to a Unix socket or a loopback address, unless
-// WithInsecure: to another host use WithTLS (or WithCAFile).
+// WithInsecure: to another host use WithTLS (or WithCAFile). A token must be
+// printable ASCII (a gRPC header value): Dial fails on any other character,
+// such as the newline at the end of the file the token was read from.
 func WithToken(token string) Option { return func(o *options) { o.token = token } }
 
 // WithDialOptions appends raw grpc.DialOptions (interceptors, other
@@ -72,19 +78,30 @@ func WithResumeWindow(d time.Duration) Option { return func(o *options) { o.resu
 func WithLazyConnect() Option { return func(o *options) { o.lazy = true } }
 
 // Dial connects to a sidecar at target, either "unix:/path/to/sidecar.sock"
-// (also "unix:relative/path" and "unix:///abs/path") or "host:port". Unless
-// WithLazyConnect is given it waits until the connection is ready or ctx
-// ends, so pass a context with a timeout.
+// (also "unix:relative/path" and "unix:///abs/path") or "host:port" (also
+// "tcp:host:port", "dns:///host:port"). A target that cannot be dialled (no
+// socket path, an empty or out-of-range port, a malformed host) fails at once
+// with ErrInvalidTarget. Unless WithLazyConnect is given it waits until the
+// connection is ready or ctx ends, so pass a context with a timeout.
 func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 	o := options{resumeWindow: 30 * time.Second}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if target == "" {
-		return nil, fmt.Errorf("sidecar: empty target")
+	given, terr := target, error(nil)
+	if addr, ok := strings.CutPrefix(target, "tcp:"); ok { // tolerate an explicit tcp: scheme
+		target = strings.TrimPrefix(addr, "//")
+		terr = checkAddr(target)
+	} else {
+		terr = checkTarget(target)
 	}
-	if strings.HasPrefix(target, "tcp:") { // tolerate an explicit tcp: scheme
-		target = strings.TrimPrefix(strings.TrimPrefix(target, "tcp:"), "//")
+	if terr != nil {
+		return nil, fmt.Errorf("sidecar: dial %q: %w: %v", given, ErrInvalidTarget, terr)
+	}
+	if i := strings.IndexFunc(o.token, func(r rune) bool { return r < 0x20 || r > 0x7e }); i >= 0 {
+		// The value is not echoed: it is a secret.
+		return nil, fmt.Errorf("sidecar: WithToken: the token has a character a gRPC header does not allow "+
+			"at byte %d (only printable ASCII, 0x20-0x7E: no newline, control character or non-ASCII letter)", i)
 	}
 	dialOpts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -160,17 +177,34 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 
 func (b bearer) RequireTransportSecurity() bool { return b.requireTLS }
 
-// unaryErrors converts unary call failures to *Error.
+// unaryErrors converts unary call failures to *Error. A request that cannot
+// be encoded because a string is not valid UTF-8 fails INVALID_ARGUMENT
+// naming the field, before anything is sent.
 func unaryErrors(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
 	invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	return convertError(ctx, invoker(ctx, method, req, reply, cc, opts...))
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	if status.Code(err) == codes.Internal {
+		if uerr := checkUTF8(req); uerr != nil {
+			return uerr
+		}
+	}
+	return convertError(ctx, err)
 }
 
-// streamErrors converts stream failures (other than io.EOF) to *Error.
+// streamErrors converts stream failures (other than io.EOF) to *Error. It
+// marks the failures raised on this side before anything was sent (invalid
+// metadata such as an unprintable token, a message that cannot be encoded),
+// so that Prompt, Watch and ToolHost do not mistake them for a dropped
+// connection: opening a stream fails INTERNAL only for those (a reset stream
+// shows up later, in RecvMsg), and SendMsg returns io.EOF for a broken
+// stream, any other error being local.
 func streamErrors(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string,
 	streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	s, err := streamer(ctx, desc, cc, method, opts...)
 	if err != nil {
+		if status.Code(err) == codes.Internal {
+			return nil, localError(ctx, err)
+		}
 		return nil, convertError(ctx, err)
 	}
 	return &errStream{ClientStream: s, ctx: ctx}, nil
@@ -182,4 +216,25 @@ type errStream struct {
 }
 
 func (s *errStream) RecvMsg(m any) error { return convertError(s.ctx, s.ClientStream.RecvMsg(m)) }
-func (s *errStream) SendMsg(m any) error { return convertError(s.ctx, s.ClientStream.SendMsg(m)) }
+
+func (s *errStream) SendMsg(m any) error {
+	err := s.ClientStream.SendMsg(m)
+	if err == nil || errors.Is(err, io.EOF) { // io.EOF: the stream broke, RecvMsg says why
+		return err
+	}
+	if uerr := checkUTF8(m); uerr != nil {
+		return uerr
+	}
+	return localError(s.ctx, err)
+}
+
+// localError converts err and marks it raised on this side: never resumed.
+func localError(ctx context.Context, err error) error {
+	e, ok := FromError(convertError(ctx, err))
+	if !ok {
+		return err
+	}
+	l := *e
+	l.local = true
+	return &l
+}

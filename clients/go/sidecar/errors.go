@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"io"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // ErrorDomain is the google.rpc.ErrorInfo domain of every error the sidecar raises.
@@ -89,6 +92,7 @@ type Error struct {
 
 	status *status.Status
 	cause  error // context error when the call ended because its context did, or the broken stream's error
+	local  bool  // raised by this client before the request left (encoding, metadata): never resumed
 }
 
 // Error formats the error as "sidecar: REASON (Code): message".
@@ -229,6 +233,90 @@ func streamError(ctx context.Context, err error) *Error {
 		e = &t
 	}
 	return e
+}
+
+// invalidArgument is an error this client raises for a bad argument before
+// sending anything: INVALID_ARGUMENT, as the sidecar would answer, naming the
+// field (also in FieldViolations).
+func invalidArgument(field, format string, args ...any) *Error {
+	desc := fmt.Sprintf(format, args...)
+	return &Error{Code: codes.InvalidArgument, Reason: ReasonInvalidArgument, Domain: ErrorDomain,
+		Message: field + ": " + desc, FieldViolations: []FieldViolation{{field, desc}}, local: true}
+}
+
+// checkUTF8 returns an INVALID_ARGUMENT error naming the first string field of
+// m that is not valid UTF-8 (protobuf cannot encode it), or nil. Fields are
+// named by their proto path: "text", "source.chat_id", "messages[2].content".
+func checkUTF8(m any) error {
+	pm, ok := m.(proto.Message)
+	if !ok {
+		return nil
+	}
+	if field, at := invalidUTF8(pm.ProtoReflect()); field != "" {
+		return invalidArgument(field, "is not valid UTF-8 (bad byte at offset %d)", at)
+	}
+	return nil
+}
+
+// invalidUTF8 finds the first string field of m that is not valid UTF-8: its
+// path and the offset of the first bad byte; "" when there is none.
+func invalidUTF8(m protoreflect.Message) (field string, at int) {
+	fields := m.Descriptor().Fields()
+	for i := 0; i < fields.Len() && field == ""; i++ {
+		fd := fields.Get(i) // in declaration order, so the first bad field is named
+		if !m.Has(fd) {
+			continue
+		}
+		v, name := m.Get(fd), string(fd.Name())
+		switch {
+		case fd.IsList():
+			l := v.List()
+			for j := 0; j < l.Len() && field == ""; j++ {
+				if sub, off, bad := invalidUTF8Value(fd, l.Get(j)); bad {
+					field, at = fmt.Sprintf("%s[%d]%s", name, j, sub), off
+				}
+			}
+		case fd.IsMap():
+			v.Map().Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
+				if _, off, bad := invalidUTF8Value(fd.MapKey(), k.Value()); bad {
+					field, at = name+" (a key)", off
+				} else if sub, off, bad := invalidUTF8Value(fd.MapValue(), mv); bad {
+					field, at = fmt.Sprintf("%s[%q]%s", name, k.String(), sub), off
+				}
+				return field == ""
+			})
+		default:
+			if sub, off, bad := invalidUTF8Value(fd, v); bad {
+				field, at = name+sub, off
+			}
+		}
+	}
+	return field, at
+}
+
+// invalidUTF8Value checks one value of field fd: a string, or a message
+// (walked; sub is then ".path" inside it).
+func invalidUTF8Value(fd protoreflect.FieldDescriptor, v protoreflect.Value) (sub string, at int, bad bool) {
+	switch fd.Kind() {
+	case protoreflect.StringKind:
+		s := v.String()
+		if utf8.ValidString(s) {
+			return "", 0, false
+		}
+		for at < len(s) {
+			r, n := utf8.DecodeRuneInString(s[at:])
+			if r == utf8.RuneError && n <= 1 {
+				break
+			}
+			at += n
+		}
+		return "", at, true
+	case protoreflect.MessageKind, protoreflect.GroupKind:
+		if field, at := invalidUTF8(v.Message()); field != "" {
+			return "." + field, at, true
+		}
+	}
+	return "", 0, false
 }
 
 // failedFrameError builds the error for a failed frame when the RPC's status

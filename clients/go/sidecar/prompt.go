@@ -71,7 +71,9 @@ func NewRequestID() string {
 // deadline passes the error is AGENT_TIMEOUT (errors.Is(err,
 // context.DeadlineExceeded) holds too); when resuming gives up it is
 // UNAVAILABLE without a reason. Ranging the same iterator twice replays the
-// turn (same request id, no second turn).
+// turn (same request id, no second turn). A string that is not valid UTF-8
+// (Text, SessionKey, a Source field, ...) ends it at once with an
+// INVALID_ARGUMENT *Error naming the field, before anything is sent.
 func (c *Client) Prompt(ctx context.Context, p PromptParams) iter.Seq2[*Frame, error] {
 	req := &pb.PromptRequest{
 		RequestId:   p.RequestID,
@@ -86,6 +88,10 @@ func (c *Client) Prompt(ctx context.Context, p PromptParams) iter.Seq2[*Frame, e
 		req.RequestId = NewRequestID()
 	}
 	return func(yield func(*Frame, error) bool) {
+		if err := checkUTF8(req); err != nil {
+			yield(nil, err)
+			return
+		}
 		filter := &seqFilter{}
 		open := func(ctx context.Context) (recvFunc, error) {
 			if filter.last == 0 {
@@ -124,6 +130,10 @@ type WatchParams struct {
 // frames are yielded as frames, not errors.
 func (c *Client) Watch(ctx context.Context, p WatchParams) iter.Seq2[*Frame, error] {
 	return func(yield func(*Frame, error) bool) {
+		if err := checkUTF8(&pb.WatchActivityRequest{RequestId: p.RequestID, SessionKey: p.SessionKey, Platform: p.Platform}); err != nil {
+			yield(nil, err)
+			return
+		}
 		if p.RequestID != "" {
 			filter := &seqFilter{last: p.AfterSeq}
 			open := func(ctx context.Context) (recvFunc, error) {
@@ -258,7 +268,9 @@ func failedError(fl *pb.ActivityFrame_Failed, recv recvFunc) error {
 // connection dropped (UNAVAILABLE or INTERNAL without a sidecar reason, an
 // I/O error, an early end of stream, a seq gap), and ctx is still alive.
 // grpc-go reports an HTTP/2 stream reset (RST_STREAM, e.g. from a proxy) as
-// INTERNAL without details.
+// INTERNAL without details; it also reports the failures raised on this side
+// (a message it cannot encode, an unprintable header) as INTERNAL, which
+// streamErrors marks local: those would fail the same way every time.
 func (c *Client) resumable(ctx context.Context, err error) bool {
 	if ctx.Err() != nil || c.resumeWindow <= 0 {
 		return false
@@ -268,7 +280,7 @@ func (c *Client) resumable(ctx context.Context, err error) bool {
 		return true
 	}
 	if e, ok := FromError(err); ok {
-		return e.Reason == "" && (e.Code == codes.Unavailable || e.Code == codes.Internal)
+		return e.Reason == "" && !e.local && (e.Code == codes.Unavailable || e.Code == codes.Internal)
 	}
 	return err != nil
 }

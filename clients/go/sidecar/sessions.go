@@ -3,6 +3,7 @@ package sidecar
 import (
 	"context"
 	"iter"
+	"math"
 	"time"
 
 	pb "github.com/agent-sidecar/agent-sidecar/clients/go/agentsidecarv1"
@@ -65,10 +66,20 @@ func (c *Client) GetSessionByID(ctx context.Context, sessionID string) (*Session
 }
 
 // ListSessions iterates over sessions, most recently updated first, fetching
-// pages as needed. platform "" and activeWithin 0 mean no filter.
+// pages as needed. platform "" and activeWithin 0 mean no filter. The
+// sidecar counts in whole seconds: activeWithin is rounded up (500ms is 1s,
+// not "no filter"); a negative one is an INVALID_ARGUMENT error.
 func (c *Client) ListSessions(ctx context.Context, platform string, activeWithin time.Duration) iter.Seq2[*Session, error] {
 	return func(yield func(*Session, error) bool) {
-		req := &pb.ListSessionsRequest{Platform: platform, ActiveWithinSeconds: int64(activeWithin / time.Second)}
+		if activeWithin < 0 {
+			yield(nil, invalidArgument("activeWithin", "must not be negative (0 means no filter), got %v", activeWithin))
+			return
+		}
+		secs := int64(activeWithin / time.Second)
+		if activeWithin%time.Second != 0 {
+			secs++
+		}
+		req := &pb.ListSessionsRequest{Platform: platform, ActiveWithinSeconds: secs}
 		for {
 			resp, err := c.Sessions.ListSessions(ctx, req)
 			if err != nil {
@@ -156,8 +167,13 @@ func (c *Client) RewriteTranscript(ctx context.Context, sessionID string, msgs .
 	return err
 }
 
-// RewindSession is /undo: back up n user turns (n <= 0 means 1).
+// RewindSession is /undo: back up n user turns (0 means 1). n must fit the
+// API's int32; a larger one is an INVALID_ARGUMENT error (so is a negative
+// one, from the sidecar).
 func (c *Client) RewindSession(ctx context.Context, sessionID string, n int) (*RewindResult, error) {
+	if err := checkInt32("n", n); err != nil {
+		return nil, err
+	}
 	return c.Sessions.RewindSession(ctx, &pb.RewindSessionRequest{SessionId: sessionID, N: int32(n)})
 }
 
@@ -168,8 +184,12 @@ func (c *Client) SeedSession(ctx context.Context, source *Source, msgs ...*Messa
 }
 
 // SearchMessages runs a full-text query over live messages; sessionKey ""
-// searches every session.
+// searches every session. limit 0 means the sidecar's default (20; it caps
+// it at 200); a limit outside int32 is an INVALID_ARGUMENT error.
 func (c *Client) SearchMessages(ctx context.Context, query, sessionKey string, limit int) ([]*SearchHit, error) {
+	if err := checkInt32("limit", limit); err != nil {
+		return nil, err
+	}
 	resp, err := c.Sessions.SearchMessages(ctx, &pb.SearchMessagesRequest{Query: query, SessionKey: sessionKey, Limit: int32(limit)})
 	return resp.GetHits(), err
 }
@@ -178,6 +198,15 @@ func (c *Client) SearchMessages(ctx context.Context, query, sessionKey string, l
 func (c *Client) UpdateUsage(ctx context.Context, sessionKey string, delta *Usage) (*Session, error) {
 	resp, err := c.Sessions.UpdateUsage(ctx, &pb.UpdateUsageRequest{SessionKey: sessionKey, Delta: delta})
 	return resp.GetSession(), err
+}
+
+// checkInt32 refuses a value an int32 field of the API cannot hold (it
+// would wrap around silently).
+func checkInt32(name string, v int) error {
+	if v < math.MinInt32 || v > math.MaxInt32 {
+		return invalidArgument(name, "is out of range (%d does not fit in an int32)", v)
+	}
+	return nil
 }
 
 // GetSessionContext returns the "## Current Session Context" prompt section.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,8 +18,11 @@ import (
 // as JSON. The result is sent as JSON: a json.RawMessage is sent as is, any
 // other value goes through json.Marshal. A returned error (or a panic) is
 // reported to the sidecar as a failed invocation. ctx ends when the
-// sidecar's timeout for the call passes or the host stops; the invocation
-// itself is available through InvocationFromContext.
+// sidecar's timeout for the call passes, the stream that brought the call
+// ends (its result could not be delivered any more) or Serve stops: a tool
+// should return then. The host does not wait for it; a tool that ignores ctx
+// holds up nothing but its own goroutine, which may outlive Serve. The
+// invocation itself is available through InvocationFromContext.
 type ToolFunc func(ctx context.Context, args []byte) (any, error)
 
 // Invocation is one call of a hosted tool (session, request, timeout).
@@ -43,6 +47,7 @@ type hostedTool struct {
 //	host.Register("local.clock.now", "Current time", `{"type":"object"}`, clockNow)
 //	go host.Serve(ctx, client)
 //	<-host.Ready()
+//	if err := host.Err(); err != nil { ... } // Serve stopped before registering
 type ToolHost struct {
 	namespace string
 
@@ -53,6 +58,7 @@ type ToolHost struct {
 	ready     chan struct{}
 	readyOnce sync.Once
 	serving   atomic.Bool
+	err       error // why the last Serve stopped; guarded by mu
 }
 
 // NewToolHost returns a host for tools under namespace (a dotted prefix such
@@ -115,19 +121,50 @@ func schemaJSON(schema any) (string, error) {
 	return string(b), nil
 }
 
-// Ready is closed once the sidecar has confirmed the first registration.
+// Ready is closed once the sidecar has confirmed the first registration, or
+// once Serve stops without one (registration refused, the sidecar out of
+// reach for the resume window, ctx ended), so waiting on it cannot hang;
+// Err then says which.
 func (h *ToolHost) Ready() <-chan struct{} { return h.ready }
+
+// Err says why the host is not serving: nil while Serve runs (and before it
+// first runs); once Serve has returned, its error, or ctx's error when it
+// returned because ctx ended. After <-Ready(), a nil Err means registered.
+func (h *ToolHost) Err() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.err
+}
+
+func (h *ToolHost) setErr(err error) {
+	h.mu.Lock()
+	h.err = err
+	h.mu.Unlock()
+}
 
 // Serve opens ToolService.ServeTools on c, registers the tools, closes
 // Ready() when the sidecar confirms, and answers invocations concurrently
-// until ctx ends (then it returns nil). If the stream drops it reconnects
-// and registers again, for up to the client's resume window; a refusal by
-// the sidecar (an error carrying a reason) is returned at once.
-func (h *ToolHost) Serve(ctx context.Context, c *Client) error {
+// until ctx ends (then it returns nil, at once: it does not wait for tools
+// still running, whose ctx is cancelled). If the stream drops it cancels the
+// calls in flight (their results cannot be delivered) and reconnects and
+// registers again at once, for up to the client's resume window; a refusal
+// by the sidecar (an error carrying a reason) or a local error (a message
+// that cannot be encoded, a bad token) is returned at once. When Serve
+// returns, Ready() is closed and Err() reports why.
+func (h *ToolHost) Serve(ctx context.Context, c *Client) (err error) {
 	if !h.serving.CompareAndSwap(false, true) {
 		return errors.New("sidecar: ToolHost.Serve is already running")
 	}
-	defer h.serving.Store(false)
+	h.setErr(nil)
+	defer func() {
+		stopped := err
+		if stopped == nil {
+			stopped = ctx.Err()
+		}
+		h.setErr(stopped)
+		h.readyOnce.Do(func() { close(h.ready) }) // never leave <-Ready() hanging
+		h.serving.Store(false)
+	}()
 	var dropped time.Time
 	delay := 100 * time.Millisecond
 	for {
@@ -150,11 +187,13 @@ func (h *ToolHost) Serve(ctx context.Context, c *Client) error {
 	}
 }
 
-// serveOnce runs one ServeTools stream; registered says the sidecar confirmed it.
+// serveOnce runs one ServeTools stream; registered says the sidecar confirmed
+// it. When the stream ends it cancels the ctx of the calls it started and
+// returns without waiting for them: their results, which nobody could
+// receive any more, are dropped.
 func (h *ToolHost) serveOnce(ctx context.Context, c *Client) (registered bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() { cancel(); wg.Wait() }()
+	defer cancel()
 
 	stream, err := c.Tools.ServeTools(sctx)
 	if err != nil {
@@ -167,7 +206,10 @@ func (h *ToolHost) serveOnce(ctx context.Context, c *Client) (registered bool, e
 	}
 	h.mu.Unlock()
 	if err := stream.Send(&pb.ServeToolsRequest{Message: &pb.ServeToolsRequest_Register{Register: reg}}); err != nil {
-		_, rerr := stream.Recv() // the real reason a Send failed comes from Recv
+		if !errors.Is(err, io.EOF) {
+			return false, err // raised here (e.g. a name that is not valid UTF-8)
+		}
+		_, rerr := stream.Recv() // the real reason the stream broke comes from Recv
 		return false, rerr
 	}
 	resp, err := stream.Recv()
@@ -189,10 +231,11 @@ func (h *ToolHost) serveOnce(ctx context.Context, c *Client) (registered bool, e
 		if inv == nil {
 			continue
 		}
-		wg.Add(1)
 		go func() {
-			defer wg.Done()
 			res := h.invoke(sctx, inv)
+			if sctx.Err() != nil {
+				return // this stream is gone: the result cannot be delivered
+			}
 			sendMu.Lock()
 			defer sendMu.Unlock()
 			_ = stream.Send(&pb.ServeToolsRequest{Message: &pb.ServeToolsRequest_Result{Result: res}})
@@ -204,6 +247,8 @@ func (h *ToolHost) serveOnce(ctx context.Context, c *Client) (registered bool, e
 func (h *ToolHost) invoke(ctx context.Context, inv *pb.ToolInvocation) (res *pb.ToolInvocationResult) {
 	res = &pb.ToolInvocationResult{InvocationId: inv.GetInvocationId()}
 	fail := func(msg string) {
+		// Not valid UTF-8 could not be sent, and failing to send ends the stream.
+		msg = strings.ToValidUTF8(msg, "\uFFFD")
 		res.Ok, res.Error = false, msg
 		b, _ := json.Marshal(map[string]string{"error": msg})
 		res.ResultJson = string(b)
@@ -238,6 +283,6 @@ func (h *ToolHost) invoke(ctx context.Context, inv *pb.ToolInvocation) (res *pb.
 		fail("result is not JSON-serialisable: " + err.Error())
 		return res
 	}
-	res.Ok, res.ResultJson = true, string(b)
+	res.Ok, res.ResultJson = true, strings.ToValidUTF8(string(b), "\uFFFD") // a json.RawMessage may hold any bytes
 	return res
 }

@@ -320,10 +320,10 @@ func toolCall(ctx context.Context, r *runner, sc *scenario) error {
 	go func() { served <- host.Serve(hctx, c) }()
 	defer func() { stop(); <-served }()
 	select {
-	case <-host.Ready():
-	case err := <-served:
-		served <- err // for the deferred receive
-		return fmt.Errorf("tool host: %v", err)
+	case <-host.Ready(): // registered, or Serve stopped first (then Err says why)
+		if err := host.Err(); err != nil {
+			return fmt.Errorf("tool host: %v", err)
+		}
 	case <-ctx.Done():
 		return fmt.Errorf("tool host never registered: %w", ctx.Err())
 	}

@@ -115,14 +115,15 @@ func (ch *chat) hostTools(ctx context.Context) {
 		}
 	}
 	select {
-	case <-host.Ready():
-		go func() { report(<-served) }()
-	case err := <-served:
-		report(err)
+	case <-host.Ready(): // registered, or Serve stopped first (then Err says why)
 	case <-time.After(2 * time.Second):
 		ch.say("[tool host not registered yet; local.clock.now may be unavailable]\n")
-		go func() { report(<-served) }()
 	}
+	if host.Err() != nil {
+		report(<-served)
+		return
+	}
+	go func() { report(<-served) }()
 }
 
 // handle runs one input line; it reports whether to quit.

@@ -1,0 +1,102 @@
+package sidecar
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+
+	"google.golang.org/grpc/resolver"
+)
+
+// ErrInvalidTarget is wrapped by the error of Dial for a target that cannot
+// be dialled however long one waits ("host:", ":99999", "unix:", ...).
+var ErrInvalidTarget = errors.New("invalid target")
+
+// checkTarget rejects a target gRPC would accept and then fail to connect
+// to forever (the resolver's error only shows as TRANSIENT_FAILURE): it reads
+// unix:, unix-abstract: and dns: targets and bare addresses the way gRPC's
+// resolvers do. A target of another registered scheme (passthrough:, xds:,
+// your own) is left to its resolver.
+func checkTarget(target string) error {
+	if target == "" {
+		return errors.New("empty target")
+	}
+	u, err := url.Parse(target)
+	if err != nil || u.Scheme == "" || resolver.Get(u.Scheme) == nil {
+		if strings.HasPrefix(target, "unix:") || strings.HasPrefix(target, "unix-abstract:") || strings.HasPrefix(target, "dns:") {
+			return fmt.Errorf("not a valid URL: %v", err)
+		}
+		return checkAddr(target) // gRPC reads it as dns:///target
+	}
+	switch u.Scheme {
+	case "unix", "unix-abstract":
+		if u.Host != "" {
+			return fmt.Errorf("a unix target has no authority (%q): write unix:/abs/path, unix:rel/path or unix:///abs/path", u.Host)
+		}
+		path := u.Path // as gRPC's unix resolver reads it (Endpoint drops a leading "/")
+		if path == "" {
+			path = u.Opaque
+		}
+		if path == "" {
+			return errors.New("no socket path after " + u.Scheme + ":")
+		}
+		if fi, err := os.Stat(path); u.Scheme == "unix" && err == nil && fi.IsDir() {
+			return fmt.Errorf("%s is a directory, not a socket", path)
+		}
+	case "dns":
+		return checkAddr(resolver.Target{URL: *u}.Endpoint())
+	}
+	return nil
+}
+
+// checkAddr checks host:port, [ipv6]:port, :port (localhost) or a bare host
+// (port 443), as gRPC's DNS resolver reads them.
+func checkAddr(addr string) error {
+	if addr == "" {
+		return errors.New("no address (want host:port)")
+	}
+	if _, err := netip.ParseAddr(addr); err == nil {
+		return nil
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		if h, _, err2 := net.SplitHostPort(addr + ":443"); err2 == nil {
+			return checkHost(h) // no port: gRPC dials 443
+		}
+		return fmt.Errorf("want host:port: %v", err)
+	}
+	if port == "" {
+		return errors.New("empty port (want host:port)")
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port %q is not a number from 1 to 65535", port)
+	}
+	if host == "" {
+		return nil // ":port" is localhost, as for net.Dial
+	}
+	return checkHost(host)
+}
+
+// checkHost accepts an IP address or a DNS name.
+func checkHost(host string) error {
+	if _, err := netip.ParseAddr(host); err == nil {
+		return nil
+	}
+	if len(host) > 253 {
+		return errors.New("host name longer than 253 characters")
+	}
+	for _, r := range host {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '.' || r == '_') {
+			return fmt.Errorf("host %q has a character (%q) not allowed in a host name or IP address", host, r)
+		}
+	}
+	if strings.Trim(host, ".") == "" {
+		return fmt.Errorf("host %q is not a host name", host)
+	}
+	return nil
+}
