@@ -6,17 +6,30 @@ import { randomUUID } from "node:crypto";
 import {
   credentials as grpcCredentials,
   Metadata,
+  status as GrpcCode,
   type CallOptions,
   type Channel,
   type ChannelCredentials,
   type ChannelOptions,
+  type ClientDuplexStream,
 } from "@grpc/grpc-js";
-import { bearerInterceptor, checkCleartext, openChannel, tlsCredentials, unary, type UnaryMethod } from "./connection";
+import {
+  bearerInterceptor,
+  checkCleartext,
+  checkTarget,
+  checkToken,
+  deadlineOf,
+  openChannel,
+  timeoutMsOf,
+  tlsCredentials,
+  typeOf,
+  unary,
+  type UnaryMethod,
+} from "./connection";
+import { SidecarError } from "./errors";
 import { FrameSequencer } from "./frames";
 import { type Message, type Session, SessionSource, type Usage } from "./gen/agent_sidecar/v1/common";
 import {
-  type Attachment,
-  DeliveryMode,
   type GetQueueResponse,
   PromptServiceClient,
 } from "./gen/agent_sidecar/v1/prompt_service";
@@ -29,96 +42,21 @@ import {
   type SearchHit,
   SessionServiceClient,
 } from "./gen/agent_sidecar/v1/session_service";
-import { ToolServiceClient } from "./gen/agent_sidecar/v1/tool_service";
-import { FrameStream, type ResumeOptions } from "./stream";
+import { type ServeToolsRequest, type ServeToolsResponse, ToolServiceClient } from "./gen/agent_sidecar/v1/tool_service";
+import { FrameStream, resumePolicy, type ResumeOptions } from "./stream";
 
-/** A SessionSource given partially; unset fields are empty (seed 001 §1). */
-export type SourceInput = Partial<SessionSource>;
+import {
+  type ConnectOptions,
+  type Delivery,
+  int32,
+  int64,
+  parseDelivery,
+  type PromptOptions,
+  type SourceInput,
+  type WatchOptions,
+} from "./options";
 
-/** A delivery mode as the enum or its name, any case (`"queue"`, `"REJECT_IF_BUSY"`). */
-export type Delivery =
-  | DeliveryMode
-  | "reject_if_busy"
-  | "follow_up"
-  | "queue"
-  | "interrupt"
-  | "rollback"
-  | "steer"
-  | Uppercase<"reject_if_busy" | "follow_up" | "queue" | "interrupt" | "rollback" | "steer">;
-
-/** Options of {@link connect}. */
-export interface ConnectOptions {
-  /** Bearer token sent as `authorization: Bearer <token>` on every call (needed over TCP). */
-  token?: string;
-  /**
-   * TLS to a TCP listener with a certificate (`[[listen]] cert/key`): verify it
-   * with the system's roots, or with `caFile`. Implied by `caFile`, `certFile`, `keyFile`.
-   */
-  tls?: boolean;
-  /** PEM file of the CA certificates that verify the sidecar's certificate (a private CA). */
-  caFile?: string;
-  /** PEM client certificate, which a listener with a `client_ca` requires (mTLS); with `keyFile`. */
-  certFile?: string;
-  /** PEM private key of `certFile`. */
-  keyFile?: string;
-  /** The name to expect in the sidecar's certificate when it is not the target's host. */
-  serverName?: string;
-  /**
-   * Send `token` over a plain channel to a host that is not loopback (cleartext:
-   * anyone on the path can read it). Without it that connect throws.
-   */
-  insecure?: boolean;
-  /** Channel credentials, replacing the TLS options; insecure by default (Unix socket, or TCP on localhost). */
-  credentials?: ChannelCredentials;
-  /** Extra @grpc/grpc-js channel options. */
-  channelOptions?: ChannelOptions;
-  /** Deadline for unary calls in ms (default 30000; 0 for none). */
-  callTimeoutMs?: number;
-  /** Default reconnect-and-resume policy of prompt and watch streams; `false` disables it. */
-  resume?: ResumeOptions | false;
-}
-
-/** Arguments of {@link SidecarClient.prompt}. Give `source` or `sessionKey`. */
-export interface PromptOptions {
-  /** Idempotency key; a random UUID when omitted. Reuse it to retry blindly. */
-  requestId?: string;
-  source?: SourceInput;
-  sessionKey?: string;
-  text: string;
-  attachments?: Attachment[];
-  /** What to do when the session is busy (default FOLLOW_UP). */
-  delivery?: Delivery;
-  /** Profile used when the session is created from `source` (default "main"). */
-  profile?: string;
-  /** gRPC deadline of the turn: a Date or ms from now. */
-  deadline?: Date | number;
-  /** Aborting stops reading (the turn goes on; use `cancel` to stop it). */
-  signal?: AbortSignal;
-  /** Override the client's resume policy for this stream. */
-  resume?: ResumeOptions | false;
-}
-
-/** Arguments of {@link SidecarClient.watch}: exactly one of requestId, sessionKey, platform. */
-export interface WatchOptions {
-  requestId?: string;
-  sessionKey?: string;
-  platform?: string;
-  /** With requestId: replay frames whose seq is greater than this. */
-  afterSeq?: number;
-  /** With sessionKey/platform: replay frames whose cursor is greater; 0 = live only. */
-  afterCursor?: number;
-  signal?: AbortSignal;
-  resume?: ResumeOptions | false;
-}
-
-/** Parse a {@link Delivery} into the enum. */
-export function parseDelivery(d: Delivery | undefined): DeliveryMode {
-  if (d === undefined) return DeliveryMode.UNSPECIFIED;
-  if (typeof d === "number") return d;
-  const v = DeliveryMode[d.toUpperCase() as keyof typeof DeliveryMode];
-  if (v === undefined) throw new TypeError(`unknown delivery mode: ${d}`);
-  return v;
-}
+export { type ConnectOptions, type Delivery, parseDelivery, type PromptOptions, type SourceInput, type WatchOptions };
 
 /** The channel credentials {@link ConnectOptions} ask for: theirs, TLS from files, or plain. */
 function channelCredentials(options: ConnectOptions): ChannelCredentials {
@@ -147,9 +85,18 @@ export class SidecarClient {
   readonly raw: { sessions: SessionServiceClient; prompts: PromptServiceClient; tools: ToolServiceClient };
   private readonly channel: Channel;
   private readonly timeoutMs: number;
-  private readonly resume: ResumeOptions | false | undefined;
+  private readonly resume: ResumeOptions | false;
+  /** Streams being iterated, and ServeTools calls open; `close()` ends them. */
+  private readonly streams = new Set<FrameStream>();
+  private readonly toolCalls = new Set<{ cancel(): void }>();
+  private shut = false;
 
   constructor(readonly target: string, options: ConnectOptions = {}) {
+    // Bad arguments fail here, naming the option, not later as UNAVAILABLE or a hang.
+    checkTarget(target);
+    if (options.token != null) checkToken(options.token);
+    this.timeoutMs = options.callTimeoutMs === undefined ? 30_000 : timeoutMsOf(options.callTimeoutMs, "callTimeoutMs");
+    this.resume = resumePolicy(options.resume);
     const creds = channelCredentials(options);
     // _isSecure() is grpc-js's own answer for any credentials (public in its typings).
     checkCleartext(target, options.token, creds._isSecure(), options.insecure ?? false);
@@ -166,31 +113,58 @@ export class SidecarClient {
     // With channelOverride the stubs share this.channel; their credentials argument is unused.
     const mk = <T>(C: new (a: string, c: ChannelCredentials, o: object) => T): T => new C(target, creds, clientOptions);
     this.raw = { sessions: mk(SessionServiceClient), prompts: mk(PromptServiceClient), tools: mk(ToolServiceClient) };
-    this.timeoutMs = options.callTimeoutMs ?? 30_000;
-    this.resume = options.resume;
   }
 
   /**
    * Wait until the channel is connected (the sidecar is up), or reject after
-   * `timeoutMs`. Calls do not need it; it only turns "not up yet" into a clear wait.
+   * `timeoutMs` (>= 0; `Infinity` waits without limit, and so does anything
+   * above setTimeout's ~24.8 days). Calls do not need it; it only turns "not up
+   * yet" into a clear wait.
    */
   ready(timeoutMs = 10_000): Promise<void> {
+    if (typeof timeoutMs !== "number") {
+      return Promise.reject(new TypeError(`timeoutMs: expected ms (a number), got ${typeOf(timeoutMs)}`));
+    }
+    if (!(timeoutMs >= 0)) return Promise.reject(new RangeError(`timeoutMs: ${timeoutMs} is not a wait; ms >= 0`));
+    // grpc-js arms a setTimeout with the rest: past 2^31-1 ms that would fire at once.
+    const deadline = timeoutMs > 2 ** 31 - 1 ? Infinity : Date.now() + timeoutMs;
     return new Promise<void>((resolve, reject) =>
-      this.raw.sessions.waitForReady(Date.now() + timeoutMs, (err) =>
+      this.raw.sessions.waitForReady(deadline, (err) =>
         err ? reject(new Error(`sidecar at ${this.target} not ready: ${err.message}`)) : resolve(),
       ),
     );
   }
 
-  /** Close the channel; streams in flight end with CANCELLED. */
+  /**
+   * Close the channel. Streams in flight (prompt, watch) end by throwing a
+   * SidecarError with code CANCELLED, and so do later calls.
+   */
   close(): void {
+    this.shut = true;
+    for (const s of this.streams) s.fail(closedError());
+    for (const c of this.toolCalls) c.cancel();
     this.raw.sessions.close();
     this.raw.prompts.close();
     this.raw.tools.close();
     this.channel.close();
   }
 
+  /** True once {@link close} was called. */
+  get closed(): boolean {
+    return this.shut;
+  }
+
+  /** Open ToolService.ServeTools (for {@link ToolHost}); `close()` cancels it. @internal */
+  serveTools(): ClientDuplexStream<ServeToolsRequest, ServeToolsResponse> {
+    if (this.shut) throw closedError();
+    const call = this.raw.tools.serveTools(new Metadata());
+    this.toolCalls.add(call);
+    call.on("status", () => this.toolCalls.delete(call));
+    return call;
+  }
+
   private call<Req, Res>(method: UnaryMethod<Req, Res>, request: Req): Promise<Res> {
+    if (this.shut) return Promise.reject(closedError());
     return unary(method, request, this.timeoutMs);
   }
   private get s(): SessionServiceClient {
@@ -213,13 +187,13 @@ export class SidecarClient {
   }
 
   /** One page of sessions, newest `updated_at` first. */
-  listSessions(
+  async listSessions(
     opts: { platform?: string; activeWithinSeconds?: number; pageSize?: number; pageToken?: string } = {},
   ): Promise<ListSessionsResponse> {
     const req = {
       platform: opts.platform ?? "",
-      activeWithinSeconds: opts.activeWithinSeconds ?? 0,
-      pageSize: opts.pageSize ?? 0,
+      activeWithinSeconds: int64("activeWithinSeconds", opts.activeWithinSeconds ?? 0),
+      pageSize: int32("pageSize", opts.pageSize ?? 0),
       pageToken: opts.pageToken ?? "",
     };
     return this.call(this.s.listSessions.bind(this.s), req);
@@ -273,14 +247,14 @@ export class SidecarClient {
   }
 
   /** One page of an incarnation's transcript, in order. */
-  getTranscript(
+  async getTranscript(
     sessionId: string,
     opts: { includeRewound?: boolean; pageSize?: number; pageToken?: string } = {},
   ): Promise<GetTranscriptResponse> {
     const req = {
       sessionId,
       includeRewound: opts.includeRewound ?? false,
-      pageSize: opts.pageSize ?? 0,
+      pageSize: int32("pageSize", opts.pageSize ?? 0),
       pageToken: opts.pageToken ?? "",
     };
     return this.call(this.s.getTranscript.bind(this.s), req);
@@ -297,13 +271,13 @@ export class SidecarClient {
   }
 
   /** `/undo`: back up `n` user turns (default 1) by soft delete. */
-  rewindSession(sessionId: string, n = 1): Promise<RewindSessionResponse> {
-    return this.call(this.s.rewindSession.bind(this.s), { sessionId, n });
+  async rewindSession(sessionId: string, n = 1): Promise<RewindSessionResponse> {
+    return this.call(this.s.rewindSession.bind(this.s), { sessionId, n: int32("n", n) });
   }
 
   /** Full-text search over live messages. */
   async searchMessages(query: string, opts: { sessionKey?: string; limit?: number } = {}): Promise<SearchHit[]> {
-    const req = { query, sessionKey: opts.sessionKey ?? "", limit: opts.limit ?? 0 };
+    const req = { query, sessionKey: opts.sessionKey ?? "", limit: int32("limit", opts.limit ?? 0) };
     return (await this.call(this.s.searchMessages.bind(this.s), req)).hits;
   }
 
@@ -316,7 +290,7 @@ export class SidecarClient {
     const req = {
       sessionKey,
       delta: { inputTokens: 0, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0, costUsd: 0, ...delta },
-      lastPromptTokens: opts.lastPromptTokens ?? 0,
+      lastPromptTokens: int64("lastPromptTokens", opts.lastPromptTokens ?? 0),
       costStatus: opts.costStatus ?? "",
     };
     return (await this.call(this.s.updateUsage.bind(this.s), req)).session!;
@@ -324,7 +298,7 @@ export class SidecarClient {
 
   /** Prune idle routing entries older than `maxAgeDays`; returns how many. */
   async pruneSessions(maxAgeDays: number): Promise<number> {
-    return (await this.call(this.s.pruneSessions.bind(this.s), { maxAgeDays })).pruned;
+    return (await this.call(this.s.pruneSessions.bind(this.s), { maxAgeDays: int32("maxAgeDays", maxAgeDays) })).pruned;
   }
 
   /** The `## Current Session Context` prompt section for a source. */
@@ -341,6 +315,7 @@ export class SidecarClient {
    * skips keepalives, and after yielding a `failed` frame throws the typed error.
    */
   prompt(opts: PromptOptions): FrameStream {
+    if (typeof opts.text !== "string") throw new TypeError(`text: expected a string, got ${typeOf(opts.text)}`);
     const requestId = opts.requestId || randomUUID();
     const request = {
       requestId,
@@ -351,21 +326,23 @@ export class SidecarClient {
       delivery: parseDelivery(opts.delivery),
       profile: opts.profile ?? "",
     };
-    const deadline = typeof opts.deadline === "number" ? Date.now() + opts.deadline : opts.deadline;
-    const callOpts: Partial<CallOptions> = deadline ? { deadline } : {};
+    const deadline = deadlineOf(opts.deadline);
+    const callOpts: Partial<CallOptions> = deadline === undefined ? {} : { deadline };
     const p = this.raw.prompts;
     return new FrameStream(
-      (resume, started) =>
+      (resume, started) => {
+        if (this.shut) throw closedError();
         // Before any frame the Prompt itself is retried (it is idempotent by request id).
-        resume === null || !started
+        return resume === null || !started
           ? p.prompt(request, new Metadata(), callOpts)
           : p.watchActivity(
               { requestId, sessionKey: "", platform: "", afterSeq: resume.afterSeq, afterCursor: 0 },
               new Metadata(),
               callOpts,
-            ),
+            );
+      },
       new FrameSequencer("request"),
-      { throwOnFailed: true, resume: opts.resume ?? this.resume, signal: opts.signal, requestId },
+      { throwOnFailed: true, resume: opts.resume ?? this.resume, signal: opts.signal, requestId, live: this.streams },
     );
   }
 
@@ -378,10 +355,11 @@ export class SidecarClient {
     const byRequest = !!opts.requestId;
     const p = this.raw.prompts;
     const seq = byRequest
-      ? new FrameSequencer("request", { afterSeq: opts.afterSeq ?? 0 })
-      : new FrameSequencer("feed", { afterCursor: opts.afterCursor ?? 0 });
+      ? new FrameSequencer("request", { afterSeq: int64("afterSeq", opts.afterSeq ?? 0, true) })
+      : new FrameSequencer("feed", { afterCursor: int64("afterCursor", opts.afterCursor ?? 0, true) });
     return new FrameStream(
       (resume) => {
+        if (this.shut) throw closedError();
         const point = resume ?? seq.resumePoint();
         return p.watchActivity(
           {
@@ -395,7 +373,13 @@ export class SidecarClient {
         );
       },
       seq,
-      { throwOnFailed: byRequest, resume: opts.resume ?? this.resume, signal: opts.signal, requestId: opts.requestId },
+      {
+        throwOnFailed: byRequest,
+        resume: opts.resume ?? this.resume,
+        signal: opts.signal,
+        requestId: opts.requestId,
+        live: this.streams,
+      },
     );
   }
 
@@ -409,6 +393,11 @@ export class SidecarClient {
   getQueue(sessionKey: string): Promise<GetQueueResponse> {
     return this.call(this.raw.prompts.getQueue.bind(this.raw.prompts), { sessionKey });
   }
+}
+
+/** What streams in flight and later calls fail with after `close()`. */
+export function closedError(): SidecarError {
+  return new SidecarError({ code: GrpcCode.CANCELLED, reason: "", message: "the client was closed" });
 }
 
 function toMessage(m: Partial<Message>): Message {

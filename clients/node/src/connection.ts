@@ -31,8 +31,116 @@ export function normalizeTarget(target: string): string {
   return target;
 }
 
+/**
+ * Check `target` at connect time, so a malformed one fails at once instead of
+ * as UNAVAILABLE (or a hang) on the first call: a non-empty string, a Unix
+ * socket with a path, or a host with a port in 1..65535 (`dns:`, `ipv4:`,
+ * `ipv6:` prefixes included). The error names `target`.
+ */
+export function checkTarget(target: unknown): asserts target is string {
+  if (typeof target !== "string") {
+    throw new TypeError(`target: expected a string ("unix:/path/sidecar.sock" or "host:port"), got ${typeOf(target)}`);
+  }
+  const bad = (why: string): never => {
+    throw new TypeError(`target: ${JSON.stringify(target)} ${why}`);
+  };
+  if (target.trim() === "") bad("is empty");
+  const t = normalizeTarget(target);
+  if (t.startsWith("unix:") || t.startsWith("unix-abstract:")) {
+    const path = t.slice(t.indexOf(":") + 1);
+    // unix:///abs/path (empty authority) or unix:path, as grpc-js reads them.
+    if (path.startsWith("//") ? !/^\/\/[^/]*\/./.test(path) : path === "") bad("has no socket path");
+    return;
+  }
+  let rest = t;
+  const scheme = /^(dns|ipv4|ipv6):/i.exec(t);
+  if (scheme) {
+    rest = t.slice(scheme[0].length);
+    if (rest.startsWith("//")) {
+      const cut = rest.indexOf("/", 2);
+      rest = cut < 0 ? "" : rest.slice(cut + 1);
+    }
+  } else if (/^[A-Za-z][A-Za-z0-9+.-]*:\/\//.test(t)) {
+    return; // another resolver's scheme (scheme://...): its business
+  }
+  for (const addr of scheme && scheme[1].toLowerCase() !== "dns" ? rest.split(",") : [rest]) {
+    let host = addr;
+    let port: string | undefined;
+    const bracketed = /^\[([^\]]*)\](?::(.*))?$/.exec(addr);
+    if (bracketed) [, host, port] = bracketed;
+    else if (isIP(addr) !== 6 && addr.includes(":")) {
+      const cut = addr.lastIndexOf(":");
+      [host, port] = [addr.slice(0, cut), addr.slice(cut + 1)];
+      if (host.includes(":")) bad("is not host:port (an IPv6 address goes in brackets: [::1]:50051)");
+    }
+    if (host === "" || /[\s/]/.test(host)) bad("has no valid host (expected host:port or unix:/path)");
+    if (port !== undefined && !(/^\d+$/.test(port) && +port >= 1 && +port <= 65535)) {
+      throw new RangeError(`target: ${JSON.stringify(target)} has port ${JSON.stringify(port)}; a port is 1..65535`);
+    }
+  }
+}
+
+/** `typeof`, with null and arrays told apart (for error messages). */
+export function typeOf(v: unknown): string {
+  return v === null ? "null" : Array.isArray(v) ? "array" : typeof v;
+}
+
+/**
+ * Check a bearer token: a string gRPC metadata can carry (printable ASCII).
+ * The error names `token` and never shows its value (it is a secret).
+ */
+export function checkToken(token: unknown): asserts token is string {
+  if (typeof token !== "string") throw new TypeError(`token: expected a string, got ${typeOf(token)}`);
+  if (!/^[\x20-\x7e]*$/.test(token)) {
+    throw new TypeError(
+      "token: has a character gRPC metadata cannot carry (only printable ASCII: no newline, " +
+        "control or non-ASCII character); the value is not shown",
+    );
+  }
+}
+
+/**
+ * Deadlines further ahead than this count as none. grpc-js cannot send a
+ * timeout above 10^8 hours and throws, asynchronously, on one; 10^14 ms is
+ * about 3,000 years.
+ */
+export const MAX_DEADLINE_MS = 1e14;
+
+/**
+ * The absolute deadline (ms since the epoch) of a `deadline` argument — ms from
+ * now (finite, above 0) or a valid Date — or `undefined` for none (absent, or
+ * more than {@link MAX_DEADLINE_MS} ahead). Anything else throws, naming `name`.
+ * A Date already past is kept: the call then fails with its deadline at once.
+ */
+export function deadlineOf(deadline: unknown, name = "deadline"): number | undefined {
+  if (deadline === undefined || deadline === null) return undefined;
+  if (typeof deadline === "number") {
+    if (!(deadline > 0 && Number.isFinite(deadline))) {
+      throw new RangeError(`${name}: ${deadline} is no deadline; ms above 0 or a Date, or leave it out for none`);
+    }
+    return deadline > MAX_DEADLINE_MS ? undefined : Date.now() + deadline;
+  }
+  if (deadline instanceof Date) {
+    const at = deadline.getTime();
+    if (Number.isNaN(at)) throw new RangeError(`${name}: is an Invalid Date`);
+    return at - Date.now() > MAX_DEADLINE_MS ? undefined : at;
+  }
+  throw new TypeError(`${name}: expected ms (a number) or a Date, got ${typeOf(deadline)}`);
+}
+
+/**
+ * A timeout in ms where 0 means none (`callTimeoutMs`): a finite number >= 0,
+ * else a RangeError naming `name`. More than {@link MAX_DEADLINE_MS} is none (0).
+ */
+export function timeoutMsOf(ms: unknown, name: string): number {
+  if (typeof ms !== "number") throw new TypeError(`${name}: expected ms (a number), got ${typeOf(ms)}`);
+  if (!(ms >= 0 && Number.isFinite(ms))) throw new RangeError(`${name}: ${ms} is no timeout; ms >= 0, or 0 for none`);
+  return ms > MAX_DEADLINE_MS ? 0 : ms;
+}
+
 /** An interceptor that sends `authorization: Bearer <token>` on every call. */
 export function bearerInterceptor(token: string): Interceptor {
+  checkToken(token);
   return (options, nextCall) =>
     new InterceptingCall(nextCall(options), {
       start(metadata, listener, next) {
@@ -134,7 +242,7 @@ export type UnaryMethod<Req, Res> = (
 /** Call a unary method and return a promise; errors become typed SidecarErrors. */
 export function unary<Req, Res>(method: UnaryMethod<Req, Res>, request: Req, timeoutMs?: number): Promise<Res> {
   const options: Partial<CallOptions> = {};
-  if (timeoutMs !== undefined && timeoutMs > 0) options.deadline = Date.now() + timeoutMs;
+  if (timeoutMs !== undefined && timeoutMs > 0 && timeoutMs <= MAX_DEADLINE_MS) options.deadline = Date.now() + timeoutMs;
   return new Promise<Res>((resolve, reject) => {
     method(request, new GrpcMetadata(), options, (err, res) => {
       if (err) reject(fromGrpcError(err));

@@ -241,6 +241,17 @@ export function errorFromFailedFrame(failed: ActivityFrame_Failed): SidecarError
   return makeSidecarError({ code, reason: failed.reason, message: failed.message || failed.reason });
 }
 
+/**
+ * True for grpc-js's "Request message serialization failure" (status INTERNAL,
+ * raised locally before anything is sent: a field out of its type's range, such
+ * as 1.5 for an int32). Retrying it can never work, unlike an INTERNAL from the
+ * transport (RST_STREAM and the like).
+ */
+export function isSerializationError(err: SidecarError): boolean {
+  const local = err.message.startsWith("Request message serialization failure");
+  return local && err.reason === "" && err.code === GrpcCode.INTERNAL;
+}
+
 /** True when the error came from the sidecar itself (it carries an agent-sidecar reason). */
 export function hasReason(err: unknown): boolean {
   return err instanceof SidecarError && err.reason !== "";

@@ -6,11 +6,12 @@
  * so the caller sees every frame exactly once, in order.
  */
 import { status as GrpcCode, type ClientReadableStream } from "@grpc/grpc-js";
-import { errorFromFailedFrame, fromGrpcError, makeSidecarError, SidecarError } from "./errors";
+import { typeOf } from "./connection";
+import { errorFromFailedFrame, fromGrpcError, isSerializationError, makeSidecarError, SidecarError } from "./errors";
 import { FrameSequencer, isTerminal } from "./frames";
 import type { ActivityFrame, ActivityFrame_Failed } from "./gen/agent_sidecar/v1/prompt_service";
 
-/** How a dropped stream is resumed. */
+/** How a dropped stream is resumed (each a finite number >= 0). */
 export interface ResumeOptions {
   /** Consecutive failed reconnects before giving up (default 10). */
   maxRetries?: number;
@@ -39,6 +40,30 @@ export interface FrameStreamOptions {
   signal?: AbortSignal;
   /** The turn's request id, when the stream follows one turn. */
   requestId?: string;
+  /** The stream is in this set while it is being iterated (its client ends them on close). */
+  live?: Set<FrameStream>;
+}
+
+const DEFAULT_RESUME: Required<ResumeOptions> = { maxRetries: 10, initialBackoffMs: 100, maxBackoffMs: 2000 };
+
+/**
+ * The resume policy of `resume` (defaults filled in), or `false`. Each option
+ * must be a finite number >= 0; anything else throws, naming the option
+ * (a NaN backoff or retry count would spin against a dead socket).
+ */
+export function resumePolicy(resume: unknown, name = "resume"): Required<ResumeOptions> | false {
+  if (resume === false) return false;
+  if (resume === undefined || resume === null || resume === true) return { ...DEFAULT_RESUME };
+  if (typeof resume !== "object") throw new TypeError(`${name}: expected an object or false, got ${typeOf(resume)}`);
+  const policy = { ...DEFAULT_RESUME };
+  for (const key of Object.keys(DEFAULT_RESUME) as Array<keyof ResumeOptions>) {
+    const v = (resume as ResumeOptions)[key];
+    if (v === undefined) continue;
+    if (typeof v !== "number") throw new TypeError(`${name}.${key}: expected a number, got ${typeOf(v)}`);
+    if (!(v >= 0 && Number.isFinite(v))) throw new RangeError(`${name}.${key}: ${v} is not a finite number >= 0`);
+    policy[key] = v;
+  }
+  return policy;
 }
 
 /** How long to wait for the status that follows a `failed` frame. */
@@ -50,13 +75,15 @@ const TRANSPORT_CODES = new Set<number>([GrpcCode.UNAVAILABLE, GrpcCode.INTERNAL
 /**
  * True when an error means the connection dropped (and the stream should be
  * resumed) rather than the sidecar answering with an error: a status without
- * an agent-sidecar ErrorInfo whose code is UNAVAILABLE or INTERNAL.
+ * an agent-sidecar ErrorInfo whose code is UNAVAILABLE or INTERNAL, except a
+ * local request serialization failure (a bad argument; resuming cannot help).
  */
 export function isTransportError(err: SidecarError): boolean {
-  return err.reason === "" && TRANSPORT_CODES.has(err.code);
+  return err.reason === "" && TRANSPORT_CODES.has(err.code) && !isSerializationError(err);
 }
 
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+/** The longest delay setTimeout takes (a longer one fires at once). */
+const MAX_TIMER_MS = 2 ** 31 - 1;
 
 /**
  * An async iterable of activity frames with transparent reconnect-and-resume.
@@ -71,6 +98,11 @@ export class FrameStream implements AsyncIterable<ActivityFrame> {
   private call?: ClientReadableStream<{ frame?: ActivityFrame | undefined }>;
   private dropRequested = false;
   private closed = false;
+  /** Set by {@link fail}: the iteration throws it. */
+  private failure?: Error;
+  /** Ends the backoff sleep early (close, fail). */
+  private wake?: () => void;
+  private readonly onAbort = () => this.close();
   private iterated = false;
   private readonly resume: Required<ResumeOptions> | false;
 
@@ -81,11 +113,10 @@ export class FrameStream implements AsyncIterable<ActivityFrame> {
     private readonly opts: FrameStreamOptions,
   ) {
     this.requestId = opts.requestId;
-    this.resume =
-      opts.resume === false
-        ? false
-        : { maxRetries: 10, initialBackoffMs: 100, maxBackoffMs: 2000, ...(opts.resume ?? {}) };
-    opts.signal?.addEventListener("abort", () => this.close(), { once: true });
+    this.resume = resumePolicy(opts.resume);
+    // An already-aborted signal never fires "abort": the stream is closed from the start.
+    if (opts.signal?.aborted) this.closed = true;
+    else opts.signal?.addEventListener("abort", this.onAbort, { once: true });
   }
 
   /**
@@ -103,6 +134,17 @@ export class FrameStream implements AsyncIterable<ActivityFrame> {
   close(): void {
     this.closed = true;
     this.call?.cancel();
+    this.wake?.();
+  }
+
+  /**
+   * End the iteration by throwing `err` (its client calls it on `close()`, with
+   * CANCELLED). @internal
+   */
+  fail(err: Error): void {
+    this.failure ??= err;
+    this.call?.cancel();
+    this.wake?.();
   }
 
   /** Read the stream to its end and return every frame (throws like iteration does). */
@@ -119,9 +161,32 @@ export class FrameStream implements AsyncIterable<ActivityFrame> {
   }
 
   private async *run(): AsyncGenerator<ActivityFrame, void, undefined> {
+    this.opts.live?.add(this);
+    try {
+      yield* this.frames();
+    } finally {
+      this.opts.live?.delete(this);
+      this.opts.signal?.removeEventListener("abort", this.onAbort);
+    }
+  }
+
+  /** Sleep `ms` unless closed or failed first. */
+  private pause(ms: number): Promise<void> {
+    return new Promise<void>((resolve) => {
+      const timer = setTimeout(() => this.wake?.(), Math.min(ms, MAX_TIMER_MS));
+      this.wake = () => {
+        clearTimeout(timer);
+        this.wake = undefined;
+        resolve();
+      };
+    });
+  }
+
+  private async *frames(): AsyncGenerator<ActivityFrame, void, undefined> {
     let failures = 0;
     let first = true;
     for (;;) {
+      if (this.failure) throw this.failure;
       if (this.closed) return;
       const call = this.open(first ? null : this.sequencer.resumePoint(), this.sequencer.started);
       first = false;
@@ -162,6 +227,7 @@ export class FrameStream implements AsyncIterable<ActivityFrame> {
       }
 
       if (failed) throw pickFailedError(failed, endError);
+      if (this.failure) throw this.failure;
       if (this.closed) return;
       const dropped = this.dropRequested;
       let cause: SidecarError | undefined;
@@ -185,7 +251,7 @@ export class FrameStream implements AsyncIterable<ActivityFrame> {
       }
       if (!dropped) {
         const r = this.resume;
-        await sleep(Math.min(r.maxBackoffMs, r.initialBackoffMs * 2 ** (failures - 1)));
+        await this.pause(Math.min(r.maxBackoffMs, r.initialBackoffMs * 2 ** Math.min(failures - 1, 30)));
       }
       this.resumes += 1;
     }

@@ -7,9 +7,10 @@
  *     host.tool("local.clock.now", "Current time", { type: "object" }, async () => new Date().toISOString());
  *     await host.serve(client);
  */
-import { Metadata, status as GrpcCode, type ClientDuplexStream } from "@grpc/grpc-js";
-import type { SidecarClient } from "./client";
-import { fromGrpcError, SidecarError } from "./errors";
+import { status as GrpcCode, type ClientDuplexStream } from "@grpc/grpc-js";
+import { closedError, type SidecarClient } from "./client";
+import { typeOf } from "./connection";
+import { fromGrpcError, isSerializationError, SidecarError } from "./errors";
 import type {
   ServeToolsRequest,
   ServeToolsResponse,
@@ -83,10 +84,22 @@ export class ToolHost {
    * Add a tool. `name` is the full dotted name (`local.clock.now`); a name
    * without the namespace prefix gets it (`clock.now` → `local.clock.now`).
    * `schema` is the JSON Schema of the arguments object (object or JSON text).
+   * A second tool under the same full name throws.
    */
   tool(name: string, description: string, schema: object | string, handler: ToolHandler): this {
     if (this.client) throw new Error("ToolHost: add tools before serve()");
+    if (typeof name !== "string" || name === "") {
+      throw new TypeError(`name: expected a tool name, got ${name === "" ? '""' : typeOf(name)}`);
+    }
+    if (typeof description !== "string") {
+      throw new TypeError(`description: expected a string, got ${typeOf(description)}`);
+    }
+    if (typeof schema !== "string" && (typeof schema !== "object" || schema === null)) {
+      throw new TypeError(`schema: expected a JSON Schema object or its JSON text, got ${typeOf(schema)}`);
+    }
+    if (typeof handler !== "function") throw new TypeError(`handler: expected a function, got ${typeOf(handler)}`);
     const full = name === this.namespace || name.startsWith(this.namespace + ".") ? name : `${this.namespace}.${name}`;
+    if (this.tools.has(full)) throw new Error(`ToolHost: a tool named ${full} is already added`);
     const parametersJsonSchema = typeof schema === "string" ? schema : JSON.stringify(schema);
     this.tools.set(full, { spec: { name: full, description, parametersJsonSchema }, handler });
     return this;
@@ -102,11 +115,13 @@ export class ToolHost {
    * registered names once the sidecar confirms (ToolsRegistered). Rejects with
    * the typed error when the sidecar refuses the first registration. Later, if
    * the stream drops (a sidecar restart), the host re-opens it and registers
-   * again with backoff, unless `reconnect: false`.
+   * again with backoff, unless `reconnect: false`. After {@link close} it opens
+   * nothing and resolves with `[]` (no tool registered).
    */
   serve(client: SidecarClient, opts: ServeOptions = {}): Promise<string[]> {
     if (this.client) throw new Error("ToolHost: serve() was already called");
     this.client = client;
+    if (this.closing) return Promise.resolve([]);
     this.reconnect = opts.reconnect ?? true;
     this.maxBackoffMs = opts.maxBackoffMs ?? 5000;
     return this.open();
@@ -143,7 +158,7 @@ export class ToolHost {
   private open(): Promise<string[]> {
     let call: ToolStream;
     try {
-      call = this.client!.raw.tools.serveTools(new Metadata());
+      call = this.client!.serveTools();
     } catch (err) {
       return Promise.reject(fromGrpcError(err)); // e.g. the client was closed
     }
@@ -159,6 +174,7 @@ export class ToolHost {
         const e = err ?? new SidecarError({ code: GrpcCode.UNAVAILABLE, reason: "", message: "ServeTools stream ended" });
         if (!registered) reject(e);
         else if (this.closing) this.finish();
+        else if (this.client!.closed) this.finish(closedError());
         else if (!this.reconnect) this.finish(e);
         else void this.reopen();
       };
@@ -190,7 +206,9 @@ export class ToolHost {
         return;
       } catch (err) {
         const e = fromGrpcError(err);
-        if (e.reason !== "" || !RETRY_CODES.has(e.code)) return this.finish(e);
+        if (e.reason !== "" || !RETRY_CODES.has(e.code) || isSerializationError(e) || this.client!.closed) {
+          return this.finish(e);
+        }
         delay = Math.min(delay * 2, this.maxBackoffMs);
       }
     }
@@ -231,8 +249,7 @@ export class ToolHost {
       const value = await tool.handler(args, ctx);
       result = { invocationId: inv.invocationId, ok: true, resultJson: JSON.stringify(value) ?? "null", error: "" };
     } catch (err) {
-      const message = err instanceof Error ? err.message : String(err);
-      result = { invocationId: inv.invocationId, ok: false, resultJson: "", error: message || "tool failed" };
+      result = { invocationId: inv.invocationId, ok: false, resultJson: "", error: errorText(err) || "tool failed" };
     } finally {
       clearTimeout(timer);
       this.inFlight.delete(inv.invocationId);
@@ -240,5 +257,15 @@ export class ToolHost {
     if (this.call === call && !this.closing) {
       call.write({ message: { $case: "result", value: result } });
     }
+  }
+}
+
+/** The text of whatever a tool threw; never throws itself (a value's toString may). */
+function errorText(err: unknown): string {
+  try {
+    const message = err instanceof Error ? err.message : String(err);
+    return typeof message === "string" ? message : String(message);
+  } catch {
+    return "tool failed (its error could not be turned into text)";
   }
 }

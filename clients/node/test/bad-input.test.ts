@@ -1,0 +1,331 @@
+/**
+ * Bad input gets a clear error naming the argument, at once: never a crash, a
+ * hang, a silent wrong result, or a long retry of something that cannot work.
+ * Runs against a small in-process fake server on a Unix socket.
+ */
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+import { Server, status as GrpcCode, type ServerDuplexStream, type ServerWritableStream } from "@grpc/grpc-js";
+import { connect, type SidecarClient } from "../src/client";
+import { SidecarError } from "../src/errors";
+import { Session } from "../src/gen/agent_sidecar/v1/common";
+import {
+  type ActivityFrame,
+  type PromptRequest,
+  type PromptResponse,
+  PromptServiceService,
+  type WatchActivityRequest,
+  type WatchActivityResponse,
+} from "../src/gen/agent_sidecar/v1/prompt_service";
+import { SessionServiceService } from "../src/gen/agent_sidecar/v1/session_service";
+import {
+  type ServeToolsRequest,
+  type ServeToolsResponse,
+  type ToolInvocationResult,
+  ToolServiceService,
+} from "../src/gen/agent_sidecar/v1/tool_service";
+import { isTransportError } from "../src/stream";
+import { ToolHost } from "../src/tools";
+import { frame, listenUnix, sleep, type TestServer } from "./helpers";
+
+const T = { timeout: 5000 };
+
+function turn(requestId: string): ActivityFrame[] {
+  return [
+    frame(1, "accepted", "", requestId),
+    frame(2, "started", "", requestId),
+    frame(3, "text_delta", "hi", requestId),
+    frame(4, "completed", "hi", requestId),
+  ];
+}
+
+let prompts = 0;
+let registrations = 0;
+const toolResults: ToolInvocationResult[] = [];
+
+async function prompt(call: ServerWritableStream<PromptRequest, PromptResponse>): Promise<void> {
+  prompts += 1;
+  const frames = turn(call.request.requestId);
+  if (call.request.text === "hang") {
+    frames.slice(0, 2).forEach((f) => call.write({ frame: f }));
+    await new Promise((r) => call.on("cancelled", r));
+    return;
+  }
+  frames.forEach((f) => call.write({ frame: f }));
+  call.end();
+}
+
+function watchActivity(call: ServerWritableStream<WatchActivityRequest, WatchActivityResponse>): void {
+  turn(call.request.requestId || "feed").forEach((f) => call.write({ frame: f }));
+  call.end();
+}
+
+function serveTools(call: ServerDuplexStream<ServeToolsRequest, ServeToolsResponse>): void {
+  call.on("data", (msg: ServeToolsRequest) => {
+    const m = msg.message;
+    if (m?.$case === "register") {
+      registrations += 1;
+      const names = m.value.tools.map((t) => t.name);
+      call.write({ message: { $case: "registered", value: { namespace: m.value.namespace, toolNames: names } } });
+      const inv = {
+        invocationId: `inv-${registrations}`, toolName: names[0], argumentsJson: "{}", sessionKey: "k",
+        sessionId: "s", requestId: "r", timeoutMs: 5000, traceContext: {},
+      };
+      call.write({ message: { $case: "invocation", value: inv } });
+    } else if (m?.$case === "result") {
+      toolResults.push(m.value);
+    }
+  });
+  call.on("end", () => call.end());
+  call.on("error", () => {});
+}
+
+let srv: TestServer;
+let client: SidecarClient;
+const deadSocket = () => `unix:${srv.target.slice("unix:".length)}.missing`;
+
+before(async () => {
+  const server = new Server();
+  server.addService(PromptServiceService, { prompt, watchActivity } as any);
+  server.addService(SessionServiceService, {
+    getOrCreateSession: (_call: unknown, cb: Function) =>
+      cb(null, { session: Session.fromPartial({ sessionKey: "agent:main:test:dm:x", sessionId: "s1" }), created: true }),
+  } as any);
+  server.addService(ToolServiceService, { serveTools } as any);
+  srv = await listenUnix(server);
+  client = connect(srv.target, { resume: { initialBackoffMs: 1, maxBackoffMs: 1 } });
+});
+
+after(async () => {
+  client.close();
+  await srv.stop();
+});
+
+const run = (opts: Partial<Parameters<SidecarClient["prompt"]>[0]>) =>
+  client.prompt({ sessionKey: "agent:main:test:dm:x", text: "ok", ...opts } as any);
+
+// ---- 1. deadlines and timeouts --------------------------------------------------
+
+test("a deadline too far ahead for gRPC counts as none: the turn completes", T, async () => {
+  for (const deadline of [1e300, Number.MAX_SAFE_INTEGER, new Date(8.64e15)]) {
+    const frames = await run({ deadline }).collect();
+    assert.equal(frames.length, 4, `deadline ${deadline}`);
+  }
+});
+
+test("a deadline that is no deadline throws at once, naming deadline", T, () => {
+  for (const deadline of [NaN, Infinity, -Infinity, 0, -1, new Date(NaN)]) {
+    assert.throws(() => run({ deadline }), (e: unknown) => e instanceof RangeError && /^deadline: /.test(e.message));
+  }
+  for (const deadline of ["5000", {}, true]) {
+    assert.throws(() => run({ deadline: deadline as any }), (e: unknown) => e instanceof TypeError && /^deadline: /.test(e.message));
+  }
+});
+
+test("callTimeoutMs is checked at connect; a huge one is no deadline, 0 none", T, async () => {
+  for (const callTimeoutMs of [NaN, Infinity, -1, "100"]) {
+    assert.throws(() => connect(srv.target, { callTimeoutMs: callTimeoutMs as any }), /^\w*Error: callTimeoutMs: /);
+  }
+  for (const callTimeoutMs of [1e15, 1e300, 0]) {
+    const c = connect(srv.target, { callTimeoutMs });
+    try {
+      assert.equal((await c.getOrCreateSession({ platform: "test" })).sessionId, "s1");
+    } finally {
+      c.close();
+    }
+  }
+});
+
+test("ready(timeoutMs) rejects a bad wait, naming timeoutMs, and a huge one waits without limit", T, async () => {
+  const c = connect(srv.target);
+  const deadlines: Array<Date | number> = [];
+  c.raw.sessions.waitForReady = (deadline, cb) => {
+    deadlines.push(deadline);
+    cb();
+  };
+  try {
+    for (const bad of [NaN, -1, -Infinity, "x", null]) {
+      await assert.rejects(c.ready(bad as any), (e: unknown) => e instanceof Error && /^timeoutMs: /.test(e.message));
+    }
+    assert.equal(deadlines.length, 0);
+    await c.ready(1e15);
+    await c.ready(Infinity);
+    await c.ready(1000);
+    assert.deepEqual(deadlines.slice(0, 2), [Infinity, Infinity]);
+    assert.ok(typeof deadlines[2] === "number" && deadlines[2] > Date.now() && deadlines[2] <= Date.now() + 1000);
+  } finally {
+    c.close();
+  }
+});
+
+// ---- 2. resume options ---------------------------------------------------------
+
+test("resume options must be finite numbers >= 0, naming the option", T, () => {
+  const cases: Array<[object, RegExp]> = [
+    [{ maxRetries: NaN }, /^resume\.maxRetries: /],
+    [{ maxRetries: -1 }, /^resume\.maxRetries: /],
+    [{ maxRetries: Infinity }, /^resume\.maxRetries: /],
+    [{ initialBackoffMs: NaN }, /^resume\.initialBackoffMs: /],
+    [{ initialBackoffMs: -5 }, /^resume\.initialBackoffMs: /],
+    [{ maxBackoffMs: Infinity }, /^resume\.maxBackoffMs: /],
+    [{ maxRetries: "3" }, /^resume\.maxRetries: /],
+  ];
+  for (const [resume, re] of cases) {
+    assert.throws(() => connect(deadSocket(), { resume }), (e: unknown) => e instanceof Error && re.test(e.message));
+    assert.throws(() => run({ resume }), (e: unknown) => e instanceof Error && re.test(e.message));
+  }
+  assert.throws(() => connect(deadSocket(), { resume: "x" as any }), /resume: expected an object or false/);
+});
+
+// ---- 3. serialization failures and numeric arguments ---------------------------
+
+test("a local request serialization failure is not resumed", T, async () => {
+  const stream = client.prompt({ sessionKey: "k", text: "ok", attachments: [{ bogus: 1 } as any] });
+  await assert.rejects(stream.collect(), (e: unknown) => {
+    assert.ok(e instanceof SidecarError);
+    assert.equal(e.code, GrpcCode.INTERNAL);
+    assert.match(e.message, /serialization failure/);
+    return true;
+  });
+  assert.equal(stream.resumes, 0);
+  const err = (message: string) => new SidecarError({ code: GrpcCode.INTERNAL, reason: "", message });
+  assert.equal(isTransportError(err("Request message serialization failure: invalid int32: 1.5")), false);
+  assert.equal(isTransportError(err("Received RST_STREAM with code 2")), true);
+});
+
+test("numeric arguments are checked before sending, naming the argument", T, async () => {
+  for (const delivery of [1.5, NaN, 2 ** 31]) {
+    assert.throws(() => run({ delivery: delivery as any }), (e: unknown) => e instanceof RangeError && /^delivery: /.test(e.message));
+  }
+  for (const delivery of [null, true, "bogus", "0"]) {
+    assert.throws(() => run({ delivery: delivery as any }), (e: unknown) => e instanceof TypeError && /^delivery: /.test(e.message));
+  }
+  for (const afterSeq of [NaN, 1e300, 1.5, -1]) {
+    assert.throws(() => client.watch({ requestId: "r", afterSeq }), (e: unknown) => e instanceof RangeError && /^afterSeq: /.test(e.message));
+  }
+  for (const afterCursor of [NaN, Infinity, -2]) {
+    assert.throws(() => client.watch({ sessionKey: "k", afterCursor }), /^RangeError: afterCursor: /);
+  }
+  const range = (name: string) => (e: unknown) => e instanceof RangeError && e.message.startsWith(`${name}: `);
+  await assert.rejects(client.rewindSession("s", NaN), range("n"));
+  await assert.rejects(client.rewindSession("s", 1e12), range("n"));
+  await assert.rejects(client.searchMessages("x", { limit: 1e12 }), range("limit"));
+  await assert.rejects(client.listSessions({ pageSize: 1.5 }), range("pageSize"));
+  await assert.rejects(client.listSessions({ activeWithinSeconds: NaN }), range("activeWithinSeconds"));
+  await assert.rejects(client.getTranscript("s", { pageSize: Infinity }), range("pageSize"));
+  await assert.rejects(client.pruneSessions(NaN), range("maxAgeDays"));
+  await assert.rejects(client.updateUsage("k", {}, { lastPromptTokens: 0.5 }), range("lastPromptTokens"));
+});
+
+test("text must be a string, naming text", T, () => {
+  for (const text of [undefined, null, 42, { a: 1 }]) {
+    assert.throws(() => run({ text: text as any }), (e: unknown) => e instanceof TypeError && /^text: /.test(e.message));
+  }
+});
+
+// ---- 4. abort and close --------------------------------------------------------
+
+test("an already-aborted signal ends prompt and watch at once, sending nothing", T, async () => {
+  const before = prompts;
+  assert.deepEqual(await run({ signal: AbortSignal.abort() }).collect(), []);
+  assert.deepEqual(await client.watch({ sessionKey: "k", signal: AbortSignal.abort() }).collect(), []);
+  assert.deepEqual(await client.watch({ requestId: "r", signal: AbortSignal.abort() }).collect(), []);
+  assert.equal(prompts, before);
+});
+
+test("client.close() ends streams in flight, and later calls, with CANCELLED", T, async () => {
+  const c = connect(srv.target);
+  const host = new ToolHost("t");
+  host.tool("t.x", "x", { type: "object" }, () => 1);
+  await host.serve(c);
+  const hostEnded = host.wait().then(() => undefined, (e: unknown) => e);
+  const cancelled = (e: unknown) => e instanceof SidecarError && e.code === GrpcCode.CANCELLED;
+  const seen: number[] = [];
+  await assert.rejects(
+    (async () => {
+      for await (const f of c.prompt({ sessionKey: "k", text: "hang" })) {
+        seen.push(f.seq);
+        if (seen.length === 2) c.close();
+      }
+    })(),
+    cancelled,
+  );
+  assert.deepEqual(seen, [1, 2]);
+  assert.ok(cancelled(await hostEnded), "the ToolHost's stream ends too");
+  await assert.rejects(c.prompt({ sessionKey: "k", text: "ok" }).collect(), cancelled);
+  await assert.rejects(c.getOrCreateSession({ platform: "test" }), cancelled);
+});
+
+test("close() or an abort during a resume backoff ends the stream without waiting it out", T, async () => {
+  const slow = { initialBackoffMs: 60_000, maxBackoffMs: 60_000 };
+  const c = connect(deadSocket(), { resume: slow });
+  const ac = new AbortController();
+  const aborted = c.prompt({ sessionKey: "k", text: "ok", signal: ac.signal }).collect();
+  const closed = c.prompt({ sessionKey: "k", text: "ok" }).collect();
+  await sleep(200); // both fail to connect at once, then sit in their 60 s backoff
+  const t0 = Date.now();
+  ac.abort();
+  assert.deepEqual(await aborted, []);
+  c.close();
+  await assert.rejects(closed, (e: unknown) => e instanceof SidecarError && e.code === GrpcCode.CANCELLED);
+  assert.ok(Date.now() - t0 < 1000);
+});
+
+// ---- 5, 6. token and target ----------------------------------------------------
+
+test("a token gRPC metadata cannot carry fails at connect, naming token without showing it", T, () => {
+  for (const token of ["s3cr\nt", "s3crét", "s3cr\r\nx-evil: 1", "s3cr\u0000t", "s3cr😀"]) {
+    assert.throws(
+      () => connect(srv.target, { token }),
+      (e: unknown) => e instanceof TypeError && /^token: /.test(e.message) && !e.message.includes("s3cr"),
+    );
+  }
+  assert.throws(() => connect(srv.target, { token: 42 as any }), /^TypeError: token: expected a string/);
+});
+
+test("a malformed target fails at connect, naming target", T, () => {
+  const bad = ["", "   ", "unix:", "unix://", "unix:///", "host:", ":99999", "localhost:99999", "127.0.0.1:0",
+    "127.0.0.1:-1", "a b:80", "dns:///", "::1:50051", undefined, null, 42];
+  for (const target of bad) {
+    assert.throws(() => connect(target as any), (e: unknown) => e instanceof Error && /^target: /.test(e.message), String(target));
+  }
+  const good = ["unix:/tmp/x.sock", "unix:///tmp/x.sock", "unix:rel.sock", "./x.sock", "/x.sock", "localhost:50051",
+    "localhost", "[::1]:50051", "::1", "dns:///localhost:50051", "ipv4:127.0.0.1:1,127.0.0.2:2", "example.com:443"];
+  for (const target of good) connect(target).close();
+});
+
+// ---- 7. ToolHost ---------------------------------------------------------------
+
+test("ToolHost: a second tool under the same name throws, naming it", T, () => {
+  const host = new ToolHost("t");
+  host.tool("t.dup", "first", {}, () => 1);
+  assert.throws(() => host.tool("dup", "second", {}, () => 2), /t\.dup/);
+  assert.throws(() => host.tool("t.nf", "d", {}, 42 as any), /^TypeError: handler: /);
+  assert.deepEqual(host.toolNames, ["t.dup"]);
+});
+
+test("ToolHost: close() before serve() makes serve() register nothing", T, async () => {
+  const before = registrations;
+  const host = new ToolHost("t");
+  host.tool("t.x", "x", {}, () => 1);
+  host.close();
+  assert.deepEqual(await host.serve(client), []);
+  await host.wait();
+  assert.equal(registrations, before);
+});
+
+test("ToolHost: a thrown value whose toString throws still answers ok=false", T, async () => {
+  const host = new ToolHost("t");
+  host.tool("t.weird", "x", {}, () => {
+    throw { toString: () => { throw new Error("no text"); } };
+  });
+  await host.serve(client);
+  const id = `inv-${registrations}`;
+  for (let i = 0; i < 200 && !toolResults.some((r) => r.invocationId === id); i++) await sleep(5);
+  const r = toolResults.find((x) => x.invocationId === id);
+  host.close();
+  await host.wait();
+  assert.ok(r, "no result came back");
+  assert.equal(r.ok, false);
+  assert.ok(r.error.length > 0);
+});
