@@ -24,11 +24,12 @@ const (
 // ToolSpec describes one tool to the model.
 type ToolSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Dotted full name inside the namespace, e.g. "discord.send_message".
+	// Dotted full name inside the namespace, e.g. "discord.send_message": its
+	// parts are letters, digits, '_' and '-'; each name once per RegisterTools.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// What the tool does, for the model.
 	Description string `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
-	// JSON Schema of the arguments object.
+	// JSON Schema of the arguments object (a JSON object).
 	// Empty means `{"type": "object"}`.
 	ParametersJsonSchema string `protobuf:"bytes,3,opt,name=parameters_json_schema,json=parametersJsonSchema,proto3" json:"parameters_json_schema,omitempty"`
 	unknownFields        protoimpl.UnknownFields
@@ -89,7 +90,8 @@ func (x *ToolSpec) GetParametersJsonSchema() string {
 // RegisterTools registers (or re-registers) tools under the stream's namespace.
 type RegisterTools struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Dotted prefix every tool name must start with, e.g. "discord".
+	// Dotted prefix every tool name must start with, e.g. "discord": parts of
+	// letters, digits, '_' and '-'.
 	// A credential scoped to platforms may only register a namespace whose
 	// first part is one of them.
 	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`

@@ -24,12 +24,15 @@ export const protobufFileName = "agent_sidecar/v1/tool_service.proto";
 
 /** ToolSpec describes one tool to the model. */
 export interface ToolSpec {
-  /** Dotted full name inside the namespace, e.g. "discord.send_message". */
+  /**
+   * Dotted full name inside the namespace, e.g. "discord.send_message": its
+   * parts are letters, digits, '_' and '-'; each name once per RegisterTools.
+   */
   name: string;
   /** What the tool does, for the model. */
   description: string;
   /**
-   * JSON Schema of the arguments object.
+   * JSON Schema of the arguments object (a JSON object).
    * Empty means `{"type": "object"}`.
    */
   parametersJsonSchema: string;
@@ -38,7 +41,8 @@ export interface ToolSpec {
 /** RegisterTools registers (or re-registers) tools under the stream's namespace. */
 export interface RegisterTools {
   /**
-   * Dotted prefix every tool name must start with, e.g. "discord".
+   * Dotted prefix every tool name must start with, e.g. "discord": parts of
+   * letters, digits, '_' and '-'.
    * A credential scoped to platforms may only register a namespace whose
    * first part is one of them.
    */
