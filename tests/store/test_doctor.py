@@ -71,6 +71,12 @@ def test_doctor_without_a_store(tmp_path):
     assert r.returncode == 1 and "no store" in r.stderr, (r.stdout, r.stderr)
 
 
+def test_doctor_with_a_config_it_cannot_use_exits_2_as_every_command(tmp_path):
+    (tmp_path / "bad.toml").write_text("[sidecar]\nworkers = -1\n")
+    r = doctor(tmp_path / "data", "--config", str(tmp_path / "bad.toml"))
+    assert r.returncode == 2 and "config error: sidecar.workers" in r.stderr, (r.stdout, r.stderr)
+
+
 
 
 @pytest.mark.parametrize("corruption", ["phantom_row",

@@ -6,7 +6,8 @@
   the messages in batches (with progress) — canonical rows are never touched;
 - a WAL checkpoint;
 - a summary: sessions, incarnations, messages, frames, ledger, file sizes.
-Exit status 0 when everything checks out (after repair, if asked), 1 otherwise.
+Exit status 0 when everything checks out (after repair, if asked), 2 for a
+config it cannot use (as every command), 1 otherwise.
 The work itself is the backend's (store/sqlite/maintenance.py, or with
 ``[store] backend = "postgres"`` in the config or the environment,
 store/postgres/maintenance.py: no file, no WAL checkpoint of its own).
@@ -43,7 +44,10 @@ def run(args) -> int:
     from ..store.interface import StoreOpenError
     try:
         store = _open(args)
-    except (StoreLocked, NotAStore, StoreOpenError, ConfigError) as e:
+    except ConfigError as e:
+        print(f"agent-sidecar doctor: {e}", file=sys.stderr)
+        return 2
+    except (StoreLocked, NotAStore, StoreOpenError) as e:
         print(f"agent-sidecar doctor: {e}", file=sys.stderr)
         return 1
     try:
