@@ -177,3 +177,24 @@ def test_a_token_grpc_metadata_cannot_carry_is_refused_without_echoing_it(token)
     with pytest.raises(ValueError, match="token") as e:
         asc.SidecarClient("unix:/nonexistent/sidecar.sock", token)
     assert "cret" not in str(e.value)
+
+
+@pytest.mark.parametrize("timeout", [-1.0, float("nan"), float("inf")])
+def test_a_wait_that_is_no_wait_is_refused(timeout):
+    """Before, NaN was "no sidecar reachable ... within nans" (UNAVAILABLE) at once."""
+    async def main():
+        client = asc.SidecarClient("unix:/nonexistent/sidecar.sock")
+        try:
+            with pytest.raises(ValueError, match="timeout"):
+                await client.wait_ready(timeout)
+        finally:
+            await client.close()
+    asyncio.run(main())
+
+
+def test_a_tool_name_registered_twice_is_refused():
+    """Before, the second function silently replaced the first."""
+    host = asc.ToolHost("t")
+    host.tool(lambda x: x, name="t.a")
+    with pytest.raises(ValueError, match="registered already"):
+        host.tool(lambda x: 2 * x, name="t.a")

@@ -115,6 +115,8 @@ class SidecarClient:
         A cancellation of the caller always propagates (``asyncio.timeout``:
         Python 3.11's ``wait_for`` drops one that lands as the channel turns
         ready)."""
+        if not (timeout >= 0 and math.isfinite(timeout)):  # NaN fails both
+            raise ValueError(f"timeout: {timeout!r} is no wait; seconds >= 0")
         try:
             async with asyncio.timeout(timeout):
                 await self.channel.channel_ready()

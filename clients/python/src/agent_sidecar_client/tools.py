@@ -93,6 +93,8 @@ class ToolHost:
             full = name or f"{self.namespace}.{fn.__name__}"
             if not full.startswith(self.namespace + "."):
                 raise ValueError(f"tool name {full!r} is outside namespace {self.namespace!r}")
+            if full in self.tools:  # a second function under one name would silently replace the first
+                raise ValueError(f"tool name {full!r} is registered already")
             self.tools[full] = Tool(full, description if description is not None else inspect.getdoc(fn) or "",
                                     schema if schema is not None else schema_from_signature(fn), fn,
                                     pass_invocation)
