@@ -8,11 +8,13 @@ import sqlite3
 import subprocess
 from contextlib import closing
 
+import grpc
 import pytest
 from helpers.cli import cli
 from helpers.config import echo
 from helpers.ids import source
 from helpers.recovery import health
+from helpers.sessions import rpc_error
 from helpers.store import query
 from helpers.streams import PromptRun
 from sidecar_proc import Sidecar
@@ -77,6 +79,41 @@ def test_doctor_with_a_config_it_cannot_use_exits_2_as_every_command(tmp_path):
     assert r.returncode == 2 and "config error: sidecar.workers" in r.stderr, (r.stdout, r.stderr)
 
 
+
+
+def _damage_messages_table(data_dir) -> None:
+    """Overwrite the first page of the messages table (the schema stays
+    readable): what a bad disk sector does."""
+    db = data_dir / "sidecar.db"
+    with closing(sqlite3.connect(str(db))) as conn:
+        root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'messages'").fetchone()[0]
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+    with open(db, "r+b") as f:
+        f.seek((root - 1) * page)
+        f.write(b"\xff" * page)
+
+
+def test_doctor_on_a_damaged_store_says_so_and_how_to_recover(stopped):
+    """Before, doctor printed `integrity check …` and then apsw's CorruptError traceback: the
+    one command meant for a damaged store failed on one."""
+    _damage_messages_table(stopped.data_dir)
+    r = doctor(stopped.data_dir)
+    assert r.returncode == 1 and "Traceback" not in r.stderr + r.stdout, r.stderr
+    assert "integrity:" in r.stdout and "integrity: ok" not in r.stdout, r.stdout
+    out = r.stdout + r.stderr
+    assert "damaged" in out and ".recover" in out, out
+
+
+def test_a_sidecar_on_a_damaged_store_refuses_what_it_cannot_read_as_store_unavailable(stopped):
+    """A read of the damaged pages is UNAVAILABLE / STORE_UNAVAILABLE (before: INTERNAL, and a
+    traceback in the log); what it can still read is answered."""
+    _damage_messages_table(stopped.data_dir)
+    with Sidecar(stopped.data_dir, config=echo("main")) as sc:
+        stub = sc.sessions()
+        sessions = stub.ListSessions(spb.ListSessionsRequest(), timeout=10).sessions
+        assert sessions
+        with rpc_error(grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE"):
+            stub.GetTranscript(spb.GetTranscriptRequest(session_id=sessions[0].session_id), timeout=10)
 
 
 @pytest.mark.parametrize("corruption", ["phantom_row",

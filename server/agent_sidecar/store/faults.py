@@ -65,7 +65,7 @@ def is_store_fault(e: BaseException, driver_faults: tuple[type, ...] = ()) -> bo
 def unavailable(e: BaseException) -> StoreUnavailable:
     if isinstance(e, StoreUnavailable):
         return e
-    return StoreUnavailable(f"the store cannot write ({e}); retry later")
+    return StoreUnavailable(f"the store failed ({e}); retry later")
 
 
 def probe(uow) -> None:

@@ -14,8 +14,13 @@ from ..faults import is_store_fault
 # waits this long before "database is locked" could surface; it never should.
 BUSY_TIMEOUT_MS = 10_000
 # The driver's exceptions that mean "the store cannot write now" (faults.py).
+# A damaged file (CorruptError, NotADBError) is one too: a call that reads or
+# writes its damaged pages is refused STORE_UNAVAILABLE and health goes
+# NOT_SERVING, as for a full disk, instead of INTERNAL; `agent-sidecar doctor`
+# says what is damaged and how to recover.
+DAMAGE = (apsw.CorruptError, apsw.NotADBError)
 DRIVER_FAULTS = (apsw.FullError, apsw.IOError, apsw.ReadOnlyError, apsw.CantOpenError,
-                 apsw.BusyError)
+                 apsw.BusyError, *DAMAGE)
 HEADROOM_BYTES = 4 << 20  # wal_autocheckpoint (1000 pages of 4 KiB): the WAL's size between checkpoints
 
 

@@ -28,7 +28,7 @@ from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry
 from ..writer.backed import WriterBacked
 from ..writer.client import CommitStats, GroupCommitWriter
 from . import reads
-from .connection import is_fault, open_reader, open_writer
+from .connection import DAMAGE, is_fault, open_reader, open_writer
 from .schema import migrate
 
 
@@ -46,7 +46,7 @@ class SqliteStore(WriterBacked):
             finally:
                 conn.close()
         except apsw.Error as e:  # a file that is no store, a full disk, a locked file
-            if is_fault(e):
+            if is_fault(e) and not isinstance(e, DAMAGE):  # damage found at open: no retry cures it
                 raise unavailable(e) from None
             raise StoreOpenError(f"cannot open the store {self.path}: {e}") from None
         self.writer = GroupCommitWriter(
