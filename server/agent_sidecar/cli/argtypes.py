@@ -1,9 +1,11 @@
-"""argparse types for the commands' numeric options: one rule, one message.
+"""argparse types for the commands' options: one rule, one message each.
 
-A number that cannot be what the option means is refused by argparse (exit
+A value that cannot be what the option means is refused by argparse (exit
 status 2, the option named), not passed on: NaN and infinity pass a ``< 0``
-check and would come back later as a traceback from the event loop's timers,
-or as a DEADLINE_EXCEEDED that hides the typo.
+check and would come back later as a traceback from the event loop's timers
+or as a DEADLINE_EXCEEDED that hides the typo; text that is not UTF-8 as a
+traceback from the request's encoder; a token gRPC metadata cannot carry as
+INTERNAL "Invalid metadata"; a port past 65535 as a connection to another port.
 """
 
 from __future__ import annotations

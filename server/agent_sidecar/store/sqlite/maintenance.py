@@ -17,7 +17,7 @@ from collections.abc import Callable
 import apsw
 
 from ..statements import one
-from .connection import BUSY_TIMEOUT_MS
+from .connection import BUSY_TIMEOUT_MS, DAMAGE
 from .messages import SqliteMessages
 from .schema import FTS_SCHEMA, migrate
 
@@ -59,7 +59,7 @@ class SqliteMaintenance:
             return fn(*args)
         except apsw.BusyError:
             raise StoreLocked(self._locked()) from None
-        except (apsw.CorruptError, apsw.NotADBError) as e:
+        except DAMAGE as e:
             raise StoreDamaged(f"{self.path} is damaged ({e}); restore it from a backup, or salvage"
                                f" what is readable with `sqlite3 {self.path} .recover`") from None
 
