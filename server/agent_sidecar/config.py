@@ -33,7 +33,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .config_loader import Loader, read_toml
-from .config_schema import ConfigError, array, host_port, key, named, section
+from .config_schema import ConfigError, array, host_port, key, metadata_safe, named, section
 from .sessions.context import DEFAULT_PII_SAFE, NEVER_REDACTED
 
 __all__ = ["AUTO_RESUME_MODES", "AgentCache", "AuthToken", "Config", "ConfigError", "DEFAULT_PROFILE",
@@ -243,7 +243,7 @@ class Listener:
 
 def _bearer(token: str) -> str | None:
     """A token a client can send: gRPC metadata carries printable ASCII only."""
-    if token and not all(" " <= c <= "~" for c in token):
+    if not metadata_safe(token):
         return "must be printable ASCII (what gRPC metadata carries; no client could send it)"
     return None
 

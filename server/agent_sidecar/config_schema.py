@@ -258,6 +258,12 @@ def utf8(text: str) -> bool:
     return True
 
 
+def metadata_safe(text: str) -> bool:
+    """Whether gRPC metadata can carry ``text`` as a value: printable ASCII
+    (a bearer token with a newline or a non-ASCII letter cannot be sent)."""
+    return all(" " <= c <= "~" for c in text)
+
+
 def describe(tp: Any) -> str:
     """What the docs and messages call a type."""
     if typing.get_origin(tp) is list:

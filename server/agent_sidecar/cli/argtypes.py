@@ -14,7 +14,8 @@ import argparse
 import math
 from collections.abc import Callable
 
-from ..config_schema import host_port
+from ..config_schema import host_port, metadata_safe
+from ..config_schema import utf8 as is_utf8
 
 
 def _number(kind: type, *, zero_ok: bool) -> Callable[[str], float]:
@@ -46,10 +47,8 @@ def non_negative(kind: type) -> Callable[[str], float]:
 def utf8(text: str) -> str:
     """Text a request can carry: an argument with bytes that are not UTF-8
     (Python keeps them as surrogates) is refused here, not by the encoder."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        raise argparse.ArgumentTypeError("not valid UTF-8") from None
+    if not is_utf8(text):
+        raise argparse.ArgumentTypeError("not valid UTF-8")
     return text
 
 
@@ -73,6 +72,6 @@ def target(text: str) -> str:
 def token(text: str) -> str:
     """A bearer token gRPC metadata can carry: printable ASCII. The value is
     never echoed (it is a password)."""
-    if not text or not all(" " <= c <= "~" for c in text):
+    if not text or not metadata_safe(text):
         raise argparse.ArgumentTypeError("a bearer token is printable ASCII (not shown)")
     return text
