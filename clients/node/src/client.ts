@@ -4,7 +4,6 @@
  */
 import { randomUUID } from "node:crypto";
 import {
-  credentials as grpcCredentials,
   Metadata,
   status as GrpcCode,
   type CallOptions,
@@ -15,19 +14,20 @@ import {
 } from "@grpc/grpc-js";
 import {
   bearerInterceptor,
+  channelCredentials,
   checkCleartext,
   checkTarget,
   checkToken,
   deadlineOf,
   openChannel,
   timeoutMsOf,
-  tlsCredentials,
   typeOf,
   unary,
   type UnaryMethod,
 } from "./connection";
 import { SidecarError } from "./errors";
 import { FrameSequencer } from "./frames";
+import { toMessages } from "./messages";
 import { type Message, type Session, SessionSource, type Usage } from "./gen/agent_sidecar/v1/common";
 import {
   type GetQueueResponse,
@@ -57,15 +57,6 @@ import {
 } from "./options";
 
 export { type ConnectOptions, type Delivery, parseDelivery, type PromptOptions, type SourceInput, type WatchOptions };
-
-/** The channel credentials {@link ConnectOptions} ask for: theirs, TLS from files, or plain. */
-function channelCredentials(options: ConnectOptions): ChannelCredentials {
-  if (options.credentials) return options.credentials;
-  if (options.tls || options.caFile || options.certFile || options.keyFile) {
-    return tlsCredentials({ caFile: options.caFile, certFile: options.certFile, keyFile: options.keyFile });
-  }
-  return grpcCredentials.createInsecure();
-}
 
 /**
  * Connect to a sidecar at `unix:/path/sidecar.sock`, a bare socket path, or `host:port`.
@@ -230,7 +221,11 @@ export class SidecarClient {
     return (await this.call(this.s.clearAllSessions.bind(this.s), { confirm })).sessionsDeleted;
   }
 
-  /** Write a synthetic transcript into a session (tests, tooling). */
+  /**
+   * Write a synthetic transcript into a session (tests, tooling). Messages are
+   * checked first: a bad field rejects with InvalidArgument naming it
+   * (`messages[3].content`), sending nothing; likewise for the calls below.
+   */
   async seedSession(opts: {
     source?: SourceInput;
     sessionKey?: string;
@@ -240,7 +235,7 @@ export class SidecarClient {
     const req = {
       source: opts.source ? SessionSource.fromPartial(opts.source) : undefined,
       sessionKey: opts.sessionKey ?? "",
-      messages: opts.messages.map(toMessage),
+      messages: toMessages(opts.messages),
       profile: opts.profile ?? "",
     };
     return (await this.call(this.s.seedSession.bind(this.s), req)).session!;
@@ -261,13 +256,13 @@ export class SidecarClient {
   }
 
   /** Append messages; durable when the promise resolves. */
-  appendMessages(sessionId: string, messages: Partial<Message>[]): Promise<AppendMessagesResponse> {
-    return this.call(this.s.appendMessages.bind(this.s), { sessionId, messages: messages.map(toMessage) });
+  async appendMessages(sessionId: string, messages: Partial<Message>[]): Promise<AppendMessagesResponse> {
+    return this.call(this.s.appendMessages.bind(this.s), { sessionId, messages: toMessages(messages) });
   }
 
   /** Replace the transcript (the replaced rows stay as a hidden audit trail). */
   async rewriteTranscript(sessionId: string, messages: Partial<Message>[]): Promise<void> {
-    await this.call(this.s.rewriteTranscript.bind(this.s), { sessionId, messages: messages.map(toMessage) });
+    await this.call(this.s.rewriteTranscript.bind(this.s), { sessionId, messages: toMessages(messages) });
   }
 
   /** `/undo`: back up `n` user turns (default 1) by soft delete. */
@@ -398,18 +393,4 @@ export class SidecarClient {
 /** What streams in flight and later calls fail with after `close()`. */
 export function closedError(): SidecarError {
   return new SidecarError({ code: GrpcCode.CANCELLED, reason: "", message: "the client was closed" });
-}
-
-function toMessage(m: Partial<Message>): Message {
-  return {
-    role: m.role ?? "",
-    content: m.content ?? "",
-    toolCallId: m.toolCallId ?? "",
-    toolName: m.toolName ?? "",
-    toolCallsJson: m.toolCallsJson ?? "",
-    createdAt: m.createdAt,
-    seq: m.seq ?? 0,
-    active: m.active ?? false,
-    synthetic: m.synthetic ?? false,
-  };
 }

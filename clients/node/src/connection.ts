@@ -189,6 +189,18 @@ export function tlsCredentials(files: TlsFiles = {}): ChannelCredentials {
 }
 
 /**
+ * The channel credentials connect's options ask for: `credentials` as given,
+ * TLS when any of `tls`, `caFile`, `certFile`, `keyFile` is set, else plain.
+ */
+export function channelCredentials(o: TlsFiles & { tls?: boolean; credentials?: ChannelCredentials }): ChannelCredentials {
+  if (o.credentials) return o.credentials;
+  if (o.tls || o.caFile || o.certFile || o.keyFile) {
+    return tlsCredentials({ caFile: o.caFile, certFile: o.certFile, keyFile: o.keyFile });
+  }
+  return grpcCredentials.createInsecure();
+}
+
+/**
  * Whether `target` only reaches this machine: a Unix socket, or a TCP address
  * whose host is `localhost` or a loopback IP (127.0.0.0/8, ::1).
  */

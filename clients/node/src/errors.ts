@@ -127,6 +127,21 @@ export function makeSidecarError(init: SidecarErrorInit): SidecarError {
   return new cls(init);
 }
 
+/**
+ * The error this client raises for a bad field before sending anything: an
+ * {@link InvalidArgument}, as the sidecar would answer, whose message starts
+ * with the field's name (`messages[3].content: ...`) and whose one field
+ * violation names it too. Its reason is set, so nothing resumes or retries it.
+ */
+export function invalidArgument(field: string, description: string): InvalidArgument {
+  return new InvalidArgument({
+    code: GrpcCode.INVALID_ARGUMENT,
+    reason: "INVALID_ARGUMENT",
+    message: `${field}: ${description}`,
+    fieldViolations: [{ field, description }],
+  });
+}
+
 /** The parts of a google.rpc.Status the client understands. */
 export interface DecodedStatus {
   code: number;
