@@ -21,6 +21,7 @@ import {
   deadlineOf,
   openChannel,
   timeoutMsOf,
+  type InFlight,
   typeOf,
   unary,
   type UnaryMethod,
@@ -77,8 +78,9 @@ export class SidecarClient {
   private readonly channel: Channel;
   private readonly timeoutMs: number;
   private readonly resume: ResumeOptions | false;
-  /** Streams being iterated, and ServeTools calls open; `close()` ends them. */
+  /** Streams being iterated, unary calls in flight, and ServeTools calls open; `close()` ends them. */
   private readonly streams = new Set<FrameStream>();
+  private readonly unaryCalls = new Set<InFlight>();
   private readonly toolCalls = new Set<{ cancel(): void }>();
   private shut = false;
 
@@ -127,12 +129,14 @@ export class SidecarClient {
   }
 
   /**
-   * Close the channel. Streams in flight (prompt, watch) end by throwing a
-   * SidecarError with code CANCELLED, and so do later calls.
+   * Close the channel. Calls in flight (unary calls and the prompt and watch
+   * streams) end at once, cancelled, with a SidecarError with code CANCELLED,
+   * and so do later calls.
    */
   close(): void {
     this.shut = true;
     for (const s of this.streams) s.fail(closedError());
+    for (const c of [...this.unaryCalls]) c.fail(closedError());
     for (const c of this.toolCalls) c.cancel();
     this.raw.sessions.close();
     this.raw.prompts.close();
@@ -156,7 +160,7 @@ export class SidecarClient {
 
   private call<Req, Res>(method: UnaryMethod<Req, Res>, request: Req): Promise<Res> {
     if (this.shut) return Promise.reject(closedError());
-    return unary(method, request, this.timeoutMs);
+    return unary(method, request, this.timeoutMs, this.unaryCalls);
   }
   private get s(): SessionServiceClient {
     return this.raw.sessions;

@@ -251,14 +251,42 @@ export type UnaryMethod<Req, Res> = (
   callback: (error: ServiceError | null, response: Res) => void,
 ) => ClientUnaryCall;
 
-/** Call a unary method and return a promise; errors become typed SidecarErrors. */
-export function unary<Req, Res>(method: UnaryMethod<Req, Res>, request: Req, timeoutMs?: number): Promise<Res> {
+/** A unary call in flight, as its client tracks it: `fail` ends it with `err` and cancels the RPC. */
+export interface InFlight {
+  fail(err: Error): void;
+}
+
+/**
+ * Call a unary method and return a promise; errors become typed SidecarErrors.
+ * While the call is in flight it is in `live`, so its client can end it (close()).
+ */
+export function unary<Req, Res>(
+  method: UnaryMethod<Req, Res>,
+  request: Req,
+  timeoutMs?: number,
+  live?: Set<InFlight>,
+): Promise<Res> {
   const options: Partial<CallOptions> = {};
   if (timeoutMs !== undefined && timeoutMs > 0 && timeoutMs <= MAX_DEADLINE_MS) options.deadline = Date.now() + timeoutMs;
   return new Promise<Res>((resolve, reject) => {
-    method(request, new GrpcMetadata(), options, (err, res) => {
-      if (err) reject(fromGrpcError(err));
-      else resolve(res);
-    });
+    let call: ClientUnaryCall | undefined;
+    const entry: InFlight = {
+      fail(err) {
+        live?.delete(entry);
+        reject(err); // first: the RPC's own CANCELLED callback comes after and is ignored
+        call?.cancel();
+      },
+    };
+    live?.add(entry);
+    try {
+      call = method(request, new GrpcMetadata(), options, (err, res) => {
+        live?.delete(entry);
+        if (err) reject(fromGrpcError(err));
+        else resolve(res);
+      });
+    } catch (err) {
+      live?.delete(entry);
+      throw err;
+    }
   });
 }
