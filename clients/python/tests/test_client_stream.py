@@ -9,8 +9,8 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 
 import agent_sidecar_client as asc
+from agent_sidecar_client._args import Deadline
 from agent_sidecar_client._stream import FrameStream
-from agent_sidecar_client.client import _Deadline
 
 
 def make_stream(calls, resume_log=None, **kw):
@@ -144,7 +144,7 @@ def test_turn_deadline_bounds_the_resume_wait():
     flt = asc.SeqFilter()
     calls = [FakeCall([frame(1, "accepted")], FakeRpcError(grpc.StatusCode.UNAVAILABLE, "gone"))]
     stream = FrameStream(_NeverReady(), lambda: calls.pop(0), lambda: calls.pop(0), flt,
-                         request_id="r1", resume_timeout=30.0, deadline=_Deadline(0.3))
+                         request_id="r1", resume_timeout=30.0, deadline=Deadline(0.3))
 
     async def run():
         t0 = asyncio.get_running_loop().time()

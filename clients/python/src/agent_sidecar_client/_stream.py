@@ -69,7 +69,7 @@ class FrameStream:
         self._filter = frame_filter
         self._raise_on_failed = raise_on_failed
         self._resume_timeout = resume_timeout
-        self._deadline = deadline  # the turn's _Deadline (client.py), or None
+        self._deadline = deadline  # the turn's Deadline (_args.py), or None
         self._call: Any = None
         self._drop_requested = False
         self._gen = self._run()

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from importlib import resources
-from typing import Any, cast
+from typing import Any
 
 import grpc
 
 from agent_sidecar_client import errors
+from agent_sidecar_client._args import Deadline, MessageLike, SourceLike, as_delivery, as_message, as_source, check_text
 from agent_sidecar_client._frames import CursorFilter, SeqFilter
 from agent_sidecar_client._proto import common_pb2 as common
 from agent_sidecar_client._proto import prompt_service_pb2 as prompt_pb
@@ -45,38 +45,6 @@ _CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
-
-_DELIVERY = {
-    "follow_up": prompt_pb.DELIVERY_MODE_FOLLOW_UP,
-    "reject_if_busy": prompt_pb.DELIVERY_MODE_REJECT_IF_BUSY,
-    "queue": prompt_pb.DELIVERY_MODE_QUEUE,
-    "interrupt": prompt_pb.DELIVERY_MODE_INTERRUPT,
-    "rollback": prompt_pb.DELIVERY_MODE_ROLLBACK,
-    "steer": prompt_pb.DELIVERY_MODE_STEER,
-}
-
-SourceLike = common.SessionSource | Mapping[str, Any]
-MessageLike = common.Message | Mapping[str, Any]
-
-
-def as_source(source: SourceLike) -> common.SessionSource:
-    """A SessionSource from a proto or a dict of its field names."""
-    return source if isinstance(source, common.SessionSource) else common.SessionSource(**source)
-
-
-def as_message(message: MessageLike) -> common.Message:
-    return message if isinstance(message, common.Message) else common.Message(**message)
-
-
-def as_delivery(delivery: str | int) -> prompt_pb.DeliveryMode:
-    """'follow_up', 'QUEUE', 'DELIVERY_MODE_STEER' or the enum value."""
-    if isinstance(delivery, int):
-        return cast(prompt_pb.DeliveryMode, delivery)  # a proto enum value is its int
-    name = delivery.lower().removeprefix("delivery_mode_")
-    try:
-        return _DELIVERY[name]
-    except KeyError:
-        raise ValueError(f"unknown delivery {delivery!r}; one of {sorted(_DELIVERY)}") from None
 
 
 class SidecarClient:
@@ -143,12 +111,14 @@ class SidecarClient:
 
     async def get_or_create_session(self, source: SourceLike, profile: str | None = None,
                                     force_new: bool = False) -> common.Session:
+        check_text(source=source, profile=profile)
         response: session_pb.GetOrCreateSessionResponse
         response = await self._call(self.sessions.GetOrCreateSession, session_pb.GetOrCreateSessionRequest(
             source=as_source(source), profile=profile or "", force_new=force_new))
         return response.session
 
     async def get_session(self, session_key: str = "", session_id: str = "") -> common.Session:
+        check_text(session_key=session_key, session_id=session_id)
         response: session_pb.GetSessionResponse
         response = await self._call(self.sessions.GetSession, session_pb.GetSessionRequest(
             session_key=session_key, session_id=session_id))
@@ -156,6 +126,7 @@ class SidecarClient:
 
     async def list_sessions(self, platform: str = "", active_within_seconds: int = 0,
                             page_size: int = 0, page_token: str = "") -> session_pb.ListSessionsResponse:
+        check_text(platform=platform, page_token=page_token)
         response: session_pb.ListSessionsResponse
         response = await self._call(self.sessions.ListSessions, session_pb.ListSessionsRequest(
             platform=platform, active_within_seconds=active_within_seconds,
@@ -175,30 +146,35 @@ class SidecarClient:
             token = page.next_page_token
 
     async def reset_session(self, session_key: str, display_name: str = "") -> common.Session:
+        check_text(session_key=session_key, display_name=display_name)
         response: session_pb.ResetSessionResponse
         response = await self._call(self.sessions.ResetSession, session_pb.ResetSessionRequest(
             session_key=session_key, display_name=display_name))
         return response.session
 
     async def switch_session(self, session_key: str, target_session_id: str) -> common.Session:
+        check_text(session_key=session_key, target_session_id=target_session_id)
         response: session_pb.SwitchSessionResponse
         response = await self._call(self.sessions.SwitchSession, session_pb.SwitchSessionRequest(
             session_key=session_key, target_session_id=target_session_id))
         return response.session
 
     async def suspend_session(self, session_key: str) -> common.Session:
+        check_text(session_key=session_key)
         response: session_pb.SuspendSessionResponse
         response = await self._call(self.sessions.SuspendSession, session_pb.SuspendSessionRequest(
             session_key=session_key))
         return response.session
 
     async def mark_resume_pending(self, session_key: str, reason: str) -> common.Session:
+        check_text(session_key=session_key, reason=reason)
         response: session_pb.MarkResumePendingResponse
         response = await self._call(self.sessions.MarkResumePending, session_pb.MarkResumePendingRequest(
             session_key=session_key, reason=reason))
         return response.session
 
     async def delete_session(self, session_key: str) -> bool:
+        check_text(session_key=session_key)
         response: session_pb.DeleteSessionResponse
         response = await self._call(self.sessions.DeleteSession, session_pb.DeleteSessionRequest(
             session_key=session_key))
@@ -206,6 +182,7 @@ class SidecarClient:
 
     async def clear_all_sessions(self, confirm: str) -> int:
         """``confirm`` must be the literal ``DELETE ALL SESSIONS``."""
+        check_text(confirm=confirm)
         response: session_pb.ClearAllSessionsResponse
         response = await self._call(self.sessions.ClearAllSessions, session_pb.ClearAllSessionsRequest(
             confirm=confirm))
@@ -213,6 +190,8 @@ class SidecarClient:
 
     async def seed_session(self, messages: Iterable[MessageLike], *, source: SourceLike | None = None,
                            session_key: str = "", profile: str | None = None) -> common.Session:
+        messages = list(messages)
+        check_text(messages=messages, source=source, session_key=session_key, profile=profile)
         response: session_pb.SeedSessionResponse
         response = await self._call(self.sessions.SeedSession, session_pb.SeedSessionRequest(
             source=as_source(source) if source is not None else None, session_key=session_key,
@@ -221,6 +200,7 @@ class SidecarClient:
 
     async def get_transcript(self, session_id: str, include_rewound: bool = False, page_size: int = 0,
                              page_token: str = "") -> session_pb.GetTranscriptResponse:
+        check_text(session_id=session_id, page_token=page_token)
         response: session_pb.GetTranscriptResponse
         response = await self._call(self.sessions.GetTranscript, session_pb.GetTranscriptRequest(
             session_id=session_id, include_rewound=include_rewound, page_size=page_size, page_token=page_token))
@@ -228,22 +208,28 @@ class SidecarClient:
 
     async def append_messages(self, session_id: str, messages: Iterable[MessageLike]) -> tuple[int, int]:
         """Returns ``(first_seq, last_seq)``; durable when it returns."""
+        messages = list(messages)
+        check_text(session_id=session_id, messages=messages)
         response: session_pb.AppendMessagesResponse
         response = await self._call(self.sessions.AppendMessages, session_pb.AppendMessagesRequest(
             session_id=session_id, messages=[as_message(m) for m in messages]))
         return response.first_seq, response.last_seq
 
     async def rewrite_transcript(self, session_id: str, messages: Iterable[MessageLike]) -> None:
+        messages = list(messages)
+        check_text(session_id=session_id, messages=messages)
         await self._call(self.sessions.RewriteTranscript, session_pb.RewriteTranscriptRequest(
             session_id=session_id, messages=[as_message(m) for m in messages]))
 
     async def rewind_session(self, session_id: str, n: int = 1) -> session_pb.RewindSessionResponse:
+        check_text(session_id=session_id)
         response: session_pb.RewindSessionResponse
         response = await self._call(self.sessions.RewindSession, session_pb.RewindSessionRequest(
             session_id=session_id, n=n))
         return response
 
     async def search_messages(self, query: str, session_key: str = "", limit: int = 0) -> list[Any]:
+        check_text(query=query, session_key=session_key)
         response: session_pb.SearchMessagesResponse
         response = await self._call(self.sessions.SearchMessages, session_pb.SearchMessagesRequest(
             query=query, session_key=session_key, limit=limit))
@@ -251,6 +237,7 @@ class SidecarClient:
 
     async def update_usage(self, session_key: str, delta: common.Usage | Mapping[str, Any],
                            last_prompt_tokens: int = 0, cost_status: str = "") -> common.Session:
+        check_text(session_key=session_key, cost_status=cost_status)
         usage = delta if isinstance(delta, common.Usage) else common.Usage(**delta)
         response: session_pb.UpdateUsageResponse
         response = await self._call(self.sessions.UpdateUsage, session_pb.UpdateUsageRequest(
@@ -266,6 +253,7 @@ class SidecarClient:
 
     async def get_session_context(self, source: SourceLike,
                                   profile: str | None = None) -> session_pb.GetSessionContextResponse:
+        check_text(source=source, profile=profile)
         response: session_pb.GetSessionContextResponse
         response = await self._call(self.sessions.GetSessionContext, session_pb.GetSessionContextRequest(
             source=as_source(source), profile=profile or ""))
@@ -291,12 +279,15 @@ class SidecarClient:
         """
         if (source is None) == (not session_key):
             raise ValueError("give exactly one of source and session_key")
+        attachments = list(attachments)
+        check_text(text=text, source=source, session_key=session_key, request_id=request_id, profile=profile,
+                   attachments=attachments)
         request = prompt_pb.PromptRequest(
             request_id=request_id or str(uuid.uuid4()), text=text, delivery=as_delivery(delivery),
-            profile=profile or "", session_key=session_key, attachments=list(attachments),
+            profile=profile or "", session_key=session_key, attachments=attachments,
             source=as_source(source) if source is not None else None)
         frame_filter = SeqFilter()
-        deadline = _Deadline(timeout)
+        deadline = Deadline(timeout)
 
         def open_first() -> Any:
             return self.prompts.Prompt(request, metadata=self.metadata, timeout=deadline.left())
@@ -323,6 +314,7 @@ class SidecarClient:
         """
         if sum(map(bool, (request_id, session_key, platform))) != 1:
             raise ValueError("give exactly one of request_id, session_key and platform")
+        check_text(request_id=request_id, session_key=session_key, platform=platform)
         frame_filter: SeqFilter | CursorFilter = SeqFilter(after_seq) if request_id else CursorFilter(after_cursor)
 
         def open_call() -> Any:
@@ -337,6 +329,7 @@ class SidecarClient:
 
     async def cancel(self, session_key: str = "", request_id: str = "") -> bool:
         """Stop the in-flight turn (it ends with failed{CANCELLED})."""
+        check_text(session_key=session_key, request_id=request_id)
         response: prompt_pb.CancelResponse
         response = await self._call(self.prompts.Cancel, prompt_pb.CancelRequest(
             session_key=session_key, request_id=request_id))
@@ -344,28 +337,10 @@ class SidecarClient:
 
     async def get_queue(self, session_key: str) -> prompt_pb.GetQueueResponse:
         """``.pending`` (the follow-up slot, check ``HasField``) and ``.queued``."""
+        check_text(session_key=session_key)
         response: prompt_pb.GetQueueResponse
         response = await self._call(self.prompts.GetQueue, prompt_pb.GetQueueRequest(session_key=session_key))
         return response
-
-
-class _Deadline:
-    """The remaining part of an overall timeout, for the calls of one turn."""
-
-    def __init__(self, timeout: float | None) -> None:
-        if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):  # NaN fails both
-            raise ValueError(f"timeout: {timeout!r} is no deadline; seconds above 0, or None for none")
-        self.timeout = timeout
-        self._end = None if timeout is None else time.monotonic() + timeout
-
-    def left(self) -> float | None:
-        """The gRPC timeout for the next call (at least 1 ms); None without a timeout."""
-        left = self.remaining()
-        return None if left is None else max(0.001, left)
-
-    def remaining(self) -> float | None:
-        """Seconds left, <= 0 once passed; None without a timeout."""
-        return None if self._end is None else self._end - time.monotonic()
 
 
 def channel_options(options: Iterable[tuple[str, Any]] = ()) -> tuple[tuple[str, Any], ...]:

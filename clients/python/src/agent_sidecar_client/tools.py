@@ -34,6 +34,7 @@ from typing import Any
 import grpc
 
 from agent_sidecar_client import errors
+from agent_sidecar_client._args import check_text
 from agent_sidecar_client._proto import tool_service_pb2 as tool_pb
 from agent_sidecar_client._stream import RESUMABLE_CODES
 
@@ -76,6 +77,7 @@ class ToolHost:
     """A set of tools under one namespace (a dotted prefix such as ``discord``)."""
 
     def __init__(self, namespace: str) -> None:
+        check_text(namespace=namespace)
         self.namespace = namespace.rstrip(".")
         self.tools: dict[str, Tool] = {}
         self.registered: tool_pb.ToolsRegistered | None = None
@@ -91,12 +93,13 @@ class ToolHost:
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             full = name or f"{self.namespace}.{fn.__name__}"
+            doc = description if description is not None else inspect.getdoc(fn) or ""
+            check_text(name=full, description=doc)
             if not full.startswith(self.namespace + "."):
                 raise ValueError(f"tool name {full!r} is outside namespace {self.namespace!r}")
             if full in self.tools:  # a second function under one name would silently replace the first
                 raise ValueError(f"tool name {full!r} is registered already")
-            self.tools[full] = Tool(full, description if description is not None else inspect.getdoc(fn) or "",
-                                    schema if schema is not None else schema_from_signature(fn), fn,
+            self.tools[full] = Tool(full, doc, schema if schema is not None else schema_from_signature(fn), fn,
                                     pass_invocation)
             return fn
 

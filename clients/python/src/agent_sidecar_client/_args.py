@@ -1,0 +1,98 @@
+"""What the client's calls take, and the checks that name a bad argument.
+
+Sources and messages may be dicts of the proto's field names; a delivery mode
+its name. ``check_text`` is the one check of the strings a call sends: a string
+protobuf cannot encode (one holding a lone surrogate such as ``"\\ud800"``,
+which UTF-8 cannot carry) is refused before anything is built or sent, as
+``InvalidArgument`` naming the field, instead of protobuf's UnicodeEncodeError
+naming none.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from typing import Any, cast
+
+from agent_sidecar_client import errors
+from agent_sidecar_client._proto import common_pb2 as common
+from agent_sidecar_client._proto import prompt_service_pb2 as prompt_pb
+
+_DELIVERY = {
+    "follow_up": prompt_pb.DELIVERY_MODE_FOLLOW_UP,
+    "reject_if_busy": prompt_pb.DELIVERY_MODE_REJECT_IF_BUSY,
+    "queue": prompt_pb.DELIVERY_MODE_QUEUE,
+    "interrupt": prompt_pb.DELIVERY_MODE_INTERRUPT,
+    "rollback": prompt_pb.DELIVERY_MODE_ROLLBACK,
+    "steer": prompt_pb.DELIVERY_MODE_STEER,
+}
+
+SourceLike = common.SessionSource | Mapping[str, Any]
+MessageLike = common.Message | Mapping[str, Any]
+
+
+def as_source(source: SourceLike) -> common.SessionSource:
+    """A SessionSource from a proto or a dict of its field names."""
+    return source if isinstance(source, common.SessionSource) else common.SessionSource(**source)
+
+
+def as_message(message: MessageLike) -> common.Message:
+    return message if isinstance(message, common.Message) else common.Message(**message)
+
+
+def as_delivery(delivery: str | int) -> prompt_pb.DeliveryMode:
+    """'follow_up', 'QUEUE', 'DELIVERY_MODE_STEER' or the enum value."""
+    if isinstance(delivery, int):
+        return cast(prompt_pb.DeliveryMode, delivery)  # a proto enum value is its int
+    name = delivery.lower().removeprefix("delivery_mode_")
+    try:
+        return _DELIVERY[name]
+    except KeyError:
+        raise ValueError(f"unknown delivery {delivery!r}; one of {sorted(_DELIVERY)}") from None
+
+
+def check_text(**fields: Any) -> None:
+    """Raise ``InvalidArgument`` naming the first string among ``fields`` that
+    protobuf cannot encode: ``text``, or inside a dict or list ``source.chat_id``,
+    ``messages[2].content``. Proto messages are skipped (protobuf refused such
+    a string when they were built); so is anything else that is not a str, dict,
+    list or tuple (protobuf judges its type)."""
+    for name, value in fields.items():
+        _check(name, value)
+
+
+def _check(field: str, value: Any) -> None:
+    if isinstance(value, str):
+        if value.isascii():
+            return
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            why = f"has a lone surrogate at index {exc.start} (UTF-8 cannot carry it)"
+            raise errors.InvalidArgument(message=f"{field}: {why}", field_violations=[(field, why)]) from None
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _check(f"{field}.{key}", item)
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check(f"{field}[{i}]", item)
+
+
+class Deadline:
+    """The remaining part of an overall timeout, for the calls of one turn."""
+
+    def __init__(self, timeout: float | None) -> None:
+        if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):  # NaN fails both
+            raise ValueError(f"timeout: {timeout!r} is no deadline; seconds above 0, or None for none")
+        self.timeout = timeout
+        self._end = None if timeout is None else time.monotonic() + timeout
+
+    def left(self) -> float | None:
+        """The gRPC timeout for the next call (at least 1 ms); None without a timeout."""
+        left = self.remaining()
+        return None if left is None else max(0.001, left)
+
+    def remaining(self) -> float | None:
+        """Seconds left, <= 0 once passed; None without a timeout."""
+        return None if self._end is None else self._end - time.monotonic()
