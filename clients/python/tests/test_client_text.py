@@ -10,6 +10,7 @@ import asyncio
 import pytest
 
 import agent_sidecar_client as asc
+from agent_sidecar_client._proto import tool_service_pb2 as tool_pb
 
 BAD = "a\ud800b"
 OK = {"role": "user", "content": "fine"}
@@ -109,6 +110,32 @@ def test_tool_host_refuses_a_lone_surrogate_in_a_tool_name_or_description():
         host.tool(lambda: 1, name="ns.y", description=BAD)
     assert info.value.field_violations[0][0] == "description"
     assert host.tools == {}
+
+
+def test_tool_host_answers_when_the_tool_error_holds_a_lone_surrogate_or_the_result_is_no_json():
+    """The error text and the result must reach the sidecar: an exception's
+    message with a lone surrogate made invoke() raise (the answer task died,
+    the sidecar waited out its timeout), and NaN went out as ``NaN``, no JSON."""
+    host = asc.ToolHost("ns")
+
+    @host.tool
+    def fails() -> None:
+        raise OSError("cannot open " + BAD)
+
+    @host.tool
+    def nan() -> float:
+        return float("nan")
+
+    def invoke(name: str):
+        inv = tool_pb.ToolInvocation(invocation_id="i", tool_name=name, arguments_json="{}")
+        result = asyncio.run(host.invoke(inv))
+        result.SerializeToString()  # what sending it does: raised on the old code's result
+        return result
+
+    failed = invoke("ns.fails")
+    assert not failed.ok and failed.error == "OSError: cannot open a\\ud800b"
+    not_json = invoke("ns.nan")
+    assert not not_json.ok and "ValueError" in not_json.error
 
 
 def test_text_that_is_unicode_passes():

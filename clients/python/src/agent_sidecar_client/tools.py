@@ -130,12 +130,12 @@ class ToolHost:
             timeout = invocation.timeout_ms / 1000 if invocation.timeout_ms > 0 else None
             async with asyncio.timeout(timeout):  # (not wait_for: it can drop the host's cancellation)
                 value = await work
-            result.result_json = json.dumps(value)
+            result.result_json = json.dumps(value, allow_nan=False)  # NaN is no JSON
             result.ok = True
         except TimeoutError:
             result.error = f"tool {invocation.tool_name} timed out after {invocation.timeout_ms} ms"
         except Exception as exc:  # noqa: BLE001 - any tool failure goes back to the model
-            result.error = f"{type(exc).__name__}: {exc}"
+            result.error = _utf8(f"{type(exc).__name__}: {exc}")
         if not result.ok:
             result.result_json = json.dumps({"error": result.error})
         return result
@@ -214,3 +214,10 @@ class ToolHost:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, errors.SidecarError):
                 await task
+
+
+def _utf8(text: str) -> str:
+    """``text`` with any lone surrogate escaped: an exception's message may
+    hold one (from a filename, say), and protobuf cannot encode it — the
+    result would never be sent and the sidecar would wait out its timeout."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
