@@ -2,11 +2,9 @@
  * SidecarClient: the idiomatic layer over the generated stubs. Promises for
  * unary calls, {@link FrameStream} async iterables for activity, typed errors.
  */
-import { randomUUID } from "node:crypto";
 import {
   Metadata,
   status as GrpcCode,
-  type CallOptions,
   type Channel,
   type ChannelCredentials,
   type ChannelOptions,
@@ -18,7 +16,6 @@ import {
   checkCleartext,
   checkTarget,
   checkToken,
-  deadlineOf,
   openChannel,
   timeoutMsOf,
   type InFlight,
@@ -27,7 +24,6 @@ import {
   type UnaryMethod,
 } from "./connection";
 import { SidecarError } from "./errors";
-import { FrameSequencer } from "./frames";
 import { toMessages } from "./messages";
 import { type Message, type Session, SessionSource, type Usage } from "./gen/agent_sidecar/v1/common";
 import {
@@ -44,7 +40,9 @@ import {
   SessionServiceClient,
 } from "./gen/agent_sidecar/v1/session_service";
 import { type ServeToolsRequest, type ServeToolsResponse, ToolServiceClient } from "./gen/agent_sidecar/v1/tool_service";
-import { FrameStream, resumePolicy, type ResumeOptions } from "./stream";
+import { type FrameStream, resumePolicy, type ResumeOptions } from "./stream";
+import { checkSource, checkTexts } from "./text";
+import { promptStream, type StreamHost, watchStream } from "./turns";
 
 import {
   type ConnectOptions,
@@ -71,6 +69,11 @@ export function connect(target: string, options: ConnectOptions = {}): SidecarCl
 /**
  * A connection to one sidecar. Cheap to keep for the life of the process; the
  * three services share one channel, which reconnects by itself.
+ *
+ * Every string a call sends is checked first (text.ts): one that is not a
+ * string or holds a lone surrogate is an InvalidArgument naming it (`sessionKey`,
+ * `source.chatId`), raised the way the call raises its other argument errors
+ * (rejected by the promise calls, thrown by `prompt` and `watch`); nothing is sent.
  */
 export class SidecarClient {
   /** Raw generated stubs, for anything the idiomatic layer does not cover. */
@@ -158,6 +161,13 @@ export class SidecarClient {
     return call;
   }
 
+  private streamHost(): StreamHost {
+    const checkOpen = () => {
+      if (this.shut) throw closedError();
+    };
+    return { prompts: this.raw.prompts, resume: this.resume, live: this.streams, checkOpen };
+  }
+
   private call<Req, Res>(method: UnaryMethod<Req, Res>, request: Req): Promise<Res> {
     if (this.shut) return Promise.reject(closedError());
     return unary(method, request, this.timeoutMs, this.unaryCalls);
@@ -170,6 +180,8 @@ export class SidecarClient {
 
   /** Get the session of a source, creating it if needed (idempotent under concurrency). */
   async getOrCreateSession(source: SourceInput, opts: { profile?: string; forceNew?: boolean } = {}): Promise<Session> {
+    checkSource(source);
+    checkTexts({ profile: opts.profile });
     const req = { source: SessionSource.fromPartial(source), forceNew: opts.forceNew ?? false, profile: opts.profile ?? "" };
     const res = await this.call(this.s.getOrCreateSession.bind(this.s), req);
     return res.session!;
@@ -177,6 +189,7 @@ export class SidecarClient {
 
   /** One session by key or id; throws SessionNotFound when absent. */
   async getSession(ref: { sessionKey?: string; sessionId?: string }): Promise<Session> {
+    checkTexts({ sessionKey: ref.sessionKey, sessionId: ref.sessionId });
     const req = { sessionKey: ref.sessionKey ?? "", sessionId: ref.sessionId ?? "" };
     return (await this.call(this.s.getSession.bind(this.s), req)).session!;
   }
@@ -185,6 +198,7 @@ export class SidecarClient {
   async listSessions(
     opts: { platform?: string; activeWithinSeconds?: number; pageSize?: number; pageToken?: string } = {},
   ): Promise<ListSessionsResponse> {
+    checkTexts({ platform: opts.platform, pageToken: opts.pageToken });
     const req = {
       platform: opts.platform ?? "",
       activeWithinSeconds: int64("activeWithinSeconds", opts.activeWithinSeconds ?? 0),
@@ -196,32 +210,38 @@ export class SidecarClient {
 
   /** `/new`, `/reset`: a new session id; queued prompts of the key are dropped. */
   async resetSession(sessionKey: string, opts: { displayName?: string } = {}): Promise<Session> {
+    checkTexts({ sessionKey, displayName: opts.displayName });
     const req = { sessionKey, displayName: opts.displayName ?? "" };
     return (await this.call(this.s.resetSession.bind(this.s), req)).session!;
   }
 
   /** `/resume`: point the key at an earlier incarnation. */
   async switchSession(sessionKey: string, targetSessionId: string): Promise<Session> {
+    checkTexts({ sessionKey, targetSessionId });
     return (await this.call(this.s.switchSession.bind(this.s), { sessionKey, targetSessionId })).session!;
   }
 
   /** `/stop`: cancel the in-flight turn; the next access gets a new session id. */
   async suspendSession(sessionKey: string): Promise<Session> {
+    checkTexts({ sessionKey });
     return (await this.call(this.s.suspendSession.bind(this.s), { sessionKey })).session!;
   }
 
   /** Mark the session resume_pending with a reason (never overrides suspended). */
   async markResumePending(sessionKey: string, reason: string): Promise<Session> {
+    checkTexts({ sessionKey, reason });
     return (await this.call(this.s.markResumePending.bind(this.s), { sessionKey, reason })).session!;
   }
 
   /** Delete a key and everything of it; false when it did not exist. */
   async deleteSession(sessionKey: string): Promise<boolean> {
+    checkTexts({ sessionKey });
     return (await this.call(this.s.deleteSession.bind(this.s), { sessionKey })).deleted;
   }
 
   /** Drop every session; `confirm` must be the literal "DELETE ALL SESSIONS". */
   async clearAllSessions(confirm: string): Promise<number> {
+    checkTexts({ confirm });
     return (await this.call(this.s.clearAllSessions.bind(this.s), { confirm })).sessionsDeleted;
   }
 
@@ -236,6 +256,8 @@ export class SidecarClient {
     messages: Partial<Message>[];
     profile?: string;
   }): Promise<Session> {
+    checkSource(opts.source);
+    checkTexts({ sessionKey: opts.sessionKey, profile: opts.profile });
     const req = {
       source: opts.source ? SessionSource.fromPartial(opts.source) : undefined,
       sessionKey: opts.sessionKey ?? "",
@@ -250,6 +272,7 @@ export class SidecarClient {
     sessionId: string,
     opts: { includeRewound?: boolean; pageSize?: number; pageToken?: string } = {},
   ): Promise<GetTranscriptResponse> {
+    checkTexts({ sessionId, pageToken: opts.pageToken });
     const req = {
       sessionId,
       includeRewound: opts.includeRewound ?? false,
@@ -261,21 +284,25 @@ export class SidecarClient {
 
   /** Append messages; durable when the promise resolves. */
   async appendMessages(sessionId: string, messages: Partial<Message>[]): Promise<AppendMessagesResponse> {
+    checkTexts({ sessionId });
     return this.call(this.s.appendMessages.bind(this.s), { sessionId, messages: toMessages(messages) });
   }
 
   /** Replace the transcript (the replaced rows stay as a hidden audit trail). */
   async rewriteTranscript(sessionId: string, messages: Partial<Message>[]): Promise<void> {
+    checkTexts({ sessionId });
     await this.call(this.s.rewriteTranscript.bind(this.s), { sessionId, messages: toMessages(messages) });
   }
 
   /** `/undo`: back up `n` user turns (default 1) by soft delete. */
   async rewindSession(sessionId: string, n = 1): Promise<RewindSessionResponse> {
+    checkTexts({ sessionId });
     return this.call(this.s.rewindSession.bind(this.s), { sessionId, n: int32("n", n) });
   }
 
   /** Full-text search over live messages. */
   async searchMessages(query: string, opts: { sessionKey?: string; limit?: number } = {}): Promise<SearchHit[]> {
+    checkTexts({ query, sessionKey: opts.sessionKey });
     const req = { query, sessionKey: opts.sessionKey ?? "", limit: int32("limit", opts.limit ?? 0) };
     return (await this.call(this.s.searchMessages.bind(this.s), req)).hits;
   }
@@ -286,6 +313,7 @@ export class SidecarClient {
     delta: Partial<Usage>,
     opts: { lastPromptTokens?: number; costStatus?: string } = {},
   ): Promise<Session> {
+    checkTexts({ sessionKey, costStatus: opts.costStatus });
     const req = {
       sessionKey,
       delta: { inputTokens: 0, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0, costUsd: 0, ...delta },
@@ -301,7 +329,9 @@ export class SidecarClient {
   }
 
   /** The `## Current Session Context` prompt section for a source. */
-  getSessionContext(source: SourceInput, opts: { profile?: string } = {}): Promise<GetSessionContextResponse> {
+  async getSessionContext(source: SourceInput, opts: { profile?: string } = {}): Promise<GetSessionContextResponse> {
+    checkSource(source);
+    checkTexts({ profile: opts.profile });
     const req = { source: SessionSource.fromPartial(source), profile: opts.profile ?? "" };
     return this.call(this.s.getSessionContext.bind(this.s), req);
   }
@@ -314,35 +344,7 @@ export class SidecarClient {
    * skips keepalives, and after yielding a `failed` frame throws the typed error.
    */
   prompt(opts: PromptOptions): FrameStream {
-    if (typeof opts.text !== "string") throw new TypeError(`text: expected a string, got ${typeOf(opts.text)}`);
-    const requestId = opts.requestId || randomUUID();
-    const request = {
-      requestId,
-      source: opts.source ? SessionSource.fromPartial(opts.source) : undefined,
-      sessionKey: opts.sessionKey ?? "",
-      text: opts.text,
-      attachments: opts.attachments ?? [],
-      delivery: parseDelivery(opts.delivery),
-      profile: opts.profile ?? "",
-    };
-    const deadline = deadlineOf(opts.deadline);
-    const callOpts: Partial<CallOptions> = deadline === undefined ? {} : { deadline };
-    const p = this.raw.prompts;
-    return new FrameStream(
-      (resume, started) => {
-        if (this.shut) throw closedError();
-        // Before any frame the Prompt itself is retried (it is idempotent by request id).
-        return resume === null || !started
-          ? p.prompt(request, new Metadata(), callOpts)
-          : p.watchActivity(
-              { requestId, sessionKey: "", platform: "", afterSeq: resume.afterSeq, afterCursor: 0 },
-              new Metadata(),
-              callOpts,
-            );
-      },
-      new FrameSequencer("request"),
-      { throwOnFailed: true, resume: opts.resume ?? this.resume, signal: opts.signal, requestId, live: this.streams },
-    );
+    return promptStream(this.streamHost(), opts);
   }
 
   /**
@@ -351,45 +353,19 @@ export class SidecarClient {
    * session key or platform it is an endless feed of every turn's frames.
    */
   watch(opts: WatchOptions): FrameStream {
-    const byRequest = !!opts.requestId;
-    const p = this.raw.prompts;
-    const seq = byRequest
-      ? new FrameSequencer("request", { afterSeq: int64("afterSeq", opts.afterSeq ?? 0, true) })
-      : new FrameSequencer("feed", { afterCursor: int64("afterCursor", opts.afterCursor ?? 0, true) });
-    return new FrameStream(
-      (resume) => {
-        if (this.shut) throw closedError();
-        const point = resume ?? seq.resumePoint();
-        return p.watchActivity(
-          {
-            requestId: opts.requestId ?? "",
-            sessionKey: opts.sessionKey ?? "",
-            platform: opts.platform ?? "",
-            afterSeq: byRequest ? point.afterSeq : 0,
-            afterCursor: byRequest ? 0 : point.afterCursor,
-          },
-          new Metadata(),
-        );
-      },
-      seq,
-      {
-        throwOnFailed: byRequest,
-        resume: opts.resume ?? this.resume,
-        signal: opts.signal,
-        requestId: opts.requestId,
-        live: this.streams,
-      },
-    );
+    return watchStream(this.streamHost(), opts);
   }
 
   /** Stop the in-flight turn of a session (or one request); it ends with failed{CANCELLED}. */
   async cancel(ref: { sessionKey?: string; requestId?: string }): Promise<boolean> {
+    checkTexts({ sessionKey: ref.sessionKey, requestId: ref.requestId });
     const req = { sessionKey: ref.sessionKey ?? "", requestId: ref.requestId ?? "" };
     return (await this.call(this.raw.prompts.cancel.bind(this.raw.prompts), req)).cancelled;
   }
 
   /** The session's pending follow-up slot and FIFO overflow. */
-  getQueue(sessionKey: string): Promise<GetQueueResponse> {
+  async getQueue(sessionKey: string): Promise<GetQueueResponse> {
+    checkTexts({ sessionKey });
     return this.call(this.raw.prompts.getQueue.bind(this.raw.prompts), { sessionKey });
   }
 }

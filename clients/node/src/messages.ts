@@ -7,10 +7,12 @@
  *
  * The rules are the ones that cannot change with the sidecar's config: the
  * proto's roles, the field types, text protobuf can carry (UTF-8, so no lone
- * surrogate). Sizes are the sidecar's `limits` (configurable), so it judges them.
+ * surrogate: text.ts's one check, as for every string a call sends). Sizes are
+ * the sidecar's `limits` (configurable), so it judges them.
  */
 import { typeOf } from "./connection";
 import { invalidArgument } from "./errors";
+import { checkText } from "./text";
 import type { Message } from "./gen/agent_sidecar/v1/common";
 
 /** The roles a message may have (proto `Message.role`). */
@@ -53,19 +55,6 @@ function toMessage(m: unknown, at: string): Message {
     active: flag(p.active, `${at}.active`),
     synthetic: flag(p.synthetic, `${at}.synthetic`),
   };
-}
-
-/** Lone surrogates (in `u` mode a well-formed pair is one code point, outside this class). */
-const LONE_SURROGATE = /[\uD800-\uDFFF]/u;
-
-/** A string field: absent (undefined, null), or a string protobuf can encode as UTF-8. */
-function checkText(v: unknown, field: string): void {
-  if (v === undefined || v === null) return;
-  if (typeof v !== "string") throw invalidArgument(field, `expected a string, got ${typeOf(v)}`);
-  const bad = LONE_SURROGATE.exec(v);
-  if (bad) {
-    throw invalidArgument(field, `has a lone surrogate at index ${bad.index} (not Unicode text; UTF-8 cannot carry it)`);
-  }
 }
 
 function date(v: unknown, field: string): Date | undefined {

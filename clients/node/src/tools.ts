@@ -11,6 +11,7 @@ import { status as GrpcCode, type ClientDuplexStream } from "@grpc/grpc-js";
 import { closedError, type SidecarClient } from "./client";
 import { typeOf } from "./connection";
 import { fromGrpcError, isSerializationError, SidecarError } from "./errors";
+import { checkText, checkTexts, toValidText } from "./text";
 import type {
   ServeToolsRequest,
   ServeToolsResponse,
@@ -78,13 +79,17 @@ export class ToolHost {
   private readonly waiters: Array<() => void> = [];
   private readonly inFlight = new Map<string, AbortController>();
 
-  constructor(readonly namespace: string) {}
+  /** A namespace that is not a string or holds a lone surrogate throws InvalidArgument naming `namespace`. */
+  constructor(readonly namespace: string) {
+    checkText(namespace, "namespace");
+  }
 
   /**
    * Add a tool. `name` is the full dotted name (`local.clock.now`); a name
    * without the namespace prefix gets it (`clock.now` → `local.clock.now`).
    * `schema` is the JSON Schema of the arguments object (object or JSON text).
-   * A second tool under the same full name throws.
+   * A second tool under the same full name throws; so does a name, description
+   * or schema text with a lone surrogate (InvalidArgument naming it).
    */
   tool(name: string, description: string, schema: object | string, handler: ToolHandler): this {
     if (this.client) throw new Error("ToolHost: add tools before serve()");
@@ -98,6 +103,7 @@ export class ToolHost {
       throw new TypeError(`schema: expected a JSON Schema object or its JSON text, got ${typeOf(schema)}`);
     }
     if (typeof handler !== "function") throw new TypeError(`handler: expected a function, got ${typeOf(handler)}`);
+    checkTexts({ name, description, schema: typeof schema === "string" ? schema : undefined });
     const full = name === this.namespace || name.startsWith(this.namespace + ".") ? name : `${this.namespace}.${name}`;
     if (this.tools.has(full)) throw new Error(`ToolHost: a tool named ${full} is already added`);
     const parametersJsonSchema = typeof schema === "string" ? schema : JSON.stringify(schema);
@@ -255,6 +261,8 @@ export class ToolHost {
       this.inFlight.delete(inv.invocationId);
     }
     if (this.call === call && !this.closing) {
+      // Nobody could be told of a refused result: lone surrogates become U+FFFD, it is always sent.
+      result = { ...result, resultJson: toValidText(result.resultJson), error: toValidText(result.error) };
       call.write({ message: { $case: "result", value: result } });
     }
   }
