@@ -301,7 +301,8 @@ class Config:
     retention_days: float = key(7.0, gt=0, toml="sidecar.retention_days",
                                 doc="frames and ledger rows are pruned after this (transcripts never)")
     dedup_window_s: float = key(300.0, gt=0, toml="sidecar.dedup_window_s",
-                                doc="a request id within this window never starts a second turn")
+                                doc="a request id within this window never starts a second turn "
+                                    "(at most `retention_days`: its replay reads the frames)")
     housekeeping_interval_s: float = key(60.0, gt=0, toml="sidecar.housekeeping_interval_s",
                                          doc="retention and pruning tick")
     keepalive_s: float = key(15.0, gt=0, toml="sidecar.keepalive_s",
@@ -343,6 +344,10 @@ class Config:
                     entry.address
         if self.store.backend == "postgres" and not self.store.dsn:
             yield "store.dsn", "backend \"postgres\" needs a DSN (dsn, dsn_env or dsn_file)", ""
+        if self.dedup_window_s > self.retention_days * 86400:  # a twin replays the ledger and frames
+            yield "sidecar.dedup_window_s", (f"must be within retention_days ({self.retention_days * 86400:g} s):"
+                                             " a retry in the window replays frames retention has pruned"), \
+                self.dedup_window_s
         if self.cluster.advertise and self.store.backend != "postgres":
             yield "cluster.advertise", "a cluster needs [store] backend = \"postgres\"", self.cluster.advertise
 

@@ -185,6 +185,10 @@ def test_the_cross_key_checks(tmp_path):
     assert names(problems(tmp_path, '[profiles.main]\nmodel = "ecoh"\n')) == ["profiles.main.model"]
     assert names(problems(tmp_path, "[sidecar]\nkeepalive_s = inf\ndrain_timeout = nan\n")) == \
         ["sidecar.keepalive_s", "sidecar.drain_timeout"]
+    # Retention would prune the ledger row and frames a retry within the window replays:
+    # the retry got REQUEST_NOT_FOUND instead of the turn's frames.
+    assert names(problems(tmp_path, "[sidecar]\nretention_days = 0.001\n")) == ["sidecar.dedup_window_s"]
+    assert load(tmp_path, "[sidecar]\nretention_days = 0.001\ndedup_window_s = 86.4\n").dedup_window_s == 86.4
 
 
 def test_values_are_kept_as_given_and_folded_where_case_does_not_matter(tmp_path):

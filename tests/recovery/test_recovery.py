@@ -321,7 +321,7 @@ def pruned(store, key, ids) -> bool:
 
 
 def test_retention_with_fractional_days(tmp_path):
-    cfg = table("sidecar", retention_days=0.00001, housekeeping_interval_s=0.5) + echo("main")
+    cfg = table("sidecar", retention_days=0.00001, dedup_window_s=0.5, housekeeping_interval_s=0.5) + echo("main")
     sc = Sidecar(tmp_path / "data", config=cfg).start()
     try:
         src = source()
