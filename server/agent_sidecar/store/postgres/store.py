@@ -3,7 +3,7 @@
 
 Writes go through this sidecar's writer process (store/writer/: group commit,
 one transaction per group, a savepoint per job) on its own connection; reads
-through a pool of asyncio connections (psycopg_pool), each read one statement.
+through a pool of asyncio connections (pool.py), each read one statement.
 Every sidecar of a cluster runs the same migrations at start (serialised by an
 advisory lock: once). ``follow_cluster`` yields the highest frame cursor of each
 commit any sidecar made and the announces of deletes (LISTEN/NOTIFY), for the
@@ -18,26 +18,21 @@ from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
-from ..faults import unavailable
+from ..faults import StoreUnavailable, unavailable
 from ..interface import StoreOpenError
 from ..records import FrameRecord, LeaseHolder, LedgerEntry, Message, SearchHit, SessionEntry, StoreStats
 from ..writer.backed import WriterBacked
 from ..writer.client import CommitStats, GroupCommitWriter
 from . import reads
-from .codec import configure
-from .connection import CHANNEL, CONTROL_CHANNEL, connect, connect_async, is_fault, read_announce
+from .connection import CHANNEL, CONTROL_CHANNEL, connect, connect_async, read_announce
+from .pool import ReadPool
 from .schema import migrate
 
 if TYPE_CHECKING:
     from ..records import ClusterOp
 
 log = logging.getLogger("agent_sidecar.store")
-
-
-async def _configure(conn: psycopg.AsyncConnection) -> None:
-    configure(conn)
 
 
 class PostgresStore(WriterBacked):
@@ -57,25 +52,22 @@ class PostgresStore(WriterBacked):
         self.writer = GroupCommitWriter(
             ("agent_sidecar.store.postgres.connection:open_backend", (dsn, node_id)),
             preload, log_format, log_level, on_lost)
-        self._pool = AsyncConnectionPool(dsn, min_size=1, max_size=max(1, pool_size), open=False,
-                                         kwargs={"autocommit": True}, configure=_configure,
-                                         name="agent-sidecar-reads")
+        self._pool = ReadPool(dsn, pool_size, lambda: self.fault is not None)
+        self.watch_faults(self._writes_changed)
+
+    def _writes_changed(self, fault: StoreUnavailable | None) -> None:
+        if fault is None:  # the database answers the writer again: reads wait for their connection
+            self._pool.revive()
 
     async def start(self) -> None:
-        await asyncio.gather(self.writer.start(), self._pool.open(wait=True, timeout=30))
+        await asyncio.gather(self.writer.start(), self._pool.open())
 
     # -- writes: WriterBacked (store/writer/backed.py) ----------------------------------
 
     # -- reads ------------------------------------------------------------------------------
 
     async def _read(self, fn: Callable[..., Any], *args: Any) -> Any:
-        try:
-            async with self._pool.connection() as conn:
-                return await fn(conn, *args)
-        except Exception as e:
-            if is_fault(e) or isinstance(e, TimeoutError):
-                raise unavailable(e) from None
-            raise
+        return await self._pool.run(fn, *args)
 
     async def entry(self, key: str) -> SessionEntry | None:
         return await self._read(reads.entry, key)
