@@ -295,6 +295,8 @@ class Worker:
             done = wire.failed(rid, E.AGENT_TIMEOUT, f"the turn exceeded its timeout ({m['timeout_s']:.1f} s)")
         except asyncio.CancelledError:
             done = wire.failed(rid, self.cancel_reasons.pop(rid, E.CANCELLED), "the turn was cancelled")
+        except E.SidecarError as e:  # the store could not be read (STORE_UNAVAILABLE): not the model's fault
+            done = wire.failed(rid, e.reason, e.message)
         except Exception as e:  # a backend bug must fail the turn, not the worker
             done = wire.failed(rid, E.LLM_API_FAILURE, f"{type(e).__name__}: {e}")
         finally:

@@ -1,6 +1,13 @@
 """What a worker process reads from a PostgreSQL store (interface.TranscriptReader):
-one autocommit connection per worker, opened on first use, reopened after a
-lost connection."""
+one autocommit connection per worker, opened on first use.
+
+A connection the server lost (a restart, an outage, a failover, an operator's
+pg_terminate_backend) is only found out by using it: its first statement
+fails. The read then runs once more on a new connection, so the first turn a
+worker runs after the database came back does not fail for the connection it
+opened before. If the database cannot be reached at all the read raises
+``StoreUnavailable``: the turn fails STORE_UNAVAILABLE (retry later), not as a
+model failure."""
 
 from __future__ import annotations
 
@@ -8,8 +15,9 @@ from typing import Any
 
 import psycopg
 
+from ..faults import unavailable
 from . import reads
-from .connection import connect
+from .connection import connect, is_fault
 
 
 class PostgresTranscriptReader:
@@ -18,14 +26,31 @@ class PostgresTranscriptReader:
         self._conn: psycopg.Connection | None = None
 
     def load_for_model(self, session_id: str) -> list[dict[str, Any]]:
-        if self._conn is None or self._conn.closed:
+        for last in (False, True):
+            try:
+                return reads.load_for_model(self._connection(), session_id)
+            except psycopg.Error as e:
+                if not is_fault(e):
+                    raise
+                fresh = self._conn is None
+                self.close()
+                if last or fresh:  # a new connection failed too: the database is out of reach
+                    raise unavailable(e) from None
+        raise AssertionError("unreachable")
+
+    def _connection(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = None
             self._conn = connect(self.dsn, autocommit=True)
-        return reads.load_for_model(self._conn, session_id)
+        return self._conn
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except psycopg.Error:
+                pass
 
 
 def open_reader(dsn: str) -> PostgresTranscriptReader:
