@@ -215,13 +215,17 @@ class ClusterLeases:
     async def _keep(self) -> None:
         loop = asyncio.get_running_loop()
         every = self.ttl / 3
+        failing = False  # renewals fail while the store is out of reach: one line per episode
         while True:
             await asyncio.sleep(every)
             try:
                 await self._renew(loop.time())
                 await self._release_idle(loop.time())
+                failing = False
             except StoreUnavailable as e:
-                log.warning("cluster lease renewal failed", extra={"error": e.message})
+                log.log(logging.DEBUG if failing else logging.WARNING, "cluster lease renewal failed",
+                        extra={"error": e.message})
+                failing = True
             except Exception:
                 log.exception("cluster lease renewal failed")
             self.lost([k for k, t in self.trusted_until.items() if t <= loop.time()])

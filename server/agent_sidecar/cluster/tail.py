@@ -106,12 +106,15 @@ class FrameTail:
                             self._mirror(note)
                         elif note == 0 or note > self.cursor:
                             await self._catch_up(note)
+                            if delay > RETRY_MIN_S:
+                                log.info("cluster tail: following the store again")
                             delay = RETRY_MIN_S
             except asyncio.CancelledError:
                 raise
-            except StoreUnavailable as e:
-                log.warning("cluster tail: the store is out of reach; following again",
-                            extra={"error": e.message, "retry_in_s": delay})
+            except StoreUnavailable as e:  # one line per outage, not one per attempt
+                log.log(logging.WARNING if delay == RETRY_MIN_S else logging.DEBUG,
+                        "cluster tail: the store is out of reach; following again",
+                        extra={"error": e.message, "retry_in_s": delay})
             except Exception:
                 log.exception("cluster tail failed; following again")
             await asyncio.sleep(delay)

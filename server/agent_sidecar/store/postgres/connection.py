@@ -108,6 +108,7 @@ class PostgresWriter:
 
     def __init__(self, dsn: str, node_id: str):
         self.dsn, self.node_id = dsn, node_id
+        self._reconnecting = False
         self._open()
         self._uow: PostgresUnitOfWork | None = None
         self._pipeline: contextlib.ExitStack | None = None
@@ -132,12 +133,15 @@ class PostgresWriter:
         the writer comes back when the database does. Nothing is lost: a
         transaction the lost connection had open was rolled back with it and
         its jobs were answered as failed."""
-        log.warning("store connection lost; connecting again")
+        # One line per loss: while the server stays out of reach, each retry round lands here again.
+        log.log(logging.DEBUG if self._reconnecting else logging.WARNING, "store connection lost; connecting again")
+        self._reconnecting = True
         try:
             self.conn.close()
         except psycopg.Error:
             pass
         self._open()  # raises while the server cannot be reached; the next group tries again
+        self._reconnecting = False
         if self._uow is not None:
             self._uow.bind(self.conn)
 

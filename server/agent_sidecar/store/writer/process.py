@@ -227,6 +227,26 @@ def _run(db: WriterBackend, uow, fn: Callable, args: list[tuple]) -> list[tuple[
 TRANSIENT_RETRIES = 3
 
 
+class _FaultEpisode:
+    """One warning per episode of failing commits: the store retries every
+    second or so while it cannot write (faults.py), and a database down for
+    an hour must not leave thousands of identical lines; the rest go to debug
+    until a commit succeeds again."""
+
+    def __init__(self) -> None:
+        self.failing = False
+
+    def failed(self, error: BaseException) -> None:
+        log.log(logging.DEBUG if self.failing else logging.WARNING, "store commit failed: %s", error)
+        self.failing = True
+
+    def ended(self) -> None:
+        self.failing = False
+
+
+_fault_episode = _FaultEpisode()
+
+
 def commit(db: WriterBackend, uow, runs: list[tuple[list[int], Callable, list[tuple]]]
            ) -> list[tuple[int, bool, Any]]:
     """Run every job (``_runs``) inside one transaction; return ``(job id, ok,
@@ -265,10 +285,12 @@ def _commit_once(db: WriterBackend, uow, runs, last: bool) -> list[tuple[int, bo
             return None
         error: BaseException = fault or e  # "no such savepoint" after a full disk is the full disk
         if db.is_fault(error):  # the parent logs the state change; no traceback per commit
-            log.warning("store commit failed: %s", error)
+            _fault_episode.failed(error)
         else:
             log.exception("store commit failed")
         out = [(jid, False, error) for jids, _, _ in runs for jid in jids]
+    else:
+        _fault_episode.ended()
     _at_end.clear()
     return [(jid, ok, unavailable(v) if not ok and db.is_fault(v) else v) for jid, ok, v in out]
 
