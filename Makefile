@@ -82,11 +82,13 @@ proto-baseline: $(TOOLS)/node_modules/.bin/buf
 		| $(PY) -m json.tool --indent 1 > proto/v1-baseline.json
 
 # The suite twice: everything on SQLite, then the behavioural folders (and the
-# PostgreSQL backend's own tests) with every sidecar on PostgreSQL: the server
+# PostgreSQL backend's own tests, and the database outage test, which starts
+# and stops a server of its own) with every sidecar on PostgreSQL: the server
 # AGENT_SIDECAR_TEST_PG_DSN names (.ci/run starts one), else one the tests start.
 # The DSN goes to pytest alone (which hides it from the sidecars it starts):
 # every sidecar reads AGENT_SIDECAR_* as config, the other steps' too.
-PG_TESTS := tests/api tests/sessions tests/turns tests/recovery tests/tools tests/models tests/store
+PG_TESTS := tests/api tests/sessions tests/turns tests/recovery tests/tools tests/models tests/store \
+	tests/cluster/test_db_outage.py
 PG_DSN := $(AGENT_SIDECAR_TEST_PG_DSN)
 unexport AGENT_SIDECAR_TEST_PG_DSN
 pytest: install

@@ -96,16 +96,30 @@ def start_server(root: Path) -> str:
     port = _free_port()
     opts = " ".join(f"-c {s}" for s in (*SERVER_SETTINGS, f"port={port}", "listen_addresses=127.0.0.1",
                                         f"unix_socket_directories={root}"))
-    done = subprocess.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(root / "server.log"),
-                                        "-o", opts, "-w", "-t", "60", "start"]), capture_output=True, text=True)
-    if done.returncode != 0:
-        log = (root / "server.log").read_text() if (root / "server.log").exists() else ""
-        raise RuntimeError(f"PostgreSQL did not start: {done.stdout}{done.stderr}\n{log}")
+    (root / "server.opts").write_text(opts)  # start_again: the same port and socket
+    _pg_ctl_start(root, opts)
     return f"host={root} port={port} user=postgres dbname=postgres"
 
 
-def stop_server(root: Path) -> None:
-    subprocess.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(root / "data"), "-m", "fast", "-w",
+def _pg_ctl_start(root: Path, opts: str) -> None:
+    done = subprocess.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(root / "data"), "-l",
+                                        str(root / "server.log"), "-o", opts, "-w", "-t", "60", "start"]),
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        log = (root / "server.log").read_text() if (root / "server.log").exists() else ""
+        raise RuntimeError(f"PostgreSQL did not start: {done.stdout}{done.stderr}\n{log}")
+
+
+def start_again(root: Path) -> None:
+    """Start a server ``stop_server`` stopped, on the port and socket it had."""
+    _pg_ctl_start(root, (root / "server.opts").read_text())
+
+
+def stop_server(root: Path, mode: str = "fast") -> None:
+    """``pg_ctl stop -m mode``: ``fast`` ends every session cleanly (each client
+    is told, AdminShutdown); ``immediate`` is a crash (sockets just close,
+    crash recovery at the next start)."""
+    subprocess.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(root / "data"), "-m", mode, "-w",
                                  "stop"]), capture_output=True)
 
 
