@@ -457,3 +457,24 @@ def test_the_writer_connects_again_after_its_connection_is_lost(pg_server, tmp_p
             out = run(sc.prompts(), prompt_req(text="after", source=src), timeout=10)
             return out.code == grpc.StatusCode.OK and out.end == "completed" and out.text() == "after"
         wait_until(answered, 30, what="a prompt completed after the writer's connection was cut")
+
+
+def test_a_server_that_accepts_and_never_answers_ends_the_start_instead_of_holding_it(tmp_path):
+    """A PostgreSQL address that takes connections and never answers (a hung
+    host, a half-open route): the start ends, exit status 1 and "cannot reach
+    the PostgreSQL store", after the connect timeout. It used to print nothing
+    for psycopg's default of over two minutes (this test's 60 s run out)."""
+    import socket
+
+    from helpers.cli import cli
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(8)  # the kernel completes the handshake; nobody reads
+        cfg = tmp_path / "c.toml"
+        cfg.write_text('[store]\nbackend = "postgres"\n'
+                       f'dsn = "host=127.0.0.1 port={mute.getsockname()[1]} user=x dbname=y"\n')
+        r = cli("serve", "--data-dir", str(tmp_path / "data"), "--config", str(cfg), "--workers", "1",
+                "--log-format", "text", timeout=60)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "Traceback" not in out, out
+    assert "cannot reach the PostgreSQL store" in out and "timeout" in out, out

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from typing import TYPE_CHECKING
 
 import orjson
 import psycopg
 from psycopg import errors as pgerr
+from psycopg.conninfo import conninfo_to_dict
 
 from ..faults import is_store_fault
 from ..records import ClusterOp
@@ -51,14 +53,31 @@ WRITER_APPLICATION = "agent-sidecar-writer"  # the writer's application_name (pg
 PREPARED_MAX = 500
 
 
+# How long a connection attempt may take when neither the DSN nor
+# PGCONNECT_TIMEOUT says: a server that accepts the connection and never
+# answers (a hung host, a half-open route) otherwise holds it for psycopg's
+# default of over two minutes, while a starting sidecar prints nothing and a
+# worker's loop waits on its transcript reader's connect.
+CONNECT_TIMEOUT_S = 10
+
+
+def connect_kwargs(dsn: str, **kw) -> dict:
+    """``kw`` with ``connect_timeout`` added unless the DSN (or
+    PGCONNECT_TIMEOUT) sets its own."""
+    if "connect_timeout" not in kw and not os.environ.get("PGCONNECT_TIMEOUT") \
+            and "connect_timeout" not in conninfo_to_dict(dsn):
+        kw["connect_timeout"] = CONNECT_TIMEOUT_S
+    return kw
+
+
 def connect(dsn: str, **kw) -> psycopg.Connection:
-    conn = psycopg.connect(dsn, **kw)
+    conn = psycopg.connect(dsn, **connect_kwargs(dsn, **kw))
     configure(conn)
     return conn
 
 
 async def connect_async(dsn: str, **kw) -> psycopg.AsyncConnection:
-    conn = await psycopg.AsyncConnection.connect(dsn, **kw)
+    conn = await psycopg.AsyncConnection.connect(dsn, **connect_kwargs(dsn, **kw))
     configure(conn)
     return conn
 

@@ -39,7 +39,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ..faults import unavailable
 from .codec import configure
-from .connection import is_fault
+from .connection import connect_kwargs, is_fault
 
 log = logging.getLogger("agent_sidecar.store")
 
@@ -64,7 +64,7 @@ class ReadPool:
         self.down = False  # the last read failed because the database could not be reached (logged once)
         self._hurry = False  # reads wait WAIT_DOWN_S: down, and the store has not written since
         self._pool = AsyncConnectionPool(dsn, min_size=1, max_size=max(1, size), open=False,
-                                         kwargs={"autocommit": True}, configure=_configure,
+                                         kwargs=connect_kwargs(dsn, autocommit=True), configure=_configure,
                                          reconnect_timeout=RECONNECT_S, name="agent-sidecar-reads")
         self._quiet = _EpisodeFilter(self)
         logging.getLogger(_POOL_LOG).addFilter(self._quiet)
