@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ import time
 from pathlib import Path
 
 import grpc
+from helpers.pg import free_port  # noqa: F401 - the tests' one free port, taken from here too
 
 from agent_sidecar.v1 import (
     prompt_service_pb2_grpc,
@@ -30,12 +30,6 @@ from agent_sidecar.v1 import (
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "test-admin-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Sidecar:

@@ -68,10 +68,27 @@ SERVER_SETTINGS = ("fsync=off", "full_page_writes=off", "synchronous_commit=on",
                    "max_connections=300", "shared_buffers=64MB")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port() -> int:
+    """A loopback TCP port nothing listens on, for a server a test starts,
+    taken below the kernel's ephemeral range: a port that ``bind(0)`` hands
+    out is in that range, where any outgoing connection of the run (a gRPC
+    client, a PostgreSQL session) may take it as its own local port before the
+    server binds it ("address already in use"). Standard library only (this
+    module runs as .ci/run's script)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = secrets.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(10000, max(low, 10001))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def _as_postgres(args: list[str]) -> list[str]:
@@ -93,7 +110,7 @@ def start_server(root: Path) -> str:
     subprocess.run(_as_postgres([str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres",
                                  "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8", "-N"]),
                    check=True, capture_output=True)
-    port = _free_port()
+    port = free_port()
     opts = " ".join(f"-c {s}" for s in (*SERVER_SETTINGS, f"port={port}", "listen_addresses=127.0.0.1",
                                         f"unix_socket_directories={root}"))
     (root / "server.opts").write_text(opts)  # start_again: the same port and socket
