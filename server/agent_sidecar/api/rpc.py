@@ -50,7 +50,7 @@ async def _fail(context, name: str, e: Exception) -> None:
     if isinstance(e, (grpc.aio.AbortError, grpc.aio.UsageError)):
         raise e  # gRPC's own: the status is already set
     if not isinstance(e, SidecarError):
-        log.error("rpc %s failed", name, exc_info=e)
+        log.error("rpc failed", extra={"method": name}, exc_info=e)
         e = _internal(name)
     await abort(context, e)
 

@@ -92,7 +92,7 @@ class ToolRegistry:
                         spec["name"], spec.get("description", ""),
                         spec.get("parameters", {"type": "object"}), handler=spec["handler"])
             except Exception:
-                log.exception("loading tool entry point %s failed", ep.name)
+                log.exception("loading a tool entry point failed", extra={"entry_point": ep.name})
         self.version += 1
 
     def served_in_process(self, name: str) -> bool:

@@ -100,7 +100,7 @@ class ReadPool:
 
     def _went_down(self, e: BaseException) -> None:
         if not self.down:
-            log.warning("store reads failing: %s", e)
+            log.warning("store reads failing", extra={"error": f"{type(e).__name__}: {e}"})
         self.down = self._hurry = True
 
     async def close(self) -> None:

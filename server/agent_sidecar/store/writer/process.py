@@ -237,7 +237,8 @@ class _FaultEpisode:
         self.failing = False
 
     def failed(self, error: BaseException) -> None:
-        log.log(logging.DEBUG if self.failing else logging.WARNING, "store commit failed: %s", error)
+        log.log(logging.DEBUG if self.failing else logging.WARNING, "store commit failed",
+                extra={"error": f"{type(error).__name__}: {error}"})
         self.failing = True
 
     def ended(self) -> None:
