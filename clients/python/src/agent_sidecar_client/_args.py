@@ -13,7 +13,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, TypeVar, cast
+
+from google.protobuf.message import Message
 
 from agent_sidecar_client import errors
 from agent_sidecar_client._proto import common_pb2 as common
@@ -32,13 +34,40 @@ SourceLike = common.SessionSource | Mapping[str, Any]
 MessageLike = common.Message | Mapping[str, Any]
 
 
-def as_source(source: SourceLike) -> common.SessionSource:
+M = TypeVar("M", bound=Message)
+
+
+def build(cls: type[M], value: M | Mapping[str, Any], field: str) -> M:
+    """``value`` as a ``cls`` message: itself, or built from a dict of its
+    field names. A key the message lacks, or a value its field cannot take
+    (``{"content": 5}``), is ``InvalidArgument`` naming ``field.key``:
+    protobuf's own errors ("bad argument type for built-in operation") name
+    no field. Only a failed build looks for the culprit, key by key."""
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, Mapping):
+        raise _invalid(field, f"expected a dict or {cls.__name__}, got {type(value).__name__}")
+    try:
+        return cls(**value)
+    except (TypeError, ValueError) as exc:
+        for key, item in value.items():
+            try:
+                cls(**{key: item})
+            except ValueError:
+                raise _invalid(f"{field}.{key}", f"{cls.__name__} has no such field") from None
+            except TypeError as e:
+                raise _invalid(f"{field}.{key}", f"{type(item).__name__} does not fit this field ({e})") from None
+        raise _invalid(field, str(exc)) from None
+
+
+def as_source(source: SourceLike, field: str = "source") -> common.SessionSource:
     """A SessionSource from a proto or a dict of its field names."""
-    return source if isinstance(source, common.SessionSource) else common.SessionSource(**source)
+    return build(common.SessionSource, source, field)
 
 
-def as_message(message: MessageLike) -> common.Message:
-    return message if isinstance(message, common.Message) else common.Message(**message)
+def as_messages(messages: list[MessageLike]) -> list[common.Message]:
+    """Each a Message, from a proto or a dict (``messages[i]`` in errors)."""
+    return [build(common.Message, m, f"messages[{i}]") for i, m in enumerate(messages)]
 
 
 def as_delivery(delivery: str | int) -> prompt_pb.DeliveryMode:
@@ -55,11 +84,18 @@ def as_delivery(delivery: str | int) -> prompt_pb.DeliveryMode:
 def check_text(**fields: Any) -> None:
     """Raise ``InvalidArgument`` naming the first string among ``fields`` that
     protobuf cannot encode: ``text``, or inside a dict or list ``source.chat_id``,
-    ``messages[2].content``. Proto messages are skipped (protobuf refused such
-    a string when they were built); so is anything else that is not a str, dict,
-    list or tuple (protobuf judges its type)."""
+    ``messages[2].content``; and a field given as neither a string nor None
+    nor a container (``session_key=5``). Proto messages are skipped (protobuf
+    refused such a string when they were built); inside a dict or list,
+    anything that is not a str, dict, list or tuple is left to ``build``."""
     for name, value in fields.items():
+        if value is not None and not isinstance(value, str | Mapping | list | tuple | Message):
+            raise _invalid(name, f"expected a string, got {type(value).__name__}")
         _check(name, value)
+
+
+def _invalid(field: str, why: str) -> errors.InvalidArgument:
+    return errors.InvalidArgument(message=f"{field}: {why}", field_violations=[(field, why)])
 
 
 def _check(field: str, value: Any) -> None:
@@ -69,8 +105,7 @@ def _check(field: str, value: Any) -> None:
         try:
             value.encode()
         except UnicodeEncodeError as exc:
-            why = f"has a lone surrogate at index {exc.start} (UTF-8 cannot carry it)"
-            raise errors.InvalidArgument(message=f"{field}: {why}", field_violations=[(field, why)]) from None
+            raise _invalid(field, f"has a lone surrogate at index {exc.start} (UTF-8 cannot carry it)") from None
     elif isinstance(value, Mapping):
         for key, item in value.items():
             _check(f"{field}.{key}", item)

@@ -18,8 +18,8 @@ from typing import Any
 
 import grpc
 
-from agent_sidecar_client import errors
-from agent_sidecar_client._args import Deadline, MessageLike, SourceLike, as_delivery, as_message, as_source, check_text
+from agent_sidecar_client import _args, errors
+from agent_sidecar_client._args import Deadline, MessageLike, SourceLike, as_delivery, as_source, check_text
 from agent_sidecar_client._frames import CursorFilter, SeqFilter
 from agent_sidecar_client._proto import common_pb2 as common
 from agent_sidecar_client._proto import prompt_service_pb2 as prompt_pb
@@ -195,7 +195,7 @@ class SidecarClient:
         response: session_pb.SeedSessionResponse
         response = await self._call(self.sessions.SeedSession, session_pb.SeedSessionRequest(
             source=as_source(source) if source is not None else None, session_key=session_key,
-            messages=[as_message(m) for m in messages], profile=profile or ""))
+            messages=_args.as_messages(messages), profile=profile or ""))
         return response.session
 
     async def get_transcript(self, session_id: str, include_rewound: bool = False, page_size: int = 0,
@@ -212,14 +212,14 @@ class SidecarClient:
         check_text(session_id=session_id, messages=messages)
         response: session_pb.AppendMessagesResponse
         response = await self._call(self.sessions.AppendMessages, session_pb.AppendMessagesRequest(
-            session_id=session_id, messages=[as_message(m) for m in messages]))
+            session_id=session_id, messages=_args.as_messages(messages)))
         return response.first_seq, response.last_seq
 
     async def rewrite_transcript(self, session_id: str, messages: Iterable[MessageLike]) -> None:
         messages = list(messages)
         check_text(session_id=session_id, messages=messages)
         await self._call(self.sessions.RewriteTranscript, session_pb.RewriteTranscriptRequest(
-            session_id=session_id, messages=[as_message(m) for m in messages]))
+            session_id=session_id, messages=_args.as_messages(messages)))
 
     async def rewind_session(self, session_id: str, n: int = 1) -> session_pb.RewindSessionResponse:
         check_text(session_id=session_id)
@@ -238,7 +238,7 @@ class SidecarClient:
     async def update_usage(self, session_key: str, delta: common.Usage | Mapping[str, Any],
                            last_prompt_tokens: int = 0, cost_status: str = "") -> common.Session:
         check_text(session_key=session_key, cost_status=cost_status)
-        usage = delta if isinstance(delta, common.Usage) else common.Usage(**delta)
+        usage = _args.build(common.Usage, delta, "delta")
         response: session_pb.UpdateUsageResponse
         response = await self._call(self.sessions.UpdateUsage, session_pb.UpdateUsageRequest(
             session_key=session_key, delta=usage, last_prompt_tokens=last_prompt_tokens,
@@ -284,7 +284,8 @@ class SidecarClient:
                    attachments=attachments)
         request = prompt_pb.PromptRequest(
             request_id=request_id or str(uuid.uuid4()), text=text, delivery=as_delivery(delivery),
-            profile=profile or "", session_key=session_key, attachments=attachments,
+            profile=profile or "", session_key=session_key,
+            attachments=[_args.build(prompt_pb.Attachment, a, f"attachments[{i}]") for i, a in enumerate(attachments)],
             source=as_source(source) if source is not None else None)
         frame_filter = SeqFilter()
         deadline = Deadline(timeout)

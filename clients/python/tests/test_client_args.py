@@ -1,0 +1,87 @@
+"""A value of the wrong kind is refused up front as InvalidArgument naming
+its field: a dict key the message lacks, a value its field cannot take
+(``{"content": 5}``), an argument that should be a string and is not
+(``session_key=5``). Before, protobuf raised TypeError "bad argument type for
+built-in operation" or ValueError 'Protocol message Message has no "bogus"
+field.', naming none. No sidecar is needed: nothing is sent."""
+
+import asyncio
+
+import pytest
+
+import agent_sidecar_client as asc
+
+OK = {"role": "user", "content": "fine"}
+
+SYNC_CASES = [
+    (lambda c: c.prompt("hi", source={"platform": "x", "chat_id": 42}), "source.chat_id", "int does not fit"),
+    (lambda c: c.prompt("hi", source={"platform": "x", "chat": "c"}), "source.chat", "no such field"),
+    (lambda c: c.prompt("hi", source=["x"]), "source", "expected a dict or SessionSource, got list"),
+    (lambda c: c.prompt(5, session_key="k"), "text", "expected a string, got int"),
+    (lambda c: c.prompt("hi", session_key=7), "session_key", "expected a string, got int"),
+    (lambda c: c.prompt("hi", session_key="k", attachments=[{"name": "n", "data": "not bytes"}]),
+     "attachments[0].data", "str does not fit"),
+    (lambda c: c.prompt("hi", session_key="k", attachments=["a.png"]),
+     "attachments[0]", "expected a dict or Attachment, got str"),
+]
+
+ASYNC_CASES = [
+    (lambda c: c.append_messages("s", [OK, {"role": "user", "content": 5}]), "messages[1].content",
+     "int does not fit"),
+    (lambda c: c.append_messages("s", [{"role": "user", "text": "hi"}]), "messages[0].text", "no such field"),
+    (lambda c: c.seed_session([{"role": "user", "seq": "1"}], session_key="k"), "messages[0].seq",
+     "str does not fit"),
+    (lambda c: c.rewrite_transcript("s", [OK, "hello"]), "messages[1]", "expected a dict or Message, got str"),
+    (lambda c: c.update_usage("k", {"input_tokens": "3"}), "delta.input_tokens", "str does not fit"),
+    (lambda c: c.get_session(session_key=1), "session_key", "expected a string, got int"),
+    (lambda c: c.search_messages(b"q"), "query", "expected a string, got bytes"),
+]
+
+
+def client() -> asc.SidecarClient:
+    return asc.SidecarClient("unix:/nonexistent/agent-sidecar-test.sock", call_timeout=1)
+
+
+def assert_names(err: asc.InvalidArgument, field: str, why: str) -> None:
+    assert err.reason == "INVALID_ARGUMENT"
+    assert [f for f, _ in err.field_violations] == [field], err.field_violations
+    assert why in err.field_violations[0][1] and err.message.startswith(f"{field}: "), err.message
+
+
+@pytest.mark.parametrize(("call", "field", "why"), SYNC_CASES, ids=[f for _, f, _ in SYNC_CASES])
+def test_prompt_refuses_a_value_of_the_wrong_kind_naming_the_field(call, field, why):
+    async def body():
+        c = client()
+        try:
+            with pytest.raises(asc.InvalidArgument) as info:
+                call(c)
+            return info.value
+        finally:
+            await c.close()
+
+    assert_names(asyncio.run(body()), field, why)
+
+
+@pytest.mark.parametrize(("call", "field", "why"), ASYNC_CASES, ids=[f for _, f, _ in ASYNC_CASES])
+def test_unary_calls_refuse_a_value_of_the_wrong_kind_naming_the_field(call, field, why):
+    async def body():
+        c = client()
+        try:
+            with pytest.raises(asc.InvalidArgument) as info:
+                await call(c)
+            return info.value
+        finally:
+            await c.close()
+
+    assert_names(asyncio.run(body()), field, why)
+
+
+def test_messages_of_every_kind_still_build():
+    async def body():
+        async with client() as c:
+            with pytest.raises(asc.SidecarError) as info:  # sent: the dead socket answers UNAVAILABLE
+                await c.append_messages("s", [OK, asc.Message(role="assistant", content="a"),
+                                              {"role": "tool", "content": "{}", "tool_call_id": "1", "seq": 3}])
+            assert not isinstance(info.value, asc.InvalidArgument)
+
+    asyncio.run(body())
