@@ -142,13 +142,13 @@ class ToolHost:
 
     async def _serve_once(self, client: Any) -> None:
         """One ServeTools stream: register, then answer until it ends."""
-        outbox: asyncio.Queue[tool_pb.ServeToolsRequest] = asyncio.Queue()
+        outbox: asyncio.Queue[tool_pb.ServeToolsRequest | None] = asyncio.Queue()
         outbox.put_nowait(self._register_message())
         tasks: set[asyncio.Task[Any]] = set()
 
         async def requests() -> AsyncIterator[tool_pb.ServeToolsRequest]:
-            while True:
-                yield await outbox.get()
+            while (request := await outbox.get()) is not None:  # None: the stream is over
+                yield request
 
         async def answer(invocation: tool_pb.ToolInvocation) -> None:
             outbox.put_nowait(tool_pb.ServeToolsRequest(result=await self.invoke(invocation)))
@@ -165,6 +165,10 @@ class ToolHost:
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
         finally:
+            # gRPC's task that reads requests() outlives a call that ended with a
+            # status (a refused registration): ending requests() ends it, or it
+            # would wait on the outbox for good.
+            outbox.put_nowait(None)
             call.cancel()
             for task in tasks:
                 task.cancel()

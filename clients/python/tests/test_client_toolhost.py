@@ -1,0 +1,43 @@
+"""ToolHost against a real sidecar (started with the server suite's helper,
+tests/sidecar_proc.py): a registration the sidecar refuses raises its typed
+error and leaves nothing running behind it."""
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import agent_sidecar_client as asc
+
+pytest.importorskip("agent_sidecar")
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
+from sidecar_proc import Sidecar  # noqa: E402
+
+
+def test_a_refused_registration_leaves_no_task_behind(tmp_path):
+    """A namespace the sidecar refuses: InvalidArgument naming it, and every
+    task the host started ends (gRPC's request reader waited on the host's
+    outbox for good: "Task was destroyed but it is pending!" at exit, one
+    more task per refused attempt)."""
+    sc = Sidecar(tmp_path / "data", workers=1).start()
+    try:
+        async def run():
+            async with await asc.connect(sc.target) as client:
+                host = asc.ToolHost("bad ns")
+                host.tool(lambda: 1, name="bad ns.x")
+                with pytest.raises(asc.InvalidArgument) as info:
+                    async with host.running(client, timeout=10):
+                        pass
+                me = asyncio.current_task()
+                deadline = time.monotonic() + 10
+                while (left := [t for t in asyncio.all_tasks() if t is not me]) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                return info.value, left
+
+        err, left = asyncio.run(run())
+    finally:
+        sc.stop()
+    assert err.field_violations[0][0] == "register.namespace", err.field_violations
+    assert left == [], left
