@@ -8,6 +8,7 @@ nothing is sent, so the dead socket is never dialled."""
 import asyncio
 
 import pytest
+from _refusal import client, refusal
 
 import agent_sidecar_client as asc
 from agent_sidecar_client._proto import tool_service_pb2 as tool_pb
@@ -66,10 +67,6 @@ ASYNC_CASES = [
 ]
 
 
-def client() -> asc.SidecarClient:
-    return asc.SidecarClient("unix:/nonexistent/agent-sidecar-test.sock", call_timeout=1)
-
-
 def assert_names(err: asc.InvalidArgument, field: str) -> None:
     assert err.field_violations == [(field, "has a lone surrogate at index 1 (UTF-8 cannot carry it)")]
     assert err.message == f"{field}: has a lone surrogate at index 1 (UTF-8 cannot carry it)"
@@ -78,27 +75,12 @@ def assert_names(err: asc.InvalidArgument, field: str) -> None:
 
 @pytest.mark.parametrize(("call", "field"), SYNC_CASES, ids=[f for _, f in SYNC_CASES])
 def test_prompt_and_watch_refuse_a_lone_surrogate_naming_the_field(call, field):
-    async def body():
-        c = client()
-        try:
-            with pytest.raises(asc.InvalidArgument) as info:
-                call(c)
-            return info.value
-        finally:
-            await c.close()
-
-    assert_names(asyncio.run(body()), field)
+    assert_names(refusal(call), field)
 
 
 @pytest.mark.parametrize(("call", "field"), ASYNC_CASES, ids=[f"{i}-{f}" for i, (_, f) in enumerate(ASYNC_CASES)])
 def test_unary_calls_refuse_a_lone_surrogate_naming_the_field(call, field):
-    async def body():
-        async with client() as c:
-            with pytest.raises(asc.InvalidArgument) as info:
-                await call(c)
-            return info.value
-
-    assert_names(asyncio.run(body()), field)
+    assert_names(refusal(call), field)
 
 
 def test_tool_host_refuses_a_lone_surrogate_in_a_tool_name_or_description():
