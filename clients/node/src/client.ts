@@ -25,25 +25,13 @@ import {
 } from "./connection";
 import { SidecarError } from "./errors";
 import { toMessages } from "./messages";
-import { type Message, type Session, SessionSource, type Usage } from "./gen/agent_sidecar/v1/common";
-import {
-  type GetQueueResponse,
-  PromptServiceClient,
-} from "./gen/agent_sidecar/v1/prompt_service";
-import {
-  type AppendMessagesResponse,
-  type GetSessionContextResponse,
-  type GetTranscriptResponse,
-  type ListSessionsResponse,
-  type RewindSessionResponse,
-  type SearchHit,
-  SessionServiceClient,
-} from "./gen/agent_sidecar/v1/session_service";
+import type { Message, Session, Usage } from "./gen/agent_sidecar/v1/common";
+import * as pv from "./gen/agent_sidecar/v1/prompt_service";
+import * as sv from "./gen/agent_sidecar/v1/session_service";
 import { type ServeToolsRequest, type ServeToolsResponse, ToolServiceClient } from "./gen/agent_sidecar/v1/tool_service";
 import { type FrameStream, resumePolicy, type ResumeOptions } from "./stream";
-import { checkSource, checkTexts } from "./text";
+import { checkFlag, checkSource, checkTexts, required, requireOne, requireSource, requireTexts } from "./text";
 import { promptStream, type StreamHost, watchStream } from "./turns";
-
 import {
   type ConnectOptions,
   type Delivery,
@@ -52,6 +40,7 @@ import {
   parseDelivery,
   type PromptOptions,
   type SourceInput,
+  usageDelta,
   type WatchOptions,
 } from "./options";
 
@@ -62,7 +51,7 @@ export { type ConnectOptions, type Delivery, parseDelivery, type PromptOptions, 
  * A token is never sent in cleartext to another machine by accident: over a plain
  * channel to a host that is not loopback this throws unless `insecure: true`.
  */
-export function connect(target: string, options: ConnectOptions = {}): SidecarClient {
+export function connect(target: string, options: ConnectOptions | null = {}): SidecarClient {
   return new SidecarClient(target, options);
 }
 
@@ -70,14 +59,15 @@ export function connect(target: string, options: ConnectOptions = {}): SidecarCl
  * A connection to one sidecar. Cheap to keep for the life of the process; the
  * three services share one channel, which reconnects by itself.
  *
- * Every string a call sends is checked first (text.ts): one that is not a
- * string or holds a lone surrogate is an InvalidArgument naming it (`sessionKey`,
- * `source.chatId`), raised the way the call raises its other argument errors
- * (rejected by the promise calls, thrown by `prompt` and `watch`); nothing is sent.
+ * Every argument a call sends is checked first (text.ts): a bad string, or a
+ * required one given as undefined or null, is an InvalidArgument naming it
+ * (`sessionKey`, `source.chatId`), rejected by the promise calls, thrown by
+ * `prompt` and `watch`; nothing is sent. An optional one given as undefined
+ * or null goes out as the proto default (requests are built with `fromPartial`).
  */
 export class SidecarClient {
   /** Raw generated stubs, for anything the idiomatic layer does not cover. */
-  readonly raw: { sessions: SessionServiceClient; prompts: PromptServiceClient; tools: ToolServiceClient };
+  readonly raw: { sessions: sv.SessionServiceClient; prompts: pv.PromptServiceClient; tools: ToolServiceClient };
   private readonly channel: Channel;
   private readonly timeoutMs: number;
   private readonly resume: ResumeOptions | false;
@@ -87,7 +77,8 @@ export class SidecarClient {
   private readonly toolCalls = new Set<{ cancel(): void }>();
   private shut = false;
 
-  constructor(readonly target: string, options: ConnectOptions = {}) {
+  constructor(readonly target: string, options: ConnectOptions | null = {}) {
+    options ??= {}; // null is no options
     // Bad arguments fail here, naming the option, not later as UNAVAILABLE or a hang.
     checkTarget(target);
     if (options.token != null) checkToken(options.token);
@@ -108,7 +99,8 @@ export class SidecarClient {
     };
     // With channelOverride the stubs share this.channel; their credentials argument is unused.
     const mk = <T>(C: new (a: string, c: ChannelCredentials, o: object) => T): T => new C(target, creds, clientOptions);
-    this.raw = { sessions: mk(SessionServiceClient), prompts: mk(PromptServiceClient), tools: mk(ToolServiceClient) };
+    const [sessions, prompts, tools] = [mk(sv.SessionServiceClient), mk(pv.PromptServiceClient), mk(ToolServiceClient)];
+    this.raw = { sessions, prompts, tools };
   }
 
   /**
@@ -172,83 +164,98 @@ export class SidecarClient {
     if (this.shut) return Promise.reject(closedError());
     return unary(method, request, this.timeoutMs, this.unaryCalls);
   }
-  private get s(): SessionServiceClient {
+  private get s(): sv.SessionServiceClient {
     return this.raw.sessions;
   }
 
   // ---- SessionService -------------------------------------------------------------
 
   /** Get the session of a source, creating it if needed (idempotent under concurrency). */
-  async getOrCreateSession(source: SourceInput, opts: { profile?: string; forceNew?: boolean } = {}): Promise<Session> {
-    checkSource(source);
-    checkTexts({ profile: opts.profile });
-    const req = { source: SessionSource.fromPartial(source), forceNew: opts.forceNew ?? false, profile: opts.profile ?? "" };
-    const res = await this.call(this.s.getOrCreateSession.bind(this.s), req);
-    return res.session!;
+  async getOrCreateSession(
+    source: SourceInput,
+    opts?: { profile?: string; forceNew?: boolean } | null,
+  ): Promise<Session> {
+    const o = opts ?? {};
+    requireSource(source);
+    checkTexts({ profile: o.profile });
+    checkFlag(o.forceNew, "forceNew");
+    const req = sv.GetOrCreateSessionRequest.fromPartial({ source, forceNew: o.forceNew, profile: o.profile });
+    return (await this.call(this.s.getOrCreateSession.bind(this.s), req)).session!;
   }
 
-  /** One session by key or id; throws SessionNotFound when absent. */
+  /** One session by key or id (give one); throws SessionNotFound when absent. */
   async getSession(ref: { sessionKey?: string; sessionId?: string }): Promise<Session> {
-    checkTexts({ sessionKey: ref.sessionKey, sessionId: ref.sessionId });
-    const req = { sessionKey: ref.sessionKey ?? "", sessionId: ref.sessionId ?? "" };
+    const { sessionKey, sessionId } = ref ?? {};
+    requireOne({ sessionKey, sessionId });
+    checkTexts({ sessionKey, sessionId });
+    const req = sv.GetSessionRequest.fromPartial({ sessionKey, sessionId });
     return (await this.call(this.s.getSession.bind(this.s), req)).session!;
   }
 
   /** One page of sessions, newest `updated_at` first. */
   async listSessions(
-    opts: { platform?: string; activeWithinSeconds?: number; pageSize?: number; pageToken?: string } = {},
-  ): Promise<ListSessionsResponse> {
-    checkTexts({ platform: opts.platform, pageToken: opts.pageToken });
-    const req = {
-      platform: opts.platform ?? "",
-      activeWithinSeconds: int64("activeWithinSeconds", opts.activeWithinSeconds ?? 0),
-      pageSize: int32("pageSize", opts.pageSize ?? 0),
-      pageToken: opts.pageToken ?? "",
-    };
+    opts?: { platform?: string; activeWithinSeconds?: number; pageSize?: number; pageToken?: string } | null,
+  ): Promise<sv.ListSessionsResponse> {
+    const o = opts ?? {};
+    checkTexts({ platform: o.platform, pageToken: o.pageToken });
+    const req = sv.ListSessionsRequest.fromPartial({
+      platform: o.platform,
+      activeWithinSeconds: int64("activeWithinSeconds", o.activeWithinSeconds ?? 0),
+      pageSize: int32("pageSize", o.pageSize ?? 0),
+      pageToken: o.pageToken,
+    });
     return this.call(this.s.listSessions.bind(this.s), req);
   }
 
   /** `/new`, `/reset`: a new session id; queued prompts of the key are dropped. */
-  async resetSession(sessionKey: string, opts: { displayName?: string } = {}): Promise<Session> {
-    checkTexts({ sessionKey, displayName: opts.displayName });
-    const req = { sessionKey, displayName: opts.displayName ?? "" };
+  async resetSession(sessionKey: string, opts?: { displayName?: string } | null): Promise<Session> {
+    const displayName = opts?.displayName;
+    requireTexts({ sessionKey });
+    checkTexts({ displayName });
+    const req = sv.ResetSessionRequest.fromPartial({ sessionKey, displayName });
     return (await this.call(this.s.resetSession.bind(this.s), req)).session!;
   }
 
   /** `/resume`: point the key at an earlier incarnation. */
   async switchSession(sessionKey: string, targetSessionId: string): Promise<Session> {
-    checkTexts({ sessionKey, targetSessionId });
-    return (await this.call(this.s.switchSession.bind(this.s), { sessionKey, targetSessionId })).session!;
+    requireTexts({ sessionKey, targetSessionId });
+    const req = sv.SwitchSessionRequest.fromPartial({ sessionKey, targetSessionId });
+    return (await this.call(this.s.switchSession.bind(this.s), req)).session!;
   }
 
   /** `/stop`: cancel the in-flight turn; the next access gets a new session id. */
   async suspendSession(sessionKey: string): Promise<Session> {
-    checkTexts({ sessionKey });
-    return (await this.call(this.s.suspendSession.bind(this.s), { sessionKey })).session!;
+    requireTexts({ sessionKey });
+    const req = sv.SuspendSessionRequest.fromPartial({ sessionKey });
+    return (await this.call(this.s.suspendSession.bind(this.s), req)).session!;
   }
 
   /** Mark the session resume_pending with a reason (never overrides suspended). */
   async markResumePending(sessionKey: string, reason: string): Promise<Session> {
-    checkTexts({ sessionKey, reason });
-    return (await this.call(this.s.markResumePending.bind(this.s), { sessionKey, reason })).session!;
+    requireTexts({ sessionKey, reason });
+    const req = sv.MarkResumePendingRequest.fromPartial({ sessionKey, reason });
+    return (await this.call(this.s.markResumePending.bind(this.s), req)).session!;
   }
 
   /** Delete a key and everything of it; false when it did not exist. */
   async deleteSession(sessionKey: string): Promise<boolean> {
-    checkTexts({ sessionKey });
-    return (await this.call(this.s.deleteSession.bind(this.s), { sessionKey })).deleted;
+    requireTexts({ sessionKey });
+    const req = sv.DeleteSessionRequest.fromPartial({ sessionKey });
+    return (await this.call(this.s.deleteSession.bind(this.s), req)).deleted;
   }
 
   /** Drop every session; `confirm` must be the literal "DELETE ALL SESSIONS". */
   async clearAllSessions(confirm: string): Promise<number> {
-    checkTexts({ confirm });
-    return (await this.call(this.s.clearAllSessions.bind(this.s), { confirm })).sessionsDeleted;
+    requireTexts({ confirm });
+    const req = sv.ClearAllSessionsRequest.fromPartial({ confirm });
+    return (await this.call(this.s.clearAllSessions.bind(this.s), req)).sessionsDeleted;
   }
 
   /**
-   * Write a synthetic transcript into a session (tests, tooling). Messages are
-   * checked first: a bad field rejects with InvalidArgument naming it
-   * (`messages[3].content`), sending nothing; likewise for the calls below.
+   * Write a synthetic transcript into a session (tests, tooling): give `source`
+   * or `sessionKey`, and `messages`. Messages are checked first: a bad field
+   * rejects with InvalidArgument naming it (`messages[3].content`), sending
+   * nothing; likewise for the calls below.
    */
   async seedSession(opts: {
     source?: SourceInput;
@@ -256,83 +263,97 @@ export class SidecarClient {
     messages: Partial<Message>[];
     profile?: string;
   }): Promise<Session> {
-    checkSource(opts.source);
-    checkTexts({ sessionKey: opts.sessionKey, profile: opts.profile });
-    const req = {
-      source: opts.source ? SessionSource.fromPartial(opts.source) : undefined,
-      sessionKey: opts.sessionKey ?? "",
-      messages: toMessages(opts.messages),
-      profile: opts.profile ?? "",
-    };
+    const { source, sessionKey, messages, profile } = opts ?? ({} as Partial<typeof opts>);
+    requireOne({ source, sessionKey });
+    checkSource(source);
+    checkTexts({ sessionKey, profile });
+    const req = sv.SeedSessionRequest.fromPartial({ source, sessionKey, messages: toMessages(messages), profile });
     return (await this.call(this.s.seedSession.bind(this.s), req)).session!;
   }
 
   /** One page of an incarnation's transcript, in order. */
   async getTranscript(
     sessionId: string,
-    opts: { includeRewound?: boolean; pageSize?: number; pageToken?: string } = {},
-  ): Promise<GetTranscriptResponse> {
-    checkTexts({ sessionId, pageToken: opts.pageToken });
-    const req = {
+    opts?: { includeRewound?: boolean; pageSize?: number; pageToken?: string } | null,
+  ): Promise<sv.GetTranscriptResponse> {
+    const o = opts ?? {};
+    requireTexts({ sessionId });
+    checkTexts({ pageToken: o.pageToken });
+    checkFlag(o.includeRewound, "includeRewound");
+    const req = sv.GetTranscriptRequest.fromPartial({
       sessionId,
-      includeRewound: opts.includeRewound ?? false,
-      pageSize: int32("pageSize", opts.pageSize ?? 0),
-      pageToken: opts.pageToken ?? "",
-    };
+      includeRewound: o.includeRewound,
+      pageSize: int32("pageSize", o.pageSize ?? 0),
+      pageToken: o.pageToken,
+    });
     return this.call(this.s.getTranscript.bind(this.s), req);
   }
 
   /** Append messages; durable when the promise resolves. */
-  async appendMessages(sessionId: string, messages: Partial<Message>[]): Promise<AppendMessagesResponse> {
-    checkTexts({ sessionId });
-    return this.call(this.s.appendMessages.bind(this.s), { sessionId, messages: toMessages(messages) });
+  async appendMessages(sessionId: string, messages: Partial<Message>[]): Promise<sv.AppendMessagesResponse> {
+    requireTexts({ sessionId });
+    const req = sv.AppendMessagesRequest.fromPartial({ sessionId, messages: toMessages(messages) });
+    return this.call(this.s.appendMessages.bind(this.s), req);
   }
 
-  /** Replace the transcript (the replaced rows stay as a hidden audit trail). */
+  /** Replace the transcript (the replaced rows stay as a hidden audit trail); `[]` empties it. */
   async rewriteTranscript(sessionId: string, messages: Partial<Message>[]): Promise<void> {
-    checkTexts({ sessionId });
-    await this.call(this.s.rewriteTranscript.bind(this.s), { sessionId, messages: toMessages(messages) });
+    requireTexts({ sessionId });
+    const req = sv.RewriteTranscriptRequest.fromPartial({ sessionId, messages: toMessages(messages) });
+    await this.call(this.s.rewriteTranscript.bind(this.s), req);
   }
 
-  /** `/undo`: back up `n` user turns (default 1) by soft delete. */
-  async rewindSession(sessionId: string, n = 1): Promise<RewindSessionResponse> {
-    checkTexts({ sessionId });
-    return this.call(this.s.rewindSession.bind(this.s), { sessionId, n: int32("n", n) });
+  /** `/undo`: back up `n` user turns (default 1, also for null) by soft delete. */
+  async rewindSession(sessionId: string, n?: number | null): Promise<sv.RewindSessionResponse> {
+    requireTexts({ sessionId });
+    const req = sv.RewindSessionRequest.fromPartial({ sessionId, n: int32("n", n ?? 1) });
+    return this.call(this.s.rewindSession.bind(this.s), req);
   }
 
   /** Full-text search over live messages. */
-  async searchMessages(query: string, opts: { sessionKey?: string; limit?: number } = {}): Promise<SearchHit[]> {
-    checkTexts({ query, sessionKey: opts.sessionKey });
-    const req = { query, sessionKey: opts.sessionKey ?? "", limit: int32("limit", opts.limit ?? 0) };
+  async searchMessages(query: string, opts?: { sessionKey?: string; limit?: number } | null): Promise<sv.SearchHit[]> {
+    const o = opts ?? {};
+    requireTexts({ query });
+    checkTexts({ sessionKey: o.sessionKey });
+    const limit = int32("limit", o.limit ?? 0);
+    const req = sv.SearchMessagesRequest.fromPartial({ query, sessionKey: o.sessionKey, limit });
     return (await this.call(this.s.searchMessages.bind(this.s), req)).hits;
   }
 
-  /** Add a usage delta to the session's token and cost accounting. */
+  /** Add a usage delta (absent counts are 0) to the session's token and cost accounting. */
   async updateUsage(
     sessionKey: string,
-    delta: Partial<Usage>,
-    opts: { lastPromptTokens?: number; costStatus?: string } = {},
+    delta?: Partial<Usage> | null,
+    opts?: { lastPromptTokens?: number; costStatus?: string } | null,
   ): Promise<Session> {
-    checkTexts({ sessionKey, costStatus: opts.costStatus });
-    const req = {
+    const o = opts ?? {};
+    requireTexts({ sessionKey });
+    checkTexts({ costStatus: o.costStatus });
+    const req = sv.UpdateUsageRequest.fromPartial({
       sessionKey,
-      delta: { inputTokens: 0, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0, costUsd: 0, ...delta },
-      lastPromptTokens: int64("lastPromptTokens", opts.lastPromptTokens ?? 0),
-      costStatus: opts.costStatus ?? "",
-    };
+      delta: usageDelta(delta),
+      lastPromptTokens: int64("lastPromptTokens", o.lastPromptTokens ?? 0),
+      costStatus: o.costStatus,
+    });
     return (await this.call(this.s.updateUsage.bind(this.s), req)).session!;
   }
 
-  /** Prune idle routing entries older than `maxAgeDays`; returns how many. */
+  /** Prune idle routing entries older than `maxAgeDays` (required, at least 1); returns how many. */
   async pruneSessions(maxAgeDays: number): Promise<number> {
-    return (await this.call(this.s.pruneSessions.bind(this.s), { maxAgeDays: int32("maxAgeDays", maxAgeDays) })).pruned;
+    required(maxAgeDays, "maxAgeDays");
+    const req = sv.PruneSessionsRequest.fromPartial({ maxAgeDays: int32("maxAgeDays", maxAgeDays) });
+    return (await this.call(this.s.pruneSessions.bind(this.s), req)).pruned;
   }
 
   /** The `## Current Session Context` prompt section for a source. */
-  async getSessionContext(source: SourceInput, opts: { profile?: string } = {}): Promise<GetSessionContextResponse> {
-    checkSource(source);
-    checkTexts({ profile: opts.profile });
-    const req = { source: SessionSource.fromPartial(source), profile: opts.profile ?? "" };
+  async getSessionContext(
+    source: SourceInput,
+    opts?: { profile?: string } | null,
+  ): Promise<sv.GetSessionContextResponse> {
+    const profile = opts?.profile;
+    requireSource(source);
+    checkTexts({ profile });
+    const req = sv.GetSessionContextRequest.fromPartial({ source, profile });
     return this.call(this.s.getSessionContext.bind(this.s), req);
   }
 
@@ -356,17 +377,19 @@ export class SidecarClient {
     return watchStream(this.streamHost(), opts);
   }
 
-  /** Stop the in-flight turn of a session (or one request); it ends with failed{CANCELLED}. */
+  /** Stop the in-flight turn of a session, or one request (give one); it ends with failed{CANCELLED}. */
   async cancel(ref: { sessionKey?: string; requestId?: string }): Promise<boolean> {
-    checkTexts({ sessionKey: ref.sessionKey, requestId: ref.requestId });
-    const req = { sessionKey: ref.sessionKey ?? "", requestId: ref.requestId ?? "" };
+    const { sessionKey, requestId } = ref ?? {};
+    requireOne({ sessionKey, requestId });
+    checkTexts({ sessionKey, requestId });
+    const req = pv.CancelRequest.fromPartial({ sessionKey, requestId });
     return (await this.call(this.raw.prompts.cancel.bind(this.raw.prompts), req)).cancelled;
   }
 
   /** The session's pending follow-up slot and FIFO overflow. */
-  async getQueue(sessionKey: string): Promise<GetQueueResponse> {
-    checkTexts({ sessionKey });
-    return this.call(this.raw.prompts.getQueue.bind(this.raw.prompts), { sessionKey });
+  async getQueue(sessionKey: string): Promise<pv.GetQueueResponse> {
+    requireTexts({ sessionKey });
+    return this.call(this.raw.prompts.getQueue.bind(this.raw.prompts), pv.GetQueueRequest.fromPartial({ sessionKey }));
   }
 }
 

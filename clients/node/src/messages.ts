@@ -12,7 +12,7 @@
  */
 import { typeOf } from "./connection";
 import { invalidArgument } from "./errors";
-import { checkText } from "./text";
+import { checkText, required } from "./text";
 import type { Message } from "./gen/agent_sidecar/v1/common";
 
 /** The roles a message may have (proto `Message.role`). */
@@ -23,8 +23,11 @@ const TEXT_FIELDS = ["content", "toolCallId", "toolName", "toolCallsJson"] as co
 /**
  * `messages` as protobuf Messages (absent fields empty), or an InvalidArgument
  * naming the first bad field: `messages`, `messages[2]`, `messages[2].role`.
+ * The list itself is required (undefined or null is refused): an empty one is
+ * `[]`, never a missing argument that would, say, rewrite a transcript to nothing.
  */
 export function toMessages(messages: unknown, name = "messages"): Message[] {
+  required(messages, name);
   if (!Array.isArray(messages)) throw invalidArgument(name, `expected an array of messages, got ${typeOf(messages)}`);
   const out: Message[] = [];
   for (let i = 0; i < messages.length; i++) out.push(toMessage(messages[i], `${name}[${i}]`)); // holes too

@@ -5,7 +5,7 @@
  */
 import type { ChannelCredentials, ChannelOptions } from "@grpc/grpc-js";
 import { typeOf } from "./connection";
-import type { SessionSource } from "./gen/agent_sidecar/v1/common";
+import type { SessionSource, Usage } from "./gen/agent_sidecar/v1/common";
 import { type Attachment, DeliveryMode } from "./gen/agent_sidecar/v1/prompt_service";
 import type { ResumeOptions } from "./stream";
 
@@ -102,10 +102,11 @@ export interface WatchOptions {
 
 /**
  * Parse a {@link Delivery} into the enum. A number passes as is when it is an
- * int32 (the sidecar judges unknown ones); anything else throws, naming `delivery`.
+ * int32 (the sidecar judges unknown ones); absent (undefined, null) is
+ * UNSPECIFIED (FOLLOW_UP); anything else throws, naming `delivery`.
  */
-export function parseDelivery(d: Delivery | undefined): DeliveryMode {
-  if (d === undefined) return DeliveryMode.UNSPECIFIED;
+export function parseDelivery(d: Delivery | undefined | null): DeliveryMode {
+  if (d === undefined || d === null) return DeliveryMode.UNSPECIFIED;
   if (typeof d === "number") return int32("delivery", d);
   if (typeof d !== "string") throw new TypeError(`delivery: expected a DeliveryMode or its name, got ${typeOf(d)}`);
   const v: unknown = (DeliveryMode as Record<string, unknown>)[d.toUpperCase()];
@@ -128,4 +129,32 @@ export function int64(name: string, value: unknown, nonNegative = false): number
   if (!Number.isSafeInteger(value)) throw new RangeError(`${name}: ${value} is not a safe integer`);
   if (nonNegative && value < 0) throw new RangeError(`${name}: ${value} is negative`);
   return value;
+}
+
+const USAGE_COUNTS = ["inputTokens", "outputTokens", "cacheReadTokens", "cacheWriteTokens"] as const;
+
+/**
+ * A usage delta as protobuf sends it: each count absent (undefined, null) is 0,
+ * else an integer ({@link int64}); `costUsd` absent is 0, else a number. The
+ * generated encoder would throw on an undefined count and send an undefined
+ * cost as NaN. Ranges are the sidecar's to judge.
+ */
+export function usageDelta(delta: unknown, name = "delta"): Usage {
+  if (delta === undefined || delta === null) delta = {};
+  if (typeof delta !== "object" || Array.isArray(delta)) {
+    throw new TypeError(`${name}: expected a usage object, got ${typeOf(delta)}`);
+  }
+  const d = delta as Partial<Record<keyof Usage, unknown>>;
+  const count = (k: (typeof USAGE_COUNTS)[number]) => (d[k] == null ? 0 : int64(`${name}.${k}`, d[k]));
+  const cost = d.costUsd;
+  if (cost != null && typeof cost !== "number") {
+    throw new TypeError(`${name}.costUsd: expected a number, got ${typeOf(cost)}`);
+  }
+  return {
+    inputTokens: count("inputTokens"),
+    outputTokens: count("outputTokens"),
+    cacheReadTokens: count("cacheReadTokens"),
+    cacheWriteTokens: count("cacheWriteTokens"),
+    costUsd: cost ?? 0,
+  };
 }

@@ -11,13 +11,13 @@ import { status as GrpcCode, type ClientDuplexStream } from "@grpc/grpc-js";
 import { closedError, type SidecarClient } from "./client";
 import { typeOf } from "./connection";
 import { fromGrpcError, isSerializationError, SidecarError } from "./errors";
-import { checkText, checkTexts, toValidText } from "./text";
-import type {
+import { checkTexts, required, requireTexts, toValidText } from "./text";
+import {
   ServeToolsRequest,
-  ServeToolsResponse,
-  ToolInvocation,
-  ToolInvocationResult,
-  ToolSpec,
+  type ServeToolsResponse,
+  type ToolInvocation,
+  type ToolInvocationResult,
+  type ToolSpec,
 } from "./gen/agent_sidecar/v1/tool_service";
 
 /** What a tool handler learns about the call besides its arguments. */
@@ -79,20 +79,34 @@ export class ToolHost {
   private readonly waiters: Array<() => void> = [];
   private readonly inFlight = new Map<string, AbortController>();
 
-  /** A namespace that is not a string or holds a lone surrogate throws InvalidArgument naming `namespace`. */
+  /**
+   * A namespace that is absent (undefined, null), not a string or holds a lone
+   * surrogate throws InvalidArgument naming `namespace`.
+   */
   constructor(readonly namespace: string) {
-    checkText(namespace, "namespace");
+    requireTexts({ namespace });
   }
 
   /**
    * Add a tool. `name` is the full dotted name (`local.clock.now`); a name
    * without the namespace prefix gets it (`clock.now` → `local.clock.now`).
    * `schema` is the JSON Schema of the arguments object (object or JSON text).
-   * A second tool under the same full name throws; so does a name, description
-   * or schema text with a lone surrogate (InvalidArgument naming it).
+   * A description or schema left out (undefined, null) is sent empty (the
+   * sidecar reads no schema as `{"type": "object"}`); a name left out throws
+   * InvalidArgument naming it. A second tool under the same full name throws;
+   * so does a name, description or schema text with a lone surrogate
+   * (InvalidArgument naming it).
    */
-  tool(name: string, description: string, schema: object | string, handler: ToolHandler): this {
+  tool(
+    name: string,
+    description: string | null | undefined,
+    schema: object | string | null | undefined,
+    handler: ToolHandler,
+  ): this {
     if (this.client) throw new Error("ToolHost: add tools before serve()");
+    required(name, "name");
+    description ??= "";
+    schema ??= "";
     if (typeof name !== "string" || name === "") {
       throw new TypeError(`name: expected a tool name, got ${name === "" ? '""' : typeOf(name)}`);
     }
@@ -124,12 +138,13 @@ export class ToolHost {
    * again with backoff, unless `reconnect: false`. After {@link close} it opens
    * nothing and resolves with `[]` (no tool registered).
    */
-  serve(client: SidecarClient, opts: ServeOptions = {}): Promise<string[]> {
+  serve(client: SidecarClient, opts?: ServeOptions | null): Promise<string[]> {
     if (this.client) throw new Error("ToolHost: serve() was already called");
+    required(client, "client");
     this.client = client;
     if (this.closing) return Promise.resolve([]);
-    this.reconnect = opts.reconnect ?? true;
-    this.maxBackoffMs = opts.maxBackoffMs ?? 5000;
+    this.reconnect = opts?.reconnect ?? true;
+    this.maxBackoffMs = opts?.maxBackoffMs ?? 5000;
     return this.open();
   }
 
@@ -196,7 +211,8 @@ export class ToolHost {
       call.on("error", (err) => ended(fromGrpcError(err)));
       call.on("end", () => ended());
       const tools = [...this.tools.values()].map((t) => t.spec);
-      call.write({ message: { $case: "register", value: { namespace: this.namespace, tools } } });
+      const register = { namespace: this.namespace, tools };
+      call.write(ServeToolsRequest.fromPartial({ message: { $case: "register", value: register } }));
     });
   }
 

@@ -5,13 +5,12 @@
  */
 import { randomUUID } from "node:crypto";
 import { Metadata, type CallOptions } from "@grpc/grpc-js";
-import { deadlineOf, typeOf } from "./connection";
+import { deadlineOf } from "./connection";
 import { FrameSequencer } from "./frames";
-import { SessionSource } from "./gen/agent_sidecar/v1/common";
-import type { PromptServiceClient } from "./gen/agent_sidecar/v1/prompt_service";
+import { PromptRequest, type PromptServiceClient, WatchActivityRequest } from "./gen/agent_sidecar/v1/prompt_service";
 import { int64, parseDelivery, type PromptOptions, type WatchOptions } from "./options";
 import { FrameStream, type ResumeOptions } from "./stream";
-import { checkAttachments, checkSource, checkTexts } from "./text";
+import { checkAttachments, checkSource, checkTexts, requireOne, requireTexts } from "./text";
 
 /** What a prompt or watch stream needs of its client. */
 export interface StreamHost {
@@ -24,24 +23,22 @@ export interface StreamHost {
   checkOpen(): void;
 }
 
-/** {@link SidecarClient.prompt}: throws at once on a bad argument, naming it. */
+/**
+ * {@link SidecarClient.prompt}: throws at once on a bad argument, naming it;
+ * `text` and one of `source` and `sessionKey` are required.
+ */
 export function promptStream(host: StreamHost, opts: PromptOptions): FrameStream {
-  if (typeof opts.text !== "string") throw new TypeError(`text: expected a string, got ${typeOf(opts.text)}`);
-  const { text, requestId: given, sessionKey, profile } = opts;
-  checkTexts({ text, requestId: given, sessionKey, profile });
-  checkSource(opts.source);
-  checkAttachments(opts.attachments);
+  const o: Partial<PromptOptions> = opts ?? {};
+  const { text, requestId: given, source, sessionKey, profile, attachments } = o;
+  requireTexts({ text });
+  requireOne({ source, sessionKey });
+  checkTexts({ requestId: given, sessionKey, profile });
+  checkSource(source);
+  checkAttachments(attachments);
   const requestId = given || randomUUID();
-  const request = {
-    requestId,
-    source: opts.source ? SessionSource.fromPartial(opts.source) : undefined,
-    sessionKey: sessionKey ?? "",
-    text,
-    attachments: opts.attachments ?? [],
-    delivery: parseDelivery(opts.delivery),
-    profile: profile ?? "",
-  };
-  const deadline = deadlineOf(opts.deadline);
+  const delivery = parseDelivery(o.delivery);
+  const request = PromptRequest.fromPartial({ requestId, source, sessionKey, text, attachments, delivery, profile });
+  const deadline = deadlineOf(o.deadline);
   const callOpts: Partial<CallOptions> = deadline === undefined ? {} : { deadline };
   const p = host.prompts;
   return new FrameStream(
@@ -51,45 +48,44 @@ export function promptStream(host: StreamHost, opts: PromptOptions): FrameStream
       return resume === null || !started
         ? p.prompt(request, new Metadata(), callOpts)
         : p.watchActivity(
-            { requestId, sessionKey: "", platform: "", afterSeq: resume.afterSeq, afterCursor: 0 },
+            WatchActivityRequest.fromPartial({ requestId, afterSeq: resume.afterSeq }),
             new Metadata(),
             callOpts,
           );
     },
     new FrameSequencer("request"),
-    { throwOnFailed: true, resume: opts.resume ?? host.resume, signal: opts.signal, requestId, live: host.live },
+    { throwOnFailed: true, resume: o.resume ?? host.resume, signal: o.signal ?? undefined, requestId, live: host.live },
   );
 }
 
-/** {@link SidecarClient.watch}: throws at once on a bad argument, naming it. */
+/**
+ * {@link SidecarClient.watch}: throws at once on a bad argument, naming it;
+ * one of `requestId`, `sessionKey` and `platform` is required.
+ */
 export function watchStream(host: StreamHost, opts: WatchOptions): FrameStream {
-  checkTexts({ requestId: opts.requestId, sessionKey: opts.sessionKey, platform: opts.platform });
-  const byRequest = !!opts.requestId;
+  const o: WatchOptions = opts ?? {};
+  const { requestId, sessionKey, platform } = o;
+  requireOne({ requestId, sessionKey, platform });
+  checkTexts({ requestId, sessionKey, platform });
+  const byRequest = !!requestId;
   const p = host.prompts;
   const seq = byRequest
-    ? new FrameSequencer("request", { afterSeq: int64("afterSeq", opts.afterSeq ?? 0, true) })
-    : new FrameSequencer("feed", { afterCursor: int64("afterCursor", opts.afterCursor ?? 0, true) });
+    ? new FrameSequencer("request", { afterSeq: int64("afterSeq", o.afterSeq ?? 0, true) })
+    : new FrameSequencer("feed", { afterCursor: int64("afterCursor", o.afterCursor ?? 0, true) });
   return new FrameStream(
     (resume) => {
       host.checkOpen();
       const point = resume ?? seq.resumePoint();
-      return p.watchActivity(
-        {
-          requestId: opts.requestId ?? "",
-          sessionKey: opts.sessionKey ?? "",
-          platform: opts.platform ?? "",
-          afterSeq: byRequest ? point.afterSeq : 0,
-          afterCursor: byRequest ? 0 : point.afterCursor,
-        },
-        new Metadata(),
-      );
+      const at = byRequest ? { afterSeq: point.afterSeq } : { afterCursor: point.afterCursor };
+      const request = WatchActivityRequest.fromPartial({ requestId, sessionKey, platform, ...at });
+      return p.watchActivity(request, new Metadata());
     },
     seq,
     {
       throwOnFailed: byRequest,
-      resume: opts.resume ?? host.resume,
-      signal: opts.signal,
-      requestId: opts.requestId,
+      resume: o.resume ?? host.resume,
+      signal: o.signal ?? undefined,
+      requestId: requestId ?? undefined,
       live: host.live,
     },
   );

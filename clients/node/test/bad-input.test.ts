@@ -5,9 +5,16 @@
  */
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
-import { Server, status as GrpcCode, type ServerDuplexStream, type ServerWritableStream } from "@grpc/grpc-js";
+import {
+  Metadata,
+  Server,
+  status as GrpcCode,
+  type ServerDuplexStream,
+  type ServerWritableStream,
+} from "@grpc/grpc-js";
 import { connect, type SidecarClient } from "../src/client";
-import { SidecarError } from "../src/errors";
+import { InvalidArgument, SidecarError } from "../src/errors";
+import { FrameSequencer } from "../src/frames";
 import { Session } from "../src/gen/agent_sidecar/v1/common";
 import {
   type ActivityFrame,
@@ -24,7 +31,7 @@ import {
   type ToolInvocationResult,
   ToolServiceService,
 } from "../src/gen/agent_sidecar/v1/tool_service";
-import { isTransportError } from "../src/stream";
+import { FrameStream, isTransportError } from "../src/stream";
 import { ToolHost } from "../src/tools";
 import { frame, listenUnix, sleep, type TestServer } from "./helpers";
 
@@ -180,7 +187,12 @@ test("resume options must be finite numbers >= 0, naming the option", T, () => {
 // ---- 3. serialization failures and numeric arguments ---------------------------
 
 test("a local request serialization failure is not resumed", T, async () => {
-  const stream = client.prompt({ sessionKey: "k", text: "ok", attachments: [{ bogus: 1 } as any] });
+  // The client's calls build requests that always serialize (fromPartial); a raw stub's need not.
+  const stream = new FrameStream(
+    () => client.raw.prompts.prompt({ sessionKey: "k", text: "ok", attachments: [{ bogus: 1 }] } as any, new Metadata()),
+    new FrameSequencer("request"),
+    { throwOnFailed: true, resume: { initialBackoffMs: 1, maxBackoffMs: 1 } },
+  );
   await assert.rejects(stream.collect(), (e: unknown) => {
     assert.ok(e instanceof SidecarError);
     assert.equal(e.code, GrpcCode.INTERNAL);
@@ -197,7 +209,7 @@ test("numeric arguments are checked before sending, naming the argument", T, asy
   for (const delivery of [1.5, NaN, 2 ** 31]) {
     assert.throws(() => run({ delivery: delivery as any }), (e: unknown) => e instanceof RangeError && /^delivery: /.test(e.message));
   }
-  for (const delivery of [null, true, "bogus", "0"]) {
+  for (const delivery of [true, "bogus", "0"]) {
     assert.throws(() => run({ delivery: delivery as any }), (e: unknown) => e instanceof TypeError && /^delivery: /.test(e.message));
   }
   for (const afterSeq of [NaN, 1e300, 1.5, -1]) {
@@ -217,9 +229,9 @@ test("numeric arguments are checked before sending, naming the argument", T, asy
   await assert.rejects(client.updateUsage("k", {}, { lastPromptTokens: 0.5 }), range("lastPromptTokens"));
 });
 
-test("text must be a string, naming text", T, () => {
+test("text is required and must be a string, naming text", T, () => {
   for (const text of [undefined, null, 42, { a: 1 }]) {
-    assert.throws(() => run({ text: text as any }), (e: unknown) => e instanceof TypeError && /^text: /.test(e.message));
+    assert.throws(() => run({ text: text as any }), (e: unknown) => e instanceof InvalidArgument && /^text: /.test(e.message));
   }
 });
 

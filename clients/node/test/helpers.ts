@@ -3,7 +3,7 @@ import { execFileSync } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { Server, ServerCredentials } from "@grpc/grpc-js";
+import { Server, ServerCredentials, type ServiceDefinition, type UntypedServiceImplementation } from "@grpc/grpc-js";
 import type { FrameKind } from "../src/frames";
 import type { ActivityFrame } from "../src/gen/agent_sidecar/v1/prompt_service";
 
@@ -44,6 +44,30 @@ export function frame(
     case "keepalive":
       return { ...base, event: { $case: "keepalive", value: {} } };
   }
+}
+
+/**
+ * Handlers for every method of `service` that record `[method, request]` in
+ * `into` (the request as the server decoded it) and answer an empty response;
+ * a server stream gets one terminal frame (a request-id stream ends there; a
+ * feed ends cleanly).
+ */
+export function recording(service: ServiceDefinition, into: Array<[string, any]>): UntypedServiceImplementation {
+  const handlers: UntypedServiceImplementation = {};
+  for (const [name, def] of Object.entries(service)) {
+    const empty = def.responseDeserialize(Buffer.alloc(0));
+    handlers[name] = def.responseStream
+      ? (call: any) => {
+          into.push([name, call.request]);
+          call.write({ frame: frame(1, "completed", "", call.request.requestId || "feed") });
+          call.end();
+        }
+      : (call: any, cb: Function) => {
+          into.push([name, call.request]);
+          cb(null, empty);
+        };
+  }
+  return handlers;
 }
 
 /** A started grpc-js server on a fresh Unix socket; `stop()` removes it. */

@@ -9,7 +9,7 @@
  */
 import assert from "node:assert/strict";
 import { after, before, beforeEach, test } from "node:test";
-import { Server, status as GrpcCode, type ServiceDefinition, type UntypedServiceImplementation } from "@grpc/grpc-js";
+import { Server, status as GrpcCode } from "@grpc/grpc-js";
 import { connect, type SidecarClient } from "../src/client";
 import { InvalidArgument } from "../src/errors";
 import { PromptServiceService } from "../src/gen/agent_sidecar/v1/prompt_service";
@@ -20,32 +20,12 @@ import {
   ToolServiceService,
 } from "../src/gen/agent_sidecar/v1/tool_service";
 import { ToolHost } from "../src/tools";
-import { frame, listenUnix, type TestServer } from "./helpers";
+import { listenUnix, recording, type TestServer } from "./helpers";
 
 const T = { timeout: 10_000 };
 const BAD = "a\ud800b";
 /** What the sidecar received: [method, request]. */
 const received: Array<[string, any]> = [];
-
-/** Handlers for every method of `service` that record the request and answer an empty response. */
-function recording(service: ServiceDefinition): UntypedServiceImplementation {
-  const handlers: UntypedServiceImplementation = {};
-  for (const [name, def] of Object.entries(service)) {
-    const empty = def.responseDeserialize(Buffer.alloc(0));
-    handlers[name] = def.responseStream
-      ? (call: any) => {
-          received.push([name, call.request]);
-          // A turn's terminal frame (a request-id stream ends there; a feed ends cleanly).
-          call.write({ frame: frame(1, "completed", "", call.request.requestId || "feed") });
-          call.end();
-        }
-      : (call: any, cb: Function) => {
-          received.push([name, call.request]);
-          cb(null, empty);
-        };
-  }
-  return handlers;
-}
 
 const toolResults: ToolInvocationResult[] = [];
 
@@ -74,8 +54,8 @@ let client: SidecarClient;
 
 before(async () => {
   const server = new Server();
-  server.addService(SessionServiceService, recording(SessionServiceService));
-  server.addService(PromptServiceService, recording(PromptServiceService));
+  server.addService(SessionServiceService, recording(SessionServiceService, received));
+  server.addService(PromptServiceService, recording(PromptServiceService, received));
   server.addService(ToolServiceService, { serveTools });
   srv = await listenUnix(server);
   client = connect(srv.target, { resume: false });
