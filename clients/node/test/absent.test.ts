@@ -13,87 +13,28 @@
  * default ("", 0, false, no message). A recording grpc-js server shows what arrives.
  */
 import assert from "node:assert/strict";
-import { after, before, beforeEach, test } from "node:test";
-import { Server, status as GrpcCode } from "@grpc/grpc-js";
-import { connect, type SidecarClient } from "../src/client";
-import { InvalidArgument } from "../src/errors";
-import { DeliveryMode, PromptServiceService } from "../src/gen/agent_sidecar/v1/prompt_service";
-import { SessionServiceService } from "../src/gen/agent_sidecar/v1/session_service";
-import { type RegisterTools, type ServeToolsRequest, ToolServiceService } from "../src/gen/agent_sidecar/v1/tool_service";
+import { test } from "node:test";
+import { connect } from "../src/client";
+import { DeliveryMode } from "../src/gen/agent_sidecar/v1/prompt_service";
 import { ToolHost } from "../src/tools";
-import { listenUnix, recording, type TestServer } from "./helpers";
+import { namesField, recordingSidecar, SESSION_ARGS, type Send, toolStandIn } from "./helpers";
 
 const T = { timeout: 10_000 };
 const ABSENT = [undefined, null] as const;
-/** What the sidecar received: [method, request]. */
-const received: Array<[string, any]> = [];
-const registrations: RegisterTools[] = [];
-
-/** ServeTools: record each registration and confirm it. */
-function serveTools(call: any): void {
-  call.on("data", (msg: ServeToolsRequest) => {
-    if (msg.message?.$case !== "register") return;
-    registrations.push(msg.message.value);
-    const toolNames = msg.message.value.tools.map((t) => t.name);
-    call.write({ message: { $case: "registered", value: { namespace: msg.message.value.namespace, toolNames } } });
-  });
-  call.on("end", () => call.end());
-  call.on("error", () => {});
-}
-
-let srv: TestServer;
-let client: SidecarClient;
-
-before(async () => {
-  const server = new Server();
-  server.addService(SessionServiceService, recording(SessionServiceService, received));
-  server.addService(PromptServiceService, recording(PromptServiceService, received));
-  server.addService(ToolServiceService, { serveTools });
-  srv = await listenUnix(server);
-  client = connect(srv.target, { resume: false });
-});
-
-after(async () => {
-  client.close();
-  await srv.stop();
-});
-
-beforeEach(() => {
-  received.length = 0;
-  registrations.length = 0;
-});
-
-/** Asserts `e` is the client's InvalidArgument naming `field`, its description matching `why`. */
-function names(field: string, why: RegExp, label: string) {
-  return (e: unknown) => {
-    assert.ok(e instanceof InvalidArgument, `${label}: ${String(e)}`);
-    assert.equal(e.code, GrpcCode.INVALID_ARGUMENT);
-    assert.equal(e.reason, "INVALID_ARGUMENT");
-    assert.ok(e.message.startsWith(`${field}: `), `${label}: ${e.message}`);
-    assert.match(e.message, why, label);
-    assert.deepEqual(e.fieldViolations.map((v) => v.field), [field], label);
-    return true;
-  };
-}
+/** ServeTools: records each registration and confirms it. */
+const tools = toolStandIn();
+/** `received`: what the sidecar received, [method, request]. */
+const { client, target, received } = recordingSidecar(tools);
 
 /** `field: is required (got undefined)` (or null). */
 const isRequired = (field: string, v: unknown, label: string) =>
-  names(field, new RegExp(`^${field.replace(/[.[\]]/g, "\\$&")}: is required \\(got ${v}\\)$`), label);
-
-type Send = (v: any, c: SidecarClient) => unknown;
+  namesField(field, new RegExp(`^${field.replace(/[.[\]]/g, "\\$&")}: is required \\(got ${v}\\)$`), label);
 
 /** Promise calls: [field named, call giving `v` for a required argument]. */
 const REQUIRED: Array<[string, Send]> = [
   ["source", (v, c) => c.getOrCreateSession(v)],
   ["source.platform", (v, c) => c.getOrCreateSession({ platform: v, chatId: "c" })],
-  ["sessionKey", (v, c) => c.resetSession(v)],
-  ["sessionKey", (v, c) => c.switchSession(v, "t")],
-  ["targetSessionId", (v, c) => c.switchSession("k", v)],
-  ["sessionKey", (v, c) => c.suspendSession(v)],
-  ["sessionKey", (v, c) => c.markResumePending(v, "r")],
-  ["reason", (v, c) => c.markResumePending("k", v)],
-  ["sessionKey", (v, c) => c.deleteSession(v)],
-  ["confirm", (v, c) => c.clearAllSessions(v)],
+  ...SESSION_ARGS,
   ["source.platform", (v, c) => c.seedSession({ source: { platform: v }, messages: [] })],
   ["messages", (v, c) => c.seedSession({ sessionKey: "k", messages: v })],
   ["sessionId", (v, c) => c.getTranscript(v)],
@@ -137,7 +78,7 @@ const ONE_OF: Array<[string, string, Send]> = [
 test("a promise call that needs one of some fields rejects when none is given, naming the first", T, async () => {
   for (const v of ABSENT) {
     for (const [i, [field, rule, send]] of ONE_OF.entries()) {
-      await assert.rejects(send(v, client) as Promise<unknown>, names(field, new RegExp(`^${field}: ${rule}`), `${i} ${v}`));
+      await assert.rejects(send(v, client) as Promise<unknown>, namesField(field, new RegExp(`^${field}: ${rule}`), `${i} ${v}`));
     }
   }
   assert.deepEqual(received, []);
@@ -149,9 +90,9 @@ test("prompt and watch throw on a required argument given as undefined or null, 
     assert.throws(() => client.prompt({ sessionKey: "k", text: v as any }), at("text"));
     assert.throws(() => client.prompt(v as any), isRequired("text", undefined, `no options ${v}`)); // none given
     assert.throws(() => client.prompt({ source: { platform: v as any }, text: "t" }), at("source.platform"));
-    const neither = names("source", /^source: one of source and sessionKey is required \(got neither\)$/, `${v}`);
+    const neither = namesField("source", /^source: one of source and sessionKey is required \(got neither\)$/, `${v}`);
     assert.throws(() => client.prompt({ source: v as any, sessionKey: v as any, text: "t" }), neither);
-    const none = names("requestId", /^requestId: one of requestId, sessionKey and platform is required \(got none\)$/, "w");
+    const none = namesField("requestId", /^requestId: one of requestId, sessionKey and platform is required \(got none\)$/, "w");
     assert.throws(() => client.watch({ requestId: v as any, sessionKey: v as any, platform: v as any }), none);
     assert.throws(() => client.watch(v as any), none);
   }
@@ -167,7 +108,7 @@ test("ToolHost refuses a namespace, tool name or client given as undefined or nu
     assert.deepEqual(host.toolNames, []);
   }
   await new Promise((r) => setTimeout(r, 20));
-  assert.deepEqual(registrations, []);
+  assert.deepEqual(tools.registrations, []);
 });
 
 /** The one request a call sent (after it settled). */
@@ -271,7 +212,7 @@ test("ToolHost: a tool's description and schema given as undefined or null regis
       } finally {
         host.close();
       }
-      const spec = registrations.at(-1)?.tools[0];
+      const spec = tools.registrations.at(-1)?.tools[0];
       assert.deepEqual([spec?.name, spec?.description, spec?.parametersJsonSchema], ["ns.x", "", ""], `${v}`);
     }
   });
@@ -280,16 +221,16 @@ test("an attachment that is no object, or data that is no bytes, is refused nami
   () => {
     const att = (attachments: any) => () => client.prompt({ sessionKey: "k", text: "t", attachments });
     for (const v of ABSENT) {
-      assert.throws(att([v]), names("attachments[0]", /expected an attachment object, got (undefined|null)$/, `${v}`));
+      assert.throws(att([v]), namesField("attachments[0]", /expected an attachment object, got (undefined|null)$/, `${v}`));
     }
-    assert.throws(att("photo.png"), names("attachments", /expected an array of attachments, got string$/, "str"));
-    assert.throws(att([{ name: "a", data: "aGk=" }]), names("attachments[0].data", /expected bytes/, "data"));
+    assert.throws(att("photo.png"), namesField("attachments", /expected an array of attachments, got string$/, "str"));
+    assert.throws(att([{ name: "a", data: "aGk=" }]), namesField("attachments[0].data", /expected bytes/, "data"));
     assert.deepEqual(received, []);
-    connect(srv.target, null).close();
+    connect(target, null).close();
   });
 
 test("a bool given as a string is refused naming it, not sent as true", T, async () => {
-  const bool = (field: string) => names(field, /expected a boolean, got string$/, field);
+  const bool = (field: string) => namesField(field, /expected a boolean, got string$/, field);
   await assert.rejects(client.getOrCreateSession({ platform: "p" }, { forceNew: "false" as any }), bool("forceNew"));
   await assert.rejects(client.getOrCreateSession({ platform: "p", isBot: "no" as any }), bool("source.isBot"));
   await assert.rejects(client.getTranscript("i", { includeRewound: "false" as any }), bool("includeRewound"));

@@ -4,16 +4,10 @@
  * Runs against a small in-process fake server on a Unix socket.
  */
 import assert from "node:assert/strict";
-import { after, before, test } from "node:test";
-import {
-  Metadata,
-  Server,
-  status as GrpcCode,
-  type ServerDuplexStream,
-  type ServerWritableStream,
-} from "@grpc/grpc-js";
+import { test } from "node:test";
+import { Metadata, status as GrpcCode, type ServerWritableStream } from "@grpc/grpc-js";
 import { connect, type SidecarClient } from "../src/client";
-import { InvalidArgument, SidecarError } from "../src/errors";
+import { SidecarError } from "../src/errors";
 import { FrameSequencer } from "../src/frames";
 import { Session } from "../src/gen/agent_sidecar/v1/common";
 import {
@@ -25,15 +19,10 @@ import {
   type WatchActivityResponse,
 } from "../src/gen/agent_sidecar/v1/prompt_service";
 import { SessionServiceService } from "../src/gen/agent_sidecar/v1/session_service";
-import {
-  type ServeToolsRequest,
-  type ServeToolsResponse,
-  type ToolInvocationResult,
-  ToolServiceService,
-} from "../src/gen/agent_sidecar/v1/tool_service";
+import { ToolServiceService } from "../src/gen/agent_sidecar/v1/tool_service";
 import { FrameStream, isTransportError } from "../src/stream";
 import { ToolHost } from "../src/tools";
-import { frame, listenUnix, sleep, type TestServer } from "./helpers";
+import { frame, namesField, serveForTests, sleep, toolStandIn } from "./helpers";
 
 const T = { timeout: 5000 };
 
@@ -47,8 +36,8 @@ function turn(requestId: string): ActivityFrame[] {
 }
 
 let prompts = 0;
-let registrations = 0;
-const toolResults: ToolInvocationResult[] = [];
+/** ServeTools: confirms each registration, then invokes its first tool (invocation id `inv-<registration count>`). */
+const tools = toolStandIn((toolNames, n) => [[`inv-${n}`, toolNames[0]]]);
 
 async function prompt(call: ServerWritableStream<PromptRequest, PromptResponse>): Promise<void> {
   prompts += 1;
@@ -67,46 +56,18 @@ function watchActivity(call: ServerWritableStream<WatchActivityRequest, WatchAct
   call.end();
 }
 
-function serveTools(call: ServerDuplexStream<ServeToolsRequest, ServeToolsResponse>): void {
-  call.on("data", (msg: ServeToolsRequest) => {
-    const m = msg.message;
-    if (m?.$case === "register") {
-      registrations += 1;
-      const names = m.value.tools.map((t) => t.name);
-      call.write({ message: { $case: "registered", value: { namespace: m.value.namespace, toolNames: names } } });
-      const inv = {
-        invocationId: `inv-${registrations}`, toolName: names[0], argumentsJson: "{}", sessionKey: "k",
-        sessionId: "s", requestId: "r", timeoutMs: 5000, traceContext: {},
-      };
-      call.write({ message: { $case: "invocation", value: inv } });
-    } else if (m?.$case === "result") {
-      toolResults.push(m.value);
-    }
-  });
-  call.on("end", () => call.end());
-  call.on("error", () => {});
-}
-
-let srv: TestServer;
-let client: SidecarClient;
-const deadSocket = () => `unix:${srv.target.slice("unix:".length)}.missing`;
-
-before(async () => {
-  const server = new Server();
-  server.addService(PromptServiceService, { prompt, watchActivity } as any);
-  server.addService(SessionServiceService, {
-    getOrCreateSession: (_call: unknown, cb: Function) =>
-      cb(null, { session: Session.fromPartial({ sessionKey: "agent:main:test:dm:x", sessionId: "s1" }), created: true }),
-  } as any);
-  server.addService(ToolServiceService, { serveTools } as any);
-  srv = await listenUnix(server);
-  client = connect(srv.target, { resume: { initialBackoffMs: 1, maxBackoffMs: 1 } });
-});
-
-after(async () => {
-  client.close();
-  await srv.stop();
-});
+const { client, target } = serveForTests(
+  [
+    [PromptServiceService, { prompt, watchActivity } as any],
+    [SessionServiceService, {
+      getOrCreateSession: (_call: unknown, cb: Function) =>
+        cb(null, { session: Session.fromPartial({ sessionKey: "agent:main:test:dm:x", sessionId: "s1" }), created: true }),
+    } as any],
+    [ToolServiceService, { serveTools: tools.serveTools }],
+  ],
+  { resume: { initialBackoffMs: 1, maxBackoffMs: 1 } },
+);
+const deadSocket = () => `unix:${target.slice("unix:".length)}.missing`;
 
 const run = (opts: Partial<Parameters<SidecarClient["prompt"]>[0]>) =>
   client.prompt({ sessionKey: "agent:main:test:dm:x", text: "ok", ...opts } as any);
@@ -131,10 +92,10 @@ test("a deadline that is no deadline throws at once, naming deadline", T, () => 
 
 test("callTimeoutMs is checked at connect; a huge one is no deadline, 0 none", T, async () => {
   for (const callTimeoutMs of [NaN, Infinity, -1, "100"]) {
-    assert.throws(() => connect(srv.target, { callTimeoutMs: callTimeoutMs as any }), /^\w*Error: callTimeoutMs: /);
+    assert.throws(() => connect(target, { callTimeoutMs: callTimeoutMs as any }), /^\w*Error: callTimeoutMs: /);
   }
   for (const callTimeoutMs of [1e15, 1e300, 0]) {
-    const c = connect(srv.target, { callTimeoutMs });
+    const c = connect(target, { callTimeoutMs });
     try {
       assert.equal((await c.getOrCreateSession({ platform: "test" })).sessionId, "s1");
     } finally {
@@ -144,7 +105,7 @@ test("callTimeoutMs is checked at connect; a huge one is no deadline, 0 none", T
 });
 
 test("ready(timeoutMs) rejects a bad wait, naming timeoutMs, and a huge one waits without limit", T, async () => {
-  const c = connect(srv.target);
+  const c = connect(target);
   const deadlines: Array<Date | number> = [];
   c.raw.sessions.waitForReady = (deadline, cb) => {
     deadlines.push(deadline);
@@ -231,7 +192,7 @@ test("numeric arguments are checked before sending, naming the argument", T, asy
 
 test("text is required and must be a string, naming text", T, () => {
   for (const text of [undefined, null, 42, { a: 1 }]) {
-    assert.throws(() => run({ text: text as any }), (e: unknown) => e instanceof InvalidArgument && /^text: /.test(e.message));
+    assert.throws(() => run({ text: text as any }), namesField("text"));
   }
 });
 
@@ -246,7 +207,7 @@ test("an already-aborted signal ends prompt and watch at once, sending nothing",
 });
 
 test("client.close() ends streams in flight, and later calls, with CANCELLED", T, async () => {
-  const c = connect(srv.target);
+  const c = connect(target);
   const host = new ToolHost("t");
   host.tool("t.x", "x", { type: "object" }, () => 1);
   await host.serve(c);
@@ -288,11 +249,11 @@ test("close() or an abort during a resume backoff ends the stream without waitin
 test("a token gRPC metadata cannot carry fails at connect, naming token without showing it", T, () => {
   for (const token of ["s3cr\nt", "s3crét", "s3cr\r\nx-evil: 1", "s3cr\u0000t", "s3cr😀"]) {
     assert.throws(
-      () => connect(srv.target, { token }),
+      () => connect(target, { token }),
       (e: unknown) => e instanceof TypeError && /^token: /.test(e.message) && !e.message.includes("s3cr"),
     );
   }
-  assert.throws(() => connect(srv.target, { token: 42 as any }), /^TypeError: token: expected a string/);
+  assert.throws(() => connect(target, { token: 42 as any }), /^TypeError: token: expected a string/);
 });
 
 test("a malformed target fails at connect, naming target", T, () => {
@@ -317,13 +278,13 @@ test("ToolHost: a second tool under the same name throws, naming it", T, () => {
 });
 
 test("ToolHost: close() before serve() makes serve() register nothing", T, async () => {
-  const before = registrations;
+  const before = tools.registrations.length;
   const host = new ToolHost("t");
   host.tool("t.x", "x", {}, () => 1);
   host.close();
   assert.deepEqual(await host.serve(client), []);
   await host.wait();
-  assert.equal(registrations, before);
+  assert.equal(tools.registrations.length, before);
 });
 
 test("ToolHost: a thrown value whose toString throws still answers ok=false", T, async () => {
@@ -332,9 +293,9 @@ test("ToolHost: a thrown value whose toString throws still answers ok=false", T,
     throw { toString: () => { throw new Error("no text"); } };
   });
   await host.serve(client);
-  const id = `inv-${registrations}`;
-  for (let i = 0; i < 200 && !toolResults.some((r) => r.invocationId === id); i++) await sleep(5);
-  const r = toolResults.find((x) => x.invocationId === id);
+  const id = `inv-${tools.registrations.length}`;
+  for (let i = 0; i < 200 && !tools.results.some((r) => r.invocationId === id); i++) await sleep(5);
+  const r = tools.results.find((x) => x.invocationId === id);
   host.close();
   await host.wait();
   assert.ok(r, "no result came back");

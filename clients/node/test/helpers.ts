@@ -1,11 +1,28 @@
 /** Test helpers: frame builders and an in-process fake sidecar (grpc-js server on a Unix socket). */
+import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { Server, ServerCredentials, type ServiceDefinition, type UntypedServiceImplementation } from "@grpc/grpc-js";
+import { after, before, beforeEach } from "node:test";
+import {
+  status as GrpcCode,
+  Server,
+  ServerCredentials,
+  type ServiceDefinition,
+  type UntypedServiceImplementation,
+} from "@grpc/grpc-js";
+import { type ConnectOptions, connect, type SidecarClient } from "../src/client";
+import { InvalidArgument } from "../src/errors";
 import type { FrameKind } from "../src/frames";
-import type { ActivityFrame } from "../src/gen/agent_sidecar/v1/prompt_service";
+import { type ActivityFrame, PromptServiceService } from "../src/gen/agent_sidecar/v1/prompt_service";
+import { SessionServiceService } from "../src/gen/agent_sidecar/v1/session_service";
+import {
+  type RegisterTools,
+  type ServeToolsRequest,
+  type ToolInvocationResult,
+  ToolServiceService,
+} from "../src/gen/agent_sidecar/v1/tool_service";
 
 /** Build a frame of a kind; `text` fills text_delta/completed. */
 export function frame(
@@ -77,10 +94,15 @@ export interface TestServer {
   stop(): Promise<void>;
 }
 
-/** Start `server` (services already added) on a Unix socket in a temp dir. */
-export async function listenUnix(server: Server): Promise<TestServer> {
+/** A fresh temp dir and a Unix-socket target in it. */
+export function tempSocket(): { dir: string; target: string } {
   const dir = mkdtempSync(join(tmpdir(), "sidecar-node-test-"));
-  const target = `unix:${join(dir, "s.sock")}`;
+  return { dir, target: `unix:${join(dir, "s.sock")}` };
+}
+
+/** Start `server` (services already added) on a Unix socket in a temp dir (`at`, a fresh one by default). */
+export async function listenUnix(server: Server, at = tempSocket()): Promise<TestServer> {
+  const { dir, target } = at;
   await new Promise<void>((resolve, reject) =>
     server.bindAsync(target, ServerCredentials.createInsecure(), (err) => (err ? reject(err) : resolve())),
   );
@@ -91,6 +113,137 @@ export async function listenUnix(server: Server): Promise<TestServer> {
       server.forceShutdown();
       rmSync(dir, { recursive: true, force: true });
     },
+  };
+}
+
+/** The services a test server offers: each definition with its handlers. */
+export type Services = Array<[ServiceDefinition, UntypedServiceImplementation]>;
+
+/** A client of a server that runs for one test file's tests, and the server's target. */
+export interface Served {
+  client: SidecarClient;
+  target: string;
+}
+
+/**
+ * Serve `services` on a fresh Unix socket for this file's tests: the server
+ * listens before the first test and stops after the last (node:test hooks);
+ * `client`, connected with `options`, is closed then. The client exists at
+ * once (its channel connects on the first call, made by a test).
+ */
+export function serveForTests(services: Services, options?: ConnectOptions): Served {
+  const server = new Server();
+  for (const [definition, handlers] of services) server.addService(definition, handlers);
+  const at = tempSocket();
+  const client = connect(at.target, options);
+  let srv: TestServer | undefined;
+  before(async () => {
+    srv = await listenUnix(server, at);
+  });
+  after(async () => {
+    client.close();
+    await srv?.stop();
+  });
+  return { client, target: at.target };
+}
+
+/** A ServeTools handler and what it recorded. */
+export interface ToolStandIn {
+  /** Every registration, in order. */
+  registrations: RegisterTools[];
+  /** Every invocation result the client sent. */
+  results: ToolInvocationResult[];
+  serveTools(call: any): void;
+}
+
+/**
+ * A ServeTools stand-in: records and confirms each registration, then sends
+ * the invocations `invoke` lists for it ([invocationId, toolName]; none by
+ * default), given the registered tool names and how many registrations there
+ * have been; records the results.
+ */
+export function toolStandIn(
+  invoke: (toolNames: string[], registrations: number) => Array<[string, string]> = () => [],
+): ToolStandIn {
+  const stand: ToolStandIn = { registrations: [], results: [], serveTools };
+  function serveTools(call: any): void {
+    call.on("data", (msg: ServeToolsRequest) => {
+      const m = msg.message;
+      if (m?.$case === "register") {
+        stand.registrations.push(m.value);
+        const toolNames = m.value.tools.map((t) => t.name);
+        call.write({ message: { $case: "registered", value: { namespace: m.value.namespace, toolNames } } });
+        for (const [invocationId, toolName] of invoke(toolNames, stand.registrations.length)) {
+          const inv = { invocationId, toolName, argumentsJson: "{}", sessionKey: "k", sessionId: "s", requestId: "r",
+            timeoutMs: 5000, traceContext: {} };
+          call.write({ message: { $case: "invocation", value: inv } });
+        }
+      } else if (m?.$case === "result") {
+        stand.results.push(m.value);
+      }
+    });
+    call.on("end", () => call.end());
+    call.on("error", () => {});
+  }
+  return stand;
+}
+
+/**
+ * The recording sidecar stand-in for this file's tests: every session and
+ * prompt call is recorded in `received` ([method, request]), ServeTools goes
+ * to `tools`; `received` and what `tools` recorded are emptied before each
+ * test. The client does not resume.
+ */
+export function recordingSidecar(tools: ToolStandIn): Served & { received: Array<[string, any]> } {
+  const received: Array<[string, any]> = [];
+  const served = serveForTests(
+    [
+      [SessionServiceService, recording(SessionServiceService, received)],
+      [PromptServiceService, recording(PromptServiceService, received)],
+      [ToolServiceService, { serveTools: tools.serveTools }],
+    ],
+    { resume: false },
+  );
+  beforeEach(() => {
+    received.length = 0;
+    tools.registrations.length = 0;
+    tools.results.length = 0;
+  });
+  return { ...served, received };
+}
+
+/** A call giving `v` for one argument (the others fixed). */
+export type Send = (v: any, c: SidecarClient) => unknown;
+
+/**
+ * The session calls that take only required strings: [the argument's name,
+ * the call giving `v` for it]. Tables of what each argument refuses start here.
+ */
+export const SESSION_ARGS: Array<[string, Send]> = [
+  ["sessionKey", (v, c) => c.resetSession(v)],
+  ["sessionKey", (v, c) => c.switchSession(v, "t")],
+  ["targetSessionId", (v, c) => c.switchSession("k", v)],
+  ["sessionKey", (v, c) => c.suspendSession(v)],
+  ["sessionKey", (v, c) => c.markResumePending(v, "r")],
+  ["reason", (v, c) => c.markResumePending("k", v)],
+  ["sessionKey", (v, c) => c.deleteSession(v)],
+  ["confirm", (v, c) => c.clearAllSessions(v)],
+];
+
+/**
+ * An assert.throws/rejects check: `e` is the client's InvalidArgument naming
+ * `field` (its message starts `field: `, its one field violation is `field`),
+ * its message matching `why` (anything by default); `label` says which case failed.
+ */
+export function namesField(field: string, why: RegExp = /./, label = field) {
+  return (e: unknown) => {
+    assert.ok(e instanceof InvalidArgument, `${label}: ${String(e)}`);
+    assert.equal(e.code, GrpcCode.INVALID_ARGUMENT);
+    assert.equal(e.reason, "INVALID_ARGUMENT");
+    assert.ok(e.message.startsWith(`${field}: `), `${label}: ${e.message}`);
+    assert.match(e.message, why, label);
+    assert.deepEqual(e.fieldViolations.map((v) => v.field), [field], label);
+    return true;
   };
 }
 

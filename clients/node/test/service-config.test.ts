@@ -6,15 +6,14 @@
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { after, before, test } from "node:test";
-import { Server, status as GrpcCode, type sendUnaryData, type ServerUnaryCall } from "@grpc/grpc-js";
-import { connect, type SidecarClient } from "../src/client";
+import { test } from "node:test";
+import { status as GrpcCode, type sendUnaryData, type ServerUnaryCall } from "@grpc/grpc-js";
 import { SERVICE_CONFIG } from "../src/connection";
 import { REASONS, SidecarError } from "../src/errors";
 import { Session } from "../src/gen/agent_sidecar/v1/common";
 import { ErrorReason } from "../src/gen/agent_sidecar/v1/error_reason";
 import { SessionServiceService } from "../src/gen/agent_sidecar/v1/session_service";
-import { listenUnix, type TestServer } from "./helpers";
+import { serveForTests } from "./helpers";
 
 const READS = ["GetSession", "ListSessions", "GetTranscript", "SearchMessages", "GetSessionContext", "GetQueue"];
 const calls: Record<string, number> = {};
@@ -28,23 +27,9 @@ function flaky(name: string, failures: number) {
   };
 }
 
-let srv: TestServer;
-let client: SidecarClient;
-
-before(async () => {
-  const server = new Server();
-  server.addService(SessionServiceService, {
-    getSession: flaky("getSession", 2),
-    resetSession: flaky("resetSession", 1),
-  } as any);
-  srv = await listenUnix(server);
-  client = connect(srv.target);
-});
-
-after(async () => {
-  client.close();
-  await srv.stop();
-});
+const { client } = serveForTests([
+  [SessionServiceService, { getSession: flaky("getSession", 2), resetSession: flaky("resetSession", 1) } as any],
+]);
 
 test("the packaged service config is the repository's and retries only the reads", () => {
   const repo = JSON.parse(readFileSync(join(__dirname, "..", "..", "..", "service_config.json"), "utf8"));

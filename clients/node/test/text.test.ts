@@ -8,67 +8,18 @@
  * A recording grpc-js server shows what arrives.
  */
 import assert from "node:assert/strict";
-import { after, before, beforeEach, test } from "node:test";
-import { Server, status as GrpcCode } from "@grpc/grpc-js";
+import { test } from "node:test";
 import { connect, type SidecarClient } from "../src/client";
-import { InvalidArgument } from "../src/errors";
-import { PromptServiceService } from "../src/gen/agent_sidecar/v1/prompt_service";
-import { SessionServiceService } from "../src/gen/agent_sidecar/v1/session_service";
-import {
-  type ServeToolsRequest,
-  type ToolInvocationResult,
-  ToolServiceService,
-} from "../src/gen/agent_sidecar/v1/tool_service";
+import type { ServeToolsRequest, ToolInvocationResult } from "../src/gen/agent_sidecar/v1/tool_service";
 import { ToolHost } from "../src/tools";
-import { listenUnix, recording, type TestServer } from "./helpers";
+import { namesField, recordingSidecar, SESSION_ARGS, toolStandIn } from "./helpers";
 
 const T = { timeout: 10_000 };
 const BAD = "a\ud800b";
-/** What the sidecar received: [method, request]. */
-const received: Array<[string, any]> = [];
-
-const toolResults: ToolInvocationResult[] = [];
-
-/** ServeTools: confirm the registration, then invoke each tool once; record the results. */
-function serveTools(call: any): void {
-  call.on("data", (msg: ServeToolsRequest) => {
-    const m = msg.message;
-    if (m?.$case === "register") {
-      const names = m.value.tools.map((t) => t.name);
-      call.write({ message: { $case: "registered", value: { namespace: m.value.namespace, toolNames: names } } });
-      for (const toolName of names) {
-        const inv = { invocationId: toolName, toolName, argumentsJson: "{}", sessionKey: "k", sessionId: "s",
-          requestId: "r", timeoutMs: 5000, traceContext: {} };
-        call.write({ message: { $case: "invocation", value: inv } });
-      }
-    } else if (m?.$case === "result") {
-      toolResults.push(m.value);
-    }
-  });
-  call.on("end", () => call.end());
-  call.on("error", () => {});
-}
-
-let srv: TestServer;
-let client: SidecarClient;
-
-before(async () => {
-  const server = new Server();
-  server.addService(SessionServiceService, recording(SessionServiceService, received));
-  server.addService(PromptServiceService, recording(PromptServiceService, received));
-  server.addService(ToolServiceService, { serveTools });
-  srv = await listenUnix(server);
-  client = connect(srv.target, { resume: false });
-});
-
-after(async () => {
-  client.close();
-  await srv.stop();
-});
-
-beforeEach(() => {
-  received.length = 0;
-});
+/** ServeTools: confirms the registration, then invokes each tool once (invocation id: its name); records the results. */
+const tools = toolStandIn((toolNames) => toolNames.map((name) => [name, name]));
+/** `received`: what the sidecar received, [method, request]. */
+const { client, target, received } = recordingSidecar(tools);
 
 type Send = (s: string, c: SidecarClient) => unknown;
 
@@ -80,15 +31,8 @@ const UNARY: Array<[string, Send]> = [
   ["sessionId", (s, c) => c.getSession({ sessionId: s })],
   ["platform", (s, c) => c.listSessions({ platform: s })],
   ["pageToken", (s, c) => c.listSessions({ pageToken: s })],
-  ["sessionKey", (s, c) => c.resetSession(s)],
   ["displayName", (s, c) => c.resetSession("k", { displayName: s })],
-  ["sessionKey", (s, c) => c.switchSession(s, "t")],
-  ["targetSessionId", (s, c) => c.switchSession("k", s)],
-  ["sessionKey", (s, c) => c.suspendSession(s)],
-  ["sessionKey", (s, c) => c.markResumePending(s, "r")],
-  ["reason", (s, c) => c.markResumePending("k", s)],
-  ["sessionKey", (s, c) => c.deleteSession(s)],
-  ["confirm", (s, c) => c.clearAllSessions(s)],
+  ...SESSION_ARGS,
   ["source.userName", (s, c) => c.seedSession({ source: { platform: "p", userName: s }, messages: [] })],
   ["sessionKey", (s, c) => c.seedSession({ sessionKey: s, messages: [] })],
   ["profile", (s, c) => c.seedSession({ sessionKey: "k", messages: [], profile: s })],
@@ -138,42 +82,29 @@ function att(o: object = {}) {
   return { name: "n", mimeType: "text/plain", data: Buffer.from("x"), url: "", ...o };
 }
 
-/** Asserts `e` is the client's InvalidArgument naming `field`, with `why`. */
-function names(field: string, why: RegExp, label: string) {
-  return (e: unknown) => {
-    assert.ok(e instanceof InvalidArgument, `${label}: ${String(e)}`);
-    assert.equal(e.code, GrpcCode.INVALID_ARGUMENT);
-    assert.equal(e.reason, "INVALID_ARGUMENT");
-    assert.ok(e.message.startsWith(`${field}: `), `${label}: ${e.message}`);
-    assert.match(e.message, why);
-    assert.deepEqual(e.fieldViolations.map((v) => v.field), [field], label);
-    return true;
-  };
-}
-
 const LONE = /^[^:]+: has a lone surrogate at index 1 \(not Unicode text; UTF-8 cannot carry it\)$/;
 
 test("a promise call rejects a lone surrogate in any string field, naming it, and sends nothing", T, async () => {
   for (const [i, [field, send]] of UNARY.entries()) {
     let p: unknown;
     assert.doesNotThrow(() => (p = send(BAD, client)), `${i} ${field}: rejects, does not throw`);
-    await assert.rejects(p as Promise<unknown>, names(field, LONE, `${i} ${field}`));
+    await assert.rejects(p as Promise<unknown>, namesField(field, LONE, `${i} ${field}`));
   }
   assert.deepEqual(received, []);
 });
 
 test("prompt and watch throw on a lone surrogate in any string field, naming it, and send nothing", T, async () => {
   for (const [i, [field, send]] of STREAMS.entries()) {
-    assert.throws(() => send(BAD, client), names(field, LONE, `${i} ${field}`));
+    assert.throws(() => send(BAD, client), namesField(field, LONE, `${i} ${field}`));
   }
   assert.deepEqual(received, []);
 });
 
 test("an emoji cut in half by .slice(), a lone low surrogate, or a number is refused too", T, async () => {
   const cut = "ok 😀".slice(0, 4); // "ok \ud83d"
-  await assert.rejects(client.resetSession(cut), names("sessionKey", /lone surrogate at index 3/, "cut"));
-  assert.throws(() => client.prompt({ sessionKey: "k", text: "\udc00x" }), names("text", /at index 0/, "low"));
-  const notString = (field: string, type: string) => names(field, new RegExp(`expected a string, got ${type}$`), type);
+  await assert.rejects(client.resetSession(cut), namesField("sessionKey", /lone surrogate at index 3/, "cut"));
+  assert.throws(() => client.prompt({ sessionKey: "k", text: "\udc00x" }), namesField("text", /at index 0/, "low"));
+  const notString = (field: string, type: string) => namesField(field, new RegExp(`expected a string, got ${type}$`), type);
   await assert.rejects(client.getSession({ sessionKey: 42 as any }), notString("sessionKey", "number"));
   assert.throws(() => client.watch({ platform: {} as any }), notString("platform", "object"));
   assert.deepEqual(received, []);
@@ -204,19 +135,19 @@ test("real Unicode (accents, CJK, emoji, U+10FFFF, U+FFFD) in every field is sen
 });
 
 test("ToolHost refuses a lone surrogate in its namespace, a tool's name, description or schema text", T, () => {
-  assert.throws(() => new ToolHost(BAD), names("namespace", LONE, "namespace"));
+  assert.throws(() => new ToolHost(BAD), namesField("namespace", LONE, "namespace"));
   const host = new ToolHost("ns");
-  assert.throws(() => host.tool(BAD, "d", {}, () => 1), names("name", LONE, "name"));
-  assert.throws(() => host.tool("x", BAD, {}, () => 1), names("description", LONE, "description"));
+  assert.throws(() => host.tool(BAD, "d", {}, () => 1), namesField("name", LONE, "name"));
+  assert.throws(() => host.tool("x", BAD, {}, () => 1), namesField("description", LONE, "description"));
   const schema = `{"description":"${BAD}"}`;
-  assert.throws(() => host.tool("x", "d", schema, () => 1), names("schema", /lone surrogate at index 17/, "schema"));
+  assert.throws(() => host.tool("x", "d", schema, () => 1), namesField("schema", /lone surrogate at index 17/, "schema"));
   assert.deepEqual(host.toolNames, []);
   host.tool("ns.ok", "日本語 😀 \u{10FFFF}", { description: BAD }, () => 1); // an object goes as JSON, escaped
   assert.deepEqual(host.toolNames, ["ns.ok"]);
 });
 
 test("ToolHost: a result with a lone surrogate is not refused but sent, with U+FFFD in its place", T, async () => {
-  const c = connect(srv.target);
+  const c = connect(target);
   const written: ToolInvocationResult[] = [];
   const open = c.serveTools.bind(c);
   c.serveTools = () => {
@@ -235,13 +166,13 @@ test("ToolHost: a result with a lone surrogate is not refused but sent, with U+F
   host.tool("t.text", "d", {}, () => "日本語 😀 \u{10FFFF} " + BAD);
   try {
     await host.serve(c);
-    for (let i = 0; i < 400 && toolResults.length < 2; i++) await new Promise((r) => setTimeout(r, 5));
+    for (let i = 0; i < 400 && tools.results.length < 2; i++) await new Promise((r) => setTimeout(r, 5));
   } finally {
     host.close();
     c.close();
   }
   const byId = (rs: ToolInvocationResult[], id: string) => rs.find((r) => r.invocationId === id);
-  for (const rs of [written, toolResults]) {
+  for (const rs of [written, tools.results]) {
     assert.equal(byId(rs, "t.fails")?.ok, false);
     assert.equal(byId(rs, "t.fails")?.error, "cannot open ok \uFFFD"); // what is handed to grpc-js, and what arrives
     assert.equal(byId(rs, "t.text")?.ok, true);
