@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 
 import grpc
@@ -16,7 +17,8 @@ from helpers.cli import cli
 from helpers.config import echo, table
 from helpers.ids import source
 from helpers.procs import children
-from helpers.streams import run
+from helpers.streams import PromptRun, run
+from helpers.waiting import wait_until
 from sidecar_proc import TOKEN, Sidecar, error_info
 
 import agent_sidecar
@@ -67,6 +69,27 @@ def test_status_table(sc):
     assert "SERVING" in out.stdout and agent_sidecar.__version__ in out.stdout
     for name in ("sidecar-work-0", "sidecar-work-1", "sidecar-writer"):
         assert str(kids[name]) in out.stdout
+
+
+def test_a_writer_that_stops_answering_shows_as_stalled_while_the_store_still_says_writable(tmp_path):
+    """A hung commit is no failure (health stays SERVING, the store
+    `writable`): what shows it is how long jobs have waited with no answer,
+    in GetStatus and the status table."""
+    with Sidecar(tmp_path / "data", config=echo("main"), workers=1) as s:
+        writer = children(s)["sidecar-writer"]
+        assert s.status().store.writer_stalled_seconds == 0  # none waits
+        os.kill(writer, signal.SIGSTOP)
+        try:
+            turn = PromptRun(s.prompts(), text="held", src=source())  # its accept waits for the writer
+            wait_until(lambda: s.status().store.writer_stalled_seconds >= 1.0, 15, what="the writer stalled")
+            st = s.status()
+            assert st.store.writable and st.serving and st.store.writer_backlog >= 1
+            table = cli("status", "--target", s.target)
+            assert table.returncode == 0 and " · NO ANSWER for " in table.stdout, table.stdout
+        finally:
+            os.kill(writer, signal.SIGCONT)
+        assert turn.result(30).end == "completed"
+        wait_until(lambda: s.status().store.writer_stalled_seconds == 0, 15, what="the writer answering again")
 
 
 def test_get_status_over_tcp_needs_an_admin_token(sc):

@@ -375,9 +375,15 @@ type StoreStatus struct {
 	// Seconds the last group commit took, in the writer.
 	LastCommitSeconds float64 `protobuf:"fixed64,8,opt,name=last_commit_seconds,json=lastCommitSeconds,proto3" json:"last_commit_seconds,omitempty"`
 	// Group commits since the sidecar started.
-	Commits       int64 `protobuf:"varint,9,opt,name=commits,proto3" json:"commits,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Commits int64 `protobuf:"varint,9,opt,name=commits,proto3" json:"commits,omitempty"`
+	// Seconds jobs have waited with no answer from the writer (since the
+	// first was submitted, or its last answer if later); 0 when none waits.
+	// Growing while `writable` is true: the writer, its disk or its database
+	// has stopped answering (a failing commit is an answer and turns
+	// `writable` false; a hung one is not).
+	WriterStalledSeconds float64 `protobuf:"fixed64,10,opt,name=writer_stalled_seconds,json=writerStalledSeconds,proto3" json:"writer_stalled_seconds,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *StoreStatus) Reset() {
@@ -469,6 +475,13 @@ func (x *StoreStatus) GetLastCommitSeconds() float64 {
 func (x *StoreStatus) GetCommits() int64 {
 	if x != nil {
 		return x.Commits
+	}
+	return 0
+}
+
+func (x *StoreStatus) GetWriterStalledSeconds() float64 {
+	if x != nil {
+		return x.WriterStalledSeconds
 	}
 	return 0
 }
@@ -584,7 +597,7 @@ const file_agent_sidecar_v1_status_service_proto_rawDesc = "" +
 	"\n" +
 	"QueueDepth\x12:\n" +
 	"\bdelivery\x18\x01 \x01(\x0e2\x1e.agent_sidecar.v1.DeliveryModeR\bdelivery\x12\x18\n" +
-	"\aprompts\x18\x02 \x01(\x05R\aprompts\"\xbd\x02\n" +
+	"\aprompts\x18\x02 \x01(\x05R\aprompts\"\xf3\x02\n" +
 	"\vStoreStatus\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x1d\n" +
 	"\n" +
@@ -597,7 +610,9 @@ const file_agent_sidecar_v1_status_service_proto_rawDesc = "" +
 	"\x10writer_rss_bytes\x18\x06 \x01(\x03R\x0ewriterRssBytes\x12%\n" +
 	"\x0ewriter_backlog\x18\a \x01(\x03R\rwriterBacklog\x12.\n" +
 	"\x13last_commit_seconds\x18\b \x01(\x01R\x11lastCommitSeconds\x12\x18\n" +
-	"\acommits\x18\t \x01(\x03R\acommits\"\x9e\x01\n" +
+	"\acommits\x18\t \x01(\x03R\acommits\x124\n" +
+	"\x16writer_stalled_seconds\x18\n" +
+	" \x01(\x01R\x14writerStalledSeconds\"\x9e\x01\n" +
 	"\rClusterStatus\x12\x1d\n" +
 	"\n" +
 	"lanes_held\x18\x01 \x01(\x05R\tlanesHeld\x12(\n" +

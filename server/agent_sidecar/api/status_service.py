@@ -41,7 +41,7 @@ def to_proto(s: Any) -> pb.GetStatusResponse:
     if s.writer is not None:
         st.writer_pid, st.writer_rss_bytes = s.writer.pid, s.writer.rss_bytes
         st.writer_backlog, st.last_commit_seconds = s.writer.backlog, s.writer.last_commit_seconds
-        st.commits = s.writer.commits
+        st.commits, st.writer_stalled_seconds = s.writer.commits, s.writer.stalled_seconds
     st.writable = s.store_writable
     c = s.cluster
     if c is not None:

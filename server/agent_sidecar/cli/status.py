@@ -59,7 +59,8 @@ def as_dict(r) -> dict[str, Any]:
         "store": {"backend": s.backend, "size_bytes": s.size_bytes, "fts_backlog": s.fts_backlog,
                   "writable": s.writable, "writer_pid": s.writer_pid,
                   "writer_rss_bytes": s.writer_rss_bytes, "writer_backlog": s.writer_backlog,
-                  "last_commit_seconds": s.last_commit_seconds, "commits": s.commits},
+                  "last_commit_seconds": s.last_commit_seconds, "commits": s.commits,
+                  "writer_stalled_seconds": s.writer_stalled_seconds},
         "cluster": cluster,
     }
 
@@ -100,7 +101,8 @@ def as_table(st: dict[str, Any]) -> str:
             + f" · full-text backlog {s['fts_backlog']} messages",
             f"  writer pid {s['writer_pid']} ({_bytes(s['writer_rss_bytes'])}) · backlog "
             f"{s['writer_backlog']} jobs · last commit {s['last_commit_seconds'] * 1e3:.2f} ms · "
-            f"{s['commits']} commits"]
+            f"{s['commits']} commits"
+            + (f" · NO ANSWER for {s['writer_stalled_seconds']:.1f} s" if s["writer_stalled_seconds"] >= 1 else "")]
     c = st["cluster"]
     if c is not None:
         out += ["", "cluster",

@@ -55,6 +55,7 @@ class WriterInfo:
     backlog: int  # jobs not answered yet
     last_commit_seconds: float
     commits: int
+    stalled_seconds: float  # jobs waiting with no answer from the writer for this long (0: none waits)
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ class Live:
         if store is None:
             return None
         c = store.commit_stats
-        return WriterInfo(c.pid, rss_bytes(c.pid), c.backlog, c.last_seconds, c.seconds.count)
+        return WriterInfo(c.pid, rss_bytes(c.pid), c.backlog, c.last_seconds, c.seconds.count, c.stalled_seconds)
 
     async def store_stats(self) -> Any:
         """The store's StoreStats, or None when it cannot be read now (closed, failing)."""

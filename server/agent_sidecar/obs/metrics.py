@@ -137,6 +137,9 @@ class SidecarCollector:
         yield _histogram("store_commit_batch_jobs", "Jobs per group commit.", [], {(): c.jobs})
         yield _gauge("store_writer_backlog_jobs", "Jobs submitted to the writer and not answered yet.",
                      [], {(): writer.backlog})
+        yield _gauge("store_writer_stalled_seconds", "Seconds jobs have waited with no answer from the "
+                     "writer (0 when none waits): a hung writer, disk or database.", [],
+                     {(): writer.stalled_seconds})
         yield _gauge("store_writer_resident_memory_bytes", "The writer process's resident memory.",
                      [], {(): writer.rss_bytes})
         yield _gauge("store_writable", "1 while the store can write, 0 while it fails (health "

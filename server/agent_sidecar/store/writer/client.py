@@ -24,6 +24,7 @@ import asyncio
 import logging
 import os
 import pickle
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +53,16 @@ class CommitStats:
         return len(self._writer._pending)
 
     @property
+    def stalled_seconds(self) -> float:
+        """How long jobs have waited with no answer from the writer: since the
+        first of them was submitted, or since its last answer if later; 0 when
+        none waits. A writer (or its disk, or its database) that stopped
+        answering shows here while health still says SERVING: a failing
+        commit is an answer (health NOT_SERVING), a hung one is not."""
+        w = self._writer
+        return time.monotonic() - w._answered_at if w._pending else 0.0
+
+    @property
     def pid(self) -> int:
         return self._writer.pid
 
@@ -72,6 +83,7 @@ class GroupCommitWriter:
         self._process: ChildProcess | None = None
         self._channel: Channel | None = None
         self._pending: dict[int, asyncio.Future] = {}
+        self._answered_at = 0.0  # monotonic: the last answer, or the first job submitted after none waited
         self._outbox: list = []  # (job id, blob), or [job, job ids, args] for a run of a @batched job
         self._scheduled = False
         self._next_id = 0
@@ -118,6 +130,8 @@ class GroupCommitWriter:
         else:
             blob = _dumps((fn, args))
         fut = loop.create_future()
+        if not self._pending:
+            self._answered_at = time.monotonic()
         jid = self._next_id = self._next_id + 1
         self._pending[jid] = fut
         if run is not None:
@@ -169,6 +183,7 @@ class GroupCommitWriter:
                 self._done.set_result(None)
             return
         seconds, results = msg
+        self._answered_at = time.monotonic()
         self.commits += 1
         self.jobs += len(results)
         stats = self.stats

@@ -120,6 +120,14 @@ export interface StoreStatus {
   lastCommitSeconds: number;
   /** Group commits since the sidecar started. */
   commits: number;
+  /**
+   * Seconds jobs have waited with no answer from the writer (since the
+   * first was submitted, or its last answer if later); 0 when none waits.
+   * Growing while `writable` is true: the writer, its disk or its database
+   * has stopped answering (a failing commit is an answer and turns
+   * `writable` false; a hung one is not).
+   */
+  writerStalledSeconds: number;
 }
 
 /**
@@ -743,6 +751,7 @@ function createBaseStoreStatus(): StoreStatus {
     writerBacklog: 0,
     lastCommitSeconds: 0,
     commits: 0,
+    writerStalledSeconds: 0,
   };
 }
 
@@ -774,6 +783,9 @@ export const StoreStatus: MessageFns<StoreStatus> = {
     }
     if (message.commits !== 0) {
       writer.uint32(72).int64(message.commits);
+    }
+    if (message.writerStalledSeconds !== 0) {
+      writer.uint32(81).double(message.writerStalledSeconds);
     }
     return writer;
   },
@@ -863,6 +875,14 @@ export const StoreStatus: MessageFns<StoreStatus> = {
             message.commits = longToNumber(reader.int64());
             continue;
           }
+          case 10: {
+            if (tag !== 81) {
+              break;
+            }
+
+            message.writerStalledSeconds = reader.double();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -910,6 +930,11 @@ export const StoreStatus: MessageFns<StoreStatus> = {
         ? globalThis.Number(object.last_commit_seconds)
         : 0,
       commits: isSet(object.commits) ? globalThis.Number(object.commits) : 0,
+      writerStalledSeconds: isSet(object.writerStalledSeconds)
+        ? globalThis.Number(object.writerStalledSeconds)
+        : isSet(object.writer_stalled_seconds)
+        ? globalThis.Number(object.writer_stalled_seconds)
+        : 0,
     };
   },
 
@@ -942,6 +967,9 @@ export const StoreStatus: MessageFns<StoreStatus> = {
     if (message.commits !== 0) {
       obj.commits = Math.round(message.commits);
     }
+    if (message.writerStalledSeconds !== 0) {
+      obj.writerStalledSeconds = floatToJson(message.writerStalledSeconds);
+    }
     return obj;
   },
 
@@ -959,6 +987,7 @@ export const StoreStatus: MessageFns<StoreStatus> = {
     message.writerBacklog = object.writerBacklog ?? 0;
     message.lastCommitSeconds = object.lastCommitSeconds ?? 0;
     message.commits = object.commits ?? 0;
+    message.writerStalledSeconds = object.writerStalledSeconds ?? 0;
     return message;
   },
 };
