@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # imported where used: the gRPC layer loads after the workers
     from .turns.manager import TurnManager
 
 log = logging.getLogger("agent_sidecar")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 # Where the store jobs live: the writer process imports them while the workers
 # start, not when the first job (the startup restore) arrives.
@@ -224,10 +225,22 @@ class Sidecar:
     def request_stop(self) -> None:
         self._stopping.set()
 
-    async def run_until_stopped(self) -> None:
+    def stop_on_signals(self) -> None:
+        """SIGTERM, SIGINT and SIGHUP stop the sidecar cleanly (drained, the
+        marker written), from before ``start``: one that comes while it starts
+        stops it as soon as it is up. SIGHUP is a closed terminal or an
+        operator's habit; there is no reload, and its default action would
+        kill the process mid-turn."""
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.request_stop)
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, self._on_signal, sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        if not self._stopping.is_set():
+            log.info("stop requested", extra={"signal": sig.name})
+        self.request_stop()
+
+    async def run_until_stopped(self) -> None:
         await self._stopping.wait()
         await self.stop()
 

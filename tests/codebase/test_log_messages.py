@@ -16,6 +16,13 @@ SOURCE = Path(agent_sidecar.__file__).parent
 LEVELS = {"debug", "info", "warning", "error", "exception", "critical"}
 
 
+def _is_logger(node: ast.expr) -> bool:
+    """``log``, ``logger`` or ``logging.getLogger(...)``."""
+    if isinstance(node, ast.Name):
+        return node.id in ("log", "logger")
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "getLogger"
+
+
 def _variable_messages(path: Path) -> list[str]:
     """``log.LEVEL(msg, ...)`` / ``log.log(level, msg, ...)`` calls whose msg is
     built (an f-string, ``+``, ``%``, ``.format``), or that pass %-arguments
@@ -26,7 +33,7 @@ def _variable_messages(path: Path) -> list[str]:
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
             continue
         f = node.func
-        if not (isinstance(f.value, ast.Name) and f.value.id in ("log", "logger")):
+        if not _is_logger(f.value):
             continue
         if f.attr in LEVELS:
             args = node.args

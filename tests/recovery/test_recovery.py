@@ -62,6 +62,23 @@ def test_sigterm_drain_in_time_writes_marker_and_marks_nothing(tmp_path):
         sc.stop()
 
 
+def test_sighup_drains_and_stops_as_sigterm_does(tmp_path):
+    """A closed terminal or an operator's ``kill -HUP``: its default action
+    killed the sidecar mid-turn (exit status 129, the turn cut off, no
+    marker). It stops cleanly now, the turn in flight drained."""
+    sc = Sidecar(tmp_path / "data", config=echo("slow", 100), workers=1).start()
+    try:
+        run = PromptRun(sc.prompts(), text=words(15), src=source(), profile="slow")
+        run.wait_for("started")
+        sc.proc.send_signal(signal.SIGHUP)
+        assert sc.proc.wait(30) == 0, sc.log()
+        run.done.wait(5)
+        assert run.kinds()[-1] == "completed", (run.kinds(), run.error)
+        assert marker(sc), "a clean stop writes the marker"
+    finally:
+        sc.stop()
+
+
 def test_clean_restart_with_queued_prompt_runs_it_without_resume(tmp_path):
     sc = Sidecar(tmp_path / "data", config=echo("slow", 100), workers=1).start()
     try:

@@ -1,5 +1,5 @@
 """``agent-sidecar serve``: load config, start the sidecar on uvloop, run until
-SIGTERM/SIGINT, stop cleanly."""
+SIGTERM/SIGINT/SIGHUP, stop cleanly."""
 
 from __future__ import annotations
 
@@ -32,10 +32,11 @@ def serve(args) -> int:
 
     async def main() -> int:
         sidecar = Sidecar(cfg)
+        sidecar.stop_on_signals()
         try:
             await sidecar.start()
         except (RuntimeError, OSError, SidecarError) as e:  # e.g. another sidecar, a file that is no store, a full disk
-            logging.getLogger("agent_sidecar").error(f"cannot start: {e}")
+            logging.getLogger("agent_sidecar").error("cannot start", extra={"error": str(e)})
             await sidecar.stop()
             return 1
         await sidecar.run_until_stopped()
