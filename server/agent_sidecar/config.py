@@ -33,7 +33,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .config_loader import Loader, read_toml
-from .config_schema import ConfigError, array, host_port, key, metadata_safe, named, section
+from .config_schema import ConfigError, array, host_port, key, metadata_safe, named, section, unix_path
 from .sessions.context import DEFAULT_PII_SAFE, NEVER_REDACTED
 
 __all__ = ["AUTO_RESUME_MODES", "AgentCache", "AuthToken", "Config", "ConfigError", "DEFAULT_PROFILE",
@@ -47,7 +47,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 def _listen_address(value: str) -> str | None:
     if value.startswith("unix:"):
-        return None if value[5:] else "a Unix socket needs a path (unix:PATH)"
+        return unix_path(value[5:])
     why = host_port(value)
     return f"expected unix:PATH or HOST:PORT ({why})" if why else None
 

@@ -351,6 +351,21 @@ _HOST_NAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
 _PORT = re.compile(r"[0-9]{1,5}")
 
 
+UNIX_PATH_MAX = 107  # a sockaddr_un's path (108 bytes) less its NUL: what bind() and gRPC take
+
+
+def unix_path(path: str) -> str | None:
+    """None when ``path`` can name a Unix socket; else what is wrong with it
+    (empty, or longer than the kernel takes: gRPC would fail only when it
+    binds or dials, with its own message)."""
+    if not path:
+        return "a Unix socket needs a path (unix:PATH)"
+    n = len(path.encode("utf-8", "surrogateescape"))
+    if n > UNIX_PATH_MAX:
+        return f"a Unix socket path may be at most {UNIX_PATH_MAX} bytes; this one is {n}"
+    return None
+
+
 def host_port(value: str, port0: bool = True) -> str | None:
     """None when ``value`` is ``HOST:PORT``: HOST a bracketed IPv6 address
     (``[::1]``), an IPv4 address or a host name, PORT 0 (``port0``: any free

@@ -185,7 +185,8 @@ def test_sessions_list_limit_past_int32_is_capped_by_the_sidecar(sidecar):
     (("sessions", "--target", "unix:/x.sock", "show", "k\udcff"), "argument key: not valid UTF-8"),
     (("health", "--target", "unix:/tmp/\udcff"), "argument --target: not valid UTF-8"),
     (("health", "--target", "127.0.0.1:99999"), "argument --target: '127.0.0.1:99999': expected unix:PATH or"),
-    (("status", "--target", "unix:"), "argument --target: unix: needs a path"),
+    (("status", "--target", "unix:"), "argument --target: 'unix:': a Unix socket needs a path"),
+    (("health", "--target", "unix:/tmp/" + "s" * 103), "a Unix socket path may be at most 107 bytes; this one is 108"),
     (("sessions", "--target", "unix:/x.sock", "--token", "se\ncret", "list"),
      "argument --token: a bearer token is printable ASCII"),
     (("status", "--target", "unix:/x.sock", "--token", "sécret"), "argument --token: a bearer token is printable"),
@@ -277,6 +278,17 @@ def test_serve_with_a_data_dir_that_is_a_file(tmp_path):
     r = run("serve", "--data-dir", str(afile), "--workers", "1")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "is not a directory" in r.stderr, r.stderr
+
+
+def test_serve_with_a_data_dir_too_deep_for_its_socket(tmp_path):
+    """Its socket's path would be past the 107 bytes a Unix socket takes: the
+    start used to get as far as binding (workers spawned, the store created)
+    and end in gRPC's words; now it is refused at once, creating nothing."""
+    data = tmp_path / ("d" * (120 - len(str(tmp_path))))
+    r = run("serve", "--data-dir", str(data), "--workers", "1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "choose a shorter data dir, or --listen" in r.stderr and "at most 107 bytes" in r.stderr, r.stderr
+    assert not data.exists()
 
 
 def test_doctor_on_a_locked_store_says_so(tmp_path):

@@ -179,6 +179,16 @@ def test_a_listen_address_that_cannot_be_bound_is_refused_naming_the_key(tmp_pat
     assert names(lines) == ["sidecar.listen[0]", "listen[0].address", "metrics.listen"], lines
 
 
+def test_a_unix_socket_path_longer_than_the_kernel_takes_is_refused_naming_the_key(tmp_path):
+    """Such a path loaded, then the start failed in gRPC's words ("Failed to
+    bind to address ...; set GRPC_VERBOSITY=debug ...")."""
+    long = "unix:/tmp/" + "s" * 103  # 108 bytes of path: one past the 107 a sockaddr_un holds
+    lines = problems(tmp_path, f'[sidecar]\nlisten = ["{long}"]\n[[listen]]\naddress = "{long}"\n')
+    assert names(lines) == ["sidecar.listen[0]", "listen[0].address"], lines
+    assert "at most 107 bytes; this one is 108" in lines[0], lines
+    assert load(tmp_path, f'[sidecar]\nlisten = ["{long[:-1]}"]\n').listen == [long[:-1]]
+
+
 @pytest.mark.parametrize("address", ["127.0.0.1:50051", "0.0.0.0:0", "[::]:50051", "[::1]:1",
                                      "[fe80::1%eth0]:5", "localhost:65535", "db-1.example.com:5", "h_2.local.:7"])
 def test_a_listen_address_of_every_form_loads(tmp_path, address):

@@ -14,7 +14,7 @@ import argparse
 import math
 from collections.abc import Callable
 
-from ..config_schema import host_port, metadata_safe
+from ..config_schema import host_port, metadata_safe, unix_path
 from ..config_schema import utf8 as is_utf8
 
 
@@ -60,8 +60,8 @@ def target(text: str) -> str:
     bench (an empty one is refused later, by name)."""
     for address in utf8(text).split(","):
         address = address.strip()
-        if address.startswith("unix:") and not address[5:]:
-            raise argparse.ArgumentTypeError("unix: needs a path (unix:PATH)")
+        if address.startswith("unix:") and unix_path(address[5:]):
+            raise argparse.ArgumentTypeError(f"{address[:60]!r}: {unix_path(address[5:])}")
         if ":" in address and not address.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")):
             why = host_port(address, port0=False)
             if why:

@@ -10,6 +10,7 @@ import sys
 from .. import logs
 from ..children import set_title
 from ..config import ConfigError, load_config
+from ..config_schema import unix_path
 from ..errors import SidecarError
 
 
@@ -23,6 +24,11 @@ def serve(args) -> int:
         return 2
     if os.path.exists(cfg.data_dir) and not os.path.isdir(cfg.data_dir):
         print(f"agent-sidecar: --data-dir {cfg.data_dir} is not a directory", file=sys.stderr)
+        return 2
+    socket_problem = unix_path(cfg.default_socket[5:])
+    if socket_problem and not (cfg.listen or cfg.listeners):  # its socket would fail to bind, in gRPC's words
+        print(f"agent-sidecar: --data-dir {cfg.data_dir}: for its socket (sidecar.sock in it), {socket_problem};"
+              " choose a shorter data dir, or --listen", file=sys.stderr)
         return 2
     logs.setup(cfg.log_format, cfg.log_level)
     set_title(f"main (data {cfg.data_dir})")
