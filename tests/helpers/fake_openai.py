@@ -17,6 +17,19 @@ Script entries (dicts):
   ``"usage": None`` sends none.
 - ``"delay_s": N``: wait before answering; ``"truncate": True``: close the
   stream after the text without finish_reason or [DONE] (a broken connection).
+- ``{"status": 302, "body": "", "headers": {"Location": ...}}``: any status
+  other than 200, or a ``body`` with a 200, is sent as it is, its Content-Type
+  ``"content_type"`` (default application/json).
+
+Hostile answers (a buggy proxy, a misconfigured gateway), each sent with
+``"status"`` (200) and ``"content_type"`` (text/event-stream):
+- ``"raw": "..."``: this body verbatim (malformed SSE lines, wrong shapes;
+  a surrogate escape such as "\udcff" is the byte 0xff, invalid UTF-8);
+- ``"endless": "piece"``: ``"prefix"`` (default "") then the piece over and
+  over until the client hangs up -- an endless error body, JSON reply, SSE line
+  or stream of chunks;
+- ``"gzip_mb": N``: a gzip body (Content-Encoding: gzip) of ``"prefix"`` then
+  N MiB of "a" -- a few dozen KB on the wire.
 
 A request with ``"stream": false`` gets a plain chat.completion JSON reply.
 ``.requests`` holds the parsed JSON bodies, ``.headers`` the request headers
@@ -29,6 +42,7 @@ import contextlib
 import json
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -121,21 +135,49 @@ class FakeOpenAI:
         entry = self._next_entry(body, {k.lower(): v for k, v in h.headers.items()})
         if entry.get("delay_s"):
             time.sleep(entry["delay_s"])
-        if entry.get("status", 200) >= 400:
-            payload = entry.get("body", json.dumps({"error": {"message": f"fake error {entry['status']}"}}))
-            return self._send(h, entry["status"], payload.encode(), entry.get("headers"))
+        if {"raw", "endless", "gzip_mb"} & entry.keys():
+            return self._hostile(h, entry)
+        if entry.get("status", 200) != 200 or "body" in entry:
+            payload = entry["body"] if "body" in entry else json.dumps(
+                {"error": {"message": f"fake error {entry['status']}"}})
+            return self._send(h, entry.get("status", 200), payload.encode(), entry.get("headers"),
+                              entry.get("content_type", "application/json"))
         if body.get("stream") is False:
             return self._send(h, 200, json.dumps(self._completion(entry)).encode())
         self._stream(h, entry)
 
-    def _send(self, h: BaseHTTPRequestHandler, status: int, payload: bytes, headers: dict | None = None) -> None:
+    def _send(self, h: BaseHTTPRequestHandler, status: int, payload: bytes, headers: dict | None = None,
+              content_type: str = "application/json") -> None:
         h.send_response(status)
-        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Type", content_type)
         h.send_header("Content-Length", str(len(payload)))
         for k, v in (headers or {}).items():
             h.send_header(k, str(v))
         h.end_headers()
         h.wfile.write(payload)
+
+    def _hostile(self, h: BaseHTTPRequestHandler, entry: dict[str, Any]) -> None:
+        h.send_response(entry.get("status", 200))
+        h.send_header("Content-Type", entry.get("content_type", "text/event-stream"))
+        prefix = entry.get("prefix", "").encode()
+        if "gzip_mb" in entry:
+            packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: a gzip header
+            block = b"a" * 2**20
+            payload = packer.compress(prefix) + b"".join(packer.compress(block) for _ in range(entry["gzip_mb"]))
+            payload += packer.flush()
+            h.send_header("Content-Encoding", "gzip")
+            h.send_header("Content-Length", str(len(payload)))
+        else:
+            payload = prefix + entry.get("raw", "").encode("utf-8", "surrogateescape")
+        h.end_headers()  # HTTP/1.0 without a length: the body ends when the connection closes
+        try:
+            h.wfile.write(payload)
+            piece = entry.get("endless", "").encode()
+            piece *= 65536 // max(1, len(piece))
+            while piece:  # until the client hangs up
+                h.wfile.write(piece)
+        except OSError:  # the client hung up: what an endless answer waits for
+            pass
 
     def _usage(self, entry: dict[str, Any]) -> dict[str, Any] | None:
         if "usage" in entry:

@@ -20,6 +20,9 @@ SCRIPTS = {
     "flaky": [{"status": 500}, {"text": "recovered fine"}],
     "down": [{"status": 500}],
     "broken": [{"text": "half an answer", "truncate": True}],
+    "endless_error": [{"status": 500, "content_type": "text/plain", "prefix": "overloaded ", "endless": "x"}],
+    "bad_call_id": [{"raw": 'data: {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": 7}]}}]}\n\n'
+                            'data: {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]}\n\ndata: [DONE]\n\n'}],
     "cached": [{"text": "cached answer", "usage": {
         "prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110,
         "prompt_tokens_details": {"cached_tokens": 80}}}],
@@ -127,3 +130,21 @@ def test_permanent_failure_is_llm_api_failure(sc, fakes):
     assert s.turn_count == 0
     # the user's message stays; no assistant message was written
     assert [m.role for m in transcript(sc.sessions(), out.frames[0].session_id)] == ["user"]
+
+
+def test_an_endless_error_body_fails_the_turn_with_an_excerpt(sc, fakes):
+    """The 500's body never ends: the turn still fails (after the retries) with
+    the start of it, and the worker goes on serving."""
+    out = run(sc.prompts(), prompt_req(text="anyone?", profile="endless_error"))
+    assert_failed(out, "LLM_API_FAILURE", grpc.StatusCode.UNAVAILABLE)
+    assert "HTTP 500" in out.last.failed.message and "overloaded xxx" in out.last.failed.message
+    assert len(fakes["endless_error"].requests) == 3
+    assert_well_formed(run(sc.prompts(), prompt_req(text="hi again", profile="stream")))
+
+
+def test_a_call_id_that_is_not_a_string_fails_the_turn_naming_it(sc):
+    """A tool call whose id is a number: a failed frame naming the field (the
+    number used to reach the worker's frames and the turn never ended)."""
+    out = run(sc.prompts(), prompt_req(text="call something", profile="bad_call_id"))
+    assert_failed(out, "LLM_API_FAILURE", grpc.StatusCode.UNAVAILABLE)
+    assert "tool_calls[0].id is a JSON integer (7), expected string" in out.last.failed.message

@@ -10,6 +10,11 @@ exponential backoff and jitter, honouring ``Retry-After`` -- but only while
 nothing has been yielded for the call, since a half-streamed answer cannot be
 taken back. Anything else, or exhausted retries, raises ModelError with the
 status and an excerpt of the body, which fails the turn with LLM_API_FAILURE.
+The endpoint may be a buggy proxy or a hostile server, so what is read is
+bounded (openai_body: error excerpts, whole replies, SSE lines, decompression;
+openai_wire: the answer's size, its tool calls, each field's JSON type) and
+redirects are not followed: any answer ends the call with a ModelError naming
+the cause, within bounded memory.
 
 OpenAI function names may not contain '.', while sidecar tool names are dotted
 (``discord.send_message``), so names are mapped to a safe form on the way in
@@ -29,8 +34,10 @@ import random
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
+from agent_sidecar.models import openai_body as body_io
 from agent_sidecar.models.base import ModelError, ModelEvent, ModelRequest
 from agent_sidecar.models.openai_wire import (
+    ANSWER_CAP,
     Retryable,
     StreamParser,
     call_tag,
@@ -77,7 +84,8 @@ class OpenAIModel:
         self.backoff_max_s = _number(options, "backoff_max_s", 8)
         self.retry_after_max_s = _number(options, "retry_after_max_s", 60)
         self.timeout_s = _number(options, "timeout_s", 120)
-        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
+                        "Accept-Encoding": body_io.ACCEPT_ENCODING}
         key_env = options.get("api_key_env")
         if key_env:
             key = os.environ.get(key_env)
@@ -162,26 +170,20 @@ class OpenAIModel:
     async def _attempt(self, payload: bytes, tag: str, names: dict[str, str],
                        headers: dict[str, str] | None = None) -> AsyncGenerator[ModelEvent, None]:
         """One HTTP exchange (``headers``: this call's own, besides the client's).
-        Raises Retryable for transient failures."""
+        Raises Retryable for transient failures. What is read of the body is
+        bounded (openai_body), so no answer can hold the worker's memory."""
         import httpx
 
         try:
             async with self._http().stream("POST", self.url, content=payload, headers=headers) as response:
-                status = response.status_code
-                if status >= 400:
-                    snippet = excerpt(await response.aread())
-                    message = f"HTTP {status} from {self.url}: {snippet}"
-                    if status == 429 or status >= 500:
-                        raise Retryable(message, retry_after_s(response.headers.get("retry-after")))
-                    raise ModelError(f"openai backend: {message}")
+                if response.status_code >= 300:
+                    await self._refuse(response)
                 if "text/event-stream" not in response.headers.get("content-type", ""):
-                    # A server that ignored stream=true: parse the whole reply.
-                    data = loads_chunk(await response.aread())
-                    for event in events_from_message(data, tag, names):
+                    for event in await self._whole_reply(response, tag, names):
                         yield event
                     return
                 parser = StreamParser(tag, names)
-                async for line in response.aiter_lines():
+                async for line in body_io.lines(response, ANSWER_CAP):
                     for event in parser.feed(line):
                         yield event
                     if parser.done:
@@ -190,3 +192,27 @@ class OpenAIModel:
                     yield event
         except httpx.TransportError as exc:
             raise Retryable(f"{type(exc).__name__}: {exc} ({self.url})") from None
+
+    async def _refuse(self, response: Any) -> None:
+        """A status of 300 or more: always raises. An error's message carries
+        an excerpt of its body, of which only the first few KB are read (an
+        error body may be huge or endless). Redirects are not followed -- the
+        request carries the API key, and base_url is the operator's to fix."""
+        status = response.status_code
+        if status < 400:
+            where = response.headers.get("location") or "nowhere (no Location)"
+            raise ModelError(f"openai backend: HTTP {status} from {self.url}: a redirect to {where}, which is "
+                             f"not followed (the request carries the API key); set base_url to the endpoint itself")
+        snippet = excerpt(await body_io.read_prefix(response, 4096))
+        message = f"HTTP {status} from {self.url}: {snippet}"
+        if status == 429 or status >= 500:
+            raise Retryable(message, retry_after_s(response.headers.get("retry-after")))
+        raise ModelError(f"openai backend: {message}")
+
+    async def _whole_reply(self, response: Any, tag: str, names: dict[str, str]) -> list[ModelEvent]:
+        """A reply that is not an event stream: a server that ignored
+        stream=true sends one chat.completion JSON, read up to ANSWER_CAP."""
+        what = (f"HTTP {response.status_code} from {self.url} (Content-Type "
+                f"{response.headers.get('content-type', 'none')!r}, not an event stream)")
+        data = loads_chunk(await body_io.read_all(response, ANSWER_CAP, what), what)
+        return events_from_message(data, tag, names)

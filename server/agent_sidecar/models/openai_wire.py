@@ -10,6 +10,7 @@ from __future__ import annotations
 import email.utils
 import hashlib
 import json
+import math
 import re
 import time
 from typing import Any
@@ -17,6 +18,17 @@ from typing import Any
 from agent_sidecar.models.base import ModelError, ModelEvent, TextDelta, ToolCallRequest, UsageReport
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+# Bounds on one answer, whatever the server sends (see openai_body). A real
+# answer is at most a few MB: output is capped at some 100k tokens (well under
+# 1 MB of text), tool-call arguments are of the same order, and one SSE event
+# holds a delta of it. 16 MiB leaves room for the largest while an endless or
+# inflated answer stops within a bounded amount of memory.
+ANSWER_CAP = 16 * 2**20  # bytes of a non-streamed reply or one SSE line; characters of a streamed answer
+# Parallel tool calls in one answer are a handful in practice; each one runs
+# as its own tool invocation, so thousands would be a runaway, not a plan.
+MAX_TOOL_CALLS = 256
+_INT64 = 2**63
 
 
 def safe_tool_name(name: str) -> str:
@@ -32,7 +44,7 @@ def safe_tool_name(name: str) -> str:
 
 def excerpt(body: bytes, limit: int = 500) -> str:
     """The start of an error body, for a ModelError message a human can act on."""
-    text = body.decode("utf-8", "replace").strip()
+    text = body[:limit * 4].decode("utf-8", "replace").strip()
     return text if len(text) <= limit else text[:limit] + "..."
 
 
@@ -58,19 +70,52 @@ class Retryable(Exception):
         self.retry_after = retry_after
 
 
-def loads_chunk(raw: bytes | str) -> dict[str, Any]:
-    """Parse one JSON object from the server; an ``error`` object (some servers
-    report failures mid-stream this way) becomes a ModelError."""
+def loads_chunk(raw: bytes | str, what: str = "server") -> dict[str, Any]:
+    """Parse one JSON object from the server (``what``: where it came from, for
+    the message); an ``error`` object (some servers report failures mid-stream
+    this way) becomes a ModelError."""
     try:
         data = json.loads(raw)
-    except ValueError:
+    except ValueError:  # UnicodeDecodeError and too-long integers included
         body = raw if isinstance(raw, bytes) else raw.encode()
-        raise ModelError(f"openai backend: invalid JSON from server: {excerpt(body)}") from None
+        raise ModelError(f"openai backend: invalid JSON from {what}: {excerpt(body)}") from None
     if not isinstance(data, dict):
-        raise ModelError("openai backend: server sent a non-object JSON value")
+        raise ModelError(f"openai backend: {what} sent a JSON {_JSON_NAMES.get(type(data), '?')}, not an object: "
+                         f"{excerpt(json.dumps(data).encode(), 200)}")
     if data.get("error"):
         raise ModelError(f"openai backend: server error: {json.dumps(data['error'])[:500]}")
     return data
+
+
+_JSON_NAMES = {str: "string", list: "array", dict: "object", int: "integer", float: "number", bool: "boolean"}
+
+
+def _malformed(path: str, value: Any, kind: type | tuple[type, ...]) -> ModelError:
+    expected = "number" if kind == (int, float) else _JSON_NAMES[kind]  # type: ignore[index]
+    shown = excerpt(json.dumps(value).encode(), 100)
+    return ModelError(f"openai backend: malformed reply: {path} is a JSON {_JSON_NAMES.get(type(value), '?')} "
+                      f"({shown}), expected {expected}")
+
+
+def field(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    """``obj[key]`` when it is a ``kind`` (None when absent or null). Anything
+    else is a ModelError naming the field and what came, so a server's wrong
+    shape fails the call with a message rather than a TypeError deep inside
+    (or, for a call id or a text that is not a string, a frame the sidecar
+    cannot send)."""
+    value = obj.get(key)
+    if value is None or (isinstance(value, kind) and not isinstance(value, bool)):
+        return value
+    raise _malformed(f"{where}.{key}", value, kind)
+
+
+def items(obj: dict[str, Any], key: str, kind: type, where: str) -> list[Any]:
+    """``obj[key]`` as a list of ``kind`` items ([] when absent), each checked."""
+    values = field(obj, key, list, where) or []
+    for n, value in enumerate(values):
+        if not isinstance(value, kind):
+            raise _malformed(f"{where}.{key}[{n}]", value, kind)
+    return values
 
 
 def convert_message(message: dict[str, Any], safe: Any) -> dict[str, Any]:
@@ -96,15 +141,27 @@ def usage_report(usage: dict[str, Any]) -> UsageReport:
     part; the session's counters are disjoint (seed 001: input, output, cache
     read, cache write, and total = their sum), so input_tokens is the uncached
     rest."""
-    details = usage.get("prompt_tokens_details") or {}
-    prompt = int(usage.get("prompt_tokens") or 0)
-    cached = min(int(details.get("cached_tokens") or 0), prompt)
+    details = field(usage, "prompt_tokens_details", dict, "usage") or {}
+    prompt = _count(usage, "prompt_tokens", "usage")
+    cached = min(_count(details, "cached_tokens", "usage.prompt_tokens_details"), prompt)
     return UsageReport(
         input_tokens=prompt - cached,
-        output_tokens=int(usage.get("completion_tokens") or 0),
+        output_tokens=_count(usage, "completion_tokens", "usage"),
         cache_read_tokens=cached,
-        cost_usd=float(usage.get("cost") or 0.0),  # OpenRouter-style cost, when sent
+        cost_usd=float(_count(usage, "cost", "usage", float)),  # OpenRouter-style cost, when sent
     )
+
+
+def _count(obj: dict[str, Any], key: str, where: str, kind: type = int) -> Any:
+    """A usage number (0 when absent): finite, >= 0 and within int64, as the
+    session's counters are -- a NaN cost or a 10**30 count would poison them."""
+    value = field(obj, key, (int, float), where)
+    if value is None:
+        return kind(0)
+    if not (math.isfinite(value) and 0 <= value < _INT64):
+        raise ModelError(f"openai backend: malformed reply: {where}.{key} is {value!r}, "
+                         f"expected a number from 0 to 2**63")
+    return kind(value)
 
 
 def call_tag(request_id: str, iteration: int) -> str:
@@ -123,32 +180,60 @@ def tool_call(call_id: str | None, name: str, args: str, tag: str, n: int, names
     )
 
 
+def _too_many_calls(count: int) -> ModelError:
+    return ModelError(f"openai backend: the answer holds more than {MAX_TOOL_CALLS} tool calls "
+                      f"(the cap on one answer; {count} so far)")
+
+
 def events_from_message(data: dict[str, Any], tag: str, names: dict[str, str]) -> list[ModelEvent]:
-    """Events from a non-streamed chat.completion reply."""
+    """Events from a non-streamed chat.completion reply (its size is bounded
+    by the body's read; its shape is checked here)."""
     events: list[ModelEvent] = []
-    choices = data.get("choices") or [{}]
-    message = choices[0].get("message") or {}
-    if message.get("content"):
-        events.append(TextDelta(message["content"]))
-    for n, call in enumerate(message.get("tool_calls") or ()):
-        fn = call.get("function") or {}
-        events.append(tool_call(call.get("id"), fn.get("name", ""), fn.get("arguments", ""), tag, n, names))
-    if data.get("usage"):
-        events.append(usage_report(data["usage"]))
+    choices = items(data, "choices", dict, "reply") or [{}]
+    message = field(choices[0], "message", dict, "reply.choices[0]") or {}
+    where = "reply.choices[0].message"
+    content = field(message, "content", str, where)
+    if content:
+        events.append(TextDelta(content))
+    calls = items(message, "tool_calls", dict, where)
+    if len(calls) > MAX_TOOL_CALLS:
+        raise _too_many_calls(len(calls))
+    for n, call in enumerate(calls):
+        fn = field(call, "function", dict, f"{where}.tool_calls[{n}]") or {}
+        wfn = f"{where}.tool_calls[{n}].function"
+        events.append(tool_call(field(call, "id", str, f"{where}.tool_calls[{n}]"),
+                                field(fn, "name", str, wfn) or "", field(fn, "arguments", str, wfn) or "",
+                                tag, n, names))
+    usage = field(data, "usage", dict, "reply")
+    if usage:
+        events.append(usage_report(usage))
     return events
 
 
 class StreamParser:
     """Turns SSE lines into events. Each ``data:`` line holds one JSON chunk (true
-    of every OpenAI-compatible server in practice); ``data: [DONE]`` ends it."""
+    of every OpenAI-compatible server in practice); ``data: [DONE]`` ends it.
+
+    Every field is checked for its JSON type as it is read (a ModelError names
+    the one that is wrong), and what the answer holds is bounded: its text and
+    tool-call names and arguments together to ANSWER_CAP characters, its tool
+    calls to MAX_TOOL_CALLS -- so a stream that never stops growing fails the
+    call there instead of growing the worker until the turn's timeout."""
 
     def __init__(self, tag: str, names: dict[str, str]) -> None:
         self.tag = tag
         self.names = names
         self.calls: dict[int, dict[str, Any]] = {}
         self.usage: dict[str, Any] | None = None
+        self.size = 0  # characters of text, names and arguments so far
         self.done = False
         self.finished = False  # a finish_reason was seen
+
+    def _grow(self, text: str) -> None:
+        self.size += len(text)
+        if self.size > ANSWER_CAP:
+            raise ModelError(f"openai backend: the streamed answer is longer than {ANSWER_CAP} characters "
+                             f"(the cap on one answer, text and tool-call arguments together)")
 
     def feed(self, line: str) -> list[ModelEvent]:
         if not line.startswith("data:"):
@@ -158,31 +243,42 @@ class StreamParser:
             self.done = True
             return []
         chunk = loads_chunk(data)
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
+        usage = field(chunk, "usage", dict, "chunk")
+        if usage:
+            self.usage = usage
         events: list[ModelEvent] = []
-        for choice in chunk.get("choices") or ():
+        for n, choice in enumerate(items(chunk, "choices", dict, "chunk")):
             if choice.get("finish_reason"):
                 self.finished = True
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                events.append(TextDelta(delta["content"]))
-            for frag in delta.get("tool_calls") or ():
-                self._merge(frag)
+            where = f"chunk.choices[{n}]"
+            delta = field(choice, "delta", dict, where) or {}
+            content = field(delta, "content", str, f"{where}.delta")
+            if content:
+                self._grow(content)
+                events.append(TextDelta(content))
+            for k, frag in enumerate(items(delta, "tool_calls", dict, f"{where}.delta")):
+                self._merge(frag, f"{where}.delta.tool_calls[{k}]")
         return events
 
-    def _merge(self, frag: dict[str, Any]) -> None:
-        index = frag.get("index")
+    def _merge(self, frag: dict[str, Any], where: str) -> None:
+        index = field(frag, "index", int, where)
+        call_id = field(frag, "id", str, where)
+        fn = field(frag, "function", dict, where) or {}
+        name = field(fn, "name", str, f"{where}.function")
+        args = field(fn, "arguments", str, f"{where}.function")
         if index is None:  # servers that omit index: a new id starts a new call
-            index = len(self.calls) if frag.get("id") or not self.calls else max(self.calls)
+            index = len(self.calls) if call_id or not self.calls else max(self.calls)
+        if index not in self.calls and len(self.calls) >= MAX_TOOL_CALLS:
+            raise _too_many_calls(len(self.calls) + 1)
         call = self.calls.setdefault(index, {"id": None, "name": "", "args": []})
-        if frag.get("id"):
-            call["id"] = frag["id"]
-        fn = frag.get("function") or {}
-        if fn.get("name"):
-            call["name"] += fn["name"]
-        if fn.get("arguments"):
-            call["args"].append(fn["arguments"])
+        if call_id:
+            call["id"] = call_id
+        if name:
+            self._grow(name)
+            call["name"] += name
+        if args:
+            self._grow(args)
+            call["args"].append(args)
 
     def finish(self) -> list[ModelEvent]:
         if not (self.done or self.finished):
