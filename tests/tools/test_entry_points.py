@@ -10,6 +10,7 @@ import threading
 import time
 
 from helpers.ids import rid
+from helpers.streams import run
 from helpers.tools import ToolHost
 from sidecar_proc import Sidecar, error_info
 
@@ -39,6 +40,29 @@ class ShoutModel:
         pass
 
 
+class BrokenModel:
+    """Yields one event whose field is of the wrong type (model_options.bad)."""
+
+    def __init__(self, options):
+        self.bad = options["bad"]
+
+    async def stream(self, request):
+        yield TextDelta("fine so far ")
+        if self.bad == "text":
+            yield TextDelta(5)
+        elif self.bad == "call_id":
+            yield ToolCallRequest(7, "plug.upper", "{}")
+        elif self.bad == "arguments":
+            yield ToolCallRequest("c1", "plug.upper", {"text": "a dict"})
+        elif self.bad == "usage":
+            yield UsageReport(input_tokens="lots")
+        elif self.bad == "cost":
+            yield UsageReport(cost_usd=float("nan"))
+
+    async def aclose(self):
+        pass
+
+
 def tools():
     return [{"name": "plug.upper", "description": "Upper-case a text.",
              "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
@@ -61,6 +85,7 @@ def _install_plugin(root):
     (info / "entry_points.txt").write_text(textwrap.dedent("""\
         [agent_sidecar.models]
         shout = sidecar_plugin:ShoutModel
+        broken = sidecar_plugin:BrokenModel
 
         [agent_sidecar.tools]
         plug = sidecar_plugin:tools
@@ -120,6 +145,29 @@ def test_model_and_tool_from_entry_points(tmp_path):
         assert done == ["QUICK!", "NAP!"], done
     finally:
         sc.stop()
+
+
+BROKEN = {"text": "TextDelta.text", "call_id": "ToolCallRequest.call_id",
+          "arguments": "ToolCallRequest.arguments_json", "usage": "UsageReport.input_tokens",
+          "cost": "UsageReport.cost_usd"}
+
+
+def test_a_backend_event_of_the_wrong_type_fails_the_turn_naming_it(tmp_path):
+    """A third-party backend's bug (an int where the interface says str, a
+    count that is no count) fails its turn LLM_API_FAILURE naming the field,
+    in the worker, before anything reaches a frame; a text that was no str
+    left the turn hanging past its timeout, its stream never ending."""
+    plugin_dir = tmp_path / "site"
+    plugin_dir.mkdir()
+    _install_plugin(plugin_dir)
+    config = "".join(f'[profiles.{bad}]\nmodel = "broken"\ntools = ["plug.*"]\ntimeout_s = 10\n'
+                     f'model_options = {{ bad = "{bad}" }}\n' for bad in BROKEN)
+    with Sidecar(tmp_path / "data", config=config, env={"PYTHONPATH": str(plugin_dir)}, workers=1) as sc:
+        for bad, field in BROKEN.items():
+            out = run(sc.prompts(), text="hi", src=c.SessionSource(platform="t", chat_id=bad), profile=bad)
+            assert out.end == "failed", (bad, out.kinds(), out.code, out.details)
+            assert out.last.failed.reason == "LLM_API_FAILURE" and field in out.last.failed.message, \
+                (bad, out.last)
 
 
 def _dist(root, dirname, text):

@@ -120,10 +120,38 @@ def _refuse(agent: Agent, io: TurnIO, calls: list[ToolCallRequest], result_json:
                              "result_json": orjson.dumps({"error": "TOOL_SCOPE_VIOLATION"}).decode()})
 
 
+# A backend's events are checked here, in the worker, before anything of them
+# reaches a frame or the transcript: a third-party backend is code we do not
+# control, and a field of the wrong type (an int for a text) left the turn
+# hanging until the watchdog killed its worker. The turn fails LLM_API_FAILURE
+# naming the field instead.
+_COUNTS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+
+
+def _wrong_type(field: str, value: Any, expected: str) -> str:
+    return f"the model backend gave {field} as {type(value).__name__} ({value!r:.60}), expected {expected}"
+
+
+def _checked_call(ev: ToolCallRequest) -> ToolCallRequest:
+    for name in ("call_id", "name", "arguments_json"):
+        value = getattr(ev, name)
+        if type(value) is not str:
+            raise ModelError(_wrong_type(f"ToolCallRequest.{name}", value, "str"))
+    return ev
+
+
 def _usage_body(ev: UsageReport) -> dict[str, Any]:
-    return {"input_tokens": ev.input_tokens, "output_tokens": ev.output_tokens,
-            "cache_read_tokens": ev.cache_read_tokens, "cache_write_tokens": ev.cache_write_tokens,
-            "cost_usd": ev.cost_usd}
+    body: dict[str, Any] = {}
+    for name in _COUNTS:
+        value = getattr(ev, name)
+        if type(value) is not int or not 0 <= value < 2**63:
+            raise ModelError(_wrong_type(f"UsageReport.{name}", value, "an int from 0 to 2**63"))
+        body[name] = value
+    cost = ev.cost_usd
+    if type(cost) not in (int, float) or not 0 <= cost < 1e15:  # NaN fails both comparisons
+        raise ModelError(_wrong_type("UsageReport.cost_usd", cost, "a finite number >= 0"))
+    body["cost_usd"] = float(cost)
+    return body
 
 
 async def _model_call(agent: Agent, backend, spec: TurnSpec, io: TurnIO,
@@ -140,10 +168,12 @@ async def _model_call(agent: Agent, backend, spec: TurnSpec, io: TurnIO,
     try:
         async for ev in backend.stream(request):
             if type(ev) is TextDelta:
+                if type(ev.text) is not str:
+                    raise ModelError(_wrong_type("TextDelta.text", ev.text, "str"))
                 parts.append(ev.text)
                 io.frame("text_delta", {"text": ev.text})
             elif type(ev) is ToolCallRequest:
-                calls.append(ev)
+                calls.append(_checked_call(ev))
             elif type(ev) is UsageReport:
                 io.frame("usage", _usage_body(ev))
     except BaseException as e:
