@@ -111,6 +111,12 @@ class Limits:
     max_page_size: int = key(1000, ge=1, doc="the largest page a list call returns")
     default_page_size: int = key(100, ge=1, doc="a list call's page when it asks for none")
     max_frames_per_turn: int = key(20_000, ge=2, doc="frames one turn may produce")
+    # A reply travels whole in its turn's `completed` frame (final_text) and in
+    # GetTranscript: at 4 bytes a character at most, 900,000 keeps either
+    # inside the 4 MiB a gRPC client takes in one message by default.
+    max_reply_chars: int = key(512 * 1024, ge=1, le=900_000,
+                               doc="characters one model call's reply may have; past it the turn "
+                                   "fails RESOURCE_EXHAUSTED, the text so far kept")
     max_id_length: int = key(256, ge=1, doc="request ids, display names and other ids (characters)")
     # Load limits (issue 14). A stream (Prompt, WatchActivity) holds this much
     # for its reader: past it, a client that stopped reading is ended with

@@ -10,6 +10,7 @@ import threading
 import time
 
 from helpers.ids import rid
+from helpers.sessions import transcript
 from helpers.streams import run
 from helpers.tools import ToolHost
 from sidecar_proc import Sidecar, error_info
@@ -63,6 +64,21 @@ class BrokenModel:
         pass
 
 
+class BigModel:
+    """48 deltas of 100 Ki characters back to back: 4.8 Mi characters inside
+    one coalescing window."""
+
+    def __init__(self, options):
+        pass
+
+    async def stream(self, request):
+        for i in range(48):
+            yield TextDelta(chr(ord("a") + i % 26) * (100 << 10))
+
+    async def aclose(self):
+        pass
+
+
 def tools():
     return [{"name": "plug.upper", "description": "Upper-case a text.",
              "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
@@ -86,6 +102,7 @@ def _install_plugin(root):
         [agent_sidecar.models]
         shout = sidecar_plugin:ShoutModel
         broken = sidecar_plugin:BrokenModel
+        big = sidecar_plugin:BigModel
 
         [agent_sidecar.tools]
         plug = sidecar_plugin:tools
@@ -168,6 +185,27 @@ def test_a_backend_event_of_the_wrong_type_fails_the_turn_naming_it(tmp_path):
             assert out.end == "failed", (bad, out.kinds(), out.code, out.details)
             assert out.last.failed.reason == "LLM_API_FAILURE" and field in out.last.failed.message, \
                 (bad, out.last)
+
+
+def test_a_reply_past_max_reply_chars_fails_the_turn_keeping_the_text_so_far(tmp_path):
+    """A model streaming 4.8 Mi characters inside one coalescing window: they
+    went out as one text_delta frame, and whole again in the completed frame,
+    past the 4 MiB a gRPC client takes in one message by default: the
+    client's stream died RESOURCE_EXHAUSTED, whatever the turn did. A reply
+    is now held to limits.max_reply_chars (512 Ki characters)."""
+    plugin_dir = tmp_path / "site"
+    plugin_dir.mkdir()
+    _install_plugin(plugin_dir)
+    config = '[profiles.burst]\nmodel = "big"\nmodel_options = { shape = "burst" }\n'
+    with Sidecar(tmp_path / "data", config=config, env={"PYTHONPATH": str(plugin_dir)}, workers=1) as sc:
+        out = run(sc.prompts(), text="hi", src=c.SessionSource(platform="t", chat_id="big"), profile="burst",
+                  timeout=60)
+        assert out.end == "failed", (out.code, out.details)
+        assert out.last.failed.reason == "RESOURCE_EXHAUSTED" and "max_reply_chars" in out.last.failed.message
+        kept = "".join(chr(ord("a") + i) * (100 << 10) for i in range(5))  # the sixth passed 512 Ki
+        assert out.text() == kept
+        said = [m.content for m in transcript(sc.sessions(), out.session_id) if m.role == "assistant"]
+        assert said == [kept]
 
 
 def _dist(root, dirname, text):

@@ -90,6 +90,9 @@ class TurnSpec:
     request_id: str = ""
     # Consecutive failed tool calls after which the turn cannot usefully go on.
     max_tool_failures: int = 3
+    # The longest reply of one model call (limits.max_reply_chars): it travels
+    # whole in the `completed` frame and in GetTranscript.
+    max_reply_chars: int = 512 * 1024
 
 
 def _keep(agent: Agent, io: TurnIO, msg: dict[str, Any]) -> None:
@@ -164,12 +167,16 @@ async def _model_call(agent: Agent, backend, spec: TurnSpec, io: TurnIO,
                            session_key=agent.session_key, request_id=spec.request_id)
     parts: list[str] = []
     calls: list[ToolCallRequest] = []
-    t0 = time.monotonic()
+    chars, t0 = 0, time.monotonic()
     try:
         async for ev in backend.stream(request):
             if type(ev) is TextDelta:
                 if type(ev.text) is not str:
                     raise ModelError(_wrong_type("TextDelta.text", ev.text, "str"))
+                chars += len(ev.text)
+                if chars > spec.max_reply_chars:
+                    raise TurnFailed(E.RESOURCE_EXHAUSTED, f"the model's reply passed limits.max_reply_chars "
+                                                           f"({spec.max_reply_chars} characters)")
                 parts.append(ev.text)
                 io.frame("text_delta", {"text": ev.text})
             elif type(ev) is ToolCallRequest:

@@ -68,6 +68,7 @@ class TurnManager:
         settings = {"reader": self.store.reader_spec(), "parent_pid": os.getpid(),
                     "debug": logging.getLogger("agent_sidecar").isEnabledFor(logging.DEBUG),
                     "coalesce_ms": self.cfg.stream.coalesce_ms,
+                    "max_reply_chars": self.cfg.limits.max_reply_chars,
                     "cache": {
             "max_size": c.max_size, "idle_ttl_secs": c.idle_ttl_secs,
             "memory_budget_bytes": budget_per_worker(c.memory_high_mb, n),

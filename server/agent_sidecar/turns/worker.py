@@ -129,6 +129,7 @@ class Worker:
     def __init__(self, fileno: int, index: int, settings: dict[str, Any]):
         self.fileno, self.index, self.settings = fileno, index, settings
         self.coalesce_s = float(settings.get("coalesce_ms", 0)) / 1000
+        self.max_reply_chars = int(settings.get("max_reply_chars", 512 * 1024))
         c = settings.get("cache", {})
         self.cache = AgentCache(max_size=c.get("max_size", 128), idle_ttl=c.get("idle_ttl_secs", 3600),
                                 memory_budget_bytes=c.get("memory_budget_bytes", 0),
@@ -282,7 +283,8 @@ class Worker:
             agent.in_turn = True
             spec = TurnSpec(system_prompt=m["system_prompt"], tools=m["tools"],
                             scopes=profile.get("tools", []),
-                            max_iterations=profile.get("max_iterations", 25), request_id=rid)
+                            max_iterations=profile.get("max_iterations", 25), request_id=rid,
+                            max_reply_chars=self.max_reply_chars)
             backend = self.backend(profile)
             if "traceparent" in m:
                 backend = TracedBackend(backend, m["traceparent"], rid, profile, self.send)

@@ -112,7 +112,7 @@ export enum ErrorReason {
   FAILED_PRECONDITION = 13,
   /**
    * RESOURCE_EXHAUSTED - A limit was reached: the session's queue cap (profile `queue_cap`), or
-   * the turn's `limits.max_frames_per_turn`.
+   * the turn's `limits.max_frames_per_turn` or `limits.max_reply_chars`.
    * gRPC status: RESOURCE_EXHAUSTED
    */
   RESOURCE_EXHAUSTED = 14,
