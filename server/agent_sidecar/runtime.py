@@ -164,7 +164,7 @@ class Sidecar:
                                 dsn=sc.dsn, node_id=self.cfg.node_id(), pool_size=sc.pool_size,
                                 preload=JOB_MODULES, log_format=self.cfg.log_format,
                                 log_level=self.cfg.log_level, on_lost=self._store_lost)
-        tools = self.tools = ToolRegistry()
+        tools = self.tools = ToolRegistry(max_result_bytes=self.cfg.limits.max_text_bytes)
         leases, forward = self._cluster()
         self.turns = TurnManager(self.cfg, self.store, tools, leases)
         if leases is not None:

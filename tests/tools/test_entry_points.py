@@ -5,10 +5,12 @@ model backend (``agent_sidecar.models``) and an in-process tool
 
 from __future__ import annotations
 
+import json
 import textwrap
 import threading
 import time
 
+from helpers.config import scripted
 from helpers.ids import rid
 from helpers.sessions import transcript
 from helpers.streams import run
@@ -82,7 +84,13 @@ class BigModel:
 def tools():
     return [{"name": "plug.upper", "description": "Upper-case a text.",
              "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
-             "handler": upper}]
+             "handler": upper},
+            {"name": "plug.big", "description": "A lot of text.", "parameters": {"type": "object"},
+             "handler": big}]
+
+
+def big():
+    return "x" * (5 << 20)
 
 
 def upper(text):
@@ -206,6 +214,25 @@ def test_a_reply_past_max_reply_chars_fails_the_turn_keeping_the_text_so_far(tmp
         assert out.text() == kept
         said = [m.content for m in transcript(sc.sessions(), out.session_id) if m.role == "assistant"]
         assert said == [kept]
+
+
+def test_an_in_process_tool_result_past_max_text_bytes_reaches_the_model_as_an_error(tmp_path):
+    """An in-process tool returning 5 Mi characters: the result went out whole
+    in the tool_result frame, past the 4 MiB a gRPC client takes by default,
+    and the client's stream died with the turn still running. Now the model
+    gets an error result naming the limit (a host's result has that bound on
+    the wire already) and the turn goes on."""
+    plugin_dir = tmp_path / "site"
+    plugin_dir.mkdir()
+    _install_plugin(plugin_dir)
+    config = scripted("bigtool", [{"tool_calls": [{"name": "plug.big", "id": "b1"}]},
+                                  {"text_from_last_tool_result": True}], tools=["plug.*"])
+    with Sidecar(tmp_path / "data", config=config, env={"PYTHONPATH": str(plugin_dir)}, workers=1) as sc:
+        out = run(sc.prompts(), text="hi", src=c.SessionSource(platform="t", chat_id="bt"), profile="bigtool",
+                  timeout=60)
+        assert out.end == "completed", (out.kinds(), out.code, out.details)
+        result = out.frame("tool_result").tool_result
+        assert not result.ok and "limits.max_text_bytes" in json.loads(result.result_json)["error"]
 
 
 def _dist(root, dirname, text):

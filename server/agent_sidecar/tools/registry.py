@@ -74,9 +74,10 @@ class ToolHost:
 
 
 class ToolRegistry:
-    def __init__(self, default_timeout_s: float = 60.0):
+    def __init__(self, default_timeout_s: float = 60.0, max_result_bytes: int = 256 * 1024):
         self.tools: dict[str, ToolSpec] = {}
         self.default_timeout_s = default_timeout_s
+        self.max_result_bytes = max_result_bytes
         self._ids = itertools.count(1)
         self.version = 0  # bumped on every (un)registration
         self._specs: dict[tuple, tuple[int, list]] = {}
@@ -164,7 +165,20 @@ class ToolRegistry:
                      platform: str, timeout_s: float | None = None) -> tuple[bool, str]:
         """(ok, result JSON) of one call made in a session of ``platform``.
         Raises SidecarError TOOL_SCOPE_VIOLATION, before the host hears of
-        the call, when the host's credential does not cover that platform."""
+        the call, when the host's credential does not cover that platform.
+        An in-process tool's result of more than ``max_result_bytes``
+        (``limits.max_text_bytes``, the bound a host's result already has on
+        the wire) comes back as an error result naming the limit: it travels
+        whole in a ``tool_result`` frame and the transcript, and a client with
+        gRPC's default 4 MiB message limit could not receive a much larger one."""
+        ok, result = await self._invoke(name, arguments_json, meta, platform, timeout_s)
+        if len(result) > self.max_result_bytes // 4 and len(result.encode()) > self.max_result_bytes:
+            return False, orjson.dumps({"error": f"the result of {name!r} is longer than limits.max_text_bytes"
+                                                 f" ({self.max_result_bytes} bytes)"}).decode()
+        return ok, result
+
+    async def _invoke(self, name: str, arguments_json: str, meta: dict[str, str], platform: str,
+                      timeout_s: float | None) -> tuple[bool, str]:
         spec = self.tools.get(name)
         if spec is None:
             return False, orjson.dumps({"error": f"no tool host serves {name!r}"}).decode()

@@ -135,6 +135,16 @@ def _wrong_type(field: str, value: Any, expected: str) -> str:
     return f"the model backend gave {field} as {type(value).__name__} ({value!r:.60}), expected {expected}"
 
 
+def _within_reply(chars: int, spec: TurnSpec) -> int:
+    """``chars`` of one model call's text and tool call arguments so far,
+    refused past ``spec.max_reply_chars``: each travels whole in a frame
+    (the text again in ``completed``) and in the transcript."""
+    if chars > spec.max_reply_chars:
+        raise TurnFailed(E.RESOURCE_EXHAUSTED, f"the model's reply passed limits.max_reply_chars "
+                                               f"({spec.max_reply_chars} characters)")
+    return chars
+
+
 def _checked_call(ev: ToolCallRequest) -> ToolCallRequest:
     for name in ("call_id", "name", "arguments_json"):
         value = getattr(ev, name)
@@ -173,14 +183,12 @@ async def _model_call(agent: Agent, backend, spec: TurnSpec, io: TurnIO,
             if type(ev) is TextDelta:
                 if type(ev.text) is not str:
                     raise ModelError(_wrong_type("TextDelta.text", ev.text, "str"))
-                chars += len(ev.text)
-                if chars > spec.max_reply_chars:
-                    raise TurnFailed(E.RESOURCE_EXHAUSTED, f"the model's reply passed limits.max_reply_chars "
-                                                           f"({spec.max_reply_chars} characters)")
+                chars = _within_reply(chars + len(ev.text), spec)
                 parts.append(ev.text)
                 io.frame("text_delta", {"text": ev.text})
             elif type(ev) is ToolCallRequest:
                 calls.append(_checked_call(ev))
+                chars = _within_reply(chars + len(ev.arguments_json), spec)
             elif type(ev) is UsageReport:
                 io.frame("usage", _usage_body(ev))
     except BaseException as e:
