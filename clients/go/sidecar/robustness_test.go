@@ -3,6 +3,7 @@ package sidecar
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"net"
 	"path/filepath"
@@ -395,6 +396,40 @@ func TestDialRejectsMalformedTargets(t *testing.T) {
 		"unix-abstract:name", ":7700", "sidecar", "dns:///localhost:1", "dns:localhost:1", "tcp://127.0.0.1:1",
 		"[fe80::1]:80", "::1", "passthrough:///bufnet", "my_host.internal:65535"}, localTargets...), remoteTargets...) {
 		if err := dialLazy(t, target); err != nil {
+			t.Errorf("Dial(%q): %v", target, err)
+		}
+	}
+}
+
+// A Unix socket path past the 107 bytes of a sockaddr_un (less its NUL) can
+// never reach a sidecar: Dial used to wait for ctx and fail "not ready
+// (TRANSIENT_FAILURE): context deadline exceeded".
+func TestDialRejectsUnixPathsPast107Bytes(t *testing.T) {
+	s := strings.Repeat
+	for target, n := range map[string]int{
+		"unix:/tmp/" + s("s", 110):               115,
+		"unix:/tmp/" + s("s", 103):               108, // one byte too many
+		"unix:///tmp/" + s("s", 103):             108, // the path is /tmp/sss...
+		"unix:" + s("s", 108):                    108, // relative
+		"unix:/tmp/" + s("é", 52):                109, // bytes of UTF-8, not characters
+		"unix:/tmp/" + s("s", 100) + "%41%42%43": 108, // the resolver decodes percent-escapes
+		"unix-abstract:" + s("s", 108):           108,
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		start := time.Now()
+		c, err := Dial(ctx, target) // not lazy: it would wait for ctx
+		cancel()
+		if err == nil {
+			c.Close()
+		}
+		want := fmt.Sprintf("sidecar: dial %q: invalid target: a Unix socket path may be at most 107 bytes; this one is %d", target, n)
+		if !errors.Is(err, ErrInvalidTarget) || err.Error() != want || time.Since(start) > time.Second {
+			t.Errorf("Dial(%q): %v after %v; want %s", target, err, time.Since(start), want)
+		}
+	}
+	for _, target := range []string{"unix:/tmp/" + s("s", 102), "unix:///tmp/" + s("s", 102), "unix:" + s("s", 107),
+		"unix:/tmp/" + s("é", 51), "unix:/tmp/" + s("s", 99) + "%41%42%43", "unix-abstract:" + s("s", 107)} {
+		if err := dialLazy(t, target); err != nil { // exactly 107 bytes
 			t.Errorf("Dial(%q): %v", target, err)
 		}
 	}

@@ -17,6 +17,12 @@ import (
 // be dialled however long one waits ("host:", ":99999", "unix:", ...).
 var ErrInvalidTarget = errors.New("invalid target")
 
+// unixPathMax is the longest Unix socket path in bytes: a sockaddr_un's
+// 108-byte sun_path less its terminating NUL (an abstract name's leading NUL
+// takes that byte). The sidecar refuses to listen on a longer path and gRPC's
+// C-core refuses to dial one, so a longer path can never reach a sidecar.
+const unixPathMax = 107
+
 // checkTarget rejects a target gRPC would accept and then fail to connect
 // to forever (the resolver's error only shows as TRANSIENT_FAILURE): it reads
 // unix:, unix-abstract: and dns: targets and bare addresses the way gRPC's
@@ -44,6 +50,9 @@ func checkTarget(target string) error {
 		}
 		if path == "" {
 			return errors.New("no socket path after " + u.Scheme + ":")
+		}
+		if len(path) > unixPathMax {
+			return fmt.Errorf("a Unix socket path may be at most %d bytes; this one is %d", unixPathMax, len(path))
 		}
 		if fi, err := os.Stat(path); u.Scheme == "unix" && err == nil && fi.IsDir() {
 			return fmt.Errorf("%s is a directory, not a socket", path)
