@@ -32,10 +32,17 @@ export function normalizeTarget(target: string): string {
 }
 
 /**
+ * The longest Unix socket path, in bytes: a sockaddr_un's 108-byte `sun_path`
+ * less its NUL. The sidecar refuses to listen on a longer one.
+ */
+export const UNIX_PATH_MAX = 107;
+
+/**
  * Check `target` at connect time, so a malformed one fails at once instead of
  * as UNAVAILABLE (or a hang) on the first call: a non-empty string, a Unix
- * socket with a path, or a host with a port in 1..65535 (`dns:`, `ipv4:`,
- * `ipv6:` prefixes included). The error names `target`.
+ * socket with a path of at most {@link UNIX_PATH_MAX} bytes (of UTF-8), or a
+ * host with a port in 1..65535 (`dns:`, `ipv4:`, `ipv6:` prefixes included).
+ * The error names `target`.
  */
 export function checkTarget(target: unknown): asserts target is string {
   if (typeof target !== "string") {
@@ -50,6 +57,15 @@ export function checkTarget(target: unknown): asserts target is string {
     const path = t.slice(t.indexOf(":") + 1);
     // unix:///abs/path (empty authority) or unix:path, as grpc-js reads them.
     if (path.startsWith("//") ? !/^\/\/[^/]*\/./.test(path) : path === "") bad("has no socket path");
+    // The path grpc-js dials: unix:///abs/path is /abs/path, unix://host/p is p (no percent-decoding).
+    const dialled = !path.startsWith("//") ? path : path.startsWith("///") ? path.slice(2) : path.slice(path.indexOf("/", 2) + 1);
+    const n = Buffer.byteLength(dialled, "utf8");
+    if (n > UNIX_PATH_MAX) {
+      // libuv cuts a longer path to 108 bytes: the channel fails UNAVAILABLE or reaches another socket.
+      throw new RangeError(
+        `target: ${JSON.stringify(target)}: a Unix socket path may be at most ${UNIX_PATH_MAX} bytes; this one is ${n}`,
+      );
+    }
     return;
   }
   let rest = t;

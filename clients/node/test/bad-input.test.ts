@@ -267,6 +267,35 @@ test("a malformed target fails at connect, naming target", T, () => {
   for (const target of good) connect(target).close();
 });
 
+test("a Unix socket path past 107 bytes fails at connect, naming target and its length", T, () => {
+  // Before, connect accepted it and the first call failed UNAVAILABLE "connect ENOENT"
+  // (libuv cuts the path to 108 bytes, so it could even reach another socket).
+  const s = (c: string, n: number) => c.repeat(n);
+  const tooLong: [string, number][] = [
+    ["unix:/tmp/" + s("s", 110), 115],
+    ["unix:/tmp/" + s("s", 103), 108], // one byte too many
+    ["unix:///tmp/" + s("s", 103), 108], // the path is /tmp/sss…
+    ["unix:" + s("s", 108), 108], // relative
+    ["/tmp/" + s("s", 103), 108], // a bare path is unix:
+    ["./" + s("s", 106), 108],
+    ["unix:/tmp/" + s("é", 52), 109], // bytes of UTF-8, not characters
+  ];
+  for (const [t, n] of tooLong) {
+    assert.throws(
+      () => connect(t),
+      (e: unknown) =>
+        e instanceof RangeError &&
+        e.message === `target: ${JSON.stringify(t)}: a Unix socket path may be at most 107 bytes; this one is ${n}`,
+      t,
+    );
+  }
+  // Exactly 107 bytes is still a target.
+  for (const t of ["unix:/tmp/" + s("s", 102), "unix:///tmp/" + s("s", 102), "unix:" + s("s", 107),
+    "/tmp/" + s("s", 102), "./" + s("s", 105), "unix:/tmp/" + s("é", 51)]) {
+    connect(t).close();
+  }
+});
+
 // ---- 7. ToolHost ---------------------------------------------------------------
 
 test("ToolHost: a second tool under the same name throws, naming it", T, () => {
