@@ -5,7 +5,9 @@ Guarantees, and why:
 
 * A read never waits for a connection longer than ``WAIT_S``, and only
   ``WAIT_DOWN_S`` while the database is known to be out of reach (the last
-  read failed for it, or the store cannot write): it then fails
+  read failed for it, or the store cannot write; a read that merely waited
+  out ``WAIT_S`` while the store writes met a busy pool, which says nothing
+  of the database, and does not hurry the next ones): it then fails
   ``StoreUnavailable`` (UNAVAILABLE, STORE_UNAVAILABLE, retry), well inside
   any caller's deadline, instead of queueing behind connection attempts that
   cannot succeed until the call's deadline runs out.
@@ -81,9 +83,11 @@ class ReadPool:
             except Exception as e:
                 if not (is_fault(e) or isinstance(e, TimeoutError)):
                     raise
-                stale = isinstance(e, psycopg.OperationalError) and not isinstance(e, PoolTimeout)
+                waited = isinstance(e, (PoolTimeout, TimeoutError))
+                stale = isinstance(e, psycopg.OperationalError) and not waited
                 if last or not stale:
-                    self._went_down(e)
+                    if not waited or self._failing():  # a wait alone may be a busy pool, not an outage
+                        self._went_down(e)
                     raise unavailable(e) from None
                 continue  # a connection lost since its last use: once more, on another
             if self.down:
