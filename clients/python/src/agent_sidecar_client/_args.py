@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any, TypeVar, cast
 
@@ -131,3 +132,30 @@ class Deadline:
     def remaining(self) -> float | None:
         """Seconds left, <= 0 once passed; None without a timeout."""
         return None if self._end is None else self._end - time.monotonic()
+
+
+# The longest Unix socket path: a sockaddr_un's 108-byte sun_path less its
+# NUL. gRPC's C-core refuses a longer one only when it resolves the target
+# ("Path name should not have more than 107 characters", dumped to stderr),
+# which then shows as UNAVAILABLE after the whole wait; the sidecar refuses to
+# listen on one.
+UNIX_PATH_MAX = 107
+
+
+def check_target(target: object) -> None:
+    """Raise ValueError naming ``target`` when it is a Unix socket (``unix:PATH``,
+    ``unix:///abs/path``, ``unix-abstract:NAME``) whose path is longer than
+    gRPC can dial: counted in bytes of UTF-8, percent-escapes decoded, as
+    gRPC's C-core reads it."""
+    if not isinstance(target, str):
+        return  # gRPC's own TypeError
+    scheme, sep, rest = target.partition(":")
+    if not sep or scheme not in ("unix", "unix-abstract"):
+        return
+    if rest.startswith("//"):  # unix://[authority]/path: the path keeps its "/"
+        slash = rest.find("/", 2)
+        rest = "" if slash < 0 else rest[slash:]
+    path = rest.split("?", 1)[0].split("#", 1)[0]
+    n = len(urllib.parse.unquote_to_bytes(path.encode("utf-8", "surrogatepass")))
+    if n > UNIX_PATH_MAX:
+        raise ValueError(f"target: a Unix socket path may be at most {UNIX_PATH_MAX} bytes; this one is {n}")

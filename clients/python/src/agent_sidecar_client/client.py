@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from importlib import resources
@@ -39,13 +38,6 @@ DEFAULT_CALL_TIMEOUT = 30.0
 # UNAVAILABLE, writes and streams never.
 SERVICE_CONFIG = resources.files("agent_sidecar_client").joinpath("service_config.json").read_text()
 
-# The longest Unix socket path: a sockaddr_un's 108-byte sun_path less its
-# NUL. gRPC's C-core refuses a longer one only when it resolves the target
-# ("Path name should not have more than 107 characters", dumped to stderr),
-# which then shows as UNAVAILABLE after the whole wait; the sidecar refuses to
-# listen on one.
-UNIX_PATH_MAX = 107
-
 # Quick reconnects: a resumed stream should not sit in gRPC's default backoff
 # (which grows to two minutes) after a sidecar restart.
 _CHANNEL_OPTIONS = (
@@ -53,25 +45,6 @@ _CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
-
-
-def check_target(target: object) -> None:
-    """Raise ValueError naming ``target`` when it is a Unix socket (``unix:PATH``,
-    ``unix:///abs/path``, ``unix-abstract:NAME``) whose path is longer than
-    gRPC can dial: counted in bytes of UTF-8, percent-escapes decoded, as
-    gRPC's C-core reads it."""
-    if not isinstance(target, str):
-        return  # gRPC's own TypeError
-    scheme, sep, rest = target.partition(":")
-    if not sep or scheme not in ("unix", "unix-abstract"):
-        return
-    if rest.startswith("//"):  # unix://[authority]/path: the path keeps its "/"
-        slash = rest.find("/", 2)
-        rest = "" if slash < 0 else rest[slash:]
-    path = rest.split("?", 1)[0].split("#", 1)[0]
-    n = len(urllib.parse.unquote_to_bytes(path.encode("utf-8", "surrogatepass")))
-    if n > UNIX_PATH_MAX:
-        raise ValueError(f"target: a Unix socket path may be at most {UNIX_PATH_MAX} bytes; this one is {n}")
 
 
 class SidecarClient:
@@ -86,7 +59,7 @@ class SidecarClient:
                  ca_file: PemSource | None = None, cert_file: PemSource | None = None,
                  key_file: PemSource | None = None, server_name: str | None = None,
                  insecure: bool = False) -> None:
-        check_target(target)
+        _args.check_target(target)
         if credentials is None and (tls or ca_file is not None or cert_file is not None or key_file is not None):
             credentials = tls_credentials(ca_file, cert_file, key_file)
         if token is not None and not all(" " <= c <= "~" for c in token):  # what gRPC metadata can carry
