@@ -54,6 +54,15 @@ def _frames(node: Node, request_id: str) -> list:
     return watch(node.prompts(), request_id=request_id, timeout=20).frames
 
 
+def _trace(cl: Cluster, needles: tuple[str, ...], last: int = 200) -> str:
+    """Every node's log lines naming any of ``needles`` (a request id, a
+    lane's chat id), for a failure's message: the run's directory with the
+    whole logs may be gone by the time anyone looks."""
+    lines = [f"{n.node_id}: {line}" for n in cl.nodes for line in n.log().splitlines()
+             if any(x in line for x in needles)]
+    return "\n".join(lines[-last:])
+
+
 def _interval(frames) -> tuple[float, float]:
     at = {kind_of(f): f.at.ToNanoseconds() / 1e9 for f in frames}
     return at["started"], next(f.at.ToNanoseconds() / 1e9 for f in frames if kind_of(f) in TERMINAL)
@@ -138,8 +147,13 @@ def test_kill9_of_a_node_under_load_loses_nothing_and_runs_nothing_twice(nodes):
 
     def ended(request_id: str) -> bool:
         return any(kind_of(f) in TERMINAL for f in _frames(reader, request_id))
-    for request_id in acked:
-        wait_until(lambda request_id=request_id: ended(request_id), timeout=30, what=f"{request_id} ended")
+    for request_id, lane in acked.items():
+        try:
+            wait_until(lambda request_id=request_id: ended(request_id), timeout=30, what=f"{request_id} ended")
+        except AssertionError:  # rare under a loaded CI: keep what each node said of it
+            kinds = [kind_of(f) for f in _frames(reader, request_id)]
+            raise AssertionError(f"{request_id} did not end (frames {kinds})\n"
+                                 f"{_trace(ns, (request_id, lane.chat_id))}") from None
     per_lane: dict[str, list] = {}
     for request_id, _lane in acked.items():
         frames = _frames(reader, request_id)
