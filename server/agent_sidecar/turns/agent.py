@@ -90,9 +90,9 @@ class TurnSpec:
     request_id: str = ""
     # Consecutive failed tool calls after which the turn cannot usefully go on.
     max_tool_failures: int = 3
-    # The longest reply of one model call (limits.max_reply_chars): it travels
-    # whole in the `completed` frame and in GetTranscript.
-    max_reply_chars: int = 512 * 1024
+    # The longest reply of one model call (limits.max_reply_chars, given by
+    # the parent): it travels whole in the `completed` frame and in GetTranscript.
+    max_reply_chars: int = field(kw_only=True)
 
 
 def _keep(agent: Agent, io: TurnIO, msg: dict[str, Any]) -> None:
