@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from ..config import Config
 from ..errors import CANCELLED, SidecarError
-from ..store import Store, StoreUnavailable
+from ..store import FaultEpisode, Store, StoreUnavailable
 from ..store.records import LeaseHolder
 from ..turns import supervision
 from ..turns.leasing import LaneElsewhere
@@ -215,17 +215,15 @@ class ClusterLeases:
     async def _keep(self) -> None:
         loop = asyncio.get_running_loop()
         every = self.ttl / 3
-        failing = False  # renewals fail while the store is out of reach: one line per episode
+        renewals = FaultEpisode(log, "cluster lease renewal failed")
         while True:
             await asyncio.sleep(every)
             try:
                 await self._renew(loop.time())
                 await self._release_idle(loop.time())
-                failing = False
+                renewals.ended()
             except StoreUnavailable as e:
-                log.log(logging.DEBUG if failing else logging.WARNING, "cluster lease renewal failed",
-                        extra={"error": e.message})
-                failing = True
+                renewals.failed(error=e.message)
             except Exception:
                 log.exception("cluster lease renewal failed")
             self.lost([k for k, t in self.trusted_until.items() if t <= loop.time()])

@@ -29,7 +29,7 @@ import psycopg
 from psycopg import errors as pgerr
 from psycopg.conninfo import conninfo_to_dict
 
-from ..faults import is_store_fault
+from ..faults import FaultEpisode, is_store_fault
 from ..records import ClusterOp
 from .codec import configure
 from .rows import sender
@@ -127,7 +127,7 @@ class PostgresWriter:
 
     def __init__(self, dsn: str, node_id: str):
         self.dsn, self.node_id = dsn, node_id
-        self._reconnecting = False
+        self._loss = FaultEpisode(log, "store connection lost; connecting again")
         self._open()
         self._uow: PostgresUnitOfWork | None = None
         self._pipeline: contextlib.ExitStack | None = None
@@ -152,15 +152,13 @@ class PostgresWriter:
         the writer comes back when the database does. Nothing is lost: a
         transaction the lost connection had open was rolled back with it and
         its jobs were answered as failed."""
-        # One line per loss: while the server stays out of reach, each retry round lands here again.
-        log.log(logging.DEBUG if self._reconnecting else logging.WARNING, "store connection lost; connecting again")
-        self._reconnecting = True
+        self._loss.failed()  # while the server stays out of reach, each retry round lands here again
         try:
             self.conn.close()
         except psycopg.Error:
             pass
         self._open()  # raises while the server cannot be reached; the next group tries again
-        self._reconnecting = False
+        self._loss.ended()
         if self._uow is not None:
             self._uow.bind(self.conn)
 

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..faults import StoreUnavailable, unavailable
+from ..faults import FaultEpisode, StoreUnavailable, unavailable
 
 log = logging.getLogger("agent_sidecar.store")
 
@@ -227,25 +227,7 @@ def _run(db: WriterBackend, uow, fn: Callable, args: list[tuple]) -> list[tuple[
 TRANSIENT_RETRIES = 3
 
 
-class _FaultEpisode:
-    """One warning per episode of failing commits: the store retries every
-    second or so while it cannot write (faults.py), and a database down for
-    an hour must not leave thousands of identical lines; the rest go to debug
-    until a commit succeeds again."""
-
-    def __init__(self) -> None:
-        self.failing = False
-
-    def failed(self, error: BaseException) -> None:
-        log.log(logging.DEBUG if self.failing else logging.WARNING, "store commit failed",
-                extra={"error": f"{type(error).__name__}: {error}"})
-        self.failing = True
-
-    def ended(self) -> None:
-        self.failing = False
-
-
-_fault_episode = _FaultEpisode()
+_fault_episode = FaultEpisode(log, "store commit failed")  # ended by the next commit that succeeds
 
 
 def commit(db: WriterBackend, uow, runs: list[tuple[list[int], Callable, list[tuple]]]
@@ -286,7 +268,7 @@ def _commit_once(db: WriterBackend, uow, runs, last: bool) -> list[tuple[int, bo
             return None
         error: BaseException = fault or e  # "no such savepoint" after a full disk is the full disk
         if db.is_fault(error):  # the parent logs the state change; no traceback per commit
-            _fault_episode.failed(error)
+            _fault_episode.failed(error=f"{type(error).__name__}: {error}")
         else:
             log.exception("store commit failed")
         out = [(jid, False, error) for jids, _, _ in runs for jid in jids]
