@@ -101,6 +101,14 @@ def upper(text):
 '''
 
 
+def plugin_sidecar(tmp_path, config: str, **kw) -> Sidecar:
+    """A sidecar (not started) whose Python path holds the plugin distribution."""
+    plugin_dir = tmp_path / "site"
+    plugin_dir.mkdir()
+    _install_plugin(plugin_dir)
+    return Sidecar(tmp_path / "data", config=config, env={"PYTHONPATH": str(plugin_dir)}, **kw)
+
+
 def _install_plugin(root):
     (root / "sidecar_plugin.py").write_text(PLUGIN)
     info = root / "sidecar_plugin-1.0.dist-info"
@@ -118,16 +126,13 @@ def _install_plugin(root):
 
 
 def test_model_and_tool_from_entry_points(tmp_path):
-    plugin_dir = tmp_path / "site"
-    plugin_dir.mkdir()
-    _install_plugin(plugin_dir)
     config = textwrap.dedent("""\
         [profiles.plug]
         model = "shout"
         tools = ["plug.*"]
         model_options = { suffix = "!" }
         """)
-    sc = Sidecar(tmp_path / "data", config=config, env={"PYTHONPATH": str(plugin_dir)}).start()
+    sc = plugin_sidecar(tmp_path, config).start()
     try:
         frames = []
         req = ppb.PromptRequest(request_id=rid(), source=c.SessionSource(platform="t", chat_id="p"),
@@ -182,12 +187,9 @@ def test_a_backend_event_of_the_wrong_type_fails_the_turn_naming_it(tmp_path):
     count that is no count) fails its turn LLM_API_FAILURE naming the field,
     in the worker, before anything reaches a frame; a text that was no str
     left the turn hanging past its timeout, its stream never ending."""
-    plugin_dir = tmp_path / "site"
-    plugin_dir.mkdir()
-    _install_plugin(plugin_dir)
     config = "".join(f'[profiles.{bad}]\nmodel = "broken"\ntools = ["plug.*"]\ntimeout_s = 10\n'
                      f'model_options = {{ bad = "{bad}" }}\n' for bad in BROKEN)
-    with Sidecar(tmp_path / "data", config=config, env={"PYTHONPATH": str(plugin_dir)}, workers=1) as sc:
+    with plugin_sidecar(tmp_path, config, workers=1) as sc:
         for bad, field in BROKEN.items():
             out = run(sc.prompts(), text="hi", src=c.SessionSource(platform="t", chat_id=bad), profile=bad)
             assert out.end == "failed", (bad, out.kinds(), out.code, out.details)
@@ -201,11 +203,8 @@ def test_a_reply_past_max_reply_chars_fails_the_turn_keeping_the_text_so_far(tmp
     past the 4 MiB a gRPC client takes in one message by default: the
     client's stream died RESOURCE_EXHAUSTED, whatever the turn did. A reply
     is now held to limits.max_reply_chars (512 Ki characters)."""
-    plugin_dir = tmp_path / "site"
-    plugin_dir.mkdir()
-    _install_plugin(plugin_dir)
     config = '[profiles.burst]\nmodel = "big"\nmodel_options = { shape = "burst" }\n'
-    with Sidecar(tmp_path / "data", config=config, env={"PYTHONPATH": str(plugin_dir)}, workers=1) as sc:
+    with plugin_sidecar(tmp_path, config, workers=1) as sc:
         out = run(sc.prompts(), text="hi", src=c.SessionSource(platform="t", chat_id="big"), profile="burst",
                   timeout=60)
         assert out.end == "failed", (out.code, out.details)
@@ -222,12 +221,9 @@ def test_an_in_process_tool_result_past_max_text_bytes_reaches_the_model_as_an_e
     and the client's stream died with the turn still running. Now the model
     gets an error result naming the limit (a host's result has that bound on
     the wire already) and the turn goes on."""
-    plugin_dir = tmp_path / "site"
-    plugin_dir.mkdir()
-    _install_plugin(plugin_dir)
     config = scripted("bigtool", [{"tool_calls": [{"name": "plug.big", "id": "b1"}]},
                                   {"text_from_last_tool_result": True}], tools=["plug.*"])
-    with Sidecar(tmp_path / "data", config=config, env={"PYTHONPATH": str(plugin_dir)}, workers=1) as sc:
+    with plugin_sidecar(tmp_path, config, workers=1) as sc:
         out = run(sc.prompts(), text="hi", src=c.SessionSource(platform="t", chat_id="bt"), profile="bigtool",
                   timeout=60)
         assert out.end == "completed", (out.kinds(), out.code, out.details)
