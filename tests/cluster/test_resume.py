@@ -1,6 +1,7 @@
-"""Auto-resume in a cluster after a clean stop (issue 16, DECISIONS.md
-"Recovery"): a node stopped with SIGTERM whose drain timed out on a running
-turn marks that lane ``resume_pending`` (``shutdown_timeout``); the lane then
+"""Auto-resume in a cluster (issue 16, DECISIONS.md "Recovery"): a lane taken
+from a node that died gets what one sidecar's next start after a crash gives
+it. After a clean stop: a node stopped with SIGTERM whose drain timed out on
+a running turn marks that lane ``resume_pending`` (``shutdown_timeout``); the lane then
 gets its continue turn exactly once, by the recovery rules, on another node
 (or on the node itself, restarted alone), as one sidecar's next start gives it.
 
@@ -103,6 +104,26 @@ def test_auto_resume_off_the_other_node_takes_the_lane_and_lets_it_go(tmp_path, 
         wait_until(lambda: long.key not in store.lanes_held_by("a") + store.lanes_held_by("b"), 30, 0.2,
                    "the lane taken over and let go")
         assert store.resume_turns(long.session_id) == [] and store.lease_holder(long.key) is None
+
+
+def test_recent_mode_a_lane_merely_active_on_a_node_that_died_gets_its_continue_turn_on_the_next(
+        tmp_path, cluster_dsn):
+    # auto_resume = "recent" (hermes' rule): as one sidecar's start after a
+    # crash resumes every lane active in the recent window, the node that
+    # takes such a lane from a node that died gives it its continue turn.
+    cfg = echo("main") + table("recovery", auto_resume="recent")
+    with Cluster(tmp_path, cluster_dsn, n=2, config=cfg) as cl:
+        a, b = cl["a"], cl["b"]
+        done = PromptRun(a.prompts(), text="hello", src=source("telegram"), background=False)
+        assert done.kinds()[-1] == "completed", done.kinds()
+        a.kill9()  # within a TTL of the turn: a has not let the idle lane go
+
+        def next_prompt_ran() -> bool:  # refused UNAVAILABLE until a's lease runs out
+            return PromptRun(b.prompts(), text="still there?", key=done.key, background=False).kinds()[-1:] == [
+                "completed"]
+        wait_until(next_prompt_ran, 30, 0.2, "the next prompt run on b")
+        frames = watch(b.prompts(), request_id=f"resume:{done.session_id}:1", timeout=20).frames
+        assert frames and kind_of(frames[-1]) == "completed", frames
 
 
 # -- store level: an orphan once per holder that went away ---------------------------------------

@@ -31,19 +31,23 @@ class PostgresLeases:
         lanes back as a new holder). Held by another node and alive: who
         holds it. Concurrent takes of one lane serialise on its row: one wins."""
         self.order()
+        # The row as it stands, locked, read by a statement of its own: a
+        # CTE locking it in the upsert below reads nothing in RETURNING (the
+        # row is the upsert's own by then), so every take would say nobody
+        # held the lane before.
+        old = self.conn.execute("SELECT node_id, released FROM leases WHERE session_key = %s FOR UPDATE",
+                                (key,)).fetchone()
         row = self.conn.execute(
-            "WITH old AS (SELECT node_id, released AS clean FROM leases"
-            " WHERE session_key = %(key)s FOR UPDATE)"
-            " INSERT INTO leases AS l (session_key, node_id, epoch, expires_at, address)"
+            "INSERT INTO leases AS l (session_key, node_id, epoch, expires_at, address)"
             " VALUES (%(key)s, %(node)s, 1, now() + make_interval(secs => %(ttl)s), %(addr)s)"
             " ON CONFLICT (session_key) DO UPDATE SET node_id = excluded.node_id, epoch = l.epoch + 1,"
             " expires_at = excluded.expires_at, address = excluded.address, released = false"
             " WHERE l.expires_at < now() OR l.node_id = excluded.node_id"
-            " RETURNING l.epoch, (SELECT node_id FROM old), (SELECT clean FROM old)",
+            " RETURNING l.epoch",
             {"key": key, "node": node_id, "ttl": ttl_s, "addr": address}).fetchone()
         if row is not None:
-            epoch, previous, clean = row
-            return LeaseGrant(key, epoch, previous or "", clean is not False)
+            previous, clean = old if old is not None else ("", True)
+            return LeaseGrant(key, row[0], previous, clean)
         node, addr, epoch, left = one(self.conn.execute(
             "SELECT node_id, address, epoch, extract(epoch FROM expires_at - now())::float8"
             " FROM leases WHERE session_key = %s", (key,)).fetchone())
