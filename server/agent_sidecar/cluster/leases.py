@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING
 
 from ..config import Config
 from ..errors import CANCELLED, SidecarError
-from ..store import FaultEpisode, Store, StoreUnavailable
+from ..logs import FaultEpisode
+from ..store import Store, StoreUnavailable
 from ..store.records import LeaseHolder
 from ..turns import supervision
 from ..turns.leasing import LaneElsewhere
@@ -68,6 +69,7 @@ class ClusterLeases:
         self.leases_lost = 0  # lanes stopped here because their lease moved on
         self.taken_over = 0  # lanes taken with work their last holder left
         self._taking: dict[str, asyncio.Future] = {}
+        self._reaping: asyncio.Future | None = None  # a reaper's take and adoption under way
         self._manager: TurnManager | None = None
         self._task: asyncio.Task | None = None
 
@@ -95,6 +97,12 @@ class ClusterLeases:
         pending = self._taking.get(key)
         if pending is not None:  # one take per lane at a time; the others wait for it
             return await asyncio.shield(pending)
+        if self._reaping is not None:
+            # The reaper's take may be taking this very lane: a take of ours
+            # behind it in the writer would take it again from ourselves (a
+            # new epoch, the lane restored twice). Its answer first, then look again.
+            await asyncio.shield(self._reaping)
+            return await self.hold(key)
         fut = asyncio.get_running_loop().create_future()
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody may await it
         self._taking[key] = fut
@@ -265,8 +273,16 @@ class ClusterLeases:
             await self.store.write(jobs.release, idle)
 
     async def _reap(self, sent: float) -> None:
-        takes = await self.store.write(jobs.take_orphans, self.address, self.ttl, self.how)
-        if takes:
-            self.taken_over += len(takes)
-            log.info("orphaned lanes taken over", extra={"lanes": [t.lease.session_key for t in takes]})
-            await self._adopt_all(takes, sent)
+        """Take the orphaned lanes over; a ``hold`` meanwhile waits for it to
+        end (``_reaping``). A take sent before it is ahead of it in the
+        writer: its lane's fresh lease is nobody's orphan."""
+        self._reaping = asyncio.get_running_loop().create_future()
+        try:
+            takes = await self.store.write(jobs.take_orphans, self.address, self.ttl, self.how)
+            if takes:
+                self.taken_over += len(takes)
+                log.info("orphaned lanes taken over", extra={"lanes": [t.lease.session_key for t in takes]})
+                await self._adopt_all(takes, sent)
+        finally:
+            self._reaping.set_result(None)
+            self._reaping = None
