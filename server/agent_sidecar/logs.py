@@ -33,6 +33,25 @@ def bind_turn(request_id: str, session_key: str) -> contextvars.Token:
     return TURN.set((request_id, session_key))
 
 
+class FaultEpisode:
+    """One warning per episode of a failure that repeats (a commit retried
+    every second or so while the database is away, a reconnect each round, a
+    lease renewal every third of a TTL, every call forwarded to a node that
+    died): the first at WARNING, the rest at DEBUG until ``ended``, so an
+    hour-long outage leaves one line, not thousands."""
+
+    def __init__(self, logger: logging.Logger, msg: str) -> None:
+        self._log, self._msg = logger, msg
+        self.failing = False
+
+    def failed(self, **fields: object) -> None:
+        self._log.log(logging.DEBUG if self.failing else logging.WARNING, self._msg, extra=fields)
+        self.failing = True
+
+    def ended(self) -> None:
+        self.failing = False
+
+
 # ".000Z" … ".999Z": a timestamp's end, by its milliseconds.
 _MILLIS = tuple(f".{ms:03d}Z" for ms in range(1000))
 # What every JSON line has before the fields; a field of the same name does not replace it.

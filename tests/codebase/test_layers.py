@@ -25,7 +25,7 @@ ALLOWED = {
     "obs": {"delivery", "__version__", "logs"},  # below what it observes: it reads turns and calls by attribute
     "turns": {"store", "sessions", "recovery", "tools", "models", "errors", "config", "delivery",
               "children", "child", "v1", "meters", "obs", "logs"},
-    "cluster": {"turns", "store", "recovery", "errors", "config", "v1", "tls"},
+    "cluster": {"turns", "store", "recovery", "errors", "config", "v1", "tls", "logs"},
     "api": {"cluster", "turns", "store", "sessions", "tools", "errors", "config", "delivery", "heap", "v1", "tls",
             "obs", "logs"},
 }

@@ -26,6 +26,7 @@ import grpc
 
 from ..config import Config
 from ..errors import LANE_MOVED, SidecarError
+from ..logs import FaultEpisode
 from ..tls import read_pem, target_is_local
 from ..turns.leasing import LaneElsewhere
 from ..v1 import prompt_service_pb2_grpc, session_service_pb2_grpc
@@ -57,6 +58,8 @@ class Forwarder:
                          ("grpc.max_receive_message_length", max_message_bytes)]
         self._credentials = _peer_credentials(cfg)
         self._channels: dict[str, grpc.aio.Channel] = {}
+        # Per holder address: one warning while it cannot be reached, not one per call.
+        self._unreachable: dict[str, FaultEpisode] = {}
 
     def _call(self, e: LaneElsewhere, service: str, method: str):
         if not e.address:
@@ -76,24 +79,34 @@ class Forwarder:
     async def unary(self, e: LaneElsewhere, service: str, method: str, request, context) -> Any:
         call = self._call(e, service, method)
         try:
-            return await call(request, metadata=self._metadata, timeout=self._timeout(context))
+            answer = await call(request, metadata=self._metadata, timeout=self._timeout(context))
         except grpc.aio.AioRpcError as err:
             await self._relay(e, err, context)
+        self._reached(e)
+        return answer
 
     async def stream(self, e: LaneElsewhere, service: str, method: str, request,
                      context) -> AsyncIterator[Any]:
         call = self._call(e, service, method)
         try:
             async for item in call(request, metadata=self._metadata, timeout=self._timeout(context)):
+                self._reached(e)
                 yield item
         except grpc.aio.AioRpcError as err:
             await self._relay(e, err, context)
 
+    def _reached(self, e: LaneElsewhere) -> None:
+        episode = self._unreachable.get(e.address)
+        if episode is not None:
+            episode.ended()
+
     async def _relay(self, e: LaneElsewhere, err: grpc.aio.AioRpcError, context) -> None:
         """The holder's error as the caller's; the holder out of reach as LANE_MOVED."""
         if err.code() in _UNREACHABLE and not _from_sidecar(err):
-            log.warning("lane holder unreachable", extra={"node": e.node_id, "address": e.address,
-                                                          "error": err.details()})
+            episode = self._unreachable.get(e.address)
+            if episode is None:
+                episode = self._unreachable[e.address] = FaultEpisode(log, "lane holder unreachable")
+            episode.failed(node=e.node_id, address=e.address, error=err.details())
             raise moved(e, f"which cannot be reached at {e.address}")
         await context.abort(err.code(), err.details() or "", tuple(err.trailing_metadata() or ()))
 

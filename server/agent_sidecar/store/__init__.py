@@ -6,11 +6,11 @@ methods. See interface.py for what every backend guarantees, and
 unit_of_work.py for the repositories a job writes through.
 """
 
-from .faults import FaultEpisode, StoreClosed, StoreUnavailable
+from .faults import StoreClosed, StoreUnavailable
 from .interface import Store, StoreOpenError
 from .unit_of_work import UnitOfWork, batched
 
-__all__ = ["FaultEpisode", "Store", "StoreOpenError", "StoreClosed", "StoreUnavailable", "UnitOfWork",
+__all__ = ["Store", "StoreOpenError", "StoreClosed", "StoreUnavailable", "UnitOfWork",
            "batched", "open_store"]
 
 

@@ -74,25 +74,6 @@ def probe(uow) -> None:
     uow.probe()
 
 
-class FaultEpisode:
-    """One warning per episode of a failure that repeats while the store
-    cannot be reached (a commit retried every second or so, a reconnect each
-    round, a lease renewal every third of a TTL): the first at WARNING, the
-    rest at DEBUG until ``ended``, so a database down for an hour leaves one
-    line, not thousands."""
-
-    def __init__(self, logger: logging.Logger, msg: str) -> None:
-        self._log, self._msg = logger, msg
-        self.failing = False
-
-    def failed(self, **fields: object) -> None:
-        self._log.log(logging.DEBUG if self.failing else logging.WARNING, self._msg, extra=fields)
-        self.failing = True
-
-    def ended(self) -> None:
-        self.failing = False
-
-
 class StoreClosed(StoreUnavailable):
     """The store was closed (or its writer died); no more writes are accepted.
     For a client the same as any store that cannot write: UNAVAILABLE,

@@ -29,7 +29,8 @@ import psycopg
 from psycopg import errors as pgerr
 from psycopg.conninfo import conninfo_to_dict
 
-from ..faults import FaultEpisode, is_store_fault
+from ...logs import FaultEpisode
+from ..faults import is_store_fault
 from ..records import ClusterOp
 from .codec import configure
 from .rows import sender

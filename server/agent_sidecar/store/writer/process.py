@@ -42,7 +42,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..faults import FaultEpisode, StoreUnavailable, unavailable
+from ...logs import FaultEpisode
+from ..faults import StoreUnavailable, unavailable
 
 log = logging.getLogger("agent_sidecar.store")
 
