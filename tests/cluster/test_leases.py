@@ -29,6 +29,7 @@ from helpers.logs import log_lines
 from helpers.metrics import metrics_config, scrape
 from helpers.procs import children
 from helpers.sessions import transcript
+from helpers.store import StoreView
 from helpers.streams import QUEUE, TERMINAL, PromptRun, kind_of, start, watch
 from helpers.waiting import wait_until
 
@@ -306,21 +307,23 @@ def test_a_prompt_taking_a_lane_this_nodes_reaper_is_taking_runs_the_lane_once(n
     # b's reaper and a new prompt on b both take a dead a's lane: the reaper's
     # job reaches b's writer first, the prompt's right behind it. The lane
     # must be taken once, its queued prompt adopted once.
-    cl = nodes(2, echo(latency_ms=30))
+    cl = nodes(2, echo(latency_ms=30), ttl=6.0)
     a, b = cl
     src = source("telegram")
     cut = start(a.prompts(), ppb.PromptRequest(request_id=rid("cut"), text="slow " * 100, source=src))
     queued = start(a.prompts(), ppb.PromptRequest(request_id=rid("queued"), text="queued", source=src,
                                                   delivery=QUEUE))
-    writer = children(b)["sidecar-writer"]
+    writer, store = children(b)["sidecar-writer"], StoreView(b)
     a.kill9()
-    killed = time.monotonic()
+    # b's writer stops just before a's lease runs out: the reaper's take that
+    # waits in it is sent late enough for b to trust the lease it gets (a
+    # node trusts a lease from when it asked), however long the stop.
+    wait_until(lambda: store.lease_holder(cut.key).seconds_left < 0.5, timeout=30, what="a's lease nearly out")
     os.kill(writer, signal.SIGSTOP)
     try:
-        # b holds no lease, so its keeper's one job is the reaper's take;
-        # it runs once a's lease has run out.
-        wait_until(lambda: b.status().store.writer_backlog >= 1 and time.monotonic() > killed + TTL,
-                   timeout=30, what="the reaper's take waiting in b's writer")
+        # b holds no lease, so its keeper's one job is the reaper's take.
+        wait_until(lambda: b.status().store.writer_backlog >= 1 and store.lease_holder(cut.key) is None,
+                   timeout=30, what="the reaper's take waiting in b's writer, a's lease run out")
         after = PromptRun(b.prompts(), ppb.PromptRequest(request_id=rid("after"), text="after", source=src,
                                                          delivery=QUEUE), timeout=60)
         wait_until(lambda: b.status().store.writer_backlog >= 2, timeout=30, what="the prompt's take behind it")
