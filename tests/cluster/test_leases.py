@@ -337,3 +337,35 @@ def test_a_prompt_taking_a_lane_this_nodes_reaper_is_taking_runs_the_lane_once(n
     assert kind_of(_frames(b, queued.request_id)[-1]) == "completed", _frames(b, queued.request_id)[-1]
     status = b.status().cluster
     assert (status.lanes_taken_over, status.fenced_writes, status.leases_lost) == (1, 0, 0), status
+
+
+def test_a_prompt_whose_lane_is_lost_as_its_accept_commits_ends_lane_moved_and_its_retry_follows_it(nodes):
+    # a's writer stops with a's lease renewal in it, then the prompt's accept
+    # behind it. When it goes on, the renewal's answer comes too late to be
+    # trusted (a node trusts a lease from when it asked): a drops the lane,
+    # and the accept, committed under the epoch a still held in the store,
+    # answers a turn no longer a's to run.
+    (a,) = nodes(1, echo(latency_ms=20))
+    src = source("telegram")
+    assert PromptRun(a.prompts(), text="hello", src=src, background=False).kinds()[-1] == "completed"
+    writer = children(a)["sidecar-writer"]
+    os.kill(writer, signal.SIGSTOP)
+    try:
+        wait_until(lambda: a.status().store.writer_backlog >= 1, timeout=30, what="the renewal in a's writer")
+        stopped = time.monotonic()
+        req = ppb.PromptRequest(request_id=rid("lost"), text="during", source=src, delivery=QUEUE)
+        during = PromptRun(a.prompts(), req, timeout=60)
+        wait_until(lambda: a.status().store.writer_backlog >= 2 and time.monotonic() > stopped + TTL,
+                   timeout=30, what="the accept behind it, the renewal's answer too late")
+    finally:
+        os.kill(writer, signal.SIGCONT)
+    during.result(60)
+    assert (during.code, during.reason) == (grpc.StatusCode.UNAVAILABLE, "LANE_MOVED"), (during.code, during.details)
+    # The retry follows the turn. On the idle lane its accept started it in
+    # the same commit, so the lane's next holder (a again) closes it as cut
+    # off, as a restart would, and the lane's continue turn answers it.
+    retry = PromptRun(a.prompts(), req, timeout=60, background=False)
+    assert retry.kinds() == ["accepted", "started", "failed"], (retry.kinds(), retry.details)
+    assert retry.last.failed.reason == "restart_interrupted"
+    resumed = watch(a.prompts(), request_id=f"resume:{retry.session_id}:1", timeout=30)
+    assert resumed.frames and kind_of(resumed.frames[-1]) == "completed", resumed.kinds()

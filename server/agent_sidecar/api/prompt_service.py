@@ -130,15 +130,15 @@ class PromptService(pb_grpc.PromptServiceServicer):
                    "source": source.to_dict() if source else None,
                    "attachments": [{"name": a.name, "mime_type": a.mime_type, "url": a.url,
                                     "size": len(a.data)} for a in request.attachments]}
-        turn = await self.turns.submit(rid=rid, key=key, platform=platform, profile=profile,
-                                       text=request.text, delivery=request.delivery, source=source,
-                                       timeout_s=timeout, payload=payload)
-        if turn is None:  # a known request id: its original turn's frames
+        placed = await self.turns.submit(rid=rid, key=key, platform=platform, profile=profile,
+                                         text=request.text, delivery=request.delivery, source=source,
+                                         timeout_s=timeout, payload=payload)
+        if placed is None:  # a known request id: its original turn's frames
             await self._authorize_request(rid, principal)
             async for item in self._replay_request(rid, 0):
                 yield item.wire
             return
-        sub, last, behind = turn.subscribers[0], 0, False
+        (turn, sub), last, behind = placed, 0, False
         try:
             async for item in self._follow(sub, rid, 0, _live(turn)):
                 last = item.frame.seq

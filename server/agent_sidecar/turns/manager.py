@@ -37,6 +37,7 @@ from .leasing import LaneLeases, LeaseLost
 from .memory import budget_per_worker
 from .pool import WorkerHandle, WorkerPool
 from .stats import TurnStats
+from .subscriber import Subscriber
 
 
 class TurnManager:
@@ -135,10 +136,12 @@ class TurnManager:
 
     async def submit(self, *, rid: str, key: str, platform: str, profile: str, text: str,
                      delivery: int, source: SessionSource | None, timeout_s: float,
-                     payload: dict[str, Any], internal: bool = False) -> Turn | None:
-        """Accept a prompt. Returns the new turn with one subscriber attached
-        (``turn.subscribers[0]``), or None when the request id is already known
-        (the caller replays it)."""
+                     payload: dict[str, Any], internal: bool = False) -> tuple[Turn, Subscriber] | None:
+        """Accept a prompt. Returns the new turn and the caller's subscriber
+        to it, or None when the request id is already known (the caller
+        replays it). The subscriber hears the turn's frames, or why it ended
+        here: a lane lost or deleted while the accept committed lets go of
+        the turn's subscribers, after telling them (supervision.abandon)."""
         if not internal and not self.ready.is_set():
             await self.ready.wait()  # startup restore first: never race it
         if not self.accepting:
@@ -185,7 +188,7 @@ class TurnManager:
             if sub in turn.subscribers:
                 turn.subscribers.remove(sub)
             raise
-        return turn
+        return turn, sub
 
     async def _place(self, turn: Turn) -> tuple[str | None, Lane]:
         """Into its lane: runs now on an idle one, else where its delivery mode
