@@ -161,6 +161,14 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 // Close closes the connection; streams in flight end.
 func (c *Client) Close() error { return c.conn.Close() }
 
+// closed reports whether the connection was closed (by Close or through
+// Conn().Close()): grpc-go then fails every call CANCELLED, which is no
+// dropped connection to resume over. ClientConn.Close enters the Shutdown
+// state before it fails the calls in flight.
+func (c *Client) closed() bool {
+	return c.conn != nil && c.conn.GetState() == connectivity.Shutdown
+}
+
 // Conn returns the underlying grpc.ClientConn (for health checks and the like).
 func (c *Client) Conn() *grpc.ClientConn { return c.conn }
 

@@ -265,14 +265,24 @@ func failedError(fl *pb.ActivityFrame_Failed, recv recvFunc) error {
 }
 
 // resumable reports whether a broken stream should be resumed: the
-// connection dropped (UNAVAILABLE or INTERNAL without a sidecar reason, an
-// I/O error, an early end of stream, a seq gap), and ctx is still alive.
-// grpc-go reports an HTTP/2 stream reset (RST_STREAM, e.g. from a proxy) as
-// INTERNAL without details; it also reports the failures raised on this side
-// (a message it cannot encode, an unprintable header) as INTERNAL, which
-// streamErrors marks local: those would fail the same way every time.
+// connection dropped (UNAVAILABLE, INTERNAL, UNKNOWN or CANCELLED without a
+// sidecar reason, an I/O error, an early end of stream, a seq gap), and
+// neither ctx nor the Client has ended. These are the codes the Python
+// client resumes on too (RESUMABLE_CODES). grpc-go reports an HTTP/2 stream
+// reset (RST_STREAM, e.g. from a proxy) as INTERNAL without details; a
+// server shutting down (the sidecar stopped with SIGTERM) cancels the calls
+// in flight with CANCELLED and no details, including a Prompt that had only
+// just reached it, which may never have been taken: re-sending it (same
+// request id, so idempotent) or resuming with WatchActivity is safe.
+// A sidecar refusal carries an ErrorInfo reason (a turn cancelled on purpose
+// is CANCELLED with reason CANCELLED) and is final. So are the cancellations
+// this side causes: ctx cancelled or past its deadline, the Client closed
+// (grpc-go then fails calls CANCELLED "grpc: the client connection is
+// closing" while ctx is alive), and the failures raised on this side (a
+// message it cannot encode, an unprintable header, reported as INTERNAL),
+// which streamErrors marks local: those would fail the same way every time.
 func (c *Client) resumable(ctx context.Context, err error) bool {
-	if ctx.Err() != nil || c.resumeWindow <= 0 {
+	if ctx.Err() != nil || c.resumeWindow <= 0 || c.closed() {
 		return false
 	}
 	var g gapError
@@ -280,7 +290,14 @@ func (c *Client) resumable(ctx context.Context, err error) bool {
 		return true
 	}
 	if e, ok := FromError(err); ok {
-		return e.Reason == "" && !e.local && (e.Code == codes.Unavailable || e.Code == codes.Internal)
+		if e.Reason != "" || e.local {
+			return false
+		}
+		switch e.Code {
+		case codes.Unavailable, codes.Internal, codes.Unknown, codes.Canceled:
+			return true
+		}
+		return false
 	}
 	return err != nil
 }

@@ -148,8 +148,9 @@ func (h *ToolHost) setErr(err error) {
 // still running, whose ctx is cancelled). If the stream drops it cancels the
 // calls in flight (their results cannot be delivered) and reconnects and
 // registers again at once, for up to the client's resume window; a refusal
-// by the sidecar (an error carrying a reason) or a local error (a message
-// that cannot be encoded, a bad token) is returned at once. When Serve
+// by the sidecar (an error carrying a reason), a local error (a message
+// that cannot be encoded, a bad token) or the Client being closed is
+// returned at once. When Serve
 // returns, Ready() is closed and Err() reports why.
 func (h *ToolHost) Serve(ctx context.Context, c *Client) (err error) {
 	if !h.serving.CompareAndSwap(false, true) {
