@@ -7,7 +7,14 @@
  */
 import { status as GrpcCode, type ClientReadableStream } from "@grpc/grpc-js";
 import { typeOf } from "./connection";
-import { errorFromFailedFrame, fromGrpcError, isSerializationError, makeSidecarError, SidecarError } from "./errors";
+import {
+  errorFromFailedFrame,
+  fromGrpcError,
+  isSerializationError,
+  isServiceError,
+  makeSidecarError,
+  SidecarError,
+} from "./errors";
 import { FrameSequencer, isTerminal } from "./frames";
 import type { ActivityFrame, ActivityFrame_Failed } from "./gen/agent_sidecar/v1/prompt_service";
 
@@ -69,17 +76,44 @@ export function resumePolicy(resume: unknown, name = "resume"): Required<ResumeO
 /** How long to wait for the status that follows a `failed` frame. */
 const FAILED_GRACE_MS = 2000;
 
-/** Codes that mean "the transport dropped" when the status carries no sidecar reason. */
-const TRANSPORT_CODES = new Set<number>([GrpcCode.UNAVAILABLE, GrpcCode.INTERNAL]);
+/**
+ * Codes that mean "the transport broke" when the status carries no agent-sidecar
+ * ErrorInfo reason (the same set as the Python client's RESUMABLE_CODES):
+ * UNAVAILABLE (no connection, or it dropped), INTERNAL (RST_STREAM and the
+ * like), UNKNOWN (a status that says nothing more), and CANCELLED, because a
+ * gRPC server shutting down (a sidecar stopped with SIGTERM) cancels the calls
+ * in flight with a bare CANCELLED; a Prompt cut that way may never have reached
+ * the sidecar, and is repeated (idempotent by request id). Every error the
+ * sidecar itself sends carries an ErrorInfo (a turn cancelled on the sidecar is
+ * CANCELLED with reason CANCELLED), so none of them is resumed.
+ */
+const TRANSPORT_CODES = new Set<number>([
+  GrpcCode.UNAVAILABLE,
+  GrpcCode.INTERNAL,
+  GrpcCode.UNKNOWN,
+  GrpcCode.CANCELLED,
+]);
+
+/** grpc-js's status details for a call this process cancelled (`call.cancel()`). */
+const LOCAL_CANCEL_DETAILS = "Cancelled on client";
 
 /**
  * True when an error means the connection dropped (and the stream should be
  * resumed) rather than the sidecar answering with an error: a status without
- * an agent-sidecar ErrorInfo whose code is UNAVAILABLE or INTERNAL, except a
- * local request serialization failure (a bad argument; resuming cannot help).
+ * an agent-sidecar ErrorInfo whose code is one of {@link TRANSPORT_CODES}
+ * (UNAVAILABLE, INTERNAL, UNKNOWN, CANCELLED), except what this client caused
+ * itself, which resuming cannot help or would undo: a local request
+ * serialization failure (INTERNAL; a bad argument), and an UNKNOWN or CANCELLED
+ * that is not a status received by a gRPC call (the client's own "closed"
+ * error, an exception wrapped as UNKNOWN) or that is grpc-js's status for a call
+ * this process cancelled ("Cancelled on client"). A FrameStream also never
+ * resumes after its own close(), its client's close(), or its AbortSignal, and
+ * the caller's deadline ends a turn as DEADLINE_EXCEEDED (AgentTimeout).
  */
 export function isTransportError(err: SidecarError): boolean {
-  return err.reason === "" && TRANSPORT_CODES.has(err.code) && !isSerializationError(err);
+  if (err.reason !== "" || !TRANSPORT_CODES.has(err.code) || isSerializationError(err)) return false;
+  if (err.code !== GrpcCode.UNKNOWN && err.code !== GrpcCode.CANCELLED) return true;
+  return isServiceError(err.cause) && err.cause.details !== LOCAL_CANCEL_DETAILS;
 }
 
 /** The longest delay setTimeout takes (a longer one fires at once). */
@@ -227,6 +261,9 @@ export class FrameStream implements AsyncIterable<ActivityFrame> {
       }
 
       if (failed) throw pickFailedError(failed, endError);
+      // A call this stream cut itself (fail: its client's close; close: its own,
+      // or its AbortSignal) ends here, before its CANCELLED could read as a
+      // transport break below and be resumed.
       if (this.failure) throw this.failure;
       if (this.closed) return;
       const dropped = this.dropRequested;
