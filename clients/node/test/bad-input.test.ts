@@ -22,18 +22,9 @@ import { SessionServiceService } from "../src/gen/agent_sidecar/v1/session_servi
 import { ToolServiceService } from "../src/gen/agent_sidecar/v1/tool_service";
 import { FrameStream, isTransportError } from "../src/stream";
 import { ToolHost } from "../src/tools";
-import { frame, namesField, serveForTests, sleep, toolStandIn } from "./helpers";
+import { frame, shortTurn, namesField, serveForTests, sleep, toolStandIn } from "./helpers";
 
 const T = { timeout: 5000 };
-
-function turn(requestId: string): ActivityFrame[] {
-  return [
-    frame(1, "accepted", "", requestId),
-    frame(2, "started", "", requestId),
-    frame(3, "text_delta", "hi", requestId),
-    frame(4, "completed", "hi", requestId),
-  ];
-}
 
 let prompts = 0;
 /** ServeTools: confirms each registration, then invokes its first tool (invocation id `inv-<registration count>`). */
@@ -41,7 +32,7 @@ const tools = toolStandIn((toolNames, n) => [[`inv-${n}`, toolNames[0]]]);
 
 async function prompt(call: ServerWritableStream<PromptRequest, PromptResponse>): Promise<void> {
   prompts += 1;
-  const frames = turn(call.request.requestId);
+  const frames = shortTurn(call.request.requestId);
   if (call.request.text === "hang") {
     frames.slice(0, 2).forEach((f) => call.write({ frame: f }));
     await new Promise((r) => call.on("cancelled", r));
@@ -52,7 +43,7 @@ async function prompt(call: ServerWritableStream<PromptRequest, PromptResponse>)
 }
 
 function watchActivity(call: ServerWritableStream<WatchActivityRequest, WatchActivityResponse>): void {
-  turn(call.request.requestId || "feed").forEach((f) => call.write({ frame: f }));
+  shortTurn(call.request.requestId || "feed").forEach((f) => call.write({ frame: f }));
   call.end();
 }
 

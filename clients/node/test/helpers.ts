@@ -63,6 +63,16 @@ export function frame(
   }
 }
 
+/** A short completed turn of `requestId`: accepted, started, one text delta "hi", completed "hi". */
+export function shortTurn(requestId: string): ActivityFrame[] {
+  return [
+    frame(1, "accepted", "", requestId),
+    frame(2, "started", "", requestId),
+    frame(3, "text_delta", "hi", requestId),
+    frame(4, "completed", "hi", requestId),
+  ];
+}
+
 /**
  * Handlers for every method of `service` that record `[method, request]` in
  * `into` (the request as the server decoded it) and answer an empty response;

@@ -24,18 +24,9 @@ import {
   type WatchActivityResponse,
 } from "../src/gen/agent_sidecar/v1/prompt_service";
 import { isTransportError } from "../src/stream";
-import { frame, serveForTests, sleep } from "./helpers";
+import { frame, shortTurn, serveForTests, sleep } from "./helpers";
 
 const T = { timeout: 5000 };
-
-function turn(requestId: string): ActivityFrame[] {
-  return [
-    frame(1, "accepted", "", requestId),
-    frame(2, "started", "", requestId),
-    frame(3, "text_delta", "hi", requestId),
-    frame(4, "completed", "hi", requestId),
-  ];
-}
 
 /** The status a gRPC server's shutdown gives the calls in flight: no trailer details. */
 const bare = (code: GrpcCode) => ({ code, details: GrpcCode[code] });
@@ -60,7 +51,7 @@ function prompt(call: ServerWritableStream<PromptRequest, PromptResponse>): void
   const { requestId, text } = call.request;
   calls.push(["prompt", requestId, 0]);
   const first = promptsOf(requestId) === 1;
-  const frames = turn(requestId);
+  const frames = shortTurn(requestId);
   const send = (f: ActivityFrame) => call.write({ frame: f });
   switch (text) {
     case "cancelled-first": // the server shut down as the Prompt arrived
@@ -89,7 +80,7 @@ function prompt(call: ServerWritableStream<PromptRequest, PromptResponse>): void
 function watchActivity(call: ServerWritableStream<WatchActivityRequest, WatchActivityResponse>): void {
   const { requestId, afterSeq } = call.request;
   calls.push(["watchActivity", requestId, afterSeq]);
-  turn(requestId)
+  shortTurn(requestId)
     .filter((f) => f.seq > afterSeq)
     .forEach((f) => call.write({ frame: f }));
   call.end();
