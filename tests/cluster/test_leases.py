@@ -371,3 +371,31 @@ def test_a_prompt_whose_lane_is_lost_as_its_accept_commits_ends_lane_moved_and_i
     resume = f"resume:{retry.session_id}:1"
     wait_until(lambda: [kind_of(f) for f in _frames(a, resume)][-1:] == ["completed"], timeout=30,
                what=f"{resume} completed")
+
+
+def test_calls_forwarded_to_a_stalled_holder_end_lane_moved_and_the_retry_runs_where_the_lane_went(nodes):
+    # a holds the lane; b forwards to it over a channel already open. a's
+    # process stalls (SIGSTOP: its kernel still keeps the TCP connection up),
+    # its lease runs out and b takes the lane over. The calls b forwarded to a
+    # must not wait for their callers' deadlines.
+    a, b = nodes(2, echo(latency_ms=50))
+    src = source("telegram")
+    assert PromptRun(a.prompts(), text="hello", src=src, background=False).kinds()[-1] == "completed"
+    relayed = start(b.prompts(), ppb.PromptRequest(request_id=rid("relayed"), text="slow " * 200, source=src))
+    relayed.wait_for("text_delta")
+    a.pause()
+    try:
+        req = ppb.PromptRequest(request_id=rid("fwd"), text="after", source=src, delivery=QUEUE)
+        forwarded = PromptRun(b.prompts(), req, timeout=60, background=False)
+        assert (forwarded.code, forwarded.reason) == (grpc.StatusCode.UNAVAILABLE, "LANE_MOVED"), (
+            forwarded.code, forwarded.details)
+        relayed.result(60)
+        assert (relayed.code, relayed.reason) == (grpc.StatusCode.UNAVAILABLE, "LANE_MOVED"), (
+            relayed.code, relayed.details)
+
+        def retried() -> bool:  # on b once the lane is b's: the retry places the prompt anew
+            run = PromptRun(b.prompts(), req, timeout=60, background=False)
+            return run.kinds()[-1:] == ["completed"]
+        wait_until(retried, timeout=60, interval=0.5, what="the retry run on b")
+    finally:
+        a.resume()

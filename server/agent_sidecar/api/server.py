@@ -30,6 +30,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
+from ..cluster.forward import PING_FLOOR_MS
 from ..config import Config, Listener
 from ..obs.rpc import interceptors
 from ..tls import host_of, is_loopback, read_pem
@@ -63,13 +64,16 @@ SERVICE_NAMES = (
 )
 
 # Frames and transcripts can be large; keepalive pings keep idle watch streams
-# (adapters waiting for auto-resumed turns) alive through NATs and proxies. The
-# receive limit depends on the config: server_options().
+# (adapters waiting for auto-resumed turns) alive through NATs and proxies.
+# Clients may ping as often as once a second: the other nodes of a cluster do,
+# on short lease TTLs, to find a holder that stopped answering
+# (cluster/forward.py holder_keepalive). The receive limit depends on the
+# config: server_options().
 SERVER_OPTIONS = [
     ("grpc.max_send_message_length", 32 * 1024 * 1024),
     ("grpc.keepalive_time_ms", 60_000),
     ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", PING_FLOOR_MS),
     ("grpc.so_reuseport", 0),
 ]
 

@@ -36,6 +36,7 @@ log = logging.getLogger("agent_sidecar.cluster")
 HOP = "x-agent-sidecar-forwarded-by"
 _STUBS = {"PromptService": prompt_service_pb2_grpc.PromptServiceStub,
           "SessionService": session_service_pb2_grpc.SessionServiceStub}
+PING_FLOOR_MS = 1000  # the shortest ping interval a node's server accepts (api/server.py)
 # Transport failures reaching the holder (as opposed to the holder's own answer).
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
@@ -55,7 +56,8 @@ class Forwarder:
         self._metadata = ((HOP, self.node_id),) + (
             (("authorization", f"Bearer {cfg.cluster.token}"),) if cfg.cluster.token else ())
         self._options = [("grpc.max_send_message_length", max_message_bytes),
-                         ("grpc.max_receive_message_length", max_message_bytes)]
+                         ("grpc.max_receive_message_length", max_message_bytes),
+                         *holder_keepalive(cfg.cluster.lease_ttl_s)]
         self._credentials = _peer_credentials(cfg)
         self._channels: dict[str, grpc.aio.Channel] = {}
         # Per holder address: one warning while it cannot be reached, not one per call.
@@ -114,6 +116,20 @@ class Forwarder:
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+
+
+def holder_keepalive(lease_ttl_s: float) -> list[tuple[str, int]]:
+    """Channel options that find a holder that stopped answering (a stalled
+    process: its kernel keeps the TCP connection up, so nothing else would):
+    a ping after half a lease TTL without a byte from it, and the connection
+    given up when its answer takes another half. The calls on it then end
+    LANE_MOVED within about a TTL, when the holder's lease has run out and a
+    retry takes the lane over, instead of at their callers' deadlines. The
+    nodes' servers accept pings this often (api/server.py)."""
+    half_ms = max(PING_FLOOR_MS, int(lease_ttl_s * 500))
+    # gRPC as pinned here (1.85) times a ping out by ping_timeout_ms; older releases read keepalive_timeout_ms.
+    return [("grpc.keepalive_time_ms", half_ms), ("grpc.keepalive_timeout_ms", half_ms),
+            ("grpc.http2.ping_timeout_ms", half_ms), ("grpc.http2.max_pings_without_data", 0)]
 
 
 def _peer_credentials(cfg: Config) -> grpc.ChannelCredentials | None:
