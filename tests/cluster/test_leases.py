@@ -302,7 +302,6 @@ def test_calls_between_nodes_go_over_mtls_when_the_cluster_has_a_ca(tmp_path, cl
             node.stop(timeout=30)
 
 
-
 def test_a_prompt_taking_a_lane_this_nodes_reaper_is_taking_runs_the_lane_once(nodes):
     # b's reaper and a new prompt on b both take a dead a's lane: the reaper's
     # job reaches b's writer first, the prompt's right behind it. The lane
