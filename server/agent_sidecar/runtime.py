@@ -19,6 +19,7 @@ import stat
 from typing import TYPE_CHECKING, cast
 
 from . import __version__
+from . import errors as E
 from .api.request_budget import RequestBudget
 from .children import tune_gc
 from .config import Config
@@ -263,6 +264,8 @@ class Sidecar:
         if self.store is not None and self.store.fault is not None and self.turns is not None:
             from .turns.supervision import end_streams  # their ends cannot commit now
             end_streams(self.turns, StoreUnavailable(self.store.fault.message))
+        if self.turns is not None:  # before gRPC's stop cancels the calls bare
+            self.turns.bus.end_watches(E.SidecarError(E.UNAVAILABLE, "the sidecar is shutting down; retry"))
         if self.server is not None:
             await self.server.stop(grace=1)
         if self.turns is not None:

@@ -17,7 +17,7 @@ from helpers.ids import source, words
 from helpers.recovery import health, marker, restart
 from helpers.sessions import get_session, transcript
 from helpers.store import StoreView, raw_sql
-from helpers.streams import D, PromptRun, Watcher, kind_of, watch
+from helpers.streams import D, PromptRun, Stream, Watcher, kind_of, watch
 from helpers.tools import ToolHost
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
@@ -31,6 +31,9 @@ QUEUE = D.Value("DELIVERY_MODE_QUEUE")
 def test_sigterm_drain_in_time_writes_marker_and_marks_nothing(tmp_path):
     sc = Sidecar(tmp_path / "data", config=echo("slow", 100)).start()
     try:
+        # A platform watch open across the stop: it sees the drained turns end,
+        # then ends with the sidecar's own status, not gRPC's cancel of the call.
+        watching = Stream(sc.prompts().WatchActivity(ppb.WatchActivityRequest(platform="telegram"), timeout=60))
         runs = [PromptRun(sc.prompts(), text=words(15, f"d{i}"), src=source(), profile="slow")
                 for i in range(3)]
         for r in runs:
@@ -47,6 +50,9 @@ def test_sigterm_drain_in_time_writes_marker_and_marks_nothing(tmp_path):
             r.done.wait(5)
             assert r.kinds()[-1] == "completed", (r.kinds(), r.error)
         assert marker(sc), "drain finished in time: .clean_shutdown must be written"
+        watching.result(10)
+        assert {f.request_id for f in watching.frames if kind_of(f) == "completed"} >= {r.request_id for r in runs}
+        assert (watching.code, watching.reason) == (grpc.StatusCode.UNAVAILABLE, "UNAVAILABLE"), watching.details
         store = StoreView(sc)
         assert [e.session_key for e in store.entries() if e.running or e.resume_pending] == []
         keys = [r.key for r in runs]

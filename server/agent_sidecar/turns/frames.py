@@ -120,6 +120,7 @@ class FrameBus:
         # (cluster/tail.py) feeds by_key/by_platform every node's frames, this
         # node's too, in cursor order; the bus then serves only turns' own streams.
         self.feeds_watchers = True
+        self._watches_ended: BaseException | None = None  # end_watches
         store.add_retrier(self._retry)
         store.watch_faults(self._store_changed)
 
@@ -317,8 +318,20 @@ class FrameBus:
 
     def watch(self, index: dict[str, set[Subscriber]], name: str) -> Subscriber:
         sub = self.subscriber()
+        if self._watches_ended is not None:  # the sidecar stops: no new watch waits on it
+            sub.push(self._watches_ended)
         index.setdefault(name, set()).add(sub)
         return sub
+
+    def end_watches(self, err: BaseException) -> None:
+        """The sidecar stops (after its drain): every watch by key or
+        platform, and any opened from now on, ends with ``err`` (UNAVAILABLE,
+        with its reason), not with gRPC's bare cancel at the server's stop."""
+        self._watches_ended = err
+        for index in (self.by_key, self.by_platform):
+            for subs in index.values():
+                for sub in subs:
+                    sub.push(err)
 
     def unwatch(self, index: dict[str, set[Subscriber]], name: str, sub: Subscriber) -> None:
         subs = index.get(name)
