@@ -9,6 +9,7 @@ import os
 
 from helpers.store import local_store
 
+from agent_sidecar.config import Limits
 from agent_sidecar.sessions import transcripts as tx
 from agent_sidecar.turns import wire
 from agent_sidecar.turns.wire import encode, open_stream, read_message
@@ -29,8 +30,8 @@ async def _with_worker(tmp_path, body):
         spec = s.reader_spec()
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=True)
-    proc = ctx.Process(target=worker_main, args=(child, 0, {"reader": spec, "parent_pid": os.getpid()}),
-                       daemon=True)
+    settings = {"reader": spec, "parent_pid": os.getpid(), "max_reply_chars": Limits().max_reply_chars}
+    proc = ctx.Process(target=worker_main, args=(child, 0, settings), daemon=True)
     proc.start()
     child.close()
     reader, writer = await open_stream(parent.fileno())

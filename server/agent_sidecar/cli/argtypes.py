@@ -60,8 +60,9 @@ def target(text: str) -> str:
     bench (an empty one is refused later, by name)."""
     for address in utf8(text).split(","):
         address = address.strip()
-        if address.startswith("unix:") and unix_path(address[5:]):
-            raise argparse.ArgumentTypeError(f"{address[:60]!r}: {unix_path(address[5:])}")
+        why = unix_path(address[5:]) if address.startswith("unix:") else None
+        if why:
+            raise argparse.ArgumentTypeError(f"{address[:60]!r}: {why}")
         if ":" in address and not address.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")):
             why = host_port(address, port0=False)
             if why:

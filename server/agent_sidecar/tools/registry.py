@@ -74,7 +74,7 @@ class ToolHost:
 
 
 class ToolRegistry:
-    def __init__(self, default_timeout_s: float = 60.0, max_result_bytes: int = 256 * 1024):
+    def __init__(self, default_timeout_s: float = 60.0, *, max_result_bytes: int):
         self.tools: dict[str, ToolSpec] = {}
         self.default_timeout_s = default_timeout_s
         self.max_result_bytes = max_result_bytes

@@ -129,7 +129,7 @@ class Worker:
     def __init__(self, fileno: int, index: int, settings: dict[str, Any]):
         self.fileno, self.index, self.settings = fileno, index, settings
         self.coalesce_s = float(settings.get("coalesce_ms", 0)) / 1000
-        self.max_reply_chars = int(settings.get("max_reply_chars", 512 * 1024))  # limits.max_reply_chars
+        self.max_reply_chars = int(settings["max_reply_chars"])  # limits.max_reply_chars, always given
         c = settings.get("cache", {})
         self.cache = AgentCache(max_size=c.get("max_size", 128), idle_ttl=c.get("idle_ttl_secs", 3600),
                                 memory_budget_bytes=c.get("memory_budget_bytes", 0),
