@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 XDIST ?= -n 4 --dist loadscope
 
 .PHONY: install run test pytest client-tests conformance lint breaking proto-baseline proto clients docs \
-	check-generated package-check bench bench-report clean
+	check-generated package-check bench bench-report soak clean
 
 install: $(STAMP)
 
@@ -96,6 +96,14 @@ pytest: install
 		$(XDIST) $(PYTEST_ARGS)
 	AGENT_SIDECAR_TEST_PG_DSN="$(PG_DSN)" $(BIN)/python -m pytest --backend postgres $(PG_TESTS) \
 		$(XDIST) $(PYTEST_ARGS)
+
+# The two soak tests (random faults under load; tests/helpers/chaos.py) for longer,
+# with another seed: make soak SEED=7 SOAK_SECONDS=600
+SEED ?= 1
+SOAK_SECONDS ?= 300
+soak: install
+	CHAOS_SEED=$(SEED) CHAOS_SECONDS=$(SOAK_SECONDS) AGENT_SIDECAR_TEST_PG_DSN="$(PG_DSN)" $(BIN)/python -m pytest \
+		tests/recovery/test_soak.py tests/cluster/test_cluster_soak.py -n 2 $(PYTEST_ARGS)
 
 # The Go and Node clients' own unit tests (no sidecar needed).
 client-tests:

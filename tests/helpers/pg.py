@@ -174,6 +174,12 @@ class PgServer:
         with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
             conn.execute(sql)
 
+    def terminate_connections(self) -> None:
+        """Cut every client's connection (``pg_terminate_backend``), as a
+        failover or an operator's kill would; the server stays up."""
+        self._admin("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()")
+
     def _ensure_template(self) -> None:
         if self._template_ready:
             return

@@ -13,11 +13,9 @@ takes prompts again.
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import signal
 import stat
-import subprocess
 import threading
 import time
 
@@ -27,6 +25,7 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 from helpers.config import slow_echo
+from helpers.disk import SmallDisk
 from helpers.ids import source, words
 from helpers.logs import log_lines
 from helpers.sessions import create, msg
@@ -40,44 +39,6 @@ from agent_sidecar.turns import flush as jobs
 from agent_sidecar.v1 import session_service_pb2 as spb
 
 TERMINAL = ("completed", "failed", "superseded")
-
-
-# -- a small filesystem that fills up ----------------------------------------------------
-
-class SmallDisk:
-    """A tmpfs of ``size_mb`` at ``path``; ``fill()`` takes every free byte
-    with one file, ``free()`` deletes it."""
-
-    def __init__(self, path, size_mb: int):
-        self.path = path
-        self.filler = path / "filler"
-        path.mkdir(parents=True, exist_ok=True)
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0755", "tmpfs",
-                            str(path)], capture_output=True, text=True)
-        if r.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs for the full-disk tests (needs root or "
-                        f"CAP_SYS_ADMIN): {r.stderr.strip()}")
-
-    def fill(self, leave: int = 0) -> None:
-        """Take every free byte, then give ``leave`` bytes back."""
-        with open(self.filler, "ab", buffering=0) as f:
-            for chunk in (1 << 20, 1 << 12):
-                block = b"\0" * chunk
-                while True:
-                    try:
-                        f.write(block)
-                    except OSError as e:
-                        assert e.errno == errno.ENOSPC, e
-                        break
-            if leave:
-                f.truncate(max(f.tell() - leave, 0))
-
-    def free(self) -> None:
-        self.filler.unlink(missing_ok=True)
-
-    def unmount(self) -> None:
-        subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
-
 
 SQLITE_DISK = pytest.mark.sqlite_only("a full filesystem under the SQLite file (PostgreSQL's disk is the server's)")
 
