@@ -103,7 +103,7 @@ SEED ?= 1
 SOAK_SECONDS ?= 300
 soak: install
 	CHAOS_SEED=$(SEED) CHAOS_SECONDS=$(SOAK_SECONDS) AGENT_SIDECAR_TEST_PG_DSN="$(PG_DSN)" $(BIN)/python -m pytest \
-		tests/recovery/test_soak.py tests/cluster/test_cluster_soak.py -n 2 $(PYTEST_ARGS)
+		tests/recovery/test_soak.py tests/cluster/test_cluster_soak.py -n 2 --timeout 0 $(PYTEST_ARGS)
 
 # The Go and Node clients' own unit tests (no sidecar needed).
 client-tests:

@@ -3,19 +3,23 @@ cluster's nodes, in all six delivery modes, with admin calls between, while
 faults strike at random; then every acknowledged request is read back through
 gRPC and checked.
 
-    soak = Soak(nodes, seed=7, server=pg_server_or_None)
+    soak = Soak(nodes, seed=7, server=pg_server_or_None, disk=small_disk_or_None)
     report = soak.run(seconds)
     assert not report.violations, report
 
-The faults (``FAULTS``): a node killed -9 (down a while, started again), its
-writer killed -9 (the node exits; started again), one of its workers killed -9
-or stopped (SIGSTOP) a while, the whole node stopped a while, a clean stop
+The faults: a node killed -9 (down a while, started again), its writer
+killed -9 (the node exits; started again), one of its workers killed -9 or
+stopped (SIGSTOP) a while, the whole node stopped a while, a clean stop
 (SIGTERM, which must exit 0) and start; with ``server``, a PostgreSQL server
 this soak may stop (``pg_ctl -m fast`` or ``immediate``, then started again)
 and whose connections it may cut (``pg_terminate_backend``); with ``disk``,
-the small filesystem a SQLite store is on, filled up a while (helpers/disk.py). A fault that takes
-a node out strikes only while another node is up, so adapters always have one
-to call (on one sidecar: they retry until it is back).
+the small filesystem a SQLite store is on, filled up a while
+(helpers/disk.py). A fault that takes a node out strikes only while another
+node is up, so adapters always have one to call (on one sidecar: they retry
+until it is back).
+
+Adapters read most streams at once, some slowly, and walk away from some
+after a few frames to come back with the same request id (``Reader``).
 
 What every acknowledged request must show afterwards (``Report.violations``
 lists each one that does not): its frames from seq 1 without a gap, exactly one
@@ -42,7 +46,9 @@ import grpc
 from sidecar_proc import Sidecar, error_info
 
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
+from agent_sidecar.v1 import prompt_service_pb2_grpc as ppb_grpc
 from agent_sidecar.v1 import session_service_pb2 as spb
+from agent_sidecar.v1 import session_service_pb2_grpc as spb_grpc
 
 from . import pg, procs
 from .disk import SmallDisk
@@ -85,13 +91,36 @@ class Report:
         return "\n  ".join(lines)
 
 
+class Reader:
+    """How an adapter reads one Prompt stream (the ``stop`` of its PromptRun):
+    mostly at once; sometimes slowly (a pause after every frame); sometimes it
+    walks away after a few frames (the call cancelled), as an adapter that
+    restarts does, and comes back with the same request id."""
+
+    def __init__(self, rng: random.Random):
+        self.style = rng.choices(["prompt", "slow", "walk_away"], weights=[8, 1, 1])[0]
+        self.frames_left = rng.randint(1, 6)
+        self.walked_away = False
+
+    def __call__(self, frame) -> bool:
+        if self.style == "slow":
+            time.sleep(0.05)
+        elif self.style == "walk_away" and kind_of(frame) not in TERMINAL:
+            self.frames_left -= 1
+            self.walked_away = self.frames_left == 0
+        return self.walked_away
+
+
 class Soak:
     """One soak over ``nodes`` (one Sidecar, or a Cluster's nodes) with
-    ``lanes`` adapters, each prompting its own lane, and one admin caller."""
+    ``lanes`` adapters, each prompting its own lane, and one admin caller.
+    They call each node on one channel of the soak's own, kept across the
+    node's restarts, as an adapter's would be."""
 
     def __init__(self, nodes: list[Sidecar], seed: int, server: pg.PgServer | None = None,
                  disk: SmallDisk | None = None, lanes: int = 10):
         self.nodes, self.server, self.disk = list(nodes), server, disk
+        self.channels = [grpc.insecure_channel(n.target) for n in self.nodes]
         self.rng = random.Random(seed)
         self.report = Report(seed)
         self.sources = [source("telegram") for _ in range(lanes)]
@@ -103,10 +132,10 @@ class Soak:
     # -- the run ------------------------------------------------------------------
 
     def run(self, seconds: float) -> Report:
-        threads = [threading.Thread(target=self._adapter, args=(lane,), daemon=True)
+        threads = [threading.Thread(target=self._guarded, args=(self._adapter, lane), daemon=True)
                    for lane in range(len(self.sources))]
-        threads += [threading.Thread(target=self._admin, daemon=True),
-                    threading.Thread(target=self._faults, daemon=True)]
+        threads += [threading.Thread(target=self._guarded, args=(fn,), daemon=True)
+                    for fn in (self._admin, self._faults)]
         for t in threads:
             t.start()
         self.stop.wait(seconds)
@@ -118,10 +147,22 @@ class Soak:
         self._all_up()
         self.report.acknowledged = len(self.acked)
         self._check_ends()
+        for channel in self.channels:
+            channel.close()
         return self.report
 
-    def _live(self) -> list[Sidecar]:
-        return [n for i, n in enumerate(self.nodes) if i not in self.down]
+    def _guarded(self, fn, *args) -> None:
+        """A thread's body: what it raises is a violation, not a quietly lost thread."""
+        try:
+            fn(*args)
+        except Exception as e:
+            self._violation(f"{fn.__name__}{args} raised {e!r}")
+
+    def _live(self) -> list[int]:
+        return [i for i in range(len(self.nodes)) if i not in self.down]
+
+    def _prompts(self, i: int):
+        return ppb_grpc.PromptServiceStub(self.channels[i])
 
     def _violation(self, what: str) -> None:
         with self.lock:
@@ -145,7 +186,9 @@ class Soak:
             if not live:
                 time.sleep(0.2)
                 continue
-            run = PromptRun(rng.choice(live).prompts(), req, timeout=CALL_TIMEOUT, background=False)
+            reader = Reader(rng)
+            run = PromptRun(self._prompts(rng.choice(live)), req, timeout=CALL_TIMEOUT,
+                            stop=reader, background=False)
             kinds = run.kinds()
             with self.lock:
                 self.report.calls += 1
@@ -153,7 +196,7 @@ class Soak:
                     self.acked[request_id] = lane
             if kinds and kinds[-1] in TERMINAL:
                 return
-            if run.code not in RETRY:
+            if run.code not in RETRY and not reader.walked_away:
                 self._refused(request_id, run)
                 return
             time.sleep(0.2)
@@ -177,7 +220,7 @@ class Soak:
             node, src, op = rng.choice(live), rng.choice(self.sources), rng.choice(
                 ["cancel", "queue", "reset", "suspend", "rewind"])
             try:
-                self._admin_call(node, src, op)
+                self._admin_call(self.channels[node], src, op)
                 outcome = "OK"
             except grpc.RpcError as e:
                 reason = error_info(e)[0]
@@ -188,9 +231,9 @@ class Soak:
                 self.report.admin[f"{op} {outcome}"] += 1
 
     @staticmethod
-    def _admin_call(node: Sidecar, src, op: str) -> None:
+    def _admin_call(channel: grpc.Channel, src, op: str) -> None:
         key = f"agent:main:telegram:dm:{src.chat_id}"
-        prompts, sessions = node.prompts(), node.sessions()
+        prompts, sessions = ppb_grpc.PromptServiceStub(channel), spb_grpc.SessionServiceStub(channel)
         if op == "cancel":
             prompts.Cancel(ppb.CancelRequest(session_key=key), timeout=CALL_TIMEOUT)
         elif op == "queue":
@@ -308,7 +351,7 @@ class Soak:
 
     def _check_ends(self) -> None:
         """Every acknowledged request's frames, read back through one node."""
-        reader = self.nodes[0].prompts()
+        reader = self._prompts(0)
         deadline = time.monotonic() + 120
         turns: dict[int, list[tuple[float, float, str]]] = {}
         for request_id, lane in self.acked.items():
