@@ -7,23 +7,18 @@ gRPC and checked.
     report = soak.run(seconds)
     assert not report.violations, report
 
-The faults: a node killed -9 (down a while, started again), its writer
-killed -9 (the node exits; started again), one of its workers killed -9 or
-stopped (SIGSTOP) a while, the whole node stopped a while, a clean stop
-(SIGTERM, which must exit 0) and start; with ``server``, a PostgreSQL server
-this soak may stop (``pg_ctl -m fast`` or ``immediate``, then started again)
-and whose connections it may cut (``pg_terminate_backend``); with ``disk``,
-the small filesystem a SQLite store is on, filled up a while
-(helpers/disk.py). A fault that takes a node out strikes only while another
-node is up, so adapters always have one to call (on one sidecar: they retry
-until it is back).
+The faults (helpers/faults.py): a node, its writer or a worker killed -9, a
+worker or a node stopped a while, clean restarts, a tool host's stream cut;
+with ``server``, that PostgreSQL server stopped or its connections cut; with
+``disk``, the SQLite store's filesystem filled up a while.
 
 Adapters read most streams at once, some slowly, and walk away from some
 after a few frames to come back with the same request id (``Reader``).
 
 What every acknowledged request must show afterwards (``Report.violations``
 lists each one that does not): its frames from seq 1 without a gap, exactly one
-terminal frame, at most one ``started``; and no two turns of one lane overlap.
+terminal frame, at most one ``started``; no two turns of one lane overlap; and
+every tool call in a tool lane's transcript has its result right after it.
 Along the way no call may end ``INTERNAL`` or ``UNKNOWN``, and no refusal may
 come without the ErrorInfo reason the API promises.
 
@@ -36,7 +31,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import threading
 import time
 from collections import Counter
@@ -49,20 +43,28 @@ from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import prompt_service_pb2_grpc as ppb_grpc
 from agent_sidecar.v1 import session_service_pb2 as spb
 from agent_sidecar.v1 import session_service_pb2_grpc as spb_grpc
+from agent_sidecar.v1 import tool_service_pb2_grpc as tpb_grpc
 
-from . import pg, procs
+from . import pg
+from .config import echo, scripted
 from .disk import SmallDisk
+from .faults import Faults
 from .ids import rid, source
+from .sessions import transcript
 from .streams import TERMINAL, PromptRun, kind_of, watch
+from .tools import AB_SCHEMA, ToolHost, tool_calls_answered, unanswered_calls
 
 MODES = [ppb.DeliveryMode.Value(f"DELIVERY_MODE_{m}")
          for m in ("QUEUE", "FOLLOW_UP", "INTERRUPT", "ROLLBACK", "STEER", "REJECT_IF_BUSY")]
 RETRY = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 BROKEN = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
 CALL_TIMEOUT = 20
-NODE_FAULTS = ("kill", "writer", "worker", "worker_stop", "node_stop", "term")
-SERVER_FAULTS = ("pg_down", "pg_kick")
-DISK_FAULTS = ("disk_full",)
+# Every third lane runs profile "tools": a tool call answered by the soak's
+# tool host on the lane's node, then the result as text.
+TOOL_STEPS = [{"text": "adding", "token_latency_ms": 15,
+               "tool_calls": [{"name": "soak.add", "arguments": {"a": 2, "b": 3}}]},
+              {"text_from_last_tool_result": True, "token_latency_ms": 15}]
+CONFIG = echo("main", latency_ms=15) + scripted("tools", TOOL_STEPS, tools=["soak.*"])
 
 
 def seed_and_seconds(seed: int, seconds: float) -> tuple[int, float]:
@@ -77,6 +79,7 @@ class Report:
     seed: int
     acknowledged: int = 0
     calls: int = 0
+    tool_calls: int = 0  # in the tool lanes' transcripts, checked answered
     faults: list[str] = field(default_factory=list)
     ends: Counter = field(default_factory=Counter)
     refusals: Counter = field(default_factory=Counter)
@@ -84,7 +87,8 @@ class Report:
     violations: list[str] = field(default_factory=list)
 
     def __repr__(self) -> str:
-        lines = [f"seed {self.seed}: {self.acknowledged} acknowledged of {self.calls} calls",
+        lines = [f"seed {self.seed}: {self.acknowledged} acknowledged of {self.calls} calls, "
+                 f"{self.tool_calls} tool calls in transcripts",
                  f"faults: {', '.join(self.faults)}", f"ends: {dict(self.ends)}",
                  f"refusals: {dict(self.refusals)}", f"admin calls: {dict(self.admin)}",
                  f"violations ({len(self.violations)}):", *self.violations[:30]]
@@ -112,20 +116,24 @@ class Reader:
 
 
 class Soak:
-    """One soak over ``nodes`` (one Sidecar, or a Cluster's nodes) with
-    ``lanes`` adapters, each prompting its own lane, and one admin caller.
-    They call each node on one channel of the soak's own, kept across the
-    node's restarts, as an adapter's would be."""
+    """One soak over ``nodes`` (one Sidecar, or a Cluster's nodes, each
+    started with ``CONFIG``) with ``lanes`` adapters, each prompting its own
+    lane, one admin caller and a tool host on every node (docs/cluster.md
+    "Tools"), opened again whenever its stream ends. They call each node on
+    one channel of the soak's own, kept across the node's restarts, as an
+    adapter's would be."""
 
     def __init__(self, nodes: list[Sidecar], seed: int, server: pg.PgServer | None = None,
                  disk: SmallDisk | None = None, lanes: int = 10):
-        self.nodes, self.server, self.disk = list(nodes), server, disk
+        self.nodes = list(nodes)
         self.channels = [grpc.insecure_channel(n.target) for n in self.nodes]
-        self.rng = random.Random(seed)
         self.report = Report(seed)
+        self.faults = Faults(self.nodes, random.Random(seed), note=self._note, violation=self._violation,
+                             drop_host=self._drop_host, server=server, disk=disk)
         self.sources = [source("telegram") for _ in range(lanes)]
         self.acked: dict[str, int] = {}  # request id -> lane
-        self.down: set[int] = set()  # nodes the fault thread has taken out
+        self.tool_sessions: set[str] = set()  # incarnations of the tool lanes
+        self.hosts: dict[int, ToolHost] = {}  # each node's tool host now
         self.lock = threading.Lock()
         self.stop = threading.Event()
 
@@ -136,6 +144,8 @@ class Soak:
                    for lane in range(len(self.sources))]
         threads += [threading.Thread(target=self._guarded, args=(fn,), daemon=True)
                     for fn in (self._admin, self._faults)]
+        threads += [threading.Thread(target=self._guarded, args=(self._tool_host, i), daemon=True)
+                    for i in range(len(self.nodes))]
         for t in threads:
             t.start()
         self.stop.wait(seconds)
@@ -144,9 +154,10 @@ class Soak:
             t.join(120)
             if t.is_alive():
                 self.report.violations.append(f"{t.name} still running 120 s after the soak ended")
-        self._all_up()
+        self.faults.all_up()
         self.report.acknowledged = len(self.acked)
         self._check_ends()
+        self._check_tool_calls_answered()
         for channel in self.channels:
             channel.close()
         return self.report
@@ -158,15 +169,22 @@ class Soak:
         except Exception as e:
             self._violation(f"{fn.__name__}{args} raised {e!r}")
 
-    def _live(self) -> list[int]:
-        return [i for i in range(len(self.nodes)) if i not in self.down]
-
     def _prompts(self, i: int):
         return ppb_grpc.PromptServiceStub(self.channels[i])
+
+    def _profile(self, lane: int) -> str:
+        return "tools" if lane % 3 == 2 else "main"
+
+    def _key(self, lane: int) -> str:
+        return f"agent:{self._profile(lane)}:telegram:dm:{self.sources[lane].chat_id}"
 
     def _violation(self, what: str) -> None:
         with self.lock:
             self.report.violations.append(what)
+
+    def _note(self, what: str) -> None:
+        with self.lock:
+            self.report.faults.append(f"{time.strftime('%X')} {what}")
 
     # -- adapters -----------------------------------------------------------------
 
@@ -180,9 +198,9 @@ class Soak:
         """One request, retried with its id until it ends or is refused, as an
         adapter whose sidecar went away would."""
         req = ppb.PromptRequest(request_id=request_id, text="words " * rng.randint(1, 15),
-                                source=self.sources[lane], delivery=mode)
+                                source=self.sources[lane], delivery=mode, profile=self._profile(lane))
         for _ in range(100):
-            live = self._live()
+            live = self.faults.live()
             if not live:
                 time.sleep(0.2)
                 continue
@@ -214,13 +232,14 @@ class Soak:
     def _admin(self) -> None:
         rng = random.Random(self.report.seed * 7)
         while not self.stop.wait(rng.uniform(0.3, 1.5)):
-            live = self._live()
+            live = self.faults.live()
             if not live:
                 continue
-            node, src, op = rng.choice(live), rng.choice(self.sources), rng.choice(
+            node, lane, op = rng.choice(live), rng.randrange(len(self.sources)), rng.choice(
                 ["cancel", "queue", "reset", "suspend", "rewind"])
             try:
-                self._admin_call(self.channels[node], src, op)
+                self._admin_call(self.channels[node], self._key(lane), self.sources[lane],
+                                 self._profile(lane), op)
                 outcome = "OK"
             except grpc.RpcError as e:
                 reason = error_info(e)[0]
@@ -231,8 +250,7 @@ class Soak:
                 self.report.admin[f"{op} {outcome}"] += 1
 
     @staticmethod
-    def _admin_call(channel: grpc.Channel, src, op: str) -> None:
-        key = f"agent:main:telegram:dm:{src.chat_id}"
+    def _admin_call(channel: grpc.Channel, key: str, src, profile: str, op: str) -> None:
         prompts, sessions = ppb_grpc.PromptServiceStub(channel), spb_grpc.SessionServiceStub(channel)
         if op == "cancel":
             prompts.Cancel(ppb.CancelRequest(session_key=key), timeout=CALL_TIMEOUT)
@@ -243,109 +261,39 @@ class Soak:
         elif op == "suspend":
             sessions.SuspendSession(spb.SuspendSessionRequest(session_key=key), timeout=CALL_TIMEOUT)
         else:
-            got = sessions.GetOrCreateSession(spb.GetOrCreateSessionRequest(source=src),
+            got = sessions.GetOrCreateSession(spb.GetOrCreateSessionRequest(source=src, profile=profile),
                                               timeout=CALL_TIMEOUT)
             sessions.RewindSession(spb.RewindSessionRequest(session_id=got.session.session_id, n=1),
                                    timeout=CALL_TIMEOUT)
 
-    # -- faults -------------------------------------------------------------------
+    # -- tool hosts ---------------------------------------------------------------
+
+    def _tool_host(self, i: int) -> None:
+        """Node ``i``'s tool host: a ServeTools stream answering ``soak.add``
+        after up to half a second (so that faults often strike while a call
+        waits: its turn must then leave a result for it in the transcript),
+        opened again whenever it ends (its node went away, or a
+        ``host_drop`` cut it)."""
+        rng = random.Random(self.report.seed * 13 + i)
+
+        def add(inv) -> tuple[bool, str, str]:
+            time.sleep(rng.random() * 0.5)
+            return True, '{"sum": 5}', ""
+        stub = tpb_grpc.ToolServiceStub(self.channels[i])
+        while not self.stop.is_set():
+            self.hosts[i] = host = ToolHost(stub, "soak", [("soak.add", "Add two numbers", AB_SCHEMA)],
+                                            add, timeout=3600)
+            while not host.ended.wait(0.2) and not self.stop.is_set():
+                pass
+            host.cancel()
+            self.stop.wait(0.2)
 
     def _faults(self) -> None:
-        kinds = NODE_FAULTS + (SERVER_FAULTS if self.server is not None else ()) + (
-            DISK_FAULTS if self.disk is not None else ())
-        while not self.stop.wait(self.rng.uniform(2, 6)):
-            kind, i = self.rng.choice(kinds), self.rng.randrange(len(self.nodes))
-            if kind in SERVER_FAULTS:
-                self._server_fault(kind)
-            elif kind in DISK_FAULTS:
-                self._disk_full()
-            elif i not in self.down and (len(self.nodes) == 1 or len(self._live()) > 1):
-                self._node_fault(kind, i)
+        self.faults.run(self.stop)
 
-    def _note(self, what: str) -> None:
-        with self.lock:
-            self.report.faults.append(f"{time.strftime('%X')} {what}")
-
-    def _node_fault(self, kind: str, i: int) -> None:
-        node, kids = self.nodes[i], procs.children(self.nodes[i])
-        workers = [pid for name, pid in kids.items() if name.startswith("sidecar-work-")]
-        self._note(f"{kind} node {i}")
-        if kind in ("worker", "worker_stop") and workers:
-            pid = self.rng.choice(workers)
-            if kind == "worker":
-                os.kill(pid, signal.SIGKILL)
-            else:
-                self._stopped_a_while(pid)
-        elif kind == "node_stop":
-            self._stopped_a_while(node.proc.pid, *kids.values())
-        elif kind in ("kill", "term") or (kind == "writer" and "sidecar-writer" in kids):
-            self._take_out(kind, i, kids.get("sidecar-writer", 0))
-
-    def _stopped_a_while(self, *pids: int) -> None:
-        for pid in pids:
-            os.kill(pid, signal.SIGSTOP)
-        time.sleep(self.rng.uniform(0.3, 3))
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
-
-    def _take_out(self, kind: str, i: int, writer: int) -> None:
-        """The node down (killed, its writer killed, or stopped cleanly), then started again."""
-        node = self.nodes[i]
-        with self.lock:
-            self.down.add(i)
-        if kind == "kill":
-            node.kill9()
-        elif kind == "writer":
-            os.kill(writer, signal.SIGKILL)
-            try:
-                node.proc.wait(30)
-            except Exception:
-                self._violation(f"node {i} still running 30 s after its writer was killed")
-                node.kill9()
-        else:
-            code = node.stop()
-            if code != 0:
-                self._violation(f"node {i}: a clean stop exited {code}")
-        time.sleep(self.rng.uniform(0.2, 3))
-        self._start(i)
-
-    def _start(self, i: int) -> None:
-        node = self.nodes[i]
-        for attempt in range(5):  # a start may meet the database down: it ends, and is tried again
-            try:
-                node.start(60)
-                break
-            except (RuntimeError, TimeoutError) as e:
-                if attempt == 4:
-                    self._violation(f"node {i} did not start again: {str(e)[-500:]}")
-                time.sleep(2)
-        with self.lock:
-            self.down.discard(i)
-
-    def _server_fault(self, kind: str) -> None:
-        assert self.server is not None and self.server.root is not None
-        if kind == "pg_down":
-            mode, seconds = self.rng.choice(["fast", "immediate"]), self.rng.uniform(0.5, 8)
-            self._note(f"pg_down {mode} {seconds:.1f}s")
-            pg.stop_server(self.server.root, mode)
-            time.sleep(seconds)
-            pg.start_again(self.server.root)
-        else:
-            self._note("pg_kick")
-            self.server.terminate_connections()
-
-    def _disk_full(self) -> None:
-        assert self.disk is not None
-        seconds = self.rng.uniform(0.5, 4)
-        self._note(f"disk_full {seconds:.1f}s")
-        self.disk.fill()
-        time.sleep(seconds)
-        self.disk.free()
-
-    def _all_up(self) -> None:
-        for i, node in enumerate(self.nodes):
-            if node.proc.poll() is not None:
-                self._start(i)
+    def _drop_host(self, i: int) -> None:
+        if i in self.hosts:
+            self.hosts[i].cancel()
 
     # -- the check ----------------------------------------------------------------
 
@@ -357,11 +305,25 @@ class Soak:
         for request_id, lane in self.acked.items():
             frames = self._frames_to_end(reader, request_id, deadline)
             self._check_frames(request_id, frames, turns.setdefault(lane, []))
+            if self._profile(lane) == "tools":
+                self.tool_sessions.update(f.session_id for f in frames if f.session_id)
         for lane_turns in turns.values():
             lane_turns.sort()
             for (_, end, first), (start, _, second) in zip(lane_turns, lane_turns[1:]):
                 if end > start:
                     self._violation(f"{first} and {second} ran at once on one lane ({end - start:.3f} s)")
+
+    def _check_tool_calls_answered(self) -> None:
+        """Every tool call in the tool lanes' transcripts has its result right
+        after it (a turn cut off mid-call got a synthetic one): what the next
+        model call needs."""
+        sessions = spb_grpc.SessionServiceStub(self.channels[0])
+        for session_id in sorted(self.tool_sessions):
+            messages = transcript(sessions, session_id)
+            self.report.tool_calls += len(tool_calls_answered(messages)[0])
+            unanswered = unanswered_calls(messages)
+            if unanswered:
+                self._violation(f"session {session_id}: tool calls without a result {unanswered}")
 
     @staticmethod
     def _frames_to_end(reader, request_id: str, deadline: float) -> list:
