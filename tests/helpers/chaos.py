@@ -165,7 +165,7 @@ class Soak:
         for t in threads:
             t.join(120)
             if t.is_alive():
-                self.report.violations.append(f"{t.name} still running 120 s after the soak ended")
+                self._violation(f"{t.name} still running 120 s after the soak ended")
         self.faults.all_up()
         self.report.acknowledged = len(self.acked)
         self._check_ends()
