@@ -74,6 +74,18 @@ def probe(uow) -> None:
     uow.probe()
 
 
+class CommitOutcomeUnknown(Exception):
+    """Raised by a writer backend's ``commit`` when its connection was lost
+    with the COMMIT sent: the transaction may have committed. ``resolve()``
+    finds out: True (committed), False (not), None (cannot tell yet: ask
+    again later). SQLite never raises it: a COMMIT that failed there did not
+    commit."""
+
+    def __init__(self, cause: BaseException, resolve: Callable[[], bool | None]):
+        super().__init__(str(cause))
+        self.cause, self.resolve = cause, resolve
+
+
 class StoreClosed(StoreUnavailable):
     """The store was closed (or its writer died); no more writes are accepted.
     For a client the same as any store that cannot write: UNAVAILABLE,

@@ -50,7 +50,7 @@ class PostgresStore(WriterBacked):
         except psycopg.Error as e:
             raise StoreOpenError(f"cannot open the PostgreSQL store: {e}") from None
         self.writer = GroupCommitWriter(
-            ("agent_sidecar.store.postgres.connection:open_backend", (dsn, node_id)),
+            ("agent_sidecar.store.postgres.writer:open_backend", (dsn, node_id)),
             preload, log_format, log_level, on_lost)
         self._pool = ReadPool(dsn, pool_size, lambda: self.fault is not None)
         self.watch_faults(self._writes_changed)

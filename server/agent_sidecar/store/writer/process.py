@@ -21,6 +21,11 @@ every statement, so a writer *thread* and the gRPC event loop handed the GIL
 back and forth many times per turn and the parent could never use more than
 one core. Here SQL runs on its own core; the parent only pickles references.
 
+A COMMIT that failed did not commit, and its jobs are answered as failed.
+A backend that can lose its connection with COMMIT in flight (PostgreSQL)
+raises CommitOutcomeUnknown instead: that group's answers wait until the
+backend can tell what happened (``_Unknown``).
+
 Jobs marked ``@batched(many)`` (store/unit_of_work.py) run as one ``many`` call
 per run of consecutive calls in a group: one executemany where there would be
 one statement per caller.
@@ -43,7 +48,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ...logs import FaultEpisode
-from ..faults import StoreUnavailable, unavailable
+from ..faults import CommitOutcomeUnknown, StoreUnavailable, unavailable
 
 log = logging.getLogger("agent_sidecar.store")
 
@@ -108,34 +113,64 @@ def writer_main(pipe, backend: tuple, parent_pid: int, log_format: str, log_leve
 def _serve(pipe, db: WriterBackend) -> None:
     """Each message is one parent loop iteration's jobs, or CLOSE. Everything
     already waiting on the pipe joins one group (``commit`` is fed at most
-    MAX_BATCH jobs at a time)."""
-    last_commit, last_jobs = 0.0, 0
+    MAX_BATCH jobs at a time). While a group's outcome is unknown
+    (``_Unknown``) the backend is asked again before each group and every
+    RESOLVE_EVERY_S while idle; the groups behind it are refused meanwhile."""
+    pace = _Pace()
     uow = db.unit_of_work()
+    unknown: _Unknown | None = None
     while True:
-        try:
-            messages = [pickle.loads(pipe.recv_bytes())]
-        except EOFError:  # the parent is gone without closing us
+        if unknown is not None and not pipe.poll(RESOLVE_EVERY_S):
+            unknown = unknown.settle(pipe, db)
+            continue
+        messages = _receive(pipe, pace)
+        if messages is None:  # the parent is gone without closing us
             return
-        if (messages[-1] != CLOSE and last_jobs >= GATHER_MIN_JOBS
-                and time.monotonic() - last_commit < BUSY_GAP_S):
-            time.sleep(GATHER_S)  # busy: let the group grow (one sleep, not a wakeup per message)
-        while len(messages) < MAX_MESSAGES and messages[-1] != CLOSE and pipe.poll(0):
-            try:
-                messages.append(pickle.loads(pipe.recv_bytes()))
-            except EOFError:
-                break
         stop = messages[-1] == CLOSE
         jobs = [job for msg in messages if msg != CLOSE for job in msg]
-        last_jobs = 0
+        pace.jobs = 0
         for i in range(0, len(jobs), MAX_BATCH):
             runs = _runs(jobs[i:i + MAX_BATCH])
-            last_jobs += len(runs)
+            pace.jobs += len(runs)
             t0 = time.perf_counter()
-            results = commit(db, uow, runs)
+            if unknown is not None:
+                unknown = unknown.settle(pipe, db)
+            results = commit(db, uow, runs) if unknown is None else unknown.refuse(runs)
+            if isinstance(results, _Unknown):
+                unknown = results.settle(pipe, db)
+                continue
             pipe.send_bytes(_encode_results(results, time.perf_counter() - t0))
-        last_commit = time.monotonic()
+        pace.last = time.monotonic()
         if stop:
+            if unknown is not None:
+                unknown.give_up(pipe, db)
             return
+
+
+class _Pace:
+    """Under concurrent load the writer waits GATHER_S before taking a group."""
+    last = 0.0  # monotonic: when the last group was answered
+    jobs = 0  # runs in the last group
+
+    def busy(self) -> bool:
+        return self.jobs >= GATHER_MIN_JOBS and time.monotonic() - self.last < BUSY_GAP_S
+
+
+def _receive(pipe, pace: _Pace) -> list | None:
+    """The next group's messages: the first (waited for), then what already
+    waits, up to MAX_MESSAGES or CLOSE; None when the parent is gone."""
+    try:
+        messages = [pickle.loads(pipe.recv_bytes())]
+    except EOFError:
+        return None
+    if messages[-1] != CLOSE and pace.busy():
+        time.sleep(GATHER_S)  # busy: let the group grow (one sleep, not a wakeup per message)
+    while len(messages) < MAX_MESSAGES and messages[-1] != CLOSE and pipe.poll(0):
+        try:
+            messages.append(pickle.loads(pipe.recv_bytes()))
+        except EOFError:
+            break
+    return messages
 
 
 # What jobs asked to hear about the end of the open transaction: (on_commit, on_rollback).
@@ -232,9 +267,10 @@ _fault_episode = FaultEpisode(log, "store commit failed")  # ended by the next c
 
 
 def commit(db: WriterBackend, uow, runs: list[tuple[list[int], Callable, list[tuple]]]
-           ) -> list[tuple[int, bool, Any]]:
+           ) -> list[tuple[int, bool, Any]] | _Unknown:
     """Run every job (``_runs``) inside one transaction; return ``(job id, ok,
-    result or exception)`` for each, after COMMIT. A store fault travels as
+    result or exception)`` for each, after COMMIT, or ``_Unknown`` when the
+    backend cannot tell whether COMMIT went through. A store fault travels as
     StoreUnavailable. A transient conflict with another writer of the database
     runs the group again (a few times, then its error is every job's)."""
     for attempt in range(TRANSIENT_RETRIES):
@@ -245,7 +281,7 @@ def commit(db: WriterBackend, uow, runs: list[tuple[list[int], Callable, list[tu
     raise AssertionError("unreachable")
 
 
-def _commit_once(db: WriterBackend, uow, runs, last: bool) -> list[tuple[int, bool, Any]] | None:
+def _commit_once(db: WriterBackend, uow, runs, last: bool) -> list[tuple[int, bool, Any]] | _Unknown | None:
     out: list[tuple[int, bool, Any]] = []
     fault: BaseException | None = None  # the first store fault a job met
     _at_end.clear()
@@ -258,6 +294,10 @@ def _commit_once(db: WriterBackend, uow, runs, last: bool) -> list[tuple[int, bo
                 out.append((jid, ok, value))
         db.commit()
         _ended(_at_end, True)
+    except CommitOutcomeUnknown as e:  # COMMIT was sent; its answer was lost
+        unknown = _Unknown(e, out, list(_at_end))
+        _at_end.clear()
+        return unknown
     except Exception as e:  # the commit itself failed: nobody's write is durable
         _ended(_at_end, False)
         try:
@@ -268,15 +308,74 @@ def _commit_once(db: WriterBackend, uow, runs, last: bool) -> list[tuple[int, bo
             _at_end.clear()
             return None
         error: BaseException = fault or e  # "no such savepoint" after a full disk is the full disk
-        if db.is_fault(error):  # the parent logs the state change; no traceback per commit
-            _fault_episode.failed(error=f"{type(error).__name__}: {error}")
-        else:
-            log.exception("store commit failed")
+        _failed(db, error)
         out = [(jid, False, error) for jids, _, _ in runs for jid in jids]
     else:
         _fault_episode.ended()
     _at_end.clear()
+    return _answers(db, out)
+
+
+def _failed(db: WriterBackend, error: BaseException) -> None:
+    if db.is_fault(error):  # the parent logs the state change; no traceback per commit
+        _fault_episode.failed(error=f"{type(error).__name__}: {error}")
+    else:
+        log.exception("store commit failed", exc_info=error)
+
+
+def _answers(db: WriterBackend, out: list[tuple[int, bool, Any]]) -> list[tuple[int, bool, Any]]:
     return [(jid, ok, unavailable(v) if not ok and db.is_fault(v) else v) for jid, ok, v in out]
+
+
+RESOLVE_EVERY_S = 0.5  # while idle with a group's outcome unknown: ask the backend this often
+
+
+class _Unknown:
+    """A group whose COMMIT was sent and whose answer was lost (a PostgreSQL
+    connection dropped): it may have committed. Its jobs are answered, and
+    their end-of-transaction hooks run, only once the backend can tell
+    (``settle``), so a caller never takes a write that committed for failed
+    and sends it again (a frame flush stored twice), nor one that did not for
+    done. Until then the groups behind it are refused at once as
+    StoreUnavailable (``refuse``): the store is failing, as in an outage, and
+    no job can commit before one sent earlier whose fate is open (the frame
+    bus's flush order)."""
+
+    def __init__(self, e: CommitOutcomeUnknown, out: list[tuple[int, bool, Any]], hooks: list):
+        self.error, self.out, self.hooks = e, out, hooks
+        self.t0 = time.perf_counter()
+
+    def settle(self, pipe, db: WriterBackend) -> _Unknown | None:
+        """Ask the backend; once it knows, answer the group and return None."""
+        committed = self.error.resolve()
+        if committed is None:
+            return self
+        self._answer(pipe, db, committed)
+        return None
+
+    def refuse(self, runs: list[tuple[list[int], Callable, list[tuple]]]) -> list[tuple[int, bool, Any]]:
+        error = StoreUnavailable(f"the store lost its connection during a commit ({self.error}); retry later")
+        return [(jid, False, error) for jids, _, _ in runs for jid in jids]
+
+    def give_up(self, pipe, db: WriterBackend) -> None:
+        """The writer stops with the outcome still unknown: the group is
+        answered as failed, which may be wrong (logged)."""
+        if self.settle(pipe, db) is None:
+            return
+        log.error("the writer stops not knowing whether its last commit went through; answered as failed",
+                  extra={"jobs": len(self.out)})
+        self._answer(pipe, db, False)
+
+    def _answer(self, pipe, db: WriterBackend, committed: bool) -> None:
+        _ended(self.hooks, committed)
+        if committed:
+            _fault_episode.ended()
+            results = _answers(db, self.out)
+        else:
+            _failed(db, self.error.cause)
+            error = unavailable(self.error.cause)
+            results = [(jid, False, error) for jid, _, _ in self.out]
+        pipe.send_bytes(_encode_results(results, time.perf_counter() - self.t0))
 
 
 def _encode_results(results: list[tuple[int, bool, Any]], seconds: float) -> bytes:

@@ -1,0 +1,99 @@
+"""A group commit whose connection to PostgreSQL is cut while its COMMIT is
+in flight: the sidecar cannot know from the lost connection whether it
+committed. Whichever happened, what was written must be there exactly once:
+a flush taken for failed and sent again, though it committed, stored its
+frames twice (one seq twice in a request's replay) and its transcript rows
+twice.
+
+The cut is made by a proxy between the sidecar and the server
+(helpers/pgproxy.py) on the writer's connection: after the COMMIT reached
+the server (it committed; the answer is lost), or before (it did not; the
+server sees the client gone at once, or, as behind a network cut, not: the
+transaction stays open on it until the sidecar has it ended).
+Asserted through gRPC: the request's stored frames (WatchActivity), its
+transcript (GetTranscript).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import grpc
+import pytest
+from helpers.config import echo
+from helpers.ids import source, words
+from helpers.pgproxy import PgProxy
+from helpers.sessions import transcript
+from helpers.streams import PromptRun, assert_well_formed, kind_of, run, watch
+from sidecar_proc import Sidecar
+
+from agent_sidecar.store.postgres.connection import WRITER_APPLICATION
+
+pytestmark = pytest.mark.postgres_only("a connection to PostgreSQL cut during its COMMIT")
+
+CONFIG = echo("main", 40)  # 40 words: a turn of ~1.6 s, flushing as it goes
+CUTS = 3
+AWAY_S = 2.0  # the database out of reach after a cut
+_databases = itertools.count(1)
+
+
+@pytest.fixture
+def proxied(pg_server, tmp_path):
+    proxy = PgProxy(pg_server.database(f"commit_cut_{next(_databases)}"))
+    sc = Sidecar(tmp_path / "s", config=CONFIG, dsn=proxy.dsn, workers=1).start()
+    try:
+        yield sc, proxy
+    finally:
+        sc.stop()
+        proxy.close()
+
+
+def _stored_once(sc, out: PromptRun) -> str:
+    """The request's stored frames are one gapless run of seqs with one
+    terminal frame, and its transcript holds the prompt and its answer once
+    each; returns how it ended."""
+    stored = watch(sc.prompts(), timeout=60, request_id=out.request_id)
+    end = kind_of(stored.frames[-1]) if stored.frames else ""
+    assert end in ("completed", "failed"), (stored.kinds(), stored.code, stored.details)
+    assert_well_formed(stored, end)
+    rows = [(m.role, m.content) for m in transcript(sc.sessions(), out.session_id)]
+    assert len(rows) == len(set(rows)), rows
+    return end
+
+
+def test_a_commit_that_went_through_is_answered_as_committed(proxied):
+    sc, proxy = proxied
+    text = words(40, "through")
+    out = PromptRun(sc.prompts(), text=text, src=source(), timeout=60)
+    out.wait_for("text_delta")
+    for _ in range(CUTS):
+        assert proxy.cut_commit(WRITER_APPLICATION, deliver=True).wait(30)
+    assert out.result(60).code == grpc.StatusCode.OK, out.details
+    assert out.end == "completed", out.kinds()
+    assert _stored_once(sc, out) == "completed"
+    assert [m.content for m in transcript(sc.sessions(), out.session_id)] == [text, text]
+    assert run(sc.prompts(), text=words(3, "after"), key=out.key).end == "completed"
+
+
+def test_a_commit_that_went_through_while_the_database_stays_away_counts_once(proxied):
+    """The outcome cannot be asked for a while: the writes behind it are
+    refused meanwhile (STORE_UNAVAILABLE), then the commit is answered as
+    what it was, and what was refused is sent again after it."""
+    sc, proxy = proxied
+    out = PromptRun(sc.prompts(), text=words(40, "away"), src=source(), timeout=60)
+    out.wait_for("text_delta")
+    assert proxy.cut_commit(WRITER_APPLICATION, deliver=True, refuse_s=AWAY_S).wait(30)
+    out.result(60)
+    assert _stored_once(sc, out) in ("completed", "failed")
+    assert run(sc.prompts(), text=words(3, "after"), key=out.key, timeout=60).end == "completed"
+
+
+@pytest.mark.parametrize("server_notices", [True, False], ids=["server_notices", "network_cut"])
+def test_a_commit_that_never_arrived_is_sent_again_once(proxied, server_notices):
+    sc, proxy = proxied
+    out = PromptRun(sc.prompts(), text=words(40, "lost"), src=source(), timeout=60)
+    out.wait_for("text_delta")
+    assert proxy.cut_commit(WRITER_APPLICATION, deliver=False, server_notices=server_notices).wait(30)
+    out.result(60)
+    assert _stored_once(sc, out) in ("completed", "failed")
+    assert run(sc.prompts(), text=words(3, "after"), key=out.key, timeout=60).end == "completed"
