@@ -37,6 +37,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import grpc
+import orjson
 from sidecar_proc import Sidecar, error_info
 
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
@@ -144,7 +145,7 @@ class Soak:
                              drop_host=self._drop_host, server=server, disk=disk)
         self.sources = [source("telegram") for _ in range(lanes)]
         self.acked: dict[str, int] = {}  # request id -> lane
-        self.tool_sessions: set[str] = set()  # incarnations of the tool lanes
+        self.tool_sessions: dict[str, str] = {}  # incarnations of the tool lanes: their lane
         self.hosts: dict[int, ToolHost] = {}  # each node's tool host now
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -319,7 +320,7 @@ class Soak:
             frames = self._frames_to_end(reader, request_id, deadline)
             self._check_frames(request_id, frames, turns.setdefault(lane, []))
             if self._profile(lane) == "tools":
-                self.tool_sessions.update(f.session_id for f in frames if f.session_id)
+                self.tool_sessions.update((f.session_id, f.session_key) for f in frames if f.session_id)
         for lane_turns in turns.values():
             lane_turns.sort()
             for (_, end, first), (start, _, second) in zip(lane_turns, lane_turns[1:]):
@@ -331,12 +332,13 @@ class Soak:
         after it (a turn cut off mid-call got a synthetic one): what the next
         model call needs."""
         sessions = spb_grpc.SessionServiceStub(self.channels[0])
-        for session_id in sorted(self.tool_sessions):
+        for session_id, key in sorted(self.tool_sessions.items()):
             messages = transcript(sessions, session_id)
             self.report.tool_calls += len(tool_calls_answered(messages)[0])
             unanswered = unanswered_calls(messages)
             if unanswered:
-                self._violation(f"session {session_id}: tool calls without a result {unanswered}")
+                self._violation(f"session {session_id} of {key}: tool calls without a result {unanswered}"
+                                f" in {_shape(messages)}")
 
     @staticmethod
     def _frames_to_end(reader, request_id: str, deadline: float) -> list:
@@ -359,3 +361,11 @@ class Soak:
         if started:
             lane_turns.append((started[0].at.ToNanoseconds() / 1e9, end.at.ToNanoseconds() / 1e9,
                                request_id))
+
+
+def _shape(messages) -> str:
+    """A transcript in brief: seq, role, and the tool call ids of each message."""
+    def one(m) -> str:
+        ids = [tc["id"] for tc in orjson.loads(m.tool_calls_json)] if m.tool_calls_json else []
+        return f"{m.seq} {m.role}" + "".join(f" {x}" for x in ids + ([m.tool_call_id] if m.tool_call_id else []))
+    return "[" + ", ".join(one(m) for m in messages) + "]"
