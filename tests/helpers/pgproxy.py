@@ -9,7 +9,10 @@ given ``application_name`` that runs ``COMMIT``:
 
 - ``deliver=True``: the COMMIT reaches the server (through the Sync after
   it), then both sides are closed before its answer comes back: the
-  transaction committed, the client saw its connection drop.
+  transaction committed, the client saw its connection drop. With
+  ``terminated=True`` the client first gets the FATAL error a server sends
+  a session it ends (``pg_terminate_backend``: admin_shutdown), as when its
+  session is ended right after the commit.
 - ``deliver=False``: the client's side is closed before the COMMIT is sent;
   the server's too, so it aborts the transaction at once, unless
   ``server_notices=False``: then the server's side stays open and silent,
@@ -34,12 +37,23 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 _SSL_REQUEST, _GSS_REQUEST = 80877103, 80877104
 
 
+def _error_response(**fields: str) -> bytes:
+    body = b"".join(k.encode() + v.encode() + b"\0" for k, v in fields.items()) + b"\0"
+    return b"E" + struct.pack("!i", len(body) + 4) + body
+
+
+# What a server sends a session it terminates, before it closes the socket.
+_ADMIN_SHUTDOWN = _error_response(S="FATAL", V="FATAL", C="57P01",
+                                  M="terminating connection due to administrator command")
+
+
 @dataclass
 class _Cut:
     application: str
     deliver: bool
     server_notices: bool
     refuse_s: float
+    terminated: bool
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -65,12 +79,12 @@ class PgProxy:
                              sslmode="disable", gssencmode="disable")
 
     def cut_commit(self, application: str, deliver: bool, server_notices: bool = True,
-                   refuse_s: float = 0.0) -> threading.Event:
+                   refuse_s: float = 0.0, terminated: bool = False) -> threading.Event:
         """Cut the next COMMIT of a connection named ``application``; the
         event is set once it was cut. ``refuse_s``: for that long after the
         cut every new connection is closed at once (the database out of
         reach)."""
-        cut = _Cut(application, deliver, server_notices, refuse_s)
+        cut = _Cut(application, deliver, server_notices, refuse_s, terminated)
         with self._lock:
             self._cuts.append(cut)
         return cut.done
@@ -150,6 +164,10 @@ class PgProxy:
         server's side only half-closes (its answer is read and dropped), so it
         reads everything sent before it sees the client gone."""
         self._refuse_until = time.monotonic() + cut.refuse_s
+        if cut.terminated:
+            with contextlib.suppress(OSError):
+                client.sendall(_ADMIN_SHUTDOWN)
+            time.sleep(0.2)  # the client reads the error before it sees the socket close
         _close(client)
         with contextlib.suppress(OSError):
             server.shutdown(socket.SHUT_WR)

@@ -61,13 +61,14 @@ def _stored_once(sc, out: PromptRun) -> str:
     return end
 
 
-def test_a_commit_that_went_through_is_answered_as_committed(proxied):
+@pytest.mark.parametrize("terminated", [False, True], ids=["connection_dropped", "session_terminated"])
+def test_a_commit_that_went_through_is_answered_as_committed(proxied, terminated):
     sc, proxy = proxied
     text = words(40, "through")
     out = PromptRun(sc.prompts(), text=text, src=source(), timeout=60)
     out.wait_for("text_delta")
     for _ in range(CUTS):
-        assert proxy.cut_commit(WRITER_APPLICATION, deliver=True).wait(30)
+        assert proxy.cut_commit(WRITER_APPLICATION, deliver=True, terminated=terminated).wait(30)
     assert out.result(60).code == grpc.StatusCode.OK, out.details
     assert out.end == "completed", out.kinds()
     assert _stored_once(sc, out) == "completed"

@@ -120,11 +120,18 @@ class PostgresWriter:
         self.send("COMMIT")
         try:
             self._end_pipeline(check=True)  # the sync: COMMIT's answer (or its error) arrives here
-        except psycopg.OperationalError as e:
-            if not self.conn.broken or not xact:
+        except psycopg.Error as e:
+            # The server's own refusal of the COMMIT (a deferred constraint) on
+            # a live connection rolled it back; anything else (the connection
+            # lost or ended, the pipeline left in disorder by it, whether or
+            # not psycopg has marked the connection broken yet) may have
+            # followed a commit.
+            if not xact or not (is_fault(e) or self.conn.broken):
                 raise
             log.warning("store connection lost during COMMIT; asking the server whether it committed",
                         extra={"transaction": xact, "error": str(e)})
+            with contextlib.suppress(psycopg.Error):
+                self.conn.close()  # in whatever state it was left: the next use connects again
             raise CommitOutcomeUnknown(e, functools.partial(self._committed, xact, pid)) from e
 
     def _committed(self, xact: str, pid: int) -> bool | None:
