@@ -37,8 +37,11 @@ HOP = "x-agent-sidecar-forwarded-by"
 _STUBS = {"PromptService": prompt_service_pb2_grpc.PromptServiceStub,
           "SessionService": session_service_pb2_grpc.SessionServiceStub}
 PING_FLOOR_MS = 1000  # the shortest ping interval a node's server accepts (api/server.py)
-# Transport failures reaching the holder (as opposed to the holder's own answer).
-_UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# Transport failures reaching the holder (as opposed to the holder's own answer,
+# which carries rich details). A bare CANCELLED is the holder's server
+# cancelling the call as it stops: this node's caller going away cancels the
+# forwarding task instead, so it never arrives here as an error.
+_UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
 
 def forwarded(context) -> bool:
