@@ -98,11 +98,11 @@ pytest: install
 		$(XDIST) $(PYTEST_ARGS)
 
 # The two soak tests (random faults under load; tests/helpers/chaos.py) for longer,
-# with another seed, database faults included: make soak SEED=7 SOAK_SECONDS=600
+# with another seed: make soak SEED=7 SOAK_SECONDS=600
 SEED ?= 1
 SOAK_SECONDS ?= 300
 soak: install
-	CHAOS_SEED=$(SEED) CHAOS_SECONDS=$(SOAK_SECONDS) CHAOS_DATABASE_FAULTS=1 AGENT_SIDECAR_TEST_PG_DSN="$(PG_DSN)" $(BIN)/python -m pytest \
+	CHAOS_SEED=$(SEED) CHAOS_SECONDS=$(SOAK_SECONDS) AGENT_SIDECAR_TEST_PG_DSN="$(PG_DSN)" $(BIN)/python -m pytest \
 		tests/recovery/test_soak.py tests/cluster/test_cluster_soak.py -n 2 --timeout 0 $(PYTEST_ARGS)
 
 # The Go and Node clients' own unit tests (no sidecar needed).

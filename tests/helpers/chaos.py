@@ -75,16 +75,6 @@ def seed_and_seconds(seed: int, seconds: float) -> tuple[int, float]:
     return int(os.environ.get("CHAOS_SEED", seed)), float(os.environ.get("CHAOS_SECONDS", seconds))
 
 
-def database_faults() -> bool:
-    """Whether the soak may stop its PostgreSQL server or cut its connections
-    (CHAOS_DATABASE_FAULTS=1; ``make soak`` sets it). Off in ``make test``
-    until a known defect is mended: a group commit whose connection drops
-    while its COMMIT is under way is answered as failed though it may have
-    committed, and the frame bus sends the flush again (a frame stored twice
-    with one seq)."""
-    return os.environ.get("CHAOS_DATABASE_FAULTS") == "1"
-
-
 @dataclass(repr=False)
 class Report:
     """What one soak did and saw; its repr is the summary a failing assert prints."""
