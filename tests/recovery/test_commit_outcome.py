@@ -80,21 +80,20 @@ def test_a_commit_that_went_through_while_the_database_stays_away_counts_once(pr
     """The outcome cannot be asked for a while: the writes behind it are
     refused meanwhile (STORE_UNAVAILABLE), then the commit is answered as
     what it was, and what was refused is sent again after it."""
-    sc, proxy = proxied
-    out = PromptRun(sc.prompts(), text=words(40, "away"), src=source(), timeout=60)
-    out.wait_for("text_delta")
-    assert proxy.cut_commit(WRITER_APPLICATION, deliver=True, refuse_s=AWAY_S).wait(30)
-    out.result(60)
-    assert _stored_once(sc, out) in ("completed", "failed")
-    assert run(sc.prompts(), text=words(3, "after"), key=out.key, timeout=60).end == "completed"
+    _cut_during_a_turn(*proxied, "away", deliver=True, refuse_s=AWAY_S)
 
 
 @pytest.mark.parametrize("server_notices", [True, False], ids=["server_notices", "network_cut"])
 def test_a_commit_that_never_arrived_is_sent_again_once(proxied, server_notices):
-    sc, proxy = proxied
-    out = PromptRun(sc.prompts(), text=words(40, "lost"), src=source(), timeout=60)
+    _cut_during_a_turn(*proxied, "lost", deliver=False, server_notices=server_notices)
+
+
+def _cut_during_a_turn(sc, proxy: PgProxy, tag: str, **cut) -> None:
+    """One cut while a turn streams: whichever way the turn ended, what it
+    stored is there once, and the lane runs the next prompt."""
+    out = PromptRun(sc.prompts(), text=words(40, tag), src=source(), timeout=60)
     out.wait_for("text_delta")
-    assert proxy.cut_commit(WRITER_APPLICATION, deliver=False, server_notices=server_notices).wait(30)
+    assert proxy.cut_commit(WRITER_APPLICATION, **cut).wait(30)
     out.result(60)
     assert _stored_once(sc, out) in ("completed", "failed")
     assert run(sc.prompts(), text=words(3, "after"), key=out.key, timeout=60).end == "completed"
