@@ -478,3 +478,13 @@ def test_a_server_that_accepts_and_never_answers_ends_the_start_instead_of_holdi
     out = r.stdout + r.stderr
     assert r.returncode == 1 and "Traceback" not in out, out
     assert "cannot reach the PostgreSQL store" in out and "timeout" in out, out
+
+
+def test_a_server_older_than_13_is_refused_by_name_and_this_one_is_not(pg_server):
+    """The writer needs pg_current_xact_id and pg_xact_status (13): an older
+    server is refused at start with the reason, not at the first commit."""
+    from agent_sidecar.store.postgres.connection import version_refused
+    assert version_refused(120015) == "PostgreSQL 13 or later is needed; this server is 12 (120015)"
+    assert version_refused(90624) == "PostgreSQL 13 or later is needed; this server is 9.6 (90624)"
+    with connect(pg_server.admin_dsn, autocommit=True) as conn:
+        assert version_refused(conn.info.server_version) is None

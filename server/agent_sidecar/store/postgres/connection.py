@@ -42,6 +42,9 @@ FRAMES_LOCK = 0x5AD3_F4A3  # pg_advisory_xact_lock key: frame inserts in commit 
 CHANNEL = "agent_sidecar_frames"  # NOTIFY channel: a commit's highest frame cursor
 CONTROL_CHANNEL = "agent_sidecar_control"  # NOTIFY channel: ClusterOp JSON (UnitOfWork.announce)
 WRITER_APPLICATION = "agent-sidecar-writer"  # the writer's application_name (pg_stat_activity)
+# pg_current_xact_id / pg_xact_status, which the writer needs to learn the
+# outcome of a commit whose answer was lost (writer.py), came with 13.
+MIN_SERVER_VERSION = 130000
 
 
 # How long a connection attempt may take when neither the DSN nor
@@ -71,6 +74,16 @@ async def connect_async(dsn: str, **kw) -> psycopg.AsyncConnection:
     conn = await psycopg.AsyncConnection.connect(dsn, **connect_kwargs(dsn, **kw))
     configure(conn)
     return conn
+
+
+def version_refused(server_version: int) -> str | None:
+    """Why a server of ``server_version`` (libpq's number, 150004 for 15.4)
+    cannot hold the store, or None when it can."""
+    if server_version >= MIN_SERVER_VERSION:
+        return None
+    major = f"{server_version // 10000}" if server_version >= 100000 else \
+        f"{server_version // 10000}.{server_version // 100 % 100}"
+    return f"PostgreSQL 13 or later is needed; this server is {major} ({server_version})"
 
 
 def is_fault(e: BaseException) -> bool:

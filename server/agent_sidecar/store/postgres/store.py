@@ -25,7 +25,7 @@ from ..records import FrameRecord, LeaseHolder, LedgerEntry, Message, SearchHit,
 from ..writer.backed import WriterBacked
 from ..writer.client import CommitStats, GroupCommitWriter
 from . import reads
-from .connection import CHANNEL, CONTROL_CHANNEL, connect, connect_async, read_announce
+from .connection import CHANNEL, CONTROL_CHANNEL, connect, connect_async, read_announce, version_refused
 from .pool import ReadPool
 from .schema import migrate
 
@@ -44,6 +44,9 @@ class PostgresStore(WriterBacked):
         self.dsn, self.node_id = dsn, node_id
         try:
             with connect(dsn, autocommit=True) as conn:
+                refused = version_refused(conn.info.server_version)
+                if refused is not None:
+                    raise StoreOpenError(f"cannot open the PostgreSQL store: {refused}")
                 self.migrated = migrate(conn)
         except psycopg.OperationalError as e:
             raise StoreOpenError(f"cannot reach the PostgreSQL store: {e}") from None
