@@ -15,9 +15,20 @@ import grpc
 import pytest
 from helpers.config import profile, scripted
 from helpers.ids import source, words
-from helpers.sessions import get_session, transcript
+from helpers.sessions import create, get_session, transcript
 from helpers.store import StoreView, writes_held
-from helpers.streams import TERMINAL, D, PromptRun, assert_well_formed, collect, kind_of, start, watch
+from helpers.streams import (
+    QUEUE,
+    TERMINAL,
+    D,
+    PromptRun,
+    assert_well_formed,
+    collect,
+    kind_of,
+    prompt_req,
+    start,
+    watch,
+)
 from helpers.waiting import wait_until
 from sidecar_proc import TOKEN, Sidecar
 
@@ -230,6 +241,30 @@ def test_retry_after_a_deadline_during_the_accept_gets_the_whole_turn(sc):
     except AssertionError:
         state = c.SessionState.Name(get_session(sessions, key).state)
         raise AssertionError(f"session {key} still {state} after its turn ended") from None
+
+
+def test_a_turn_cancelled_while_its_start_commits_ends_before_the_next_one_starts(sc):
+    """Cancel reaching a prompt on an idle lane whose accept (which starts it
+    too) has not committed: the lane's next prompt starts only after that
+    turn's end, so the lane never has two turns open at once, in its frames or
+    its ledger. It used to end at once, before its accept had committed, and
+    let the next prompt start: that one's start committed before the first
+    one's end (a soak saw the two overlap by 5 ms)."""
+    prompts = sc.prompts()
+    key = create(sc.sessions())[0].session_key
+    with writes_held(sc):  # the accept cannot commit while Cancel and the next prompt arrive
+        first = PromptRun(prompts, prompt_req(text="first", session_key=key), timeout=30)
+        wait_until(lambda: prompts.Cancel(ppb.CancelRequest(session_key=key), timeout=5).cancelled, 10,
+                   what="the first prompt cancelled while its accept waits")
+        second = PromptRun(prompts, prompt_req(text="second", session_key=key, delivery=QUEUE), timeout=30)
+        time.sleep(0.5)  # the second call reaches the lane while the first's accept still waits
+    first.result(30)
+    assert second.result(30).end == "completed", (second.kinds(), second.details)
+    assert (first.end, first.last.failed.reason) == ("failed", "CANCELLED"), first.kinds()
+    ends = watch(prompts, request_id=first.request_id).frames[-1]
+    starts = next(f for f in watch(prompts, request_id=second.request_id).frames if kind_of(f) == "started")
+    assert ends.cursor < starts.cursor and ends.at.ToNanoseconds() <= starts.at.ToNanoseconds(), \
+        (ends, starts)
 
 
 # -- deleting a session while its turn runs ------------------------------------------------

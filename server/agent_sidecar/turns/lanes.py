@@ -130,6 +130,12 @@ class Turn:
         return self.phase is Phase.ENDED
 
     @property
+    def start_in_flight(self) -> bool:
+        """Reserved on an idle lane, its accept (which also starts it and
+        writes its user message) not committed yet."""
+        return not self.began and not self.acked and not self.queued
+
+    @property
     def in_flight(self) -> bool:
         """Its start is decided and its end is not."""
         return self.began and not self.closing

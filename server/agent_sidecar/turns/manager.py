@@ -311,12 +311,18 @@ class TurnManager:
         h.send(msg)
 
     def cancel_turn(self, turn: Turn, reason: str) -> bool:
-        """A turn not started leaves its lane and ends at once; a started one's
-        worker is told to stop (it ends with ``reason``)."""
+        """A turn not started leaves its lane and ends at once; one whose
+        accept, in flight, starts it ends right after that commit; a started
+        one's worker is told to stop (it ends with ``reason``)."""
         if turn.closing:
             return False
+        lane = self.lanes.get(turn.key)
+        if turn.start_in_flight and lane is not None and lane.running is turn:
+            # Its accept starts it in the store: it ends after that commit
+            # (_dispatch), and only then may the lane's next turn start.
+            turn.cancel(reason)
+            return True
         if not turn.began:
-            lane = self.lanes.get(turn.key)
             if lane is not None:
                 lane.detach(turn)
             else:

@@ -50,12 +50,6 @@ def _open(t: Turn | None) -> TypeGuard[Turn]:
     return t is not None and not t.closing and not t.taken_back
 
 
-def _start_in_flight(t: Turn) -> bool:
-    """Reserved on an idle lane, its accept (which also starts it and writes its
-    user message) not committed yet."""
-    return not t.began and not t.accepted and not t.queued
-
-
 async def rewind(m: TurnManager, key: str, session_id: str, n: int) -> dict[str, Any]:
     """RewindSession(session_id, n) with the lane taken into account (see the
     module docstring). Returns the RewindSessionResponse fields: ``turns_undone``
@@ -78,7 +72,7 @@ async def rewind(m: TurnManager, key: str, session_id: str, n: int) -> dict[str,
             for t in waiting[:n]:
                 advance |= _drop(m, lane, t)
                 undone.append(t)
-                if _start_in_flight(t):
+                if t.start_in_flight:
                     wrote.append(t.rid)
         running = lane.running
         if len(undone) < n and _open(running) and running.began and running.sid == session_id:
@@ -108,7 +102,7 @@ async def rewrite(m: TurnManager, key: str, session_id: str, messages: list) -> 
         if _open(running) and running.sid == session_id:
             if running.began:
                 _take_back(m, running, REWRITTEN)
-            elif _start_in_flight(running):
+            elif running.start_in_flight:
                 running.want_rollback()
                 lane.running = None
                 m.close(running, "failed", E.CANCELLED, REWRITTEN)
