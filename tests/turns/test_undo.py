@@ -8,11 +8,15 @@ its user message. The busy turn is a slow echo (100 ms a word)."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from helpers.config import scripted, slow_echo
 from helpers.ids import source, words
 from helpers.sessions import transcript
-from helpers.streams import D, PromptRun, get_queue, start
+from helpers.store import writes_held
+from helpers.streams import D, PromptRun, get_queue, kind_of, start, watch
 from helpers.tools import ToolHost
 from sidecar_proc import Sidecar
 
@@ -173,6 +177,34 @@ def test_queue_then_undo_at_once_never_leaves_an_orphan_reply(stubs, attempt):
         # (a loaded machine) already finished before the undo arrived
         assert one.end in ("superseded", "failed", "completed"), one.kinds()
         assert r.target_text == "one" and msgs == [("user", "hello"), ("assistant", "hello")]
+
+
+def test_undo_of_a_prompt_whose_start_commits_ends_it_before_the_next_one_starts(sc, stubs):
+    """RewindSession reaching a prompt whose accept (which also starts it, on
+    the idle lane) has not committed: it ends superseded with nothing of it
+    kept, and the prompt queued behind it starts only after that end. It used
+    to leave the lane at once, so the next prompt's start committed before
+    its end: two turns of one lane open at once in the store."""
+    prompts, sessions = stubs
+    first = hello(prompts)
+    answer: list = []
+    with writes_held(sc):  # no accept commits while the three calls arrive
+        doomed = PromptRun(prompts, text="doomed", key=first.key)
+        time.sleep(0.5)  # it reaches the lane before the rewind does
+        undo = threading.Thread(target=lambda: answer.append(rewind(sessions, first.session_id)))
+        undo.start()
+        time.sleep(0.5)  # the rewind has dropped it before the next prompt arrives
+        after = PromptRun(prompts, text="after", key=first.key, delivery=QUEUE)
+        time.sleep(0.5)
+    undo.join(10)
+    assert answer and answer[0].target_text == "doomed", answer
+    assert doomed.result(10).end == "superseded", doomed.kinds()
+    assert after.result(10).final_text == "after"
+    ends = watch(prompts, request_id=doomed.request_id).frames[-1]
+    starts = next(f for f in watch(prompts, request_id=after.request_id).frames if kind_of(f) == "started")
+    assert ends.cursor < starts.cursor, (ends, starts)
+    assert said(sessions, first.session_id) == [("user", "hello"), ("assistant", "hello"),
+                                                ("user", "after"), ("assistant", "after")]
 
 
 def test_rewrite_during_a_turn_cancels_it_and_keeps_the_waiting_prompts(stubs):

@@ -235,7 +235,7 @@ class TurnManager:
             frame = build_frame(rid, key, sid, 2, started.at, started.cursor, "started", {})
             self.bus.deliver_committed(turn, frame, "started")
             if deferred:  # ended (cancelled, superseded) before the commit came back
-                self.close(turn, *deferred)
+                self.end(turn, *deferred)  # it kept its lane: the next turn starts after its end
             else:
                 self._dispatch(turn, started)
         elif deferred:
@@ -312,15 +312,15 @@ class TurnManager:
 
     def cancel_turn(self, turn: Turn, reason: str) -> bool:
         """A turn not started leaves its lane and ends at once; one whose
-        accept, in flight, starts it ends right after that commit; a started
-        one's worker is told to stop (it ends with ``reason``)."""
+        accept, in flight, starts it keeps its lane and ends right after that
+        commit; a started one's worker is told to stop (it ends with ``reason``)."""
         if turn.closing:
             return False
         lane = self.lanes.get(turn.key)
         if turn.start_in_flight and lane is not None and lane.running is turn:
-            # Its accept starts it in the store: it ends after that commit
-            # (_dispatch), and only then may the lane's next turn start.
-            turn.cancel(reason)
+            # Its accept starts it in the store: it keeps the lane and ends
+            # right after that commit (_accepted), then the lane moves on.
+            self.close(turn, "failed", reason, "cancelled before it ran")
             return True
         if not turn.began:
             if lane is not None:
@@ -359,7 +359,8 @@ class TurnManager:
         if turn.closing:  # a turn ends once
             return
         if not turn.accepted:  # its accepted frame is not committed yet: end after it
-            turn.defer_end(status, reason, text)
+            if turn.deferred_end is None:  # the first end decided is the one
+                turn.defer_end(status, reason, text)
             return
         if status == "completed":
             kind, body = "completed", {"final_text": text}

@@ -47,7 +47,7 @@ REWRITTEN = "the transcript this turn answered was rewritten (RewriteTranscript)
 
 
 def _open(t: Turn | None) -> TypeGuard[Turn]:
-    return t is not None and not t.closing and not t.taken_back
+    return t is not None and not t.closing and not t.taken_back and t.deferred_end is None
 
 
 async def rewind(m: TurnManager, key: str, session_id: str, n: int) -> dict[str, Any]:
@@ -96,28 +96,25 @@ async def rewrite(m: TurnManager, key: str, session_id: str, messages: list) -> 
     prompts that have not started stay and run after."""
     await claim(m, key)
     lane = m.lanes.get(key)
-    advance = False
     if lane is not None:
         running = lane.running
         if _open(running) and running.sid == session_id:
             if running.began:
                 _take_back(m, running, REWRITTEN)
-            elif running.start_in_flight:
+            elif running.start_in_flight:  # it ends once its accept commits, then the lane moves on
                 running.want_rollback()
-                lane.running = None
                 m.close(running, "failed", E.CANCELLED, REWRITTEN)
-                advance = True
-    job = _submit_after_lane_writes(m, tx.rewrite, session_id, messages)
-    if advance and lane is not None:
-        m.advance(lane)
-    await job
+    await _submit_after_lane_writes(m, tx.rewrite, session_id, messages)
 
 
 def _drop(m: TurnManager, lane: Lane, t: Turn) -> bool:
     """A prompt that has not started leaves its lane and ends superseded.
     Returns whether it was the lane's next turn (the lane must move on)."""
-    was_next = lane.detach(t)
     t.want_rollback()  # an accept that started it wrote its user message: hide it with the end
+    if t.start_in_flight and lane.running is t:
+        m.supersede(t, "")  # it keeps its lane until its accept commits, then ends (TurnManager._accepted)
+        return False
+    was_next = lane.detach(t)
     m.supersede(t, "")
     return was_next
 
