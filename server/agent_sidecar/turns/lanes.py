@@ -131,8 +131,9 @@ class Turn:
 
     @property
     def start_in_flight(self) -> bool:
-        """Reserved on an idle lane, its accept (which also starts it and
-        writes its user message) not committed yet."""
+        """Reserved on an idle lane, its accept not committed yet (which also
+        starts it and writes its user message, unless it is a restore's
+        resume turn)."""
         return not self.began and not self.acked and not self.queued
 
     @property

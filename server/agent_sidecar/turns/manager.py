@@ -238,8 +238,8 @@ class TurnManager:
                 self.end(turn, *deferred)  # it kept its lane: the next turn starts after its end
             else:
                 self._dispatch(turn, started)
-        elif deferred:
-            self.close(turn, *deferred)
+        elif deferred:  # not started by its accept (a resume turn): it too kept its lane
+            self.end(turn, *deferred)
         elif turn.host is None and lane.running is turn and not turn.began:
             self._start(turn)
 
