@@ -108,8 +108,9 @@ async def rewrite(m: TurnManager, key: str, session_id: str, messages: list) -> 
 
 
 def _drop(m: TurnManager, lane: Lane, t: Turn) -> bool:
-    """A prompt that has not started leaves its lane and ends superseded.
-    Returns whether it was the lane's next turn (the lane must move on)."""
+    """A prompt that has not started ends superseded and leaves its lane (one
+    whose accept is in flight once that commits). Returns whether it was the
+    lane's next turn (the lane must move on)."""
     t.want_rollback()  # an accept that started it wrote its user message: hide it with the end
     if t.start_in_flight and lane.running is t:
         m.supersede(t, "")  # it keeps its lane until its accept commits, then ends (TurnManager._accepted)
