@@ -37,7 +37,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import grpc
-import orjson
 from sidecar_proc import Sidecar, error_info
 
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
@@ -53,7 +52,7 @@ from .faults import Faults
 from .ids import rid, source
 from .sessions import transcript
 from .streams import TERMINAL, PromptRun, kind_of, watch
-from .tools import AB_SCHEMA, ToolHost, tool_calls_answered, unanswered_calls
+from .tools import AB_SCHEMA, ToolHost, call_ids, tool_calls_answered, unanswered_calls
 
 MODES = [ppb.DeliveryMode.Value(f"DELIVERY_MODE_{m}")
          for m in ("QUEUE", "FOLLOW_UP", "INTERRUPT", "ROLLBACK", "STEER", "REJECT_IF_BUSY")]
@@ -356,6 +355,6 @@ class Soak:
 def _shape(messages) -> str:
     """A transcript in brief: seq, role, and the tool call ids of each message."""
     def one(m) -> str:
-        ids = [tc["id"] for tc in orjson.loads(m.tool_calls_json)] if m.tool_calls_json else []
-        return f"{m.seq} {m.role}" + "".join(f" {x}" for x in ids + ([m.tool_call_id] if m.tool_call_id else []))
+        ids = call_ids(m) + ([m.tool_call_id] if m.tool_call_id else [])
+        return f"{m.seq} {m.role}" + "".join(f" {x}" for x in ids)
     return "[" + ", ".join(one(m) for m in messages) + "]"

@@ -93,12 +93,17 @@ class ToolHost:
         self._thread.join(5)
 
 
+def call_ids(m) -> list[str]:
+    """The ids of the tool calls a transcript message makes (none for most)."""
+    return [tc["id"] for tc in json.loads(m.tool_calls_json)] if m.tool_calls_json else []
+
+
 def tool_calls_answered(msgs) -> tuple[list[str], set[str]]:
     """(every assistant tool call id, the ids answered by a tool message)."""
     calls = []
     for m in msgs:
-        if m.role == "assistant" and m.tool_calls_json:
-            calls += [tc["id"] for tc in json.loads(m.tool_calls_json)]
+        if m.role == "assistant":
+            calls += call_ids(m)
     answered = {m.tool_call_id for m in msgs if m.role == "tool"}
     return calls, answered
 
@@ -108,8 +113,8 @@ def unanswered_calls(msgs) -> list[str]:
     message (what an OpenAI-style API requires of the next model input)."""
     out = []
     for i, m in enumerate(msgs):
-        if m.role == "assistant" and m.tool_calls_json:
-            ids = [tc["id"] for tc in json.loads(m.tool_calls_json)]
+        ids = call_ids(m) if m.role == "assistant" else []
+        if ids:
             after = set()
             for n in msgs[i + 1:]:
                 if n.role != "tool":

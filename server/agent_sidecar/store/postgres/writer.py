@@ -99,9 +99,13 @@ class PostgresWriter:
         if self._uow is not None:
             self._uow.bind(self.conn)
 
-    def begin(self) -> None:
+    def _connected(self) -> None:
+        """Connect again if the connection was lost (or closed after a lost COMMIT)."""
         if self.conn.broken or self.conn.closed:
             self._reconnect()
+
+    def begin(self) -> None:
+        self._connected()
         stack = contextlib.ExitStack()
         pipeline = stack.enter_context(self.conn.pipeline())
         self._pipeline = stack
@@ -138,8 +142,7 @@ class PostgresWriter:
         """Whether transaction ``xact`` (run by backend ``pid``) committed, as
         the server says on a new connection; None while it cannot be reached."""
         try:
-            if self.conn.broken or self.conn.closed:
-                self._reconnect()
+            self._connected()
             for _ in range(STATUS_POLLS):
                 status = self.conn.execute("SELECT pg_xact_status(%s::xid8)", (xact,)).fetchone()
                 if status is None or status[0] != "in progress":
