@@ -83,7 +83,7 @@ def version_refused(server_version: int) -> str | None:
         return None
     major = f"{server_version // 10000}" if server_version >= 100000 else \
         f"{server_version // 10000}.{server_version // 100 % 100}"
-    return f"PostgreSQL 13 or later is needed; this server is {major} ({server_version})"
+    return f"PostgreSQL {MIN_SERVER_VERSION // 10000} or later is needed; this server is {major} ({server_version})"
 
 
 def is_fault(e: BaseException) -> bool:
