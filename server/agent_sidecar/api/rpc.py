@@ -1,6 +1,8 @@
 """Decorators every handler wears: run, and turn a ``SidecarError`` into a
 rich gRPC status. Anything else is a bug: it is logged with the RPC name and
-surfaces as INTERNAL, and the server keeps serving. The caller was
+surfaces as INTERNAL, and the server keeps serving. Except gRPC's own failure
+to send a status on a call that has ended (a relayed error that came after the
+caller's deadline): nobody is left to tell, and gRPC drops it. The caller was
 authenticated, and the request read and checked, by api/boundary.py, which
 passes the principal in.
 
@@ -14,6 +16,7 @@ import functools
 import logging
 
 import grpc
+from grpc._cython.cygrpc import ExecuteBatchError  # type: ignore[import-not-found]  # sending on an ended call
 
 from ..cluster.forward import forwarded, moved
 from ..errors import INTERNAL, SidecarError
@@ -49,6 +52,8 @@ async def _fail(context, name: str, e: Exception) -> None:
     """The one mapping from what a handler raised to the call's status."""
     if isinstance(e, (grpc.aio.AbortError, grpc.aio.UsageError)):
         raise e  # gRPC's own: the status is already set
+    if isinstance(e, ExecuteBatchError) and context.done():
+        raise e  # a status sent after the call ended (its deadline, its caller gone): gRPC ignores it
     if not isinstance(e, SidecarError):
         log.error("rpc failed", extra={"method": name}, exc_info=e)
         e = _internal(name)
