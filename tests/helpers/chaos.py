@@ -1,6 +1,6 @@
 """A chaos soak: adapters keep prompting every lane of one sidecar or of a
 cluster's nodes, two at a time on each lane (so prompts often find it busy),
-in all six delivery modes, with admin calls between, while faults strike at
+in all six delivery modes, with admin calls between (ADMIN_OPS), while faults strike at
 random; then every acknowledged request is read back through gRPC and checked.
 
     soak = Soak(nodes, seed=7, server=pg_server_or_None, disk=small_disk_or_None)
@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import grpc
 from sidecar_proc import Sidecar, error_info
 
+from agent_sidecar.v1 import common_pb2 as cpb
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import prompt_service_pb2_grpc as ppb_grpc
 from agent_sidecar.v1 import session_service_pb2 as spb
@@ -59,6 +60,10 @@ MODES = [ppb.DeliveryMode.Value(f"DELIVERY_MODE_{m}")
 RETRY = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 BROKEN = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
 CALL_TIMEOUT = 20
+# What the admin caller does to a random lane now and then; "rewrite" writes back
+# the transcript up to its first unanswered tool call (cutting off a running
+# turn's), "switch" returns to an incarnation the soak saw earlier (/resume).
+ADMIN_OPS = ["cancel", "queue", "reset", "suspend", "rewind", "rewrite", "switch"]
 ADAPTERS_PER_LANE = 2  # each prompting on its own: a lane is often busy when a prompt comes
 RETRY_FOR_S = 120  # how long an adapter keeps retrying one request (a node may take a while to come back)
 # Every third lane runs profile "tools": a tool call answered by the soak's
@@ -135,6 +140,7 @@ class Soak:
         self.sources = [source("telegram") for _ in range(lanes)]
         self.acked: dict[str, int] = {}  # request id -> lane
         self.tool_sessions: dict[str, str] = {}  # incarnations of the tool lanes: their lane
+        self.incarnations: dict[int, set[str]] = {lane: set() for lane in range(lanes)}  # seen by admin calls
         self.hosts: dict[int, ToolHost] = {}  # each node's tool host now
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -238,12 +244,9 @@ class Soak:
             live = self.faults.live()
             if not live:
                 continue
-            node, lane, op = rng.choice(live), rng.randrange(len(self.sources)), rng.choice(
-                ["cancel", "queue", "reset", "suspend", "rewind"])
+            node, lane, op = rng.choice(live), rng.randrange(len(self.sources)), rng.choice(ADMIN_OPS)
             try:
-                self._admin_call(self.channels[node], self._key(lane), self.sources[lane],
-                                 self._profile(lane), op)
-                outcome = "OK"
+                outcome = self._admin_call(self.channels[node], lane, op, rng)
             except grpc.RpcError as e:
                 reason = error_info(e)[0]
                 outcome = f"{e.code().name}/{reason}"
@@ -252,22 +255,38 @@ class Soak:
             with self.lock:
                 self.report.admin[f"{op} {outcome}"] += 1
 
-    @staticmethod
-    def _admin_call(channel: grpc.Channel, key: str, src, profile: str, op: str) -> None:
+    def _admin_call(self, channel: grpc.Channel, lane: int, op: str, rng: random.Random) -> str:
+        """One admin call on ``lane``; what it did ("OK", or why it did nothing)."""
         prompts, sessions = ppb_grpc.PromptServiceStub(channel), spb_grpc.SessionServiceStub(channel)
+        key = self._key(lane)
         if op == "cancel":
             prompts.Cancel(ppb.CancelRequest(session_key=key), timeout=CALL_TIMEOUT)
         elif op == "queue":
             prompts.GetQueue(ppb.GetQueueRequest(session_key=key), timeout=CALL_TIMEOUT)
-        elif op == "reset":
-            sessions.ResetSession(spb.ResetSessionRequest(session_key=key), timeout=CALL_TIMEOUT)
         elif op == "suspend":
             sessions.SuspendSession(spb.SuspendSessionRequest(session_key=key), timeout=CALL_TIMEOUT)
+        elif op == "reset":
+            got = sessions.ResetSession(spb.ResetSessionRequest(session_key=key), timeout=CALL_TIMEOUT)
+            self.incarnations[lane].add(got.session.session_id)
         else:
-            got = sessions.GetOrCreateSession(spb.GetOrCreateSessionRequest(source=src, profile=profile),
-                                              timeout=CALL_TIMEOUT)
-            sessions.RewindSession(spb.RewindSessionRequest(session_id=got.session.session_id, n=1),
-                                   timeout=CALL_TIMEOUT)
+            got = sessions.GetOrCreateSession(spb.GetOrCreateSessionRequest(
+                source=self.sources[lane], profile=self._profile(lane)), timeout=CALL_TIMEOUT)
+            session_id = got.session.session_id
+            self.incarnations[lane].add(session_id)
+            if op == "rewind":
+                sessions.RewindSession(spb.RewindSessionRequest(session_id=session_id, n=1),
+                                       timeout=CALL_TIMEOUT)
+            elif op == "rewrite":
+                sessions.RewriteTranscript(spb.RewriteTranscriptRequest(
+                    session_id=session_id, messages=_answered_prefix(transcript(sessions, session_id))),
+                    timeout=CALL_TIMEOUT)
+            else:  # "switch": back to an earlier incarnation (/resume)
+                earlier = sorted(self.incarnations[lane] - {session_id})
+                if not earlier:
+                    return "none earlier"
+                sessions.SwitchSession(spb.SwitchSessionRequest(
+                    session_key=key, target_session_id=rng.choice(earlier)), timeout=CALL_TIMEOUT)
+        return "OK"
 
     # -- tool hosts ---------------------------------------------------------------
 
@@ -358,3 +377,16 @@ def _shape(messages) -> str:
         ids = call_ids(m) + ([m.tool_call_id] if m.tool_call_id else [])
         return f"{m.seq} {m.role}" + "".join(f" {x}" for x in ids)
     return "[" + ", ".join(one(m) for m in messages) + "]"
+
+
+def _answered_prefix(messages) -> list:
+    """A transcript up to its first assistant message whose tool calls are not
+    all answered right after it (a running turn's, usually), as messages to write."""
+    unanswered = set(unanswered_calls(messages))
+    out = []
+    for m in messages:
+        if m.role == "assistant" and unanswered.intersection(call_ids(m)):
+            break
+        out.append(cpb.Message(role=m.role, content=m.content, tool_call_id=m.tool_call_id,
+                               tool_name=m.tool_name, tool_calls_json=m.tool_calls_json))
+    return out
