@@ -187,7 +187,10 @@ class Loader:
         return out
 
     def _secret(self, f: dataclasses.Field, forms: list[tuple[str, Any, str]], where: str) -> Any:
-        """A secret's value from whichever one of its spellings was given."""
+        """A secret's value from whichever one of its spellings was given. Named
+        by ``_env`` or ``_file``, it may not be empty: an empty variable or file
+        is a mistake (a cluster token left out that way would only show later,
+        as every forwarded call refused), where ``key = ""`` says "none"."""
         k = f.metadata.get("toml") or f.name
         if len(forms) > 1:
             self.out.add(where + k, f"give only one of {k}, {k}_env and {k}_file")
@@ -212,6 +215,10 @@ class Loader:
                 self.out.add(path, f"cannot read the file: {e}", v)
                 return BAD
             value = value[:-1] if value.endswith("\n") else value
+        if form and not value:  # a variable or file named for a secret is meant to hold one
+            self.out.add(path, f"the environment variable {v} is empty" if form == "_env"
+                         else "the file is empty", v)
+            return BAD
         return check_scalar(str, f.metadata, value, path, self.out)
 
     # -- overlays ----------------------------------------------------------------------------

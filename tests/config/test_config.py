@@ -305,6 +305,17 @@ def test_a_missing_or_ambiguous_token_is_refused_naming_the_key(tmp_path):
     assert names(lines) == ["auth.tokens[0].token_env"] and "empty" in lines[0]
 
 
+def test_a_secret_named_by_a_variable_or_a_file_may_not_be_empty(tmp_path):
+    """Even where the key's own empty value means "none" (the cluster token, the DSN)."""
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    assert problems(tmp_path, '[cluster]\ntoken_env = "T"\n', {"T": ""}) == [
+        'config error: cluster.token_env: the environment variable T is empty (got "T")']
+    lines = problems(tmp_path, f'[store]\ndsn_file = "{empty}"\n')
+    assert names(lines) == ["store.dsn_file"] and "the file is empty" in lines[0], lines
+    assert load(tmp_path, '[cluster]\ntoken = ""\n').cluster.token == ""
+
+
 def test_secrets_never_appear_in_errors(tmp_path):
     lines = problems(tmp_path, TOKENS.format('token = "t"\ntokn = "hunter2"'))
     assert names(lines) == ["auth.tokens[0].tokn"] and "hunter2" not in lines[0]
