@@ -5,7 +5,7 @@ The API layer (api/errors.py) turns a ``SidecarError`` into a gRPC status with a
 google.rpc.ErrorInfo; the same reason strings appear in ``failed`` frames. A new
 reason goes here, in api/errors.py's CODE_FOR_REASON and, as
 ``ERROR_REASON_<NAME>`` with its gRPC status, in
-proto/agent_sidecar/v1/error_reason.proto (tests/test_error_reasons.py checks).
+proto/agent_sidecar/v1/error_reason.proto (tests/api/test_error_reasons.py checks).
 """
 
 from __future__ import annotations

@@ -95,8 +95,8 @@ const (
 	// ClearAllSessions without the literal confirm string.
 	// gRPC status: FAILED_PRECONDITION
 	ErrorReason_ERROR_REASON_FAILED_PRECONDITION ErrorReason = 13
-	// A limit was reached: the session's queue cap (profile `queue_cap`), or
-	// the turn's `limits.max_frames_per_turn` or `limits.max_reply_chars`.
+	// A limit of the turn was reached: `limits.max_frames_per_turn` or
+	// `limits.max_reply_chars` (a session's full queue is QUEUE_FULL).
 	// gRPC status: RESOURCE_EXHAUSTED
 	ErrorReason_ERROR_REASON_RESOURCE_EXHAUSTED ErrorReason = 14
 	// The sidecar cannot take the call now: it is shutting down, or a turn could

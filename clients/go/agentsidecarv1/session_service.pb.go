@@ -670,7 +670,7 @@ type MarkResumePendingRequest struct {
 	// Required.
 	SessionKey string `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
 	// "restart_timeout", "shutdown_timeout", "restart_interrupted", "worker_crashed" or another label.
-	// Required; at most `limits.max_id_length` bytes.
+	// Required; at most `limits.max_id_length` characters.
 	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -111,8 +111,8 @@ export enum ErrorReason {
    */
   FAILED_PRECONDITION = 13,
   /**
-   * RESOURCE_EXHAUSTED - A limit was reached: the session's queue cap (profile `queue_cap`), or
-   * the turn's `limits.max_frames_per_turn` or `limits.max_reply_chars`.
+   * RESOURCE_EXHAUSTED - A limit of the turn was reached: `limits.max_frames_per_turn` or
+   * `limits.max_reply_chars` (a session's full queue is QUEUE_FULL).
    * gRPC status: RESOURCE_EXHAUSTED
    */
   RESOURCE_EXHAUSTED = 14,

@@ -127,7 +127,7 @@ export interface MarkResumePendingRequest {
   sessionKey: string;
   /**
    * "restart_timeout", "shutdown_timeout", "restart_interrupted", "worker_crashed" or another label.
-   * Required; at most `limits.max_id_length` bytes.
+   * Required; at most `limits.max_id_length` characters.
    */
   reason: string;
 }
