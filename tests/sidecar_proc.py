@@ -210,3 +210,16 @@ def error_info(err: grpc.RpcError):
             if br.field_violations:
                 field = br.field_violations[0].field
     return reason, field
+
+
+def retry_delay(err: grpc.RpcError) -> float | None:
+    """The seconds a call's RetryInfo says to wait, None without one."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+    st = rpc_status.from_call(err)
+    for d in st.details if st is not None else ():
+        if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            info = error_details_pb2.RetryInfo()
+            d.Unpack(info)
+            return info.retry_delay.ToMilliseconds() / 1000
+    return None

@@ -22,8 +22,6 @@ import time
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 from helpers import procs
 from helpers.config import slow_echo
 from helpers.ids import rid, uniq, words
@@ -31,7 +29,7 @@ from helpers.metrics import metrics_config, scrape
 from helpers.sessions import assert_serving, create, get_session, msg, rpc_error, transcript
 from helpers.streams import D, PromptRun, Stream, collect, kind_of, run, start, watch
 from helpers.waiting import wait_until
-from sidecar_proc import Sidecar, free_port
+from sidecar_proc import Sidecar, free_port, retry_delay
 
 from agent_sidecar.turns.subscriber import STALL_S
 from agent_sidecar.v1 import common_pb2 as c
@@ -65,16 +63,6 @@ def stalled(sc):
     ch.close()
 
 
-def retry_info(err: grpc.RpcError):
-    st = rpc_status.from_call(err)
-    for d in st.details if st else ():
-        if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-            info = error_details_pb2.RetryInfo()
-            d.Unpack(info)
-            return info
-    return None
-
-
 def resume_point(details: str, name: str) -> int:
     m = re.search(rf"WatchActivity\(.*{name}=(\d+)\)", details)
     assert m, details
@@ -102,7 +90,7 @@ def test_a_watcher_that_stops_reading_is_ended_and_resumes_without_gap(sc, stall
     got = collect(call, stop=lambda f: f.cursor == published[-1])  # before the bound: it reads all
     assert got.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (got.code, got.details, len(got.frames))
     assert got.reason == "STREAM_TOO_SLOW", got.reason
-    assert retry_info(call) is not None
+    assert retry_delay(call) is not None
     cursor = resume_point(got.details, "after_cursor")
     sent = [f.cursor for f in got.frames]
     assert sent == published[:len(sent)], "the stream skipped a frame before it was ended"
@@ -156,7 +144,7 @@ def test_a_prompt_stream_whose_client_stops_reading_resumes_by_request_id(sc, st
     got = collect(call)
     assert got.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (got.code, got.details, len(got.frames))
     assert got.reason == "STREAM_TOO_SLOW"
-    assert retry_info(call) is not None
+    assert retry_delay(call) is not None
     after = resume_point(got.details, "after_seq")
     assert [f.seq for f in got.frames] == list(range(1, after + 1))
     rest = watch(prompts, request_id=req.request_id, after_seq=after)
@@ -212,7 +200,7 @@ def _refused(p: PromptRun, reason: str) -> None:
     assert p.frames == [], p.kinds()
     assert p.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (p.code, p.error and p.error.details())
     assert p.reason == reason, p.reason
-    assert retry_info(p.error) is not None
+    assert retry_delay(p.error) is not None
 
 
 def _nothing_written(sc, p: PromptRun) -> None:
@@ -327,7 +315,7 @@ def test_a_large_request_past_the_bytes_in_flight_cap_is_overloaded_and_writes_n
         sessions.AppendMessages(spb.AppendMessagesRequest(session_id=b.session_id,
                                                           messages=_large_messages()), timeout=10)
     assert "limits.max_request_bytes_in_flight" in e.value.details()
-    assert retry_info(e.value) is not None
+    assert retry_delay(e.value) is not None
     assert get_session(sessions, a.session_key).session_id == a.session_id  # small requests are not counted
     resume()
     assert first.result(60).last_seq > 0

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-from sidecar_proc import error_info
+from sidecar_proc import error_info, retry_delay
 
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
@@ -223,6 +223,17 @@ def start(stub, req: ppb.PromptRequest | None = None, **kw) -> PromptRun:
 def run(stub, req: ppb.PromptRequest | None = None, timeout: float = 30, **kw) -> PromptRun:
     """A Prompt read to its end (in this thread; a deadline is the call's outcome)."""
     return PromptRun(stub, req, timeout=timeout, background=False, **kw)
+
+
+def run_retrying(stub, attempts: int = 5, timeout: float = 60, **kw) -> PromptRun:
+    """A Prompt read to its end, sent again after the delay a STORE_UNAVAILABLE
+    refusal gives (as an adapter does while the store recovers)."""
+    for _ in range(attempts):
+        r = PromptRun(stub, timeout=timeout, background=False, **kw)
+        if r.frames or r.reason != "STORE_UNAVAILABLE":
+            return r
+        time.sleep(retry_delay(r.error) or 0.2)
+    return r
 
 
 def collect(call, stop: Callable | None = None) -> Stream:

@@ -21,17 +21,15 @@ import time
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_status import rpc_status
 from helpers.config import slow_echo
 from helpers.disk import SmallDisk
 from helpers.ids import source, words
 from helpers.logs import log_lines
 from helpers.sessions import create, msg
-from helpers.streams import PromptRun, watch
+from helpers.streams import PromptRun, run_retrying, watch
 from helpers.waiting import wait_until
-from sidecar_proc import Sidecar, error_info
+from sidecar_proc import Sidecar, error_info, retry_delay
 from test_store_writer import child_pids
 
 from agent_sidecar.store import StoreUnavailable, open_store
@@ -79,30 +77,10 @@ def every_health(sc) -> set[int]:
     return {health(sc, name) for name in ("", *SERVICE_NAMES)}
 
 
-def retry_delay(err: grpc.RpcError) -> float | None:
-    st = rpc_status.from_call(err)
-    for d in st.details if st is not None else ():
-        if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-            info = error_details_pb2.RetryInfo()
-            d.Unpack(info)
-            return info.retry_delay.ToMilliseconds() / 1000
-    return None
-
-
 def assert_store_unavailable(err: grpc.RpcError) -> None:
     assert err.code() == grpc.StatusCode.UNAVAILABLE, (err.code(), err.details())
     assert error_info(err)[0] == "STORE_UNAVAILABLE", err.details()
     assert (retry_delay(err) or 0) > 0, err.details()
-
-
-def _prompt_retrying(prompts, src, attempts: int = 5) -> PromptRun:
-    """A short prompt, sent again after the delay a STORE_UNAVAILABLE refusal gives."""
-    for _ in range(attempts):
-        r = PromptRun(prompts, text="after", src=src, timeout=60).result(timeout=60)
-        if r.frames or r.reason != "STORE_UNAVAILABLE":
-            return r
-        time.sleep(retry_delay(r.error) or 0.2)
-    return r
 
 
 def big_append(sessions, session_id: str, n_bytes: int = 200_000):
@@ -217,7 +195,7 @@ def test_prompts_acknowledged_while_the_disk_fills_each_end_once(disk, tmp_path)
                 ended[assert_ended_once(sc, r)] += 1
         assert ended["refused"] + ended["failed"] > 0, ended  # the disk did fill
         for s in chats:  # every lane free again (a STORE_UNAVAILABLE says when to retry: a client does)
-            r = _prompt_retrying(prompts, s)
+            r = run_retrying(prompts, text="after", src=s)
             assert r.kinds()[-1:] == ["completed"], (r.kinds(), r.code, r.reason, r.details, ended)
     finally:
         disk.free()

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 from helpers.config import scripted, slow_echo
 from helpers.ids import source, words
 from helpers.logs import log_lines
 from helpers.sessions import get_session, transcript
 from helpers.streams import D, PromptRun, get_queue, start
-from sidecar_proc import Sidecar
+from sidecar_proc import Sidecar, retry_delay
 
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as spb
@@ -57,8 +55,7 @@ def test_reject_if_busy_is_agent_busy_with_retry_info(stubs):
     assert rej.frames == [], rej.kinds()
     assert rej.error is not None and rej.error.code() == grpc.StatusCode.ABORTED
     assert rej.reason == "AGENT_BUSY"
-    st = rpc_status.from_call(rej.error)
-    assert any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in st.details)
+    assert retry_delay(rej.error) is not None
     assert first.result().end == "completed"
     # idle again: REJECT_IF_BUSY simply runs
     ok = start(prompts, text="now", key=first.key, delivery=D.DELIVERY_MODE_REJECT_IF_BUSY).result()
@@ -312,8 +309,7 @@ def test_queue_cap_is_resource_exhausted(stubs):
     assert c.frames == [] and c.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert c.reason == "QUEUE_FULL"
     assert "profiles.capped.queue_cap" in c.error.details(), c.error.details()
-    st = rpc_status.from_call(c.error)
-    assert any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in st.details)
+    assert retry_delay(c.error) is not None
     q = get_queue(prompts, first.key)
     assert [x.text for x in q.queued] == ["a", "b"]
     for p in (first, a, b):
