@@ -85,6 +85,11 @@ def _dropped(turn) -> bool:
     return turn.dropped
 
 
+def _flight_no(flight: tuple) -> int:
+    """A flush's number, in the order it was sent."""
+    return flight[0]
+
+
 def _fenced_by(epochs: dict[str, int]) -> Callable[[Any], bool]:
     """Items of a turn written under a refused epoch (or an older one)."""
     return lambda turn: turn.key in epochs and turn.epoch <= epochs[turn.key]
@@ -183,7 +188,9 @@ class FrameBus:
             if self._flights:
                 return
             self._resync = False
-            for _, frames, writes, thens, owners in reversed(self._undone):
+            # In flight order, not answer order: a writer that holds a group whose
+            # commit outcome is unknown refuses the groups behind it first.
+            for _, frames, writes, thens, owners in sorted(self._undone, key=_flight_no, reverse=True):
                 # Not again for turns dropped meanwhile (their lane's lease was lost).
                 self._requeue(*_without(_dropped, frames, writes, thens, owners)[:4])
             self._undone.clear()
@@ -234,7 +241,9 @@ class FrameBus:
         return not self._flights and not self._undone and not self._frames and not self._writes
 
     def _committed(self, flight: tuple, fut: asyncio.Future) -> None:
-        """A flush's answer (they come in the order sent)."""
+        """A flush's answer: in the order sent, except that the groups behind
+        one whose commit outcome the writer must first ask for are refused
+        before it is answered (store/writer/process.py)."""
         ok = not fut.cancelled() and fut.exception() is None
         value = fut.result() if ok else (fut.exception() if not fut.cancelled() else StoreUnavailable("cancelled"))
         if self._flights and self._flights[0] is flight:
