@@ -125,12 +125,14 @@ class PostgresWriter:
         try:
             self._end_pipeline(check=True)  # the sync: COMMIT's answer (or its error) arrives here
         except psycopg.Error as e:
-            # The server's own refusal of the COMMIT (a deferred constraint) on
-            # a live connection rolled it back; anything else (the connection
-            # lost or ended, the pipeline left in disorder by it, whether or
-            # not psycopg has marked the connection broken yet) may have
-            # followed a commit.
-            if not xact or not (is_fault(e) or self.conn.broken):
+            # The server's own refusal of the COMMIT on a live connection (a
+            # deferred constraint; a serialization failure, which the writer
+            # runs again) rolled it back; anything else (the connection lost or
+            # ended, the pipeline left in disorder by it, whether or not
+            # psycopg has marked the connection broken yet) may have followed
+            # a commit.
+            refused = not self.conn.broken and (isinstance(e, TRANSIENT) or not is_fault(e))
+            if not xact or refused:
                 raise
             log.warning("store connection lost during COMMIT; asking the server whether it committed",
                         extra={"transaction": xact, "error": str(e)})

@@ -121,7 +121,7 @@ def _serve(pipe, db: WriterBackend) -> None:
     unknown: _Unknown | None = None
     while True:
         if unknown is not None and not pipe.poll(RESOLVE_EVERY_S):
-            unknown = unknown.settle(pipe, db)
+            unknown = unknown.settle(pipe, db, force=True)
             continue
         messages = _receive(pipe, pace)
         if messages is None:  # the parent is gone without closing us
@@ -344,10 +344,16 @@ class _Unknown:
     def __init__(self, e: CommitOutcomeUnknown, out: list[tuple[int, bool, Any]], hooks: list):
         self.error, self.out, self.hooks = e, out, hooks
         self.t0 = time.perf_counter()
+        self.asked: float | None = None  # time.monotonic() when the backend was last asked
 
-    def settle(self, pipe, db: WriterBackend) -> _Unknown | None:
-        """Ask the backend; once it knows, answer the group and return None."""
+    def settle(self, pipe, db: WriterBackend, force: bool = False) -> _Unknown | None:
+        """Ask the backend (between groups at most every RESOLVE_EVERY_S: a server
+        out of reach may take its connect timeout to say so); once it knows,
+        answer the group and return None."""
+        if not force and self.asked is not None and time.monotonic() - self.asked < RESOLVE_EVERY_S:
+            return self
         committed = self.error.resolve()
+        self.asked = time.monotonic()
         if committed is None:
             return self
         self._answer(pipe, db, committed)
@@ -360,7 +366,7 @@ class _Unknown:
     def give_up(self, pipe, db: WriterBackend) -> None:
         """The writer stops with the outcome still unknown: the group is
         answered as failed, which may be wrong (logged)."""
-        if self.settle(pipe, db) is None:
+        if self.settle(pipe, db, force=True) is None:
             return
         log.error("the writer stops not knowing whether its last commit went through; answered as failed",
                   extra={"jobs": len(self.out)})
