@@ -64,6 +64,7 @@ CALL_TIMEOUT = 20
 # the transcript up to its first unanswered tool call (cutting off a running
 # turn's), "switch" returns to an incarnation the soak saw earlier (/resume).
 ADMIN_OPS = ["cancel", "queue", "reset", "suspend", "rewind", "rewrite", "switch"]
+MAX_MESSAGES_PER_REQUEST, REWRITE_KEEP = 1000, 500  # a lane's transcript outgrows a request's cap
 ADAPTERS_PER_LANE = 2  # each prompting on its own: a lane is often busy when a prompt comes
 RETRY_FOR_S = 120  # how long an adapter keeps retrying one request (a node may take a while to come back)
 # Every third lane runs profile "tools": a tool call answered by the soak's
@@ -250,7 +251,8 @@ class Soak:
             except grpc.RpcError as e:
                 reason = error_info(e)[0]
                 outcome = f"{e.code().name}/{reason}"
-                if e.code() in BROKEN or (reason is None and e.code() not in RETRY):
+                if e.code() in BROKEN or e.code() == grpc.StatusCode.INVALID_ARGUMENT or (
+                        reason is None and e.code() not in RETRY):  # what the soak sends is valid
                     self._violation(f"admin {op}: {outcome}: {e.details()}")
             with self.lock:
                 self.report.admin[f"{op} {outcome}"] += 1
@@ -381,7 +383,9 @@ def _shape(messages) -> str:
 
 def _answered_prefix(messages) -> list:
     """A transcript up to its first assistant message whose tool calls are not
-    all answered right after it (a running turn's, usually), as messages to write."""
+    all answered right after it (a running turn's, usually), as messages to
+    write: its last REWRITE_KEEP from a user message on, when it is longer than
+    a request may carry (limits.max_messages_per_request)."""
     unanswered = set(unanswered_calls(messages))
     out = []
     for m in messages:
@@ -389,4 +393,8 @@ def _answered_prefix(messages) -> list:
             break
         out.append(cpb.Message(role=m.role, content=m.content, tool_call_id=m.tool_call_id,
                                tool_name=m.tool_name, tool_calls_json=m.tool_calls_json))
+    if len(out) > MAX_MESSAGES_PER_REQUEST:
+        out = out[-REWRITE_KEEP:]
+        while out and out[0].role != "user":
+            out.pop(0)
     return out
