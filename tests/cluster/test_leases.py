@@ -372,6 +372,26 @@ def test_a_prompt_whose_lane_is_lost_as_its_accept_commits_ends_lane_moved_and_i
                what=f"{resume} completed")
 
 
+def test_a_node_whose_store_stalls_stops_its_lanes_turns_when_their_lease_is_no_longer_trusted(nodes):
+    # a's writer stops during a turn: the keeper's renewal waits in it, its
+    # answer never comes. The turn must stop when a's trust in the lease runs
+    # out (before the lease can run out in the database and another node start
+    # the lane), not when the writer goes on: a worker that went on running
+    # the model and its tool calls would run beside the lane's next holder.
+    (a,) = nodes(1, echo(latency_ms=40))
+    turn = PromptRun(a.prompts(), text="slow " * 400, src=source("telegram"), timeout=60)
+    turn.wait_for("text_delta")
+    writer = children(a)["sidecar-writer"]
+    os.kill(writer, signal.SIGSTOP)
+    try:
+        wait_until(lambda: a.status().cluster.leases_lost == 1, timeout=TTL * 3,
+                   what="the lane given up while the writer is stopped")
+        turn.result(TTL * 3)
+        assert (turn.code, turn.reason) == (grpc.StatusCode.UNAVAILABLE, "LANE_MOVED"), (turn.code, turn.details)
+    finally:
+        os.kill(writer, signal.SIGCONT)
+
+
 def test_calls_forwarded_to_a_stalled_holder_end_lane_moved_and_the_retry_runs_where_the_lane_went(nodes):
     # a holds the lane; b forwards to it over a channel already open. a's
     # process stalls (SIGSTOP: its kernel still keeps the TCP connection up),

@@ -32,6 +32,7 @@ Guarantees, and why:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("agent_sidecar.cluster")
 
 SAFE = 0.8  # of the TTL: how long a confirmed lease is trusted here
+SWEEP_EVERY = 0.1  # of the TTL: the longest a lane may be run past its trust
 
 
 class ClusterLeases:
@@ -71,7 +73,7 @@ class ClusterLeases:
         self._taking: dict[str, asyncio.Future] = {}
         self._reaping: asyncio.Future | None = None  # a reaper's take and adoption under way
         self._manager: TurnManager | None = None
-        self._task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []  # the keeper and the sweeper
 
     def attach(self, manager: TurnManager) -> None:
         self._manager = manager
@@ -89,33 +91,36 @@ class ClusterLeases:
             raise LaneElsewhere(key, lease.node_id, lease.address, lease.seconds_left)
 
     async def hold(self, key: str) -> int:
+        """The epoch this node holds ``key`` at, taking the lane first if need
+        be. One take per lane at a time, the other callers waiting for it; it
+        runs as a task of its own, so a caller that goes away (its deadline,
+        the server's stop) cannot cut it off between its commit and the lease
+        being recorded here, or in the middle of adopting what the lane's last
+        node left."""
+        loop = asyncio.get_running_loop()
         epoch = self.held.get(key)
-        if epoch and self.trusted_until[key] > asyncio.get_running_loop().time():
+        if epoch and self.trusted_until[key] > loop.time():
+            self.idle_since.pop(key, None)  # in use: not let go as idle under the caller
             return epoch
         if epoch:  # its renewal is overdue: this node stops running it, then takes it anew
             self.lost([key])
-        pending = self._taking.get(key)
-        if pending is not None:  # one take per lane at a time; the others wait for it
-            return await asyncio.shield(pending)
-        if self._reaping is not None:
-            # The reaper's take may be taking this very lane: a take of ours
-            # behind it in the writer would take it again from ourselves (a
-            # new epoch, the lane restored twice). Its answer first, then look again.
-            await asyncio.shield(self._reaping)
-            return await self.hold(key)
-        fut = asyncio.get_running_loop().create_future()
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody may await it
-        self._taking[key] = fut
-        try:
-            epoch = await self._take(key)
-        except BaseException as e:
-            fut.set_exception(e)
-            raise
-        else:
-            fut.set_result(epoch)
-            return epoch
-        finally:
+        taking = self._taking.get(key)
+        if taking is None:
+            if self._reaping is not None:
+                # The reaper's take may be taking this very lane: a take of ours
+                # behind it in the writer would take it again from ourselves (a
+                # new epoch, the lane restored twice). Its answer first, then look again.
+                await asyncio.shield(self._reaping)
+                return await self.hold(key)
+            taking = self._taking[key] = loop.create_task(self._take(key))
+            taking.add_done_callback(functools.partial(self._taken, key))
+        return await asyncio.shield(taking)
+
+    def _taken(self, key: str, task: asyncio.Task) -> None:
+        if self._taking.get(key) is task:
             del self._taking[key]
+        if not task.cancelled():
+            task.exception()  # retrieved: every caller may have gone away
 
     async def _take(self, key: str) -> int:
         sent = asyncio.get_running_loop().time()
@@ -198,7 +203,8 @@ class ClusterLeases:
                                                 "lanes": len(takes)})
         self.taken_over += len(takes)
         await self._adopt_all(takes, sent)
-        self._task = asyncio.get_running_loop().create_task(self._keep())
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._keep()), loop.create_task(self._sweep())]
 
     async def _adopt_all(self, takes: list[jobs.LaneTake], sent: float) -> None:
         self.lost([t.lease.session_key for t in takes])  # an older hold of ours is over
@@ -212,8 +218,8 @@ class ClusterLeases:
 
     async def stop(self) -> None:
         """A clean stop, after the drain: every lane let go, the marker written."""
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
         leases = list(self.held.items())
         self.held.clear()
         await self.store.write(jobs.leave, leases)
@@ -234,13 +240,25 @@ class ClusterLeases:
                 renewals.failed(error=e.message)
             except Exception:
                 log.exception("cluster lease renewal failed")
-            self.lost([k for k, t in self.trusted_until.items() if t <= loop.time()])
             try:
                 await self._reap(loop.time())
             except StoreUnavailable:
                 pass
             except Exception:
                 log.exception("taking over orphaned lanes failed")
+
+    async def _sweep(self) -> None:
+        """Stop the lanes whose trust ran out as it runs out, not after the
+        keeper's renewal answers, which a stalled store may hold up for longer
+        than the lease lasts. It looks at least every SWEEP_EVERY of the TTL
+        (a lease granted meanwhile may be trusted from a take sent long ago),
+        well within the TTL's 1 - SAFE margin before the lease runs out."""
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            self.lost([k for k, t in self.trusted_until.items() if t <= now])
+            first = min(self.trusted_until.values(), default=now + self.ttl)
+            await asyncio.sleep(min(first - now, self.ttl * SWEEP_EVERY))
 
     async def _renew(self, sent: float) -> None:
         keys = list(self.held)
@@ -275,7 +293,12 @@ class ClusterLeases:
     async def _reap(self, sent: float) -> None:
         """Take the orphaned lanes over; a ``hold`` meanwhile waits for it to
         end (``_reaping``). A take sent before it is ahead of it in the
-        writer: its lane's fresh lease is nobody's orphan."""
+        writer: its lane's fresh lease is nobody's orphan. Not while this node
+        drains: it could not run what it took (its restore would close the
+        cut-off turn, whose continue turn it then refuses to start)."""
+        assert self._manager is not None  # attached before the keeper runs
+        if self._manager.draining:
+            return
         self._reaping = asyncio.get_running_loop().create_future()
         try:
             takes = await self.store.write(jobs.take_orphans, self.address, self.ttl, self.how)
