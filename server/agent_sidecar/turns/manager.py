@@ -122,9 +122,6 @@ class TurnManager:
         LaneElsewhere when another node runs it); 0 on one sidecar."""
         return await self.leases.hold(key) if self.leases is not None else 0
 
-    def _epoch(self, key: str) -> int:
-        return self.leases.epoch(key) if self.leases is not None else 0
-
     def lane(self, key: str) -> Lane:
         """The key's lane, made when it has none."""
         lane = self.lanes.get(key)
@@ -136,12 +133,15 @@ class TurnManager:
 
     async def submit(self, *, rid: str, key: str, platform: str, profile: str, text: str,
                      delivery: int, source: SessionSource | None, timeout_s: float,
-                     payload: dict[str, Any], internal: bool = False) -> tuple[Turn, Subscriber] | None:
+                     payload: dict[str, Any], internal: bool = False,
+                     epoch: int = 0) -> tuple[Turn, Subscriber] | None:
         """Accept a prompt. Returns the new turn and the caller's subscriber
         to it, or None when the request id is already known (the caller
         replays it). The subscriber hears the turn's frames, or why it ended
         here: a lane lost or deleted while the accept committed lets go of
-        the turn's subscribers, after telling them (supervision.abandon)."""
+        the turn's subscribers, after telling them (supervision.abandon).
+        ``internal``: a restore's resume turn, written under ``epoch``, the
+        lease its restore was taken at (whatever became of it meanwhile)."""
         if not internal and not self.ready.is_set():
             await self.ready.wait()  # startup restore first: never race it
         if not self.accepting:
@@ -153,7 +153,7 @@ class TurnManager:
         self.store.check_writable()
         if not internal:
             admission.check(self.live, self.cfg.limits)
-        epoch = await self.own(key) if not internal else self._epoch(key)
+        epoch = await self.own(key) if not internal else epoch
         if self.live.get(rid) is not None:  # a twin placed while this one took the lease
             return None
         turn = Turn(rid=rid, key=key, platform=platform, profile=profile, text=text,

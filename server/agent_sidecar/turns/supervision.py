@@ -68,18 +68,22 @@ async def adopt(m: TurnManager, plan: RestorePlan, epoch: int = 0) -> None:
     keys = {q.entry.session_key for q in plan.queued} | {r.session_key for r in plan.resume}
     for q in plan.queued:
         _restore_queued(m, q).epoch = epoch
-    # Submitted together, the resume turns' accepts share a few commits.
-    await asyncio.gather(*(
+    # Submitted together, the resume turns' accepts share a few commits. One
+    # refused (the store failing just now) must not leave the lanes unstarted,
+    # their queued prompts waiting for ever: every lane goes on, then it is raised.
+    refused = [e for e in await asyncio.gather(*(
         m.submit(rid=r.request_id, key=r.session_key, platform=r.platform,
                  profile=r.profile if m.cfg.profile(r.profile) else "main",
                  text=RESUME_TEXT.format(reason=r.reason), delivery=INTERRUPT,
                  source=None, timeout_s=m.cfg.gateway_timeout,
-                 payload={"resume": r.reason}, internal=True)
-        for r in plan.resume))
+                 payload={"resume": r.reason}, internal=True, epoch=epoch)
+        for r in plan.resume), return_exceptions=True) if isinstance(e, BaseException)]
     for key in sorted(keys):
         lane = m.lanes.get(key)
         if lane is not None:
             m.advance(lane)
+    if refused:
+        raise refused[0]
 
 
 def _restore_queued(m: TurnManager, q: RestoredPrompt) -> Turn:
