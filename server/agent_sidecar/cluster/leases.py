@@ -39,7 +39,7 @@ from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING
 
 from ..config import Config
-from ..errors import CANCELLED, SidecarError
+from ..errors import CANCELLED, LANE_MOVED, SidecarError
 from ..logs import FaultEpisode
 from ..store import Store, StoreUnavailable
 from ..store.records import LeaseHolder
@@ -114,7 +114,10 @@ class ClusterLeases:
                 return await self.hold(key)
             taking = self._taking[key] = loop.create_task(self._take(key))
             taking.add_done_callback(functools.partial(self._taken, key))
-        return await asyncio.shield(taking)
+        await asyncio.shield(taking)
+        if key not in self.held:  # lost while its restore ran (for longer than a lease is trusted)
+            raise SidecarError(LANE_MOVED, "the session's lane was lost as it was taken; retry")
+        return self.held[key]
 
     def _taken(self, key: str, task: asyncio.Task) -> None:
         if self._taking.get(key) is task:
