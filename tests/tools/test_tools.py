@@ -10,10 +10,11 @@ import json
 import grpc
 import pytest
 from helpers.config import scripted
-from helpers.ids import source
+from helpers.ids import rid, source
 from helpers.sessions import transcript
 from helpers.streams import D, start
 from helpers.tools import ToolHost, tool_calls_answered, unanswered_calls
+from helpers.waiting import wait_until
 from sidecar_proc import Sidecar, error_info
 
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
@@ -39,7 +40,9 @@ CONFIG = (scripted("tadd", calls_then_echo("test.add", {"a": 2, "b": 3}, "c1"), 
           + scripted("tnohost", calls_then_echo("test.nohost", {}, "n1"), tools=["test.*"])
           + scripted("tfail", [{"tool_calls": [{"name": "test.gone"}], "repeat": True}], tools=["test.*"])
           + scripted("thang", HANG_STEPS, tools=["test.*"])
-          + scripted("thangt", HANG_STEPS, tools=["test.*"], timeout_s=1))
+          + scripted("thangt", HANG_STEPS, tools=["test.*"], timeout_s=1)
+          + scripted("tdropped", calls_then_echo("again.b", {}, "r1"), tools=["again.*"])
+          + scripted("treplica", calls_then_echo("replica.who", {}, "w1"), tools=["replica.*"]))
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +158,41 @@ def test_repeated_tool_failures_end_with_tool_invoke_failed(sc):
     assert len(results) >= 2 and not any(r.ok for r in results)
     msgs = transcript(sc.sessions(), p.session_id)
     assert unanswered_calls(msgs) == [] and msgs[-1].role == "tool"
+
+
+def test_a_registration_again_on_a_stream_replaces_its_tools(sc):
+    host = ToolHost(sc.tools(), "again", [("again.a", "kept", {"type": "object"}),
+                                          ("again.b", "dropped later", {"type": "object"})],
+                    lambda inv: (True, json.dumps(inv.tool_name), ""))
+    try:
+        host.wait_registered()
+        host.send_register("again", [("again.a", "kept", {"type": "object"})])
+        wait_until(lambda: list(host.registered_msg.tool_names) == ["again.a"], what="the second registration")
+        p = start(sc.prompts(), text="go", src=source(), profile="tdropped").result(15)
+        result = p.frame("tool_result").tool_result
+        assert result.ok is False and "no tool host serves 'again.b'" in result.result_json, result
+        assert host.invocations == []
+    finally:
+        host.close()
+
+
+def test_when_the_newest_host_of_a_tool_leaves_the_one_before_it_serves_it_again(sc):
+    """Two hosts register one name (replicas): the newest answers; when it
+    goes, the older one, still connected, answers again."""
+    def who(name: str) -> ToolHost:
+        return ToolHost(sc.tools(), "replica", [("replica.who", "who answers", {"type": "object"})],
+                        lambda inv: (True, json.dumps(name), "")).wait_registered()
+
+    older = who("older")
+    try:
+        newer = who("newer")
+        assert start(sc.prompts(), text="who", src=source(), profile="treplica").result(15).final_text == '"newer"'
+        newer.close()
+        assert newer.ended.wait(10)  # its stream ended: the sidecar unregistered it first
+        p = start(sc.prompts(), text="who", src=source(), profile="treplica").result(15)
+        assert p.final_text == '"older"', (p.kinds(), p.final_text)
+    finally:
+        older.close()
 
 
 def test_registering_outside_the_namespace_is_invalid_argument(sc):
@@ -280,10 +318,10 @@ class _Bearer:
         return self.stub.ServeTools(requests, timeout=timeout, metadata=self.metadata)
 
 
-def _prompt(prompts, token: str, platform: str):
+def _prompt(prompts, token: str, platform: str, profile: str = "spy"):
     """One turn over TCP with ``token``: (frames, error or None)."""
     frames = []
-    req = ppb.PromptRequest(request_id=f"spy-{platform}", text="go", profile="spy",
+    req = ppb.PromptRequest(request_id=rid(profile), text="go", profile=profile,
                             source=source(platform=platform))
     try:
         for r in prompts.Prompt(req, timeout=20, metadata=[("authorization", f"Bearer {token}")]):
@@ -323,4 +361,28 @@ def test_a_host_never_serves_a_session_of_a_platform_its_token_does_not_cover(tm
         assert [i.tool_name for i in host.invocations] == ["telegram.spy"]
     finally:
         host.cancel()
+        sc.stop()
+
+
+def test_a_tool_two_hosts_serve_is_answered_by_the_newest_whose_token_covers_the_session(tmp_path):
+    """An admin host and, registered after it, a telegram-scoped replica serve
+    telegram.who: a telegram session's call goes to the replica, a discord
+    session's to the admin host (not refused because the newest host may not
+    serve it)."""
+    cfg = (scripted("who", calls_then_echo("telegram.who", {}, "w1"), tools=["telegram.*"])
+           + '[[auth.tokens]]\ntoken = "adm"\nadmin = true\n'
+           + '[[auth.tokens]]\ntoken = "tg"\nplatforms = ["telegram"]\n'
+           + '[[auth.tokens]]\ntoken = "dc"\nplatforms = ["discord"]\n')
+    sc = Sidecar(tmp_path / "data", config=cfg, tcp=True, workers=1).start()
+    hosts = [ToolHost(_Bearer(sc.tools(tcp=True), token), "telegram", [("telegram.who", "who", {"type": "object"})],
+                      lambda inv, token=token: (True, json.dumps(token), "")).wait_registered()
+             for token in ("adm", "tg")]
+    try:
+        prompts = sc.prompts(tcp=True)
+        for token, platform, answered_by in (("tg", "telegram", "tg"), ("dc", "discord", "adm")):
+            frames, err = _prompt(prompts, token, platform, profile="who")
+            assert err is None and frames[-1].completed.final_text == json.dumps(answered_by), (err, frames[-1])
+    finally:
+        for host in hosts:
+            host.cancel()
         sc.stop()

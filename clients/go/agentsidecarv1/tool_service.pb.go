@@ -87,7 +87,9 @@ func (x *ToolSpec) GetParametersJsonSchema() string {
 	return ""
 }
 
-// RegisterTools registers (or re-registers) tools under the stream's namespace.
+// RegisterTools registers tools under the stream's namespace. Sent again on
+// the stream, it replaces the stream's tools: one left out is no longer served
+// by it.
 type RegisterTools struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Dotted prefix every tool name must start with, e.g. "discord": parts of

@@ -102,7 +102,7 @@ class ToolService(pb_grpc.ToolServiceServicer):
             seen.add(spec.name)
         if host is None:
             host = stream.host = ToolHost(namespace=ns, platforms=principal.platforms)
-            stream.sender = asyncio.get_running_loop().create_task(_send(host, context))
+            stream.sender = asyncio.get_running_loop().create_task(_send(host, context, self.registry))
         names = self.registry.register_host(host, specs)
         log.info("tools registered", extra={"namespace": ns, "tools": names})
         host.outbox.put_nowait(pb.ServeToolsResponse(
@@ -153,17 +153,20 @@ class _Stream:
             await asyncio.wait({sender})
 
 
-async def _send(host: ToolHost, context) -> None:
+async def _send(host: ToolHost, context, registry) -> None:
     """The stream's only writer: registrations and invocations, in order,
-    until _CLOSE. Invocations queued for a host that has closed since are
-    dropped (their callers already got an error result)."""
+    until _CLOSE. Invocations queued for a host that has closed since, or
+    whose caller stopped waiting (it timed out while the host was not
+    reading), are dropped: their callers already got an error result, and a
+    host that runs a call the model was told had failed would act twice. A
+    write that fails unregisters the host: its tools are no longer offered."""
     try:
         while True:
             item = await host.outbox.get()
             if item is _CLOSE:
                 return
             if isinstance(item, dict):
-                if host.closed:
+                if host.closed or item["invocation_id"] not in host.pending:
                     continue
                 item = pb.ServeToolsResponse(invocation=pb.ToolInvocation(**item))
             await context.write(item)
@@ -172,4 +175,4 @@ async def _send(host: ToolHost, context) -> None:
     except Exception as e:  # the call broke under us: no invocation can reach the host now
         log.info("tool host stream write failed", extra={"namespace": host.namespace,
                                                          "error": f"{type(e).__name__}: {e}"})
-        host.fail_all("the tool host stream failed")
+        registry.unregister_host(host, "the tool host stream failed")

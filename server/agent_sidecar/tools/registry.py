@@ -3,9 +3,11 @@ in-process Python tools from the ``agent_sidecar.tools`` entry point group.
 
 Names are dotted (``discord.send_message``); a host registers a namespace and
 may only register names under it. The agent loop asks for a call by name; the
-registry routes it to whichever host serves that name and waits for the answer,
-bounded by a timeout. A host that errors, times out or disconnects yields an
-error result, never a hang.
+registry routes it to the host that registered the name last among those
+whose credential covers the session (replicas: when it goes, the one before it
+serves again) and waits for the answer, bounded by a timeout. A host that
+errors, times out, disconnects or stops reading yields an error result, never
+a hang.
 
 A remote host serves only sessions of the platforms its credential covers (the
 credential it opened its ServeTools stream with): a profile's tool scope says
@@ -20,10 +22,13 @@ sidecar itself and serve every platform.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import functools
 import inspect
 import itertools
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +42,7 @@ from .scope import in_scope
 log = logging.getLogger("agent_sidecar.tools")
 ENTRY_POINT_GROUP = "agent_sidecar.tools"
 SPECS_CACHE_MAX = 1024  # (scopes, platform) pairs whose offered specs are kept
+MAX_UNSENT = 256  # invocations queued for one host, not yet written to its stream
 
 
 @dataclass
@@ -59,7 +65,7 @@ class ToolHost:
     platforms: frozenset[str] = frozenset({"*"})
     outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
     pending: dict[str, asyncio.Future] = field(default_factory=dict)
-    names: list[str] = field(default_factory=list)
+    specs: dict[str, ToolSpec] = field(default_factory=dict)  # its last registration's
     closed: bool = False
 
     def covers(self, platform: str) -> bool:
@@ -82,6 +88,7 @@ class ToolRegistry:
         self.version = 0  # bumped on every (un)registration
         self._specs: dict[tuple, tuple[int, list]] = {}
         self.connected: set[ToolHost] = set()  # hosts registered and not yet gone
+        self._serving: dict[str, list[ToolHost]] = {}  # a remote tool's hosts, the newest last
 
     # -- registration ------------------------------------------------------------
 
@@ -103,29 +110,49 @@ class ToolRegistry:
         return spec is not None and spec.host is None
 
     def register_host(self, host: ToolHost, specs: list[ToolSpec]) -> list[str]:
+        """The host's tools are ``specs`` now: a registration again on its
+        stream replaces the last (a tool left out is no longer its). Several
+        hosts may serve one name (replicas): the newest registration answers
+        (``_host_for``), and when it leaves an older one still connected
+        takes over again."""
         prefix = host.namespace + "."
         for s in specs:
             if not s.name.startswith(prefix):
                 raise ValueError(f"tool {s.name!r} is outside namespace {host.namespace!r}")
+        self._withdraw(host)
         for s in specs:
-            old = self.tools.get(s.name)
-            if old is not None and old.host is not None and old.host is not host:
-                old.host.names.remove(s.name) if s.name in old.host.names else None
             s.host = host
+            host.specs[s.name] = s
+            self._serving[s.name] = [h for h in self._serving.get(s.name, ()) if h is not host] + [host]
             self.tools[s.name] = s
-            host.names.append(s.name)
         self.connected.add(host)
         self.version += 1
         return [s.name for s in specs]
 
-    def unregister_host(self, host: ToolHost) -> None:
-        for name in host.names:
-            spec = self.tools.get(name)
-            if spec is not None and spec.host is host:
-                del self.tools[name]
+    def unregister_host(self, host: ToolHost, why: str = "the tool host disconnected") -> None:
+        self._withdraw(host)
         self.connected.discard(host)
         self.version += 1
-        host.fail_all("the tool host disconnected")
+        host.fail_all(why)
+
+    def _withdraw(self, host: ToolHost) -> None:
+        """Take ``host`` off every name it serves; a name still served by
+        another host is that host's again (the newest), the others are gone."""
+        for name in host.specs:
+            hosts = [h for h in self._serving.get(name, ()) if h is not host]
+            if hosts:
+                self._serving[name], self.tools[name] = hosts, hosts[-1].specs[name]
+            else:
+                self._serving.pop(name, None)
+                self.tools.pop(name, None)
+        host.specs = {}
+
+    def _host_for(self, name: str, platform: str) -> ToolHost | None:
+        """The newest host serving ``name`` whose credential covers ``platform``."""
+        for host in reversed(self._serving.get(name, ())):
+            if not host.closed and host.covers(platform):
+                return host
+        return None
 
     def namespace_of(self, name: str) -> str:
         """What the metrics label a call of ``name`` with: its host's namespace,
@@ -155,7 +182,7 @@ class ToolRegistry:
             if len(self._specs) >= SPECS_CACHE_MAX:  # platforms are caller-chosen names
                 self._specs.clear()
             specs = [s.for_model() for name, s in sorted(self.tools.items())
-                     if in_scope(name, scopes) and (s.host is None or s.host.covers(platform))]
+                     if in_scope(name, scopes) and (s.host is None or self._host_for(name, platform))]
             cached = self._specs[key] = (self.version, specs)
         return cached[1]
 
@@ -185,13 +212,15 @@ class ToolRegistry:
         timeout = timeout_s or self.default_timeout_s
         if spec.handler is not None:
             return await self._invoke_local(spec, arguments_json, timeout)
-        host = spec.host
-        if host is None or host.closed:
-            return False, orjson.dumps({"error": f"the host of {name!r} is gone"}).decode()
-        if not host.covers(platform):
+        host = self._host_for(name, platform)
+        if host is None and any(not h.closed for h in self._serving.get(name, ())):
             raise E.SidecarError(E.TOOL_SCOPE_VIOLATION,
                                  f"the host serving {name!r} holds a credential that does not cover"
                                  f" platform {platform!r}")
+        if host is None:
+            return False, orjson.dumps({"error": f"the host of {name!r} is gone"}).decode()
+        if host.outbox.qsize() >= MAX_UNSENT:  # it stopped reading: fail fast, hold no more
+            return False, orjson.dumps({"error": f"the host of {name!r} is not reading its calls"}).decode()
         inv_id = f"inv-{next(self._ids)}"
         fut = asyncio.get_running_loop().create_future()
         host.pending[inv_id] = fut
@@ -207,8 +236,11 @@ class ToolRegistry:
             host.pending.pop(inv_id, None)
 
     async def _invoke_local(self, spec: ToolSpec, arguments_json: str, timeout: float):
-        """An entry-point tool. A plain function runs in a thread: a slow or
-        blocking one holds up its own turn only, never the event loop."""
+        """An entry-point tool. A plain function runs in a daemon thread of its
+        own: a slow or blocking one holds up its own turn only, never the event
+        loop, nor the loop's default executor (which joins the worker and writer
+        processes: a few tools hung there would stall a crashed worker's
+        recovery), nor the process's exit."""
         handler = spec.handler
         assert handler is not None  # invoke() sends only in-process tools here
         try:
@@ -219,7 +251,7 @@ class ToolRegistry:
                 if inspect.iscoroutinefunction(handler):
                     result = await call()
                 else:
-                    result = await asyncio.to_thread(call)
+                    result = await _in_daemon_thread(call, spec.name)
                     if inspect.isawaitable(result):
                         result = await result
             return True, orjson.dumps(result).decode()
@@ -233,3 +265,24 @@ class ToolRegistry:
         if fut is not None and not fut.done():
             result = result_json if ok else orjson.dumps({"error": error or result_json or "tool failed"}).decode()
             fut.set_result((ok, result))
+
+
+def _in_daemon_thread(fn: Callable[[], Any], name: str) -> asyncio.Future:
+    """``fn()`` on a daemon thread, in the caller's context; its result as a future."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    ctx = contextvars.copy_context()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not fut.done():  # the caller may have timed out and gone
+            fut.set_result(value) if ok else fut.set_exception(value)
+
+    def run() -> None:
+        try:
+            value, ok = ctx.run(fn), True
+        except BaseException as e:
+            value, ok = e, False
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (the sidecar stopped)
+            loop.call_soon_threadsafe(settle, ok, value)
+    threading.Thread(target=run, name=f"tool {name}", daemon=True).start()
+    return fut

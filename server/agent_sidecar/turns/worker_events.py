@@ -17,6 +17,7 @@ from .. import errors as E
 from ..logs import TURN
 from ..obs import tracing
 from ..sessions import lifecycle as life
+from ..tools.scope import in_scope
 from . import jobs, wire
 from .lanes import Turn
 from .pool import WorkerHandle
@@ -137,16 +138,21 @@ def _refused(h: WorkerHandle, turn: Turn, msg: dict) -> bool:
 
 
 async def _run_tool(m: TurnManager, h: WorkerHandle, turn: Turn, msg: wire.ToolCall) -> None:
-    """One tool call, answered to the worker. A call the registry refuses
-    (the host may not serve this session's platform) is answered with
-    ``refused``: the agent loop then ends the turn with that reason."""
+    """One tool call, answered to the worker, whatever happens (the worker's
+    call has no timeout of its own). A call the registry refuses (the host
+    may not serve this session's platform), or outside the profile's tools
+    (the worker checks that too; this side does not take its word), is
+    answered with ``refused``: the agent loop then ends the turn with that reason."""
     namespace = m.tools.namespace_of(msg["name"])
     meta = {"session_key": turn.key, "session_id": turn.sid, "request_id": turn.rid}
     span = None
-    if tracing.ACTIVE is not None:  # the host's span of the call is a child of ours
-        span, meta["trace_context"] = tracing.ACTIVE.tool_begin(turn, msg["name"], msg["call_id"])
     started, ok, refused = time.perf_counter(), False, ""
     try:
+        if tracing.ACTIVE is not None:  # the host's span of the call is a child of ours
+            span, meta["trace_context"] = tracing.ACTIVE.tool_begin(turn, msg["name"], msg["call_id"])
+        profile = m.cfg.profile(turn.profile)
+        if not in_scope(msg["name"], profile.tools if profile is not None else []):
+            raise E.SidecarError(E.TOOL_SCOPE_VIOLATION, f"{msg['name']!r} is outside the profile's tools")
         ok, result = await m.tools.invoke(msg["name"], msg["arguments"], meta, platform=turn.platform)
         reply = wire.tool_result(turn.rid, msg["call_id"], ok, result)
     except E.SidecarError as e:
@@ -154,6 +160,10 @@ async def _run_tool(m: TurnManager, h: WorkerHandle, turn: Turn, msg: wire.ToolC
         reply = wire.tool_result(turn.rid, msg["call_id"], False,
                                  orjson.dumps({"error": e.message, "reason": e.reason}).decode(),
                                  refused=e.reason)
+    except Exception as e:  # a bug: the model is told, the turn goes on
+        log.exception("tool call failed", extra={"tool": msg["name"], "call_id": msg["call_id"]})
+        reply = wire.tool_result(turn.rid, msg["call_id"], False,
+                                 orjson.dumps({"error": f"the sidecar failed: {type(e).__name__}"}).decode())
     finally:
         if span is not None:
             tracing.ACTIVE.tool_end(span, ok, refused)

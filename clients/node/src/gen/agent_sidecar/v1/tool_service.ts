@@ -38,7 +38,11 @@ export interface ToolSpec {
   parametersJsonSchema: string;
 }
 
-/** RegisterTools registers (or re-registers) tools under the stream's namespace. */
+/**
+ * RegisterTools registers tools under the stream's namespace. Sent again on
+ * the stream, it replaces the stream's tools: one left out is no longer served
+ * by it.
+ */
 export interface RegisterTools {
   /**
    * Dotted prefix every tool name must start with, e.g. "discord": parts of
