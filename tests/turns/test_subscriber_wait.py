@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agent_sidecar.turns.subscriber import Subscriber
+from agent_sidecar.turns.subscriber import STALL_S, FellBehind, Subscriber, TooSlow
 
 TIMEOUT = 0.3
 
@@ -78,4 +78,29 @@ def test_close_cancels_the_alarm():
         sub.close()
         assert sub.alarm is None and alarm.cancelled()
         sub.close()  # twice is harmless
+    asyncio.run(main())
+
+
+def test_a_reader_idle_before_a_burst_larger_than_its_bound_falls_behind_and_is_not_too_slow():
+    """Waiting in ``get`` is not writing: a stream that read its frames, then
+    waited longer than STALL_S before one commit brought more than its bound,
+    reads on from the store (FellBehind); one whose write had taken that long
+    when the burst came has a client that stopped reading (TooSlow)."""
+    async def dropped_after(idle_in_get: bool) -> type:
+        sub, loop = Subscriber(max_frames=5), asyncio.get_running_loop()
+        sub.push("first")
+        assert await sub.get(60.0) == "first"  # ... and the stream writes it
+        waiting = loop.create_task(sub.get(60.0)) if idle_in_get else None
+        await asyncio.sleep(STALL_S * 1.2)
+        for i in range(10):
+            sub.push(i)
+        try:
+            await (waiting or sub.get(60.0))
+        except (FellBehind, TooSlow) as e:
+            return type(e)
+        raise AssertionError("the burst did not drop the subscriber")
+
+    async def main():
+        assert await dropped_after(idle_in_get=True) is FellBehind
+        assert await dropped_after(idle_in_get=False) is TooSlow
     asyncio.run(main())

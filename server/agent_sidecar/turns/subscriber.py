@@ -80,11 +80,12 @@ class Subscriber:
     its queue is freed at once, and ``push`` answers False from then on so the
     bus takes it out of its fan-out (a dropped stream costs the bus nothing).
     The stream's next ``get`` says why it fell behind, from how long the
-    stream's previous write took (the time between its last two ``get``s):
-    longer than ``STALL_S``, its client stopped reading, and ``TooSlow`` ends
-    the stream telling the client where to resume; shorter (a fast reader
-    that one large commit outran), ``FellBehind``, and the stream reads on
-    from the store. Nothing is lost either way: every frame is persisted
+    write it was busy with when dropped took (the time between its last two
+    ``get``s): longer than ``STALL_S``, its client stopped reading, and
+    ``TooSlow`` ends the stream telling the client where to resume; shorter
+    (a fast reader that one large commit outran), or dropped while it waited
+    in ``get`` (a reader idle before a burst: a wait is not a write),
+    ``FellBehind``, and the stream reads on from the store. Nothing is lost either way: every frame is persisted
     before it is pushed.
 
     The keepalive wait (``get``'s ``timeout``) costs no timer per frame: a
@@ -96,7 +97,7 @@ class Subscriber:
     after it began, and a subscriber makes at most one timer per ``timeout``.
     A stream done with its subscriber ``close``s it, which cancels the alarm."""
 
-    __slots__ = ("buf", "waiter", "held", "max_frames", "max_bytes", "dropped", "first_cursor",
+    __slots__ = ("buf", "waiter", "held", "max_frames", "max_bytes", "dropped", "dropped_writing", "first_cursor",
                  "got_at", "wait_since", "alarm")
 
     def __init__(self, max_frames: int = 10_000, max_bytes: int = 8 << 20):
@@ -105,6 +106,7 @@ class Subscriber:
         self.held = 0  # bytes of the frames in ``buf``
         self.max_frames, self.max_bytes = max_frames, max_bytes
         self.dropped = False
+        self.dropped_writing = False  # dropped while the stream was writing (not waiting in ``get``)
         self.first_cursor = 0  # cursor of the first frame pushed (0: none yet)
         self.got_at = 0.0  # monotonic time the last ``get`` returned (0: none yet)
         self.wait_since = 0.0  # loop time the current wait began
@@ -120,6 +122,7 @@ class Subscriber:
         if buf:
             if len(buf) >= self.max_frames or self.held + size > self.max_bytes:
                 self.dropped = True
+                self.dropped_writing = self.waiter is None
                 buf.clear()
                 self.held = 0
                 _wake(self.waiter)
@@ -145,7 +148,8 @@ class Subscriber:
             finally:
                 self.waiter = None
         if self.dropped:
-            raise TooSlow() if self.got_at and time.monotonic() - self.got_at > STALL_S else FellBehind()
+            slow = self.dropped_writing and self.got_at and time.monotonic() - self.got_at > STALL_S
+            raise TooSlow() if slow else FellBehind()
         self.got_at = time.monotonic()  # the stream now writes what it got (or a keepalive)
         if not self.buf:
             return None
