@@ -280,6 +280,10 @@ class PromptService(pb_grpc.PromptServiceServicer):
             raise E.invalid("after_seq", "must not be negative")
         if request.request_id:
             await self._authorize_request(request.request_id, principal)
+            # While the startup restore runs, a request cut off by the crash is
+            # neither live nor ended in the store yet: the restore ends it (or
+            # queues it again) first, else the stream would end with no terminal frame.
+            await self.turns.ready.wait()
             async for item in self._replay_request(request.request_id, request.after_seq):
                 yield item.wire
             return

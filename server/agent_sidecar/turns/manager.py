@@ -165,7 +165,8 @@ class TurnManager:
         # this turn (and hears it if it is refused) instead of placing its own.
         self.live[rid] = turn
         sub = self.bus.subscriber()
-        turn.subscribers.append(sub)
+        if not internal:  # nobody streams a restore's resume turn (a WatchActivity may)
+            turn.subscribers.append(sub)
         slot, lane = await self._place(turn)
         if turn.deferred_end:  # cancelled while a steer waited: accepted, then ended, never run
             lane.detach(turn)
@@ -221,8 +222,6 @@ class TurnManager:
         turn.sid = sid
         turn.accept()
         self.recent.remember(rid, turn.created_at, key)
-        if internal:
-            turn.subscribers.clear()  # nobody streams it; WatchActivity can
         frame = build_frame(rid, key, sid, 1, turn.created_at, result.cursor, "accepted",
                             {"queue_position": turn.payload["queue_position"]})
         self.bus.deliver_committed(turn, frame, "accepted")
