@@ -85,8 +85,8 @@ class Subscriber:
     ``TooSlow`` ends the stream telling the client where to resume; shorter
     (a fast reader that one large commit outran), or dropped while it waited
     in ``get`` (a reader idle before a burst: a wait is not a write),
-    ``FellBehind``, and the stream reads on from the store. Nothing is lost either way: every frame is persisted
-    before it is pushed.
+    ``FellBehind``, and the stream reads on from the store. Nothing is lost
+    either way: every frame is persisted before it is pushed.
 
     The keepalive wait (``get``'s ``timeout``) costs no timer per frame: a
     stream that streams waits a few milliseconds at a time, and a timer made
@@ -97,8 +97,8 @@ class Subscriber:
     after it began, and a subscriber makes at most one timer per ``timeout``.
     A stream done with its subscriber ``close``s it, which cancels the alarm."""
 
-    __slots__ = ("buf", "waiter", "held", "max_frames", "max_bytes", "dropped", "dropped_writing", "first_cursor",
-                 "got_at", "wait_since", "alarm")
+    __slots__ = ("buf", "waiter", "held", "max_frames", "max_bytes", "dropped", "dropped_writing",
+                 "first_cursor", "got_at", "wait_since", "alarm")
 
     def __init__(self, max_frames: int = 10_000, max_bytes: int = 8 << 20):
         self.buf: deque = deque()
