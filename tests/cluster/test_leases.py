@@ -32,8 +32,10 @@ from helpers.sessions import transcript
 from helpers.store import StoreView
 from helpers.streams import QUEUE, TERMINAL, PromptRun, kind_of, start, watch
 from helpers.waiting import wait_until
+from sidecar_proc import error_info
 
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
+from agent_sidecar.v1 import session_service_pb2 as spb
 
 TTL = 3.0  # short, for the tests that wait for a lease to run out
 CALM_TTL = 15.0  # for the others: no takeover from a node merely slowed by a busy machine
@@ -390,6 +392,32 @@ def test_a_node_whose_store_stalls_stops_its_lanes_turns_when_their_lease_is_no_
         assert (turn.code, turn.reason) == (grpc.StatusCode.UNAVAILABLE, "LANE_MOVED"), (turn.code, turn.details)
     finally:
         os.kill(writer, signal.SIGCONT)
+
+
+def test_a_rewind_whose_lane_moves_before_its_job_commits_is_refused_and_rewinds_nothing(nodes):
+    # a holds the lane; a RewindSession on a queues its job, and a's writer
+    # stops with the job in it. a's lease runs out and b takes the lane with a
+    # prompt. When a's writer goes on, the rewind must not commit under b's
+    # lane (it would take b's turn back): it is refused LANE_MOVED, whose
+    # retry goes to b.
+    a, b = nodes(2, echo(latency_ms=5))
+    src = source("telegram")
+    first = PromptRun(a.prompts(), text="one", src=src, background=False)
+    assert first.kinds()[-1] == "completed", first.kinds()
+    writer, store = children(a)["sidecar-writer"], StoreView(b)
+    os.kill(writer, signal.SIGSTOP)
+    try:
+        rewind = a.sessions().RewindSession.future(
+            spb.RewindSessionRequest(session_id=first.session_id, n=1), timeout=60)
+        wait_until(lambda: a.status().store.writer_backlog >= 2, timeout=30, what="the rewind's job in a's writer")
+        wait_until(lambda: store.lease_holder(first.key) is None, timeout=TTL * 3, what="a's lease run out")
+        taken = PromptRun(b.prompts(), text="two", src=src, background=False)
+        assert taken.kinds()[-1] == "completed", (taken.kinds(), taken.details)
+    finally:
+        os.kill(writer, signal.SIGCONT)
+    err = rewind.exception(30)
+    assert err is not None and (err.code(), error_info(err)[0]) == (grpc.StatusCode.UNAVAILABLE, "LANE_MOVED"), err
+    assert [m.content for m in transcript(b.sessions(), first.session_id)] == ["one", "one", "two", "two"]
 
 
 def test_calls_forwarded_to_a_stalled_holder_end_lane_moved_and_the_retry_runs_where_the_lane_went(nodes):

@@ -142,8 +142,8 @@ class SessionService(pb_grpc.SessionServiceServicer):
         key = cv.scoped_key(request.session_key, principal, self.cfg)
         cv.check_size(request.display_name, "display_name", self.cfg.limits.max_id_length)
         await self._entry(key)
-        await lane_admin.reset(self.turns, key)
-        entry = await self.store.write(life.reset, key, request.display_name)
+        epoch = await lane_admin.reset(self.turns, key)
+        entry = await lane_admin.under_lease(self.turns, key, epoch, life.reset, key, request.display_name)
         return pb.ResetSessionResponse(session=self._session(entry))
 
     @unary
@@ -156,8 +156,9 @@ class SessionService(pb_grpc.SessionServiceServicer):
     @unary
     async def SuspendSession(self, request, context, principal):
         key = cv.scoped_key(request.session_key, principal, self.cfg)
-        entry = await self.store.write(life.suspend, key)
-        await lane_admin.suspend(self.turns, key)
+        epoch = await lane_admin.claim(self.turns, key)
+        entry = await lane_admin.under_lease(self.turns, key, epoch, life.suspend, key)
+        lane_admin.drop(self.turns, key)  # after the job: had the store refused it, the lane would go on
         return pb.SuspendSessionResponse(session=self._session(entry))
 
     @unary

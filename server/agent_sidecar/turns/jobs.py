@@ -310,3 +310,11 @@ def record_usage(uow: UnitOfWork, key: str, u: dict[str, Any]) -> None:
         int(u.get("cache_write_tokens", 0))
     uow.routing.add_usage(key, UsageDelta(i, int(u.get("output_tokens", 0)), cr, cw,
                                           float(u.get("cost_usd", 0.0)), i + cr + cw), None)
+
+
+def fenced(uow: UnitOfWork, fence: dict[str, int] | None, job, *args):
+    """``job(uow, *args)``, refused (LeaseLost) unless this node still holds
+    each lane of ``fence`` at its epoch: a session operation's job
+    (turns/lane_admin.py ``under_lease``) commits only on the lane's holder."""
+    check_fence(uow, fence)
+    return job(uow, *args)

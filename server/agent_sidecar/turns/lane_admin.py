@@ -7,41 +7,62 @@ begin with ``claim`` too.
 The lane's waiting prompts end ``superseded`` and its running turn is
 cancelled, so no turn of the session goes on writing into what the job
 resets or deletes; a delete also waits (bounded) until those turns' ends have
-committed, so the job removes their last writes instead of racing them.
+committed, so the job removes their last writes instead of racing them. In a
+cluster the job is fenced at the lease ``claim`` took (``under_lease``); a
+delete's job revokes the lease itself.
 
 Functions over a TurnManager (like placement.py and supervision.py).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from typing import TYPE_CHECKING
 
 from .. import errors as E
-from . import wire
+from . import jobs, wire
+from .leasing import LeaseLost
 from .supervision import until_ended
 
 if TYPE_CHECKING:
     from .manager import TurnManager
 
 
-async def claim(m: TurnManager, key: str) -> None:
+async def claim(m: TurnManager, key: str) -> int:
     """Before an operation changes the lane: refused (STORE_UNAVAILABLE)
     while the store cannot write, before any turn is ended; in a cluster this
     node takes the lane's lease (LaneElsewhere when another node runs it: the
-    call is forwarded there, and the lane's holder does it)."""
+    call is forwarded there, and the lane's holder does it). Returns the
+    epoch it is held at (0 on one sidecar), for ``under_lease``."""
     m.store.check_writable()
-    await m.own(key)
+    return await m.own(key)
 
 
-async def reset(m: TurnManager, key: str) -> None:
-    await claim(m, key)
+def under_lease(m: TurnManager, key: str, epoch: int, job, *args) -> asyncio.Future:
+    """The operation's store job, queued behind every write already published
+    (the frame bus's, the accepts': the store runs jobs in the order written)
+    and fenced at the epoch ``claim`` gave: should the lane have moved to
+    another node meanwhile, the job is refused (LANE_MOVED: a retry goes to
+    the new holder) instead of committing under that node's running turn,
+    and the lane stops here, as for a turn's fenced write."""
+    m.bus.flush_now()
+    fut = m.store.write(jobs.fenced, {key: epoch} if epoch else None, job, *args)
+    if epoch and m.leases is not None:
+        fut.add_done_callback(functools.partial(_fenced, m.leases))
+    return fut
+
+
+def _fenced(leases, fut: asyncio.Future) -> None:
+    error = None if fut.cancelled() else fut.exception()
+    if isinstance(error, LeaseLost):
+        leases.refused(error.epochs, 1, error.revoked)
+
+
+async def reset(m: TurnManager, key: str) -> int:
+    epoch = await claim(m, key)
     drop(m, key)
-
-
-async def suspend(m: TurnManager, key: str) -> None:
-    """After the suspend job (it committed: the store could write)."""
-    await m.own(key)
-    drop(m, key)
+    return epoch
 
 
 async def delete(m: TurnManager, key: str) -> None:

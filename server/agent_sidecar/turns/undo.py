@@ -31,12 +31,11 @@ rollback and hides anything that still got through.
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from .. import errors as E
 from ..sessions import transcripts as tx
-from .lane_admin import claim
+from .lane_admin import claim, under_lease
 from .lanes import Lane, Turn
 
 if TYPE_CHECKING:
@@ -57,7 +56,7 @@ async def rewind(m: TurnManager, key: str, session_id: str, n: int) -> dict[str,
     first text of the oldest user turn undone. Refused before it drops or
     cancels anything while the store cannot write; in a cluster the lane's
     holder does it (lane_admin.claim, as for ``rewrite``)."""
-    await claim(m, key)
+    epoch = await claim(m, key)
     entry = await m.store.entry(key)  # before the lane is read: no await from here on
     lane = m.lanes.get(key)
     undone: list[Turn] = []  # newest first
@@ -79,7 +78,7 @@ async def rewind(m: TurnManager, key: str, session_id: str, n: int) -> dict[str,
             _take_back(m, running, REWOUND)
             undone.append(running)
             wrote.append(running.rid)
-    job = _submit_after_lane_writes(m, tx.rewind, session_id, n - len(undone), wrote)
+    job = under_lease(m, key, epoch, tx.rewind, session_id, n - len(undone), wrote)
     if advance and lane is not None:  # after the job is queued: a turn that starts now writes after the rewind
         m.advance(lane)
     out = await job
@@ -94,7 +93,7 @@ async def rewrite(m: TurnManager, key: str, session_id: str, messages: list) -> 
     the running turn of this incarnation is taken back (also one whose start is
     still in flight: its user message would land in the replaced transcript);
     prompts that have not started stay and run after."""
-    await claim(m, key)
+    epoch = await claim(m, key)
     lane = m.lanes.get(key)
     if lane is not None:
         running = lane.running
@@ -104,7 +103,7 @@ async def rewrite(m: TurnManager, key: str, session_id: str, messages: list) -> 
             elif running.start_in_flight:  # it ends once its accept commits, then the lane moves on
                 running.want_rollback()
                 m.close(running, "failed", E.CANCELLED, REWRITTEN)
-    await _submit_after_lane_writes(m, tx.rewrite, session_id, messages)
+    await under_lease(m, key, epoch, tx.rewrite, session_id, messages)
 
 
 def _drop(m: TurnManager, lane: Lane, t: Turn) -> bool:
@@ -124,10 +123,3 @@ def _take_back(m: TurnManager, turn: Turn, why: str) -> None:
     """The running turn is cancelled as ROLLBACK, and refuses its further writes."""
     turn.take_back(why)
     m.cancel_turn(turn, E.CANCELLED)
-
-
-def _submit_after_lane_writes(m: TurnManager, fn, *args) -> asyncio.Future:
-    """Queue a transcript job behind every write already published (the frame
-    bus's, the accepts'): the store runs jobs in the order they were written."""
-    m.bus.flush_now()
-    return m.store.write(fn, *args)
