@@ -38,7 +38,10 @@ class _Service:
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "too late to say")
 
 
-async def _call_late_handler(times: int) -> list[grpc.StatusCode]:
+async def _late_handlers_run(wanted: int, attempts: int = 20) -> int:
+    """Call the late handler until ``wanted`` of them have run to their end
+    (a call whose deadline passed before the server dispatched it, on a
+    loaded machine, runs no handler: it is called again); returns how many did."""
     service, handled = _Service(), asyncio.Queue()
 
     async def handle(request, context):
@@ -52,22 +55,28 @@ async def _call_late_handler(times: int) -> list[grpc.StatusCode]:
         "probe.Probe", {"Late": grpc.unary_unary_rpc_method_handler(handle)}),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    codes = []
+    ran = 0
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             late = channel.unary_unary("/probe.Probe/Late")
-            for _ in range(times):
+            for _ in range(attempts):
                 with pytest.raises(grpc.aio.AioRpcError) as caught:
                     await late(b"", timeout=DEADLINE_S)
-                codes.append(caught.value.code())
-                await asyncio.wait_for(handled.get(), 10)  # its handler answered, after the deadline
+                assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, caught.value
+                try:
+                    await asyncio.wait_for(handled.get(), DEADLINE_S * 20)  # it answered, after the deadline
+                except TimeoutError:
+                    continue  # never dispatched
+                ran += 1
+                if ran == wanted:
+                    break
     finally:
         await server.stop(None)
-    return codes
+    return ran
 
 
 def test_a_status_sent_after_the_call_ended_is_not_logged_as_a_bug(caplog):
     caplog.set_level(logging.ERROR, logger="agent_sidecar.api")
-    codes = asyncio.run(_call_late_handler(times=3))
-    assert codes == [grpc.StatusCode.DEADLINE_EXCEEDED] * 3
-    assert [r.getMessage() for r in caplog.records] == []
+    assert asyncio.run(_late_handlers_run(wanted=3)) == 3
+    # The sidecar's own lines only: grpc.aio may log to asyncio as asyncio.run closes its loop.
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("agent_sidecar")] == []
