@@ -1,7 +1,8 @@
 """A chaos soak: adapters keep prompting every lane of one sidecar or of a
 cluster's nodes, two at a time on each lane (so prompts often find it busy),
-in all six delivery modes, with admin calls between (ADMIN_OPS), while faults strike at
-random; then every acknowledged request is read back through gRPC and checked.
+in all six delivery modes, with admin calls between (ADMIN_OPS), while
+faults strike at random; then every acknowledged request is read back
+through gRPC and checked.
 
     soak = Soak(nodes, seed=7, server=pg_server_or_None, disk=small_disk_or_None)
     report = soak.run(seconds)
