@@ -299,6 +299,12 @@ class Lane:
         turn.leave_host()
         return was_running
 
+    def starting(self, turn: Turn) -> bool:
+        """``turn`` is this lane's running turn and its accept, in flight,
+        starts it: ended now, it keeps the lane until that commit (its end
+        comes right after it, TurnManager._accepted), then the lane moves on."""
+        return self.running is turn and turn.start_in_flight
+
     def next_position(self) -> int:
         self.position_counter += 1
         return self.position_counter

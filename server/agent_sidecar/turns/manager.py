@@ -316,9 +316,7 @@ class TurnManager:
         if turn.closing:
             return False
         lane = self.lanes.get(turn.key)
-        if turn.start_in_flight and lane is not None and lane.running is turn:
-            # Its accept starts it in the store: it keeps the lane and ends
-            # right after that commit (_accepted), then the lane moves on.
+        if lane is not None and lane.starting(turn):  # it keeps its lane until its accept commits
             self.close(turn, "failed", reason, "cancelled before it ran")
             return True
         if not turn.began:

@@ -111,8 +111,8 @@ def _drop(m: TurnManager, lane: Lane, t: Turn) -> bool:
     whose accept is in flight once that commits). Returns whether it was the
     lane's next turn (the lane must move on)."""
     t.want_rollback()  # an accept that started it wrote its user message: hide it with the end
-    if t.start_in_flight and lane.running is t:
-        m.supersede(t, "")  # it keeps its lane until its accept commits, then ends (TurnManager._accepted)
+    if lane.starting(t):
+        m.supersede(t, "")  # it keeps its lane until its accept commits
         return False
     was_next = lane.detach(t)
     m.supersede(t, "")
