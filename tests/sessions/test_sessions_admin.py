@@ -128,6 +128,13 @@ def test_prune_skips_suspended_keeps_transcripts(tmp_path):
         s2, created = create(st, suspended.origin)
         assert created and s2.auto_reset_reason == "suspended"
         assert st.PruneSessions(pb.PruneSessionsRequest(max_age_days=1), timeout=10).pruned == 0
+        # A pruned key's transcripts still go with DeleteSession (erasure), once.
+        delete = pb.DeleteSessionRequest(session_key=old.session_key)
+        assert st.DeleteSession(delete, timeout=10).deleted
+        with rpc_error(grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND"):
+            transcript(st, old.session_id)
+        assert not st.SearchMessages(pb.SearchMessagesRequest(query="o2"), timeout=10).hits
+        assert not st.DeleteSession(delete, timeout=10).deleted
     finally:
         sc.stop()
 

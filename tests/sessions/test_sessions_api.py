@@ -136,7 +136,7 @@ def test_reset_then_switch_back(stub):
 def test_switch_to_foreign_or_unknown_id(stub):
     a, _ = create(stub)
     b, _ = create(stub)
-    with rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", "target_session_id"):
+    with rpc_error(NOT_FOUND, "SESSION_NOT_FOUND"):  # it exists, under a key the caller did not name
         stub.SwitchSession(pb.SwitchSessionRequest(session_key=a.session_key,
                                                    target_session_id=b.session_id), timeout=10)
     with rpc_error(NOT_FOUND, "SESSION_NOT_FOUND"):
@@ -268,6 +268,10 @@ def test_search_session_key_filter_and_limit(stub):
     only_b = stub.SearchMessages(pb.SearchMessagesRequest(query=word, session_key=b.session_key),
                                  timeout=10).hits
     assert [(h.session_key, h.seq) for h in only_b] == [(b.session_key, 1)]
+    shouted = b.session_key.replace(":telegram:", ":TELEGRAM:")  # keys fold their platform's case
+    assert shouted != b.session_key
+    assert stub.SearchMessages(pb.SearchMessagesRequest(query=word, session_key=shouted),
+                               timeout=10).hits == only_b
     limited = stub.SearchMessages(pb.SearchMessagesRequest(query=word, limit=2), timeout=10).hits
     assert len(limited) == 2
 

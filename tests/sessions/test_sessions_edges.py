@@ -13,11 +13,16 @@ import grpc
 import orjson
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
+from helpers.config import scripted
 from helpers.ids import source as src
-from helpers.sessions import create, msg, rpc_error, seed, transcript
-from helpers.streams import PromptRun
+from helpers.sessions import create, get_session, msg, rpc_error, seed, transcript
+from helpers.store import local_store
+from helpers.streams import PromptRun, start
 from sidecar_proc import Sidecar
 
+from agent_sidecar.sessions import lifecycle as life
+from agent_sidecar.sessions.source import SessionSource
+from agent_sidecar.store.records import MAX_TOKEN_DELTA, TOKEN_TOTAL_CAP, RoutingPatch, UsageDelta
 from agent_sidecar.v1 import session_service_pb2 as pb
 
 
@@ -120,6 +125,52 @@ def test_switch_session_starts_a_fresh_entry(sc):
     assert back.session_id == first.session_id
     assert (back.input_tokens, back.total_tokens) == (0, 0), back
     assert not back.is_fresh_reset and not back.suspended
+
+
+def test_usage_counters_stop_at_their_cap(tmp_path):
+    """Each call's delta is bounded, the running totals are not: they stop at
+    the cap instead of overflowing int64 (on SQLite the column became a REAL
+    and every read of the lane failed)."""
+    near = TOKEN_TOTAL_CAP - 5
+    biggest = UsageDelta(MAX_TOKEN_DELTA, MAX_TOKEN_DELTA, MAX_TOKEN_DELTA, MAX_TOKEN_DELTA, 1.0)
+    with local_store(tmp_path / "cap") as store:
+        entry, _ = store.job(life.get_or_create, "agent:main:telegram:dm:cap",
+                             SessionSource(platform="telegram", chat_id="cap"), "main", False)
+        key = entry.session_key
+        store.job(lambda uow: uow.routing.patch(key, RoutingPatch(
+            input_tokens=near, output_tokens=near, cache_read_tokens=near, cache_write_tokens=near,
+            total_tokens=near)))
+        for _ in range(2):
+            entry = store.job(life.update_usage, key, biggest)
+            assert (entry.input_tokens, entry.output_tokens, entry.cache_read_tokens,
+                    entry.cache_write_tokens, entry.total_tokens) == (TOKEN_TOTAL_CAP,) * 5
+        assert store.read("entry", key).total_tokens == TOKEN_TOTAL_CAP
+
+
+def test_a_turns_usage_stays_with_the_incarnation_it_ran_on(tmp_path):
+    """SwitchSession while a turn runs: the lane's counters are the target
+    incarnation's from then on; the turn's usage, reported as it ends, is
+    not charged to them."""
+    model = scripted("main", [{"text": "late answer", "delay_ms": 1500, "repeat": True,
+                               "usage": {"input_tokens": 1000, "output_tokens": 500}}])
+    sc = Sidecar(tmp_path / "data", config=model).start()
+    try:
+        stub = sc.sessions()
+        first, _ = create(stub)
+        key = first.session_key
+        stub.ResetSession(pb.ResetSessionRequest(session_key=key), timeout=10)
+        running = start(sc.prompts(), text="hi", key=key)
+        running.wait_for("started")
+        stub.SwitchSession(pb.SwitchSessionRequest(session_key=key, target_session_id=first.session_id),
+                           timeout=10)
+        assert running.result(20).end == "completed"
+        back = get_session(stub, key)
+        assert back.session_id == first.session_id
+        assert (back.input_tokens, back.output_tokens, back.total_tokens) == (0, 0, 0), back
+        _turn(sc, key)  # a turn on the lane's own incarnation is charged to it
+        assert get_session(stub, key).input_tokens == 1000
+    finally:
+        sc.stop()
 
 
 def _turn(sc, key: str) -> None:

@@ -70,8 +70,9 @@ type SessionServiceClient interface {
 	// session_id. Never overrides `suspended`.
 	MarkResumePending(ctx context.Context, in *MarkResumePendingRequest, opts ...grpc.CallOption) (*MarkResumePendingResponse, error)
 	// Drop the lane: its routing entry, every incarnation, their messages,
-	// state and frames, and its cached agent. `deleted` is false when it did
-	// not exist. Needs a credential for the session's platform, or admin.
+	// state and frames, and its cached agent; also the transcripts of a key
+	// whose routing entry PruneSessions removed. `deleted` is false when the
+	// key has neither. Needs a credential for the session's platform, or admin.
 	DeleteSession(ctx context.Context, in *DeleteSessionRequest, opts ...grpc.CallOption) (*DeleteSessionResponse, error)
 	// Drop every session and every cached agent. Admin only; refused
 	// (FAILED_PRECONDITION) unless confirm is the literal "DELETE ALL SESSIONS".
@@ -326,8 +327,9 @@ type SessionServiceServer interface {
 	// session_id. Never overrides `suspended`.
 	MarkResumePending(context.Context, *MarkResumePendingRequest) (*MarkResumePendingResponse, error)
 	// Drop the lane: its routing entry, every incarnation, their messages,
-	// state and frames, and its cached agent. `deleted` is false when it did
-	// not exist. Needs a credential for the session's platform, or admin.
+	// state and frames, and its cached agent; also the transcripts of a key
+	// whose routing entry PruneSessions removed. `deleted` is false when the
+	// key has neither. Needs a credential for the session's platform, or admin.
 	DeleteSession(context.Context, *DeleteSessionRequest) (*DeleteSessionResponse, error)
 	// Drop every session and every cached agent. Admin only; refused
 	// (FAILED_PRECONDITION) unless confirm is the literal "DELETE ALL SESSIONS".

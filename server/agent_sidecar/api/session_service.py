@@ -17,7 +17,7 @@ from ..sessions.context import build_session_context_prompt, shared_multi_user
 from ..sessions.entry import SessionEntry
 from ..sessions.keys import build_session_key, split_session_key
 from ..store import Store
-from ..store.records import Message, UsageDelta
+from ..store.records import MAX_COST_DELTA, MAX_TOKEN_DELTA, Message, UsageDelta
 from ..turns import lane_admin, undo
 from ..v1 import session_service_pb2 as pb
 from ..v1 import session_service_pb2_grpc as pb_grpc
@@ -25,10 +25,6 @@ from . import convert as cv
 from .rpc import unary
 
 CLEAR_ALL_CONFIRM = "DELETE ALL SESSIONS"
-# Per-call accounting bounds: far above any real turn, far below int64 overflow
-# (a counter that overflowed would turn into a REAL and poison every read).
-MAX_TOKEN_DELTA = 2 ** 40
-MAX_COST_DELTA = 1e9
 
 
 def _within_page_bytes(items: list, size_of: Callable[[Any], int]) -> list:
@@ -260,11 +256,12 @@ class SessionService(pb_grpc.SessionServiceServicer):
             raise invalid("query", "longer than 1024 characters")
         if request.limit < 0:
             raise invalid("limit", "must not be negative")
+        key = ""
         if request.session_key:
-            cv.scoped_key(request.session_key, principal, self.cfg)
+            key = cv.scoped_key(request.session_key, principal, self.cfg)
         elif not principal.allows("*"):
             raise invalid("session_key", "is required for a platform-scoped credential")
-        hits = await self.store.search(query, session_key=request.session_key,
+        hits = await self.store.search(query, session_key=key,
                                        limit=min(request.limit or 20, 200))
         return pb.SearchMessagesResponse(hits=[
             pb.SearchHit(session_key=h.session_key, session_id=h.session_id, seq=h.seq,

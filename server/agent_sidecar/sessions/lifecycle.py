@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import SidecarError, invalid, not_found
+from ..errors import SidecarError, excerpt, not_found
 from ..store import UnitOfWork
 from ..store.records import Append, Message, RoutingColumns, RoutingPatch, SessionEntry, UsageDelta
 from .entry import new_session_id, origin_of
@@ -129,10 +129,11 @@ def switch(uow: UnitOfWork, key: str, target_session_id: str) -> SessionEntry:
     entry): its counters and flags were the other incarnation's."""
     entry = require_entry(uow, key)
     target = uow.incarnations.get(target_session_id)
-    if target is None:
-        raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {target_session_id}")
-    if target.session_key != key:
-        raise invalid("target_session_id", "belongs to another session key")
+    # Another key's incarnation is not found either: the answer must not tell
+    # a platform-scoped caller that the id exists under a lane it cannot see.
+    if target is None or target.session_key != key:
+        raise SidecarError("SESSION_NOT_FOUND", f"no session {excerpt(target_session_id)} of this key",
+                           field="target_session_id")
     if target_session_id == entry.session_id:
         return entry
     now = time.time()
@@ -189,8 +190,10 @@ def update_usage(uow: UnitOfWork, key: str, delta: UsageDelta) -> SessionEntry:
 
 
 def delete(uow: UnitOfWork, key: str) -> bool:
-    """Drop the lane, every incarnation, messages, state, frames, ledger and queue."""
-    if uow.routing.get(key) is None:
+    """Drop the lane, every incarnation, messages, state, frames, ledger and
+    queue. A key whose routing entry a prune removed still has its
+    transcripts: they go too (a delete is how a user's data is erased)."""
+    if uow.routing.get(key) is None and not uow.incarnations.of_key(key):
         return False
     if uow.leases is not None:  # a cluster: a write of the lane still on its way is refused
         uow.leases.revoke([key])

@@ -202,10 +202,21 @@ class LaneHead:
     origin: dict[str, Any] | None
 
 
+# Accounting bounds. One delta stays far above any real turn; a lane's running
+# totals stop at the cap instead of overflowing int64 (SQLite would turn the
+# column into a REAL and every read of the lane would fail, PostgreSQL would
+# refuse the write).
+MAX_TOKEN_DELTA = 2 ** 40
+MAX_COST_DELTA = 1e9
+TOKEN_TOTAL_CAP = 2 ** 62
+
+
 @record
 class UsageDelta:
     """Token and cost counters to add (seed 001 §2); ``last_prompt_tokens``
-    replaces the lane's when positive."""
+    replaces the lane's when positive. Each field within its bound
+    (``MAX_TOKEN_DELTA``, ``MAX_COST_DELTA``): the API refuses larger ones,
+    a model's report is clamped (``from_report``)."""
 
     input_tokens: int = 0
     output_tokens: int = 0
@@ -214,6 +225,18 @@ class UsageDelta:
     cost_usd: float = 0.0
     last_prompt_tokens: int = 0
     cost_status: str = ""
+
+    @classmethod
+    def from_report(cls, u: dict[str, Any]) -> UsageDelta:
+        """A model's usage frame, each counter clamped into its bound (an
+        API's report is not ours to trust); the prompt's whole size, cached
+        parts included, is what it reported as its prompt."""
+        def tokens(name: str) -> int:
+            return min(max(int(u.get(name, 0) or 0), 0), MAX_TOKEN_DELTA)
+        cost = float(u.get("cost_usd", 0.0) or 0.0)
+        cost = min(cost, MAX_COST_DELTA) if cost > 0 else 0.0  # NaN is not > 0
+        i, cr, cw = tokens("input_tokens"), tokens("cache_read_tokens"), tokens("cache_write_tokens")
+        return cls(i, tokens("output_tokens"), cr, cw, cost, min(i + cr + cw, MAX_TOKEN_DELTA))
 
 
 @record

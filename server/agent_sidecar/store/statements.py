@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .records import ROUTING_FIELDS
+from .records import ROUTING_FIELDS, TOKEN_TOTAL_CAP, UsageDelta
 
 # An entry: the routing columns plus the incarnation's turn count. The count
 # is a scalar subquery, not a LEFT JOIN: the same plan on paper (two primary
@@ -55,6 +55,33 @@ def entries_page(mark: str, platform: str, active_since: float | None,
     sql = ENTRY_SELECT + (" WHERE " + " AND ".join(where) if where else "")
     params.append(limit)
     return sql + f" ORDER BY r.updated_at DESC, r.session_key LIMIT {mark}", params
+
+
+_COUNTERS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "total_tokens")
+
+
+def usage_update(mark: str, least: str, d: UsageDelta, updated_at: float | None,
+                 key: str, session_id: str | None) -> tuple[str, list[Any]]:
+    """UpdateUsage's and a usage frame's statement (RoutingRepo.add_usage):
+    each token counter adds its delta and stops at ``TOKEN_TOTAL_CAP``
+    (``least``: the backend's two-argument minimum), far below where int64
+    would overflow; with ``session_id``, only while the lane is on it."""
+    total = d.input_tokens + d.output_tokens + d.cache_read_tokens + d.cache_write_tokens
+    sets = [f"{c} = {least}({c} + {mark}, {mark})" for c in _COUNTERS]
+    params: list[Any] = []
+    for delta in (d.input_tokens, d.output_tokens, d.cache_read_tokens, d.cache_write_tokens, total):
+        params += [delta, TOKEN_TOTAL_CAP]
+    sets += [f"estimated_cost_usd = estimated_cost_usd + {mark}",
+             f"last_prompt_tokens = CASE WHEN {mark} > 0 THEN {mark} ELSE last_prompt_tokens END",
+             f"cost_status = CASE WHEN {mark} != '' THEN {mark} ELSE cost_status END",
+             f"updated_at = coalesce({mark}, updated_at)"]
+    params += [d.cost_usd, d.last_prompt_tokens, d.last_prompt_tokens, d.cost_status, d.cost_status,
+               updated_at, key]
+    sql = "UPDATE routing SET " + ", ".join(sets) + f" WHERE session_key = {mark}"
+    if session_id is not None:
+        sql += f" AND session_id = {mark}"
+        params.append(session_id)
+    return sql, params
 
 
 class RoutingPatches:

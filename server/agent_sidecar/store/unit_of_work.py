@@ -61,10 +61,12 @@ class RoutingRepo(Protocol):
         incarnation's flags). One statement, whose answer nobody waits for (no
         result: on PostgreSQL it is pipelined, no round trip of its own)."""
 
-    def add_usage(self, key: str, delta: UsageDelta, updated_at: float | None) -> None:
-        """Add the counters (and set ``last_prompt_tokens``/``cost_status``
-        when given); ``updated_at`` moves the lane too when not None. No
-        result, as ``patch``."""
+    def add_usage(self, key: str, delta: UsageDelta, updated_at: float | None,
+                  session_id: str | None = None) -> None:
+        """Add the counters, each stopping at ``TOKEN_TOTAL_CAP`` (and set
+        ``last_prompt_tokens``/``cost_status`` when given); ``updated_at``
+        moves the lane too when not None. With ``session_id``, only while
+        the lane is on that incarnation. No result, as ``patch``."""
 
     def keys_active_since(self, since: float, keys: Sequence[str] | None = None) -> list[str]:
         """Lanes updated at or after ``since`` that are neither suspended nor

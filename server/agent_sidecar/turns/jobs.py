@@ -303,13 +303,11 @@ def close_unstarted(uow: UnitOfWork, rid: str, status: str, reason: str, last_se
     uow.queue.remove(rid)
 
 
-def record_usage(uow: UnitOfWork, key: str, u: dict[str, Any]) -> None:
-    """A usage frame's accounting (seed 001 §2's counters); the prompt's whole
-    size, cached parts included, is what the API reported as its prompt."""
-    i, cr, cw = int(u.get("input_tokens", 0)), int(u.get("cache_read_tokens", 0)), \
-        int(u.get("cache_write_tokens", 0))
-    uow.routing.add_usage(key, UsageDelta(i, int(u.get("output_tokens", 0)), cr, cw,
-                                          float(u.get("cost_usd", 0.0)), i + cr + cw), None)
+def record_usage(uow: UnitOfWork, key: str, session_id: str, u: dict[str, Any]) -> None:
+    """A usage frame's accounting (seed 001 §2's counters), on the lane only
+    while it is still on the turn's incarnation: after a switch or a forced
+    new session the counters are another conversation's."""
+    uow.routing.add_usage(key, UsageDelta.from_report(u), None, session_id=session_id)
 
 
 def fenced(uow: UnitOfWork, fence: dict[str, int] | None, job, *args):

@@ -91,7 +91,7 @@ def _frame(m: TurnManager, turn: Turn, msg: wire.Frame) -> None:
     if kind == "usage":
         for k, v in body.items():
             turn.usage[k] = turn.usage.get(k, 0) + v
-        m.bus.publish(turn, kind, body, write=(jobs.record_usage, (turn.key, body)))
+        m.bus.publish(turn, kind, body, write=(jobs.record_usage, (turn.key, turn.sid, body)))
     else:
         m.bus.publish(turn, kind, body)
 

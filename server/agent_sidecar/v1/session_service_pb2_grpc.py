@@ -193,8 +193,9 @@ class SessionServiceServicer:
 
     def DeleteSession(self, request, context):
         """Drop the lane: its routing entry, every incarnation, their messages,
-        state and frames, and its cached agent. `deleted` is false when it did
-        not exist. Needs a credential for the session's platform, or admin.
+        state and frames, and its cached agent; also the transcripts of a key
+        whose routing entry PruneSessions removed. `deleted` is false when the
+        key has neither. Needs a credential for the session's platform, or admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -16,7 +16,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from ..records import Incarnation, LaneHead, RoutingPatch, SessionEntry, UsageDelta
-from ..statements import ENTRY_SELECT, RoutingPatches, one
+from ..statements import ENTRY_SELECT, RoutingPatches, one, usage_update
 from . import rows
 
 _INSERT_ROUTING = ("INSERT INTO routing (" + ", ".join(rows.ROUTING_FIELDS) + ") VALUES ("
@@ -49,18 +49,9 @@ class PostgresRouting:
         guarded = if_current.changes() if if_current is not None else {}
         self.send(*self._patches.statement(key, patch.changes(), guarded, session_id))  # no answer awaited
 
-    def add_usage(self, key: str, d: UsageDelta, updated_at: float | None) -> None:
-        total = d.input_tokens + d.output_tokens + d.cache_read_tokens + d.cache_write_tokens
-        self.send(
-            "UPDATE routing SET input_tokens = input_tokens + %s, output_tokens = output_tokens + %s,"
-            " cache_read_tokens = cache_read_tokens + %s, cache_write_tokens = cache_write_tokens + %s,"
-            " total_tokens = total_tokens + %s, estimated_cost_usd = estimated_cost_usd + %s,"
-            " last_prompt_tokens = CASE WHEN %s > 0 THEN %s ELSE last_prompt_tokens END,"
-            " cost_status = CASE WHEN %s != '' THEN %s ELSE cost_status END,"
-            " updated_at = coalesce(%s, updated_at) WHERE session_key = %s",
-            (d.input_tokens, d.output_tokens, d.cache_read_tokens, d.cache_write_tokens, total,
-             d.cost_usd, d.last_prompt_tokens, d.last_prompt_tokens, d.cost_status, d.cost_status,
-             updated_at, key))
+    def add_usage(self, key: str, d: UsageDelta, updated_at: float | None,
+                  session_id: str | None = None) -> None:
+        self.send(*usage_update("%s", "LEAST", d, updated_at, key, session_id))
 
     def keys_active_since(self, since: float, keys: Sequence[str] | None = None) -> list[str]:
         sql = "SELECT session_key FROM routing WHERE updated_at >= %s AND NOT suspended AND NOT resume_pending"

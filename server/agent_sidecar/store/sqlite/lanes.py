@@ -14,7 +14,7 @@ import apsw
 import orjson
 
 from ..records import Incarnation, LaneHead, RoutingPatch, SessionEntry, UsageDelta
-from ..statements import ENTRY_SELECT, RoutingPatches, one
+from ..statements import ENTRY_SELECT, RoutingPatches, one, usage_update
 from . import rows
 
 _INSERT_ROUTING = ("INSERT INTO routing (" + ", ".join(rows.ROUTING_FIELDS) + ") VALUES ("
@@ -48,18 +48,9 @@ class SqliteRouting:
         guarded = if_current.changes() if if_current is not None else {}
         self.conn.execute(*self._patches.statement(key, patch.changes(), guarded, session_id))
 
-    def add_usage(self, key: str, d: UsageDelta, updated_at: float | None) -> None:
-        total = d.input_tokens + d.output_tokens + d.cache_read_tokens + d.cache_write_tokens
-        self.conn.execute(
-            "UPDATE routing SET input_tokens = input_tokens + ?, output_tokens = output_tokens + ?,"
-            " cache_read_tokens = cache_read_tokens + ?, cache_write_tokens = cache_write_tokens + ?,"
-            " total_tokens = total_tokens + ?, estimated_cost_usd = estimated_cost_usd + ?,"
-            " last_prompt_tokens = CASE WHEN ? > 0 THEN ? ELSE last_prompt_tokens END,"
-            " cost_status = CASE WHEN ? != '' THEN ? ELSE cost_status END,"
-            " updated_at = coalesce(?, updated_at) WHERE session_key = ?",
-            (d.input_tokens, d.output_tokens, d.cache_read_tokens, d.cache_write_tokens, total,
-             d.cost_usd, d.last_prompt_tokens, d.last_prompt_tokens, d.cost_status, d.cost_status,
-             updated_at, key))
+    def add_usage(self, key: str, d: UsageDelta, updated_at: float | None,
+                  session_id: str | None = None) -> None:
+        self.conn.execute(*usage_update("?", "min", d, updated_at, key, session_id))
 
     def keys_active_since(self, since: float, keys: Sequence[str] | None = None) -> list[str]:
         found = [r[0] for r in self.conn.execute(

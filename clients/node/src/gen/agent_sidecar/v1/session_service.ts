@@ -3718,8 +3718,9 @@ export const SessionServiceService = {
   },
   /**
    * Drop the lane: its routing entry, every incarnation, their messages,
-   * state and frames, and its cached agent. `deleted` is false when it did
-   * not exist. Needs a credential for the session's platform, or admin.
+   * state and frames, and its cached agent; also the transcripts of a key
+   * whose routing entry PruneSessions removed. `deleted` is false when the
+   * key has neither. Needs a credential for the session's platform, or admin.
    */
   deleteSession: {
     path: "/agent_sidecar.v1.SessionService/DeleteSession" as const,
@@ -3916,8 +3917,9 @@ export interface SessionServiceServer extends UntypedServiceImplementation {
   markResumePending: handleUnaryCall<MarkResumePendingRequest, MarkResumePendingResponse>;
   /**
    * Drop the lane: its routing entry, every incarnation, their messages,
-   * state and frames, and its cached agent. `deleted` is false when it did
-   * not exist. Needs a credential for the session's platform, or admin.
+   * state and frames, and its cached agent; also the transcripts of a key
+   * whose routing entry PruneSessions removed. `deleted` is false when the
+   * key has neither. Needs a credential for the session's platform, or admin.
    */
   deleteSession: handleUnaryCall<DeleteSessionRequest, DeleteSessionResponse>;
   /**
@@ -4110,8 +4112,9 @@ export interface SessionServiceClient extends Client {
   ): ClientUnaryCall;
   /**
    * Drop the lane: its routing entry, every incarnation, their messages,
-   * state and frames, and its cached agent. `deleted` is false when it did
-   * not exist. Needs a credential for the session's platform, or admin.
+   * state and frames, and its cached agent; also the transcripts of a key
+   * whose routing entry PruneSessions removed. `deleted` is false when the
+   * key has neither. Needs a credential for the session's platform, or admin.
    */
   deleteSession(
     request: DeleteSessionRequest,
