@@ -81,6 +81,20 @@ def test_transcript_pages_count_bytes_not_characters(sc):
     assert got == 20 and pages >= 2, (got, pages)
 
 
+@pytest.mark.parametrize("page_size", [1, 31, 32, 33, 64, 1000])
+def test_transcript_pages_read_in_chunks_return_each_message_once(sc, page_size):
+    """A page is read from the store a chunk at a time (so a page of large
+    messages stops reading at its byte budget): pages of any size across
+    the chunks' edges return every live message once, in order."""
+    stub = sc.sessions()
+    s = seed(stub, messages=[msg("user", f"m{i}") for i in range(70)])
+    stub.RewindSession(pb.RewindSessionRequest(session_id=s.session_id, n=1), timeout=10)  # m69 hidden
+    live = [m.content for m in transcript(stub, s.session_id, page_size=page_size)]
+    assert live == [f"m{i}" for i in range(69)]
+    everything = transcript(stub, s.session_id, include_rewound=True, page_size=page_size)
+    assert [m.seq for m in everything] == list(range(1, 71))
+
+
 def test_session_pages_end_before_a_default_receive_limit(sc):
     """120 sessions whose chat name and topic are 4,096 four-byte characters
     each (~4 MiB of sessions): a page of page_size 1000 ends at the byte

@@ -41,6 +41,12 @@ def _within_page_bytes(items: list, size_of: Callable[[Any], int]) -> list:
     return page
 
 
+# GetTranscript reads a page's rows this many at a time, stopping once the
+# page's byte budget is spent: a page of large messages never holds more than
+# a chunk past its budget in the sidecar, whatever page_size asked for.
+TRANSCRIPT_CHUNK = 32
+
+
 def _message_bytes(m: Message) -> int:
     return 64 + sum(len(v.encode()) for v in (m.content, m.tool_calls_json, m.tool_name, m.tool_call_id))
 
@@ -213,16 +219,25 @@ class SessionService(pb_grpc.SessionServiceServicer):
         await self._incarnation_key(request.session_id, principal)
         size = cv.page_size(request.page_size, self.cfg)
         token = cv.decode_page_token(request.page_token, "transcript", {"after": int})
-        after = token["after"] if token else 0
-        msgs = await self.store.transcript(request.session_id, include_rewound=request.include_rewound,
-                                           after_seq=after, limit=size + 1)
-        page: list[Message] = _within_page_bytes(msgs[:size], _message_bytes)
-        nxt = ""
-        if len(page) < len(msgs):
-            nxt = cv.encode_page_token({"k": "transcript", "after": page[-1].seq})
-        msgs = page
-        return pb.GetTranscriptResponse(messages=[cv.message_to_proto(m) for m in msgs],
+        page, more = await self._transcript_page(request.session_id, request.include_rewound,
+                                                 token["after"] if token else 0, size)
+        nxt = cv.encode_page_token({"k": "transcript", "after": page[-1].seq}) if more else ""
+        return pb.GetTranscriptResponse(messages=[cv.message_to_proto(m) for m in page],
                                         next_page_token=nxt)
+
+    async def _transcript_page(self, session_id: str, include_rewound: bool, after: int,
+                               size: int) -> tuple[list[Message], bool]:
+        """Up to ``size`` messages after seq ``after`` within the page's byte
+        budget, read a chunk at a time, and whether more follow."""
+        read: list[Message] = []
+        while True:
+            chunk = await self.store.transcript(session_id, include_rewound=include_rewound,
+                                                after_seq=read[-1].seq if read else after,
+                                                limit=min(TRANSCRIPT_CHUNK, size + 1 - len(read)))
+            read += chunk
+            page: list[Message] = _within_page_bytes(read[:size], _message_bytes)
+            if len(page) < len(read) or len(chunk) < TRANSCRIPT_CHUNK:
+                return page, len(page) < len(read)
 
     @unary
     async def AppendMessages(self, request, context, principal):
