@@ -36,6 +36,16 @@ def _token(d: dict) -> str:
 
 S = pb  # short alias for the table below
 
+# Tool calls every later turn would fail on (each a JSON array): an item
+# that is not {"id", "type": "function", "function": {"name", "arguments"}}.
+BAD_TOOL_CALLS = {
+    "number-item": "[1]",
+    "function-text": '[{"id": "c", "function": "f"}]',
+    "no-id": '[{"function": {"name": "f", "arguments": "{}"}}]',
+    "arguments-object": '[{"id": "c", "function": {"name": "f", "arguments": {}}}]',
+    "other-type": '[{"id": "c", "type": "x", "function": {"name": "f", "arguments": ""}}]',
+}
+
 
 def _cases():
     big = "x" * (KIB256 + 1)
@@ -80,6 +90,13 @@ def _cases():
          INVALID, "messages[0].tool_calls_json"),
         ("tool-calls-not-array", lambda st, k: st.AppendMessages(S.AppendMessagesRequest(
             session_id=k.session_id, messages=[msg("assistant", "", tool_calls_json='{"a":1}')])),
+         INVALID, "messages[0].tool_calls_json"),
+        *[(f"tool-calls-{name}", lambda st, k, calls=calls: st.AppendMessages(S.AppendMessagesRequest(
+            session_id=k.session_id, messages=[msg("assistant", "", tool_calls_json=calls)])),
+           INVALID, "messages[0].tool_calls_json")
+          for name, calls in BAD_TOOL_CALLS.items()],
+        ("tool-calls-on-user", lambda st, k: st.AppendMessages(S.AppendMessagesRequest(
+            session_id=k.session_id, messages=[msg("user", "hi", tool_calls_json="[]")])),
          INVALID, "messages[0].tool_calls_json"),
         ("no-messages", lambda st, k: st.AppendMessages(S.AppendMessagesRequest(
             session_id=k.session_id)), INVALID, "messages"),

@@ -202,7 +202,8 @@ def test_append_contiguous_seqs_and_fields_roundtrip(stub):
         "a", "b", "c")), timeout=10)
     assert (r1.first_seq, r1.last_seq) == (1, 3)
     at = Timestamp(seconds=1_700_000_000, nanos=123_000_000)
-    extra = [msg("assistant", "", tool_calls_json='[{"id":"call_1","type":"function"}]'),
+    calls = '[{"id":"call_1","type":"function","function":{"name":"lookup","arguments":"{}"}}]'
+    extra = [msg("assistant", "", tool_calls_json=calls),
              msg("tool", '{"ok":true}', tool_call_id="call_1", tool_name="lookup", created_at=at)]
     r2 = stub.AppendMessages(pb.AppendMessagesRequest(session_id=s.session_id, messages=extra),
                              timeout=10)
@@ -210,7 +211,7 @@ def test_append_contiguous_seqs_and_fields_roundtrip(stub):
     got = transcript(stub, s.session_id)
     assert [m.seq for m in got] == [1, 2, 3, 4, 5]
     assert [m.role for m in got] == ["user", "assistant", "user", "assistant", "tool"]
-    assert got[3].tool_calls_json == '[{"id":"call_1","type":"function"}]'
+    assert got[3].tool_calls_json == calls
     assert (got[4].tool_call_id, got[4].tool_name, got[4].content) == ("call_1", "lookup", '{"ok":true}')
     assert got[4].created_at.seconds == 1_700_000_000
     assert abs(got[4].created_at.nanos - 123_000_000) < 1000

@@ -578,7 +578,9 @@ type Message struct {
 	ToolCallId string `protobuf:"bytes,3,opt,name=tool_call_id,json=toolCallId,proto3" json:"tool_call_id,omitempty"`
 	// On "tool" messages: the tool's dotted name.
 	ToolName string `protobuf:"bytes,4,opt,name=tool_name,json=toolName,proto3" json:"tool_name,omitempty"`
-	// OpenAI-style tool_calls array, as JSON, on assistant messages.
+	// OpenAI-style tool_calls array, as JSON, on assistant messages only:
+	// items {"id": text, "type": "function", "function": {"name": text,
+	// "arguments": JSON text}} ("type" may be left out), else INVALID_ARGUMENT.
 	ToolCallsJson string `protobuf:"bytes,5,opt,name=tool_calls_json,json=toolCallsJson,proto3" json:"tool_calls_json,omitempty"`
 	// When written; the sidecar sets it when unset.
 	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`

@@ -83,6 +83,30 @@ def check_size(value: str, field: str, limit: int) -> str:
     return value
 
 
+def check_tool_calls(role: str, text: str, field: str) -> None:
+    """An assistant message's OpenAI-style tool calls, as every later turn
+    sends them to its model: a list of ``{"id", "type": "function",
+    "function": {"name", "arguments"}}`` with string id, name and arguments.
+    Refused here, not taken: a malformed one would fail each later turn of
+    the session until the transcript were rewritten."""
+    if role != "assistant":
+        raise invalid(field, "is only for assistant messages")
+    try:
+        calls = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise invalid(field, "is not valid JSON") from None
+    if not isinstance(calls, list):
+        raise invalid(field, "must be a JSON array")
+    for n, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(call, dict) or not isinstance(call.get("id"), str) or not call["id"] \
+                or call.get("type", "function") != "function" or not isinstance(fn, dict) \
+                or not isinstance(fn.get("name"), str) or not fn["name"] \
+                or not isinstance(fn.get("arguments"), str):
+            raise invalid(field, f"item {n} must be {{\"id\": text, \"type\": \"function\","
+                                 f" \"function\": {{\"name\": text, \"arguments\": JSON text}}}}")
+
+
 def messages_from_proto(msgs, cfg: Config, field: str = "messages") -> list[Message]:
     if len(msgs) > cfg.limits.max_messages_per_request:
         raise invalid(field, f"more than {cfg.limits.max_messages_per_request} messages")
@@ -96,11 +120,7 @@ def messages_from_proto(msgs, cfg: Config, field: str = "messages") -> list[Mess
         check_size(m.tool_name, f"{field}[{i}].tool_name", lim.max_id_length)
         check_size(m.tool_call_id, f"{field}[{i}].tool_call_id", lim.max_id_length)
         if m.tool_calls_json:
-            try:
-                if not isinstance(orjson.loads(m.tool_calls_json), list):
-                    raise ValueError
-            except ValueError:
-                raise invalid(f"{field}[{i}].tool_calls_json", "must be a JSON array") from None
+            check_tool_calls(m.role, m.tool_calls_json, f"{field}[{i}].tool_calls_json")
         try:
             created = m.created_at.ToNanoseconds() / 1e9 if m.HasField("created_at") else 0.0
         except ValueError:

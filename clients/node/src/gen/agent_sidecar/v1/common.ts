@@ -211,7 +211,11 @@ export interface Message {
   toolCallId: string;
   /** On "tool" messages: the tool's dotted name. */
   toolName: string;
-  /** OpenAI-style tool_calls array, as JSON, on assistant messages. */
+  /**
+   * OpenAI-style tool_calls array, as JSON, on assistant messages only:
+   * items {"id": text, "type": "function", "function": {"name": text,
+   * "arguments": JSON text}} ("type" may be left out), else INVALID_ARGUMENT.
+   */
   toolCallsJson: string;
   /** When written; the sidecar sets it when unset. */
   createdAt?:
