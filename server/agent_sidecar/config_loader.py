@@ -130,7 +130,7 @@ class Loader:
                 if isinstance(v, dict):
                     self._walk(sub, v, path + ".", kwargs, secrets)
                 else:
-                    self.out.add(path, "expected a table", v)
+                    self.out.shape(path, "expected a table", v)
             elif sub.md.get("secret"):
                 secrets.setdefault(sub.field.name, []).append((sub.form, v, path))
             else:
@@ -143,7 +143,7 @@ class Loader:
         origin = typing.get_origin(tp)
         if is_table(tp) or origin is dict:
             if not isinstance(v, dict):
-                self.out.add(where, "expected a table", v)
+                self.out.shape(where, "expected a table", v)
                 return BAD
             if is_table(tp):
                 return self.parse(tp, v, where + ".")
@@ -153,7 +153,7 @@ class Loader:
         if origin is list:
             inner = typing.get_args(tp)[0]
             if not isinstance(v, list):
-                self.out.add(where, "expected an " + describe(tp), v)
+                self.out.shape(where, "expected an " + describe(tp), v)
                 return BAD
             items = []
             for i, x in enumerate(v):
@@ -162,7 +162,7 @@ class Loader:
                 elif isinstance(x, dict):
                     x = self.parse(inner, x, f"{where}[{i}].")
                 else:
-                    self.out.add(f"{where}[{i}]", "expected a table", x)
+                    self.out.shape(f"{where}[{i}]", "expected a table", x)
                     x = BAD
                 if x is not BAD:
                     items.append(x)
@@ -181,7 +181,7 @@ class Loader:
             elif stored in out:
                 self.out.add(path, "the same name as another table (names are case-insensitive)")
             elif not isinstance(sub, dict):
-                self.out.add(path, "expected a table", sub)
+                self.out.shape(path, "expected a table", sub)
             else:
                 out[stored] = self.parse(cls, sub, path + ".", name=stored)
         return out

@@ -185,6 +185,13 @@ def short(value: Any) -> str:
 
 
 _NOTHING = object()  # "got" left out of a message
+_KINDS = ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"),
+          (list, "an array"), (dict, "a table"))
+
+
+def kind_of(value: Any) -> str:
+    """What a TOML value is ("a string", "a table"...), for a shape error."""
+    return next((name for tp, name in _KINDS if isinstance(value, tp)), "a date or time")
 
 
 class Problems:
@@ -203,6 +210,12 @@ class Problems:
         if source:
             line += f" [from {source}]"
         self.lines.append(line)
+
+    def shape(self, where: str, what: str, got: Any) -> None:
+        """A value of the wrong kind where a table or an array belongs. Its
+        kind is shown, never the value: what a table holds may be a secret
+        (``[auth.tokens]`` written with one pair of brackets)."""
+        self.add(where, f"{what} (got {kind_of(got)})")
 
     def _source(self, where: str) -> str | None:
         while where:

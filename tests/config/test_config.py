@@ -321,6 +321,13 @@ def test_secrets_never_appear_in_errors(tmp_path):
     assert names(lines) == ["auth.tokens[0].tokn"] and "hunter2" not in lines[0]
     lines = problems(tmp_path, TOKENS.format("token = 42"))
     assert lines == ['config error: auth.tokens[0].token: expected a string (got "***")']
+    # A table or an array of the wrong shape is described, not shown: it may hold tokens.
+    assert problems(tmp_path, '[auth.tokens]\ntoken = "hunter2"\n') == [
+        "config error: auth.tokens: expected an array of tables (got a table)"]
+    assert problems(tmp_path, '[auth]\ntokens = ["hunter2"]\n') == [
+        "config error: auth.tokens[0]: expected a table (got a string)"]
+    lines = problems(tmp_path, "", {"AGENT_SIDECAR_AUTH__TOKENS": '{token = "hunter2"}'})
+    assert len(lines) == 1 and "hunter2" not in lines[0], lines
 
 
 def test_tokens_from_the_environment_replace_the_files(tmp_path):
