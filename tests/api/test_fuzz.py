@@ -75,7 +75,8 @@ def plausible(known: dict) -> dict[str, list[str]]:
         "role": ["user", "assistant", "system", "tool"], "profile": ["", "main"],
         "query": ["hello", "hi there"], "request_id": ["r1", "r2"], "namespace": ["fz"],
         "name": ["fz.t", "fz.u"], "reason": ["restart_timeout"], "page_token": [""],
-        "tool_calls_json": ["[]", '[{"id": "1", "function": {"name": "t", "arguments": "{}"}}]'], "parameters_json_schema": ['{"type": "object"}'],
+        "tool_calls_json": ["[]", '[{"id": "1", "function": {"name": "t", "arguments": "{}"}}]'],
+        "parameters_json_schema": ['{"type": "object"}'],
         "result_json": ['{"ok": 1}'], "invocation_id": ["i1"], "mime_type": ["image/png"],
     }
 
