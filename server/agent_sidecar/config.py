@@ -27,6 +27,7 @@ module: they get plain settings dicts.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
@@ -303,6 +304,9 @@ class Config:
                     entry.address
         if self.store.backend == "postgres" and not self.store.dsn:
             yield "store.dsn", "backend \"postgres\" needs a DSN (dsn, dsn_env or dsn_file)", ""
+        if self.store.backend == "postgres" and not _installed("psycopg", "psycopg_pool"):
+            yield "store.backend", ("\"postgres\" needs its driver, which is not installed:"
+                                    " pip install 'agent-sidecar[postgres]'"), "postgres"
         if self.dedup_window_s > self.retention_days * 86400:  # a twin replays the ledger and frames
             yield "sidecar.dedup_window_s", (f"must be within retention_days ({self.retention_days * 86400:g} s):"
                                              " a retry in the window replays frames retention has pruned"), \
@@ -381,3 +385,9 @@ def _check_models(cfg: Config, loader: Loader) -> None:
         if p.model and p.model not in known:
             loader.out.add(f"profiles.{name}.model",
                            f"unknown model backend (known: {', '.join(sorted(known))})", p.model)
+
+
+def _installed(*modules: str) -> bool:
+    """Whether each module can be imported (found, not imported: the
+    configuration is read by commands that never use them)."""
+    return all(importlib.util.find_spec(m) is not None for m in modules)

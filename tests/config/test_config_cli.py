@@ -48,6 +48,22 @@ def test_config_check_accepts_a_good_file_in_one_line(tmp_path):
     assert not (tmp_path / "data").exists()  # no sidecar, no store
 
 
+def test_postgres_without_its_driver_is_a_config_error_not_a_traceback(tmp_path):
+    """An install without the postgres extra: the sitecustomize hides psycopg
+    as if it were not installed; check and serve say what to install."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['psycopg'] = None\n")
+    path = tmp_path / "c.toml"
+    path.write_text('[store]\nbackend = "postgres"\ndsn = "host=/nowhere"\n')
+    for args in (("config", "check", str(path)), ("serve", "--config", str(path),
+                                                   "--data-dir", str(tmp_path / "data"))):
+        r = cli(*args, env={"PYTHONPATH": str(hide)})
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
+        assert r.stderr.splitlines() == ["config error: store.backend: \"postgres\" needs its driver, which is"
+                                         " not installed: pip install 'agent-sidecar[postgres]' (got \"postgres\")"]
+
+
 def test_config_check_reports_every_problem_and_exits_2(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('[sidecar]\nlisten = [42]\n[profiles.main]\ntools = [1, 2]\nmax_iterations = -5\n'
