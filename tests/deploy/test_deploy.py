@@ -119,6 +119,8 @@ def test_the_dockerfile_copies_what_the_repo_has_and_runs_its_own_commands():
     args = build_parser().parse_args(probe[1:])
     assert args.command == "health"
     assert args.target == f"unix:{serve.data_dir}/sidecar.sock", "the health check asks the served socket"
+    # Named, not the default: TCP listeners added to the command or the config keep it.
+    assert args.target in serve.listen, (args.target, serve.listen)
 
 
 # -- systemd ---------------------------------------------------------------------------
@@ -179,9 +181,17 @@ def test_the_kubernetes_example_shares_the_socket_as_one_uid_and_waits_out_the_d
     mounts = re.findall(r"- name: (\S+)\n\s+mountPath: (\S+)", text)
     sharing = [name for name, path in mounts if path == sock_dir]
     assert len(sharing) == 2 and len(set(sharing)) == 1, mounts
-    for probe in re.findall(r'command: (\[.+\])', text):
-        cmd = json.loads(probe)
-        assert cmd[0] == "agent-sidecar" and build_parser().parse_args(cmd[1:]).target == args.listen[0]
+    probes = re.findall(r"(\w+Probe):\n\s+exec:\n\s+command: (\[[^]]+\])\n((?:\s+\w+: \d+\n)+)", text)
+    assert {kind for kind, _, _ in probes} == {"startupProbe", "readinessProbe", "livenessProbe"}, probes
+    for kind, command, settings in probes:
+        cmd = json.loads(command)
+        health = build_parser().parse_args(cmd[1:])
+        assert cmd[0] == "agent-sidecar" and health.target == args.listen[0]
+        # Kubernetes' own timeout (1 s unless set) must outlast the command's.
+        timeout = re.search(r"timeoutSeconds: (\d+)", settings)
+        assert timeout and float(timeout.group(1)) > health.timeout, (kind, settings)
+        # Alive is any answer: a NOT_SERVING sidecar (full disk, drain) is not restarted.
+        assert health.live == (kind == "livenessProbe"), kind
 
 
 # -- sd_notify -------------------------------------------------------------------------

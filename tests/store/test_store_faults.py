@@ -16,6 +16,8 @@ import asyncio
 import os
 import signal
 import stat
+import subprocess
+import sys
 import threading
 import time
 
@@ -135,6 +137,11 @@ def test_turns_end_once_and_the_store_recovers_when_the_disk_fills(disk, tmp_pat
         assert_store_unavailable(err)
         wait_until(lambda: every_health(sc) == {health_pb2.HealthCheckResponse.NOT_SERVING},
                    what="NOT_SERVING while the store cannot write, for every service name")
+        # The health command: not ready (exit 1), but alive for a liveness probe (--live).
+        health = [sys.executable, "-m", "agent_sidecar", "health", "--target", sc.target]
+        for flags, status in (([], 1), (["--live"], 0)):
+            r = subprocess.run(health + flags, capture_output=True, text=True, timeout=30)
+            assert r.returncode == status and "NOT_SERVING" in r.stdout, (flags, r.stdout, r.stderr)
         # While it cannot write: writes and new prompts are refused, retryably.
         with pytest.raises(grpc.RpcError) as refused:
             big_append(sessions, spare.session_id, 100)

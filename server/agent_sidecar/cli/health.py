@@ -2,8 +2,11 @@
 container health checks and scripts.
 
 Exit status 0 when the answer is SERVING, 1 for anything else (NOT_SERVING
-while the startup restore runs or a drain is under way, no answer within the
-timeout, no sidecar at all). One line on stdout says which. Target options
+while the startup restore runs, a drain is under way or the store cannot
+write, no answer within the timeout, no sidecar at all). With ``--live``, 0
+for any answer: the process is alive, for a liveness probe (restarting a
+sidecar whose disk is full, or whose restore is running, would not help).
+One line on stdout says which. Target options
 that cannot work (``--cert`` without ``--key``, a token in cleartext to
 another host) are exit status 2, as argparse's errors; the options are every
 command's (connection.py).
@@ -36,4 +39,4 @@ def run(args) -> int:
             return 1
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
     print(f"{args.target}: {status}")
-    return 0 if response.status == health_pb2.HealthCheckResponse.SERVING else 1
+    return 0 if args.live or response.status == health_pb2.HealthCheckResponse.SERVING else 1

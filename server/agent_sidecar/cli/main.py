@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_target_arguments(h)
     h.add_argument("--service", default="", help="the service name to ask about (default: the server)")
     h.add_argument("--timeout", type=positive(float), default=3.0, help="seconds to wait for the answer (default 3)")
+    h.add_argument("--live", action="store_true",
+                   help="exit 0 for any answer, NOT_SERVING too (a liveness probe: the process answers)")
     h.set_defaults(func=_health)
 
     st = sub.add_parser("status", help="what a running sidecar is doing: workers, turns, queues, store")
