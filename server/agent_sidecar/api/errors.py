@@ -91,8 +91,27 @@ async def abort(context: grpc.aio.ServicerContext, err: E.SidecarError) -> None:
     ``AbortError``: the call's state keeps that exception, whose traceback keeps
     the handler's frames and so the request alive, and they keep the call's
     state: a reference cycle that only the cyclic GC frees, which runs rarely
-    in this process (children.tune_gc). Callers return right after it."""
+    in this process (children.tune_gc). Callers return right after it.
+
+    For the same reason ``err`` loses its traceback (and so do the errors
+    it was raised from): nothing reads it after this (a bug was logged with
+    it already), and a frame that holds ``err`` in a local would otherwise
+    be a cycle through that traceback, keeping the request alive with it."""
+    _forget_frames(err)
     st = to_grpc_status(err)
     context.set_code(st.code)
     context.set_details(st.details)
     context.set_trailing_metadata(st.trailing_metadata)
+
+
+def _forget_frames(err: BaseException) -> None:
+    """Drop the tracebacks of ``err`` and of every error it was raised from."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [err]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        todo += [e.__cause__, e.__context__]
