@@ -205,6 +205,8 @@ def _bearer(token: str) -> str | None:
     """A token a client can send: gRPC metadata carries printable ASCII only."""
     if not metadata_safe(token):
         return "must be printable ASCII (what gRPC metadata carries; no client could send it)"
+    if token != token.strip():
+        return "may not begin or end with a space (the sidecar strips what a client sends: it would never match)"
     return None
 
 
@@ -302,6 +304,10 @@ class Config:
             if not entry.address.startswith("unix:") and not self.tokens:
                 yield f"listen[{i}].address", "a TCP listener needs [[auth.tokens]] in the config", \
                     entry.address
+        first: dict[str, int] = {}
+        for i, t in enumerate(self.tokens):
+            if t.token and first.setdefault(t.token, i) != i:  # one token, two sets of rights
+                yield f"auth.tokens[{i}].token", f"the same token as auth.tokens[{first[t.token]}]", "***"
         if self.store.backend == "postgres" and not self.store.dsn:
             yield "store.dsn", "backend \"postgres\" needs a DSN (dsn, dsn_env or dsn_file)", ""
         if self.store.backend == "postgres" and not _installed("psycopg", "psycopg_pool"):

@@ -316,6 +316,17 @@ def test_a_secret_named_by_a_variable_or_a_file_may_not_be_empty(tmp_path):
     assert load(tmp_path, '[cluster]\ntoken = ""\n').cluster.token == ""
 
 
+def test_a_token_that_could_never_match_is_refused(tmp_path):
+    """A client's token is stripped: one with spaces at an end would never
+    match. The same token twice is two sets of rights for one caller."""
+    lines = problems(tmp_path, TOKENS.format('token = " abc "'))
+    assert names(lines) == ["auth.tokens[0].token"] and "space" in lines[0] and "abc" not in lines[0]
+    twice = '[[auth.tokens]]\ntoken = "t1"\n[[auth.tokens]]\ntoken = "t2"\n' \
+            '[[auth.tokens]]\ntoken = "t1"\nadmin = true\n'
+    lines = problems(tmp_path, twice)
+    assert lines == ['config error: auth.tokens[2].token: the same token as auth.tokens[0] (got "***")']
+
+
 def test_secrets_never_appear_in_errors(tmp_path):
     lines = problems(tmp_path, TOKENS.format('token = "t"\ntokn = "hunter2"'))
     assert names(lines) == ["auth.tokens[0].tokn"] and "hunter2" not in lines[0]

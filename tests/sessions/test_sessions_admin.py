@@ -262,6 +262,9 @@ def test_tcp_needs_token(shared_sidecar):
     good = [("authorization", f"Bearer {TOKEN}")]
     r = tcp.GetOrCreateSession(req, timeout=10, metadata=good)
     assert r.created
+    for scheme in ("bearer", "BEARER"):  # the scheme is case-insensitive (RFC 9110)
+        again = tcp.GetOrCreateSession(req, timeout=10, metadata=[("authorization", f"{scheme} {TOKEN}")])
+        assert again.session.session_id == r.session.session_id
     got = tcp.GetSession(pb.GetSessionRequest(session_key=r.session.session_key), timeout=10,
                          metadata=good)
     assert got.session.session_id == r.session.session_id

@@ -51,15 +51,24 @@ class Authenticator:
     def authenticate(self, context: grpc.aio.ServicerContext) -> Principal:
         if context.peer().startswith("unix:"):
             return LOCAL
-        presented = b""
-        for key, value in context.invocation_metadata() or ():
-            if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
-                presented = value[7:].strip().encode()
+        presented = _bearer_token(context.invocation_metadata() or ())
         if not presented:
             FAILURES[UNAUTHENTICATED] += 1
-            raise SidecarError(UNAUTHENTICATED, "a bearer token is required over TCP")
+            raise SidecarError(UNAUTHENTICATED, "a bearer token is required over TCP"
+                               " (an authorization header of 'Bearer <token>')")
         for token, principal in self._tokens:
             if hmac.compare_digest(token, presented):
                 return principal
         FAILURES[UNAUTHENTICATED] += 1
         raise SidecarError(UNAUTHENTICATED, "unknown bearer token")
+
+
+def _bearer_token(metadata) -> bytes:
+    """The token of the ``authorization`` header, ``Bearer <token>`` with the
+    scheme in any case (RFC 6750 via RFC 9110), or b"" when there is none."""
+    for key, value in metadata:
+        if key == "authorization" and isinstance(value, str):
+            scheme, _, token = value.strip().partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip().encode()
+    return b""
