@@ -234,6 +234,18 @@ def test_sessions_over_tcp_with_token(shared_sidecar):
     assert a.session_key in r.stdout
 
 
+def test_a_token_from_a_file_stays_out_of_the_command_line(shared_sidecar, tmp_path):
+    secret = tmp_path / "token"
+    secret.write_text(TOKEN + "\n")
+    r = run("sessions", "--target", shared_sidecar.tcp_target, "--token-file", str(secret), "list")
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "empty").write_text("\n")
+    for args, error in (((str(tmp_path / "none"),), "cannot read"), ((str(tmp_path / "empty"),), "holds no token"),
+                        ((str(secret), "--token", TOKEN), "not allowed with argument")):
+        r = run("status", "--target", shared_sidecar.tcp_target, "--token-file", *args)
+        assert r.returncode == 2 and error in r.stderr and TOKEN not in r.stderr, r.stderr
+
+
 # -- bad data dirs and stores: one clear line and a non-zero exit, never a traceback -------------
 
 @pytest.mark.parametrize("kind", ["file", "symlink"])

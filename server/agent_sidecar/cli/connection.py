@@ -1,11 +1,13 @@
 """How every command that talks to a running sidecar reaches it: the target
-options (``--target``, ``--token``, ``--tls``, ``--ca``, ``--cert``/``--key``,
+options (``--target``, ``--token`` or ``--token-file``, ``--tls``, ``--ca``, ``--cert``/``--key``,
 ``--server-name``, ``--insecure``) and the channel they describe, built here
 and nowhere else (health, sessions, status and bench take the same options).
 
 The bearer token is a password: it is never sent in cleartext to another
 machine by accident. A token over a plain TCP channel to a host that is not
-loopback is refused unless ``--insecure`` says so (docs/security.md).
+loopback is refused unless ``--insecure`` says so (docs/security.md). Read
+from a file (``--token-file``), it stays out of ``ps``, ``/proc/PID/cmdline``
+and the shell's history, where ``--token`` puts it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ def add_target_arguments(parser: Any, default: str = DEFAULT_TARGET, target_help
                          ) -> None:
     """The target options on ``parser`` (a parser or an argument group)."""
     parser.add_argument("--target", type=target, default=default, help=f"{target_help} (default {default})")
-    parser.add_argument("--token", type=token, default=None, help="bearer token (TCP)")
+    given = parser.add_mutually_exclusive_group()
+    given.add_argument("--token", type=token, default=None, help="bearer token (TCP; --token-file keeps it out of ps)")
+    given.add_argument("--token-file", dest="token", type=token_file, metavar="FILE",
+                       help="read the bearer token from FILE (its first line)")
     parser.add_argument("--tls", action="store_true",
                         help="TLS to the target (the system's roots unless --ca)")
     parser.add_argument("--ca", "--ca-cert", dest="ca_file", default=None, metavar="FILE",
@@ -39,6 +44,18 @@ def add_target_arguments(parser: Any, default: str = DEFAULT_TARGET, target_help
                         help="the name to expect in the target's certificate (default: the target's host)")
     parser.add_argument("--insecure", action="store_true",
                         help="allow --token over plain TCP to a host that is not loopback (cleartext)")
+
+
+def token_file(path: str) -> str:
+    """The token in the file ``path``: its first line, which must be a token."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            first = f.readline().strip()
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {e.strerror}") from None
+    if not first:
+        raise argparse.ArgumentTypeError(f"{path} holds no token (its first line is empty)")
+    return token(first)
 
 
 def uses_tls(args: argparse.Namespace) -> bool:
