@@ -86,15 +86,20 @@ def test_config_show_prints_what_loads_back_with_secrets_masked(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(f'[[auth.tokens]]\ntoken_file = "{secret}"\nplatforms = ["Slack"]\n'
                     '[sidecar]\nhome_channels = { telegram = { chat_id = "-1", name = "Home" } }\n'
-                    '[profiles.gpt]\nmodel = "openai"\nmodel_options = { base_url = "http://h/v1" }\n')
+                    '[profiles.gpt]\nmodel = "openai"\nmodel_options = { base_url = "http://h/v1",'
+                    ' api_key_env = "OPENAI_KEY", extra_headers = { Authorization = "Bearer sk-live-1",'
+                    ' X-Org = "org-2" } }\n')
     r = cli("config", "show", str(path), env={"AGENT_SIDECAR_SIDECAR__WORKERS": "3"})
     assert r.returncode == 0, r.stderr
     assert "hunter2" not in r.stdout and 'token = "***"' in r.stdout
+    # A model's options: headers masked (any may be a credential), where a key lives shown.
+    assert "sk-live-1" not in r.stdout and "org-2" not in r.stdout and "OPENAI_KEY" in r.stdout
     shown = tmp_path / "shown.toml"
     shown.write_text(r.stdout)
     again = load_config(str(shown), environ={})
     original = load_config(str(path), environ={"AGENT_SIDECAR_SIDECAR__WORKERS": "3"})
     original.tokens[0].token = "***"
+    original.profiles["gpt"].model_options["extra_headers"] = {"Authorization": "***", "X-Org": "***"}
     assert again == original and again.workers == 3
 
 

@@ -80,7 +80,29 @@ def _fill(out: dict, node: dict, obj: Any) -> None:
             value = {name: as_table(v, typing.get_args(sub.tp)[1]) for name, v in value.items()}
         elif is_array(sub.tp):
             value = [as_table(v, typing.get_args(sub.tp)[0]) for v in value]
+        elif isinstance(value, dict):  # a free table (a profile's model_options)
+            value = _masked(value)
         out[k] = value
+
+
+# In a free table the schema does not say what is secret: values under these
+# names are masked, and every value of a table of HTTP headers (any header may
+# carry a credential). A name that says where a secret is (``api_key_env``)
+# is shown.
+_SECRET_WORDS = ("authorization", "token", "secret", "password", "passwd", "key", "credential", "cookie")
+
+
+def _masked(table: dict[str, Any], all_values: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        name = k.lower()
+        if isinstance(v, dict):
+            out[k] = _masked(v, all_values or "header" in name)
+        elif all_values or (any(w in name for w in _SECRET_WORDS) and not name.endswith(("_env", "_file"))):
+            out[k] = MASK if v else v
+        else:
+            out[k] = v
+    return out
 
 
 _BARE = re.compile(r"[A-Za-z0-9_-]+")
