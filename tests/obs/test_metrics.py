@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import urllib.error
 import urllib.request
 
@@ -24,6 +25,7 @@ from helpers.tools import AB_SCHEMA, ToolHost
 from helpers.waiting import wait_until
 from sidecar_proc import ROOT, TOKEN, Sidecar, error_info, free_port
 
+from agent_sidecar.obs.http import MAX_CONNECTIONS
 from agent_sidecar.v1 import status_service_pb2 as spb
 from agent_sidecar.v1 import status_service_pb2_grpc as spb_grpc
 
@@ -160,6 +162,32 @@ def test_only_get_metrics_is_served(sc):
     assert e.value.code == 405
     info = scrape(sc.metrics_port).labels("agent_sidecar_info")
     assert len(info) == 1 and info[0]["version"] and info[0]["node_id"].endswith(str(sc.data_dir))
+
+
+def test_the_endpoint_names_its_format_takes_bare_lf_and_bounds_its_connections(sc):
+    with urllib.request.urlopen(f"http://127.0.0.1:{sc.metrics_port}/metrics", timeout=10) as r:
+        assert r.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    with socket.create_connection(("127.0.0.1", sc.metrics_port), timeout=10) as bare_lf:
+        bare_lf.sendall(b"GET /metrics HTTP/1.1\nHost: x\n\n")
+        assert bare_lf.recv(64).startswith(b"HTTP/1.1 200 OK\r\n")
+    # Idle connections up to the bound wait for their request; one more is closed at once.
+    idle = [socket.create_connection(("127.0.0.1", sc.metrics_port), timeout=10)
+            for _ in range(MAX_CONNECTIONS)]
+    try:
+        with socket.create_connection(("127.0.0.1", sc.metrics_port), timeout=5) as extra:
+            assert extra.recv(64) == b""
+    finally:
+        for s in idle:
+            s.close()
+    wait_until(lambda: _scrapes(sc.metrics_port), what="a scrape once the idle connections closed")
+
+
+def _scrapes(port: int) -> bool:
+    try:
+        scrape(port)
+        return True
+    except (urllib.error.URLError, ConnectionError):
+        return False
 
 
 def test_every_metric_served_is_documented(sc):

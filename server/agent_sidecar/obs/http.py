@@ -7,10 +7,16 @@ changes, so a scrape reads them between two loop steps and never while one
 is half-changed. A scrape costs the loop the time to format the samples,
 about a millisecond for a few hundred of them.
 
-One request per connection (``Connection: close``); a request line or
-headers that do not arrive within READ_TIMEOUT_S, or exceed MAX_HEAD_BYTES,
-end the connection. The endpoint has no authentication: bind it to a
-private address.
+One request per connection (``Connection: close``); a whole exchange that
+does not end within EXCHANGE_TIMEOUT_S (a request that never arrives, a
+client that stops reading the answer), or a head over MAX_HEAD_BYTES, ends
+the connection; at most MAX_CONNECTIONS are served at once, and one past
+that is closed at once: idle connections cannot pile up against the file
+descriptors the gRPC listeners need. The endpoint has no authentication:
+bind it to a private address.
+
+The body is what ``generate_latest`` writes, the text format 0.0.4, and the
+answer says so, whatever version prometheus_client would name by default.
 """
 
 from __future__ import annotations
@@ -19,13 +25,13 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
-
 log = logging.getLogger("agent_sidecar.obs")
 
-READ_TIMEOUT_S = 10.0
+EXCHANGE_TIMEOUT_S = 10.0
 MAX_HEAD_BYTES = 16 * 1024
+MAX_CONNECTIONS = 16
 PATH = "/metrics"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the format generate_latest writes
 
 
 def split_address(listen: str) -> tuple[str, int]:
@@ -40,6 +46,7 @@ class MetricsServer:
     def __init__(self, render: Callable[[], Awaitable[bytes]]):
         self.render = render
         self.server: asyncio.Server | None = None
+        self.open = 0  # connections being served
 
     async def start(self, listen: str) -> str:
         """Listen on ``listen``; returns the address bound (a port 0 resolved).
@@ -63,34 +70,43 @@ class MetricsServer:
             self.server = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.open >= MAX_CONNECTIONS:
+            writer.close()
+            return
+        self.open += 1
         try:
-            async with asyncio.timeout(READ_TIMEOUT_S):
-                method, target = await _read_head(reader)
-            if method not in ("GET", "HEAD"):
-                await _respond(writer, 405, b"only GET\n", extra="Allow: GET, HEAD\r\n")
-            elif target.split("?", 1)[0] != PATH:
-                await _respond(writer, 404, b"metrics are at /metrics\n")
-            else:
-                body = await self.render()
-                await _respond(writer, 200, body, CONTENT_TYPE_LATEST, head_only=method == "HEAD")
+            async with asyncio.timeout(EXCHANGE_TIMEOUT_S):
+                await self._answer(reader, writer)
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, ConnectionError):
             pass  # a client that sent no proper request, or went away: nothing to answer
-        except Exception:
-            log.exception("metrics scrape failed")
-            try:
-                await _respond(writer, 500, b"scrape failed (see the sidecar log)\n")
-            except ConnectionError:
-                pass
         finally:
+            self.open -= 1
             writer.close()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        method, target = await _read_head(reader)
+        if method not in ("GET", "HEAD"):
+            await _respond(writer, 405, b"only GET\n", extra="Allow: GET, HEAD\r\n")
+        elif target.split("?", 1)[0] != PATH:
+            await _respond(writer, 404, b"metrics are at /metrics\n")
+        else:
+            try:
+                body = await self.render()
+            except Exception:
+                log.exception("metrics scrape failed")
+                await _respond(writer, 500, b"scrape failed (see the sidecar log)\n")
+                return
+            await _respond(writer, 200, body, CONTENT_TYPE, head_only=method == "HEAD")
 
 
 async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str]:
-    """The request line's method and target; the headers are read and ignored."""
-    line = (await reader.readuntil(b"\r\n")).decode("latin-1").split()
+    """The request line's method and target; the headers are read and ignored.
+    Lines end at LF, with or without the CR before it (RFC 9112 lets a server
+    take a bare LF)."""
+    line = (await reader.readuntil(b"\n")).decode("latin-1").split()
     if len(line) != 3:
         raise ValueError("not an HTTP request line")
-    while (await reader.readuntil(b"\r\n")) != b"\r\n":
+    while (await reader.readuntil(b"\n")).strip():
         pass
     return line[0], line[1]
 
