@@ -14,10 +14,11 @@ import subprocess
 import sys
 
 import pytest
-from helpers.config import profile
+from helpers.config import profile, slow_echo
 from helpers.fake_openai import FakeOpenAI
+from helpers.ids import source, words
 from helpers.otlp import Collector
-from helpers.streams import assert_well_formed, collect, prompt_req
+from helpers.streams import QUEUE, assert_well_formed, collect, prompt_req, start
 from helpers.tools import AB_SCHEMA, ToolHost, answers
 from sidecar_proc import Sidecar
 
@@ -124,6 +125,26 @@ def test_a_prompt_without_a_traceparent_starts_a_trace(sc, collector, host):
                               s.attributes["agent_sidecar.request_id"] == req.request_id), None))
     rpc = collector.wait_for(lambda spans: next((s for s in spans if s.span_id == turn.parent_id), None))
     assert rpc.parent_id == "" and rpc.trace_id == turn.trace_id and rpc.service == "agent-sidecar"
+
+
+def test_a_turn_still_queued_at_shutdown_exports_its_span(tmp_path, collector):
+    """A turn that leaves the sidecar without a terminal frame (queued when a
+    drain ran out: it runs after the next start) ends its span as it goes;
+    before, the span was never ended, so never exported."""
+    sc = Sidecar(tmp_path / "data", config=slow_echo("main", 100) + "[sidecar]\ndrain_timeout = 0.5\n",
+                 env=collector.env()).start()
+    try:
+        running = start(sc.prompts(), text=words(100), src=source())
+        running.wait_for("started")
+        queued = start(sc.prompts(), text="later", key=running.key, delivery=QUEUE)
+    finally:
+        sc.stop()
+    turn = collector.wait_for(lambda spans: next((s for s in spans if s.name == "turn" and
+                              s.attributes["agent_sidecar.request_id"] == queued.request_id), None),
+                              what="the queued turn's span")
+    assert turn.status == ERROR
+    assert (turn.attributes["agent_sidecar.outcome"], turn.attributes["agent_sidecar.reason"]) == (
+        "left", "shutdown")
 
 
 def test_tracing_off_propagates_nothing(tmp_path):

@@ -140,9 +140,10 @@ class Tracer:
         span.set_attributes({"agent_sidecar.outcome": outcome, "agent_sidecar.reason": reason,
                              "gen_ai.usage.input_tokens": int(turn.usage.get("input_tokens", 0)),
                              "gen_ai.usage.output_tokens": int(turn.usage.get("output_tokens", 0))})
-        if outcome == "failed":
+        if outcome in ("failed", "left"):
             span.set_status(Status(StatusCode.ERROR, reason))
         span.end()
+        turn.span = None  # ended once, whichever way the turn went
 
     def traceparent(self, turn: Any) -> str:
         """The turn span's W3C traceparent, for its worker (a turn restored from

@@ -54,6 +54,15 @@ def configure(version: str, env: Mapping[str, str] | None = None) -> bool:
     return ACTIVE is not None
 
 
+def turn_left(turn: Any, reason: str) -> None:
+    """``turn`` leaves this node without a terminal frame committed here (its
+    lane moved or was deleted, it was refused before its accept, the sidecar
+    stopped first): its span, if it has one, ends now with ``reason`` as an
+    error, so the trace is exported rather than lost with the span."""
+    if ACTIVE is not None and turn.span is not None:
+        ACTIVE.turn_ended(turn, "left", reason)
+
+
 def shutdown() -> None:
     """Export what is buffered and stop the exporters (blocking: call from a
     thread). ``ACTIVE`` stays: a span ended later is dropped, not an error."""

@@ -94,6 +94,8 @@ class TurnManager:
 
     async def stop(self) -> None:
         self.accepting = False
+        for turn in self.live.values():  # queued for the next start, or cut off: spans exported
+            tracing.turn_left(turn, "shutdown")
         for task in list(self._tasks):
             task.cancel()
         if self.pool is not None:
@@ -159,8 +161,6 @@ class TurnManager:
         turn = Turn(rid=rid, key=key, platform=platform, profile=profile, text=text,
                     delivery=delivery or FOLLOW_UP, timeout_s=timeout_s, payload=payload,
                     epoch=epoch)
-        if tracing.ACTIVE is not None:
-            tracing.ACTIVE.turn_began(turn)  # a child of the Prompt RPC's span
         # Reserved before any await: a twin call with this request id follows
         # this turn (and hears it if it is refused) instead of placing its own.
         self.live[rid] = turn
@@ -172,6 +172,8 @@ class TurnManager:
             lane.detach(turn)
         payload["queue_position"] = placement.position(lane, turn)
         position = lane.next_position()
+        if tracing.ACTIVE is not None:  # placed: a turn (refused by its delivery mode, it is none)
+            tracing.ACTIVE.turn_began(turn)  # a child of the Prompt RPC's span
         # An idle lane: accept and start in one transaction. Not for the startup
         # restore's resume turns: their starts (and system prompts) should not
         # hold up SERVING, so they start after their accept, through the bus.
@@ -250,6 +252,7 @@ class TurnManager:
             return
         if self.live.get(turn.rid) is turn:
             del self.live[turn.rid]
+        tracing.turn_left(turn, getattr(error, "reason", E.UNAVAILABLE))
         lane.detach(turn)
         burst.reinstate(self, turn)
         if not isinstance(error, (E.SidecarError, jobs.DuplicateRequest)):

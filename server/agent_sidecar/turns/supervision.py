@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from .. import errors as E
 from ..delivery import INTERRUPT, ROLLBACK
+from ..obs import tracing
 from ..recovery.startup import RestoredPrompt, RestorePlan
 from ..sessions import lifecycle as life
 from ..store import StoreUnavailable
@@ -235,6 +236,7 @@ def abandon(m: TurnManager, key: str, error: E.SidecarError | None = None) -> No
         if turn.began and turn.worker is not None and not turn.finished:
             turn.worker.send(wire.cancel(turn.rid, error.reason))
         turn.drop()
+        tracing.turn_left(turn, error.reason)
         for sub in turn.subscribers:
             sub.push(error)
         turn.subscribers.clear()
