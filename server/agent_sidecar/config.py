@@ -27,10 +27,10 @@ module: they get plain settings dicts.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
+from importlib.util import find_spec
 from typing import Any
 
 from .config_limits import Limits
@@ -158,6 +158,9 @@ class ClusterConfig:
                 "cert_file and key_file go together (a client certificate and its key)", ""
         if self.cert_file and not self.ca_file:
             yield "ca_file", "required with cert_file (client certificates are for TLS)", ""
+        from .tls import client_problems
+        for name, problem in client_problems(self.ca_file, self.cert_file, self.key_file):
+            yield name, problem, ""
 
 
 def _pem_file(path: str) -> str | None:
@@ -310,7 +313,8 @@ class Config:
                 yield f"auth.tokens[{i}].token", f"the same token as auth.tokens[{first[t.token]}]", "***"
         if self.store.backend == "postgres" and not self.store.dsn:
             yield "store.dsn", "backend \"postgres\" needs a DSN (dsn, dsn_env or dsn_file)", ""
-        if self.store.backend == "postgres" and not _installed("psycopg", "psycopg_pool"):
+        # Found, not imported: commands that read the configuration never use the driver.
+        if self.store.backend == "postgres" and None in (find_spec("psycopg"), find_spec("psycopg_pool")):
             yield "store.backend", ("\"postgres\" needs its driver, which is not installed:"
                                     " pip install 'agent-sidecar[postgres]'"), "postgres"
         if self.dedup_window_s > self.retention_days * 86400:  # a twin replays the ledger and frames
@@ -319,6 +323,12 @@ class Config:
                 self.dedup_window_s
         if self.cluster.advertise and self.store.backend != "postgres":
             yield "cluster.advertise", "a cluster needs [store] backend = \"postgres\"", self.cluster.advertise
+        if self.cluster.advertise and not self.cluster.token:
+            yield "cluster.token", "required with advertise (give token, token_env or token_file): the other" \
+                " sidecars present it to call this one", ""
+        elif self.cluster.advertise and not any(t.admin and t.token == self.cluster.token for t in self.tokens):
+            yield "cluster.token", "must also be an admin token in [[auth.tokens]]: the other sidecars" \
+                " present it here, as this one presents it to them", "***"
 
     @property
     def clustered(self) -> bool:
@@ -392,8 +402,3 @@ def _check_models(cfg: Config, loader: Loader) -> None:
             loader.out.add(f"profiles.{name}.model",
                            f"unknown model backend (known: {', '.join(sorted(known))})", p.model)
 
-
-def _installed(*modules: str) -> bool:
-    """Whether each module can be imported (found, not imported: the
-    configuration is read by commands that never use them)."""
-    return all(importlib.util.find_spec(m) is not None for m in modules)

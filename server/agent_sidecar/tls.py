@@ -71,14 +71,38 @@ def check_pair(cert: str, key: str, client_ca: str) -> list[tuple[str, str]]:
             ctx.load_cert_chain(cert, key, password=lambda: b"")
         except (ssl.SSLError, OSError) as e:
             problems.append(("key", f"does not load as the private key of cert ({_ssl_problem(e)})"))
-    if client_ca and _CERT not in ca_pem:
-        problems.append(("client_ca", "not a PEM file of CA certificates (no BEGIN CERTIFICATE block)"))
-    elif client_ca:
-        try:
-            ctx.load_verify_locations(cafile=client_ca)
-        except (ssl.SSLError, OSError) as e:
-            problems.append(("client_ca", f"not a PEM file of CA certificates ({_ssl_problem(e)})"))
+    problem = ca_problem(client_ca, ca_pem) if client_ca else None
+    if problem:
+        problems.append(("client_ca", problem))
     return problems
+
+
+def client_problems(ca_file: str, cert_file: str, key_file: str) -> list[tuple[str, str]]:
+    """(key name, problem) for what a client presents and trusts ([cluster]'s
+    ``ca_file``, ``cert_file``, ``key_file``): the pair must load, the CA file
+    hold certificates."""
+    if cert_file and key_file:
+        named = {"cert": "cert_file", "key": "key_file", "client_ca": "ca_file"}
+        return [(named[name], problem) for name, problem in check_pair(cert_file, key_file, ca_file)]
+    problem = ca_problem(ca_file) if ca_file else None
+    return [("ca_file", problem)] if problem else []
+
+
+def ca_problem(path: str, pem: bytes | None = None) -> str | None:
+    """Why the file ``path`` (its bytes ``pem``, when read already) is no PEM
+    file of CA certificates, or None."""
+    import ssl
+    try:
+        pem = read_pem(path) if pem is None else pem
+    except OSError as e:
+        return file_problem(e)
+    if _CERT not in pem:
+        return "not a PEM file of CA certificates (no BEGIN CERTIFICATE block)"
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=path)
+    except (ssl.SSLError, OSError) as e:
+        return f"not a PEM file of CA certificates ({_ssl_problem(e)})"
+    return None
 
 
 def read_pem(path: str) -> bytes:

@@ -466,3 +466,26 @@ def test_a_cluster_tls_setting_that_cannot_work_is_refused_naming_its_key(tmp_pa
     pem = tmp_path / "x.pem"
     pem.write_text("-----BEGIN CERTIFICATE-----\n")
     assert key in names(problems(tmp_path, text.format(c=pem, missing=tmp_path / "nope.pem")))
+
+
+CLUSTER = '[store]\nbackend = "postgres"\ndsn = "host=/db"\n[cluster]\nadvertise = "10.0.0.5:50051"\n'
+
+
+@pytest.mark.parametrize("case", ["ca_is_a_key", "key_of_another_cert", "no_token", "token_not_admin"])
+def test_a_cluster_node_that_could_never_call_or_be_called_is_refused(tmp_path, certs, case):
+    """Before, each of these passed the check and showed only as every
+    forwarded call failing (UNAVAILABLE or UNAUTHENTICATED)."""
+    admin = '[[auth.tokens]]\ntoken = "node"\nadmin = true\n'
+    text, key = {
+        "ca_is_a_key": (CLUSTER + f'token = "node"\nca_file = "{certs.client_key}"\n' + admin, "cluster.ca_file"),
+        "key_of_another_cert": (CLUSTER + f'token = "node"\nca_file = "{certs.ca}"\ncert_file = "{certs.client_cert}"'
+                                f'\nkey_file = "{certs.server_key}"\n' + admin, "cluster.key_file"),
+        "no_token": (CLUSTER + admin, "cluster.token"),
+        "token_not_admin": (CLUSTER + 'token = "node"\n[[auth.tokens]]\ntoken = "node"\n', "cluster.token"),
+    }[case]
+    lines = [line for line in problems(tmp_path, text) if "[store] backend" not in line and "driver" not in line]
+    assert names(lines) == [key], lines
+    assert "node" not in lines[0].split(": ", 2)[2], lines  # the token is never shown
+    good = CLUSTER + f'token = "node"\nca_file = "{certs.ca}"\ncert_file = "{certs.client_cert}"\n' \
+        f'key_file = "{certs.client_key}"\n' + admin
+    assert load(tmp_path, good).cluster.advertise == "10.0.0.5:50051"
