@@ -121,6 +121,24 @@ def test_session_pages_end_before_a_default_receive_limit(sc):
     assert times == sorted(times, reverse=True)
 
 
+def test_names_and_labels_are_capped_in_characters_whatever_their_bytes(sc):
+    """Before, ResetSession's display_name and MarkResumePending's reason were
+    capped at 256 bytes by their handlers (the caps say characters): 100 CJK
+    characters were refused. A display name takes what a chat name takes."""
+    stub = sc.sessions()
+    s, _ = create(stub)
+    wide = "名" * 100  # 300 bytes
+    reset = stub.ResetSession(pb.ResetSessionRequest(session_key=s.session_key, display_name=wide * 40),
+                              timeout=10).session
+    assert reset.display_name == wide * 40
+    with rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", "display_name"):
+        stub.ResetSession(pb.ResetSessionRequest(session_key=s.session_key, display_name="x" * 4097),
+                          timeout=10)
+    marked = stub.MarkResumePending(pb.MarkResumePendingRequest(session_key=s.session_key, reason=wide),
+                                    timeout=10).session
+    assert marked.resume_reason == wide
+
+
 def test_switch_session_starts_a_fresh_entry(sc):
     """/resume to an earlier incarnation: the lane's counters are not the ones
     the incarnation it left spent (seed 001: switch_session makes a new entry)."""

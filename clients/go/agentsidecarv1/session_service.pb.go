@@ -375,7 +375,8 @@ type ResetSessionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Required.
 	SessionKey string `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
-	// When set, the new incarnation's display name.
+	// When set, the new incarnation's display name; at most 4,096 characters,
+	// as a chat's name.
 	DisplayName   string `protobuf:"bytes,2,opt,name=display_name,json=displayName,proto3" json:"display_name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -27,7 +27,7 @@ from ..errors import invalid
 
 # Stated caps that no config key governs.
 KEY_FACTOR = 4           # a session key: at most four ids long (as convert.require)
-NAME_CHARS = 4096        # display names of a chat (chat_name, chat_topic)
+NAME_CHARS = 4096        # display names (chat_name, chat_topic, ResetSession's display_name)
 URL_CHARS = 8192         # an attachment's url (signed URLs run long)
 QUERY_CHARS = 1024       # SearchMessages.query
 SHORT_CHARS = 64         # a fixed phrase (ClearAllSessions.confirm) or a status word
@@ -71,7 +71,7 @@ def _field_caps(lim: Limits) -> dict[str, dict[str, Cap]]:
         v1 + "GetOrCreateSessionRequest": {"profile": ident},
         v1 + "GetSessionRequest": {"session_key": key, "session_id": ident},
         v1 + "ListSessionsRequest": {"platform": ident, "page_token": token},
-        v1 + "ResetSessionRequest": {"session_key": key, "display_name": ident},
+        v1 + "ResetSessionRequest": {"session_key": key, "display_name": Cap(NAME_CHARS, "chars")},
         v1 + "SwitchSessionRequest": {"session_key": key, "target_session_id": ident},
         v1 + "SuspendSessionRequest": {"session_key": key},
         v1 + "MarkResumePendingRequest": {"session_key": key, "reason": ident},

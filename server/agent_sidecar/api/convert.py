@@ -117,8 +117,6 @@ def messages_from_proto(msgs, cfg: Config, field: str = "messages") -> list[Mess
             raise invalid(f"{field}[{i}].role", f"must be one of {', '.join(ROLES)}")
         check_size(m.content, f"{field}[{i}].content", lim.max_text_bytes)
         check_size(m.tool_calls_json, f"{field}[{i}].tool_calls_json", lim.max_text_bytes)
-        check_size(m.tool_name, f"{field}[{i}].tool_name", lim.max_id_length)
-        check_size(m.tool_call_id, f"{field}[{i}].tool_call_id", lim.max_id_length)
         if m.tool_calls_json:
             check_tool_calls(m.role, m.tool_calls_json, f"{field}[{i}].tool_calls_json")
         try:

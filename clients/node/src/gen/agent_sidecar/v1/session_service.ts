@@ -85,7 +85,10 @@ export interface ListSessionsResponse {
 export interface ResetSessionRequest {
   /** Required. */
   sessionKey: string;
-  /** When set, the new incarnation's display name. */
+  /**
+   * When set, the new incarnation's display name; at most 4,096 characters,
+   * as a chat's name.
+   */
   displayName: string;
 }
 
