@@ -147,7 +147,8 @@ class Sidecar:
         self.store.watch_faults(self._store_changed)
         if self.store.fault is None:
             await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        notify("READY=1\nSTATUS=serving")  # systemd Type=notify: the restore is done
+        # systemd Type=notify: the restore is done (a store that cannot write is health's to say).
+        notify("READY=1\n" + _status_line(self.store.fault))
         tune_gc()
         log.info("serving", extra={"listen": bound, "db": store_description(self.cfg),
                                    "workers": self.cfg.worker_count(), "batch_threads": calmed,
@@ -208,6 +209,7 @@ class Sidecar:
             return
         status = (health_pb2.HealthCheckResponse.NOT_SERVING if fault is not None
                   else health_pb2.HealthCheckResponse.SERVING)
+        notify(_status_line(fault))  # what `systemctl status` shows
         task = asyncio.get_running_loop().create_task(self.health.set("", status))
         self._health_tasks.add(task)
         task.add_done_callback(self._health_tasks.discard)
@@ -328,3 +330,8 @@ class Sidecar:
         log.error("stopped without a clean-shutdown marker", extra={
             "error": error, "next_start": "recovers as after a crash"})
         self.exit_code = 1
+
+
+def _status_line(fault) -> str:
+    """sd_notify's STATUS= for the store's state."""
+    return "STATUS=serving" if fault is None else "STATUS=serving reads only: the store cannot write"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -170,6 +171,35 @@ def test_turns_end_once_and_the_store_recovers_when_the_disk_fills(disk, tmp_pat
     finally:
         disk.free()
         sc.stop()
+
+
+def _status_lines(notify: socket.socket, wanted: str) -> list[str]:
+    """sd_notify datagrams until one holds the line ``wanted``; that one's lines."""
+    while True:
+        lines = notify.recv(4096).decode().split("\n")
+        if wanted in lines:
+            return lines
+
+
+@SQLITE_DISK
+def test_systemd_hears_when_the_store_cannot_write_and_when_it_can_again(disk, tmp_path):
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    notify.settimeout(30)
+    sc = on_disk(disk, tmp_path, env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock")}).start()
+    try:
+        assert "STATUS=serving" in _status_lines(notify, "READY=1")
+        spare = create(sc.sessions())[0]
+        disk.fill()
+        assert_store_unavailable(append_until_refused(sc.sessions(), spare.session_id))
+        _status_lines(notify, "STATUS=serving reads only: the store cannot write")
+        disk.free()
+        _status_lines(notify, "STATUS=serving")
+        wait_until(lambda: health(sc) == health_pb2.HealthCheckResponse.SERVING, what="SERVING again")
+    finally:
+        disk.free()
+        sc.stop()
+        notify.close()
 
 
 @SQLITE_DISK
