@@ -401,4 +401,3 @@ def _check_models(cfg: Config, loader: Loader) -> None:
         if p.model and p.model not in known:
             loader.out.add(f"profiles.{name}.model",
                            f"unknown model backend (known: {', '.join(sorted(known))})", p.model)
-

@@ -85,10 +85,10 @@ def _fill(out: dict, node: dict, obj: Any) -> None:
         out[k] = value
 
 
-# In a free table the schema does not say what is secret: values under these
-# names are masked, and every value of a table of HTTP headers (any header may
+# In a free table the schema does not say what is secret: text under these
+# names is masked, and every text of a table of HTTP headers (any header may
 # carry a credential). A name that says where a secret is (``api_key_env``)
-# is shown.
+# is shown, and so is what is not text (``max_tokens = 1000``).
 _SECRET_WORDS = ("authorization", "token", "secret", "password", "passwd", "key", "credential", "cookie")
 
 
@@ -98,8 +98,9 @@ def _masked(table: dict[str, Any], all_values: bool = False) -> dict[str, Any]:
         name = k.lower()
         if isinstance(v, dict):
             out[k] = _masked(v, all_values or "header" in name)
-        elif all_values or (any(w in name for w in _SECRET_WORDS) and not name.endswith(("_env", "_file"))):
-            out[k] = MASK if v else v
+        elif isinstance(v, str) and v and (all_values or (
+                any(w in name for w in _SECRET_WORDS) and not name.endswith(("_env", "_file")))):
+            out[k] = MASK
         else:
             out[k] = v
     return out
