@@ -590,6 +590,24 @@ def test_the_median_of_several_sweeps():
     assert "sidecar >= 40 (sweeps: >= 40, 20, >= 40)" in text.headline(doc)
 
 
+def test_percentiles_are_nearest_rank():
+    """p_q of n sorted values is the one at rank ceil(q*n/100): p99 of 100 is
+    the 99th (not the max), of 300 the 297th, p50 of 10 the 5th (no
+    banker's rounding up to the 6th); one value is every percentile."""
+    def nth(n: int, q: float) -> float:
+        return stats.percentile([float(i) for i in range(1, n + 1)], q)  # value i at rank i
+
+    assert nth(100, 99) == 99 and nth(100, 50) == 50 and nth(100, 90) == 90 and nth(100, 100) == 100
+    assert nth(300, 99) == 297 and nth(300, 50) == 150 and nth(300, 90) == 270
+    assert nth(10, 50) == 5 and nth(10, 99) == 10 and nth(10, 90) == 9 and nth(10, 91) == 10
+    assert nth(1, 50) == nth(1, 99) == nth(1, 0) == 1
+    assert nth(2, 50) == 1 and nth(2, 51) == 2
+    assert nth(1000, 99.9) == 999 and nth(7, 0) == 1
+    assert stats.percentile([], 50) != stats.percentile([], 50)  # NaN
+    assert stats.summarize([3.0, 1.0, 2.0, 4.0]) == {"n": 4, "p50": 2.0, "p90": 4.0, "p99": 4.0, "max": 4.0,
+                                                     "mean": 2.5}
+
+
 def test_knee_rules():
     limit = 4.4
     k = stats.knee([(100, 4.6, True), (25, 4.0, True), (50, 4.2, True)], limit)

@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from fractions import Fraction
 
 QUANTILES = (50, 90, 99)
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile of an already sorted sequence (q in 0..100);
-    NaN when empty. Nearest rank, not interpolation: p99 of 100 values is the
-    99th, a value that was actually measured."""
+    NaN when empty. Nearest rank, not interpolation: the value at rank
+    ceil(q/100 * n), a value that was actually measured (p99 of 100 values
+    is the 99th, of 300 the 297th; p50 of 10 the 5th). The rank is computed
+    exactly (a fraction, not a float rounded), so no q and n land a rank off."""
     if not sorted_values:
         return float("nan")
-    k = max(0, min(len(sorted_values) - 1, int(round(q / 100 * len(sorted_values) + 0.5)) - 1))
-    return sorted_values[k]
+    n = len(sorted_values)
+    rank = math.ceil(Fraction(str(q)) * n / 100)  # str: 99.9 is 999/10, not the float's binary value
+    return sorted_values[max(0, min(n - 1, rank - 1))]
 
 
 def summarize(values: Iterable[float], scale: float = 1.0) -> dict[str, float | int | None]:
