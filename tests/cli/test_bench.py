@@ -241,6 +241,43 @@ def test_clients_spread_the_load_and_every_turn_reaches_the_store(sc, tmp_path):
     assert point["turns"] == 7 and point["totals"]["completed"] == 7  # 4 + 3, no more, no fewer
 
 
+@pytest.mark.parametrize("delivery, how", [("steer", "steered"), ("follow_up", "merged")])
+def test_prompts_absorbed_into_another_turn_are_no_turns(tmp_path, delivery, how):
+    """Three lanes on one session, started together: one prompt runs a turn,
+    the others arrive while it runs. Steered ones join it (their stream has
+    no 'started'); of a follow-up burst the older waiting one is merged into
+    the newer one's turn (superseded by it). Neither is a turn: they are
+    counted apart ('absorbed'), in no rate, latency or error, and the totals
+    are what the store holds."""
+    slow = Sidecar(tmp_path / "data", config=echo("main", 40) + "[stream]\ncoalesce_ms = 0\n").start()
+    out = tmp_path / "absorbed.json"
+    try:
+        r = bench("--target", slow.target, "--delivery", delivery, "--sessions", "1", "--concurrency", "3",
+                  "--turns", "9", "--warmup", "0", "--ramp", "0", "--calibrate", "0", "--prompt-words", str(WORDS),
+                  "--json", str(out))
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(out.read_text())
+        (point,) = doc["points"]
+        totals = doc["totals"]
+        absorbed = point["absorbed_count"]
+        # (a steer that comes after the turn's last model call is a follow-up: it may be merged)
+        assert point["absorbed"].get(how, 0) > 0 and set(point["absorbed"]) <= {how, "merged"}, point["absorbed"]
+        assert point["errors"] == {} and totals["failed"] == {}
+        assert point["turns"] + absorbed == 9 and point["turn_ms"]["n"] == point["turns"]
+        assert totals["started"] == totals["completed"] == point["turns"]
+        assert totals["absorbed"] == point["absorbed"] and sum(point["absorbed"].values()) == absorbed
+        turns, messages = held(slow.sessions(), doc["sessions"]["keys"])
+        assert turns == totals["completed"]  # the store's turns: no more than the bench counts
+        assert messages >= 2 * turns + absorbed  # every absorbed prompt's text is in the transcript
+        assert point["turns_per_s"] * point["window_s"] == pytest.approx(point["turns"])
+        assert sum(row["turns"] for row in point["series"]) == point["turns"]
+        assert "absorbed" in r.stdout.split("Throughput and latency", 1)[1].splitlines()[1], r.stdout
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(point["absorbed"].items()))
+        assert f"{turns} turns ({turns} completed), {absorbed} prompts absorbed into them ({kinds})" in r.stdout
+    finally:
+        slow.stop()
+
+
 def test_a_client_process_killed_mid_point_ends_the_run_with_one_line(sc, tmp_path):
     """kill -9 of one of the --clients processes while its lanes stream: the
     bench stops at once with a one-line error and exit 1, writes no JSON,

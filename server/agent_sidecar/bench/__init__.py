@@ -12,6 +12,7 @@ nothing here is imported by ``serve``):
 * ``target`` — where the bench connects (picklable: token, TLS as bytes) and how.
 * ``load``   — the load generator on the project's Python client
   (``agent_sidecar_client``, the ``bench`` extra).
+* ``turns``  — a prompt sent, what became of it (a turn, absorbed, an error), a point's figures.
 * ``fleet``  — the same load from N client processes (``--clients N``, several targets).
 * ``run``    — one bench run: sessions, calibration, the sweep, sidecar vs bare.
 * ``report`` — the JSON document's judgement: the SLO, the knees (of several

@@ -21,6 +21,14 @@ last measured turn ends. Latencies are those of the turns started in the
 measure window, all of which finish during the drain, so a slow tail is never
 cut off. Every turn of every phase is counted in ``totals``, which is what the
 sidecar's store holds afterwards.
+
+A prompt that runs no turn of its own is **absorbed**, not a turn: one sent
+with ``steer`` that joined the running turn (its stream is ``accepted``,
+``completed``, with no ``started``: the running turn read its text), and one
+superseded by a newer prompt of its session (a follow-up burst, an interrupt
+taking over a waiting prompt: ``superseded{by_request_id}``, its text runs in
+the newer one's turn). Counted apart (``absorbed``), they are in no rate, no
+latency and no error, and ``totals`` stays what the store holds.
 """
 
 from __future__ import annotations
@@ -34,9 +42,18 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from . import stats
+from .turns import (  # noqa: F401 - the phases, outcomes and summarize are load's too
+    ABSORBED,
+    COMPLETED,
+    DRAIN,
+    MEASURE,
+    MERGED,
+    STEERED,
+    WARMUP,
+    Turn,
+    summarize,
+)
 
-WARMUP, MEASURE, DRAIN = "warmup", "measure", "drain"
 TICK_S = 0.5
 
 
@@ -52,20 +69,6 @@ class LoadSpec:
     profile: str | None = None
     turn_timeout_s: float = 300.0
     resume_timeout_s: float = 30.0  # how long a turn whose stream broke tries to resume (the target's connect timeout)
-
-
-@dataclass
-class Turn:
-    phase: str
-    start: float
-    first: float | None = None
-    last: float | None = None  # the last text delta
-    end: float = 0.0
-    deltas: int = 0
-    words: int = 0  # of the text deltas' text
-    first_words: int = 0  # of the first text delta's
-    tool_calls: int = 0
-    outcome: str = ""  # "completed", or the reason it did not
 
 
 class SessionPool:
@@ -124,6 +127,7 @@ class Point:
         self.in_flight = 0
         self.done_total = 0
         self.errors_total = 0
+        self.absorbed_total = 0
         if not self.lanes:
             self.all_warm.set()
 
@@ -160,9 +164,11 @@ class Point:
 
     def finished(self, lane: int, turn: Turn) -> None:
         self.in_flight -= 1
-        ok = turn.outcome == "completed"
+        ok = turn.outcome == COMPLETED
+        absorbed = turn.outcome in ABSORBED
         self.done_total += ok
-        self.errors_total += not ok
+        self.absorbed_total += absorbed
+        self.errors_total += not ok and not absorbed
         if self.counting:
             self.window_done += ok
             self.window_tool_calls += turn.tool_calls
@@ -192,6 +198,7 @@ class Point:
         fleet's coordinator, for the progress line)."""
         self.done_total = sum(s["done"] for s in snapshots)
         self.errors_total = sum(s["errors"] for s in snapshots)
+        self.absorbed_total = sum(s.get("absorbed", 0) for s in snapshots)
         self.in_flight = sum(s["in_flight"] for s in snapshots)
         self.deltas_total = sum(s["deltas"] for s in snapshots)
         self.measured_started = sum(s["measured_started"] for s in snapshots)
@@ -200,7 +207,8 @@ class Point:
         now = time.monotonic()
         return {"phase": self.phase, "elapsed": now - self.t0,
                 "window_elapsed": (now - self.w0) if self.w0 else 0.0,
-                "done": self.done_total, "errors": self.errors_total, "in_flight": self.in_flight,
+                "done": self.done_total, "errors": self.errors_total, "absorbed": self.absorbed_total,
+                "in_flight": self.in_flight,
                 "deltas": self.deltas_total, "measured_started": self.measured_started}
 
 
@@ -216,7 +224,9 @@ async def run_turn(client: Any, key: str, spec: LoadSpec, point: Point, lane: in
                                timeout=spec.turn_timeout_s, resume_timeout=spec.resume_timeout_s)
         async for frame in stream:
             kind = frame.WhichOneof("event")
-            if kind == "text_delta":
+            if kind == "started":
+                turn.started = True
+            elif kind == "text_delta":
                 now = time.monotonic()
                 words = len(frame.text_delta.text.split())
                 if turn.first is None:
@@ -228,13 +238,13 @@ async def run_turn(client: Any, key: str, spec: LoadSpec, point: Point, lane: in
             elif kind == "tool_call":
                 turn.tool_calls += 1
             elif kind == "completed":
-                turn.outcome = "completed"
+                turn.outcome = COMPLETED if turn.started else STEERED  # no turn of its own: it joined one
             elif kind == "failed":
                 turn.outcome = frame.failed.reason or "FAILED"
-            elif kind == "superseded":
-                turn.outcome = "SUPERSEDED"
+            elif kind == "superseded":  # by a newer prompt, which runs its text; by nothing: dropped (a reset)
+                turn.outcome = MERGED if frame.superseded.by_request_id else "SUPERSEDED"
     except SidecarError as e:
-        if not turn.outcome or turn.outcome == "completed":
+        if not turn.outcome or turn.outcome in (COMPLETED, *ABSORBED):
             turn.outcome = e.reason or e.code.name
     except asyncio.CancelledError:
         raise
@@ -344,50 +354,3 @@ async def wait_any(lanes: list[asyncio.Task], awaitable) -> None:
     finally:
         if not waiter.done():
             waiter.cancel()
-
-
-def summarize(point: Point, cpu: dict | None) -> dict:
-    """The figures of a finished point (the JSON document's ``points[]`` entry
-    without its labels)."""
-    window = (point.w1 or time.monotonic()) - (point.w0 or point.t0)
-    measured = [t for t in point.turns if t.phase == MEASURE]
-    ok = [t for t in measured if t.outcome == "completed"]
-    errors = Counter(t.outcome for t in measured if t.outcome != "completed")
-    all_errors = Counter(t.outcome for t in point.turns if t.outcome != "completed")
-    window = max(window, 1e-9)
-    out = {
-        "window_s": window,
-        "turns": len(ok),
-        "turns_per_s": point.window_done / window,
-        "deltas_per_s": point.window_deltas / window,
-        "words_per_s": point.window_words / window,
-        "tool_calls_per_s": point.window_tool_calls / window,
-        "deltas_per_turn": (sum(t.deltas for t in ok) / len(ok)) if ok else None,
-        # Words per turn against deltas per turn: how many a frame carries (a
-        # coalescing sidecar sends several); the first delta's words on their own.
-        "words_per_turn": (sum(t.words for t in ok) / len(ok)) if ok else None,
-        "first_delta_words": (sum(t.first_words for t in ok) / len(ok)) if ok else None,
-        # The stream's pace: per turn, the mean gap between its deltas.
-        "delta_gap_ms": stats.summarize(((t.last - t.first) / (t.deltas - 1) for t in ok
-                                         if t.deltas > 1 and t.first is not None and t.last is not None), 1e3),
-        "first_delta_ms": stats.summarize((t.first - t.start for t in ok if t.first is not None), 1e3),
-        "turn_ms": stats.summarize((t.end - t.start for t in ok), 1e3),
-        "errors": dict(errors),
-        "error_count": sum(errors.values()),
-        "totals": {"started": len(point.turns),
-                   "completed": sum(1 for t in point.turns if t.outcome == "completed"),
-                   "failed": dict(all_errors),
-                   "deltas": sum(t.deltas for t in point.turns),
-                   "tool_calls": sum(t.tool_calls for t in point.turns)},
-        "warmup_s": ((point.w0 - point.t0) if point.w0 else 0.0),
-        "series": stats.series(((t.end, t.end - t.start, t.outcome == "completed") for t in point.turns),
-                               point.deltas_by_second, point.t0, max(t.end for t in point.turns)
-                               if point.turns else point.t0 + 1),
-        "series_window": [(point.w0 or point.t0) - point.t0, (point.w1 or point.t0) - point.t0],
-        "procs": cpu,
-    }
-    if cpu is not None and point.window_deltas:
-        out["server_cpu_us_per_delta"] = 1e6 * cpu["server_cpu_s"] / point.window_deltas
-    if cpu is not None and point.window_words:  # the same text in fewer frames costs less per word
-        out["server_cpu_us_per_word"] = 1e6 * cpu["server_cpu_s"] / point.window_words
-    return out

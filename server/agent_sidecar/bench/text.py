@@ -66,16 +66,28 @@ def _where(doc: dict, p: dict) -> str:
     return f"{p['server']} c={p['concurrency']}" + (f" (sweep {round_of(p)})" if _repeated(doc) else "")
 
 
+def _absorbed(doc: dict) -> bool:
+    """Whether any prompt ran in another's turn (steered, merged): then the
+    tables count them in a column of their own."""
+    return any(p.get("absorbed_count") for p in doc["points"]) or bool(doc["totals"].get("absorbed"))
+
+
 def latency_table(doc: dict) -> str:
     rows = []
+    absorbed = _absorbed(doc)
     for p in doc["points"]:
         f, t = p["first_delta_ms"], p["turn_ms"]
-        rows.append([*_lead(doc, p), p["turns"], p["turns_per_s"], p["deltas_per_s"],
+        rows.append([*_lead(doc, p), p["turns"], *([p.get("absorbed_count", 0)] if absorbed else []),
+                     p["turns_per_s"], p["deltas_per_s"],
                      f["p50"], f["p99"], t["p50"], t["p90"], t["p99"], t["max"], p["p99_over_ideal"],
                      "yes" if p["within_slo"] else "no", p["error_count"]])
-    return table([*_lead_headers(doc), "turns", "turns/s", "deltas/s", "first p50", "first p99", "turn p50",
-                  "turn p90", "turn p99", "turn max", "p99/ideal", "SLO", "errors"], rows,
-                 title="Throughput and latency (ms; first = time to the first text delta)")
+    out = table([*_lead_headers(doc), "turns", *(["absorbed"] if absorbed else []), "turns/s", "deltas/s",
+                 "first p50", "first p99", "turn p50", "turn p90", "turn p99", "turn max", "p99/ideal", "SLO",
+                 "errors"], rows, title="Throughput and latency (ms; first = time to the first text delta)")
+    if absorbed:
+        out += ("\n  absorbed: prompts that ran in another prompt's turn, not turns of their own (steered into "
+                "the running turn, or merged into a newer prompt's turn), in no rate, latency or error")
+    return out
 
 
 def target_table(doc: dict) -> str | None:
@@ -262,8 +274,12 @@ def render(doc: dict) -> str:
             blocks.append(extra)
     t = doc["totals"]
     several = len(doc["options"].get("targets", ())) > 1
+    absorbed = sum(t.get("absorbed", {}).values())
     blocks.append(f"sent to the target{'s' if several else ''}: {t['started']:,} turns ({t['completed']:,} completed"
-                  + "".join(f", {n:,} {r}" for r, n in t["failed"].items()) + f"), {t['deltas']:,} text deltas"
+                  + "".join(f", {n:,} {r}" for r, n in t["failed"].items()) + ")"
+                  + (f", {absorbed:,} prompts absorbed into them ("
+                     + ", ".join(f"{n:,} {how}" for how, n in sorted(t["absorbed"].items())) + ")" if absorbed else "")
+                  + f", {t['deltas']:,} text deltas"
                   + (f", {t['tool_calls']:,} tool calls ({doc['tool_invocations']:,} answered by the bench's "
                      f"tool host)" if doc["options"]["tools"] else ""))
     if doc.get("interrupted"):  # (absent from documents before runs stopped early kept their points)

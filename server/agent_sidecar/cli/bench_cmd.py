@@ -254,7 +254,8 @@ class StatusView:
             where = f"measure {bar(point.measured_started / self.turns)} {point.measured_started}/{self.turns} turns"
         else:
             where = f"{s['phase']} {s['elapsed']:.0f}s"
-        self.line.show(f"{label} {where} · {rate} · {s['in_flight']} in flight · {s['errors']} errors")
+        absorbed = f" · {s['absorbed']} absorbed" if s.get("absorbed") else ""
+        self.line.show(f"{label} {where} · {rate} · {s['in_flight']} in flight · {s['errors']} errors{absorbed}")
 
 
 def run(args) -> int:

@@ -1,0 +1,93 @@
+"""A prompt the load generator sent (``Turn``), what became of it, and the
+figures of a finished point (``summarize``): bench/load.py's module
+docstring says what each phase counts, and which prompts are *absorbed*
+(ran in another prompt's turn) rather than turns."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from . import stats
+
+if TYPE_CHECKING:
+    from .load import Point
+
+WARMUP, MEASURE, DRAIN = "warmup", "measure", "drain"
+COMPLETED = "completed"
+# A prompt's outcome when it ran no turn of its own (the module docstring).
+STEERED, MERGED = "steered", "merged"
+ABSORBED = (STEERED, MERGED)
+
+
+@dataclass
+class Turn:
+    phase: str
+    start: float
+    first: float | None = None
+    last: float | None = None  # the last text delta
+    end: float = 0.0
+    deltas: int = 0
+    words: int = 0  # of the text deltas' text
+    first_words: int = 0  # of the first text delta's
+    tool_calls: int = 0
+    started: bool = False  # a 'started' frame came: a turn of its own ran
+    outcome: str = ""  # "completed", "steered" or "merged" (ABSORBED), or the reason it did not complete
+
+
+def summarize(point: Point, cpu: dict | None) -> dict:
+    """The figures of a finished point (the JSON document's ``points[]`` entry
+    without its labels)."""
+    window = (point.w1 or time.monotonic()) - (point.w0 or point.t0)
+    measured = [t for t in point.turns if t.phase == MEASURE]
+    ok = [t for t in measured if t.outcome == COMPLETED]
+    not_turns = (COMPLETED, *ABSORBED)
+    errors = Counter(t.outcome for t in measured if t.outcome not in not_turns)
+    all_errors = Counter(t.outcome for t in point.turns if t.outcome not in not_turns)
+    absorbed = Counter(t.outcome for t in measured if t.outcome in ABSORBED)
+    all_absorbed = Counter(t.outcome for t in point.turns if t.outcome in ABSORBED)
+    window = max(window, 1e-9)
+    out = {
+        "window_s": window,
+        "turns": len(ok),
+        "turns_per_s": point.window_done / window,
+        "deltas_per_s": point.window_deltas / window,
+        "words_per_s": point.window_words / window,
+        "tool_calls_per_s": point.window_tool_calls / window,
+        "deltas_per_turn": (sum(t.deltas for t in ok) / len(ok)) if ok else None,
+        # Words per turn against deltas per turn: how many a frame carries (a
+        # coalescing sidecar sends several); the first delta's words on their own.
+        "words_per_turn": (sum(t.words for t in ok) / len(ok)) if ok else None,
+        "first_delta_words": (sum(t.first_words for t in ok) / len(ok)) if ok else None,
+        # The stream's pace: per turn, the mean gap between its deltas.
+        "delta_gap_ms": stats.summarize(((t.last - t.first) / (t.deltas - 1) for t in ok
+                                         if t.deltas > 1 and t.first is not None and t.last is not None), 1e3),
+        "first_delta_ms": stats.summarize((t.first - t.start for t in ok if t.first is not None), 1e3),
+        "turn_ms": stats.summarize((t.end - t.start for t in ok), 1e3),
+        "errors": dict(errors),
+        "error_count": sum(errors.values()),
+        # prompts of the window that ran no turn of their own (steered, merged): in no figure above
+        "absorbed": dict(absorbed),
+        "absorbed_count": sum(absorbed.values()),
+        # "started": the prompts that were turns (completed or failed), not the absorbed ones
+        "totals": {"started": len(point.turns) - sum(all_absorbed.values()),
+                   "completed": sum(1 for t in point.turns if t.outcome == COMPLETED),
+                   "failed": dict(all_errors),
+                   "absorbed": dict(all_absorbed),
+                   "deltas": sum(t.deltas for t in point.turns),
+                   "tool_calls": sum(t.tool_calls for t in point.turns)},
+        "warmup_s": ((point.w0 - point.t0) if point.w0 else 0.0),
+        "series": stats.series(((t.end, t.end - t.start, t.outcome == COMPLETED) for t in point.turns
+                                if t.outcome not in ABSORBED),
+                               point.deltas_by_second, point.t0, max(t.end for t in point.turns)
+                               if point.turns else point.t0 + 1),
+        "series_window": [(point.w0 or point.t0) - point.t0, (point.w1 or point.t0) - point.t0],
+        "procs": cpu,
+    }
+    if cpu is not None and point.window_deltas:
+        out["server_cpu_us_per_delta"] = 1e6 * cpu["server_cpu_s"] / point.window_deltas
+    if cpu is not None and point.window_words:  # the same text in fewer frames costs less per word
+        out["server_cpu_us_per_word"] = 1e6 * cpu["server_cpu_s"] / point.window_words
+    return out
