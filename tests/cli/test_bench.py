@@ -278,6 +278,41 @@ def test_prompts_absorbed_into_another_turn_are_no_turns(tmp_path, delivery, how
         slow.stop()
 
 
+def test_a_worker_killed_in_the_window_counts_no_negative_cpu_and_its_replacement_counts(tmp_path):
+    """kill -9 of a sidecar worker while the measure window runs: it read no
+    CPU at the window's end, which made its delta (and the server's CPU %)
+    negative. Now it counts what it had used, never less than 0, marked
+    ``exited``, and the worker the sidecar started in its place is counted,
+    marked ``new``."""
+    victim = Sidecar(tmp_path / "data", config=CONFIG).start()
+    out = tmp_path / "killed.json"
+    proc = subprocess.Popen([*COMMAND, "bench", "--target", victim.target, "--concurrency", "2", "--duration", "8",
+                             "--warmup", "0", "--calibrate", "0", "--prompt-words", str(WORDS), "--json", str(out)],
+                            cwd=ROOT, env=CLEAN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: victim.status().turns_in_flight > 0, timeout=60, what="the window's turns")
+        (worker,) = [w for w in victim.status().workers if w.index == 0]
+        os.kill(worker.pid, signal.SIGKILL)
+        wait_until(lambda: any(w.index == 0 and w.alive and w.pid != worker.pid for w in victim.status().workers),
+                   timeout=30, what="the worker's replacement")
+        assert proc.poll() is None, "the window ended before the replacement: make --duration longer"
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        victim.stop()
+    assert proc.returncode == 0, stderr
+    (point,) = json.loads(out.read_text())["points"]
+    rows = point["procs"]["processes"]
+    assert all(row["cpu_s"] >= 0 for row in rows) and point["procs"]["server_cpu_s"] > 0, rows
+    assert all(seconds >= 0 for seconds in point["procs"]["threads"].values()), point["procs"]["threads"]
+    (dead,) = [row for row in rows if row["pid"] == worker.pid]
+    assert dead["exited"] is True and dead["name"] == "sidecar-work-0"
+    (new,) = [row for row in rows if row.get("new")]
+    assert new["name"] == "sidecar-work-0" and new["pid"] != worker.pid and new["cpu_s"] > 0, rows
+    assert point["server_cpu_us_per_delta"] > 0
+    assert "work-0 (exited)" in stdout and "work-0 (new)" in stdout, stdout
+
+
 def test_a_client_process_killed_mid_point_ends_the_run_with_one_line(sc, tmp_path):
     """kill -9 of one of the --clients processes while its lanes stream: the
     bench stops at once with a one-line error and exit 1, writes no JSON,

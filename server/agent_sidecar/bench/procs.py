@@ -36,9 +36,15 @@ def exists(pid: int) -> bool:
 def proc_cpu_seconds(pid: int, tid: int | None = None) -> float:
     """user+system CPU seconds of one process (threads included), or of one of
     its threads when ``tid`` is given; 0 if gone."""
+    seconds = read_cpu_seconds(pid, tid)
+    return 0.0 if seconds is None else seconds
+
+
+def read_cpu_seconds(pid: int, tid: int | None = None) -> float | None:
+    """Like proc_cpu_seconds, None when the process (or thread) is gone."""
     data = _read(f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat")
     if not data:
-        return 0.0
+        return None
     fields = data[data.rindex(")") + 2:].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
 
@@ -119,27 +125,32 @@ def machine_cpu() -> tuple[float, float]:
 
 class CpuWindow:
     """CPU seconds used by labelled groups of processes over a window, plus what
-    the rest of the machine used meanwhile (other programs steal our cores too)."""
+    the rest of the machine used meanwhile (other programs steal our cores too).
 
-    def __init__(self, groups: dict[str, list]):
+    A process that exits during the window reads nothing at its end: it
+    counts what it had used when last seen (``last_seen``, pid -> CPU seconds,
+    which the caller's samples fill in), else nothing; never less than
+    nothing (each item's delta is at least 0)."""
+
+    def __init__(self, groups: dict[str, list], last_seen: dict[int, float] | None = None):
         """``groups``: label -> pids; a (pid, tid) pair counts one thread, a
         ("rest", pid, tid) triple the process minus that thread, and a
         ("tree", pid) pair the whole process tree (``tree_cpu_seconds``)."""
         self.groups = groups
+        self.last_seen = last_seen if last_seen is not None else {}
 
-    @staticmethod
-    def _cpu(item) -> float:
+    def _cpu(self, item) -> float:
         if isinstance(item, tuple) and item[0] == "tree":
             return tree_cpu_seconds(item[1])
         if isinstance(item, tuple) and item[0] == "rest":
             return proc_cpu_seconds(item[1]) - proc_cpu_seconds(item[1], item[2])
         if isinstance(item, tuple):
             return proc_cpu_seconds(item[0], item[1])
-        return proc_cpu_seconds(item)
+        seconds = read_cpu_seconds(item)
+        return self.last_seen.get(item, 0.0) if seconds is None else seconds
 
     def _snap(self):
-        return ({g: sum(self._cpu(p) for p in pids) for g, pids in self.groups.items()},
-                machine_cpu())
+        return ({g: [self._cpu(p) for p in pids] for g, pids in self.groups.items()}, machine_cpu())
 
     def start(self) -> None:
         self._t0 = time.monotonic()
@@ -148,7 +159,7 @@ class CpuWindow:
     def stop(self) -> dict:
         wall = time.monotonic() - self._t0
         s1 = self._snap()
-        per = {g: s1[0][g] - self._s0[0][g] for g in self.groups}
+        per = {g: sum(max(0.0, b - a) for a, b in zip(self._s0[0][g], s1[0][g])) for g in self.groups}
         busy = s1[1][0] - self._s0[1][0]
         ours = sum(per.values())
         return {"wall": wall, "groups": per, "machine_busy": busy,
@@ -195,7 +206,13 @@ class TreeWindow:
     processes (this one, and the client processes of ``--clients``: their
     sum, and the busiest one's) and of everything else, over one window; RSS
     sampled by ``sample()`` during it and reported as the peak and the last
-    value."""
+    value.
+
+    A process of the tree that exits during the window (a worker killed, say)
+    counts the CPU it had used when last sampled, never a negative delta, and
+    is marked ``exited``; the tree is read again at the end, and a process
+    that was not in it at the start (the worker's replacement) counts all the
+    CPU it has used (it began during the window), marked ``new``."""
 
     def __init__(self, tree: list[tuple[str, int]], clients: list[int] | None = None):
         self.tree = tree
@@ -207,7 +224,8 @@ class TreeWindow:
             groups[label] = [pid]
         for i, pid in enumerate(self.bench):
             groups[f"bench {i}"] = [pid]
-        self._cpu = CpuWindow(groups)
+        self._seen: dict[int, float] = {}  # pid -> CPU seconds when last sampled
+        self._cpu = CpuWindow(groups, self._seen)
         self._rss_peak: dict[int, int] = {}
 
     def start(self) -> None:
@@ -220,6 +238,9 @@ class TreeWindow:
             rss = rss_bytes(pid)
             if rss is not None and rss > self._rss_peak.get(pid, 0):
                 self._rss_peak[pid] = rss
+            seconds = read_cpu_seconds(pid)
+            if seconds is not None:
+                self._seen[pid] = seconds
 
     def stop(self) -> dict:
         self.sample()
@@ -231,16 +252,30 @@ class TreeWindow:
         for label, pid in self.tree:
             seconds = (cpu.get(f"{label} loop thread", 0.0) + cpu.get(f"{label} other threads", 0.0)
                        if pid == self.tree[0][1] else cpu.get(label, 0.0))
-            rss = rss_bytes(pid)
-            procs.append({"name": label, "pid": pid, "cpu_s": seconds, "cpu_pct": 100 * seconds / wall,
-                          "rss_mb": None if rss is None else rss / 2**20,
-                          "rss_peak_mb": self._rss_peak.get(pid, 0) / 2**20 or None})
+            procs.append(self._row(label, pid, seconds, wall))
+            if not exists(pid):
+                procs[-1]["exited"] = True
+                if label in cpu:
+                    cpu[f"{label} (exited)"] = cpu.pop(label)
+        known = {pid for _, pid in self.tree}
+        root_label, root = self.tree[0]
+        for label, pid in process_tree(root, root_label) if exists(root) else ():
+            if pid not in known:  # started during the window: all its CPU is the window's
+                seconds = proc_cpu_seconds(pid)
+                procs.append({**self._row(label, pid, seconds, wall), "new": True})
+                cpu[f"{label} (new)"] = cpu.get(f"{label} (new)", 0.0) + seconds
         server = sum(p["cpu_s"] for p in procs)
         return {"wall_s": usage["wall"], "processes": procs, "threads": cpu,
                 "server_cpu_s": server, "bench_cpu_s": sum(bench), "bench_busiest_cpu_s": max(bench),
                 "bench_processes": len(bench),
                 "others_cpu_s": usage["others"], "machine_busy_s": usage["machine_busy"],
                 "cores": usage["cores"]}
+
+    def _row(self, label: str, pid: int, seconds: float, wall: float) -> dict:
+        rss = rss_bytes(pid)
+        return {"name": label, "pid": pid, "cpu_s": seconds, "cpu_pct": 100 * seconds / wall,
+                "rss_mb": None if rss is None else rss / 2**20,
+                "rss_peak_mb": self._rss_peak.get(pid, 0) / 2**20 or None}
 
 
 # -- which local process listens on a target -------------------------------------------
