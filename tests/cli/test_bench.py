@@ -278,6 +278,28 @@ def test_prompts_absorbed_into_another_turn_are_no_turns(tmp_path, delivery, how
         slow.stop()
 
 
+def test_a_report_into_a_closed_pipe_still_writes_the_json_and_plot(sc, tmp_path):
+    """`bench --json out.json --plot out.png | head -1`: the files are
+    written before the report is printed, and the closed pipe ends the
+    command as a shell's SIGPIPE would (141), with no traceback; --render too."""
+    out, png = tmp_path / "piped.json", tmp_path / "piped.png"
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        args = ["--target", sc.target, "--concurrency", "1", "--turns", "2", "--warmup", "0", "--calibrate", "0",
+                "--prompt-words", str(WORDS), "--json", str(out), "--plot", str(png)]
+        r = subprocess.run([*COMMAND, "bench", *args], stdout=write, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                           env=CLEAN_ENV, timeout=120)
+        assert r.returncode == 141 and "Traceback" not in r.stderr, r.stderr
+        assert json.loads(out.read_text())["points"][0]["turns"] == 2 and png_size(png) == SIZE_PX
+        r = subprocess.run([*COMMAND, "bench", "--render", str(out), "--plot", str(tmp_path / "again.png")],
+                           stdout=write, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=CLEAN_ENV, timeout=120)
+        assert r.returncode == 141 and "Traceback" not in r.stderr, r.stderr
+        assert png_size(tmp_path / "again.png") == SIZE_PX
+    finally:
+        os.close(write)
+
+
 def test_a_worker_killed_in_the_window_counts_no_negative_cpu_and_its_replacement_counts(tmp_path):
     """kill -9 of a sidecar worker while the measure window runs: it read no
     CPU at the window's end, which made its delta (and the server's CPU %)

@@ -212,6 +212,33 @@ def test_sessions_show(sidecar):
     assert r.returncode != 0 and "NOT_FOUND" in r.stderr
 
 
+def run_into_a_closed_pipe(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    """The command with its stdout a pipe nobody reads any more, as in
+    ``agent-sidecar ... | head -1`` once head has exited."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(CLI + list(args), stdout=write, stderr=subprocess.PIPE, text=True, timeout=timeout,
+                              cwd=ROOT)
+    finally:
+        os.close(write)
+
+
+def test_output_into_a_closed_pipe_is_exit_141_without_a_traceback(sidecar):
+    """`sessions list | head -2`, `status --json | head -1`: the reader has
+    gone, so the rest of the output is unwanted; the command ends as a shell
+    command killed by SIGPIPE does (141), silently, instead of a
+    BrokenPipeError traceback and exit 1 (or 120 from the last flush)."""
+    stub = sidecar.sessions()
+    keys = [seed(stub, src("telegram"), turns("hello", "hi")).session_key for _ in range(3)]
+    for args in (("sessions", "--target", sidecar.target, "list"),
+                 ("sessions", "--target", sidecar.target, "show", keys[0]),
+                 ("status", "--target", sidecar.target, "--json"),
+                 ("status", "--target", sidecar.target)):
+        r = run_into_a_closed_pipe(*args)
+        assert r.returncode == 141 and r.stderr == "", (args, r.returncode, r.stderr)
+
+
 def test_sessions_delete(sidecar):
     stub = sidecar.sessions()
     a = seed(stub, src("telegram"), turns("bye"))

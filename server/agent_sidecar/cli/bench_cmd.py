@@ -292,8 +292,8 @@ def run(args) -> int:
         print("agent-sidecar bench: interrupted", file=sys.stderr)
         return 130
     line.close()
+    written = _write_outputs(doc, args)  # first: stdout may be a pipe that is gone (`| head -1`)
     print(text.render(doc), flush=True)
-    written = _write_outputs(doc, args)
     cut = doc["interrupted"]
     if written or cut is None:
         return written
@@ -325,8 +325,9 @@ def _render(args) -> int:
         print(f"agent-sidecar bench: {args.render} is not an agent-sidecar bench --json document this version "
               f"can read ({type(e).__name__}: {e})", file=sys.stderr)
         return 1
+    written = _write_outputs(doc, args)
     print(out, flush=True)
-    return _write_outputs(doc, args)
+    return written
 
 
 def _missing_extras(args, client: bool = True) -> str | None:

@@ -8,6 +8,7 @@ start fast.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .. import __version__
@@ -96,9 +97,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# A shell's status for a command killed by SIGPIPE (128 + 13): what `cmd | head -1` reports.
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args) or 0
+    try:
+        code = args.func(args) or 0
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+    except BrokenPipeError:
+        # stdout's reader is gone (`agent-sidecar ... | head -1`): the rest is unwanted, not an
+        # error; point stdout at /dev/null so nothing more (the exit's own flush) tries to write it.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+    return code
 
 
 if __name__ == "__main__":
