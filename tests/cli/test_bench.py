@@ -434,6 +434,31 @@ def test_a_target_killed_mid_sweep_ends_the_run_with_the_points_that_finished(tm
     assert f"INTERRUPTED at {doc['interrupted']['at']}, {victim.target} stopped answering" in stdout, stdout
 
 
+def test_a_client_process_killed_after_a_point_keeps_the_points_that_finished(sc, tmp_path):
+    """kill -9 of a --clients process once the sweep's first level is done:
+    the run ends in the next point, as for a target lost, with the report
+    and the JSON of the finished points, interrupted.reason CLIENT_LOST, a
+    one-line reason and exit 1 (before, a plain error: every point lost)."""
+    out = tmp_path / "client.json"
+
+    def kill_a_client(proc: subprocess.Popen) -> None:
+        clients = [pid for pid in procs.children_of(proc.pid) if procs.proc_comm(pid).startswith("bench-client-")]
+        os.kill(min(clients), signal.SIGKILL)
+
+    code, stdout, stderr = bench_acting_after_first_level(
+        kill_a_client, "--target", sc.target, "--clients", "2", "--sweep", "1,2,3", "--duration", "2",
+        "--calibrate", "1", "--prompt-words", str(WORDS), "--json", str(out))
+    assert code == 1, stderr
+    assert "Traceback" not in stderr
+    doc = json.loads(out.read_text())
+    cut = doc["interrupted"]
+    assert cut["reason"] == "CLIENT_LOST" and "exited during the point" in cut["message"], cut
+    assert [p["concurrency"] for p in doc["points"]] == [1] and doc["points"][0]["error_count"] == 0
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("agent-sidecar bench: bench client ") and f"at {cut['at']}; the report holds" in last
+    assert f"INTERRUPTED at {cut['at']}, {cut['message']}" in stdout, stdout
+
+
 def test_the_listener_is_found_however_its_path_was_spelled(tmp_path):
     """A sidecar started with ``--listen unix:///abs/path`` binds the path
     with its slashes ("///abs/path" in /proc/net/unix): the bench still finds

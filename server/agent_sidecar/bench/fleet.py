@@ -26,7 +26,8 @@ over each client's pipe, children.Channel):
 
 Every load.TICK_S each client sends ``("tick", snapshot)``; their sum is the
 progress line. A client that fails says ``("error", text)`` and one that dies
-closes its pipe: either ends the run with a BenchError. Clients are spawned
+closes its pipe: either ends the run with ClientLost (the points that
+finished are kept, as for a target lost: run.run_bench). Clients are spawned
 fresh interpreters (children.spawn: grpc is not fork-safe), once per server,
 and serve every point of the run.
 """
@@ -44,7 +45,7 @@ from typing import Any
 
 from ..children import Channel, ChildProcess, open_channel, spawn
 from . import load
-from .target import BenchError, Target, connect
+from .target import BenchError, ClientLost, Target, connect
 
 START_TIMEOUT_S = 60.0
 
@@ -219,9 +220,9 @@ class _Conducting:
         elif kind == "result":
             self.results[k] = msg[1]
         elif kind == "error":
-            raise BenchError(f"bench client {k}: {msg[1]}")
+            raise ClientLost(f"bench client {k}: {msg[1]}")
         elif kind == "lost":
-            raise BenchError(f"bench client {k} exited during the point")
+            raise ClientLost(f"bench client {k} exited during the point")
 
 
 # -- a client process -------------------------------------------------------------------

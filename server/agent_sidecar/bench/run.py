@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from . import load, procs, report
 from .bare_process import BareProcess, bare_timing
 from .fleet import Fleet, deal
-from .target import BenchError, Target, TargetLost, check_answers, connect
+from .target import BenchError, ClientLost, Target, TargetLost, check_answers, connect
 
 if TYPE_CHECKING:  # the client is the bench extra's: imported where used
     from contextlib import AbstractAsyncContextManager
@@ -145,8 +145,9 @@ def _spec(opts: BenchOptions, concurrency: int, ramp_s: float) -> load.LoadSpec:
 async def run_bench(opts: BenchOptions, status: Status) -> dict:
     """The whole run; returns the document (report.analyse() has completed it).
 
-    Cancelled (Ctrl-C: asyncio.Runner cancels this task), or finding before
-    a point that a target stopped answering (TargetLost), once some point has
+    Cancelled (Ctrl-C: asyncio.Runner cancels this task), finding before
+    a point that a target stopped answering (TargetLost), or losing a bench
+    client process (ClientLost: it died, or failed), once some point has
     finished, it stops there, tears down as usual and returns the document of
     the finished points, its ``interrupted`` saying where and why (a point
     cut short is in no figure): a long sweep stopped early keeps what it
@@ -164,10 +165,11 @@ async def run_bench(opts: BenchOptions, status: Status) -> dict:
         task.uncancel()  # handled: the run ends here, with its report
         run.interrupted = {"at": run.running or "between points", "reason": INTERRUPTED_BY_SIGNAL,
                            "message": "stopped by Ctrl-C (SIGINT)"}
-    except TargetLost as e:
+    except (TargetLost, ClientLost) as e:
         if not run.points:
             raise
-        run.interrupted = {"at": run.running, "reason": "TARGET_LOST", "message": str(e)}
+        run.interrupted = {"at": run.running or "between points",
+                           "reason": "TARGET_LOST" if isinstance(e, TargetLost) else "CLIENT_LOST", "message": str(e)}
     finally:
         await run.teardown()
     return report.analyse(run.document())

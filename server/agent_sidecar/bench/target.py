@@ -26,6 +26,11 @@ class TargetLost(BenchError):
     with the report of the points that finished (run.run_bench)."""
 
 
+class ClientLost(BenchError):
+    """A bench client process (``--clients``, bench/fleet.py) died or failed:
+    like TargetLost, the run ends there with the points that finished."""
+
+
 @dataclass(frozen=True)
 class Target:
     address: str

@@ -299,7 +299,8 @@ def run(args) -> int:
         return written
     if cut["reason"] == INTERRUPTED_BY_SIGNAL:
         return 130
-    print(f"agent-sidecar bench: {cut['message']} before {cut['at']}; the report holds the points "
+    where = f"before {cut['at']}" if cut["reason"] == "TARGET_LOST" else f"at {cut['at']}"
+    print(f"agent-sidecar bench: {cut['message']} {where}; the report holds the points "
           f"that finished", file=sys.stderr)
     return 1
 
