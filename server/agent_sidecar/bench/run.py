@@ -168,8 +168,10 @@ async def run_bench(opts: BenchOptions, status: Status) -> dict:
     except (TargetLost, ClientLost) as e:
         if not run.points:
             raise
-        run.interrupted = {"at": run.running or "between points",
-                           "reason": "TARGET_LOST" if isinstance(e, TargetLost) else "CLIENT_LOST", "message": str(e)}
+        lost = isinstance(e, TargetLost)
+        before = isinstance(e, TargetLost) and not e.during
+        run.interrupted = {"at": run.running or "between points", "reason": "TARGET_LOST" if lost else "CLIENT_LOST",
+                           "message": str(e), "when": "before" if before else "during"}
     finally:
         await run.teardown()
     return report.analyse(run.document())
@@ -315,21 +317,34 @@ class _Run:
         """One level's point on each of ``servers``, in turn, in round ``r``;
         the targets are asked for a connection first (check_answers), so a
         sidecar that died in the last point ends the run here instead of
-        every later turn waiting out its resume."""
+        every later turn waiting out its resume; and again after a point of
+        theirs that had failed turns, which is dropped when a target no
+        longer answers (its errors are the crash's, not figures)."""
         for server in servers:
             label = self.running = f"{server.name} c={level} {where}"
             if server.name == "sidecar":
-                for target, client in zip(self.opts.targets, self.mains):
-                    await check_answers(target, client)
+                await self._check_targets()
             tree = server.tree
             if tree:  # re-read per point: a crashed worker's replacement is a new pid
                 tree = procs.process_tree(tree[0][1], tree[0][0])
             window = procs.TreeWindow(tree, server.bench_pids) if tree else None
             result = await server.run_point(_spec(self.opts, level, self.ramp[0]),
                                             functools.partial(self.status, label), window)
+            if server.name == "sidecar" and result["totals"]["failed"]:
+                await self._check_targets(during=True)
             self.running = None
             self.points.append({"server": server.name, "concurrency": level, "round": r, **result})
             self.status(f"done {label}: {_brief(result)}", None)
+
+    async def _check_targets(self, during: bool = False) -> None:
+        """TargetLost when a target does not answer (``during``: the point
+        under way, ``self.running``, was hit by it)."""
+        for target, client in zip(self.opts.targets, self.mains):
+            try:
+                await check_answers(target, client)
+            except TargetLost as e:
+                e.during = during
+                raise
 
     async def teardown(self) -> None:
         for fleet in self.fleets:

@@ -23,7 +23,10 @@ class BenchError(Exception):
 
 class TargetLost(BenchError):
     """A target that answered before stopped answering: the run ends there,
-    with the report of the points that finished (run.run_bench)."""
+    with the report of the points that finished (run.run_bench); ``during``:
+    found after the point under way (which is then dropped), not before it."""
+
+    during = False
 
 
 class ClientLost(BenchError):

@@ -299,8 +299,7 @@ def run(args) -> int:
         return written
     if cut["reason"] == INTERRUPTED_BY_SIGNAL:
         return 130
-    where = f"before {cut['at']}" if cut["reason"] == "TARGET_LOST" else f"at {cut['at']}"
-    print(f"agent-sidecar bench: {cut['message']} {where}; the report holds the points "
+    print(f"agent-sidecar bench: {cut['message']} {cut.get('when', 'during')} {cut['at']}; the report holds the points "
           f"that finished", file=sys.stderr)
     return 1
 
