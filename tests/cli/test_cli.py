@@ -239,6 +239,23 @@ def test_output_into_a_closed_pipe_is_exit_141_without_a_traceback(sidecar):
         assert r.returncode == 141 and r.stderr == "", (args, r.returncode, r.stderr)
 
 
+def test_sessions_show_pages_through_the_whole_transcript(sidecar):
+    """A transcript longer than a page (here 130 messages, the sidecar's
+    default page is 100) is shown whole; before, it was cut at 50 without a
+    word. --limit N shows the first N and says there are more."""
+    stub = sidecar.sessions()
+    texts = [f"message {i}" for i in range(1, 131)]
+    a = seed(stub, src("telegram"), turns(*texts))
+    r = run("sessions", "--target", sidecar.target, "show", a.session_key)
+    assert r.returncode == 0, r.stderr
+    shown = [line for line in r.stdout.splitlines() if line.startswith("[")]
+    assert shown == [f"[{i}] {'user' if i % 2 else 'assistant'}: message {i}" for i in range(1, 131)], shown[-3:]
+    r = run("sessions", "--target", sidecar.target, "show", a.session_key, "--limit", "7")
+    assert r.returncode == 0, r.stderr
+    assert [line for line in r.stdout.splitlines() if line.startswith("[")][-1] == "[7] user: message 7"
+    assert r.stdout.rstrip().endswith("… more (showing the first 7; --limit 0 shows all)"), r.stdout
+
+
 def test_sessions_delete(sidecar):
     stub = sidecar.sessions()
     a = seed(stub, src("telegram"), turns("bye"))

@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="sessions to list (default 50; 0: the sidecar's default page; at most its max page)")
     show = ss_sub.add_parser("show", help="show one session and its transcript")
     show.add_argument("key", type=utf8)
+    show.add_argument("--limit", type=non_negative(int), default=0,
+                      help="messages of the transcript to show (default 0: all of them, a page at a time)")
     dl = ss_sub.add_parser("delete", help="delete one session and everything it owns")
     dl.add_argument("key", type=utf8)
     ss.set_defaults(func=_sessions)

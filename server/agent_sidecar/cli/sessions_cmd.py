@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from .connection import TargetError, call_metadata, open_channel
 
 _INT32_MAX = 2**31 - 1  # ListSessionsRequest.page_size is an int32
+_MAX_PAGE = 1000  # the sidecar's largest page by default (limits.max_page_size); it caps a larger one
 
 
 def _when(ts) -> str:
@@ -46,10 +47,7 @@ def run(args) -> int:
                 s = stub.GetSession(pb.GetSessionRequest(session_key=args.key),
                                     metadata=metadata, timeout=10).session
                 print(s)
-                tr = stub.GetTranscript(pb.GetTranscriptRequest(session_id=s.session_id, page_size=50),
-                                        metadata=metadata, timeout=10)
-                for m in tr.messages:
-                    print(f"[{m.seq}] {m.role}: {m.content}")
+                _print_transcript(stub, pb, s.session_id, args.limit, metadata)
             elif args.action == "delete":
                 r = stub.DeleteSession(pb.DeleteSessionRequest(session_key=args.key),
                                        metadata=metadata, timeout=30)
@@ -59,3 +57,22 @@ def run(args) -> int:
             print(f"agent-sidecar: {e.code().name}: {e.details()}", file=sys.stderr)
             return 1
     return 0
+
+
+def _print_transcript(stub, pb, session_id: str, limit: int, metadata) -> None:
+    """Every message of the transcript, a page at a time (``limit`` > 0: the
+    first ``limit``, then a line saying there are more)."""
+    shown, token = 0, ""
+    while True:
+        want = min(limit - shown, _MAX_PAGE) if limit else 0  # 0: the sidecar's default page
+        tr = stub.GetTranscript(pb.GetTranscriptRequest(session_id=session_id, page_size=want, page_token=token),
+                                metadata=metadata, timeout=10)
+        for m in tr.messages:
+            print(f"[{m.seq}] {m.role}: {m.content}")
+        shown += len(tr.messages)
+        token = tr.next_page_token
+        if not token:
+            return
+        if limit and shown >= limit:
+            print(f"… more (showing the first {shown}; --limit 0 shows all)")
+            return
