@@ -459,6 +459,37 @@ def test_a_client_process_killed_after_a_point_keeps_the_points_that_finished(sc
     assert f"INTERRUPTED at {cut['at']}, {cut['message']}" in stdout, stdout
 
 
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+def test_an_output_that_cannot_be_written_is_refused_before_the_run(sc, tmp_path, flag):
+    """A --json or --plot in a directory this user cannot write is refused
+    up front (exit 2), not found after the whole run."""
+    mine = locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):  # root writes anywhere a mode allows nothing; not in /proc/sys
+            locked = Path("/proc/sys/kernel")
+            if not locked.is_dir() or os.access(locked, os.W_OK):
+                pytest.skip("no directory this user cannot write in")
+        r = bench("--target", sc.target, flag, str(locked / ("out.png" if flag == "--plot" else "out.json")))
+        assert r.returncode == 2 and f"cannot create a file in {locked}" in r.stderr, r.stderr
+    finally:
+        mine.chmod(0o700)
+
+
+def test_an_output_that_fails_at_the_end_does_not_keep_the_other_from_being_written(sc, tmp_path):
+    """The --json's directory removed during the run: the JSON cannot be
+    written, the plot still is, and the exit status says one failed."""
+    gone, png = tmp_path / "gone", tmp_path / "kept.png"
+    gone.mkdir()
+    code, stdout, stderr = bench_acting_after_first_level(
+        lambda proc: gone.rmdir(), "--target", sc.target, "--sweep", "1,2", "--duration", "1", "--calibrate", "0",
+        "--prompt-words", str(WORDS), "--json", str(gone / "out.json"), "--plot", str(png))
+    assert code == 1, stderr
+    assert f"agent-sidecar bench: cannot write {gone / 'out.json'}: No such file or directory" in stderr, stderr
+    assert png_size(png) == SIZE_PX and f"wrote {png}" in stderr and "Throughput and latency" in stdout
+
+
 def test_the_listener_is_found_however_its_path_was_spelled(tmp_path):
     """A sidecar started with ``--listen unix:///abs/path`` binds the path
     with its slashes ("///abs/path" in /proc/net/unix): the bench still finds
@@ -538,6 +569,9 @@ def test_render_of_what_is_not_a_bench_document_is_one_line_and_exit_1(tmp_path,
     (("--compare-bare", "--bare-latency-ms", "nan"), "argument --bare-latency-ms: 'nan' must be a finite number >= 0"),
     (("--calibrate", "-1"), "argument --calibrate: '-1' must be >= 0"),
     (("--plot", "out.txt"), "--plot out.txt: name a .png file (or .svg, .pdf)"),
+    (("--json", "/tmp"), "--json /tmp: is a directory (name a file)"),
+    (("--json", "/tmp/same.png", "--plot", "/tmp/same.png"), "--json and --plot name the same file"),
+    (("--render", "x.json", "--plot", str(ROOT)), f"--plot {ROOT}: is a directory"),
     (("--render", "x.json", "--plot", "out"), "--plot out: name a .png file"),
     (("--render", "x.json", "--sweep", "1,2"), "--render reads an earlier run: --sweep does not apply"),
     (("--render", "x.json", "--compare-bare"), "--render reads an earlier run: --compare-bare does not apply"),
