@@ -406,6 +406,49 @@ def test_ctrl_c_mid_sweep_keeps_the_points_that_finished(sc, tmp_path):
     assert held(sc.sessions(), doc["sessions"]["keys"])[0] >= doc["totals"]["completed"] > 0
 
 
+def test_sigterm_mid_sweep_keeps_the_points_that_finished_and_removes_the_bare_servers_dir(sc, tmp_path):
+    """SIGTERM (`timeout 60 agent-sidecar bench ...`) stops the run as Ctrl-C
+    does: the report, JSON and plot of the finished points, interrupted.reason
+    SIGTERM, exit 143; the bare server's temporary directory is removed
+    (before, SIGTERM killed the bench on the spot: nothing kept, the
+    directory left behind). The JSON, without what the plot reads, is then a
+    one-line error for --render --plot, not a traceback."""
+    out, png = tmp_path / "term.json", tmp_path / "term.png"
+    bare_dirs: list[Path] = []
+
+    def terminate(proc: subprocess.Popen) -> None:
+        (bare,) = [pid for pid in procs.children_of(proc.pid) if "agent_sidecar.bench.bare" in procs.proc_name(pid)]
+        listen = procs.proc_name(bare).split("--listen ", 1)[1].split()[0]
+        bare_dirs.append(Path(listen.removeprefix("unix:")).parent)
+        assert bare_dirs[0].name.startswith("sidecar-bench-bare-") and bare_dirs[0].is_dir()
+        proc.send_signal(signal.SIGTERM)
+
+    code, stdout, stderr = bench_acting_after_first_level(
+        terminate, "--target", sc.target, "--sweep", "1,2,3,4", "--duration", "3", "--calibrate", "1",
+        "--compare-bare", "--prompt-words", str(WORDS), "--json", str(out), "--plot", str(png))
+    assert code == 143, stderr
+    assert "Traceback" not in stderr
+    doc = json.loads(out.read_text())
+    cut = doc["interrupted"]
+    assert cut["reason"] == "SIGTERM" and cut["message"] == "stopped by SIGTERM", cut
+    assert doc["points"] and doc["points"][0]["concurrency"] == 1, doc["points"]
+    assert f"INTERRUPTED at {cut['at']}, stopped by SIGTERM" in stdout and png_size(png) == SIZE_PX
+    assert not bare_dirs[0].exists()
+
+    for broken in ("series", "host"):
+        doc = json.loads(out.read_text())
+        if broken == "series":
+            del doc["points"][0]["series"]
+        else:
+            del doc["machine"]["host"]
+        bad = tmp_path / f"no-{broken}.json"
+        bad.write_text(json.dumps(doc))
+        r = bench("--render", str(bad), "--plot", str(tmp_path / "bad.png"))
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+        assert f"{bad} is not an agent-sidecar bench --json document this version can plot (KeyError: " in lines[0]
+
+
 def test_a_target_killed_mid_sweep_ends_the_run_with_the_points_that_finished(tmp_path):
     """kill -9 of the sidecar once the sweep's first level is done, in its
     last point: the point under way ends with its turns failed (each gives

@@ -49,6 +49,8 @@ if TYPE_CHECKING:  # the client is the bench extra's: imported where used
 
 DEFAULT_RAMP_S = 1.0  # --ramp auto with no ideal turn known (no --ideal, no calibration)
 INTERRUPTED_BY_SIGNAL = "SIGINT"  # the document's interrupted.reason after a Ctrl-C
+# interrupted.reason and .message per signal that stops a run (SIGTERM: `timeout 60 agent-sidecar bench`)
+STOPPED_BY = {"SIGINT": "stopped by Ctrl-C (SIGINT)", "SIGTERM": "stopped by SIGTERM"}
 
 
 @dataclass
@@ -142,10 +144,12 @@ def _spec(opts: BenchOptions, concurrency: int, ramp_s: float) -> load.LoadSpec:
                          resume_timeout_s=opts.target.connect_timeout_s)
 
 
-async def run_bench(opts: BenchOptions, status: Status) -> dict:
+async def run_bench(opts: BenchOptions, status: Status,
+                    stopped_by: Callable[[], str] = lambda: INTERRUPTED_BY_SIGNAL) -> dict:
     """The whole run; returns the document (report.analyse() has completed it).
 
-    Cancelled (Ctrl-C: asyncio.Runner cancels this task), finding before
+    Cancelled (Ctrl-C: asyncio.Runner cancels this task; SIGTERM, when the
+    caller cancels it so: ``stopped_by()`` names the signal), finding before
     a point that a target stopped answering (TargetLost), or losing a bench
     client process (ClientLost: it died, or failed), once some point has
     finished, it stops there, tears down as usual and returns the document of
@@ -163,8 +167,9 @@ async def run_bench(opts: BenchOptions, status: Status) -> dict:
         if not run.points or task is None:
             raise
         task.uncancel()  # handled: the run ends here, with its report
-        run.interrupted = {"at": run.running or "between points", "reason": INTERRUPTED_BY_SIGNAL,
-                           "message": "stopped by Ctrl-C (SIGINT)"}
+        by = stopped_by()
+        run.interrupted = {"at": run.running or "between points", "reason": by, "message": STOPPED_BY[by],
+                           "when": "during"}
     except (TargetLost, ClientLost) as e:
         if not run.points:
             raise

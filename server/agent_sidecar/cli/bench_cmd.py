@@ -10,8 +10,10 @@ one line on stderr and exit status 1; bad options are argparse's exit 2.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from collections import deque
@@ -287,32 +289,56 @@ def run(args) -> int:
     import uvloop
 
     from ..bench import text
-    from ..bench.run import INTERRUPTED_BY_SIGNAL, run_bench
     from ..bench.target import BenchError
     from .progress import LiveLine
 
     line = LiveLine()
     try:
-        doc = uvloop.run(run_bench(opts, StatusView(line, opts.duration_s, opts.turns)))
+        doc = uvloop.run(_run_stoppable(opts, StatusView(line, opts.duration_s, opts.turns)))
     except BenchError as e:
         line.close()
         print(f"agent-sidecar bench: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # before any point finished, or a second Ctrl-C
+    except (KeyboardInterrupt, asyncio.CancelledError) as e:  # before any point finished, or a second signal
         line.close()
         print("agent-sidecar bench: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_BY_SIGNAL["SIGINT" if isinstance(e, KeyboardInterrupt) else "SIGTERM"]
     line.close()
     written = _write_outputs(doc, args)  # first: stdout may be a pipe that is gone (`| head -1`)
     print(text.render(doc), flush=True)
     cut = doc["interrupted"]
     if written or cut is None:
         return written
-    if cut["reason"] == INTERRUPTED_BY_SIGNAL:
-        return 130
+    if cut["reason"] in EXIT_BY_SIGNAL:
+        return EXIT_BY_SIGNAL[cut["reason"]]
     print(f"agent-sidecar bench: {cut['message']} {cut.get('when', 'during')} {cut['at']}; the report holds the points "
           f"that finished", file=sys.stderr)
     return 1
+
+
+EXIT_BY_SIGNAL = {"SIGINT": 130, "SIGTERM": 143}  # 128 + the signal's number, as a shell reports it
+
+
+async def _run_stoppable(opts, status):
+    """run_bench, with SIGTERM (`timeout 60 agent-sidecar bench ...`, a CI
+    job's end) stopping it as Ctrl-C does: asyncio.Runner cancels the run
+    for SIGINT, this handler for SIGTERM, and the run keeps its finished
+    points either way."""
+    from ..bench.run import run_bench
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    by = ["SIGINT"]
+
+    def on_sigterm() -> None:
+        by[0] = "SIGTERM"
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    try:
+        return await run_bench(opts, status, lambda: by[0])
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _render(args) -> int:
@@ -332,11 +358,16 @@ def _render(args) -> int:
     except OSError as e:
         print(f"agent-sidecar bench: cannot read {args.render}: {e.strerror}", file=sys.stderr)
         return 1
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
         print(f"agent-sidecar bench: {args.render} is not an agent-sidecar bench --json document this version "
               f"can read ({type(e).__name__}: {e})", file=sys.stderr)
         return 1
-    written = _write_outputs(doc, args)
+    try:
+        written = _write_outputs(doc, args)
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:  # the plot reads more of it
+        print(f"agent-sidecar bench: {args.render} is not an agent-sidecar bench --json document this version "
+              f"can plot ({type(e).__name__}: {e})", file=sys.stderr)
+        return 1
     print(out, flush=True)
     return written
 
