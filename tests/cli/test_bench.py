@@ -804,6 +804,30 @@ def test_percentiles_are_nearest_rank():
                                                      "mean": 2.5}
 
 
+def test_the_progress_bar_follows_the_point_it_shows():
+    """The calibration is a number of turns: its bar counts them, not the
+    points' --duration (before: '0.3/10s' while calibrating 3 turns)."""
+    import io
+
+    from agent_sidecar.bench import load
+    from agent_sidecar.cli.bench_cmd import StatusView
+    from agent_sidecar.cli.progress import LiveLine
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen = Terminal()
+    view = StatusView(LiveLine(screen), duration_s=10.0, turns=None)  # the points': --duration 10
+    calibration = load.Point(load.LoadSpec(concurrency=1, text="x", duration_s=None, turns=3, warmup_s=0))
+    calibration.measured_started = 2
+    view("calibrating", calibration)
+    assert "calibrating measure [#############-------] 2/3 turns" in screen.getvalue(), screen.getvalue()
+    point = load.Point(load.LoadSpec(concurrency=1, text="x", duration_s=10.0, warmup_s=0))
+    view("sidecar c=1", point)
+    assert "/10s" in screen.getvalue().rsplit("\r", 1)[-1], screen.getvalue()
+
+
 def test_knee_rules():
     limit = 4.4
     k = stats.knee([(100, 4.6, True), (25, 4.0, True), (50, 4.2, True)], limit)

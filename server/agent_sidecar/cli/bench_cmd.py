@@ -260,11 +260,13 @@ class StatusView:
         span = max(now - t0, 1e-9)
         rate = f"{(s['done'] - d0) / span:,.1f} turns/s · {(s['deltas'] - x0) / span:,.0f} deltas/s" \
             if len(self._recent) > 1 else "…"
-        if s["phase"] == "measure" and self.turns is None:
+        # the point's own length: the calibration's is its turns, whatever --duration says
+        duration_s, turns = point.spec.duration_s, point.spec.turns
+        if s["phase"] == "measure" and turns is None:
             elapsed = s['window_elapsed']
-            where = f"measure {bar(elapsed / self.duration_s)} {elapsed:.1f}/{self.duration_s:g}s"
+            where = f"measure {bar(elapsed / duration_s)} {elapsed:.1f}/{duration_s:g}s"
         elif s["phase"] == "measure":
-            where = f"measure {bar(point.measured_started / self.turns)} {point.measured_started}/{self.turns} turns"
+            where = f"measure {bar(point.measured_started / turns)} {point.measured_started}/{turns} turns"
         else:
             where = f"{s['phase']} {s['elapsed']:.0f}s"
         absorbed = f" · {s['absorbed']} absorbed" if s.get("absorbed") else ""
