@@ -612,6 +612,9 @@ def test_render_of_what_is_not_a_bench_document_is_one_line_and_exit_1(tmp_path,
     (("--compare-bare", "--bare-latency-ms", "nan"), "argument --bare-latency-ms: 'nan' must be a finite number >= 0"),
     (("--calibrate", "-1"), "argument --calibrate: '-1' must be >= 0"),
     (("--plot", "out.txt"), "--plot out.txt: name a .png file (or .svg, .pdf)"),
+    (("--prompt-words", "300000"), "argument --prompt-words: 300000 words are more than a prompt carries: at most "
+                                   "50517 (the sidecar's default text cap, limits.max_text_bytes, is 256 KiB"),
+    (("--prompt-words", "100000000"), "argument --prompt-words: 100000000 words are more than a prompt carries"),
     (("--json", "/tmp"), "--json /tmp: is a directory (name a file)"),
     (("--json", "/tmp/same.png", "--plot", "/tmp/same.png"), "--json and --plot name the same file"),
     (("--render", "x.json", "--plot", str(ROOT)), f"--plot {ROOT}: is a directory"),
@@ -643,6 +646,26 @@ def test_a_pid_that_is_no_process_is_one_line_and_exit_1(sc):
     assert r.returncode == 1 and r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and f"--pid {pid}: no such process" in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("calibrate", ["2", "0"])
+def test_a_prompt_the_sidecar_always_refuses_is_one_line_quoting_it_and_exit_1(tmp_path, calibrate):
+    """A prompt past the sidecar's text cap is refused every time
+    (INVALID_ARGUMENT): the calibration (or, without one, the first point)
+    completes no turn, and the bench stops with the server's own message
+    instead of exiting 0 with 'no completed turn'."""
+    small = Sidecar(tmp_path / "data", config=echo("main") + "[sidecar.limits]\nmax_text_bytes = 100\n").start()
+    try:
+        r = bench("--target", small.target, "--prompt-words", "50", "--calibrate", calibrate, "--concurrency", "2",
+                  "--duration", "1", "--json", str(tmp_path / "x.json"))
+    finally:
+        small.stop()
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr
+    where = "the calibration" if calibrate != "0" else "sidecar c=2"
+    assert lines[-1].startswith(f"agent-sidecar bench: every prompt of {where}"), r.stderr
+    assert "was refused (" in lines[-1] and "INVALID_ARGUMENT" in lines[-1] and "100" in lines[-1], r.stderr
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_refused_token_is_one_line_and_exit_1(sc):

@@ -246,6 +246,7 @@ async def run_turn(client: Any, key: str, spec: LoadSpec, point: Point, lane: in
     except SidecarError as e:
         if not turn.outcome or turn.outcome in (COMPLETED, *ABSORBED):
             turn.outcome = e.reason or e.code.name
+            turn.code, turn.message = e.code.name, e.message
     except asyncio.CancelledError:
         raise
     except Exception as e:  # a bug or transport oddity: count it, keep the load going

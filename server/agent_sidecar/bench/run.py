@@ -277,6 +277,7 @@ class _Run:
         pool = load.SessionPool(self.shares[0][1], opts.seed)
         self.calibration = await load.run_point(self.mains[0], pool, spec,
                                                 lambda p: self.status("calibrating", p))
+        _check_refused(self.calibration, "the calibration")
 
     async def start_bare(self) -> None:
         opts = self.opts
@@ -337,6 +338,8 @@ class _Run:
                                             functools.partial(self.status, label), window)
             if server.name == "sidecar" and result["totals"]["failed"]:
                 await self._check_targets(during=True)
+                if not any(p["server"] == "sidecar" for p in self.points):
+                    _check_refused(result, label)
             self.running = None
             self.points.append({"server": server.name, "concurrency": level, "round": r, **result})
             self.status(f"done {label}: {_brief(result)}", None)
@@ -385,6 +388,19 @@ class _Server:
     run_point: Callable[..., Awaitable[dict]]
     tree: list[tuple[str, int]] | None
     bench_pids: list[int] = field(default_factory=list)
+
+
+def _check_refused(result: dict, where: str) -> None:
+    """BenchError, quoting the server, when ``result`` (the calibration's,
+    or the first point's) completed no turn because every prompt was refused
+    the same way (a prompt past the sidecar's text cap, say): the rest of
+    the run would only be refused again."""
+    refused = result.get("refused")
+    if refused is None or result["totals"]["completed"]:
+        return
+    code, reason = refused["code"], refused["reason"]
+    raise BenchError(f"every prompt of {where} was refused ({refused['prompts']} of them): "
+                     f"{code if reason == code else f'{code} {reason}'}: {refused['message'] or '(no message)'}")
 
 
 def _brief(result: dict) -> str:

@@ -20,6 +20,9 @@ COMPLETED = "completed"
 # A prompt's outcome when it ran no turn of its own (the module docstring).
 STEERED, MERGED = "steered", "merged"
 ABSORBED = (STEERED, MERGED)
+# Status codes that refuse the request itself: sent again, it is refused again.
+REFUSALS = frozenset({"INVALID_ARGUMENT", "FAILED_PRECONDITION", "PERMISSION_DENIED", "UNAUTHENTICATED",
+                      "NOT_FOUND", "OUT_OF_RANGE", "UNIMPLEMENTED"})
 
 
 @dataclass
@@ -35,6 +38,8 @@ class Turn:
     tool_calls: int = 0
     started: bool = False  # a 'started' frame came: a turn of its own ran
     outcome: str = ""  # "completed", "steered" or "merged" (ABSORBED), or the reason it did not complete
+    code: str = ""  # the status code of the error that ended it, if one did
+    message: str = ""  # and its message, as the server gave it
 
 
 def summarize(point: Point, cpu: dict | None) -> dict:
@@ -85,9 +90,23 @@ def summarize(point: Point, cpu: dict | None) -> dict:
                                if point.turns else point.t0 + 1),
         "series_window": [(point.w0 or point.t0) - point.t0, (point.w1 or point.t0) - point.t0],
         "procs": cpu,
+        "refused": refusal(point.turns),
     }
     if cpu is not None and point.window_deltas:
         out["server_cpu_us_per_delta"] = 1e6 * cpu["server_cpu_s"] / point.window_deltas
     if cpu is not None and point.window_words:  # the same text in fewer frames costs less per word
         out["server_cpu_us_per_word"] = 1e6 * cpu["server_cpu_s"] / point.window_words
     return out
+
+
+def refusal(turns: list[Turn]) -> dict | None:
+    """When every prompt of ``turns`` was refused the same way, with a code
+    that refuses the request itself (REFUSALS: a prompt too big, say), that
+    refusal: its code, reason, the server's message and how many; else None."""
+    kinds = {(t.code, t.outcome) for t in turns}
+    if not turns or len(kinds) != 1:
+        return None
+    ((code, reason),) = kinds
+    if code not in REFUSALS:
+        return None
+    return {"code": code, "reason": reason, "message": turns[0].message, "prompts": len(turns)}

@@ -33,8 +33,35 @@ _VOCABULARY = ("the quick brown fox jumps over a lazy dog while seven bright sta
 DELIVERIES = ("queue", "follow_up", "reject_if_busy", "interrupt", "rollback", "steer")
 
 
+# The sidecar's default cap on a prompt's text (limits.max_text_bytes): a longer
+# --prompt-words is refused by every sidecar left at its defaults (--prompt
+# carries a longer text for one whose cap was raised).
+MAX_PROMPT_BYTES = 256 * 1024
+
+
 def prompt_of(words: int) -> str:
     return " ".join(_VOCABULARY[i % len(_VOCABULARY)] for i in range(words))
+
+
+def max_prompt_words() -> int:
+    """The most words of prompt_of whose text fits MAX_PROMPT_BYTES."""
+    cycle = len(" ".join(_VOCABULARY)) + 1  # the bytes of one round of the vocabulary, with its space
+    words, size = len(_VOCABULARY) * (MAX_PROMPT_BYTES // cycle), (MAX_PROMPT_BYTES // cycle) * cycle - 1
+    while size + 1 + len(_VOCABULARY[words % len(_VOCABULARY)]) <= MAX_PROMPT_BYTES:
+        size += 1 + len(_VOCABULARY[words % len(_VOCABULARY)])
+        words += 1
+    return words
+
+
+def _prompt_words(text: str) -> int:
+    """``--prompt-words``: above 0, and no more than a prompt can carry."""
+    words = int(positive(int)(text))
+    most = max_prompt_words()
+    if words > most:
+        raise argparse.ArgumentTypeError(
+            f"{words} words are more than a prompt carries: at most {most} (the sidecar's default text cap, "
+            f"limits.max_text_bytes, is {MAX_PROMPT_BYTES // 1024} KiB; --prompt takes a longer text)")
+    return words
 
 
 def _levels(text: str) -> list[int]:
@@ -97,7 +124,8 @@ def _load_arguments(ld) -> None:
     d.add_argument("--turns", type=positive(int), default=None, help="turns measured per point")
     p = ld.add_mutually_exclusive_group()
     p.add_argument("--prompt", default=None, help="the prompt text")
-    p.add_argument("--prompt-words", type=positive(int), default=None, help="a prompt of N words (default 200)")
+    p.add_argument("--prompt-words", type=_prompt_words, default=None,
+                   help="a prompt of N words (default 200; at most what fits the sidecar's default 256 KiB text cap)")
     ld.add_argument("--delivery", choices=DELIVERIES, default="queue", help="delivery mode (default queue)")
     ld.add_argument("--tools", action="store_true",
                     help="host <platform>.echo and <platform>.sleep tools here, for a profile that calls them")
