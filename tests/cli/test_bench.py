@@ -549,6 +549,41 @@ def test_the_listener_is_found_however_its_path_was_spelled(tmp_path):
         listener.close()
 
 
+def _own_address() -> str | None:
+    """One of this host's non-loopback IPv4 addresses (the one a route out
+    would use; no packet is sent), None without one."""
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+def test_a_target_at_one_of_this_hosts_own_addresses_is_local(tmp_path):
+    """A sidecar reached at this host's LAN address (not loopback, not the
+    address its host name resolves to) is this host's: the bench finds its
+    process tree and reports CPU and memory (before: 'not on this host')."""
+    address = _own_address()
+    if address is None:
+        pytest.skip("this host has no non-loopback address")
+    assert procs._is_local(address) and not procs._is_local("203.0.113.7")  # TEST-NET-3: no host's own
+    port = free_port()
+    lan = Sidecar(tmp_path / "data", config=CONFIG, tcp=True, extra_args=["--listen", f"0.0.0.0:{port}"]).start()
+    out = tmp_path / "lan.json"
+    try:
+        r = bench("--target", f"{address}:{port}", "--token", TOKEN, "--insecure", "--concurrency", "1", "--turns", "2",
+                  "--warmup", "0", "--calibrate", "0", "--prompt-words", str(WORDS), "--json", str(out))
+    finally:
+        lan.stop()
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["local"] is True and doc["sidecar_pid"] == lan.proc.pid, (doc["local"], doc["sidecar_pid"])
+    assert doc["points"][0]["procs"]["server_cpu_s"] > 0 and f"(local, pid {lan.proc.pid})" in r.stdout
+
+
 def test_several_targets_each_get_their_share_and_hold_their_turns(sc, tmp_path):
     """--target A,B: two sidecars with stores of their own, one client
     process each (the default); each target's sessions were made on it, its

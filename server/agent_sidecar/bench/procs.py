@@ -327,13 +327,23 @@ def _listening_inodes(target: str) -> set[str]:
 
 
 def _is_local(host: str) -> bool:
+    """Whether ``host`` is this machine: a loopback or wildcard name, or an
+    address this host can bind (any of its own, not only the one its name
+    resolves to: a target at the host's LAN address is local too)."""
     if host in ("", "localhost", "0.0.0.0", "::", "::1") or host.startswith("127."):
         return True
     try:
-        mine = set(socket.gethostbyname_ex(socket.gethostname())[2])
-        return socket.gethostbyname(host) in mine or host == socket.gethostname()
-    except OSError:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
         return False
+    for family, _, _, _, address in infos:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.bind((address[0], 0, *address[2:]))  # port 0: nothing is taken from anyone
+            return True
+        except OSError:  # EADDRNOTAVAIL: another host's address
+            continue
+    return False
 
 
 def _socket_holders(inodes: set[str]) -> set[int]:
