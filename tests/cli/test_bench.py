@@ -703,6 +703,24 @@ def test_a_prompt_the_sidecar_always_refuses_is_one_line_quoting_it_and_exit_1(t
     assert not (tmp_path / "x.json").exists()
 
 
+def test_a_pid_that_is_not_the_targets_sidecar_is_refused(sc, tmp_path):
+    """--pid names the process whose tree is reported as the sidecar's: pid 1
+    (every process is below it) or this test's own process (the sidecar's
+    parent, but not the sidecar) are refused with one line and exit 2; the
+    sidecar's own pid is taken."""
+    for pid in (1, os.getpid()):
+        r = bench("--target", sc.target, "--pid", str(pid), "--turns", "1")
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and r.stdout == "" and len(lines) == 1, (pid, r.stderr)
+        assert lines[0].startswith(f"agent-sidecar bench: --pid {pid}: process {pid} (") \
+            and f"does not listen on {sc.target} (process {sc.proc.pid} does)" in lines[0], r.stderr
+    out = tmp_path / "pid.json"
+    r = bench("--target", sc.target, "--pid", str(sc.proc.pid), "--concurrency", "1", "--turns", "1", "--warmup", "0",
+              "--calibrate", "0", "--prompt-words", str(WORDS), "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["sidecar_pid"] == sc.proc.pid
+
+
 def test_refused_token_is_one_line_and_exit_1(sc):
     r = bench("--target", sc.tcp_target, "--token", "not-the-token", "--duration", "1")
     assert r.returncode == 1

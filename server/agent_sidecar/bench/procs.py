@@ -293,6 +293,29 @@ def listening_pid(target: str) -> int | None:
     return min(top) if top else None
 
 
+def pid_problem(pid: int, target: str) -> str | None:
+    """Why ``pid`` is not the sidecar at ``target`` (None: it is, or /proc
+    cannot tell). It is when it holds the target's listening socket, or is
+    the parent of the process that does and runs agent-sidecar (a wrapper:
+    tini, a shell, prlimit); when the listener is not found here (another
+    user's, or another host's), when its command line is agent-sidecar's.
+    Not any ancestor: pid 1 has every process below it."""
+    if not exists(pid):
+        return None  # the run says so (run._Run.setup)
+    name = proc_name(pid)
+    runs_sidecar = "agent-sidecar" in name or "agent_sidecar" in name
+    inodes = _listening_inodes(target)
+    holders = _socket_holders(inodes) if inodes else set()
+    if pid in holders or (runs_sidecar and any(parent_pid(h) == pid for h in holders)):
+        return None
+    if not holders and runs_sidecar:
+        return None
+    what = f"process {pid} ({name[:60] or proc_comm(pid)})"
+    if holders:
+        return f"{what} does not listen on {target} (process {min(holders)} does)"
+    return f"{what} is not an agent-sidecar process"
+
+
 def unix_path(target: str) -> str | None:
     if not target.startswith("unix:"):
         return None

@@ -96,7 +96,8 @@ def add_arguments(sub) -> argparse.ArgumentParser:
                    help="seconds a target may take to connect: at the start, before each point, and for a "
                         "turn whose stream broke to resume (default 5)")
     t.add_argument("--pid", type=positive(int), default=None,
-                   help="the sidecar's pid for CPU/RSS figures (default: found from the listening socket)")
+                   help="the sidecar's pid for CPU/RSS figures (default: found from the listening socket); "
+                        "refused unless it listens on the target (or wraps the agent-sidecar that does)")
     _load_arguments(b.add_argument_group("load"))
     _measure_arguments(b.add_argument_group("measure and compare"))
     o = b.add_argument_group("output")
@@ -312,6 +313,12 @@ def run(args) -> int:
         opts = options_from(args)
     except ValueError as e:
         args._parser.error(str(e))
+    if opts.pid is not None:
+        from ..bench.procs import pid_problem
+        problem = pid_problem(opts.pid, opts.target.address)
+        if problem:  # its CPU and memory would be reported as the sidecar's
+            print(f"agent-sidecar bench: --pid {opts.pid}: {problem}", file=sys.stderr)
+            return 2
     problem = _missing_extras(args)
     if problem:
         print(f"agent-sidecar bench: {problem}", file=sys.stderr)
