@@ -904,6 +904,54 @@ def test_the_progress_bar_follows_the_point_it_shows():
     assert "/10s" in screen.getvalue().rsplit("\r", 1)[-1], screen.getvalue()
 
 
+DOCS = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _documented_bench_commands() -> list[tuple[str, str]]:
+    """(file, command) of every `agent-sidecar bench` example in the docs: the
+    lines of a fenced block (with their continuations), and inline ones
+    (not those with a placeholder: '…', '...', '[')."""
+    import re
+    found = []
+    for path in DOCS:
+        text = path.read_text()
+        fenced, inside = [], False
+        for line in text.splitlines():
+            if line.lstrip().startswith("```"):
+                inside = not inside
+            elif inside:
+                fenced.append(line)
+        for command in "\n".join(fenced).replace("\\\n", " ").splitlines():
+            if command.strip().startswith("agent-sidecar bench"):
+                found.append((path.name, command.strip()))
+        for command in re.findall(r"`(agent-sidecar bench [^`]+)`", text):
+            if not any(mark in command for mark in ("…", "...", "[")):
+                found.append((path.name, " ".join(command.split())))
+    return found
+
+
+def test_every_bench_example_in_the_docs_is_accepted_as_written(tmp_path, monkeypatch):
+    """Each `agent-sidecar bench` command the docs show passes the CLI's own
+    parser and option checks, as written (before: README's sent --token to
+    a remote TCP target without --tls, which the CLI refuses)."""
+    import shlex
+
+    from agent_sidecar.cli import bench_cmd
+    from agent_sidecar.cli.main import build_parser
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ca.pem").write_text("")  # what the examples' --ca names
+    commands = _documented_bench_commands()
+    assert len(commands) >= 5, commands
+    for where, command in commands:
+        argv = shlex.split(command)[1:]
+        try:
+            args = build_parser().parse_args(argv)
+            bench_cmd._check_render(args) if args.render else bench_cmd.options_from(args)
+        except (SystemExit, ValueError) as e:
+            pytest.fail(f"{where}: {command!r} is refused: {e!r}")
+
+
 def test_knee_rules():
     limit = 4.4
     k = stats.knee([(100, 4.6, True), (25, 4.0, True), (50, 4.2, True)], limit)
