@@ -886,8 +886,7 @@ def test_the_progress_bar_follows_the_point_it_shows():
     import io
 
     from agent_sidecar.bench import load
-    from agent_sidecar.cli.bench_cmd import StatusView
-    from agent_sidecar.cli.progress import LiveLine
+    from agent_sidecar.cli.progress import LiveLine, StatusView
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

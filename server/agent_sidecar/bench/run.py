@@ -41,11 +41,13 @@ from . import load, procs, report
 from .bare_process import BareProcess, bare_timing
 from .fleet import Fleet, deal
 from .target import BenchError, ClientLost, Target, TargetLost, check_answers, connect
+from .tools import BenchTools, tool_host
+from .turns import check_refused
 
 if TYPE_CHECKING:  # the client is the bench extra's: imported where used
     from contextlib import AbstractAsyncContextManager
 
-    from agent_sidecar_client import SidecarClient, ToolHost
+    from agent_sidecar_client import SidecarClient
 
 DEFAULT_RAMP_S = 1.0  # --ramp auto with no ideal turn known (no --ideal, no calibration)
 INTERRUPTED_BY_SIGNAL = "SIGINT"  # the document's interrupted.reason after a Ctrl-C
@@ -193,7 +195,7 @@ class _Run:
         self.bare: BareProcess | None = None
         self.bare_client: SidecarClient | None = None
         self.host_ctxs: list[AbstractAsyncContextManager[Any]] = []
-        self.tool_hosts: list[_BenchTools] = []
+        self.tool_hosts: list[BenchTools] = []
         self.pid: int | None = None
         self.tree: list[tuple[str, int]] | None = None
         self.idle: list[dict] | None = None
@@ -243,7 +245,7 @@ class _Run:
         return [(opts.targets[t], list(itertools.islice(made[t], count))) for t, count in shares]
 
     async def _host_tools(self, target: Target, client: SidecarClient) -> None:
-        tools = _tool_host(self.opts.platform)
+        tools = tool_host(self.opts.platform)
         ctx = tools.host.running(client)
         try:
             await ctx.__aenter__()
@@ -277,7 +279,7 @@ class _Run:
         pool = load.SessionPool(self.shares[0][1], opts.seed)
         self.calibration = await load.run_point(self.mains[0], pool, spec,
                                                 lambda p: self.status("calibrating", p))
-        _check_refused(self.calibration, "the calibration")
+        check_refused(self.calibration, "the calibration")
 
     async def start_bare(self) -> None:
         opts = self.opts
@@ -339,7 +341,7 @@ class _Run:
             if server.name == "sidecar" and result["totals"]["failed"]:
                 await self._check_targets(during=True)
                 if not any(p["server"] == "sidecar" for p in self.points):
-                    _check_refused(result, label)
+                    check_refused(result, label)
             self.running = None
             self.points.append({"server": server.name, "concurrency": level, "round": r, **result})
             self.status(f"done {label}: {_brief(result)}", None)
@@ -390,48 +392,7 @@ class _Server:
     bench_pids: list[int] = field(default_factory=list)
 
 
-def _check_refused(result: dict, where: str) -> None:
-    """BenchError, quoting the server, when ``result`` (the calibration's,
-    or the first point's) completed no turn because every prompt was refused
-    the same way (a prompt past the sidecar's text cap, say): the rest of
-    the run would only be refused again."""
-    refused = result.get("refused")
-    if refused is None or result["totals"]["completed"]:
-        return
-    code, reason = refused["code"], refused["reason"]
-    raise BenchError(f"every prompt of {where} was refused ({refused['prompts']} of them): "
-                     f"{code if reason == code else f'{code} {reason}'}: {refused['message'] or '(no message)'}")
-
-
 def _brief(result: dict) -> str:
     p99 = result["turn_ms"]["p99"]
     return (f"{result['turns_per_s']:,.1f} turns/s, {result['deltas_per_s']:,.0f} deltas/s, turn p99 "
             + ("-" if p99 is None else f"{p99:,.0f} ms") + f", {result['error_count']} errors")
-
-
-@dataclass
-class _BenchTools:
-    """The bench's own tool host and the invocations it has answered."""
-    host: ToolHost
-    invocations: int = 0
-
-
-def _tool_host(namespace: str) -> _BenchTools:
-    """The bench's own tool host: ``<ns>.echo(text)`` and ``<ns>.sleep(ms)``,
-    counting the invocations it answers (``.invocations``)."""
-    from agent_sidecar_client import ToolHost
-
-    tools = _BenchTools(ToolHost(namespace))
-
-    @tools.host.tool(description="Return the text it is given.")
-    async def echo(text: str = "") -> str:
-        tools.invocations += 1
-        return text
-
-    @tools.host.tool(description="Wait ms milliseconds, then return them.")
-    async def sleep(ms: int = 0) -> int:
-        tools.invocations += 1
-        await asyncio.sleep(max(0, ms) / 1000)
-        return ms
-
-    return tools

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import stats
+from .target import BenchError
 
 if TYPE_CHECKING:
     from .load import Point
@@ -110,3 +111,16 @@ def refusal(turns: list[Turn]) -> dict | None:
     if code not in REFUSALS:
         return None
     return {"code": code, "reason": reason, "message": turns[0].message, "prompts": len(turns)}
+
+
+def check_refused(result: dict, where: str) -> None:
+    """BenchError, quoting the server, when ``result`` (the calibration's,
+    or the first point's) completed no turn because every prompt was refused
+    the same way (a prompt past the sidecar's text cap, say): the rest of
+    the run would only be refused again."""
+    refused = result.get("refused")
+    if refused is None or result["totals"]["completed"]:
+        return
+    code, reason = refused["code"], refused["reason"]
+    raise BenchError(f"every prompt of {where} was refused ({refused['prompts']} of them): "
+                     f"{code if reason == code else f'{code} {reason}'}: {refused['message'] or '(no message)'}")

@@ -12,14 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import sys
-import time
-from collections import deque
 from typing import TYPE_CHECKING
 
 from .argtypes import non_negative, positive
+from .bench_output import check_outputs, write_outputs
 from .connection import DEFAULT_TARGET, TargetError, add_target_arguments, tls_material
 
 if TYPE_CHECKING:  # the bench is imported when the command runs
@@ -179,30 +177,7 @@ def _check_render(args) -> None:
     for name, unset in _RUN_ONLY.items():
         if getattr(args, name) != unset:
             raise ValueError(f"--render reads an earlier run: --{name.replace('_', '-')} does not apply")
-    _check_outputs(args)
-
-
-def _check_outputs(args) -> None:
-    """ValueError for a --json or --plot file that cannot be written, before
-    anything runs (not after the points, when the run would be lost)."""
-    from ..bench.plot import format_problem
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        if not path:
-            continue
-        parent = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(parent):
-            raise ValueError(f"{flag} {path}: no such directory")
-        if os.path.isdir(path):
-            raise ValueError(f"{flag} {path}: is a directory (name a file)")
-        if os.path.exists(path) and not os.access(path, os.W_OK):
-            raise ValueError(f"{flag} {path}: not writable")
-        if not os.path.exists(path) and not os.access(parent, os.W_OK | os.X_OK):
-            raise ValueError(f"{flag} {path}: cannot create a file in {parent}")
-    if args.json and args.plot and os.path.abspath(args.json) == os.path.abspath(args.plot):
-        raise ValueError(f"--json and --plot name the same file ({args.json})")
-    problem = format_problem(args.plot) if args.plot else None
-    if problem:
-        raise ValueError(problem)
+    check_outputs(args)
 
 
 def options_from(args):
@@ -214,7 +189,7 @@ def options_from(args):
         raise ValueError("--tools and --compare-bare do not go together: the bare server has no tool host")
     if args.prompt is not None and not args.prompt.strip():
         raise ValueError("--prompt must not be empty")
-    _check_outputs(args)
+    check_outputs(args)
     targets = _targets(args)
     levels = args.sweep or [args.concurrency or 10]
     if args.find_knee is not None and args.sweep is None:
@@ -264,44 +239,6 @@ def _targets(args) -> tuple[Target, ...]:
     return tuple(targets)
 
 
-class StatusView:
-    """Turns the runner's (label, point) reports into the one live line: phase,
-    a bar of the measure window, the current rates (over the last ~2 s)."""
-
-    def __init__(self, line, duration_s: float | None, turns: int | None):
-        self.line, self.duration_s, self.turns = line, duration_s, turns
-        self._recent: deque = deque(maxlen=5)
-        self._label = ""
-
-    def __call__(self, label: str, point) -> None:
-        from .progress import bar
-        if point is None:
-            self._recent.clear()
-            (self.line.log if label.startswith("done") else self.line.show)(label)
-            return
-        if label != self._label:
-            self._label = label
-            self._recent.clear()
-        s = point.snapshot()
-        now = time.monotonic()
-        self._recent.append((now, s["done"], s["deltas"]))
-        t0, d0, x0 = self._recent[0]
-        span = max(now - t0, 1e-9)
-        rate = f"{(s['done'] - d0) / span:,.1f} turns/s · {(s['deltas'] - x0) / span:,.0f} deltas/s" \
-            if len(self._recent) > 1 else "…"
-        # the point's own length: the calibration's is its turns, whatever --duration says
-        duration_s, turns = point.spec.duration_s, point.spec.turns
-        if s["phase"] == "measure" and turns is None:
-            elapsed = s['window_elapsed']
-            where = f"measure {bar(elapsed / duration_s)} {elapsed:.1f}/{duration_s:g}s"
-        elif s["phase"] == "measure":
-            where = f"measure {bar(point.measured_started / turns)} {point.measured_started}/{turns} turns"
-        else:
-            where = f"{s['phase']} {s['elapsed']:.0f}s"
-        absorbed = f" · {s['absorbed']} absorbed" if s.get("absorbed") else ""
-        self.line.show(f"{label} {where} · {rate} · {s['in_flight']} in flight · {s['errors']} errors{absorbed}")
-
-
 def run(args) -> int:
     if args.render:
         try:
@@ -327,7 +264,7 @@ def run(args) -> int:
 
     from ..bench import text
     from ..bench.target import BenchError
-    from .progress import LiveLine
+    from .progress import LiveLine, StatusView
 
     line = LiveLine()
     try:
@@ -341,7 +278,7 @@ def run(args) -> int:
         print("agent-sidecar bench: interrupted", file=sys.stderr)
         return EXIT_BY_SIGNAL["SIGINT" if isinstance(e, KeyboardInterrupt) else "SIGTERM"]
     line.close()
-    written = _write_outputs(doc, args)  # first: stdout may be a pipe that is gone (`| head -1`)
+    written = write_outputs(doc, args)  # first: stdout may be a pipe that is gone (`| head -1`)
     print(text.render(doc), flush=True)
     cut = doc["interrupted"]
     if written or cut is None:
@@ -400,7 +337,7 @@ def _render(args) -> int:
               f"can read ({type(e).__name__}: {e})", file=sys.stderr)
         return 1
     try:
-        written = _write_outputs(doc, args)
+        written = write_outputs(doc, args)
     except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:  # the plot reads more of it
         print(f"agent-sidecar bench: {args.render} is not an agent-sidecar bench --json document this version "
               f"can plot ({type(e).__name__}: {e})", file=sys.stderr)
@@ -421,31 +358,3 @@ def _missing_extras(args, client: bool = True) -> str | None:
         from ..bench.plot import available
         return available()
     return None
-
-
-def _write_outputs(doc: dict, args) -> int:
-    """Write --json and --plot, each on its own (one that fails does not
-    keep the other from being written); 1 when one failed."""
-    failed = 0
-    if args.json:
-        failed |= _write(args.json, lambda: _write_json(doc, args.json))
-    if args.plot:
-        from ..bench import plot
-        failed |= _write(args.plot, lambda: plot.write(doc, args.plot))
-    return failed
-
-
-def _write_json(doc: dict, path: str) -> None:
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-
-
-def _write(path: str, write) -> int:
-    try:
-        write()
-    except OSError as e:
-        print(f"agent-sidecar bench: cannot write {e.filename or path}: {e.strerror}", file=sys.stderr)
-        return 1
-    print(f"wrote {path}", file=sys.stderr)
-    return 0

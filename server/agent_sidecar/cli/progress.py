@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import deque
 
 
 class Progress:
@@ -78,3 +79,40 @@ def bar(fraction: float, width: int = 20) -> str:
     """``[#######-------------]`` for a fraction in 0..1."""
     filled = int(max(0.0, min(1.0, fraction)) * width)
     return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+
+class StatusView:
+    """Turns the runner's (label, point) reports into the one live line: phase,
+    a bar of the measure window, the current rates (over the last ~2 s)."""
+
+    def __init__(self, line, duration_s: float | None, turns: int | None):
+        self.line, self.duration_s, self.turns = line, duration_s, turns
+        self._recent: deque = deque(maxlen=5)
+        self._label = ""
+
+    def __call__(self, label: str, point) -> None:
+        if point is None:
+            self._recent.clear()
+            (self.line.log if label.startswith("done") else self.line.show)(label)
+            return
+        if label != self._label:
+            self._label = label
+            self._recent.clear()
+        s = point.snapshot()
+        now = time.monotonic()
+        self._recent.append((now, s["done"], s["deltas"]))
+        t0, d0, x0 = self._recent[0]
+        span = max(now - t0, 1e-9)
+        rate = f"{(s['done'] - d0) / span:,.1f} turns/s · {(s['deltas'] - x0) / span:,.0f} deltas/s" \
+            if len(self._recent) > 1 else "…"
+        # the point's own length: the calibration's is its turns, whatever --duration says
+        duration_s, turns = point.spec.duration_s, point.spec.turns
+        if s["phase"] == "measure" and turns is None:
+            elapsed = s['window_elapsed']
+            where = f"measure {bar(elapsed / duration_s)} {elapsed:.1f}/{duration_s:g}s"
+        elif s["phase"] == "measure":
+            where = f"measure {bar(point.measured_started / turns)} {point.measured_started}/{turns} turns"
+        else:
+            where = f"{s['phase']} {s['elapsed']:.0f}s"
+        absorbed = f" · {s['absorbed']} absorbed" if s.get("absorbed") else ""
+        self.line.show(f"{label} {where} · {rate} · {s['in_flight']} in flight · {s['errors']} errors{absorbed}")
