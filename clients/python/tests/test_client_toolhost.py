@@ -41,3 +41,45 @@ def test_a_refused_registration_leaves_no_task_behind(tmp_path):
         sc.stop()
     assert err.field_violations[0][0] == "register.namespace", err.field_violations
     assert left == [], left
+
+
+TOOL_ERRORS = '''
+[profiles.errs]
+model = "scripted"
+tools = ["errs.*"]
+model_options = { steps = [ { tool_calls = [ { name = "errs.own_timeout", arguments = {} } ] }, { tool_calls = [ { name = "errs.own_cancel", arguments = {} } ] }, { text = "done" } ] }
+'''
+
+
+def test_a_tools_own_timeout_and_cancel_are_its_failures(tmp_path):
+    """A tool raising TimeoutError of its own was reported as the host's
+    timeout ("timed out after N ms"); one raising CancelledError escaped
+    invoke(), so no result was sent and the turn waited out the sidecar's tool
+    timeout. Both are now the tool's failure, sent at once."""
+    sc = Sidecar(tmp_path / "data", config=TOOL_ERRORS, workers=1).start()
+    try:
+        async def run():
+            async with await asc.connect(sc.target) as client:
+                host = asc.ToolHost("errs")
+
+                @host.tool
+                async def own_timeout() -> None:
+                    raise TimeoutError("the database took too long")
+
+                @host.tool
+                async def own_cancel() -> None:
+                    raise asyncio.CancelledError("a future it waited on was cancelled")
+
+                async with host.running(client):
+                    return await client.prompt("go", source={"platform": "t", "chat_id": "errs"},
+                                               profile="errs").collect()
+
+        frames = asyncio.run(asyncio.wait_for(run(), 20))
+    finally:
+        sc.stop()
+    results = [f.tool_result for f in frames if asc.frame_kind(f) == "tool_result"]
+    assert [r.ok for r in results] == [False, False], results
+    assert "TimeoutError: the database took too long" in results[0].result_json, results[0]
+    assert "timed out after" not in results[0].result_json
+    assert "CancelledError: a future it waited on was cancelled" in results[1].result_json, results[1]
+    assert asc.frame_kind(frames[-1]) == "completed"

@@ -112,7 +112,9 @@ class ToolHost:
             for t in self.tools.values()]))
 
     async def invoke(self, invocation: tool_pb.ToolInvocation) -> tool_pb.ToolInvocationResult:
-        """Run one invocation and build its result (never raises)."""
+        """Run one invocation and build its result (never raises, but for the
+        cancellation of the task running it). A TimeoutError or CancelledError
+        the tool raises itself is the tool's failure, reported as such."""
         result = tool_pb.ToolInvocationResult(invocation_id=invocation.invocation_id)
         tool = self.tools.get(invocation.tool_name)
         try:
@@ -128,12 +130,25 @@ class ToolHost:
             else:
                 work = asyncio.to_thread(tool.func, **args)
             timeout = invocation.timeout_ms / 1000 if invocation.timeout_ms > 0 else None
-            async with asyncio.timeout(timeout):  # (not wait_for: it can drop the host's cancellation)
-                value = await work
+            scope = asyncio.timeout(timeout)  # (not wait_for: it can drop the host's cancellation)
+            try:
+                async with scope:
+                    value = await work
+            except TimeoutError:
+                if scope.expired():  # the invocation's timeout, not a TimeoutError of the tool's own
+                    raise _InvocationTimeout from None
+                raise
             result.result_json = json.dumps(value, allow_nan=False)  # NaN is no JSON
             result.ok = True
-        except TimeoutError:
+        except _InvocationTimeout:
             result.error = f"tool {invocation.tool_name} timed out after {invocation.timeout_ms} ms"
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the host itself is stopping
+            # The tool's own CancelledError (a cancelled task or future inside it):
+            # a failure of the tool like any other, and its result is sent.
+            result.error = _utf8(f"CancelledError: {exc}" if str(exc) else "CancelledError")
         except Exception as exc:  # noqa: BLE001 - any tool failure goes back to the model
             result.error = _utf8(f"{type(exc).__name__}: {exc}")
         if not result.ok:
@@ -218,6 +233,10 @@ class ToolHost:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, errors.SidecarError):
                 await task
+
+
+class _InvocationTimeout(Exception):
+    """The invocation's ``timeout_ms`` passed (told apart from a TimeoutError of the tool's)."""
 
 
 def _utf8(text: str) -> str:
