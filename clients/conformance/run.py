@@ -34,6 +34,7 @@ import string
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -85,6 +86,142 @@ def healthy(target: str) -> bool:
             return exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNIMPLEMENTED)
 
 
+class CutProxy:
+    """A TCP proxy in front of the sidecar's Unix socket that a runner can break
+    on purpose (README.md, "The cuttable proxy"): the scenarios that test
+    resuming need a real connection to fail, not a local cancel.
+
+    Clients connect to ``target`` (127.0.0.1:PORT; the sidecar sees a Unix
+    socket peer, so no token is needed). A runner sends one command per line
+    to ``control`` and reads ``ok N`` back (N = connections accepted so far):
+
+    - ``cut``: close every live connection, both sides, at once;
+    - ``stall``: stop forwarding on every live connection without closing it
+      (a network black hole: bytes sent are swallowed); later connections
+      are forwarded again;
+    - ``down``: ``cut``, and close each new connection as soon as it is
+      accepted (the sidecar is out of reach), until ``up``;
+    - ``up``: forward new connections again;
+    - ``count``: only report N.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.control_listener = socket.create_server(("127.0.0.1", 0))
+        self.target = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.control = f"127.0.0.1:{self.control_listener.getsockname()[1]}"
+        self.lock = threading.Lock()
+        self.live: list[dict] = []  # {"socks": (down, up), "stalled": bool}
+        self.stalled: list[dict] = []
+        self.accepted = 0
+        self.is_down = False
+        self.closed = False
+
+    def start(self) -> None:
+        threading.Thread(target=self._accept, daemon=True).start()
+        threading.Thread(target=self._control, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                down, _ = self.listener.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.accepted += 1
+                refuse = self.is_down
+            if refuse:
+                _close(down)
+                continue
+            up = socket.socket(socket.AF_UNIX)
+            try:
+                up.connect(self.upstream)
+            except OSError:
+                _close(down)
+                _close(up)
+                continue
+            conn = {"socks": (down, up), "stalled": False}
+            with self.lock:
+                self.live.append(conn)
+            threading.Thread(target=self._pump, args=(conn, down, up), daemon=True).start()
+            threading.Thread(target=self._pump, args=(conn, up, down), daemon=True).start()
+
+    def _pump(self, conn: dict, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                if not conn["stalled"]:  # a black hole swallows what it reads
+                    dst.sendall(data)
+        except OSError:
+            pass
+        if not conn["stalled"]:
+            self._drop(conn)
+
+    def _drop(self, conn: dict) -> None:
+        with self.lock:
+            if conn in self.live:
+                self.live.remove(conn)
+        for s in conn["socks"]:
+            _close(s)
+
+    def command(self, word: str) -> str:
+        with self.lock:
+            conns = list(self.live)
+        if word in ("cut", "down"):
+            with self.lock:
+                self.is_down = self.is_down or word == "down"
+            for conn in conns:
+                self._drop(conn)
+        elif word == "stall":
+            with self.lock:
+                for conn in conns:
+                    conn["stalled"] = True
+                    self.live.remove(conn)  # no longer counted; closed at stop()
+                    self.stalled.append(conn)
+        elif word == "up":
+            with self.lock:
+                self.is_down = False
+        elif word != "count":
+            return f"error unknown command {word!r}"
+        with self.lock:
+            return f"ok {self.accepted}"
+
+    def _control(self) -> None:
+        while not self.closed:
+            try:
+                sock, _ = self.control_listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._control_client, args=(sock,), daemon=True).start()
+
+    def _control_client(self, sock: socket.socket) -> None:
+        with sock, sock.makefile("rw", encoding="ascii", newline="\n") as f:
+            for line in f:
+                f.write(self.command(line.strip()) + "\n")
+                f.flush()
+
+    def stop(self) -> None:
+        self.closed = True
+        _close(self.listener)
+        _close(self.control_listener)
+        with self.lock:
+            conns = self.live + self.stalled
+        for conn in conns:
+            for s in conn["socks"]:
+                _close(s)
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    try:
+        sock.close()
+    except OSError:
+        pass
+
+
 class Sidecar:
     """The server process and its temporary directory."""
 
@@ -104,6 +241,7 @@ class Sidecar:
         self.cmd = [binary, "serve", "--data-dir", str(self.dir), "--listen", self.unix, "--listen", self.tcp,
                     "--config", str(config), "--log-format", "text"]
         self.proc: subprocess.Popen | None = None
+        self.proxy = CutProxy(str(self.dir / "sidecar.sock"))
 
     def _tls_listeners(self) -> str:
         c = self.certs
@@ -114,7 +252,8 @@ class Sidecar:
     def tls_arguments(self) -> list[str]:
         """The runner's options for the TLS scenarios (README.md)."""
         c = self.certs
-        return ["--tls", self.tls, "--mtls", self.mtls, "--ca", str(c.ca), "--wrong-ca", str(c.other_ca),
+        return ["--proxy", self.proxy.target, "--proxy-control", self.proxy.control,
+                "--tls", self.tls, "--mtls", self.mtls, "--ca", str(c.ca), "--wrong-ca", str(c.other_ca),
                 "--client-cert", str(c.client_cert), "--client-key", str(c.client_key)]
 
     def start(self, timeout: float) -> None:
@@ -125,11 +264,13 @@ class Sidecar:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sidecar exited with {self.proc.returncode} during startup")
             if all(healthy(t) for t in (self.unix, self.tcp)):
+                self.proxy.start()
                 return
             time.sleep(0.2)
         raise RuntimeError(f"sidecar not healthy on {self.unix} and {self.tcp} within {timeout:g}s")
 
     def stop(self) -> int | None:
+        self.proxy.stop()
         if self.proc is None:
             return None
         if self.proc.poll() is None:
