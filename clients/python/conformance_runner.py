@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import re
 import sys
@@ -178,20 +179,132 @@ class Runner:
         check(positions == s["expect"]["queue_positions"], f"queue positions {positions}")
         check(completions == s["expect"]["completion_order"], f"completion order {completions}")
 
-    async def stream_resume(self, s: dict) -> None:
-        client = await self.client("unix")
+    async def proxy(self, command: str) -> int:
+        """Send one command to the harness's cuttable proxy; the connections it has accepted."""
+        host, port = self.args.proxy_control.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(command.encode() + b"\n")
+            await writer.drain()
+            reply = (await reader.readline()).decode().split()
+        finally:
+            writer.close()
+        check(reply[:1] == ["ok"], f"proxy {command}: {reply}")
+        return int(reply[1])
+
+    async def _cut_turn(self, s: dict, client: asc.SidecarClient, action: Any) -> list:
+        """Run the scenario's prompt through ``client``, calling ``action()`` after cut_after_frames."""
         stream = client.prompt(s["text"], source=s["source"], profile=s.get("profile"))
         frames: list = []
+        pending = None
         async with stream:
             async for f in stream:
                 frames.append(f)
                 if len(frames) == s["cut_after_frames"]:
-                    stream.drop()
+                    pending = asyncio.create_task(action())
+        if pending is not None:
+            await pending
         check(stream.resumes >= 1, "the stream was never cut and resumed")
         check_gapless(frames)
         check(kinds_of(frames)[-1] == s["expect"]["last_kind"], f"last kind {kinds_of(frames)[-1]}")
         check(frames[-1].completed.final_text == s["expect"]["final_text"],
               f"final_text {frames[-1].completed.final_text!r}")
+        return frames
+
+    async def stream_resume(self, s: dict) -> None:
+        await self.proxy("up")
+        async with await asc.connect(self.args.proxy) as client:
+            await self._cut_turn(s, client, lambda: self.proxy("cut"))
+
+    async def stream_stall(self, s: dict) -> None:
+        await self.proxy("up")
+        options = [("grpc.keepalive_time_ms", s["keepalive_time_ms"]),
+                   ("grpc.keepalive_timeout_ms", s["keepalive_timeout_ms"])]
+        async with await asc.connect(self.args.proxy, options=options,
+                                     stream_idle_timeout=s["stream_idle_timeout_ms"] / 1000) as client:
+            await self._cut_turn(s, client, lambda: self.proxy("stall"))
+
+    async def prompt_outage(self, s: dict) -> None:
+        await self.proxy("up")
+
+        async def outage() -> None:
+            await self.proxy("down")
+            await asyncio.sleep(s["outage_ms"] / 1000)
+            await self.proxy("up")
+
+        async with await asc.connect(self.args.proxy) as client:
+            await self._cut_turn(s, client, outage)
+
+    async def watch_after_terminal(self, s: dict) -> None:
+        client = await self.client("unix")
+        frames = await client.prompt(s["text"], source=s["source"], profile=s.get("profile")).collect()
+        rid, last = frames[-1].request_id, frames[-1].seq
+        for after, want in ((last, s["expect"]["at_terminal_kinds"]), (last - 1, s["expect"]["before_terminal_kinds"])):
+            got = await asyncio.wait_for(client.watch(request_id=rid, after_seq=after).collect(),
+                                         s["within_ms"] / 1000)
+            check(kinds_of(got) == want, f"watch after_seq={after}: {kinds_of(got)}, expected {want}")
+
+    async def tool_host_outage(self, s: dict) -> None:
+        await self.proxy("down")
+        spec = s["tool"]
+        host = asc.ToolHost(spec["namespace"])
+
+        @host.tool(name=spec["name"], description=spec["description"], schema=spec["schema"])
+        def add(a: int, b: int) -> int:
+            return a + b
+
+        async with await asc.connect(self.args.proxy, wait_ready=False) as via_proxy:
+            serving = asyncio.create_task(host.serve(via_proxy))
+            try:
+                await asyncio.sleep(s["first_outage_ms"] / 1000)
+                check(host.registered is None and not serving.done(), "registered while out of reach")
+                await self.proxy("up")
+                await host.wait_registered(10)
+                await self.proxy("down")
+                await asyncio.sleep(s["outage_ms"] / 1000)
+                check(not serving.done(), "the tool host stopped during the outage")
+                await self.proxy("up")
+                await host.wait_registered(10)
+                client = await self.client("unix")
+                frames = await client.prompt(s["text"], source=s["source"], profile=s.get("profile")).collect()
+            finally:
+                serving.cancel()
+                with contextlib.suppress(asyncio.CancelledError, asc.SidecarError):
+                    await serving
+                await self.proxy("up")
+        results = [f.tool_result for f in frames if asc.frame_kind(f) == "tool_result"]
+        check([r.ok for r in results] == [s["expect"]["tool_result_ok"]], f"tool results {results}")
+        check(s["expect"]["final_text_contains"] in frames[-1].completed.final_text, f"frames {kinds_of(frames)}")
+
+    async def client_deadline(self, s: dict) -> None:
+        await self.proxy("up")
+        async with await asc.connect(self.args.proxy, call_timeout=s["call_timeout_ms"] / 1000) as client:
+            await self.proxy("stall")  # the connection is up, and nothing will answer on it
+            try:
+                await client.get_or_create_session(s["source"])
+            except asc.SidecarError as err:
+                check(err.code.name == s["expect"]["code"] and err.reason == s["expect"]["reason"],
+                      f"{type(err).__name__} {err.code.name} reason {err.reason!r}")
+                check(isinstance(err, asc.DeadlineExceeded) and not isinstance(err, asc.AgentTimeout),
+                      f"{type(err).__name__}")
+                return
+        raise Failure(f"a call with a {s['call_timeout_ms']} ms deadline succeeded")
+
+    async def target_forms(self, s: dict) -> None:
+        path = self.args.unix.removeprefix("unix:")
+        ids = set()
+        for form in s["forms"]:
+            target = form.replace("{path}", path).replace("{tcp}", self.args.tcp)
+            token = self.args.token if "{tcp}" in form else None
+            async with await asc.connect(target, token, timeout=5) as client:
+                ids.add((await client.get_or_create_session(s["source"])).session_id)
+        check(len(ids) == 1, f"session ids {ids}")
+        for target in s["invalid"]:
+            try:
+                asc.SidecarClient(target)
+            except ValueError:
+                continue
+            raise Failure(f"target {target!r} was accepted")
 
     async def tool_call(self, s: dict) -> None:
         client = await self.client("unix")
@@ -294,7 +407,8 @@ class Runner:
 
 SCENARIOS = {name: getattr(Runner, name) for name in (
     "get_or_create_idempotent", "echo_prompt", "duplicate_request_id", "reject_if_busy", "queue_order",
-    "stream_resume", "tool_call", "tool_scope_violation", "unix_and_tcp", "tls_custom_ca", "mtls_client_cert")}
+    "stream_resume", "stream_stall", "prompt_outage", "watch_after_terminal", "tool_call", "tool_host_outage",
+    "client_deadline", "target_forms", "tool_scope_violation", "unix_and_tcp", "tls_custom_ca", "mtls_client_cert")}
 
 
 def main() -> int:
@@ -303,6 +417,8 @@ def main() -> int:
     parser.add_argument("--unix", required=True, help="unix:/path/sidecar.sock")
     parser.add_argument("--tcp", required=True, help="127.0.0.1:PORT")
     parser.add_argument("--token", required=True)
+    parser.add_argument("--proxy", required=True, help="127.0.0.1:PORT of the harness's cuttable proxy")
+    parser.add_argument("--proxy-control", required=True, help="127.0.0.1:PORT of the proxy's control")
     parser.add_argument("--tls", required=True, help="127.0.0.1:PORT of the TLS listener")
     parser.add_argument("--mtls", required=True, help="127.0.0.1:PORT of the mTLS listener")
     parser.add_argument("--ca", required=True, help="PEM CA of both listeners' certificate")

@@ -67,6 +67,15 @@ class FakeCall:
     def __aiter__(self):
         return self._gen()
 
+    async def read(self):
+        """grpc.aio's UnaryStreamCall.read(): the next response, or grpc.aio.EOF."""
+        if not hasattr(self, "_reader"):
+            self._reader = self._gen()
+        try:
+            return await self._reader.__anext__()
+        except StopAsyncIteration:
+            return grpc.aio.EOF
+
     async def _gen(self):
         for f in self.frames:
             if self.cancelled:

@@ -44,9 +44,16 @@ def test_aio_style_metadata_object():
     assert isinstance(err, asc.SessionNotFound) and err.message == "gone"
 
 
-def test_no_error_info_falls_back_on_code():
-    err = errors.from_rpc_error(FakeRpcError(grpc.StatusCode.UNAUTHENTICATED, "no token"))
-    assert isinstance(err, asc.Unauthenticated) and err.reason == "UNAUTHENTICATED"
+def test_no_error_info_no_reason():
+    """A reason is only ever the sidecar's: a status without its ErrorInfo gets
+    none (the client used to invent UNAUTHENTICATED, PERMISSION_DENIED,
+    INVALID_ARGUMENT and, for its own deadline, AGENT_TIMEOUT)."""
+    for code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+                 grpc.StatusCode.INVALID_ARGUMENT):
+        err = errors.from_rpc_error(FakeRpcError(code, "no token"))
+        assert type(err) is asc.SidecarError and err.reason == "" and err.code == code
+    err = errors.from_rpc_error(FakeRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+    assert type(err) is asc.DeadlineExceeded and err.reason == "" and not isinstance(err, asc.AgentTimeout)
     err = errors.from_rpc_error(FakeRpcError(grpc.StatusCode.UNIMPLEMENTED, "later"))
     assert type(err) is asc.SidecarError and err.reason == "" and err.code == grpc.StatusCode.UNIMPLEMENTED
     assert not errors.has_error_info(FakeRpcError(grpc.StatusCode.UNAVAILABLE))
@@ -56,8 +63,12 @@ def test_unknown_reason_is_base_class_keeping_reason():
     exc = FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, "",
                        status_trailers(grpc.StatusCode.FAILED_PRECONDITION, "FAILED_PRECONDITION", "confirm"))
     err = errors.from_rpc_error(exc)
-    assert type(err) is asc.SidecarError and err.reason == "FAILED_PRECONDITION"
+    assert type(err) is asc.FailedPrecondition and err.reason == "FAILED_PRECONDITION"
     assert errors.has_error_info(exc)
+    exc = FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, "",
+                       status_trailers(grpc.StatusCode.FAILED_PRECONDITION, "SOMETHING_NEW", "confirm"))
+    err = errors.from_rpc_error(exc)
+    assert type(err) is asc.SidecarError and err.reason == "SOMETHING_NEW"
 
 
 def test_failed_frame_error():
@@ -65,11 +76,16 @@ def test_failed_frame_error():
     assert isinstance(err, asc.ToolScopeViolation) and err.code == grpc.StatusCode.PERMISSION_DENIED
     err = errors.from_failed_frame("SOMETHING_NEW", "m")
     assert type(err) is asc.SidecarError and err.reason == "SOMETHING_NEW"
+    # The lower-case reasons of docs/semantics.md's table have their code too.
+    err = errors.from_failed_frame("restart_interrupted", "m")
+    assert type(err) is asc.RestartInterrupted and err.code == grpc.StatusCode.UNAVAILABLE
+    assert errors.from_failed_frame("shutdown_timeout", "m").code == grpc.StatusCode.UNAVAILABLE
 
 
 def test_garbled_trailer_is_ignored():
     exc = FakeRpcError(grpc.StatusCode.PERMISSION_DENIED, "no", (("grpc-status-details-bin", b"\xff\xff"),))
-    assert isinstance(errors.from_rpc_error(exc), asc.PermissionDenied)
+    err = errors.from_rpc_error(exc)
+    assert type(err) is asc.SidecarError and err.code == grpc.StatusCode.PERMISSION_DENIED and err.reason == ""
 
 
 def _foreign_status(code: grpc.StatusCode, reason: str, *extra) -> grpc.Status:
@@ -91,10 +107,10 @@ def test_foreign_domain_error_info_is_not_a_sidecar_reason():
     assert type(err) is asc.SidecarError and err.reason == "" and err.metadata == {}
     assert err.code == grpc.StatusCode.UNAVAILABLE and err.message == "upstream connect error"
     assert not errors.has_error_info(exc)  # a transport error: resumable
-    # Without a sidecar reason the code decides, as with no ErrorInfo at all.
+    # Without a sidecar reason there is no reason, as with no ErrorInfo at all.
     st = _foreign_status(grpc.StatusCode.PERMISSION_DENIED, "AGENT_BUSY")
     err = errors.from_rpc_error(FakeRpcError(st.code, st.details, st.trailing_metadata))
-    assert type(err) is asc.PermissionDenied and err.reason == "PERMISSION_DENIED"
+    assert type(err) is asc.SidecarError and err.reason == ""
 
 
 def test_sidecar_error_info_wins_over_a_foreign_one():
@@ -109,4 +125,5 @@ def test_every_typed_error_reason_is_declared_in_the_proto():
     from agent_sidecar_client import ErrorReason
     from agent_sidecar_client.errors import BY_REASON
     declared = {name.removeprefix("ERROR_REASON_") for name in ErrorReason.keys()}
+    declared |= {"restart_interrupted", "shutdown_timeout"}  # sent in lower case (docs/semantics.md)
     assert set(BY_REASON) <= declared, set(BY_REASON) - declared

@@ -53,9 +53,14 @@ def test_gap_triggers_resume_from_last_good_seq():
     assert log == [2] and first.cancelled
 
 
-def test_clean_end_without_terminal_resumes():
-    stream = make_stream([FakeCall([frame(1)]), FakeCall([frame(2, "completed")])])
-    assert asyncio.run(seqs(stream)) == [1, 2]
+def test_clean_end_without_terminal_is_final():
+    """The sidecar ends a request's stream OK only once the turn is over: a
+    Prompt stream that ends so before its terminal frame lost the rest of the
+    turn (TurnFramesGone), it is not resumed (it was, for the whole window)."""
+    stream = make_stream([FakeCall([frame(1)]), FakeCall([frame(2, "completed")])], resume_timeout=0.5)
+    with pytest.raises(asc.TurnFramesGone) as info:
+        asyncio.run(seqs(stream))
+    assert stream.resumes == 0 and "gone" in info.value.message
 
 
 def test_drop_cuts_the_live_call_and_resumes():
@@ -148,12 +153,12 @@ def test_turn_deadline_bounds_the_resume_wait():
 
     async def run():
         t0 = asyncio.get_running_loop().time()
-        with pytest.raises(asc.AgentTimeout) as info:
+        with pytest.raises(asc.DeadlineExceeded) as info:
             await asyncio.wait_for(seqs(stream), 5.0)
         return info.value, asyncio.get_running_loop().time() - t0
 
     err, elapsed = asyncio.run(run())
-    assert (err.code, err.reason) == (grpc.StatusCode.DEADLINE_EXCEEDED, "AGENT_TIMEOUT")
+    assert (err.code, err.reason) == (grpc.StatusCode.DEADLINE_EXCEEDED, "")
     assert "deadline" in err.message and elapsed < 2.0
 
 

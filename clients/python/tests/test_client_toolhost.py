@@ -43,11 +43,12 @@ def test_a_refused_registration_leaves_no_task_behind(tmp_path):
     assert left == [], left
 
 
-TOOL_ERRORS = '''
+_CALL = '{{ tool_calls = [ {{ name = "errs.{}", arguments = {{}} }} ] }}'
+TOOL_ERRORS = f'''
 [profiles.errs]
 model = "scripted"
 tools = ["errs.*"]
-model_options = { steps = [ { tool_calls = [ { name = "errs.own_timeout", arguments = {} } ] }, { tool_calls = [ { name = "errs.own_cancel", arguments = {} } ] }, { text = "done" } ] }
+model_options = {{ steps = [ {_CALL.format("own_timeout")}, {_CALL.format("own_cancel")}, {{ text = "done" }} ] }}
 '''
 
 

@@ -10,6 +10,7 @@ naming none.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import time
 import urllib.parse
@@ -142,20 +143,86 @@ class Deadline:
 UNIX_PATH_MAX = 107
 
 
-def check_target(target: object) -> None:
-    """Raise ValueError naming ``target`` when it is a Unix socket (``unix:PATH``,
-    ``unix:///abs/path``, ``unix-abstract:NAME``) whose path is longer than
-    gRPC can dial: counted in bytes of UTF-8, percent-escapes decoded, as
-    gRPC's C-core reads it."""
+TARGET_GRAMMAR = ("unix:PATH, unix:///ABS/PATH, a bare socket path (/abs/path, ./rel/path, ../rel/path), "
+                  "HOST:PORT, [IPV6]:PORT, tcp:HOST:PORT (or tcp://HOST:PORT), dns:[//AUTHORITY/]HOST:PORT")
+_HOST_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._")
+
+
+def normalize_target(target: object) -> str:
+    """The gRPC target for one of the client target forms, or ValueError at once.
+
+    The forms (the same in the Go and Node clients): ``unix:PATH``,
+    ``unix:///abs/path``, ``unix-abstract:NAME``, a bare socket path
+    (``/abs/path``, ``./rel``, ``../rel``), ``host:port``, ``[v6]:port``,
+    ``tcp:host:port`` (or ``tcp://host:port``) and ``dns:[//authority/]host:port``.
+    A Unix socket path is at most 107 bytes of UTF-8 (percent-escapes decoded,
+    as gRPC's C-core reads it); a port is 1..65535 and always given.
+    """
     if not isinstance(target, str):
-        return  # gRPC's own TypeError
-    scheme, sep, rest = target.partition(":")
-    if not sep or scheme not in ("unix", "unix-abstract"):
-        return
-    if rest.startswith("//"):  # unix://[authority]/path: the path keeps its "/"
-        slash = rest.find("/", 2)
-        rest = "" if slash < 0 else rest[slash:]
-    path = rest.split("?", 1)[0].split("#", 1)[0]
-    n = len(urllib.parse.unquote_to_bytes(path.encode("utf-8", "surrogatepass")))
-    if n > UNIX_PATH_MAX:
-        raise ValueError(f"target: a Unix socket path may be at most {UNIX_PATH_MAX} bytes; this one is {n}")
+        raise TypeError(f"target: expected a string ({TARGET_GRAMMAR}), got {type(target).__name__}")
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"target: {target!r} {why}; expected one of {TARGET_GRAMMAR}")
+
+    t = target
+    if t.strip() == "":
+        raise bad("is empty")
+    if t != t.strip():
+        raise bad("has leading or trailing whitespace")
+    if t.startswith(("/", "./", "../")):
+        t = "unix:" + t
+    scheme, sep, rest = t.partition(":")
+    if sep and scheme in ("unix", "unix-abstract"):
+        if rest.startswith("//"):  # unix://[authority]/path: the path keeps its "/"
+            slash = rest.find("/", 2)
+            rest = "" if slash < 0 else rest[slash:]
+        path = rest.split("?", 1)[0].split("#", 1)[0]
+        if path in ("", "/"):
+            raise bad("has no socket path")
+        n = len(urllib.parse.unquote_to_bytes(path.encode("utf-8", "surrogatepass")))
+        if n > UNIX_PATH_MAX:
+            raise ValueError(f"target: a Unix socket path may be at most {UNIX_PATH_MAX} bytes; this one is {n}")
+        return t
+    if sep and scheme == "tcp":
+        address = rest[2:] if rest.startswith("//") else rest
+        _check_host_port(address, bad)
+        return address
+    if sep and scheme == "dns":
+        address = rest
+        if address.startswith("//"):
+            slash = address.find("/", 2)
+            address = "" if slash < 0 else address[slash + 1:]
+        _check_host_port(address, bad)
+        return t
+    if "://" in t or (sep and not rest[:1].isdigit() and not t.startswith("[")):
+        raise bad("has a scheme this client does not dial")
+    _check_host_port(t, bad)
+    return t
+
+
+def _check_host_port(address: str, bad: Any) -> None:
+    if address.startswith("["):
+        host, close, port = address[1:].partition("]")
+        if not close or not port.startswith(":"):
+            raise bad("is not [ipv6]:port")
+        port = port[1:]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise bad(f"has {host!r}, which is no IPv6 address") from None
+    else:
+        host, sep, port = address.rpartition(":")
+        if not sep:
+            raise bad("has no port (host:port)")
+        if ":" in host:
+            raise bad("is not host:port (an IPv6 address goes in brackets: [::1]:50051)")
+        if host == "" or not set(host) <= _HOST_CHARS or host.strip(".") == "":
+            raise bad("has no valid host (host:port)")
+    if not (port.isdigit() and port.isascii() and 1 <= int(port) <= 65535):
+        raise bad(f"has port {port!r}; a port is 1..65535")
+
+
+def check_target(target: object) -> None:
+    """Raise ValueError (TypeError for a non-string) when ``target`` is none of
+    the client's target forms (``normalize_target``)."""
+    normalize_target(target)

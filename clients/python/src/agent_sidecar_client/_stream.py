@@ -9,14 +9,25 @@ would.
 The loop: read frames from the current call, pass each through the filter
 (see _frames), yield what it admits. When the call breaks without a terminal
 frame -- a transport error (UNAVAILABLE, INTERNAL, UNKNOWN, or CANCELLED
-without a sidecar ErrorInfo), a clean end of stream, a seq gap, or ``drop()``
--- wait for the channel to be ready again and reopen with ``open_resume``
-(normally ``WatchActivity(request_id, after_seq=last seen)``). A turn's
-deadline (``prompt(timeout=)``) bounds those waits too: once it has passed the
-stream raises AgentTimeout, whatever is left of ``resume_timeout``. An error that
-carries the sidecar's ErrorInfo is a real answer and is raised as the typed
-error. After a ``failed`` frame is yielded, the next step raises the typed
-error, taken from the RPC status when it arrives, else from the frame.
+without a sidecar ErrorInfo), no frame at all (keepalives included) for
+``idle_timeout`` seconds (a half-open connection), a seq gap, ``drop()``, or
+a sidecar error whose reason says the same request id may be retried
+(RETRY_SAME_REQUEST_REASONS: after its RetryInfo delay) -- wait for the
+channel to be ready again and reopen with ``open_resume`` (the Prompt again
+while no frame was seen, else ``WatchActivity(request_id, after_seq=last
+seen)``), for up to ``resume_timeout`` without progress. A turn's deadline
+(``prompt(timeout=)``) bounds those waits too: once it has passed the stream
+raises DeadlineExceeded, whatever is left of ``resume_timeout``. Any other
+error that carries the sidecar's ErrorInfo is a real answer and is raised as
+the typed error. After a ``failed`` frame is yielded, the next step raises
+the typed error, taken from the RPC status when it arrives, else from the
+frame.
+
+A request's stream that ends OK is final: the sidecar ends one so only once
+the turn is over. Without its terminal frame that means either a watch the
+caller opened past the turn's last frame (it ends cleanly, no frame) or a
+turn whose remaining frames are gone (TurnFramesGone). A session or platform
+feed that ends is reopened.
 """
 
 from __future__ import annotations
@@ -60,6 +71,9 @@ class FrameStream:
         raise_on_failed: bool = True,
         resume_timeout: float = 30.0,
         deadline: Any = None,
+        idle_timeout: float | None = None,
+        own_watch: bool = False,
+        on_idle: Callable[[Any], Any] | None = None,
     ) -> None:
         self.request_id = request_id
         self.resumes = 0
@@ -70,6 +84,11 @@ class FrameStream:
         self._raise_on_failed = raise_on_failed
         self._resume_timeout = resume_timeout
         self._deadline = deadline  # the turn's Deadline (_args.py), or None
+        self._idle_timeout = idle_timeout  # seconds without any frame before a resume, or None
+        self._own_watch = own_watch  # a watch by request id the caller opened (not a Prompt)
+        # Called with the channel of a call the idle watchdog cut; returns the channel
+        # to go on with (the client replaces one whose connection stopped answering).
+        self._on_idle = on_idle
         self._call: Any = None
         self._drop_requested = False
         self._gen = self._run()
@@ -122,54 +141,95 @@ class FrameStream:
         loop = asyncio.get_running_loop()
         stalled_since: float | None = None  # when the current outage began
         failures = 0
+        seen_any = False  # a frame was admitted since the stream began
+        by_request = isinstance(self._filter, SeqFilter)
+        idle = _IdleWatchdog(self._idle_timeout)
         while True:
+            idle.fired = False
             self._call = call
-            gap = False
+            cut = False  # this side ends the call (a gap, an idle stream)
+            clean_end = False
+            retry_after = 0.0  # the sidecar's RetryInfo delay
+            last_error: errors.SidecarError | None = None
             problem = "stream ended before its terminal frame"
             try:
-                async for response in call:
+                while True:
+                    # The idle watchdog cancels the call itself: a call on a stalled
+                    # connection does not always give up an await that is cancelled.
+                    idle.arm(call)
+                    response = await call.read()
+                    if response is grpc.aio.EOF:
+                        clean_end = True
+                        break
                     frame = response.frame
                     try:
                         admitted = self._filter.admit(frame)
                     except SequenceGap as exc:
-                        gap, problem = True, str(exc)
+                        cut, problem = True, str(exc)
                         break
                     if not admitted:
                         continue
-                    stalled_since, failures = None, 0
+                    stalled_since, failures, seen_any = None, 0, True
                     yield frame
                     if self._filter.done:
                         await self._after_terminal(call, frame)
                         return
             except asyncio.CancelledError:
-                if not self._drop_requested or _task_cancelling():
+                if not (self._drop_requested or idle.fired) or _task_cancelling():
                     raise
-                problem = "stream dropped"
+                problem = idle.problem if idle.fired else "stream dropped"
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
-                if errors.has_error_info(exc) or code not in RESUMABLE_CODES:
+                if idle.fired:
+                    problem = idle.problem
+                elif errors.has_error_info(exc):
+                    error = errors.from_rpc_error(exc)
+                    if not by_request or error.reason not in errors.RETRY_SAME_REQUEST_REASONS:
+                        raise error from exc
+                    # Nothing of the request was lost: carry on with the same request
+                    # id after the sidecar's delay (STREAM_TOO_SLOW: from the last frame
+                    # seen, which is never past the after_seq its message names).
+                    last_error, retry_after, problem = error, error.retry_delay or 0.0, str(error)
+                elif code not in RESUMABLE_CODES:
                     raise errors.from_rpc_error(exc) from exc
-                problem = f"{code.name}: {exc.details() if hasattr(exc, 'details') else exc}"
+                else:
+                    problem = f"{code.name}: {exc.details() if hasattr(exc, 'details') else exc}"
             finally:
-                if self._closed or gap:
+                idle.disarm()
+                if self._closed or cut:
                     call.cancel()
+            if idle.fired and self._on_idle is not None:
+                self._channel = self._on_idle(self._channel)
+            if clean_end and by_request and not self._drop_requested and not idle.fired:
+                # The sidecar ends a request's stream OK only once the turn is over.
+                if self._own_watch and not seen_any:
+                    return  # the caller's watch: nothing after its after_seq
+                raise errors.TurnFramesGone(
+                    None, None,
+                    f"the turn of request {self.request_id or '-'} is over but its frames after seq "
+                    f"{self.last_seq} are gone (deleted or past retention): the rest of the turn cannot be read")
             self._drop_requested = False
             now = loop.time()
             stalled_since = now if stalled_since is None else stalled_since
             failures += 1
+            pause = retry_after
             if failures > 1:  # back off only when reopening itself keeps failing
-                pause = min(0.05 * 2 ** (failures - 2), 1.0)
+                pause = max(pause, min(0.05 * 2 ** (failures - 2), 1.0))
+            if pause > 0:
+                left = stalled_since + self._resume_timeout - loop.time()
                 turn_left = self._turn_left()
-                await asyncio.sleep(pause if turn_left is None else max(0.0, min(pause, turn_left)))
+                await asyncio.sleep(max(0.0, min(pause, left, turn_left if turn_left is not None else pause)))
             remaining = stalled_since + self._resume_timeout - loop.time()
             turn_left = self._turn_left()
             wait = remaining if turn_left is None else min(remaining, turn_left)
             if wait <= 0 or not await self._wait_ready(wait):
                 if turn_left is not None and turn_left <= remaining:
-                    raise errors.AgentTimeout(
-                        grpc.StatusCode.DEADLINE_EXCEEDED, "AGENT_TIMEOUT",
+                    raise errors.DeadlineExceeded(
+                        None, None,
                         f"turn deadline of {self._deadline.timeout:g}s passed while resuming the stream "
                         f"(request {self.request_id or '-'}, resume point {self.last_seq}): {problem}")
+                if last_error is not None:
+                    raise last_error
                 raise errors.SidecarError(
                     grpc.StatusCode.UNAVAILABLE, "",
                     f"stream lost and not resumed within {self._resume_timeout:g}s "
@@ -214,6 +274,30 @@ class FrameStream:
         if error is None or error.reason != frame.failed.reason:
             error = errors.from_failed_frame(frame.failed.reason, frame.failed.message)
         raise error
+
+
+class _IdleWatchdog:
+    """Cancels a call that has received nothing for ``timeout`` seconds."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self.timeout = timeout
+        self.fired = False
+        self._timer: asyncio.TimerHandle | None = None
+        self.problem = f"no frame (keepalives included) for {timeout:g}s" if timeout else ""
+
+    def arm(self, call: Any) -> None:
+        self.disarm()
+        if self.timeout is not None:
+            self._timer = asyncio.get_running_loop().call_later(self.timeout, self._fire, call)
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _fire(self, call: Any) -> None:
+        self.fired = True
+        call.cancel()
 
 
 def _task_cancelling() -> bool:

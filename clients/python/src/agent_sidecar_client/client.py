@@ -39,12 +39,30 @@ DEFAULT_CALL_TIMEOUT = 30.0
 SERVICE_CONFIG = resources.files("agent_sidecar_client").joinpath("service_config.json").read_text()
 
 # Quick reconnects: a resumed stream should not sit in gRPC's default backoff
-# (which grows to two minutes) after a sidecar restart.
+# (which grows to two minutes) after a sidecar restart. Keepalive pings: a
+# connection that stops answering (a half-open connection, a network black
+# hole) is closed within keepalive time + timeout (30 s), so the streams on it
+# fail and resume instead of waiting forever. The sidecar accepts client pings
+# down to one a second, with or without calls.
+KEEPALIVE_TIME_MS = 20_000
+KEEPALIVE_TIMEOUT_MS = 10_000
 _CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),  # keep pinging an idle stream (a tool host's)
+    # A channel of its own connections: C-core otherwise shares a connection among
+    # the channels of a process, and the channel that replaces one whose
+    # connection stopped answering (_replace_stalled_channel) would get it again.
+    ("grpc.use_local_subchannel_pool", 1),
 )
+# A Prompt or WatchActivity stream that receives nothing, not even the
+# keepalive frame the sidecar sends each keepalive_s (15 s by default), for
+# this long is taken for a dropped connection and resumed.
+DEFAULT_STREAM_IDLE_TIMEOUT = 45.0
 
 
 class SidecarClient:
@@ -58,8 +76,11 @@ class SidecarClient:
                  credentials: grpc.ChannelCredentials | None = None, tls: bool = False,
                  ca_file: PemSource | None = None, cert_file: PemSource | None = None,
                  key_file: PemSource | None = None, server_name: str | None = None,
-                 insecure: bool = False) -> None:
-        _args.check_target(target)
+                 insecure: bool = False,
+                 stream_idle_timeout: float | None = DEFAULT_STREAM_IDLE_TIMEOUT) -> None:
+        given, target = target, _args.normalize_target(target)
+        if stream_idle_timeout is not None and not (stream_idle_timeout > 0 and math.isfinite(stream_idle_timeout)):
+            raise ValueError(f"stream_idle_timeout: {stream_idle_timeout!r}; seconds > 0, or None for none")
         if credentials is None and (tls or ca_file is not None or cert_file is not None or key_file is not None):
             credentials = tls_credentials(ca_file, cert_file, key_file)
         if token is not None and not all(" " <= c <= "~" for c in token):  # what gRPC metadata can carry
@@ -67,17 +88,38 @@ class SidecarClient:
         check_cleartext(target, token, credentials is not None, insecure)
         if server_name:
             options = (*options, ("grpc.ssl_target_name_override", server_name))
-        self.target = target
+        self.target = given
+        #: Seconds a stream may go without any frame (keepalives included) before it is resumed.
+        self.stream_idle_timeout = stream_idle_timeout
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
         #: Deadline in seconds of every unary call the wrappers make (None: no deadline).
         self.call_timeout = call_timeout
+        self._channel_args = (target, credentials, channel_options(options))
+        self._retired: set[Any] = set()
+        self._open_channel()
+
+    def _open_channel(self) -> None:
+        target, credentials, options = self._channel_args
         if credentials is None:
-            self.channel = grpc.aio.insecure_channel(target, options=channel_options(options))
+            self.channel = grpc.aio.insecure_channel(target, options=options)
         else:  # TLS: a TLS listener of the sidecar, or a proxy in front of it
-            self.channel = grpc.aio.secure_channel(target, credentials, options=channel_options(options))
+            self.channel = grpc.aio.secure_channel(target, credentials, options=options)
         self.sessions = session_grpc.SessionServiceStub(self.channel)
         self.prompts = prompt_grpc.PromptServiceStub(self.channel)
         self.tools = tool_grpc.ToolServiceStub(self.channel)
+
+    def _replace_stalled_channel(self, stalled: grpc.aio.Channel) -> grpc.aio.Channel:
+        """A stream on ``stalled`` got nothing, not even a keepalive frame, for
+        stream_idle_timeout: its connection stopped answering (a half-open
+        connection that keepalive pings have not closed yet), and every new call
+        would go onto it. Open a new channel (once per stalled channel) and close
+        the old one, which ends its calls (a ToolHost then re-registers)."""
+        if stalled is self.channel:
+            self._open_channel()
+            task = asyncio.get_running_loop().create_task(stalled.close())
+            self._retired.add(task)
+            task.add_done_callback(self._retired.discard)
+        return self.channel
 
     async def wait_ready(self, timeout: float = 10.0) -> None:
         """Wait until the channel is connected (raises SidecarError UNAVAILABLE).
@@ -303,7 +345,8 @@ class SidecarClient:
 
         return FrameStream(self.channel, open_first, open_resume, frame_filter,
                            request_id=request.request_id, resume_timeout=resume_timeout,
-                           deadline=deadline if timeout is not None else None)
+                           deadline=deadline if timeout is not None else None,
+                           idle_timeout=self.stream_idle_timeout, on_idle=self._replace_stalled_channel)
 
     def watch(self, *, request_id: str = "", session_key: str = "", platform: str = "",
               after_seq: int = 0, after_cursor: int = 0, resume_timeout: float = 30.0) -> FrameStream:
@@ -327,7 +370,9 @@ class SidecarClient:
                 metadata=self.metadata)
 
         return FrameStream(self.channel, open_call, open_call, frame_filter, request_id=request_id,
-                           raise_on_failed=bool(request_id), resume_timeout=resume_timeout)
+                           raise_on_failed=bool(request_id), resume_timeout=resume_timeout,
+                           idle_timeout=self.stream_idle_timeout, own_watch=bool(request_id),
+                           on_idle=self._replace_stalled_channel)
 
     async def cancel(self, session_key: str = "", request_id: str = "") -> bool:
         """Stop the in-flight turn (it ends with failed{CANCELLED})."""
@@ -346,12 +391,12 @@ class SidecarClient:
 
 
 def channel_options(options: Iterable[tuple[str, Any]] = ()) -> tuple[tuple[str, Any], ...]:
-    """The client's channel options: quick reconnects and the shipped service
-    config, then ``options`` (a ``grpc.service_config`` there replaces ours)."""
+    """The client's channel options: quick reconnects, keepalive pings and the
+    shipped service config, then ``options`` (an option named there replaces
+    ours: ``("grpc.keepalive_time_ms", 60_000)``, a ``grpc.service_config``)."""
     extra = tuple(options)
-    ours: tuple[tuple[str, Any], ...] = _CHANNEL_OPTIONS
-    if not any(name == "grpc.service_config" for name, _ in extra):
-        ours += (("grpc.service_config", SERVICE_CONFIG),)
+    given = {name for name, _ in extra}
+    ours = tuple(o for o in (*_CHANNEL_OPTIONS, ("grpc.service_config", SERVICE_CONFIG)) if o[0] not in given)
     return ours + extra
 
 
@@ -361,8 +406,20 @@ async def connect(target: str = DEFAULT_TARGET, token: str | None = None, *, wai
                   credentials: grpc.ChannelCredentials | None = None, tls: bool = False,
                   ca_file: PemSource | None = None, cert_file: PemSource | None = None,
                   key_file: PemSource | None = None, server_name: str | None = None,
-                  insecure: bool = False) -> SidecarClient:
-    """Open a client: ``"unix:./data/sidecar.sock"``, ``"unix:///abs/path"`` or ``"host:port"``.
+                  insecure: bool = False,
+                  stream_idle_timeout: float | None = DEFAULT_STREAM_IDLE_TIMEOUT) -> SidecarClient:
+    """Open a client. ``target`` is one of (the same in every client of this
+    repository; anything else raises ValueError at once): ``"unix:PATH"``
+    (``"unix:./data/sidecar.sock"``), ``"unix:///abs/path"``, a bare socket path
+    (``"/abs/path"``, ``"./rel/path"``), ``"host:port"``, ``"[::1]:port"``,
+    ``"tcp:host:port"`` (or ``"tcp://host:port"``) and ``"dns:[//authority/]host:port"``.
+
+    ``stream_idle_timeout``: a Prompt or WatchActivity stream that gets no frame
+    at all (the sidecar sends a keepalive frame on a silent stream every
+    ``keepalive_s``, 15 s by default) for this many seconds is taken for a
+    dropped connection and resumed (default 45; None: never). Keepalive pings
+    (20 s, answered within 10 s) close a connection that stopped answering;
+    ``options`` may change them (``grpc.keepalive_time_ms``, ...).
 
     ``token`` is sent as ``authorization: Bearer <token>`` metadata on every
     call. With ``wait_ready`` the call fails fast (SidecarError,
@@ -386,7 +443,8 @@ async def connect(target: str = DEFAULT_TARGET, token: str | None = None, *, wai
     """
     client = SidecarClient(target, token, options=options, call_timeout=call_timeout,
                            credentials=credentials, tls=tls, ca_file=ca_file, cert_file=cert_file,
-                           key_file=key_file, server_name=server_name, insecure=insecure)
+                           key_file=key_file, server_name=server_name, insecure=insecure,
+                           stream_idle_timeout=stream_idle_timeout)
     if wait_ready:
         try:
             await client.wait_ready(timeout)

@@ -7,9 +7,11 @@ trailer with an ``ErrorInfo`` (domain ``agent-sidecar``); its ``reason`` picks
 the class. The same reason appears in ``failed`` frames, so a turn that fails
 mid-stream raises the same class as one refused up front.
 
-When a status has no ErrorInfo of that domain (a proxy, gRPC itself, a
-client-side deadline; a foreign domain's ErrorInfo is ignored) the class is
-inferred from the status code where that is unambiguous.
+A reason is only ever the sidecar's: a status without an ErrorInfo of that
+domain (a proxy, gRPC itself; a foreign domain's ErrorInfo is ignored) is a
+``SidecarError`` with ``reason == ""`` -- except DEADLINE_EXCEEDED, the call's
+own deadline, which is ``DeadlineExceeded`` (reason "" too: never
+AGENT_TIMEOUT, which is a turn's server-side timeout).
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ class AgentBusy(SidecarError):
 
 
 class AgentTimeout(SidecarError):
-    """The turn exceeded its timeout or the call's deadline."""
+    """The turn exceeded its server-side timeout (``agent.gateway_timeout``)."""
 
     default_reason = "AGENT_TIMEOUT"
     default_code = grpc.StatusCode.DEADLINE_EXCEEDED
@@ -148,19 +150,129 @@ class WorkerCrashed(SidecarError):
     default_code = grpc.StatusCode.UNAVAILABLE
 
 
+class DeadlineExceeded(SidecarError):
+    """The call's own deadline passed (``call_timeout``, ``prompt(timeout=)``):
+    a client-side deadline, no reason of the sidecar's."""
+
+    default_reason = ""
+    default_code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class TurnFramesGone(SidecarError):
+    """A stream being resumed found its turn over but the frames it had not
+    seen yet gone (deleted or past retention): the rest of the turn cannot be
+    read. Not retryable; read the transcript instead."""
+
+    default_reason = ""
+    default_code = grpc.StatusCode.DATA_LOSS
+
+
+# The other reasons of docs/semantics.md's reason table, each with its code.
+
+
+class FailedPrecondition(SidecarError):
+    """The request is well formed but the state forbids it."""
+
+    default_reason = "FAILED_PRECONDITION"
+    default_code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class ResourceExhausted(SidecarError):
+    """A limit of the turn was reached (max_frames_per_turn, max_reply_chars)."""
+
+    default_reason = "RESOURCE_EXHAUSTED"
+    default_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Unavailable(SidecarError):
+    """The sidecar cannot take the call now (shutting down); safe to retry."""
+
+    default_reason = "UNAVAILABLE"
+    default_code = grpc.StatusCode.UNAVAILABLE
+
+
+class RequestNotFound(SidecarError):
+    """WatchActivity named a request id the sidecar has never seen (or past retention)."""
+
+    default_reason = "REQUEST_NOT_FOUND"
+    default_code = grpc.StatusCode.NOT_FOUND
+
+
+class Internal(SidecarError):
+    """A bug in the sidecar."""
+
+    default_reason = "INTERNAL"
+    default_code = grpc.StatusCode.INTERNAL
+
+
+class RestartInterrupted(SidecarError):
+    """The turn was in flight when the sidecar crashed; its session auto-resumes."""
+
+    default_reason = "restart_interrupted"
+    default_code = grpc.StatusCode.UNAVAILABLE
+
+
+class ShutdownTimeout(SidecarError):
+    """The turn was still running when a graceful shutdown's drain_timeout ran out."""
+
+    default_reason = "shutdown_timeout"
+    default_code = grpc.StatusCode.UNAVAILABLE
+
+
+class StreamTooSlow(SidecarError):
+    """A stream whose reader stopped reading was ended; streams resume from it by themselves."""
+
+    default_reason = "STREAM_TOO_SLOW"
+    default_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Overloaded(SidecarError):
+    """The sidecar's admission limits are reached; retry after ``retry_delay``."""
+
+    default_reason = "OVERLOADED"
+    default_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class QueueFull(SidecarError):
+    """The session already has queue_cap prompts waiting."""
+
+    default_reason = "QUEUE_FULL"
+    default_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class StoreUnavailable(SidecarError):
+    """The store cannot write right now; retry with the same request id is safe."""
+
+    default_reason = "STORE_UNAVAILABLE"
+    default_code = grpc.StatusCode.UNAVAILABLE
+
+
+class LaneMoved(SidecarError):
+    """Another sidecar of the cluster runs the session now; retry with the same request id."""
+
+    default_reason = "LANE_MOVED"
+    default_code = grpc.StatusCode.UNAVAILABLE
+
+
+# Reasons after which a Prompt (or a watch by request id) carries on by itself
+# with the same request id once the RetryInfo delay has passed: nothing of the
+# request was lost (docs/api.md, docs/cluster.md).
+RETRY_SAME_REQUEST_REASONS = frozenset({"LANE_MOVED", "OVERLOADED", "STORE_UNAVAILABLE", "UNAVAILABLE",
+                                        "STREAM_TOO_SLOW"})
+
+
 BY_REASON: dict[str, type[SidecarError]] = {
     cls.default_reason: cls
     for cls in (AgentBusy, AgentTimeout, LlmApiFailure, MaxIterations, ToolScopeViolation,
                 ToolInvokeFailed, Cancelled, SessionNotFound, InvalidArgument, Unauthenticated,
-                PermissionDenied, WorkerCrashed)
+                PermissionDenied, WorkerCrashed, FailedPrecondition, ResourceExhausted, Unavailable,
+                RequestNotFound, Internal, RestartInterrupted, ShutdownTimeout, StreamTooSlow, Overloaded,
+                QueueFull, StoreUnavailable, LaneMoved)
 }
 
-# Codes whose meaning is unambiguous without an ErrorInfo.
+# Without an ErrorInfo only the call's own deadline has a class of its own.
 _BY_CODE: dict[grpc.StatusCode, type[SidecarError]] = {
-    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
-    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
-    grpc.StatusCode.DEADLINE_EXCEEDED: AgentTimeout,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
 }
 
 _CODE_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
@@ -220,9 +332,10 @@ def from_status(status: status_pb2.Status, code: grpc.StatusCode | None = None) 
 
 
 def make_error(code: grpc.StatusCode, reason: str | None, message: str, **extra: Any) -> SidecarError:
-    """Pick the class by reason, else by code, else the base class."""
+    """Pick the class by reason, else (no reason) by code, else the base class.
+    A reason is only ever the sidecar's: without one it stays ""."""
     cls = BY_REASON.get(reason or "") or (None if reason else _BY_CODE.get(code)) or SidecarError
-    return cls(code, reason if reason else (cls.default_reason or None), message, **extra)
+    return cls(code, reason or "", message, **extra)
 
 
 def from_rpc_error(error: grpc.RpcError) -> SidecarError:
