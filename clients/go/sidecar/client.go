@@ -19,7 +19,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	pb "github.com/agent-sidecar/agent-sidecar/clients/go/agentsidecarv1"
@@ -28,6 +31,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 )
 
@@ -42,9 +46,13 @@ type Client struct {
 	Tools    pb.ToolServiceClient
 
 	resumeWindow time.Duration
+	idleTimeout  time.Duration
+	conns        *connSet
 }
 
 type options struct {
+	idleTimeout  time.Duration
+	keepalive    keepalive.ClientParameters
 	token        string
 	dialOpts     []grpc.DialOption
 	resumeWindow time.Duration
@@ -73,28 +81,41 @@ func WithDialOptions(opts ...grpc.DialOption) Option {
 // dropped stream without receiving a frame (default 30s; 0 disables resume).
 func WithResumeWindow(d time.Duration) Option { return func(o *options) { o.resumeWindow = d } }
 
+// WithStreamIdleTimeout sets how long a Prompt or Watch stream may go without
+// any frame, keepalive frames included (the sidecar sends one on a silent
+// stream every keepalive_s, 15 s by default), before it is taken for a dropped
+// connection: the client then closes its connections (a half-open one would
+// take every new call too) and resumes. Default 45 s; 0 disables it.
+func WithStreamIdleTimeout(d time.Duration) Option { return func(o *options) { o.idleTimeout = d } }
+
+// WithKeepalive sets the connection's keepalive pings: one after time without
+// activity, and the connection is closed when it is not answered within
+// timeout (default 20 s and 10 s, with or without calls in flight). grpc-go
+// pings at most every 10 s whatever time says.
+func WithKeepalive(time, timeout time.Duration) Option {
+	return func(o *options) { o.keepalive.Time, o.keepalive.Timeout = time, timeout }
+}
+
 // WithLazyConnect makes Dial return at once instead of waiting for the
 // connection to become ready; the first call connects.
 func WithLazyConnect() Option { return func(o *options) { o.lazy = true } }
 
-// Dial connects to a sidecar at target, either "unix:/path/to/sidecar.sock"
-// (also "unix:relative/path" and "unix:///abs/path") or "host:port" (also
-// "tcp:host:port", "dns:///host:port"). A target that cannot be dialled (no
-// socket path, an empty or out-of-range port, a malformed host) fails at once
-// with ErrInvalidTarget. Unless WithLazyConnect is given it waits until the
+// Dial connects to a sidecar at target, one of TargetForms (the same in every
+// client of this repository): "unix:/path/to/sidecar.sock" (also
+// "unix:relative/path" and "unix:///abs/path"), a bare socket path
+// ("/abs/sidecar.sock", "./rel.sock"), "host:port", "[::1]:port",
+// "tcp:host:port" (or "tcp://host:port") or "dns:///host:port". Any other
+// target (no port, another scheme, no socket path, an out-of-range port, a
+// malformed host) fails at once with ErrInvalidTarget. Unless WithLazyConnect is given it waits until the
 // connection is ready or ctx ends, so pass a context with a timeout.
 func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
-	o := options{resumeWindow: 30 * time.Second}
+	o := options{resumeWindow: 30 * time.Second, idleTimeout: 45 * time.Second,
+		keepalive: keepalive.ClientParameters{Time: 20 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	given, terr := target, error(nil)
-	if addr, ok := strings.CutPrefix(target, "tcp:"); ok { // tolerate an explicit tcp: scheme
-		target = strings.TrimPrefix(addr, "//")
-		terr = checkAddr(target)
-	} else {
-		terr = checkTarget(target)
-	}
+	given := target
+	target, terr := normalizeTarget(target)
 	if terr != nil {
 		return nil, fmt.Errorf("sidecar: dial %q: %w: %v", given, ErrInvalidTarget, terr)
 	}
@@ -103,8 +124,11 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 		return nil, fmt.Errorf("sidecar: WithToken: the token has a character a gRPC header does not allow "+
 			"at byte %d (only printable ASCII, 0x20-0x7E: no newline, control character or non-ASCII letter)", i)
 	}
+	conns := &connSet{live: map[net.Conn]struct{}{}}
 	dialOpts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithKeepaliveParams(o.keepalive),
+		grpc.WithContextDialer(conns.dial),
 		grpc.WithChainUnaryInterceptor(unaryErrors),
 		grpc.WithChainStreamInterceptor(streamErrors),
 		grpc.WithDefaultServiceConfig(ServiceConfig), // retries of the idempotent reads
@@ -141,6 +165,8 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 		Prompts:      pb.NewPromptServiceClient(conn),
 		Tools:        pb.NewToolServiceClient(conn),
 		resumeWindow: o.resumeWindow,
+		idleTimeout:  o.idleTimeout,
+		conns:        conns,
 	}
 	if o.lazy {
 		return c, nil
@@ -185,11 +211,21 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 
 func (b bearer) RequireTransportSecurity() bool { return b.requireTLS }
 
+// DefaultCallTimeout is the deadline of a unary call whose context has none
+// (as in the Python and Node clients); 0: none. Its passing fails the call
+// DEADLINE_EXCEEDED without a reason (errors.Is(err, context.DeadlineExceeded)).
+var DefaultCallTimeout = 30 * time.Second
+
 // unaryErrors converts unary call failures to *Error. A request that cannot
 // be encoded because a string is not valid UTF-8 fails INVALID_ARGUMENT
 // naming the field, before anything is sent.
 func unaryErrors(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
 	invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if _, ok := ctx.Deadline(); !ok && DefaultCallTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultCallTimeout)
+		defer cancel()
+	}
 	err := invoker(ctx, method, req, reply, cc, opts...)
 	if status.Code(err) == codes.Internal {
 		if uerr := checkUTF8(req); uerr != nil {
@@ -245,4 +281,58 @@ func localError(ctx context.Context, err error) error {
 	l := *e
 	l.local = true
 	return &l
+}
+
+// connSet dials the client's connections and keeps them, so that a stream that
+// went silent on a half-open connection (idle timeout) can close them: grpc-go
+// would otherwise put the resumed call on the same dead connection until
+// keepalive pings close it.
+type connSet struct {
+	mu   sync.Mutex
+	live map[net.Conn]struct{}
+}
+
+// dial is grpc-go's context dialer: "unix://ABS", "unix:REL" (as grpc-go
+// passes a unix target to a custom dialer) or host:port.
+func (s *connSet) dial(ctx context.Context, addr string) (net.Conn, error) {
+	network, address := "tcp", addr
+	switch {
+	case strings.HasPrefix(addr, "unix://"):
+		network, address = "unix", strings.TrimPrefix(addr, "unix://")
+	case strings.HasPrefix(addr, "unix:"):
+		network, address = "unix", strings.TrimPrefix(addr, "unix:")
+	case strings.HasPrefix(addr, "\x00"), filepath.IsAbs(addr):
+		network = "unix"
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, network, address)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.live[conn] = struct{}{}
+	s.mu.Unlock()
+	return &trackedConn{Conn: conn, set: s}, nil
+}
+
+// closeAll closes every connection (their calls fail UNAVAILABLE and resume).
+func (s *connSet) closeAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.live {
+		c.Close()
+	}
+	clear(s.live)
+}
+
+type trackedConn struct {
+	net.Conn
+	set *connSet
+}
+
+func (c *trackedConn) Close() error {
+	c.set.mu.Lock()
+	delete(c.set.live, c.Conn)
+	c.set.mu.Unlock()
+	return c.Conn.Close()
 }

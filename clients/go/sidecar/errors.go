@@ -33,6 +33,19 @@ const (
 	ReasonUnauthenticated    = "UNAUTHENTICATED"      // UNAUTHENTICATED: missing or wrong credential
 	ReasonPermissionDenied   = "PERMISSION_DENIED"    // PERMISSION_DENIED: credential used outside its platforms
 	ReasonWorkerCrashed      = "WORKER_CRASHED"       // UNAVAILABLE: the worker running the turn died
+	// The rest of docs/semantics.md's reason table.
+	ReasonFailedPrecondition = "FAILED_PRECONDITION" // FAILED_PRECONDITION: the state forbids the request
+	ReasonResourceExhausted  = "RESOURCE_EXHAUSTED"  // RESOURCE_EXHAUSTED: a limit of the turn was reached
+	ReasonUnavailable        = "UNAVAILABLE"         // UNAVAILABLE: the sidecar cannot take the call now
+	ReasonRequestNotFound    = "REQUEST_NOT_FOUND"   // NOT_FOUND: WatchActivity of an unknown request id
+	ReasonInternal           = "INTERNAL"            // INTERNAL: a bug in the sidecar
+	ReasonRestartInterrupted = "restart_interrupted" // UNAVAILABLE: the turn was in flight when the sidecar crashed
+	ReasonShutdownTimeout    = "shutdown_timeout"    // UNAVAILABLE: still running when a shutdown's drain ran out
+	ReasonStreamTooSlow      = "STREAM_TOO_SLOW"     // RESOURCE_EXHAUSTED: the reader stopped reading
+	ReasonOverloaded         = "OVERLOADED"          // RESOURCE_EXHAUSTED: admission limits reached (RetryInfo)
+	ReasonQueueFull          = "QUEUE_FULL"          // RESOURCE_EXHAUSTED: the session's queue is full
+	ReasonStoreUnavailable   = "STORE_UNAVAILABLE"   // UNAVAILABLE: the store cannot write now (RetryInfo)
+	ReasonLaneMoved          = "LANE_MOVED"          // UNAVAILABLE: another sidecar runs the session now
 )
 
 // reasonCodes maps each reason to the gRPC code docs/api.md pairs it with. It is
@@ -50,6 +63,18 @@ var reasonCodes = map[string]codes.Code{
 	ReasonUnauthenticated:    codes.Unauthenticated,
 	ReasonPermissionDenied:   codes.PermissionDenied,
 	ReasonWorkerCrashed:      codes.Unavailable,
+	ReasonFailedPrecondition: codes.FailedPrecondition,
+	ReasonResourceExhausted:  codes.ResourceExhausted,
+	ReasonUnavailable:        codes.Unavailable,
+	ReasonRequestNotFound:    codes.NotFound,
+	ReasonInternal:           codes.Internal,
+	ReasonRestartInterrupted: codes.Unavailable,
+	ReasonShutdownTimeout:    codes.Unavailable,
+	ReasonStreamTooSlow:      codes.ResourceExhausted,
+	ReasonOverloaded:         codes.ResourceExhausted,
+	ReasonQueueFull:          codes.ResourceExhausted,
+	ReasonStoreUnavailable:   codes.Unavailable,
+	ReasonLaneMoved:          codes.Unavailable,
 }
 
 // Sentinels for errors.Is: errors.Is(err, sidecar.ErrAgentBusy) holds when err
@@ -200,8 +225,9 @@ func convertError(ctx context.Context, err error) error {
 
 // streamError is the error a Prompt or Watch iterator ends with, always an
 // *Error. The call's own deadline (or a DEADLINE_EXCEEDED without a sidecar
-// reason) is AGENT_TIMEOUT, as docs/semantics.md names it; a stream given up on after an
-// early end, a seq gap or an I/O error is UNAVAILABLE without a reason.
+// reason) is DEADLINE_EXCEEDED without a reason, as for a unary call (never
+// AGENT_TIMEOUT: that is a turn's server-side timeout); a stream given up on
+// after a seq gap or an I/O error is UNAVAILABLE without a reason.
 func streamError(ctx context.Context, err error) *Error {
 	e, ok := FromError(convertError(ctx, err))
 	var g gapError
@@ -222,7 +248,7 @@ func streamError(ctx context.Context, err error) *Error {
 	switch {
 	case e.Reason == "" && (deadline || e.Code == codes.DeadlineExceeded):
 		t := *e
-		t.Code, t.Reason, t.Domain, t.status = codes.DeadlineExceeded, ReasonAgentTimeout, ErrorDomain, nil
+		t.Code, t.status = codes.DeadlineExceeded, nil
 		if deadline {
 			t.cause = context.DeadlineExceeded
 		}

@@ -184,7 +184,7 @@ func TestWatchDeadlineIsAgentTimeout(t *testing.T) {
 	if len(frames) != 0 {
 		t.Fatalf("frames = %v", seqs(frames))
 	}
-	checkAgentTimeout(t, err)
+	checkClientDeadline(t, err)
 }
 
 func TestToolHostServes(t *testing.T) {

@@ -94,7 +94,11 @@ const (
 // original stream and every resumed one.
 type frameFilter interface {
 	admit(f *pb.ActivityFrame) verdict
+	point() int64 // the resume point: the last seq or cursor admitted
 }
+
+func (s *seqFilter) point() int64    { return s.last }
+func (c *cursorFilter) point() int64 { return c.last }
 
 // seqFilter admits the frames of one request exactly once, in seq order
 // (seq is per request, from 1, gapless). last is the resume point

@@ -113,7 +113,7 @@ func runScriptCtx(t *testing.T, ctx context.Context, window time.Duration, scrip
 			return nil, a.end
 		}, nil
 	}
-	c.follow(ctx, open, filter, true, func(f *Frame, err error) bool {
+	c.follow(ctx, open, filter, true, false, func(f *Frame, err error) bool {
 		if err != nil {
 			errs = append(errs, err)
 		} else {
@@ -210,7 +210,7 @@ func TestFollowStopsWhenCallerBreaks(t *testing.T) {
 		return func() (*pb.ActivityFrame, error) { return fr(int64(opens), KindAccepted), nil }, nil
 	}
 	calls := 0
-	c.follow(context.Background(), open, &seqFilter{}, true, func(*Frame, error) bool { calls++; return false })
+	c.follow(context.Background(), open, &seqFilter{}, true, false, func(*Frame, error) bool { calls++; return false })
 	if calls != 1 || opens != 1 {
 		t.Fatalf("calls %d opens %d", calls, opens)
 	}
@@ -227,7 +227,7 @@ func TestFollowDeadlineDuringOutage(t *testing.T) {
 	if len(frames) != 1 || len(errs) != 1 || len(opens) < 2 {
 		t.Fatalf("frames %v errs %v opens %v", seqs(frames), errs, opens)
 	}
-	checkAgentTimeout(t, errs[0])
+	checkClientDeadline(t, errs[0])
 
 	ctx, cancel = context.WithCancel(context.Background())
 	time.AfterFunc(200*time.Millisecond, cancel)
@@ -249,14 +249,13 @@ func TestFollowDeadlineStatusIsAgentTimeout(t *testing.T) {
 	if len(errs) != 1 {
 		t.Fatalf("errs = %v", errs)
 	}
-	checkAgentTimeout(t, errs[0])
+	checkClientDeadline(t, errs[0])
 }
 
-// Giving up on an early end of stream, a seq gap or an I/O error yields an
-// *Error with code UNAVAILABLE and no reason.
+// Giving up on a seq gap or an I/O error yields an *Error with code
+// UNAVAILABLE and no reason.
 func TestFollowGiveUpIsUnavailableError(t *testing.T) {
 	for name, a := range map[string]attempt{
-		"eof":   {frames: []*pb.ActivityFrame{fr(1, KindAccepted)}},
 		"gap":   {frames: []*pb.ActivityFrame{fr(1, KindAccepted), fr(3, KindTextDelta)}},
 		"reset": {frames: []*pb.ActivityFrame{fr(1, KindAccepted)}, end: errors.New("read: connection reset")},
 	} {
@@ -290,5 +289,29 @@ func TestFollowResumesInternalWithoutReason(t *testing.T) {
 	_, errs, opens = runScript(t, 5*time.Second, []attempt{{end: convertError(context.Background(), st.Err())}})
 	if len(errs) != 1 || len(opens) != 1 || !IsReason(errs[0], "SOMETHING_NEW") {
 		t.Fatalf("errs %v opens %v", errs, opens)
+	}
+}
+
+// A request's stream that ends OK is final (the sidecar ends one so only once
+// the turn is over): a Prompt's without its terminal frame lost the rest of
+// the turn (ErrFramesGone, at once, not after the resume window); a Watch the
+// caller opened past the terminal frame ends cleanly, with no frame.
+func TestFollowCleanEndIsFinal(t *testing.T) {
+	frames, errs, opens := runScript(t, 10*time.Second, []attempt{{frames: []*pb.ActivityFrame{fr(1, KindAccepted)}}})
+	if len(frames) != 1 || len(errs) != 1 || len(opens) != 1 || !errors.Is(errs[0], ErrFramesGone) {
+		t.Fatalf("frames %v errs %v opens %v", seqs(frames), errs, opens)
+	}
+	c := &Client{resumeWindow: 10 * time.Second}
+	n := 0
+	open := func(ctx context.Context) (recvFunc, error) {
+		n++
+		return func() (*pb.ActivityFrame, error) { return nil, io.EOF }, nil
+	}
+	c.follow(context.Background(), open, &seqFilter{last: 9}, true, true, func(f *Frame, err error) bool {
+		t.Fatalf("yielded %v %v", f, err)
+		return false
+	})
+	if n != 1 {
+		t.Fatalf("opened %d times", n)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"iter"
+	"sync/atomic"
 	"time"
 
 	pb "github.com/agent-sidecar/agent-sidecar/clients/go/agentsidecarv1"
@@ -104,7 +105,7 @@ func (c *Client) Prompt(ctx context.Context, p PromptParams) iter.Seq2[*Frame, e
 			}
 			return c.watch(ctx, &pb.WatchActivityRequest{RequestId: req.RequestId, AfterSeq: filter.last})
 		}
-		c.follow(ctx, open, filter, true, yield)
+		c.follow(ctx, open, filter, true, false, yield)
 	}
 }
 
@@ -139,14 +140,14 @@ func (c *Client) Watch(ctx context.Context, p WatchParams) iter.Seq2[*Frame, err
 			open := func(ctx context.Context) (recvFunc, error) {
 				return c.watch(ctx, &pb.WatchActivityRequest{RequestId: p.RequestID, AfterSeq: filter.last})
 			}
-			c.follow(ctx, open, filter, true, yield)
+			c.follow(ctx, open, filter, true, true, yield)
 			return
 		}
 		filter := &cursorFilter{last: p.AfterCursor}
 		open := func(ctx context.Context) (recvFunc, error) {
 			return c.watch(ctx, &pb.WatchActivityRequest{SessionKey: p.SessionKey, Platform: p.Platform, AfterCursor: filter.last})
 		}
-		c.follow(ctx, open, filter, false, yield)
+		c.follow(ctx, open, filter, false, false, yield)
 	}
 }
 
@@ -181,19 +182,38 @@ func (c *Client) watch(ctx context.Context, req *pb.WatchActivityRequest) (recvF
 
 // follow runs streams opened by open until the turn ends (perRequest), the
 // caller stops, ctx ends or resuming fails for longer than the resume window.
+// ownWatch: a Watch by request id the caller opened (not a Prompt).
 func (c *Client) follow(ctx context.Context, open func(context.Context) (recvFunc, error),
-	filter frameFilter, perRequest bool, yield func(*Frame, error) bool) {
+	filter frameFilter, perRequest, ownWatch bool, yield func(*Frame, error) bool) {
 	var dropped time.Time
 	delay := 50 * time.Millisecond
+	seen := false
 	for {
-		progressed, done, err := runAttempt(ctx, open, filter, perRequest, yield)
+		progressed, done, err := c.runAttempt(ctx, open, filter, perRequest, yield)
 		if done {
+			return
+		}
+		seen = seen || progressed
+		if perRequest && errors.Is(err, io.EOF) {
+			// The sidecar ends a request's stream OK only once the turn is over.
+			if ownWatch && !seen {
+				return // the caller's watch: nothing after its after_seq
+			}
+			yield(nil, &Error{Code: codes.DataLoss, Message: fmt.Sprintf("the turn is over but its frames after "+
+				"seq %d are gone (deleted or past retention): the rest of the turn cannot be read", filter.point()),
+				cause: ErrFramesGone})
 			return
 		}
 		if progressed || dropped.IsZero() {
 			dropped, delay = time.Now(), 50*time.Millisecond
 		}
-		if !c.resumable(ctx, err) || time.Since(dropped) > c.resumeWindow {
+		wait := delay
+		retry := perRequest && retrySameRequest(err)
+		if retry {
+			e, _ := FromError(err)
+			wait = max(wait, e.RetryDelay)
+		}
+		if !(retry || c.resumable(ctx, err)) || time.Since(dropped) > c.resumeWindow {
 			yield(nil, streamError(ctx, err))
 			return
 		}
@@ -201,28 +221,76 @@ func (c *Client) follow(ctx context.Context, open func(context.Context) (recvFun
 		case <-ctx.Done():
 			yield(nil, streamError(ctx, ctx.Err()))
 			return
-		case <-time.After(delay):
+		case <-time.After(wait):
 		}
 		delay = min(delay*2, time.Second)
 	}
 }
 
+// ErrFramesGone is the cause (errors.Is) of the error a Prompt or Watch by
+// request id ends with when, resuming, it finds the turn over and the frames
+// it had not seen yet gone (deleted or past retention). Not retryable.
+var ErrFramesGone = errors.New("the turn's remaining frames are gone")
+
+// retrySameRequest reports whether err is a sidecar refusal after which the
+// same request id may be sent again (docs/api.md, docs/cluster.md): nothing of
+// the request was lost. STREAM_TOO_SLOW names where to resume; the stream
+// resumes from the last frame it saw, which is never past that point.
+func retrySameRequest(err error) bool {
+	e, ok := FromError(err)
+	if !ok || e.local {
+		return false
+	}
+	switch e.Reason {
+	case ReasonLaneMoved, ReasonOverloaded, ReasonStoreUnavailable, ReasonUnavailable, ReasonStreamTooSlow:
+		return true
+	}
+	return false
+}
+
+// idleError: the stream got no frame, keepalives included, for the idle timeout.
+type idleError struct{ d time.Duration }
+
+func (e idleError) Error() string {
+	return fmt.Sprintf("no frame (keepalives included) for %s", e.d)
+}
+
 // runAttempt reads one stream. done means nothing more is to be done (the
 // turn ended, the caller stopped, or the final error was yielded); otherwise
 // err says why the stream broke and progressed whether any frame got through.
-func runAttempt(ctx context.Context, open func(context.Context) (recvFunc, error),
+// A stream silent for the idle timeout is cut, and the client's connections
+// closed: a half-open connection would take the resumed call too.
+func (c *Client) runAttempt(ctx context.Context, open func(context.Context) (recvFunc, error),
 	filter frameFilter, perRequest bool, yield func(*Frame, error) bool) (progressed, done bool, err error) {
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var idle atomic.Bool
+	arm, disarm := func() {}, func() {}
+	if c.idleTimeout > 0 {
+		t := time.AfterFunc(c.idleTimeout, func() {
+			idle.Store(true)
+			cancel()
+			c.conns.closeAll()
+		})
+		defer t.Stop()
+		arm, disarm = func() { t.Reset(c.idleTimeout) }, func() { t.Stop() }
+	}
 	recv, err := open(actx)
 	if err != nil {
+		if idle.Load() {
+			return false, false, idleError{c.idleTimeout}
+		}
 		return false, false, err
 	}
 	for {
 		f, err := recv()
+		if idle.Load() {
+			return progressed, false, idleError{c.idleTimeout}
+		}
 		if err != nil {
 			return progressed, false, err
 		}
+		arm()
 		switch filter.admit(f) {
 		case skip:
 			continue
@@ -230,9 +298,11 @@ func runAttempt(ctx context.Context, open func(context.Context) (recvFunc, error
 			return progressed, false, gapError{f.GetSeq()}
 		}
 		progressed = true
+		disarm() // the caller's time is not the stream's
 		if !yield(&Frame{f}, nil) {
 			return true, true, nil
 		}
+		arm()
 		if !perRequest || !isTerminal(f) {
 			continue
 		}
@@ -286,7 +356,8 @@ func (c *Client) resumable(ctx context.Context, err error) bool {
 		return false
 	}
 	var g gapError
-	if errors.Is(err, io.EOF) || errors.As(err, &g) {
+	var idle idleError
+	if errors.Is(err, io.EOF) || errors.As(err, &g) || errors.As(err, &idle) {
 		return true
 	}
 	if e, ok := FromError(err); ok {

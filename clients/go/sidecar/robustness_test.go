@@ -392,7 +392,9 @@ func dialRefused(target string) (time.Duration, error) {
 func TestDialRejectsMalformedTargets(t *testing.T) {
 	for _, target := range []string{"", "host:", ":99999", "localhost:99999", "localhost:0", "unix:", "unix://",
 		"unix-abstract:", "unix://host/s.sock", "127.0.0.1:-1", "tcp:", "tcp://", "dns:///", "dns:///host:", "a b:80",
-		"   ", "[::1", "[::1]:", "host:port", "unix:" + t.TempDir()} {
+		"   ", "[::1", "[::1]:", "host:port", "unix:" + t.TempDir(),
+		// Outside the targets every client takes (TargetForms): no port, no host, another scheme.
+		":7700", "sidecar", "::1", "passthrough:///bufnet", "relative/s.sock", "http://127.0.0.1:1"} {
 		took, err := dialRefused(target)
 		if !errors.Is(err, ErrInvalidTarget) || took > time.Second || !strings.Contains(err.Error(), target) {
 			t.Errorf("Dial(%q): %v after %v", target, err, took)
@@ -400,8 +402,8 @@ func TestDialRejectsMalformedTargets(t *testing.T) {
 	}
 	// Targets gRPC can dial are still accepted.
 	for _, target := range append(append([]string{"unix:rel/s.sock", "unix:/abs/s.sock", "unix:///abs/s.sock",
-		"unix-abstract:name", ":7700", "sidecar", "dns:///localhost:1", "dns:localhost:1", "tcp://127.0.0.1:1",
-		"[fe80::1]:80", "::1", "passthrough:///bufnet", "my_host.internal:65535"}, localTargets...), remoteTargets...) {
+		"unix-abstract:name", "dns:///localhost:1", "dns:localhost:1", "tcp://127.0.0.1:1", "tcp:127.0.0.1:1",
+		"/abs/s.sock", "./rel/s.sock", "../rel/s.sock", "[fe80::1]:80", "my_host.internal:65535"}, localTargets...), remoteTargets...) {
 		if err := dialLazy(t, target); err != nil {
 			t.Errorf("Dial(%q): %v", target, err)
 		}

@@ -13,6 +13,23 @@ import (
 	"google.golang.org/grpc/resolver"
 )
 
+// TargetForms are the targets every client of this repository accepts.
+const TargetForms = "unix:PATH, unix:///ABS/PATH, a bare socket path (/abs, ./rel, ../rel), HOST:PORT, " +
+	"[IPV6]:PORT, tcp:HOST:PORT (or tcp://HOST:PORT), dns:[//AUTHORITY/]HOST:PORT"
+
+// normalizeTarget turns the client's forms into grpc-go's: a bare socket path
+// gets "unix:", "tcp:" (and "tcp://") is dropped.
+func normalizeTarget(target string) (string, error) {
+	switch {
+	case strings.HasPrefix(target, "/"), strings.HasPrefix(target, "./"), strings.HasPrefix(target, "../"):
+		target = "unix:" + target
+	case strings.HasPrefix(target, "tcp:"):
+		addr := strings.TrimPrefix(strings.TrimPrefix(target, "tcp:"), "//")
+		return addr, checkAddr(addr)
+	}
+	return target, checkTarget(target)
+}
+
 // ErrInvalidTarget is wrapped by the error of Dial for a target that cannot
 // be dialled however long one waits ("host:", ":99999", "unix:", ...).
 var ErrInvalidTarget = errors.New("invalid target")
@@ -33,6 +50,10 @@ func checkTarget(target string) error {
 		return errors.New("empty target")
 	}
 	u, err := url.Parse(target)
+	if err == nil && u.Scheme != "" && resolver.Get(u.Scheme) != nil &&
+		u.Scheme != "unix" && u.Scheme != "unix-abstract" && u.Scheme != "dns" {
+		return fmt.Errorf("scheme %q is not one of the client's target forms (%s)", u.Scheme, TargetForms)
+	}
 	if err != nil || u.Scheme == "" || resolver.Get(u.Scheme) == nil {
 		if strings.HasPrefix(target, "unix:") || strings.HasPrefix(target, "unix-abstract:") || strings.HasPrefix(target, "dns:") {
 			return fmt.Errorf("not a valid URL: %v", err)
@@ -63,21 +84,17 @@ func checkTarget(target string) error {
 	return nil
 }
 
-// checkAddr checks host:port, [ipv6]:port, :port (localhost) or a bare host
-// (port 443), as gRPC's DNS resolver reads them.
+// checkAddr checks host:port or [ipv6]:port: a host and a port are always given.
 func checkAddr(addr string) error {
 	if addr == "" {
 		return errors.New("no address (want host:port)")
 	}
 	if _, err := netip.ParseAddr(addr); err == nil {
-		return nil
+		return errors.New("no port (want host:port, [ipv6]:port)")
 	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		if h, _, err2 := net.SplitHostPort(addr + ":443"); err2 == nil {
-			return checkHost(h) // no port: gRPC dials 443
-		}
-		return fmt.Errorf("want host:port: %v", err)
+		return fmt.Errorf("want host:port (a port is always given): %v", err)
 	}
 	if port == "" {
 		return errors.New("empty port (want host:port)")
@@ -86,7 +103,7 @@ func checkAddr(addr string) error {
 		return fmt.Errorf("port %q is not a number from 1 to 65535", port)
 	}
 	if host == "" {
-		return nil // ":port" is localhost, as for net.Dial
+		return errors.New("no host (want host:port)")
 	}
 	return checkHost(host)
 }

@@ -122,8 +122,7 @@ func schemaJSON(schema any) (string, error) {
 }
 
 // Ready is closed once the sidecar has confirmed the first registration, or
-// once Serve stops without one (registration refused, the sidecar out of
-// reach for the resume window, ctx ended), so waiting on it cannot hang;
+// once Serve stops without one (registration refused, ctx ended), so waiting on it cannot hang;
 // Err then says which.
 func (h *ToolHost) Ready() <-chan struct{} { return h.ready }
 
@@ -147,7 +146,8 @@ func (h *ToolHost) setErr(err error) {
 // until ctx ends (then it returns nil, at once: it does not wait for tools
 // still running, whose ctx is cancelled). If the stream drops it cancels the
 // calls in flight (their results cannot be delivered) and reconnects and
-// registers again at once, for up to the client's resume window; a refusal
+// registers again, with a backoff capped at 5 s, for as long as ctx lives
+// (the client's resume window does not apply); a refusal
 // by the sidecar (an error carrying a reason), a local error (a message
 // that cannot be encoded, a bad token) or the Client being closed is
 // returned at once. When Serve
@@ -166,17 +166,17 @@ func (h *ToolHost) Serve(ctx context.Context, c *Client) (err error) {
 		h.readyOnce.Do(func() { close(h.ready) }) // never leave <-Ready() hanging
 		h.serving.Store(false)
 	}()
-	var dropped time.Time
 	delay := 100 * time.Millisecond
 	for {
 		registered, err := h.serveOnce(ctx, c)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if registered || dropped.IsZero() {
-			dropped, delay = time.Now(), 100*time.Millisecond
+		if registered {
+			delay = 100 * time.Millisecond
 		}
-		if !c.resumable(ctx, err) || time.Since(dropped) > c.resumeWindow {
+		// However long the sidecar stays out of reach: a tool host is a service.
+		if !c.resumable(ctx, err) {
 			return err
 		}
 		select {
@@ -184,7 +184,7 @@ func (h *ToolHost) Serve(ctx context.Context, c *Client) (err error) {
 			return nil
 		case <-time.After(delay):
 		}
-		delay = min(delay*2, 2*time.Second)
+		delay = min(delay*2, 5*time.Second)
 	}
 }
 

@@ -36,6 +36,7 @@ type result struct {
 // runner holds the flags and the shared connections.
 type runner struct {
 	lang, unixTarget, tcpTarget, token string
+	proxy, proxyControl                string
 	tlsArgs                            tlsArgs
 
 	unix *sidecar.Client // lazily dialled, reused across scenarios
@@ -48,6 +49,8 @@ func main() {
 	flag.StringVar(&r.unixTarget, "unix", "", "Unix socket target, unix:/path/sidecar.sock")
 	flag.StringVar(&r.tcpTarget, "tcp", "", "TCP target, host:port")
 	flag.StringVar(&r.token, "token", "", "bearer token for TCP")
+	flag.StringVar(&r.proxy, "proxy", "", "the harness's cuttable proxy, host:port")
+	flag.StringVar(&r.proxyControl, "proxy-control", "", "the proxy's control port, host:port")
 	flag.StringVar(&r.tlsArgs.tls, "tls", "", "TLS listener, host:port")
 	flag.StringVar(&r.tlsArgs.mtls, "mtls", "", "mTLS listener, host:port")
 	flag.StringVar(&r.tlsArgs.ca, "ca", "", "PEM CA of the TLS listeners' certificate")

@@ -26,6 +26,14 @@ type scenario struct {
 	SecondText     string          `json:"second_text"`
 	QueuedTexts    []string        `json:"queued_texts"`
 	CutAfterFrames int             `json:"cut_after_frames"`
+	IdleTimeoutMS  int             `json:"stream_idle_timeout_ms"`
+	OutageMS       int             `json:"outage_ms"`
+	FirstOutageMS  int             `json:"first_outage_ms"`
+	ResumeWindowMS int             `json:"resume_window_ms"`
+	WithinMS       int             `json:"within_ms"`
+	CallTimeoutMS  int             `json:"call_timeout_ms"`
+	Forms          []string        `json:"forms"`
+	Invalid        []string        `json:"invalid"`
 	Tool           *toolDef        `json:"tool"`
 	Expect         expect          `json:"expect"`
 }
@@ -57,6 +65,10 @@ type expect struct {
 	TCPWithoutTokenReason string   `json:"tcp_without_token_reason"`
 	WrongCACode           string   `json:"wrong_ca_code"`
 	WithoutClientCertCode string   `json:"without_client_cert_code"`
+	AtTerminalKinds       []string `json:"at_terminal_kinds"`
+	BeforeTerminalKinds   []string `json:"before_terminal_kinds"`
+	Code                  string   `json:"code"`
+	Reason                *string  `json:"reason"`
 }
 
 // source decodes the scenario's SessionSource (proto field names).
@@ -78,6 +90,12 @@ var scenarioFuncs = map[string]func(context.Context, *runner, *scenario) error{
 	"reject_if_busy":           rejectIfBusy,
 	"queue_order":              queueOrder,
 	"stream_resume":            streamResume,
+	"stream_stall":             streamStall,
+	"prompt_outage":            promptOutage,
+	"watch_after_terminal":     watchAfterTerminal,
+	"tool_host_outage":         toolHostOutage,
+	"client_deadline":          clientDeadline,
+	"target_forms":             targetForms,
 	"tool_call":                toolCall,
 	"tool_scope_violation":     toolScopeViolation,
 	"unix_and_tcp":             unixAndTCP,

@@ -253,52 +253,6 @@ func queueOrder(ctx context.Context, r *runner, sc *scenario) error {
 	return nil
 }
 
-func streamResume(ctx context.Context, r *runner, sc *scenario) error {
-	proxy, err := newCutProxy(unixPath(r.unixTarget))
-	if err != nil {
-		return err
-	}
-	defer proxy.close()
-	c, err := dial(ctx, proxy.target())
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	p, err := promptParams(sc, sc.Text)
-	if err != nil {
-		return err
-	}
-	cutAfter := max(sc.CutAfterFrames, 1)
-	var frames []*sidecar.Frame
-	for f, err := range c.Prompt(ctx, p) {
-		if err != nil {
-			return fmt.Errorf("after %v: %w", kindsOf(frames), err)
-		}
-		frames = append(frames, f)
-		if len(frames) == cutAfter {
-			proxy.cut()
-		}
-	}
-	if len(frames) <= cutAfter {
-		return fmt.Errorf("turn ended after %d frames, before the cut could matter", len(frames))
-	}
-	if proxy.connections() < 2 {
-		return errors.New("the client never reconnected after the cut")
-	}
-	if sc.Expect.Gapless {
-		if err := checkGapless(frames); err != nil {
-			return err
-		}
-	}
-	if want := sc.Expect.LastKind; want != "" && lastKind(frames) != want {
-		return fmt.Errorf("last kind %q, want %q", lastKind(frames), want)
-	}
-	if want := sc.Expect.FinalText; want != nil && finalText(frames) != *want {
-		return fmt.Errorf("final_text %q, want %q", finalText(frames), *want)
-	}
-	return nil
-}
-
 func toolCall(ctx context.Context, r *runner, sc *scenario) error {
 	if sc.Tool == nil {
 		return errors.New("scenario has no tool")
