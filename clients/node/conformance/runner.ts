@@ -47,6 +47,8 @@ async function main(): Promise<number> {
       unix: { type: "string" },
       tcp: { type: "string" },
       token: { type: "string", default: "" },
+      proxy: { type: "string" },
+      "proxy-control": { type: "string" },
       tls: { type: "string" },
       mtls: { type: "string" },
       ca: { type: "string" },
@@ -72,7 +74,17 @@ async function main(): Promise<number> {
     v.tls && v.mtls && v.ca && v["wrong-ca"] && v["client-cert"] && v["client-key"]
       ? { tls: v.tls, mtls: v.mtls, ca: v.ca, wrongCa: v["wrong-ca"], clientCert: v["client-cert"], clientKey: v["client-key"] }
       : undefined;
-  const ctx: Ctx = { lang, unix, tcp, tcpTarget: values.tcp, token: values.token ?? "", tls };
+  const ctx: Ctx = {
+    lang,
+    unix,
+    tcp,
+    tcpTarget: values.tcp,
+    token: values.token ?? "",
+    tls,
+    unixTarget: values.unix,
+    proxy: values.proxy,
+    proxyControl: values["proxy-control"],
+  };
 
   for (const sc of scenarios) {
     if (values.only && !values.only.includes(sc.id)) continue;

@@ -2,9 +2,10 @@
  * One handler per scenario id of clients/conformance/scenarios.json. A handler
  * resolves when the scenario passes and throws an Error saying what differed.
  */
+import { createConnection } from "node:net";
 import { isDeepStrictEqual } from "node:util";
 import { connect, type ConnectOptions, type SidecarClient, type SourceInput } from "../src/client";
-import { REASONS, SidecarError } from "../src/errors";
+import { AgentTimeout, DeadlineExceeded, REASONS, SidecarError } from "../src/errors";
 import { frameKind, type FrameKind } from "../src/frames";
 import { ActivityFrame } from "../src/gen/agent_sidecar/v1/prompt_service";
 import type { FrameStream } from "../src/stream";
@@ -21,6 +22,10 @@ export interface Ctx {
   tcp?: SidecarClient;
   tcpTarget?: string;
   token: string;
+  unixTarget: string;
+  /** The harness's cuttable proxy and its control port. */
+  proxy?: string;
+  proxyControl?: string;
   /** The TLS scenarios' listeners and PEM files (clients/conformance/README.md). */
   tls?: TlsArgs;
 }
@@ -155,6 +160,51 @@ function checkTypedError(error: unknown, reason: string): void {
 /** A frame as comparable JSON (every field, `at` included). */
 const asJson = (f: ActivityFrame) => ActivityFrame.toJSON(f);
 
+/** One command to the harness's cuttable proxy (clients/conformance/README.md); the connections it accepted. */
+async function proxy(ctx: Ctx, command: string): Promise<number> {
+  check(ctx.proxyControl, "scenario needs --proxy-control");
+  const [host, port] = [ctx.proxyControl.slice(0, ctx.proxyControl.lastIndexOf(":")), +ctx.proxyControl.slice(ctx.proxyControl.lastIndexOf(":") + 1)];
+  const reply = await new Promise<string>((resolve, reject) => {
+    const sock = createConnection({ host, port }, () => sock.write(command + "\n"));
+    let data = "";
+    sock.setEncoding("ascii");
+    sock.on("data", (d) => {
+      data += d;
+      if (data.includes("\n")) {
+        sock.end();
+        resolve(data.trim());
+      }
+    });
+    sock.on("error", reject);
+  });
+  const m = /^ok (\d+)$/.exec(reply);
+  check(m, `proxy ${command}: ${reply}`);
+  return Number(m[1]);
+}
+
+function proxyTarget(ctx: Ctx): string {
+  check(ctx.proxy, "scenario needs --proxy");
+  return ctx.proxy;
+}
+
+/** The scenario's prompt through `c`, with `action` run after cut_after_frames frames; it must complete gapless. */
+async function cutTurn(sc: Scenario, c: SidecarClient, action: () => Promise<unknown>): Promise<void> {
+  const stream = c.prompt({ source: toSource(sc.source), profile: sc.profile, text: sc.text });
+  const cutAfter = Number(sc.cut_after_frames);
+  const frames: ActivityFrame[] = [];
+  let acted: Promise<unknown> | undefined;
+  for await (const f of stream) {
+    frames.push(f);
+    if (frames.length === cutAfter) acted = action();
+  }
+  await acted;
+  check(frames.length > cutAfter, `the turn ended after ${frames.length} frames, before the cut could matter`);
+  check(stream.resumes >= 1, "the stream was never resumed");
+  checkGapless(frames);
+  check(frameKind(frames[frames.length - 1]) === sc.expect.last_kind, `kinds were [${kinds(frames)}]`);
+  check(finalText(frames) === sc.expect.final_text, `final_text was ${JSON.stringify(finalText(frames))}`);
+}
+
 export const HANDLERS: Record<string, Handler> = {
   async get_or_create_idempotent(sc, ctx) {
     const c = client(sc, ctx);
@@ -236,18 +286,61 @@ export const HANDLERS: Record<string, Handler> = {
   },
 
   async stream_resume(sc, ctx) {
-    const stream = client(sc, ctx).prompt({ source: toSource(sc.source), profile: sc.profile, text: sc.text });
-    const cutAfter = Number(sc.cut_after_frames);
-    const frames: ActivityFrame[] = [];
-    for await (const f of stream) {
-      frames.push(f);
-      if (frames.length === cutAfter) stream.disconnect();
+    await proxy(ctx, "up");
+    const c = connect(proxyTarget(ctx));
+    try {
+      await cutTurn(sc, c, () => proxy(ctx, "cut"));
+    } finally {
+      c.close();
     }
-    check(frames.length > cutAfter, `the turn ended after ${frames.length} frames, before the cut could matter`);
-    check(stream.resumes >= 1, "the stream was never resumed");
-    if (sc.expect.gapless) checkGapless(frames);
-    check(frameKind(frames[frames.length - 1]) === sc.expect.last_kind, `kinds were [${kinds(frames)}]`);
-    check(finalText(frames) === sc.expect.final_text, `final_text was ${JSON.stringify(finalText(frames))}`);
+  },
+
+  async stream_stall(sc, ctx) {
+    await proxy(ctx, "up");
+    const c = connect(proxyTarget(ctx), {
+      streamIdleTimeoutMs: sc.stream_idle_timeout_ms,
+      channelOptions: { "grpc.keepalive_time_ms": sc.keepalive_time_ms, "grpc.keepalive_timeout_ms": sc.keepalive_timeout_ms },
+    });
+    try {
+      await cutTurn(sc, c, () => proxy(ctx, "stall"));
+    } finally {
+      c.close();
+    }
+  },
+
+  async prompt_outage(sc, ctx) {
+    await proxy(ctx, "up");
+    const c = connect(proxyTarget(ctx));
+    try {
+      await cutTurn(sc, c, async () => {
+        await proxy(ctx, "down");
+        await new Promise((r) => setTimeout(r, sc.outage_ms));
+        await proxy(ctx, "up");
+      });
+    } finally {
+      c.close();
+    }
+  },
+
+  async watch_after_terminal(sc, ctx) {
+    const c = client(sc, ctx);
+    const frames = await c.prompt({ source: toSource(sc.source), profile: sc.profile, text: sc.text }).collect();
+    const last = frames[frames.length - 1];
+    for (const [after, want] of [
+      [last.seq, sc.expect.at_terminal_kinds],
+      [last.seq - 1, sc.expect.before_terminal_kinds],
+    ] as const) {
+      const ac = new AbortController();
+      const timer = setTimeout(() => ac.abort(), sc.within_ms);
+      let got: ActivityFrame[];
+      try {
+        got = await c.watch({ requestId: last.requestId, afterSeq: after, signal: ac.signal }).collect();
+      } finally {
+        clearTimeout(timer);
+      }
+      check(!ac.signal.aborted, `watch after_seq=${after} did not end within ${sc.within_ms} ms`);
+      check(isDeepStrictEqual(kinds(got), want), `watch after_seq=${after}: [${kinds(got)}], want [${want}]`);
+    }
   },
 
   async tool_call(sc, ctx) {
@@ -283,6 +376,80 @@ export const HANDLERS: Record<string, Handler> = {
     const last = frames[frames.length - 1];
     const reason = last?.event?.$case === "failed" ? last.event.value.reason : undefined;
     check(reason === sc.expect.error_reason, `failed frame reason was ${reason}`);
+  },
+
+  async tool_host_outage(sc, ctx) {
+    await proxy(ctx, "down");
+    const c = connect(proxyTarget(ctx), { resume: { windowMs: sc.resume_window_ms } });
+    const t = sc.tool;
+    const host = new ToolHost(t.namespace).tool(t.name, t.description, t.schema, ({ a, b }: { a: number; b: number }) => a + b);
+    try {
+      const registered = host.serve(c);
+      let settled = false;
+      registered.then(() => (settled = true), () => (settled = true));
+      await new Promise((r) => setTimeout(r, sc.first_outage_ms));
+      check(!settled, "serve() settled while the sidecar was out of reach");
+      await proxy(ctx, "up");
+      await registered;
+      const before = host.reconnects;
+      await proxy(ctx, "down");
+      await new Promise((r) => setTimeout(r, sc.outage_ms));
+      await proxy(ctx, "up");
+      for (;;) {
+        const { frames, error } = await drain(ctx.unix.prompt({ source: toSource(sc.source), profile: sc.profile, text: sc.text }));
+        if (!error && (finalText(frames) ?? "").includes(sc.expect.final_text_contains)) break;
+        check(host.reconnects === before, `no tool call served after re-registering: ${error}`);
+        await new Promise((r) => setTimeout(r, 200)); // until the host has registered again
+      }
+    } finally {
+      host.close();
+      c.close();
+      await proxy(ctx, "up");
+    }
+  },
+
+  async client_deadline(sc, ctx) {
+    await proxy(ctx, "up");
+    const c = connect(proxyTarget(ctx), { callTimeoutMs: sc.call_timeout_ms });
+    try {
+      await c.ready(5000);
+      await proxy(ctx, "stall");
+      let error: unknown;
+      try {
+        await c.getOrCreateSession(toSource(sc.source));
+      } catch (err) {
+        error = err;
+      }
+      check(error instanceof SidecarError, `a call with a ${sc.call_timeout_ms} ms deadline did not fail: ${error}`);
+      check(error.codeName === sc.expect.code && error.reason === sc.expect.reason, `${error.name} ${error.codeName} reason ${JSON.stringify(error.reason)}`);
+      check(error instanceof DeadlineExceeded && !(error instanceof AgentTimeout), error.name);
+    } finally {
+      c.close();
+    }
+  },
+
+  async target_forms(sc, ctx) {
+    const path = ctx.unixTarget.replace(/^unix:/, "");
+    const ids = new Set<string>();
+    for (const form of sc.forms as string[]) {
+      const target = form.replace("{path}", path).replace("{tcp}", ctx.tcpTarget ?? "");
+      const c = connect(target, form.includes("{tcp}") ? { token: ctx.token } : {});
+      try {
+        ids.add((await c.getOrCreateSession(toSource(sc.source))).sessionId);
+      } finally {
+        c.close();
+      }
+    }
+    check(ids.size === 1, `session ids ${[...ids]}`);
+    for (const target of sc.invalid as string[]) {
+      let thrown = false;
+      try {
+        connect(target).close();
+      } catch {
+        thrown = true;
+      }
+      check(thrown, `target ${JSON.stringify(target)} was accepted`);
+    }
   },
 
   async unix_and_tcp(sc, ctx) {

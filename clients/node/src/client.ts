@@ -67,8 +67,10 @@ export function connect(target: string, options: ConnectOptions | null = {}): Si
  */
 export class SidecarClient {
   /** Raw generated stubs, for anything the idiomatic layer does not cover. */
-  readonly raw: { sessions: sv.SessionServiceClient; prompts: pv.PromptServiceClient; tools: ToolServiceClient };
-  private readonly channel: Channel;
+  raw: { sessions: sv.SessionServiceClient; prompts: pv.PromptServiceClient; tools: ToolServiceClient };
+  private channel: Channel;
+  private readonly openStubs: () => void;
+  private readonly idleTimeoutMs: number;
   private readonly timeoutMs: number;
   private readonly resume: ResumeOptions | false;
   /** Streams being iterated, unary calls in flight, and ServeTools calls open; `close()` ends them. */
@@ -92,15 +94,38 @@ export class SidecarClient {
       channelOptions["grpc.ssl_target_name_override"] = options.serverName;
       channelOptions["grpc.default_authority"] = options.serverName;
     }
-    this.channel = openChannel(target, creds, channelOptions);
-    const clientOptions = {
-      channelOverride: this.channel,
-      interceptors: options.token ? [bearerInterceptor(options.token)] : [],
+    this.idleTimeoutMs =
+      options.streamIdleTimeoutMs === undefined ? 45_000 : timeoutMsOf(options.streamIdleTimeoutMs, "streamIdleTimeoutMs");
+    const interceptors = options.token ? [bearerInterceptor(options.token)] : [];
+    this.openStubs = () => {
+      this.channel = openChannel(target, creds, channelOptions);
+      const clientOptions = { channelOverride: this.channel, interceptors };
+      // With channelOverride the stubs share this.channel; their credentials argument is unused.
+      const mk = <T>(C: new (a: string, c: ChannelCredentials, o: object) => T): T => new C(target, creds, clientOptions);
+      const [sessions, prompts, tools] = [mk(sv.SessionServiceClient), mk(pv.PromptServiceClient), mk(ToolServiceClient)];
+      this.raw = { sessions, prompts, tools };
     };
-    // With channelOverride the stubs share this.channel; their credentials argument is unused.
-    const mk = <T>(C: new (a: string, c: ChannelCredentials, o: object) => T): T => new C(target, creds, clientOptions);
-    const [sessions, prompts, tools] = [mk(sv.SessionServiceClient), mk(pv.PromptServiceClient), mk(ToolServiceClient)];
-    this.raw = { sessions, prompts, tools };
+    this.channel = undefined as unknown as Channel;
+    this.raw = undefined as unknown as SidecarClient["raw"];
+    this.openStubs();
+  }
+
+  /**
+   * A stream got nothing, not even a keepalive frame, for streamIdleTimeoutMs:
+   * its connection stopped answering (keepalive pings have not closed it yet)
+   * and every new call would go onto it. Open a new channel and close the old
+   * one (its calls end: streams resume, a ToolHost re-registers). Once per
+   * silent channel: the streams that notice it together replace it once.
+   */
+  private replaceSilentChannel(seen: Channel): void {
+    if (this.shut || seen !== this.channel) return;
+    const old = this.raw;
+    this.openStubs();
+    for (const c of this.toolCalls) c.cancel();
+    old.sessions.close();
+    old.prompts.close();
+    old.tools.close();
+    seen.close();
   }
 
   /**
@@ -157,7 +182,20 @@ export class SidecarClient {
     const checkOpen = () => {
       if (this.shut) throw closedError();
     };
-    return { prompts: this.raw.prompts, resume: this.resume, live: this.streams, checkOpen };
+    const self = this;
+    let opened = this.channel; // the channel the stream's current call went on
+    return {
+      get prompts() {
+        opened = self.channel;
+        return self.raw.prompts;
+      },
+      resume: this.resume,
+      live: this.streams,
+      checkOpen,
+      idleTimeoutMs: this.idleTimeoutMs,
+      onIdle: () => this.replaceSilentChannel(opened),
+      waitReady: (ms: number) => this.ready(ms).catch(() => {}),
+    };
   }
 
   private call<Req, Res>(method: UnaryMethod<Req, Res>, request: Req): Promise<Res> {

@@ -28,8 +28,14 @@ export function normalizeTarget(target: string): string {
   if (target.startsWith("/") || target.startsWith("./") || target.startsWith("../")) {
     return "unix:" + target;
   }
+  if (target.startsWith("tcp:")) return target.slice(4).replace(/^\/\//, "");
   return target;
 }
+
+/** The targets every client of this repository accepts (anything else throws at connect). */
+export const TARGET_FORMS =
+  "unix:PATH, unix:///ABS/PATH, a bare socket path (/abs, ./rel, ../rel), HOST:PORT, [IPV6]:PORT, " +
+  "tcp:HOST:PORT (or tcp://HOST:PORT), dns:[//AUTHORITY/]HOST:PORT";
 
 /**
  * The longest Unix socket path, in bytes: a sockaddr_un's 108-byte `sun_path`
@@ -49,7 +55,7 @@ export function checkTarget(target: unknown): asserts target is string {
     throw new TypeError(`target: expected a string ("unix:/path/sidecar.sock" or "host:port"), got ${typeOf(target)}`);
   }
   const bad = (why: string): never => {
-    throw new TypeError(`target: ${JSON.stringify(target)} ${why}`);
+    throw new TypeError(`target: ${JSON.stringify(target)} ${why}; expected one of ${TARGET_FORMS}`);
   };
   if (target.trim() === "") bad("is empty");
   const t = normalizeTarget(target);
@@ -69,17 +75,17 @@ export function checkTarget(target: unknown): asserts target is string {
     return;
   }
   let rest = t;
-  const scheme = /^(dns|ipv4|ipv6):/i.exec(t);
+  const scheme = /^dns:/i.exec(t);
   if (scheme) {
     rest = t.slice(scheme[0].length);
     if (rest.startsWith("//")) {
       const cut = rest.indexOf("/", 2);
       rest = cut < 0 ? "" : rest.slice(cut + 1);
     }
-  } else if (/^[A-Za-z][A-Za-z0-9+.-]*:\/\//.test(t)) {
-    return; // another resolver's scheme (scheme://...): its business
+  } else if (/^[A-Za-z][A-Za-z0-9+.-]*:(\/\/|[^0-9])/.test(t) || t.startsWith("tcp:")) {
+    bad("has a scheme this client does not dial");
   }
-  for (const addr of scheme && scheme[1].toLowerCase() !== "dns" ? rest.split(",") : [rest]) {
+  for (const addr of [rest]) {
     let host = addr;
     let port: string | undefined;
     const bracketed = /^\[([^\]]*)\](?::(.*))?$/.exec(addr);
@@ -90,7 +96,8 @@ export function checkTarget(target: unknown): asserts target is string {
       if (host.includes(":")) bad("is not host:port (an IPv6 address goes in brackets: [::1]:50051)");
     }
     if (host === "" || /[\s/]/.test(host)) bad("has no valid host (expected host:port or unix:/path)");
-    if (port !== undefined && !(/^\d+$/.test(port) && +port >= 1 && +port <= 65535)) {
+    if (port === undefined) bad("has no port (a port is always given: host:port)");
+    if (!(/^\d+$/.test(port!) && +port! >= 1 && +port! <= 65535)) {
       throw new RangeError(`target: ${JSON.stringify(target)} has port ${JSON.stringify(port)}; a port is 1..65535`);
     }
   }
@@ -183,6 +190,15 @@ export const DEFAULT_CHANNEL_OPTIONS: ChannelOptions = {
   "grpc.initial_reconnect_backoff_ms": 100,
   "grpc.max_reconnect_backoff_ms": 2000,
   "grpc.service_config": SERVICE_CONFIG,
+  // Keepalive pings: a connection that stops answering (a half-open connection,
+  // a network black hole) is closed within 30 s and its streams resume. The
+  // sidecar accepts client pings down to one a second, with or without calls.
+  "grpc.keepalive_time_ms": 20_000,
+  "grpc.keepalive_timeout_ms": 10_000,
+  "grpc.keepalive_permit_without_calls": 1,
+  // Connections of the channel's own: the channel that replaces one whose
+  // connection went silent must not be handed the same connection.
+  "grpc.use_local_subchannel_pool": 1,
 };
 
 /** Where the TLS material of {@link tlsCredentials} comes from: PEM file paths. */

@@ -102,6 +102,34 @@ export class Unauthenticated extends SidecarError {}
 export class PermissionDenied extends SidecarError {}
 /** The worker running the turn died; the session is marked resume_pending (UNAVAILABLE). */
 export class WorkerCrashed extends SidecarError {}
+/** The call's own deadline passed (DEADLINE_EXCEEDED, no reason: a client-side deadline, never AGENT_TIMEOUT). */
+export class DeadlineExceeded extends SidecarError {}
+/** A resumed stream found its turn over and the frames it had not seen gone (DATA_LOSS, no reason). Not retryable. */
+export class TurnFramesGone extends SidecarError {}
+/** The state forbids the request (FAILED_PRECONDITION). */
+export class FailedPrecondition extends SidecarError {}
+/** A limit of the turn was reached (RESOURCE_EXHAUSTED). */
+export class ResourceExhausted extends SidecarError {}
+/** The sidecar cannot take the call now; safe to retry (UNAVAILABLE). */
+export class Unavailable extends SidecarError {}
+/** WatchActivity of a request id the sidecar has never seen (NOT_FOUND). */
+export class RequestNotFound extends SidecarError {}
+/** A bug in the sidecar (INTERNAL). */
+export class Internal extends SidecarError {}
+/** The turn was in flight when the sidecar crashed (UNAVAILABLE, reason restart_interrupted). */
+export class RestartInterrupted extends SidecarError {}
+/** Still running when a graceful shutdown's drain ran out (UNAVAILABLE, reason shutdown_timeout). */
+export class ShutdownTimeout extends SidecarError {}
+/** A stream whose reader stopped reading was ended (RESOURCE_EXHAUSTED); streams resume from it themselves. */
+export class StreamTooSlow extends SidecarError {}
+/** The sidecar's admission limits are reached (RESOURCE_EXHAUSTED, with RetryInfo). */
+export class Overloaded extends SidecarError {}
+/** The session's queue is full (RESOURCE_EXHAUSTED). */
+export class QueueFull extends SidecarError {}
+/** The store cannot write now (UNAVAILABLE, with RetryInfo). */
+export class StoreUnavailable extends SidecarError {}
+/** Another sidecar of the cluster runs the session now (UNAVAILABLE, with RetryInfo). */
+export class LaneMoved extends SidecarError {}
 
 type ErrorClass = new (init: SidecarErrorInit) => SidecarError;
 
@@ -119,11 +147,27 @@ export const REASONS: Readonly<Record<string, { cls: ErrorClass; code: GrpcCode 
   UNAUTHENTICATED: { cls: Unauthenticated, code: GrpcCode.UNAUTHENTICATED },
   PERMISSION_DENIED: { cls: PermissionDenied, code: GrpcCode.PERMISSION_DENIED },
   WORKER_CRASHED: { cls: WorkerCrashed, code: GrpcCode.UNAVAILABLE },
+  FAILED_PRECONDITION: { cls: FailedPrecondition, code: GrpcCode.FAILED_PRECONDITION },
+  RESOURCE_EXHAUSTED: { cls: ResourceExhausted, code: GrpcCode.RESOURCE_EXHAUSTED },
+  UNAVAILABLE: { cls: Unavailable, code: GrpcCode.UNAVAILABLE },
+  REQUEST_NOT_FOUND: { cls: RequestNotFound, code: GrpcCode.NOT_FOUND },
+  INTERNAL: { cls: Internal, code: GrpcCode.INTERNAL },
+  restart_interrupted: { cls: RestartInterrupted, code: GrpcCode.UNAVAILABLE },
+  shutdown_timeout: { cls: ShutdownTimeout, code: GrpcCode.UNAVAILABLE },
+  STREAM_TOO_SLOW: { cls: StreamTooSlow, code: GrpcCode.RESOURCE_EXHAUSTED },
+  OVERLOADED: { cls: Overloaded, code: GrpcCode.RESOURCE_EXHAUSTED },
+  QUEUE_FULL: { cls: QueueFull, code: GrpcCode.RESOURCE_EXHAUSTED },
+  STORE_UNAVAILABLE: { cls: StoreUnavailable, code: GrpcCode.UNAVAILABLE },
+  LANE_MOVED: { cls: LaneMoved, code: GrpcCode.UNAVAILABLE },
 };
 
-/** Build the subclass for `init.reason` (the base class for an unknown or empty reason). */
+/**
+ * Build the subclass for `init.reason` (the base class for an unknown reason).
+ * Without a reason only DEADLINE_EXCEEDED (the call's own deadline) has a class.
+ */
 export function makeSidecarError(init: SidecarErrorInit): SidecarError {
-  const cls = REASONS[init.reason]?.cls ?? SidecarError;
+  const byCode = init.reason === "" && init.code === GrpcCode.DEADLINE_EXCEEDED ? DeadlineExceeded : undefined;
+  const cls = (Object.hasOwn(REASONS, init.reason) ? REASONS[init.reason].cls : undefined) ?? byCode ?? SidecarError;
   return new cls(init);
 }
 
@@ -231,12 +275,12 @@ export function fromGrpcError(err: unknown): SidecarError {
   const message = err.details || err.message;
   const raw = err.metadata instanceof Metadata ? err.metadata.get(STATUS_DETAILS_KEY) : [];
   const bin = raw.find((v): v is Buffer => Buffer.isBuffer(v));
-  if (!bin) return new SidecarError({ code: err.code, reason: "", message, cause: err });
+  if (!bin) return makeSidecarError({ code: err.code, reason: "", message, cause: err });
   let st: DecodedStatus;
   try {
     st = decodeStatusDetails(bin);
   } catch {
-    return new SidecarError({ code: err.code, reason: "", message, cause: err });
+    return makeSidecarError({ code: err.code, reason: "", message, cause: err });
   }
   const ours = st.errorInfo && st.errorInfo.domain === ERROR_DOMAIN ? st.errorInfo : undefined;
   return makeSidecarError({

@@ -25,6 +25,7 @@ export {
   isLocalTarget,
   normalizeTarget,
   SERVICE_CONFIG,
+  TARGET_FORMS,
   tlsCredentials,
   type TlsFiles,
 } from "./connection";
@@ -50,13 +51,33 @@ export {
   ToolScopeViolation,
   Unauthenticated,
   WorkerCrashed,
+  DeadlineExceeded,
+  TurnFramesGone,
+  FailedPrecondition,
+  ResourceExhausted,
+  Unavailable,
+  RequestNotFound,
+  Internal,
+  RestartInterrupted,
+  ShutdownTimeout,
+  StreamTooSlow,
+  Overloaded,
+  QueueFull,
+  StoreUnavailable,
+  LaneMoved,
   type DecodedStatus,
   type FieldViolation,
   type SidecarErrorInit,
   type StatusDetailsInit,
 } from "./errors";
 export { frameKind, FrameSequencer, isTerminal, type FrameKind, type Verdict } from "./frames";
-export { FrameStream, isTransportError, type ResumeOptions, type StreamOpener } from "./stream";
+export {
+  FrameStream,
+  isTransportError,
+  RETRY_SAME_REQUEST_REASONS,
+  type ResumeOptions,
+  type StreamOpener,
+} from "./stream";
 export { ToolHost, type ServeOptions, type ToolContext, type ToolHandler } from "./tools";
 
 export type { Message, Session, SessionSource, Usage } from "./gen/agent_sidecar/v1/common";

@@ -55,6 +55,13 @@ export interface ConnectOptions {
    */
   callTimeoutMs?: number;
   /**
+   * A prompt or watch stream that gets no frame at all, keepalive frames
+   * included (the sidecar sends one on a silent stream every keepalive_s, 15 s
+   * by default), for this long is taken for a dropped connection: the client
+   * opens a new channel and resumes (default 45000 ms; 0: never).
+   */
+  streamIdleTimeoutMs?: number;
+  /**
    * Default reconnect-and-resume policy of prompt and watch streams; `false`
    * disables it. Each option must be a finite number >= 0, else connect throws.
    */

@@ -12,15 +12,21 @@ import {
   fromGrpcError,
   isSerializationError,
   isServiceError,
-  makeSidecarError,
   SidecarError,
+  TurnFramesGone,
 } from "./errors";
 import { FrameSequencer, isTerminal } from "./frames";
 import type { ActivityFrame, ActivityFrame_Failed } from "./gen/agent_sidecar/v1/prompt_service";
 
 /** How a dropped stream is resumed (each a finite number >= 0). */
 export interface ResumeOptions {
-  /** Consecutive failed reconnects before giving up (default 10). */
+  /**
+   * How long the stream keeps trying to resume without receiving a frame
+   * (default 30000 ms, as in the Python and Go clients); between attempts it
+   * waits for the channel to be ready again.
+   */
+  windowMs?: number;
+  /** Also give up after this many consecutive failed reconnects (default: no limit). */
   maxRetries?: number;
   /** First backoff; doubles per consecutive failure (default 100 ms). */
   initialBackoffMs?: number;
@@ -49,9 +55,25 @@ export interface FrameStreamOptions {
   requestId?: string;
   /** The stream is in this set while it is being iterated (its client ends them on close). */
   live?: Set<FrameStream>;
+  /** A watch by request id the caller opened (not a Prompt): ending OK with no frame is its clean end. */
+  ownWatch?: boolean;
+  /** A stream that gets no frame at all (keepalives included) for this long is a drop (0: never). */
+  idleTimeoutMs?: number;
+  /** Called when the idle timeout cut a call: the client replaces the channel whose connection went silent. */
+  onIdle?: () => void;
+  /** Resolves once the channel is ready, or after `ms` (the wait between resume attempts). */
+  waitReady?: (ms: number) => Promise<void>;
 }
 
-const DEFAULT_RESUME: Required<ResumeOptions> = { maxRetries: 10, initialBackoffMs: 100, maxBackoffMs: 2000 };
+/** Reasons after which the same request id may be sent again (docs/api.md, docs/cluster.md). */
+export const RETRY_SAME_REQUEST_REASONS = new Set(["LANE_MOVED", "OVERLOADED", "STORE_UNAVAILABLE", "UNAVAILABLE", "STREAM_TOO_SLOW"]);
+
+const DEFAULT_RESUME: Required<ResumeOptions> = {
+  windowMs: 30_000,
+  maxRetries: Number.MAX_SAFE_INTEGER,
+  initialBackoffMs: 100,
+  maxBackoffMs: 2000,
+};
 
 /**
  * The resume policy of `resume` (defaults filled in), or `false`. Each option
@@ -219,6 +241,8 @@ export class FrameStream implements AsyncIterable<ActivityFrame> {
   private async *frames(): AsyncGenerator<ActivityFrame, void, undefined> {
     let failures = 0;
     let first = true;
+    let seen = false;
+    let stalledSince: number | undefined;
     for (;;) {
       if (this.failure) throw this.failure;
       if (this.closed) return;
@@ -232,9 +256,19 @@ export class FrameStream implements AsyncIterable<ActivityFrame> {
       let endError: unknown;
       let gap = false;
       let ended = false;
+      let idle = false;
+      const idleMs = this.opts.idleTimeoutMs ?? 0;
       try {
         for (;;) {
-          const r = failed ? await nextWithin(it, FAILED_GRACE_MS) : await it.next();
+          const r = failed
+            ? await nextWithin(it, FAILED_GRACE_MS)
+            : idleMs > 0 && idleMs <= MAX_TIMER_MS
+              ? await nextWithin(it, idleMs)
+              : await it.next();
+          if (r === undefined && !failed) {
+            idle = true; // not a frame, nor a keepalive, for idleTimeoutMs: a half-open connection
+            break;
+          }
           if (r === undefined || r.done) break;
           const frame = r.value.frame;
           if (!frame) continue;
@@ -245,6 +279,8 @@ export class FrameStream implements AsyncIterable<ActivityFrame> {
             break;
           }
           failures = 0;
+          seen = true;
+          stalledSince = undefined;
           yield frame;
           if (frame.event?.$case === "failed" && this.opts.throwOnFailed) {
             failed = frame.event.value; // read on for the status, then throw
@@ -253,7 +289,7 @@ export class FrameStream implements AsyncIterable<ActivityFrame> {
             return;
           }
         }
-        ended = !gap;
+        ended = !gap && !idle;
       } catch (err) {
         endError = err;
       } finally {
@@ -266,30 +302,53 @@ export class FrameStream implements AsyncIterable<ActivityFrame> {
       // transport break below and be resumed.
       if (this.failure) throw this.failure;
       if (this.closed) return;
-      const dropped = this.dropRequested;
+      const dropped = this.dropRequested || idle;
+      if (idle) this.opts.onIdle?.();
       let cause: SidecarError | undefined;
+      let retryDelayMs = 0;
       if (endError !== undefined) {
         cause = fromGrpcError(endError);
-        if (!dropped && !isTransportError(cause)) throw asTurnError(cause);
-      } else if (!gap && this.sequencer.mode === "feed") {
+        const retry = this.sequencer.mode === "request" && RETRY_SAME_REQUEST_REASONS.has(cause.reason);
+        if (!dropped && !retry && !isTransportError(cause)) throw asTurnError(cause);
+        if (retry) retryDelayMs = cause.retryDelayMs ?? 0;
+      } else if (!gap && !dropped && this.sequencer.mode === "request") {
+        // The sidecar ends a request's stream OK only once the turn is over.
+        if (this.opts.ownWatch && !seen) return; // the caller's watch: nothing after its afterSeq
+        throw new TurnFramesGone({
+          code: GrpcCode.DATA_LOSS,
+          reason: "",
+          message:
+            `the turn of request ${this.requestId ?? "-"} is over but its frames after seq ` +
+            `${this.sequencer.resumePoint().afterSeq} are gone (deleted or past retention): the rest of the turn cannot be read`,
+        });
+      } else if (!gap && !dropped && this.sequencer.mode === "feed") {
         return; // the sidecar closed the feed cleanly
       }
-      // Dropped, gapped, or ended before the terminal frame: resume.
+      // Dropped, gapped, silent, or refused with a reason that allows a retry: resume.
       failures += 1;
-      if (this.resume === false || failures > this.resume.maxRetries) {
-        throw (
-          cause ??
-          new SidecarError({
-            code: GrpcCode.UNAVAILABLE,
-            reason: "",
-            message: gap ? "activity stream has a gap" : "activity stream ended before its terminal frame",
-          })
-        );
-      }
-      if (!dropped) {
-        const r = this.resume;
-        await this.pause(Math.min(r.maxBackoffMs, r.initialBackoffMs * 2 ** Math.min(failures - 1, 30)));
-      }
+      stalledSince ??= Date.now();
+      const giveUp = () =>
+        cause ??
+        new SidecarError({
+          code: GrpcCode.UNAVAILABLE,
+          reason: "",
+          message: gap
+            ? "activity stream has a gap"
+            : idle
+              ? `activity stream got no frame for ${idleMs} ms and was not resumed`
+              : "activity stream ended before its terminal frame",
+        });
+      if (this.resume === false || failures > this.resume.maxRetries) throw giveUp();
+      const left = () => stalledSince! + (this.resume as Required<ResumeOptions>).windowMs - Date.now();
+      if (left() <= 0) throw giveUp();
+      const r = this.resume;
+      const backoff = dropped && failures === 1 ? 0 : Math.min(r.maxBackoffMs, r.initialBackoffMs * 2 ** Math.min(failures - 1, 30));
+      const pause = Math.max(backoff, retryDelayMs);
+      if (pause > 0) await this.pause(Math.min(pause, Math.max(0, left())));
+      if (this.failure) throw this.failure;
+      if (this.closed) return;
+      if (this.opts.waitReady && left() > 0) await this.opts.waitReady(left());
+      if (left() <= 0) throw giveUp();
       this.resumes += 1;
     }
   }
@@ -297,11 +356,11 @@ export class FrameStream implements AsyncIterable<ActivityFrame> {
 
 /**
  * A turn stream's own deadline passing shows up locally as DEADLINE_EXCEEDED
- * with no details; docs/semantics.md names that AGENT_TIMEOUT, so raise AgentTimeout.
+ * with no details: a DeadlineExceeded with no reason, as for a unary call
+ * (never AGENT_TIMEOUT, which is a turn's server-side timeout).
  */
 function asTurnError(e: SidecarError): SidecarError {
-  if (e.reason !== "" || e.code !== GrpcCode.DEADLINE_EXCEEDED) return e;
-  return makeSidecarError({ code: e.code, reason: "AGENT_TIMEOUT", message: e.message, cause: e });
+  return e;
 }
 
 /** Await the next message, or `undefined` after `ms` (the pending read is then abandoned). */

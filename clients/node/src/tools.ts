@@ -61,8 +61,11 @@ export interface ServeOptions {
   maxBackoffMs?: number;
 }
 
-/** Codes worth retrying a registration on (the sidecar is down or restarting). */
-const RETRY_CODES = new Set<number>([GrpcCode.UNAVAILABLE, GrpcCode.INTERNAL, GrpcCode.CANCELLED]);
+/**
+ * Codes worth retrying a registration on (the sidecar is down or restarting),
+ * without an agent-sidecar reason: the Python and Go clients' set.
+ */
+const RETRY_CODES = new Set<number>([GrpcCode.UNAVAILABLE, GrpcCode.INTERNAL, GrpcCode.UNKNOWN, GrpcCode.CANCELLED]);
 
 /** Hosts tools under one namespace (a dotted prefix such as `discord` or `conf.node`). */
 export class ToolHost {
@@ -132,8 +135,10 @@ export class ToolHost {
 
   /**
    * Open ServeTools on `client`, register the tools, and resolve with the
-   * registered names once the sidecar confirms (ToolsRegistered). Rejects with
-   * the typed error when the sidecar refuses the first registration. Later, if
+   * registered names once the sidecar confirms (ToolsRegistered). While the
+   * sidecar is out of reach (not up yet) it waits and retries with backoff, as
+   * the Python and Go hosts do; it rejects with the typed error when the sidecar
+   * refuses the registration (an error with a reason). Later, if
    * the stream drops (a sidecar restart), the host re-opens it and registers
    * again with backoff, unless `reconnect: false`. After {@link close} it opens
    * nothing and resolves with `[]` (no tool registered).
@@ -145,7 +150,33 @@ export class ToolHost {
     if (this.closing) return Promise.resolve([]);
     this.reconnect = opts?.reconnect ?? true;
     this.maxBackoffMs = opts?.maxBackoffMs ?? 5000;
-    return this.open();
+    return this.firstOpen();
+  }
+
+  /**
+   * The first registration: while the sidecar is out of reach (not up yet, a
+   * transport error), wait for it with backoff, as later registrations do; a
+   * refusal with a reason, a local error or close() ends it.
+   */
+  private async firstOpen(): Promise<string[]> {
+    let delay = 100;
+    for (;;) {
+      try {
+        return await this.open();
+      } catch (err) {
+        const e = fromGrpcError(err);
+        if (!this.reconnect || !this.retryable(e)) throw e;
+      }
+      await new Promise((r) => setTimeout(r, delay));
+      delay = Math.min(delay * 2, this.maxBackoffMs);
+      if (this.closing) return [];
+      await this.client!.ready(this.maxBackoffMs).catch(() => {});
+      if (this.closing) return [];
+    }
+  }
+
+  private retryable(e: SidecarError): boolean {
+    return e.reason === "" && RETRY_CODES.has(e.code) && !isSerializationError(e) && !this.client!.closed;
   }
 
   /**
@@ -228,9 +259,7 @@ export class ToolHost {
         return;
       } catch (err) {
         const e = fromGrpcError(err);
-        if (e.reason !== "" || !RETRY_CODES.has(e.code) || isSerializationError(e) || this.client!.closed) {
-          return this.finish(e);
-        }
+        if (!this.retryable(e)) return this.finish(e);
         delay = Math.min(delay * 2, this.maxBackoffMs);
       }
     }

@@ -21,6 +21,17 @@ export interface StreamHost {
   live: Set<FrameStream>;
   /** Throws the closed error once the client is closed. */
   checkOpen(): void;
+  /** A stream that gets no frame at all (keepalives included) for this long is a drop (0: never). */
+  idleTimeoutMs: number;
+  /** Replace the channel whose connection went silent (a stream's idle timeout fired). */
+  onIdle(): void;
+  /** Resolves once the channel is ready, or after `ms`. */
+  waitReady(ms: number): Promise<void>;
+}
+
+/** The FrameStream options every stream of `host` shares. */
+function hostOptions(host: StreamHost) {
+  return { live: host.live, idleTimeoutMs: host.idleTimeoutMs, onIdle: () => host.onIdle(), waitReady: (ms: number) => host.waitReady(ms) };
 }
 
 /**
@@ -40,10 +51,10 @@ export function promptStream(host: StreamHost, opts: PromptOptions): FrameStream
   const request = PromptRequest.fromPartial({ requestId, source, sessionKey, text, attachments, delivery, profile });
   const deadline = deadlineOf(o.deadline);
   const callOpts: Partial<CallOptions> = deadline === undefined ? {} : { deadline };
-  const p = host.prompts;
   return new FrameStream(
     (resume, started) => {
       host.checkOpen();
+      const p = host.prompts; // the channel may have been replaced since the last open
       // Before any frame the Prompt itself is retried (it is idempotent by request id).
       return resume === null || !started
         ? p.prompt(request, new Metadata(), callOpts)
@@ -54,7 +65,7 @@ export function promptStream(host: StreamHost, opts: PromptOptions): FrameStream
           );
     },
     new FrameSequencer("request"),
-    { throwOnFailed: true, resume: o.resume ?? host.resume, signal: o.signal ?? undefined, requestId, live: host.live },
+    { ...hostOptions(host), throwOnFailed: true, resume: o.resume ?? host.resume, signal: o.signal ?? undefined, requestId },
   );
 }
 
@@ -68,7 +79,6 @@ export function watchStream(host: StreamHost, opts: WatchOptions): FrameStream {
   requireOne({ requestId, sessionKey, platform });
   checkTexts({ requestId, sessionKey, platform });
   const byRequest = !!requestId;
-  const p = host.prompts;
   const seq = byRequest
     ? new FrameSequencer("request", { afterSeq: int64("afterSeq", o.afterSeq ?? 0, true) })
     : new FrameSequencer("feed", { afterCursor: int64("afterCursor", o.afterCursor ?? 0, true) });
@@ -78,15 +88,16 @@ export function watchStream(host: StreamHost, opts: WatchOptions): FrameStream {
       const point = resume ?? seq.resumePoint();
       const at = byRequest ? { afterSeq: point.afterSeq } : { afterCursor: point.afterCursor };
       const request = WatchActivityRequest.fromPartial({ requestId, sessionKey, platform, ...at });
-      return p.watchActivity(request, new Metadata());
+      return host.prompts.watchActivity(request, new Metadata());
     },
     seq,
     {
+      ...hostOptions(host),
       throwOnFailed: byRequest,
       resume: o.resume ?? host.resume,
       signal: o.signal ?? undefined,
       requestId: requestId ?? undefined,
-      live: host.live,
+      ownWatch: byRequest,
     },
   );
 }

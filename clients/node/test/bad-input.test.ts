@@ -249,12 +249,15 @@ test("a token gRPC metadata cannot carry fails at connect, naming token without 
 
 test("a malformed target fails at connect, naming target", T, () => {
   const bad = ["", "   ", "unix:", "unix://", "unix:///", "host:", ":99999", "localhost:99999", "127.0.0.1:0",
-    "127.0.0.1:-1", "a b:80", "dns:///", "::1:50051", undefined, null, 42];
+    "127.0.0.1:-1", "a b:80", "dns:///", "::1:50051", undefined, null, 42,
+    // Outside the targets every client takes (TARGET_FORMS): no port, another scheme.
+    "localhost", "::1", "ipv4:127.0.0.1:1", "http://127.0.0.1:1", "tcp:", "tcp:127.0.0.1", "relative/x.sock"];
   for (const target of bad) {
     assert.throws(() => connect(target as any), (e: unknown) => e instanceof Error && /^target: /.test(e.message), String(target));
   }
   const good = ["unix:/tmp/x.sock", "unix:///tmp/x.sock", "unix:rel.sock", "./x.sock", "/x.sock", "localhost:50051",
-    "localhost", "[::1]:50051", "::1", "dns:///localhost:50051", "ipv4:127.0.0.1:1,127.0.0.2:2", "example.com:443"];
+    "[::1]:50051", "dns:///localhost:50051", "example.com:443", "tcp:127.0.0.1:1", "tcp://127.0.0.1:1",
+    "../x.sock"];
   for (const target of good) connect(target).close();
 });
 

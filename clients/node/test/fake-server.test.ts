@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import { Metadata, Server, status as GrpcCode, type ServerWritableStream, type ServerDuplexStream } from "@grpc/grpc-js";
 import { connect, type SidecarClient } from "../src/client";
-import { AgentBusy, AgentTimeout, encodeStatusDetails, STATUS_DETAILS_KEY, ToolScopeViolation, Unauthenticated } from "../src/errors";
+import { AgentBusy, AgentTimeout, DeadlineExceeded, encodeStatusDetails, STATUS_DETAILS_KEY, ToolScopeViolation, Unauthenticated } from "../src/errors";
 import { frameKind } from "../src/frames";
 import { Session } from "../src/gen/agent_sidecar/v1/common";
 import {
@@ -238,7 +238,10 @@ test("ToolHost re-registers after the stream drops", async () => {
   await host.wait();
 });
 
-test("the turn's own deadline surfaces as AgentTimeout", async () => {
+test("the turn's own deadline surfaces as DeadlineExceeded with no reason (never AGENT_TIMEOUT)", async () => {
   const stream = client.prompt({ sessionKey: "k", text: "hang", deadline: 300 });
-  await assert.rejects(stream.collect(), (err: unknown) => err instanceof AgentTimeout && err.reason === "AGENT_TIMEOUT");
+  await assert.rejects(
+    stream.collect(),
+    (err: unknown) => err instanceof DeadlineExceeded && !(err instanceof AgentTimeout) && err.reason === "",
+  );
 });
