@@ -212,6 +212,19 @@ def error_info(err: grpc.RpcError):
     return reason, field
 
 
+def error_metadata(err: grpc.RpcError) -> dict[str, str]:
+    """The metadata of a call's ErrorInfo ({} without one)."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+    st = rpc_status.from_call(err)
+    for d in st.details if st is not None else ():
+        if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            d.Unpack(info)
+            return dict(info.metadata)
+    return {}
+
+
 def retry_delay(err: grpc.RpcError) -> float | None:
     """The seconds a call's RetryInfo says to wait, None without one."""
     from google.rpc import error_details_pb2

@@ -50,15 +50,17 @@ DOMAIN = "agent-sidecar"
 
 class SidecarError(Exception):
     """An error with a reason of docs/api.md. ``field`` names the offending request
-    field for INVALID_ARGUMENT."""
+    field for INVALID_ARGUMENT; ``metadata`` goes into its ErrorInfo (what a
+    client acts on, e.g. where a STREAM_TOO_SLOW stream resumes)."""
 
     def __init__(self, reason: str, message: str, *, field: str | None = None,
-                 retry_after_s: float | None = None):
+                 retry_after_s: float | None = None, metadata: dict[str, str] | None = None):
         super().__init__(message)
         self.reason = reason
         self.message = message
         self.field = field
         self.retry_after_s = retry_after_s
+        self.metadata = metadata
 
     def __repr__(self) -> str:
         return f"SidecarError({self.reason!r}, {self.message!r})"
@@ -66,11 +68,12 @@ class SidecarError(Exception):
     def __reduce__(self):
         # Raised in the store's writer process, re-raised in the parent: the
         # keyword-only fields must survive pickling.
-        return (_rebuild, (type(self), self.reason, self.message, self.field, self.retry_after_s))
+        return (_rebuild, (type(self), self.reason, self.message, self.field, self.retry_after_s,
+                           self.metadata))
 
 
-def _rebuild(cls, reason, message, field, retry_after_s):
-    return cls(reason, message, field=field, retry_after_s=retry_after_s)
+def _rebuild(cls, reason, message, field, retry_after_s, metadata=None):
+    return cls(reason, message, field=field, retry_after_s=retry_after_s, metadata=metadata)
 
 
 def invalid(field: str, message: str) -> SidecarError:

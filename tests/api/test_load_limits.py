@@ -29,7 +29,7 @@ from helpers.metrics import metrics_config, scrape
 from helpers.sessions import assert_serving, create, get_session, msg, rpc_error, transcript
 from helpers.streams import D, PromptRun, Stream, collect, kind_of, run, start, watch
 from helpers.waiting import wait_until
-from sidecar_proc import Sidecar, free_port, retry_delay
+from sidecar_proc import Sidecar, error_metadata, free_port, retry_delay
 
 from agent_sidecar.turns.subscriber import STALL_S
 from agent_sidecar.v1 import common_pb2 as c
@@ -63,9 +63,11 @@ def stalled(sc):
     ch.close()
 
 
-def resume_point(details: str, name: str) -> int:
+def resume_point(call, details: str, name: str) -> int:
+    """Where an ended stream resumes: in its ErrorInfo's metadata, and the same in its message."""
     m = re.search(rf"WatchActivity\(.*{name}=(\d+)\)", details)
     assert m, details
+    assert error_metadata(call)[name] == m.group(1), (error_metadata(call), details)
     return int(m.group(1))
 
 
@@ -91,7 +93,7 @@ def test_a_watcher_that_stops_reading_is_ended_and_resumes_without_gap(sc, stall
     assert got.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (got.code, got.details, len(got.frames))
     assert got.reason == "STREAM_TOO_SLOW", got.reason
     assert retry_delay(call) is not None
-    cursor = resume_point(got.details, "after_cursor")
+    cursor = resume_point(call, got.details, "after_cursor")
     sent = [f.cursor for f in got.frames]
     assert sent == published[:len(sent)], "the stream skipped a frame before it was ended"
     assert cursor == (sent[-1] if sent else begin), (cursor, sent[-1:])
@@ -145,7 +147,7 @@ def test_a_prompt_stream_whose_client_stops_reading_resumes_by_request_id(sc, st
     assert got.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (got.code, got.details, len(got.frames))
     assert got.reason == "STREAM_TOO_SLOW"
     assert retry_delay(call) is not None
-    after = resume_point(got.details, "after_seq")
+    after = resume_point(call, got.details, "after_seq")
     assert [f.seq for f in got.frames] == list(range(1, after + 1))
     rest = watch(prompts, request_id=req.request_id, after_seq=after)
     assert [f.seq for f in got.frames + rest.frames] == [f.seq for f in whole.frames]

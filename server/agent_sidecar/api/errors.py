@@ -67,7 +67,7 @@ def _pack(msg) -> any_pb2.Any:
 
 def to_grpc_status(err: E.SidecarError) -> grpc.Status:
     code = CODE_FOR_REASON.get(err.reason, grpc.StatusCode.INTERNAL)
-    details = [_pack(error_details_pb2.ErrorInfo(reason=err.reason, domain=E.DOMAIN))]
+    details = [_pack(error_details_pb2.ErrorInfo(reason=err.reason, domain=E.DOMAIN, metadata=err.metadata))]
     if err.field:
         details.append(_pack(error_details_pb2.BadRequest(field_violations=[
             error_details_pb2.BadRequest.FieldViolation(field=_bounded(err.field),

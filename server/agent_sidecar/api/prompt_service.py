@@ -45,15 +45,18 @@ def _ends_stream(frame) -> bool:
     return kind in TERMINAL
 
 
-def _too_slow(resume: str) -> E.SidecarError:
+def _too_slow(**resume: str | int) -> E.SidecarError:
     """A stream whose client stopped reading, dropped by its Subscriber:
     nothing is lost (the frames are persisted), so the error says exactly
-    where to pick up."""
+    where to pick up: the WatchActivity request to resume with, in its
+    message and as its ErrorInfo's metadata (``request_id`` and
+    ``after_seq``, or ``session_key``/``platform`` and ``after_cursor``)."""
+    call = ", ".join(f"{k}={v!r}" for k, v in resume.items())
     return E.SidecarError(
         E.STREAM_TOO_SLOW,
         "the stream's client stopped reading while more than limits.stream_buffer_frames frames or"
-        f" limits.stream_buffer_bytes bytes waited for it, and the stream was ended; resume with {resume}",
-        retry_after_s=0.1)
+        f" limits.stream_buffer_bytes bytes waited for it, and the stream was ended; resume with"
+        f" WatchActivity({call})", retry_after_s=0.1, metadata={k: str(v) for k, v in resume.items()})
 
 
 # A followed request's (session key, session id) while it goes on; None once it is over.
@@ -180,7 +183,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
                 try:
                     item = await sub.get(self.cfg.keepalive_s)
                 except TooSlow:
-                    raise _too_slow(f"WatchActivity(request_id={rid!r}, after_seq={last_seq})") from None
+                    raise _too_slow(request_id=rid, after_seq=last_seq) from None
                 if item is None:
                     ids = await still_open()
                     if ids is not None:
@@ -320,7 +323,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
                     except (TooSlow, FellBehind) as e:  # after the last frame sent, or before the first due
                         last = last or max(sub.first_cursor - 1, 0)
                         if isinstance(e, TooSlow):
-                            raise _too_slow(f"WatchActivity({column}={name!r}, after_cursor={last})") from None
+                            raise _too_slow(**{column: name, "after_cursor": last}) from None
                         from_store = True
                         break
                     if item is None:

@@ -152,7 +152,9 @@ export enum ErrorReason {
    * STREAM_TOO_SLOW - A Prompt or WatchActivity stream whose client stopped reading outgrew its
    * buffer bound (`limits.stream_buffer_frames` / `stream_buffer_bytes`); its
    * message names where to resume: WatchActivity(request_id, after_seq=N) or
-   * WatchActivity(platform|session_key, after_cursor=N). Comes with RetryInfo.
+   * WatchActivity(platform|session_key, after_cursor=N), and its ErrorInfo's
+   * metadata holds the same fields (`request_id` and `after_seq`, or
+   * `platform`/`session_key` and `after_cursor`). Comes with RetryInfo.
    * A client that keeps reading is not ended this way: when a burst outgrows
    * the bound, its stream reads on from the store.
    * gRPC status: RESOURCE_EXHAUSTED
