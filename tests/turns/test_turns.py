@@ -5,15 +5,29 @@ bad input."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import threading
 
 import grpc
 import pytest
 from helpers.config import echo, scripted, table
 from helpers.ids import uniq
+from helpers.procs import worker_pid
 from helpers.sessions import get_session, transcript
-from helpers.streams import assert_failed, assert_well_formed, body_of, collect, kind_of, prompt_req, run, watch
+from helpers.streams import (
+    assert_failed,
+    assert_well_formed,
+    body_of,
+    collect,
+    kind_of,
+    prompt_req,
+    run,
+    start,
+    watch,
+)
 from helpers.tools import AB_SCHEMA, ToolHost, answers
 from sidecar_proc import Sidecar
 
@@ -161,6 +175,28 @@ def test_cancel_mid_turn_and_on_an_idle_session(sc):
     assert stub.Cancel(ppb.CancelRequest(session_key=key), timeout=10).cancelled is False
     # and the session takes a new turn
     assert_well_formed(run(stub, prompt_req(text="after", session_key=key)))
+
+
+def test_cancel_of_a_turn_whose_worker_is_stopped_ends_it_cancelled_and_replaces_the_worker(tmp_path):
+    """A worker that cannot answer (SIGSTOP) never ends a cancelled turn: the
+    turn waited for its whole timeout and then ended WORKER_CRASHED. Now the
+    watchdog replaces the worker shortly after the cancel, and the turn ends
+    as the cancel said."""
+    with Sidecar(tmp_path / "data", config=echo("main", 200, timeout_s=600), workers=1) as one:
+        stub = one.prompts()
+        running = start(stub, prompt_req(text=" ".join(f"w{i}" for i in range(100))))
+        running.wait_for("text_delta")
+        stopped = worker_pid(one, 0)
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            assert stub.Cancel(ppb.CancelRequest(request_id=running.request_id), timeout=10).cancelled
+            out = running.result(60)  # the turn's own timeout is 600 s
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)
+        assert_failed(out, "CANCELLED", grpc.StatusCode.CANCELLED)
+        assert worker_pid(one, 0) != stopped
+        assert_well_formed(run(stub, prompt_req(text="after", session_key=out.frames[0].session_key)))
 
 
 def test_cancel_by_request_id(sc):

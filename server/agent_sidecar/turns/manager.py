@@ -334,6 +334,8 @@ class TurnManager:
         turn.cancel(reason)
         if turn.worker is not None:
             turn.worker.send(wire.cancel(turn.rid, reason))
+            soon = asyncio.get_running_loop().time() + supervision.CANCEL_GRACE_S  # else the watchdog acts
+            turn.deadline = min(turn.deadline, soon) if turn.deadline else soon
         return True
 
     def supersede(self, turn: Turn, by_rid: str) -> None:

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("agent_sidecar.turns")
 
 WATCHDOG_GRACE_S = 15.0
+# A cancelled turn's worker has this long to end it before the watchdog takes
+# it for stuck (stopped, its loop blocked) and replaces it.
+CANCEL_GRACE_S = 5.0
 # The note an auto-resume turn runs with. It is stored as the turn's user
 # message marked synthetic (nobody wrote it; adapters can tell), and the model
 # reads it as written: its last turn was cut off, what it already did may have
@@ -174,9 +177,10 @@ async def until_ended(turns, timeout: float = 10.0) -> None:
 
 async def watchdog(m: TurnManager) -> None:
     """The worker enforces turn timeouts itself; this catches a worker whose
-    loop is blocked (a backend doing CPU-bound or blocking work): past the
-    deadline plus a grace, the worker is killed and its turns end
-    WORKER_CRASHED like any other dead worker's."""
+    loop is blocked (a backend doing CPU-bound or blocking work) or that is
+    stopped: past the deadline plus a grace (for a cancelled turn, shortly
+    after its cancel), the worker is killed and its turns end WORKER_CRASHED
+    like any other dead worker's (a cancelled one with its cancel's reason)."""
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(WATCHDOG_GRACE_S / 3)
@@ -185,8 +189,9 @@ async def watchdog(m: TurnManager) -> None:
             h = turn.worker
             if h is None or not turn.deadline or now < turn.deadline or turn.closing:
                 continue
-            log.error("worker did not end a timed-out turn; killing it",
-                      extra={"request_id": turn.rid, "worker": h.index, "pid": h.pid})
+            log.error("worker did not end a turn in time; killing it",
+                      extra={"request_id": turn.rid, "worker": h.index, "pid": h.pid,
+                             "cancelled": turn.cancel_reason or ""})
             turn.deadline = 0.0
             if h.process is not None and h.process.is_alive():
                 h.process.kill()

@@ -176,10 +176,16 @@ async def _run_tool(m: TurnManager, h: WorkerHandle, turn: Turn, msg: wire.ToolC
 
 def on_exit(m: TurnManager, h: WorkerHandle) -> None:
     """The worker died: each turn it was running fails WORKER_CRASHED, its open
-    tool calls are closed in the transcript, and its lane is marked for resume."""
+    tool calls are closed in the transcript, and its lane is marked for resume;
+    a turn cancelled meanwhile (its worker stopped answering) ends as its
+    cancel said, and is not resumed."""
     for turn in list(m.live.values()):
         if turn.worker is h and turn.worker_gen == h.generation and turn.in_flight:
             _close_dangling_tool_calls(m, turn, "the worker running this turn died")
+            if turn.cancel_reason:
+                m.end(turn, "failed", turn.cancel_reason,
+                      "the turn was cancelled; its worker did not stop it and was replaced")
+                continue
             m.bus.write(turn, life.mark_resume_pending, turn.key, "worker_crashed")
             m.end(turn, "failed", E.WORKER_CRASHED, "the worker process running the turn died")
 
