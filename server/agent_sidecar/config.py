@@ -326,9 +326,10 @@ class Config:
         if self.cluster.advertise and not self.cluster.token:
             yield "cluster.token", "required with advertise (give token, token_env or token_file): the other" \
                 " sidecars present it to call this one", ""
-        elif self.cluster.advertise and not any(t.admin and t.token == self.cluster.token for t in self.tokens):
-            yield "cluster.token", "must also be an admin token in [[auth.tokens]]: the other sidecars" \
-                " present it here, as this one presents it to them", "***"
+        elif self.cluster.advertise and not any(t.admin and "*" in t.platforms and t.token == self.cluster.token
+                                                for t in self.tokens):
+            yield "cluster.token", "must also be an admin token for every platform in [[auth.tokens]]: the" \
+                " other sidecars present it here, as this one presents it to them", "***"
 
     @property
     def clustered(self) -> bool:

@@ -471,7 +471,8 @@ def test_a_cluster_tls_setting_that_cannot_work_is_refused_naming_its_key(tmp_pa
 CLUSTER = '[store]\nbackend = "postgres"\ndsn = "host=/db"\n[cluster]\nadvertise = "10.0.0.5:50051"\n'
 
 
-@pytest.mark.parametrize("case", ["ca_is_a_key", "key_of_another_cert", "no_token", "token_not_admin"])
+@pytest.mark.parametrize("case", ["ca_is_a_key", "key_of_another_cert", "no_token", "token_not_admin",
+                                  "token_of_one_platform"])
 def test_a_cluster_node_that_could_never_call_or_be_called_is_refused(tmp_path, certs, case):
     """Before, each of these passed the check and showed only as every
     forwarded call failing (UNAVAILABLE or UNAUTHENTICATED)."""
@@ -482,6 +483,8 @@ def test_a_cluster_node_that_could_never_call_or_be_called_is_refused(tmp_path, 
                                 f'\nkey_file = "{certs.server_key}"\n' + admin, "cluster.key_file"),
         "no_token": (CLUSTER + admin, "cluster.token"),
         "token_not_admin": (CLUSTER + 'token = "node"\n[[auth.tokens]]\ntoken = "node"\n', "cluster.token"),
+        "token_of_one_platform": (CLUSTER + 'token = "node"\n[[auth.tokens]]\ntoken = "node"\nadmin = true\n'
+                                  'platforms = ["telegram"]\n', "cluster.token"),
     }[case]
     lines = [line for line in problems(tmp_path, text) if "[store] backend" not in line and "driver" not in line]
     assert names(lines) == [key], lines

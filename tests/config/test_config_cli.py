@@ -173,8 +173,9 @@ def test_the_complete_example_loads_and_sets_every_key(tmp_path):
     tls = make_certs(tmp_path / "tls").dir  # the files the example's [[listen]] names
     path = tmp_path / "example.toml"
     path.write_text(_example().replace("/etc/agent-sidecar/tls/", f"{tls}/"))
-    cfg = load_config(str(path), environ={"SIDECAR_TOKEN": "t"})
+    cfg = load_config(str(path), environ={"SIDECAR_TOKEN": "t", "SIDECAR_CLUSTER_TOKEN": "c"})
     assert cfg.tokens[0].token == "t" and set(cfg.profiles) == {"main", "gpt"}
+    assert cfg.cluster.token == cfg.tokens[1].token == "c" and cfg.tokens[1].admin
     raw = tomllib.loads(_example())
     for path_, slot in leaves():
         if slot.form:

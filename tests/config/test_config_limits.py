@@ -201,7 +201,8 @@ def test_an_advertised_address_is_host_and_a_port_others_can_reach(tmp_path):
     for address in ("10.0.0.5:0", "10.0.0.5", "::1:5"):
         lines = problems(tmp_path, pg + f'[cluster]\nadvertise = "{address}"\n')
         assert names(lines) == ["cluster.advertise"] and "needs" not in lines[0], lines
-    assert load(tmp_path, pg + '[cluster]\nadvertise = "[::1]:5"\n').cluster.advertise == "[::1]:5"
+    node = pg + '[[auth.tokens]]\ntoken = "c"\nadmin = true\n[cluster]\ntoken = "c"\n'
+    assert load(tmp_path, node + 'advertise = "[::1]:5"\n').cluster.advertise == "[::1]:5"
 
 
 # -- the environment overlay -------------------------------------------------------------------------
