@@ -24,8 +24,9 @@ class Limits:
     # GetTranscript: at 4 bytes a character at most, 900,000 keeps either
     # inside the 4 MiB a gRPC client takes in one message by default.
     max_reply_chars: int = key(512 * 1024, ge=1, le=900_000,
-                               doc="characters of one model call's reply, its text and tool call "
-                                   "arguments; past it the turn fails RESOURCE_EXHAUSTED, the text so far kept")
+                               doc="characters of one model call's reply, its text and its tool calls' "
+                                   "ids, names and arguments; past it the turn fails RESOURCE_EXHAUSTED, "
+                                   "the text so far kept")
     max_id_length: int = key(256, ge=1, doc="request ids, display names and other ids (characters)")
     # Load limits (issue 14). A stream (Prompt, WatchActivity) holds this much
     # for its reader: past it, a client that stopped reading is ended with

@@ -16,8 +16,9 @@ import pytest
 from helpers.fake_openai import FakeOpenAI
 
 from agent_sidecar.models import ModelError, ModelRequest, TextDelta, ToolCallRequest
+from agent_sidecar.models.base import MAX_CALL_ID_CHARS, MAX_TOOL_NAME_CHARS
 from agent_sidecar.models.openai import OpenAIModel
-from agent_sidecar.models.openai_wire import ANSWER_CAP, MAX_TOOL_CALLS
+from agent_sidecar.models.openai_wire import ANSWER_CAP, IDLE_CAP, LINE_CAP, MAX_TOOL_CALLS
 
 FAST = {"backoff_initial_s": 0.001, "backoff_max_s": 0.01}
 
@@ -76,7 +77,7 @@ def test_an_oversized_whole_reply_stops_at_the_cap(entry):
     {"prefix": 'data: {"choices": [], "pad": "', "gzip_mb": 64},
 ], ids=["endless", "gzip-bomb"])
 def test_an_oversized_event_stream_line_stops_at_the_cap(entry):
-    fails([entry], rf"an event-stream line is longer than {ANSWER_CAP} bytes")
+    fails([entry], rf"an event-stream line is longer than {LINE_CAP} bytes")
 
 
 def test_endless_tool_call_arguments_stop_at_the_cap():
@@ -157,3 +158,78 @@ def test_an_html_page_names_status_and_content_type():
 
 def test_an_unknown_content_encoding_is_refused():
     fails([{"body": "x", "headers": {"Content-Encoding": "br"}}], "Content-Encoding 'br'")
+
+
+# -- what a reviewer's hostile server found --------------------------------------------------------
+
+def _call(index=None, call_id=None, name=None, args=None):
+    frag = {k: v for k, v in (("index", index), ("id", call_id)) if v is not None}
+    fn = {k: v for k, v in (("name", name), ("arguments", args)) if v is not None}
+    return chunk({"tool_calls": [{**frag, "function": fn}]})
+
+
+@pytest.mark.parametrize("what", ["id", "name"])
+def test_a_runaway_call_id_or_name_stops_at_its_cap(what):
+    """A 6 MiB id or name made frames no client could read, for good (replays
+    and transcript pages too); a name streamed in endless fragments was joined
+    quadratically, holding the worker's loop."""
+    big = "x" * (MAX_CALL_ID_CHARS + 1)
+    cap = MAX_CALL_ID_CHARS if what == "id" else MAX_TOOL_NAME_CHARS
+    raw = _call(0, big, "t__x", "{}") if what == "id" else _call(0, "c", big, "{}")
+    fails([{"raw": raw + END}], rf"tool call 0's {what} is longer than {cap} characters")
+    if what == "name":
+        fails([{"prefix": _call(0, "c", "t", ""), "endless": _call(name="y" * 200)}],
+              rf"tool call 0's name is longer than {cap} characters")
+
+
+def test_a_call_without_a_name_is_a_malformed_reply():
+    """It was taken as a call of the tool '' and ended the turn TOOL_SCOPE_VIOLATION."""
+    fails([{"raw": _call(0, "c", None, "{}") + END}], "tool call 0 has no name")
+
+
+def test_a_server_that_repeats_the_call_id_on_every_fragment_without_index_makes_one_call():
+    raw = _call(call_id="c1", name="t__add", args='{"a": 1,') + _call(call_id="c1", args=' "b": 2}')
+    events, _ = ask([{"raw": raw + END}])
+    assert events == [ToolCallRequest("c1", "t.add", '{"a": 1, "b": 2}')]
+
+
+@pytest.mark.parametrize("nothing", [": keepalive\n", 'data: {"choices": []}\n\n'], ids=["comments", "empty"])
+def test_a_stream_of_nothing_stops_at_its_cap(nothing):
+    """Keepalives or empty chunks forever: they spent the worker's CPU until the
+    turn's timeout, every other session on the worker with it."""
+    fails([{"prefix": chunk({"content": "hi "}), "endless": nothing}],
+          rf"more than {IDLE_CAP} bytes in a row with nothing of the answer")
+
+
+def test_a_lone_surrogate_is_a_malformed_reply():
+    """JSON's \\ud800 escape is no Unicode: the worker could not send the text on."""
+    fails([{"raw": 'data: {"choices": [{"delta": {"content": "hi \\ud800"}}]}\n\n' + END}],
+          r"delta.content holds a lone UTF-16 surrogate")
+
+
+def test_a_connection_closed_in_the_middle_of_a_line_is_a_stream_cut_short():
+    """The cut line was parsed as JSON ("invalid JSON from server"); it is
+    dropped, as the SSE format says, and the stream ended early."""
+    cut = 'data: {"choices": [{"delta": {"cont'
+    fails([{"raw": cut}], r"giving up after 1 attempts: stream ended before \[DONE\]")
+    fails([{"raw": chunk({"content": "hi "}) + cut}], "stream broke after output started")
+    events, _ = ask([{"raw": chunk({"content": "hi"}) + "data: [DONE]"}])  # a whole [DONE] counts
+    assert events == [TextDelta("hi")]
+
+
+def test_a_retry_after_past_the_cap_fails_at_once_saying_so():
+    """Waiting the cap and asking again would be refused again: the turn ended
+    AGENT_TIMEOUT with no word of the 429."""
+    message = fails([{"status": 429, "headers": {"Retry-After": "999999"}}, {"text": "never"}],
+                    r"HTTP 429 .*asks to retry after 999999 s, more than retry_after_max_s \(60\)", max_retries=3)
+    assert "HTTP 429" in message
+
+
+def test_nesting_too_deep_is_invalid_json_not_a_recursion_error():
+    fails([{"raw": "data: " + "[" * 100_000 + "\n\n" + END}], "invalid JSON from server")
+
+
+def test_a_zero_timeout_is_refused_where_it_is_given():
+    with pytest.raises(ValueError, match="timeout_s must be a number > 0"):
+        OpenAIModel({"model": "m", "timeout_s": 0})
+

@@ -43,9 +43,18 @@ class TextDelta:
     text: str
 
 
+# A call id is some 30 characters, a tool name at most 64 for OpenAI (the
+# sidecar's own at most limits.max_id_length): a longer one is a runaway, and
+# would make frames no client can read. The agent loop refuses it from any
+# backend (turns/agent.py), the openai backend as it streams in.
+MAX_CALL_ID_CHARS = MAX_TOOL_NAME_CHARS = 256
+
+
 @dataclass(slots=True)
 class ToolCallRequest:
-    """The model asks for one tool call. ``arguments_json`` is a JSON object text."""
+    """The model asks for one tool call. ``arguments_json`` is a JSON object
+    text; ``call_id`` and ``name`` at most MAX_CALL_ID_CHARS and
+    MAX_TOOL_NAME_CHARS."""
 
     call_id: str
     name: str

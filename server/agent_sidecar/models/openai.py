@@ -38,6 +38,7 @@ from agent_sidecar.models import openai_body as body_io
 from agent_sidecar.models.base import ModelError, ModelEvent, ModelRequest
 from agent_sidecar.models.openai_wire import (
     ANSWER_CAP,
+    LINE_CAP,
     Retryable,
     StreamParser,
     call_tag,
@@ -49,16 +50,21 @@ from agent_sidecar.models.openai_wire import (
     safe_tool_name,
 )
 
+# Lines of a stream read in one go at most: lines already received are read
+# without waiting, so a fast stream would hold the worker's loop for as long
+# as it keeps coming.
+YIELD_EVERY_LINES = 64
+
 _OPTIONS = frozenset({
     "base_url", "model", "api_key_env", "temperature", "max_retries", "backoff_initial_s",
     "backoff_max_s", "retry_after_max_s", "timeout_s", "extra_headers",
 })
 
 
-def _number(options: dict[str, Any], key: str, default: float) -> float:
+def _number(options: dict[str, Any], key: str, default: float, positive: bool = False) -> float:
     value = options.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ValueError(f"openai backend: {key} must be a number >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (positive and value == 0):
+        raise ValueError(f"openai backend: {key} must be a number {'>' if positive else '>='} 0, got {value!r}")
     return float(value)
 
 
@@ -83,7 +89,7 @@ class OpenAIModel:
         self.backoff_initial_s = _number(options, "backoff_initial_s", 0.5)
         self.backoff_max_s = _number(options, "backoff_max_s", 8)
         self.retry_after_max_s = _number(options, "retry_after_max_s", 60)
-        self.timeout_s = _number(options, "timeout_s", 120)
+        self.timeout_s = _number(options, "timeout_s", 120, positive=True)  # 0 would fail every call
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
                         "Accept-Encoding": body_io.ACCEPT_ENCODING}
         key_env = options.get("api_key_env")
@@ -163,7 +169,10 @@ class OpenAIModel:
                 delay = min(self.backoff_max_s, self.backoff_initial_s * (2 ** attempt))
                 delay *= 0.5 + random.random() / 2
                 if exc.retry_after is not None:
-                    delay = max(delay, min(exc.retry_after, self.retry_after_max_s))
+                    if exc.retry_after > self.retry_after_max_s:  # waiting less would be refused again
+                        raise ModelError(f"openai backend: {exc}; it asks to retry after {exc.retry_after:g} s, "
+                                         f"more than retry_after_max_s ({self.retry_after_max_s:g})") from None
+                    delay = max(delay, exc.retry_after)
                 attempt += 1
                 await asyncio.sleep(delay)
 
@@ -182,12 +191,15 @@ class OpenAIModel:
                     for event in await self._whole_reply(response, tag, names):
                         yield event
                     return
-                parser = StreamParser(tag, names)
-                async for line in body_io.lines(response, ANSWER_CAP):
+                parser, n = StreamParser(tag, names), 0
+                async for line in body_io.lines(response, LINE_CAP):
                     for event in parser.feed(line):
                         yield event
                     if parser.done:
                         break
+                    n += 1
+                    if n % YIELD_EVERY_LINES == 0:  # a fast stream: the worker's other sessions
+                        await asyncio.sleep(0)  # get the loop between its lines
                 for event in parser.finish():
                     yield event
         except httpx.TransportError as exc:

@@ -89,9 +89,12 @@ async def read_all(response: Any, cap: int, what: str) -> bytes:
 
 
 async def lines(response: Any, cap: int) -> AsyncIterator[str]:
-    """The body's lines (split at LF, a CR before it dropped; invalid UTF-8
-    replaced, as httpx did). A line past ``cap`` bytes -- one that never ends
-    included -- is a ModelError as soon as it gets there."""
+    """An event stream's lines (split at LF, a CR before it dropped; invalid
+    UTF-8 replaced, as httpx did). A line past ``cap`` bytes -- one that never
+    ends included -- is a ModelError as soon as it gets there. A last line the
+    body did not end (the connection closed in the middle of it) is an event
+    cut short, which the SSE format says to drop: only a whole ``data: [DONE]``
+    is kept."""
     buffer = bytearray()
     async for piece in chunks(response):
         start = len(buffer)
@@ -106,5 +109,5 @@ async def lines(response: Any, cap: int) -> AsyncIterator[str]:
         if len(buffer) > cap:
             raise ModelError(f"openai backend: an event-stream line is longer than {cap} bytes (the cap on "
                              f"one event); it starts: {bytes(buffer[:200]).decode('utf-8', 'replace')!r}")
-    if buffer:
-        yield buffer.rstrip(b"\r").decode("utf-8", "replace")
+    if buffer.strip() == b"data: [DONE]":
+        yield "data: [DONE]"

@@ -15,7 +15,15 @@ import re
 import time
 from typing import Any
 
-from agent_sidecar.models.base import ModelError, ModelEvent, TextDelta, ToolCallRequest, UsageReport
+from agent_sidecar.models.base import (
+    MAX_CALL_ID_CHARS,
+    MAX_TOOL_NAME_CHARS,
+    ModelError,
+    ModelEvent,
+    TextDelta,
+    ToolCallRequest,
+    UsageReport,
+)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -24,11 +32,20 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 # 1 MB of text), tool-call arguments are of the same order, and one SSE event
 # holds a delta of it. 16 MiB leaves room for the largest while an endless or
 # inflated answer stops within a bounded amount of memory.
-ANSWER_CAP = 16 * 2**20  # bytes of a non-streamed reply or one SSE line; characters of a streamed answer
+ANSWER_CAP = 16 * 2**20  # bytes of a non-streamed reply; characters of a streamed answer
+# One SSE event holds a delta: a few KB, or a whole tool call's arguments from a
+# server that sends them at once. Past this a line is a runaway, and parsing
+# it (JSON inflates many times in memory) would cost the worker far more.
+LINE_CAP = 4 * 2**20
+# Bytes in a row that hold nothing of the answer (keepalive comments, chunks
+# with no choices): a server that sends only that spends the worker's CPU
+# for the whole turn, every other session on the worker with it.
+IDLE_CAP = 2**20
 # Parallel tool calls in one answer are a handful in practice; each one runs
 # as its own tool invocation, so thousands would be a runaway, not a plan.
 MAX_TOOL_CALLS = 256
 _INT64 = 2**63
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def safe_tool_name(name: str) -> str:
@@ -76,7 +93,7 @@ def loads_chunk(raw: bytes | str, what: str = "server") -> dict[str, Any]:
     this way) becomes a ModelError."""
     try:
         data = json.loads(raw)
-    except ValueError:  # UnicodeDecodeError and too-long integers included
+    except (ValueError, RecursionError):  # UnicodeDecodeError, too-long integers, nesting too deep
         body = raw if isinstance(raw, bytes) else raw.encode()
         raise ModelError(f"openai backend: invalid JSON from {what}: {excerpt(body)}") from None
     if not isinstance(data, dict):
@@ -104,6 +121,9 @@ def field(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], where: s
     (or, for a call id or a text that is not a string, a frame the sidecar
     cannot send)."""
     value = obj.get(key)
+    if isinstance(value, str) and _SURROGATE.search(value):  # JSON's \ud800 escapes: not Unicode text
+        raise ModelError(f"openai backend: malformed reply: {where}.{key} holds a lone UTF-16 surrogate "
+                         f"(not valid Unicode): {excerpt(json.dumps(value).encode(), 100)}")
     if value is None or (isinstance(value, kind) and not isinstance(value, bool)):
         return value
     raise _malformed(f"{where}.{key}", value, kind)
@@ -172,12 +192,24 @@ def call_tag(request_id: str, iteration: int) -> str:
 
 def tool_call(call_id: str | None, name: str, args: str, tag: str, n: int, names: dict[str, str]) -> ToolCallRequest:
     """A ToolCallRequest with the original (dotted) name restored; a name not
-    in this request's map falls back to reversing the '__' substitution."""
+    in this request's map falls back to reversing the '__' substitution. A
+    call with no name, or an id or a name past its cap, is a malformed reply."""
+    check_call(call_id, name, n)
+    if not name:
+        raise ModelError(f"openai backend: malformed reply: tool call {n} has no name")
     return ToolCallRequest(
         call_id=call_id or f"call_{tag}_{n}",
         name=names.get(name) or name.replace("__", "."),
         arguments_json=args or "{}",
     )
+
+
+def check_call(call_id: str | None, name: str, n: int) -> None:
+    """A tool call's id and name within their caps (``n``: its place in the answer)."""
+    for what, value, cap in (("id", call_id or "", MAX_CALL_ID_CHARS), ("name", name, MAX_TOOL_NAME_CHARS)):
+        if len(value) > cap:
+            raise ModelError(f"openai backend: malformed reply: tool call {n}'s {what} is longer than {cap} "
+                             f"characters: {value[:60]!r}...")
 
 
 def _too_many_calls(count: int) -> ModelError:
@@ -217,8 +249,10 @@ class StreamParser:
     Every field is checked for its JSON type as it is read (a ModelError names
     the one that is wrong), and what the answer holds is bounded: its text and
     tool-call names and arguments together to ANSWER_CAP characters, its tool
-    calls to MAX_TOOL_CALLS -- so a stream that never stops growing fails the
-    call there instead of growing the worker until the turn's timeout."""
+    calls to MAX_TOOL_CALLS, a call's id and name to their caps, and the bytes
+    in a row that hold nothing of it to IDLE_CAP -- so a stream that never
+    stops growing, or never stops saying nothing, fails the call there instead
+    of holding the worker until the turn's timeout."""
 
     def __init__(self, tag: str, names: dict[str, str]) -> None:
         self.tag = tag
@@ -226,6 +260,7 @@ class StreamParser:
         self.calls: dict[int, dict[str, Any]] = {}
         self.usage: dict[str, Any] | None = None
         self.size = 0  # characters of text, names and arguments so far
+        self.idle = 0  # bytes read since the last line that held something of the answer
         self.done = False
         self.finished = False  # a finish_reason was seen
 
@@ -236,20 +271,33 @@ class StreamParser:
                              f"(the cap on one answer, text and tool-call arguments together)")
 
     def feed(self, line: str) -> list[ModelEvent]:
+        events, progress = self._read(line)
+        if progress:
+            self.idle = 0
+            return events
+        self.idle += len(line) + 1
+        if self.idle > IDLE_CAP:
+            raise ModelError(f"openai backend: the stream sent more than {IDLE_CAP} bytes in a row with "
+                             f"nothing of the answer in them (keepalives, empty chunks)")
+        return events
+
+    def _read(self, line: str) -> tuple[list[ModelEvent], bool]:
+        """A line's events, and whether it held anything of the answer."""
         if not line.startswith("data:"):
-            return []  # blank separators, comments (":"), event:/id: fields
+            return [], False  # blank separators, comments (":"), event:/id: fields
         data = line[5:].strip()
         if data == "[DONE]":
             self.done = True
-            return []
+            return [], True
         chunk = loads_chunk(data)
         usage = field(chunk, "usage", dict, "chunk")
         if usage:
             self.usage = usage
         events: list[ModelEvent] = []
+        progress = bool(usage)
         for n, choice in enumerate(items(chunk, "choices", dict, "chunk")):
             if choice.get("finish_reason"):
-                self.finished = True
+                self.finished = progress = True
             where = f"chunk.choices[{n}]"
             delta = field(choice, "delta", dict, where) or {}
             content = field(delta, "content", str, f"{where}.delta")
@@ -257,17 +305,18 @@ class StreamParser:
                 self._grow(content)
                 events.append(TextDelta(content))
             for k, frag in enumerate(items(delta, "tool_calls", dict, f"{where}.delta")):
-                self._merge(frag, f"{where}.delta.tool_calls[{k}]")
-        return events
+                progress = self._merge(frag, f"{where}.delta.tool_calls[{k}]") or progress
+        return events, progress or bool(events)
 
-    def _merge(self, frag: dict[str, Any], where: str) -> None:
+    def _merge(self, frag: dict[str, Any], where: str) -> bool:
+        """One fragment into its call; whether it held anything."""
         index = field(frag, "index", int, where)
         call_id = field(frag, "id", str, where)
         fn = field(frag, "function", dict, where) or {}
         name = field(fn, "name", str, f"{where}.function")
         args = field(fn, "arguments", str, f"{where}.function")
-        if index is None:  # servers that omit index: a new id starts a new call
-            index = len(self.calls) if call_id or not self.calls else max(self.calls)
+        if index is None:
+            index = self._index_of(call_id)
         if index not in self.calls and len(self.calls) >= MAX_TOOL_CALLS:
             raise _too_many_calls(len(self.calls) + 1)
         call = self.calls.setdefault(index, {"id": None, "name": "", "args": []})
@@ -275,10 +324,20 @@ class StreamParser:
             call["id"] = call_id
         if name:
             self._grow(name)
-            call["name"] += name
+            call["name"] += name  # at most MAX_TOOL_NAME_CHARS (checked next): no quadratic growth
+        check_call(call["id"], call["name"], index)
         if args:
             self._grow(args)
             call["args"].append(args)
+        return bool(call_id or name or args)
+
+    def _index_of(self, call_id: str | None) -> int:
+        """For a server that omits index: a new id starts a new call; no id,
+        or the last call's id again (sent with every fragment), goes on with it."""
+        if not self.calls:
+            return 0
+        last = max(self.calls)
+        return last if not call_id or self.calls[last]["id"] == call_id else len(self.calls)
 
     def finish(self) -> list[ModelEvent]:
         if not (self.done or self.finished):

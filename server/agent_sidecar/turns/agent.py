@@ -17,7 +17,15 @@ from typing import Any, Protocol
 import orjson
 
 from .. import errors as E
-from ..models.base import ModelError, ModelRequest, TextDelta, ToolCallRequest, UsageReport
+from ..models.base import (
+    MAX_CALL_ID_CHARS,
+    MAX_TOOL_NAME_CHARS,
+    ModelError,
+    ModelRequest,
+    TextDelta,
+    ToolCallRequest,
+    UsageReport,
+)
 from ..tools.scope import in_scope
 
 
@@ -150,6 +158,10 @@ def _checked_call(ev: ToolCallRequest) -> ToolCallRequest:
         value = getattr(ev, name)
         if type(value) is not str:
             raise ModelError(_wrong_type(f"ToolCallRequest.{name}", value, "str"))
+    for name, cap in (("call_id", MAX_CALL_ID_CHARS), ("name", MAX_TOOL_NAME_CHARS)):
+        if not getattr(ev, name) or len(getattr(ev, name)) > cap:
+            raise ModelError(f"ToolCallRequest.{name} must be 1 to {cap} characters, got "
+                             f"{len(getattr(ev, name))}: {getattr(ev, name)[:60]!r}")
     return ev
 
 
@@ -188,7 +200,7 @@ async def _model_call(agent: Agent, backend, spec: TurnSpec, io: TurnIO,
                 io.frame("text_delta", {"text": ev.text})
             elif type(ev) is ToolCallRequest:
                 calls.append(_checked_call(ev))
-                chars = _within_reply(chars + len(ev.arguments_json), spec)
+                chars = _within_reply(chars + len(ev.call_id) + len(ev.name) + len(ev.arguments_json), spec)
             elif type(ev) is UsageReport:
                 io.frame("usage", _usage_body(ev))
     except BaseException as e:

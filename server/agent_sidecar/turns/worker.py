@@ -98,8 +98,8 @@ class _TurnIO:
 
     def message(self, msg: dict[str, Any]) -> None:
         self.flush_text()
-        self.agent.unpersisted += 1
         self.w.send(wire.message(self.rid, msg))
+        self.agent.unpersisted += 1  # once sent: a message that could not be is not waited for
 
     async def invoke_tool(self, call_id: str, name: str, arguments_json: str) -> tuple[bool, str]:
         fut = asyncio.get_running_loop().create_future()
