@@ -221,7 +221,8 @@ async def run_turn(client: Any, key: str, spec: LoadSpec, point: Point, lane: in
     point.started(turn)
     try:
         stream = client.prompt(spec.text, session_key=key, delivery=spec.delivery, profile=spec.profile,
-                               timeout=spec.turn_timeout_s, resume_timeout=spec.resume_timeout_s)
+                               timeout=spec.turn_timeout_s, resume_timeout=spec.resume_timeout_s,
+                               retry_refusals=False)  # a refusal is what the bench counts
         async for frame in stream:
             kind = frame.WhichOneof("event")
             if kind == "started":

@@ -74,6 +74,7 @@ class FrameStream:
         idle_timeout: float | None = None,
         own_watch: bool = False,
         on_idle: Callable[[Any], Any] | None = None,
+        retry_reasons: frozenset[str] = errors.RETRY_SAME_REQUEST_REASONS,
     ) -> None:
         self.request_id = request_id
         self.resumes = 0
@@ -89,6 +90,7 @@ class FrameStream:
         # Called with the channel of a call the idle watchdog cut; returns the channel
         # to go on with (the client replaces one whose connection stopped answering).
         self._on_idle = on_idle
+        self._retry_reasons = retry_reasons  # the refusals carried on from (by request)
         self._call: Any = None
         self._drop_requested = False
         self._gen = self._run()
@@ -184,7 +186,7 @@ class FrameStream:
                     problem = idle.problem
                 elif errors.has_error_info(exc):
                     error = errors.from_rpc_error(exc)
-                    if not by_request or error.reason not in errors.RETRY_SAME_REQUEST_REASONS:
+                    if not by_request or error.reason not in self._retry_reasons:
                         raise error from exc
                     # Nothing of the request was lost: carry on with the same request
                     # id after the sidecar's delay (STREAM_TOO_SLOW: from the last frame

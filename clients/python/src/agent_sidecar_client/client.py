@@ -307,7 +307,8 @@ class SidecarClient:
     def prompt(self, text: str, *, source: SourceLike | None = None, session_key: str = "",
                request_id: str | None = None, delivery: str | int = "follow_up",
                profile: str | None = None, attachments: Iterable[Any] = (),
-               timeout: float | None = None, resume_timeout: float = 30.0) -> FrameStream:
+               timeout: float | None = None, resume_timeout: float = 30.0,
+               retry_refusals: bool = True) -> FrameStream:
         """Run one turn; iterate the result for its frames (keepalives skipped).
 
         The stream resumes by itself after a dropped connection, with the same
@@ -318,7 +319,11 @@ class SidecarClient:
         ``timeout`` is the deadline of the whole turn, in seconds: every call
         of the turn gets what is left of it, and waiting to resume stops when
         it passes (before ``resume_timeout`` if that is longer). Passing it
-        raises ``AgentTimeout``.
+        raises ``DeadlineExceeded``. A refusal the sidecar says may be
+        retried with the same request id (OVERLOADED, STORE_UNAVAILABLE,
+        LANE_MOVED, ...: ``errors.RETRY_SAME_REQUEST_REASONS``) is, after its
+        RetryInfo delay, within ``resume_timeout``; with ``retry_refusals``
+        False it is raised at once (a load generator counts them).
         """
         if (source is None) == (not session_key):
             raise ValueError("give exactly one of source and session_key")
@@ -346,7 +351,8 @@ class SidecarClient:
         return FrameStream(self.channel, open_first, open_resume, frame_filter,
                            request_id=request.request_id, resume_timeout=resume_timeout,
                            deadline=deadline if timeout is not None else None,
-                           idle_timeout=self.stream_idle_timeout, on_idle=self._replace_stalled_channel)
+                           idle_timeout=self.stream_idle_timeout, on_idle=self._replace_stalled_channel,
+                           retry_reasons=errors.RETRY_SAME_REQUEST_REASONS if retry_refusals else frozenset())
 
     def watch(self, *, request_id: str = "", session_key: str = "", platform: str = "",
               after_seq: int = 0, after_cursor: int = 0, resume_timeout: float = 30.0) -> FrameStream:
