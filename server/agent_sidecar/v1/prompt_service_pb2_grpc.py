@@ -81,6 +81,8 @@ class PromptServiceServicer:
 
         By request_id (after_seq): one turn's frames, ending after its terminal
         frame like Prompt; this is how a client resumes a dropped Prompt stream.
+        It ends OK only once the turn is over: with an after_seq at or past the
+        terminal frame, at once and with no frame.
         By session_key or platform (after_cursor): every turn's frames in commit
         order, endlessly; this is how an adapter sees turns it did not start
         (auto-resume after a restart). Keepalive frames are sent on silence.
