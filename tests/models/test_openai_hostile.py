@@ -233,3 +233,15 @@ def test_a_zero_timeout_is_refused_where_it_is_given():
     with pytest.raises(ValueError, match="timeout_s must be a number > 0"):
         OpenAIModel({"model": "m", "timeout_s": 0})
 
+
+def test_an_id_repeated_in_one_answer_is_made_unique():
+    """Two calls of one answer with one id collapsed into one open call: after
+    a worker crash only one got its synthetic result."""
+    raw = _call(0, "dup", "t__x", "{}") + _call(1, "dup", "t__x", '{"a": 1}')
+    events, _ = ask([{"raw": raw + END}])
+    assert [e.call_id for e in events] == ["dup", "dup_2"]
+    same = {"id": "d", "function": {"name": "t__x", "arguments": "{}"}}
+    reply = {"choices": [{"message": {"tool_calls": [same] * 3}}]}
+    events, _ = ask([{"body": json.dumps(reply)}])
+    assert [e.call_id for e in events] == ["d", "d_2", "d_3"]
+

@@ -212,6 +212,20 @@ def check_call(call_id: str | None, name: str, n: int) -> None:
                              f"characters: {value[:60]!r}...")
 
 
+def with_unique_ids(calls: list[ToolCallRequest]) -> list[ToolCallRequest]:
+    """One answer's calls, an id that repeats an earlier one's made unique
+    (``_2``, ``_3``...): each call gets its own result in the transcript, and
+    a transcript with two results for one id is refused by stricter APIs."""
+    seen: set[str] = set()
+    for call in calls:
+        base, k = call.call_id, 1
+        while call.call_id in seen:
+            k += 1
+            call.call_id = f"{base}_{k}"
+        seen.add(call.call_id)
+    return calls
+
+
 def _too_many_calls(count: int) -> ModelError:
     return ModelError(f"openai backend: the answer holds more than {MAX_TOOL_CALLS} tool calls "
                       f"(the cap on one answer; {count} so far)")
@@ -230,12 +244,14 @@ def events_from_message(data: dict[str, Any], tag: str, names: dict[str, str]) -
     calls = items(message, "tool_calls", dict, where)
     if len(calls) > MAX_TOOL_CALLS:
         raise _too_many_calls(len(calls))
+    requests = []
     for n, call in enumerate(calls):
         fn = field(call, "function", dict, f"{where}.tool_calls[{n}]") or {}
         wfn = f"{where}.tool_calls[{n}].function"
-        events.append(tool_call(field(call, "id", str, f"{where}.tool_calls[{n}]"),
-                                field(fn, "name", str, wfn) or "", field(fn, "arguments", str, wfn) or "",
-                                tag, n, names))
+        requests.append(tool_call(field(call, "id", str, f"{where}.tool_calls[{n}]"),
+                                  field(fn, "name", str, wfn) or "", field(fn, "arguments", str, wfn) or "",
+                                  tag, n, names))
+    events += with_unique_ids(requests)
     usage = field(data, "usage", dict, "reply")
     if usage:
         events.append(usage_report(usage))
@@ -342,10 +358,10 @@ class StreamParser:
     def finish(self) -> list[ModelEvent]:
         if not (self.done or self.finished):
             raise Retryable("stream ended before [DONE] or a finish_reason")
-        events: list[ModelEvent] = [
+        events: list[ModelEvent] = list(with_unique_ids([
             tool_call(c["id"], c["name"], "".join(c["args"]), self.tag, n, self.names)
             for n, (_, c) in enumerate(sorted(self.calls.items()))
-        ]
+        ]))
         if self.usage:
             events.append(usage_report(self.usage))
         return events
