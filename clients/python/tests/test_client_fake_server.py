@@ -50,6 +50,9 @@ class FakePrompts(pb_grpc.PromptServiceServicer):
             yield pb.PromptResponse(frame=frame(2, "failed", req.request_id, reason="TOOL_SCOPE_VIOLATION"))
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "other.x",
                                 status_trailers(grpc.StatusCode.PERMISSION_DENIED, "TOOL_SCOPE_VIOLATION", "other.x"))
+        if req.text == "silent":  # accepted, then nothing ever (a connection that stopped answering)
+            yield pb.PromptResponse(frame=frame(1, "accepted", req.request_id))
+            await asyncio.sleep(3600)
         if req.request_id not in self.frames:
             asyncio.get_running_loop().create_task(self._turn(req))
         async for response in self._follow(req.request_id, 0):
@@ -76,7 +79,7 @@ class FakeTools(tool_grpc.ToolServiceServicer):
             await self.results.put(message.result)
 
 
-async def with_server(body):
+async def with_server(body, **client_options):
     server = grpc.aio.server()
     prompts, tools = FakePrompts(), FakeTools()
     pb_grpc.add_PromptServiceServicer_to_server(prompts, server)
@@ -84,7 +87,7 @@ async def with_server(body):
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
-        async with await asc.connect(f"127.0.0.1:{port}", token="t") as client:
+        async with await asc.connect(f"127.0.0.1:{port}", token="t", **client_options) as client:
             return await body(client, prompts, tools)
     finally:
         await server.stop(0)
@@ -149,3 +152,52 @@ def test_schema_from_signature():
     assert spec.description == "Doc."
     assert spec.schema == {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"},
                                                             "c": {}}, "required": ["a"]}
+
+
+IDLE = 0.3  # seconds a stream may go without a frame in these tests
+
+
+def test_a_caller_slow_over_a_frame_is_no_stalled_connection():
+    """The idle watchdog timed the caller's work on a frame too: a consumer
+    taking longer than the idle timeout over one had its healthy call cut
+    and the client's channel replaced."""
+    async def body(client, *_):
+        channel = client.channel
+        stream = client.prompt("a b c", session_key="k")
+        kinds = []
+        async for f in stream:
+            kinds.append(asc.frame_kind(f))
+            if len(kinds) == 1:
+                await asyncio.sleep(IDLE * 3)  # a slow consumer, not a silent connection
+        return kinds, stream.resumes, client.channel is channel
+
+    kinds, resumes, same_channel = asyncio.run(with_server(body, stream_idle_timeout=IDLE))
+    assert kinds[-1] == "completed" and resumes == 0 and same_channel
+
+
+def test_a_stalled_stream_replaces_the_channel_without_cutting_the_others_on_it():
+    """Replacing the channel closed the old one, which cancelled every other
+    call on it: another turn's stream raised a bare CancelledError and a
+    ToolHost stopped serving for good."""
+    host = asc.ToolHost("conf.python")
+
+    @host.tool(description="Add two integers.")
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    async def body(client, _, tools):
+        channel = client.channel
+        async with host.running(client):
+            silent = asyncio.ensure_future(client.prompt("silent", session_key="s", resume_timeout=IDLE * 4).collect())
+            other = await client.prompt(" ".join(f"w{i}" for i in range(40)), session_key="k").collect()
+            replaced = client.channel is not channel
+            with pytest.raises(asc.SidecarError):
+                await silent  # it never gets its turn's end: it gives up after its resume window
+            results = [await tools.results.get(), await tools.results.get()]
+            return other, replaced, results
+
+    other, replaced, results = asyncio.run(with_server(body, stream_idle_timeout=IDLE))
+    assert replaced, "the silent stream's watchdog replaced the channel"
+    assert asc.frame_kind(other[-1]) == "completed" and len(other) == 43
+    assert sorted(r.invocation_id for r in results) == ["i0", "i1"]
+

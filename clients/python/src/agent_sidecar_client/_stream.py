@@ -160,6 +160,7 @@ class FrameStream:
                     # connection does not always give up an await that is cancelled.
                     idle.arm(call)
                     response = await call.read()
+                    idle.disarm()  # the time the caller takes over a frame is not the connection's
                     if response is grpc.aio.EOF:
                         clean_end = True
                         break

@@ -41,9 +41,10 @@ SERVICE_CONFIG = resources.files("agent_sidecar_client").joinpath("service_confi
 # Quick reconnects: a resumed stream should not sit in gRPC's default backoff
 # (which grows to two minutes) after a sidecar restart. Keepalive pings: a
 # connection that stops answering (a half-open connection, a network black
-# hole) is closed within keepalive time + timeout (30 s), so the streams on it
-# fail and resume instead of waiting forever. The sidecar accepts client pings
-# down to one a second, with or without calls.
+# hole) is closed by gRPC in the end (later than keepalive time + timeout: about
+# a minute where measured), so every call on it fails and resumes instead of
+# waiting forever; a stream notices sooner (DEFAULT_STREAM_IDLE_TIMEOUT). The
+# sidecar accepts client pings down to one a second, with or without calls.
 KEEPALIVE_TIME_MS = 20_000
 KEEPALIVE_TIMEOUT_MS = 10_000
 _CHANNEL_OPTIONS = (
@@ -95,7 +96,7 @@ class SidecarClient:
         #: Deadline in seconds of every unary call the wrappers make (None: no deadline).
         self.call_timeout = call_timeout
         self._channel_args = (target, credentials, channel_options(options))
-        self._retired: set[Any] = set()
+        self._retired: list[grpc.aio.Channel] = []  # replaced, still serving their calls
         self._open_channel()
 
     def _open_channel(self) -> None:
@@ -112,13 +113,15 @@ class SidecarClient:
         """A stream on ``stalled`` got nothing, not even a keepalive frame, for
         stream_idle_timeout: its connection stopped answering (a half-open
         connection that keepalive pings have not closed yet), and every new call
-        would go onto it. Open a new channel (once per stalled channel) and close
-        the old one, which ends its calls (a ToolHost then re-registers)."""
+        would go onto it. Open a new channel (once per stalled channel) for the
+        calls to come. The old one is not closed: closing it would cancel every
+        call on it, other streams and a ToolHost's among them, as if their
+        callers had; those whose connection is dead end by themselves (their
+        own idle watchdog, keepalive pings, their deadlines) and resume or
+        re-register on the new channel. ``close()`` closes it."""
         if stalled is self.channel:
+            self._retired.append(stalled)
             self._open_channel()
-            task = asyncio.get_running_loop().create_task(stalled.close())
-            self._retired.add(task)
-            task.add_done_callback(self._retired.discard)
         return self.channel
 
     async def wait_ready(self, timeout: float = 10.0) -> None:
@@ -136,7 +139,10 @@ class SidecarClient:
                                       f"no sidecar reachable at {self.target} within {timeout:g}s") from None
 
     async def close(self) -> None:
-        await self.channel.close()
+        """Close the channel, and those a stalled connection made it replace."""
+        retired, self._retired = self._retired, []
+        for channel in (*retired, self.channel):
+            await channel.close()
 
     async def __aenter__(self) -> SidecarClient:
         return self
