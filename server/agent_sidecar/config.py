@@ -270,8 +270,9 @@ class Config:
                                     "(at most `retention_days`: its replay reads the frames)")
     housekeeping_interval_s: float = key(60.0, gt=0, toml="sidecar.housekeeping_interval_s",
                                          doc="retention and pruning tick")
-    keepalive_s: float = key(15.0, gt=0, toml="sidecar.keepalive_s",
-                             doc="a silent stream gets a keepalive frame this often")
+    keepalive_s: float = key(15.0, gt=0, le=30, toml="sidecar.keepalive_s",
+                             doc="a silent stream gets a keepalive frame this often (the clients take "
+                                 "45 s without one for a dropped connection)")
     redact_pii: bool = key(False, toml="sidecar.redact_pii",
                            doc="redact ids in GetSessionContext's prompt section")
     connected_platforms: list[str] = key([], nonempty=True, toml="sidecar.connected_platforms",

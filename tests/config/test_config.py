@@ -185,6 +185,8 @@ def test_the_cross_key_checks(tmp_path):
     assert names(problems(tmp_path, '[profiles.main]\nmodel = "ecoh"\n')) == ["profiles.main.model"]
     assert names(problems(tmp_path, "[sidecar]\nkeepalive_s = inf\ndrain_timeout = nan\n")) == \
         ["sidecar.keepalive_s", "sidecar.drain_timeout"]
+    # A keepalive the clients' idle watchdog (45 s) would take for a dropped connection.
+    assert names(problems(tmp_path, "[sidecar]\nkeepalive_s = 60\n")) == ["sidecar.keepalive_s"]
     # Retention would prune the ledger row and frames a retry within the window replays:
     # the retry got REQUEST_NOT_FOUND instead of the turn's frames.
     assert names(problems(tmp_path, "[sidecar]\nretention_days = 0.001\n")) == ["sidecar.dedup_window_s"]
