@@ -364,8 +364,12 @@ def bench_acting_after_first_level(act, *args: str) -> tuple[int, str, str]:
     """The bench command with ``args``; ``act(proc)`` runs as soon as its
     stderr reports the sidecar's first level done (one line per finished
     point: stderr is no terminal). Its exit status, stdout and the rest of
-    its stderr."""
-    proc = subprocess.Popen([*COMMAND, "bench", *args], cwd=ROOT, env=CLEAN_ENV,
+    its stderr. The command starts with Ctrl-C's default handling: a shell
+    starts a background job (CI's test run, say) with SIGINT ignored, which
+    its children inherit, and a bench started so rightly ignores Ctrl-C."""
+    with_ctrl_c = [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler);"
+                   " from agent_sidecar.cli.main import main; sys.exit(main())"]
+    proc = subprocess.Popen([*with_ctrl_c, "bench", *args], cwd=ROOT, env=CLEAN_ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None
