@@ -105,8 +105,8 @@ func TestFailedFrameError(t *testing.T) {
 	}
 }
 
-// checkAgentTimeout asserts err is the AGENT_TIMEOUT *Error of a call whose
-// own deadline passed.
+// checkClientDeadline asserts err is the DEADLINE_EXCEEDED *Error (no reason)
+// of a call whose own deadline passed.
 func checkClientDeadline(t *testing.T, err error) {
 	t.Helper()
 	var e *Error

@@ -168,8 +168,9 @@ func TestPromptResumesAcrossRealDisconnect(t *testing.T) {
 }
 
 // The call's own deadline, reached while the stream is connected, ends the
-// iterator with AGENT_TIMEOUT (as Python's and Node's clients raise AgentTimeout).
-func TestWatchDeadlineIsAgentTimeout(t *testing.T) {
+// iterator with DEADLINE_EXCEEDED and no reason, never AGENT_TIMEOUT (as in
+// the Python and Node clients).
+func TestWatchDeadlineIsClientDeadline(t *testing.T) {
 	_, _, target := startFake(t)
 	dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

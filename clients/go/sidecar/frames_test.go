@@ -216,8 +216,8 @@ func TestFollowStopsWhenCallerBreaks(t *testing.T) {
 	}
 }
 
-// The deadline passing while the iterator waits to reconnect is AGENT_TIMEOUT
-// too, not a bare context.DeadlineExceeded; a cancelled context is an *Error.
+// The deadline passing while the iterator waits to reconnect is
+// DEADLINE_EXCEEDED without a reason too, not a bare context.DeadlineExceeded; a cancelled context is an *Error.
 func TestFollowDeadlineDuringOutage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
@@ -238,8 +238,9 @@ func TestFollowDeadlineDuringOutage(t *testing.T) {
 	}
 }
 
-// A status DEADLINE_EXCEEDED with no sidecar reason is the turn's deadline.
-func TestFollowDeadlineStatusIsAgentTimeout(t *testing.T) {
+// A status DEADLINE_EXCEEDED with no sidecar reason is the call's own deadline
+// (DEADLINE_EXCEEDED, no reason).
+func TestFollowDeadlineStatusIsClientDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
 	defer cancel()
 	<-ctx.Done()

@@ -69,8 +69,9 @@ func NewRequestID() string {
 // frame exactly once, in seq order. A turn ending with a failed frame yields
 // that frame and then (nil, *Error) carrying its reason. Errors such as
 // AGENT_BUSY arrive as (nil, *Error) with no frame before them. When ctx's
-// deadline passes the error is AGENT_TIMEOUT (errors.Is(err,
-// context.DeadlineExceeded) holds too); when resuming gives up it is
+// deadline passes the error is DEADLINE_EXCEEDED without a reason (never
+// AGENT_TIMEOUT, which is a turn's server-side timeout; errors.Is(err,
+// context.DeadlineExceeded) holds); when resuming gives up it is
 // UNAVAILABLE without a reason. Ranging the same iterator twice replays the
 // turn (same request id, no second turn). A string that is not valid UTF-8
 // (Text, SessionKey, a Source field, ...) ends it at once with an
@@ -126,7 +127,7 @@ type WatchParams struct {
 // With RequestID it behaves like Prompt's iterator (ends at the terminal
 // frame, typed error after failed). With SessionKey or Platform it follows
 // every turn until ctx ends (the last value is then an *Error wrapping the
-// context error; AGENT_TIMEOUT when its deadline passed),
+// context error; DEADLINE_EXCEEDED without a reason when its deadline passed),
 // resuming after the last cursor seen when the connection drops; failed
 // frames are yielded as frames, not errors.
 func (c *Client) Watch(ctx context.Context, p WatchParams) iter.Seq2[*Frame, error] {

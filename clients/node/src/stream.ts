@@ -130,7 +130,8 @@ const LOCAL_CANCEL_DETAILS = "Cancelled on client";
  * error, an exception wrapped as UNKNOWN) or that is grpc-js's status for a call
  * this process cancelled ("Cancelled on client"). A FrameStream also never
  * resumes after its own close(), its client's close(), or its AbortSignal, and
- * the caller's deadline ends a turn as DEADLINE_EXCEEDED (AgentTimeout).
+ * the caller's deadline ends a turn as DEADLINE_EXCEEDED with no reason (a
+ * DeadlineExceeded, never AgentTimeout, which is a turn's server-side timeout).
  */
 export function isTransportError(err: SidecarError): boolean {
   if (err.reason !== "" || !TRANSPORT_CODES.has(err.code) || isSerializationError(err)) return false;
@@ -309,7 +310,7 @@ export class FrameStream implements AsyncIterable<ActivityFrame> {
       if (endError !== undefined) {
         cause = fromGrpcError(endError);
         const retry = this.sequencer.mode === "request" && RETRY_SAME_REQUEST_REASONS.has(cause.reason);
-        if (!dropped && !retry && !isTransportError(cause)) throw asTurnError(cause);
+        if (!dropped && !retry && !isTransportError(cause)) throw cause;
         if (retry) retryDelayMs = cause.retryDelayMs ?? 0;
       } else if (!gap && !dropped && this.sequencer.mode === "request") {
         // The sidecar ends a request's stream OK only once the turn is over.
@@ -352,15 +353,6 @@ export class FrameStream implements AsyncIterable<ActivityFrame> {
       this.resumes += 1;
     }
   }
-}
-
-/**
- * A turn stream's own deadline passing shows up locally as DEADLINE_EXCEEDED
- * with no details: a DeadlineExceeded with no reason, as for a unary call
- * (never AGENT_TIMEOUT, which is a turn's server-side timeout).
- */
-function asTurnError(e: SidecarError): SidecarError {
-  return e;
 }
 
 /** Await the next message, or `undefined` after `ms` (the pending read is then abandoned). */
