@@ -286,9 +286,14 @@ func localError(ctx context.Context, err error) error {
 // connSet dials the client's connections and keeps them, so that a stream that
 // went silent on a half-open connection (idle timeout) can close them: grpc-go
 // would otherwise put the resumed call on the same dead connection until
-// keepalive pings close it.
+// keepalive pings close it. Each close starts a new generation: a stream closes
+// only the connections of the generation it opened its call in, so that a
+// stream whose idle timer fires just after another stream's close does not
+// kill the fresh connection the others have just resumed on (as the Python and
+// Node clients replace a silent channel only once).
 type connSet struct {
 	mu   sync.Mutex
+	gen  uint64
 	live map[net.Conn]struct{}
 }
 
@@ -315,14 +320,29 @@ func (s *connSet) dial(ctx context.Context, addr string) (net.Conn, error) {
 	return &trackedConn{Conn: conn, set: s}, nil
 }
 
-// closeAll closes every connection (their calls fail UNAVAILABLE and resume).
-func (s *connSet) closeAll() {
+// generation is the current generation: read it before opening a call.
+func (s *connSet) generation() uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.gen
+}
+
+// closeGen closes every connection (their calls fail UNAVAILABLE and resume,
+// or re-register) and starts a new generation, unless a close already ended
+// generation gen: then the connections are newer than the stream that asks,
+// and it reports false.
+func (s *connSet) closeGen(gen uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if gen != s.gen {
+		return false
+	}
+	s.gen++
 	for c := range s.live {
 		c.Close()
 	}
 	clear(s.live)
+	return true
 }
 
 type trackedConn struct {

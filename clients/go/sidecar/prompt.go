@@ -260,7 +260,8 @@ func (e idleError) Error() string {
 // turn ended, the caller stopped, or the final error was yielded); otherwise
 // err says why the stream broke and progressed whether any frame got through.
 // A stream silent for the idle timeout is cut, and the client's connections
-// closed: a half-open connection would take the resumed call too.
+// closed (unless another stream closed them since this one opened its call):
+// a half-open connection would take the resumed call too.
 func (c *Client) runAttempt(ctx context.Context, open func(context.Context) (recvFunc, error),
 	filter frameFilter, perRequest bool, yield func(*Frame, error) bool) (progressed, done bool, err error) {
 	actx, cancel := context.WithCancel(ctx)
@@ -268,10 +269,11 @@ func (c *Client) runAttempt(ctx context.Context, open func(context.Context) (rec
 	var idle atomic.Bool
 	arm, disarm := func() {}, func() {}
 	if c.idleTimeout > 0 {
+		gen := c.conns.generation() // the connections this attempt's call can be on
 		t := time.AfterFunc(c.idleTimeout, func() {
 			idle.Store(true)
 			cancel()
-			c.conns.closeAll()
+			c.conns.closeGen(gen)
 		})
 		defer t.Stop()
 		arm, disarm = func() { t.Reset(c.idleTimeout) }, func() { t.Stop() }
