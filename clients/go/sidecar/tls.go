@@ -60,6 +60,12 @@ func WithInsecure() Option { return func(o *options) { o.insecure = true } }
 var ErrCleartextToken = errors.New("refusing to send the bearer token in cleartext to another host " +
 	"(use WithTLS or WithCAFile for a TLS listener, or WithInsecure to send it anyway)")
 
+// ErrNoClientCert: the sidecar's listener asked for a client certificate (an
+// mTLS listener, with a client_ca) and none was given (WithClientCert). It
+// fails the TLS handshake; a call's error (UNAVAILABLE) carries its text.
+var ErrNoClientCert = errors.New("the sidecar's listener requires a client certificate (mTLS): " +
+	"give one with WithClientCert")
+
 // transportCredentials builds the TLS credentials the options ask for.
 func (t tlsOptions) transportCredentials() (credentials.TransportCredentials, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
@@ -89,6 +95,16 @@ func (t tlsOptions) transportCredentials() (credentials.TransportCredentials, er
 	}
 	if t.serverName != "" {
 		cfg.ServerName = t.serverName
+	}
+	if len(cfg.Certificates) == 0 && cfg.GetClientCertificate == nil {
+		// A sidecar asks for a client certificate only on an mTLS listener (a
+		// client_ca), which requires one: fail the handshake here, saying so.
+		// Without this, TLS 1.3 completes the client's handshake and the
+		// listener's refusal comes later, often as a bare "broken pipe",
+		// indistinguishable from a sidecar going away.
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return nil, ErrNoClientCert
+		}
 	}
 	return credentials.NewTLS(cfg), nil
 }

@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	pb "github.com/agent-sidecar/agent-sidecar/clients/go/agentsidecarv1"
+	"google.golang.org/grpc/codes"
 )
 
 // ToolFunc implements one hosted tool. args is the model's arguments object
@@ -50,6 +52,14 @@ type hostedTool struct {
 //	if err := host.Err(); err != nil { ... } // Serve stopped before registering
 type ToolHost struct {
 	namespace string
+
+	// OnRetry, when set, is called before each new attempt to open and
+	// register the stream after a failed one (attempt 1, 2, ... since the last
+	// registration), with why the last one failed: an adapter started before
+	// its sidecar waits for it, and a wrong port waits the same way, so this is
+	// where to see it. When nil, the host logs (package log) the 1st failure and
+	// every RetryLogEvery-th after it. Set it before Serve.
+	OnRetry func(attempt int, err error)
 
 	mu    sync.Mutex
 	tools map[string]*hostedTool
@@ -147,10 +157,11 @@ func (h *ToolHost) setErr(err error) {
 // still running, whose ctx is cancelled). If the stream drops it cancels the
 // calls in flight (their results cannot be delivered) and reconnects and
 // registers again, with a backoff capped at 5 s, for as long as ctx lives
-// (the client's resume window does not apply); a refusal
-// by the sidecar (an error carrying a reason), a local error (a message
-// that cannot be encoded, a bad token) or the Client being closed is
-// returned at once. When Serve
+// (the client's resume window does not apply), reporting each failed attempt
+// to OnRetry (or the log); a refusal by the sidecar (an error carrying a
+// reason), a TLS handshake or certificate failure (a wrong CA, a missing
+// client certificate), a local error (a message that cannot be encoded, a bad
+// token) or the Client being closed is returned at once. When Serve
 // returns, Ready() is closed and Err() reports why.
 func (h *ToolHost) Serve(ctx context.Context, c *Client) (err error) {
 	if !h.serving.CompareAndSwap(false, true) {
@@ -167,18 +178,23 @@ func (h *ToolHost) Serve(ctx context.Context, c *Client) (err error) {
 		h.serving.Store(false)
 	}()
 	delay := 100 * time.Millisecond
+	attempt := 0
 	for {
 		registered, err := h.serveOnce(ctx, c)
 		if ctx.Err() != nil {
 			return nil
 		}
 		if registered {
-			delay = 100 * time.Millisecond
+			delay, attempt = 100*time.Millisecond, 0
 		}
 		// However long the sidecar stays out of reach: a tool host is a service.
-		if !c.resumable(ctx, err) {
+		// Not past a TLS failure (a wrong CA, no client certificate for an
+		// mTLS listener, TLS to a plain port): no wait will mend that.
+		if !c.resumable(ctx, err) || isTLSFailure(err) {
 			return err
 		}
+		attempt++
+		h.retrying(attempt, err)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -186,6 +202,34 @@ func (h *ToolHost) Serve(ctx context.Context, c *Client) (err error) {
 		}
 		delay = min(delay*2, 5*time.Second)
 	}
+}
+
+// RetryLogEvery: without an OnRetry, a ToolHost logs the first failed attempt
+// and every RetryLogEvery-th after it (about one a minute at the 5 s backoff).
+const RetryLogEvery = 12
+
+func (h *ToolHost) retrying(attempt int, err error) {
+	if h.OnRetry != nil {
+		h.OnRetry(attempt, err)
+		return
+	}
+	if attempt == 1 || attempt%RetryLogEvery == 0 {
+		log.Printf("sidecar: ToolHost %q: ServeTools failed (attempt %d), retrying: %v", h.namespace, attempt, err)
+	}
+}
+
+// isTLSFailure reports whether err is a TLS handshake or certificate failure
+// (grpc-go reports them UNAVAILABLE, as it does a refused connection): a CA
+// that did not sign the sidecar's certificate, no client certificate for an
+// mTLS listener, TLS to a plain listener. grpc-go keeps only the text.
+func isTLSFailure(err error) bool {
+	e, ok := FromError(err)
+	if !ok || e.Reason != "" || e.Code != codes.Unavailable {
+		return false
+	}
+	m := e.Message
+	return strings.Contains(m, "authentication handshake failed") || strings.Contains(m, "tls: ") ||
+		strings.Contains(m, "x509: ")
 }
 
 // serveOnce runs one ServeTools stream; registered says the sidecar confirmed
