@@ -391,10 +391,16 @@ func dialRefused(target string) (time.Duration, error) {
 
 func TestDialRejectsMalformedTargets(t *testing.T) {
 	for _, target := range []string{"", "host:", ":99999", "localhost:99999", "localhost:0", "unix:", "unix://",
-		"unix-abstract:", "unix://host/s.sock", "127.0.0.1:-1", "tcp:", "tcp://", "dns:///", "dns:///host:", "a b:80",
+		"unix-abstract:", "127.0.0.1:-1", "tcp:", "tcp://", "dns:///", "dns:///host:", "a b:80",
 		"   ", "[::1", "[::1]:", "host:port", "unix:" + t.TempDir(),
 		// Outside the targets every client takes (TargetForms): no port, no host, another scheme.
-		":7700", "sidecar", "::1", "passthrough:///bufnet", "relative/s.sock", "http://127.0.0.1:1"} {
+		":7700", "sidecar", "::1", "passthrough:///bufnet", "relative/s.sock", "http://127.0.0.1:1",
+		// As the Python client reads them (_args.normalize_target): a signed port, a bracketed
+		// host that is no IPv6 address, a scheme in capitals, an authority without a path.
+		"localhost:+80", "[::1]:+80", "dns:localhost:+80", "tcp:localhost:+80", "localhost:-80", "localhost: 80",
+		"[127.0.0.1]:80", "[localhost]:80", "[]:80", "[::1]80", "DNS:///localhost:1", "Unix:/tmp/s.sock",
+		"dns:", "dns:localhost", "dns://auth", "dns:///[::1]", "unix-abstract://x", "unix://localhost", "unix:/",
+		" localhost:80", "localhost:80 ", "a*b:80", "ipv4:127.0.0.1:80", "localhost:٣"} {
 		took, err := dialRefused(target)
 		if !errors.Is(err, ErrInvalidTarget) || took > time.Second || !strings.Contains(err.Error(), target) {
 			t.Errorf("Dial(%q): %v after %v", target, err, took)
@@ -403,10 +409,31 @@ func TestDialRejectsMalformedTargets(t *testing.T) {
 	// Targets gRPC can dial are still accepted.
 	for _, target := range append(append([]string{"unix:rel/s.sock", "unix:/abs/s.sock", "unix:///abs/s.sock",
 		"unix-abstract:name", "dns:///localhost:1", "dns:localhost:1", "tcp://127.0.0.1:1", "tcp:127.0.0.1:1",
-		"/abs/s.sock", "./rel/s.sock", "../rel/s.sock", "[fe80::1]:80", "my_host.internal:65535"}, localTargets...), remoteTargets...) {
+		"/abs/s.sock", "./rel/s.sock", "../rel/s.sock", "[fe80::1]:80", "my_host.internal:65535",
+		// As the Python client reads them: an authority before a unix path is dropped, a port may
+		// have leading zeros, a host name has no length limit here.
+		"unix://localhost/abs/s.sock", "unix-abstract:///name", "dns:127.0.0.1:1", "dns://8.8.8.8/localhost:1",
+		"[::1]:1", "[::ffff:127.0.0.1]:1", "localhost:0080", strings.Repeat("a", 300) + ":80"},
+		localTargets...), remoteTargets...) {
 		if err := dialLazy(t, target); err != nil {
 			t.Errorf("Dial(%q): %v", target, err)
 		}
+	}
+}
+
+// unix://AUTHORITY/PATH is the socket PATH (grpc-go's resolver refuses an
+// authority, so the client drops it): it reaches a sidecar listening there.
+func TestUnixTargetWithAuthorityDialsItsPath(t *testing.T) {
+	_, _, target := startFake(t)
+	path := strings.TrimPrefix(target, "unix:")
+	for _, form := range []string{"unix://localhost" + path, "unix://" + path, path} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c, err := Dial(ctx, form)
+		cancel()
+		if err != nil {
+			t.Fatalf("Dial(%q): %v", form, err)
+		}
+		c.Close()
 	}
 }
 

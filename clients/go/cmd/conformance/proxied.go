@@ -269,8 +269,15 @@ func targetForms(ctx context.Context, r *runner, sc *scenario) error {
 	}
 	for _, target := range sc.Invalid {
 		if _, err := sidecar.Dial(ctx, target, sidecar.WithLazyConnect()); !errors.Is(err, sidecar.ErrInvalidTarget) {
-			return fmt.Errorf("target %q: %v", target, err)
+			return fmt.Errorf("target %q was not refused: %v", target, err)
 		}
+	}
+	for _, target := range sc.Accepted { // forms no sidecar here listens on: taken, not dialled
+		c, err := sidecar.Dial(ctx, target, sidecar.WithLazyConnect())
+		if err != nil {
+			return fmt.Errorf("target %q was refused: %v", target, err)
+		}
+		c.Close()
 	}
 	return nil
 }

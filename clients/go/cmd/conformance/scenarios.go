@@ -34,6 +34,7 @@ type scenario struct {
 	CallTimeoutMS  int             `json:"call_timeout_ms"`
 	Forms          []string        `json:"forms"`
 	Invalid        []string        `json:"invalid"`
+	Accepted       []string        `json:"accepted"`
 	Tool           *toolDef        `json:"tool"`
 	Expect         expect          `json:"expect"`
 }
