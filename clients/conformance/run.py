@@ -391,6 +391,23 @@ def run_suite(sidecar: Sidecar, args: argparse.Namespace, langs: list[str], scen
     return 0 if ok else 1
 
 
+def python_grammar_disagrees(scenarios: Path) -> list[str]:
+    """target_forms's ``accepted`` forms (taken, but no sidecar here listens on
+    them: the Go and Node runners check them, the Python runner does not know
+    the list) as the Python client's normalize_target reads them, the reference
+    grammar: those it refuses."""
+    from agent_sidecar_client._args import normalize_target
+
+    wrong = []
+    for s in json.loads(scenarios.read_text(encoding="utf-8"))["scenarios"]:
+        for target in s.get("accepted", []):
+            try:
+                normalize_target(target)
+            except ValueError as exc:
+                wrong.append(f"{target!r} is listed as accepted; the Python client refuses it: {exc}")
+    return wrong
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="Run the conformance suite against one live sidecar.")
     parser.add_argument("--langs", default=",".join(LANGS), help="comma-separated, from python,node,go")
@@ -410,6 +427,10 @@ def main() -> int:
         parser.error(f"unknown language(s) {unknown}; known: {', '.join(LANGS)}")
     scenarios = Path(args.scenarios).resolve()
     ids = [s["id"] for s in json.loads(scenarios.read_text(encoding="utf-8"))["scenarios"]]
+    wrong = python_grammar_disagrees(scenarios)
+    if wrong:
+        print(f"conformance: scenarios.json is wrong about the target grammar: {wrong}", file=sys.stderr)
+        return 2
 
     if not openssl_available():
         print("conformance: the TLS scenarios need the openssl command", file=sys.stderr)

@@ -450,6 +450,14 @@ export const HANDLERS: Record<string, Handler> = {
       }
       check(thrown, `target ${JSON.stringify(target)} was accepted`);
     }
+    for (const target of (sc.accepted ?? []) as string[]) {
+      // Forms no sidecar here listens on: taken, not dialled.
+      try {
+        connect(target).close();
+      } catch (err) {
+        check(false, `target ${JSON.stringify(target)} was refused: ${err}`);
+      }
+    }
   },
 
   async unix_and_tcp(sc, ctx) {

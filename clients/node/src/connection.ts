@@ -21,14 +21,17 @@ import { fromGrpcError } from "./errors";
 import serviceConfig from "./service_config.json";
 
 /**
- * Normalize a target: `unix:/abs/sock`, `unix:./rel/sock` and `host:port` pass
- * through; a bare path (`/x/sidecar.sock`, `./data/sidecar.sock`) gets `unix:`.
+ * Normalize a target: a bare path (`/x/sidecar.sock`, `./data/sidecar.sock`)
+ * gets `unix:`, `tcp:` (and `tcp://`) is dropped, and so is the authority of
+ * `unix://AUTHORITY/PATH` (grpc-js would dial PATH relative); the rest passes through.
  */
 export function normalizeTarget(target: string): string {
   if (target.startsWith("/") || target.startsWith("./") || target.startsWith("../")) {
     return "unix:" + target;
   }
   if (target.startsWith("tcp:")) return target.slice(4).replace(/^\/\//, "");
+  const unixAuthority = /^(unix|unix-abstract):\/\/[^/]+(\/.*)$/.exec(target);
+  if (unixAuthority) return `${unixAuthority[1]}://${unixAuthority[2]}`;
   return target;
 }
 
@@ -54,18 +57,27 @@ export function checkTarget(target: unknown): asserts target is string {
   if (typeof target !== "string") {
     throw new TypeError(`target: expected a string ("unix:/path/sidecar.sock" or "host:port"), got ${typeOf(target)}`);
   }
+  // The Python client's grammar (clients/python/.../_args.py normalize_target), read the same way.
   const bad = (why: string): never => {
     throw new TypeError(`target: ${JSON.stringify(target)} ${why}; expected one of ${TARGET_FORMS}`);
   };
   if (target.trim() === "") bad("is empty");
-  const t = normalizeTarget(target);
-  if (t.startsWith("unix:") || t.startsWith("unix-abstract:")) {
-    const path = t.slice(t.indexOf(":") + 1);
-    // unix:///abs/path (empty authority) or unix:path, as grpc-js reads them.
-    if (path.startsWith("//") ? !/^\/\/[^/]*\/./.test(path) : path === "") bad("has no socket path");
-    // The path grpc-js dials: unix:///abs/path is /abs/path, unix://host/p is p (no percent-decoding).
-    const dialled = !path.startsWith("//") ? path : path.startsWith("///") ? path.slice(2) : path.slice(path.indexOf("/", 2) + 1);
-    const n = Buffer.byteLength(dialled, "utf8");
+  if (target !== target.trim()) bad("has leading or trailing whitespace");
+  let t = target;
+  if (t.startsWith("/") || t.startsWith("./") || t.startsWith("../")) t = "unix:" + t;
+  const colon = t.indexOf(":");
+  const [scheme, rest] = colon < 0 ? [t, ""] : [t.slice(0, colon), t.slice(colon + 1)];
+  if (colon >= 0 && (scheme === "unix" || scheme === "unix-abstract")) {
+    let path = rest;
+    if (path.startsWith("//")) {
+      // unix://[authority]/path: the path keeps its "/"
+      const slash = path.indexOf("/", 2);
+      path = slash < 0 ? "" : path.slice(slash);
+    }
+    path = path.split("?", 1)[0].split("#", 1)[0];
+    if (path === "" || path === "/") bad("has no socket path");
+    // The path grpc-js dials (no percent-decoding): unix:///abs/path is /abs/path.
+    const n = Buffer.byteLength(path, "utf8");
     if (n > UNIX_PATH_MAX) {
       // libuv cuts a longer path to 108 bytes: the channel fails UNAVAILABLE or reaches another socket.
       throw new RangeError(
@@ -74,32 +86,43 @@ export function checkTarget(target: unknown): asserts target is string {
     }
     return;
   }
-  let rest = t;
-  const scheme = /^dns:/i.exec(t);
-  if (scheme) {
-    rest = t.slice(scheme[0].length);
-    if (rest.startsWith("//")) {
-      const cut = rest.indexOf("/", 2);
-      rest = cut < 0 ? "" : rest.slice(cut + 1);
+  if (colon >= 0 && scheme === "tcp") return checkHostPort(target, rest.startsWith("//") ? rest.slice(2) : rest);
+  if (colon >= 0 && scheme === "dns") {
+    let address = rest;
+    if (address.startsWith("//")) {
+      const slash = address.indexOf("/", 2);
+      address = slash < 0 ? "" : address.slice(slash + 1);
     }
-  } else if (/^[A-Za-z][A-Za-z0-9+.-]*:(\/\/|[^0-9])/.test(t) || t.startsWith("tcp:")) {
+    return checkHostPort(target, address);
+  }
+  if (t.includes("://") || (colon >= 0 && !/^[0-9]/.test(rest) && !t.startsWith("["))) {
     bad("has a scheme this client does not dial");
   }
-  for (const addr of [rest]) {
-    let host = addr;
-    let port: string | undefined;
-    const bracketed = /^\[([^\]]*)\](?::(.*))?$/.exec(addr);
-    if (bracketed) [, host, port] = bracketed;
-    else if (isIP(addr) !== 6 && addr.includes(":")) {
-      const cut = addr.lastIndexOf(":");
-      [host, port] = [addr.slice(0, cut), addr.slice(cut + 1)];
-      if (host.includes(":")) bad("is not host:port (an IPv6 address goes in brackets: [::1]:50051)");
-    }
-    if (host === "" || /[\s/]/.test(host)) bad("has no valid host (expected host:port or unix:/path)");
-    if (port === undefined) bad("has no port (a port is always given: host:port)");
-    if (!(/^\d+$/.test(port!) && +port! >= 1 && +port! <= 65535)) {
-      throw new RangeError(`target: ${JSON.stringify(target)} has port ${JSON.stringify(port)}; a port is 1..65535`);
-    }
+  checkHostPort(target, t);
+}
+
+/** host:port or [ipv6]:port, as the Python client checks them; throws naming `target`. */
+function checkHostPort(target: string, address: string): void {
+  const bad = (why: string): never => {
+    throw new TypeError(`target: ${JSON.stringify(target)} ${why}; expected one of ${TARGET_FORMS}`);
+  };
+  let port: string;
+  if (address.startsWith("[")) {
+    const close = address.indexOf("]");
+    if (close < 0 || address[close + 1] !== ":") bad("is not [ipv6]:port");
+    const host = address.slice(1, close);
+    if (isIP(host.split("%", 1)[0]) !== 6) bad(`has ${JSON.stringify(host)}, which is no IPv6 address`);
+    port = address.slice(close + 2);
+  } else {
+    const cut = address.lastIndexOf(":");
+    if (cut < 0) bad("has no port (a port is always given: host:port)");
+    const host = address.slice(0, cut);
+    port = address.slice(cut + 1);
+    if (host.includes(":")) bad("is not host:port (an IPv6 address goes in brackets: [::1]:50051)");
+    if (!/^[A-Za-z0-9._-]+$/.test(host) || /^\.*$/.test(host)) bad("has no valid host (host:port)");
+  }
+  if (!(/^[0-9]+$/.test(port) && +port >= 1 && +port <= 65535)) {
+    throw new RangeError(`target: ${JSON.stringify(target)} has port ${JSON.stringify(port)}; a port is 1..65535`);
   }
 }
 

@@ -7,6 +7,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { Metadata, status as GrpcCode, type ServerWritableStream } from "@grpc/grpc-js";
 import { connect, type SidecarClient } from "../src/client";
+import { normalizeTarget } from "../src/connection";
 import { SidecarError } from "../src/errors";
 import { FrameSequencer } from "../src/frames";
 import { Session } from "../src/gen/agent_sidecar/v1/common";
@@ -251,14 +252,30 @@ test("a malformed target fails at connect, naming target", T, () => {
   const bad = ["", "   ", "unix:", "unix://", "unix:///", "host:", ":99999", "localhost:99999", "127.0.0.1:0",
     "127.0.0.1:-1", "a b:80", "dns:///", "::1:50051", undefined, null, 42,
     // Outside the targets every client takes (TARGET_FORMS): no port, another scheme.
-    "localhost", "::1", "ipv4:127.0.0.1:1", "http://127.0.0.1:1", "tcp:", "tcp:127.0.0.1", "relative/x.sock"];
+    "localhost", "::1", "ipv4:127.0.0.1:1", "http://127.0.0.1:1", "tcp:", "tcp:127.0.0.1", "relative/x.sock",
+    // As the Python client reads them (_args.normalize_target): a signed port, a bracketed host that is
+    // no IPv6 address, a scheme in capitals, an authority without a path, "/" as the socket path.
+    "localhost:+80", "[::1]:+80", "dns:localhost:+80", "tcp:localhost:+80", "localhost: 80", "[127.0.0.1]:80",
+    "[localhost]:80", "[]:80", "[::1]80", "DNS:///localhost:1", "Unix:/tmp/s.sock", "dns:", "dns:localhost",
+    "dns://auth", "dns:///[::1]", "unix-abstract:", "unix-abstract://x", "unix://localhost", "unix:/",
+    " localhost:80", "localhost:80 ", "a*b:80", "localhost:\u0663"];
   for (const target of bad) {
     assert.throws(() => connect(target as any), (e: unknown) => e instanceof Error && /^target: /.test(e.message), String(target));
   }
   const good = ["unix:/tmp/x.sock", "unix:///tmp/x.sock", "unix:rel.sock", "./x.sock", "/x.sock", "localhost:50051",
     "[::1]:50051", "dns:///localhost:50051", "example.com:443", "tcp:127.0.0.1:1", "tcp://127.0.0.1:1",
-    "../x.sock"];
+    "../x.sock",
+    // As the Python client reads them: an authority before a unix path, leading zeros in a port.
+    "unix://localhost/abs/s.sock", "unix-abstract:///name", "unix-abstract:name", "dns:127.0.0.1:1",
+    "dns://8.8.8.8/localhost:1", "[::ffff:127.0.0.1]:1", "[fe80::1]:80", "localhost:0080", "my_host.internal:65535",
+    "a".repeat(300) + ":80"];
   for (const target of good) connect(target).close();
+});
+
+test("unix://AUTHORITY/PATH is the socket PATH (grpc-js would dial PATH relative)", T, () => {
+  assert.equal(normalizeTarget("unix://localhost/tmp/s.sock"), "unix:///tmp/s.sock");
+  assert.equal(normalizeTarget("unix:///tmp/s.sock"), "unix:///tmp/s.sock");
+  assert.equal(normalizeTarget("unix:rel.sock"), "unix:rel.sock");
 });
 
 test("a Unix socket path past 107 bytes fails at connect, naming target and its length", T, () => {
