@@ -78,7 +78,7 @@ export {
   type ResumeOptions,
   type StreamOpener,
 } from "./stream";
-export { ToolHost, type ServeOptions, type ToolContext, type ToolHandler } from "./tools";
+export { isTlsFailure, RETRY_LOG_EVERY, ToolHost, type ServeOptions, type ToolContext, type ToolHandler } from "./tools";
 
 export type { Message, Session, SessionSource, Usage } from "./gen/agent_sidecar/v1/common";
 export { SessionState } from "./gen/agent_sidecar/v1/common";

@@ -59,6 +59,28 @@ export interface ServeOptions {
   reconnect?: boolean;
   /** Ceiling of the backoff between re-registration attempts (default 5000 ms). */
   maxBackoffMs?: number;
+  /**
+   * Called before each new attempt to open and register after a failed one
+   * (attempt 1, 2, ... since the last registration), with why it failed: a
+   * sidecar not up yet and a wrong port look the same, and the host waits for
+   * both. Default: `console.warn` of the 1st failure and every
+   * {@link RETRY_LOG_EVERY}-th after it.
+   */
+  onRetry?: (err: SidecarError, attempt: number) => void;
+}
+
+/** Without `onRetry`, the host warns of the 1st failed attempt and every this many-th (about a minute at 5 s). */
+export const RETRY_LOG_EVERY = 12;
+
+/**
+ * A TLS handshake or certificate failure (a CA that did not sign the sidecar's
+ * certificate, no client certificate for an mTLS listener, TLS to a plain
+ * port): UNAVAILABLE like a refused connection, told apart by grpc-js's text
+ * (it keeps OpenSSL's). No wait mends it: the host stops with it.
+ */
+export function isTlsFailure(e: SidecarError): boolean {
+  if (e.reason !== "" || e.code !== GrpcCode.UNAVAILABLE) return false;
+  return /certificate|SSL routines|\bssl\b|\btls\b|handshake|self[- ]signed|unable to verify|alert/i.test(e.message);
 }
 
 /**
@@ -76,6 +98,8 @@ export class ToolHost {
   private call?: ToolStream;
   private reconnect = true;
   private maxBackoffMs = 5000;
+  private onRetry?: (err: SidecarError, attempt: number) => void;
+  private attempts = 0;
   private closing = false;
   private ended = false;
   private endError?: SidecarError;
@@ -138,7 +162,9 @@ export class ToolHost {
    * registered names once the sidecar confirms (ToolsRegistered). While the
    * sidecar is out of reach (not up yet) it waits and retries with backoff, as
    * the Python and Go hosts do; it rejects with the typed error when the sidecar
-   * refuses the registration (an error with a reason). Later, if
+   * refuses the registration (an error with a reason) or on a TLS failure (a
+   * wrong CA, a missing client certificate: {@link isTlsFailure}). Each failed
+   * attempt goes to `onRetry` (default: a warning, the 1st and every 12th). Later, if
    * the stream drops (a sidecar restart), the host re-opens it and registers
    * again with backoff, unless `reconnect: false`. After {@link close} it opens
    * nothing and resolves with `[]` (no tool registered).
@@ -150,6 +176,7 @@ export class ToolHost {
     if (this.closing) return Promise.resolve([]);
     this.reconnect = opts?.reconnect ?? true;
     this.maxBackoffMs = opts?.maxBackoffMs ?? 5000;
+    this.onRetry = opts?.onRetry;
     return this.firstOpen();
   }
 
@@ -162,10 +189,13 @@ export class ToolHost {
     let delay = 100;
     for (;;) {
       try {
-        return await this.open();
+        const names = await this.open();
+        this.attempts = 0;
+        return names;
       } catch (err) {
         const e = fromGrpcError(err);
         if (!this.reconnect || !this.retryable(e)) throw e;
+        this.retrying(e);
       }
       await new Promise((r) => setTimeout(r, delay));
       delay = Math.min(delay * 2, this.maxBackoffMs);
@@ -176,7 +206,18 @@ export class ToolHost {
   }
 
   private retryable(e: SidecarError): boolean {
-    return e.reason === "" && RETRY_CODES.has(e.code) && !isSerializationError(e) && !this.client!.closed;
+    return (
+      e.reason === "" && RETRY_CODES.has(e.code) && !isSerializationError(e) && !isTlsFailure(e) && !this.client!.closed
+    );
+  }
+
+  /** Report a failed attempt before the next one. */
+  private retrying(e: SidecarError): void {
+    this.attempts += 1;
+    if (this.onRetry) return this.onRetry(e, this.attempts);
+    if (this.attempts === 1 || this.attempts % RETRY_LOG_EVERY === 0) {
+      console.warn(`agent-sidecar: ToolHost ${JSON.stringify(this.namespace)}: ServeTools failed (attempt ${this.attempts}), retrying: ${e.message}`);
+    }
   }
 
   /**
@@ -256,10 +297,12 @@ export class ToolHost {
       try {
         await this.open();
         this.reconnects += 1;
+        this.attempts = 0;
         return;
       } catch (err) {
         const e = fromGrpcError(err);
         if (!this.retryable(e)) return this.finish(e);
+        this.retrying(e);
         delay = Math.min(delay * 2, this.maxBackoffMs);
       }
     }
