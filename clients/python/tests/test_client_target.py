@@ -54,3 +54,14 @@ def test_a_unix_socket_path_past_107_bytes_is_refused_at_once(target, n, via_con
 ])
 def test_a_path_of_107_bytes_or_another_target_is_accepted(target):
     make(target, via_connect=False)
+
+
+def test_a_unix_target_with_an_authority_dials_its_path(tmp_path):
+    """unix://localhost/PATH was taken as it was, and gRPC's core refuses to
+    dial it ("authority-based URIs not supported by the unix scheme"): it is
+    the socket at PATH, as in the Go and Node clients."""
+    from agent_sidecar_client._args import normalize_target
+    assert normalize_target("unix://localhost/tmp/s.sock") == "unix:/tmp/s.sock"
+    assert normalize_target("unix:///tmp/s.sock") == "unix:/tmp/s.sock"
+    assert normalize_target("unix:./data/sidecar.sock") == "unix:./data/sidecar.sock"
+

@@ -182,7 +182,7 @@ def normalize_target(target: object) -> str:
         n = len(urllib.parse.unquote_to_bytes(path.encode("utf-8", "surrogatepass")))
         if n > UNIX_PATH_MAX:
             raise ValueError(f"target: a Unix socket path may be at most {UNIX_PATH_MAX} bytes; this one is {n}")
-        return t
+        return f"{scheme}:{rest}"  # without an authority, which gRPC's core will not dial
     if sep and scheme == "tcp":
         address = rest[2:] if rest.startswith("//") else rest
         _check_host_port(address, bad)
