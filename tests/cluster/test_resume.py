@@ -13,6 +13,8 @@ never again and again by the reapers when nothing is due.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from types import SimpleNamespace
 
@@ -20,6 +22,7 @@ import pytest
 from helpers.cluster import Cluster
 from helpers.config import echo, table
 from helpers.ids import source, uniq, words
+from helpers.procs import worker_pid
 from helpers.recovery import RESUME_PREFIX, restart
 from helpers.sessions import get_session, transcript
 from helpers.store import StoreView, local_store
@@ -79,6 +82,26 @@ def test_a_node_restarted_alone_resumes_the_turn_its_drain_cut_off(tmp_path, clu
         long = _cut_off_by_the_drain(a)
         restart(a)
         _assert_resumed_once(a, long)
+
+
+def test_a_lane_let_go_idle_after_its_worker_died_gets_no_continue_turn_when_taken_again(tmp_path, cluster_dsn):
+    """A dead worker ends its turn failed and marks the lane (worker_crashed);
+    its node lets the lane go once idle. Taken again by the user's next
+    prompt, it ran a continue turn first (the prompt waited behind it, at
+    queue position 1), which one sidecar gives only after a restart."""
+    with Cluster(tmp_path, cluster_dsn, n=1, config=CUT_OFF) as cl:
+        a = cl["a"]
+        store = StoreView(a)
+        long = PromptRun(a.prompts(), text=words(400), src=source("discord"), profile="slow")
+        long.wait_for("text_delta")
+        os.kill(worker_pid(a, 0), signal.SIGKILL)
+        assert long.result(30).end == "failed" and long.reason == "WORKER_CRASHED", long.kinds()[-1:]
+        assert store.entry(long.key).resume_reason == "worker_crashed"
+        wait_until(lambda: store.lease_holder(long.key) is None, 30, 0.2, "the lane let go, idle")
+        again = PromptRun(a.prompts(), text="hello again", key=long.key, background=False)
+        assert again.end == "completed", again.kinds()
+        assert again.frames[0].accepted.queue_position == 0
+        assert store.resume_turns(long.session_id) == []
 
 
 def test_auto_resume_off_runs_no_continue_turn_after_a_clean_stop(tmp_path, cluster_dsn):

@@ -7,13 +7,16 @@ escalation, dangling tool calls, and retention of frames and ledger rows."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import time
 
 import grpc
 from helpers.config import echo, scripted, table
 from helpers.ids import source, words
+from helpers.procs import worker_pid
 from helpers.recovery import health, marker, restart
 from helpers.sessions import get_session, transcript
 from helpers.store import StoreView, raw_sql
@@ -400,3 +403,34 @@ def test_retention_prunes_old_frames_and_ledger_not_transcripts(tmp_path):
         assert get_session(sc.sessions(), key).turn_count == 4
     finally:
         sc.stop()
+
+
+def test_a_user_interrupt_waiting_at_a_crash_runs_as_the_users_and_no_continue_turn_takes_it(tmp_path):
+    """A turn is running (its worker stopped), the user's INTERRUPT for it is
+    acknowledged, the sidecar is killed. After the restart the continue turn,
+    an INTERRUPT itself, took the user's prompt over: it ended superseded by
+    the continue turn, and its text was stored as the system's (synthetic).
+    Now the user's prompt runs as it was sent, and there is no continue turn:
+    the user had asked the cut-off turn to stop."""
+    sc = Sidecar(tmp_path / "data", config=echo("main", 100), workers=1).start()
+    try:
+        running = PromptRun(sc.prompts(), text=words(200), src=source("discord"))
+        running.wait_for("text_delta")
+        stopped = worker_pid(sc, 0)
+        os.kill(stopped, signal.SIGSTOP)
+        interrupt = PromptRun(sc.prompts(), text="stop and read this", key=running.key,
+                              delivery=ppb.DELIVERY_MODE_INTERRUPT)
+        interrupt.wait_for("accepted")
+        sc.kill9()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stopped, signal.SIGKILL)
+        restart(sc)
+        out = watch(sc.prompts(), request_id=interrupt.request_id, timeout=30)
+        assert out.kinds()[-1] == "completed", out.kinds()
+        mine = [m for m in transcript(sc.sessions(), running.session_id)
+                if m.role == "user" and m.content == "stop and read this"]
+        assert [m.synthetic for m in mine] == [False]  # the user's, as sent (the echo's reply aside)
+        assert StoreView(sc).resume_turns(running.session_id) == []
+    finally:
+        sc.stop()
+

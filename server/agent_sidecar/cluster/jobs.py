@@ -67,8 +67,14 @@ def take_lane(uow: UnitOfWork, key: str, address: str, ttl_s: float, how: Restor
     """This node takes the lane's lease if nobody else holds it alive; then
     the lane is restored as after a restart: a turn its last node was running
     is closed (interrupted, with synthetic tool results), its queued prompts
-    come back in order, auto-resume by the recovery rules."""
-    return _take(uow, key, address, ttl_s, how)
+    come back in order, auto-resume by the recovery rules. A lane its last
+    node let go cleanly (idle) gets no continue turn: nothing was cut off
+    since, and a mark it still has (a dead worker's, whose turn ended failed
+    then) waits for a restart, as on one sidecar."""
+    take = _take(uow, key, address, ttl_s, how)
+    if take.plan is not None and isinstance(take.lease, LeaseGrant) and take.lease.previous_clean:
+        take.plan.resume = []
+    return take
 
 
 def take_orphans(uow: UnitOfWork, address: str, ttl_s: float, how: Restoring,

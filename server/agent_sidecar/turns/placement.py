@@ -78,7 +78,12 @@ def absorb_unstarted(lane: Lane, turn: Turn) -> None:
 
     Why: a turn that has started keeps its user message when it is cancelled;
     one that had not would keep nothing. Two INTERRUPTs sent together would
-    otherwise lose the first one's text or not depending on milliseconds."""
+    otherwise lose the first one's text or not depending on milliseconds.
+
+    An auto-resume turn takes nothing over: its note is the system's, and a
+    user's text run in it would be stored as the system's too."""
+    if "resume" in turn.payload:
+        return
     if lane.interrupt:
         older = lane.interrupt[-1]
         if older.delivery == INTERRUPT and _unstarted_user_prompt(older):

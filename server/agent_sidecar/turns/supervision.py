@@ -72,6 +72,11 @@ async def adopt(m: TurnManager, plan: RestorePlan, epoch: int = 0) -> None:
     keys = {q.entry.session_key for q in plan.queued} | {r.session_key for r in plan.resume}
     for q in plan.queued:
         _restore_queued(m, q).epoch = epoch
+    # A lane whose user had interrupted the turn that was cut off (an INTERRUPT
+    # or ROLLBACK waits in it) gets no continue turn: that turn was to stop, and
+    # the user's prompt runs next (the continue turn, an INTERRUPT itself, took
+    # the user's text over and stored it as the system's).
+    resume = [r for r in plan.resume if not _user_interrupted(m.lanes.get(r.session_key))]
     # Submitted together, the resume turns' accepts share a few commits. One
     # refused (the store failing just now) must not leave the lanes unstarted,
     # their queued prompts waiting for ever: every lane goes on, then it is raised.
@@ -81,13 +86,18 @@ async def adopt(m: TurnManager, plan: RestorePlan, epoch: int = 0) -> None:
                  text=RESUME_TEXT.format(reason=r.reason), delivery=INTERRUPT,
                  source=None, timeout_s=m.cfg.gateway_timeout,
                  payload={"resume": r.reason}, internal=True, epoch=epoch)
-        for r in plan.resume), return_exceptions=True) if isinstance(e, BaseException)]
+        for r in resume), return_exceptions=True) if isinstance(e, BaseException)]
     for key in sorted(keys):
         lane = m.lanes.get(key)
         if lane is not None:
             m.advance(lane)
     if refused:
         raise refused[0]
+
+
+def _user_interrupted(lane) -> bool:
+    return lane is not None and any(t.delivery in (INTERRUPT, ROLLBACK) and "resume" not in t.payload
+                                    for t in lane.interrupt)
 
 
 def _restore_queued(m: TurnManager, q: RestoredPrompt) -> Turn:
