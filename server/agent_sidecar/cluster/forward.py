@@ -92,13 +92,15 @@ class Forwarder:
 
     async def stream(self, e: LaneElsewhere, service: str, method: str, request,
                      context) -> AsyncIterator[Any]:
-        call = self._call(e, service, method)
+        call = self._call(e, service, method)(request, metadata=self._metadata, timeout=self._timeout(context))
         try:
-            async for item in call(request, metadata=self._metadata, timeout=self._timeout(context)):
+            async for item in call:
                 self._reached(e)
                 yield item
         except grpc.aio.AioRpcError as err:
             await self._relay(e, err, context)
+        finally:  # the caller went away: the holder's stream (its subscriber) ends now, not when collected
+            call.cancel()
 
     def _reached(self, e: LaneElsewhere) -> None:
         episode = self._unreachable.get(e.address)
@@ -106,7 +108,12 @@ class Forwarder:
             episode.ended()
 
     async def _relay(self, e: LaneElsewhere, err: grpc.aio.AioRpcError, context) -> None:
-        """The holder's error as the caller's; the holder out of reach as LANE_MOVED."""
+        """The holder's error as the caller's; the holder out of reach as LANE_MOVED.
+        A call that ran out of the caller's own time is no sign of the holder's
+        health: it ends DEADLINE_EXCEEDED, with no warning about the holder."""
+        left = context.time_remaining()
+        if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and left is not None and left <= 0.001:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline passed")
         if err.code() in _UNREACHABLE and not _from_sidecar(err):
             episode = self._unreachable.get(e.address)
             if episode is None:
