@@ -73,9 +73,8 @@ async def adopt(m: TurnManager, plan: RestorePlan, epoch: int = 0) -> None:
     for q in plan.queued:
         _restore_queued(m, q).epoch = epoch
     # A lane whose user had interrupted the turn that was cut off (an INTERRUPT
-    # or ROLLBACK waits in it) gets no continue turn: that turn was to stop, and
-    # the user's prompt runs next (the continue turn, an INTERRUPT itself, took
-    # the user's text over and stored it as the system's).
+    # or ROLLBACK waits in it) gets no continue turn: the user asked that turn
+    # to stop, and their prompt runs next, as sent.
     resume = [r for r in plan.resume if not _user_interrupted(m.lanes.get(r.session_key))]
     # Submitted together, the resume turns' accepts share a few commits. One
     # refused (the store failing just now) must not leave the lanes unstarted,
