@@ -88,6 +88,26 @@ def test_accept_refuses_a_request_id_of_another_session_before_writing(tmp_path)
         assert s.uow.ledger.get("r1").session_key == KEY
 
 
+def test_a_request_id_past_the_window_whose_turn_is_still_open_is_not_forgotten(tmp_path):
+    """An open turn accepted longer ago than the dedup window (queued behind
+    long turns, or running long on another node): its id sent again was
+    forgotten, the open row and its frames deleted under a turn that goes on.
+    It is a twin for its own key and refused for another, as inside the window."""
+    other = "agent:main:discord:dm:7"
+    with local_store(tmp_path / "s.db") as s:
+        def accept(key, platform, at):
+            src = SessionSource(platform=platform, chat_id=key.rsplit(":", 1)[1])
+            return _accept(s, _prompt("r1", "hi", at, key, platform), src)
+        accept(KEY, "telegram", time.time() - 3600)  # an hour ago: past the 300 s window, still open
+        assert s.uow.ledger.get("r1").open
+        with pytest.raises(jobs.DuplicateRequest):
+            accept(KEY, "telegram", time.time())
+        with pytest.raises(SidecarError) as e:
+            accept(other, "discord", time.time())
+        assert (e.value.reason, e.value.field) == ("INVALID_ARGUMENT", "request_id")
+        assert s.uow.ledger.get("r1").session_key == KEY and s.uow.ledger.get("r1").open
+
+
 def test_an_absorbing_accept_skips_a_refused_prompt_and_closes_the_open_one(tmp_path):
     """Burst collapse when the middle follow-up's own accept was refused: ``c``
     absorbed ``b``, which had absorbed ``a``; ``b`` never reached the ledger, so

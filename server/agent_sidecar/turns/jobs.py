@@ -132,11 +132,13 @@ class TurnEnd:
 
 def _check_duplicate(uow: UnitOfWork, rid: str, key: str, window_s: float, now: float) -> None:
     """Refuse a request id seen within the window (a twin for the same key,
-    INVALID_ARGUMENT for another); forget an older one."""
+    INVALID_ARGUMENT for another); forget an older one, unless its turn is
+    still open (queued or running, on another node of a cluster, say):
+    forgetting it would drop the row and frames of a turn that goes on."""
     old = uow.ledger.get(rid)
     if old is None:
         return
-    if now - old.created_at < window_s:
+    if now - old.created_at < window_s or old.open:
         raise DuplicateRequest(rid) if old.session_key == key else request_id_reused(rid)
     uow.ledger.forget(rid)
 
