@@ -22,19 +22,7 @@ import {
 import { type GetOrCreateSessionRequest, SessionServiceService } from "../src/gen/agent_sidecar/v1/session_service";
 import { type ServeToolsRequest, type ServeToolsResponse, ToolServiceService } from "../src/gen/agent_sidecar/v1/tool_service";
 import { ToolHost } from "../src/tools";
-import { frame, listenUnix, sleep, type TestServer } from "./helpers";
-
-/** The full turn every fake prompt plays: seq 1..6. */
-function turn(requestId: string): ActivityFrame[] {
-  return [
-    frame(1, "accepted", "", requestId),
-    frame(2, "started", "", requestId),
-    frame(3, "text_delta", "hello ", requestId),
-    frame(4, "text_delta", "world", requestId),
-    frame(5, "usage", "", requestId),
-    frame(6, "completed", "hello world", requestId),
-  ];
-}
+import { frame, fullTurn, listenUnix, sleep, type TestServer } from "./helpers";
 
 function sidecarError(code: GrpcCode, reason: string, details: string) {
   const metadata = new Metadata();
@@ -48,7 +36,7 @@ const TOKEN = "s3cret";
 /** Prompt behaviours chosen by the request text. */
 async function prompt(call: ServerWritableStream<PromptRequest, PromptResponse>): Promise<void> {
   const req = call.request;
-  const frames = turn(req.requestId);
+  const frames = fullTurn(req.requestId);
   const send = (f: ActivityFrame) => call.write({ frame: f });
   switch (req.text) {
     case "drop": // three frames, then the connection "drops"
@@ -83,7 +71,7 @@ async function prompt(call: ServerWritableStream<PromptRequest, PromptResponse>)
 /** WatchActivity replays from one frame *before* after_seq, to prove duplicates are dropped. */
 function watchActivity(call: ServerWritableStream<WatchActivityRequest, WatchActivityResponse>): void {
   watches.push(call.request);
-  for (const f of turn(call.request.requestId)) {
+  for (const f of fullTurn(call.request.requestId)) {
     if (f.seq >= call.request.afterSeq) call.write({ frame: f });
     if (f.seq === 4) call.write({ frame: frame(4, "keepalive", "", call.request.requestId) });
   }

@@ -63,6 +63,18 @@ export function frame(
   }
 }
 
+/** The full turn the fake prompts play: seq 1..6, "hello world" in two deltas and a usage frame. */
+export function fullTurn(requestId: string): ActivityFrame[] {
+  return [
+    frame(1, "accepted", "", requestId),
+    frame(2, "started", "", requestId),
+    frame(3, "text_delta", "hello ", requestId),
+    frame(4, "text_delta", "world", requestId),
+    frame(5, "usage", "", requestId),
+    frame(6, "completed", "hello world", requestId),
+  ];
+}
+
 /** A short completed turn of `requestId`: accepted, started, one text delta "hi", completed "hi". */
 export function shortTurn(requestId: string): ActivityFrame[] {
   return [

@@ -18,20 +18,9 @@ import {
 } from "../src/gen/agent_sidecar/v1/prompt_service";
 import { type ServeToolsRequest, type ServeToolsResponse, ToolServiceService } from "../src/gen/agent_sidecar/v1/tool_service";
 import { ToolHost } from "../src/tools";
-import { frame, listenUnix, sleep, type TestServer } from "./helpers";
+import { frame, fullTurn, listenUnix, sleep, type TestServer } from "./helpers";
 
 const T = { timeout: 20_000 };
-
-function turn(requestId: string): ActivityFrame[] {
-  return [
-    frame(1, "accepted", "", requestId),
-    frame(2, "started", "", requestId),
-    frame(3, "text_delta", "hello ", requestId),
-    frame(4, "text_delta", "world", requestId),
-    frame(5, "usage", "", requestId),
-    frame(6, "completed", "hello world", requestId),
-  ];
-}
 
 /** Resolves when `fire` is called. */
 function latch(): { promise: Promise<void>; fire: () => void } {
@@ -50,7 +39,7 @@ const results = [latch(), latch()];
 
 function prompt(call: ServerWritableStream<PromptRequest, PromptResponse>): void {
   prompts += 1;
-  const frames = turn(call.request.requestId);
+  const frames = fullTurn(call.request.requestId);
   const send = (f: ActivityFrame) => call.write({ frame: f });
   switch (call.request.text) {
     case "stall": // two frames, then a black hole: nothing, not even keepalives
@@ -79,7 +68,7 @@ function prompt(call: ServerWritableStream<PromptRequest, PromptResponse>): void
 
 function watchActivity(call: ServerWritableStream<WatchActivityRequest, WatchActivityResponse>): void {
   watches.push(call.request.afterSeq);
-  for (const f of turn(call.request.requestId)) if (f.seq > call.request.afterSeq) call.write({ frame: f });
+  for (const f of fullTurn(call.request.requestId)) if (f.seq > call.request.afterSeq) call.write({ frame: f });
   call.end();
 }
 

@@ -11,6 +11,7 @@ parameters.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -67,21 +68,27 @@ def usage_update(mark: str, least: str, d: UsageDelta, updated_at: float | None,
     (``least``: the backend's two-argument minimum), far below where int64
     would overflow; with ``session_id``, only while the lane is on it."""
     total = d.input_tokens + d.output_tokens + d.cache_read_tokens + d.cache_write_tokens
-    sets = [f"{c} = {least}({c} + {mark}, {mark})" for c in _COUNTERS]
     params: list[Any] = []
     for delta in (d.input_tokens, d.output_tokens, d.cache_read_tokens, d.cache_write_tokens, total):
         params += [delta, TOKEN_TOTAL_CAP]
+    params += [d.cost_usd, d.last_prompt_tokens, d.last_prompt_tokens, d.cost_status, d.cost_status,
+               updated_at, key]
+    if session_id is not None:
+        params.append(session_id)
+    return _usage_sql(mark, least, session_id is not None), params
+
+
+@functools.cache
+def _usage_sql(mark: str, least: str, by_session: bool) -> str:
+    """usage_update's text: one per backend and form, built once (a usage
+    frame of every turn runs it)."""
+    sets = [f"{c} = {least}({c} + {mark}, {mark})" for c in _COUNTERS]
     sets += [f"estimated_cost_usd = estimated_cost_usd + {mark}",
              f"last_prompt_tokens = CASE WHEN {mark} > 0 THEN {mark} ELSE last_prompt_tokens END",
              f"cost_status = CASE WHEN {mark} != '' THEN {mark} ELSE cost_status END",
              f"updated_at = coalesce({mark}, updated_at)"]
-    params += [d.cost_usd, d.last_prompt_tokens, d.last_prompt_tokens, d.cost_status, d.cost_status,
-               updated_at, key]
     sql = "UPDATE routing SET " + ", ".join(sets) + f" WHERE session_key = {mark}"
-    if session_id is not None:
-        sql += f" AND session_id = {mark}"
-        params.append(session_id)
-    return sql, params
+    return sql + f" AND session_id = {mark}" if by_session else sql
 
 
 class RoutingPatches:
