@@ -155,8 +155,8 @@ class _Reader:
         raised (raised, gRPC would end the call with its own status)."""
         try:
             return self.parse_held(raw)
-        except SidecarError as e:  # kept without its frames, which hold the request
-            return e.with_traceback(None)
+        except SidecarError as e:
+            return e
 
     async def read(self, context) -> tuple[object, Held | None]:
         """The call's one request message, read only now (``parse_held``)."""
