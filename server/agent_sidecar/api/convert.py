@@ -190,18 +190,20 @@ def equal_share(sizes: list[int], budget: int) -> int | None:
     return None  # not reached: the sizes did not fit
 
 
-def scoped_key(value: str, principal, cfg: Config) -> str:
+def scoped_key(value: str, principal, cfg: Config, admin_any: bool = False) -> str:
     """A request's ``session_key`` in its one spelling (the platform in lower
     case), refused when it is missing or no key (INVALID_ARGUMENT) or names a
     platform outside the caller's (PERMISSION_DENIED), before anything looks
     the lane up: whether a lane exists or runs a turn is no answer to a call
-    that may not ask."""
+    that may not ask. ``admin_any``: an admin credential may name a key of
+    any platform (DeleteSession: docs/semantics.md)."""
     require(value, "session_key", cfg)
     try:
         key = canonical_session_key(value)
     except ValueError:
         raise invalid("session_key", "is not a session key (agent:{profile}:{platform}:…)") from None
-    principal.require_platform(split_session_key(key)[1])
+    if not (admin_any and principal.admin):
+        principal.require_platform(split_session_key(key)[1])
     return key
 
 
