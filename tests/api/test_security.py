@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from helpers.ids import source as src
 from helpers.sessions import rpc_error
+from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
+from agent_sidecar.api.auth import MAX_ANONYMOUS_STREAMS
 from agent_sidecar.v1 import session_service_pb2 as pb
 
 DENIED = grpc.StatusCode.PERMISSION_DENIED
@@ -60,3 +64,52 @@ def test_an_admin_token_deletes_a_session_of_a_platform_outside_its_own(sc):
     mine = _session(sc, "telegram")
     assert tcp.DeleteSession(pb.DeleteSessionRequest(session_key=mine.session_key), timeout=10,
                              metadata=bearer("tg")).deleted
+
+
+def _watch(channel, metadata=()):
+    """A health Watch, open on the sidecar once its first answer is read."""
+    call = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), metadata=metadata)
+    assert next(call).status == health_pb2.HealthCheckResponse.SERVING
+    return call
+
+
+def _reflect(channel):
+    req = reflection_pb2.ServerReflectionRequest(list_services="")
+    return list(reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(iter([req]), timeout=10))
+
+
+def test_callers_without_a_token_hold_a_bounded_number_of_streams_open(sc):
+    """Health and reflection need no token, so a caller without one could open
+    their streams until the sidecar's memory ran out (some 15-20 KB each). Past
+    MAX_ANONYMOUS_STREAMS open ones a new one is refused OVERLOADED; a caller
+    with a token or on the Unix socket is never refused, and a stream that
+    ends makes room again."""
+    tcp = sc.channel(tcp=True)
+    for _ in range(MAX_ANONYMOUS_STREAMS + 1):  # each ends, and gives its place back
+        assert _reflect(tcp)
+    held = [_watch(tcp) for _ in range(MAX_ANONYMOUS_STREAMS)]
+    try:
+        with rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED"):
+            _watch(tcp)
+        with rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED"):
+            _reflect(tcp)
+        with rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED"):  # a wrong token is none
+            _watch(tcp, bearer("wrong"))
+        r = health_pb2_grpc.HealthStub(tcp).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert r.status == health_pb2.HealthCheckResponse.SERVING  # a unary check is no stream
+        _watch(tcp, bearer("tg")).cancel()
+        _watch(sc.channel()).cancel()
+        assert _reflect(sc.channel())
+        held.pop().cancel()
+
+        def reopened():
+            try:
+                held.append(_watch(tcp))
+                return True
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+                return False
+        wait_until(reopened, what="the cancelled watch's place to be free again")
+    finally:
+        for call in held:
+            call.cancel()

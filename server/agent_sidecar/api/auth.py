@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import grpc
 
 from ..config import AuthToken
-from ..errors import PERMISSION_DENIED, UNAUTHENTICATED, SidecarError, excerpt
+from ..errors import OVERLOADED, PERMISSION_DENIED, UNAUTHENTICATED, SidecarError, excerpt
 
 # Refused credentials since the start, by reason (UNAUTHENTICATED: no or an unknown
 # token; PERMISSION_DENIED: a token without the platform or admin right), for the
@@ -61,6 +61,47 @@ class Authenticator:
                 return principal
         FAILURES[UNAUTHENTICATED] += 1
         raise SidecarError(UNAUTHENTICATED, "unknown bearer token")
+
+    def known(self, context: grpc.aio.ServicerContext) -> bool:
+        """Whether the caller is on the Unix socket or presents one of our
+        tokens; not counted as a refusal when it is neither (a health probe
+        needs no token)."""
+        if context.peer().startswith("unix:"):
+            return True
+        presented = _bearer_token(context.invocation_metadata() or ())
+        return bool(presented) and any(hmac.compare_digest(token, presented) for token, _ in self._tokens)
+
+
+# Streams of the standard services (health's Watch, reflection) that callers
+# without a credential may hold open at once, over all TCP connections. They
+# need no token (docs/security.md) and each costs the sidecar some 15-20 KB
+# while open: unbounded, one connection could open them until memory ran out.
+MAX_ANONYMOUS_STREAMS = 128
+
+
+class AnonymousStreams:
+    """Counts the open standard-service streams of callers that are neither
+    on the Unix socket nor hold a token, and refuses one past ``limit``
+    (OVERLOADED): a caller with a token, or on the socket, is never counted
+    nor refused, so a flood of anonymous streams cannot lock it out."""
+
+    def __init__(self, auth: Authenticator, limit: int = MAX_ANONYMOUS_STREAMS):
+        self.auth, self.limit, self.open = auth, limit, 0
+
+    def enter(self, context: grpc.aio.ServicerContext) -> bool:
+        """Whether this stream was counted (then ``leave`` when it ends);
+        SidecarError OVERLOADED when it would be one too many."""
+        if self.auth.known(context):
+            return False
+        if self.open >= self.limit:
+            raise SidecarError(OVERLOADED, f"{self.limit} streams without a credential are open"
+                                           " (health Watch, reflection); present a bearer token,"
+                                           " or use health Check", retry_after_s=1.0)
+        self.open += 1
+        return True
+
+    def leave(self) -> None:
+        self.open -= 1
 
 
 def _bearer_token(metadata) -> bytes:

@@ -16,7 +16,9 @@ In order, each step refused with a status carrying ErrorInfo:
 
 Then the handler runs with ``(request, context, principal)``: the principal is
 computed once, here. The standard services (health, reflection: api/server.py
-``GenericOnly``) get step 3 only (``parsed_only``): they need no credential.
+``GenericOnly``) get step 3 only (``parsed_only``): they need no credential,
+and a caller without one may hold only so many of their streams open
+(api/auth.py ``AnonymousStreams``).
 
 How: the generated ``add_*Servicer_to_server`` functions register their method
 handlers on a ``Boundary`` standing in for the server, which wraps each one.
@@ -37,6 +39,7 @@ statuses are the same either way.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -205,13 +208,17 @@ async def _admit_read(auth, parsed, context):
         return _REFUSED
 
 
-def parsed_only(service: str, name: str, h: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+def parsed_only(service: str, name: str, h: grpc.RpcMethodHandler,
+                gate=None) -> grpc.RpcMethodHandler:
     """A standard service's handler (health, reflection) with step 3 only:
     bytes that are no valid request end the call INVALID_ARGUMENT naming the
     field, with ErrorInfo and one short log line, as for our services; gRPC
     itself answers UNKNOWN and logs a traceback, per call, for a caller that
     needs no credential (a health probe). No authentication and no caps: their
-    requests are bounded by the server's largest message."""
+    requests are bounded by the server's largest message. A response stream
+    (health's Watch, reflection) is open only while ``gate`` (auth.py
+    ``AnonymousStreams``) admits it: a caller without a credential may not
+    hold them open without bound."""
     cls = h.request_deserializer.__self__  # type: ignore[union-attr]  # the generated FromString
     method = f"/{service}/{name}"
 
@@ -225,11 +232,11 @@ def parsed_only(service: str, name: str, h: grpc.RpcMethodHandler) -> grpc.RpcMe
         return grpc.unary_unary_rpc_method_handler(_refusing_unary(h.unary_unary), parse,
                                                    h.response_serializer)
     if not h.request_streaming:
-        return grpc.unary_stream_rpc_method_handler(_refusing_unary_stream(h.unary_stream), parse,
+        return grpc.unary_stream_rpc_method_handler(_refusing_unary_stream(h.unary_stream, gate), parse,
                                                     h.response_serializer)
     if not inspect.isasyncgenfunction(h.stream_stream):
         raise TypeError(f"{name}: a standard request stream handler must be an async generator")
-    return grpc.stream_stream_rpc_method_handler(_refusing_streams(h.stream_stream), parse,
+    return grpc.stream_stream_rpc_method_handler(_refusing_streams(h.stream_stream, gate), parse,
                                                  h.response_serializer)
 
 
@@ -242,28 +249,46 @@ def _refusing_unary(behavior):
     return unary_unary
 
 
-def _refusing_unary_stream(behavior):
+@contextlib.contextmanager
+def _admitted(gate, context):
+    """While a standard service's stream is open: counted by ``gate`` (when
+    it counts this caller), or SidecarError OVERLOADED before it starts."""
+    counted = gate is not None and gate.enter(context)
+    try:
+        yield
+    finally:
+        if counted:
+            gate.leave()
+
+
+def _refusing_unary_stream(behavior, gate=None):
     """Of the same kind as ``behavior``, which gRPC tells apart: an async
     generator (reflection's) or a coroutine that writes through its context
     (health's Watch)."""
     if inspect.isasyncgenfunction(behavior):
         async def unary_stream(request, context):
-            if isinstance(request, SidecarError):
-                await abort(context, request)
-                return
-            async for item in behavior(request, context):
-                yield item
+            try:
+                if isinstance(request, SidecarError):
+                    raise request
+                with _admitted(gate, context):
+                    async for item in behavior(request, context):
+                        yield item
+            except SidecarError as e:
+                await abort(context, e)
         return unary_stream
 
     async def writing(request, context):
-        if isinstance(request, SidecarError):
-            await abort(context, request)
-            return
-        await behavior(request, context)
+        try:
+            if isinstance(request, SidecarError):
+                raise request
+            with _admitted(gate, context):
+                await behavior(request, context)
+        except SidecarError as e:
+            await abort(context, e)
     return writing
 
 
-def _refusing_streams(behavior):
+def _refusing_streams(behavior, gate=None):
     """A request that does not parse ends the call where the handler reads it."""
     async def raising(requests):
         async for request in requests:
@@ -273,8 +298,9 @@ def _refusing_streams(behavior):
 
     async def stream_stream(requests, context):
         try:
-            async for item in behavior(raising(requests), context):
-                yield item
+            with _admitted(gate, context):
+                async for item in behavior(raising(requests), context):
+                    yield item
         except SidecarError as e:
             await abort(context, e)
     return stream_stream

@@ -44,6 +44,7 @@ from ..v1 import (
     tool_service_pb2,
     tool_service_pb2_grpc,
 )
+from .auth import AnonymousStreams
 from .boundary import Boundary, parsed_only
 from .caps import Caps
 from .request_budget import RequestBudget
@@ -120,16 +121,17 @@ class GenericOnly:
     methods: every method of our services, health's and reflection's. A
     generic handler is one pending request, and finding a call's handler is a
     dict lookup per service. The calls and their statuses are the same either
-    way. Each handler gets the boundary's parse step (``parsed_only``)."""
+    way. Each handler gets the boundary's parse step (``parsed_only``), and
+    its response streams ``gate`` (``AnonymousStreams``), when given."""
 
-    def __init__(self, server: grpc.aio.Server):
-        self.server = server
+    def __init__(self, server: grpc.aio.Server, gate: AnonymousStreams | None = None):
+        self.server, self.gate = server, gate
 
     def add_generic_rpc_handlers(self, handlers) -> None:
         pass  # the same handlers follow in add_registered_method_handlers
 
     def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
-        wrapped = {name: parsed_only(service, name, h) for name, h in handlers.items()}
+        wrapped = {name: parsed_only(service, name, h, self.gate) for name, h in handlers.items()}
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
 
 
@@ -138,14 +140,15 @@ def build_server(cfg: Config, services: list, auth,
     """The server with ``services`` (SessionService, PromptService, ToolService,
     StatusService instances), each call through the boundary (auth, size and
     ``budget``, parse, caps), plus health and reflection (as gRPC serves
-    them); listeners bound."""
+    them, with a bound on the streams callers without a credential hold
+    open); listeners bound."""
     caps = Caps(cfg.limits)
     server = grpc.aio.server(options=server_options(caps), interceptors=interceptors())
     trusted_only = all(listener.address.startswith("unix:") for listener in cfg.all_listeners())
     edge = Boundary(server, auth, caps, budget, trusted_only)
     for service in services:
         _ADD[type(service).__name__](service, edge)
-    generic = GenericOnly(server)
+    generic = GenericOnly(server, AnonymousStreams(auth))
     health_servicer = SidecarHealth()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, generic)
     # enable_server_reflection(names, server), without the registered methods:
