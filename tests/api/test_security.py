@@ -4,16 +4,22 @@ can hold open. A real sidecar with several tokens, probed over gRPC."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from helpers.ids import source as src
 from helpers.sessions import rpc_error
+from helpers.store import writes_held
+from helpers.streams import collect
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
 from agent_sidecar.api.auth import MAX_ANONYMOUS_STREAMS
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as pb
 
 DENIED = grpc.StatusCode.PERMISSION_DENIED
@@ -113,3 +119,45 @@ def test_callers_without_a_token_hold_a_bounded_number_of_streams_open(sc):
     finally:
         for call in held:
             call.cancel()
+
+
+def _health(sc):
+    try:
+        with grpc.insecure_channel(sc.target) as ch:
+            return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1).status
+    except grpc.RpcError:
+        return None
+
+
+def test_a_request_id_unknown_when_watched_shows_no_frames_of_another_platform(tmp_path):
+    """WatchActivity(request_id) checked the request's platform once, before
+    reading it; a request unknown then (no live turn, no ledger row) passed,
+    and when another platform's prompt took that id before the frames were
+    read, its whole turn went to the watcher. Made certain here: both calls
+    wait for the startup restore (held by the store's write lock), the slack
+    prompt first, so it is live when the telegram watch reads on. Now every
+    frame a by-request watch sends is checked against the credential."""
+    sc = Sidecar(tmp_path / "data", config=TOKENS, tcp=True).start()
+    sc.stop()
+    out: dict = {}
+    with writes_held(sc):  # the restart's restore waits for it: prompts and watches wait for the restore
+        threading.Thread(target=sc.start, daemon=True).start()
+        wait_until(lambda: _health(sc) == health_pb2.HealthCheckResponse.NOT_SERVING, timeout=30,
+                   what="the restarted sidecar's server, restoring")
+        slack = ppb.PromptRequest(request_id="shared-id", text="slack only", source=src("slack"))
+        watch = ppb.WatchActivityRequest(request_id="shared-id")
+        calls = [threading.Thread(target=lambda: out.__setitem__("prompt", collect(
+                     sc.prompts().Prompt(slack, timeout=30)))),
+                 threading.Thread(target=lambda: out.__setitem__("watch", collect(
+                     sc.prompts(tcp=True).WatchActivity(watch, timeout=30, metadata=bearer("tg")))))]
+        for call in calls:  # in this order: the prompt waits for the restore first
+            call.start()
+            time.sleep(0.3)
+    try:
+        for call in calls:
+            call.join(30)
+        assert out["prompt"].kinds()[-1:] == ["completed"], out["prompt"].details
+        assert out["watch"].kinds() == [], out["watch"].kinds()
+        assert out["watch"].code == DENIED, (out["watch"].code, out["watch"].details)
+    finally:
+        sc.stop()

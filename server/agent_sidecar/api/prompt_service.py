@@ -139,6 +139,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
         if placed is None:  # a known request id: its original turn's frames
             await self._authorize_request(rid, principal)
             async for item in self._replay_request(rid, 0):
+                principal.require_platform(split_session_key(item.frame.session_key)[1])  # as WatchActivity's
                 yield item.wire
             return
         (turn, sub), last, behind = placed, 0, False
@@ -287,7 +288,10 @@ class PromptService(pb_grpc.PromptServiceServicer):
             # neither live nor ended in the store yet: the restore ends it (or
             # queues it again) first, else the stream would end with no terminal frame.
             await self.turns.ready.wait()
+            # Each frame checked too: a request unknown when authorized may be
+            # another platform's by the time its frames are read.
             async for item in self._replay_request(request.request_id, request.after_seq):
+                principal.require_platform(split_session_key(item.frame.session_key)[1])
                 yield item.wire
             return
         if request.session_key:
