@@ -14,6 +14,8 @@ and the sidecar warns about a plain TCP listener open to the network.
 from __future__ import annotations
 
 import asyncio
+import socket
+import ssl
 
 import grpc
 import pytest
@@ -94,6 +96,31 @@ def test_mtls_takes_the_client_certificate_and_refuses_a_client_without_one(sc, 
     refused(sc.mtls_target, ca_file=certs.ca)
     # The server's own certificate is no client certificate (its usage is serverAuth).
     refused(sc.mtls_target, ca_file=certs.ca, cert_file=certs.server_cert, key_file=certs.server_key)
+
+
+def _handshake(target: str, certs, version: ssl.TLSVersion) -> str:
+    """The TLS version a handshake offering only ``version`` agreed on (an
+    old one allowed on this side: OpenSSL's security level 0)."""
+    ctx = ssl.create_default_context(cafile=str(certs.ca))
+    ctx.minimum_version = ctx.maximum_version = version
+    ctx.set_ciphers("DEFAULT@SECLEVEL=0")
+    ctx.set_alpn_protocols(["h2"])
+    host, port = target.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as raw, \
+            ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+        return tls.version() or ""
+
+
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1:DeprecationWarning")
+def test_a_tls_listener_speaks_tls_1_2_and_1_3_only(sc, certs):
+    """docs/security.md: TLS 1.0 and 1.1 are refused in the handshake (by the
+    sidecar: it ends the connection after the client's hello)."""
+    assert _handshake(sc.tls_target, certs, ssl.TLSVersion.TLSv1_2) == "TLSv1.2"
+    assert _handshake(sc.tls_target, certs, ssl.TLSVersion.TLSv1_3) == "TLSv1.3"
+    for old in (ssl.TLSVersion.TLSv1, ssl.TLSVersion.TLSv1_1):
+        with pytest.raises((ssl.SSLError, ConnectionError)) as e:
+            _handshake(sc.tls_target, certs, old)
+        assert "NO_PROTOCOLS_AVAILABLE" not in str(e.value), e.value  # offered, then refused
 
 
 # -- the command line -------------------------------------------------------------------------------
