@@ -19,6 +19,7 @@ from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
 from agent_sidecar.api.auth import MAX_ANONYMOUS_STREAMS
+from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as pb
 
@@ -70,6 +71,70 @@ def test_an_admin_token_deletes_a_session_of_a_platform_outside_its_own(sc):
     mine = _session(sc, "telegram")
     assert tcp.DeleteSession(pb.DeleteSessionRequest(session_key=mine.session_key), timeout=10,
                              metadata=bearer("tg")).deleted
+
+
+# Every call that names a slack session, by key, id or source: what a
+# telegram token sends, each refused PERMISSION_DENIED before it reads or
+# changes anything (``s``: the slack Session).
+FOREIGN = {
+    "GetSession by key": lambda S, P, s: S.GetSession(pb.GetSessionRequest(session_key=s.session_key)),
+    "GetSession by id": lambda S, P, s: S.GetSession(pb.GetSessionRequest(session_id=s.session_id)),
+    "GetTranscript": lambda S, P, s: S.GetTranscript(pb.GetTranscriptRequest(session_id=s.session_id)),
+    "AppendMessages": lambda S, P, s: S.AppendMessages(pb.AppendMessagesRequest(
+        session_id=s.session_id, messages=[c.Message(role="user", content="x")])),
+    "RewriteTranscript": lambda S, P, s: S.RewriteTranscript(pb.RewriteTranscriptRequest(session_id=s.session_id)),
+    "RewindSession": lambda S, P, s: S.RewindSession(pb.RewindSessionRequest(session_id=s.session_id)),
+    "SearchMessages": lambda S, P, s: S.SearchMessages(pb.SearchMessagesRequest(
+        query="secret", session_key=s.session_key)),
+    "ListSessions": lambda S, P, s: S.ListSessions(pb.ListSessionsRequest(platform="Slack")),
+    "ResetSession": lambda S, P, s: S.ResetSession(pb.ResetSessionRequest(session_key=s.session_key)),
+    "SuspendSession": lambda S, P, s: S.SuspendSession(pb.SuspendSessionRequest(session_key=s.session_key)),
+    "MarkResumePending": lambda S, P, s: S.MarkResumePending(pb.MarkResumePendingRequest(
+        session_key=s.session_key, reason="x")),
+    "SeedSession by key": lambda S, P, s: S.SeedSession(pb.SeedSessionRequest(session_key=s.session_key)),
+    "SeedSession by source": lambda S, P, s: S.SeedSession(pb.SeedSessionRequest(source=s.origin)),
+    "UpdateUsage": lambda S, P, s: S.UpdateUsage(pb.UpdateUsageRequest(session_key=s.session_key)),
+    "GetSessionContext": lambda S, P, s: S.GetSessionContext(pb.GetSessionContextRequest(source=s.origin)),
+    "DeleteSession": lambda S, P, s: S.DeleteSession(pb.DeleteSessionRequest(session_key=s.session_key)),
+    "Prompt by key": lambda S, P, s: list(P.Prompt(ppb.PromptRequest(
+        request_id="foreign-prompt", session_key=s.session_key.replace(":slack:", ":Slack:", 1), text="x"))),
+    "GetQueue": lambda S, P, s: P.GetQueue(ppb.GetQueueRequest(session_key=s.session_key)),
+    "Cancel": lambda S, P, s: P.Cancel(ppb.CancelRequest(session_key=s.session_key)),
+    "WatchActivity by key": lambda S, P, s: list(P.WatchActivity(ppb.WatchActivityRequest(
+        session_key=s.session_key, after_cursor=1))),
+    "WatchActivity by platform": lambda S, P, s: list(P.WatchActivity(ppb.WatchActivityRequest(
+        platform="SLACK", after_cursor=1))),
+}
+
+
+@pytest.mark.parametrize("call", list(FOREIGN))
+def test_a_platform_token_reaches_no_session_of_another_platform(sc, call):
+    """Each call naming a slack session with a telegram token: PERMISSION_DENIED,
+    and the session, its transcript and its turn's frames as they were."""
+    adm = sc.sessions(tcp=True)
+    slack = adm.SeedSession(pb.SeedSessionRequest(source=src("slack", user_id="u1"), messages=[
+        c.Message(role="user", content="secret plan")]), timeout=10, metadata=bearer("adm")).session
+    stub = _Bearer(sc.sessions(tcp=True), "tg"), _Bearer(sc.prompts(tcp=True), "tg")
+    with rpc_error(DENIED, "PERMISSION_DENIED"):
+        FOREIGN[call](*stub, slack)
+    after = adm.GetSession(pb.GetSessionRequest(session_key=slack.session_key), timeout=10,
+                           metadata=bearer("adm")).session
+    assert (after.session_id, after.suspended, after.resume_pending, after.input_tokens) == \
+        (slack.session_id, False, False, 0)
+    kept = adm.GetTranscript(pb.GetTranscriptRequest(session_id=slack.session_id, include_rewound=True),
+                             timeout=10, metadata=bearer("adm")).messages
+    assert [(m.content, m.active) for m in kept] == [("secret plan", True)]
+
+
+class _Bearer:
+    """A stub whose every call carries the token (and a 10 s deadline)."""
+
+    def __init__(self, stub, token: str):
+        self._stub, self._token = stub, token
+
+    def __getattr__(self, name):
+        method = getattr(self._stub, name)
+        return lambda request: method(request, timeout=10, metadata=bearer(self._token))
 
 
 def _watch(channel, metadata=()):
