@@ -137,7 +137,8 @@ class Sidecar:
             SessionService(self.cfg, self.store, auth, self.turns, forward),
             PromptService(self.cfg, self.store, auth, self.turns, forward, tail=self.tail),
             ToolService(self.cfg, auth, self.tools),
-            StatusService(self.cfg, auth, lambda: snapshot(self.live))], auth, self.requests)
+            StatusService(self.cfg, auth, lambda: snapshot(self.live))], auth, self.requests,
+            open_files[1] if open_files else None)
         from grpc_health.v1 import health_pb2
         # grpc's servicer starts SERVING; we are not, until the restore is done.
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)

@@ -4,6 +4,10 @@ can hold open. A real sidecar with several tokens, probed over gRPC."""
 
 from __future__ import annotations
 
+import os
+import resource
+import signal
+import socket
 import threading
 import time
 
@@ -12,9 +16,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from helpers.ids import source as src
-from helpers.sessions import rpc_error
+from helpers.procs import worker_pid
+from helpers.sessions import assert_serving, rpc_error
 from helpers.store import writes_held
-from helpers.streams import collect
+from helpers.streams import collect, prompt_req, run
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
@@ -226,3 +231,31 @@ def test_a_request_id_unknown_when_watched_shows_no_frames_of_another_platform(t
         assert out["watch"].code == DENIED, (out["watch"].code, out["watch"].details)
     finally:
         sc.stop()
+
+
+def test_connections_anyone_opens_on_a_tcp_port_leave_the_sidecar_files_of_its_own(tmp_path):
+    """Every connection is an open file, and anyone who reaches a TCP port can
+    open them, with no token. 800 idle connections to a sidecar allowed 700
+    open files took them all: a client on the Unix socket could not connect,
+    and a worker that crashed could not be respawned (the next turn hung). Now
+    each listener keeps at most its share of the limit (api/server.py
+    connection_cap) and closes the rest as it accepts them."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))  # the flood's own files
+    sc = Sidecar(tmp_path / "data", config=TOKENS, tcp=True, workers=1,
+                 wrapper=["prlimit", "--nofile=700:700", "--"]).start()
+    flood: list[socket.socket] = []
+    try:
+        for _ in range(800):
+            flood.append(socket.create_connection(("127.0.0.1", sc.tcp_port), timeout=10))
+        assert_serving(sc)  # a new client on the Unix socket: health, then a session created
+        crashed = worker_pid(sc, 0)
+        os.kill(crashed, signal.SIGKILL)
+        wait_until(lambda: worker_pid(sc, 0) not in (None, crashed), timeout=30, what="a new worker")
+        turn = run(sc.prompts(), prompt_req(), timeout=60)
+        assert turn.end == "completed", (turn.code, turn.details)
+    finally:
+        for conn in flood:
+            conn.close()
+        sc.stop()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

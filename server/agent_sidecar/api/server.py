@@ -100,14 +100,38 @@ def _prepare_unix(path: str) -> None:
     raise RuntimeError(f"another process is listening on {path}")
 
 
-def server_options(caps: Caps) -> list[tuple[str, int]]:
+def server_options(caps: Caps, listeners: int = 1, open_files: int | None = None) -> list[tuple[str, int]]:
     """SERVER_OPTIONS plus the receive limit: the largest request any RPC of
     ours accepts (each RPC refuses more than its own, smaller share itself:
-    api/boundary.py). Past it gRPC refuses the message unread."""
+    api/boundary.py). Past it gRPC refuses the message unread. And the
+    connections each of ``listeners`` keeps open at once (connection_cap)."""
     largest = max(caps.request_limit(m.input_type)
                   for pb in _SERVICE_MODULES for service in pb.DESCRIPTOR.services_by_name.values()
                   for m in service.methods)
-    return SERVER_OPTIONS + [("grpc.max_receive_message_length", largest)]
+    return SERVER_OPTIONS + [("grpc.max_receive_message_length", largest),
+                             ("grpc.max_allowed_incoming_connections", connection_cap(listeners, open_files))]
+
+
+# Open files kept for the sidecar's own use whatever its clients do: pipes to
+# its workers and writer (a crashed one is respawned through new ones), the
+# store's files and connections, the metrics endpoint, the cluster's channels.
+MIN_FD_RESERVE = 512
+MIN_CONNECTIONS = 64
+
+
+def connection_cap(listeners: int, open_files: int | None) -> int:
+    """How many connections one listener keeps open at once; gRPC closes one
+    more as soon as it is accepted. Every connection is an open file, and
+    anyone who can reach a TCP port can open them, token or not: without a
+    cap they took every file the process may open (runtime.py raises the soft
+    limit to the hard one), and then a worker that crashed could not be
+    respawned, nor a client on the Unix socket connect. The listeners share
+    the open-files limit (``open_files``; None: none known) less a reserve (a
+    tenth of it, at least MIN_FD_RESERVE); each counts its own connections, so
+    a flood on a TCP port never closes the Unix socket's."""
+    soft = open_files if open_files and open_files > 0 else 1 << 20  # RLIM_INFINITY is -1
+    reserve = max(MIN_FD_RESERVE, soft // 10)
+    return min(1 << 30, max(MIN_CONNECTIONS, (soft - reserve) // max(listeners, 1)))  # a C int
 
 
 class GenericOnly:
@@ -135,15 +159,17 @@ class GenericOnly:
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
 
 
-def build_server(cfg: Config, services: list, auth,
-                 budget: RequestBudget) -> tuple[grpc.aio.Server, health.HealthServicer, list[str]]:
+def build_server(cfg: Config, services: list, auth, budget: RequestBudget,
+                 open_files: int | None = None) -> tuple[grpc.aio.Server, health.HealthServicer, list[str]]:
     """The server with ``services`` (SessionService, PromptService, ToolService,
     StatusService instances), each call through the boundary (auth, size and
     ``budget``, parse, caps), plus health and reflection (as gRPC serves
     them, with a bound on the streams callers without a credential hold
-    open); listeners bound."""
+    open, and on the connections each listener keeps: ``open_files``, the
+    process's limit, is shared among them); listeners bound."""
     caps = Caps(cfg.limits)
-    server = grpc.aio.server(options=server_options(caps), interceptors=interceptors())
+    server = grpc.aio.server(options=server_options(caps, len(cfg.all_listeners()), open_files),
+                             interceptors=interceptors())
     trusted_only = all(listener.address.startswith("unix:") for listener in cfg.all_listeners())
     edge = Boundary(server, auth, caps, budget, trusted_only)
     for service in services:
