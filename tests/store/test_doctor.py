@@ -175,3 +175,17 @@ def test_doctor_next_to_a_running_sidecar(tmp_path):
         assert len(search(sc, "doctor")) == 4
     finally:
         assert sc.stop() == 0
+
+
+def test_doctor_with_the_sidecars_config_checks_the_sidecars_store(stopped, tmp_path):
+    """The config names the data dir (``[sidecar] data_dir``, as ``serve --config``
+    reads it): ``doctor --config`` checks that store, not ./data in the working
+    directory; ``--data-dir`` still wins."""
+    conf = tmp_path / "sidecar.toml"
+    conf.write_text(f'[sidecar]\ndata_dir = "{stopped.data_dir}"\n')
+    r = cli("doctor", "--config", str(conf))
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = [ln for ln in r.stdout.splitlines() if ln.strip().startswith("messages")]
+    assert line and line[0].split()[-1] == str(2 * len(TEXTS)), r.stdout
+    r = doctor(tmp_path / "elsewhere", "--config", str(conf))
+    assert r.returncode == 1 and "no store" in r.stderr, (r.stdout, r.stderr)

@@ -27,13 +27,16 @@ def _say(msg: str) -> None:
 
 
 def _open(args):
-    """The data dir's store, by the config's backend (the file, the environment)."""
+    """The store ``serve`` with the same config would open: its backend, and
+    its data dir (``--data-dir``, else the config's or the environment's
+    ``sidecar.data_dir``, else ./data), so that ``doctor --config FILE`` never
+    checks another store than the sidecar's."""
     from ..config import load_config
     cfg = load_config(getattr(args, "config", None), data_dir=args.data_dir)
     if cfg.store.backend == "postgres":
         from ..store.postgres.maintenance import PostgresMaintenance
         return PostgresMaintenance(cfg.store.dsn)
-    db_path = os.path.join(args.data_dir, "sidecar.db")
+    db_path = os.path.join(cfg.data_dir, "sidecar.db")
     if not os.path.exists(db_path):
         raise NotAStore(f"no store at {db_path}")
     return SqliteMaintenance(db_path)

@@ -73,9 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     ss.set_defaults(func=_sessions)
 
     d = sub.add_parser("doctor", help="check and repair the store (sidecar may be stopped)")
-    d.add_argument("--data-dir", default="./data")
+    d.add_argument("--data-dir", default=None,
+                   help="the sidecar's data dir (default: the config's [sidecar] data_dir, else ./data)")
     d.add_argument("--rebuild-fts", action="store_true", help="drop and rebuild the full-text index")
-    d.add_argument("--config", default=None, help="the sidecar's TOML config (its [store] backend and dsn)")
+    d.add_argument("--config", default=None, help="the sidecar's TOML config (its data_dir, [store] backend and dsn)")
     d.set_defaults(func=_doctor)
 
     h = sub.add_parser("health", help="ask a running sidecar's health service (exit 0 when SERVING)")
