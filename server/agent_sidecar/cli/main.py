@@ -1,4 +1,4 @@
-"""``agent-sidecar``: serve, sessions, doctor, health, status, config, bench; ``--version``.
+"""``agent-sidecar``: serve, sessions, doctor, backup, health, status, config, bench; ``--version``.
 
 It imports nothing heavy at module level (grpc and the server come in
 inside the commands), so ``agent-sidecar --help`` and the small commands
@@ -28,6 +28,11 @@ def _sessions(args) -> int:
 
 def _doctor(args) -> int:
     from .doctor import run
+    return run(args)
+
+
+def _backup(args) -> int:
+    from .backup import run
     return run(args)
 
 
@@ -78,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--rebuild-fts", action="store_true", help="drop and rebuild the full-text index")
     d.add_argument("--config", default=None, help="the sidecar's TOML config (its data_dir, [store] backend and dsn)")
     d.set_defaults(func=_doctor)
+
+    b = sub.add_parser("backup", help="copy the SQLite store to FILE, safely while the sidecar runs")
+    b.add_argument("file", metavar="FILE", help="the copy (a new file; FILE.partial until it is complete)")
+    b.add_argument("--data-dir", default=None,
+                   help="the sidecar's data dir (default: the config's [sidecar] data_dir, else ./data)")
+    b.add_argument("--config", default=None, help="the sidecar's TOML config (its data_dir and [store] backend)")
+    b.set_defaults(func=_backup)
 
     h = sub.add_parser("health", help="ask a running sidecar's health service (exit 0 when SERVING)")
     add_target_arguments(h)
