@@ -293,12 +293,17 @@ class Config:
     platforms: dict[str, PlatformConfig] = named(PlatformConfig, names=_name("platform", fold=True),
                                                  doc="settings of one platform (names are case-insensitive)")
     auto_resume: str = key("interrupted", choices=AUTO_RESUME_MODES, toml="recovery.auto_resume",
-                           doc="which lanes get a continue turn after a restart (DECISIONS.md \"Recovery\")")
-    store: StoreConfig = section(StoreConfig, doc="the store ([store])")
-    cluster: ClusterConfig = section(ClusterConfig, doc="several sidecars on one PostgreSQL ([cluster])")
+                           doc="which lanes get a continue turn after a restart "
+                               "([semantics.md](semantics.md#recovery))")
+    store: StoreConfig = section(StoreConfig,
+                                 doc="where the sessions, turns and frames are kept: an SQLite file in "
+                                     "the data dir, or a PostgreSQL database ([cluster.md](cluster.md))")
+    cluster: ClusterConfig = section(ClusterConfig, doc="several sidecars on one PostgreSQL "
+                                                      "([cluster.md](cluster.md))")
     metrics: MetricsConfig = section(MetricsConfig, doc="Prometheus metrics over HTTP "
                                                            "([operations.md](operations.md#metrics))")
-    stream: StreamConfig = section(StreamConfig, doc="text delta coalescing ([stream])")
+    stream: StreamConfig = section(StreamConfig, doc="text delta coalescing "
+                                                         "([operations.md](operations.md#sizing-and-tuning))")
 
     def _validate(self) -> Iterator[tuple[str, str, Any]]:
         tcp = [t for t in self.listen if not t.startswith("unix:")]
