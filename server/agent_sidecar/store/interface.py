@@ -71,6 +71,19 @@ class StoreOpenError(RuntimeError):
     from a newer version): the sidecar does not start."""
 
 
+def refuse_newer_schema(applied: set[int], known: list[int]) -> None:
+    """A store that records migrations this release does not have was migrated
+    by a newer release (an upgrade rolled back): its tables may have changed
+    under this code, so it is refused before anything reads or writes it,
+    rather than served half-understood."""
+    newer = sorted(applied - set(known))
+    if newer:
+        raise StoreOpenError(
+            f"the store's schema has migration(s) {', '.join(map(str, newer))} from a newer agent-sidecar"
+            f" (this one knows up to {max(known)}): run that release or a later one, or restore a backup"
+            " taken before the upgrade")
+
+
 class Store(Protocol):
     """``await start()`` before the first call, ``await close()`` after the last."""
 

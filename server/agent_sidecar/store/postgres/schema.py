@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import time
 
+from ..interface import refuse_newer_schema
+
 MIGRATION_LOCK = 0x5AD3_CA12  # pg_advisory_xact_lock key serialising migrations
 
 MIGRATIONS: list[tuple[int, str, str]] = [
@@ -189,13 +191,15 @@ FTS_INDEX = "CREATE INDEX messages_fts ON messages USING gin (content_tsv)"
 
 def migrate(conn) -> list[int]:
     """Apply every migration not yet recorded (``conn``: a psycopg connection,
-    not in a transaction); returns the versions applied now."""
+    not in a transaction); returns the versions applied now. A database with
+    migrations this release lacks raises StoreOpenError."""
     applied: list[int] = []
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
         conn.execute("CREATE TABLE IF NOT EXISTS schema_migrations ("
                      " version integer PRIMARY KEY, name text NOT NULL, applied_at double precision NOT NULL)")
         done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
+        refuse_newer_schema(done, [v for v, _, _ in MIGRATIONS])
         for version, name, sql in MIGRATIONS:
             if version in done:
                 continue

@@ -13,6 +13,8 @@ import time
 
 import apsw
 
+from ..interface import refuse_newer_schema
+
 MIGRATIONS: list[tuple[int, str, str]] = [
     (1, "initial schema", """
 -- seed 001's sessions.json as a table: one row per conversation lane.
@@ -256,8 +258,10 @@ def applied_versions(conn: apsw.Connection) -> set[int]:
 
 
 def migrate(conn: apsw.Connection) -> list[int]:
-    """Apply every migration not yet recorded; returns the versions applied now."""
+    """Apply every migration not yet recorded; returns the versions applied now.
+    A store with migrations this release lacks raises StoreOpenError."""
     done = applied_versions(conn)
+    refuse_newer_schema(done, [v for v, _, _ in MIGRATIONS])
     applied = []
     for version, name, sql in MIGRATIONS:
         if version in done:
