@@ -15,7 +15,7 @@ from helpers.config import echo
 from helpers.ids import source
 from helpers.recovery import health
 from helpers.sessions import rpc_error
-from helpers.store import query
+from helpers.store import query, writes_held
 from helpers.streams import PromptRun
 from sidecar_proc import Sidecar
 
@@ -175,6 +175,22 @@ def test_doctor_next_to_a_running_sidecar(tmp_path):
         assert len(search(sc, "doctor")) == 4
     finally:
         assert sc.stop() == 0
+
+
+def test_doctor_next_to_a_running_sidecar_never_takes_its_write_lock(stopped):
+    """The full-text check holds the write lock for as long as it takes (16 s at
+    2 million messages), which stalled a running sidecar's writer past its busy
+    timeout into STORE_UNAVAILABLE. Next to a running sidecar it runs on a
+    snapshot: with the store's write lock held by another connection for the
+    whole run (as a long commit would), doctor still checks everything, where
+    it used to wait for the lock and give up (StoreLocked)."""
+    with Sidecar(stopped.data_dir, config=echo("main")).start() as sc:
+        with writes_held(sc):
+            r = doctor(sc.data_dir)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "integrity: ok" in r.stdout and "full-text index: ok" in r.stdout, r.stdout
+        assert [p.name for p in sc.data_dir.iterdir() if p.name.startswith(".doctor-")] == []
+        assert len(search(sc, "fox")) == 4
 
 
 def test_doctor_with_the_sidecars_config_checks_the_sidecars_store(stopped, tmp_path):
