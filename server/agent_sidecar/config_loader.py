@@ -230,8 +230,9 @@ class Loader:
                 continue
             found = _env_target(cls, var[len(ENV_PREFIX):].lower().split("__"), raw)
             if found is None:
-                self.out.add(var, "names no config key (AGENT_SIDECAR_<TABLE>__<KEY>, "
-                                  "see docs/configuration.md)")
+                near = _env_near(cls, var[len(ENV_PREFIX):].lower().split("__"), raw)
+                self.out.add(var, "names no config key (" + (f"did you mean {near}?" if near else
+                                  "AGENT_SIDECAR_<TABLE>__<KEY>, see docs/configuration.md") + ")")
                 continue
             path, slot = found
             self._set(raw, path, _env_value(slot, self.environ[var]), var, slot)
@@ -288,6 +289,40 @@ def _env_target(cls: type, parts: list[str], raw: dict) -> tuple[list[str], Slot
         else:
             return (path, sub) if i == len(parts) else None
     return None
+
+
+def _env_near(cls: type, parts: list[str], raw: dict) -> str | None:
+    """The variable a misspelt one most likely meant, as the file's unknown keys
+    get theirs: one part replaced by the nearest key name that makes the whole
+    name a key (``SIDECAR__DRAIN_TIMEOT`` -> ``SIDECAR__DRAIN_TIMEOUT``), or a
+    table's name put before it (``WORKERS`` -> ``SIDECAR__WORKERS``)."""
+    for table in tree(cls):
+        if _env_target(cls, [table, *parts], raw) is not None:
+            return ENV_PREFIX + "__".join([table, *parts]).upper()
+    names = sorted(_key_names(cls, set()))
+    for i, part in enumerate(parts):
+        for near in difflib.get_close_matches(part, names, n=3):
+            fixed = [*parts[:i], near, *parts[i + 1:]]
+            if _env_target(cls, fixed, raw) is not None:
+                return ENV_PREFIX + "__".join(fixed).upper()
+    return None
+
+
+def _key_names(cls: type, seen: set[type]) -> set[str]:
+    """Every key and table name of ``cls`` and the tables under it."""
+    seen.add(cls)
+    out: set[str] = set()
+    pending: list[Any] = [tree(cls)]
+    while pending:
+        for name, sub in pending.pop().items():
+            out.add(name)
+            if isinstance(sub, dict):
+                pending.append(sub)
+                continue
+            inner = typing.get_args(sub.tp)[1] if is_named(sub.tp) else sub.tp
+            if is_table(inner) and inner not in seen:
+                out |= _key_names(inner, seen)
+    return out
 
 
 def _env_value(slot: Slot, text: str) -> Any:

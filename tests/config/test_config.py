@@ -271,12 +271,29 @@ def test_bad_environment_values_are_refused_naming_key_and_variable(tmp_path):
                                     "AGENT_SIDECAR_PROFILES__MAIN__MAX_ITERATIONS": "-5"})
     assert lines == [
         "config error: AGENT_SIDECAR_SIDECAR__WORKRES: names no config key "
-        "(AGENT_SIDECAR_<TABLE>__<KEY>, see docs/configuration.md)",
+        "(did you mean AGENT_SIDECAR_SIDECAR__WORKERS?)",
         "config error: profiles.main.max_iterations: must be at least 1 (got -5) "
         "[from AGENT_SIDECAR_PROFILES__MAIN__MAX_ITERATIONS]",
         'config error: sidecar.workers: expected an integer (got "four") [from AGENT_SIDECAR_SIDECAR__WORKERS]']
     assert problems(tmp_path, "", workers=-1) == \
         ["config error: sidecar.workers: must be at least 0 (got -1) [from --workers]"]
+
+
+@pytest.mark.parametrize("var, meant", [
+    ("AGENT_SIDECAR_SIDECAR__DRAIN_TIMOUT", "AGENT_SIDECAR_SIDECAR__DRAIN_TIMEOUT"),
+    ("AGENT_SIDECAR_SIDCAR__WORKERS", "AGENT_SIDECAR_SIDECAR__WORKERS"),
+    ("AGENT_SIDECAR_WORKERS", "AGENT_SIDECAR_SIDECAR__WORKERS"),
+    ("AGENT_SIDECAR_AGENT__AGENT_CACHE__MAXSIZE", "AGENT_SIDECAR_AGENT__AGENT_CACHE__MAX_SIZE"),
+    ("AGENT_SIDECAR_PROFILES__MAIN__MODL", "AGENT_SIDECAR_PROFILES__MAIN__MODEL"),
+    ("AGENT_SIDECAR_SIDECAR__LIMITS__MAX_TEXT_BYTE", "AGENT_SIDECAR_SIDECAR__LIMITS__MAX_TEXT_BYTES"),
+    ("AGENT_SIDECAR_TOTALLY_WRONG", None),
+])
+def test_a_misspelt_variable_is_told_the_one_it_meant(tmp_path, var, meant):
+    """As an unknown key in the file is (configuration.md: "the message suggests the
+    nearest key"): before, a variable got only the naming pattern."""
+    (line,) = problems(tmp_path, "", {var: "1"})
+    assert line.startswith(f"config error: {var}: names no config key ("), line
+    assert line.endswith(f"(did you mean {meant}?)" if meant else "see docs/configuration.md)"), line
 
 
 # -- secrets ------------------------------------------------------------------------------------------
