@@ -257,7 +257,9 @@ class Config:
     log_format: str = key("json", choices=("json", "text"), toml="sidecar.log_format", doc="as `--log-format`")
     log_level: str = key("info", fold="lower", choices=LOG_LEVELS, toml="sidecar.log_level",
                          doc="as `--log-level`")
-    workers: int = key(0, ge=0, le=256, toml="sidecar.workers", doc="worker processes (0: CPU count)")
+    workers: int = key(0, ge=0, le=256, toml="sidecar.workers",
+                       doc="worker processes (0: one per CPU the sidecar may use: its CPU affinity, "
+                           "capped by its cgroup's CPU limit)")
     synchronous: str = key("FULL", fold="upper", choices=("FULL", "NORMAL"), toml="sidecar.synchronous",
                            doc="SQLite durability (a process crash loses nothing acknowledged either way)")
     drain_timeout: float = key(60.0, ge=0, toml="sidecar.drain_timeout",
@@ -369,7 +371,10 @@ class Config:
         return f"{socket.gethostname()}:{os.path.abspath(self.data_dir)}"
 
     def worker_count(self) -> int:
-        return self.workers if self.workers > 0 else (os.cpu_count() or 1)
+        """``workers``, else one per CPU the sidecar may use (cpus.py: its
+        affinity and cgroup quota, not the host's count)."""
+        from .cpus import available_cpus
+        return self.workers if self.workers > 0 else available_cpus()
 
     def pii_safe_platforms(self) -> frozenset[str]:
         """The built-in pii-safe set with ``[platforms.*] pii_safe`` applied."""

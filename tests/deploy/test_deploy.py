@@ -261,3 +261,18 @@ def test_the_health_command_exits_0_only_when_serving(tmp_path):
     with Sidecar(tmp_path / "data") as sc:
         up = subprocess.run(exe + ["--target", sc.target], capture_output=True, text=True, timeout=30)
     assert up.returncode == 0 and "SERVING" in up.stdout, up.stdout + up.stderr
+
+
+@pytest.mark.skipif(shutil.which("taskset") is None or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs taskset and two CPUs to pin the sidecar to one")
+def test_the_default_worker_count_is_the_cpus_the_sidecar_may_use(tmp_path):
+    """`workers = 0` is one worker per CPU the sidecar may run on, not the host's
+    count: pinned to one CPU (taskset; a container's CPU limit or systemd's
+    CPUAffinity= alike) it starts one worker, where it used to start one per
+    host core to share that CPU (64 in a 2-CPU pod on a 64-core node)."""
+    with Sidecar(tmp_path / "data", config=echo("main"), workers=0,
+                 wrapper=["taskset", "-c", str(min(os.sched_getaffinity(0)))]) as sc:
+        assert len(sc.status().workers) == 1, sc.status().workers
+        p = PromptRun(sc.prompts(), text="one worker is enough", src=source())
+        p.done.wait(15)
+        assert p.kinds()[-1] == "completed", p.kinds()

@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--listen", action="append", default=None, metavar="unix:PATH|HOST:PORT",
                    help="listen address; repeat for several (default unix:DATA_DIR/sidecar.sock)")
     s.add_argument("--config", default=None, help="TOML config file")
-    s.add_argument("--workers", type=int, default=None, help="worker processes (default: CPU count)")
+    s.add_argument("--workers", type=int, default=None,
+                   help="worker processes (default: one per CPU it may use: affinity, cgroup limit)")
     s.add_argument("--log-format", choices=("json", "text"), default=None)
     s.add_argument("--log-level", default=None)
     s.set_defaults(func=_serve)
