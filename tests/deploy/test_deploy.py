@@ -143,6 +143,8 @@ def test_the_systemd_unit_waits_for_readiness_restarts_on_failure_and_outlasts_t
     service = unit()["Service"]
     assert service["Type"] == "notify"
     assert service["Restart"] == "on-failure"
+    # A config error (exit 2, tests/config) fails the unit at once: a restart would repeat it.
+    assert service["RestartPreventExitStatus"].split() == ["2"]
     assert seconds(service["TimeoutStopSec"]) > DRAIN_DEFAULT
     assert service["KillSignal"] == "SIGTERM"
     exe, *argv = shlex.split(service["ExecStart"])
