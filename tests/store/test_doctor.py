@@ -15,10 +15,11 @@ from helpers.config import echo
 from helpers.ids import source
 from helpers.recovery import health
 from helpers.sessions import rpc_error
-from helpers.store import query, writes_held
+from helpers.store import query, raw_sql, writes_held
 from helpers.streams import PromptRun
 from sidecar_proc import Sidecar
 
+from agent_sidecar.store.sqlite.schema import MIGRATIONS
 from agent_sidecar.v1 import session_service_pb2 as spb
 
 pytestmark = pytest.mark.sqlite_only("the SQLite file's own checks and its FTS5 index, corrupted with sqlite3")
@@ -191,6 +192,23 @@ def test_doctor_next_to_a_running_sidecar_never_takes_its_write_lock(stopped):
         assert "integrity: ok" in r.stdout and "full-text index: ok" in r.stdout, r.stdout
         assert [p.name for p in sc.data_dir.iterdir() if p.name.startswith(".doctor-")] == []
         assert len(search(sc, "fox")) == 4
+
+
+def test_doctor_never_migrates_the_store_of_a_running_older_release(stopped):
+    """This release installed over a running older one (its store lacks this
+    release's last migration): doctor used to migrate the store under it. It now
+    refuses, changing nothing; the sidecar's own restart migrates it."""
+    last = max(v for v, _, _ in MIGRATIONS)
+    with Sidecar(stopped.data_dir, config=echo("main")).start() as sc:
+        with raw_sql(sc) as db:
+            db.execute("DELETE FROM schema_migrations WHERE version = ?", (last,))
+        r = doctor(sc.data_dir)
+        assert r.returncode == 1 and "older release" in r.stderr, (r.stdout, r.stderr)
+        assert query(sc, "SELECT version FROM schema_migrations WHERE version = ?", (last,)) == []
+        assert sc.stop() == 0
+        sc.start()
+        assert query(sc, "SELECT version FROM schema_migrations WHERE version = ?", (last,)) == [(last,)]
+        assert doctor(sc.data_dir).returncode == 0
 
 
 def test_doctor_with_the_sidecars_config_checks_the_sidecars_store(stopped, tmp_path):

@@ -22,7 +22,7 @@ from ..statements import one
 from .backup import BackupError, backup
 from .connection import BUSY_TIMEOUT_MS, DAMAGE
 from .messages import SqliteMessages
-from .schema import FTS_SCHEMA, migrate
+from .schema import FTS_SCHEMA, MIGRATIONS, applied_versions, migrate
 
 BATCH = 5000
 
@@ -46,12 +46,25 @@ class SqliteMaintenance:
             self.conn = apsw.Connection(db_path)
             self.conn.setbusytimeout(BUSY_TIMEOUT_MS)
             self.conn.execute("PRAGMA journal_mode=WAL")
+            self._refuse_to_migrate_a_running_store()
             migrate(self.conn)
         except apsw.BusyError:
             raise StoreLocked(self._locked()) from None
         except apsw.Error as e:
             raise NotAStore(f"cannot open {db_path}: {e}") from None
         self.messages = SqliteMessages(self.conn)
+
+    def _refuse_to_migrate_a_running_store(self) -> None:
+        """A store that lacks migrations of this release while a sidecar runs on
+        it belongs to an older running release (this one installed over it, the
+        service not restarted yet): migrating it would change its tables under
+        that sidecar. Nothing is checked or changed; its own restart migrates it."""
+        pending = sorted({v for v, _, _ in MIGRATIONS} - applied_versions(self.conn))
+        if pending and self._sidecar_running():
+            self.conn.close()
+            raise StoreLocked(f"the sidecar running on {self.path} is an older release (its store lacks"
+                              f" migration(s) {', '.join(map(str, pending))} of this one): nothing was checked"
+                              " or changed; restart it as this release first, or use its own doctor")
 
     def _locked(self) -> str:
         return (f"{self.path} stayed locked by another writer for {BUSY_TIMEOUT_MS // 1000} s;"
