@@ -111,6 +111,12 @@ def test_the_dockerfile_copies_what_the_repo_has_and_runs_its_own_commands():
     assert user.isdigit() and int(user) != 0, f"USER {last['USER']}: run as a non-root uid"
     volumes = exec_form(last["VOLUME"])
     assert serve.data_dir in volumes, (serve.data_dir, volumes)
+    # `docker exec … agent-sidecar status|doctor|backup` with no options: their defaults
+    # (./data, unix:./data/sidecar.sock) are this sidecar's from the working directory.
+    status, doctor = build_parser().parse_args(["status"]), build_parser().parse_args(["doctor"])
+    workdir = last["WORKDIR"]
+    assert os.path.normpath(os.path.join(workdir, "data")) == serve.data_dir, workdir
+    assert status.target == "unix:./data/sidecar.sock" and doctor.data_dir is None  # config's, else ./data
 
     health = last["HEALTHCHECK"]
     assert "CMD" in health
