@@ -371,9 +371,9 @@ class Config:
         return f"{socket.gethostname()}:{os.path.abspath(self.data_dir)}"
 
     def worker_count(self) -> int:
-        """``workers``, else one per CPU the sidecar may use (cpus.py: its
+        """``workers``, else one per CPU the sidecar may use (cgroup.py: its
         affinity and cgroup quota, not the host's count)."""
-        from .cpus import available_cpus
+        from .cgroup import available_cpus
         return self.workers if self.workers > 0 else available_cpus()
 
     def pii_safe_platforms(self) -> frozenset[str]:

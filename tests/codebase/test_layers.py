@@ -24,7 +24,7 @@ ALLOWED = {
     "models": {"errors", "entry_points"},
     "obs": {"delivery", "__version__", "logs"},  # below what it observes: it reads turns and calls by attribute
     "turns": {"store", "sessions", "recovery", "tools", "models", "errors", "config", "delivery",
-              "children", "child", "v1", "meters", "obs", "logs"},
+              "children", "child", "v1", "meters", "obs", "logs", "cgroup"},
     "cluster": {"turns", "store", "recovery", "errors", "config", "v1", "tls", "logs"},
     "api": {"cluster", "turns", "store", "sessions", "tools", "errors", "config", "delivery", "heap", "v1", "tls",
             "obs", "logs"},

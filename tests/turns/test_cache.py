@@ -202,7 +202,7 @@ def test_budget_per_worker():
 def test_detect_limit_prefers_cgroup_files(tmp_path, monkeypatch):
     (tmp_path / "memory.high").write_text("max\n")
     (tmp_path / "memory.max").write_text(str(3 * 1024 * MB) + "\n")
-    monkeypatch.setattr(memory, "_cgroup_dir", lambda: str(tmp_path))
+    monkeypatch.setattr(memory, "cgroup_dir", lambda: str(tmp_path))
     assert memory.detect_limit_bytes() == 3 * 1024 * MB
     (tmp_path / "memory.high").write_text(str(2 * 1024 * MB))
     assert memory.detect_limit_bytes() == 2 * 1024 * MB

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from ..cgroup import cgroup_dir
+
 
 def _read_limit(path: str) -> int | None:
     try:
@@ -25,19 +27,8 @@ def _read_limit(path: str) -> int | None:
     return value if 0 < value < (1 << 60) else None
 
 
-def _cgroup_dir() -> str:
-    try:
-        with open("/proc/self/cgroup") as f:
-            for line in f:
-                if line.startswith("0::"):
-                    return "/sys/fs/cgroup" + line.strip()[3:]
-    except OSError:
-        pass
-    return "/sys/fs/cgroup"
-
-
 def detect_limit_bytes() -> int:
-    base = _cgroup_dir()
+    base = cgroup_dir()
     for path in (os.path.join(base, "memory.high"), os.path.join(base, "memory.max"),
                  "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         value = _read_limit(path)

@@ -1,4 +1,6 @@
-"""How many CPUs this process may use: the default number of workers
+"""What the cgroup and the scheduler let this process use: the cgroup's
+directory (``memory_high_mb = "auto"`` reads its memory limit there,
+turns/memory.py), and how many CPUs, the default number of workers
 (``sidecar.workers = 0``).
 
 ``os.cpu_count()`` is the host's count: in a container limited to two CPUs on
@@ -16,7 +18,18 @@ from __future__ import annotations
 import math
 import os
 
-from .turns.memory import _cgroup_dir
+
+def cgroup_dir() -> str:
+    """This process's cgroup v2 directory (``0::`` of /proc/self/cgroup), else
+    the hierarchy's root."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    return "/sys/fs/cgroup" + line.strip()[3:]
+    except OSError:
+        pass
+    return "/sys/fs/cgroup"
 
 
 def available_cpus() -> int:
@@ -33,7 +46,7 @@ def available_cpus() -> int:
 
 def cgroup_cpu_quota() -> float | None:
     """The cgroup's CPU limit in CPUs (quota / period), None when there is none."""
-    v2 = _read(os.path.join(_cgroup_dir(), "cpu.max"))
+    v2 = _read(os.path.join(cgroup_dir(), "cpu.max"))
     if v2 is not None:
         parts = v2.split()
         return _ratio(parts[0], parts[1]) if len(parts) == 2 else None
