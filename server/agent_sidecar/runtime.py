@@ -275,7 +275,6 @@ class Sidecar:
             await self.turns.stop()
         if self.tail is not None:
             await self.tail.stop()
-        await asyncio.to_thread(tracing.shutdown)  # what the exporters hold goes out
         if self.store is not None:
             if not self.exit_code:
                 try:  # the full-text index complete on disk, as a clean stop should leave it
@@ -300,6 +299,9 @@ class Sidecar:
             await self.store.close()
             if graceful and not self.exit_code:
                 self._mark_clean(error)
+        # The spans still buffered go out last: a collector that hangs (the exporter's
+        # timeout, 10 s) must not hold back the store's last write and the marker.
+        await asyncio.to_thread(tracing.shutdown)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
         log.info("stopped", extra={"clean": graceful and not self.exit_code, "drained": drained})

@@ -43,7 +43,11 @@ class Span:
 
 
 class Collector:
-    def __init__(self) -> None:
+    """``on_export``: called in the collector's thread as each export request
+    arrives, before it is answered (what else was true at that moment)."""
+
+    def __init__(self, on_export: Callable[[], None] | None = None) -> None:
+        self.on_export = on_export
         self.spans: list[Span] = []
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -65,6 +69,8 @@ class Collector:
                 pass
 
             def do_POST(self) -> None:
+                if collector.on_export is not None:
+                    collector.on_export()
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if self.headers.get("Content-Encoding") == "gzip":
                     raw = gzip.decompress(raw)

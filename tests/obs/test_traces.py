@@ -147,6 +147,26 @@ def test_a_turn_still_queued_at_shutdown_exports_its_span(tmp_path, collector):
         "left", "shutdown")
 
 
+def test_the_store_is_closed_and_marked_clean_before_the_last_spans_are_sent(tmp_path):
+    """A clean stop exports the spans still buffered; it used to do that before
+    the store's last write and the clean-shutdown marker, so a collector that
+    hangs (probed: ~10 s, the exporter's timeout) or a slow one held them back,
+    into the supervisor's stop timeout and a SIGKILL without the marker. Spans
+    are best effort, the store is not: the marker is on disk when they go."""
+    marker = tmp_path / "data" / ".clean_shutdown"
+    marked_at_export: list[bool] = []
+    with Collector(on_export=lambda: marked_at_export.append(marker.exists())) as c:
+        sc = Sidecar(tmp_path / "data", config=profile("main", "echo"),
+                     env={**c.env(), "OTEL_BSP_SCHEDULE_DELAY": "600000"}).start()  # only the stop exports
+        try:
+            done = start(sc.prompts(), text="traced", src=source()).result()
+            assert done.kinds()[-1] == "completed", done.kinds()
+        finally:
+            assert sc.stop() == 0
+        c.wait_for(lambda spans: any(s.name == "turn" for s in spans), what="the turn's span")
+    assert marked_at_export and all(marked_at_export), marked_at_export
+
+
 def test_tracing_off_propagates_nothing(tmp_path):
     """No OTEL_* variables: no trace context reaches the model server or the tool host."""
     with FakeOpenAI(SCRIPTS["tools"]) as fake:
