@@ -170,16 +170,19 @@ def test_the_endpoint_names_its_format_takes_bare_lf_and_bounds_its_connections(
     with socket.create_connection(("127.0.0.1", sc.metrics_port), timeout=10) as bare_lf:
         bare_lf.sendall(b"GET /metrics HTTP/1.1\nHost: x\n\n")
         assert bare_lf.recv(64).startswith(b"HTTP/1.1 200 OK\r\n")
-    # Idle connections up to the bound wait for their request; one more is closed at once.
+    # Connections that send no request hold at most the bound: each one past
+    # it closes the oldest still waiting, and a scrape is answered meanwhile.
     idle = [socket.create_connection(("127.0.0.1", sc.metrics_port), timeout=10)
-            for _ in range(MAX_CONNECTIONS)]
+            for _ in range(MAX_CONNECTIONS + 4)]
     try:
-        with socket.create_connection(("127.0.0.1", sc.metrics_port), timeout=5) as extra:
-            assert extra.recv(64) == b""
+        assert _scrapes(sc.metrics_port)
+        closed = [s.recv(64) == b"" for s in idle[:5]]  # the scrape evicted the fifth
+        assert closed == [True] * 5
+        idle[-1].sendall(b"GET /metrics HTTP/1.1\r\n\r\n")  # the newest is still served
+        assert idle[-1].recv(64).startswith(b"HTTP/1.1 200 OK\r\n")
     finally:
         for s in idle:
             s.close()
-    wait_until(lambda: _scrapes(sc.metrics_port), what="a scrape once the idle connections closed")
 
 
 def _scrapes(port: int) -> bool:

@@ -10,10 +10,13 @@ about a millisecond for a few hundred of them.
 One request per connection (``Connection: close``); a whole exchange that
 does not end within EXCHANGE_TIMEOUT_S (a request that never arrives, a
 client that stops reading the answer), or a head over MAX_HEAD_BYTES, ends
-the connection; at most MAX_CONNECTIONS are served at once, and one past
-that is closed at once: idle connections cannot pile up against the file
-descriptors the gRPC listeners need. The endpoint has no authentication:
-bind it to a private address.
+the connection. At most MAX_CONNECTIONS are served at once, so idle
+connections cannot pile up against the file descriptors the gRPC listeners
+need; one past that closes the oldest connection still waiting for its
+request (a scraper sends its request at once, so the oldest waiting is the
+idlest), or, when every one is past its request, is closed itself: a
+handful of connections that never send a request cannot keep the scraper
+out. The endpoint has no authentication: bind it to a private address.
 
 The body is what ``generate_latest`` writes, the text format 0.0.4, and the
 answer says so, whatever version prometheus_client would name by default.
@@ -47,6 +50,8 @@ class MetricsServer:
         self.render = render
         self.server: asyncio.Server | None = None
         self.open = 0  # connections being served
+        # Those still waiting for their request, oldest first (dicts keep order).
+        self._waiting: dict[asyncio.StreamWriter, None] = {}
 
     async def start(self, listen: str) -> str:
         """Listen on ``listen``; returns the address bound (a port 0 resolved).
@@ -71,20 +76,27 @@ class MetricsServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.open >= MAX_CONNECTIONS:
-            writer.close()
-            return
+            if not self._waiting:
+                writer.close()
+                return
+            idlest = next(iter(self._waiting))
+            del self._waiting[idlest]
+            idlest.close()  # its read ends (end of stream), and its _serve with it
         self.open += 1
+        self._waiting[writer] = None
         try:
             async with asyncio.timeout(EXCHANGE_TIMEOUT_S):
                 await self._answer(reader, writer)
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, ConnectionError):
             pass  # a client that sent no proper request, or went away: nothing to answer
         finally:
+            self._waiting.pop(writer, None)
             self.open -= 1
             writer.close()
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         method, target = await _read_head(reader)
+        self._waiting.pop(writer, None)
         if method not in ("GET", "HEAD"):
             await _respond(writer, 405, b"only GET\n", extra="Allow: GET, HEAD\r\n")
         elif target.split("?", 1)[0] != PATH:
