@@ -77,6 +77,7 @@ class Sidecar:
         self.turns: TurnManager | None = None
         self.tail: FrameTail | None = None  # [cluster] the frame tail, when the store is shared (PostgreSQL)
         self._stopping = asyncio.Event()
+        self._hurry = asyncio.Event()  # a second stop signal: the drain ends now
         self.exit_code = 0
         self._lock_fd: int | None = None
         self._forward: Forwarder | None = None  # cluster/forward.py, on a cluster
@@ -234,7 +235,10 @@ class Sidecar:
         marker written), from before ``start``: one that comes while it starts
         stops it as soon as it is up. SIGHUP is a closed terminal or an
         operator's habit; there is no reload, and its default action would
-        kill the process mid-turn."""
+        kill the process mid-turn. A second one during the drain cuts it short:
+        the turns still running end as a drain timeout ends them (marked, and
+        resumed at the next start), so an operator's repeated Ctrl-C stops the
+        sidecar at once and loses nothing acknowledged."""
         loop = asyncio.get_running_loop()
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, sig)
@@ -242,6 +246,10 @@ class Sidecar:
     def _on_signal(self, sig: signal.Signals) -> None:
         if not self._stopping.is_set():
             log.info("stop requested", extra={"signal": sig.name})
+        elif not self._hurry.is_set():
+            log.warning("stop requested again: the drain is cut short, turns still running are resumed"
+                        " at the next start", extra={"signal": sig.name})
+            self._hurry.set()
         self.request_stop()
 
     async def run_until_stopped(self) -> None:
@@ -263,7 +271,7 @@ class Sidecar:
         if self.health is not None:
             await self.health.enter_graceful_shutdown()
         if graceful and self.turns is not None:
-            drained = await self.turns.drain(self.cfg.drain_timeout)
+            drained = await self.turns.drain(self.cfg.drain_timeout, self._hurry)
         if self.store is not None and self.store.fault is not None and self.turns is not None:
             from .turns.supervision import end_streams  # their ends cannot commit now
             end_streams(self.turns, StoreUnavailable(self.store.fault.message))

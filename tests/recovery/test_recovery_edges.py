@@ -7,11 +7,12 @@ whose host was interrupted, and a follow-up burst acknowledged just before the k
 
 from __future__ import annotations
 
+import signal
 import time
 
 from helpers.config import echo, scripted, table
 from helpers.ids import source, words
-from helpers.recovery import marker, restart
+from helpers.recovery import health, marker, restart
 from helpers.sessions import get_session, transcript
 from helpers.store import StoreView, local_store
 from helpers.streams import D, PromptRun, get_queue, kind_of, watch
@@ -61,6 +62,33 @@ def test_drain_timeout_still_writes_the_marker_and_leaves_idle_lanes_alone(tmp_p
         i = lane(sc, idle.key)
         assert (i.resume_pending, i.resume_reason) == (False, ""), i
         assert StoreView(sc).resume_turns(idle.session_id) == []
+        frames = watch(sc.prompts(), request_id=f"resume:{busy.session_id}:1", timeout=30).frames
+        assert kind_of(frames[-1]) == "completed", [kind_of(f) for f in frames]
+    finally:
+        sc.stop()
+
+
+def test_a_second_stop_signal_cuts_the_drain_short_and_the_turn_is_resumed(tmp_path):
+    """An operator's second Ctrl-C (or SIGTERM) during a long drain: the
+    sidecar stops now, not after the turn or the drain timeout (600 s here;
+    the turn would take 200 s), and the turn it cut off ends as a drain
+    timeout ends it, its lane resumed at the next start."""
+    sc = Sidecar(tmp_path / "data", config=echo("main", 100) + table("sidecar", drain_timeout=600),
+                 workers=1).start()
+    try:
+        busy = PromptRun(sc.prompts(), text=words(2000), src=source())
+        busy.wait_for("text_delta")
+        sc.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: health(sc.target, 0.5) == "NOT_SERVING", what="the drain begun")
+        assert sc.proc.poll() is None, "still draining the 200 s turn"
+        sc.proc.send_signal(signal.SIGINT)
+        assert sc.proc.wait(60) == 0, sc.log()
+        assert marker(sc), "a cut drain is still a graceful stop"
+        restart(sc)
+        b = lane(sc, busy.key)
+        assert (b.resume_pending, b.resume_reason) == (True, "shutdown_timeout"), b
+        frames = watch(sc.prompts(), request_id=busy.request_id, timeout=20).frames
+        assert frames[-1].failed.reason == "shutdown_timeout", [kind_of(f) for f in frames]
         frames = watch(sc.prompts(), request_id=f"resume:{busy.session_id}:1", timeout=30).frames
         assert kind_of(frames[-1]) == "completed", [kind_of(f) for f in frames]
     finally:

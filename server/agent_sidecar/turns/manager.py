@@ -89,8 +89,8 @@ class TurnManager:
         self.spawn(housekeeping.index_messages(self.store))
         self.spawn(supervision.watchdog(self))
 
-    async def drain(self, timeout: float) -> bool:
-        return await supervision.drain(self, timeout)
+    async def drain(self, timeout: float, cut: asyncio.Event | None = None) -> bool:
+        return await supervision.drain(self, timeout, cut)
 
     async def stop(self) -> None:
         self.accepting = False

@@ -121,15 +121,17 @@ def _restore_queued(m: TurnManager, q: RestoredPrompt) -> Turn:
     return turn
 
 
-async def drain(m: TurnManager, timeout: float) -> bool:
+async def drain(m: TurnManager, timeout: float, cut: asyncio.Event | None = None) -> bool:
     """Stop taking prompts, let in-flight turns finish (queued ones stay
     queued, persisted, for the next start). Returns whether it finished in
-    time; if not, the lanes still running are marked resume_pending."""
+    time; if not (the timeout passed, or ``cut`` was set: an operator's second
+    stop signal), the lanes still running are marked resume_pending."""
     m.accepting = False
     m.draining = True
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while m.busy_keys() and loop.time() < deadline and m.store.fault is None:
+    while m.busy_keys() and loop.time() < deadline and m.store.fault is None \
+            and not (cut is not None and cut.is_set()):
         await asyncio.sleep(0.05)
     if m.store.fault is not None:
         return _undrained(m)
@@ -139,7 +141,8 @@ async def drain(m: TurnManager, timeout: float) -> bool:
             await m.store.write(life.mark_resume_pending_many, still, "shutdown_timeout")
         except StoreUnavailable:
             return _undrained(m)
-        log.warning("drain timed out", extra={"sessions": still})
+        log.warning("drain cut short" if cut is not None and cut.is_set() else "drain timed out",
+                    extra={"sessions": still})
         # End them as what they are, cut off by the drain (their tool calls get
         # results in the worker), and give the workers a moment to say so.
         for key in still:
