@@ -175,6 +175,11 @@ class FrameBus:
         submitted right after it commits after it (turns/undo.py)."""
         self._flush()
 
+    def holds(self, key: str) -> bool:
+        """Whether anything of lane ``key`` is queued here, not yet handed to
+        the store's writer (a turn's last messages and its end, say)."""
+        return any(t.key == key for t in self._owners) or any(f[1].key == key for f in self._frames)
+
     def _flush(self) -> None:
         self._scheduled = False
         self._send(retry=False)

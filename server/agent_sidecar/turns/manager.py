@@ -178,6 +178,8 @@ class TurnManager:
         # restore's resume turns: their starts (and system prompts) should not
         # hold up SERVING, so they start after their accept, through the bus.
         start_now = slot is None and lane.running is turn and not internal
+        if start_now and self.bus.holds(key):  # the lane's last turn just ended: its last messages
+            self.bus.flush_now()  # and end commit first (jobs run in the order written), then this start
         accepted = self.store.write(jobs.accept, jobs.AcceptRequest(
             turn.record(), source, self.cfg.dedup_window_s, slot, position, start_now,
             {key: epoch} if epoch else None))
