@@ -19,10 +19,11 @@ import threading
 import pytest
 from helpers.config import scripted
 from helpers.ids import rid, source
-from helpers.streams import PromptRun
+from helpers.streams import D, PromptRun
 from helpers.tools import AB_SCHEMA, ToolHost
 from sidecar_proc import Sidecar
 
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as spb
 
 ROUNDS = 25
@@ -73,3 +74,35 @@ def test_a_prompt_sent_as_the_last_turn_ends_starts_after_all_it_wrote(sc, answe
             session_id=first.session_id), timeout=10).messages
         want = [(r, c.format(t)) for t in ("add", "next") for r, c in one_turn]
         assert [(m.role, m.content) for m in msgs] == want
+
+
+def test_cancel_answered_true_always_ends_the_turn_cancelled(sc, answering):
+    outcomes = set()
+    for _ in range(ROUNDS):
+        run = _prompt_at_its_tool_answer(sc, answering, text="add", src=source())
+        res = sc.prompts().Cancel(ppb.CancelRequest(request_id=run.request_id), timeout=10)
+        run.result(20)
+        outcomes.add((res.cancelled, run.end))
+        if res.cancelled:
+            assert run.end == "failed" and run.reason == "CANCELLED", run.kinds()
+        else:  # nothing left to cancel: it had ended
+            assert run.end == "completed", run.kinds()
+    assert (True, "failed") in outcomes or (False, "completed") in outcomes
+
+
+def test_a_turn_that_completes_keeps_its_reply_whatever_a_crossing_rollback_did(sc, answering):
+    for _ in range(ROUNDS):
+        first = _prompt_at_its_tool_answer(sc, answering, text="add", src=source())
+        rb = PromptRun(sc.prompts(), text="never mind", key=first.key, delivery=D.DELIVERY_MODE_ROLLBACK)
+        first.result(20)
+        assert rb.result(20).end == "completed", rb.kinds()
+        msgs = sc.sessions().GetTranscript(spb.GetTranscriptRequest(
+            session_id=first.session_id, include_rewound=True), timeout=10).messages
+        mine = [m for m in msgs if m.seq < min(x.seq for x in msgs if x.content == "never mind")]
+        assert [m.role for m in mine][:2] == ["user", "assistant"], [(m.role, m.content) for m in msgs]
+        if first.end == "completed":  # the rollback came after its end: nothing of it is hidden
+            assert all(m.active for m in mine), [(m.role, m.content, m.active) for m in mine]
+            assert mine[-1].content == first.final_text == "done", [(m.role, m.content) for m in msgs]
+        else:  # rolled back: cancelled, and nothing of it stays
+            assert first.reason == "CANCELLED", first.kinds()
+            assert not any(m.active for m in mine), [(m.role, m.content, m.active) for m in mine]

@@ -113,6 +113,13 @@ def _done(m: TurnManager, turn: Turn, msg: wire.Done) -> None:
     elif turn.cancel_reason == E.RESOURCE_EXHAUSTED:  # frames were dropped, even if it then finished
         m.end(turn, "failed", E.RESOURCE_EXHAUSTED,
               f"the turn reached limits.max_frames_per_turn ({m.cfg.limits.max_frames_per_turn} frames)")
+    elif msg["ok"] and turn.cancel_reason == E.CANCELLED:
+        # A cancel the caller asked for (Cancel, INTERRUPT, ROLLBACK, a reset or
+        # suspend) that crossed the worker's end on the pipe: the caller was
+        # told the turn is cancelled (Cancel answered true), and a ROLLBACK
+        # hides what it wrote, so it ends as cancelled, never ``completed``
+        # with a reply the transcript does not keep.
+        m.end(turn, "failed", E.CANCELLED, "the turn was cancelled")
     elif msg["ok"]:
         m.end(turn, "completed", "", msg.get("final_text", ""))
     else:
