@@ -185,6 +185,21 @@ def test_watch_of_a_platform_name_no_platform_can_have_is_refused(sc):
     assert out.code == grpc.StatusCode.INVALID_ARGUMENT and out.field == "platform", (out.code, out.details)
 
 
+@pytest.mark.parametrize("request_fields,field", [
+    ({"platform": "telegram", "after_cursor": -1}, "after_cursor"),
+    ({"session_key": "agent:main:telegram:dm:1", "after_cursor": -5}, "after_cursor"),
+    ({"request_id": "r", "after_seq": -1}, "after_seq"),
+    # the other kind's resume point would be ignored: the replay silently lost
+    ({"platform": "telegram", "after_seq": 3}, "after_seq"),
+    ({"session_key": "agent:main:telegram:dm:1", "after_seq": 3}, "after_seq"),
+    ({"request_id": "r", "after_cursor": 5}, "after_cursor"),
+])
+def test_a_bad_resume_point_is_refused_naming_its_field(sc, request_fields, field):
+    out = collect(sc.prompts().WatchActivity(ppb.WatchActivityRequest(**request_fields), timeout=5))
+    assert out.frames == []
+    assert out.code == grpc.StatusCode.INVALID_ARGUMENT and out.field == field, (out.code, out.details)
+
+
 # -- idempotency ------------------------------------------------------------------------
 
 

@@ -612,10 +612,12 @@ type WatchActivityRequest struct {
 	SessionKey string `protobuf:"bytes,2,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
 	// Every turn of every session on one platform (what an adapter watches).
 	Platform string `protobuf:"bytes,3,opt,name=platform,proto3" json:"platform,omitempty"`
-	// With request_id: replay frames whose seq is greater than this.
+	// With request_id: replay frames whose seq is greater than this. Not
+	// negative; set with session_key or platform it is INVALID_ARGUMENT.
 	AfterSeq int64 `protobuf:"varint,4,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
 	// With session_key or platform: replay frames whose cursor is greater than
-	// this; 0 means live frames only.
+	// this; 0 means live frames only. Not negative; set with request_id it is
+	// INVALID_ARGUMENT.
 	AfterCursor   int64 `protobuf:"varint,5,opt,name=after_cursor,json=afterCursor,proto3" json:"after_cursor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

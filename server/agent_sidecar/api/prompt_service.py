@@ -280,8 +280,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
         given = [f for f in ("request_id", "session_key", "platform") if getattr(request, f)]
         if len(given) != 1:
             raise E.invalid("request_id", "give exactly one of request_id, session_key and platform")
-        if request.after_seq < 0 or request.after_cursor < 0:
-            raise E.invalid("after_seq", "must not be negative")
+        _check_resume_point(request)
         if request.request_id:
             await self._authorize_request(request.request_id, principal)
             # While the startup restore runs, a request cut off by the crash is
@@ -388,6 +387,20 @@ class PromptService(pb_grpc.PromptServiceServicer):
         out = [_queued(t, data, share) for t, data in zip(waiting, texts)]
         pending = out.pop(0) if lane.pending else None
         return pb.GetQueueResponse(pending=pending, queued=out)
+
+
+def _check_resume_point(request) -> None:
+    """A WatchActivity's resume point is ``after_seq`` for a request, else
+    ``after_cursor``; the other one, or a negative one, is refused naming it
+    rather than ignored: a replay silently reduced to live frames loses them."""
+    by_request = bool(request.request_id)
+    for name, applies, where in (("after_seq", by_request, "request_id"),
+                                 ("after_cursor", not by_request, "session_key or platform")):
+        value = getattr(request, name)
+        if value < 0:
+            raise E.invalid(name, "must not be negative")
+        if value and not applies:
+            raise E.invalid(name, f"applies only with {where}")
 
 
 def _queued(t, data: bytes, share: int | None) -> pb.QueuedPrompt:

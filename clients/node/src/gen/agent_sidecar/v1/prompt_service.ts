@@ -299,11 +299,15 @@ export interface WatchActivityRequest {
   sessionKey: string;
   /** Every turn of every session on one platform (what an adapter watches). */
   platform: string;
-  /** With request_id: replay frames whose seq is greater than this. */
+  /**
+   * With request_id: replay frames whose seq is greater than this. Not
+   * negative; set with session_key or platform it is INVALID_ARGUMENT.
+   */
   afterSeq: number;
   /**
    * With session_key or platform: replay frames whose cursor is greater than
-   * this; 0 means live frames only.
+   * this; 0 means live frames only. Not negative; set with request_id it is
+   * INVALID_ARGUMENT.
    */
   afterCursor: number;
 }
