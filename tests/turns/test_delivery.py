@@ -5,11 +5,15 @@ GetQueue. The busy turn is a slow echo (100 ms a word)."""
 
 from __future__ import annotations
 
+import os
+import signal
+
 import grpc
 import pytest
 from helpers.config import scripted, slow_echo
 from helpers.ids import source, words
 from helpers.logs import log_lines
+from helpers.procs import worker_pid
 from helpers.sessions import get_session, transcript
 from helpers.streams import D, PromptRun, get_queue, start
 from sidecar_proc import Sidecar, retry_delay
@@ -350,6 +354,31 @@ def test_lane_order_interrupt_then_follow_up_then_fifo(stubs):
         assert p.result(15).end == "completed", p.kinds()
     users = [m.content for m in transcript(sessions, first.session_id) if m.role == "user"]
     assert users == [words(40, "busy"), "urgent", "follow up", "queued one"]
+
+
+def test_get_queue_lists_interrupts_waiting_on_their_cancel_first_in_queued(tmp_path):
+    """An INTERRUPT waits in the lane only until the turn it cancelled ends
+    (here: its worker is stopped) and runs before the pending follow-up;
+    GetQueue lists it at the head of ``queued`` and its position says so."""
+    with Sidecar(tmp_path / "data", config=slow_echo("main"), workers=1) as one:
+        prompts, sessions = one.prompts(), one.sessions()
+        first = busy(prompts, 40)
+        q1 = start(prompts, text="queued one", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
+        fu = start(prompts, text="follow up", key=first.key)
+        stopped = worker_pid(one, 0)
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            intr = start(prompts, text="urgent", key=first.key, delivery=D.DELIVERY_MODE_INTERRUPT)
+            q = get_queue(prompts, first.key)
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+        assert intr.position == 1
+        assert q.pending.request_id == fu.request_id
+        assert [x.request_id for x in q.queued] == [intr.request_id, q1.request_id]
+        for p in (first, intr, fu, q1):
+            p.result(30)
+        users = [m.content for m in transcript(sessions, first.session_id) if m.role == "user"]
+        assert users == [words(40, "busy"), "urgent", "follow up", "queued one"]
 
 
 def test_cancel_a_queued_prompt_then_the_running_one(stubs):

@@ -974,7 +974,9 @@ func (x *QueuedPrompt) GetTextBytes() uint64 {
 	return 0
 }
 
-// GetQueueResponse lists what waits on a session, in the order it will run.
+// GetQueueResponse lists what waits on a session. It runs in this order: the
+// INTERRUPT and ROLLBACK prompts at the head of `queued` (each waits only for
+// the turn it cancelled to end), then `pending`, then the rest of `queued`.
 // An answer stays under about 3 MiB, so that a client with gRPC's default
 // receive limit (4 MiB) can read it: when the texts together would pass that,
 // the longest are cut to an equal share, at a character boundary, and marked
@@ -983,7 +985,8 @@ type GetQueueResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The single follow-up slot; unset when empty.
 	Pending *QueuedPrompt `protobuf:"bytes,1,opt,name=pending,proto3" json:"pending,omitempty"`
-	// The FIFO overflow, in the order the prompts will run.
+	// INTERRUPT and ROLLBACK prompts still waiting (they run before `pending`),
+	// then the FIFO overflow; each part in the order its prompts will run.
 	Queued        []*QueuedPrompt `protobuf:"bytes,2,rep,name=queued,proto3" json:"queued,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

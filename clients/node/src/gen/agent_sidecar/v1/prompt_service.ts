@@ -363,7 +363,9 @@ export interface QueuedPrompt {
 }
 
 /**
- * GetQueueResponse lists what waits on a session, in the order it will run.
+ * GetQueueResponse lists what waits on a session. It runs in this order: the
+ * INTERRUPT and ROLLBACK prompts at the head of `queued` (each waits only for
+ * the turn it cancelled to end), then `pending`, then the rest of `queued`.
  * An answer stays under about 3 MiB, so that a client with gRPC's default
  * receive limit (4 MiB) can read it: when the texts together would pass that,
  * the longest are cut to an equal share, at a character boundary, and marked
@@ -374,7 +376,10 @@ export interface GetQueueResponse {
   pending?:
     | QueuedPrompt
     | undefined;
-  /** The FIFO overflow, in the order the prompts will run. */
+  /**
+   * INTERRUPT and ROLLBACK prompts still waiting (they run before `pending`),
+   * then the FIFO overflow; each part in the order its prompts will run.
+   */
   queued: QueuedPrompt[];
 }
 
