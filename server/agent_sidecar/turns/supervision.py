@@ -83,7 +83,7 @@ async def adopt(m: TurnManager, plan: RestorePlan, epoch: int = 0) -> None:
         m.submit(rid=r.request_id, key=r.session_key, platform=r.platform,
                  profile=r.profile if m.cfg.profile(r.profile) else "main",
                  text=RESUME_TEXT.format(reason=r.reason), delivery=INTERRUPT,
-                 source=None, timeout_s=m.cfg.gateway_timeout,
+                 source=None, timeout_s=_turn_timeout(m, r.profile),
                  payload={"resume": r.reason}, internal=True, epoch=epoch)
         for r in resume), return_exceptions=True) if isinstance(e, BaseException)]
     for key in sorted(keys):
@@ -99,12 +99,21 @@ def _user_interrupted(lane) -> bool:
                                     for t in lane.interrupt)
 
 
+def _turn_timeout(m: TurnManager, profile: str) -> float:
+    """A restored or resumed turn's timeout: its profile's ``timeout_s`` (the
+    profile it runs with: ``main`` for one gone from the config, as
+    SystemPrompts.for_turn), else ``agent.gateway_timeout``, as PromptService
+    gives a prompt (the caller's deadline went with its call)."""
+    prof = m.cfg.profile(profile) or m.cfg.profile("main")
+    return (prof.timeout_s if prof is not None else 0) or m.cfg.gateway_timeout
+
+
 def _restore_queued(m: TurnManager, q: RestoredPrompt) -> Turn:
     e = q.entry
     turn = Turn.restored(rid=e.request_id, key=e.session_key, platform=e.platform,
                          profile=e.payload.get("profile", "main"), text=e.text,
                          delivery=e.delivery, sid=e.session_id, created_at=e.created_at,
-                         payload=e.payload, timeout_s=m.cfg.gateway_timeout,
+                         payload=e.payload, timeout_s=_turn_timeout(m, e.payload.get("profile", "main")),
                          next_seq=q.next_seq, queued=q.slot != "next",
                          absorbed=list(q.absorbed))  # a follow-up that absorbed a burst (burst.py)
     lane = m.lane(turn.key)
