@@ -8,6 +8,8 @@ and a deleted session leaves no rows behind."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -15,6 +17,7 @@ import grpc
 import pytest
 from helpers.config import profile, scripted
 from helpers.ids import source, words
+from helpers.procs import worker_pid
 from helpers.sessions import create, get_session, transcript
 from helpers.store import StoreView, writes_held
 from helpers.streams import (
@@ -33,6 +36,7 @@ from helpers.waiting import wait_until
 from sidecar_proc import TOKEN, Sidecar
 
 from agent_sidecar.api.session_service import CLEAR_ALL_CONFIRM
+from agent_sidecar.turns import placement
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as spb
@@ -45,6 +49,8 @@ CONFIG = (profile("main", "echo")
           # still streaming when the limit's cancel reaches the worker
           + profile("stream", "echo", {"token_latency_ms": 5})
           + scripted("host", [{"text": "first answer", "token_latency_ms": 500}, {"echo_input": True}])
+          # a first model call still streaming well after its worker is stopped and resumed
+          + scripted("longhost", [{"text": words(20), "token_latency_ms": 300}, {"echo_input": True}])
           + scripted("crash", [{"text": "x", "kill": "worker"}])
           + f"[sidecar.limits]\nmax_frames_per_turn = {MAX_FRAMES}\n"
           + "[stream]\ncoalesce_ms = 0\n")  # one frame per word: the limit is reached mid-stream
@@ -175,6 +181,26 @@ def test_steer_whose_host_ended_during_its_wait_runs(sc):
     assert st.end == "completed", (_frames(st), st.reason)
     assert st.final_text.split() == ["steer", "me"], \
         f"expected the steer to run as its own turn, got {st.final_text!r}"
+
+
+def test_a_steer_its_worker_could_take_only_too_late_runs_once(sc):
+    """The host's worker is stopped past the time a steer may be taken in: the
+    steer is placed as a follow-up, and the worker, running again, refuses it
+    (it took it in, so its text ran twice: in the host's turn and as its own)."""
+    prompts = sc.prompts()
+    host = start(prompts, text="go", src=source(), profile="longhost")
+    host.wait_for("text_delta")
+    stopped = worker_pid(sc, 0)
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        st = PromptRun(prompts, text="steered once", key=host.key, delivery=D.DELIVERY_MODE_STEER)
+        time.sleep(placement.STEER_ACCEPT_S + 1)  # the window to take it in closes while it is stopped
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    assert host.result(30).end == "completed", _frames(host)
+    assert st.result(30).end == "completed", _frames(st)  # on its own, after the host
+    users = [m.content for m in transcript(sc.sessions(), host.session_id) if m.role == "user"]
+    assert users == ["go", "steered once"]
 
 
 def test_unanswered_steer_twins_leave_the_lane_usable(sc):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import os
+import time
 
 from helpers.store import local_store
 
@@ -69,7 +70,7 @@ def test_cancel_arriving_with_its_run_still_reports_done(tmp_path):
 
 def test_steer_for_an_unknown_turn_is_refused(tmp_path):
     async def body(reader, writer):
-        writer.write(encode(wire.steer("nope", "s", "x")))
+        writer.write(encode(wire.steer("nope", "s", "x", time.monotonic() + 60)))
         msg = await asyncio.wait_for(read_message(reader), 10)
         assert msg == wire.steered("nope", "s", False)
     asyncio.run(_with_worker(tmp_path, body))

@@ -55,6 +55,7 @@ class Steer(TypedDict):
     request_id: str  # the running turn
     steer_id: str  # the steering prompt's request id
     text: str
+    expires: float  # time.monotonic() past which the worker refuses it (placement.steer)
 
 
 class ToolResult(TypedDict):
@@ -91,8 +92,9 @@ def cancel(request_id: str, reason: str) -> Cancel:
     return {"type": "cancel", "request_id": request_id, "reason": reason}
 
 
-def steer(request_id: str, steer_id: str, text: str) -> Steer:
-    return {"type": "steer", "request_id": request_id, "steer_id": steer_id, "text": text}
+def steer(request_id: str, steer_id: str, text: str, expires: float) -> Steer:
+    return {"type": "steer", "request_id": request_id, "steer_id": steer_id, "text": text,
+            "expires": expires}
 
 
 def tool_result(request_id: str, call_id: str, ok: bool, result: str, refused: str = "") -> ToolResult:

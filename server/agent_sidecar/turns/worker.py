@@ -19,6 +19,7 @@ import functools
 import importlib
 import os
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -219,7 +220,9 @@ class Worker:
             case "steer":
                 entry = self.turns.get(msg["request_id"])
                 io = entry[1] if entry else None
-                ok = bool(io and io.steering_open)
+                # Past ``expires`` the parent may have given up waiting and placed
+                # the prompt as a follow-up: taking it now would run its text twice.
+                ok = bool(io and io.steering_open and time.monotonic() < msg["expires"])
                 if ok and io:
                     io.steered.append(msg["text"])
                 self.send(wire.steered(msg["request_id"], msg["steer_id"], ok), soon=True)
