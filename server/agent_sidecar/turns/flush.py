@@ -20,6 +20,7 @@ from typing import Any
 from ..store import UnitOfWork
 from ..store.records import Append
 from ..store.writer.process import at_end
+from .jobs import Started
 from .leasing import check_fence
 
 log = logging.getLogger("agent_sidecar.frames")
@@ -73,10 +74,23 @@ def run_flush(uow: UnitOfWork, order: tuple[int, int], rows: list[tuple],
             raise
         log.exception("a write queued with frames failed; replaying the batch write by write")
         results = _run_writes(uow, writes, isolate=True)
+    moved = started_in(writes, results)
+    if moved:  # a ``started`` frame names the incarnation its start job chose
+        rows = [(*r[:3], moved[r[0]], *r[4:]) if r[6] == "started" and r[0] in moved else r for r in rows]
     first = uow.frames.insert(rows) if rows else 0
     _FlushOrder.ran = no
     at_end(functools.partial(_flush_committed, no), _flush_undone)
     return results, first
+
+
+def started_in(writes: list[tuple], results: list) -> dict[str, str]:
+    """request id -> the incarnation each start job (jobs.start) of a flush
+    began its turn in. The turn's ``started`` frame, queued with the job,
+    names the incarnation the lane had then; a switch may have moved the lane
+    while the turn waited, and the job follows it, so the frame is given the
+    job's (in the store here, as the bus delivers it)."""
+    return {payload[1][0].request_id: res.session_id
+            for (kind, payload), res in zip(writes, results) if kind == FN and isinstance(res, Started)}
 
 
 def _run_writes(uow: UnitOfWork, writes: list[tuple], isolate: bool) -> list:

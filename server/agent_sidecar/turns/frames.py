@@ -35,7 +35,7 @@ from ..sessions import transcripts as tx
 from ..store import StoreUnavailable
 from ..store.records import Append, FrameRecord
 from ..v1 import prompt_service_pb2 as ppb
-from .flush import FN, MSG, FlushOutOfOrder, run_flush
+from .flush import FN, MSG, FlushOutOfOrder, run_flush, started_in
 from .leasing import LeaseLost
 from .stats import TurnStats
 from .subscriber import StreamedFrame, Subscriber
@@ -270,11 +270,13 @@ class FrameBus:
             self._send(retry=False)
             return
         self._committed_no = flight[0]
-        _, frames, _, thens, _ = flight
+        _, frames, writes, thens, _ = flight
         results, first_id = fut.result()
+        moved = started_in(writes, results)  # as run_flush stored them
         cursor = first_id
         for row, turn, kind, body in frames:
-            frame = build_frame(row[0], row[2], row[3], row[1], row[5], cursor, kind, body)
+            sid = moved.get(row[0], row[3]) if moved and kind == "started" else row[3]
+            frame = build_frame(row[0], row[2], sid, row[1], row[5], cursor, kind, body)
             cursor += 1
             self._deliver(turn, frame, kind)
         for then, result in zip(thens, results):
