@@ -113,6 +113,7 @@ class FrameBus:
         self._writes: list[tuple] = []  # (FN, (fn, args) or None) or (MSG, append_many item)
         self._thens: list[Callable | None] = []  # one per write: run after commit
         self._owners: list = []  # one per write: its turn (its lane and lease epoch)
+        self._lanes: set[str] = set()  # the lanes of what is queued (a superset: see holds)
         self._scheduled = False
         self._flights: deque = deque()  # sent, not answered yet: (no, frames, writes, thens)
         self._undone: list[tuple] = []  # answered without committing, to send again
@@ -146,6 +147,7 @@ class FrameBus:
             self._owners.append(turn)
         self._frames.append(((turn.rid, seq, turn.key, turn.sid, turn.platform, at, kind,
                               orjson.dumps(body) if body else None), turn, kind, body))
+        self._lanes.add(turn.key)
         self._schedule()
 
     def write(self, turn, fn: Callable, *args: Any, then: Callable | None = None) -> None:
@@ -154,6 +156,7 @@ class FrameBus:
         self._writes.append((FN, (fn, args)))
         self._thens.append(then)
         self._owners.append(turn)
+        self._lanes.add(turn.key)
         self._schedule()
 
     def append_message(self, turn, msg: dict[str, Any], then: Callable | None = None) -> None:
@@ -163,6 +166,7 @@ class FrameBus:
                                          touch_lane=False)))
         self._thens.append(then)
         self._owners.append(turn)
+        self._lanes.add(turn.key)
         self._schedule()
 
     def _schedule(self) -> None:
@@ -176,9 +180,10 @@ class FrameBus:
         self._flush()
 
     def holds(self, key: str) -> bool:
-        """Whether anything of lane ``key`` is queued here, not yet handed to
-        the store's writer (a turn's last messages and its end, say)."""
-        return any(t.key == key for t in self._owners) or any(f[1].key == key for f in self._frames)
+        """Whether anything of lane ``key`` may be queued here, not yet handed
+        to the store's writer (a turn's last messages and its end, say). O(1);
+        after ``forget`` it may say yes for nothing, which costs a flush."""
+        return key in self._lanes
 
     def _flush(self) -> None:
         self._scheduled = False
@@ -204,6 +209,7 @@ class FrameBus:
             return
         frames, writes, thens, owners = self._frames, self._writes, self._thens, self._owners
         self._frames, self._writes, self._thens, self._owners = [], [], [], []
+        self._lanes = set()
         no = self._sent_no + 1
         flight = (no, frames, writes, thens, owners)
         fence = _fence(frames, owners) if self.on_fenced is not None else None
@@ -232,6 +238,8 @@ class FrameBus:
         """Put a flush that did not commit back at the head of the queue."""
         self._frames, self._writes = frames + self._frames, writes + self._writes
         self._thens, self._owners = thens + self._thens, owners + self._owners
+        self._lanes.update(f[1].key for f in frames)
+        self._lanes.update(t.key for t in owners)
 
     def forget(self, key: str) -> None:
         """Drop what is queued (not sent) for lane ``key``: this node lost its
