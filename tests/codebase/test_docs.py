@@ -92,3 +92,17 @@ def test_relative_links_in_the_docs_resolve():
             elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
                 broken.append(f"{page.relative_to(ROOT)} → {target} (no such heading)")
     assert not broken, broken
+
+
+def test_the_readme_conformance_table_lists_every_scenario():
+    """The README shows the table `make conformance` prints: one row per
+    scenario of clients/conformance/scenarios.json, in the file's order."""
+    import json
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("```\nscenario "):]
+    block = block[:block.index("\n```", 4)]
+    rows = [line.split()[0] for line in block.splitlines()[2:] if line.strip() and not line.startswith("-")]
+    data = json.loads((ROOT / "clients/conformance/scenarios.json").read_text())
+    scenarios = data["scenarios"] if isinstance(data, dict) else data
+    assert rows == [s["id"] for s in scenarios], "README.md's conformance table is stale: paste `make conformance`'s"
