@@ -240,6 +240,9 @@ def test_steer_reaches_the_next_model_call(stubs):
     assert host.final_text == "actually, bananas"
     st.result(10)
     assert st.end == "completed" and st.final_text == "actually, bananas"
+    # docs/api.md DELIVERY_MODE_STEER: the steered prompt never starts; its stream is
+    # `accepted` (position 0) and then the host's terminal frame.
+    assert st.kinds() == ["accepted", "completed"] and st.position == 0, st.kinds()
     msgs = transcript(sessions, host.session_id)
     assert [(m.role, m.content) for m in msgs] == [
         ("user", "hello"), ("assistant", "first answer"), ("user", "actually, bananas"),

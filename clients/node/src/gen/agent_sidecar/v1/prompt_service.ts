@@ -59,7 +59,11 @@ export enum DeliveryMode {
   ROLLBACK = 5,
   /**
    * STEER - Hand the text to the running turn, which sees it as a user message before
-   * its next model call; past its last model call, behave as FOLLOW_UP.
+   * its next model call; past its last model call, behave as FOLLOW_UP. A
+   * steered prompt's own stream has `accepted` (queue_position 0) and then the
+   * running turn's terminal frame (its `completed` with the whole final_text,
+   * or its `failed` reason), nothing between: the reply streams on the running
+   * turn's request.
    */
   STEER = 6,
 }
@@ -168,7 +172,9 @@ export interface PromptRequest {
  * A turn's frames are `accepted`, then `started` when it runs, then any number
  * of `text_delta`, `tool_call`, `tool_result` and `usage`, and exactly one
  * terminal frame: `completed`, `failed` or `superseded`. A prompt that waits in
- * the queue has only `accepted` until it starts.
+ * the queue has only `accepted` until it starts. A prompt steered into the
+ * running turn (DELIVERY_MODE_STEER) never starts: after `accepted` it gets
+ * that turn's terminal frame.
  */
 export interface ActivityFrame {
   /** The turn's request id (for a resumed session, `resume:{session_id}:{n}`). */
