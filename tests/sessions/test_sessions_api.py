@@ -278,9 +278,36 @@ def test_search_session_key_filter_and_limit(stub):
 
 
 @pytest.mark.parametrize("query", ['foo"bar(', "AND", "*", '"', "a:b", "NEAR(", "(", "OR OR",
-                                   "^", "-x", "'", "💥 ünïcode"])
+                                   "^", "'", "💥 ünïcode"])
 def test_search_weird_query_does_not_crash(stub, query):
     stub.SearchMessages(pb.SearchMessagesRequest(query=query), timeout=10)
+
+
+# The fruit messages' seqs each query finds: words all appear, "phrase", or, -word
+# (websearch syntax); AND, NOT, OR in capitals and * are words, never operators.
+FRUIT = ["{w} apple banana", "{w} apple cherry", "{w} banana split", "{w} pineapple pie"]
+SYNTAX = {"apple": [1, 2], "apple banana": [1], '"banana apple"': [], '"apple banana"': [1],
+          "apple or cherry": [1, 2], "banana OR pie": [1, 3, 4], "apple -banana": [2],
+          'banana -"banana split"': [1], "apple NOT banana": [], "apple AND banana": [],
+          "app*": [], "apple or -cherry banana": [1, 2, 3], "--apple": [1, 2], "pie or": []}
+
+
+def test_search_speaks_one_syntax_on_both_backends(stub):
+    """docs/api.md SearchMessagesRequest.query: the same query finds the same
+    messages on SQLite and PostgreSQL (SQLite read it as FTS5, where `apple
+    -banana` found the messages with banana)."""
+    w = uniq("fruit")
+    s = seed(stub, src(), [msg("user", f.format(w=w)) for f in FRUIT])
+    for query, seqs in SYNTAX.items():
+        hits = stub.SearchMessages(pb.SearchMessagesRequest(query=f"{w} {query}", session_key=s.session_key),
+                                   timeout=10).hits
+        assert sorted(h.seq for h in hits) == seqs, query
+
+
+@pytest.mark.parametrize("query", ["-x", "-apple or banana", '-"a b"'])
+def test_search_that_only_excludes_is_refused(stub, query):
+    with rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", "query"):
+        stub.SearchMessages(pb.SearchMessagesRequest(query=query), timeout=10)
 
 
 def test_search_weird_query_falls_back_to_phrase(stub):

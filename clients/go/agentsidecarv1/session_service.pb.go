@@ -1523,8 +1523,14 @@ func (x *RewindSessionResponse) GetTargetText() string {
 // SearchMessagesRequest is a full-text query.
 type SearchMessagesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// FTS5 query text.
-	// Required, at most 1024 characters.
+	// Required, at most 1024 characters. Web-search syntax, the same on every
+	// store backend (PostgreSQL's websearch_to_tsquery): the words must all
+	// appear in a message, "quoted words" as a phrase; `or` between two terms
+	// takes either; `-word` or `-"a phrase"` must not appear. Anything else is
+	// text, never an operator (AND, NOT, `*`, parentheses, an unclosed quote), so
+	// a user's text can be passed as it is. A query of only punctuation finds
+	// nothing; one whose alternative only excludes words (`-spam`) is
+	// INVALID_ARGUMENT.
 	Query string `protobuf:"bytes,1,opt,name=query,proto3" json:"query,omitempty"`
 	// Only this lane's messages; required for a platform-scoped credential.
 	SessionKey string `protobuf:"bytes,2,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`

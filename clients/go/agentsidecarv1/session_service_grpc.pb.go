@@ -93,8 +93,10 @@ type SessionServiceClient interface {
 	// Back up n user turns by soft delete (seed 001 §3): the n-th last live user
 	// message and everything after it become inactive.
 	RewindSession(ctx context.Context, in *RewindSessionRequest, opts ...grpc.CallOption) (*RewindSessionResponse, error)
-	// FTS5 full-text search over live messages, with snippets; every message
-	// written before the call is searchable. Read-only.
+	// Full-text search over live messages, with snippets (FTS5 on SQLite, a
+	// tsvector index on PostgreSQL; one query syntax on both, see
+	// SearchMessagesRequest.query); every message written before the call is
+	// searchable. Read-only.
 	SearchMessages(ctx context.Context, in *SearchMessagesRequest, opts ...grpc.CallOption) (*SearchMessagesResponse, error)
 	// Add a usage delta to the session's token and cost counters (seed 001 §2).
 	// Not idempotent: a retried call adds again.
@@ -350,8 +352,10 @@ type SessionServiceServer interface {
 	// Back up n user turns by soft delete (seed 001 §3): the n-th last live user
 	// message and everything after it become inactive.
 	RewindSession(context.Context, *RewindSessionRequest) (*RewindSessionResponse, error)
-	// FTS5 full-text search over live messages, with snippets; every message
-	// written before the call is searchable. Read-only.
+	// Full-text search over live messages, with snippets (FTS5 on SQLite, a
+	// tsvector index on PostgreSQL; one query syntax on both, see
+	// SearchMessagesRequest.query); every message written before the call is
+	// searchable. Read-only.
 	SearchMessages(context.Context, *SearchMessagesRequest) (*SearchMessagesResponse, error)
 	// Add a usage delta to the session's token and cost counters (seed 001 §2).
 	// Not idempotent: a retried call adds again.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import invalid
+from .. import search_query
 from ..records import FrameRecord, LeaseHolder, LedgerEntry, Message, SearchHit, SessionEntry
 from ..statements import ENTRY_SELECT, entries_page
 from . import rows
@@ -75,12 +75,13 @@ _SEARCH = (
 
 
 async def search(conn, query: str, session_key: str, limit: int) -> list[SearchHit]:
-    """``websearch_to_tsquery`` accepts any text (quotes, or, -word), so every
-    query with a word in it is searched; one without is refused as on SQLite.
-    NUL and other control characters separate words."""
+    """``websearch_to_tsquery`` reads the query (quotes, or, -word): the
+    syntax SQLite's search is written from (search_query.py), which refuses
+    alike one that only excludes words. NUL and other
+    control characters separate words."""
     query = "".join(" " if ord(ch) < 32 else ch for ch in query)
-    if not query.split():
-        raise invalid("query", "has no words to search for")
+    if not search_query.parse(query):
+        return []
     params = {"q": query, "limit": limit, "start": START, "stop": STOP, "opts": _HEADLINE}
     key = ""
     if session_key:

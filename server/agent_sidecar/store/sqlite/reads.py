@@ -11,7 +11,7 @@ from typing import Any
 
 import apsw
 
-from ...errors import invalid
+from .. import search_query
 from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry
 from ..statements import ENTRY_SELECT, entries_page, one
 from . import frame_keys, rows
@@ -63,36 +63,21 @@ _SEARCH = ("SELECT i.session_key, m.session_id, m.seq, m.role,"
            " WHERE messages_fts MATCH ? AND m.active = 1")
 
 
-def phrase_query(query: str) -> str:
-    """Any text as an FTS5 query of its words, each a quoted phrase (quotes
-    doubled): what a user typed is searched for as words, never parsed as
-    FTS5 syntax. NUL and other control characters separate words."""
-    words = "".join(" " if ord(ch) < 32 else ch for ch in query).split()
-    return " ".join('"' + w.replace('"', '""') + '"' for w in words)
-
-
 def search(conn: apsw.Connection, query: str, session_key: str, limit: int) -> list[SearchHit]:
-    """FTS5 over live messages. A query that is not valid FTS5 syntax is
-    retried as a phrase search of its words, so users can type anything. NUL
-    counts as a space: FTS5 reads a query only up to its first NUL, which
-    would cut a phrase's closing quote off ("unterminated string")."""
-    query = query.replace("\x00", " ")
+    """FTS5 over live messages, the query read in the websearch syntax both
+    backends share (search_query.py) and written as FTS5: what a user types is
+    never FTS5 syntax, and means what it means on PostgreSQL."""
+    groups = search_query.parse(query)
+    if not groups:
+        return []
     sql = _SEARCH
-    params: list[str | int] = [query]
+    params: list[str | int] = [search_query.to_fts5(groups)]
     if session_key:
         sql += " AND i.session_key = ?"
         params.append(session_key)
     sql += " ORDER BY rank LIMIT ?"
     params.append(limit)
-    found: list[tuple[Any, ...]]
-    try:
-        found = conn.execute(sql, params).fetchall()
-    except apsw.SQLError:
-        params[0] = phrase_query(query)
-        if not params[0]:
-            raise invalid("query", "has no words to search for") from None
-        found = conn.execute(sql, params).fetchall()
-    return [SearchHit(*r) for r in found]
+    return [SearchHit(*r) for r in conn.execute(sql, params)]
 
 
 def ledger(conn: apsw.Connection, request_id: str) -> LedgerEntry | None:

@@ -251,8 +251,10 @@ class SessionServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SearchMessages(self, request, context):
-        """FTS5 full-text search over live messages, with snippets; every message
-        written before the call is searchable. Read-only.
+        """Full-text search over live messages, with snippets (FTS5 on SQLite, a
+        tsvector index on PostgreSQL; one query syntax on both, see
+        SearchMessagesRequest.query); every message written before the call is
+        searchable. Read-only.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -257,8 +257,14 @@ export interface RewindSessionResponse {
 /** SearchMessagesRequest is a full-text query. */
 export interface SearchMessagesRequest {
   /**
-   * FTS5 query text.
-   * Required, at most 1024 characters.
+   * Required, at most 1024 characters. Web-search syntax, the same on every
+   * store backend (PostgreSQL's websearch_to_tsquery): the words must all
+   * appear in a message, "quoted words" as a phrase; `or` between two terms
+   * takes either; `-word` or `-"a phrase"` must not appear. Anything else is
+   * text, never an operator (AND, NOT, `*`, parentheses, an unclosed quote), so
+   * a user's text can be passed as it is. A query of only punctuation finds
+   * nothing; one whose alternative only excludes words (`-spam`) is
+   * INVALID_ARGUMENT.
    */
   query: string;
   /** Only this lane's messages; required for a platform-scoped credential. */
@@ -3823,8 +3829,10 @@ export const SessionServiceService = {
     responseDeserialize: (value: Buffer): RewindSessionResponse => RewindSessionResponse.decode(value),
   },
   /**
-   * FTS5 full-text search over live messages, with snippets; every message
-   * written before the call is searchable. Read-only.
+   * Full-text search over live messages, with snippets (FTS5 on SQLite, a
+   * tsvector index on PostgreSQL; one query syntax on both, see
+   * SearchMessagesRequest.query); every message written before the call is
+   * searchable. Read-only.
    */
   searchMessages: {
     path: "/agent_sidecar.v1.SessionService/SearchMessages" as const,
@@ -3957,8 +3965,10 @@ export interface SessionServiceServer extends UntypedServiceImplementation {
    */
   rewindSession: handleUnaryCall<RewindSessionRequest, RewindSessionResponse>;
   /**
-   * FTS5 full-text search over live messages, with snippets; every message
-   * written before the call is searchable. Read-only.
+   * Full-text search over live messages, with snippets (FTS5 on SQLite, a
+   * tsvector index on PostgreSQL; one query syntax on both, see
+   * SearchMessagesRequest.query); every message written before the call is
+   * searchable. Read-only.
    */
   searchMessages: handleUnaryCall<SearchMessagesRequest, SearchMessagesResponse>;
   /**
@@ -4250,8 +4260,10 @@ export interface SessionServiceClient extends Client {
     callback: (error: ServiceError | null, response: RewindSessionResponse) => void,
   ): ClientUnaryCall;
   /**
-   * FTS5 full-text search over live messages, with snippets; every message
-   * written before the call is searchable. Read-only.
+   * Full-text search over live messages, with snippets (FTS5 on SQLite, a
+   * tsvector index on PostgreSQL; one query syntax on both, see
+   * SearchMessagesRequest.query); every message written before the call is
+   * searchable. Read-only.
    */
   searchMessages(
     request: SearchMessagesRequest,

@@ -1,0 +1,97 @@
+"""SearchMessages' query language, one for both backends: PostgreSQL's
+websearch syntax. Words must all appear; ``"quoted words"`` must appear as a
+phrase; ``or`` between two terms is either; ``-word`` (or ``-"phrase"``)
+must not appear. Anything else (punctuation, ``AND``, ``*``, unbalanced
+quotes) is text, never an error.
+
+Why one language: PostgreSQL reads the query with ``websearch_to_tsquery``
+while SQLite's FTS5 has a syntax of its own (binary ``NOT``, upper-case
+``OR``/``AND``, ``prefix*``), so the same query gave other results on the
+two backends (``apple -banana`` found the messages *with* banana on SQLite).
+Here the query is parsed once, as ``websearch_to_tsquery`` reads it, and
+written as FTS5 for SQLite (PostgreSQL keeps its own function on the text);
+a query of punctuation only finds nothing on both, and both refuse alike one
+whose alternative only excludes words (FTS5 cannot search for "everything
+without x").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import invalid
+
+# A quoted phrase (the closing quote may be missing), or a run of other text.
+_CHUNK = re.compile(r'"([^"]*)"?|([^\s"]+)')
+
+
+@dataclass(frozen=True)
+class Term:
+    """Words that must appear together, in order (one word: anywhere), or
+    must not appear at all when ``negated``."""
+    words: tuple[str, ...]
+    negated: bool = False
+
+
+def parse(query: str) -> list[list[Term]]:
+    """The query as alternatives (``or``) of terms that must all hold, as
+    ``websearch_to_tsquery`` groups them (AND binds tighter than ``or``); no
+    alternative when it holds no word (only punctuation or symbols: nothing
+    can match). Raises INVALID_ARGUMENT on ``query`` for blank text and for an
+    alternative that only excludes words."""
+    text = "".join(" " if ord(ch) < 32 else ch for ch in query)
+    items: list[Term | None] = []  # None: an ``or`` between two terms
+    negate = False
+    chunks = list(_CHUNK.finditer(text))
+    for i, m in enumerate(chunks):
+        phrase, bare = m.group(1), m.group(2)
+        if bare is not None:
+            dashes = len(bare) - len(bare.lstrip("-"))
+            negate ^= dashes % 2 == 1
+            bare = bare[dashes:]
+            if not bare:
+                continue  # a lone "-" negates what follows it
+            if bare.lower() == "or" and items and items[-1] is not None and not negate \
+                    and i + 1 < len(chunks):
+                items.append(None)
+                continue
+        source = phrase if phrase is not None else bare or ""
+        words = tuple(w for w in source.split() if _has_token(w))
+        if words:
+            items.append(Term(words, negate))
+        negate = False
+    while items and items[-1] is None:  # "or" with nothing searchable after it
+        items.pop()
+    groups: list[list[Term]] = [[]]
+    for item in items:
+        if item is None:
+            groups.append([])
+        else:
+            groups[-1].append(item)
+    groups = [g for g in groups if g]
+    if not text.split():
+        raise invalid("query", "has no words to search for")
+    if any(all(t.negated for t in g) for g in groups):
+        raise invalid("query", "only excludes words (-word): give a word to search for")
+    return groups
+
+
+def to_fts5(groups: list[list[Term]]) -> str:
+    """The parsed query as an FTS5 expression: each term a quoted phrase (its
+    words are text, never FTS5 syntax), a group's terms ANDed with ``NOT``
+    for the excluded ones, the groups ORed."""
+    def phrase(t: Term) -> str:
+        return '"' + " ".join(t.words) + '"'
+    out = []
+    for g in groups:
+        expr = " AND ".join(phrase(t) for t in g if not t.negated)
+        expr += "".join(f" NOT {phrase(t)}" for t in g if t.negated)
+        out.append(f"({expr})")
+    return " OR ".join(out)
+
+
+def _has_token(word: str) -> bool:
+    """Whether the tokenizers index anything of it: a letter or a digit
+    (punctuation and symbols such as emoji separate words on both)."""
+    return any(ch.isalnum() for ch in word)
