@@ -208,6 +208,25 @@ def test_two_interrupts_sent_together_keep_both_texts(stubs):
         assert users == [words(40, "busy"), "interrupt A", "interrupt B"]
 
 
+def test_a_rollback_replaces_the_rollback_waiting_ahead_of_it(stubs):
+    """Two ROLLBACKs sent together leave only the second's turn, whichever way
+    the race goes: the first started and was rolled back by the second, or it
+    had not started and the second replaced it (it ends failed CANCELLED
+    without running). Before, a first one still waiting behind the cancelled
+    turn ran to completion and the second ran after it, keeping both."""
+    prompts, sessions = stubs
+    for _ in range(8):  # the race goes either way; every round must keep only the second
+        first = busy(prompts, 40)
+        first.wait_for("text_delta")
+        a = PromptRun(prompts, text="rollback A", key=first.key, delivery=D.DELIVERY_MODE_ROLLBACK)
+        b = PromptRun(prompts, text="rollback B", key=first.key, delivery=D.DELIVERY_MODE_ROLLBACK)
+        assert first.result(10).end == "failed" and first.reason == "CANCELLED"
+        assert b.result(10).end == "completed", b.kinds()
+        assert a.result(10).end == "failed" and a.reason == "CANCELLED", a.kinds()
+        live = [(m.role, m.content) for m in transcript(sessions, first.session_id)]
+        assert live == [("user", "rollback B"), ("assistant", "rollback B")], live
+
+
 def test_rollback_hides_the_cancelled_turn(stubs):
     prompts, sessions = stubs
     first = busy(prompts, 40)

@@ -44,6 +44,9 @@ const (
 	// does: it ends superseded and its text runs in this turn, before this one's.
 	DeliveryMode_DELIVERY_MODE_INTERRUPT DeliveryMode = 4
 	// Cancel the in-flight turn, soft-delete what it wrote, then run this one.
+	// An INTERRUPT or ROLLBACK still waiting to run ahead of it is replaced: it
+	// ends failed CANCELLED without running, so of two ROLLBACKs sent together
+	// only the second's turn stays, however the race went.
 	DeliveryMode_DELIVERY_MODE_ROLLBACK DeliveryMode = 5
 	// Hand the text to the running turn, which sees it as a user message before
 	// its next model call; past its last model call, behave as FOLLOW_UP. A

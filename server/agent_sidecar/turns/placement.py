@@ -57,6 +57,8 @@ async def place_busy(m: TurnManager, lane: Lane, turn: Turn) -> str | None:
     if mode in (INTERRUPT, ROLLBACK):
         if mode == INTERRUPT:
             absorb_unstarted(lane, turn)
+        else:
+            replace_unstarted(m, lane)
         lane.interrupt.append(turn)
         running = lane.running
         if running is None:  # it took over the turn that was about to start
@@ -100,6 +102,22 @@ def absorb_unstarted(lane: Lane, turn: Turn) -> None:
     if running is not None and running.queued and _unstarted_user_prompt(running):
         lane.running = None  # popped to run while its accept commits: nothing of it ran
         burst.absorb(running, turn)
+
+
+def replace_unstarted(m: TurnManager, lane: Lane) -> None:
+    """A ROLLBACK replaces the INTERRUPT or ROLLBACK still waiting ahead of it
+    behind the cancelled turn: that one ends ``failed`` CANCELLED without
+    running, as it does when it has just become the running turn (cancelled
+    before it ran) or had begun (cancelled, what it wrote rolled back).
+
+    Why: two ROLLBACKs sent together otherwise ran both, one after the other,
+    or only the second, depending on milliseconds; a rollback means "this
+    instead of what is in flight", and the newer one is what the user wants."""
+    if lane.interrupt:
+        older = lane.interrupt[-1]
+        if older.delivery in (INTERRUPT, ROLLBACK) and _unstarted_user_prompt(older):
+            lane.detach(older)
+            m.close(older, "failed", E.CANCELLED, "replaced by a newer ROLLBACK before it ran")
 
 
 def _unstarted_user_prompt(t: Turn) -> bool:

@@ -55,7 +55,12 @@ export enum DeliveryMode {
    * does: it ends superseded and its text runs in this turn, before this one's.
    */
   INTERRUPT = 4,
-  /** ROLLBACK - Cancel the in-flight turn, soft-delete what it wrote, then run this one. */
+  /**
+   * ROLLBACK - Cancel the in-flight turn, soft-delete what it wrote, then run this one.
+   * An INTERRUPT or ROLLBACK still waiting to run ahead of it is replaced: it
+   * ends failed CANCELLED without running, so of two ROLLBACKs sent together
+   * only the second's turn stays, however the race went.
+   */
   ROLLBACK = 5,
   /**
    * STEER - Hand the text to the running turn, which sees it as a user message before
