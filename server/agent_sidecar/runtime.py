@@ -182,6 +182,8 @@ class Sidecar:
             shared = cast("SharedStore", self.store)  # the PostgreSQL store is one
             self.tail = FrameTail(shared, self.turns, self.cfg.node_id())
             await self.tail.start()  # before the server: no watcher subscribes ahead of its cursor
+        else:  # where a live watch starts before any frame is handed out (frames.py watch_head)
+            self.turns.bus.watch_head = await self.store.last_frame_cursor()
         return forward
 
     def _cluster(self):

@@ -310,7 +310,8 @@ type ActivityFrame struct {
 	// When the frame was made.
 	At *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=at,proto3" json:"at,omitempty"`
 	// Global, increasing position of this frame in the store; a resume point for
-	// WatchActivity by session_key or platform.
+	// WatchActivity by session_key or platform. On a keepalive of such a watch,
+	// the cursor it has reached (0 on a turn's own stream).
 	Cursor int64 `protobuf:"varint,6,opt,name=cursor,proto3" json:"cursor,omitempty"`
 	// What happened.
 	//
@@ -625,7 +626,8 @@ type WatchActivityRequest struct {
 	// negative; set with session_key or platform it is INVALID_ARGUMENT.
 	AfterSeq int64 `protobuf:"varint,4,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
 	// With session_key or platform: replay frames whose cursor is greater than
-	// this; 0 means live frames only. Not negative; set with request_id it is
+	// this; 0 means live frames only (the first keepalive then names the cursor
+	// they start after). Not negative; set with request_id it is
 	// INVALID_ARGUMENT.
 	AfterCursor   int64 `protobuf:"varint,5,opt,name=after_cursor,json=afterCursor,proto3" json:"after_cursor,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1455,7 +1457,8 @@ func (x *ActivityFrame_Superseded) GetByRequestId() string {
 }
 
 // Nothing new: sent after `keepalive_s` (15 s) of silence so that a long
-// turn's stream does not look dead. Not persisted; skip it.
+// turn's stream does not look dead, and at once as a live watch's first
+// message. Not persisted; skip it (a watch's carries its resume cursor).
 type ActivityFrame_Keepalive struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields

@@ -49,7 +49,10 @@ type PromptServiceClient interface {
 	// terminal frame, at once and with no frame.
 	// By session_key or platform (after_cursor): every turn's frames in commit
 	// order, endlessly; this is how an adapter sees turns it did not start
-	// (auto-resume after a restart). Keepalive frames are sent on silence.
+	// (auto-resume after a restart). Keepalive frames are sent on silence,
+	// carrying the cursor the stream has reached; a live watch (after_cursor
+	// 0) sends one at once with the cursor it starts after, its resume point
+	// before any frame has come.
 	WatchActivity(ctx context.Context, in *WatchActivityRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchActivityResponse], error)
 	// Stop the in-flight turn; it ends with failed{CANCELLED}.
 	//
@@ -152,7 +155,10 @@ type PromptServiceServer interface {
 	// terminal frame, at once and with no frame.
 	// By session_key or platform (after_cursor): every turn's frames in commit
 	// order, endlessly; this is how an adapter sees turns it did not start
-	// (auto-resume after a restart). Keepalive frames are sent on silence.
+	// (auto-resume after a restart). Keepalive frames are sent on silence,
+	// carrying the cursor the stream has reached; a live watch (after_cursor
+	// 0) sends one at once with the cursor it starts after, its resume point
+	// before any frame has come.
 	WatchActivity(*WatchActivityRequest, grpc.ServerStreamingServer[WatchActivityResponse]) error
 	// Stop the in-flight turn; it ends with failed{CANCELLED}.
 	//

@@ -128,7 +128,13 @@ type cursorFilter struct {
 }
 
 func (c *cursorFilter) admit(f *pb.ActivityFrame) verdict {
-	if f == nil || f.GetKeepalive() != nil {
+	if f == nil {
+		return skip
+	}
+	if f.GetKeepalive() != nil {
+		// A watch's keepalive carries the cursor it has reached (a live watch's
+		// first, the head it starts after): resume from there.
+		c.last = max(c.last, f.GetCursor())
 		return skip
 	}
 	if f.GetCursor() != 0 {

@@ -70,6 +70,24 @@ func TestCursorFilter(t *testing.T) {
 	}
 }
 
+// A live watch's first keepalive carries the cursor it starts after: a drop
+// before any frame resumes there, not "live" again (AfterCursor 0).
+func TestCursorFilterResumesFromAKeepalivesCursor(t *testing.T) {
+	f := &cursorFilter{}
+	head := fr(0, KindKeepalive)
+	head.Cursor = 40
+	stale := fr(0, KindKeepalive)
+	stale.Cursor = 30
+	if f.admit(head) != skip || f.point() != 40 || f.admit(stale) != skip || f.point() != 40 {
+		t.Fatalf("point = %d, want 40", f.point())
+	}
+	next := fr(1, KindAccepted)
+	next.Cursor = 41
+	if f.admit(next) != emit || f.point() != 41 {
+		t.Fatalf("point = %d, want 41", f.point())
+	}
+}
+
 // attempt scripts one stream: either open fails, or frames then err.
 type attempt struct {
 	openErr error

@@ -84,7 +84,12 @@ export class FrameSequencer {
 
   /** Decide about the next received frame; on `"yield"` the frame is recorded as seen. */
   offer(frame: ActivityFrame): Verdict {
-    if (frame.event?.$case === "keepalive") return "skip";
+    if (frame.event?.$case === "keepalive") {
+      // A watch's keepalive carries the cursor it has reached (a live watch's
+      // first, the head it starts after): resume from there.
+      if (this.mode === "feed" && frame.cursor > this.lastCursor) this.lastCursor = frame.cursor;
+      return "skip";
+    }
     if (this.mode === "feed") {
       if (frame.cursor > 0 && frame.cursor <= this.lastCursor) return "skip";
       if (frame.cursor > this.lastCursor) this.lastCursor = frame.cursor;

@@ -56,6 +56,16 @@ test("feed mode orders by cursor across requests", () => {
   assert.equal(s.resumePoint().afterCursor, 103);
 });
 
+test("feed mode resumes from a keepalive's cursor (a live watch's starting point)", () => {
+  const s = new FrameSequencer("feed");
+  assert.equal(s.offer(frame(0, "keepalive", undefined, "", 40)), "skip");
+  assert.equal(s.resumePoint().afterCursor, 40);
+  assert.equal(s.offer(frame(0, "keepalive", undefined, "", 30)), "skip");
+  assert.equal(s.resumePoint().afterCursor, 40);
+  assert.equal(s.offer(frame(1, "accepted", undefined, "r1", 41)), "yield");
+  assert.equal(s.resumePoint().afterCursor, 41);
+});
+
 test("frameKind names kinds as docs/api.md does", () => {
   assert.equal(frameKind(frame(1, "text_delta", "x")), "text_delta");
   assert.equal(frameKind(frame(1, "tool_result")), "tool_result");

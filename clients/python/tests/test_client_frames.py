@@ -51,3 +51,19 @@ def test_cursor_filter():
     assert f.admit(c) and f.resume_point == 12
     ka = frame(2, "keepalive")
     assert not f.admit(ka)
+
+
+def test_a_watch_keepalive_cursor_is_the_resume_point():
+    """A live watch's first keepalive carries the cursor it starts after: a
+    drop before any frame resumes there, not "live" again (after_cursor 0)."""
+    f = CursorFilter()
+    head = frame(0, "keepalive")
+    head.cursor = 40
+    assert not f.admit(head) and f.resume_point == 40
+    stale = frame(0, "keepalive")
+    stale.cursor = 30
+    assert not f.admit(stale) and f.resume_point == 40  # never backwards
+    a = frame(1, request_id="a")
+    a.cursor = 41
+    assert f.admit(a) and f.resume_point == 41
+

@@ -229,8 +229,8 @@ class PromptService(pb_grpc.PromptServiceServicer):
         return ids
 
     @staticmethod
-    def _keepalive(rid, key, sid, seq):
-        f = pb.ActivityFrame(request_id=rid, session_key=key, session_id=sid, seq=seq)
+    def _keepalive(rid, key, sid, seq, cursor=0):
+        f = pb.ActivityFrame(request_id=rid, session_key=key, session_id=sid, seq=seq, cursor=cursor)
         f.at.GetCurrentTime()
         f.keepalive.SetInParent()
         return f
@@ -309,11 +309,17 @@ class PromptService(pb_grpc.PromptServiceServicer):
         """A key's or platform's frames (encoded) after ``after_cursor`` (0:
         from now on): the persisted ones a page at a time, then live ones. A
         pass per subscriber: when a burst outruns a reading client
-        (FellBehind), the next pass reads on from the store."""
+        (FellBehind), the next pass reads on from the store. Keepalives carry
+        the cursor the stream has reached; a live one's first, sent at once,
+        the head it starts after, so a client dropped before any frame
+        resumes from there instead of "live" again, missing nothing."""
         last, from_store = after_cursor, after_cursor > 0
         while True:
             sub = self.turns.bus.watch(index, name)  # before reading the store: no gap
             try:
+                if not last:  # live: from the newest frame handed to watchers, nothing in between
+                    last = self.turns.bus.watch_head
+                    yield StreamedFrame(self._keepalive("", "", "", 0, last)).wire
                 while from_store:  # the persisted frames after the cursor, a page at a time
                     records = await self.store.frames_after(last, limit=REPLAY_PAGE, **where)
                     for record in records:
@@ -330,7 +336,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
                         from_store = True
                         break
                     if item is None:
-                        yield StreamedFrame(self._keepalive("", "", "", 0)).wire
+                        yield StreamedFrame(self._keepalive("", "", "", 0, last)).wire
                         continue
                     if isinstance(item, BaseException):  # only a turn's own stream is sent one
                         raise item

@@ -69,7 +69,7 @@ class FrameTail:
 
     async def start(self) -> None:
         """From the newest committed frame on; the bus stops feeding the watchers."""
-        self.cursor = await self.store.last_frame_cursor()
+        self.cursor = self.bus.watch_head = await self.store.last_frame_cursor()
         self.bus.feeds_watchers = False
         self._task = asyncio.get_running_loop().create_task(self._run(), name="cluster-tail")
 
@@ -129,14 +129,14 @@ class FrameTail:
         if not self._watched():
             top = target or await self.store.last_frame_cursor()
             if not self._watched():  # still nobody: nothing to read
-                self.cursor = max(self.cursor, top)
+                self.cursor = self.bus.watch_head = max(self.cursor, top)
                 return
         while True:
             records = await self.store.frames_after(self.cursor, limit=self.page)
             for record in records:
                 self._deliver(record)
             if records:
-                self.cursor = max(self.cursor, records[-1].cursor)
+                self.cursor = self.bus.watch_head = max(self.cursor, records[-1].cursor)
             if len(records) < self.page:
                 return
 

@@ -156,6 +156,9 @@ class Store(Protocol):
         frames are written in seq order, so seq order is cursor order, and a
         replay pages on by the last cursor it got."""
 
+    async def last_frame_cursor(self) -> int:
+        """The highest frame cursor committed so far (0: none)."""
+
     async def frames_after(self, cursor: int, *, session_key: str = "", platform: str = "",
                            limit: int = 1000) -> list[FrameRecord]: ...
 
@@ -183,9 +186,6 @@ class TranscriptReader(Protocol):
 class SharedStore(Store, Protocol):
     """A store several sidecars write at once (PostgreSQL): what a sidecar's
     cluster tail (cluster/tail.py) asks of it besides the reads of ``Store``."""
-
-    async def last_frame_cursor(self) -> int:
-        """The highest frame cursor committed so far (0: none)."""
 
     def follow_cluster(self, idle_s: float) -> AsyncGenerator[int | ClusterOp, None]:
         """What every sidecar commits, as it commits: an int > 0 is the highest

@@ -126,6 +126,9 @@ class FrameBus:
         # (cluster/tail.py) feeds by_key/by_platform every node's frames, this
         # node's too, in cursor order; the bus then serves only turns' own streams.
         self.feeds_watchers = True
+        # The highest cursor handed to watchers (in a cluster, read past by the
+        # tail): where a live watch starts, told to its client (PromptService._watch).
+        self.watch_head = 0
         self._watches_ended: BaseException | None = None  # end_watches
         store.add_retrier(self._retry)
         store.watch_faults(self._store_changed)
@@ -317,6 +320,8 @@ class FrameBus:
     def to_watchers(self, item: StreamedFrame, key: str, platform: str) -> None:
         """Hand a committed frame to the watchers of its key and platform
         (every frame passes here: with nobody watching it is two lookups)."""
+        if item.frame.cursor > self.watch_head:
+            self.watch_head = item.frame.cursor
         subs = self.by_key.get(key)
         if subs:
             self._push(subs, self.by_key, key, item)

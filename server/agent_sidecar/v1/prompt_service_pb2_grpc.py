@@ -85,7 +85,10 @@ class PromptServiceServicer:
         terminal frame, at once and with no frame.
         By session_key or platform (after_cursor): every turn's frames in commit
         order, endlessly; this is how an adapter sees turns it did not start
-        (auto-resume after a restart). Keepalive frames are sent on silence.
+        (auto-resume after a restart). Keepalive frames are sent on silence,
+        carrying the cursor the stream has reached; a live watch (after_cursor
+        0) sends one at once with the cursor it starts after, its resume point
+        before any frame has come.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

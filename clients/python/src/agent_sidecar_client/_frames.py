@@ -86,6 +86,9 @@ class CursorFilter:
 
     def admit(self, frame: Any) -> bool:
         if frame_kind(frame) == "keepalive":
+            # A watch's keepalive carries the cursor it has reached (a live
+            # watch's first, the head it starts after): resume from there.
+            self.last_cursor = max(self.last_cursor, frame.cursor)
             return False
         if frame.cursor:
             if frame.cursor <= self.last_cursor:

@@ -107,6 +107,10 @@ def frames_after(conn: apsw.Connection, cursor: int, session_key: str, platform:
         f"{rows.FRAME_SELECT} WHERE platform = ? AND id > ? ORDER BY id LIMIT ?", (platform, cursor, limit))]
 
 
+def last_frame_cursor(conn: apsw.Connection) -> int:
+    return one(conn.execute("SELECT coalesce(max(id), 0) FROM frames").fetchone())[0]
+
+
 def fts_backlog(conn: apsw.Connection) -> int:
     """Messages past the full-text index's mark (what the next indexing takes)."""
     return one(conn.execute("SELECT count(*) FROM messages WHERE id > coalesce("

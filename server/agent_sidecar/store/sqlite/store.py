@@ -122,6 +122,9 @@ class SqliteStore(WriterBacked):
                              limit: int = 0) -> list[FrameRecord]:
         return await self._read_off_loop(reads.request_frames, request_id, after_seq, after_cursor, limit)
 
+    async def last_frame_cursor(self) -> int:
+        return self._read(reads.last_frame_cursor)
+
     async def frames_after(self, cursor: int, *, session_key: str = "", platform: str = "",
                            limit: int = 1000) -> list[FrameRecord]:
         return await self._read_off_loop(reads.frames_after, cursor, session_key, platform, limit)

@@ -199,7 +199,8 @@ export interface ActivityFrame {
     | undefined;
   /**
    * Global, increasing position of this frame in the store; a resume point for
-   * WatchActivity by session_key or platform.
+   * WatchActivity by session_key or platform. On a keepalive of such a watch,
+   * the cursor it has reached (0 on a turn's own stream).
    */
   cursor: number;
   /** What happened. */
@@ -288,7 +289,8 @@ export interface ActivityFrame_Superseded {
 
 /**
  * Nothing new: sent after `keepalive_s` (15 s) of silence so that a long
- * turn's stream does not look dead. Not persisted; skip it.
+ * turn's stream does not look dead, and at once as a live watch's first
+ * message. Not persisted; skip it (a watch's carries its resume cursor).
  */
 export interface ActivityFrame_Keepalive {
 }
@@ -317,7 +319,8 @@ export interface WatchActivityRequest {
   afterSeq: number;
   /**
    * With session_key or platform: replay frames whose cursor is greater than
-   * this; 0 means live frames only. Not negative; set with request_id it is
+   * this; 0 means live frames only (the first keepalive then names the cursor
+   * they start after). Not negative; set with request_id it is
    * INVALID_ARGUMENT.
    */
   afterCursor: number;
@@ -2572,7 +2575,10 @@ export const PromptServiceService = {
    * terminal frame, at once and with no frame.
    * By session_key or platform (after_cursor): every turn's frames in commit
    * order, endlessly; this is how an adapter sees turns it did not start
-   * (auto-resume after a restart). Keepalive frames are sent on silence.
+   * (auto-resume after a restart). Keepalive frames are sent on silence,
+   * carrying the cursor the stream has reached; a live watch (after_cursor
+   * 0) sends one at once with the cursor it starts after, its resume point
+   * before any frame has come.
    */
   watchActivity: {
     path: "/agent_sidecar.v1.PromptService/WatchActivity" as const,
@@ -2637,7 +2643,10 @@ export interface PromptServiceServer extends UntypedServiceImplementation {
    * terminal frame, at once and with no frame.
    * By session_key or platform (after_cursor): every turn's frames in commit
    * order, endlessly; this is how an adapter sees turns it did not start
-   * (auto-resume after a restart). Keepalive frames are sent on silence.
+   * (auto-resume after a restart). Keepalive frames are sent on silence,
+   * carrying the cursor the stream has reached; a live watch (after_cursor
+   * 0) sends one at once with the cursor it starts after, its resume point
+   * before any frame has come.
    */
   watchActivity: handleServerStreamingCall<WatchActivityRequest, WatchActivityResponse>;
   /**
@@ -2682,7 +2691,10 @@ export interface PromptServiceClient extends Client {
    * terminal frame, at once and with no frame.
    * By session_key or platform (after_cursor): every turn's frames in commit
    * order, endlessly; this is how an adapter sees turns it did not start
-   * (auto-resume after a restart). Keepalive frames are sent on silence.
+   * (auto-resume after a restart). Keepalive frames are sent on silence,
+   * carrying the cursor the stream has reached; a live watch (after_cursor
+   * 0) sends one at once with the cursor it starts after, its resume point
+   * before any frame has come.
    */
   watchActivity(
     request: WatchActivityRequest,
