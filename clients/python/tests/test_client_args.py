@@ -24,6 +24,7 @@ SYNC_CASES = [
      "attachments[0].data", "str does not fit"),
     (lambda c: c.prompt("hi", session_key="k", attachments=["a.png"]),
      "attachments[0]", "expected a dict or Attachment, got str"),
+    (lambda c: c.watch(platform="p", after_cursor=1 << 64), "after_cursor", "out of the int64 range"),
 ]
 
 ASYNC_CASES = [
@@ -36,6 +37,14 @@ ASYNC_CASES = [
     (lambda c: c.update_usage("k", {"input_tokens": "3"}), "delta.input_tokens", "str does not fit"),
     (lambda c: c.get_session(session_key=1), "session_key", "expected a string, got int"),
     (lambda c: c.search_messages(b"q"), "query", "expected a string, got bytes"),
+    # Numbers: protobuf's ValueError "Value out of range" / TypeError named no field.
+    (lambda c: c.rewind_session("s", n=1 << 32), "n", "out of the int32 range"),
+    (lambda c: c.rewind_session("s", n="2"), "n", "expected an integer, got str"),
+    (lambda c: c.search_messages("q", limit=1 << 40), "limit", "out of the int32 range"),
+    (lambda c: c.get_transcript("s", page_size=2.5), "page_size", "expected an integer, got float"),
+    (lambda c: c.list_sessions(active_within_seconds=1 << 63), "active_within_seconds", "out of the int64 range"),
+    (lambda c: c.prune_sessions(True), "max_age_days", "expected an integer, got bool"),
+    (lambda c: c.update_usage("k", {}, last_prompt_tokens=-(1 << 64)), "last_prompt_tokens", "int64"),
 ]
 
 

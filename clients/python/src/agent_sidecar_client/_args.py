@@ -96,6 +96,19 @@ def check_text(**fields: Any) -> None:
         _check(name, value)
 
 
+def check_ints(bits: int = 32, **fields: Any) -> None:
+    """Raise ``InvalidArgument`` naming the first of ``fields`` that is no
+    integer (a bool or a float is not one) or does not fit its signed
+    ``bits``-bit field, before anything is sent: protobuf's own ValueError
+    ("Value out of range") and TypeError name no field, and the Go and Node
+    clients refuse these naming the argument too."""
+    for name, value in fields.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _invalid(name, f"expected an integer, got {type(value).__name__}")
+        if not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
+            raise _invalid(name, f"{value} is out of the int{bits} range")
+
+
 def _invalid(field: str, why: str) -> errors.InvalidArgument:
     return errors.InvalidArgument(message=f"{field}: {why}", field_violations=[(field, why)])
 

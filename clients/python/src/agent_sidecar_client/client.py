@@ -19,7 +19,15 @@ from typing import Any
 import grpc
 
 from agent_sidecar_client import _args, errors
-from agent_sidecar_client._args import Deadline, MessageLike, SourceLike, as_delivery, as_source, check_text
+from agent_sidecar_client._args import (
+    Deadline,
+    MessageLike,
+    SourceLike,
+    as_delivery,
+    as_source,
+    check_ints,
+    check_text,
+)
 from agent_sidecar_client._frames import CursorFilter, SeqFilter
 from agent_sidecar_client._proto import common_pb2 as common
 from agent_sidecar_client._proto import prompt_service_pb2 as prompt_pb
@@ -176,6 +184,8 @@ class SidecarClient:
     async def list_sessions(self, platform: str = "", active_within_seconds: int = 0,
                             page_size: int = 0, page_token: str = "") -> session_pb.ListSessionsResponse:
         check_text(platform=platform, page_token=page_token)
+        check_ints(page_size=page_size)
+        check_ints(64, active_within_seconds=active_within_seconds)
         response: session_pb.ListSessionsResponse
         response = await self._call(self.sessions.ListSessions, session_pb.ListSessionsRequest(
             platform=platform, active_within_seconds=active_within_seconds,
@@ -250,6 +260,7 @@ class SidecarClient:
     async def get_transcript(self, session_id: str, include_rewound: bool = False, page_size: int = 0,
                              page_token: str = "") -> session_pb.GetTranscriptResponse:
         check_text(session_id=session_id, page_token=page_token)
+        check_ints(page_size=page_size)
         response: session_pb.GetTranscriptResponse
         response = await self._call(self.sessions.GetTranscript, session_pb.GetTranscriptRequest(
             session_id=session_id, include_rewound=include_rewound, page_size=page_size, page_token=page_token))
@@ -272,6 +283,7 @@ class SidecarClient:
 
     async def rewind_session(self, session_id: str, n: int = 1) -> session_pb.RewindSessionResponse:
         check_text(session_id=session_id)
+        check_ints(n=n)
         response: session_pb.RewindSessionResponse
         response = await self._call(self.sessions.RewindSession, session_pb.RewindSessionRequest(
             session_id=session_id, n=n))
@@ -279,6 +291,7 @@ class SidecarClient:
 
     async def search_messages(self, query: str, session_key: str = "", limit: int = 0) -> list[Any]:
         check_text(query=query, session_key=session_key)
+        check_ints(limit=limit)
         response: session_pb.SearchMessagesResponse
         response = await self._call(self.sessions.SearchMessages, session_pb.SearchMessagesRequest(
             query=query, session_key=session_key, limit=limit))
@@ -287,6 +300,7 @@ class SidecarClient:
     async def update_usage(self, session_key: str, delta: common.Usage | Mapping[str, Any],
                            last_prompt_tokens: int = 0, cost_status: str = "") -> common.Session:
         check_text(session_key=session_key, cost_status=cost_status)
+        check_ints(64, last_prompt_tokens=last_prompt_tokens)
         usage = _args.build(common.Usage, delta, "delta")
         response: session_pb.UpdateUsageResponse
         response = await self._call(self.sessions.UpdateUsage, session_pb.UpdateUsageRequest(
@@ -295,6 +309,7 @@ class SidecarClient:
         return response.session
 
     async def prune_sessions(self, max_age_days: int) -> int:
+        check_ints(max_age_days=max_age_days)
         response: session_pb.PruneSessionsResponse
         response = await self._call(self.sessions.PruneSessions, session_pb.PruneSessionsRequest(
             max_age_days=max_age_days))
@@ -372,6 +387,7 @@ class SidecarClient:
         if sum(map(bool, (request_id, session_key, platform))) != 1:
             raise ValueError("give exactly one of request_id, session_key and platform")
         check_text(request_id=request_id, session_key=session_key, platform=platform)
+        check_ints(64, after_seq=after_seq, after_cursor=after_cursor)
         frame_filter: SeqFilter | CursorFilter = SeqFilter(after_seq) if request_id else CursorFilter(after_cursor)
 
         def open_call() -> Any:
