@@ -141,6 +141,22 @@ def test_host_error_reaches_the_model(sc):
         host.close()
 
 
+@pytest.mark.parametrize("result_json", ["12:00", ""])
+def test_a_result_that_is_no_json_is_a_failed_call_naming_the_field(sc, result_json):
+    """docs/api.md: a tool_result's result_json is JSON. A host answering ok with
+    text that is none got it passed on as is, to the model and to every adapter."""
+    host = ToolHost(sc.tools(), "test", [("test.fail", "answers text", {"type": "object"})],
+                    lambda inv: (True, result_json, ""))
+    try:
+        host.wait_registered()
+        p = start(sc.prompts(), text="go", src=source(), profile="terr").result(15)
+        assert p.end == "completed", (p.kinds(), p.error)
+        result = p.frame("tool_result").tool_result
+        assert result.ok is False and json.loads(result.result_json)["error"].startswith("result_json: "), result
+    finally:
+        host.close()
+
+
 def test_tool_with_no_host_is_an_error_result(sc):
     p = start(sc.prompts(), text="go", src=source(), profile="tnohost").result(15)
     assert p.end == "completed", (p.kinds(), p.error)

@@ -261,10 +261,25 @@ class ToolRegistry:
             return False, orjson.dumps({"error": f"{type(e).__name__}: {e}"}).decode()
 
     def answer(self, host: ToolHost, invocation_id: str, ok: bool, result_json: str, error: str) -> None:
+        """A host's result. One that says ok but whose ``result_json`` is no
+        JSON (``"12:00"`` unquoted, or empty) is a failed call naming the
+        field: a tool_result frame's result_json is JSON (docs/api.md), and
+        adapters and models parse it. The host cannot be told otherwise
+        without ending its stream, and with it every tool it serves."""
         fut = host.pending.get(invocation_id)
         if fut is not None and not fut.done():
+            if ok and not _is_json(result_json):
+                ok, error = False, f"result_json: the tool host's result is not JSON (got {E.excerpt(result_json)})"
             result = result_json if ok else orjson.dumps({"error": error or result_json or "tool failed"}).decode()
             fut.set_result((ok, result))
+
+
+def _is_json(text: str) -> bool:
+    try:
+        orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 def _in_daemon_thread(fn: Callable[[], Any], name: str) -> asyncio.Future:

@@ -61,7 +61,11 @@ export interface ToolInvocationResult {
   invocationId: string;
   /** False when the tool failed. */
   ok: boolean;
-  /** The result as JSON when ok; otherwise an error description. */
+  /**
+   * The result as JSON when ok (a string is quoted: "\"12:00\""); otherwise an
+   * error description. With ok, text that is no JSON (empty included) makes
+   * the call a failed one: the model gets an error naming result_json.
+   */
   resultJson: string;
   /** With ok=false: what went wrong (the model sees it). */
   error: string;
