@@ -93,6 +93,18 @@ def test_echo_turn_end_to_end(sc):
     assert [m.role for m in transcript(sc.sessions(), sid)] == ["user", "assistant"] * 2
 
 
+def test_attachments_are_recorded_not_shown_to_the_model(sc):
+    """docs/api.md Attachment: the turn runs on the text; the model (echo: it
+    answers with what it was given) and the transcript see no attachment."""
+    req = prompt_req(text="look at this")
+    req.attachments.add(name="cat.png", mime_type="image/png", data=b"\x89PNG")
+    req.attachments.add(name="doc.pdf", url="https://example.com/doc.pdf")
+    out = run(sc.prompts(), req)
+    assert out.last.completed.final_text == "look at this"
+    msgs = transcript(sc.sessions(), out.frames[0].session_id)
+    assert [(m.role, m.content) for m in msgs] == [("user", "look at this"), ("assistant", "look at this")]
+
+
 def test_scripted_multi_step_turn_with_a_tool(sc, host):
     req = prompt_req(text="what is 2 + 3?", profile="tool")
     out = run(sc.prompts(), req)

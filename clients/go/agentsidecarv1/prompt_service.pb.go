@@ -108,7 +108,11 @@ func (DeliveryMode) EnumDescriptor() ([]byte, []int) {
 
 // Attachment is a file that comes with a prompt. Its metadata is recorded with
 // the turn; at most `limits.max_attachments` (16) per prompt, each at most
-// `limits.max_attachment_bytes` (8 MiB).
+// `limits.max_attachment_bytes` (8 MiB). Only the metadata (name, MIME type,
+// url, size) is kept, in the turn's ledger row, which no call returns: the
+// content is not stored, and no built-in model backend (echo, scripted,
+// openai) sees attachments. For the model to read a file, put what it needs
+// into the prompt's text.
 type Attachment struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// File name as the user sent it.
