@@ -72,6 +72,8 @@ class Profile:
     tools: list[str] = key([], nonempty=True, doc="tool subtrees the model may call, e.g. `[\"local.*\"]`")
     max_iterations: int = key(25, ge=1, doc="model calls per turn at most")
     timeout_s: float = key(0.0, ge=0, doc="the turn timeout in seconds (0: `agent.gateway_timeout`)")
+    tool_timeout_s: float = key(60.0, gt=0, doc="how long one tool call waits for its result (s); past it "
+                                                "the model gets an error result and the turn goes on")
     queue_cap: int = key(32, ge=0, doc="prompts waiting in one session's queue (0: no cap); past it QUEUE_FULL")
 
     @property

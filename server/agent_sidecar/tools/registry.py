@@ -231,7 +231,7 @@ class ToolRegistry:
             async with asyncio.timeout(timeout):
                 return await fut
         except TimeoutError:
-            return False, orjson.dumps({"error": f"tool {name!r} timed out after {timeout:.0f} s"}).decode()
+            return False, orjson.dumps({"error": f"tool {name!r} timed out after {timeout:g} s"}).decode()
         finally:
             host.pending.pop(inv_id, None)
 
@@ -256,7 +256,7 @@ class ToolRegistry:
                         result = await result
             return True, orjson.dumps(result).decode()
         except TimeoutError:
-            return False, orjson.dumps({"error": f"tool {spec.name!r} timed out after {timeout:.0f} s"}).decode()
+            return False, orjson.dumps({"error": f"tool {spec.name!r} timed out after {timeout:g} s"}).decode()
         except Exception as e:
             return False, orjson.dumps({"error": f"{type(e).__name__}: {e}"}).decode()
 

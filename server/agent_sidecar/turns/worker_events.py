@@ -160,7 +160,8 @@ async def _run_tool(m: TurnManager, h: WorkerHandle, turn: Turn, msg: wire.ToolC
         profile = m.cfg.profile(turn.profile)
         if not in_scope(msg["name"], profile.tools if profile is not None else []):
             raise E.SidecarError(E.TOOL_SCOPE_VIOLATION, f"{msg['name']!r} is outside the profile's tools")
-        ok, result = await m.tools.invoke(msg["name"], msg["arguments"], meta, platform=turn.platform)
+        ok, result = await m.tools.invoke(msg["name"], msg["arguments"], meta, platform=turn.platform,
+                                          timeout_s=profile.tool_timeout_s if profile is not None else None)
         reply = wire.tool_result(turn.rid, msg["call_id"], ok, result)
     except E.SidecarError as e:
         ok, refused = False, e.reason
