@@ -359,6 +359,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
     async def Cancel(self, request, context, principal):
         if bool(request.session_key) == bool(request.request_id):
             raise E.invalid("session_key", "give exactly one of session_key and request_id")
+        await self.turns.ready.wait()  # the lanes the startup restore brings back
         if request.request_id:
             # Checked whether or not it runs: the answer must not tell another
             # platform's credential that a request of this one is in flight.
@@ -380,6 +381,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
     @unary
     async def GetQueue(self, request, context, principal):
         key = cv.scoped_key(request.session_key, principal, self.cfg)
+        await self.turns.ready.wait()  # the queues the startup restore brings back
         lane = self.turns.lanes.get(key)
         if lane is None:
             await self._route(key)
