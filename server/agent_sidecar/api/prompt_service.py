@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from .. import errors as E
 from ..config import Config
 from ..logs import bind_turn
-from ..sessions.keys import build_session_key, canonical_session_key, split_session_key
+from ..sessions.keys import split_session_key
 from ..store import Store
 from ..store.records import LedgerEntry
 from ..turns import jobs
@@ -24,9 +24,9 @@ from ..turns.subscriber import FellBehind, StreamedFrame, Subscriber, TooSlow
 from ..v1 import prompt_service_pb2 as pb
 from ..v1 import prompt_service_pb2_grpc as pb_grpc
 from . import convert as cv
+from .prompt_request import checked_prompt
 from .rpc import streaming, unary
 
-_MODES = set(pb.DeliveryMode.values()) - {0}
 # Rows per read when persisted frames are replayed (a request's, or a key's or
 # platform's after a cursor): what a replay holds while its client does not
 # read (the live part is bounded by the Subscriber).
@@ -79,49 +79,9 @@ class PromptService(pb_grpc.PromptServiceServicer):
 
     # -- Prompt ------------------------------------------------------------------------
 
-    def _validate(self, request, principal):
-        cfg = self.cfg
-        rid = cv.require(request.request_id, "request_id")
-        if len(rid) > cfg.limits.max_id_length:
-            raise E.invalid("request_id", f"longer than {cfg.limits.max_id_length} characters")
-        if len(request.text.encode()) > cfg.limits.max_text_bytes:
-            raise E.invalid("text", f"larger than {cfg.limits.max_text_bytes} bytes")
-        if request.delivery and request.delivery not in _MODES:
-            raise E.invalid("delivery", "is not a known delivery mode")
-        if len(request.attachments) > cfg.limits.max_attachments:
-            raise E.invalid("attachments", f"more than {cfg.limits.max_attachments}")
-        for i, a in enumerate(request.attachments):
-            if len(a.data) > cfg.limits.max_attachment_bytes:
-                raise E.invalid(f"attachments[{i}].data", f"larger than {cfg.limits.max_attachment_bytes} bytes")
-        if request.HasField("source") == bool(request.session_key):
-            raise E.invalid("source", "give exactly one of source and session_key")
-        source = None
-        if request.HasField("source"):
-            source = cv.source_from_proto(request.source, cfg)
-            profile = request.profile or "main"
-            if cfg.profile(profile) is None:
-                raise E.invalid("profile", f"unknown profile {E.excerpt(profile)}")
-            try:
-                key = build_session_key(source, profile,
-                                        group_sessions_per_user=cfg.group_sessions_per_user,
-                                        thread_sessions_per_user=cfg.thread_sessions_per_user)
-            except ValueError as e:
-                raise E.invalid(str(e).split(":", 1)[0], str(e)) from None
-            platform = source.platform
-        else:
-            try:
-                key = canonical_session_key(request.session_key)
-                profile, platform, _ = split_session_key(key)
-            except ValueError:
-                raise E.invalid("session_key", "is not a session key (agent:{profile}:{platform}:…)") from None
-            if cfg.profile(profile) is None:
-                raise E.invalid("session_key", f"names an unknown profile {E.excerpt(profile)}")
-        principal.require_platform(platform)
-        return rid, key, platform, profile, source
-
     @streaming
     async def Prompt(self, request, context, principal):
-        rid, key, platform, profile, source = self._validate(request, principal)
+        rid, key, platform, profile, source = checked_prompt(request, principal, self.cfg)
         bind_turn(rid, key)  # this call's task: its log lines are the turn's
         prof = self.cfg.profile(profile)
         assert prof is not None  # _validate refused an unknown profile
