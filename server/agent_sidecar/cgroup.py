@@ -9,14 +9,23 @@ a 64-core node, or under ``taskset``/systemd's ``CPUAffinity=``, it would start
 two CPUs. The count here is the CPUs the scheduler lets this process run on
 (its affinity), capped by the cgroup's CPU quota rounded up (cgroup v2
 ``cpu.max``, v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``: Docker's
-``--cpus``, a Kubernetes CPU limit); at least 1. A Kubernetes CPU *request*
-sets no quota: set ``workers`` there.
+``--cpus``, a Kubernetes CPU limit, systemd's ``CPUQuota=``); at least 1. A
+Kubernetes CPU *request* sets no quota: set ``workers`` there.
+
+The quota is read in the process's own cgroup and every one above it (the
+smallest wins: a parent's limit binds its children), not only at the
+hierarchy's root: on a cgroup v1 host a systemd service sits in
+``system.slice/NAME.service`` below the root, whose quota is unlimited. A
+directory this process's path names but its mount does not have (a container
+that sees its own cgroup as the root) is passed over for the one above.
 """
 
 from __future__ import annotations
 
 import math
 import os
+
+ROOT = "/sys/fs/cgroup"
 
 
 def cgroup_dir() -> str:
@@ -26,10 +35,10 @@ def cgroup_dir() -> str:
         with open("/proc/self/cgroup") as f:
             for line in f:
                 if line.startswith("0::"):
-                    return "/sys/fs/cgroup" + line.strip()[3:]
+                    return ROOT + line.strip()[3:]
     except OSError:
         pass
-    return "/sys/fs/cgroup"
+    return ROOT
 
 
 def available_cpus() -> int:
@@ -45,16 +54,53 @@ def available_cpus() -> int:
 
 
 def cgroup_cpu_quota() -> float | None:
-    """The cgroup's CPU limit in CPUs (quota / period), None when there is none."""
-    v2 = _read(os.path.join(cgroup_dir(), "cpu.max"))
-    if v2 is not None:
-        parts = v2.split()
-        return _ratio(parts[0], parts[1]) if len(parts) == 2 else None
-    for base in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"):
-        quota = _read(os.path.join(base, "cpu.cfs_quota_us"))
-        if quota is not None:
-            return _ratio(quota, _read(os.path.join(base, "cpu.cfs_period_us")) or "")
-    return None
+    """The cgroup's CPU limit in CPUs (quota / period): the smallest of this
+    process's cgroup and those above it; None when none has one."""
+    limits: list[float | None] = []
+    v2_seen = False
+    for d in _up(cgroup_dir(), ROOT):
+        v2 = _read(os.path.join(d, "cpu.max"))
+        if v2 is not None:
+            v2_seen = True
+            parts = v2.split()
+            limits.append(_ratio(parts[0], parts[1]) if len(parts) == 2 else None)
+    if not v2_seen:
+        path = _v1_path("cpu")
+        for base in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"):
+            for d in _up(base + path, base):
+                quota = _read(os.path.join(d, "cpu.cfs_quota_us"))
+                if quota is not None:
+                    limits.append(_ratio(quota, _read(os.path.join(d, "cpu.cfs_period_us")) or ""))
+    found = [q for q in limits if q is not None]
+    return min(found) if found else None
+
+
+def _up(start: str, top: str) -> list[str]:
+    """``start`` and its parents up to ``top`` (included), those that exist."""
+    top = os.path.normpath(top)
+    d = os.path.normpath(start)
+    if not (d == top or d.startswith(top + os.sep)):
+        d = top
+    dirs = []
+    while True:
+        if os.path.isdir(d):
+            dirs.append(d)
+        if d == top:
+            return dirs
+        d = os.path.dirname(d)
+
+
+def _v1_path(controller: str) -> str:
+    """This process's path in cgroup v1 ``controller``'s hierarchy ("" if none)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                parts = line.rstrip("\n").split(":", 2)
+                if len(parts) == 3 and controller in parts[1].split(","):
+                    return parts[2] if parts[2] != "/" else ""
+    except OSError:
+        pass
+    return ""
 
 
 def _ratio(quota: str, period: str) -> float | None:

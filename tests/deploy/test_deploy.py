@@ -284,3 +284,33 @@ def test_the_default_worker_count_is_the_cpus_the_sidecar_may_use(tmp_path):
         p = PromptRun(sc.prompts(), text="one worker is enough", src=source())
         p.done.wait(15)
         assert p.kinds()[-1] == "completed", p.kinds()
+
+
+def _v1_cpu_hierarchy() -> str | None:
+    """A cgroup v1 cpu hierarchy this test may make a child cgroup in (as root)."""
+    for base in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"):
+        if os.path.isfile(os.path.join(base, "cpu.cfs_quota_us")) and os.access(base, os.W_OK):
+            return base
+    return None
+
+
+@pytest.mark.skipif(_v1_cpu_hierarchy() is None or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs a writable cgroup v1 cpu hierarchy and two CPUs")
+def test_the_default_worker_count_follows_the_quota_of_the_sidecars_own_cgroup(tmp_path):
+    """On a cgroup v1 host a service's CPU quota is set on its own cgroup
+    (systemd's CPUQuota= on system.slice/NAME.service), below the hierarchy's
+    root: the sidecar in a child cgroup limited to half a CPU starts one
+    worker, where it read only the root's (unlimited) quota and started one
+    per CPU of its affinity."""
+    base = _v1_cpu_hierarchy()
+    assert base is not None
+    group = os.path.join(base, f"sidecar-test-{uuid.uuid4().hex[:8]}")
+    os.mkdir(group)
+    try:
+        Path(group, "cpu.cfs_period_us").write_text("100000")
+        Path(group, "cpu.cfs_quota_us").write_text("50000")
+        join = ["sh", "-c", f'echo $$ > {shlex.quote(group)}/cgroup.procs && exec "$@"', "sh"]
+        with Sidecar(tmp_path / "data", config=echo("main"), workers=0, wrapper=join) as sc:
+            assert len(sc.status().workers) == 1, sc.status().workers
+    finally:
+        os.rmdir(group)
