@@ -136,6 +136,10 @@ func (c *Client) Watch(ctx context.Context, p WatchParams) iter.Seq2[*Frame, err
 			yield(nil, err)
 			return
 		}
+		if err := checkResumePoint(p); err != nil {
+			yield(nil, err)
+			return
+		}
 		if p.RequestID != "" {
 			filter := &seqFilter{last: p.AfterSeq}
 			open := func(ctx context.Context) (recvFunc, error) {
@@ -150,6 +154,20 @@ func (c *Client) Watch(ctx context.Context, p WatchParams) iter.Seq2[*Frame, err
 		}
 		c.follow(ctx, open, filter, false, false, yield)
 	}
+}
+
+// checkResumePoint refuses the resume point a watch does not use, naming it,
+// as the sidecar does: AfterSeq applies with RequestID, AfterCursor with
+// SessionKey or Platform. Dropped instead, a replay asked for would silently
+// become live frames only, losing those it asked for.
+func checkResumePoint(p WatchParams) error {
+	if p.RequestID != "" && p.AfterCursor != 0 {
+		return invalidArgument("after_cursor", "applies only with session_key or platform")
+	}
+	if p.RequestID == "" && p.AfterSeq != 0 {
+		return invalidArgument("after_seq", "applies only with request_id")
+	}
+	return nil
 }
 
 // CancelParams names the turn to stop: a SessionKey or a RequestID.

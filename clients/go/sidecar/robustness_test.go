@@ -81,6 +81,11 @@ func TestPromptRejectsInvalidUTF8UpFront(t *testing.T) {
 	}
 	_, err = Collect(c.Watch(ctx, WatchParams{SessionKey: "k\xff"}))
 	wantInvalidArgument(t, "Watch", err, "session_key")
+	// The resume point a watch does not use: the sidecar refuses it too, never ignores it.
+	_, err = Collect(c.Watch(ctx, WatchParams{SessionKey: "k", AfterSeq: 5}))
+	wantInvalidArgument(t, "Watch by key with AfterSeq", err, "after_seq")
+	_, err = Collect(c.Watch(ctx, WatchParams{RequestID: "r", AfterCursor: 5}))
+	wantInvalidArgument(t, "Watch by request with AfterCursor", err, "after_cursor")
 	if len(fp.auth) != 0 {
 		t.Fatalf("a Prompt reached the server: %v", fp.auth)
 	}

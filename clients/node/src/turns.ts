@@ -10,7 +10,8 @@ import { FrameSequencer } from "./frames";
 import { PromptRequest, type PromptServiceClient, WatchActivityRequest } from "./gen/agent_sidecar/v1/prompt_service";
 import { int64, parseDelivery, type PromptOptions, type WatchOptions } from "./options";
 import { FrameStream, type ResumeOptions } from "./stream";
-import { checkAttachments, checkSource, checkTexts, requireOne, requireTexts } from "./text";
+import { checkAttachments, checkSource, checkTexts, isAbsent, requireOne, requireTexts } from "./text";
+import { invalidArgument } from "./errors";
 
 /** What a prompt or watch stream needs of its client. */
 export interface StreamHost {
@@ -82,6 +83,12 @@ export function watchStream(host: StreamHost, opts: WatchOptions): FrameStream {
   const seq = byRequest
     ? new FrameSequencer("request", { afterSeq: int64("afterSeq", o.afterSeq ?? 0, true) })
     : new FrameSequencer("feed", { afterCursor: int64("afterCursor", o.afterCursor ?? 0, true) });
+  // The resume point this watch does not use is refused naming it, as the
+  // sidecar refuses it: dropped, a replay asked for would become live frames only.
+  const unused = byRequest ? "afterCursor" : "afterSeq";
+  if (!isAbsent(o[unused]) && o[unused] !== 0) {
+    throw invalidArgument(unused, `applies only with ${byRequest ? "sessionKey or platform" : "requestId"}`);
+  }
   return new FrameStream(
     (resume) => {
       host.checkOpen();

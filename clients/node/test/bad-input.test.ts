@@ -171,6 +171,9 @@ test("numeric arguments are checked before sending, naming the argument", T, asy
   for (const afterCursor of [NaN, Infinity, -2]) {
     assert.throws(() => client.watch({ sessionKey: "k", afterCursor }), /^RangeError: afterCursor: /);
   }
+  // The resume point a watch does not use: the sidecar refuses it too, never ignores it.
+  assert.throws(() => client.watch({ sessionKey: "k", afterSeq: 5 }), namesField("afterSeq", /applies only with requestId/));
+  assert.throws(() => client.watch({ requestId: "r", afterCursor: 5 }), namesField("afterCursor", /applies only with sessionKey/));
   const range = (name: string) => (e: unknown) => e instanceof RangeError && e.message.startsWith(`${name}: `);
   await assert.rejects(client.rewindSession("s", NaN), range("n"));
   await assert.rejects(client.rewindSession("s", 1e12), range("n"));

@@ -25,6 +25,9 @@ SYNC_CASES = [
     (lambda c: c.prompt("hi", session_key="k", attachments=["a.png"]),
      "attachments[0]", "expected a dict or Attachment, got str"),
     (lambda c: c.watch(platform="p", after_cursor=1 << 64), "after_cursor", "out of the int64 range"),
+    # The resume point the watch does not use: the sidecar refuses it too, never ignores it.
+    (lambda c: c.watch(session_key="k", after_seq=5), "after_seq", "applies only with request_id"),
+    (lambda c: c.watch(request_id="r", after_cursor=5), "after_cursor", "applies only with session_key"),
 ]
 
 ASYNC_CASES = [

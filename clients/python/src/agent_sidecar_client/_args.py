@@ -109,6 +109,17 @@ def check_ints(bits: int = 32, **fields: Any) -> None:
             raise _invalid(name, f"{value} is out of the int{bits} range")
 
 
+def check_resume_point(by_request: bool, after_seq: int, after_cursor: int) -> None:
+    """A watch by ``request_id`` resumes after ``after_seq``, one by session
+    key or platform after ``after_cursor``: the other one, given, is refused
+    naming it, as the sidecar refuses it, rather than dropped (a replay
+    silently reduced to live frames loses the frames asked for)."""
+    if by_request and after_cursor:
+        raise _invalid("after_cursor", "applies only with session_key or platform")
+    if not by_request and after_seq:
+        raise _invalid("after_seq", "applies only with request_id")
+
+
 def _invalid(field: str, why: str) -> errors.InvalidArgument:
     return errors.InvalidArgument(message=f"{field}: {why}", field_violations=[(field, why)])
 

@@ -26,6 +26,7 @@ from agent_sidecar_client._args import (
     as_delivery,
     as_source,
     check_ints,
+    check_resume_point,
     check_text,
 )
 from agent_sidecar_client._frames import CursorFilter, SeqFilter
@@ -388,6 +389,7 @@ class SidecarClient:
             raise ValueError("give exactly one of request_id, session_key and platform")
         check_text(request_id=request_id, session_key=session_key, platform=platform)
         check_ints(64, after_seq=after_seq, after_cursor=after_cursor)
+        check_resume_point(bool(request_id), after_seq, after_cursor)
         frame_filter: SeqFilter | CursorFilter = SeqFilter(after_seq) if request_id else CursorFilter(after_cursor)
 
         def open_call() -> Any:
