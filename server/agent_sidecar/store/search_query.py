@@ -4,15 +4,20 @@ phrase; ``or`` between two terms is either; ``-word`` (or ``-"phrase"``)
 must not appear. Anything else (punctuation, ``AND``, ``*``, unbalanced
 quotes) is text, never an error.
 
-Why one language: PostgreSQL reads the query with ``websearch_to_tsquery``
-while SQLite's FTS5 has a syntax of its own (binary ``NOT``, upper-case
+Why one language: PostgreSQL read the query with ``websearch_to_tsquery``
+while SQLite's FTS5 had a syntax of its own (binary ``NOT``, upper-case
 ``OR``/``AND``, ``prefix*``), so the same query gave other results on the
 two backends (``apple -banana`` found the messages *with* banana on SQLite).
 Here the query is parsed once, as ``websearch_to_tsquery`` reads it, and
-written as FTS5 for SQLite (PostgreSQL keeps its own function on the text);
-a query of punctuation only finds nothing on both, and both refuse alike one
-whose alternative only excludes words (FTS5 cannot search for "everything
-without x").
+that one parse is written for each backend: as FTS5 for SQLite, as
+``to_tsquery`` input for PostgreSQL. PostgreSQL does not read the user's text
+itself: ``websearch_to_tsquery`` differs from this parse at the edges
+(``12:00`` is two words there and a phrase here, ``or,`` an operator there
+and a word here), and any difference in the structure found the backends
+finding other messages again (``apple or, -cherry`` found every message
+without cherry on PostgreSQL). A query of punctuation only finds nothing on
+both, and both refuse alike one whose alternative only excludes words (FTS5
+cannot search for "everything without x").
 """
 
 from __future__ import annotations
@@ -89,6 +94,18 @@ def to_fts5(groups: list[list[Term]]) -> str:
         expr += "".join(f" NOT {phrase(t)}" for t in g if t.negated)
         out.append(f"({expr})")
     return " OR ".join(out)
+
+
+def to_tsquery(groups: list[list[Term]]) -> str:
+    """The parsed query as ``to_tsquery`` input, the same structure as
+    ``to_fts5``: each term a phrase (``<->``) of its words, each word a quoted
+    lexeme (its text split into lexemes as ``phraseto_tsquery`` splits it,
+    never read as tsquery syntax), a group's terms ANDed with ``!`` for the
+    excluded ones, the groups ORed."""
+    def phrase(t: Term) -> str:
+        inner = " <-> ".join("'" + w.replace("\\", "\\\\").replace("'", "''") + "'" for w in t.words)
+        return f"!({inner})" if t.negated else f"({inner})"
+    return " | ".join("(" + " & ".join(phrase(t) for t in g) + ")" for g in groups)
 
 
 def _has_token(word: str) -> bool:

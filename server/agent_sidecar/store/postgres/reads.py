@@ -1,6 +1,6 @@
 """The PostgreSQL backend's read queries, one coroutine per ``Store`` read,
 each on a pooled asyncio connection in one statement (one snapshot). Every one
-goes through an index, as on SQLite; search is ``websearch_to_tsquery`` over
+goes through an index, as on SQLite; search is ``to_tsquery`` of the parsed query (search_query.py) over
 the GIN-indexed tsvector column, snippets by ``ts_headline``."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ _SEARCH = (
     " FROM (SELECT i.session_key, m.session_id, m.seq, m.role, m.content, m.created_at, m.id,"
     " ts_rank(m.content_tsv, q) AS rank, q"
     " FROM messages m JOIN incarnations i ON i.session_id = m.session_id,"
-    " websearch_to_tsquery('simple', %(q)s) q WHERE m.content_tsv @@ q AND m.active{key}"
+    " to_tsquery('simple', %(q)s) q WHERE m.content_tsv @@ q AND m.active{key}"
     " ORDER BY rank DESC, m.id LIMIT %(limit)s) top,"
     " LATERAL (SELECT ts_headline('simple', top.content, top.q, %(opts)s) AS hl) h,"
     " LATERAL (SELECT replace(replace(h.hl, %(start)s, ''), %(stop)s, '') AS plain) p"
@@ -75,14 +75,15 @@ _SEARCH = (
 
 
 async def search(conn, query: str, session_key: str, limit: int) -> list[SearchHit]:
-    """``websearch_to_tsquery`` reads the query (quotes, or, -word): the
-    syntax SQLite's search is written from (search_query.py), which refuses
-    alike one that only excludes words. NUL and other
-    control characters separate words."""
-    query = "".join(" " if ord(ch) < 32 else ch for ch in query)
-    if not search_query.parse(query):
+    """The query parsed once (search_query.py: quotes, or, -word, the parse
+    SQLite's search is written from too) and written as ``to_tsquery`` input:
+    both backends search for the same words in the same structure, and refuse
+    alike one that only excludes words. NUL and other control characters
+    separate words."""
+    groups = search_query.parse(query)
+    if not groups:
         return []
-    params = {"q": query, "limit": limit, "start": START, "stop": STOP, "opts": _HEADLINE}
+    params = {"q": search_query.to_tsquery(groups), "limit": limit, "start": START, "stop": STOP, "opts": _HEADLINE}
     key = ""
     if session_key:
         key, params["key"] = " AND i.session_key = %(key)s", session_key
