@@ -56,23 +56,37 @@ def available_cpus() -> int:
 def cgroup_cpu_quota() -> float | None:
     """The cgroup's CPU limit in CPUs (quota / period): the smallest of this
     process's cgroup and those above it; None when none has one."""
-    limits: list[float | None] = []
-    v2_seen = False
-    for d in _up(cgroup_dir(), ROOT):
-        v2 = _read(os.path.join(d, "cpu.max"))
-        if v2 is not None:
-            v2_seen = True
-            parts = v2.split()
-            limits.append(_ratio(parts[0], parts[1]) if len(parts) == 2 else None)
-    if not v2_seen:
-        path = _v1_path("cpu")
-        for base in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"):
-            for d in _up(base + path, base):
-                quota = _read(os.path.join(d, "cpu.cfs_quota_us"))
-                if quota is not None:
-                    limits.append(_ratio(quota, _read(os.path.join(d, "cpu.cfs_period_us")) or ""))
-    found = [q for q in limits if q is not None]
+    found = []
+    for path in limit_files(("cpu.max",), "cpu", ("cpu.cfs_quota_us",)):
+        text = _read(path) or ""
+        if path.endswith("cpu.max"):
+            parts = text.split()
+            quota = _ratio(parts[0], parts[1]) if len(parts) == 2 else None
+        else:
+            quota = _ratio(text, _read(os.path.join(os.path.dirname(path), "cpu.cfs_period_us")) or "")
+        if quota is not None:
+            found.append(quota)
     return min(found) if found else None
+
+
+def limit_files(v2: tuple[str, ...], controller: str, v1: tuple[str, ...]) -> list[str]:
+    """The files named ``v2`` in this process's cgroup v2 directory and each
+    one above it, those that exist; when there are none, the files named
+    ``v1`` in its directory of cgroup v1 ``controller``'s hierarchy (its path
+    in /proc/self/cgroup under each mount of that controller) and each one
+    above it up to the mount. A limit binds everything below it, so a caller
+    takes the smallest of what it reads."""
+    out = [os.path.join(d, name) for d in _up(cgroup_dir(), ROOT) for name in v2
+           if os.path.isfile(os.path.join(d, name))]
+    if out:
+        return out
+    path = _v1_path(controller)
+    try:
+        mounts = sorted(m for m in os.listdir(ROOT) if controller in m.split(","))
+    except OSError:
+        mounts = []
+    return [os.path.join(d, name) for m in mounts for d in _up(os.path.join(ROOT, m) + path, os.path.join(ROOT, m))
+            for name in v1 if os.path.isfile(os.path.join(d, name))]
 
 
 def _up(start: str, top: str) -> list[str]:

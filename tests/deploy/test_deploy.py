@@ -286,15 +286,25 @@ def test_the_default_worker_count_is_the_cpus_the_sidecar_may_use(tmp_path):
         assert p.kinds()[-1] == "completed", p.kinds()
 
 
-def _v1_cpu_hierarchy() -> str | None:
-    """A cgroup v1 cpu hierarchy this test may make a child cgroup in (as root)."""
-    for base in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"):
-        if os.path.isfile(os.path.join(base, "cpu.cfs_quota_us")) and os.access(base, os.W_OK):
+def _v1_hierarchy(controller: str, limit_file: str) -> str | None:
+    """A cgroup v1 hierarchy of ``controller`` this test may make a child cgroup in (as root)."""
+    for base in (f"/sys/fs/cgroup/{controller}", "/sys/fs/cgroup/cpu,cpuacct"):
+        if os.path.isfile(os.path.join(base, limit_file)) and os.access(base, os.W_OK):
             return base
     return None
 
 
-@pytest.mark.skipif(_v1_cpu_hierarchy() is None or len(os.sched_getaffinity(0)) < 2,
+def _in_child_cgroup(base: str, limits: dict[str, str]):
+    """A new child cgroup of ``base`` with ``limits`` written, and the wrapper
+    that moves a command into it before it execs (the same pid)."""
+    group = os.path.join(base, f"sidecar-test-{uuid.uuid4().hex[:8]}")
+    os.mkdir(group)
+    for name, value in limits.items():
+        Path(group, name).write_text(value)
+    return group, ["sh", "-c", f'echo $$ > {shlex.quote(group)}/cgroup.procs && exec "$@"', "sh"]
+
+
+@pytest.mark.skipif(_v1_hierarchy("cpu", "cpu.cfs_quota_us") is None or len(os.sched_getaffinity(0)) < 2,
                     reason="needs a writable cgroup v1 cpu hierarchy and two CPUs")
 def test_the_default_worker_count_follows_the_quota_of_the_sidecars_own_cgroup(tmp_path):
     """On a cgroup v1 host a service's CPU quota is set on its own cgroup
@@ -302,15 +312,28 @@ def test_the_default_worker_count_follows_the_quota_of_the_sidecars_own_cgroup(t
     root: the sidecar in a child cgroup limited to half a CPU starts one
     worker, where it read only the root's (unlimited) quota and started one
     per CPU of its affinity."""
-    base = _v1_cpu_hierarchy()
+    base = _v1_hierarchy("cpu", "cpu.cfs_quota_us")
     assert base is not None
-    group = os.path.join(base, f"sidecar-test-{uuid.uuid4().hex[:8]}")
-    os.mkdir(group)
+    group, join = _in_child_cgroup(base, {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "50000"})
     try:
-        Path(group, "cpu.cfs_period_us").write_text("100000")
-        Path(group, "cpu.cfs_quota_us").write_text("50000")
-        join = ["sh", "-c", f'echo $$ > {shlex.quote(group)}/cgroup.procs && exec "$@"', "sh"]
         with Sidecar(tmp_path / "data", config=echo("main"), workers=0, wrapper=join) as sc:
             assert len(sc.status().workers) == 1, sc.status().workers
+    finally:
+        os.rmdir(group)
+
+
+@pytest.mark.skipif(_v1_hierarchy("memory", "memory.limit_in_bytes") is None,
+                    reason="needs a writable cgroup v1 memory hierarchy")
+def test_memory_high_auto_reads_the_limit_of_the_sidecars_own_cgroup():
+    """``memory_high_mb = "auto"`` on a cgroup v1 host, the limit set on the
+    sidecar's own cgroup (systemd's MemoryLimit= on its service): it read
+    only the hierarchy root's limit (none) and budgeted the host's RAM."""
+    base = _v1_hierarchy("memory", "memory.limit_in_bytes")
+    assert base is not None
+    group, join = _in_child_cgroup(base, {"memory.limit_in_bytes": str(256 << 20)})
+    try:
+        code = "from agent_sidecar.turns.memory import detect_limit_bytes; print(detect_limit_bytes())"
+        out = subprocess.run(join + [sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and int(out.stdout) == 256 << 20, out.stdout + out.stderr
     finally:
         os.rmdir(group)

@@ -15,6 +15,7 @@ from helpers.streams import start
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
+from agent_sidecar import cgroup
 from agent_sidecar.turns import memory
 from agent_sidecar.turns.agent import Agent
 from agent_sidecar.turns.cache import AgentCache
@@ -200,12 +201,17 @@ def test_budget_per_worker():
 
 
 def test_detect_limit_prefers_cgroup_files(tmp_path, monkeypatch):
-    (tmp_path / "memory.high").write_text("max\n")
-    (tmp_path / "memory.max").write_text(str(3 * 1024 * MB) + "\n")
-    monkeypatch.setattr(memory, "cgroup_dir", lambda: str(tmp_path))
+    own = tmp_path / "system.slice" / "sidecar.service"  # the process's cgroup v2 directory
+    own.mkdir(parents=True)
+    (own / "memory.high").write_text("max\n")
+    (own / "memory.max").write_text(str(3 * 1024 * MB) + "\n")
+    monkeypatch.setattr(cgroup, "ROOT", str(tmp_path))
+    monkeypatch.setattr(cgroup, "cgroup_dir", lambda: str(own))
     assert memory.detect_limit_bytes() == 3 * 1024 * MB
-    (tmp_path / "memory.high").write_text(str(2 * 1024 * MB))
+    (own / "memory.high").write_text(str(2 * 1024 * MB))
     assert memory.detect_limit_bytes() == 2 * 1024 * MB
+    (tmp_path / "system.slice" / "memory.max").write_text(str(1024 * MB))  # a parent's limit binds it too
+    assert memory.detect_limit_bytes() == 1024 * MB
 
 
 # -- through a real sidecar -----------------------------------------------------------------

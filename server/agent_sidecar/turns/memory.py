@@ -1,15 +1,16 @@
 """The memory budget behind ``agent.agent_cache.memory_high_mb``.
 
-``auto`` reads the limit the sidecar runs under — cgroup v2 ``memory.high``,
-then ``memory.max``, then cgroup v1's ``memory.limit_in_bytes`` — and falls
-back to total RAM. The budget is shared: each worker gets an equal part.
+``auto`` reads the limit the sidecar runs under — the smallest cgroup v2
+``memory.high`` or ``memory.max``, or cgroup v1 ``memory.limit_in_bytes``, of
+its cgroup and those above it — and falls back to total RAM. The budget is
+shared: each worker gets an equal part.
 """
 
 from __future__ import annotations
 
 import os
 
-from ..cgroup import cgroup_dir
+from ..cgroup import limit_files
 
 
 def _read_limit(path: str) -> int | None:
@@ -28,13 +29,12 @@ def _read_limit(path: str) -> int | None:
 
 
 def detect_limit_bytes() -> int:
-    base = cgroup_dir()
-    for path in (os.path.join(base, "memory.high"), os.path.join(base, "memory.max"),
-                 "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        value = _read_limit(path)
-        if value:
-            return value
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    """The smallest memory limit of the sidecar's cgroup and those above it
+    (cgroup.py ``limit_files``: a systemd service's MemoryMax= on a cgroup v1
+    host is below the hierarchy's root), else total RAM."""
+    limits = [v for v in map(_read_limit, limit_files(("memory.high", "memory.max"), "memory",
+                                                      ("memory.limit_in_bytes",))) if v]
+    return min(limits) if limits else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def budget_per_worker(setting: int | str, workers: int) -> int:
