@@ -44,21 +44,27 @@ def test_cancel_and_get_queue_during_the_startup_restore_see_the_restored_queue(
     here by the store's write lock) found no lane yet: Cancel answered
     false and the prompt the user had cancelled ran after the restore;
     GetQueue said the queue was empty. Both wait for the restore, as
-    Prompt and WatchActivity do."""
+    Prompt and WatchActivity do. Each asks about a session of its own: on
+    one session, whichever of the two ran first after the restore decided
+    what GetQueue saw (the cancelled prompt gone, or not yet)."""
     sc = Sidecar(tmp_path / "data", config=slow_echo("main", 300) + table("recovery", auto_resume="off"),
                  workers=1).start()
     try:
-        first = start(sc.prompts(), text=words(3), src=source())
-        first.wait_for("text_delta")
-        runs = start(sc.prompts(), text=words(20, "q"), key=first.key, delivery=QUEUE)  # 6 s
-        cancelled = start(sc.prompts(), text="never mind", key=first.key, delivery=QUEUE)
+        lanes = {}
+        for name in ("asked", "cancelled"):  # a turn running, two queued behind it
+            first = start(sc.prompts(), text=words(3), src=source())
+            first.wait_for("text_delta")
+            runs = start(sc.prompts(), text=words(20, "q"), key=first.key, delivery=QUEUE)  # 6 s
+            last = start(sc.prompts(), text="never mind", key=first.key, delivery=QUEUE)
+            lanes[name] = (first.key, runs, last)
+        (asked_key, _, waiting), (_, runs, cancelled) = lanes["asked"], lanes["cancelled"]
         sc.kill9()
         out: dict = {}
         with writes_held(sc):  # the restore waits for it
             threading.Thread(target=sc.start, daemon=True).start()
             wait_until(lambda: health(sc.target, 0.5) == "NOT_SERVING", timeout=30,
                        what="the restarted sidecar's server, restoring")
-            calls = [threading.Thread(target=lambda: out.__setitem__("queue", get_queue(sc.prompts(), first.key))),
+            calls = [threading.Thread(target=lambda: out.__setitem__("queue", get_queue(sc.prompts(), asked_key))),
                      threading.Thread(target=lambda: out.__setitem__("cancel", sc.prompts().Cancel(
                          ppb.CancelRequest(request_id=cancelled.request_id), timeout=30)))]
             for call in calls:
@@ -67,7 +73,7 @@ def test_cancel_and_get_queue_during_the_startup_restore_see_the_restored_queue(
         for call in calls:
             call.join(30)
         queue = out["queue"]
-        assert [q.request_id for q in queue.queued] == [cancelled.request_id], queue
+        assert [q.request_id for q in queue.queued] == [waiting.request_id], queue
         assert out["cancel"].cancelled
         end = watch(sc.prompts(), request_id=cancelled.request_id, timeout=30)
         assert end.kinds()[-1] == "failed" and end.reason == "CANCELLED", end.kinds()
