@@ -157,6 +157,24 @@ def test_a_result_that_is_no_json_is_a_failed_call_naming_the_field(sc, result_j
         host.close()
 
 
+# JSON that a tool host's own encoder writes (JSON.stringify, json.dumps) for a
+# string cut in the middle of an emoji (a lone surrogate, escaped), and a number
+# too large for a double: valid JSON, though orjson refuses both.
+@pytest.mark.parametrize("result_json", ['{"snippet": "caf\\u00e9 \\ud83d"}', "[1e400]"])
+def test_a_result_that_is_json_passes_as_it_is(sc, result_json):
+    json.loads(result_json)  # JSON indeed
+    host = ToolHost(sc.tools(), "test", [("test.fail", "answers JSON", {"type": "object"})],
+                    lambda inv: (True, result_json, ""))
+    try:
+        host.wait_registered()
+        p = start(sc.prompts(), text="go", src=source(), profile="terr").result(15)
+        assert p.end == "completed", (p.kinds(), p.error)
+        result = p.frame("tool_result").tool_result
+        assert result.ok is True and result.result_json == result_json, result
+    finally:
+        host.close()
+
+
 def test_tool_with_no_host_is_an_error_result(sc):
     p = start(sc.prompts(), text="go", src=source(), profile="tnohost").result(15)
     assert p.end == "completed", (p.kinds(), p.error)

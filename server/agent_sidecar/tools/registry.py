@@ -27,6 +27,7 @@ import contextvars
 import functools
 import inspect
 import itertools
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -275,11 +276,27 @@ class ToolRegistry:
 
 
 def _is_json(text: str) -> bool:
+    """Whether ``text`` is JSON (RFC 8259). orjson answers at once for almost
+    all; what it refuses is read again by the standard library, since orjson
+    is stricter than JSON: an escaped lone surrogate (``"\\ud83d"``, what
+    JSON.stringify and json.dumps write for a string cut in the middle of an
+    emoji) or a number past a double's range (``1e400``) is valid JSON, and a
+    tool's result is passed on as text, never decoded here. NaN and Infinity,
+    which the standard library would take, are not JSON."""
     try:
         orjson.loads(text)
+        return True
     except orjson.JSONDecodeError:
+        pass
+    try:
+        json.loads(text, parse_constant=_not_json)
+    except (ValueError, RecursionError):
         return False
     return True
+
+
+def _not_json(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _in_daemon_thread(fn: Callable[[], Any], name: str) -> asyncio.Future:
