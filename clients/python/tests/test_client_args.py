@@ -72,3 +72,24 @@ def test_messages_of_every_kind_still_build():
             assert not isinstance(info.value, asc.InvalidArgument)
 
     asyncio.run(body())
+
+
+class _Count:
+    """An integer of a type of its own (as numpy's int64 is): protobuf takes it."""
+
+    def __index__(self) -> int:
+        return 5
+
+
+def test_an_integer_of_another_type_is_sent():
+    """An integer that is no ``int`` (numpy's int64, from a DataFrame, say) was
+    taken by protobuf before the range checks, which then refused it."""
+    async def body():
+        async with client() as c:
+            for call in (lambda: c.search_messages("q", limit=_Count()), lambda: c.rewind_session("s", n=_Count()),
+                         lambda: c.list_sessions(page_size=_Count())):
+                with pytest.raises(asc.SidecarError) as info:  # sent: the dead socket answers UNAVAILABLE
+                    await call()
+                assert not isinstance(info.value, asc.InvalidArgument), info.value
+
+    asyncio.run(body())

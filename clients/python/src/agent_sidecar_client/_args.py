@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import operator
 import time
 import urllib.parse
 from collections.abc import Mapping
@@ -98,15 +99,20 @@ def check_text(**fields: Any) -> None:
 
 def check_ints(bits: int = 32, **fields: Any) -> None:
     """Raise ``InvalidArgument`` naming the first of ``fields`` that is no
-    integer (a bool or a float is not one) or does not fit its signed
+    integer (a bool or a float is not one; an integer of another type, numpy's
+    say, is one, as protobuf takes it) or does not fit its signed
     ``bits``-bit field, before anything is sent: protobuf's own ValueError
     ("Value out of range") and TypeError name no field, and the Go and Node
     clients refuse these naming the argument too."""
     for name, value in fields.items():
-        if isinstance(value, bool) or not isinstance(value, int):
+        try:  # any integer type protobuf takes (numpy's too: __index__), never a bool
+            number = operator.index(value) if not isinstance(value, bool) else None
+        except TypeError:
+            number = None
+        if number is None:
             raise _invalid(name, f"expected an integer, got {type(value).__name__}")
-        if not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
-            raise _invalid(name, f"{value} is out of the int{bits} range")
+        if not -(1 << (bits - 1)) <= number < 1 << (bits - 1):
+            raise _invalid(name, f"{number} is out of the int{bits} range")
 
 
 def check_resume_point(by_request: bool, after_seq: int, after_cursor: int) -> None:
