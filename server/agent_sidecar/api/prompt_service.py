@@ -84,7 +84,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
         rid, key, platform, profile, source = checked_prompt(request, principal, self.cfg)
         bind_turn(rid, key)  # this call's task: its log lines are the turn's
         prof = self.cfg.profile(profile)
-        assert prof is not None  # _validate refused an unknown profile
+        assert prof is not None  # checked_prompt refused an unknown profile
         timeout = prof.timeout_s or self.cfg.gateway_timeout
         remaining = context.time_remaining()
         if remaining is not None and math.isfinite(remaining):

@@ -257,9 +257,9 @@ export interface RewindSessionResponse {
 /** SearchMessagesRequest is a full-text query. */
 export interface SearchMessagesRequest {
   /**
-   * Required, at most 1024 characters. Web-search syntax, the same on every
-   * store backend (PostgreSQL's websearch_to_tsquery): the words must all
-   * appear in a message, "quoted words" as a phrase; `or` between two terms
+   * Required, at most 1024 characters. Web-search syntax, read the same way
+   * on every store backend (by the sidecar, not by the database): the words
+   * must all appear in a message, "quoted words" as a phrase; `or` between two terms
    * takes either; `-word` or `-"a phrase"` must not appear. Anything else is
    * text, never an operator (AND, NOT, `*`, parentheses, an unclosed quote), so
    * a user's text can be passed as it is. A query of only punctuation finds
