@@ -12,6 +12,14 @@ store/sqlite/maintenance.py, in PostgreSQL's terms:
   newest messages, the rebuild is ``REINDEX … CONCURRENTLY`` (the sidecars go on
   writing meanwhile) or a new build when the index is missing or invalid;
 * the server checkpoints its own WAL: nothing to do here.
+
+Like SQLite's doctor, it migrates the database first, except under a running
+older release: a database that lacks migrations of this release while a
+sidecar's writer is connected to it (``pg_stat_activity``, whose
+``application_name`` every role may read) belongs to sidecars still on an older
+release (this one installed beside them, or a node upgraded before the
+others); migrating it would change its tables under them. Then nothing is
+checked or changed.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import psycopg
 
 from ..interface import StoreOpenError
 from ..statements import one
-from .connection import connect
+from .connection import WRITER_APPLICATION, connect
 from .schema import FTS_INDEX, MIGRATIONS, migrate
 
 _INVALID_INDEXES = (
@@ -33,15 +41,36 @@ _FTS_STATE = ("SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.
               " JOIN pg_namespace n ON n.oid = c.relnamespace"
               " WHERE n.nspname = current_schema() AND c.relname = 'messages_fts'")
 PROBES = 5
+# Other sessions on this database that are a sidecar's writer: one per running sidecar.
+_RUNNING_WRITERS = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND application_name = %s AND pid <> pg_backend_pid()")
 
 
 class PostgresMaintenance:
     def __init__(self, dsn: str):
         try:
             self.conn = connect(dsn, autocommit=True)
+            self._refuse_to_migrate_under_running_sidecars()
             migrate(self.conn)
         except psycopg.Error as e:
             raise StoreOpenError(f"cannot open the PostgreSQL store: {e}") from None
+
+    def _refuse_to_migrate_under_running_sidecars(self) -> None:
+        """Migrations of this release missing while sidecars run on the
+        database: they are an older release, and doctor leaves their schema
+        alone (StoreOpenError, the connection closed); the first of them to
+        restart as this release migrates it."""
+        if self.conn.execute("SELECT to_regclass('schema_migrations')").fetchone() == (None,):
+            return  # a new database: no sidecar has opened it
+        done = {v for (v,) in self.conn.execute("SELECT version FROM schema_migrations")}
+        pending = sorted({v for v, _, _ in MIGRATIONS} - done)
+        running = one(self.conn.execute(_RUNNING_WRITERS, (WRITER_APPLICATION,)).fetchone())[0] if pending else 0
+        if running:
+            self.conn.close()
+            raise StoreOpenError(
+                f"{running} sidecar(s) running on this database are an older release (it lacks migration(s)"
+                f" {', '.join(map(str, pending))} of this one): nothing was checked or changed; restart them"
+                " as this release first, or use their own doctor")
 
     def integrity(self) -> list[str]:
         """``["ok"]`` when every migration is recorded and every index valid."""
