@@ -265,6 +265,21 @@ def test_a_restarted_node_takes_its_lanes_back_and_runs_what_was_queued(nodes):
     assert [kind_of(f) for f in ran].count("started") == 1 and kind_of(ran[-1]) == "completed"
 
 
+def test_a_second_sidecar_under_a_running_nodes_id_refuses_to_start(nodes, tmp_path):
+    """A node id copied into a second config: the second sidecar used to take
+    every lane of the running node as its own last run's, cutting its turn off
+    (``restart_interrupted``). It now sees the running node's heartbeat move and
+    refuses to start, saying why; the running node's turn is untouched."""
+    a, _b = nodes(2, echo(latency_ms=150), ttl=TTL)
+    running = start(a.prompts(), ppb.PromptRequest(request_id=rid("run"), text="slow " * 30, source=source()))
+    running.wait_for("text_delta")
+    twin = Node(tmp_path / "twin", "a", a.dsn, echo(latency_ms=150), lease_ttl_s=TTL)
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        twin.start()
+    assert "already running" in twin.log() and "node id" in twin.log(), twin.log()[-2000:]
+    assert kind_of(running.result(timeout=60).frames[-1]) == "completed", running.frames[-1]
+
+
 def test_calls_between_nodes_go_over_mtls_when_the_cluster_has_a_ca(tmp_path, cluster_dsn):
     from helpers import certs
     from sidecar_proc import free_port

@@ -97,9 +97,18 @@ def arrive(uow: UnitOfWork, address: str, ttl_s: float, how: Restoring) -> tuple
     return clean, _take_all(uow, uow.leases.of_node(uow.node_id), address, ttl_s, how, clean)
 
 
+def presence(uow: UnitOfWork) -> tuple[bool, float, float, str] | None:
+    """What the store knows of this node id's last run (NodeRepo.presence)."""
+    assert uow.nodes is not None
+    return uow.nodes.presence(uow.node_id)
+
+
 def renew(uow: UnitOfWork, keys: list[str], ttl_s: float) -> dict[str, int]:
-    assert uow.leases is not None
-    return uow.leases.renew(uow.node_id, keys, ttl_s)
+    """This node's leases on ``keys`` extended, and its heartbeat: a node
+    starting under the same id can tell it is alive (leases.py)."""
+    assert uow.leases is not None and uow.nodes is not None
+    uow.nodes.heartbeat(uow.node_id)
+    return uow.leases.renew(uow.node_id, keys, ttl_s) if keys else {}
 
 
 def release(uow: UnitOfWork, leases: Iterable[tuple[str, int]]) -> None:

@@ -200,6 +200,7 @@ class ClusterLeases:
 
     async def restore(self) -> None:
         """The node's start: its lanes from its last run back, then the keeper runs."""
+        await self._refuse_a_second_run()
         sent = asyncio.get_running_loop().time()
         clean, takes = await self.store.write(jobs.arrive, self.address, self.ttl, self.how)
         log.info("cluster node arrived", extra={"node": self.node_id, "clean": clean,
@@ -208,6 +209,26 @@ class ClusterLeases:
         await self._adopt_all(takes, sent)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._keep()), loop.create_task(self._sweep())]
+
+    async def _refuse_a_second_run(self) -> None:
+        """Start only if no live sidecar runs under this node id: a second one
+        (a node id copied into two configs) would take every lane of the first
+        as its own last run's, cutting its turns off, and the two would take
+        lanes from each other from then on. A live node's heartbeat moves every
+        third of the TTL (``_keep``); a row that did not stop cleanly with a
+        heartbeat younger than a TTL is watched for two thirds of one: it
+        moved, so that node is alive and this start is refused (RuntimeError:
+        ``cannot start``); it did not, so it was this node's own run, ended
+        by a crash moments ago, and the start goes on."""
+        seen = await self.store.write(jobs.presence)
+        if seen is None or seen[0] or seen[2] > self.ttl:
+            return
+        await asyncio.sleep(self.ttl * 2 / 3)
+        again = await self.store.write(jobs.presence)
+        if again is not None and not again[0] and again[1] != seen[1]:
+            raise RuntimeError(f"a sidecar with node id {self.node_id!r} is already running on this database"
+                               f" (advertising {again[3]}): give each sidecar a node id of its own"
+                               " ([cluster] node_id)")
 
     async def _adopt_all(self, takes: list[jobs.LaneTake], sent: float) -> None:
         self.lost([t.lease.session_key for t in takes])  # an older hold of ours is over
@@ -264,9 +285,9 @@ class ClusterLeases:
             await asyncio.sleep(min(first - now, self.ttl * SWEEP_EVERY))
 
     async def _renew(self, sent: float) -> None:
+        """Extend every lease held here, and the node's heartbeat (with no
+        lane held too)."""
         keys = list(self.held)
-        if not keys:
-            return
         kept = await self.store.write(jobs.renew, keys, self.ttl)
         gone = []
         for key in keys:

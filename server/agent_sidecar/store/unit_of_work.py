@@ -242,6 +242,13 @@ class NodeRepo(Protocol):
     def arrive(self, node_id: str, address: str) -> bool:
         """This node starts; returns whether its last run stopped cleanly."""
 
+    def heartbeat(self, node_id: str) -> None:
+        """This node is alive (renewed with its leases)."""
+
+    def presence(self, node_id: str) -> tuple[bool, float, float, str] | None:
+        """``(clean_stop, heartbeat_at, seconds since it, address)`` of the
+        node's row, None when there is none."""
+
     def leave(self, node_id: str) -> None:
         """This node stops cleanly (the per-node clean-shutdown marker)."""
 

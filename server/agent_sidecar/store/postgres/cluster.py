@@ -151,6 +151,20 @@ class PostgresNodes:
             " RETURNING (SELECT clean_stop FROM old)", {"n": node_id, "a": address}).fetchone()
         return bool(row and row[0])
 
+    def heartbeat(self, node_id: str) -> None:
+        """The node is alive (every lease renewal round, held lanes or not)."""
+        self.conn.execute("UPDATE nodes SET heartbeat_at = now() WHERE node_id = %s", (node_id,))
+
+    def presence(self, node_id: str) -> tuple[bool, float, float, str] | None:
+        """The node's row: whether its last run stopped cleanly, its last
+        heartbeat (seconds since the epoch), how long ago that was on the
+        database's clock, and its address; None for a node never seen."""
+        row = self.conn.execute(
+            "SELECT clean_stop, extract(epoch FROM heartbeat_at)::float8,"
+            " extract(epoch FROM now() - heartbeat_at)::float8, address FROM nodes WHERE node_id = %s",
+            (node_id,)).fetchone()
+        return None if row is None else (bool(row[0]), row[1], row[2], row[3])
+
     def leave(self, node_id: str) -> None:
         """A graceful stop: the marker."""
         self.conn.execute("UPDATE nodes SET clean_stop = true, heartbeat_at = now() WHERE node_id = %s",
