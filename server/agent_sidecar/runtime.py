@@ -140,6 +140,8 @@ class Sidecar:
             ToolService(self.cfg, auth, self.tools),
             StatusService(self.cfg, auth, lambda: snapshot(self.live))], auth, self.requests,
             open_files[1] if open_files else None)
+        if forward is not None:
+            self._check_advertise()
         from grpc_health.v1 import health_pb2
         # grpc's servicer starts SERVING; we are not, until the restore is done.
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -185,6 +187,15 @@ class Sidecar:
         else:  # where a live watch starts before any frame is handed out (frames.py watch_head)
             self.turns.bus.watch_head = await self.store.last_frame_cursor()
         return forward
+
+    def _check_advertise(self) -> None:
+        """A node the others cannot reach where it advertises itself fails
+        every call they forward to it: said at start, not only by them."""
+        from .cluster.forward import advertise_problem
+        problem = advertise_problem(self.cfg)
+        if problem is not None:
+            log.warning("the other nodes may not reach this one at [cluster] advertise",
+                        extra={"advertise": self.cfg.cluster.advertise, "problem": problem})
 
     def _cluster(self):
         """Several sidecars on one PostgreSQL: lane leases and call forwarding

@@ -40,6 +40,7 @@ from agent_sidecar.v1 import session_service_pb2 as spb
 TTL = 3.0  # short, for the tests that wait for a lease to run out
 CALM_TTL = 15.0  # for the others: no takeover from a node merely slowed by a busy machine
 FOLLOW_UP = ppb.DeliveryMode.Value("DELIVERY_MODE_FOLLOW_UP")
+ADVERTISE_WARNING = "the other nodes may not reach this one at [cluster] advertise"
 
 
 @pytest.fixture
@@ -309,11 +310,43 @@ def test_calls_between_nodes_go_over_mtls_when_the_cluster_has_a_ca(tmp_path, cl
                            background=False)  # a holds the lane: forwarded to a over mTLS
         assert first.kinds()[-1] == "completed" and second.kinds()[-1] == "completed", second.details
         assert log_lines(b, "lane holder unreachable") == []
+        assert log_lines(a, ADVERTISE_WARNING) == log_lines(b, ADVERTISE_WARNING) == []  # TLS, as called
         # a holds the lane and lost nothing: its cluster metrics say so.
         m = scrape(metrics_port)
         assert m.value("agent_sidecar_cluster_lanes_held") == 1
         assert [m.get((f"agent_sidecar_cluster_{c}_total", frozenset())) for c in
                 ("lanes_taken_over", "leases_lost", "fenced_writes")] == [0, 0, 0]
+    finally:
+        for node in made:
+            node.stop(timeout=30)
+
+
+def test_a_node_the_others_cannot_reach_where_it_advertises_itself_says_so(tmp_path, cluster_dsn):
+    """A node advertising a port it does not listen on (or a plaintext
+    listener while the cluster calls over TLS) started silently, and every
+    call the other nodes forwarded to it for its lanes failed; only they
+    logged it, once a call came. It now says so at its start (a warning: a
+    port mapping may lead there); a node listening where it advertises does
+    not. The log line is the behaviour under test."""
+    from helpers import certs
+    from sidecar_proc import free_port
+    if not certs.available():
+        pytest.skip("needs openssl to make certificates")
+    c = certs.make_certs(tmp_path / "certs")
+    unlistened = Node(tmp_path / "a", "a", cluster_dsn, echo(), lease_ttl_s=CALM_TTL,
+                      cluster={"advertise": f"127.0.0.1:{free_port()}"})
+    plaintext = Node(tmp_path / "b", "b", cluster_dsn, echo(), lease_ttl_s=CALM_TTL,
+                     cluster={"ca_file": str(c.ca)})  # it advertises its plaintext TCP listener
+    fine = Node(tmp_path / "c", "c", cluster_dsn, echo(), lease_ttl_s=CALM_TTL)
+    made = [unlistened, plaintext, fine]
+    try:
+        for node in made:
+            node.start()
+        (line,) = log_lines(unlistened, ADVERTISE_WARNING)
+        assert "no TCP listener" in line["problem"], line
+        (line,) = log_lines(plaintext, ADVERTISE_WARNING)
+        assert "serves plaintext" in line["problem"], line
+        assert log_lines(fine, ADVERTISE_WARNING) == []
     finally:
         for node in made:
             node.stop(timeout=30)

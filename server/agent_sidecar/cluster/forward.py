@@ -142,6 +142,27 @@ def holder_keepalive(lease_ttl_s: float) -> list[tuple[str, int]]:
             ("grpc.http2.ping_timeout_ms", half_ms), ("grpc.http2.max_pings_without_data", 0)]
 
 
+def advertise_problem(cfg: Config) -> str | None:
+    """Why the other nodes may not reach this one where it advertises
+    itself, judged from its own listeners; None when one fits. The other
+    nodes forward every call for a lane this node holds to ``[cluster]
+    advertise`` (over TLS exactly when ``[cluster] ca_file`` is set, as every
+    node of a cluster is configured alike): with no TCP listener on that port,
+    or one of the other kind, those calls fail while this node runs the lane.
+    Only a warning (``serve``): a port mapping or proxy may lead there."""
+    port = cfg.cluster.advertise.rsplit(":", 1)[1]
+    on_port = [li for li in cfg.all_listeners()
+               if not li.address.startswith("unix:") and li.address.rsplit(":", 1)[1] == port]
+    if not on_port:
+        return f"no TCP listener of this sidecar is on port {port}"
+    tls = bool(cfg.cluster.ca_file)
+    if not any(li.tls == tls for li in on_port):
+        return (f"its listener on port {port} serves {'plaintext' if tls else 'TLS'}, and the other nodes"
+                f" call it over {'TLS' if tls else 'plaintext'} ([cluster] ca_file"
+                f" {'set' if tls else 'unset'})")
+    return None
+
+
 def _peer_credentials(cfg: Config) -> grpc.ChannelCredentials | None:
     """TLS to the other sidecars when ``[cluster] ca_file`` is set (with a
     client certificate for their mTLS listeners when ``cert_file`` is)."""
