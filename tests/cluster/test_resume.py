@@ -26,7 +26,7 @@ from helpers.procs import worker_pid
 from helpers.recovery import RESUME_PREFIX, restart
 from helpers.sessions import get_session, transcript
 from helpers.store import StoreView, local_store
-from helpers.streams import PromptRun, kind_of, watch
+from helpers.streams import QUEUE, PromptRun, kind_of, watch
 from helpers.waiting import wait_until
 
 from agent_sidecar.cluster import jobs
@@ -194,3 +194,28 @@ def test_a_lane_cut_off_is_an_orphan_once_per_holder_that_went_away(cluster_dsn,
         # c lets it go (idle): not an orphan any more, whatever its mark says.
         as_node("c", jobs.release, [(key, again[0].lease.epoch)])
         assert as_node("a", lambda uow: uow.leases.orphaned()) == []
+
+
+def test_work_a_sidecar_left_running_alone_on_the_database_is_taken_over_when_it_joins_a_cluster(
+        tmp_path, cluster_dsn):
+    """A sidecar ran alone on the database (no ``advertise``: it takes no
+    leases) and crashed with a turn running and a prompt queued; it comes back
+    as a node of a cluster. Those lanes have no lease row, so no node ever took
+    them over: the turn stayed running and the acknowledged prompt queued until
+    the lane's next prompt. A node's reaper now takes them over as a dead
+    holder's: the turn closed ``restart_interrupted``, the prompt run once."""
+    from sidecar_proc import Sidecar
+    src = source("telegram")
+    store_env = {"AGENT_SIDECAR_STORE__BACKEND": "postgres", "AGENT_SIDECAR_STORE__DSN": cluster_dsn}
+    alone = Sidecar(tmp_path / "alone", config=echo("main", 100), env=store_env, dsn=cluster_dsn).start()
+    running = PromptRun(alone.prompts(), text=words(40), src=src, request_id=uniq("run"))
+    running.wait_for("text_delta")
+    queued = PromptRun(alone.prompts(), text="after", src=src, request_id=uniq("queued"),
+                       delivery=QUEUE)
+    queued.wait_for("accepted")
+    alone.kill9()
+    with Cluster(tmp_path / "cl", cluster_dsn, n=2, config=echo("main"), lease_ttl_s=2.0) as cl:
+        cut = watch(cl[0].prompts(), request_id=running.request_id, timeout=60).frames
+        assert kind_of(cut[-1]) == "failed" and cut[-1].failed.reason == "restart_interrupted", cut[-1]
+        ran = watch(cl[1].prompts(), request_id=queued.request_id, timeout=60).frames
+        assert kind_of(ran[-1]) == "completed" and [kind_of(f) for f in ran].count("started") == 1, ran

@@ -121,7 +121,12 @@ class PostgresLeases:
         the lane is marked ``resume_pending`` (a crash, or a clean stop whose
         drain cut a turn off: ``expire``). A lane taken with nothing to do is
         let go at once (cluster/jobs.py), so each holder that went away makes
-        its lanes orphans once."""
+        its lanes orphans once. A lane with no lease row at all is one whose
+        work a sidecar left while it ran *alone* on the database (no
+        ``[cluster] advertise``: it takes no leases): once the database is a
+        cluster's, that work (its queued prompts, a turn its crash cut off)
+        is taken over as a dead holder's, not left waiting for the lane's
+        next prompt (its row then exists: an orphan once too)."""
         # Both driven from a small partial index (open ledger rows; lanes
         # marked resume_pending), each lease looked up by its key: however
         # long the history of leases, never a scan of them (a join could be
@@ -129,10 +134,11 @@ class PostgresLeases:
         return [r[0] for r in self.conn.execute(
             "SELECT o.session_key FROM (SELECT DISTINCT session_key FROM prompts"
             " WHERE status IN ('queued', 'running')) o"
-            " WHERE (SELECT l.expires_at < now() FROM leases l WHERE l.session_key = o.session_key)"
+            " WHERE coalesce((SELECT l.expires_at < now() FROM leases l"
+            " WHERE l.session_key = o.session_key), true)"
             " UNION SELECT r.session_key FROM routing r WHERE r.resume_pending AND NOT r.suspended"
-            " AND (SELECT l.expires_at < now() AND NOT l.released FROM leases l"
-            " WHERE l.session_key = r.session_key)"
+            " AND coalesce((SELECT l.expires_at < now() AND NOT l.released FROM leases l"
+            " WHERE l.session_key = r.session_key), true)"
             " LIMIT %s", (limit,))]
 
 
