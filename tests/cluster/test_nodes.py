@@ -5,6 +5,7 @@ ids). Real sidecars on one real PostgreSQL database."""
 
 from __future__ import annotations
 
+import grpc
 import pytest
 from helpers.cluster import Cluster, Node
 from helpers.config import echo
@@ -12,6 +13,7 @@ from helpers.ids import rid, source
 from helpers.logs import log_lines
 from helpers.metrics import metrics_config, scrape
 from helpers.streams import PromptRun, kind_of, start
+from sidecar_proc import retry_delay
 
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 
@@ -105,4 +107,31 @@ def test_a_node_the_others_cannot_reach_where_it_advertises_itself_says_so(tmp_p
         assert log_lines(fine, ADVERTISE_WARNING) == []
     finally:
         for node in made:
+            node.stop(timeout=30)
+
+
+def test_a_call_the_holder_refuses_for_the_cluster_token_is_unavailable_not_the_callers_fault(
+        tmp_path, cluster_dsn):
+    """Two nodes whose cluster tokens differ: a call forwarded to the lane's
+    holder was refused there (the token unknown), and the caller, whose own
+    credentials were fine (here: the trusted Unix socket), got
+    UNAUTHENTICATED, which no client retries and which points at the wrong
+    credentials; no node said a word. It is now UNAVAILABLE with RetryInfo
+    naming the cluster token, and the forwarding node warns (the log line is
+    behaviour under test: the operator's only clue)."""
+    a = Node(tmp_path / "a", "a", cluster_dsn, echo(), token="cluster-token-of-a", lease_ttl_s=CALM_TTL)
+    b = Node(tmp_path / "b", "b", cluster_dsn, echo(), token="cluster-token-of-b", lease_ttl_s=CALM_TTL)
+    try:
+        a.start()
+        b.start()
+        src = source("telegram")
+        first = PromptRun(a.prompts(), text="one", src=src, background=False)
+        assert first.kinds()[-1] == "completed"
+        second = PromptRun(b.prompts(), text="two", src=src, background=False)  # a holds the lane
+        assert second.code == grpc.StatusCode.UNAVAILABLE and second.reason == "UNAVAILABLE", second.details
+        assert "cluster token" in second.details and retry_delay(second.error) is not None
+        (line,) = log_lines(b, "lane holder refused this node's cluster token")
+        assert line["node"] == "a", line
+    finally:
+        for node in (a, b):
             node.stop(timeout=30)

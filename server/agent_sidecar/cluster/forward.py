@@ -14,6 +14,9 @@ moved meanwhile the holder answers LANE_MOVED, and so does this node when
 the holder cannot be reached (its lease runs out within ``seconds_left``, and
 a retry then takes the lane over). The client's retry with the same request
 id is safe either way: it follows the turn if its accept had committed.
+A holder's refusal of the cluster token (UNAUTHENTICATED: the nodes' tokens
+differ) is the cluster's fault, not the caller's: UNAVAILABLE with RetryInfo,
+and a warning once per holder address.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 import grpc
 
 from ..config import Config
-from ..errors import LANE_MOVED, SidecarError
+from ..errors import LANE_MOVED, UNAVAILABLE, SidecarError
 from ..logs import FaultEpisode
 from ..tls import read_pem, target_is_local
 from ..turns.leasing import LaneElsewhere
@@ -65,6 +68,7 @@ class Forwarder:
         self._channels: dict[str, grpc.aio.Channel] = {}
         # Per holder address: one warning while it cannot be reached, not one per call.
         self._unreachable: dict[str, FaultEpisode] = {}
+        self._refused: dict[str, FaultEpisode] = {}  # per holder address: its refusals of our token
 
     def _call(self, e: LaneElsewhere, service: str, method: str):
         if not e.address:
@@ -103,9 +107,17 @@ class Forwarder:
             call.cancel()
 
     def _reached(self, e: LaneElsewhere) -> None:
-        episode = self._unreachable.get(e.address)
-        if episode is not None:
-            episode.ended()
+        for episodes in (self._unreachable, self._refused):
+            episode = episodes.get(e.address)
+            if episode is not None:
+                episode.ended()
+
+    @staticmethod
+    def _episode(episodes: dict[str, FaultEpisode], e: LaneElsewhere, msg: str) -> FaultEpisode:
+        episode = episodes.get(e.address)
+        if episode is None:
+            episode = episodes[e.address] = FaultEpisode(log, msg)
+        return episode
 
     async def _relay(self, e: LaneElsewhere, err: grpc.aio.AioRpcError, context) -> None:
         """The holder's error as the caller's; the holder out of reach as LANE_MOVED.
@@ -115,11 +127,18 @@ class Forwarder:
         if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and left is not None and left <= 0.001:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline passed")
         if err.code() in _UNREACHABLE and not _from_sidecar(err):
-            episode = self._unreachable.get(e.address)
-            if episode is None:
-                episode = self._unreachable[e.address] = FaultEpisode(log, "lane holder unreachable")
-            episode.failed(node=e.node_id, address=e.address, error=err.details())
+            self._episode(self._unreachable, e, "lane holder unreachable").failed(
+                node=e.node_id, address=e.address, error=err.details())
             raise moved(e, f"which cannot be reached at {e.address}")
+        if err.code() == grpc.StatusCode.UNAUTHENTICATED:
+            # The caller was authenticated here; what the holder refused is this
+            # node's cluster token (the nodes' tokens differ): a fault of the
+            # cluster's config, not of the caller's credentials.
+            self._episode(self._refused, e, "lane holder refused this node's cluster token").failed(
+                node=e.node_id, address=e.address, error=err.details())
+            raise SidecarError(UNAVAILABLE, f"the session's lane is run by {e.node_id}, which refused this"
+                               " sidecar's cluster token (every node's [cluster] token must be an admin"
+                               " token of every node); retry", retry_after_s=max(0.2, min(e.seconds_left, 5.0)))
         await context.abort(err.code(), err.details() or "", tuple(err.trailing_metadata() or ()))
 
     async def close(self) -> None:
