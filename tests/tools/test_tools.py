@@ -145,16 +145,8 @@ def test_host_error_reaches_the_model(sc):
 def test_a_result_that_is_no_json_is_a_failed_call_naming_the_field(sc, result_json):
     """docs/api.md: a tool_result's result_json is JSON. A host answering ok with
     text that is none got it passed on as is, to the model and to every adapter."""
-    host = ToolHost(sc.tools(), "test", [("test.fail", "answers text", {"type": "object"})],
-                    lambda inv: (True, result_json, ""))
-    try:
-        host.wait_registered()
-        p = start(sc.prompts(), text="go", src=source(), profile="terr").result(15)
-        assert p.end == "completed", (p.kinds(), p.error)
-        result = p.frame("tool_result").tool_result
-        assert result.ok is False and json.loads(result.result_json)["error"].startswith("result_json: "), result
-    finally:
-        host.close()
+    result = _tool_result_of_a_host_answering(sc, result_json)
+    assert result.ok is False and json.loads(result.result_json)["error"].startswith("result_json: "), result
 
 
 # JSON that a tool host's own encoder writes (JSON.stringify, json.dumps) for a
@@ -163,14 +155,19 @@ def test_a_result_that_is_no_json_is_a_failed_call_naming_the_field(sc, result_j
 @pytest.mark.parametrize("result_json", ['{"snippet": "caf\\u00e9 \\ud83d"}', "[1e400]"])
 def test_a_result_that_is_json_passes_as_it_is(sc, result_json):
     json.loads(result_json)  # JSON indeed
-    host = ToolHost(sc.tools(), "test", [("test.fail", "answers JSON", {"type": "object"})],
+    result = _tool_result_of_a_host_answering(sc, result_json)
+    assert result.ok is True and result.result_json == result_json, result
+
+
+def _tool_result_of_a_host_answering(sc, result_json: str):
+    """The tool_result frame of a turn whose host answers ok with ``result_json``."""
+    host = ToolHost(sc.tools(), "test", [("test.fail", "answers as told", {"type": "object"})],
                     lambda inv: (True, result_json, ""))
     try:
         host.wait_registered()
         p = start(sc.prompts(), text="go", src=source(), profile="terr").result(15)
         assert p.end == "completed", (p.kinds(), p.error)
-        result = p.frame("tool_result").tool_result
-        assert result.ok is True and result.result_json == result_json, result
+        return p.frame("tool_result").tool_result
     finally:
         host.close()
 
