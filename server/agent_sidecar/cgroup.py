@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 
 ROOT = "/sys/fs/cgroup"
 
@@ -31,14 +32,8 @@ ROOT = "/sys/fs/cgroup"
 def cgroup_dir() -> str:
     """This process's cgroup v2 directory (``0::`` of /proc/self/cgroup), else
     the hierarchy's root."""
-    try:
-        with open("/proc/self/cgroup") as f:
-            for line in f:
-                if line.startswith("0::"):
-                    return ROOT + line.strip()[3:]
-    except OSError:
-        pass
-    return ROOT
+    path = _own_path(lambda hierarchy, controllers: hierarchy == "0" and controllers == "")
+    return ROOT + path if path is not None else ROOT
 
 
 def available_cpus() -> int:
@@ -106,15 +101,22 @@ def _up(start: str, top: str) -> list[str]:
 
 def _v1_path(controller: str) -> str:
     """This process's path in cgroup v1 ``controller``'s hierarchy ("" if none)."""
+    path = _own_path(lambda hierarchy, controllers: controller in controllers.split(","))
+    return path if path not in (None, "/") else ""
+
+
+def _own_path(wanted: Callable[[str, str], bool]) -> str | None:
+    """The path of the first /proc/self/cgroup line (``ID:CONTROLLERS:PATH``)
+    whose ID and controllers ``wanted`` takes; None when none is."""
     try:
         with open("/proc/self/cgroup") as f:
             for line in f:
                 parts = line.rstrip("\n").split(":", 2)
-                if len(parts) == 3 and controller in parts[1].split(","):
-                    return parts[2] if parts[2] != "/" else ""
+                if len(parts) == 3 and wanted(parts[0], parts[1]):
+                    return parts[2]
     except OSError:
         pass
-    return ""
+    return None
 
 
 def _ratio(quota: str, period: str) -> float | None:
