@@ -11,14 +11,13 @@ the gRPC server exists, so no fork/spawn ever happens while gRPC threads run.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
 import os
 import signal
 import stat
 from typing import TYPE_CHECKING, cast
 
-from . import __version__
+from . import __version__, data_dir_lock
 from . import errors as E
 from .api.request_budget import RequestBudget
 from .children import tune_gc
@@ -109,13 +108,9 @@ class Sidecar:
                 pass
 
     def _lock_data_dir(self) -> None:
-        fd = os.open(os.path.join(self.cfg.data_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise RuntimeError(f"another sidecar is running on {self.cfg.data_dir}") from None
-        self._lock_fd = fd
+        self._lock_fd = data_dir_lock.take(self.cfg.data_dir)
+        if self._lock_fd is None:
+            raise RuntimeError(f"another sidecar is running on {self.cfg.data_dir}")
 
     async def start(self) -> list[str]:
         from .api.auth import Authenticator

@@ -17,7 +17,7 @@ import agent_sidecar
 ROOT = Path(agent_sidecar.__file__).parent
 # What each package (or top-level module) may import of the sidecar's own.
 ALLOWED = {
-    "store": {"errors", "children", "child", "logs", "meters"},
+    "store": {"errors", "children", "child", "logs", "meters", "data_dir_lock"},
     "sessions": {"store", "errors"},
     "recovery": {"sessions", "store", "errors", "delivery"},
     "tools": {"errors", "entry_points"},

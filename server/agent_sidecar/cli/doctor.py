@@ -36,7 +36,7 @@ def _open(args):
     if cfg.store.backend == "postgres":
         from ..store.postgres.maintenance import PostgresMaintenance
         return PostgresMaintenance(cfg.store.dsn)
-    db_path = os.path.join(cfg.data_dir, "sidecar.db")
+    db_path = cfg.db_path
     if not os.path.exists(db_path):
         raise NotAStore(f"no store at {db_path}")
     return SqliteMaintenance(db_path)

@@ -11,13 +11,13 @@ check, and a step that cannot read past the damage raises ``StoreDamaged``.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import tempfile
 from collections.abc import Callable
 
 import apsw
 
+from ... import data_dir_lock
 from ..statements import one
 from .backup import BackupError, backup
 from .connection import BUSY_TIMEOUT_MS, DAMAGE
@@ -116,19 +116,8 @@ class SqliteMaintenance:
                 copy.close()
 
     def _sidecar_running(self) -> bool:
-        """A sidecar holds its data dir's ``.lock`` (runtime.py) while it runs;
-        taken here only for the test, and let go at once."""
-        try:
-            fd = os.open(os.path.join(os.path.dirname(os.path.abspath(self.path)), ".lock"), os.O_RDWR)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)  # closing the file lets go of a lock taken here
-        return False
+        """A sidecar holds its data dir's lock while it runs (data_dir_lock.py)."""
+        return data_dir_lock.held(os.path.dirname(os.path.abspath(self.path)))
 
     def _fts_check(self) -> tuple[bool, str]:
         try:
