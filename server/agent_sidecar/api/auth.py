@@ -49,27 +49,32 @@ class Authenticator:
         self._tokens = [(t.token.encode(), Principal(t.admin, frozenset(t.platforms))) for t in tokens]
 
     def authenticate(self, context: grpc.aio.ServicerContext) -> Principal:
-        if context.peer().startswith("unix:"):
-            return LOCAL
-        presented = _bearer_token(context.invocation_metadata() or ())
+        principal, presented = self._lookup(context)
+        if principal is not None:
+            return principal
+        FAILURES[UNAUTHENTICATED] += 1
         if not presented:
-            FAILURES[UNAUTHENTICATED] += 1
             raise SidecarError(UNAUTHENTICATED, "a bearer token is required over TCP"
                                " (an authorization header of 'Bearer <token>')")
-        for token, principal in self._tokens:
-            if hmac.compare_digest(token, presented):
-                return principal
-        FAILURES[UNAUTHENTICATED] += 1
         raise SidecarError(UNAUTHENTICATED, "unknown bearer token")
 
     def known(self, context: grpc.aio.ServicerContext) -> bool:
         """Whether the caller is on the Unix socket or presents one of our
         tokens; not counted as a refusal when it is neither (a health probe
         needs no token)."""
+        return self._lookup(context)[0] is not None
+
+    def _lookup(self, context: grpc.aio.ServicerContext) -> tuple[Principal | None, bytes]:
+        """The caller's principal (LOCAL on the Unix socket; None for no or an
+        unknown token) and the token it presented."""
         if context.peer().startswith("unix:"):
-            return True
+            return LOCAL, b""
         presented = _bearer_token(context.invocation_metadata() or ())
-        return bool(presented) and any(hmac.compare_digest(token, presented) for token, _ in self._tokens)
+        if presented:
+            for token, principal in self._tokens:
+                if hmac.compare_digest(token, presented):
+                    return principal, presented
+        return None, presented
 
 
 # Streams of the standard services (health's Watch, reflection) that callers
