@@ -98,8 +98,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
                                          timeout_s=timeout, payload=payload)
         if placed is None:  # a known request id: its original turn's frames
             await self._authorize_request(rid, principal)
-            async for item in self._replay_request(rid, 0):
-                principal.require_platform(split_session_key(item.frame.session_key)[1])  # as WatchActivity's
+            async for item in self._replay_request(rid, 0, principal):
                 yield item.wire
             return
         (turn, sub), last, behind = placed, 0, False
@@ -113,7 +112,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
             if sub in turn.subscribers:
                 turn.subscribers.remove(sub)
         if behind:
-            async for item in self._replay_request(rid, last):
+            async for item in self._replay_request(rid, last, principal):
                 yield item.wire
 
     async def _authorize_request(self, rid: str, principal) -> LedgerEntry | None:
@@ -195,11 +194,13 @@ class PromptService(pb_grpc.PromptServiceServicer):
         f.keepalive.SetInParent()
         return f
 
-    async def _replay_request(self, rid: str, after_seq: int):
+    async def _replay_request(self, rid: str, after_seq: int, principal):
         """Persisted frames after ``after_seq``, then live ones while the turn
         goes on; when the live ones outrun a reading client (FellBehind), or
         the live turn was a twin of an earlier run's request, the next pass
-        reads on from the store."""
+        reads on from the store. Each frame is checked against ``principal``:
+        a request unknown when it was authorized may be another platform's by
+        the time its frames are read (PERMISSION_DENIED then)."""
         last, first = after_seq, True
         while True:
             turn = self.turns.live.get(rid)
@@ -212,6 +213,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
             try:
                 async for item in self._stored(rid, last):
                     last = item.frame.seq
+                    principal.require_platform(split_session_key(item.frame.session_key)[1])
                     yield item
                     if _ends_stream(item.frame):
                         return
@@ -223,6 +225,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
                 still_open = _live(turn) if turn is not None else self._in_ledger(rid)
                 async for item in self._follow(sub, rid, last, still_open):
                     last = item.frame.seq
+                    principal.require_platform(split_session_key(item.frame.session_key)[1])
                     yield item
                 return
             except (FellBehind, jobs.DuplicateRequest):
@@ -247,10 +250,7 @@ class PromptService(pb_grpc.PromptServiceServicer):
             # neither live nor ended in the store yet: the restore ends it (or
             # queues it again) first, else the stream would end with no terminal frame.
             await self.turns.ready.wait()
-            # Each frame checked too: a request unknown when authorized may be
-            # another platform's by the time its frames are read.
-            async for item in self._replay_request(request.request_id, request.after_seq):
-                principal.require_platform(split_session_key(item.frame.session_key)[1])
+            async for item in self._replay_request(request.request_id, request.after_seq, principal):
                 yield item.wire
             return
         if request.session_key:
