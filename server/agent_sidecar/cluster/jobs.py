@@ -10,7 +10,8 @@ from collections.abc import Iterable
 
 from ..recovery.startup import RestorePlan, restore
 from ..store import UnitOfWork
-from ..store.records import LeaseGrant, LeaseHolder, record
+from ..store.record_type import record
+from ..store.records import LeaseGrant, LeaseHolder
 
 
 @record

@@ -30,7 +30,8 @@ import orjson
 from ..delivery import STEER
 from ..sessions import lifecycle as life
 from ..store import UnitOfWork
-from ..store.records import Append, LedgerEntry, Message, RoutingPatch, record
+from ..store.record_type import record
+from ..store.records import Append, LedgerEntry, Message, RoutingPatch
 
 MARKER = ".clean_shutdown"
 RECENT_WINDOW_S = 120

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
-from ..store.records import record
+from ..store.record_type import record
 
 __all__ = ["SessionSource", "CHAT_TYPES", "describe_source"]
 

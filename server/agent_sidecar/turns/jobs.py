@@ -19,7 +19,8 @@ from ..sessions import lifecycle as life
 from ..sessions import transcripts as tx
 from ..sessions.source import SessionSource
 from ..store import UnitOfWork, batched
-from ..store.records import Append, LedgerEntry, Message, NewFrame, QueueSlot, RoutingPatch, UsageDelta, record
+from ..store.record_type import record
+from ..store.records import Append, LedgerEntry, Message, NewFrame, QueueSlot, RoutingPatch, UsageDelta
 from .leasing import check_fence
 
 
