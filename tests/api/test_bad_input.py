@@ -70,6 +70,8 @@ def _cases():
         ("seed-source-and-key", lambda st, k: st.SeedSession(S.SeedSessionRequest(
             source=src(), session_key=k.session_key)), INVALID, "source"),
         ("seed-neither", lambda st, k: st.SeedSession(S.SeedSessionRequest()), INVALID, "source"),
+        ("seed-key-unknown-profile", lambda st, k: st.SeedSession(S.SeedSessionRequest(
+            session_key=k.session_key, profile="nope", messages=[msg("user", "x")])), INVALID, "profile"),
         # -- messages ------------------------------------------------------------------------
         ("oversized-append", lambda st, k: st.AppendMessages(S.AppendMessagesRequest(
             session_id=k.session_id, messages=[msg("user", big)])), INVALID, "messages[0].content"),

@@ -290,6 +290,22 @@ def test_bad_prompt_is_invalid_argument(sc, field, kw):
     assert body_of(ok.last) == {"final_text": "still here"}
 
 
+@pytest.mark.parametrize("profile", ["no_such_profile", "slow"])
+def test_a_profile_other_than_the_keys_is_invalid_argument(sc, profile):
+    """With session_key the turn runs under the key's profile: a profile given
+    as well that is unknown, or another one, is refused naming ``profile``
+    (it used to be dropped without a word, the turn run under "main")."""
+    key = run(sc.prompts(), prompt_req(text="first")).key  # a lane of "main"
+    out = run(sc.prompts(), prompt_req(session_key=key, profile=profile, text="second"))
+    assert out.code == grpc.StatusCode.INVALID_ARGUMENT, (out.code, out.details)
+    assert (out.reason, out.field) == ("INVALID_ARGUMENT", "profile")
+    assert out.frames == []
+    assert [m.content for m in transcript(sc.sessions(), get_session(sc.sessions(), key).session_id)
+            if m.role == "user"] == ["first"]
+    ok = run(sc.prompts(), prompt_req(session_key=key, profile="main", text="third"))  # its own: fine
+    assert body_of(ok.last) == {"final_text": "third"}
+
+
 def test_prompt_for_an_unknown_session_key_is_not_found(sc):
     rid, key = uniq("r"), f"agent:main:telegram:dm:{uniq('ghost')}"
     out = run(sc.prompts(), prompt_req(request_id=rid, session_key=key))

@@ -205,7 +205,8 @@ type PromptRequest struct {
 	// What to do when the session is busy; UNSPECIFIED means FOLLOW_UP.
 	Delivery DeliveryMode `protobuf:"varint,6,opt,name=delivery,proto3,enum=agent_sidecar.v1.DeliveryMode" json:"delivery,omitempty"`
 	// Profile name; empty means "main". Used when the session is created from source.
-	// An unknown profile is INVALID_ARGUMENT.
+	// With session_key the profile is the key's: leave it empty or give that one.
+	// An unknown profile, or another than the key's, is INVALID_ARGUMENT.
 	Profile       string `protobuf:"bytes,7,opt,name=profile,proto3" json:"profile,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -961,7 +961,8 @@ type SeedSessionRequest struct {
 	SessionKey string `protobuf:"bytes,2,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
 	// At most `limits.max_messages_per_request` (1000).
 	Messages []*Message `protobuf:"bytes,3,rep,name=messages,proto3" json:"messages,omitempty"`
-	// With source: the profile; empty means "main".
+	// With source: the profile; empty means "main". With session_key: empty or
+	// the key's own profile (another is INVALID_ARGUMENT).
 	Profile       string `protobuf:"bytes,4,opt,name=profile,proto3" json:"profile,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

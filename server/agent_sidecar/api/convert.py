@@ -207,6 +207,19 @@ def scoped_key(value: str, principal, cfg: Config, admin_any: bool = False) -> s
     return key
 
 
+def key_profile(key: str, profile: str) -> str:
+    """The profile of a request that names its lane by ``session_key``: the
+    one in the key. A ``profile`` given as well must be that one, else the
+    request is INVALID_ARGUMENT naming ``profile``: an unknown or another
+    profile would otherwise be dropped without a word, and the turn (or
+    seed) run under a profile its caller did not ask for."""
+    own = split_session_key(key)[0]
+    if profile and profile != own:
+        raise invalid("profile", f"{excerpt(profile)} is not the profile of session_key"
+                      f" ({excerpt(own)}); leave it empty or give that one")
+    return own
+
+
 def platform_filter(value: str) -> str:
     """A request's ``platform`` (lower case, "" for none). A name with ``:``
     is refused: no platform has one (``source.platform`` refuses it), so

@@ -57,5 +57,6 @@ def checked_prompt(request: pb.PromptRequest, principal,
             raise E.invalid("session_key", "is not a session key (agent:{profile}:{platform}:…)") from None
         if cfg.profile(profile) is None:
             raise E.invalid("session_key", f"names an unknown profile {E.excerpt(profile)}")
+        cv.key_profile(key, request.profile)
     principal.require_platform(platform)
     return rid, key, platform, profile, source

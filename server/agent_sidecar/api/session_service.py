@@ -203,6 +203,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
             raise invalid("source", "give exactly one of source and session_key")
         if request.session_key:
             key = cv.scoped_key(request.session_key, principal, self.cfg)
+            cv.key_profile(key, request.profile)
             entry = await self.store.write(life.seed, key, messages)
         else:
             source = cv.source_from_proto(request.source, self.cfg)

@@ -168,7 +168,8 @@ export interface PromptRequest {
   delivery: DeliveryMode;
   /**
    * Profile name; empty means "main". Used when the session is created from source.
-   * An unknown profile is INVALID_ARGUMENT.
+   * With session_key the profile is the key's: leave it empty or give that one.
+   * An unknown profile, or another than the key's, is INVALID_ARGUMENT.
    */
   profile: string;
 }

@@ -178,7 +178,10 @@ export interface SeedSessionRequest {
   sessionKey: string;
   /** At most `limits.max_messages_per_request` (1000). */
   messages: Message[];
-  /** With source: the profile; empty means "main". */
+  /**
+   * With source: the profile; empty means "main". With session_key: empty or
+   * the key's own profile (another is INVALID_ARGUMENT).
+   */
   profile: string;
 }
 
