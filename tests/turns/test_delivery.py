@@ -15,7 +15,7 @@ from helpers.ids import source, words
 from helpers.logs import log_lines
 from helpers.procs import worker_pid
 from helpers.sessions import get_session, transcript
-from helpers.streams import D, PromptRun, get_queue, start
+from helpers.streams import D, PromptRun, get_queue, start, watch
 from sidecar_proc import Sidecar, retry_delay
 
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
@@ -416,3 +416,24 @@ def test_cancel_a_queued_prompt_then_the_running_one(stubs):
     assert first.result(10).end == "failed" and first.reason == "CANCELLED"
     assert q2.result(10).end == "completed" and q2.final_text == "two"
     assert not prompts.Cancel(ppb.CancelRequest(session_key=first.key), timeout=10).cancelled
+
+
+def test_a_prompt_whose_call_deadline_passes_while_it_waits_never_runs(stubs):
+    """A Prompt call's deadline is an instant: a queued prompt whose caller
+    gave up while it waited ends AGENT_TIMEOUT without running (it used to run
+    later with the deadline's whole length, writing a reply nobody awaited);
+    the prompt behind it runs as usual."""
+    prompts, sessions = stubs
+    first = busy(prompts, 20)
+    late = PromptRun(prompts, text="anyone there", key=first.key, delivery=D.DELIVERY_MODE_QUEUE,
+                     timeout=0.5)
+    late.wait_for("accepted")
+    after = start(prompts, text="still queued", key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
+    assert late.result(10).code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert first.result(30).end == "completed"
+    assert after.result(30).end == "completed" and after.final_text == "still queued"
+    replay = watch(prompts, request_id=late.request_id)
+    assert replay.kinds() == ["accepted", "failed"], replay.kinds()
+    assert replay.last.failed.reason == "AGENT_TIMEOUT" and replay.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    users = [m.content for m in transcript(sessions, first.session_id) if m.role == "user"]
+    assert users == [words(20, "busy"), "still queued"]

@@ -48,7 +48,8 @@ const (
 	ErrorReason_ERROR_REASON_AGENT_BUSY ErrorReason = 1
 	// The turn ran past its timeout: the profile's `timeout_s`, else
 	// `agent.gateway_timeout` (default 1800 s), or the Prompt call's deadline
-	// when that is shorter.
+	// when that is shorter. A deadline is an instant: a prompt whose call's
+	// deadline passed while it waited in its lane ends so without running.
 	// gRPC status: DEADLINE_EXCEEDED
 	ErrorReason_ERROR_REASON_AGENT_TIMEOUT ErrorReason = 2
 	// The model backend failed after its own retries (connection, HTTP error,

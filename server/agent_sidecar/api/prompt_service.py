@@ -10,6 +10,7 @@ turn's stream from looking dead.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Awaitable, Callable
 
 from .. import errors as E
@@ -85,17 +86,18 @@ class PromptService(pb_grpc.PromptServiceServicer):
         bind_turn(rid, key)  # this call's task: its log lines are the turn's
         prof = self.cfg.profile(profile)
         assert prof is not None  # checked_prompt refused an unknown profile
-        timeout = prof.timeout_s or self.cfg.gateway_timeout
+        timeout, call_deadline = prof.timeout_s or self.cfg.gateway_timeout, 0.0
         remaining = context.time_remaining()
         if remaining is not None and math.isfinite(remaining):
             timeout = min(timeout, max(remaining, 0.001))
+            call_deadline = time.time() + max(remaining, 0.001)  # an instant: waiting spends it
         payload = {"profile": profile,
                    "source": source.to_dict() if source else None,
                    "attachments": [{"name": a.name, "mime_type": a.mime_type, "url": a.url,
                                     "size": len(a.data)} for a in request.attachments]}
         placed = await self.turns.submit(rid=rid, key=key, platform=platform, profile=profile,
                                          text=request.text, delivery=request.delivery, source=source,
-                                         timeout_s=timeout, payload=payload)
+                                         timeout_s=timeout, payload=payload, call_deadline=call_deadline)
         if placed is None:  # a known request id: its original turn's frames
             await self._authorize_request(rid, principal)
             async for item in self._replay_request(rid, 0, principal):

@@ -71,6 +71,7 @@ class Turn:
     created_at: float = field(default_factory=time.time)
     payload: dict[str, Any] = field(default_factory=dict)
     timeout_s: float = 1800.0
+    call_deadline: float = 0.0  # time.time() when its Prompt call's deadline passes (0: none)
     phase: Phase = Phase.RESERVED
     queued: bool = False  # has a queue row in the store (it waited in its lane)
     next_seq: int = 2  # seq 1 is the accepted frame, written by the accept job
@@ -140,6 +141,15 @@ class Turn:
     def in_flight(self) -> bool:
         """Its start is decided and its end is not."""
         return self.began and not self.closing
+
+    def time_left(self) -> float:
+        """Seconds it may run if it starts now: its timeout, cut to what is
+        left of its Prompt call's deadline. A deadline is an instant (gRPC's):
+        time the prompt waited in its lane is spent, so a turn whose caller
+        has given up never starts to write a reply nobody is waiting for."""
+        if not self.call_deadline:
+            return self.timeout_s
+        return min(self.timeout_s, self.call_deadline - time.time())
 
     # -- transitions ------------------------------------------------------------------------
 

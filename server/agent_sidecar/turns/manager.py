@@ -136,7 +136,7 @@ class TurnManager:
     async def submit(self, *, rid: str, key: str, platform: str, profile: str, text: str,
                      delivery: int, source: SessionSource | None, timeout_s: float,
                      payload: dict[str, Any], internal: bool = False,
-                     epoch: int = 0) -> tuple[Turn, Subscriber] | None:
+                     epoch: int = 0, call_deadline: float = 0.0) -> tuple[Turn, Subscriber] | None:
         """Accept a prompt. Returns the new turn and the caller's subscriber
         to it, or None when the request id is already known (the caller
         replays it). The subscriber hears the turn's frames, or why it ended
@@ -160,7 +160,7 @@ class TurnManager:
             return None
         turn = Turn(rid=rid, key=key, platform=platform, profile=profile, text=text,
                     delivery=delivery or FOLLOW_UP, timeout_s=timeout_s, payload=payload,
-                    epoch=epoch)
+                    epoch=epoch, call_deadline=call_deadline)
         # Reserved before any await: a twin call with this request id follows
         # this turn (and hears it if it is refused) instead of placing its own.
         self.live[rid] = turn
@@ -269,7 +269,12 @@ class TurnManager:
     def _start(self, turn: Turn) -> None:
         """A turn that waited in its lane starts (one accepted on an idle lane
         was started by its accept job): its start job commits with its
-        ``started`` frame, then the worker gets it."""
+        ``started`` frame, then the worker gets it; one whose Prompt call's
+        deadline passed while it waited ends AGENT_TIMEOUT without running."""
+        turn.timeout_s = turn.time_left()
+        if turn.timeout_s <= 0:
+            self.end(turn, "failed", E.AGENT_TIMEOUT, "the Prompt call's deadline passed while it waited")
+            return
         turn.begin()
         req = jobs.StartRequest(turn.rid, turn.key, tuple(turn.user_texts()), turn.queued,
                                 "resume" in turn.payload)  # an auto-resume note is synthetic

@@ -40,7 +40,8 @@ export enum ErrorReason {
   /**
    * AGENT_TIMEOUT - The turn ran past its timeout: the profile's `timeout_s`, else
    * `agent.gateway_timeout` (default 1800 s), or the Prompt call's deadline
-   * when that is shorter.
+   * when that is shorter. A deadline is an instant: a prompt whose call's
+   * deadline passed while it waited in its lane ends so without running.
    * gRPC status: DEADLINE_EXCEEDED
    */
   AGENT_TIMEOUT = 2,
