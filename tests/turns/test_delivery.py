@@ -23,6 +23,8 @@ from agent_sidecar.v1 import session_service_pb2 as spb
 
 CONFIG = (slow_echo("main")
           + scripted("steer", [{"text": "first answer", "token_latency_ms": 500}, {"echo_input": True}])
+          + scripted("steerslow", [{"text": "first answer", "token_latency_ms": 500},
+                                   {"echo_input": True, "token_latency_ms": 1000}])
           + scripted("steerlast", [{"text": "first answer", "token_latency_ms": 500}, {"echo_input": True}],
                      max_iterations=1)
           + slow_echo("capped", queue_cap=2)
@@ -266,6 +268,22 @@ def test_steer_reaches_the_next_model_call(stubs):
     assert [(m.role, m.content) for m in msgs] == [
         ("user", "hello"), ("assistant", "first answer"), ("user", "actually, bananas"),
         ("assistant", "actually, bananas")]
+
+
+def test_cancelling_a_steer_stops_the_turn_that_took_its_text(stubs):
+    """A joined steer's text is in the running turn already: Cancel by its
+    request id stops that turn (both end failed CANCELLED). It used to end only
+    the steer's own stream CANCELLED while the turn went on to answer it."""
+    prompts, sessions = stubs
+    host = start(prompts, text="hello", src=source(), profile="steerslow")
+    host.wait_for("text_delta")
+    st = start(prompts, text="actually, bananas", key=host.key, delivery=D.DELIVERY_MODE_STEER)
+    assert st.position == 0
+    assert prompts.Cancel(ppb.CancelRequest(request_id=st.request_id), timeout=10).cancelled
+    assert host.result(20).end == "failed" and host.reason == "CANCELLED", host.kinds()
+    assert st.result(10).kinds() == ["accepted", "failed"] and st.reason == "CANCELLED"
+    assert "bananas" not in "".join(m.content for m in transcript(sessions, host.session_id)
+                                    if m.role == "assistant")
 
 
 def test_steer_during_the_last_allowed_model_call_becomes_a_follow_up(stubs):

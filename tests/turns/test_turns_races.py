@@ -127,7 +127,9 @@ def _steer_twins(prompts, key: str, text: str, request_id: str) -> list[PromptRu
 # -- STEER ------------------------------------------------------------------------------------
 
 def test_cancelled_steer_ends_once(sc):
-    """A cancelled steer ends once (failed CANCELLED); its host's end adds no second terminal frame."""
+    """A cancelled steer ends once (failed CANCELLED): the Cancel stops the
+    host, which took the steer's text in, and the host's end adds no second
+    terminal frame to the steer."""
     prompts = sc.prompts()
     host = start(prompts, text="hello", src=source(), profile="host")
     host.wait_for("text_delta")
@@ -137,7 +139,7 @@ def test_cancelled_steer_ends_once(sc):
     assert st.reason == "CANCELLED", (_frames(st), st.code)
     _ends_once(st)
     host.result(10)
-    assert host.end == "completed", _frames(host)
+    assert host.end == "failed" and host.reason == "CANCELLED", _frames(host)
     store = StoreView(sc)
     ends = [(f.seq, f.kind) for f in store.request_frames(st.request_id) if f.kind in TERMINAL]
     assert ends == [(st.last.seq, "failed")], f"terminal frames persisted for the steer: {ends}"

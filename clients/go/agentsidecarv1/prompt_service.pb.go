@@ -756,7 +756,9 @@ type CancelRequest struct {
 	// One of session_key and request_id.
 	// With session_key: the session's running turn.
 	SessionKey string `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
-	// The turn with this request id, running or waiting in the queue.
+	// The turn with this request id, running or waiting in the queue. A STEER
+	// prompt that joined the running turn is part of it: its text is in that
+	// turn already, so cancelling it cancels that turn.
 	RequestId     string `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

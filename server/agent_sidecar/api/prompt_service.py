@@ -338,6 +338,8 @@ class PromptService(pb_grpc.PromptServiceServicer):
         if turn is None:
             return pb.CancelResponse(cancelled=False)
         principal.require_platform(turn.platform)
+        if turn.host is not None:  # a steer is part of the turn that took its text: that one stops
+            turn = turn.host
         return pb.CancelResponse(cancelled=self.turns.cancel_turn(turn, E.CANCELLED))
 
     @unary

@@ -161,5 +161,7 @@ async def steer(m: TurnManager, lane: Lane, turn: Turn) -> bool:
         m.steer_waits.pop(turn.rid, None)
     if ok and not host.closing:
         turn.join(host)
+        if turn.deferred_end is not None and turn.deferred_end[1] == E.CANCELLED:
+            m.cancel_turn(host, E.CANCELLED)  # cancelled while the worker took its text in
         return True
     return False

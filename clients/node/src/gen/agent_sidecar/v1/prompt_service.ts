@@ -344,7 +344,11 @@ export interface CancelRequest {
    * With session_key: the session's running turn.
    */
   sessionKey: string;
-  /** The turn with this request id, running or waiting in the queue. */
+  /**
+   * The turn with this request id, running or waiting in the queue. A STEER
+   * prompt that joined the running turn is part of it: its text is in that
+   * turn already, so cancelling it cancels that turn.
+   */
   requestId: string;
 }
 
