@@ -159,6 +159,22 @@ def test_switch_session_starts_a_fresh_entry(sc):
     assert not back.is_fresh_reset and not back.suspended
 
 
+def test_resuming_the_current_incarnation_of_a_stopped_lane_keeps_it(sc):
+    """/stop, then /resume of the conversation it stopped: the next access
+    keeps that incarnation (the switch used to return at once for the
+    current id, leaving ``suspended`` set: the next message started a new one)."""
+    stub = sc.sessions()
+    source = src()
+    first, _ = create(stub, source)
+    key = first.session_key
+    stub.SuspendSession(pb.SuspendSessionRequest(session_key=key), timeout=10)
+    back = stub.SwitchSession(pb.SwitchSessionRequest(
+        session_key=key, target_session_id=first.session_id), timeout=10).session
+    assert back.session_id == first.session_id and not back.suspended
+    again, created = create(stub, source)
+    assert (again.session_id, created) == (first.session_id, False)
+
+
 def test_usage_counters_stop_at_their_cap(tmp_path):
     """Each call's delta is bounded, the running totals are not: they stop at
     the cap instead of overflowing int64 (on SQLite the column became a REAL

@@ -134,9 +134,15 @@ def switch(uow: UnitOfWork, key: str, target_session_id: str) -> SessionEntry:
     if target is None or target.session_key != key:
         raise SidecarError("SESSION_NOT_FOUND", f"no session {excerpt(target_session_id)} of this key",
                            field="target_session_id")
-    if target_session_id == entry.session_id:
-        return entry
     now = time.time()
+    if target_session_id == entry.session_id:
+        if not entry.suspended:
+            return entry
+        # /stop, then /resume of the same conversation: the explicit resume
+        # wins, as it does for any other target (the next access keeps it).
+        uow.routing.patch(key, RoutingPatch(suspended=False, updated_at=now))
+        uow.restarts.reset(key)
+        return require_entry(uow, key)
     uow.incarnations.end(entry.session_id, "switched", now)
     uow.incarnations.reopen(target_session_id)
     uow.routing.patch(key, RoutingPatch(FRESH, session_id=target_session_id, created_at=now,
