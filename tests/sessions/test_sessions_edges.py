@@ -175,6 +175,23 @@ def test_resuming_the_current_incarnation_of_a_stopped_lane_keeps_it(sc):
     assert (again.session_id, created) == (first.session_id, False)
 
 
+def test_seed_by_key_into_a_stopped_lane_lands_where_the_next_turn_runs(sc):
+    """SeedSession by key on a suspended lane starts it over first, as a
+    Prompt by key does (the messages used to go into the suspended
+    incarnation, which the next access replaced)."""
+    stub = sc.sessions()
+    source = src()
+    first, _ = create(stub, source)
+    stub.SuspendSession(pb.SuspendSessionRequest(session_key=first.session_key), timeout=10)
+    seeded = stub.SeedSession(pb.SeedSessionRequest(
+        session_key=first.session_key, messages=[msg("user", "q"), msg("assistant", "a")]), timeout=10).session
+    assert seeded.session_id != first.session_id and not seeded.suspended
+    assert seeded.was_auto_reset and seeded.auto_reset_reason == "suspended"
+    nxt, created = create(stub, source)
+    assert (nxt.session_id, created) == (seeded.session_id, False)
+    assert [m.content for m in transcript(stub, nxt.session_id)] == ["q", "a"]
+
+
 def test_usage_counters_stop_at_their_cap(tmp_path):
     """Each call's delta is bounded, the running totals are not: they stop at
     the cap instead of overflowing int64 (on SQLite the column became a REAL

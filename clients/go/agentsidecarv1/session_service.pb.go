@@ -957,7 +957,8 @@ type SeedSessionRequest struct {
 	// One of source and session_key.
 	// With source, the session is got or created as by GetOrCreateSession.
 	Source *SessionSource `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
-	// An existing lane.
+	// An existing lane; a suspended one starts over first (a new incarnation,
+	// as for a Prompt by key), so the messages are where the next turn runs.
 	SessionKey string `protobuf:"bytes,2,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
 	// At most `limits.max_messages_per_request` (1000).
 	Messages []*Message `protobuf:"bytes,3,rep,name=messages,proto3" json:"messages,omitempty"`

@@ -108,8 +108,13 @@ def starting_over(uow: UnitOfWork, key: str) -> SessionEntry:
 def seed(uow: UnitOfWork, key: str, messages: list[Message], source: SessionSource | None = None,
          profile: str = "") -> SessionEntry:
     """SeedSession: messages into an existing lane (``source`` None) or into
-    the lane ``source`` resolves to, created if need be."""
-    entry = require_entry(uow, key) if source is None else get_or_create(uow, key, source, profile)[0]
+    the lane ``source`` resolves to, created if need be. A suspended lane
+    named by key starts over first, as for a Prompt by key: seeded into the
+    suspended incarnation, they would be gone from the next turn's."""
+    if source is not None:
+        entry = get_or_create(uow, key, source, profile)[0]
+    elif (entry := require_entry(uow, key)).suspended:
+        entry = starting_over(uow, key)
     result = uow.messages.append([Append(entry.session_id, tuple(messages))])[0]
     if isinstance(result, BaseException):
         raise result

@@ -174,7 +174,10 @@ export interface SeedSessionRequest {
   source?:
     | SessionSource
     | undefined;
-  /** An existing lane. */
+  /**
+   * An existing lane; a suspended one starts over first (a new incarnation,
+   * as for a Prompt by key), so the messages are where the next turn runs.
+   */
   sessionKey: string;
   /** At most `limits.max_messages_per_request` (1000). */
   messages: Message[];
