@@ -275,7 +275,9 @@ type Session struct {
 	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	// Last activity (get-or-create, a turn, an append); ListSessions sorts by it.
 	UpdatedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
-	// The source that created the lane, for routing replies.
+	// The source of the lane's latest get-or-create (GetOrCreateSession, a
+	// Prompt or SeedSession by source; the one that created it until then),
+	// for routing replies.
 	Origin *SessionSource `protobuf:"bytes,5,opt,name=origin,proto3" json:"origin,omitempty"`
 	// From the source's chat_name, or ResetSession's display_name.
 	DisplayName string `protobuf:"bytes,6,opt,name=display_name,json=displayName,proto3" json:"display_name,omitempty"`
@@ -300,12 +302,15 @@ type Session struct {
 	// The last prompt size the model backend reported (for compression checks).
 	LastPromptTokens int64 `protobuf:"varint,16,opt,name=last_prompt_tokens,json=lastPromptTokens,proto3" json:"last_prompt_tokens,omitempty"`
 	// This incarnation replaced one automatically (see auto_reset_reason).
+	// A notice for its first turn: cleared, with auto_reset_reason, by the
+	// incarnation's first completed turn.
 	WasAutoReset bool `protobuf:"varint,17,opt,name=was_auto_reset,json=wasAutoReset,proto3" json:"was_auto_reset,omitempty"`
 	// Why: "suspended" when the previous incarnation was suspended.
 	AutoResetReason string `protobuf:"bytes,18,opt,name=auto_reset_reason,json=autoResetReason,proto3" json:"auto_reset_reason,omitempty"`
 	// The replaced incarnation had messages.
 	ResetHadActivity bool `protobuf:"varint,19,opt,name=reset_had_activity,json=resetHadActivity,proto3" json:"reset_had_activity,omitempty"`
-	// Set on the incarnation ResetSession (/new, /reset) creates.
+	// Set on the incarnation ResetSession (/new, /reset) creates; cleared by
+	// its first completed turn.
 	IsFreshReset bool `protobuf:"varint,20,opt,name=is_fresh_reset,json=isFreshReset,proto3" json:"is_fresh_reset,omitempty"`
 	// Seed 001's finalization fence; kept for compatibility, nothing sets it.
 	ExpiryFinalized bool `protobuf:"varint,21,opt,name=expiry_finalized,json=expiryFinalized,proto3" json:"expiry_finalized,omitempty"`
@@ -323,9 +328,11 @@ type Session struct {
 	LastResumeMarkedAt *timestamppb.Timestamp `protobuf:"bytes,25,opt,name=last_resume_marked_at,json=lastResumeMarkedAt,proto3" json:"last_resume_marked_at,omitempty"`
 	// IDLE or RUNNING.
 	State SessionState `protobuf:"varint,26,opt,name=state,proto3,enum=agent_sidecar.v1.SessionState" json:"state,omitempty"`
-	// Turns run in this incarnation.
+	// Turns of this incarnation that completed (failed, cancelled and
+	// superseded ones do not count; an absorbed burst is one turn).
 	TurnCount int64 `protobuf:"varint,27,opt,name=turn_count,json=turnCount,proto3" json:"turn_count,omitempty"`
-	// Prompts waiting: the follow-up slot plus the FIFO (GetQueue lists them).
+	// Prompts waiting: INTERRUPT and ROLLBACK prompts waiting on their cancel,
+	// the follow-up slot and the FIFO (GetQueue lists them).
 	QueueDepth int32 `protobuf:"varint,28,opt,name=queue_depth,json=queueDepth,proto3" json:"queue_depth,omitempty"`
 	// The profile in the key (default "main").
 	Profile       string `protobuf:"bytes,29,opt,name=profile,proto3" json:"profile,omitempty"`

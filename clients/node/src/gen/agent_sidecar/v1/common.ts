@@ -132,7 +132,11 @@ export interface Session {
   updatedAt?:
     | Date
     | undefined;
-  /** The source that created the lane, for routing replies. */
+  /**
+   * The source of the lane's latest get-or-create (GetOrCreateSession, a
+   * Prompt or SeedSession by source; the one that created it until then),
+   * for routing replies.
+   */
   origin?:
     | SessionSource
     | undefined;
@@ -158,13 +162,20 @@ export interface Session {
   costStatus: string;
   /** The last prompt size the model backend reported (for compression checks). */
   lastPromptTokens: number;
-  /** This incarnation replaced one automatically (see auto_reset_reason). */
+  /**
+   * This incarnation replaced one automatically (see auto_reset_reason).
+   * A notice for its first turn: cleared, with auto_reset_reason, by the
+   * incarnation's first completed turn.
+   */
   wasAutoReset: boolean;
   /** Why: "suspended" when the previous incarnation was suspended. */
   autoResetReason: string;
   /** The replaced incarnation had messages. */
   resetHadActivity: boolean;
-  /** Set on the incarnation ResetSession (/new, /reset) creates. */
+  /**
+   * Set on the incarnation ResetSession (/new, /reset) creates; cleared by
+   * its first completed turn.
+   */
   isFreshReset: boolean;
   /** Seed 001's finalization fence; kept for compatibility, nothing sets it. */
   expiryFinalized: boolean;
@@ -190,9 +201,15 @@ export interface Session {
     | undefined;
   /** IDLE or RUNNING. */
   state: SessionState;
-  /** Turns run in this incarnation. */
+  /**
+   * Turns of this incarnation that completed (failed, cancelled and
+   * superseded ones do not count; an absorbed burst is one turn).
+   */
   turnCount: number;
-  /** Prompts waiting: the follow-up slot plus the FIFO (GetQueue lists them). */
+  /**
+   * Prompts waiting: INTERRUPT and ROLLBACK prompts waiting on their cancel,
+   * the follow-up slot and the FIFO (GetQueue lists them).
+   */
   queueDepth: number;
   /** The profile in the key (default "main"). */
   profile: string;
