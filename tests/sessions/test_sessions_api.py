@@ -180,6 +180,18 @@ def test_rewind_n_zero_means_one(stub):
     assert (r.rewound_count, r.turns_undone, r.target_text) == (2, 1, "q2")
 
 
+def test_rewind_does_not_count_a_synthetic_note_as_a_user_turn(stub):
+    """After an auto-resume the transcript holds the sidecar's own note as a
+    synthetic "user" message: /undo takes back the user's last message (and
+    the continuation with it), and hands back the text the user wrote, not
+    the note (it used to undo only the resume turn and return the note)."""
+    s = seed(stub, src(), turns("u1", "a1", "u2", "cut off") + [
+        msg("user", "[your previous turn was cut off]", synthetic=True), msg("assistant", "where was I")])
+    r = stub.RewindSession(pb.RewindSessionRequest(session_id=s.session_id, n=1), timeout=10)
+    assert (r.rewound_count, r.turns_undone, r.target_text) == (4, 1, "u2")
+    assert [m.content for m in transcript(stub, s.session_id)] == ["u1", "a1"]
+
+
 def test_rewrite_keeps_audit_trail(stub):
     s = seed(stub, src(), turns("one", "two", "three", "four"))
     stub.RewriteTranscript(pb.RewriteTranscriptRequest(

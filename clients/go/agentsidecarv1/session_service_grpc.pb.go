@@ -91,7 +91,9 @@ type SessionServiceClient interface {
 	// then the given messages are appended.
 	RewriteTranscript(ctx context.Context, in *RewriteTranscriptRequest, opts ...grpc.CallOption) (*RewriteTranscriptResponse, error)
 	// Back up n user turns by soft delete (seed 001 §3): the n-th last live user
-	// message and everything after it become inactive.
+	// message and everything after it become inactive. Only messages a user
+	// wrote count: a `synthetic` one (an auto-resume's note) goes with the turn
+	// before it.
 	RewindSession(ctx context.Context, in *RewindSessionRequest, opts ...grpc.CallOption) (*RewindSessionResponse, error)
 	// Full-text search over live messages, with snippets (FTS5 on SQLite, a
 	// tsvector index on PostgreSQL; one query syntax on both, see
@@ -350,7 +352,9 @@ type SessionServiceServer interface {
 	// then the given messages are appended.
 	RewriteTranscript(context.Context, *RewriteTranscriptRequest) (*RewriteTranscriptResponse, error)
 	// Back up n user turns by soft delete (seed 001 §3): the n-th last live user
-	// message and everything after it become inactive.
+	// message and everything after it become inactive. Only messages a user
+	// wrote count: a `synthetic` one (an auto-resume's note) goes with the turn
+	// before it.
 	RewindSession(context.Context, *RewindSessionRequest) (*RewindSessionResponse, error)
 	// Full-text search over live messages, with snippets (FTS5 on SQLite, a
 	// tsvector index on PostgreSQL; one query syntax on both, see

@@ -123,7 +123,8 @@ class MessageRepo(Protocol):
         """Hide the live rows one turn wrote."""
 
     def last_user(self, session_id: str, n: int) -> list[tuple[int, str]]:
-        """(seq, content) of the last ``n`` live user rows, newest first."""
+        """(seq, content) of the last ``n`` live user rows a user wrote (not
+        ``synthetic``: an auto-resume's note is no user turn), newest first."""
 
     def of_request(self, request_id: str) -> list[Message]:
         """The rows one turn wrote, in seq order."""

@@ -244,7 +244,9 @@ class SessionServiceServicer:
 
     def RewindSession(self, request, context):
         """Back up n user turns by soft delete (seed 001 §3): the n-th last live user
-        message and everything after it become inactive.
+        message and everything after it become inactive. Only messages a user
+        wrote count: a `synthetic` one (an auto-resume's note) goes with the turn
+        before it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

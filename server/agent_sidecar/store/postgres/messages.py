@@ -120,6 +120,7 @@ class PostgresMessages:
     def last_user(self, session_id: str, n: int) -> list[tuple[int, str]]:
         return [tuple(r) for r in self.conn.execute(
             "SELECT seq, content FROM messages WHERE session_id = %s AND active AND role = 'user'"
+            " AND NOT coalesce((extra->>'synthetic')::boolean, false)"
             " ORDER BY seq DESC LIMIT %s", (session_id, n))]
 
     def of_request(self, request_id: str) -> list[Message]:

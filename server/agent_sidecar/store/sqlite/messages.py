@@ -99,6 +99,7 @@ class SqliteMessages:
     def last_user(self, session_id: str, n: int) -> list[tuple[int, str]]:
         return [tuple(r) for r in self.conn.execute(
             "SELECT seq, content FROM messages WHERE session_id = ? AND active = 1 AND role = 'user'"
+            " AND (extra IS NULL OR json_extract(CAST(extra AS TEXT), '$.synthetic') IS NULL)"
             " ORDER BY seq DESC LIMIT ?", (session_id, n))]
 
     def of_request(self, request_id: str) -> list[Message]:

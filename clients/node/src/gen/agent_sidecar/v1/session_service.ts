@@ -3822,7 +3822,9 @@ export const SessionServiceService = {
   },
   /**
    * Back up n user turns by soft delete (seed 001 §3): the n-th last live user
-   * message and everything after it become inactive.
+   * message and everything after it become inactive. Only messages a user
+   * wrote count: a `synthetic` one (an auto-resume's note) goes with the turn
+   * before it.
    */
   rewindSession: {
     path: "/agent_sidecar.v1.SessionService/RewindSession" as const,
@@ -3967,7 +3969,9 @@ export interface SessionServiceServer extends UntypedServiceImplementation {
   rewriteTranscript: handleUnaryCall<RewriteTranscriptRequest, RewriteTranscriptResponse>;
   /**
    * Back up n user turns by soft delete (seed 001 §3): the n-th last live user
-   * message and everything after it become inactive.
+   * message and everything after it become inactive. Only messages a user
+   * wrote count: a `synthetic` one (an auto-resume's note) goes with the turn
+   * before it.
    */
   rewindSession: handleUnaryCall<RewindSessionRequest, RewindSessionResponse>;
   /**
@@ -4248,7 +4252,9 @@ export interface SessionServiceClient extends Client {
   ): ClientUnaryCall;
   /**
    * Back up n user turns by soft delete (seed 001 §3): the n-th last live user
-   * message and everything after it become inactive.
+   * message and everything after it become inactive. Only messages a user
+   * wrote count: a `synthetic` one (an auto-resume's note) goes with the turn
+   * before it.
    */
   rewindSession(
     request: RewindSessionRequest,
