@@ -1001,7 +1001,9 @@ func (x *QueuedPrompt) GetTextBytes() uint64 {
 // `text_truncated`; texts shorter than the share stay whole.
 type GetQueueResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The single follow-up slot; unset when empty.
+	// The single follow-up slot; unset when empty. After a burst it is the
+	// newest follow-up: the texts it absorbed (their prompts ended superseded)
+	// run in its turn, before its own text, but are not listed here.
 	Pending *QueuedPrompt `protobuf:"bytes,1,opt,name=pending,proto3" json:"pending,omitempty"`
 	// INTERRUPT and ROLLBACK prompts still waiting (they run before `pending`),
 	// then the FIFO overflow; each part in the order its prompts will run.

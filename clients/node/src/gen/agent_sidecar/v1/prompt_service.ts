@@ -395,7 +395,11 @@ export interface QueuedPrompt {
  * `text_truncated`; texts shorter than the share stay whole.
  */
 export interface GetQueueResponse {
-  /** The single follow-up slot; unset when empty. */
+  /**
+   * The single follow-up slot; unset when empty. After a burst it is the
+   * newest follow-up: the texts it absorbed (their prompts ended superseded)
+   * run in its turn, before its own text, but are not listed here.
+   */
   pending?:
     | QueuedPrompt
     | undefined;
