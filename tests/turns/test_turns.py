@@ -306,6 +306,21 @@ def test_a_profile_other_than_the_keys_is_invalid_argument(sc, profile):
     assert body_of(ok.last) == {"final_text": "third"}
 
 
+def test_a_prompt_by_source_keeps_a_renamed_chats_name_as_get_or_create_does(sc):
+    """A Prompt by source gets the session as GetOrCreateSession does: the
+    lane's display_name follows the chat's name (it used to keep the first one)."""
+    chat_id = uniq("room")
+    first = run(sc.prompts(), prompt_req(source=c.SessionSource(
+        platform="telegram", chat_type="group", chat_id=chat_id, chat_name="Old Name")))
+    assert get_session(sc.sessions(), first.key).display_name == "Old Name"
+    run(sc.prompts(), prompt_req(source=c.SessionSource(
+        platform="telegram", chat_type="group", chat_id=chat_id, chat_name="New Name")))
+    assert get_session(sc.sessions(), first.key).display_name == "New Name"
+    run(sc.prompts(), prompt_req(source=c.SessionSource(  # no name given: the last one stays
+        platform="telegram", chat_type="group", chat_id=chat_id)))
+    assert get_session(sc.sessions(), first.key).display_name == "New Name"
+
+
 def test_prompt_for_an_unknown_session_key_is_not_found(sc):
     rid, key = uniq("r"), f"agent:main:telegram:dm:{uniq('ghost')}"
     out = run(sc.prompts(), prompt_req(request_id=rid, session_key=key))

@@ -92,10 +92,20 @@ def get_or_create(uow: UnitOfWork, key: str, source: SessionSource, profile: str
                                     origin=origin), True
     if entry.resume_pending:
         return entry, False  # soft recovery: same id, flag cleared by the next good turn
-    uow.routing.patch(key, RoutingPatch(updated_at=now, origin=origin, display_name=source.chat_name)
-                      if source.chat_name else RoutingPatch(updated_at=now, origin=origin))
+    uow.routing.patch(key, kept(source, now))
     return dataclasses.replace(entry, updated_at=now, origin=origin,
                                display_name=source.chat_name or entry.display_name), False
+
+
+def kept(source: SessionSource, now: float) -> RoutingPatch:
+    """get_or_create's "keep and bump" for a lane that stays on its
+    incarnation: active now, its origin the latest source, its display name
+    the chat's current name (when the source has one). A Prompt by source
+    applies the same (turns/jobs.py), so both keep a renamed chat's name."""
+    origin = source.to_dict()
+    if source.chat_name:
+        return RoutingPatch(updated_at=now, origin=origin, display_name=source.chat_name)
+    return RoutingPatch(updated_at=now, origin=origin)
 
 
 def starting_over(uow: UnitOfWork, key: str) -> SessionEntry:

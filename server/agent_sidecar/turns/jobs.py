@@ -171,7 +171,7 @@ def _lane_for(uow: UnitOfWork, req: AcceptRequest, now: float) -> LaneState:
         if req.source is not None:
             origin = req.source.to_dict()
             if not head.resume_pending:  # get_or_create's "keep and bump"
-                uow.routing.patch(p.session_key, RoutingPatch(updated_at=now, origin=origin))
+                uow.routing.patch(p.session_key, life.kept(req.source, now))
         return LaneState(head.session_id, head.created_at, origin)
     _check_duplicate(uow, p.request_id, p.session_key, req.dedup_window_s, now)
     if req.source is not None:
