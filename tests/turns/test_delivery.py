@@ -455,3 +455,21 @@ def test_a_prompt_whose_call_deadline_passes_while_it_waits_never_runs(stubs):
     assert replay.last.failed.reason == "AGENT_TIMEOUT" and replay.code == grpc.StatusCode.DEADLINE_EXCEEDED
     users = [m.content for m in transcript(sessions, first.session_id) if m.role == "user"]
     assert users == [words(20, "busy"), "still queued"]
+
+
+def test_a_follow_up_that_absorbed_another_runs_past_its_own_call_deadline(stubs):
+    """The absorbed prompt ended superseded, its caller told that its text
+    runs in the absorber's turn: that turn runs even though the absorber's
+    own call gave up while it waited (nothing a user sent is dropped)."""
+    prompts, sessions = stubs
+    first = busy(prompts, 20)
+    older = start(prompts, text="older words", key=first.key)
+    newer = PromptRun(prompts, text="newer words", key=first.key, timeout=0.5)
+    newer.wait_for("accepted")
+    assert older.result(10).end == "superseded"
+    assert newer.result(10).code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert first.result(30).end == "completed"
+    replay = watch(prompts, request_id=newer.request_id)
+    assert replay.kinds()[-1] == "completed", replay.kinds()
+    users = [m.content for m in transcript(sessions, first.session_id) if m.role == "user"]
+    assert users == [words(20, "busy"), "older words", "newer words"]

@@ -146,8 +146,10 @@ class Turn:
         """Seconds it may run if it starts now: its timeout, cut to what is
         left of its Prompt call's deadline. A deadline is an instant (gRPC's):
         time the prompt waited in its lane is spent, so a turn whose caller
-        has given up never starts to write a reply nobody is waiting for."""
-        if not self.call_deadline:
+        has given up never starts to write a reply nobody is waiting for.
+        Unless it absorbed other prompts (a burst, an INTERRUPT's take-over):
+        their callers were told their texts run in its turn, so it runs."""
+        if not self.call_deadline or self.absorbed_from is not None or self.absorbed:
             return self.timeout_s
         return min(self.timeout_s, self.call_deadline - time.time())
 
