@@ -12,6 +12,7 @@ from agent_sidecar.sessions.context import (
     redact_user_id,
     shared_multi_user,
     should_redact,
+    with_sender,
 )
 from agent_sidecar.sessions.source import SessionSource
 
@@ -188,3 +189,14 @@ def test_prompt_does_not_depend_on_message_id():
 )
 def test_description(kw, expected):
     assert SessionSource(platform="telegram", **kw).description == expected
+
+
+def test_with_sender_hashes_an_id_as_the_context_section_does():
+    thread = dict(platform="telegram", chat_type="group", chat_id="g", thread_id="t")
+    raw = SessionSource(user_id="12345", **thread)
+    assert with_sender("hi", raw) == "[12345] hi"
+    assert with_sender("hi", raw, redact_pii=True) == f"[{redact_user_id('12345')}] hi"
+    named = SessionSource(user_id="12345", user_name="Al\nice", **thread)
+    assert with_sender("hi", named, redact_pii=True) == "[Al ice] hi"  # one inert line
+    assert with_sender("hi", SessionSource(**thread)) == "hi"  # no sender known
+    assert with_sender("hi", SessionSource(platform="telegram", user_id="1")) == "hi"  # a DM

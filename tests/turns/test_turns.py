@@ -321,6 +321,23 @@ def test_a_prompt_by_source_keeps_a_renamed_chats_name_as_get_or_create_does(sc)
     assert get_session(sc.sessions(), first.key).display_name == "New Name"
 
 
+def test_in_a_shared_thread_each_user_message_names_its_sender(sc):
+    """The session context of a shared thread tells the model "messages are
+    prefixed with [sender name]" (seed 001 §5): the sidecar does prefix them
+    (it used to send the bare text, the model told of prefixes it never got).
+    A session of one user gets the text as sent."""
+    thread = dict(platform="telegram", chat_type="group", chat_id=uniq("g"), thread_id="7")
+    alice = run(sc.prompts(), prompt_req(text="hello there", source=c.SessionSource(
+        user_id="u1", user_name="Alice", **thread)))
+    bob = run(sc.prompts(), prompt_req(text="me too", source=c.SessionSource(user_id="u2", **thread)))
+    assert alice.key == bob.key
+    users = [m.content for m in transcript(sc.sessions(), alice.session_id) if m.role == "user"]
+    assert users == ["[Alice] hello there", "[u2] me too"]
+    alone = run(sc.prompts(), prompt_req(text="just me", source=c.SessionSource(
+        platform="telegram", chat_type="group", chat_id=uniq("g"), user_id="u3", user_name="Carol")))
+    assert [m.content for m in transcript(sc.sessions(), alone.session_id)][0] == "just me"
+
+
 def test_prompt_for_an_unknown_session_key_is_not_found(sc):
     rid, key = uniq("r"), f"agent:main:telegram:dm:{uniq('ghost')}"
     out = run(sc.prompts(), prompt_req(request_id=rid, session_key=key))

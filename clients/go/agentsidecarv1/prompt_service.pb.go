@@ -198,7 +198,12 @@ type PromptRequest struct {
 	Source *SessionSource `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
 	// An existing lane's key; its profile is the one in the key.
 	SessionKey string `protobuf:"bytes,3,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
-	// The user's message; at most `limits.max_text_bytes` (256 KiB).
+	// The user's message; at most `limits.max_text_bytes` (256 KiB). In a
+	// session several users share (a thread, or a group without per-user
+	// isolation: GetSessionContextResponse.shared_multi_user), a prompt by
+	// source is stored and run as "[sender] text", the sender being the
+	// source's user_name, else its user id (hashed where PII is redacted),
+	// as the session context tells the model.
 	Text string `protobuf:"bytes,4,opt,name=text,proto3" json:"text,omitempty"`
 	// Files that come with the message.
 	Attachments []*Attachment `protobuf:"bytes,5,rep,name=attachments,proto3" json:"attachments,omitempty"`

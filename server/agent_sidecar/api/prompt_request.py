@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from .. import errors as E
 from ..config import Config
+from ..sessions.context import with_sender
 from ..sessions.keys import build_session_key, canonical_session_key, split_session_key
 from ..sessions.source import SessionSource
 from ..v1 import prompt_service_pb2 as pb
@@ -60,3 +61,15 @@ def checked_prompt(request: pb.PromptRequest, principal,
         cv.key_profile(key, request.profile)
     principal.require_platform(platform)
     return rid, key, platform, profile, source
+
+
+def turn_text(request: pb.PromptRequest, source: SessionSource | None, cfg: Config) -> str:
+    """The user message the turn runs with: the prompt's text, prefixed with
+    its sender in a session several users share (sessions/context.with_sender).
+    A prompt by session_key names no sender: its text goes as sent."""
+    if source is None:
+        return request.text
+    return with_sender(request.text, source, redact_pii=cfg.redact_pii,
+                       pii_safe_platforms=cfg.pii_safe_platforms(),
+                       group_sessions_per_user=cfg.group_sessions_per_user,
+                       thread_sessions_per_user=cfg.thread_sessions_per_user)

@@ -25,7 +25,7 @@ from ..turns.subscriber import FellBehind, StreamedFrame, Subscriber, TooSlow
 from ..v1 import prompt_service_pb2 as pb
 from ..v1 import prompt_service_pb2_grpc as pb_grpc
 from . import convert as cv
-from .prompt_request import checked_prompt
+from .prompt_request import checked_prompt, turn_text
 from .rpc import streaming, unary
 
 # Rows per read when persisted frames are replayed (a request's, or a key's or
@@ -96,8 +96,9 @@ class PromptService(pb_grpc.PromptServiceServicer):
                    "attachments": [{"name": a.name, "mime_type": a.mime_type, "url": a.url,
                                     "size": len(a.data)} for a in request.attachments]}
         placed = await self.turns.submit(rid=rid, key=key, platform=platform, profile=profile,
-                                         text=request.text, delivery=request.delivery, source=source,
-                                         timeout_s=timeout, payload=payload, call_deadline=call_deadline)
+                                         text=turn_text(request, source, self.cfg),
+                                         delivery=request.delivery, source=source, timeout_s=timeout,
+                                         payload=payload, call_deadline=call_deadline)
         if placed is None:  # a known request id: its original turn's frames
             await self._authorize_request(rid, principal)
             async for item in self._replay_request(rid, 0, principal):

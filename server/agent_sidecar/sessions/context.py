@@ -39,6 +39,7 @@ __all__ = [
     "redact_chat_id",
     "should_redact",
     "shared_multi_user",
+    "with_sender",
 ]
 
 #: Built-in platforms whose ids may be hashed in the prompt. Discord is deliberately absent.
@@ -101,6 +102,31 @@ def shared_multi_user(
         group_sessions_per_user=group_sessions_per_user,
         thread_sessions_per_user=thread_sessions_per_user,
     )
+
+
+def with_sender(
+    text: str,
+    source: SessionSource,
+    *,
+    redact_pii: bool = False,
+    pii_safe_platforms: Iterable[str] = DEFAULT_PII_SAFE,
+    group_sessions_per_user: bool = True,
+    thread_sessions_per_user: bool = False,
+) -> str:
+    """A user's message as the model reads it: in a session several users
+    share, prefixed ``[sender] `` (seed 001 §5), which is what the context
+    section tells the model ("messages are prefixed with [sender name]"), so
+    it can tell who says what while the system prompt stays the same. The
+    sender is the display name, else the user id (hashed as the context
+    section hashes it); with neither, or in a session of one user, the text
+    is as sent."""
+    if not shared_multi_user(source, group_sessions_per_user=group_sessions_per_user,
+                             thread_sessions_per_user=thread_sessions_per_user):
+        return text
+    ids = _Ids(source.platform, should_redact(source.platform, redact_pii, pii_safe_platforms))
+    uid = source.user_id or source.user_id_alt
+    sender = _label(source.user_name) if source.user_name else (ids.user(uid) if uid else "")
+    return f"[{sender}] {text}" if sender else text
 
 
 def _label(value: Any) -> str:

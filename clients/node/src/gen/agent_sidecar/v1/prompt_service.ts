@@ -160,7 +160,14 @@ export interface PromptRequest {
     | undefined;
   /** An existing lane's key; its profile is the one in the key. */
   sessionKey: string;
-  /** The user's message; at most `limits.max_text_bytes` (256 KiB). */
+  /**
+   * The user's message; at most `limits.max_text_bytes` (256 KiB). In a
+   * session several users share (a thread, or a group without per-user
+   * isolation: GetSessionContextResponse.shared_multi_user), a prompt by
+   * source is stored and run as "[sender] text", the sender being the
+   * source's user_name, else its user id (hashed where PII is redacted),
+   * as the session context tells the model.
+   */
   text: string;
   /** Files that come with the message. */
   attachments: Attachment[];
