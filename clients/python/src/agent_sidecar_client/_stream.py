@@ -11,8 +11,10 @@ The loop: read frames from the current call, pass each through the filter
 frame -- a transport error (UNAVAILABLE, INTERNAL, UNKNOWN, or CANCELLED
 without a sidecar ErrorInfo), no frame at all (keepalives included) for
 ``idle_timeout`` seconds (a half-open connection), a seq gap, ``drop()``, or
-a sidecar error whose reason says the same request id may be retried
-(RETRY_SAME_REQUEST_REASONS: after its RetryInfo delay) -- wait for the
+a sidecar error whose reason says the same call may be made again
+(RETRY_SAME_REQUEST_REASONS: after its RetryInfo delay; a session or platform
+feed, which the sidecar also ends STREAM_TOO_SLOW when its reader stalls,
+reopens from its cursor the same way) -- wait for the
 channel to be ready again and reopen with ``open_resume`` (the Prompt again
 while no frame was seen, else ``WatchActivity(request_id, after_seq=last
 seen)``), for up to ``resume_timeout`` without progress. A turn's deadline
@@ -90,7 +92,7 @@ class FrameStream:
         # Called with the channel of a call the idle watchdog cut; returns the channel
         # to go on with (the client replaces one whose connection stopped answering).
         self._on_idle = on_idle
-        self._retry_reasons = retry_reasons  # the refusals carried on from (by request)
+        self._retry_reasons = retry_reasons  # the refusals carried on from (a feed: from its cursor)
         self._call: Any = None
         self._drop_requested = False
         self._gen = self._run()
@@ -187,11 +189,12 @@ class FrameStream:
                     problem = idle.problem
                 elif errors.has_error_info(exc):
                     error = errors.from_rpc_error(exc)
-                    if not by_request or error.reason not in self._retry_reasons:
+                    if error.reason not in self._retry_reasons:
                         raise error from exc
-                    # Nothing of the request was lost: carry on with the same request
-                    # id after the sidecar's delay (STREAM_TOO_SLOW: from the last frame
-                    # seen, which is never past the after_seq its message names).
+                    # Nothing was lost: carry on with the same request id, or a feed
+                    # from its cursor, after the sidecar's delay (STREAM_TOO_SLOW: from
+                    # the last frame seen, never past the after_seq or after_cursor its
+                    # message names).
                     last_error, retry_after, problem = error, error.retry_delay or 0.0, str(error)
                 elif code not in RESUMABLE_CODES:
                     raise errors.from_rpc_error(exc) from exc

@@ -383,7 +383,9 @@ class SidecarClient:
         By ``request_id``: that turn's frames after ``after_seq``, ending at its
         terminal frame (raising after ``failed``). By ``session_key`` or
         ``platform``: every turn's frames after ``after_cursor`` (0 = live
-        only), endlessly, resuming from the last cursor seen.
+        only), endlessly, resuming from the last cursor seen, after a dropped
+        connection and after a refusal that allows the same call again
+        (STREAM_TOO_SLOW for a reader that stalled, OVERLOADED, ...).
         """
         if sum(map(bool, (request_id, session_key, platform))) != 1:
             raise ValueError("give exactly one of request_id, session_key and platform")
