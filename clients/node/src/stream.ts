@@ -65,7 +65,10 @@ export interface FrameStreamOptions {
   waitReady?: (ms: number) => Promise<void>;
 }
 
-/** Reasons after which the same request id may be sent again (docs/api.md, docs/cluster.md). */
+/**
+ * Reasons after which the same call may be made again (docs/api.md, docs/cluster.md): a
+ * request's stream with the same request id, a session or platform feed from its cursor.
+ */
 export const RETRY_SAME_REQUEST_REASONS = new Set(["LANE_MOVED", "OVERLOADED", "STORE_UNAVAILABLE", "UNAVAILABLE", "STREAM_TOO_SLOW"]);
 
 const DEFAULT_RESUME: Required<ResumeOptions> = {
@@ -309,7 +312,8 @@ export class FrameStream implements AsyncIterable<ActivityFrame> {
       let retryDelayMs = 0;
       if (endError !== undefined) {
         cause = fromGrpcError(endError);
-        const retry = this.sequencer.mode === "request" && RETRY_SAME_REQUEST_REASONS.has(cause.reason);
+        // A feed reopens from its cursor after them too (the sidecar ends a stalled one STREAM_TOO_SLOW).
+        const retry = RETRY_SAME_REQUEST_REASONS.has(cause.reason);
         if (!dropped && !retry && !isTransportError(cause)) throw cause;
         if (retry) retryDelayMs = cause.retryDelayMs ?? 0;
       } else if (!gap && !dropped && this.sequencer.mode === "request") {
