@@ -128,8 +128,10 @@ type WatchParams struct {
 // frame, typed error after failed). With SessionKey or Platform it follows
 // every turn until ctx ends (the last value is then an *Error wrapping the
 // context error; DEADLINE_EXCEEDED without a reason when its deadline passed),
-// resuming after the last cursor seen when the connection drops; failed
-// frames are yielded as frames, not errors.
+// resuming after the last cursor seen when the connection drops or the
+// sidecar ends it with a reason that allows the same call again
+// (STREAM_TOO_SLOW when the reader stalled, OVERLOADED, ...); failed frames
+// are yielded as frames, not errors.
 func (c *Client) Watch(ctx context.Context, p WatchParams) iter.Seq2[*Frame, error] {
 	return func(yield func(*Frame, error) bool) {
 		if err := checkUTF8(&pb.WatchActivityRequest{RequestId: p.RequestID, SessionKey: p.SessionKey, Platform: p.Platform}); err != nil {
@@ -227,7 +229,7 @@ func (c *Client) follow(ctx context.Context, open func(context.Context) (recvFun
 			dropped, delay = time.Now(), 50*time.Millisecond
 		}
 		wait := delay
-		retry := perRequest && retrySameRequest(err)
+		retry := retrySameRequest(err) // a feed too: it reopens from its cursor
 		if retry {
 			e, _ := FromError(err)
 			wait = max(wait, e.RetryDelay)
@@ -252,9 +254,11 @@ func (c *Client) follow(ctx context.Context, open func(context.Context) (recvFun
 var ErrFramesGone = errors.New("the turn's remaining frames are gone")
 
 // retrySameRequest reports whether err is a sidecar refusal after which the
-// same request id may be sent again (docs/api.md, docs/cluster.md): nothing of
-// the request was lost. STREAM_TOO_SLOW names where to resume; the stream
-// resumes from the last frame it saw, which is never past that point.
+// same call may be made again (docs/api.md, docs/cluster.md): a request's
+// stream with the same request id, a session or platform feed from its cursor;
+// nothing was lost. STREAM_TOO_SLOW (which ends a stalled feed too) names
+// where to resume; the stream resumes from the last frame it saw, which is
+// never past that point.
 func retrySameRequest(err error) bool {
 	e, ok := FromError(err)
 	if !ok || e.local {
