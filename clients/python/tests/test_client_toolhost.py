@@ -84,3 +84,46 @@ def test_a_tools_own_timeout_and_cancel_are_its_failures(tmp_path):
     assert "timed out after" not in results[0].result_json
     assert "CancelledError: a future it waited on was cancelled" in results[1].result_json, results[1]
     assert asc.frame_kind(frames[-1]) == "completed"
+
+
+BIG = f'''
+[sidecar.limits]
+max_text_bytes = 1000
+
+[profiles.big]
+model = "scripted"
+tools = ["big.*"]
+model_options = {{ steps = [ {_CALL.replace("errs.", "big.").format("answer")}, {{ text = "done" }} ] }}
+'''
+
+
+def test_a_result_the_sidecar_refuses_does_not_end_the_host(tmp_path):
+    """A result past the sidecar's limits (a result_json over max_text_bytes) is
+    refused with INVALID_ARGUMENT, and the sidecar ends that ServeTools stream.
+    The host registered fine: it re-registers and answers the next call, instead
+    of serve() raising and every later call finding "no tool host serves"."""
+    sc = Sidecar(tmp_path / "data", config=BIG, workers=1).start()
+    try:
+        async def run():
+            async with await asc.connect(sc.target) as client:
+                host = asc.ToolHost("big")
+                sizes = [5000, 10]
+
+                @host.tool
+                async def answer() -> str:
+                    return "x" * sizes.pop(0)
+
+                turns = []
+                async with host.running(client):
+                    for i in range(2):
+                        await host.wait_registered(10)
+                        turns.append(await client.prompt("go", source={"platform": "t", "chat_id": f"big{i}"},
+                                                          profile="big").collect())
+                return turns
+
+        turns = asyncio.run(asyncio.wait_for(run(), 30))
+    finally:
+        sc.stop()
+    results = [[f.tool_result for f in t if asc.frame_kind(f) == "tool_result"][0] for t in turns]
+    assert not results[0].ok  # the refused one: the call failed, as the host was cut
+    assert (results[1].ok, results[1].result_json) == (True, '"xxxxxxxxxx"'), results[1]

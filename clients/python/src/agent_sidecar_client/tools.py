@@ -82,6 +82,7 @@ class ToolHost:
         self.tools: dict[str, Tool] = {}
         self.registered: tool_pb.ToolsRegistered | None = None
         self._registered_event = asyncio.Event()
+        self._stream_registered = False  # the current stream got its ToolsRegistered
 
     def tool(self, func: Callable[..., Any] | None = None, *, name: str | None = None,
              description: str | None = None, schema: dict[str, Any] | None = None,
@@ -174,6 +175,7 @@ class ToolHost:
                 kind = response.WhichOneof("message")
                 if kind == "registered":
                     self.registered = response.registered
+                    self._stream_registered = True
                     self._registered_event.set()
                 elif kind == "invocation":
                     task = asyncio.create_task(answer(response.invocation))
@@ -192,14 +194,21 @@ class ToolHost:
 
     async def serve(self, client: Any, *, reconnect: bool = True) -> None:
         """Host the tools until cancelled. Transport failures re-open the
-        stream (and re-register) when ``reconnect``; a sidecar refusal (bad
-        namespace, auth) raises its typed error."""
+        stream (and re-register) when ``reconnect``; a sidecar refusal of the
+        registration (bad namespace, auth) raises its typed error. A refusal
+        after the stream registered is of a result (one past the sidecar's
+        limits, such as a ``result_json`` over ``max_text_bytes``): the sidecar
+        ends the stream and fails that call, and the host registers again, as
+        after a drop, rather than leave every later call without a host."""
         while True:
+            self._stream_registered = False
             try:
                 await self._serve_once(client)
                 failure: Exception | None = None
             except grpc.RpcError as exc:
-                if errors.has_error_info(exc) or exc.code() not in RESUMABLE_CODES or not reconnect:
+                refused = errors.has_error_info(exc) and not self._stream_registered
+                if refused or exc.code() not in RESUMABLE_CODES and not errors.has_error_info(exc) \
+                        or not reconnect:
                     raise errors.from_rpc_error(exc) from exc
                 failure = exc
             if not reconnect:
