@@ -161,7 +161,9 @@ func (h *ToolHost) setErr(err error) {
 // to OnRetry (or the log); a refusal by the sidecar (an error carrying a
 // reason), a TLS handshake or certificate failure (a wrong CA, a missing
 // client certificate), a local error (a message that cannot be encoded, a bad
-// token) or the Client being closed is returned at once. When Serve
+// token) or the Client being closed is returned at once; a refusal after
+// the stream registered (a result past the sidecar's limits: that call fails)
+// is followed by a new registration. When Serve
 // returns, Ready() is closed and Err() reports why.
 func (h *ToolHost) Serve(ctx context.Context, c *Client) (err error) {
 	if !h.serving.CompareAndSwap(false, true) {
@@ -189,8 +191,9 @@ func (h *ToolHost) Serve(ctx context.Context, c *Client) (err error) {
 		}
 		// However long the sidecar stays out of reach: a tool host is a service.
 		// Not past a TLS failure (a wrong CA, no client certificate for an
-		// mTLS listener, TLS to a plain port): no wait will mend that.
-		if !c.resumable(ctx, err) || isTLSFailure(err) {
+		// mTLS listener, TLS to a plain port): no wait will mend that. A
+		// refusal after the stream registered is of a result, not of the host.
+		if !(c.resumable(ctx, err) && !isTLSFailure(err) || registered && refusedResult(ctx, c, err)) {
 			return err
 		}
 		attempt++
@@ -202,6 +205,17 @@ func (h *ToolHost) Serve(ctx context.Context, c *Client) (err error) {
 		}
 		delay = min(delay*2, 5*time.Second)
 	}
+}
+
+// refusedResult reports whether err, which ended a stream that had
+// registered, is the sidecar's refusal of something sent after that: a result
+// past its limits (a result_json over max_text_bytes is INVALID_ARGUMENT), for
+// which the sidecar fails that call and ends the stream. The host registers
+// again, as after a drop; a refusal of the registration itself (a revoked
+// token, say) then comes before ToolsRegistered and ends Serve.
+func refusedResult(ctx context.Context, c *Client, err error) bool {
+	e, ok := FromError(err)
+	return ok && e.Reason != "" && !e.local && ctx.Err() == nil && !c.closed()
 }
 
 // RetryLogEvery: without an OnRetry, a ToolHost logs the first failed attempt
