@@ -65,3 +65,18 @@ def test_a_unix_target_with_an_authority_dials_its_path(tmp_path):
     assert normalize_target("unix:///tmp/s.sock") == "unix:/tmp/s.sock"
     assert normalize_target("unix:./data/sidecar.sock") == "unix:./data/sidecar.sock"
 
+
+
+@pytest.mark.parametrize("via_connect", [True, False])
+@pytest.mark.parametrize("form", ["{}", "unix:{}", "unix://{}"])
+def test_a_directory_is_refused_at_once_naming_it(tmp_path, form, via_connect):
+    """A directory given as the socket (the sidecar's data dir, whose socket is
+    sidecar.sock inside it) is refused when the client is made, as the Go
+    client refuses it. Before, connect() waited its whole timeout and raised
+    UNAVAILABLE "no sidecar reachable", and a client made without waiting
+    failed every call UNAVAILABLE."""
+    start = time.monotonic()
+    with pytest.raises(ValueError) as e:
+        make(form.format(tmp_path), via_connect=via_connect)
+    assert str(e.value).startswith(f"target: {tmp_path} is a directory, not a socket"), str(e.value)
+    assert time.monotonic() - start < 2

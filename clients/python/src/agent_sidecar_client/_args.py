@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import operator
+import os
 import time
 import urllib.parse
 from collections.abc import Mapping
@@ -186,7 +187,8 @@ def normalize_target(target: object) -> str:
     (``/abs/path``, ``./rel``, ``../rel``), ``host:port``, ``[v6]:port``,
     ``tcp:host:port`` (or ``tcp://host:port``) and ``dns:[//authority/]host:port``.
     A Unix socket path is at most 107 bytes of UTF-8 (percent-escapes decoded,
-    as gRPC's C-core reads it); a port is 1..65535 and always given.
+    as gRPC's C-core reads it) and no directory (as the Go client checks); a
+    port is 1..65535 and always given.
     """
     if not isinstance(target, str):
         raise TypeError(f"target: expected a string ({TARGET_GRAMMAR}), got {type(target).__name__}")
@@ -209,9 +211,13 @@ def normalize_target(target: object) -> str:
         path = rest.split("?", 1)[0].split("#", 1)[0]
         if path in ("", "/"):
             raise bad("has no socket path")
-        n = len(urllib.parse.unquote_to_bytes(path.encode("utf-8", "surrogatepass")))
-        if n > UNIX_PATH_MAX:
-            raise ValueError(f"target: a Unix socket path may be at most {UNIX_PATH_MAX} bytes; this one is {n}")
+        raw = urllib.parse.unquote_to_bytes(path.encode("utf-8", "surrogatepass"))
+        if len(raw) > UNIX_PATH_MAX:
+            raise ValueError(f"target: a Unix socket path may be at most {UNIX_PATH_MAX} bytes; this one is {len(raw)}")
+        if scheme == "unix" and os.path.isdir(raw):
+            # A sidecar's data dir given for its socket: no wait would ever connect.
+            raise ValueError(f"target: {path} is a directory, not a socket (a sidecar listens on "
+                             f"sidecar.sock in its data dir)")
         return f"{scheme}:{rest}"  # without an authority, which gRPC's core will not dial
     if sep and scheme == "tcp":
         address = rest[2:] if rest.startswith("//") else rest
