@@ -15,7 +15,7 @@ import {
   type ServiceError,
 } from "@grpc/grpc-js";
 import { Metadata as GrpcMetadata } from "@grpc/grpc-js";
-import { readFileSync } from "node:fs";
+import { readFileSync, statSync } from "node:fs";
 import { isIP } from "node:net";
 import { fromGrpcError } from "./errors";
 import serviceConfig from "./service_config.json";
@@ -49,7 +49,8 @@ export const UNIX_PATH_MAX = 107;
 /**
  * Check `target` at connect time, so a malformed one fails at once instead of
  * as UNAVAILABLE (or a hang) on the first call: a non-empty string, a Unix
- * socket with a path of at most {@link UNIX_PATH_MAX} bytes (of UTF-8), or a
+ * socket with a path of at most {@link UNIX_PATH_MAX} bytes (of UTF-8) that is
+ * no directory (the sidecar's data dir, as the Go and Python clients check), or a
  * host with a port in 1..65535 (`dns:`, `ipv4:`, `ipv6:` prefixes included).
  * The error names `target`.
  */
@@ -84,6 +85,13 @@ export function checkTarget(target: unknown): asserts target is string {
         `target: ${JSON.stringify(target)}: a Unix socket path may be at most ${UNIX_PATH_MAX} bytes; this one is ${n}`,
       );
     }
+    if (scheme === "unix" && isDirectory(path)) {
+      // A sidecar's data dir given for its socket: no wait would ever connect.
+      throw new TypeError(
+        `target: ${JSON.stringify(target)}: ${path} is a directory, not a socket ` +
+          "(a sidecar listens on sidecar.sock in its data dir)",
+      );
+    }
     return;
   }
   if (colon >= 0 && scheme === "tcp") return checkHostPort(target, rest.startsWith("//") ? rest.slice(2) : rest);
@@ -99,6 +107,15 @@ export function checkTarget(target: unknown): asserts target is string {
     bad("has a scheme this client does not dial");
   }
   checkHostPort(target, t);
+}
+
+/** Whether `path` names an existing directory (false when it does not exist or cannot be read). */
+function isDirectory(path: string): boolean {
+  try {
+    return statSync(path).isDirectory();
+  } catch {
+    return false;
+  }
 }
 
 /** host:port or [ipv6]:port, as the Python client checks them; throws naming `target`. */

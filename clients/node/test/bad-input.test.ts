@@ -4,6 +4,9 @@
  * Runs against a small in-process fake server on a Unix socket.
  */
 import assert from "node:assert/strict";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { test } from "node:test";
 import { Metadata, status as GrpcCode, type ServerWritableStream } from "@grpc/grpc-js";
 import { connect, type SidecarClient } from "../src/client";
@@ -307,6 +310,23 @@ test("a Unix socket path past 107 bytes fails at connect, naming target and its 
   for (const t of ["unix:/tmp/" + s("s", 102), "unix:///tmp/" + s("s", 102), "unix:" + s("s", 107),
     "/tmp/" + s("s", 102), "./" + s("s", 105), "unix:/tmp/" + s("é", 51)]) {
     connect(t).close();
+  }
+});
+
+test("a directory given as the socket fails at connect, naming it, as in the Go and Python clients", T, () => {
+  // Before, connect accepted the sidecar's data dir (its socket is sidecar.sock inside):
+  // ready() waited out its timeout and every call failed UNAVAILABLE "connect ECONNREFUSED".
+  const dir = mkdtempSync(join(tmpdir(), "as-dir-"));
+  try {
+    for (const t of [dir, `unix:${dir}`, `unix://${dir}`]) {
+      assert.throws(
+        () => connect(t),
+        (e: unknown) => e instanceof TypeError && e.message.startsWith(`target: ${JSON.stringify(t)}: ${dir} is a directory, not a socket`),
+        t,
+      );
+    }
+  } finally {
+    rmSync(dir, { recursive: true });
   }
 });
 
