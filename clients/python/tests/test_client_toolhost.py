@@ -4,7 +4,9 @@ error and leaves nothing running behind it."""
 
 import asyncio
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -127,3 +129,58 @@ def test_a_result_the_sidecar_refuses_does_not_end_the_host(tmp_path):
     results = [[f.tool_result for f in t if asc.frame_kind(f) == "tool_result"][0] for t in turns]
     assert not results[0].ok  # the refused one: the call failed, as the host was cut
     assert (results[1].ok, results[1].result_json) == (True, '"xxxxxxxxxx"'), results[1]
+
+
+HUNG = f'''
+[profiles.hung]
+model = "scripted"
+tools = ["hung.*"]
+tool_timeout_s = 3
+model_options = {{ steps = [ {_CALL.replace("errs.", "hung.").format("stuck")},
+                             {_CALL.replace("errs.", "hung.").format("quick")}, {{ text = "done" }} ] }}
+'''
+
+
+def test_a_hung_sync_tool_neither_starves_the_others_nor_holds_up_exit(tmp_path):
+    """A sync tool ran in the event loop's default executor: one that never
+    returns (past its timeout) kept a worker for good, so once the pool's
+    workers were all held every other sync tool timed out without running, and
+    asyncio.run() waited for it at exit (shutting the executor down), so the
+    adapter could not stop. Each sync call now runs in a daemon thread of its
+    own. (The loop's pool here has one worker, as a small machine's could have
+    all of its workers held.)"""
+    sc = Sidecar(tmp_path / "data", config=HUNG, workers=1).start()
+    release = threading.Event()
+    outcome: list = []
+
+    async def run():
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(1))
+        async with await asc.connect(sc.target) as client:
+            host = asc.ToolHost("hung")
+
+            @host.tool
+            def stuck() -> str:
+                release.wait()  # ignores its timeout, as a blocked call would
+                return "late"
+
+            @host.tool
+            def quick() -> str:
+                return "quick"
+
+            async with host.running(client):
+                return await client.prompt("go", source={"platform": "t", "chat_id": "hung"},
+                                           profile="hung").collect()
+
+    runner = threading.Thread(target=lambda: outcome.append(asyncio.run(run())), daemon=True)
+    try:
+        runner.start()
+        runner.join(30)  # a guard: asyncio.run() returned, or it hangs on the stuck tool
+        finished = not runner.is_alive()
+    finally:
+        release.set()
+        runner.join(10)
+        sc.stop()
+    assert finished, "asyncio.run() did not return: it waited for the hung tool's thread"
+    results = [f.tool_result for f in outcome[0] if asc.frame_kind(f) == "tool_result"]
+    assert [r.ok for r in results] == [False, True], results  # the stuck one timed out; quick ran
+    assert results[1].result_json == '"quick"'

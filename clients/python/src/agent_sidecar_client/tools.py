@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import json
+import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -129,7 +131,7 @@ class ToolHost:
             if inspect.iscoroutinefunction(tool.func):
                 work = tool.func(**args)
             else:
-                work = asyncio.to_thread(tool.func, **args)
+                work = _in_thread(tool.func, args)
             timeout = invocation.timeout_ms / 1000 if invocation.timeout_ms > 0 else None
             scope = asyncio.timeout(timeout)  # (not wait_for: it can drop the host's cancellation)
             try:
@@ -242,6 +244,40 @@ class ToolHost:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, errors.SidecarError):
                 await task
+
+
+async def _in_thread(func: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    """Run a sync tool in a daemon thread of its own and await its value.
+
+    Not in the event loop's default executor (``asyncio.to_thread``): a tool
+    that never returns (blocked past its timeout; a thread cannot be stopped)
+    would hold one of that pool's few workers for good, so that once they were
+    all held every other sync tool timed out without running, and
+    ``asyncio.run`` would wait for it at exit, shutting the executor down, so
+    the adapter could not stop. A daemon thread holds up neither.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(value: Any, exc: BaseException | None) -> None:
+        if future.done():  # the call timed out or the host stopped: nobody waits
+            return
+        if exc is None:
+            future.set_result(value)
+        else:
+            future.set_exception(exc)
+
+    def run() -> None:
+        try:
+            value, exc = context.run(func, **kwargs), None
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
+            value, exc = None, e
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            loop.call_soon_threadsafe(settle, value, exc)
+
+    threading.Thread(target=run, name=f"tool {getattr(func, '__name__', 'sync')}", daemon=True).start()
+    return await future
 
 
 class _InvocationTimeout(Exception):
