@@ -77,6 +77,7 @@ class FrameStream:
         own_watch: bool = False,
         on_idle: Callable[[Any], Any] | None = None,
         retry_reasons: frozenset[str] = errors.RETRY_SAME_REQUEST_REASONS,
+        closed: Callable[[], bool] = lambda: False,
     ) -> None:
         self.request_id = request_id
         self.resumes = 0
@@ -93,6 +94,9 @@ class FrameStream:
         # to go on with (the client replaces one whose connection stopped answering).
         self._on_idle = on_idle
         self._retry_reasons = retry_reasons  # the refusals carried on from (a feed: from its cursor)
+        # Whether the client was closed: its close() cancels the call, which is then no
+        # drop to resume but the end, errors.client_closed() (nor a cancellation of the task).
+        self._client_closed = closed
         self._call: Any = None
         self._drop_requested = False
         self._gen = self._run()
@@ -141,6 +145,8 @@ class FrameStream:
         return frames
 
     async def _run(self) -> AsyncGenerator[Any, None]:
+        if self._client_closed():
+            raise errors.client_closed()
         call = self._open_first()
         loop = asyncio.get_running_loop()
         stalled_since: float | None = None  # when the current outage began
@@ -180,11 +186,15 @@ class FrameStream:
                         await self._after_terminal(call, frame)
                         return
             except asyncio.CancelledError:
-                if not (self._drop_requested or idle.fired) or _task_cancelling():
+                if self._client_closed() and not task_cancelling():
+                    raise errors.client_closed() from None
+                if not (self._drop_requested or idle.fired) or task_cancelling():
                     raise
                 problem = idle.problem if idle.fired else "stream dropped"
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
+                if self._client_closed():
+                    raise errors.client_closed() from exc
                 if idle.fired:
                     problem = idle.problem
                 elif errors.has_error_info(exc):
@@ -240,6 +250,8 @@ class FrameStream:
                     grpc.StatusCode.UNAVAILABLE, "",
                     f"stream lost and not resumed within {self._resume_timeout:g}s "
                     f"(request {self.request_id or '-'}, resume point {self.last_seq}): {problem}")
+            if self._client_closed():
+                raise errors.client_closed()
             self.resumes += 1
             call = self._open_resume()
 
@@ -270,7 +282,7 @@ class FrameStream:
             if code != grpc.StatusCode.OK:
                 status = errors.status_from_trailers(await call.trailing_metadata())
         except (TimeoutError, grpc.RpcError, asyncio.CancelledError):
-            if _task_cancelling():
+            if task_cancelling():
                 raise
         finally:
             call.cancel()
@@ -306,7 +318,7 @@ class _IdleWatchdog:
         call.cancel()
 
 
-def _task_cancelling() -> bool:
+def task_cancelling() -> bool:
     """True when the current task itself is being cancelled (not just the call)."""
     task = asyncio.current_task()
     return bool(task is not None and task.cancelling())

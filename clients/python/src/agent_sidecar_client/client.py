@@ -36,7 +36,7 @@ from agent_sidecar_client._proto import prompt_service_pb2_grpc as prompt_grpc
 from agent_sidecar_client._proto import session_service_pb2 as session_pb
 from agent_sidecar_client._proto import session_service_pb2_grpc as session_grpc
 from agent_sidecar_client._proto import tool_service_pb2_grpc as tool_grpc
-from agent_sidecar_client._stream import FrameStream
+from agent_sidecar_client._stream import FrameStream, task_cancelling
 from agent_sidecar_client._tls import PemSource, check_cleartext, tls_credentials
 
 DEFAULT_TARGET = "unix:./data/sidecar.sock"
@@ -106,6 +106,7 @@ class SidecarClient:
         self.call_timeout = call_timeout
         self._channel_args = (target, credentials, channel_options(options))
         self._retired: list[grpc.aio.Channel] = []  # replaced, still serving their calls
+        self._closed = False
         self._open_channel()
 
     def _open_channel(self) -> None:
@@ -140,6 +141,8 @@ class SidecarClient:
         ready)."""
         if not (timeout >= 0 and math.isfinite(timeout)):  # NaN fails both
             raise ValueError(f"timeout: {timeout!r} is no wait; seconds >= 0")
+        if self._closed:
+            raise errors.client_closed()
         try:
             async with asyncio.timeout(timeout):
                 await self.channel.channel_ready()
@@ -147,8 +150,17 @@ class SidecarClient:
             raise errors.SidecarError(grpc.StatusCode.UNAVAILABLE, "",
                                       f"no sidecar reachable at {self.target} within {timeout:g}s") from None
 
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` was called."""
+        return self._closed
+
     async def close(self) -> None:
-        """Close the channel, and those a stalled connection made it replace."""
+        """Close the channel, and those a stalled connection made it replace.
+        The calls in flight (unary calls, prompt and watch streams, a ToolHost's
+        stream) and every later call raise ``errors.client_closed()``: a
+        SidecarError of code CANCELLED, "the client was closed"."""
+        self._closed = True
         retired, self._retired = self._retired, []
         for channel in (*retired, self.channel):
             await channel.close()
@@ -160,10 +172,17 @@ class SidecarClient:
         await self.close()
 
     async def _call(self, method: Any, request: Any) -> Any:
+        if self._closed:
+            raise errors.client_closed()
         try:
             return await method(request, metadata=self.metadata, timeout=self.call_timeout)
         except grpc.RpcError as exc:
             raise errors.from_rpc_error(exc) from exc
+        except asyncio.CancelledError:
+            # close() cancels the calls on the channel: not a cancellation of this task.
+            if self.closed and not task_cancelling():
+                raise errors.client_closed() from None
+            raise
 
     # -- SessionService ---------------------------------------------------
 
@@ -374,6 +393,7 @@ class SidecarClient:
                            request_id=request.request_id, resume_timeout=resume_timeout,
                            deadline=deadline if timeout is not None else None,
                            idle_timeout=self.stream_idle_timeout, on_idle=self._replace_stalled_channel,
+                           closed=lambda: self._closed,
                            retry_reasons=errors.RETRY_SAME_REQUEST_REASONS if retry_refusals else frozenset())
 
     def watch(self, *, request_id: str = "", session_key: str = "", platform: str = "",
@@ -404,7 +424,7 @@ class SidecarClient:
         return FrameStream(self.channel, open_call, open_call, frame_filter, request_id=request_id,
                            raise_on_failed=bool(request_id), resume_timeout=resume_timeout,
                            idle_timeout=self.stream_idle_timeout, own_watch=bool(request_id),
-                           on_idle=self._replace_stalled_channel)
+                           on_idle=self._replace_stalled_channel, closed=lambda: self._closed)
 
     async def cancel(self, session_key: str = "", request_id: str = "") -> bool:
         """Stop the in-flight turn (it ends with failed{CANCELLED})."""

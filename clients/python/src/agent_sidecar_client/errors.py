@@ -369,6 +369,13 @@ def has_error_info(error: grpc.RpcError) -> bool:
     return False
 
 
+def client_closed() -> SidecarError:
+    """What every call of a closed client raises, the calls in flight when it
+    was closed included: CANCELLED without a reason (the sidecar said nothing),
+    "the client was closed", as in the Node and Go clients."""
+    return SidecarError(grpc.StatusCode.CANCELLED, "", "the client was closed")
+
+
 def from_failed_frame(reason: str, message: str) -> SidecarError:
     """The typed error for a ``failed{reason, message}`` frame, used when the
     RPC's own status is lost (e.g. the stream was cut right after the frame)."""

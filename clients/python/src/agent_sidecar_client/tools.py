@@ -38,7 +38,7 @@ import grpc
 from agent_sidecar_client import errors
 from agent_sidecar_client._args import check_text
 from agent_sidecar_client._proto import tool_service_pb2 as tool_pb
-from agent_sidecar_client._stream import RESUMABLE_CODES
+from agent_sidecar_client._stream import RESUMABLE_CODES, task_cancelling
 
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 
@@ -201,13 +201,22 @@ class ToolHost:
         after the stream registered is of a result (one past the sidecar's
         limits, such as a ``result_json`` over ``max_text_bytes``): the sidecar
         ends the stream and fails that call, and the host registers again, as
-        after a drop, rather than leave every later call without a host."""
+        after a drop, rather than leave every later call without a host. The
+        client's ``close()`` ends it with ``errors.client_closed()``."""
         while True:
+            if getattr(client, "closed", False):  # a SidecarClient's close() ends serve
+                raise errors.client_closed()
             self._stream_registered = False
             try:
                 await self._serve_once(client)
                 failure: Exception | None = None
+            except asyncio.CancelledError:
+                if getattr(client, "closed", False) and not task_cancelling():
+                    raise errors.client_closed() from None
+                raise
             except grpc.RpcError as exc:
+                if getattr(client, "closed", False):
+                    raise errors.client_closed() from exc
                 refused = errors.has_error_info(exc) and not self._stream_registered
                 if refused or exc.code() not in RESUMABLE_CODES and not errors.has_error_info(exc) \
                         or not reconnect:
