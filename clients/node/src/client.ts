@@ -131,7 +131,9 @@ export class SidecarClient {
   /**
    * Wait until the channel is connected (the sidecar is up), or reject after
    * `timeoutMs` (>= 0; `Infinity` waits without limit, and so does anything
-   * above setTimeout's ~24.8 days). Calls do not need it; it only turns "not up
+   * above setTimeout's ~24.8 days), with a SidecarError UNAVAILABLE without a
+   * reason, as every failure of the client is typed (the closed error once
+   * {@link close} was called). Calls do not need it; it only turns "not up
    * yet" into a clear wait.
    */
   ready(timeoutMs = 10_000): Promise<void> {
@@ -139,12 +141,19 @@ export class SidecarClient {
       return Promise.reject(new TypeError(`timeoutMs: expected ms (a number), got ${typeOf(timeoutMs)}`));
     }
     if (!(timeoutMs >= 0)) return Promise.reject(new RangeError(`timeoutMs: ${timeoutMs} is not a wait; ms >= 0`));
+    if (this.shut) return Promise.reject(closedError());
     // grpc-js arms a setTimeout with the rest: past 2^31-1 ms that would fire at once.
     const deadline = timeoutMs > 2 ** 31 - 1 ? Infinity : Date.now() + timeoutMs;
     return new Promise<void>((resolve, reject) =>
-      this.raw.sessions.waitForReady(deadline, (err) =>
-        err ? reject(new Error(`sidecar at ${this.target} not ready: ${err.message}`)) : resolve(),
-      ),
+      this.raw.sessions.waitForReady(deadline, (err) => {
+        if (!err) return resolve();
+        if (this.shut) return reject(closedError());
+        reject(new SidecarError({
+          code: GrpcCode.UNAVAILABLE,
+          reason: "",
+          message: `sidecar at ${this.target} not ready within ${timeoutMs} ms: ${err.message}`,
+        }));
+      }),
     );
   }
 

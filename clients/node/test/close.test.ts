@@ -70,3 +70,14 @@ test("a unary call made after close() fails at once with the closed error, sendi
   await sleep(50);
   assert.equal(started, before);
 });
+
+test("ready() rejects with typed errors: UNAVAILABLE when nobody listens, the closed error after close()", T, async () => {
+  // Before, it rejected a plain Error, unlike every other failure of the client (and
+  // Python's connect, which raises a SidecarError UNAVAILABLE); after close() grpc-js's own.
+  const absent = connect(srv.target + ".absent");
+  await assert.rejects(absent.ready(200), (e: unknown) =>
+    e instanceof SidecarError && e.code === GrpcCode.UNAVAILABLE && e.reason === "" &&
+    e.message.startsWith(`sidecar at ${srv.target}.absent not ready within 200 ms`));
+  absent.close();
+  await assert.rejects(absent.ready(200), closed);
+});
