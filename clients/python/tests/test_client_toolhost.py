@@ -3,19 +3,22 @@ tests/sidecar_proc.py): a registration the sidecar refuses raises its typed
 error and leaves nothing running behind it."""
 
 import asyncio
+import logging
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import pytest
 
 import agent_sidecar_client as asc
 
 pytest.importorskip("agent_sidecar")
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
-from sidecar_proc import Sidecar  # noqa: E402
+from helpers.certs import make_certs  # noqa: E402
+from sidecar_proc import Sidecar, free_port  # noqa: E402
 
 
 def test_a_refused_registration_leaves_no_task_behind(tmp_path):
@@ -184,3 +187,66 @@ def test_a_hung_sync_tool_neither_starves_the_others_nor_holds_up_exit(tmp_path)
     results = [f.tool_result for f in outcome[0] if asc.frame_kind(f) == "tool_result"]
     assert [r.ok for r in results] == [False, True], results  # the stuck one timed out; quick ran
     assert results[1].result_json == '"quick"'
+
+
+def test_a_host_that_cannot_reach_its_sidecar_reports_each_retry(tmp_path, caplog):
+    """A host whose sidecar is not there (not started yet, or a wrong socket
+    path) keeps trying, as an adapter started first must, and says so: each
+    failed attempt goes to on_retry, and without one the first is logged, as
+    the Go and Node hosts do. Before, it retried in silence for good."""
+    async def run(on_retry=None):
+        async with await asc.connect(f"unix:{tmp_path}/nobody.sock", wait_ready=False) as client:
+            host = asc.ToolHost("t")
+            host.tool(lambda: 1, name="t.x")
+            task = asyncio.create_task(host.serve(client, on_retry=on_retry))
+            if on_retry is None:
+                while not caplog.records:
+                    await asyncio.sleep(0.05)
+            else:
+                await reported.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    retries: list = []
+    reported = asyncio.Event()
+
+    def on_retry(attempt, error):
+        retries.append((attempt, error))
+        reported.set()
+
+    asyncio.run(asyncio.wait_for(run(on_retry), 20))
+    attempt, error = retries[0]
+    assert attempt == 1
+    assert type(error) is asc.SidecarError and error.code == grpc.StatusCode.UNAVAILABLE, error
+    assert "nobody.sock" in str(error)
+
+    caplog.set_level(logging.WARNING, logger="agent_sidecar_client")
+    asyncio.run(asyncio.wait_for(run(), 20))
+    assert "ToolHost 't': ServeTools failed (attempt 1), retrying" in caplog.records[0].getMessage()
+
+
+def test_a_tls_failure_ends_serve_at_once(tmp_path):
+    """A CA that did not sign the sidecar's certificate: no wait mends it, so
+    serve raises the handshake failure (as the Go and Node hosts do) instead of
+    retrying in silence for good."""
+    certs = make_certs(tmp_path / "certs")
+    port = free_port()
+    config = (f'[[auth.tokens]]\ntoken = "tok"\nplatforms = ["*"]\n\n[[listen]]\n'
+              f'address = "127.0.0.1:{port}"\ncert = "{certs.server_cert}"\nkey = "{certs.server_key}"\n')
+    sc = Sidecar(tmp_path / "data", config=config, workers=1).start()
+    try:
+        async def run():
+            async with await asc.connect(f"127.0.0.1:{port}", "tok", ca_file=certs.other_ca,
+                                         wait_ready=False) as client:
+                host = asc.ToolHost("t")
+                host.tool(lambda: 1, name="t.x")
+                with pytest.raises(asc.SidecarError) as info:
+                    await host.serve(client, on_retry=lambda attempt, error: pytest.fail(f"retried: {error}"))
+                return info.value
+
+        error = asyncio.run(asyncio.wait_for(run(), 20))
+    finally:
+        sc.stop()
+    assert error.code == grpc.StatusCode.UNAVAILABLE and error.reason == "", error
+    assert "CERTIFICATE_VERIFY_FAILED" in str(error), error

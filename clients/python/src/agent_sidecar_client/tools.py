@@ -28,6 +28,8 @@ import contextlib
 import contextvars
 import inspect
 import json
+import logging
+import re
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -39,6 +41,13 @@ from agent_sidecar_client import errors
 from agent_sidecar_client._args import check_text
 from agent_sidecar_client._proto import tool_service_pb2 as tool_pb
 from agent_sidecar_client._stream import RESUMABLE_CODES, task_cancelling
+
+log = logging.getLogger("agent_sidecar_client")
+
+# Without an on_retry, serve logs its 1st failed attempt and every this many-th,
+# as the Go and Node hosts do (each attempt first waits up to 30 s for the channel).
+RETRY_LOG_EVERY = 12
+_TLS_FAILURE = re.compile(r"handshake|SSL_ERROR|CERTIFICATE_VERIFY|certificate verify|TSI_", re.IGNORECASE)
 
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 
@@ -194,22 +203,31 @@ class ToolHost:
             self.registered = None
             self._registered_event.clear()
 
-    async def serve(self, client: Any, *, reconnect: bool = True) -> None:
+    async def serve(self, client: Any, *, reconnect: bool = True,
+                    on_retry: Callable[[int, errors.SidecarError], Any] | None = None) -> None:
         """Host the tools until cancelled. Transport failures re-open the
-        stream (and re-register) when ``reconnect``; a sidecar refusal of the
-        registration (bad namespace, auth) raises its typed error. A refusal
+        stream (and re-register) when ``reconnect``, for as long as the
+        sidecar stays out of reach (an adapter may start before it): each
+        failed attempt (1, 2, ... since the last registration) goes to
+        ``on_retry(attempt, error)``, else to the log (logger
+        ``agent_sidecar_client``: the 1st and every RETRY_LOG_EVERY-th), so a
+        wrong socket path does not wait in silence. A TLS handshake failure
+        (a CA that did not sign the sidecar's certificate) raises at once: no
+        wait mends it. A sidecar refusal of the registration (bad namespace,
+        auth) raises its typed error. A refusal
         after the stream registered is of a result (one past the sidecar's
         limits, such as a ``result_json`` over ``max_text_bytes``): the sidecar
         ends the stream and fails that call, and the host registers again, as
         after a drop, rather than leave every later call without a host. The
         client's ``close()`` ends it with ``errors.client_closed()``."""
+        attempts = 0
         while True:
             if getattr(client, "closed", False):  # a SidecarClient's close() ends serve
                 raise errors.client_closed()
             self._stream_registered = False
             try:
                 await self._serve_once(client)
-                failure: Exception | None = None
+                failure: errors.SidecarError | None = None
             except asyncio.CancelledError:
                 if getattr(client, "closed", False) and not task_cancelling():
                     raise errors.client_closed() from None
@@ -217,16 +235,27 @@ class ToolHost:
             except grpc.RpcError as exc:
                 if getattr(client, "closed", False):
                     raise errors.client_closed() from exc
+                failure = errors.from_rpc_error(exc)
                 refused = errors.has_error_info(exc) and not self._stream_registered
                 if refused or exc.code() not in RESUMABLE_CODES and not errors.has_error_info(exc) \
-                        or not reconnect:
-                    raise errors.from_rpc_error(exc) from exc
-                failure = exc
+                        or not reconnect or _is_tls_failure(failure):
+                    raise failure from exc
             if not reconnect:
                 return
+            if failure is not None:
+                attempts = 1 if self._stream_registered else attempts + 1
+                self._retrying(attempts, failure, on_retry)
             await asyncio.sleep(0.2 if failure is None else 0.5)
             with contextlib.suppress(errors.SidecarError):
                 await client.wait_ready(30.0)
+
+    def _retrying(self, attempt: int, error: errors.SidecarError,
+                  on_retry: Callable[[int, errors.SidecarError], Any] | None) -> None:
+        """Report a failed attempt before the next one."""
+        if on_retry is not None:
+            on_retry(attempt, error)
+        elif attempt == 1 or attempt % RETRY_LOG_EVERY == 0:
+            log.warning("ToolHost %r: ServeTools failed (attempt %d), retrying: %s", self.namespace, attempt, error)
 
     async def wait_registered(self, timeout: float | None = None) -> tool_pb.ToolsRegistered:
         async with asyncio.timeout(timeout):
@@ -235,9 +264,10 @@ class ToolHost:
         return self.registered
 
     @contextlib.asynccontextmanager
-    async def running(self, client: Any, timeout: float = 10.0) -> AsyncIterator[ToolHost]:
+    async def running(self, client: Any, timeout: float = 10.0,
+                      on_retry: Callable[[int, errors.SidecarError], Any] | None = None) -> AsyncIterator[ToolHost]:
         """Serve in the background; the block starts once the tools are registered."""
-        task = asyncio.create_task(self.serve(client))
+        task = asyncio.create_task(self.serve(client, on_retry=on_retry))
         waiter = asyncio.create_task(self._registered_event.wait())
         try:
             done, _ = await asyncio.wait({task, waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -287,6 +317,16 @@ async def _in_thread(func: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
 
     threading.Thread(target=run, name=f"tool {getattr(func, '__name__', 'sync')}", daemon=True).start()
     return await future
+
+
+def _is_tls_failure(error: errors.SidecarError) -> bool:
+    """A TLS handshake or certificate failure (a CA that did not sign the
+    sidecar's certificate, TLS to a plain port): UNAVAILABLE like a refused
+    connection, told apart by gRPC's text, as the Go and Node hosts do. (An
+    mTLS listener refusing a client without a certificate only shows as a
+    closed socket.)"""
+    return (error.reason == "" and error.code == grpc.StatusCode.UNAVAILABLE
+            and _TLS_FAILURE.search(error.message) is not None)
 
 
 class _InvocationTimeout(Exception):
