@@ -67,3 +67,43 @@ def test_calls_in_flight_and_after_close_raise_the_closed_error(tmp_path):
         sc.stop()
     assert all(closed(e) for e in during), during
     assert all(closed(e) for e in later), later
+
+
+def test_a_stream_closed_from_another_task_ends_the_reading_loop_quietly(tmp_path):
+    """stream.aclose() from another task while one reads it (stopping a watch
+    from a shutdown handler, or a turn's stream from a /stop command) raised
+    RuntimeError "aclose(): asynchronous generator is already running" and left
+    the reader waiting on the stream. Now it cancels the RPC and the reader's
+    loop ends, with no error and no resume (as the Node client's close())."""
+    sc = Sidecar(tmp_path / "data", config=slow_echo("main", latency_ms=100), workers=1).start()
+    try:
+        async def run():
+            async with await asc.connect(sc.target) as client:
+                streams = [client.watch(platform="t"),
+                           client.prompt(words(30), source={"platform": "t", "chat_id": "aclose"})]
+                results = []
+                for stream in streams:
+                    got = asyncio.Event()
+
+                    async def read(stream=stream, got=got):
+                        n = 0
+                        async for _ in stream:
+                            n += 1
+                            got.set()
+                        return n
+
+                    reader = asyncio.create_task(read())
+                    if stream.request_id:
+                        await got.wait()  # a frame of the turn came: the reader waits for the next
+                    else:
+                        await asyncio.sleep(0.5)  # the watch is open, its reader waits for a frame
+                    await stream.aclose()
+                    results.append((await reader, stream.resumes))
+                return results
+
+        results = asyncio.run(asyncio.wait_for(run(), 20))
+    finally:
+        sc.stop()
+    (watched, watch_resumes), (frames, prompt_resumes) = results
+    assert watched == 0 and watch_resumes == 0
+    assert 1 <= frames < 30 and prompt_resumes == 0

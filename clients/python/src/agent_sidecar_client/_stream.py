@@ -99,8 +99,14 @@ class FrameStream:
         self._client_closed = closed
         self._call: Any = None
         self._drop_requested = False
+        self._reading = False  # a __anext__ is in progress (the generator cannot be closed then)
         self._gen = self._run()
         self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """True once ``aclose()`` was called (or the ``async with`` block left)."""
+        return self._closed
 
     @property
     def last_seq(self) -> int:
@@ -111,7 +117,11 @@ class FrameStream:
         return self
 
     async def __anext__(self) -> Any:
-        return await self._gen.__anext__()
+        self._reading = True
+        try:
+            return await self._gen.__anext__()
+        finally:
+            self._reading = False
 
     async def __aenter__(self) -> FrameStream:
         return self
@@ -120,12 +130,15 @@ class FrameStream:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Stop reading and cancel the underlying RPC."""
+        """Stop reading and cancel the underlying RPC. From another task while
+        the stream is being read (a generator being run cannot be closed): the
+        RPC is cancelled, and the reader's loop ends with no error and no resume."""
         if not self._closed:
             self._closed = True
-            await self._gen.aclose()
             if self._call is not None:
                 self._call.cancel()
+            if not self._reading:
+                await self._gen.aclose()
 
     def drop(self) -> None:
         """Cut the current RPC as a network failure would; iteration resumes.
@@ -186,6 +199,8 @@ class FrameStream:
                         await self._after_terminal(call, frame)
                         return
             except asyncio.CancelledError:
+                if self._closed and not task_cancelling():
+                    return  # aclose() from another task cancelled the call: the loop ends
                 if self._client_closed() and not task_cancelling():
                     raise errors.client_closed() from None
                 if not (self._drop_requested or idle.fired) or task_cancelling():
@@ -193,6 +208,8 @@ class FrameStream:
                 problem = idle.problem if idle.fired else "stream dropped"
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
+                if self._closed:
+                    return
                 if self._client_closed():
                     raise errors.client_closed() from exc
                 if idle.fired:
@@ -214,6 +231,8 @@ class FrameStream:
                 idle.disarm()
                 if self._closed or cut:
                     call.cancel()
+            if self._closed:
+                return
             if idle.fired and self._on_idle is not None:
                 self._channel = self._on_idle(self._channel)
             if clean_end and by_request and not self._drop_requested and not idle.fired:
@@ -252,6 +271,8 @@ class FrameStream:
                     f"(request {self.request_id or '-'}, resume point {self.last_seq}): {problem}")
             if self._client_closed():
                 raise errors.client_closed()
+            if self.closed:  # aclose() while it waited to resume
+                return
             self.resumes += 1
             call = self._open_resume()
 
