@@ -26,6 +26,7 @@ import orjson
 import psycopg
 from psycopg import errors as pgerr
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
 
 from ..faults import is_store_fault
 from ..records import ClusterOp
@@ -113,3 +114,25 @@ def settle(pipeline: psycopg.Pipeline) -> None:
         pipeline.sync()
     except psycopg.Error:
         pass
+
+
+def aborted(conn: psycopg.Connection) -> bool:
+    """Whether the server aborted ``conn``'s transaction (a statement failed;
+    ``settle`` first in pipeline mode): it then skipped every later statement
+    up to the sync, and ``forget_prepared`` is due once it is rolled back."""
+    return conn.info.transaction_status == TransactionStatus.INERROR
+
+
+def forget_prepared(conn: psycopg.Connection) -> None:
+    """After a rollback (to a savepoint, or of the whole transaction) of a
+    transaction the server had ``aborted`` in pipeline mode: drop what
+    psycopg believes is prepared on ``conn``, and the server's prepared
+    statements with it (``DEALLOCATE ALL``, sent before the next statement).
+    A statement that reached the prepare threshold after the failing one in
+    the same pipeline segment was skipped by the server, Parse and all, yet
+    psycopg counts it as prepared: its next use would fail ``prepared
+    statement "_pg3_N" does not exist``, not a store fault, and every job of
+    that group with it (a read-only standby, a lock or statement timeout, a
+    deadlock's retry). Statements are prepared again after their next few
+    uses."""
+    conn._prepared.clear()

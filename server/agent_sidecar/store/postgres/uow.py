@@ -11,7 +11,7 @@ import psycopg
 
 from . import rows
 from .cluster import PostgresLeases, PostgresNodes
-from .connection import CONTROL_CHANNEL, announce_payload, is_fault, settle
+from .connection import CONTROL_CHANNEL, aborted, announce_payload, forget_prepared, is_fault, settle
 from .lanes import PostgresIncarnations, PostgresRestarts, PostgresRouting, PostgresTurnState
 from .ledger import PostgresFrames, PostgresLedger, PostgresQueue
 from .messages import PostgresMessages
@@ -71,7 +71,10 @@ class PostgresUnitOfWork:
             pipeline.sync()
         except BaseException:
             settle(pipeline)
+            failed = aborted(self.conn)
             self.send(f"ROLLBACK TO SAVEPOINT {name}")
+            if failed:
+                forget_prepared(self.conn)
             self.send(f"RELEASE SAVEPOINT {name}")
             pipeline.sync()
             raise

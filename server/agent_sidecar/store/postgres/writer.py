@@ -30,7 +30,7 @@ from psycopg import errors as pgerr
 
 from ...logs import FaultEpisode
 from ..faults import CommitOutcomeUnknown
-from .connection import CHANNEL, WRITER_APPLICATION, connect, is_fault, settle
+from .connection import CHANNEL, WRITER_APPLICATION, aborted, connect, forget_prepared, is_fault, settle
 from .rows import sender
 
 if TYPE_CHECKING:
@@ -178,7 +178,10 @@ class PostgresWriter:
 
     def rollback(self) -> None:
         self._end_pipeline(check=False)
+        failed = aborted(self.conn)
         self.conn.execute("ROLLBACK")
+        if failed:
+            forget_prepared(self.conn)
 
     def _end_pipeline(self, check: bool) -> None:
         stack, self._pipeline = self._pipeline, None
@@ -205,7 +208,10 @@ class PostgresWriter:
     def rollback_to(self) -> None:
         if self._uow is not None and self._uow.pipeline is not None:
             settle(self._uow.pipeline)
+        failed = aborted(self.conn)
         self.send("ROLLBACK TO SAVEPOINT job")
+        if failed:
+            forget_prepared(self.conn)
 
     def _sync(self) -> None:
         if self._uow is not None and self._uow.pipeline is not None:
