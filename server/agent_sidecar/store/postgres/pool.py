@@ -12,11 +12,13 @@ Guarantees, and why:
   any caller's deadline, instead of queueing behind connection attempts that
   cannot succeed until the call's deadline runs out.
 * A read that meets a connection lost with the server (a restart, a
-  failover, an outage since its last use: the pool still holds the dead
-  connections) runs once more on another (waiting ``WAIT_DOWN_S`` for it):
-  reads are one statement each, so running one again is harmless, and the
-  first read after the database came back does not fail for the connection
-  it happened to get.
+  failover, an operator's pg_terminate_backend, a role's
+  ``idle_session_timeout``: the pool still holds the dead connections) runs
+  again on another (waiting ``WAIT_DOWN_S`` for it), as often as the pool
+  may hold connections, each dead one discarded as it is met: reads are one
+  statement each, so running one again is harmless, and the first read after
+  the database came back does not fail for the connections it happened to
+  get, however many of them died.
 * Read connections come back when the database does, not on the pool's own
   schedule: psycopg_pool retries a lost connection with a doubling delay for
   up to its ``reconnect_timeout``, so after a long outage its next attempt
@@ -65,7 +67,8 @@ class ReadPool:
         self._failing = failing
         self.down = False  # the last read failed because the database could not be reached (logged once)
         self._hurry = False  # reads wait WAIT_DOWN_S: down, and the store has not written since
-        self._pool = AsyncConnectionPool(dsn, min_size=1, max_size=max(1, size), open=False,
+        self._size = max(1, size)
+        self._pool = AsyncConnectionPool(dsn, min_size=1, max_size=self._size, open=False,
                                          kwargs=connect_kwargs(dsn, autocommit=True), configure=_configure,
                                          reconnect_timeout=RECONNECT_S, name="agent-sidecar-reads")
         self._quiet = _EpisodeFilter(self)
@@ -75,8 +78,10 @@ class ReadPool:
         await self._pool.open(wait=True, timeout=timeout)
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        for last in (False, True):
-            wait = WAIT_DOWN_S if last or self._hurry or self._failing() else WAIT_S
+        for attempt in range(self._size + 1):  # every connection the pool holds may be dead
+            last = attempt == self._size
+            wait = WAIT_DOWN_S if attempt or self._hurry or self._failing() else WAIT_S
+            conn: psycopg.AsyncConnection | None = None
             try:
                 async with self._pool.connection(timeout=wait) as conn:
                     result = await fn(conn, *args)
@@ -84,12 +89,13 @@ class ReadPool:
                 if not (is_fault(e) or isinstance(e, TimeoutError)):
                     raise
                 waited = isinstance(e, (PoolTimeout, TimeoutError))
-                stale = isinstance(e, psycopg.OperationalError) and not waited
+                # Lost, not merely refused (a statement_timeout's cancel leaves it usable: not run again).
+                stale = conn is not None and conn.broken and not waited
                 if last or not stale:
                     if not waited or self._failing():  # a wait alone may be a busy pool, not an outage
                         self._went_down(e)
                     raise unavailable(e) from None
-                continue  # a connection lost since its last use: once more, on another
+                continue  # a connection lost since its last use: again, on another
             if self.down:
                 log.info("store reads answer again")
             self.down = self._hurry = False

@@ -1,0 +1,87 @@
+"""The PostgreSQL writer backend (store/postgres/writer.py) under the
+process's commit loop (store/writer/process.commit), on a real server, when
+the database refuses its writes: every answer is a store fault
+(StoreUnavailable: UNAVAILABLE, STORE_UNAVAILABLE for the callers), and the
+writer commits again once the database takes writes, without a new
+connection; and the reads of a sidecar whose connections the server ended.
+The sidecar's own behaviour in the same outages is
+tests/cluster/test_db_outage.py's."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+from helpers.ids import source
+from helpers.sessions import create
+from helpers.waiting import wait_until
+from sidecar_proc import Sidecar
+
+from agent_sidecar.store.faults import StoreUnavailable, probe
+from agent_sidecar.store.postgres.writer import PostgresWriter
+from agent_sidecar.store.writer import process
+from agent_sidecar.v1 import session_service_pb2 as spb
+
+pytestmark = pytest.mark.postgres_only("the PostgreSQL writer backend's own connection")
+
+
+def _group(db: PostgresWriter, uow, jobs: int) -> list[tuple[bool, object]]:
+    """One group commit of ``jobs`` probe jobs: (ok, result or error) per job."""
+    return [(ok, value) for _, ok, value in process.commit(db, uow, [([i], probe, [()]) for i in range(jobs)])]
+
+
+@pytest.mark.parametrize("uses", range(8))
+def test_a_read_only_database_fails_every_job_as_a_store_fault(pg_server, uses):
+    """A standby after a failover (``default_transaction_read_only``): the
+    jobs fail read-only, a store fault. The statements a failing job's
+    pipeline segment skipped used to stay "prepared" in psycopg's cache, so
+    depending on how often they had run before (``uses``) the next group
+    failed ``prepared statement "_pg3_N" does not exist``: not a store fault,
+    an INTERNAL error for its callers, with health still SERVING."""
+    db = PostgresWriter(pg_server.database("writer_read_only"), "n")
+    try:
+        uow = db.unit_of_work()
+        for _ in range(uses):
+            assert _group(db, uow, 1) == [(True, None)]
+        db.conn.execute("SET default_transaction_read_only = on")
+        for _ in range(3):
+            answers = _group(db, uow, 2)
+            assert all(not ok and isinstance(v, StoreUnavailable) and "read-only" in v.message
+                       for ok, v in answers), answers
+        db.conn.execute("SET default_transaction_read_only = off")
+        for _ in range(3):
+            assert _group(db, uow, 2) == [(True, None), (True, None)]
+    finally:
+        db.close()
+
+
+def _read_connections(dsn: str) -> int:
+    """The sidecar's read connections to its database (no application_name:
+    the reads' pool, and its workers' transcript readers)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                            " AND application_name = '' AND pid <> pg_backend_pid()").fetchone()[0]
+
+
+def test_the_first_read_after_every_read_connection_died_answers(pg_server, tmp_path):
+    """The server ends every session of the sidecar's reads (a restart, a
+    failover, an operator's pg_terminate_backend, a role's
+    idle_session_timeout while the sidecar was idle). The next read is
+    answered: a read used to run once more after a dead connection, so with
+    two or more dead ones in the pool it failed UNAVAILABLE although the
+    database answered all along."""
+    dsn = pg_server.database("reads_all_died")
+    with Sidecar(tmp_path / "data", dsn=dsn, workers=1).start() as sc:
+        stub = sc.sessions()
+        key = create(stub, source())[0].session_key
+
+        def busy_reads() -> bool:  # concurrent reads make the pool open more connections
+            with ThreadPoolExecutor(16) as pool:
+                list(pool.map(lambda _: stub.ListSessions(spb.ListSessionsRequest(), timeout=10), range(64)))
+            return _read_connections(dsn) >= 3
+        wait_until(busy_reads, 30, what="the reads' pool holds three connections or more")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE"
+                         " datname = current_database() AND application_name = '' AND pid <> pg_backend_pid()")
+        assert stub.GetSession(spb.GetSessionRequest(session_key=key), timeout=10).session.session_key == key
