@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import psycopg
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers.ids import source
 from helpers.sessions import create
+from helpers.streams import prompt_req, run
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
@@ -23,7 +26,8 @@ from agent_sidecar.store.postgres.writer import PostgresWriter
 from agent_sidecar.store.writer import process
 from agent_sidecar.v1 import session_service_pb2 as spb
 
-pytestmark = pytest.mark.postgres_only("the PostgreSQL writer backend's own connection")
+pytestmark = pytest.mark.postgres_only("the PostgreSQL backend's connections and schema")
+SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def _group(db: PostgresWriter, uow, jobs: int) -> list[tuple[bool, object]]:
@@ -85,3 +89,29 @@ def test_the_first_read_after_every_read_connection_died_answers(pg_server, tmp_
             conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE"
                          " datname = current_database() AND application_name = '' AND pid <> pg_backend_pid()")
         assert stub.GetSession(spb.GetSessionRequest(session_key=key), timeout=10).session.session_key == key
+
+
+def _health(sc) -> int:
+    return health_pb2_grpc.HealthStub(sc.channel()).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+
+
+def test_a_table_renamed_by_hand_is_a_store_fault_until_it_is_back(pg_server, tmp_path):
+    """An operator renames a table of the store: a prompt is refused
+    UNAVAILABLE / STORE_UNAVAILABLE naming the missing table, and health says
+    NOT_SERVING until the table is back; then prompts run again, without a
+    restart. It used to answer INTERNAL while health said SERVING."""
+    dsn = pg_server.database("schema_damaged")
+    with Sidecar(tmp_path / "data", dsn=dsn, workers=1).start() as sc:
+        src = source()
+        assert run(sc.prompts(), prompt_req(text="before", source=src)).end == "completed"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("ALTER TABLE frames RENAME TO frames_moved")
+        out = run(sc.prompts(), prompt_req(text="while it is gone", source=src), timeout=10)
+        assert (out.code, out.reason) == (grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE"), \
+            (out.code, out.details)
+        assert 'relation "frames" does not exist' in out.details, out.details
+        wait_until(lambda: _health(sc) == NOT_SERVING, 10, what="health NOT_SERVING")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("ALTER TABLE frames_moved RENAME TO frames")
+        wait_until(lambda: _health(sc) == SERVING, 10, what="health SERVING again")
+        assert run(sc.prompts(), prompt_req(text="after", source=src)).end == "completed"

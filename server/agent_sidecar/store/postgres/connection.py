@@ -34,11 +34,18 @@ from .codec import configure
 
 log = logging.getLogger("agent_sidecar.store")
 
+# The schema changed by hand (a table or a column dropped or renamed, the
+# role's rights revoked): like a damaged SQLite file, a store fault, so a call
+# that meets it is refused STORE_UNAVAILABLE naming what is missing, and health
+# says NOT_SERVING until the operator puts it back (the retry rounds' probe
+# touches every table), instead of INTERNAL while health says SERVING.
+DAMAGE = (pgerr.UndefinedTable, pgerr.UndefinedColumn, pgerr.UndefinedFunction, pgerr.InvalidSchemaName,
+          pgerr.InsufficientPrivilege)
 # The driver's exceptions that mean "the store cannot write now" (faults.py):
-# the server gone or refusing, a full disk, resources exhausted.
+# the server gone or refusing, a full disk, resources exhausted, the schema damaged.
 DRIVER_FAULTS = (psycopg.OperationalError, pgerr.DiskFull, pgerr.InsufficientResources,
                  pgerr.OutOfMemory, pgerr.AdminShutdown, pgerr.CannotConnectNow,
-                 pgerr.ReadOnlySqlTransaction)
+                 pgerr.ReadOnlySqlTransaction, *DAMAGE)
 FRAMES_LOCK = 0x5AD3_F4A3  # pg_advisory_xact_lock key: frame inserts in commit order
 CHANNEL = "agent_sidecar_frames"  # NOTIFY channel: a commit's highest frame cursor
 CONTROL_CHANNEL = "agent_sidecar_control"  # NOTIFY channel: ClusterOp JSON (UnitOfWork.announce)

@@ -19,6 +19,8 @@ from .messages import PostgresMessages
 NOTIFY_BYTES = 7000  # a NOTIFY payload must stay under 8000 bytes: more keys, more notifications
 _LANE_TABLES = ("routing", "incarnations", "messages", "turn_state", "frames", "prompts",
                 "prompt_queue", "restart_counts", "leases")
+# Every table, none read: fails while one is missing or out of the role's reach (connection.DAMAGE).
+_EVERY_TABLE = " UNION ALL ".join(f"(SELECT 1 FROM {t} LIMIT 0)" for t in (*_LANE_TABLES, "meta", "nodes"))
 
 
 class PostgresUnitOfWork:
@@ -101,6 +103,10 @@ class PostgresUnitOfWork:
         return 0
 
     def probe(self) -> None:
+        """One row written, and every table looked at: a schema damaged by hand
+        keeps the store failing until it is repaired, instead of a write
+        that happens to miss the damage calling it writable again."""
+        self.send(_EVERY_TABLE)
         self.send("INSERT INTO meta (key, value) VALUES ('store_probe', to_jsonb(extract(epoch"
                           " FROM now()))) ON CONFLICT (key) DO UPDATE SET value = excluded.value")
 
