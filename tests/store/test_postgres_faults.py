@@ -115,3 +115,32 @@ def test_a_table_renamed_by_hand_is_a_store_fault_until_it_is_back(pg_server, tm
             conn.execute("ALTER TABLE frames_moved RENAME TO frames")
         wait_until(lambda: _health(sc) == SERVING, 10, what="health SERVING again")
         assert run(sc.prompts(), prompt_req(text="after", source=src)).end == "completed"
+
+
+def _end_writer_session(dsn: str) -> None:
+    """pg_terminate_backend of the sidecar's writer, returning once its session is gone."""
+    from agent_sidecar.store.postgres.connection import WRITER_APPLICATION
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        pid = conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s"
+                           " AND datname = current_database()", (WRITER_APPLICATION,)).fetchone()[0]
+        assert conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+        wait_until(lambda: conn.execute("SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = %s",
+                                        (pid,)).fetchone()[0], 10, what="the writer's session ended")
+
+
+def test_a_writer_session_ended_while_idle_fails_no_write(pg_server, tmp_path):
+    """The server ends the writer's session while it waits for work (an
+    operator's pg_terminate_backend, a pooler's or the role's idle timeout):
+    the next write connects again first and commits. It used to fail
+    STORE_UNAVAILABLE, the store then failing: health NOT_SERVING, and every
+    turn the sidecar was running ended for an outage that was not one."""
+    dsn = pg_server.database("writer_ended_idle")
+    with Sidecar(tmp_path / "data", dsn=dsn, workers=1).start() as sc:
+        src = source()
+        for n in range(3):
+            assert run(sc.prompts(), prompt_req(text=f"before {n}", source=src)).end == "completed"
+            _end_writer_session(dsn)
+            out = run(sc.prompts(), prompt_req(text=f"after {n}", source=src), timeout=10)
+            assert out.code == grpc.StatusCode.OK, (out.code, out.details)
+            assert out.end == "completed"
+        assert "the store cannot write" not in sc.log()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import select
 import time
 from typing import TYPE_CHECKING
 
@@ -100,9 +101,25 @@ class PostgresWriter:
             self._uow.bind(self.conn)
 
     def _connected(self) -> None:
-        """Connect again if the connection was lost (or closed after a lost COMMIT)."""
-        if self.conn.broken or self.conn.closed:
+        """Connect again if the connection was lost (or closed after a lost
+        COMMIT), or the server ended it while it was idle (``_ended_idle``)."""
+        if self.conn.broken or self.conn.closed or self._ended_idle():
             self._reconnect()
+
+    def _ended_idle(self) -> bool:
+        """Whether the server spoke on the idle connection since its last use:
+        it only does so to end the session (pg_terminate_backend, a restart,
+        an idle timeout: an error, then the socket closes); nothing else is
+        expected while no statement is in flight. Found before a group
+        begins, the writer connects again and nothing fails; otherwise the
+        group's first statement failed as a store fault and the sidecar ended
+        every turn it was running, while the database answered all along."""
+        try:
+            poll = select.poll()  # not select(): no limit on the descriptor's number
+            poll.register(self.conn.pgconn.socket, select.POLLIN)
+            return bool(poll.poll(0))
+        except (OSError, psycopg.Error):
+            return True
 
     def begin(self) -> None:
         self._connected()
