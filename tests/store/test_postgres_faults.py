@@ -17,8 +17,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers.ids import source
 from helpers.sessions import create
-from helpers.streams import prompt_req, run
+from helpers.streams import PromptRun, prompt_req, run
 from helpers.waiting import wait_until
+from psycopg.conninfo import conninfo_to_dict
 from sidecar_proc import Sidecar
 
 from agent_sidecar.store.faults import StoreUnavailable, probe
@@ -143,4 +144,33 @@ def test_a_writer_session_ended_while_idle_fails_no_write(pg_server, tmp_path):
             out = run(sc.prompts(), prompt_req(text=f"after {n}", source=src), timeout=10)
             assert out.code == grpc.StatusCode.OK, (out.code, out.details)
             assert out.end == "completed"
+        assert "the store cannot write" not in sc.log()
+
+
+def test_the_role_s_lock_and_statement_timeouts_do_not_cut_the_writer_s_waits(pg_server, tmp_path):
+    """The database's settings (as a role's would) give every session a
+    lock_timeout and a statement_timeout shorter than a wait the writer makes
+    by design: another sidecar's commit holding the frames lock. The prompt
+    waits for it and completes. It used to fail STORE_UNAVAILABLE (the wait
+    cancelled: a store fault, every running turn ended with it)."""
+    from agent_sidecar.store.postgres.connection import FRAMES_LOCK
+    dsn = pg_server.database("role_timeouts")
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+        name = conninfo_to_dict(dsn)["dbname"]
+        for setting in ("lock_timeout = '100ms'", "statement_timeout = '300ms'"):
+            conn.execute(f'ALTER DATABASE "{name}" SET {setting}')
+    with Sidecar(tmp_path / "data", dsn=dsn, workers=1).start() as sc:
+        src = source()
+        assert run(sc.prompts(), prompt_req(text="before", source=src)).end == "completed"
+        with psycopg.connect(dsn) as holder:  # another sidecar's commit, for a moment
+            holder.execute("SET statement_timeout = 0")
+            holder.execute("SELECT pg_advisory_xact_lock(%s)", (FRAMES_LOCK,))
+            waiting = PromptRun(sc.prompts(), prompt_req(text="behind the lock", source=src), timeout=30)
+            wait_until(lambda: holder.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                                              " AND NOT granted").fetchone()[0] > 0, 10,
+                       what="the writer waiting for the frames lock")
+            holder.execute("SELECT pg_sleep(0.5)")  # longer than either timeout
+        out = waiting.result(30)
+        assert out.code == grpc.StatusCode.OK, (out.code, out.details)
+        assert waiting.end == "completed"
         assert "the store cannot write" not in sc.log()
