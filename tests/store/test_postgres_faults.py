@@ -9,6 +9,7 @@ tests/cluster/test_db_outage.py's."""
 
 from __future__ import annotations
 
+import secrets
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -19,7 +20,7 @@ from helpers.ids import source
 from helpers.sessions import create
 from helpers.streams import PromptRun, prompt_req, run
 from helpers.waiting import wait_until
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from sidecar_proc import Sidecar
 
 from agent_sidecar.store.faults import StoreUnavailable, probe
@@ -174,3 +175,29 @@ def test_the_role_s_lock_and_statement_timeouts_do_not_cut_the_writer_s_waits(pg
         assert out.code == grpc.StatusCode.OK, (out.code, out.details)
         assert waiting.end == "completed"
         assert "the store cannot write" not in sc.log()
+
+
+def test_a_start_the_database_refuses_connections_to_says_why(pg_server, tmp_path):
+    """The database takes no more of this role's connections (its
+    connection limit, as with max_connections exhausted by others): the
+    start ends, exit 1, "cannot start" with the server's reason and no
+    traceback. The writer process used to die with a traceback, and the
+    sidecar said only that it "exited before saying hello"."""
+    from helpers.cli import cli
+    role, db = f"limited_{secrets.token_hex(4)}", f"{pg_server.prefix}_connection_limit"
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 1')
+        conn.execute(f'CREATE DATABASE "{db}" OWNER "{role}" TEMPLATE template0')
+    try:
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(f'[store]\nbackend = "postgres"\n'
+                       f'dsn = "{make_conninfo(pg_server.admin_dsn, user=role, dbname=db)}"\n')
+        r = cli("serve", "--data-dir", str(tmp_path / "data"), "--config", str(cfg), "--workers", "1",
+                "--log-format", "text", timeout=60)
+    finally:
+        with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+            conn.execute(f'DROP ROLE "{role}"')
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "Traceback" not in out, out
+    assert "cannot start" in out and "too many connections" in out, out

@@ -18,6 +18,7 @@ from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg_pool import PoolTimeout
 
 from ..faults import StoreUnavailable, unavailable
 from ..interface import StoreOpenError
@@ -63,7 +64,13 @@ class PostgresStore(WriterBacked):
             self._pool.revive()
 
     async def start(self) -> None:
-        await asyncio.gather(self.writer.start(), self._pool.open())
+        """The writer and the reads' first connection. A database that takes
+        no more connections (``max_connections``, a role's or a database's
+        connection limit) ends the start with its reason (StoreOpenError)."""
+        try:
+            await asyncio.gather(self.writer.start(), self._pool.open())
+        except PoolTimeout as e:
+            raise StoreOpenError(f"cannot reach the PostgreSQL store: no read connection opened ({e})") from None
 
     # -- writes: WriterBacked (store/writer/backed.py) ----------------------------------
 

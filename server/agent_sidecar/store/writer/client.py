@@ -31,6 +31,7 @@ from typing import Any
 from ...children import Channel, ChildProcess, spawn
 from ...meters import BATCH_JOBS, COMMIT_SECONDS, Histogram
 from ..faults import FaultMonitor, StoreClosed, StoreUnavailable, probe
+from ..interface import StoreOpenError
 from .process import CLOSE
 
 log = logging.getLogger("agent_sidecar.store")
@@ -104,6 +105,9 @@ class GroupCommitWriter:
             (self.backend, os.getpid(), self.log_format, self.log_level, self.preload),
             "agent-sidecar-store-writer", self._on_message, self._on_lost, timeout,
             loads=pickle.loads, dumps=_dumps)
+        if "error" in self.info:  # it could not open the store, and has ended
+            self._closed = True
+            raise StoreOpenError(f"the store writer cannot open the store: {self.info['error']}")
         self.pid = self.info["pid"]
         log.info("store writer ready", extra={"pid": self.pid, "grpc_loaded": self.info["grpc_loaded"]})
 
@@ -211,7 +215,7 @@ class GroupCommitWriter:
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(StoreClosed("the store writer process exited"))
-        was_closing = self._closed
+        was_closing = self._closed or not self.pid  # not started: start() raises, saying why
         self._closed = True
         self._channel = None
         self.faults.closed()

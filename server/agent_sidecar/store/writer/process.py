@@ -100,7 +100,11 @@ def writer_main(pipe, backend: tuple, parent_pid: int, log_format: str, log_leve
         importlib.import_module(name)
     opener, args = backend
     module, _, fn = opener.partition(":")
-    db: WriterBackend = getattr(importlib.import_module(module), fn)(*args)
+    try:
+        db: WriterBackend = getattr(importlib.import_module(module), fn)(*args)
+    except Exception as e:  # the database out of reach, its connections exhausted: the parent says why
+        pipe.send_bytes(pickle.dumps({"pid": os.getpid(), "error": f"{type(e).__name__}: {e}"}))
+        return
     pipe.send_bytes(pickle.dumps({"pid": os.getpid(), "grpc_loaded": "grpc" in sys.modules}))
     tune_gc()
     try:
