@@ -141,5 +141,8 @@ def forget_prepared(conn: psycopg.Connection) -> None:
     statement "_pg3_N" does not exist``, not a store fault, and every job of
     that group with it (a read-only standby, a lock or statement timeout, a
     deadlock's retry). Statements are prepared again after their next few
-    uses."""
-    conn._prepared.clear()
+    uses. ``_prepared`` is psycopg's own (3.2, 3.3): without it there is
+    nothing to forget, and the old failure mode returns."""
+    prepared = getattr(conn, "_prepared", None)
+    if prepared is not None:
+        prepared.clear()
