@@ -44,6 +44,10 @@ BAD_TOOL_CALLS = {
     "no-id": '[{"function": {"name": "f", "arguments": "{}"}}]',
     "arguments-object": '[{"id": "c", "function": {"name": "f", "arguments": {}}}]',
     "other-type": '[{"id": "c", "type": "x", "function": {"name": "f", "arguments": ""}}]',
+    # 65 levels (the array, its item, 63 arrays): before, up to 1023 were taken, and past
+    # about 990 every later turn of an OpenAI profile failed writing its request
+    "nested-too-deep": '[{"id": "c", "function": {"name": "f", "arguments": "{}"}, "x": '
+                       + "[" * 63 + "]" * 63 + "}]",
 }
 
 

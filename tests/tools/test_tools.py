@@ -255,6 +255,38 @@ def test_names_a_model_cannot_call_and_schemas_that_are_no_object_are_invalid_ar
     assert error_info(host.error) == ("INVALID_ARGUMENT", field), host.error.details()
 
 
+def nested(levels: int) -> dict:
+    """ADD_SCHEMA with a keyword that makes it ``levels`` arrays and objects deep."""
+    return {**ADD_SCHEMA, "x": json.loads("[" * (levels - 1) + "]" * (levels - 1))}
+
+
+def test_a_schema_nested_past_the_cap_is_invalid_argument(sc):
+    """A schema nested past 64 levels is refused where it comes in: before,
+    one of 300 levels registered, and every turn that offered the tool then
+    hung in its dispatch to a worker (orjson writes no value past 254 levels)."""
+    host = ToolHost(sc.tools(), "test", [("test.add", "", nested(65))])
+    assert host.ended.wait(10)
+    assert not host.registered.is_set()
+    assert error_info(host.error) == ("INVALID_ARGUMENT", "register.tools[0].parameters_json_schema")
+    deep = ToolHost(sc.tools(), "test", [], register=False)
+    deep._out.put(tpb.ServeToolsRequest(register=tpb.RegisterTools(namespace="test", tools=[
+        tpb.ToolSpec(name="test.add", parameters_json_schema='{"x":' + "[" * 300 + "]" * 300 + "}")])))
+    assert deep.ended.wait(10)
+    assert error_info(deep.error) == ("INVALID_ARGUMENT", "register.tools[0].parameters_json_schema")
+
+
+def test_a_schema_nested_to_the_cap_is_offered_and_called(sc):
+    """At the cap, a turn that offers the tool runs to its end."""
+    host = ToolHost(sc.tools(), "test", [("test.add", "", nested(64))], adder)
+    try:
+        host.wait_registered()
+        p = start(sc.prompts(), text="add 2 and 3", src=source(), profile="tadd").result(15)
+        assert p.end == "completed", (p.kinds(), p.error)
+        assert json.loads(p.final_text) == {"sum": 5}
+    finally:
+        host.close()
+
+
 def test_a_second_namespace_on_one_stream_is_invalid_argument(sc):
     host = ToolHost(sc.tools(), "test", [("test.a", "a", {"type": "object"})])
     try:

@@ -587,7 +587,8 @@ type Message struct {
 	ToolName string `protobuf:"bytes,4,opt,name=tool_name,json=toolName,proto3" json:"tool_name,omitempty"`
 	// OpenAI-style tool_calls array, as JSON, on assistant messages only:
 	// items {"id": text, "type": "function", "function": {"name": text,
-	// "arguments": JSON text}} ("type" may be left out), else INVALID_ARGUMENT.
+	// "arguments": JSON text}} ("type" may be left out), nested at most 64
+	// levels of arrays and objects, else INVALID_ARGUMENT.
 	ToolCallsJson string `protobuf:"bytes,5,opt,name=tool_calls_json,json=toolCallsJson,proto3" json:"tool_calls_json,omitempty"`
 	// When written; the sidecar sets it when unset.
 	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`

@@ -29,8 +29,8 @@ type ToolSpec struct {
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// What the tool does, for the model.
 	Description string `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
-	// JSON Schema of the arguments object (a JSON object).
-	// Empty means `{"type": "object"}`.
+	// JSON Schema of the arguments object (a JSON object, nested at most 64
+	// levels of arrays and objects). Empty means `{"type": "object"}`.
 	ParametersJsonSchema string `protobuf:"bytes,3,opt,name=parameters_json_schema,json=parametersJsonSchema,proto3" json:"parameters_json_schema,omitempty"`
 	unknownFields        protoimpl.UnknownFields
 	sizeCache            protoimpl.SizeCache

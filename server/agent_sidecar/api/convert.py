@@ -83,6 +83,26 @@ def check_size(value: str, field: str, limit: int) -> str:
     return value
 
 
+# How deep a JSON value a request carries (a tool's parameter schema, a
+# message's tool calls) may nest. Such a value goes on to the workers and the
+# model inside messages of their own, and orjson writes no value nested past
+# 254 levels: a deeper one would be taken here and then fail every turn that
+# sends it. Real schemas and tool calls nest a few levels.
+MAX_JSON_DEPTH = 64
+
+
+def check_json_depth(value: Any, field: str) -> None:
+    """Refuse (INVALID_ARGUMENT naming ``field``) a parsed JSON value nested
+    deeper than MAX_JSON_DEPTH arrays and objects; walked without recursion."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            if depth > MAX_JSON_DEPTH:
+                raise invalid(field, f"nests deeper than {MAX_JSON_DEPTH} levels of arrays and objects")
+            stack.extend((x, depth + 1) for x in (item.values() if isinstance(item, dict) else item))
+
+
 def check_tool_calls(role: str, text: str, field: str) -> None:
     """An assistant message's OpenAI-style tool calls, as every later turn
     sends them to its model: a list of ``{"id", "type": "function",
@@ -97,6 +117,7 @@ def check_tool_calls(role: str, text: str, field: str) -> None:
         raise invalid(field, "is not valid JSON") from None
     if not isinstance(calls, list):
         raise invalid(field, "must be a JSON array")
+    check_json_depth(calls, field)
     for n, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(call, dict) or not isinstance(call.get("id"), str) or not call["id"] \

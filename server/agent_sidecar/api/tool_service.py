@@ -29,6 +29,7 @@ from .. import errors as E
 from ..tools.registry import ToolHost, ToolSpec
 from ..v1 import tool_service_pb2 as pb
 from ..v1 import tool_service_pb2_grpc as pb_grpc
+from .convert import check_json_depth
 from .errors import abort
 
 log = logging.getLogger("agent_sidecar.tools")
@@ -115,6 +116,7 @@ class ToolService(pb_grpc.ToolServiceServicer):
             raise E.invalid(f"register.tools[{i}].parameters_json_schema", "is not valid JSON") from None
         if not isinstance(params, dict):
             raise E.invalid(f"register.tools[{i}].parameters_json_schema", "must be a JSON object (a schema)")
+        check_json_depth(params, f"register.tools[{i}].parameters_json_schema")
         if not t.name.startswith(ns + "."):
             raise E.invalid(f"register.tools[{i}].name",
                             f"must start with the namespace {E.excerpt(ns)}")

@@ -231,7 +231,8 @@ export interface Message {
   /**
    * OpenAI-style tool_calls array, as JSON, on assistant messages only:
    * items {"id": text, "type": "function", "function": {"name": text,
-   * "arguments": JSON text}} ("type" may be left out), else INVALID_ARGUMENT.
+   * "arguments": JSON text}} ("type" may be left out), nested at most 64
+   * levels of arrays and objects, else INVALID_ARGUMENT.
    */
   toolCallsJson: string;
   /** When written; the sidecar sets it when unset. */

@@ -32,8 +32,8 @@ export interface ToolSpec {
   /** What the tool does, for the model. */
   description: string;
   /**
-   * JSON Schema of the arguments object (a JSON object).
-   * Empty means `{"type": "object"}`.
+   * JSON Schema of the arguments object (a JSON object, nested at most 64
+   * levels of arrays and objects). Empty means `{"type": "object"}`.
    */
   parametersJsonSchema: string;
 }
