@@ -125,18 +125,26 @@ def with_sender(
         return text
     ids = _Ids(source.platform, should_redact(source.platform, redact_pii, pii_safe_platforms))
     uid = source.user_id or source.user_id_alt
-    sender = _label(source.user_name) if source.user_name else (ids.user(uid) if uid else "")
+    sender = _label(source.user_name if source.user_name else (ids.user(uid) if uid else ""))
     return f"[{sender}] {text}" if sender else text
 
 
+def _inline(value: Any) -> str:
+    """Untrusted text -> one inert line: control characters and runs of
+    whitespace become one space, so no value of the source (an id, a name, the
+    platform, the key built of them) can start a line, a markdown heading, of
+    its own in the prompt."""
+    return " ".join(_CONTROL.sub(" ", str(value)).split())
+
+
 def _label(value: Any) -> str:
-    """Untrusted label -> one inert line, at most ``_MAX_LABEL`` characters."""
-    text = " ".join(_CONTROL.sub(" ", str(value)).split())
+    """Untrusted label -> one inert line (``_inline``), at most ``_MAX_LABEL`` characters."""
+    text = _inline(value)
     return text if len(text) <= _MAX_LABEL else text[: _MAX_LABEL - 3] + "..."
 
 
 def _platform_title(platform: str) -> str:
-    return _PLATFORM_NAMES.get(platform.lower(), platform.title() if platform else "Unknown")
+    return _PLATFORM_NAMES.get(platform.lower(), _label(platform.title()) if platform else "Unknown")
 
 
 def _home_channel(value: Any) -> tuple[str, str]:
@@ -204,7 +212,7 @@ def build_session_context_prompt(
     lines += _delivery_lines(source, desc, homes, redact_pii, pii_safe)
     meta = []
     if session_key and not ids.redact:
-        meta.append(f"**Session key:** {session_key}")
+        meta.append(f"**Session key:** {_inline(session_key)}")  # it holds the raw ids
     if session_id:
         meta.append(f"**Session ID:** {session_id}")
     if created_at is not None:
