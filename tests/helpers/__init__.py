@@ -15,6 +15,8 @@ on sys.path, so ``from helpers.streams import run`` works from any folder).
 * ``logs``: the JSON log, only where a log line is itself what a test checks.
 * ``metrics``: the ``/metrics`` endpoint scraped over HTTP (``scrape``, ``Samples``).
 * ``key_cases``, ``fake_openai``: data and a fake OpenAI server.
+* ``fuzz_sequences``: seeded random runs of calls of every RPC in odd orders,
+  on one sidecar or the nodes of a cluster.
 
 The sidecar process itself is tests/sidecar_proc.py (``Sidecar``), also used
 by the Python client's tests.
