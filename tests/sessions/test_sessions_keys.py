@@ -7,6 +7,7 @@ import grpc
 import pytest
 from helpers.key_cases import KEY_CASES, WHATSAPP_ALIASES
 from helpers.sessions import create, rpc_error
+from helpers.streams import run
 from sidecar_proc import Sidecar
 
 from agent_sidecar.v1 import common_pb2 as c
@@ -110,3 +111,35 @@ def test_flags_change_the_key(sidecars):
                                  "thread_sessions_per_user": False}).sessions(), source)
     assert per_user.session_key == "agent:main:telegram:group:-42:u7"
     assert shared.session_key == "agent:main:telegram:group:-42"
+
+
+def _ids(n: int, platform: str = "") -> c.SessionSource:
+    """A group thread source with every id (and the platform) n characters long."""
+    return c.SessionSource(platform=platform or "p" * n, chat_type="group", chat_id="c" * n,
+                           thread_id="t" * n, user_id="u" * n)
+
+
+def test_a_source_whose_key_no_call_could_name_is_invalid_argument(sidecars):
+    """A key built from a source is at most what a session_key field takes
+    (4 x max_id_length = 1024): before, a group thread with per-user lanes and
+    every id at its cap made a key of 1044 characters, or a platform that
+    grows when lowered ("İ") one of 1043; the session was created, and then
+    GetSession, ResetSession, DeleteSession and Prompt by that key were all
+    refused as too long."""
+    sc = sidecars({"group_sessions_per_user": True, "thread_sessions_per_user": True})
+    stub, prompts = sc.sessions(), sc.prompts()
+    for source in (_ids(256), _ids(256, platform="İ" * 256)):
+        with rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", "source"):
+            create(stub, source)
+        with rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", "source"):
+            stub.SeedSession(pb.SeedSessionRequest(source=source), timeout=10)
+        with rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", "source"):
+            stub.GetSessionContext(pb.GetSessionContextRequest(source=source), timeout=10)
+        prompt = run(prompts, src=source, text="hi")
+        assert (prompt.code, prompt.field, prompt.frames) == (grpc.StatusCode.INVALID_ARGUMENT, "source", [])
+        listed = stub.ListSessions(pb.ListSessionsRequest(platform=source.platform), timeout=10)
+        assert not listed.sessions
+    # 20 characters of layout and four parts of 251: exactly the cap, and found again by key
+    s, created = create(stub, _ids(251))
+    assert created and len(s.session_key) == 1024
+    assert stub.GetSession(pb.GetSessionRequest(session_key=s.session_key), timeout=10).session == s

@@ -17,6 +17,7 @@ from ..sessions.keys import canonical_session_key, split_session_key
 from ..sessions.source import CHAT_TYPES, SessionSource
 from ..sessions.transcripts import ROLES, Message
 from ..v1 import common_pb2 as c
+from .caps import KEY_FACTOR
 
 _SOURCE_FIELDS = [f.name for f in c.SessionSource.DESCRIPTOR.fields]
 
@@ -250,9 +251,22 @@ def platform_filter(value: str) -> str:
     return value.lower()
 
 
+def addressable(key: str, cfg: Config) -> str:
+    """A session key built from a request's ``source``, refused (INVALID_ARGUMENT
+    naming ``source``) when it is longer than a ``session_key`` field takes
+    (``KEY_FACTOR`` ids): the session would exist, and no call by key could
+    name it again (three ids at their cap, or a platform that grows when
+    lowered, make such a key)."""
+    limit = cfg.limits.max_id_length * KEY_FACTOR
+    if len(key) > limit:
+        raise invalid("source", f"makes a session key of {len(key)} characters;"
+                                f" a session_key takes at most {limit}")
+    return key
+
+
 def require(value: str, field: str, cfg: Config | None = None) -> str:
     if not value:
         raise invalid(field, "is required")
-    if cfg is not None and len(value) > cfg.limits.max_id_length * 4:
+    if cfg is not None and len(value) > cfg.limits.max_id_length * KEY_FACTOR:
         raise invalid(field, "is too long")
     return value

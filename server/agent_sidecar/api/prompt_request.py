@@ -49,6 +49,7 @@ def checked_prompt(request: pb.PromptRequest, principal,
                                     thread_sessions_per_user=cfg.thread_sessions_per_user)
         except ValueError as e:
             raise E.invalid(str(e).split(":", 1)[0], str(e)) from None
+        key = cv.addressable(key, cfg)
         platform = source.platform
     else:
         try:

@@ -76,7 +76,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         except ValueError as e:
             path = str(e).split(":", 1)[0]
             raise invalid(path if path.startswith("source") else field, str(e)) from None
-        return key, profile
+        return cv.addressable(key, self.cfg), profile
 
     async def _entry(self, key: str) -> SessionEntry:
         entry = await self.store.entry(key)
