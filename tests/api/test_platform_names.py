@@ -7,11 +7,12 @@ GetSessionContext and in the prompt a turn's model gets."""
 
 from __future__ import annotations
 
+import grpc
 import pytest
 from helpers.config import echo, profile
 from helpers.fake_openai import FakeOpenAI
 from helpers.ids import uniq
-from helpers.sessions import create
+from helpers.sessions import create, rpc_error
 from helpers.streams import PromptRun, Watcher
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
@@ -101,3 +102,19 @@ def test_two_spellings_of_a_platform_are_one_lane(sc):
     assert key in [s.session_key for s in listed.sessions]
     queue = sc.prompts().GetQueue(ppb.GetQueueRequest(session_key=spelled), timeout=10)
     assert not queue.HasField("pending") and list(queue.queued) == []
+
+
+def test_a_platform_longer_than_the_cap_in_lower_case_is_invalid_argument(sc):
+    """The name a session keeps is the lower case one: before, "İ" x 200 (200
+    characters, 400 in lower case) made a session whose Session.platform and
+    origin the API then refused back (ListSessions' platform, a source) as
+    longer than 256 characters."""
+    for platform in ("İ" * 200, "İ" * 129):
+        with rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", "source.platform"):
+            create(sc.sessions(), c.SessionSource(platform=platform, chat_id=uniq()))
+    s, created = create(sc.sessions(), c.SessionSource(platform="İ" * 128, chat_id=uniq()))
+    assert created and len(s.platform) == 256
+    listed = sc.sessions().ListSessions(pb.ListSessionsRequest(platform=s.platform), timeout=10)
+    assert [x.session_key for x in listed.sessions] == [s.session_key]
+    again, created_again = create(sc.sessions(), s.origin)
+    assert not created_again and again.session_id == s.session_id

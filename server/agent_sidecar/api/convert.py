@@ -49,6 +49,8 @@ def source_from_proto(p: c.SessionSource, cfg: Config, field: str = "source") ->
         raise invalid(f"{field}.chat_type", f"must be one of {', '.join(CHAT_TYPES)}")
     values = {name: getattr(p, name) for name in _SOURCE_FIELDS}
     values["platform"] = p.platform.lower()  # platform names are case-insensitive (sessions/keys.py)
+    if len(values["platform"]) > limit:  # "İ" lowers to two characters: the name returned must fit
+        raise invalid(f"{field}.platform", f"longer than {limit} characters in lower case")
     return SessionSource(**values)
 
 
