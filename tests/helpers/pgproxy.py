@@ -19,6 +19,10 @@ given ``application_name`` that runs ``COMMIT``:
   the transaction open on it (in progress, as behind a network cut), until
   the server ends that session or the proxy closes.
 
+``hang()`` holds every byte in both directions, of every connection (new
+ones too), until ``answer()``: the database as a stalled server or a network
+that drops packets shows it, connections up and nothing answered.
+
 Everything else passes through unchanged. Its DSN (``dsn``) turns TLS and
 GSS encryption off, so the stream stays readable.
 """
@@ -70,6 +74,8 @@ class PgProxy:
         self._closed = False
         self._refuse_until = 0.0  # monotonic
         self._sockets: set[socket.socket] = set()
+        self._flowing = threading.Event()  # cleared while hung: nothing is passed on
+        self._flowing.set()
         threading.Thread(target=self._accept, name="pgproxy-accept", daemon=True).start()
 
     @property
@@ -89,8 +95,17 @@ class PgProxy:
             self._cuts.append(cut)
         return cut.done
 
+    def hang(self) -> None:
+        """From now on nothing passes either way until ``answer()``."""
+        self._flowing.clear()
+
+    def answer(self) -> None:
+        """What was held passes on, and everything after it."""
+        self._flowing.set()
+
     def close(self) -> None:
         self._closed = True
+        self._flowing.set()
         self._listener.close()
         with self._lock:
             sockets = list(self._sockets)
@@ -114,7 +129,7 @@ class PgProxy:
             with self._lock:
                 self._sockets.update((client, server))
             muted = threading.Event()
-            threading.Thread(target=_pipe, args=(server, client, muted), daemon=True).start()
+            threading.Thread(target=_pipe, args=(server, client, muted, self._flowing), daemon=True).start()
             threading.Thread(target=self._frontend, args=(client, server, muted), daemon=True).start()
 
     def _take_cut(self, application: str) -> _Cut | None:
@@ -128,6 +143,7 @@ class PgProxy:
     def _frontend(self, client: socket.socket, server: socket.socket, muted: threading.Event) -> None:
         """Client to server, message by message, watching for COMMIT."""
         reader = _Reader(client)
+        server = _Held(server, self._flowing)
         try:
             application = _startup(reader, server)
             statements: dict[str, str] = {}
@@ -213,10 +229,25 @@ class _Reader:
         return kind, self.exactly(length - 4)
 
 
-def _pipe(src: socket.socket, dst: socket.socket, muted: threading.Event) -> None:
-    """Server to client, unchanged; dropped once ``muted``."""
+class _Held:
+    """A socket whose sends wait while the proxy is hung (PgProxy.hang)."""
+
+    def __init__(self, sock: socket.socket, flowing: threading.Event):
+        self.sock, self.flowing = sock, flowing
+
+    def sendall(self, data: bytes) -> None:
+        self.flowing.wait()
+        self.sock.sendall(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.sock, name)
+
+
+def _pipe(src: socket.socket, dst: socket.socket, muted: threading.Event, flowing: threading.Event) -> None:
+    """Server to client, unchanged (held while ``flowing`` is clear); dropped once ``muted``."""
     try:
         while chunk := src.recv(65536):
+            flowing.wait()
             if not muted.is_set():
                 dst.sendall(chunk)
     except OSError:

@@ -16,10 +16,12 @@ import pytest
 from helpers.cli import cli
 from helpers.config import echo, table
 from helpers.ids import source
+from helpers.metrics import metrics_config, scrape
+from helpers.pgproxy import PgProxy
 from helpers.procs import children
 from helpers.streams import PromptRun, run
 from helpers.waiting import wait_until
-from sidecar_proc import TOKEN, Sidecar, error_info
+from sidecar_proc import TOKEN, Sidecar, error_info, free_port
 
 import agent_sidecar
 from agent_sidecar.v1 import status_service_pb2 as spb
@@ -90,6 +92,37 @@ def test_a_writer_that_stops_answering_shows_as_stalled_while_the_store_still_sa
             os.kill(writer, signal.SIGCONT)
         assert turn.result(30).end == "completed"
         wait_until(lambda: s.status().store.writer_stalled_seconds == 0, 15, what="the writer answering again")
+
+
+def test_a_database_that_stops_answering_does_not_hold_up_status_or_a_scrape(pg_server, tmp_path):
+    """The store's size is read from the database; a read on a connection to
+    a database that hangs waits as long as it hangs. GetStatus and /metrics
+    are how an operator sees the hang (the writer's NO ANSWER), so they answer
+    without the size (within the status command's default 5 s and a
+    scraper's usual 10 s) rather than hang with it."""
+    proxy = PgProxy(pg_server.database(f"status_hang_{os.getpid()}"))
+    port = free_port()
+    s = Sidecar(tmp_path / "data", config=echo("main") + metrics_config(port), dsn=proxy.dsn, workers=1).start()
+    try:
+        assert run(s.prompts(), text="hello", src=source()).end == "completed"
+        assert scrape(port).value("agent_sidecar_store_size_bytes") > 0
+        proxy.hang()
+        turn = PromptRun(s.prompts(), text="held", src=source())  # its accept waits for the database
+        for _ in range(2):  # the first read hangs, and the next one waits for it
+            samples = scrape(port)
+            assert samples.value("agent_sidecar_store_writable") == 1
+            table_out = cli("status", "--target", s.target)
+            assert table_out.returncode == 0, table_out.stderr
+        wait_until(lambda: "NO ANSWER for" in cli("status", "--target", s.target).stdout, 15,
+                   what="the status saying the writer does not answer")
+        proxy.answer()
+        assert turn.result(30).end == "completed"
+        wait_until(lambda: scrape(port).value("agent_sidecar_store_size_bytes") > 0, 15,
+                   what="the store size back in a scrape")
+    finally:
+        proxy.answer()
+        s.stop()
+        proxy.close()
 
 
 def test_get_status_over_tcp_needs_an_admin_token(sc):

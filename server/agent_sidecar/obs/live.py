@@ -12,6 +12,7 @@ half-updated.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -21,6 +22,10 @@ from .. import __version__
 from ..delivery import MODE_NAMES
 
 log = logging.getLogger("agent_sidecar.obs")
+
+# The longest a scrape or a GetStatus waits for the store's size and index
+# backlog (Live.store_stats): they answer without them after that.
+STATS_WAIT_S = 1.0
 
 
 def rss_bytes(pid: int) -> int:
@@ -74,6 +79,7 @@ class Live:
         self.started_at = time.time()
         self._t0 = time.monotonic()
         self.version = __version__
+        self._stats_read: asyncio.Future | None = None  # the store stats read under way, if any
 
     @property
     def turns(self) -> Any:
@@ -140,12 +146,33 @@ class Live:
         return WriterInfo(c.pid, rss_bytes(c.pid), c.backlog, c.last_seconds, c.seconds.count, c.stalled_seconds)
 
     async def store_stats(self) -> Any:
-        """The store's StoreStats, or None when it cannot be read now (closed, failing)."""
+        """The store's StoreStats, or None when it cannot be read now (closed,
+        failing) or does not answer within STATS_WAIT_S.
+
+        Bounded because a scrape and GetStatus are how an operator sees a
+        database or disk that hangs (``store_writer_stalled_seconds``, the
+        status's ``NO ANSWER``): they must answer while it hangs, not hang
+        with it (a read on a connection to a stalled PostgreSQL waits for
+        as long as the stall). At most one read is under way: one that
+        outlives its wait goes on, and the next callers wait on it rather
+        than pile reads (and read connections) up behind a store that does
+        not answer."""
         store = self.runtime.store
         if store is None:
             return None
+        if self._stats_read is None or self._stats_read.done():
+            self._stats_read = asyncio.ensure_future(_read_stats(store))
         try:
-            return await store.stats()
-        except Exception as e:  # a read of a failing store: the rest of the answer still counts
-            log.debug("store stats unavailable", extra={"error": f"{type(e).__name__}: {e}"})
+            async with asyncio.timeout(STATS_WAIT_S):
+                return await asyncio.shield(self._stats_read)
+        except TimeoutError:
+            log.debug("store stats not answered in time", extra={"wait_s": STATS_WAIT_S})
             return None
+
+
+async def _read_stats(store: Any) -> Any:
+    try:
+        return await store.stats()
+    except Exception as e:  # a read of a failing store: the rest of the answer still counts
+        log.debug("store stats unavailable", extra={"error": f"{type(e).__name__}: {e}"})
+        return None
