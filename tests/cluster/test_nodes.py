@@ -5,6 +5,8 @@ ids). Real sidecars on one real PostgreSQL database."""
 
 from __future__ import annotations
 
+import os
+
 import grpc
 import pytest
 from helpers.cluster import Cluster, Node
@@ -12,7 +14,7 @@ from helpers.config import echo
 from helpers.ids import rid, source
 from helpers.logs import log_lines
 from helpers.metrics import metrics_config, scrape
-from helpers.streams import PromptRun, kind_of, start
+from helpers.streams import PromptRun, collect, kind_of, start
 from sidecar_proc import retry_delay
 
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
@@ -135,3 +137,31 @@ def test_a_call_the_holder_refuses_for_the_cluster_token_is_unavailable_not_the_
     finally:
         for node in (a, b):
             node.stop(timeout=30)
+
+
+def test_a_forwarded_prompt_continues_the_callers_trace(tmp_path, cluster_dsn):
+    """A Prompt sent to a node that does not hold its lane is forwarded to the
+    holder; the forwarded call carried no trace context, so the holder's
+    Prompt span and the turn under it started a trace of their own and the
+    adapter's trace ended at the forwarding node's span. The holder's span of
+    the call is now a child of the forwarding node's, in the caller's trace."""
+    from helpers.otlp import Collector
+    with Collector() as collector, Cluster(tmp_path, cluster_dsn, 2, echo(), lease_ttl_s=CALM_TTL,
+                                           env=collector.env()) as cl:
+        src = source("telegram")
+        assert PromptRun(cl["a"].prompts(), text="one", src=src, background=False).kinds()[-1] == "completed"
+        trace_id, parent_id = os.urandom(16).hex(), os.urandom(8).hex()
+        req = ppb.PromptRequest(request_id=rid("traced"), text="two", source=src)
+        out = collect(cl["b"].prompts().Prompt(req, timeout=30,  # a holds the lane: forwarded to a
+                                               metadata=[("traceparent", f"00-{trace_id}-{parent_id}-01")]))
+        assert kind_of(out.frames[-1]) == "completed", out.error
+
+        def with_turn(spans):
+            mine = [s for s in spans if s.trace_id == trace_id]
+            turn = [s for s in mine if s.name == "turn" and s.attributes["agent_sidecar.request_id"] == req.request_id]
+            return (mine, turn[0]) if turn else None
+        mine, turn = collector.wait_for(with_turn, what="the forwarded turn's span in the caller's trace")
+        at_b = next(s for s in mine if s.parent_id == parent_id)  # the span of the call b received
+        at_a = next(s for s in mine if s.span_id == turn.parent_id)  # the span of the call a served
+        assert at_b.name == at_a.name == "agent_sidecar.v1.PromptService/Prompt"
+        assert at_a.parent_id == at_b.span_id

@@ -25,7 +25,8 @@ ALLOWED = {
     "obs": {"delivery", "__version__", "logs"},  # below what it observes: it reads turns and calls by attribute
     "turns": {"store", "sessions", "recovery", "tools", "models", "errors", "config", "delivery",
               "children", "child", "v1", "meters", "obs", "logs", "cgroup"},
-    "cluster": {"turns", "store", "recovery", "errors", "config", "v1", "tls", "logs"},
+    "cluster": {"turns", "store", "recovery", "errors", "config", "v1", "tls", "logs",
+                "obs"},  # a forwarded call carries the trace context on (obs/tracing.py)
     "api": {"cluster", "turns", "store", "sessions", "tools", "errors", "config", "delivery", "heap", "v1", "tls",
             "obs", "logs"},
 }

@@ -9,6 +9,9 @@ relayed as it comes, status and rich error details included. The caller was
 authenticated and its request checked here first; the holder trusts the
 cluster token.
 
+The forwarded call carries the trace context (tracing on): the holder's
+spans are children of this node's span of the call, in the caller's trace.
+
 A forwarded call is marked (``HOP``) and never forwarded again: if the lane
 moved meanwhile the holder answers LANE_MOVED, and so does this node when
 the holder cannot be reached (its lease runs out within ``seconds_left``, and
@@ -30,6 +33,7 @@ import grpc
 from ..config import Config
 from ..errors import LANE_MOVED, UNAVAILABLE, SidecarError
 from ..logs import FaultEpisode
+from ..obs import tracing
 from ..tls import read_pem, target_is_local
 from ..turns.leasing import LaneElsewhere
 from ..v1 import prompt_service_pb2_grpc, session_service_pb2_grpc
@@ -81,6 +85,11 @@ class Forwarder:
                 grpc.aio.insecure_channel(e.address, options=self._options))
         return getattr(_STUBS[service](channel), method)
 
+    def _call_metadata(self) -> tuple[tuple[str, str], ...]:
+        """The hop mark and the cluster token, and the trace context while
+        tracing is on: the holder's spans continue the caller's trace."""
+        return self._metadata + tracing.outgoing_metadata()
+
     def _timeout(self, context) -> float | None:
         left = context.time_remaining()
         return left if left is not None and left < 1e9 else None
@@ -88,7 +97,7 @@ class Forwarder:
     async def unary(self, e: LaneElsewhere, service: str, method: str, request, context) -> Any:
         call = self._call(e, service, method)
         try:
-            answer = await call(request, metadata=self._metadata, timeout=self._timeout(context))
+            answer = await call(request, metadata=self._call_metadata(), timeout=self._timeout(context))
         except grpc.aio.AioRpcError as err:
             await self._relay(e, err, context)
         self._reached(e)
@@ -96,7 +105,8 @@ class Forwarder:
 
     async def stream(self, e: LaneElsewhere, service: str, method: str, request,
                      context) -> AsyncIterator[Any]:
-        call = self._call(e, service, method)(request, metadata=self._metadata, timeout=self._timeout(context))
+        call = self._call(e, service, method)(request, metadata=self._call_metadata(),
+                                              timeout=self._timeout(context))
         try:
             async for item in call:
                 self._reached(e)

@@ -118,6 +118,12 @@ class Tracer:
                                                   "rpc.method": name})
         return span, otel_context.attach(trace.set_span_in_context(span, parent))
 
+    def outgoing(self) -> tuple[tuple[str, str], ...]:
+        """What is current (rpc_begin attached it) as W3C headers, for a call made on its behalf."""
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        return tuple(carrier.items())
+
     def rpc_end(self, span: Any, token: Any, code: Any) -> None:
         otel_context.detach(token)
         span.set_attribute("rpc.grpc.status_code", code.value[0])

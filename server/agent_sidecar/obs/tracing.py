@@ -54,6 +54,15 @@ def configure(version: str, env: Mapping[str, str] | None = None) -> bool:
     return ACTIVE is not None
 
 
+def outgoing_metadata() -> tuple[tuple[str, str], ...]:
+    """The current trace context (the RPC span being served) as gRPC metadata,
+    ``traceparent`` and ``tracestate``, for a call this sidecar makes on its
+    caller's behalf (cluster/forward.py): the other node's spans then join
+    the caller's trace under this node's span instead of starting one of
+    their own. Empty while tracing is off, so nothing is propagated then."""
+    return ACTIVE.outgoing() if ACTIVE is not None else ()
+
+
 def turn_left(turn: Any, reason: str) -> None:
     """``turn`` leaves this node without a terminal frame committed here (its
     lane moved or was deleted, it was refused before its accept, the sidecar
