@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 
 import orjson
 import psycopg
@@ -63,11 +64,36 @@ MIN_SERVER_VERSION = 130000
 CONNECT_TIMEOUT_S = 10
 
 
+class InvalidDsn(psycopg.ProgrammingError):
+    """A DSN libpq cannot read; its message never quotes the DSN (parse_dsn)."""
+
+
+_QUOTED = re.compile(r'"([^"]*)"')
+
+
+def parse_dsn(dsn: str) -> dict:
+    """The DSN's parameters, or InvalidDsn saying why libpq cannot read it.
+
+    libpq's complaint quotes the piece of the string it could not read, and
+    that piece may be the password or a part of it (``invalid percent-encoded
+    token: "50%off"`` for a URI whose password has a bare ``%``, ``missing "="
+    after "word"`` for one with a space): every quoted piece but ``"="`` is
+    left out, since the message goes to the log, ``doctor``'s output and
+    the exit message, which must never hold a secret."""
+    try:
+        return conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as e:
+        reason = _QUOTED.sub(lambda m: m[0] if m[1] == "=" else '"…"', str(e).strip())
+        raise InvalidDsn(f"store.dsn is not a connection string libpq can read: {reason}") from None
+
+
 def connect_kwargs(dsn: str, **kw) -> dict:
     """``kw`` with ``connect_timeout`` added unless the DSN (or
-    PGCONNECT_TIMEOUT) sets its own."""
+    PGCONNECT_TIMEOUT) sets its own; InvalidDsn (no secret in it) for a DSN
+    libpq cannot read, before the driver sees it and says why in its words."""
+    params = parse_dsn(dsn)
     if "connect_timeout" not in kw and not os.environ.get("PGCONNECT_TIMEOUT") \
-            and "connect_timeout" not in conninfo_to_dict(dsn):
+            and "connect_timeout" not in params:
         kw["connect_timeout"] = CONNECT_TIMEOUT_S
     return kw
 
