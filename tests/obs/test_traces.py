@@ -167,6 +167,37 @@ def test_the_store_is_closed_and_marked_clean_before_the_last_spans_are_sent(tmp
     assert marked_at_export and all(marked_at_export), marked_at_export
 
 
+def test_a_collector_that_never_answers_holds_the_stop_one_export_timeout_at_most(tmp_path):
+    """The SDK's shutdown exports the queue batch after batch, each up to the
+    exporter's timeout, for up to 30 s: with a collector that takes
+    connections and never answers, a stop lasted about that long after the
+    store was done (probed: 20-30 s at the default 10 s timeout), against
+    the docs' one exporter timeout, and into a supervisor's stop timeout.
+    Here a timeout of 1 s and one span per batch make the SDK's way last
+    30 s; the stop now ends after that one second, leaving what was not
+    exported (a warning says so), well inside the 15 s this test gives it."""
+    import socket
+
+    from helpers.logs import log_lines
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(512)  # the kernel completes the handshakes; nobody reads
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{mute.getsockname()[1]}",
+               "OTEL_EXPORTER_OTLP_TIMEOUT": "1", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "1",
+               "OTEL_BSP_SCHEDULE_DELAY": "50"}
+        sc = Sidecar(tmp_path / "data", config=profile("main", "echo"), env=env, workers=1).start()
+        try:
+            for _ in range(10):  # about 40 spans queued behind exports that each take a second
+                assert start(sc.prompts(), text="traced", src=source()).result().end == "completed"
+        finally:
+            code = sc.stop(timeout=15)
+    assert code == 0, sc.log()
+    (line,) = log_lines(sc, "stopped")
+    assert line["clean"] is True, line
+    assert log_lines(sc, "spans still buffered at the stop were not exported: the exporter did not finish"
+                         " within its timeout"), sc.log()
+
+
 def test_tracing_off_propagates_nothing(tmp_path):
     """No OTEL_* variables: no trace context reaches the model server or the tool host."""
     with FakeOpenAI(SCRIPTS["tools"]) as fake:

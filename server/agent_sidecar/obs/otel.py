@@ -30,6 +30,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
+import threading
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -70,6 +71,15 @@ def _exporter_class(name: str) -> Any:
     raise LookupError(f"no trace exporter {name!r} is installed")
 
 
+def _export_timeout_s() -> float:
+    """The OTLP exporter's timeout as the SDK reads it (seconds; 10 unless set)."""
+    raw = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT")
+    try:
+        return max(0.0, float(raw)) if raw else 10.0
+    except ValueError:
+        return 10.0
+
+
 def _resource(version: str) -> Resource:
     named = os.environ.get("OTEL_SERVICE_NAME") or "service.name=" in os.environ.get(
         "OTEL_RESOURCE_ATTRIBUTES", "")
@@ -105,7 +115,22 @@ class Tracer:
         self.tracer = provider.get_tracer("agent_sidecar")
 
     def shutdown(self) -> None:
-        self.provider.shutdown()
+        """Export what is buffered and stop the exporters, waiting at most
+        the exporter's timeout (blocking: call from a thread).
+
+        The SDK's own shutdown waits up to 30 s for its queue, one batch
+        after another, each up to the exporter's timeout, so a collector
+        that does not answer held the stop that long after the store's last
+        write, past a supervisor's stop timeout; the docs promise one
+        timeout. What is not exported by then is dropped with a warning (the
+        SDK's thread is a daemon: it ends with the process)."""
+        wait_s = _export_timeout_s()
+        stopping = threading.Thread(target=self.provider.shutdown, name="otel-shutdown", daemon=True)
+        stopping.start()
+        stopping.join(wait_s)
+        if stopping.is_alive():
+            log.warning("spans still buffered at the stop were not exported: the exporter did not finish"
+                        " within its timeout", extra={"timeout_s": wait_s})
 
     # -- RPCs ---------------------------------------------------------------------------
 
