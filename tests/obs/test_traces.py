@@ -198,6 +198,27 @@ def test_a_collector_that_never_answers_holds_the_stop_one_export_timeout_at_mos
                          " within its timeout"), sc.log()
 
 
+@pytest.mark.parametrize("setting, refused", [
+    ({"OTEL_PROPAGATORS": "tracecontxt"}, "Propagator tracecontxt not found"),
+    ({"OTEL_BSP_MAX_QUEUE_SIZE": "100"}, "max_export_batch_size must be less than or equal to max_queue_size"),
+])
+def test_an_otel_setting_the_sdk_refuses_leaves_the_sidecar_serving_without_traces(tmp_path, setting, refused):
+    """A misspelt propagator (the SDK's import raises) or a queue smaller than
+    the default batch: the start died with a traceback, exit 1, after the
+    workers and the writer were up. Traces are best effort, as for an
+    exporter that cannot be made: one error line, and the sidecar serves."""
+    from helpers.logs import log_lines
+    sc = Sidecar(tmp_path / "data", config=profile("main", "echo"),
+                 env={"OTEL_TRACES_EXPORTER": "console", **setting}, workers=1).start()
+    try:
+        assert start(sc.prompts(), text="untraced", src=source()).result().end == "completed"
+        (line,) = log_lines(sc, "tracing not available")
+        assert line["level"] == "error" and refused in line["error"], line
+        assert log_lines(sc, "tracing on") == []
+    finally:
+        assert sc.stop() == 0
+
+
 def test_tracing_off_propagates_nothing(tmp_path):
     """No OTEL_* variables: no trace context reaches the model server or the tool host."""
     with FakeOpenAI(SCRIPTS["tools"]) as fake:

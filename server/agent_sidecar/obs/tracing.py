@@ -39,7 +39,12 @@ def exporter_names(env: Mapping[str, str]) -> list[str]:
 
 
 def configure(version: str, env: Mapping[str, str] | None = None) -> bool:
-    """Turn tracing on if the environment asks for it; returns whether it is on."""
+    """Turn tracing on if the environment asks for it; returns whether it is on.
+
+    Traces are best effort: an OTEL_* setting the SDK refuses (an unknown
+    propagator, which fails its import; a batch size above the queue size)
+    is logged, once, as an error and the sidecar serves without traces, as
+    for an exporter that cannot be made; it never stops the start."""
     global ACTIVE
     names = exporter_names(os.environ if env is None else env)
     if not names:
@@ -50,7 +55,14 @@ def configure(version: str, env: Mapping[str, str] | None = None) -> bool:
         log.warning("tracing asked for but OpenTelemetry is not installed: pip install 'agent-sidecar[otel]'",
                     extra={"exporters": names, "error": str(e)})
         return False
-    ACTIVE = otel.Tracer.from_env(names, version)
+    except Exception as e:  # the SDK's import refused a setting (OTEL_PROPAGATORS)
+        log.error("tracing not available", extra={"exporters": names, "error": f"{type(e).__name__}: {e}"})
+        return False
+    try:
+        ACTIVE = otel.Tracer.from_env(names, version)
+    except Exception as e:  # a setting the SDK refuses (OTEL_BSP_*)
+        log.error("tracing not available", extra={"exporters": names, "error": f"{type(e).__name__}: {e}"})
+        return False
     return ACTIVE is not None
 
 
