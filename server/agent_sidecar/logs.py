@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import contextvars
 import logging
+import re
 import sys
 import time
 
@@ -124,14 +125,29 @@ class JsonFormatter(_LineFormatter):
         return orjson.dumps(out, default=str).decode()
 
 
+# Line breaks and other control characters (C0, DEL, C1, the Unicode line separators).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _one_line(value: object) -> str:
+    """``value`` as text with its control characters escaped (``\\n``,
+    ``\\x1b``): field values come from callers (request ids, chat ids in
+    session keys), and a line break in one would start a forged line."""
+    text = str(value)
+    if _CONTROL.search(text) is None:
+        return text
+    return _CONTROL.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
+
+
 class TextFormatter(_LineFormatter):
-    """``TS LEVEL logger: message key=value ...`` for a human at a terminal."""
+    """``TS LEVEL logger: message key=value ...`` for a human at a terminal:
+    one event, one line (only a traceback, after it, takes more)."""
 
     def line(self, t: float, level: str, logger: str, msg: str, fields: dict,
              exc: str | None = None) -> str:
-        line = f"{self.clock.rfc3339(t)} {level} {logger}: {msg}"
+        line = f"{self.clock.rfc3339(t)} {level} {logger}: {_one_line(msg)}"
         if fields:
-            line += " " + " ".join(f"{k}={v}" for k, v in fields.items())
+            line += " " + " ".join(f"{k}={_one_line(v)}" for k, v in fields.items())
         if exc:
             line += "\n" + exc
         return line

@@ -155,6 +155,27 @@ def test_the_text_format_has_the_timestamp_the_fields_and_the_bound_turn():
                     " request_id=r-1 session_key=agent:main:telegram:dm:1")
 
 
+def test_a_callers_line_break_cannot_forge_a_text_log_line(tmp_path):
+    """The text format wrote field values as they came: a request id or a
+    chat id (in the session key) with a line break put a line of the
+    caller's making into the log, timestamp, level and all. Control
+    characters in a value are now escaped, so every event stays one line."""
+    forged = "\n2026-01-01T00:00:00.000Z CRITICAL agent_sidecar.store: the store is corrupt"
+    sc = Sidecar(tmp_path / "data", config=echo("main"), workers=1,
+                 extra_args=["--log-format", "text", "--log-level", "info"]).start()
+    try:
+        out = run(sc.prompts(), prompt_req(request_id="r-forge" + forged, text="hi",
+                                           source=source(chat_id="c-forge" + forged)))
+        assert out.end == "completed"
+    finally:
+        sc.stop()
+    lines = sc.log_path.read_text().splitlines()
+    (finished,) = [x for x in lines if " turn finished " in x]
+    assert "request_id=r-forge\\n2026-01-01T00:00:00.000Z CRITICAL" in finished, finished
+    assert "session_key=agent:main:telegram:dm:c-forge\\n2026-01-01" in finished, finished
+    assert not [x for x in lines if "CRITICAL" in x and x is not finished], lines
+
+
 @pytest.mark.parametrize("created, ts", [(1_700_000_000.0, "2023-11-14T22:13:20.000Z"),
                                          (1_700_000_000.0995, "2023-11-14T22:13:20.099Z"),
                                          (1_700_000_000.9995, "2023-11-14T22:13:20.999Z")])
