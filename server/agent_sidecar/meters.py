@@ -14,8 +14,15 @@ from bisect import bisect_left
 from collections.abc import Iterable
 
 # Upper bounds (inclusive, as Prometheus' ``le``) of the standard bucket sets.
-TURN_SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)
-CALL_SECONDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# Each reaches past the longest its quantity runs by default, so that a
+# quantile near the limit is resolved rather than lost in +Inf: a turn up to
+# its timeout (agent.gateway_timeout, 1800 s), a model call up to the
+# OpenAI-compatible backend's request timeout (120 s) and some streaming past
+# it, a tool call up to its profile's tool_timeout_s (60 s).
+TURN_SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0,
+                1800.0, 3600.0)
+CALL_SECONDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+                300.0)
 COMMIT_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 BATCH_JOBS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
 

@@ -110,6 +110,22 @@ def test_turns_tool_calls_and_a_model_failure_are_counted(sc):
                what="the tool host gauge back at 0")
 
 
+def test_duration_buckets_reach_past_the_default_timeouts(sc):
+    """A turn may run until agent.gateway_timeout (1800 s by default) and a
+    model call until the OpenAI backend's timeout_s (120 s) and past it while
+    streaming, but the top buckets were 900 s and 60 s: everything slower
+    fell into +Inf, and a p99 near the limits could not be told from one at
+    them. The finite buckets now reach past both."""
+    assert run(sc.prompts(), text="hello", src=source(), profile="main").end == "completed"
+    samples = scrape(sc.metrics_port)
+
+    def top(name: str) -> float:
+        return max(float(ls["le"]) for ls in samples.labels(name + "_bucket") if ls["le"] != "+Inf")
+    assert top("agent_sidecar_turn_duration_seconds") >= 1800
+    assert top("agent_sidecar_turn_first_token_seconds") >= 1800
+    assert top("agent_sidecar_model_call_duration_seconds") >= 120
+
+
 def test_queued_prompts_and_turns_in_flight(sc):
     src = source()
     running = start(sc.prompts(), text=" ".join(["w"] * 30), src=src, profile="slow")
