@@ -4,7 +4,9 @@ with an ephemeral port, takes what a sidecar's OTLP exporter POSTs to
 
 ``Collector.env()`` is the environment that points a sidecar's exporter at it
 (batches sent every 50 ms); ``spans`` holds ``Span`` records in arrival order,
-``wait_for(pred)`` polls them."""
+``wait_for(pred)`` polls them. ``refuse_with = 400`` (any status) answers
+every export with that status, taking nothing, until it is set back to 0;
+``refused`` counts the exports so answered."""
 
 from __future__ import annotations
 
@@ -49,6 +51,8 @@ class Collector:
     def __init__(self, on_export: Callable[[], None] | None = None) -> None:
         self.on_export = on_export
         self.spans: list[Span] = []
+        self.refuse_with = 0
+        self.refused = 0
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -72,6 +76,12 @@ class Collector:
                 if collector.on_export is not None:
                     collector.on_export()
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if collector.refuse_with:
+                    collector.refused += 1
+                    self.send_response(collector.refuse_with)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if self.headers.get("Content-Encoding") == "gzip":
                     raw = gzip.decompress(raw)
                 collector._take(ExportTraceServiceRequest.FromString(raw))

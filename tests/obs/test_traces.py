@@ -20,6 +20,7 @@ from helpers.ids import source, words
 from helpers.otlp import Collector
 from helpers.streams import QUEUE, assert_well_formed, collect, prompt_req, start
 from helpers.tools import AB_SCHEMA, ToolHost, answers
+from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
 SERVER, CLIENT = 2, 3  # opentelemetry.proto SpanKind
@@ -196,6 +197,33 @@ def test_a_collector_that_never_answers_holds_the_stop_one_export_timeout_at_mos
     assert line["clean"] is True, line
     assert log_lines(sc, "spans still buffered at the stop were not exported: the exporter did not finish"
                          " within its timeout"), sc.log()
+
+
+def test_a_collector_that_refuses_exports_is_logged_once_per_episode(tmp_path):
+    """The OTLP exporter logs each failed export (and each retry): a
+    collector refusing them for an hour wrote thousands of lines. The first
+    failure of an episode is now told, the exporter is quiet while it lasts,
+    and one line says when exports work again."""
+    from helpers.logs import log_lines
+    with Collector() as collector:
+        collector.refuse_with = 400  # not retried: one failed export per batch
+        sc = Sidecar(tmp_path / "data", config=profile("main", "echo"), env=collector.env(), workers=1).start()
+        try:
+            for _ in range(6):  # a batch each: the exporter sends every 50 ms
+                refused = collector.refused
+                assert start(sc.prompts(), text="refused", src=source()).result().end == "completed"
+                wait_until(lambda n=refused: collector.refused > n, what="one more export refused")
+            collector.refuse_with = 0
+            later = start(sc.prompts(), text="taken", src=source()).result()
+            collector.wait_for(lambda spans: any(s.name == "turn" and s.attributes[
+                "agent_sidecar.request_id"] == later.request_id for s in spans), what="the spans taken again")
+        finally:
+            assert sc.stop() == 0
+    assert collector.refused >= 6
+    sdk = [x for x in log_lines(sc) if x["logger"].startswith("opentelemetry.exporter")]
+    assert len(sdk) <= 1, sdk  # the first refusal's own line, if the exporter writes one
+    assert len(log_lines(sc, "trace export failing: spans are dropped until it works again")) == 1
+    assert len(log_lines(sc, "trace export works again")) == 1
 
 
 @pytest.mark.parametrize("setting, refused", [

@@ -37,7 +37,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -89,6 +89,46 @@ def _resource(version: str) -> Resource:
     return Resource.create(attrs)
 
 
+class _Episodes(SpanExporter):
+    """An exporter whose failures are told once per episode.
+
+    The SDK's exporters log every failed export, and the OTLP ones every
+    retry too: a collector that is down or refuses logs a line every second
+    or two for as long as it lasts, thousands an hour. Here the first failed
+    export of an episode is told (the exporter's own lines for it, then
+    ``trace export failing``), the exporter's lines are dropped while the
+    episode lasts, and ``trace export works again`` ends it (logs.FaultEpisode
+    keeps the sidecar's other repeating failures to one line the same way)."""
+
+    def __init__(self, inner: SpanExporter, name: str):
+        self.inner, self.name = inner, name
+        self.failing = False
+        for cls in type(inner).__mro__:  # the exporter's modules log its failures
+            if cls.__module__.startswith("opentelemetry.exporter"):
+                logging.getLogger(cls.__module__).addFilter(self._quiet_while_failing)
+
+    def _quiet_while_failing(self, record: logging.LogRecord) -> bool:
+        return not self.failing
+
+    def export(self, spans: Any) -> SpanExportResult:
+        result = self.inner.export(spans)
+        if result is SpanExportResult.SUCCESS:
+            if self.failing:
+                self.failing = False
+                log.info("trace export works again", extra={"exporter": self.name})
+        elif not self.failing:
+            self.failing = True
+            log.warning("trace export failing: spans are dropped until it works again",
+                        extra={"exporter": self.name})
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
 class Tracer:
     """The sidecar's spans. Every method runs on the event loop."""
 
@@ -97,7 +137,7 @@ class Tracer:
         exporters = []
         for name in names:
             try:
-                exporters.append(_exporter_class(name)())
+                exporters.append(_Episodes(_exporter_class(name)(), name))
             except Exception as e:  # a bad exporter name or setting: no traces, still serving
                 log.error("trace exporter not available", extra={"exporter": name, "error": str(e)})
         if not exporters:
