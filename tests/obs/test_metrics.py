@@ -35,6 +35,8 @@ PLATFORM_TOKEN = "telegram-only-token"
 CONFIG = (echo("main") + slow_echo("slow", 100)
           + scripted("mtool", TOOL_STEPS, tools=["mt.*"])
           + scripted("mfail", [{"error": "the model is down"}])
+          + scripted("moutside", [{"tool_calls": [{"name": "zz.outside", "arguments": {}}]}, {"text": "x"}],
+                     tools=["mt.*"])
           + f'[[auth.tokens]]\ntoken = "{TOKEN}"\nadmin = true\n\n'
           + f'[[auth.tokens]]\ntoken = "{PLATFORM_TOKEN}"\nplatforms = ["telegram"]\n\n')
 
@@ -108,6 +110,21 @@ def test_turns_tool_calls_and_a_model_failure_are_counted(sc):
     # The host has gone: the gauge follows.
     wait_until(lambda: scrape(port).value("agent_sidecar_tool_hosts", namespace="mt") == 0,
                what="the tool host gauge back at 0")
+
+
+def test_a_tool_call_the_worker_refuses_is_a_tool_call_error(sc):
+    """A call outside the profile's tools is refused in the worker (the turn
+    fails TOOL_SCOPE_VIOLATION) and never reaches the parent, which counted
+    only the calls it ran: tool_call_errors_total, documented as the calls
+    that "failed, timed out or were refused", missed it. The worker now
+    reports it with the turn; it has no duration (it never ran)."""
+    before = scrape(sc.metrics_port)
+    out = run(sc.prompts(), text="call it", src=source(), profile="moutside")
+    assert out.end == "failed" and out.last.failed.reason == "TOOL_SCOPE_VIOLATION"
+    after = scrape(sc.metrics_port)
+    assert after.since(before, "agent_sidecar_tool_call_errors_total", namespace="unknown") == 1
+    assert after.since(before, "agent_sidecar_tool_call_duration_seconds_count", namespace="unknown") == 0
+    assert after.since(before, "agent_sidecar_turns_total", outcome="failed", reason="TOOL_SCOPE_VIOLATION") == 1
 
 
 def test_duration_buckets_reach_past_the_default_timeouts(sc):

@@ -167,7 +167,7 @@ class SidecarCollector:
             yield _histogram("tool_call_duration_seconds", "Tool calls, by namespace (local: in-process "
                              "tools; unknown: a name no host serves).", ["namespace"], dict(s.tool_calls))
             yield _counter("tool_call_errors_total", "Tool calls that failed or were refused, by namespace.",
-                           ["namespace"], {n: s.tool_errors[n] for n in s.tool_calls})
+                           ["namespace"], {n: s.tool_errors[n] for n in {*s.tool_calls, *s.tool_errors}})
 
 
 class SidecarMetrics:

@@ -160,11 +160,14 @@ class TurnReport(TypedDict):
     """What the worker measured of one turn, for the parent's metrics
     (turns/stats.py): each model call as ``[seconds, ok]`` (a call cut off by
     a cancel or the timeout is left out), whether the session's agent was
-    warm, and how many agents the cache evicted (LRU) to make room for it."""
+    warm, how many agents the cache evicted (LRU) to make room for it, and
+    the tool calls it refused itself (names outside the profile's tools:
+    the parent never saw them, so it counts them from here)."""
     backend: str
     model_calls: list[tuple[float, bool]]
     cache_hit: bool
     evicted: int
+    refused_tools: list[str]
 
 
 class Done(TypedDict):
@@ -238,8 +241,9 @@ def failed(request_id: str, reason: str, message_text: str, report: TurnReport |
 
 
 def turn_report(backend: str, model_calls: list[tuple[float, bool]], cache_hit: bool,
-                evicted: int) -> TurnReport:
-    return {"backend": backend, "model_calls": model_calls, "cache_hit": cache_hit, "evicted": evicted}
+                evicted: int, refused_tools: list[str]) -> TurnReport:
+    return {"backend": backend, "model_calls": model_calls, "cache_hit": cache_hit, "evicted": evicted,
+            "refused_tools": refused_tools}
 
 
 def evicted(why: str, count: int, keys: list[str]) -> Evicted:

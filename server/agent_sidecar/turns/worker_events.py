@@ -51,7 +51,7 @@ def on_message(m: TurnManager, h: WorkerHandle, msg: Any) -> None:  # decoded: "
                                               "keys": msg["keys"]})
             return
         case "done" if "report" in msg:  # counted even when the turn's end came first
-            m.stats.worker_report(msg["report"])
+            m.stats.worker_report(msg["report"], m.tools.namespace_of)
     turn = m.live.get(msg.get("request_id", ""))
     if turn is None or turn.closing:
         return
