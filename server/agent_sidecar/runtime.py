@@ -53,9 +53,14 @@ JOB_MODULES = ("agent_sidecar.recovery.housekeeping", "agent_sidecar.recovery.st
                "agent_sidecar.cluster.jobs")
 
 
+# The DSN's parameters that are secrets: the password, and the one of the
+# client certificate's key (libpq's sslpassword).
+_DSN_SECRETS = frozenset(("password", "sslpassword"))
+
+
 def store_description(cfg: Config) -> str:
     """What the store is, for the log: the SQLite file, or PostgreSQL and its
-    DSN without the password (the log must never hold a secret)."""
+    DSN without its secrets (the log must never hold one)."""
     if cfg.store.backend != "postgres":
         return f"sqlite {cfg.db_path}"
     from psycopg import ProgrammingError
@@ -64,7 +69,7 @@ def store_description(cfg: Config) -> str:
         params = conninfo_to_dict(cfg.store.dsn)
     except ProgrammingError:  # not a DSN libpq reads (the store opened with it: not expected)
         return "postgres"
-    return "postgres " + make_conninfo("", **{k: v for k, v in params.items() if k != "password"})
+    return "postgres " + make_conninfo("", **{k: v for k, v in params.items() if k not in _DSN_SECRETS})
 
 
 class Sidecar:

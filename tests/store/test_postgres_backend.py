@@ -416,11 +416,13 @@ def test_prefix_lookups_and_retention_cut_exactly(tmp_path):
 # -- what the log says the store is ---------------------------------------------------------------
 
 def test_the_serving_line_names_postgres_and_the_dsn_without_its_password(pg_server, tmp_path):
-    """The log line is the behaviour here: it says what the store is, and never a secret."""
+    """The log line is the behaviour here: it says what the store is, and never a secret,
+    the client key's password (sslpassword, unused without TLS) included: it was logged."""
     from helpers.logs import log_lines
     from sidecar_proc import Sidecar
     secret = "not-the-servers-password"  # the tests' server trusts local connections: any will do
-    dsn = make_conninfo(pg_server.database("serving_line"), password=secret)
+    key_secret = "not-the-client-keys-password"
+    dsn = make_conninfo(pg_server.database("serving_line"), password=secret, sslpassword=key_secret)
     sc = Sidecar(tmp_path / "data", dsn=dsn).start()
     try:
         (line,) = log_lines(sc, "serving")
@@ -428,6 +430,7 @@ def test_the_serving_line_names_postgres_and_the_dsn_without_its_password(pg_ser
         sc.stop()
     assert line["db"].startswith("postgres ") and "dbname=" in line["db"], line
     assert "sidecar.db" not in line["db"] and "password" not in line["db"] and secret not in sc.log()
+    assert key_secret not in sc.log(), line
 
 
 @pytest.mark.parametrize("dsn, pieces", [
