@@ -17,10 +17,11 @@ import urllib.request
 import grpc
 import pytest
 from helpers.config import echo, scripted, slow_echo
-from helpers.ids import source
+from helpers.ids import source, words
 from helpers.metrics import metrics_config, scrape
 from helpers.procs import worker_pid
-from helpers.streams import QUEUE, run, start
+from helpers.recovery import restart
+from helpers.streams import QUEUE, PromptRun, run, start
 from helpers.tools import AB_SCHEMA, ToolHost
 from helpers.waiting import wait_until
 from sidecar_proc import ROOT, TOKEN, Sidecar, error_info, free_port
@@ -234,3 +235,20 @@ def test_every_metric_served_is_documented(sc):
     # A cluster node's own (tests/cluster/test_leases.py scrapes those): not served here.
     documented = {(name, kind) for name, kind in documented if not name.startswith("agent_sidecar_cluster_")}
     assert served == documented, (served - documented, documented - served)
+
+
+def test_turns_the_restore_ends_are_counted(tmp_path):
+    """A turn cut off by kill -9 ends at the next start, failed
+    restart_interrupted, by the restore job rather than the frame bus: it
+    counts in turns_total as every ended turn does."""
+    port = free_port()
+    s = Sidecar(tmp_path / "data", config=slow_echo("main", 100) + metrics_config(port), workers=1).start()
+    try:
+        cut = PromptRun(s.prompts(), text=words(80), src=source())
+        cut.wait_for("started")
+        s.kill9()
+        restart(s)
+        assert scrape(port).value("agent_sidecar_turns_total", outcome="failed",
+                                  reason="restart_interrupted") == 1
+    finally:
+        s.stop()

@@ -73,7 +73,8 @@ class RestorePlan:
     clean: bool
     marked: list[str] = field(default_factory=list)
     suspended: list[str] = field(default_factory=list)
-    closed_turns: int = 0
+    closed_turns: int = 0  # failed restart_interrupted
+    superseded: int = 0  # waiting prompts of a lane suspended as a stuck loop
     queued: list[RestoredPrompt] = field(default_factory=list)
     resume: list[ResumeTurn] = field(default_factory=list)
 
@@ -179,6 +180,7 @@ def restore(uow: UnitOfWork, clean: bool, freshness_s: float,
             plan.closed_turns += 1
         elif e.session_key in plan.suspended:  # as SuspendSession does: its waiting prompts end
             close_with_frame(uow, e, "superseded", "", {"by_request_id": ""})
+            plan.superseded += 1
         else:
             link = e.payload.get("absorbed_from")  # a follow-up that absorbed a burst
             plan.queued.append(RestoredPrompt(

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from .. import errors as E
 from ..delivery import INTERRUPT, ROLLBACK
 from ..obs import tracing
-from ..recovery.startup import RestoredPrompt, RestorePlan
+from ..recovery.startup import INTERRUPTED, RestoredPrompt, RestorePlan
 from ..sessions import lifecycle as life
 from ..store import StoreUnavailable
 from . import wire
@@ -68,7 +68,12 @@ async def adopt(m: TurnManager, plan: RestorePlan, epoch: int = 0) -> None:
     """Run what a restore plan found: its queued prompts back in their lanes,
     in order, its auto-resume turns submitted, those lanes started. For the
     startup restore, and for lanes a cluster node takes over (``epoch``: the
-    lease they are held at)."""
+    lease they are held at). The turns the restore job ended count in the
+    metrics' turns_total as every other ended turn does."""
+    if plan.closed_turns:
+        m.stats.ended.add(("failed", INTERRUPTED), plan.closed_turns)
+    if plan.superseded:
+        m.stats.ended.add(("superseded", ""), plan.superseded)
     keys = {q.entry.session_key for q in plan.queued} | {r.session_key for r in plan.resume}
     for q in plan.queued:
         _restore_queued(m, q).epoch = epoch
