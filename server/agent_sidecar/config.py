@@ -131,6 +131,10 @@ class StoreConfig:
     dsn: str = key("", secret=True, doc="the PostgreSQL connection string (`backend = \"postgres\"`), "
                                       "e.g. `postgresql://sidecar@db/sidecar`")
     pool_size: int = key(4, ge=1, le=100, doc="PostgreSQL connections for reads (the writer has its own)")
+    stall_not_serving_s: float = key(30.0, ge=0, le=86400,
+                                     doc="health turns `NOT_SERVING` while the store has left writes "
+                                         "unanswered this many seconds (a disk or database that hangs "
+                                         "rather than fails), and `SERVING` once it answers; 0: never")
 
 
 @dataclass

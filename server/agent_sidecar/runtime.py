@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # imported where used: the gRPC layer loads after the workers
     import grpc
 
     from .api.auth import Authenticator
+    from .api.readiness import Readiness
     from .api.server import SidecarHealth
     from .cluster.forward import Forwarder
     from .cluster.tail import FrameTail
@@ -85,7 +86,7 @@ class Sidecar:
         self.exit_code = 0
         self._lock_fd: int | None = None
         self._forward: Forwarder | None = None  # cluster/forward.py, on a cluster
-        self._health_tasks: set[asyncio.Task] = set()
+        self.readiness: Readiness | None = None  # health following the store (api/readiness.py)
         self.tools: ToolRegistry | None = None
         self.auth: Authenticator | None = None
         self.live = Live(self)  # what GetStatus and the metrics read (obs/)
@@ -120,6 +121,7 @@ class Sidecar:
     async def start(self) -> list[str]:
         from .api.auth import Authenticator
         from .api.prompt_service import PromptService
+        from .api.readiness import Readiness
         from .api.server import build_server, calm_grpc_threads
         from .api.session_service import SessionService
         from .api.status_service import StatusService
@@ -148,11 +150,11 @@ class Sidecar:
         await self.server.start()
         calmed = calm_grpc_threads()
         await self.turns.start()
-        self.store.watch_faults(self._store_changed)
-        if self.store.fault is None:
-            await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self.readiness = Readiness(self.health, self.store, self.cfg.store.stall_not_serving_s, notify)
+        await self.readiness.start()
+        self.store.watch_faults(self.readiness.store_changed)
         # systemd Type=notify: the restore is done (a store that cannot write is health's to say).
-        notify("READY=1\n" + _status_line(self.store.fault))
+        notify("READY=1")
         tune_gc()
         log.info("serving", extra={"listen": bound, "db": store_description(self.cfg),
                                    "workers": self.cfg.worker_count(), "batch_threads": calmed,
@@ -216,19 +218,6 @@ class Sidecar:
         bound = await self.metrics.start(self.cfg.metrics.listen)
         log.info("metrics listening", extra={"listen": bound, "path": "/metrics"})
 
-    def _store_changed(self, fault) -> None:
-        """Health follows the store: NOT_SERVING while it cannot write (every
-        write and new prompt is refused then), SERVING again when it can."""
-        from grpc_health.v1 import health_pb2
-        if self._stopping.is_set() or self.health is None:  # the server is up before faults are watched
-            return
-        status = (health_pb2.HealthCheckResponse.NOT_SERVING if fault is not None
-                  else health_pb2.HealthCheckResponse.SERVING)
-        notify(_status_line(fault))  # what `systemctl status` shows
-        task = asyncio.get_running_loop().create_task(self.health.set("", status))
-        self._health_tasks.add(task)
-        task.add_done_callback(self._health_tasks.discard)
-
     def _store_lost(self) -> None:
         """Without its writer the sidecar cannot acknowledge anything: stop
         (not cleanly: no marker), and let the supervisor restart us. Calls in
@@ -242,6 +231,8 @@ class Sidecar:
 
     def request_stop(self) -> None:
         self._stopping.set()
+        if self.readiness is not None:  # the drain has health from now on
+            self.readiness.close()
 
     def stop_on_signals(self) -> None:
         """SIGTERM, SIGINT and SIGHUP stop the sidecar cleanly (drained, the
@@ -281,6 +272,8 @@ class Sidecar:
         drained = False
         # Graceful: startup restore finished and nothing failed under us.
         graceful = self.turns is not None and self.turns.ready.is_set() and not self.exit_code
+        if self.readiness is not None:
+            self.readiness.close()
         if self.health is not None:
             await self.health.enter_graceful_shutdown()
         if graceful and self.turns is not None:
@@ -354,8 +347,3 @@ class Sidecar:
         log.error("stopped without a clean-shutdown marker", extra={
             "error": error, "next_start": "recovers as after a crash"})
         self.exit_code = 1
-
-
-def _status_line(fault) -> str:
-    """sd_notify's STATUS= for the store's state."""
-    return "STATUS=serving" if fault is None else "STATUS=serving reads only: the store cannot write"

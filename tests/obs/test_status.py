@@ -19,6 +19,7 @@ from helpers.ids import source
 from helpers.metrics import metrics_config, scrape
 from helpers.pgproxy import PgProxy
 from helpers.procs import children
+from helpers.recovery import health
 from helpers.streams import PromptRun, run
 from helpers.waiting import wait_until
 from sidecar_proc import TOKEN, Sidecar, error_info, free_port
@@ -73,25 +74,30 @@ def test_status_table(sc):
         assert str(kids[name]) in out.stdout
 
 
-def test_a_writer_that_stops_answering_shows_as_stalled_while_the_store_still_says_writable(tmp_path):
-    """A hung commit is no failure (health stays SERVING, the store
-    `writable`): what shows it is how long jobs have waited with no answer,
-    in GetStatus and the status table."""
-    with Sidecar(tmp_path / "data", config=echo("main"), workers=1) as s:
+def test_a_writer_that_stops_answering_takes_the_sidecar_out_of_rotation_until_it_answers(tmp_path):
+    """A hung commit is no failure (the store stays `writable`, nothing is
+    refused), but a prompt sent now waits as long as the hang: past ``[store]
+    stall_not_serving_s`` health says NOT_SERVING, and SERVING again once the
+    writer answers. GetStatus and the status table show how long jobs have
+    waited with no answer."""
+    config = echo("main") + table("store", stall_not_serving_s=2)
+    with Sidecar(tmp_path / "data", config=config, workers=1) as s:
         writer = children(s)["sidecar-writer"]
         # none waits (a job of the start, retention or the FTS backlog may be in flight a moment)
         wait_until(lambda: s.status().store.writer_stalled_seconds == 0, 15, what="no job waiting")
+        assert health(s.target) == "SERVING"
         os.kill(writer, signal.SIGSTOP)
         try:
             turn = PromptRun(s.prompts(), text="held", src=source())  # its accept waits for the writer
-            wait_until(lambda: s.status().store.writer_stalled_seconds >= 1.0, 15, what="the writer stalled")
+            wait_until(lambda: health(s.target) == "NOT_SERVING", 15, what="health NOT_SERVING")
             st = s.status()
-            assert st.store.writable and st.serving and st.store.writer_backlog >= 1
-            table = cli("status", "--target", s.target)
-            assert table.returncode == 0 and " · NO ANSWER for " in table.stdout, table.stdout
+            assert st.store.writable and st.store.writer_backlog >= 1 and st.store.writer_stalled_seconds >= 2
+            out = cli("status", "--target", s.target)
+            assert out.returncode == 0 and " · NO ANSWER for " in out.stdout, out.stdout
         finally:
             os.kill(writer, signal.SIGCONT)
         assert turn.result(30).end == "completed"
+        wait_until(lambda: health(s.target) == "SERVING", 15, what="health SERVING again")
         wait_until(lambda: s.status().store.writer_stalled_seconds == 0, 15, what="the writer answering again")
 
 
