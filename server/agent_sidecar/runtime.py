@@ -154,7 +154,7 @@ class Sidecar:
         await self.readiness.start()
         self.store.watch_faults(self.readiness.store_changed)
         # systemd Type=notify: the restore is done (a store that cannot write is health's to say).
-        notify("READY=1")
+        notify("READY=1\n" + self.readiness.status_line())
         tune_gc()
         log.info("serving", extra={"listen": bound, "db": store_description(self.cfg),
                                    "workers": self.cfg.worker_count(), "batch_threads": calmed,

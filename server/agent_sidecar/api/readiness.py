@@ -44,8 +44,8 @@ class Readiness:
         self._sets: set[asyncio.Task] = set()
 
     async def start(self) -> None:
-        """Say the state now (the restore is done), then follow the writer's stalls."""
-        self.notify(self.status_line())
+        """Set health now (the restore is done; the caller sends ``READY=1``
+        with ``status_line``), then follow the writer's stalls."""
         await self.health.set("", self._status())
         if self.stall_s > 0:
             self._watch = asyncio.get_running_loop().create_task(self._follow_stalls())
