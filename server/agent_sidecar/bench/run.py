@@ -12,8 +12,9 @@ report gives each round's knee and their median.
 
 The ideal turn (what ``--slo`` is measured against) is, in this order: the
 ``--ideal`` given; the median turn of the calibration (``--calibrate`` turns
-one at a time on the target before the sweep, default 3); the p50 turn of the
-target's lowest point. The bare server's timing is ``--bare-latency-ms`` when
+one at a time on one session of the target before the sweep, default 3,
+after a warm-up there: _Run.calibrate); the p50 turn of the target's
+lowest point. The bare server's timing is ``--bare-latency-ms`` when
 given, else read off the calibration (``bare_timing``): the median gap
 between deltas (both the echo model and the bare server pace by deadline, so
 a late wake-up does not add up); the deltas per turn (echo when it equals the
@@ -269,14 +270,19 @@ class _Run:
 
     async def calibrate(self) -> None:
         """``--calibrate`` turns one at a time through the first target, on
-        the first client's sessions."""
+        one session, after a warm-up there (load's auto: its first turn;
+        in ``totals`` only): a
+        session runs on one worker slot, whose first turn is slower (100-200
+        ms on a fresh echo sidecar). Spread over fresh sessions, most turns
+        met a cold worker, and the ideal turn (their median) came out up to
+        7x the unhurried one on a sidecar just started, the SLO with it."""
         opts = self.opts
         if not opts.calibrate:
             return
-        spec = load.LoadSpec(concurrency=1, text=opts.text, duration_s=None, turns=opts.calibrate, warmup_s=0,
+        spec = load.LoadSpec(concurrency=1, text=opts.text, duration_s=None, turns=opts.calibrate, warmup_s=None,
                              ramp_s=0, delivery=opts.delivery, profile=opts.profile,
                              turn_timeout_s=opts.turn_timeout_s, resume_timeout_s=opts.target.connect_timeout_s)
-        pool = load.SessionPool(self.shares[0][1], opts.seed)
+        pool = load.SessionPool(self.shares[0][1][:1], opts.seed)
         self.calibration = await load.run_point(self.mains[0], pool, spec,
                                                 lambda p: self.status("calibrating", p))
         check_refused(self.calibration, "the calibration")

@@ -157,7 +157,8 @@ def _measure_arguments(m) -> None:
     m.add_argument("--ideal", type=positive(float), default=None,
                    help="the ideal turn in seconds (default: the median calibration turn)")
     m.add_argument("--calibrate", type=non_negative(int), default=3,
-                   help="turns run one at a time before the points, for the ideal and the bare timing (default 3)")
+                   help="turns run one at a time on one session (after a warm-up there) before the points, for the "
+                        "ideal and the bare timing (default 3)")
     m.add_argument("--compare-bare", action="store_true",
                    help="run the same load against a built-in bare gRPC server and print the ratios")
     m.add_argument("--bare-latency-ms", type=non_negative(float), default=None,
