@@ -1,5 +1,5 @@
 """`agent-sidecar bench` before its points: the calibration that sets the
-ideal turn. The real command in a subprocess
+ideal turn, and reaching the target. The real command in a subprocess
 against a real sidecar; counts are checked against what the sidecar holds,
 read back over gRPC. No figure is asserted: speed is for benchmarks/."""
 
@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers.certs import available as certs_available
+from helpers.certs import make_certs
 from helpers.cli import cli
 from helpers.config import echo
 from helpers.sessions import get_session, held
-from sidecar_proc import Sidecar
+from sidecar_proc import TOKEN, Sidecar, free_port
 
 WORDS = 4
 
@@ -52,3 +54,58 @@ def test_the_calibration_runs_on_one_warm_session(sc, tmp_path):
     assert sum(counts) == doc["totals"]["completed"] == sent + 1
     assert held(sc.sessions(), keys) == (sent + 1, 2 * (sent + 1))
 
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory):
+    """A sidecar with a TLS listener (certificates of helpers.certs' CA, for
+    localhost and 127.0.0.1) and one that asks for client certificates."""
+    if not certs_available():
+        pytest.skip("openssl not installed")
+    certs = make_certs(tmp_path_factory.mktemp("certs"))
+    plain, mutual = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    config = f'[[auth.tokens]]\ntoken = "{TOKEN}"\nadmin = true\n' + echo("main", 1)
+    for address, client_ca in ((plain, ""), (mutual, f'client_ca = "{certs.ca}"\n')):
+        config += (f'[[listen]]\naddress = "{address}"\ncert = "{certs.server_cert}"\n'
+                   f'key = "{certs.server_key}"\n{client_ca}')
+    s = Sidecar(tmp_path_factory.mktemp("bench-tls") / "data", config=config, workers=1).start()
+    s.tls_target, s.mtls_target, s.certs = plain, mutual, certs
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("another CA", "CERTIFICATE_VERIFY_FAILED"),
+    ("another name", "Hostname Verification Check failed"),
+    ("no client certificate", "Socket closed"),  # the listener closes the handshake
+    ("nothing listening", "Connection refused"),
+])
+def test_a_target_that_cannot_be_reached_says_why_in_one_line(tls, case, reason):
+    """A TLS mistake (the wrong CA, a certificate for another name, no
+    client certificate for an mTLS listener) and a port nothing listens on
+    are each one line on stderr, exit 1, with gRPC's reason; before, every
+    one read "no sidecar reachable" after the wait, as if the sidecar were
+    down, under a dozen lines of the gRPC core's own handshake logs."""
+    certs = tls.certs
+    target, options = {
+        "another CA": (tls.tls_target, ["--ca", str(certs.other_ca)]),
+        "another name": (tls.tls_target, ["--ca", str(certs.ca), "--server-name", "elsewhere.example"]),
+        "no client certificate": (tls.mtls_target, ["--ca", str(certs.ca)]),
+        "nothing listening": (f"127.0.0.1:{free_port()}", []),
+    }[case]
+    r = bench("--target", target, "--token", TOKEN, *options, "--connect-timeout", "1", "--turns", "1")
+    assert r.returncode == 1, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"agent-sidecar bench: no sidecar reachable at {target} within 1s: "), line
+    assert reason in line, line
+
+
+def test_a_tls_target_with_its_ca_and_client_certificate_is_benched(tls, tmp_path):
+    """The same mTLS listener, given what it asks for, runs the point."""
+    certs, out = tls.certs, tmp_path / "mtls.json"
+    r = bench("--target", tls.mtls_target, "--token", TOKEN, "--ca", str(certs.ca), "--cert", str(certs.client_cert),
+              "--key", str(certs.client_key), "--concurrency", "2", "--turns", "4", "--calibrate", "1",
+              "--prompt-words", str(WORDS), "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["points"][0]["turns"] == 4 and doc["points"][0]["error_count"] == 0
+    assert held(tls.sessions(), doc["sessions"]["keys"])[0] == doc["totals"]["completed"]

@@ -50,7 +50,8 @@ class Target:
 
 
 async def connect(target: Target) -> SidecarClient:
-    """A client for ``target``; BenchError (one line) when nothing answers."""
+    """A client for ``target``; BenchError (one line) when nothing answers,
+    saying why the connection failed (_why_unreachable)."""
     from agent_sidecar_client import SidecarError
     from agent_sidecar_client import connect as client_connect
     try:
@@ -58,14 +59,19 @@ async def connect(target: Target) -> SidecarClient:
         if target.tls is not None:
             import grpc
             credentials = grpc.ssl_channel_credentials(*target.tls)
-        return await client_connect(target.address, target.token, timeout=target.connect_timeout_s,
-                                    credentials=credentials, options=target.channel_options,
-                                    call_timeout=60.0, insecure=target.insecure)
-    except SidecarError:
-        raise BenchError(f"no sidecar reachable at {target.address} within "
-                         f"{target.connect_timeout_s:g}s") from None
+        client = await client_connect(target.address, target.token, wait_ready=False,
+                                      credentials=credentials, options=target.channel_options,
+                                      call_timeout=60.0, insecure=target.insecure)
     except Exception as e:  # a malformed target, bad TLS material...
         raise BenchError(f"cannot connect to {target.address}: {e}") from None
+    try:
+        await client.wait_ready(target.connect_timeout_s)
+    except SidecarError:
+        why = await _why_unreachable(client)
+        await client.close()
+        raise BenchError(f"no sidecar reachable at {target.address} within "
+                         f"{target.connect_timeout_s:g}s{why}") from None
+    return client
 
 
 async def check_answers(target: Target, client: SidecarClient) -> None:
@@ -76,5 +82,25 @@ async def check_answers(target: Target, client: SidecarClient) -> None:
     try:
         await client.wait_ready(target.connect_timeout_s)
     except SidecarError:
+        why = await _why_unreachable(client)
         raise TargetLost(f"{target.address} stopped answering (no connection within "
-                         f"{target.connect_timeout_s:g}s)") from None
+                         f"{target.connect_timeout_s:g}s{why})") from None
+
+
+async def _why_unreachable(client: SidecarClient) -> str:
+    """``": <reason>"``: gRPC's account of the channel's last connection
+    attempt (refused, no such socket, a TLS handshake that failed and why:
+    the CA, the name, no client certificate), which waiting for the channel
+    does not give; "" when there is none. Without it every one of those
+    read "no sidecar reachable", so a TLS mistake looked like a sidecar that
+    is down. A health check that does not wait for the connection fails
+    with it at once."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    try:
+        await health_pb2_grpc.HealthStub(client.channel).Check(
+            health_pb2.HealthCheckRequest(), metadata=client.metadata, timeout=5, wait_for_ready=False)
+    except grpc.RpcError as e:
+        details = (e.details() or "").strip()
+        return f": {details.rsplit('last error: ', 1)[-1]}" if details else ""
+    return ""
