@@ -147,6 +147,13 @@ def _check(field: str, value: Any) -> None:
             _check(f"{field}[{i}]", item)
 
 
+# The longest gRPC timeout a call is given: gRPC makes it an absolute
+# deadline in int64 nanoseconds since the epoch, which a timeout past ~7.4e9 s
+# (in 2026) wraps into the past, so every call failed DEADLINE_EXCEEDED at
+# once. A billion seconds (31 years) is no deadline in practice, and safe.
+MAX_CALL_TIMEOUT_S = 1e9
+
+
 class Deadline:
     """The remaining part of an overall timeout, for the calls of one turn."""
 
@@ -157,9 +164,10 @@ class Deadline:
         self._end = None if timeout is None else time.monotonic() + timeout
 
     def left(self) -> float | None:
-        """The gRPC timeout for the next call (at least 1 ms); None without a timeout."""
+        """The gRPC timeout for the next call (at least 1 ms, at most
+        MAX_CALL_TIMEOUT_S); None without a timeout."""
         left = self.remaining()
-        return None if left is None else max(0.001, left)
+        return None if left is None else min(MAX_CALL_TIMEOUT_S, max(0.001, left))
 
     def remaining(self) -> float | None:
         """Seconds left, <= 0 once passed; None without a timeout."""
