@@ -20,7 +20,7 @@ WORDS = 4
 
 @pytest.fixture(scope="module")
 def sc(tmp_path_factory):
-    s = Sidecar(tmp_path_factory.mktemp("bench-setup") / "data", config=echo("main", 1)).start()
+    s = Sidecar(tmp_path_factory.mktemp("bench-setup") / "data", config=echo("main", 1), tcp=True).start()
     yield s
     s.stop()
 
@@ -123,3 +123,19 @@ def test_a_turn_timeout_past_what_grpc_can_count_is_no_timeout(sc, tmp_path):
     doc = json.loads(out.read_text())
     assert doc["points"][0]["error_count"] == 0 and doc["totals"]["failed"] == {}, doc["totals"]
     assert held(sc.sessions(), doc["sessions"]["keys"])[0] == doc["totals"]["completed"] > 0
+
+
+@pytest.mark.parametrize("spelling", ["dns:///127.0.0.1:{port}", "dns:127.0.0.1:{port}", "{path}"])
+def test_a_local_sidecar_is_found_by_every_spelling_the_client_dials(sc, tmp_path, spelling):
+    """A target the client dials as given (dns:[//authority/]host:port, a
+    bare socket path) is the local sidecar's: the bench finds its process
+    tree and reports CPU and memory; before, it read "not on this host"."""
+    target = spelling.format(port=sc.tcp_port, path=sc.socket_path)
+    out = tmp_path / "spelled.json"
+    token = ["--token", TOKEN] if target.startswith("dns:") else []
+    r = bench("--target", target, *token, "--concurrency", "1", "--turns", "2", "--warmup", "0", "--calibrate", "0",
+              "--prompt-words", str(WORDS), "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["local"] is True and doc["sidecar_pid"] == sc.proc.pid, (doc["local"], doc["sidecar_pid"])
+    assert f"(local, pid {sc.proc.pid})" in r.stdout and doc["points"][0]["procs"]["processes"][0]["pid"] == sc.proc.pid

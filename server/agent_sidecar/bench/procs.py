@@ -325,7 +325,21 @@ def unix_path(target: str) -> str | None:
     return os.path.abspath(path)
 
 
+def dialled(target: str) -> str:
+    """``target`` as ``unix:PATH`` or ``HOST:PORT``, however the client was
+    given it: a bare socket path (``/p``, ``./p``, ``../p``) is ``unix:``,
+    and ``dns:[//AUTHORITY/]HOST:PORT`` is ``HOST:PORT``. Read as they came,
+    both were "not on this host", and a local sidecar got no CPU figures."""
+    if target.startswith(("/", "./", "../")):
+        return "unix:" + target
+    if target.startswith("dns:"):
+        rest = target[len("dns:"):]
+        return rest[rest.find("/", 2) + 1:] if rest.startswith("//") else rest
+    return target
+
+
 def _listening_inodes(target: str) -> set[str]:
+    target = dialled(target)
     path = unix_path(target)
     if path is not None:
         data = _read("/proc/net/unix") or ""
