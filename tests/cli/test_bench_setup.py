@@ -11,16 +11,18 @@ import pytest
 from helpers.certs import available as certs_available
 from helpers.certs import make_certs
 from helpers.cli import cli
-from helpers.config import echo
+from helpers.config import echo, scripted
 from helpers.sessions import get_session, held
 from sidecar_proc import TOKEN, Sidecar, free_port
 
 WORDS = 4
+BROKEN = "the upstream refused the API key (401)"
 
 
 @pytest.fixture(scope="module")
 def sc(tmp_path_factory):
-    s = Sidecar(tmp_path_factory.mktemp("bench-setup") / "data", config=echo("main", 1), tcp=True).start()
+    config = echo("main", 1) + scripted("broken", [{"error": BROKEN}])  # a model whose every call fails
+    s = Sidecar(tmp_path_factory.mktemp("bench-setup") / "data", config=config, tcp=True).start()
     yield s
     s.stop()
 
@@ -139,3 +141,21 @@ def test_a_local_sidecar_is_found_by_every_spelling_the_client_dials(sc, tmp_pat
     doc = json.loads(out.read_text())
     assert doc["local"] is True and doc["sidecar_pid"] == sc.proc.pid, (doc["local"], doc["sidecar_pid"])
     assert f"(local, pid {sc.proc.pid})" in r.stdout and doc["points"][0]["procs"]["processes"][0]["pid"] == sc.proc.pid
+
+
+@pytest.mark.parametrize("calibrate", ["2", "0"])
+def test_a_model_that_fails_every_turn_ends_the_run_in_one_line_quoting_it(sc, tmp_path, calibrate):
+    """Every turn of the calibration (or, without one, of the first point)
+    failed the same way (a ``failed`` frame: LLM_API_FAILURE from a model
+    that refuses its key): the bench stops there with the sidecar's message
+    and exit 1; before, it ran the whole sweep, every turn an error, and
+    exited 0 with "no completed turn"."""
+    out = tmp_path / "broken.json"
+    r = bench("--target", sc.target, "--profile", "broken", "--sweep", "1,2", "--duration", "1",
+              "--calibrate", calibrate, "--json", str(out))
+    assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr
+    where = "the calibration" if calibrate != "0" else "sidecar c=1 [1/2]"
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"agent-sidecar bench: every turn of {where} failed ("), last
+    assert last.endswith(f"): LLM_API_FAILURE: {BROKEN}"), last
+    assert "c=2" not in r.stderr and not out.exists()  # no later point ran

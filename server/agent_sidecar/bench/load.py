@@ -49,6 +49,7 @@ from .turns import (  # noqa: F401 - the phases, outcomes and summarize are load
     MEASURE,
     MERGED,
     STEERED,
+    TURN_FAILED,
     WARMUP,
     Turn,
     summarize,
@@ -242,6 +243,7 @@ async def run_turn(client: Any, key: str, spec: LoadSpec, point: Point, lane: in
                 turn.outcome = COMPLETED if turn.started else STEERED  # no turn of its own: it joined one
             elif kind == "failed":
                 turn.outcome = frame.failed.reason or "FAILED"
+                turn.code, turn.message = TURN_FAILED, frame.failed.message
             elif kind == "superseded":  # by a newer prompt, which runs its text; by nothing: dropped (a reset)
                 turn.outcome = MERGED if frame.superseded.by_request_id else "SUPERSEDED"
     except SidecarError as e:

@@ -24,6 +24,9 @@ ABSORBED = (STEERED, MERGED)
 # Status codes that refuse the request itself: sent again, it is refused again.
 REFUSALS = frozenset({"INVALID_ARGUMENT", "FAILED_PRECONDITION", "PERMISSION_DENIED", "UNAUTHENTICATED",
                       "NOT_FOUND", "OUT_OF_RANGE", "UNIMPLEMENTED"})
+# A Turn's ``code`` when a ``failed`` frame ended it: the turn ran, and the
+# model or the agent failed it (LLM_API_FAILURE, MAX_ITERATIONS, ...).
+TURN_FAILED = "TURN_FAILED"
 
 
 @dataclass
@@ -101,14 +104,16 @@ def summarize(point: Point, cpu: dict | None) -> dict:
 
 
 def refusal(turns: list[Turn]) -> dict | None:
-    """When every prompt of ``turns`` was refused the same way, with a code
-    that refuses the request itself (REFUSALS: a prompt too big, say), that
-    refusal: its code, reason, the server's message and how many; else None."""
+    """When every prompt of ``turns`` ended the same way, a way that ends
+    every later one too: refused with a code that refuses the request itself
+    (REFUSALS: a prompt too big, say), or run and failed (TURN_FAILED: a
+    model that cannot be reached, or refuses its key); that end: its code,
+    reason, the server's message and how many; else None."""
     kinds = {(t.code, t.outcome) for t in turns}
     if not turns or len(kinds) != 1:
         return None
     ((code, reason),) = kinds
-    if code not in REFUSALS:
+    if code not in REFUSALS and code != TURN_FAILED:
         return None
     return {"code": code, "reason": reason, "message": turns[0].message, "prompts": len(turns)}
 
@@ -116,11 +121,15 @@ def refusal(turns: list[Turn]) -> dict | None:
 def check_refused(result: dict, where: str) -> None:
     """BenchError, quoting the server, when ``result`` (the calibration's,
     or the first point's) completed no turn because every prompt was refused
-    the same way (a prompt past the sidecar's text cap, say): the rest of
-    the run would only be refused again."""
+    the same way (a prompt past the sidecar's text cap, say), or every turn
+    failed the same way (a model whose key is refused): the rest of the run
+    would only end so again (before, a whole sweep ran, every turn an error,
+    and exited 0 with "no completed turn")."""
     refused = result.get("refused")
     if refused is None or result["totals"]["completed"]:
         return
-    code, reason = refused["code"], refused["reason"]
+    code, reason, message = refused["code"], refused["reason"], refused["message"] or "(no message)"
+    if code == TURN_FAILED:
+        raise BenchError(f"every turn of {where} failed ({refused['prompts']} of them): {reason}: {message}")
     raise BenchError(f"every prompt of {where} was refused ({refused['prompts']} of them): "
-                     f"{code if reason == code else f'{code} {reason}'}: {refused['message'] or '(no message)'}")
+                     f"{code if reason == code else f'{code} {reason}'}: {message}")
