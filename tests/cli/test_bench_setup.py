@@ -159,3 +159,17 @@ def test_a_model_that_fails_every_turn_ends_the_run_in_one_line_quoting_it(sc, t
     assert last.startswith(f"agent-sidecar bench: every turn of {where} failed ("), last
     assert last.endswith(f"): LLM_API_FAILURE: {BROKEN}"), last
     assert "c=2" not in r.stderr and not out.exists()  # no later point ran
+
+
+def test_compare_bare_against_a_tls_target_says_the_ratios_include_tls(tls, tmp_path):
+    """The bare server always runs here with no TLS: against a TLS target
+    the sidecar/bare ratios price TLS too, and the report says so (also
+    for --render); before, they read as what the sidecar alone costs."""
+    certs, out = tls.certs, tmp_path / "tls-bare.json"
+    r = bench("--target", tls.tls_target, "--token", TOKEN, "--ca", str(certs.ca), "--concurrency", "1",
+              "--turns", "2", "--calibrate", "1", "--prompt-words", str(WORDS), "--compare-bare", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    warning = [line for line in r.stdout.splitlines() if line.startswith("warning: the target is reached over TLS")]
+    assert len(warning) == 1 and "ratios and added latencies include TLS," in warning[0], r.stdout
+    assert [p["server"] for p in json.loads(out.read_text())["points"]] == ["sidecar", "bare"]
+    assert bench("--render", str(out)).stdout == r.stdout

@@ -45,7 +45,26 @@ def header(doc: dict) -> list[str]:
                  else f"{b['reply_deltas']} deltas of {b.get('delta_words', 1)} word(s)")
         lines.append(f"bare server ({b['source']}): first delta at {b['first_delta_ms']:g} ms, then one every "
                      f"{b['delta_gap_ms']:g} ms, reply {reply}, no persistence")
+        caveat = bare_caveat(doc)
+        if caveat:
+            lines.append(caveat)
     return lines
+
+
+def bare_caveat(doc: dict) -> str | None:
+    """A warning when the bare server was not reached the way the target
+    was: it always runs on this host, with no TLS (bare_process), so against
+    a TLS target, or one on another host, the ratios price TLS and the
+    network too, not only what the sidecar does (None: reached alike)."""
+    o = doc["options"]
+    remote = not doc["local"] and len(o.get("targets", ())) <= 1  # (several: never measured as local)
+    ways = [(way, cost) for way, cost, yes in (("over TLS", "TLS", o["tls"]),
+                                              ("from a host not found here", "the network", remote)) if yes]
+    if not ways:
+        return None
+    return (f"warning: the target is reached {' and '.join(w for w, _ in ways)}, the bare server here over "
+            f"plain loopback: the sidecar/bare ratios and added latencies include {' and '.join(c for _, c in ways)}, "
+            "not only what the sidecar costs")
 
 
 def _repeated(doc: dict) -> bool:
