@@ -173,3 +173,18 @@ def test_compare_bare_against_a_tls_target_says_the_ratios_include_tls(tls, tmp_
     assert len(warning) == 1 and "ratios and added latencies include TLS," in warning[0], r.stdout
     assert [p["server"] for p in json.loads(out.read_text())["points"]] == ["sidecar", "bare"]
     assert bench("--render", str(out)).stdout == r.stdout
+
+
+@pytest.mark.parametrize("clients", ["1", "2"])
+def test_a_warmup_shorter_than_the_ramp_waits_for_every_lane_to_start(sc, tmp_path, clients):
+    """--warmup 0 with the lanes' first turns spread over 2 s: the measure
+    window opens once the last lane has started (at 2 s x 3/4), so its rates
+    are those of every lane; before, it opened at once and a 1 s window
+    measured the one or two lanes started by then as the point's four."""
+    out = tmp_path / "ramp.json"
+    r = bench("--target", sc.target, "--concurrency", "4", "--warmup", "0", "--ramp", "2", "--duration", "1",
+              "--calibrate", "0", "--prompt-words", str(WORDS), "--clients", clients, "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    (point,) = json.loads(out.read_text())["points"]
+    assert point["warmup_s"] >= 2 * 3 / 4, point["warmup_s"]
+    assert "warm-up 0 s, and until every lane has started" in r.stdout

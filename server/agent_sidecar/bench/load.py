@@ -72,6 +72,19 @@ class LoadSpec:
     resume_timeout_s: float = 30.0  # how long a turn whose stream broke tries to resume (the target's connect timeout)
 
 
+def warmup_past_ramp(warmup_s: float | None, ramp_s: float, concurrency: int, timed: bool) -> float | None:
+    """``--warmup`` seconds, but for a ``timed`` point never ending before
+    the last lane's first turn has started (its place in the ramp: ``ramp_s
+    * (c - 1) / c``; None, auto, waits for every lane's first turn to end
+    anyway). A timed window opened during the ramp measured some of the
+    lanes as all of them: at ``--warmup 0 --ramp 3``, four lanes of 0.2 s
+    turns read 6.7 turns/s, not ~18. A point of ``--turns`` keeps its
+    warm-up: with ``--warmup 0`` it sends exactly its turns."""
+    if warmup_s is None or concurrency < 2 or not timed:
+        return warmup_s
+    return max(warmup_s, ramp_s * (concurrency - 1) / concurrency)
+
+
 class SessionPool:
     """Session keys to hand to lanes: idle ones first, at random; when every
     session is busy, a random busy one (the turns then share it)."""

@@ -142,9 +142,9 @@ def ramp_for(opts: BenchOptions, calibration: dict | None) -> tuple[float, str]:
 
 def _spec(opts: BenchOptions, concurrency: int, ramp_s: float) -> load.LoadSpec:
     return load.LoadSpec(concurrency=concurrency, text=opts.text, duration_s=opts.duration_s, turns=opts.turns,
-                         warmup_s=opts.warmup_s, ramp_s=ramp_s, delivery=opts.delivery,
-                         profile=opts.profile, turn_timeout_s=opts.turn_timeout_s,
-                         resume_timeout_s=opts.target.connect_timeout_s)
+                         warmup_s=load.warmup_past_ramp(opts.warmup_s, ramp_s, concurrency, opts.turns is None),
+                         ramp_s=ramp_s, delivery=opts.delivery, profile=opts.profile,
+                         turn_timeout_s=opts.turn_timeout_s, resume_timeout_s=opts.target.connect_timeout_s)
 
 
 async def run_bench(opts: BenchOptions, status: Status,

@@ -24,7 +24,8 @@ def header(doc: dict) -> list[str]:
              else f"{len(o['targets'])} targets: no CPU/RSS figures" if len(o.get("targets", ())) > 1
              else "not on this host: no CPU/RSS figures")
     per_point = f"{o['duration_s']:g} s per point" if o["turns"] is None else f"{o['turns']} turns per point"
-    warm = "auto (one turn per lane)" if o["warmup_s"] is None else f"{o['warmup_s']:g} s"
+    warm = ("auto (one turn per lane)" if o["warmup_s"] is None
+            else f"{o['warmup_s']:g} s" + (", and until every lane has started" if o["turns"] is None else ""))
     ramp = doc.get("ramp")  # (absent from a document written before --ramp auto)
     if ramp:
         warm += f" · first turns spread over {ramp['s']:.3g} s"

@@ -130,7 +130,8 @@ def _load_arguments(ld) -> None:
     ld.add_argument("--tools", action="store_true",
                     help="host <platform>.echo and <platform>.sleep tools here, for a profile that calls them")
     ld.add_argument("--warmup", type=_seconds_or_auto, default=None, metavar="SECONDS|auto",
-                    help="warm-up per point (default auto: until every lane has finished one turn)")
+                    help="warm-up per point, with --duration at least until every lane has started (default auto: "
+                         "until every lane has finished one turn)")
     ld.add_argument("--ramp", type=_seconds_or_auto, default=None, metavar="SECONDS|auto",
                     help="spread the lanes' first turns over S seconds (default auto: one ideal turn, so "
                          "that turns start evenly over time, not in a burst per turn)")
