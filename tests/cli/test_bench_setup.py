@@ -21,7 +21,8 @@ BROKEN = "the upstream refused the API key (401)"
 
 @pytest.fixture(scope="module")
 def sc(tmp_path_factory):
-    config = echo("main", 1) + scripted("broken", [{"error": BROKEN}])  # a model whose every call fails
+    config = (echo("main", 1) + echo("slow", 50)  # slow: a turn of WORDS words takes 200 ms
+              + scripted("broken", [{"error": BROKEN}]))  # a model whose every call fails
     s = Sidecar(tmp_path_factory.mktemp("bench-setup") / "data", config=config, tcp=True).start()
     yield s
     s.stop()
@@ -188,3 +189,24 @@ def test_a_warmup_shorter_than_the_ramp_waits_for_every_lane_to_start(sc, tmp_pa
     (point,) = json.loads(out.read_text())["points"]
     assert point["warmup_s"] >= 2 * 3 / 4, point["warmup_s"]
     assert "warm-up 0 s, and until every lane has started" in r.stdout
+
+
+def test_a_refusal_that_says_when_to_come_back_is_waited_out(sc, tmp_path):
+    """Three lanes on one session with reject_if_busy: the two that find it
+    busy are refused AGENT_BUSY with RetryInfo (1 s), and wait that long
+    before their next prompt, as an adapter does; each refusal is counted.
+    Before, they sent the next at once: hundreds of refusals a second (and,
+    past the admission limits, thousands of OVERLOADED), the sidecar busy
+    refusing while its admitted turns were measured."""
+    out = tmp_path / "busy.json"
+    r = bench("--target", sc.target, "--profile", "slow", "--sessions", "1", "--concurrency", "3",
+              "--delivery", "reject_if_busy", "--duration", "1", "--warmup", "0", "--ramp", "0", "--calibrate", "0",
+              "--prompt-words", str(WORDS), "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    (point,) = doc["points"]
+    refused = doc["totals"]["failed"].get("AGENT_BUSY", 0)
+    seconds = len(point["series"])  # the point's whole length, rounded up to whole seconds
+    assert 0 < refused <= 3 * (seconds + 1), (refused, seconds)  # at most one per lane per second
+    assert set(doc["totals"]["failed"]) == {"AGENT_BUSY"}
+    assert held(sc.sessions(), doc["sessions"]["keys"])[0] == doc["totals"]["completed"] > 0

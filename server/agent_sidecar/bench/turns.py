@@ -44,6 +44,7 @@ class Turn:
     outcome: str = ""  # "completed", "steered" or "merged" (ABSORBED), or the reason it did not complete
     code: str = ""  # the status code of the error that ended it, if one did
     message: str = ""  # and its message, as the server gave it
+    retry_after: float = 0.0  # the error's RetryInfo delay: its lane waits it out (load.start_lanes)
 
 
 def summarize(point: Point, cpu: dict | None) -> dict:
