@@ -210,3 +210,17 @@ def test_a_refusal_that_says_when_to_come_back_is_waited_out(sc, tmp_path):
     assert 0 < refused <= 3 * (seconds + 1), (refused, seconds)  # at most one per lane per second
     assert set(doc["totals"]["failed"]) == {"AGENT_BUSY"}
     assert held(sc.sessions(), doc["sessions"]["keys"])[0] == doc["totals"]["completed"] > 0
+
+
+def test_a_turn_timeout_shorter_than_every_turn_ends_the_run_in_one_line(sc, tmp_path):
+    """--turn-timeout 0.05 against 200 ms turns: every turn of the
+    calibration (or of the first point, should one of those turns end
+    otherwise) runs past it; the bench says so, exit 1, instead of running
+    the sweep with every turn DEADLINE_EXCEEDED and exiting 0."""
+    out = tmp_path / "short.json"
+    r = bench("--target", sc.target, "--profile", "slow", "--sweep", "1,2", "--duration", "1", "--turn-timeout", "0.05",
+              "--prompt-words", str(WORDS), "--json", str(out))
+    assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("agent-sidecar bench: every turn of ") and "ran past --turn-timeout" in last, last
+    assert "c=2" not in r.stderr and not out.exists()

@@ -27,6 +27,8 @@ REFUSALS = frozenset({"INVALID_ARGUMENT", "FAILED_PRECONDITION", "PERMISSION_DEN
 # A Turn's ``code`` when a ``failed`` frame ended it: the turn ran, and the
 # model or the agent failed it (LLM_API_FAILURE, MAX_ITERATIONS, ...).
 TURN_FAILED = "TURN_FAILED"
+# The code of a turn that ran past the bench's own --turn-timeout.
+TIMED_OUT = "DEADLINE_EXCEEDED"
 
 
 @dataclass
@@ -109,12 +111,14 @@ def refusal(turns: list[Turn]) -> dict | None:
     every later one too: refused with a code that refuses the request itself
     (REFUSALS: a prompt too big, say), or run and failed (TURN_FAILED: a
     model that cannot be reached, or refuses its key); that end: its code,
-    reason, the server's message and how many; else None."""
+    reason, the server's message and how many; else None. Or past the
+    bench's own ``--turn-timeout`` (TIMED_OUT), which a busier point will
+    not beat either."""
     kinds = {(t.code, t.outcome) for t in turns}
     if not turns or len(kinds) != 1:
         return None
     ((code, reason),) = kinds
-    if code not in REFUSALS and code != TURN_FAILED:
+    if code not in REFUSALS and code not in (TURN_FAILED, TIMED_OUT):
         return None
     return {"code": code, "reason": reason, "message": turns[0].message, "prompts": len(turns)}
 
@@ -132,5 +136,8 @@ def check_refused(result: dict, where: str) -> None:
     code, reason, message = refused["code"], refused["reason"], refused["message"] or "(no message)"
     if code == TURN_FAILED:
         raise BenchError(f"every turn of {where} failed ({refused['prompts']} of them): {reason}: {message}")
+    if code == TIMED_OUT:
+        raise BenchError(f"every turn of {where} ran past --turn-timeout ({refused['prompts']} of them): "
+                         f"give it more than a turn takes")
     raise BenchError(f"every prompt of {where} was refused ({refused['prompts']} of them): "
                      f"{code if reason == code else f'{code} {reason}'}: {message}")
