@@ -6,14 +6,15 @@ read back over gRPC. No figure is asserted: speed is for benchmarks/."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 from helpers.certs import available as certs_available
 from helpers.certs import make_certs
-from helpers.cli import cli
+from helpers.cli import CLEAN_ENV, COMMAND, cli
 from helpers.config import echo, scripted
 from helpers.sessions import get_session, held
-from sidecar_proc import TOKEN, Sidecar, free_port
+from sidecar_proc import ROOT, TOKEN, Sidecar, free_port
 
 WORDS = 4
 BROKEN = "the upstream refused the API key (401)"
@@ -224,3 +225,19 @@ def test_a_turn_timeout_shorter_than_every_turn_ends_the_run_in_one_line(sc, tmp
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("agent-sidecar bench: every turn of ") and "ran past --turn-timeout" in last, last
     assert "c=2" not in r.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("clients", ["1", "2"])
+def test_a_prompt_the_client_refuses_to_send_is_one_line_and_exit_1(sc, clients):
+    """A --prompt the Python client will not send (bytes that are not UTF-8:
+    a lone surrogate in Python's argv) ends the run in one line naming why.
+    Before, each refusal was counted as a turn that failed with no await in
+    between, so the lane sent the next at once, forever: the event loop
+    never ran again (Ctrl-C and timeouts included) and the turns it held
+    took the machine's memory (19 GB in a minute)."""
+    r = subprocess.run([*COMMAND, "bench", "--target", sc.target, "--prompt", "bad \udcff text", "--concurrency", "2",
+                        "--turns", "2", "--clients", clients], capture_output=True, timeout=60, cwd=ROOT, env=CLEAN_ENV)
+    stderr = r.stderr.decode(errors="replace")
+    assert r.returncode == 1 and "Traceback" not in stderr, stderr
+    (line,) = stderr.strip().splitlines()
+    assert "the client refuses to send the prompt: INVALID_ARGUMENT: text: has a lone surrogate" in line, line

@@ -42,6 +42,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .target import BenchError
 from .turns import (  # noqa: F401 - the phases, outcomes and summarize are load's too
     ABSORBED,
     COMPLETED,
@@ -228,15 +229,24 @@ class Point:
 
 async def run_turn(client: Any, key: str, spec: LoadSpec, point: Point, lane: int) -> Turn:
     """One turn through ``client.prompt``; never raises for the turn's own
-    failure (the reason goes into ``outcome``)."""
+    failure (the reason goes into ``outcome``). A prompt the client itself
+    refuses to send (InvalidArgument before any call: text that is not
+    UTF-8, say) is the run's input, not a turn: BenchError, which ends the
+    run. Counted as a turn, it
+    failed with no await, so its lane sent the next at once, forever: the
+    event loop never ran again (Ctrl-C included) and the turns held filled
+    the memory (19 GB in a minute)."""
     from agent_sidecar_client import SidecarError
 
-    turn = Turn(phase=point.phase, start=time.monotonic())
-    point.started(turn)
     try:
         stream = client.prompt(spec.text, session_key=key, delivery=spec.delivery, profile=spec.profile,
                                timeout=spec.turn_timeout_s, resume_timeout=spec.resume_timeout_s,
                                retry_refusals=False)  # a refusal is what the bench counts
+    except (ValueError, SidecarError) as e:  # nothing was sent: prompt() only checks and builds
+        raise BenchError(f"the client refuses to send the prompt: {e}") from None
+    turn = Turn(phase=point.phase, start=time.monotonic())
+    point.started(turn)
+    try:
         async for frame in stream:
             kind = frame.WhichOneof("event")
             if kind == "started":
