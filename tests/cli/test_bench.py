@@ -1026,3 +1026,20 @@ def test_bare_timing_follows_the_frames_the_calibration_saw():
     given = bare_timing(BenchOptions(targets=(Target("t"),), text="x", bare_latency_ms=20.0, bare_first_delay_ms=5.0),
                         calibration(24.5, 99.5, 41, 200, 1), 1)
     assert (given["first_delta_ms"], given["delta_gap_ms"], given["source"]) == (25.0, 20.0, "given")
+
+
+def test_the_live_line_shows_progress_in_a_log_every_few_seconds():
+    """Off a terminal (a log file, CI) a point of minutes still shows it is
+    going on: its line at most every ``every_s``, not one per redraw."""
+    import io
+
+    from agent_sidecar.cli.progress import LiveLine
+
+    now = [100.0]
+    log = io.StringIO()
+    line = LiveLine(log, every_s=10.0, clock=lambda: now[0])
+    for t, said in [(100.0, "a"), (105.0, "b"), (109.9, "c"), (110.0, "d"), (119.0, "e"), (120.5, "f")]:
+        now[0] = t
+        line.show(said)
+    line.log("done")
+    assert log.getvalue().splitlines() == ["d", "f", "done"]

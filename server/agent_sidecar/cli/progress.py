@@ -44,14 +44,17 @@ class Progress:
 class LiveLine:
     """One status line for work whose end is a rate, not a count (the bench):
     on a TTY ``show`` redraws it in place, cut to the terminal's width; ``log``
-    writes a line that stays. Elsewhere (a log file, CI) ``show`` writes
-    nothing and ``log`` lines are all there is, so a log gets one line per step
-    instead of hundreds of redraws."""
+    writes a line that stays. Elsewhere (a log file, CI) ``show`` writes its
+    line once ``every_s`` seconds have passed since the start or its last one,
+    and ``log`` lines stay: a log shows a long step going on, without
+    hundreds of redraws or a line for each short one."""
 
-    def __init__(self, stream=None):
+    def __init__(self, stream=None, every_s: float = 10.0, clock=time.monotonic):
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self._shown = False
+        self.every_s, self._clock = every_s, clock
+        self._logged_at = clock()  # when show last wrote a line, or the start (not a TTY)
 
     def _width(self) -> int:
         import shutil
@@ -62,6 +65,12 @@ class LiveLine:
             self.stream.write("\r" + text[:self._width()] + "\x1b[K")
             self.stream.flush()
             self._shown = True
+            return
+        now = self._clock()
+        if now - self._logged_at >= self.every_s:
+            self._logged_at = now
+            self.stream.write(text + "\n")
+            self.stream.flush()
 
     def log(self, text: str) -> None:
         self.stream.write(("\r\x1b[K" if self._shown else "") + text + "\n")
