@@ -27,6 +27,10 @@ def pytest_configure(config):
                                        "(its file, its SQL, doctor); skipped on --backend postgres")
     config.addinivalue_line("markers", "postgres_only(reason): a test of the PostgreSQL backend "
                                        "itself; skipped on --backend sqlite")
+    # An assert in a helper thread (a client loop, a stream reader) raises
+    # there, not in the test: pytest only warns of it, and the test passed
+    # without what that thread was to check. Such a test fails instead.
+    config.addinivalue_line("filterwarnings", "error::pytest.PytestUnhandledThreadExceptionWarning")
 
 
 def pytest_collection_modifyitems(config, items):
