@@ -10,6 +10,9 @@ from .waiting import wait_until
 
 # How an auto-resume turn's synthetic note begins (turns/supervision.py RESUME_TEXT).
 RESUME_PREFIX = "[The previous turn was interrupted"
+# The echo's pace (ms a word) for a test that waits for an auto-resume turn:
+# that turn echoes the ~60-word note (12 s at 200 ms a word, 3 s at this).
+RESUMED_MS = 50
 
 
 def health(target: str, timeout: float = 1.0) -> str:

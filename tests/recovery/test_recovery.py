@@ -17,7 +17,7 @@ import grpc
 from helpers.config import echo, scripted, table
 from helpers.ids import source, words
 from helpers.procs import worker_pid
-from helpers.recovery import health, marker, restart
+from helpers.recovery import RESUMED_MS, health, marker, restart
 from helpers.sessions import get_session, transcript
 from helpers.store import StoreView, raw_sql
 from helpers.streams import D, PromptRun, Stream, Watcher, kind_of, watch
@@ -113,11 +113,11 @@ def test_clean_restart_with_queued_prompt_runs_it_without_resume(tmp_path):
 
 
 def test_sigterm_drain_timeout_marks_shutdown_timeout_and_resumes(tmp_path):
-    cfg = table("sidecar", drain_timeout=1) + echo("slow", 100)
+    cfg = table("sidecar", drain_timeout=1) + echo("slow", RESUMED_MS)
     sc = Sidecar(tmp_path / "data", config=cfg).start()
     try:
         src = source(platform="discord")
-        long = PromptRun(sc.prompts(), text=words(60), src=src, profile="slow")
+        long = PromptRun(sc.prompts(), text=words(150), src=src, profile="slow")  # 6 s: past the drain
         long.wait_for("text_delta")
         key, sid = long.key, long.session_id
         assert sc.stop() == 0, sc.log()
@@ -175,7 +175,7 @@ def test_drain_timeout_turn_ends_with_a_recovery_reason(tmp_path):
 
 
 def test_startup_after_kill9_marks_fails_and_runs_queue(tmp_path):
-    cfg = echo("slow", 100) + echo("idle", 150)
+    cfg = echo("slow", RESUMED_MS) + echo("idle", 150)
     sc = Sidecar(tmp_path / "data", config=cfg).start()
     try:
         recent = PromptRun(sc.prompts(), text="hello there", src=source(), profile="idle")
@@ -183,7 +183,7 @@ def test_startup_after_kill9_marks_fails_and_runs_queue(tmp_path):
         gone = PromptRun(sc.prompts(), text="hi", src=source(), profile="idle")
         gone.done.wait(10)
         sc.sessions().SuspendSession(spb.SuspendSessionRequest(session_key=gone.key), timeout=10)
-        busy = PromptRun(sc.prompts(), text=words(40), src=source(), profile="slow")
+        busy = PromptRun(sc.prompts(), text=words(100), src=source(), profile="slow")
         busy.wait_for("text_delta")
         queued = []
         for i in range(4):  # one after another: the queue's order is the order of acceptance

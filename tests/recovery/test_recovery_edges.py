@@ -12,7 +12,7 @@ import time
 
 from helpers.config import echo, scripted, table
 from helpers.ids import source, words
-from helpers.recovery import health, marker, restart
+from helpers.recovery import RESUMED_MS, health, marker, restart
 from helpers.sessions import get_session, transcript
 from helpers.store import StoreView, local_store
 from helpers.streams import D, PromptRun, get_queue, kind_of, watch
@@ -47,12 +47,12 @@ def test_drain_timeout_still_writes_the_marker_and_leaves_idle_lanes_alone(tmp_p
     """A graceful stop whose drain timed out is still graceful: the marker is
     written, the cut-off lane is marked shutdown_timeout, and a lane whose turn
     had completed is neither marked nor resumed at the next start."""
-    sc = Sidecar(tmp_path / "data", config=echo("main", 200) + table("sidecar", drain_timeout=1),
+    sc = Sidecar(tmp_path / "data", config=echo("main", RESUMED_MS) + table("sidecar", drain_timeout=1),
                  workers=1).start()
     try:
         idle = PromptRun(sc.prompts(), text="hi", src=source()).result(30)
         assert idle.end == "completed", idle.kinds()
-        busy = PromptRun(sc.prompts(), text=words(100), src=source())
+        busy = PromptRun(sc.prompts(), text=words(100), src=source())  # 5 s: past the 1 s drain
         busy.wait_for("started")
         assert sc.stop() == 0, sc.log()
         assert marker(sc), "a graceful stop writes .clean_shutdown, drained in time or not"
@@ -71,16 +71,16 @@ def test_drain_timeout_still_writes_the_marker_and_leaves_idle_lanes_alone(tmp_p
 def test_a_second_stop_signal_cuts_the_drain_short_and_the_turn_is_resumed(tmp_path):
     """An operator's second Ctrl-C (or SIGTERM) during a long drain: the
     sidecar stops now, not after the turn or the drain timeout (600 s here;
-    the turn would take 200 s), and the turn it cut off ends as a drain
+    the turn would take 100 s), and the turn it cut off ends as a drain
     timeout ends it, its lane resumed at the next start."""
-    sc = Sidecar(tmp_path / "data", config=echo("main", 100) + table("sidecar", drain_timeout=600),
+    sc = Sidecar(tmp_path / "data", config=echo("main", RESUMED_MS) + table("sidecar", drain_timeout=600),
                  workers=1).start()
     try:
         busy = PromptRun(sc.prompts(), text=words(2000), src=source())
         busy.wait_for("text_delta")
         sc.proc.send_signal(signal.SIGTERM)
         wait_until(lambda: health(sc.target, 0.5) == "NOT_SERVING", what="the drain begun")
-        assert sc.proc.poll() is None, "still draining the 200 s turn"
+        assert sc.proc.poll() is None, "still draining the 100 s turn"
         sc.proc.send_signal(signal.SIGINT)
         assert sc.proc.wait(60) == 0, sc.log()
         assert marker(sc), "a cut drain is still a graceful stop"
@@ -199,7 +199,7 @@ def test_synthetic_tool_results_do_not_make_a_stale_lane_fresh(tmp_path):
 def test_resume_request_id_follows_the_highest_one_left(tmp_path):
     """Retention dropped resume:{sid}:1 and kept :2: the next resume turn is :3
     (a count would hand out :2 again, and dedup would swallow the turn)."""
-    sc = Sidecar(tmp_path / "data", config=echo("main", 200), workers=1).start()
+    sc = Sidecar(tmp_path / "data", config=echo("main", RESUMED_MS), workers=1).start()
     try:
         run = crash_mid_turn(sc, source())
         sid, key = run.session_id, run.key
