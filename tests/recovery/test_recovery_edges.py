@@ -232,7 +232,8 @@ def test_a_steer_ends_with_its_interrupted_host_and_never_reruns(tmp_path):
         frames, reason = w.frames, w.reason
         assert [kind_of(f) for f in frames] == ["accepted", "failed"], [kind_of(f) for f in frames]
         assert reason == "restart_interrupted", reason
-        time.sleep(0.5)  # the lane's auto-resume turn runs meanwhile; the steer must not
+        resumed = watch(sc.prompts(), request_id=f"resume:{host.session_id}:1", timeout=30)
+        assert resumed.kinds()[-1] == "completed", resumed.kinds()  # the lane ran on; the steer did not
         assert watch(sc.prompts(), request_id=steer.request_id).count("started") == 0
         msgs = transcript(sc.sessions(), host.session_id, include_rewound=True)
         assert [m.content for m in msgs].count("actually, bananas") <= 1
