@@ -85,6 +85,7 @@ proto-baseline: $(TOOLS)/node_modules/.bin/buf
 # PostgreSQL backend's own tests, and the database outage test, which starts
 # and stops a server of its own) with every sidecar on PostgreSQL: the server
 # AGENT_SIDECAR_TEST_PG_DSN names (.ci/run starts one), else one the tests start.
+# Tests marked store_free (no sidecar, no store) run on the SQLite pass only.
 # The DSN goes to pytest alone (which hides it from the sidecars it starts):
 # every sidecar reads AGENT_SIDECAR_* as config, the other steps' too.
 PG_TESTS := tests/api tests/sessions tests/turns tests/recovery tests/tools tests/models tests/store \

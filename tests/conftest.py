@@ -27,6 +27,9 @@ def pytest_configure(config):
                                        "(its file, its SQL, doctor); skipped on --backend postgres")
     config.addinivalue_line("markers", "postgres_only(reason): a test of the PostgreSQL backend "
                                        "itself; skipped on --backend sqlite")
+    config.addinivalue_line("markers", "store_free(reason): a test that starts no sidecar and opens no "
+                                       "store, so the backend changes nothing of it: run once, on "
+                                       "the SQLite pass; skipped on --backend postgres")
     # An assert in a helper thread (a client loop, a stream reader) raises
     # there, not in the test: pytest only warns of it, and the test passed
     # without what that thread was to check. Such a test fails instead.
@@ -34,14 +37,30 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip, with the marker's reason, what is not about this run's backend."""
+    """Skip, with the marker's reason, what is not about this run's backend
+    (on PostgreSQL also what no backend changes: it ran on the SQLite pass)."""
     backend = config.getoption("backend")
-    other = {"sqlite": "postgres_only", "postgres": "sqlite_only"}[backend]
+    others = {"sqlite": ("postgres_only",), "postgres": ("sqlite_only", "store_free")}[backend]
     for item in items:
-        mark = item.get_closest_marker(other)
-        if mark is not None:
-            why = mark.args[0] if mark.args else mark.kwargs.get("reason", "")
-            item.add_marker(pytest.mark.skip(reason=f"{other}: {why}"))
+        for other in others:
+            mark = item.get_closest_marker(other)
+            if mark is not None:
+                why = mark.args[0] if mark.args else mark.kwargs.get("reason", "")
+                item.add_marker(pytest.mark.skip(reason=f"{other}: {why}"))
+                break
+
+
+@pytest.fixture(autouse=True)
+def _store_free_starts_no_sidecar(request):
+    """A ``store_free`` test that starts a sidecar fails: the marker would
+    keep it off the PostgreSQL pass, which that sidecar's store is for."""
+    if request.node.get_closest_marker("store_free") is None:
+        yield
+        return
+    before = Sidecar.starts
+    yield
+    assert Sidecar.starts == before, (f"{request.node.nodeid} is marked store_free but started a sidecar:"
+                                      " drop the marker, it must run on both backends")
 
 
 @pytest.fixture(scope="session")

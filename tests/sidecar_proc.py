@@ -35,6 +35,8 @@ TOKEN = "test-admin-token"
 class Sidecar:
     """Start with ``Sidecar(tmp_path, config="...toml text...").start()``."""
 
+    starts = 0  # every start in this process (tests/conftest.py: a store_free test makes none)
+
     def __init__(self, data_dir: Path | str | None = None, config: str = "", tcp: bool = False,
                  workers: int = 2, extra_args: list[str] | None = None,
                  env: dict[str, str] | None = None, dsn: str | None = None,
@@ -89,6 +91,7 @@ class Sidecar:
         return f"127.0.0.1:{self.tcp_port}"
 
     def start(self, timeout: float = 30.0) -> Sidecar:
+        Sidecar.starts += 1
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cfg_path = self.data_dir / "config.toml"
         text = self.config_text

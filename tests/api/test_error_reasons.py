@@ -14,9 +14,13 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 from agent_sidecar import errors as E
 from agent_sidecar.api.errors import CODE_FOR_REASON
 from agent_sidecar.v1 import error_reason_pb2
+
+pytestmark = pytest.mark.store_free("the error reasons of the code and the proto")
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "ERROR_REASON_"

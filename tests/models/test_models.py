@@ -29,6 +29,8 @@ from agent_sidecar.models.openai import OpenAIModel
 from agent_sidecar.models.openai_wire import StreamParser, call_tag, events_from_message, safe_tool_name
 from agent_sidecar.models.scripted import ScriptedModel
 
+pytestmark = pytest.mark.store_free("model backends, in-process against a local HTTP server")
+
 
 def user(text, system="you are a bot"):
     return [{"role": "system", "content": system}, {"role": "user", "content": text}]

@@ -20,6 +20,8 @@ from agent_sidecar.models.base import MAX_CALL_ID_CHARS, MAX_TOOL_NAME_CHARS
 from agent_sidecar.models.openai import OpenAIModel
 from agent_sidecar.models.openai_wire import ANSWER_CAP, IDLE_CAP, LINE_CAP, MAX_TOOL_CALLS
 
+pytestmark = pytest.mark.store_free("the openai backend against a local HTTP server")
+
 FAST = {"backoff_initial_s": 0.001, "backoff_max_s": 0.01}
 
 

@@ -16,6 +16,8 @@ from agent_sidecar.sessions.context import (
 )
 from agent_sidecar.sessions.source import SessionSource
 
+pytestmark = pytest.mark.store_free("session context rendering, in-process")
+
 # sha256(value).hexdigest()[:12], stated literally so a change of algorithm shows up here.
 USER_HASH = "15e2b0d3c338"  # "123456789"
 CHAT_HASH = "150aae61cb00"  # "-1001234567890"

@@ -11,6 +11,8 @@ from agent_sidecar.sessions.keys import (
 )
 from agent_sidecar.sessions.source import SessionSource
 
+pytestmark = pytest.mark.store_free("session keys and sources, in-process")
+
 
 @pytest.mark.parametrize("case", KEY_CASES, ids=[c["id"] for c in KEY_CASES])
 def test_key_table(case):

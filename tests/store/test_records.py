@@ -14,6 +14,8 @@ import pytest
 from agent_sidecar.store.records import Append, Message
 from agent_sidecar.turns.jobs import AcceptRequest, PromptRecord, TurnEnd
 
+pytestmark = pytest.mark.store_free("the storage seam's value types, in-process")
+
 
 def prompt() -> PromptRecord:
     return PromptRecord("r1", "agent:main:telegram:dm:1", "telegram", "main", 3, "hi", {"a": [1]}, 1.5)

@@ -12,6 +12,8 @@ from agent_sidecar.turns.frames import build_frame
 from agent_sidecar.turns.subscriber import StreamedFrame
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 
+pytestmark = pytest.mark.store_free("a frame's wire encoding, in-process")
+
 
 def frame_of(text: str):
     return build_frame("r-1", "agent:main:t:dm:u", "s-1", 3, 1_700_000_000.25, 42, "text_delta",

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from agent_sidecar.turns.subscriber import STALL_S, FellBehind, Subscriber, TooSlow
+
+pytestmark = pytest.mark.store_free("a subscriber's wait, on an event loop")
 
 TIMEOUT = 0.3
 

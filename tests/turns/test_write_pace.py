@@ -8,8 +8,11 @@ import asyncio
 import socket
 
 import orjson
+import pytest
 
 from agent_sidecar.children import Channel, frame, open_channel
+
+pytestmark = pytest.mark.store_free("a worker channel's write pace, on a socketpair")
 
 
 async def _channel(pace_s: float, quiet_s: float) -> tuple[Channel, socket.socket]:
