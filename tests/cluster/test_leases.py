@@ -27,6 +27,7 @@ from helpers.config import echo, table
 from helpers.ids import rid, source
 from helpers.logs import log_lines
 from helpers.procs import children
+from helpers.recovery import RESUMED_MS
 from helpers.sessions import transcript
 from helpers.store import StoreView
 from helpers.streams import QUEUE, TERMINAL, PromptRun, kind_of, start, watch
@@ -244,9 +245,11 @@ def test_a_twin_sent_to_another_node_gets_the_original_turns_frames(nodes):
 
 
 def test_a_restarted_node_takes_its_lanes_back_and_runs_what_was_queued(nodes):
-    a, b = nodes(2, echo(latency_ms=150), ttl=CALM_TTL)
+    # The queued prompt runs after the lane's resume turn (its ~60-word note
+    # echoed at this pace); the cut-off turn would take 4.5 s.
+    a, b = nodes(2, echo(latency_ms=RESUMED_MS), ttl=CALM_TTL)
     src = source("telegram")
-    running = start(a.prompts(), ppb.PromptRequest(request_id=rid("run"), text="slow " * 30, source=src))
+    running = start(a.prompts(), ppb.PromptRequest(request_id=rid("run"), text="slow " * 90, source=src))
     running.wait_for("text_delta")
     queued = start(b.prompts(), ppb.PromptRequest(request_id=rid("queued"), text="next", source=src,
                                                   delivery=QUEUE))  # forwarded to a, the holder
