@@ -13,8 +13,10 @@ TOOLS := .tools
 PYTEST_ARGS ?=
 # Tests spread over four processes (pytest-xdist; they mostly wait on their
 # sidecars, so more processes than cores), a module's tests in one (its
-# module-scoped sidecar); XDIST= runs them in one process.
-XDIST ?= -n 4 --dist loadscope
+# module-scoped sidecar), the modules in the order tests/conftest.py gives
+# (runs_long ones first: by test count alone, xdist's own order, a one-test
+# soak started last and ended the run alone); XDIST= runs them in one process.
+XDIST ?= -n 4 --dist loadscope --no-loadscope-reorder
 
 .PHONY: install run test pytest client-tests conformance lint breaking proto-baseline proto clients docs \
 	check-generated package-check bench bench-report soak clean

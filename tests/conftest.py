@@ -27,6 +27,8 @@ def pytest_configure(config):
                                        "(its file, its SQL, doctor); skipped on --backend postgres")
     config.addinivalue_line("markers", "postgres_only(reason): a test of the PostgreSQL backend "
                                        "itself; skipped on --backend sqlite")
+    config.addinivalue_line("markers", "runs_long(reason): a module of long tests (a soak, a crash "
+                                       "loop); run first, so under pytest-xdist it never starts last")
     config.addinivalue_line("markers", "store_free(reason): a test that starts no sidecar and opens no "
                                        "store, so the backend changes nothing of it: run once, on "
                                        "the SQLite pass; skipped on --backend postgres")
@@ -38,7 +40,8 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """Skip, with the marker's reason, what is not about this run's backend
-    (on PostgreSQL also what no backend changes: it ran on the SQLite pass)."""
+    (on PostgreSQL also what no backend changes: it ran on the SQLite pass);
+    then order the modules, longest first."""
     backend = config.getoption("backend")
     others = {"sqlite": ("postgres_only",), "postgres": ("sqlite_only", "store_free")}[backend]
     for item in items:
@@ -48,6 +51,22 @@ def pytest_collection_modifyitems(config, items):
                 why = mark.args[0] if mark.args else mark.kwargs.get("reason", "")
                 item.add_marker(pytest.mark.skip(reason=f"{other}: {why}"))
                 break
+    _longest_first(items)
+
+
+def _longest_first(items) -> None:
+    """Modules marked runs_long first, then the others by how many tests they
+    hold, most first (each module's own order kept). pytest-xdist's loadscope
+    hands a worker whole modules in this order (the Makefile turns off its
+    own reorder, by test count alone): a 1-test soak of a minute or more,
+    last by count, used to start when the other workers were nearly done and
+    end the run alone."""
+    modules: dict[str, list] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    order = sorted(modules.values(), key=lambda its: (
+        not any(it.get_closest_marker("runs_long") for it in its), -len(its)))
+    items[:] = [it for its in order for it in its]
 
 
 @pytest.fixture(autouse=True)

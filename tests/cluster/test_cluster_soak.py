@@ -14,9 +14,12 @@ The server is this test's own: the suite's shared one must never stop.
 
 from __future__ import annotations
 
+import pytest
 from helpers import pg
 from helpers.chaos import CONFIG, Soak, seed_and_seconds
 from helpers.cluster import Cluster
+
+pytestmark = pytest.mark.runs_long("a 60 s soak of three nodes, then its audit")
 
 
 def test_a_cluster_under_random_faults_and_outages_ends_every_acknowledged_request_once(tmp_path):

@@ -27,6 +27,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 import grpc
+import pytest
 from helpers.config import echo
 from helpers.store import StoreView, raw_sql
 from helpers.streams import D
@@ -37,6 +38,8 @@ from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import prompt_service_pb2_grpc as ppb_grpc
 from agent_sidecar.v1 import session_service_pb2 as spb
+
+pytestmark = pytest.mark.runs_long("twenty kill -9s under load: a minute and more")
 
 SEED = 20240605
 SESSIONS = 50

@@ -18,6 +18,8 @@ from helpers.chaos import CONFIG, Soak, seed_and_seconds
 from helpers.disk import SmallDisk
 from sidecar_proc import Sidecar
 
+pytestmark = pytest.mark.runs_long("a 40 s soak, then its audit")
+
 
 def small_disk(tmp_path, backend: str) -> SmallDisk | None:
     """A tmpfs for the SQLite store, None on PostgreSQL or where none can be mounted."""
