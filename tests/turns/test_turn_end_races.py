@@ -87,7 +87,9 @@ def test_cancel_answered_true_always_ends_the_turn_cancelled(sc, answering):
             assert run.end == "failed" and run.reason == "CANCELLED", run.kinds()
         else:  # nothing left to cancel: it had ended
             assert run.end == "completed", run.kinds()
-    assert (True, "failed") in outcomes or (False, "completed") in outcomes
+    # Each round held one outcome or the other; what the test is about must
+    # have happened at least once (the race gives either, about half each).
+    assert (True, "failed") in outcomes, f"Cancel never came before the turn's end: {outcomes}"
 
 
 def test_a_turn_that_completes_keeps_its_reply_whatever_a_crossing_rollback_did(sc, answering):
