@@ -6,8 +6,6 @@ from __future__ import annotations
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from .waiting import wait_until
-
 # How an auto-resume turn's synthetic note begins (turns/supervision.py RESUME_TEXT).
 RESUME_PREFIX = "[The previous turn was interrupted"
 # The echo's pace (ms a word) for a test that waits for an auto-resume turn:
@@ -30,20 +28,9 @@ def marker(sc) -> bool:
     return (sc.data_dir / ".clean_shutdown").exists()
 
 
-def _serving_lines(sc) -> int:
-    try:
-        return sc.log_path.read_bytes().count(b'"msg":"serving"')
-    except OSError:
-        return 0
-
-
 def restart(sc, timeout: float = 30):
-    """Start (again) and wait until the startup restore and the auto-resume
-    submissions are done. Health alone is not enough: it says SERVING before
-    that (see recovery/test_crash_loop.py's health test), and the API has no
-    "restored" signal, so this waits for the sidecar's own "serving" log line.
-    The line is a readiness signal here, never what a test asserts."""
-    before = _serving_lines(sc)
-    sc.start(timeout)
-    wait_until(lambda: _serving_lines(sc) > before, timeout, 0.01, "the 'serving' log line")
-    return sc
+    """Start (again); returns once the startup restore is done, every lane
+    marked and every auto-resume turn submitted (in the ledger): the sidecar
+    reports SERVING only then (recovery/test_crash_loop.py's health test
+    holds it to that), and Sidecar.start waits for SERVING."""
+    return sc.start(timeout)
