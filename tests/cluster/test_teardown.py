@@ -10,17 +10,20 @@ deleted one). Two real sidecars on one real PostgreSQL database."""
 from __future__ import annotations
 
 import grpc
+import psycopg
 import pytest
 from helpers.cluster import Cluster
-from helpers.config import echo
+from helpers.config import echo, scripted
 from helpers.ids import source, words
 from helpers.sessions import get_session, rpc_error, transcript
 from helpers.store import StoreView
 from helpers.streams import QUEUE, PromptRun, assert_well_formed, prompt_req, run, watch
+from helpers.tools import AB_SCHEMA, ToolHost
 from helpers.waiting import wait_until
 
 from agent_sidecar.api.session_service import CLEAR_ALL_CONFIRM
 from agent_sidecar.errors import CANCELLED
+from agent_sidecar.store.postgres.store import follower_name
 from agent_sidecar.v1 import session_service_pb2 as spb
 
 PROFILES = echo("main") + echo("slow", 20)
@@ -82,6 +85,31 @@ def test_clear_all_on_one_node_clears_every_node(cl):
         again = run(node.prompts(), prompt_req(text=f"again on {node.node_id}", source=src, profile="slow"))
         assert_well_formed(again)
         assert again.key == busy.key and again.session_id != busy.session_id
+
+
+def test_a_delete_a_node_learns_of_at_its_lease_renewal_still_ends_its_turn_cancelled(tmp_path, cluster_dsn):
+    """b's listening connection is cut just before a ClearAllSessions on a, so
+    b misses the delete's notification (it is not replayed), and b's turn,
+    waiting for a tool's result, writes nothing the fence could refuse: b
+    learns of the delete at its next lease renewal, which finds the lease
+    revoked. Its turn ends as a deleted session's does, CANCELLED, not as a
+    lane taken from it (LANE_MOVED, which an adapter would retry)."""
+    config = scripted("main", [{"tool_calls": [{"name": "calc.add", "arguments": {"a": 2, "b": 3}}]},
+                               {"text": "never reached"}], tools=["calc.*"])
+    with Cluster(tmp_path, cluster_dsn, n=2, config=config) as c:
+        a, b = c["a"], c["b"]
+        with ToolHost(b.tools(), "calc", [("calc.add", "Add two numbers", AB_SCHEMA)]) as host:  # answers none
+            busy = PromptRun(b.prompts(), text="add", src=source())
+            assert host.on_invocation.wait(30), busy.kinds()
+            with psycopg.connect(c.dsn, autocommit=True) as conn:
+                cut = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                                   " WHERE application_name = %s AND datname = current_database()",
+                                   (follower_name("b"),)).fetchone()[0]
+            assert cut == 1
+            r = a.sessions().ClearAllSessions(spb.ClearAllSessionsRequest(confirm=CLEAR_ALL_CONFIRM), timeout=10)
+            assert r.sessions_deleted == 1
+            busy.result(30)
+        assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), busy.kinds()
 
 
 def test_delete_session_on_one_node_is_forgotten_on_every_node(cl):

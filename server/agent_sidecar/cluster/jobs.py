@@ -104,12 +104,19 @@ def presence(uow: UnitOfWork) -> tuple[bool, float, float, str] | None:
     return uow.nodes.presence(uow.node_id)
 
 
-def renew(uow: UnitOfWork, keys: list[str], ttl_s: float) -> dict[str, int]:
-    """This node's leases on ``keys`` extended, and its heartbeat: a node
-    starting under the same id can tell it is alive (leases.py)."""
+def renew(uow: UnitOfWork, keys: list[str], ttl_s: float) -> tuple[dict[str, int], set[str]]:
+    """This node's leases on ``keys`` extended (their epochs), and its
+    heartbeat: a node starting under the same id can tell it is alive
+    (leases.py). Of the leases not extended, the ones a delete revoked: their
+    lanes were deleted, not taken (the delete's notification may not have
+    arrived yet)."""
     assert uow.leases is not None and uow.nodes is not None
     uow.nodes.heartbeat(uow.node_id)
-    return uow.leases.renew(uow.node_id, keys, ttl_s) if keys else {}
+    if not keys:
+        return {}, set()
+    kept = uow.leases.renew(uow.node_id, keys, ttl_s)
+    missed = [k for k in keys if k not in kept]
+    return kept, (uow.leases.revoked(missed) if missed else set())
 
 
 def release(uow: UnitOfWork, leases: Iterable[tuple[str, int]]) -> None:

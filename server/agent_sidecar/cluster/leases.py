@@ -286,16 +286,19 @@ class ClusterLeases:
 
     async def _renew(self, sent: float) -> None:
         """Extend every lease held here, and the node's heartbeat (with no
-        lane held too)."""
+        lane held too). A lane whose lease a delete revoked stops as deleted
+        (``cleared``: its turns end CANCELLED), one taken from this node as
+        lost."""
         keys = list(self.held)
-        kept = await self.store.write(jobs.renew, keys, self.ttl)
+        kept, revoked = await self.store.write(jobs.renew, keys, self.ttl)
         gone = []
         for key in keys:
             if key in self.held and kept.get(key) == self.held[key]:
                 self.trusted_until[key] = sent + self.ttl * SAFE
             elif key in self.held:
                 gone.append(key)
-        self.lost(gone)
+        self.cleared([k for k in gone if k in revoked])
+        self.lost([k for k in gone if k not in revoked])
 
     async def _release_idle(self, now: float) -> None:
         m = self._manager
