@@ -17,9 +17,16 @@ from collections.abc import Callable
 from ..config_schema import host_port, metadata_safe, unix_path
 from ..config_schema import utf8 as is_utf8
 
+# The longest a time option of a command may be: past it a value is a typo
+# (milliseconds given as seconds, an exponent), and waiting it out would look
+# like a hang (seconds; a week).
+MAX_SECONDS = 7 * 24 * 3600.0
 
-def _number(kind: type, *, zero_ok: bool) -> Callable[[str], float]:
+
+def _number(kind: type, *, zero_ok: bool, at_most: float | None = None) -> Callable[[str], float]:
     rule = ">= 0" if zero_ok else "> 0"
+    if at_most is not None:
+        rule += f" and <= {at_most:g}"
 
     def parse(text: str):
         try:
@@ -28,20 +35,20 @@ def _number(kind: type, *, zero_ok: bool) -> Callable[[str], float]:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
         if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{text!r} must be a finite number {rule}")
-        if value < 0 or (value == 0 and not zero_ok):
+        if value < 0 or (value == 0 and not zero_ok) or (at_most is not None and value > at_most):
             raise argparse.ArgumentTypeError(f"{text!r} must be {rule}")
         return value
     return parse
 
 
-def positive(kind: type) -> Callable[[str], float]:
-    """A finite number above 0, parsed as ``kind`` (int or float)."""
-    return _number(kind, zero_ok=False)
+def positive(kind: type, at_most: float | None = None) -> Callable[[str], float]:
+    """A finite number above 0 (and at most ``at_most``), parsed as ``kind`` (int or float)."""
+    return _number(kind, zero_ok=False, at_most=at_most)
 
 
-def non_negative(kind: type) -> Callable[[str], float]:
-    """A finite number of at least 0, parsed as ``kind`` (int or float)."""
-    return _number(kind, zero_ok=True)
+def non_negative(kind: type, at_most: float | None = None) -> Callable[[str], float]:
+    """A finite number of at least 0 (and at most ``at_most``), parsed as ``kind`` (int or float)."""
+    return _number(kind, zero_ok=True, at_most=at_most)
 
 
 def utf8(text: str) -> str:

@@ -17,7 +17,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from .argtypes import non_negative, positive
+from .argtypes import MAX_SECONDS, non_negative, positive
 from .bench_output import check_outputs, write_outputs
 from .connection import DEFAULT_TARGET, TargetError, add_target_arguments, tls_material
 
@@ -81,7 +81,7 @@ def _seconds_or_auto(text: str) -> float | None:
         float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: seconds, or 'auto'") from None
-    return non_negative(float)(text)
+    return non_negative(float, MAX_SECONDS)(text)
 
 
 def add_arguments(sub) -> argparse.ArgumentParser:
@@ -91,7 +91,7 @@ def add_arguments(sub) -> argparse.ArgumentParser:
     t = b.add_argument_group("target")
     add_target_arguments(t, DEFAULT_TARGET, target_help="the sidecar's address, or several, comma-separated "
                          "(a cluster's nodes, or separate sidecars: one client process or more each)")
-    t.add_argument("--connect-timeout", type=positive(float), default=5.0,
+    t.add_argument("--connect-timeout", type=positive(float, MAX_SECONDS), default=5.0,
                    help="seconds a target may take to connect: at the start, before each point, and for a "
                         "turn whose stream broke to resume (default 5)")
     t.add_argument("--pid", type=positive(int), default=None,
@@ -120,7 +120,8 @@ def _load_arguments(ld) -> None:
     c.add_argument("--sweep", type=_levels, default=None, metavar="N,N,...",
                    help="run one point per concurrency level, e.g. 25,50,100,200,400, and find the knee")
     d = ld.add_mutually_exclusive_group()
-    d.add_argument("--duration", type=positive(float), default=None, help="seconds measured per point (default 10)")
+    d.add_argument("--duration", type=positive(float, MAX_SECONDS), default=None,
+                   help="seconds measured per point (default 10)")
     d.add_argument("--turns", type=positive(int), default=None, help="turns measured per point")
     p = ld.add_mutually_exclusive_group()
     p.add_argument("--prompt", default=None, help="the prompt text")
@@ -135,7 +136,8 @@ def _load_arguments(ld) -> None:
     ld.add_argument("--ramp", type=_seconds_or_auto, default=None, metavar="SECONDS|auto",
                     help="spread the lanes' first turns over S seconds (default auto: one ideal turn, so "
                          "that turns start evenly over time, not in a burst per turn)")
-    ld.add_argument("--turn-timeout", type=positive(float), default=300.0, help="seconds per turn (default 300)")
+    ld.add_argument("--turn-timeout", type=positive(float, MAX_SECONDS), default=300.0,
+                    help="seconds per turn (default 300)")
     ld.add_argument("--clients", type=positive(int), default=None, metavar="N",
                     help="drive the points from N client processes, each with its own connection and share "
                          "of the lanes and sessions, for servers faster than one Python client can read "
@@ -145,7 +147,7 @@ def _load_arguments(ld) -> None:
 
 def _measure_arguments(m) -> None:
     m.add_argument("--slo", default="10%", help="allowed p99 turn excess over the ideal (default 10%%)")
-    m.add_argument("--first-delta-slo", type=positive(float), default=None, metavar="MS",
+    m.add_argument("--first-delta-slo", type=positive(float, MAX_SECONDS * 1000), default=None, metavar="MS",
                    help="also bound the p99 time to the first text delta, in ms (how soon a chat shows "
                         "text): a point, and so the knee, must meet both")
     m.add_argument("--find-knee", type=positive(int), default=None, metavar="MAX",
@@ -156,17 +158,17 @@ def _measure_arguments(m) -> None:
                    help="with --sweep: run the whole sweep N times, one after another, and report each "
                         "sweep's knee and their median (on a busy or noisy machine one sweep can put a knee "
                         "a level off) (default 1)")
-    m.add_argument("--ideal", type=positive(float), default=None,
+    m.add_argument("--ideal", type=positive(float, MAX_SECONDS), default=None,
                    help="the ideal turn in seconds (default: the median calibration turn)")
     m.add_argument("--calibrate", type=non_negative(int), default=3,
                    help="turns run one at a time on one session (after a warm-up there) before the points, for the "
                         "ideal and the bare timing (default 3)")
     m.add_argument("--compare-bare", action="store_true",
                    help="run the same load against a built-in bare gRPC server and print the ratios")
-    m.add_argument("--bare-latency-ms", type=non_negative(float), default=None,
+    m.add_argument("--bare-latency-ms", type=non_negative(float, MAX_SECONDS * 1000), default=None,
                    help="the bare server's gap between deltas, e.g. the model's token latency for one frame per "
                         "token (default: the frames and gaps the calibration saw)")
-    m.add_argument("--bare-first-delay-ms", type=non_negative(float), default=0.0,
+    m.add_argument("--bare-first-delay-ms", type=non_negative(float, MAX_SECONDS * 1000), default=0.0,
                    help="with --bare-latency-ms: an extra delay before the first delta")
 
 
