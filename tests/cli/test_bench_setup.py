@@ -211,11 +211,15 @@ def test_a_refusal_that_says_when_to_come_back_is_waited_out(sc, tmp_path):
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     (point,) = doc["points"]
-    refused = doc["totals"]["failed"].get("AGENT_BUSY", 0)
+    refused = doc["totals"]["refused"].get("AGENT_BUSY", 0)
     seconds = len(point["series"])  # the point's whole length, rounded up to whole seconds
     assert 0 < refused <= 3 * (seconds + 1), (refused, seconds)  # at most one per lane per second
-    assert set(doc["totals"]["failed"]) == {"AGENT_BUSY"}
-    assert held(sc.sessions(), doc["sessions"]["keys"])[0] == doc["totals"]["completed"] > 0
+    assert set(doc["totals"]["refused"]) == {"AGENT_BUSY"} and doc["totals"]["failed"] == {}
+    # The refused prompts are no turns: the totals' turns are the store's.
+    turns = doc["totals"]["started"]
+    assert held(sc.sessions(), doc["sessions"]["keys"])[0] == doc["totals"]["completed"] == turns > 0
+    assert f"sent to the target: {turns:,} turns ({turns:,} completed), {refused:,} prompts refused " \
+           f"({refused:,} AGENT_BUSY)" in r.stdout, r.stdout
 
 
 def test_a_turn_timeout_shorter_than_every_turn_ends_the_run_in_one_line(sc, tmp_path):

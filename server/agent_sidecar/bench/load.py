@@ -260,6 +260,8 @@ async def run_turn(client: Any, key: str, spec: LoadSpec, point: Point, lane: in
                 turn.deltas += 1
                 turn.words += words
                 point.delta(now, words)
+            elif kind == "accepted":
+                turn.accepted = True
             elif kind == "tool_call":
                 turn.tool_calls += 1
             elif kind == "completed":

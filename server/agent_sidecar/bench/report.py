@@ -117,13 +117,14 @@ def _totals(doc: dict) -> dict:
         parts.append(doc["calibration"]["totals"])
     failed: dict[str, int] = {}
     absorbed: dict[str, int] = {}  # prompts that ran in another's turn (absent from documents before them)
+    refused: dict[str, int] = {}  # prompts the sidecar refused (absent from documents before them)
     for t in parts:
-        for reason, n in t["failed"].items():
-            failed[reason] = failed.get(reason, 0) + n
-        for how, n in t.get("absorbed", {}).items():
-            absorbed[how] = absorbed.get(how, 0) + n
+        for into, counts in ((failed, t["failed"]), (absorbed, t.get("absorbed", {})),
+                             (refused, t.get("refused", {}))):
+            for why, n in counts.items():
+                into[why] = into.get(why, 0) + n
     return {"started": sum(t["started"] for t in parts), "completed": sum(t["completed"] for t in parts),
-            "failed": failed, "absorbed": absorbed, "deltas": sum(t["deltas"] for t in parts),
+            "failed": failed, "absorbed": absorbed, "refused": refused, "deltas": sum(t["deltas"] for t in parts),
             "tool_calls": sum(t["tool_calls"] for t in parts)}
 
 

@@ -344,7 +344,7 @@ class _Run:
             window = procs.TreeWindow(tree, server.bench_pids) if tree else None
             result = await server.run_point(_spec(self.opts, level, self.ramp[0]),
                                             functools.partial(self.status, label), window)
-            if server.name == "sidecar" and result["totals"]["failed"]:
+            if server.name == "sidecar" and (result["totals"]["failed"] or result["totals"]["refused"]):
                 await self._check_targets(during=True)
                 if not any(p["server"] == "sidecar" for p in self.points):
                     check_refused(result, label)

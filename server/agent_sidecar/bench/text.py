@@ -295,8 +295,11 @@ def render(doc: dict) -> str:
     t = doc["totals"]
     several = len(doc["options"].get("targets", ())) > 1
     absorbed = sum(t.get("absorbed", {}).values())
+    refused = sum(t.get("refused", {}).values())
     blocks.append(f"sent to the target{'s' if several else ''}: {t['started']:,} turns ({t['completed']:,} completed"
                   + "".join(f", {n:,} {r}" for r, n in t["failed"].items()) + ")"
+                  + (f", {refused:,} prompts refused ("
+                     + ", ".join(f"{n:,} {r}" for r, n in sorted(t["refused"].items())) + ")" if refused else "")
                   + (f", {absorbed:,} prompts absorbed into them ("
                      + ", ".join(f"{n:,} {how}" for how, n in sorted(t["absorbed"].items())) + ")" if absorbed else "")
                   + f", {t['deltas']:,} text deltas"

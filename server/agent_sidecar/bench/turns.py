@@ -42,6 +42,7 @@ class Turn:
     words: int = 0  # of the text deltas' text
     first_words: int = 0  # of the first text delta's
     tool_calls: int = 0
+    accepted: bool = False  # an 'accepted' frame came: the sidecar took the prompt (its store holds it)
     started: bool = False  # a 'started' frame came: a turn of its own ran
     outcome: str = ""  # "completed", "steered" or "merged" (ABSORBED), or the reason it did not complete
     code: str = ""  # the status code of the error that ended it, if one did
@@ -57,7 +58,8 @@ def summarize(point: Point, cpu: dict | None) -> dict:
     ok = [t for t in measured if t.outcome == COMPLETED]
     not_turns = (COMPLETED, *ABSORBED)
     errors = Counter(t.outcome for t in measured if t.outcome not in not_turns)
-    all_errors = Counter(t.outcome for t in point.turns if t.outcome not in not_turns)
+    failed = Counter(t.outcome for t in point.turns if t.accepted and t.outcome not in not_turns)
+    refused = Counter(t.outcome for t in point.turns if not t.accepted and t.outcome not in not_turns)
     absorbed = Counter(t.outcome for t in measured if t.outcome in ABSORBED)
     all_absorbed = Counter(t.outcome for t in point.turns if t.outcome in ABSORBED)
     window = max(window, 1e-9)
@@ -83,10 +85,12 @@ def summarize(point: Point, cpu: dict | None) -> dict:
         # prompts of the window that ran no turn of their own (steered, merged): in no figure above
         "absorbed": dict(absorbed),
         "absorbed_count": sum(absorbed.values()),
-        # "started": the prompts that were turns (completed or failed), not the absorbed ones
-        "totals": {"started": len(point.turns) - sum(all_absorbed.values()),
+        # "started": the prompts the sidecar took that were turns (completed or failed), not
+        # the absorbed ones; "refused": those it refused (OVERLOADED, ...), in no store
+        "totals": {"started": sum(1 for t in point.turns if t.accepted and t.outcome not in ABSORBED),
                    "completed": sum(1 for t in point.turns if t.outcome == COMPLETED),
-                   "failed": dict(all_errors),
+                   "failed": dict(failed),
+                   "refused": dict(refused),
                    "absorbed": dict(all_absorbed),
                    "deltas": sum(t.deltas for t in point.turns),
                    "tool_calls": sum(t.tool_calls for t in point.turns)},
