@@ -156,12 +156,15 @@ def test_a_forwarded_prompt_continues_the_callers_trace(tmp_path, cluster_dsn):
                                                metadata=[("traceparent", f"00-{trace_id}-{parent_id}-01")]))
         assert kind_of(out.frames[-1]) == "completed", out.error
 
-        def with_turn(spans):
+        def spans_of_both_nodes(spans):
+            """The turn's span (exported by a) and the span of the call b
+            received (exported by b, in a batch of its own): both, or None."""
             mine = [s for s in spans if s.trace_id == trace_id]
             turn = [s for s in mine if s.name == "turn" and s.attributes["agent_sidecar.request_id"] == req.request_id]
-            return (mine, turn[0]) if turn else None
-        mine, turn = collector.wait_for(with_turn, what="the forwarded turn's span in the caller's trace")
-        at_b = next(s for s in mine if s.parent_id == parent_id)  # the span of the call b received
+            at_b = [s for s in mine if s.parent_id == parent_id]
+            return (mine, turn[0], at_b[0]) if turn and at_b else None
+        mine, turn, at_b = collector.wait_for(spans_of_both_nodes,
+                                              what="the forwarded call's spans in the caller's trace")
         at_a = next(s for s in mine if s.span_id == turn.parent_id)  # the span of the call a served
         assert at_b.name == at_a.name == "agent_sidecar.v1.PromptService/Prompt"
         assert at_a.parent_id == at_b.span_id
