@@ -159,6 +159,26 @@ def test_a_result_that_is_json_passes_as_it_is(sc, result_json):
     assert result.ok is True and result.result_json == result_json, result
 
 
+def test_a_result_past_the_text_cap_fails_its_call_and_the_host_serves_on(sc):
+    """A host's result longer than limits.max_text_bytes (256 KiB) is the
+    call's error result, naming the limit, as an in-process tool's is. It
+    was refused on the wire, which ended the host's stream: the model saw
+    "the tool host disconnected" and every later call "no tool host serves"."""
+    big = json.dumps("x" * (300 * 1024))
+    host = ToolHost(sc.tools(), "test", [("test.fail", "answers as told", {"type": "object"})],
+                    lambda inv: (True, big, ""))
+    try:
+        host.wait_registered()
+        for _ in range(2):  # the second call is answered by the same stream
+            p = start(sc.prompts(), text="go", src=source(), profile="terr").result(15)
+            assert p.end == "completed", (p.kinds(), p.error)
+            result = p.frame("tool_result").tool_result
+            assert result.ok is False and "limits.max_text_bytes" in json.loads(result.result_json)["error"]
+        assert len(host.invocations) == 2 and host.error is None, host.error
+    finally:
+        host.close()
+
+
 def _tool_result_of_a_host_answering(sc, result_json: str):
     """The tool_result frame of a turn whose host answers ok with ``result_json``."""
     host = ToolHost(sc.tools(), "test", [("test.fail", "answers as told", {"type": "object"})],

@@ -156,7 +156,8 @@ type ToolInvocationResult struct {
 	Ok bool `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
 	// The result as JSON when ok (a string is quoted: "\"12:00\""); otherwise an
 	// error description. With ok, text that is no JSON (empty included) makes
-	// the call a failed one: the model gets an error naming result_json.
+	// the call a failed one: the model gets an error naming result_json. So
+	// does a result longer than limits.max_text_bytes (the stream goes on).
 	ResultJson string `protobuf:"bytes,3,opt,name=result_json,json=resultJson,proto3" json:"result_json,omitempty"`
 	// With ok=false: what went wrong (the model sees it).
 	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`

@@ -66,7 +66,10 @@ def _field_caps(lim: Limits) -> dict[str, dict[str, Cap]]:
                             "data": Cap(lim.max_attachment_bytes, "bytes")},
         v1 + "ToolSpec": {"name": ident, "description": text, "parameters_json_schema": text},
         v1 + "RegisterTools": {"namespace": ident, "tools": Cap(TOOLS_PER_REGISTER, "items")},
-        v1 + "ToolInvocationResult": {"invocation_id": ident, "result_json": text, "error": text},
+        # A host's result past max_text_bytes fails its call, not the host's stream
+        # (ToolRegistry.invoke): only past the request cap is the message refused.
+        v1 + "ToolInvocationResult": {"invocation_id": ident, "result_json": Cap(lim.max_request_bytes, "bytes"),
+                                      "error": Cap(lim.max_request_bytes, "bytes")},
         # requests
         v1 + "GetOrCreateSessionRequest": {"profile": ident},
         v1 + "GetSessionRequest": {"session_key": key, "session_id": ident},

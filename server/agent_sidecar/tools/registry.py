@@ -194,11 +194,12 @@ class ToolRegistry:
         """(ok, result JSON) of one call made in a session of ``platform``.
         Raises SidecarError TOOL_SCOPE_VIOLATION, before the host hears of
         the call, when the host's credential does not cover that platform.
-        An in-process tool's result of more than ``max_result_bytes``
-        (``limits.max_text_bytes``, the bound a host's result already has on
-        the wire) comes back as an error result naming the limit: it travels
-        whole in a ``tool_result`` frame and the transcript, and a client with
-        gRPC's default 4 MiB message limit could not receive a much larger one."""
+        A result of more than ``max_result_bytes`` (``limits.max_text_bytes``),
+        an in-process tool's or a host's, comes back as an error result naming
+        the limit: it travels whole in a ``tool_result`` frame and the
+        transcript, and a client with gRPC's default 4 MiB message limit could
+        not receive a much larger one. A host's stream goes on (refused on the
+        wire, its stream would end, and every tool it serves with it)."""
         ok, result = await self._invoke(name, arguments_json, meta, platform, timeout_s)
         if len(result) > self.max_result_bytes // 4 and len(result.encode()) > self.max_result_bytes:
             return False, orjson.dumps({"error": f"the result of {name!r} is longer than limits.max_text_bytes"

@@ -64,7 +64,8 @@ export interface ToolInvocationResult {
   /**
    * The result as JSON when ok (a string is quoted: "\"12:00\""); otherwise an
    * error description. With ok, text that is no JSON (empty included) makes
-   * the call a failed one: the model gets an error naming result_json.
+   * the call a failed one: the model gets an error naming result_json. So
+   * does a result longer than limits.max_text_bytes (the stream goes on).
    */
   resultJson: string;
   /** With ok=false: what went wrong (the model sees it). */
