@@ -9,8 +9,8 @@ its key, exit status 2."""
 from __future__ import annotations
 
 import os
-import resource
 import subprocess
+import sys
 
 import pytest
 from helpers.cli import CLEAN_ENV, COMMAND, cli
@@ -30,10 +30,16 @@ def check(tmp_path, text: str | None, env: dict[str, str] | None = None) -> subp
     else:
         path.write_text(text)
 
-    def cap() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
-    return subprocess.run([*COMMAND, "config", "check", str(path)], capture_output=True, text=True,
-                          timeout=20, cwd=ROOT, env={**CLEAN_ENV, **(env or {})}, preexec_fn=cap)
+    # The cap is set by a small program that then becomes the command, not by a
+    # preexec_fn: that runs in a fork of this test process, whose gRPC threads'
+    # fork handlers could abort the child before its exec (SIGABRT, "epoll_wait
+    # error: Bad file descriptor" on its stderr).
+    return subprocess.run([sys.executable, "-c", _CAPPED, *COMMAND, "config", "check", str(path)],
+                          capture_output=True, text=True, timeout=20, cwd=ROOT, env={**CLEAN_ENV, **(env or {})})
+
+
+_CAPPED = ("import os, resource, shutil, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30));"
+           " os.execv(shutil.which(sys.argv[1]) or sys.argv[1], sys.argv[1:])")
 
 
 def refused(r: subprocess.CompletedProcess) -> list[str]:
