@@ -119,19 +119,23 @@ def test_a_turn_timeout_past_what_grpc_can_count_is_no_timeout(sc):
     """The Python client's ``prompt(timeout=1e10)`` (a user's "never"): the
     turn runs. gRPC counts a call's deadline in int64 nanoseconds since the
     epoch, which that wraps into the past: the turn failed DEADLINE_EXCEEDED
-    at once (the bench's --turn-timeout 1e10 did; it now refuses past a week)."""
+    at once (the bench's --turn-timeout 1e10 did; it now refuses past a week),
+    and so did every unary call of a client given ``call_timeout=1e10``."""
     import asyncio
     import uuid
 
     from agent_sidecar_client import connect
 
-    async def turn() -> list[str]:
-        async with await connect(sc.target) as client:
+    async def turn() -> tuple[list[str], int]:
+        async with await connect(sc.target, call_timeout=1e10) as client:  # a unary call's "never" too
             src = {"platform": "telegram", "chat_type": "dm", "chat_id": uuid.uuid4().hex}
-            return [f.WhichOneof("event") async for f in client.prompt("hello", source=src, timeout=1e10)]
+            kinds = [f.WhichOneof("event") async for f in client.prompt("hello", source=src, timeout=1e10)]
+            return kinds, (await client.get_or_create_session(src)).turn_count
 
-    kinds = asyncio.run(turn())
-    assert kinds[-1] == "completed", kinds
+    kinds, turns = asyncio.run(turn())
+    assert kinds[-1] == "completed" and turns == 1, (kinds, turns)
+    with pytest.raises(ValueError, match="call_timeout"):
+        asyncio.run(connect(sc.target, call_timeout=float("nan"), wait_ready=False))
 
 
 @pytest.mark.parametrize("spelling", ["dns:///127.0.0.1:{port}", "dns:127.0.0.1:{port}", "{path}"])

@@ -20,6 +20,7 @@ import grpc
 
 from agent_sidecar_client import _args, errors
 from agent_sidecar_client._args import (
+    MAX_CALL_TIMEOUT_S,
     Deadline,
     SourceLike,
     as_delivery,
@@ -100,8 +101,11 @@ class SidecarClient(SessionCalls):
         #: Seconds a stream may go without any frame (keepalives included) before it is resumed.
         self.stream_idle_timeout = stream_idle_timeout
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
-        #: Deadline in seconds of every unary call the wrappers make (None: no deadline).
-        self.call_timeout = call_timeout
+        if call_timeout is not None and not (call_timeout > 0 and math.isfinite(call_timeout)):
+            raise ValueError(f"call_timeout: {call_timeout!r}; seconds > 0, or None for none")
+        #: Deadline in seconds of every unary call the wrappers make (None: no deadline); at
+        #: most MAX_CALL_TIMEOUT_S, past which gRPC's deadline would wrap into the past.
+        self.call_timeout = None if call_timeout is None else min(call_timeout, MAX_CALL_TIMEOUT_S)
         self._channel_args = (target, credentials, channel_options(options))
         self._retired: list[grpc.aio.Channel] = []  # replaced, still serving their calls
         self._closed = False
