@@ -231,8 +231,6 @@ class Sidecar:
 
     def request_stop(self) -> None:
         self._stopping.set()
-        if self.readiness is not None:  # the drain has health from now on
-            self.readiness.close()
 
     def stop_on_signals(self) -> None:
         """SIGTERM, SIGINT and SIGHUP stop the sidecar cleanly (drained, the
@@ -272,7 +270,7 @@ class Sidecar:
         drained = False
         # Graceful: startup restore finished and nothing failed under us.
         graceful = self.turns is not None and self.turns.ready.is_set() and not self.exit_code
-        if self.readiness is not None:
+        if self.readiness is not None:  # the drain has health from now on
             self.readiness.close()
         if self.health is not None:
             await self.health.enter_graceful_shutdown()
