@@ -42,6 +42,12 @@ class Limits:
                                                      "(0: no cap); past it OVERLOADED")
     max_prompt_bytes_in_flight: int = key(16 * 1024 * 1024, ge=0,
                                           doc="bytes of their text and attachments (0: no cap)")
+    # Streams one credential (a token, or the Unix socket) holds open at once:
+    # each holds memory while open (api/auth.py StreamQuota).
+    max_streams_per_credential: int = key(10_000, ge=0,
+                                          doc="Prompt, WatchActivity and ServeTools streams one "
+                                              "credential (a token, or the Unix socket) holds open "
+                                              "(0: no cap); past it OVERLOADED")
     # Requests of 1 MiB or more being handled at once (api/request_budget.py):
     # each is held several times over while it is parsed and written.
     max_request_bytes_in_flight: int = key(32 * 1024 * 1024, ge=0,

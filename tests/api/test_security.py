@@ -21,7 +21,7 @@ from helpers.sessions import assert_serving, rpc_error
 from helpers.store import writes_held
 from helpers.streams import collect, prompt_req, run
 from helpers.waiting import wait_until
-from sidecar_proc import Sidecar
+from sidecar_proc import Sidecar, retry_delay
 
 from agent_sidecar.api.auth import MAX_ANONYMOUS_STREAMS
 from agent_sidecar.v1 import common_pb2 as c
@@ -259,3 +259,52 @@ def test_connections_anyone_opens_on_a_tcp_port_leave_the_sidecar_files_of_its_o
             conn.close()
         sc.stop()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _platform_watch(stub, metadata=()):
+    """A WatchActivity of every telegram frame, open once its first frame is read."""
+    call = stub.WatchActivity(ppb.WatchActivityRequest(platform="telegram", after_cursor=0),
+                              metadata=metadata, timeout=60)
+    assert next(call).HasField("frame")  # a keepalive at once, then the replay
+    return call
+
+
+def test_a_credential_holds_a_bounded_number_of_streams_open(tmp_path):
+    """Each open stream holds memory in the sidecar. Past
+    limits.max_streams_per_credential open streams of one credential, its next
+    WatchActivity, Prompt or ServeTools is refused OVERLOADED with RetryInfo,
+    writing nothing, while another token and the Unix socket open theirs; a
+    stream that ends makes room again."""
+    limit = 3
+    sc = Sidecar(tmp_path / "data", config=TOKENS + f"\n[sidecar.limits]\nmax_streams_per_credential = {limit}\n",
+                 tcp=True).start()
+    held: list = []
+    try:
+        tcp, tg = sc.prompts(tcp=True), bearer("tg")
+        held += [_platform_watch(tcp, tg) for _ in range(limit)]
+        refused = prompt_req(source=src("telegram"))
+        for opening in (lambda: _platform_watch(tcp, tg),
+                        lambda: next(tcp.Prompt(refused, metadata=tg, timeout=30)),
+                        lambda: next(sc.tools(tcp=True).ServeTools(iter(()), metadata=tg, timeout=30))):
+            with rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED") as err:
+                opening()
+            assert "max_streams_per_credential" in err.value.details()
+            assert retry_delay(err.value) is not None
+        listed = sc.sessions().ListSessions(pb.ListSessionsRequest(platform="telegram"), timeout=10).sessions
+        assert not [s for s in listed if s.session_key.endswith(refused.source.chat_id)]  # the refusal wrote none
+        _platform_watch(tcp, bearer("adm")).cancel()  # another credential
+        _platform_watch(sc.prompts()).cancel()  # the Unix socket
+        held.pop().cancel()
+
+        def reopened():
+            try:
+                held.append(_platform_watch(tcp, tg))
+                return True
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+                return False
+        wait_until(reopened, what="the cancelled watch's place to be free again")
+    finally:
+        for call in held:
+            call.cancel()
+        sc.stop()

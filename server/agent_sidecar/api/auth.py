@@ -109,6 +109,41 @@ class AnonymousStreams:
         self.open -= 1
 
 
+class StreamQuota:
+    """Counts the response streams (Prompt, WatchActivity, ServeTools) each
+    credential holds open, and refuses one past ``limit`` (OVERLOADED, with
+    RetryInfo; 0: no cap). Each open stream holds memory in the sidecar for
+    as long as its caller keeps it: without a bound, one adapter (or one
+    leaked token) could open them until the host ran out, starving every
+    other adapter. The count is per credential, so that one that runs away
+    refuses only itself: each ``[[auth.tokens]]`` entry is one, and so is
+    the Unix socket. Prompts are also capped sidecar-wide by
+    ``max_prompts_in_flight``; this bound covers what that one does not, the
+    streams that only follow (watches, a request id's twins, tool hosts)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.open: Counter[int] = Counter()  # id(principal) -> its open streams
+
+    def enter(self, principal: Principal) -> None:
+        """One more stream of ``principal`` is open (then ``leave``);
+        SidecarError OVERLOADED, and nothing counted, when that would be one
+        too many."""
+        key = id(principal)  # one object per credential (Authenticator, LOCAL), for the process's life
+        if self.limit and self.open[key] >= self.limit:
+            raise SidecarError(OVERLOADED, f"this credential has {self.open[key]} streams open (Prompt,"
+                               " WatchActivity, ServeTools), the most it may"
+                               " (sidecar.limits.max_streams_per_credential); close some",
+                               retry_after_s=1.0)
+        self.open[key] += 1
+
+    def leave(self, principal: Principal) -> None:
+        key = id(principal)
+        self.open[key] -= 1
+        if not self.open[key]:
+            del self.open[key]
+
+
 def _bearer_token(metadata) -> bytes:
     """The token of the ``authorization`` header, ``Bearer <token>`` with the
     scheme in any case (RFC 6750 via RFC 9110), or b"" when there is none."""

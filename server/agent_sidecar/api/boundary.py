@@ -12,7 +12,10 @@ In order, each step refused with a status carrying ErrorInfo:
 3. whether it parses: bytes protobuf refuses (invalid UTF-8 in a string,
    a corrupt wire format) are INVALID_ARGUMENT naming the field, and one short
    log line instead of gRPC's UNKNOWN and traceback;
-4. whether every field is within its cap, before any handler looks it up.
+4. whether every field is within its cap, before any handler looks it up;
+5. for a response stream, whether its credential may open one more
+   (api/auth.py ``StreamQuota``): OVERLOADED past
+   ``limits.max_streams_per_credential``.
 
 Then the handler runs with ``(request, context, principal)``: the principal is
 computed once, here. The standard services (health, reflection: api/server.py
@@ -50,6 +53,7 @@ from google.protobuf.message import DecodeError
 from ..errors import SidecarError, invalid
 from ..heap import LARGE_BYTES, Trimmer
 from . import wire
+from .auth import StreamQuota
 from .caps import Caps
 from .errors import abort
 from .request_budget import Held, RequestBudget
@@ -68,6 +72,7 @@ class Boundary:
     def __init__(self, server: grpc.aio.Server, auth, caps: Caps, budget: RequestBudget,
                  trusted_only: bool = False):
         self.server, self.auth, self.caps, self.budget = server, auth, caps, budget
+        self.streams = StreamQuota(caps.limits.max_streams_per_credential)
         self.trusted_only = trusted_only  # every listener is a Unix socket (see the module docstring)
         self.trimmer = Trimmer()
 
@@ -90,7 +95,8 @@ class Boundary:
             behavior = h.unary_stream if h.response_streaming else h.unary_unary
             if h.response_streaming and not inspect.isasyncgenfunction(behavior):
                 raise TypeError(f"{name}: a response stream must be an async generator")
-            wrapper = _unary_stream if h.response_streaming else _unary_unary
+            wrapper = functools.partial(_unary_stream, self.streams) if h.response_streaming \
+                else _unary_unary
             if self.trusted_only:  # gRPC reads the request, through our checks
                 make = grpc.unary_stream_rpc_method_handler if h.response_streaming \
                     else grpc.unary_unary_rpc_method_handler
@@ -104,7 +110,7 @@ class Boundary:
         if not h.response_streaming or not inspect.iscoroutinefunction(h.stream_stream):
             raise TypeError(f"{name}: a request stream must be a reader/writer coroutine")
         return grpc.stream_stream_rpc_method_handler(
-            _stream_stream(auth, h.stream_stream), request_deserializer=reader.parse,
+            _stream_stream(auth, self.streams, h.stream_stream), request_deserializer=reader.parse,
             response_serializer=_bytes_as_is(h.response_serializer))
 
 
@@ -330,11 +336,19 @@ def _unary_unary(admit, behavior):
     return unary_unary
 
 
-def _unary_stream(admit, behavior):
-    """As ``_unary_unary``, for a response stream."""
+def _unary_stream(streams: StreamQuota, admit, behavior):
+    """As ``_unary_unary``, for a response stream, open only while ``streams``
+    admits one more for its credential."""
     async def unary_stream(first, context):
         request, principal, held = await admit(first, context)
         if request is None:
+            return
+        try:
+            streams.enter(principal)
+        except SidecarError as e:
+            if held is not None:
+                held.release()
+            await abort(context, e)
             return
         try:
             async for item in behavior(request, context, principal):
@@ -342,12 +356,13 @@ def _unary_stream(admit, behavior):
                     held.release()
                 yield item
         finally:
+            streams.leave(principal)
             if held is not None:
                 held.release()
     return unary_stream
 
 
-def _stream_stream(auth, behavior):
+def _stream_stream(auth, streams: StreamQuota, behavior):
     """A reader/writer handler: it reads each message through ``_Reader.parse``
     (the handler's deserializer), which raises its refusals from ``context.read()``.
 
@@ -359,9 +374,13 @@ def _stream_stream(auth, behavior):
     async def stream_stream(requests, context):
         try:
             principal = auth.authenticate(context)
+            streams.enter(principal)
         except SidecarError as e:
             await abort(context, e)
             return
-        await context.send_initial_metadata(())
-        await behavior(requests, context, principal)
+        try:
+            await context.send_initial_metadata(())
+            await behavior(requests, context, principal)
+        finally:
+            streams.leave(principal)
     return stream_stream

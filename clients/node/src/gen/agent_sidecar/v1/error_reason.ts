@@ -164,8 +164,10 @@ export enum ErrorReason {
   /**
    * OVERLOADED - The sidecar holds as many prompts (or prompt bytes) in flight and queued
    * as its admission limits allow, or as many bytes of large requests (1 MiB
-   * or more) being handled; nothing of the refused request was written, so a
-   * retry (of a prompt, with the same request id) is safe. Comes with RetryInfo.
+   * or more) being handled, or the caller's credential holds as many streams
+   * open as `limits.max_streams_per_credential` allows; nothing of the refused
+   * request was written, so a retry (of a prompt, with the same request id) is
+   * safe. Comes with RetryInfo.
    * gRPC status: RESOURCE_EXHAUSTED
    */
   OVERLOADED = 21,
