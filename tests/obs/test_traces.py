@@ -29,6 +29,7 @@ SCRIPTS = {
     "tools": [{"tool_calls": [{"name": "test.add", "arguments": {"a": 2, "b": 3}, "id": "call_t"}]},
               {"text": "the answer is 5"}],
     "down": [{"status": 400, "body": '{"error": {"message": "no such model"}}'}],
+    "outside": [{"tool_calls": [{"name": "zz.outside", "arguments": {}, "id": "call_o"}]}],
 }
 
 
@@ -117,6 +118,22 @@ def test_a_failed_turn_marks_its_spans_as_errors(sc, fakes, collector):
     assert model.status == ERROR
     assert rpc.status == ERROR and rpc.attributes["rpc.grpc.status_code"] == 14  # UNAVAILABLE
     assert fakes["down"].headers[-1]["traceparent"] == f"00-{trace_id}-{model.span_id}-01"
+
+
+def test_a_tool_call_the_worker_refuses_has_its_span_with_the_reason(sc, collector):
+    """A call outside the profile's tools is refused in the worker and never
+    reaches the parent: it was counted in tool_call_errors_total, but had no
+    span, so the trace of a turn failed TOOL_SCOPE_VIOLATION did not show
+    the call that failed it. It now has its ``execute_tool`` span, an error
+    naming the reason, like a call the parent refuses."""
+    traceparent, trace_id, _ = _traceparent()
+    rid, out = _prompt(sc, "outside", traceparent)
+    assert out.end == "failed" and out.last.failed.reason == "TOOL_SCOPE_VIOLATION"
+    _, turn, (model,), (tool,) = _tree(collector, trace_id, rid, model_calls=1, tool_calls=1)
+    assert (tool.name, tool.kind, tool.status) == ("execute_tool zz.outside", CLIENT, ERROR)
+    assert tool.attributes["agent_sidecar.reason"] == "TOOL_SCOPE_VIOLATION"
+    assert tool.attributes["gen_ai.tool.call.id"] == "call_o"
+    assert model.end_ns <= tool.start_ns <= tool.end_ns <= turn.end_ns
 
 
 def test_a_prompt_without_a_traceparent_starts_a_trace(sc, collector, host):

@@ -54,9 +54,9 @@ class TurnIO(Protocol):
     def model_called(self, seconds: float, ok: bool) -> None:
         """One model call ended (for the metrics), on its own or with an error."""
 
-    def tool_refused(self, name: str) -> None:
-        """A tool call refused here, outside the profile's tools, never sent
-        to the parent (for the metrics: the parent counts the calls it runs)."""
+    def tool_refused(self, call_id: str, name: str, reason: str) -> None:
+        """A tool call refused here (outside the profile's tools), never run:
+        the parent is told, which counts, logs and traces it as a failed call."""
 
 
 @dataclass
@@ -228,7 +228,7 @@ async def _run_calls(agent: Agent, spec: TurnSpec, io: TurnIO, calls: list[ToolC
         io.frame("tool_call", {"call_id": call.call_id, "name": call.name,
                                "arguments_json": call.arguments_json})
         if not in_scope(call.name, spec.scopes):
-            io.tool_refused(call.name)
+            io.tool_refused(call.call_id, call.name, E.TOOL_SCOPE_VIOLATION)
             _refuse(agent, io, calls[i:], None)
             raise TurnFailed(E.TOOL_SCOPE_VIOLATION,
                              f"the model called {call.name!r}, outside the allowed tools {spec.scopes}")

@@ -10,13 +10,13 @@ happens, on the event loop.
   (wire.TurnReport), by backend; the agent cache's hits, misses and evictions,
   reported the same way (and by the worker's sweeps, wire.Evicted);
 * each tool call, timed here (the parent runs them), by namespace; one the
-  worker refused (outside the profile's tools) is an error with no time.
+  worker refused (outside the profile's tools, wire.ToolRefused) is an error
+  with no time.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 from ..meters import CALL_SECONDS, TURN_SECONDS, Counts, Histogram, Histograms
@@ -48,10 +48,8 @@ class TurnStats:
         if turn.began_at:
             self.first_token.observe(time.monotonic() - turn.began_at)
 
-    def worker_report(self, report: dict[str, Any], namespace_of: Callable[[str], str]) -> None:
-        """A wire.TurnReport: the turn's model calls, its agent lookup, and
-        the tool calls the worker refused (errors of their namespace,
-        ``namespace_of(name)``, with no duration: they never ran)."""
+    def worker_report(self, report: dict[str, Any]) -> None:
+        """A wire.TurnReport: the turn's model calls and its agent lookup."""
         backend = report["backend"]
         hist = self.model_calls[backend]
         for seconds, ok in report["model_calls"]:
@@ -64,8 +62,11 @@ class TurnStats:
             self.cache_misses += 1
         if report["evicted"]:
             self.evictions.add("lru", report["evicted"])
-        for name in report.get("refused_tools", ()):
-            self.tool_errors.add(namespace_of(name))
+
+    def tool_refused(self, namespace: str) -> None:
+        """A call the worker refused: an error of its namespace, with no
+        duration (it never ran)."""
+        self.tool_errors.add(namespace)
 
     def tool_call(self, namespace: str, seconds: float, ok: bool) -> None:
         self.tool_calls[namespace].observe(seconds)

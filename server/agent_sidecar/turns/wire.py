@@ -8,7 +8,8 @@ stay dicts on the wire (orjson writes and reads them without a class in
 between: a busy sidecar sends tens of thousands a second).
 
 Parent → worker: run, cancel, steer, tool_result, ack, evict, clear, stop.
-Worker → parent: hello, frame, message, tool_call, steered, done, evicted, log, model_call.
+Worker → parent: hello, frame, message, tool_call, tool_refused, steered, done, evicted, log,
+model_call.
 
 Pure (no grpc): the worker imports it. ``encode``/``read_message``/
 ``open_stream`` let tests drive a real worker over its pipe.
@@ -149,6 +150,17 @@ class ToolCall(TypedDict):
     arguments: str
 
 
+class ToolRefused(TypedDict):
+    """A tool call the worker refused itself (a name outside the profile's
+    tools), so the parent never ran it: the parent counts it, logs it and
+    traces it as it does a call it refuses (turns/worker_events.py)."""
+    type: Literal["tool_refused"]
+    request_id: str
+    call_id: str
+    name: str
+    reason: str
+
+
 class Steered(TypedDict):
     type: Literal["steered"]
     request_id: str
@@ -160,14 +172,11 @@ class TurnReport(TypedDict):
     """What the worker measured of one turn, for the parent's metrics
     (turns/stats.py): each model call as ``[seconds, ok]`` (a call cut off by
     a cancel or the timeout is left out), whether the session's agent was
-    warm, how many agents the cache evicted (LRU) to make room for it, and
-    the tool calls it refused itself (names outside the profile's tools:
-    the parent never saw them, so it counts them from here)."""
+    warm, and how many agents the cache evicted (LRU) to make room for it."""
     backend: str
     model_calls: list[tuple[float, bool]]
     cache_hit: bool
     evicted: int
-    refused_tools: list[str]
 
 
 class Done(TypedDict):
@@ -240,10 +249,14 @@ def failed(request_id: str, reason: str, message_text: str, report: TurnReport |
     return out
 
 
+def tool_refused(request_id: str, call_id: str, name: str, reason: str) -> ToolRefused:
+    return {"type": "tool_refused", "request_id": request_id, "call_id": call_id, "name": name,
+            "reason": reason}
+
+
 def turn_report(backend: str, model_calls: list[tuple[float, bool]], cache_hit: bool,
-                evicted: int, refused_tools: list[str]) -> TurnReport:
-    return {"backend": backend, "model_calls": model_calls, "cache_hit": cache_hit, "evicted": evicted,
-            "refused_tools": refused_tools}
+                evicted: int) -> TurnReport:
+    return {"backend": backend, "model_calls": model_calls, "cache_hit": cache_hit, "evicted": evicted}
 
 
 def evicted(why: str, count: int, keys: list[str]) -> Evicted:

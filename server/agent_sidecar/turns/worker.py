@@ -70,7 +70,6 @@ class _TurnIO:
         self._text: list[str] = []  # deltas waiting for their window to close
         self._window: asyncio.TimerHandle | None = None
         self.model_calls: list[tuple[float, bool]] = []  # for the turn's report (wire.TurnReport)
-        self.refused_tools: list[str] = []  # ditto: calls refused here, outside the profile's tools
 
     def frame(self, kind: str, body: dict[str, Any]) -> None:
         if kind == "text_delta" and self.coalesce_s > 0:
@@ -126,8 +125,9 @@ class _TurnIO:
     def model_called(self, seconds: float, ok: bool) -> None:
         self.model_calls.append((seconds, ok))
 
-    def tool_refused(self, name: str) -> None:
-        self.refused_tools.append(name)
+    def tool_refused(self, call_id: str, name: str, reason: str) -> None:
+        self.flush_text()
+        self.w.send(wire.tool_refused(self.rid, call_id, name, reason))
 
 
 class Worker:
@@ -316,8 +316,7 @@ class Worker:
                 agent.last_used = self.cache.clock()
             self.turns.pop(rid, None)
         if agent is not None:
-            done["report"] = wire.turn_report(profile["model"], io.model_calls if io else [], hit, evicted,
-                                              io.refused_tools if io else [])
+            done["report"] = wire.turn_report(profile["model"], io.model_calls if io else [], hit, evicted)
         self.send(done)
 
     async def _housekeeping(self) -> None:

@@ -50,8 +50,11 @@ def on_message(m: TurnManager, h: WorkerHandle, msg: Any) -> None:  # decoded: "
             log.info("agents evicted", extra={"worker": h.index, "why": msg["why"], "count": msg["count"],
                                               "keys": msg["keys"]})
             return
+        case "tool_refused":
+            _tool_refused(m, msg)
+            return
         case "done" if "report" in msg:  # counted even when the turn's end came first
-            m.stats.worker_report(msg["report"], m.tools.namespace_of)
+            m.stats.worker_report(msg["report"])
     turn = m.live.get(msg.get("request_id", ""))
     if turn is None or turn.closing:
         return
@@ -142,6 +145,24 @@ def _refused(h: WorkerHandle, turn: Turn, msg: dict) -> bool:
             h.send(wire.tool_result(turn.rid, msg["call_id"], False,
                                     orjson.dumps({"error": "the turn was cancelled"}).decode()))
     return True
+
+
+def _tool_refused(m: TurnManager, msg: wire.ToolRefused) -> None:
+    """A call the worker refused itself (outside the profile's tools): an
+    error of its namespace in the metrics (counted even when the turn's end
+    came first), and, as for a call this side refuses, its ``tool call`` line
+    and, on a traced turn, its ``execute_tool`` span, an error naming the
+    reason."""
+    m.stats.tool_refused(m.tools.namespace_of(msg["name"]))
+    turn = m.live.get(msg["request_id"])
+    fields = {"tool": msg["name"], "call_id": msg["call_id"], "ok": False, "refused": msg["reason"],
+              "duration_ms": 0.0, "request_id": msg["request_id"]}
+    if turn is not None:
+        fields["session_key"] = turn.key
+        if tracing.ACTIVE is not None:
+            span, _ = tracing.ACTIVE.tool_begin(turn, msg["name"], msg["call_id"])
+            tracing.ACTIVE.tool_end(span, False, msg["reason"])
+    log.debug("tool call", extra=fields)
 
 
 async def _run_tool(m: TurnManager, h: WorkerHandle, turn: Turn, msg: wire.ToolCall) -> None:
