@@ -17,7 +17,10 @@ import contextvars
 import logging
 import re
 import sys
+import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 
@@ -220,6 +223,86 @@ def info_fields(logger: logging.Logger, msg: str, fields: dict) -> None:
             loop.call_soon(handler.write_pending)
         else:  # no loop on this thread: at once
             handler.write_pending()
+
+
+class _Forward(logging.Handler):
+    """A worker's one handler (``forward``): each record as a ``log`` message
+    to the parent (turns/wire.py), its level, logger, message and fields as
+    they are (the turn's ids among them), its traceback as ``exc``. Records
+    logged before the pipe is open (before the worker's hello, which must be
+    its first message) wait, the first MAX_EARLY of them. The pipe is the
+    event loop's: a record logged on another thread (a backend's blocking
+    call in an executor) is handed to the loop to send."""
+
+    MAX_EARLY = 1000
+
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
+        self.send: Callable[[dict], None] | None = None  # set by ``open``, on the loop's thread
+        self.loop: Any = None  # its asyncio loop (not imported here: the store writer runs none)
+        self.loop_thread = 0
+        self.early: list[dict] = []
+        self._sending = False  # a record logged while one is sent (by the pipe's code): dropped
+
+    def open(self, send: Callable[[dict], None]) -> None:
+        """Called on the event loop whose pipe ``send`` writes to."""
+        import asyncio
+        self.loop, self.loop_thread = asyncio.get_running_loop(), threading.get_ident()
+        self.send = send
+        early, self.early = self.early, []
+        for msg in early:
+            send(msg)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._sending:
+            return
+        try:
+            fields = _fields(record)
+            if record.exc_info:
+                fields["exc"] = logging.Formatter().formatException(record.exc_info)
+            msg = {"type": "log", "msg": record.getMessage(), "level": record.levelno,
+                   "logger": record.name, **fields}
+            if self.send is None or self.loop is None:
+                if len(self.early) < self.MAX_EARLY:
+                    self.early.append(msg)
+            elif threading.get_ident() != self.loop_thread:
+                self.loop.call_soon_threadsafe(self.send, msg)
+            else:
+                self._sending = True
+                try:
+                    self.send(msg)
+                finally:
+                    self._sending = False
+        except Exception:  # as StreamHandler.emit: a log line never fails its caller
+            pass
+
+
+def forward(level: int) -> _Forward:
+    """In a worker process: every record at ``level`` or above goes to the
+    parent, which logs it as its own, at that level, in the configured
+    format (``relog``); ``open(send)`` on the result once the pipe is open.
+    A worker writes nothing to stderr itself: a library's warning (a model
+    backend's, httpx's) would reach it as a bare line in no format."""
+    handler = _Forward(level)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    return handler
+
+
+# What LogRecord's own attributes are named, and what Formatter adds: a field of
+# a relogged line by one of these names would make logging refuse the record.
+_RESERVED = _STD | {"message", "asctime"}
+
+
+def relog(msg: dict, **extra: object) -> None:
+    """In the parent: a worker's ``log`` message (``_Forward``) logged as the
+    worker logged it, at its level and under its logger, with ``extra``."""
+    fields = {k: v for k, v in msg.items() if k not in _RESERVED and k not in ("type", "level", "logger")}
+    level, text = msg.get("level"), msg.get("msg")  # a line's text, made in the worker: relayed
+    logger = logging.getLogger(str(msg.get("logger") or "agent_sidecar.workers"))
+    logger.log(level if type(level) is int else logging.INFO, text if type(text) is str else "",
+               extra={**extra, **fields})
 
 
 def setup(fmt: str = "json", level: str = "info") -> None:

@@ -226,3 +226,72 @@ def test_lines_of_one_loop_iteration_go_out_in_one_write_in_the_order_logged(mon
         logging.getLogger().handlers[:], level = saved
         logging.getLogger().setLevel(level)
         logs._HANDLER = None
+
+
+# A model backend that logs as a third party's would: through the logging module, in its worker.
+NOISY_BACKEND = """\
+import asyncio
+import logging
+from agent_sidecar.models.base import TextDelta
+log = logging.getLogger("noisy_backend")
+class Noisy:
+    def __init__(self, options):
+        pass
+    async def stream(self, request):
+        log.info("noisy info", extra={"n": 1})
+        log.warning("noisy warning", extra={"n": 2})
+        try:
+            1 / 0
+        except ZeroDivisionError:
+            log.exception("noisy error")
+        await asyncio.to_thread(log.warning, "noisy thread")
+        yield TextDelta(text="ok")
+    async def aclose(self):
+        pass
+"""
+
+
+def _noisy_plugin(root) -> str:
+    """A distribution on ``root`` with the backend ``noisy``; returns ``root`` for PYTHONPATH."""
+    info = root / "noisy_backend-1.0.dist-info"
+    info.mkdir(parents=True)
+    (root / "noisy_backend.py").write_text(NOISY_BACKEND)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: noisy-backend\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[agent_sidecar.models]\nnoisy = noisy_backend:Noisy\n")
+    return str(root)
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_a_workers_lines_keep_their_level_logger_and_fields(tmp_path, fmt):
+    """A line logged in a worker (a model backend's, through the logging
+    module) went to stderr bare, its message alone, in neither format, with no
+    level, time or turn; and the worker's own lines were relogged by the
+    parent at INFO whatever their level. Each now reaches the log as the
+    worker logged it: its level, its logger, its fields, the turn's ids and
+    its traceback, in the configured format."""
+    sc = Sidecar(tmp_path / "data", config=profile("main", "noisy"), workers=1,
+                 env={"PYTHONPATH": _noisy_plugin(tmp_path / "site")},
+                 extra_args=["--log-format", fmt, "--log-level", "warning"])
+    with sc:
+        out = run(sc.prompts(), prompt_req(text="hi"))
+        assert out.end == "completed", out.kinds()
+        wait_until(lambda: "noisy thread" in sc.log_path.read_text(), what="the worker's last line")
+    text = sc.log_path.read_text()
+    assert "noisy info" not in text, "below the configured level"
+    if fmt == "json":
+        (warning,) = log_lines(sc, "noisy warning")
+        (error,) = log_lines(sc, "noisy error")
+        assert (warning["level"], warning["logger"], warning["n"]) == ("warning", "noisy_backend", 2)
+        assert (error["level"], error["logger"]) == ("error", "noisy_backend")
+        assert "ZeroDivisionError" in error["exc"]
+        (thread,) = log_lines(sc, "noisy thread")  # logged on an executor's thread
+        assert (thread["level"], thread["logger"]) == ("warning", "noisy_backend")
+        for line in (warning, error):
+            assert (line["request_id"], line["session_key"], line["worker"]) == (out.request_id, out.key, 0)
+    else:
+        (warning,) = [x for x in text.splitlines() if "noisy warning" in x]
+        (error,) = [x for x in text.splitlines() if "noisy error" in x]
+        assert RFC3339.match(warning.split(" ")[0]), warning
+        assert " WARNING noisy_backend: noisy warning " in warning and " n=2 " in warning, warning
+        assert " ERROR noisy_backend: noisy error " in error and "ZeroDivisionError" in error, error
+        assert f"request_id={out.request_id}" in warning and f"session_key={out.key}" in error

@@ -67,7 +67,7 @@ class TurnManager:
         n = self.cfg.worker_count()
         c = self.cfg.agent_cache
         settings = {"reader": self.store.reader_spec(), "parent_pid": os.getpid(),
-                    "debug": logging.getLogger("agent_sidecar").isEnabledFor(logging.DEBUG),
+                    "log_level": logging.getLogger().getEffectiveLevel(),
                     "coalesce_ms": self.cfg.stream.coalesce_ms,
                     "max_reply_chars": self.cfg.limits.max_reply_chars,
                     "cache": {

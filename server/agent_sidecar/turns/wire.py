@@ -197,6 +197,16 @@ class Evicted(TypedDict):
     keys: list[str]  # the first few, for the log
 
 
+class Log(TypedDict):
+    """A line the worker logged (built by logs.forward's handler, logged by
+    the parent with logs.relog): its level (a logging level number), logger
+    and message; the record's fields follow as keys of their own."""
+    type: Literal["log"]
+    msg: str
+    level: int
+    logger: str
+
+
 class ModelCall(TypedDict):
     """One model call of a traced turn, reported when it is over: the span
     id its traceparent named and its wall-clock start and end (ns)."""
@@ -268,10 +278,6 @@ def model_call(request_id: str, span_id: str, start_ns: int, end_ns: int, iterat
     return {"type": "model_call", "request_id": request_id, "span_id": span_id, "start_ns": start_ns,
             "end_ns": end_ns, "iteration": iteration, "backend": backend, "model": model,
             "input_tokens": input_tokens, "output_tokens": output_tokens, "error": error}
-
-
-def log(msg: str, level: str, **fields: Any) -> dict[str, Any]:
-    return {"type": "log", "msg": msg, "level": level, **fields}
 
 
 # -- for tests: a real worker over its pipe -----------------------------------------------------

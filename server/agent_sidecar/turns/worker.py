@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
+import logging
 import os
 import sys
 import time
@@ -27,7 +28,7 @@ import orjson
 
 from .. import errors as E
 from ..children import Channel, open_channel, tune_gc
-from ..logs import TURN, bind_turn
+from ..logs import bind_turn, forward
 from ..models.registry import load_backend
 from . import wire
 from .agent import Agent, ToolRefused, TurnFailed, TurnSpec, run_turn
@@ -47,6 +48,9 @@ from .model_trace import TracedBackend
 # for (a tool call, a steer's answer) is never paced.
 WRITE_PACE_S = 0.010
 WRITE_QUIET_S = 0.001
+
+# Its lines go to the parent, which logs them as its own (logs.forward).
+log = logging.getLogger("agent_sidecar.turns")
 
 
 class _TurnIO:
@@ -133,6 +137,8 @@ class _TurnIO:
 class Worker:
     def __init__(self, fileno: int, index: int, settings: dict[str, Any]):
         self.fileno, self.index, self.settings = fileno, index, settings
+        # The parent's level: a line below it would cost the parent's loop for nothing.
+        self.logs = forward(int(settings.get("log_level", logging.INFO)))
         self.coalesce_s = float(settings.get("coalesce_ms", 0)) / 1000
         self.max_reply_chars = int(settings["max_reply_chars"])  # limits.max_reply_chars, always given
         c = settings.get("cache", {})
@@ -141,7 +147,6 @@ class Worker:
                                 max_evictions_per_pass=c.get("max_evictions_per_pass", 16),
                                 protect_recent=c.get("protect_recent", 8))
         self.sweep_interval = float(c.get("sweep_interval_s", 30))
-        self.debug = bool(settings.get("debug"))
         self.turns: dict[str, tuple[asyncio.Task, _TurnIO | None]] = {}
         self.cancel_reasons: dict[str, str] = {}
         self.backends: dict[str, tuple[bytes, Any]] = {}
@@ -155,14 +160,6 @@ class Worker:
         end of this loop iteration (children.Channel)."""
         assert self.channel is not None  # opened first thing in run()
         self.channel.send(msg, soon=soon)
-
-    def log(self, msg: str, level: str = "info", **fields) -> None:
-        if level == "debug" and not self.debug:
-            return  # per-turn chatter costs the parent's loop; only when asked for
-        bound = TURN.get()  # logged while a turn runs (its task): the turn's ids
-        if bound is not None:
-            fields = {"request_id": bound[0], "session_key": bound[1], **fields}
-        self.send(wire.log(msg, level, **fields))
 
     def transcripts(self):
         """The store's reader for this process (store/interface.py
@@ -201,6 +198,7 @@ class Worker:
                                           quiet_s=WRITE_QUIET_S)
         self.send(wire.hello(os.getpid(), self.index,
                              any(m == "grpc" or m.startswith("grpc.") for m in sys.modules)))
+        self.logs.open(self.send)  # after the hello: the parent takes the first message for it
         tune_gc()
         sweeper = asyncio.get_running_loop().create_task(self._housekeeping())
         try:
@@ -269,12 +267,12 @@ class Worker:
         # which already holds this turn's user messages.
         msgs = self.transcripts().load_for_model(m["session_id"])
         if len(msgs) > 1:
-            self.log("agent rebuilt from store", "debug", key=key, messages=len(msgs))
+            log.debug("agent rebuilt from store", extra={"key": key, "messages": len(msgs)})
         agent = Agent(key, m["session_id"], m["rev"], m["base_seq"] + len(texts), msgs,
                       approx_bytes=sum(len(x.get("content") or "") + 64 for x in msgs))
         evicted = self.cache.put(agent)
         if evicted:
-            self.log("agents evicted", "debug", why="lru", count=len(evicted), keys=evicted[:16])
+            log.debug("agents evicted", extra={"why": "lru", "count": len(evicted), "keys": evicted[:16]})
         return agent, False, len(evicted)
 
     async def _turn(self, m: wire.Run) -> None:

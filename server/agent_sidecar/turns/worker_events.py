@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from .. import errors as E
+from .. import logs
 from ..logs import TURN
 from ..obs import tracing
 from ..sessions import lifecycle as life
@@ -35,10 +36,8 @@ def on_message(m: TurnManager, h: WorkerHandle, msg: Any) -> None:  # decoded: "
             _frame(m, turn, msg)  # not bound to the turn's log context: its one warning names the turn
             return
     match msg["type"]:
-        case "log":
-            fields = {k: v for k, v in msg.items() if k not in ("type", "msg", "level")}
-            level = logging.DEBUG if msg.get("level") == "debug" else logging.INFO
-            log.log(level, msg["msg"], extra={"worker": h.index, **fields})
+        case "log":  # a line the worker logged, at its own level (logs.forward)
+            logs.relog(msg, worker=h.index)
             return
         case "steered":
             fut = m.steer_waits.get(msg["steer_id"])
