@@ -26,7 +26,7 @@ from helpers.tools import AB_SCHEMA, ToolHost
 from helpers.waiting import wait_until
 from sidecar_proc import ROOT, TOKEN, Sidecar, error_info, free_port
 
-from agent_sidecar.obs.http import MAX_CONNECTIONS
+from agent_sidecar.obs.http import MAX_CONNECTIONS, MAX_HEAD_BYTES
 from agent_sidecar.v1 import status_service_pb2 as spb
 from agent_sidecar.v1 import status_service_pb2_grpc as spb_grpc
 
@@ -225,6 +225,26 @@ def _scrapes(port: int) -> bool:
         return True
     except (urllib.error.URLError, ConnectionError):
         return False
+
+
+def test_a_head_past_its_bound_ends_the_connection_unanswered(sc):
+    """The head's bound held for one line only: a client sending header lines
+    under it, one after another, was read for as long as it kept sending
+    (800 MB in 3 s, on the event loop that serves gRPC), then answered. The
+    head as a whole is now bound: past MAX_HEAD_BYTES the connection ends."""
+    line = b"X-Filler: " + b"a" * 1000 + b"\r\n"
+    head = b"GET /metrics HTTP/1.1\r\n" + line * (MAX_HEAD_BYTES // len(line) + 1) + b"\r\n"
+    with socket.create_connection(("127.0.0.1", sc.metrics_port), timeout=10) as s:
+        s.sendall(head)
+        try:
+            answer = s.recv(64)
+        except ConnectionResetError:
+            answer = b""
+    assert answer == b""
+    fits = b"GET /metrics HTTP/1.1\r\n" + line * (MAX_HEAD_BYTES // len(line) - 1) + b"\r\n"
+    with socket.create_connection(("127.0.0.1", sc.metrics_port), timeout=10) as s:
+        s.sendall(fits)
+        assert s.recv(64).startswith(b"HTTP/1.1 200 OK\r\n")
 
 
 def test_every_metric_served_is_documented(sc):

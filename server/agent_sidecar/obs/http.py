@@ -114,13 +114,21 @@ class MetricsServer:
 async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str]:
     """The request line's method and target; the headers are read and ignored.
     Lines end at LF, with or without the CR before it (RFC 9112 lets a server
-    take a bare LF)."""
-    line = (await reader.readuntil(b"\n")).decode("latin-1").split()
+    take a bare LF). A head longer than MAX_HEAD_BYTES in all is refused
+    (ValueError), however short its lines: the reader's limit bounds one line
+    only, and a client sending header lines without end would be read, on
+    the event loop, for as long as it kept sending."""
+    first = await reader.readuntil(b"\n")
+    line, size = first.decode("latin-1").split(), len(first)
     if len(line) != 3:
         raise ValueError("not an HTTP request line")
-    while (await reader.readuntil(b"\n")).strip():
-        pass
-    return line[0], line[1]
+    while True:
+        header = await reader.readuntil(b"\n")
+        size += len(header)
+        if size > MAX_HEAD_BYTES:
+            raise ValueError("the request's head is too long")
+        if not header.strip():
+            return line[0], line[1]
 
 
 _REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}
