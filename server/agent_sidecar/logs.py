@@ -19,6 +19,7 @@ import re
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -277,6 +278,15 @@ class _Forward(logging.Handler):
             pass
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """``warnings.showwarning`` of a process that logs (setup, forward): a
+    Python warning (a coroutine never awaited, a deprecated call in a
+    plugin) is one ``python warning`` line, not the two bare lines the
+    warnings module prints to stderr in no format."""
+    logging.getLogger("py.warnings").warning("python warning", extra={
+        "category": category.__name__, "warning": str(message), "where": f"{filename}:{lineno}"})
+
+
 def forward(level: int) -> _Forward:
     """In a worker process: every record at ``level`` or above goes to the
     parent, which logs it as its own, at that level, in the configured
@@ -287,6 +297,7 @@ def forward(level: int) -> _Forward:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    warnings.showwarning = _show_warning
     return handler
 
 
@@ -314,3 +325,4 @@ def setup(fmt: str = "json", level: str = "info") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     _HANDLER = handler
+    warnings.showwarning = _show_warning

@@ -231,13 +231,18 @@ def test_lines_of_one_loop_iteration_go_out_in_one_write_in_the_order_logged(mon
 # A model backend that logs as a third party's would: through the logging module, in its worker.
 NOISY_BACKEND = """\
 import asyncio
+import gc
 import logging
 from agent_sidecar.models.base import TextDelta
 log = logging.getLogger("noisy_backend")
+async def forgotten():
+    pass
 class Noisy:
     def __init__(self, options):
         pass
     async def stream(self, request):
+        forgotten()  # a coroutine never awaited: Python warns when it is collected
+        gc.collect()
         log.info("noisy info", extra={"n": 1})
         log.warning("noisy warning", extra={"n": 2})
         try:
@@ -295,3 +300,21 @@ def test_a_workers_lines_keep_their_level_logger_and_fields(tmp_path, fmt):
         assert " WARNING noisy_backend: noisy warning " in warning and " n=2 " in warning, warning
         assert " ERROR noisy_backend: noisy error " in error and "ZeroDivisionError" in error, error
         assert f"request_id={out.request_id}" in warning and f"session_key={out.key}" in error
+
+
+def test_a_python_warning_is_a_log_line(tmp_path):
+    """A Python warning (a coroutine a backend never awaited) was printed to
+    stderr by the warnings module itself: two bare lines in no format, which
+    a pipeline parsing each line as JSON drops or chokes on. It is now one
+    ``python warning`` line, with its category, text and place."""
+    sc = Sidecar(tmp_path / "data", config=profile("main", "noisy"), workers=1,
+                 env={"PYTHONPATH": _noisy_plugin(tmp_path / "site")})
+    with sc:
+        out = run(sc.prompts(), prompt_req(text="hi"))
+        assert out.end == "completed", out.kinds()
+        (line,) = wait_until(lambda: log_lines(sc, "python warning"), what="the warning's line")
+    assert (line["level"], line["logger"], line["category"]) == ("warning", "py.warnings", "RuntimeWarning")
+    assert "forgotten" in line["warning"] and "never awaited" in line["warning"]
+    assert "noisy_backend.py:" in line["where"] and line["request_id"] == out.request_id
+    assert "never awaited" not in "".join(x for x in sc.log_path.read_text().splitlines()
+                                          if not x.startswith("{")), "a bare line"
