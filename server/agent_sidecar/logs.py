@@ -126,7 +126,10 @@ class JsonFormatter(_LineFormatter):
                 out.setdefault(k, v)
         if exc:
             out["exc"] = exc
-        return orjson.dumps(out, default=str).decode()
+        try:
+            return orjson.dumps(out, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+        except TypeError:  # an int past 64 bits
+            return orjson.dumps(_json_safe(out)).decode()
 
 
 # Line breaks and other control characters (C0, DEL, C1, the Unicode line separators).
@@ -226,6 +229,15 @@ def info_fields(logger: logging.Logger, msg: str, fields: dict) -> None:
             handler.write_pending()
 
 
+def _json_safe(fields: dict) -> dict:
+    """``fields`` as the JSON lines write them: a value JSON has no type for
+    (an object, a dict with int keys) as its text; an int past 64 bits too."""
+    try:
+        return orjson.loads(orjson.dumps(fields, default=str, option=orjson.OPT_NON_STR_KEYS))
+    except TypeError:
+        return {k: v if isinstance(v, (str, float, bool)) or v is None else str(v) for k, v in fields.items()}
+
+
 class _Forward(logging.Handler):
     """A worker's one handler (``forward``): each record as a ``log`` message
     to the parent (turns/wire.py), its level, logger, message and fields as
@@ -258,7 +270,7 @@ class _Forward(logging.Handler):
         if self._sending:
             return
         try:
-            fields = _fields(record)
+            fields = _json_safe(_fields(record))
             if record.exc_info:
                 fields["exc"] = logging.Formatter().formatException(record.exc_info)
             msg = {"type": "log", "msg": record.getMessage(), "level": record.levelno,

@@ -187,6 +187,10 @@ def test_the_json_format_keeps_its_own_keys_ahead_of_the_fields(created, ts):
     line = orjson.loads(logs.JsonFormatter().format(record))
     assert list(line)[:5] == ["ts", "level", "logger", "msg", "outcome"]
     assert (line["ts"], line["level"], line["msg"], line["outcome"]) == (ts, "info", "turn finished", "completed")
+    record.codes = {200: 1}  # a key JSON cannot have is written as text, not a logging error
+    assert orjson.loads(logs.JsonFormatter().format(record))["codes"] == {"200": 1}
+    record.big = 1 << 70  # and so is an int past 64 bits
+    assert orjson.loads(logs.JsonFormatter().format(record))["big"] == str(1 << 70)
 
 
 def test_lines_of_one_loop_iteration_go_out_in_one_write_in_the_order_logged(monkeypatch):
@@ -237,6 +241,9 @@ from agent_sidecar.models.base import TextDelta
 log = logging.getLogger("noisy_backend")
 async def forgotten():
     pass
+class Place:
+    def __str__(self):
+        return "here"
 class Noisy:
     def __init__(self, options):
         pass
@@ -244,7 +251,7 @@ class Noisy:
         forgotten()  # a coroutine never awaited: Python warns when it is collected
         gc.collect()
         log.info("noisy info", extra={"n": 1})
-        log.warning("noisy warning", extra={"n": 2})
+        log.warning("noisy warning", extra={"n": 2, "codes": {200: 1}, "place": Place()})
         try:
             1 / 0
         except ZeroDivisionError:
@@ -287,6 +294,7 @@ def test_a_workers_lines_keep_their_level_logger_and_fields(tmp_path, fmt):
         (warning,) = log_lines(sc, "noisy warning")
         (error,) = log_lines(sc, "noisy error")
         assert (warning["level"], warning["logger"], warning["n"]) == ("warning", "noisy_backend", 2)
+        assert (warning["codes"], warning["place"]) == ({"200": 1}, "here"), "fields JSON has no type for"
         assert (error["level"], error["logger"]) == ("error", "noisy_backend")
         assert "ZeroDivisionError" in error["exc"]
         (thread,) = log_lines(sc, "noisy thread")  # logged on an executor's thread
