@@ -17,11 +17,14 @@ import pytest
 from helpers.config import profile, slow_echo
 from helpers.fake_openai import FakeOpenAI
 from helpers.ids import source, words
+from helpers.logs import log_lines
 from helpers.otlp import Collector
 from helpers.streams import QUEUE, assert_well_formed, collect, prompt_req, start
 from helpers.tools import AB_SCHEMA, ToolHost, answers
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
+
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
 
 SERVER, CLIENT = 2, 3  # opentelemetry.proto SpanKind
 ERROR = 2  # Status.code
@@ -134,6 +137,26 @@ def test_a_tool_call_the_worker_refuses_has_its_span_with_the_reason(sc, collect
     assert tool.attributes["agent_sidecar.reason"] == "TOOL_SCOPE_VIOLATION"
     assert tool.attributes["gen_ai.tool.call.id"] == "call_o"
     assert model.end_ns <= tool.start_ns <= tool.end_ns <= turn.end_ns
+
+
+def test_a_watch_its_client_ends_is_no_error(sc, collector):
+    """A watch never ends by itself: its client cancels it. gRPC then closes
+    the handler from another context, where the RPC span's context could not
+    be detached: the SDK logged an ERROR (``Failed to detach context``, with
+    a traceback) for every watch a client ended, and for every Prompt it
+    stopped reading. The span ends as before, and nothing is logged."""
+    out = collect(sc.prompts().Prompt(prompt_req(text="hi", profile="down"), timeout=30))
+    traceparent, trace_id, _ = _traceparent()
+    for _ in range(3):
+        call = sc.prompts().WatchActivity(ppb.WatchActivityRequest(session_key=out.frames[0].session_key),
+                                          timeout=10, metadata=[("traceparent", traceparent)])
+        next(call)
+        call.cancel()
+    collector.wait_for(lambda spans: len([s for s in spans if s.trace_id == trace_id and
+                                          s.name.endswith("/WatchActivity")]) == 3,
+                       what="the three watches' spans")
+    errors = [x for x in log_lines(sc) if x["level"] == "error"]
+    assert not errors, errors
 
 
 def test_a_prompt_without_a_traceparent_starts_a_trace(sc, collector, host):

@@ -129,6 +129,22 @@ class _Episodes(SpanExporter):
         return self.inner.force_flush(timeout_millis)
 
 
+def _detach(token: Any) -> None:
+    """Undo rpc_begin's ``attach``, where it can be undone.
+
+    A streaming call its client cancelled (every watch ends that way) is
+    closed by gRPC from another context than its handler ran in, where the
+    token cannot be reset, nor needs to be: the context it was set in goes
+    with the call. The SDK's ``detach`` logged each such end as an ERROR
+    with a traceback (``Failed to detach context``). The token is the
+    contextvars Token of the SDK's runtime context (its only one), reset
+    here as its ``detach`` does, but quietly when it cannot be."""
+    try:
+        token.var.reset(token)
+    except (ValueError, RuntimeError):  # created in another context, or reset already
+        pass
+
+
 class Tracer:
     """The sidecar's spans. Every method runs on the event loop."""
 
@@ -190,7 +206,7 @@ class Tracer:
         return tuple(carrier.items())
 
     def rpc_end(self, span: Any, token: Any, code: Any) -> None:
-        otel_context.detach(token)
+        _detach(token)
         span.set_attribute("rpc.grpc.status_code", code.value[0])
         if code.name in _SERVER_ERRORS:
             span.set_status(Status(StatusCode.ERROR, code.name))
