@@ -255,6 +255,11 @@ class Config:
     gateway_auto_continue_freshness: float = key(
         3600.0, gt=0, toml="agent.gateway_auto_continue_freshness",
         doc="an interrupted lane is auto-resumed only if active this recently (s)")
+    steer_timeout_s: float = key(
+        5.0, gt=0, le=3600, toml="agent.steer_timeout_s",
+        doc="a STEER prompt's text is taken into the running turn only this many seconds after it was "
+            "asked; the prompt waits as long again for the worker's answer, then is placed as a "
+            "FOLLOW_UP (a worker too busy to answer, e.g. a model backend blocking its loop)")
     agent_cache: AgentCache = section(AgentCache, toml="agent.agent_cache", doc="the workers' agent cache")
     # [sidecar]: the sidecar's own settings
     data_dir: str = key("./data", nonempty=True, toml="sidecar.data_dir", doc="as `--data-dir`")

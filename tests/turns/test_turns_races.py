@@ -15,7 +15,7 @@ import time
 
 import grpc
 import pytest
-from helpers.config import profile, scripted
+from helpers.config import profile, scripted, table
 from helpers.ids import source, words
 from helpers.procs import worker_pid
 from helpers.sessions import create, get_session, transcript
@@ -27,6 +27,7 @@ from helpers.streams import (
     PromptRun,
     assert_well_formed,
     collect,
+    get_queue,
     kind_of,
     prompt_req,
     start,
@@ -36,12 +37,12 @@ from helpers.waiting import wait_until
 from sidecar_proc import TOKEN, Sidecar
 
 from agent_sidecar.api.session_service import CLEAR_ALL_CONFIRM
-from agent_sidecar.turns import placement
 from agent_sidecar.v1 import common_pb2 as c
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as spb
 
 MAX_FRAMES = 100  # limits.max_frames_per_turn here: every other turn stays far below it
+STEER_WINDOW_S = 1.0  # agent.steer_timeout_s of the sidecar whose worker is stopped past it
 
 CONFIG = (profile("main", "echo")
           + profile("slow", "echo", {"token_latency_ms": 200})
@@ -186,24 +187,32 @@ def test_steer_whose_host_ended_during_its_wait_runs(sc):
         f"expected the steer to run as its own turn, got {st.final_text!r}"
 
 
-def test_a_steer_its_worker_could_take_only_too_late_runs_once(sc):
+def test_a_steer_its_worker_could_take_only_too_late_runs_once(tmp_path):
     """The host's worker is stopped past the time a steer may be taken in: the
     steer is placed as a follow-up, and the worker, running again, refuses it
-    (it took it in, so its text ran twice: in the host's turn and as its own)."""
-    prompts = sc.prompts()
-    host = start(prompts, text="go", src=source(), profile="longhost")
-    host.wait_for("text_delta")
-    stopped = worker_pid(sc, 0)
-    os.kill(stopped, signal.SIGSTOP)
-    try:
-        st = PromptRun(prompts, text="steered once", key=host.key, delivery=D.DELIVERY_MODE_STEER)
-        time.sleep(placement.STEER_ACCEPT_S + 1)  # the window to take it in closes while it is stopped
-    finally:
-        os.kill(stopped, signal.SIGCONT)
-    assert host.result(30).end == "completed", _frames(host)
-    assert st.result(30).end == "completed", _frames(st)  # on its own, after the host
-    users = [m.content for m in transcript(sc.sessions(), host.session_id) if m.role == "user"]
-    assert users == ["go", "steered once"]
+    (it took it in, so its text ran twice: in the host's turn and as its own).
+
+    A sidecar of its own, whose steer window (``agent.steer_timeout_s``) is
+    short: the worker stays stopped until the steer is placed as the pending
+    follow-up, which happens only once that window and as long again have
+    passed since the asking, so the worker meets it past its window."""
+    config = CONFIG + table("agent", steer_timeout_s=STEER_WINDOW_S)
+    with Sidecar(tmp_path / "data", config=config, workers=1) as one:
+        prompts = one.prompts()
+        host = start(prompts, text="go", src=source(), profile="longhost")
+        host.wait_for("text_delta")
+        stopped = worker_pid(one, 0)
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            st = PromptRun(prompts, text="steered once", key=host.key, delivery=D.DELIVERY_MODE_STEER)
+            wait_until(lambda: get_queue(prompts, host.key).pending.request_id == st.request_id,
+                       timeout=30, what="the unanswered steer placed as the pending follow-up")
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+        assert host.result(30).end == "completed", _frames(host)
+        assert st.result(30).end == "completed", _frames(st)  # on its own, after the host
+        users = [m.content for m in transcript(one.sessions(), host.session_id) if m.role == "user"]
+        assert users == ["go", "steered once"]
 
 
 def test_unanswered_steer_twins_leave_the_lane_usable(sc):

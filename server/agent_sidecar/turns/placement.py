@@ -20,12 +20,6 @@ from .lanes import Lane, Phase, Turn
 if TYPE_CHECKING:
     from .manager import TurnManager
 
-# A steer is taken by the running turn's worker only this soon after it was
-# asked (seconds); the answer is awaited this much longer (see ``steer``).
-STEER_ACCEPT_S = 5.0
-STEER_ANSWER_S = 5.0
-
-
 async def place_busy(m: TurnManager, lane: Lane, turn: Turn) -> str | None:
     """Put a prompt for a busy lane where its delivery mode says; returns its
     queue slot (``pending``/``fifo``) or None when it joined the running turn
@@ -140,20 +134,21 @@ async def steer(m: TurnManager, lane: Lane, turn: Turn) -> bool:
     """Ask the running turn's worker to take the text into its turn (seed 001
     §8's /steer); its answer comes through ``m.steer_waits`` (worker_events).
 
-    The worker takes it only within ``STEER_ACCEPT_S`` of the asking (a
-    monotonic deadline in the message; one clock for every process of the
-    host) and refuses it after; this side waits that long and
-    ``STEER_ANSWER_S`` more for the answer. So a worker too busy to answer in
-    time (its loop blocked, stopped) never takes a steer this side has given
-    up on and placed as a follow-up, which would run its text twice."""
+    The worker takes it only within ``agent.steer_timeout_s`` of the asking
+    (a monotonic deadline in the message; one clock for every process of the
+    host) and refuses it after; this side waits that long and as long again
+    for the answer. So a worker too busy to answer in time (its loop blocked,
+    stopped) never takes a steer this side has given up on and placed as a
+    follow-up, which would run its text twice."""
     host = lane.running
     if host is None or not host.began or host.finished or host.worker is None:
         return False
+    window = m.cfg.steer_timeout_s
     fut = asyncio.get_running_loop().create_future()
     m.steer_waits[turn.rid] = fut
-    host.worker.send(wire.steer(host.rid, turn.rid, turn.text, time.monotonic() + STEER_ACCEPT_S))
+    host.worker.send(wire.steer(host.rid, turn.rid, turn.text, time.monotonic() + window))
     try:
-        async with asyncio.timeout(STEER_ACCEPT_S + STEER_ANSWER_S):
+        async with asyncio.timeout(2 * window):
             ok = await fut
     except TimeoutError:
         ok = False
