@@ -43,10 +43,13 @@ from agent_sidecar.v1 import session_service_pb2 as spb
 
 MAX_FRAMES = 100  # limits.max_frames_per_turn here: every other turn stays far below it
 STEER_WINDOW_S = 1.0  # agent.steer_timeout_s of the sidecar whose worker is stopped past it
+# agent.steer_timeout_s of the module's sidecar: no steer here falls back by
+# running out of time (a test would wait twice this); each one that falls
+# back, the scheduler placed at once, knowing no worker could answer it.
+STEER_NEVER_S = 600
 
-CONFIG = (profile("main", "echo")
+PROFILES = (profile("main", "echo")
           + profile("slow", "echo", {"token_latency_ms": 200})
-          + profile("slowhost", "echo", {"token_latency_ms": 800})
           # still streaming when the limit's cancel reaches the worker
           + profile("stream", "echo", {"token_latency_ms": 5})
           + scripted("host", [{"text": "first answer", "token_latency_ms": 500}, {"echo_input": True}])
@@ -56,6 +59,7 @@ CONFIG = (profile("main", "echo")
           + scripted("crash", [{"text": "x", "kill": "worker"}])
           + f"[sidecar.limits]\nmax_frames_per_turn = {MAX_FRAMES}\n"
           + "[stream]\ncoalesce_ms = 0\n")  # one frame per word: the limit is reached mid-stream
+CONFIG = PROFILES + table("agent", steer_timeout_s=STEER_NEVER_S)
 
 # Every table that holds rows of a session (what DeleteSession removes).
 
@@ -170,8 +174,11 @@ def test_steer_twins_steer_once(sc):
         assert n == 1, f"attempt {attempt}: one request id, steered text in the transcript {n}x: {msgs}"
 
 
-def test_steer_whose_host_ended_during_its_wait_runs(sc):
-    """A steer unanswered (worker respawning) while its host ends runs on its own and completes."""
+def test_a_steer_at_a_turn_still_waiting_for_its_respawning_worker_runs_after_it(sc):
+    """The host's run waits for its worker slot to respawn: a steer then had
+    no worker to reach (it was dropped unsent) and waited out its whole
+    timeout before it fell back. Now it is placed as a follow-up at once and
+    runs on its own, after the host."""
     prompts = sc.prompts()
     _crash_the_worker(prompts)
     host = start(prompts, text="hi", src=source())
@@ -187,6 +194,31 @@ def test_steer_whose_host_ended_during_its_wait_runs(sc):
         f"expected the steer to run as its own turn, got {st.final_text!r}"
 
 
+def test_a_steer_whose_worker_dies_before_answering_runs_on_its_own(sc):
+    """The host's worker is stopped (it cannot answer) when the steer is
+    asked, then killed: the steer waited out its whole timeout for an answer
+    no dead worker sends. Now the worker's death answers it no: it runs on its
+    own once its host has ended WORKER_CRASHED, and its text runs once."""
+    prompts = sc.prompts()
+    host = start(prompts, text="go", src=source(), profile="longhost")
+    host.wait_for("text_delta")
+    stopped = worker_pid(sc, 0)
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        admitted = sc.status().prompts_admitted
+        st = PromptRun(prompts, text="steered once", key=host.key, delivery=D.DELIVERY_MODE_STEER)
+        # admitted in the step that asks the worker: once counted, the steer waits for the answer
+        wait_until(lambda: sc.status().prompts_admitted > admitted, timeout=15,
+                   what="the steer to be asked")
+    finally:
+        os.kill(stopped, signal.SIGKILL)
+    assert host.result(30).reason == "WORKER_CRASHED", _frames(host)
+    assert st.result(30).end == "completed", (_frames(st), st.reason)
+    _ends_once(st)
+    users = [m.content for m in transcript(sc.sessions(), host.session_id) if m.role == "user"]
+    assert users.count("steered once") == 1, users
+
+
 def test_a_steer_its_worker_could_take_only_too_late_runs_once(tmp_path):
     """The host's worker is stopped past the time a steer may be taken in: the
     steer is placed as a follow-up, and the worker, running again, refuses it
@@ -196,7 +228,7 @@ def test_a_steer_its_worker_could_take_only_too_late_runs_once(tmp_path):
     short: the worker stays stopped until the steer is placed as the pending
     follow-up, which happens only once that window and as long again have
     passed since the asking, so the worker meets it past its window."""
-    config = CONFIG + table("agent", steer_timeout_s=STEER_WINDOW_S)
+    config = PROFILES + table("agent", steer_timeout_s=STEER_WINDOW_S)
     with Sidecar(tmp_path / "data", config=config, workers=1) as one:
         prompts = one.prompts()
         host = start(prompts, text="go", src=source(), profile="longhost")
@@ -216,10 +248,12 @@ def test_a_steer_its_worker_could_take_only_too_late_runs_once(tmp_path):
 
 
 def test_unanswered_steer_twins_leave_the_lane_usable(sc):
-    """STEER twins that fall back to FOLLOW_UP leave no stuck turn: later prompts run, the lane goes idle."""
+    """STEER twins at a turn still waiting for its respawning worker fall back to
+    FOLLOW_UP (at once: no worker could answer them) and leave no stuck turn:
+    later prompts run, the lane goes idle."""
     prompts = sc.prompts()
     _crash_the_worker(prompts)
-    host = start(prompts, text=words(10), src=source(), profile="slowhost")  # ~8 s once running
+    host = start(prompts, text=words(10), src=source(), profile="slow")  # ~2 s once running
     host.wait_for("started")
     twins = _steer_twins(prompts, host.key, "steer me", f"twin-followup-{host.key}")
     host.result(30)

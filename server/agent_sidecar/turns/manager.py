@@ -57,7 +57,7 @@ class TurnManager:
         self.ready = asyncio.Event()  # set when startup restore is done
         self.accepting = True
         self.draining = False
-        self.steer_waits: dict[str, asyncio.Future] = {}
+        self.steer_waits: dict[str, tuple[asyncio.Future, WorkerHandle]] = {}  # placement.steer
         self._tasks: set[asyncio.Task] = set()
         store.watch_faults(functools.partial(supervision.on_store_fault, self))
 

@@ -139,14 +139,23 @@ async def steer(m: TurnManager, lane: Lane, turn: Turn) -> bool:
     host) and refuses it after; this side waits that long and as long again
     for the answer. So a worker too busy to answer in time (its loop blocked,
     stopped) never takes a steer this side has given up on and placed as a
-    follow-up, which would run its text twice."""
+    follow-up, which would run its text twice.
+
+    No one is asked when no worker could answer: the host's run has not
+    reached its worker yet (the worker slot respawning; the run waits for it),
+    so the steer would be dropped unsent. A worker that dies while a steer
+    waits for it answers no (``worker_events.on_exit``). Either way the prompt
+    falls back at once, instead of after the whole wait."""
     host = lane.running
     if host is None or not host.began or host.finished or host.worker is None:
         return False
+    h = host.worker
+    if not h.ready.is_set() or host.worker_gen != h.generation:
+        return False
     window = m.cfg.steer_timeout_s
     fut = asyncio.get_running_loop().create_future()
-    m.steer_waits[turn.rid] = fut
-    host.worker.send(wire.steer(host.rid, turn.rid, turn.text, time.monotonic() + window))
+    m.steer_waits[turn.rid] = (fut, h)
+    h.send(wire.steer(host.rid, turn.rid, turn.text, time.monotonic() + window))
     try:
         async with asyncio.timeout(2 * window):
             ok = await fut

@@ -40,9 +40,9 @@ def on_message(m: TurnManager, h: WorkerHandle, msg: Any) -> None:  # decoded: "
             logs.relog(msg, worker=h.index)
             return
         case "steered":
-            fut = m.steer_waits.get(msg["steer_id"])
-            if fut is not None and not fut.done():
-                fut.set_result(msg["ok"])
+            wait = m.steer_waits.get(msg["steer_id"])
+            if wait is not None and not wait[0].done():
+                wait[0].set_result(msg["ok"])
             return
         case "evicted":
             m.stats.evictions.add(msg["why"], msg["count"])
@@ -206,7 +206,8 @@ def on_exit(m: TurnManager, h: WorkerHandle) -> None:
     """The worker died: each turn it was running fails WORKER_CRASHED, its open
     tool calls are closed in the transcript, and its lane is marked for resume;
     a turn cancelled meanwhile (its worker stopped answering) ends as its
-    cancel said, and is not resumed."""
+    cancel said, and is not resumed. A steer still waiting for its answer is
+    told no: it falls back to FOLLOW_UP (placement.steer)."""
     for turn in list(m.live.values()):
         if turn.worker is h and turn.worker_gen == h.generation and turn.in_flight:
             _close_dangling_tool_calls(m, turn, "the worker running this turn died")
@@ -216,6 +217,9 @@ def on_exit(m: TurnManager, h: WorkerHandle) -> None:
                 continue
             m.bus.write(turn, life.mark_resume_pending, turn.key, "worker_crashed")
             m.end(turn, "failed", E.WORKER_CRASHED, "the worker process running the turn died")
+    for fut, asked in m.steer_waits.values():  # a dead worker takes no steer: they fall back now
+        if asked is h and not fut.done():
+            fut.set_result(False)
 
 
 def _close_dangling_tool_calls(m: TurnManager, turn: Turn, why: str) -> None:
