@@ -54,8 +54,8 @@ PROFILES = (profile("main", "echo")
           + profile("stream", "echo", {"token_latency_ms": 5})
           + scripted("host", [{"text": "first answer", "token_latency_ms": 500}, {"echo_input": True}])
           # a first model call still streaming well after its worker is stopped and resumed
-          # (the scripted model sleeps before each token: 2 s of it are left then)
-          + scripted("longhost", [{"text": words(20), "token_latency_ms": 100}, {"echo_input": True}])
+          # (the scripted model sleeps before each token: about 1 s of it is left then)
+          + scripted("longhost", [{"text": words(10), "token_latency_ms": 100}, {"echo_input": True}])
           + scripted("crash", [{"text": "x", "kill": "worker"}])
           + f"[sidecar.limits]\nmax_frames_per_turn = {MAX_FRAMES}\n"
           + "[stream]\ncoalesce_ms = 0\n")  # one frame per word: the limit is reached mid-stream
