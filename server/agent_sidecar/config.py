@@ -260,6 +260,11 @@ class Config:
         doc="a STEER prompt's text is taken into the running turn only this many seconds after it was "
             "asked; the prompt waits as long again for the worker's answer, then is placed as a "
             "FOLLOW_UP (a worker too busy to answer, e.g. a model backend blocking its loop)")
+    cancel_grace_s: float = key(
+        5.0, gt=0, le=3600, toml="agent.cancel_grace_s",
+        doc="a cancelled turn's worker has this many seconds to stop it; past them the worker is taken "
+            "for stuck (its loop blocked, stopped) and replaced, and every turn it was running ends "
+            "(the cancelled one as its cancel said, the others `WORKER_CRASHED`)")
     agent_cache: AgentCache = section(AgentCache, toml="agent.agent_cache", doc="the workers' agent cache")
     # [sidecar]: the sidecar's own settings
     data_dir: str = key("./data", nonempty=True, toml="sidecar.data_dir", doc="as `--data-dir`")

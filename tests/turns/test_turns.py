@@ -192,9 +192,10 @@ def test_cancel_mid_turn_and_on_an_idle_session(sc):
 def test_cancel_of_a_turn_whose_worker_is_stopped_ends_it_cancelled_and_replaces_the_worker(tmp_path):
     """A worker that cannot answer (SIGSTOP) never ends a cancelled turn: the
     turn waited for its whole timeout and then ended WORKER_CRASHED. Now the
-    watchdog replaces the worker shortly after the cancel, and the turn ends
-    as the cancel said."""
-    with Sidecar(tmp_path / "data", config=echo("main", 200, timeout_s=600), workers=1) as one:
+    watchdog replaces the worker ``agent.cancel_grace_s`` after the cancel (1 s
+    here), and the turn ends as the cancel said."""
+    config = echo("main", 200, timeout_s=600) + table("agent", cancel_grace_s=1)
+    with Sidecar(tmp_path / "data", config=config, workers=1) as one:
         stub = one.prompts()
         running = start(stub, prompt_req(text=" ".join(f"w{i}" for i in range(100))))
         running.wait_for("text_delta")

@@ -58,6 +58,7 @@ class TurnManager:
         self.accepting = True
         self.draining = False
         self.steer_waits: dict[str, tuple[asyncio.Future, WorkerHandle]] = {}  # placement.steer
+        self.watchdog_wake = asyncio.Event()  # a turn's deadline came nearer (supervision.watchdog)
         self._tasks: set[asyncio.Task] = set()
         store.watch_faults(functools.partial(supervision.on_store_fault, self))
 
@@ -341,8 +342,9 @@ class TurnManager:
         turn.cancel(reason)
         if turn.worker is not None:
             turn.worker.send(wire.cancel(turn.rid, reason))
-            soon = asyncio.get_running_loop().time() + supervision.CANCEL_GRACE_S  # else the watchdog acts
+            soon = asyncio.get_running_loop().time() + self.cfg.cancel_grace_s  # else the watchdog acts
             turn.deadline = min(turn.deadline, soon) if turn.deadline else soon
+            self.watchdog_wake.set()
         return True
 
     def supersede(self, turn: Turn, by_rid: str) -> None:

@@ -10,6 +10,7 @@ and running turns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -28,10 +29,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agent_sidecar.turns")
 
+# A turn's worker has its timeout and this long more to end it before the
+# watchdog takes it for stuck (a cancelled turn's: ``agent.cancel_grace_s``).
 WATCHDOG_GRACE_S = 15.0
-# A cancelled turn's worker has this long to end it before the watchdog takes
-# it for stuck (stopped, its loop blocked) and replaces it.
-CANCEL_GRACE_S = 5.0
 # The note an auto-resume turn runs with. It is stored as the turn's user
 # message marked synthetic (nobody wrote it; adapters can tell), and the model
 # reads it as written: its last turn was cut off, what it already did may have
@@ -204,16 +204,26 @@ async def until_ended(turns, timeout: float = 10.0) -> None:
 async def watchdog(m: TurnManager) -> None:
     """The worker enforces turn timeouts itself; this catches a worker whose
     loop is blocked (a backend doing CPU-bound or blocking work) or that is
-    stopped: past the deadline plus a grace (for a cancelled turn, shortly
-    after its cancel), the worker is killed and its turns end WORKER_CRASHED
-    like any other dead worker's (a cancelled one with its cancel's reason)."""
+    stopped: past the deadline plus a grace (for a cancelled turn,
+    ``agent.cancel_grace_s`` after its cancel), the worker is killed and its
+    turns end WORKER_CRASHED like any other dead worker's (a cancelled one
+    with its cancel's reason).
+
+    It wakes at the nearest deadline (a cancel wakes it to look again), so a
+    worker is killed when its grace is over, not up to a polling period
+    later; and at least every ``WATCHDOG_GRACE_S / 3``, for the deadlines
+    turns got as they started."""
     loop = asyncio.get_running_loop()
     while True:
-        await asyncio.sleep(WATCHDOG_GRACE_S / 3)
+        m.watchdog_wake.clear()
         now = loop.time()
+        wake_at = now + WATCHDOG_GRACE_S / 3
         for turn in list(m.live.values()):
             h = turn.worker
-            if h is None or not turn.deadline or now < turn.deadline or turn.closing:
+            if h is None or not turn.deadline or turn.closing:
+                continue
+            if now < turn.deadline:
+                wake_at = min(wake_at, turn.deadline)
                 continue
             log.error("worker did not end a turn in time; killing it",
                       extra={"request_id": turn.rid, "worker": h.index, "pid": h.pid,
@@ -221,6 +231,9 @@ async def watchdog(m: TurnManager) -> None:
             turn.deadline = 0.0
             if h.process is not None and h.process.is_alive():
                 h.process.kill()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(wake_at):
+                await m.watchdog_wake.wait()
 
 
 def on_store_fault(m: TurnManager, fault) -> None:
