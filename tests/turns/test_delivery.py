@@ -363,9 +363,10 @@ def test_queue_cap_is_resource_exhausted(stubs):
 @pytest.mark.parametrize("mode", ["follow_up", "steer"])
 def test_queue_cap_counts_only_what_deepens_the_queue(stubs, mode):
     prompts, _ = stubs
-    # A steer must find the turn still streaming (else it falls back to a
-    # follow-up): give it a long one; it ends as soon as the steer joins.
-    first = busy(prompts, 80 if mode == "steer" else 30, profile="capone")
+    # A steer must find the turn's first model call still streaming (else it
+    # falls back to a follow-up): 3 s of it, the steer comes within
+    # milliseconds; the turn ends once its second call has answered the steer.
+    first = busy(prompts, 30, profile="capone")
     a = start(prompts, text="a", key=first.key)  # the pending slot: depth 1 = the cap
     delivery = D.DELIVERY_MODE_STEER if mode == "steer" else D.DELIVERY_MODE_FOLLOW_UP
     b = PromptRun(prompts, text="b", key=first.key, delivery=delivery)
