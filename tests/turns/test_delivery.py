@@ -16,6 +16,7 @@ from helpers.logs import log_lines
 from helpers.procs import worker_pid
 from helpers.sessions import get_session, transcript
 from helpers.streams import D, PromptRun, get_queue, start, watch
+from helpers.waiting import wait_until
 from sidecar_proc import Sidecar, retry_delay
 
 from agent_sidecar.v1 import prompt_service_pb2 as ppb
@@ -51,6 +52,14 @@ def busy(prompts, n_words: int = 20, profile: str = ""):
     first = start(prompts, text=words(n_words, "busy"), src=source(), profile=profile)
     first.wait_for("started")
     return first
+
+
+def placed(prompts, key: str, p: PromptRun) -> None:
+    """Wait until the sidecar has placed ``p`` in its lane (listed in the
+    lane's queue, or acknowledged): a prompt sent next then arrives after it.
+    Two calls sent one after the other from two threads may arrive either way."""
+    wait_until(lambda: p.frames or p.request_id in [q.request_id for q in get_queue(prompts, key).queued],
+               timeout=15, what=f"{p.request_id} placed in its lane")
 
 
 def test_reject_if_busy_is_agent_busy_with_retry_info(stubs):
@@ -198,6 +207,7 @@ def test_two_interrupts_sent_together_keep_both_texts(stubs):
         first = busy(prompts, 40)
         first.wait_for("text_delta")
         a = PromptRun(prompts, text="interrupt A", key=first.key, delivery=D.DELIVERY_MODE_INTERRUPT)
+        placed(prompts, first.key, a)
         b = PromptRun(prompts, text="interrupt B", key=first.key, delivery=D.DELIVERY_MODE_INTERRUPT)
         assert first.result(10).end == "failed" and first.reason == "CANCELLED"
         assert b.result(10).end == "completed", b.kinds()
@@ -221,6 +231,7 @@ def test_a_rollback_replaces_the_rollback_waiting_ahead_of_it(stubs):
         first = busy(prompts, 40)
         first.wait_for("text_delta")
         a = PromptRun(prompts, text="rollback A", key=first.key, delivery=D.DELIVERY_MODE_ROLLBACK)
+        placed(prompts, first.key, a)
         b = PromptRun(prompts, text="rollback B", key=first.key, delivery=D.DELIVERY_MODE_ROLLBACK)
         assert first.result(10).end == "failed" and first.reason == "CANCELLED"
         assert b.result(10).end == "completed", b.kinds()
