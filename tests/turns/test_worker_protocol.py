@@ -74,3 +74,24 @@ def test_steer_for_an_unknown_turn_is_refused(tmp_path):
         msg = await asyncio.wait_for(read_message(reader), 10)
         assert msg == wire.steered("nope", "s", False)
     asyncio.run(_with_worker(tmp_path, body))
+
+
+def test_a_steer_arriving_with_its_run_is_taken_in(tmp_path):
+    """A steer the worker reads in the same read as its turn's run (the turn
+    task created, not yet started) was refused as if the turn were past its
+    last model call, and the prompt fell back to a follow-up, though no model
+    call had been made. Now it is taken in: the first call sees it."""
+    async def body(reader, writer):
+        # One write: the worker reads both before its turn task ever runs.
+        writer.write(encode(_run("r1", "first")) + encode(wire.steer("r1", "s1", "and second",
+                                                                      time.monotonic() + 60)))
+        answer = None
+        while True:
+            msg = await asyncio.wait_for(read_message(reader), 10)
+            if msg["type"] == "steered":
+                answer = msg
+            elif msg["type"] == "done" and msg["request_id"] == "r1":
+                break
+        assert answer == wire.steered("r1", "s1", True)
+        assert msg["ok"] is True and msg["final_text"] == "and second", msg  # the echo of the last user text
+    asyncio.run(_with_worker(tmp_path, body))

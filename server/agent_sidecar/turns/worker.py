@@ -148,6 +148,7 @@ class Worker:
                                 protect_recent=c.get("protect_recent", 8))
         self.sweep_interval = float(c.get("sweep_interval_s", 30))
         self.turns: dict[str, tuple[asyncio.Task, _TurnIO | None]] = {}
+        self.early_steers: dict[str, list[str]] = {}  # steers taken in before their turn's task started
         self.cancel_reasons: dict[str, str] = {}
         self.backends: dict[str, tuple[bytes, Any]] = {}
         self._transcripts = None  # the store's TranscriptReader, opened on the first miss
@@ -220,14 +221,7 @@ class Worker:
                     self.cancel_reasons[msg["request_id"]] = msg["reason"]
                     entry[0].cancel()
             case "steer":
-                entry = self.turns.get(msg["request_id"])
-                io = entry[1] if entry else None
-                # Past ``expires`` the parent may have given up waiting and placed
-                # the prompt as a follow-up: taking it now would run its text twice.
-                ok = bool(io and io.steering_open and time.monotonic() < msg["expires"])
-                if ok and io:
-                    io.steered.append(msg["text"])
-                self.send(wire.steered(msg["request_id"], msg["steer_id"], ok), soon=True)
+                self._steer(msg)
             case "tool_result":
                 entry = self.turns.get(msg["request_id"])
                 fut = entry[1].tool_waits.get(msg["call_id"]) if entry and entry[1] else None
@@ -242,11 +236,34 @@ class Worker:
             case "clear":
                 self.cache.clear()
 
+    def _steer(self, msg: wire.Steer) -> None:
+        """Take a steer's text into its running turn, or refuse it; answer
+        the parent either way. Past ``expires`` the parent may have given up
+        waiting and placed the prompt as a follow-up: taking it then would
+        run its text twice. A turn whose run came in the same read has no
+        io yet (its task has not started): the text waits in
+        ``early_steers`` for it, and its first model call sees it."""
+        rid = msg["request_id"]
+        entry = self.turns.get(rid)
+        ok = entry is not None and time.monotonic() < msg["expires"]
+        if entry is not None and ok:
+            io = entry[1]
+            if io is not None:
+                ok = io.steering_open
+                if ok:
+                    io.steered.append(msg["text"])
+            elif entry[0].done() or rid in self.cancel_reasons:
+                ok = False
+            else:
+                self.early_steers.setdefault(rid, []).append(msg["text"])
+        self.send(wire.steered(rid, msg["steer_id"], ok), soon=True)
+
     def _never_ran(self, rid: str, task: asyncio.Task) -> None:
         """A cancel that arrived with its run (same read) cancels the task
         before its coroutine starts, so _turn never reports: report here."""
         if task.cancelled() and rid in self.turns:
             self.turns.pop(rid, None)
+            self.early_steers.pop(rid, None)
             reason = self.cancel_reasons.pop(rid, E.CANCELLED)
             self.send(wire.failed(rid, reason, "the turn was cancelled before it started"))
 
@@ -284,6 +301,7 @@ class Worker:
         try:
             agent, hit, evicted = self._agent_for(m)
             io = _TurnIO(self, rid, agent, self.coalesce_s)
+            io.steered = self.early_steers.pop(rid, [])  # taken in before this task started
             self.turns[rid] = (self.turns[rid][0], io)
             agent.in_turn = True
             spec = TurnSpec(system_prompt=m["system_prompt"], tools=m["tools"],
@@ -313,6 +331,7 @@ class Worker:
                 agent.in_turn = False
                 agent.last_used = self.cache.clock()
             self.turns.pop(rid, None)
+            self.early_steers.pop(rid, None)
         if agent is not None:
             done["report"] = wire.turn_report(profile["model"], io.model_calls if io else [], hit, evicted)
         self.send(done)
