@@ -52,7 +52,9 @@ def test_cancel_and_get_queue_during_the_startup_restore_see_the_restored_queue(
     try:
         lanes = {}
         for name in ("asked", "cancelled"):  # a turn running, two queued behind it
-            first = start(sc.prompts(), text=words(3), src=source())
+            # the first streams 30 s, so that the kill finds it running however slowly both
+            # lanes are set up; auto_resume off: the restart does not run it again
+            first = start(sc.prompts(), text=words(100), src=source())
             first.wait_for("text_delta")
             runs = start(sc.prompts(), text=words(20, "q"), key=first.key, delivery=QUEUE)  # 6 s
             last = start(sc.prompts(), text="never mind", key=first.key, delivery=QUEUE)
