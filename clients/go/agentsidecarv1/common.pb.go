@@ -581,7 +581,11 @@ type Message struct {
 	Role string `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
 	// The text; at most `limits.max_text_bytes` (default 256 KiB).
 	Content string `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
-	// On "tool" messages: the id of the assistant tool call this answers.
+	// On "tool" messages: the id of the assistant tool call this answers;
+	// required there. It must name a call in the tool_calls_json of the last
+	// non-tool message before it (in the request, or the live transcript an
+	// append goes to) that no other tool message answers, else
+	// INVALID_ARGUMENT: a model backend refuses a transcript with any other.
 	ToolCallId string `protobuf:"bytes,3,opt,name=tool_call_id,json=toolCallId,proto3" json:"tool_call_id,omitempty"`
 	// On "tool" messages: the tool's dotted name.
 	ToolName string `protobuf:"bytes,4,opt,name=tool_name,json=toolName,proto3" json:"tool_name,omitempty"`

@@ -20,6 +20,7 @@ from ..store import UnitOfWork
 from ..store.records import Append, Message, RoutingColumns, RoutingPatch, SessionEntry, UsageDelta
 from .entry import new_session_id, origin_of
 from .source import SessionSource
+from .transcripts import check_appended
 
 # What a lane moving to a fresh incarnation starts with: counters and flags
 # belong to the incarnation's conversation (seed 001 builds a new SessionEntry).
@@ -120,11 +121,13 @@ def seed(uow: UnitOfWork, key: str, messages: list[Message], source: SessionSour
     """SeedSession: messages into an existing lane (``source`` None) or into
     the lane ``source`` resolves to, created if need be. A suspended lane
     named by key starts over first, as for a Prompt by key: seeded into the
-    suspended incarnation, they would be gone from the next turn's."""
+    suspended incarnation, they would be gone from the next turn's. A tool
+    message must answer an open call (transcripts.check_answers)."""
     if source is not None:
         entry = get_or_create(uow, key, source, profile)[0]
     elif (entry := require_entry(uow, key)).suspended:
         entry = starting_over(uow, key)
+    check_appended(uow, entry.session_id, messages)
     result = uow.messages.append([Append(entry.session_id, tuple(messages))])[0]
     if isinstance(result, BaseException):
         raise result

@@ -16,12 +16,12 @@ from typing import Any
 
 import orjson
 
-from ..errors import SidecarError
+from ..errors import SidecarError, excerpt, invalid
 from ..store import UnitOfWork, batched
 from ..store.records import Append, Message
 
-__all__ = ["ROLES", "Message", "append", "append_messages", "from_model", "hide_request",
-           "rewind", "rewrite"]
+__all__ = ["ROLES", "Message", "append", "append_messages", "check_answers", "from_model",
+           "hide_request", "open_calls", "rewind", "rewrite"]
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -29,6 +29,58 @@ ROLES = ("system", "user", "assistant", "tool")
 def _require(uow: UnitOfWork, session_id: str) -> None:
     if uow.incarnations.get(session_id) is None:
         raise SidecarError("SESSION_NOT_FOUND", f"no such session id: {session_id}")
+
+
+def _call_ids(m: Message) -> set[str]:
+    """The ids of an assistant message's tool calls (none for any other)."""
+    if m.role != "assistant" or not m.tool_calls_json:
+        return set()
+    calls = orjson.loads(m.tool_calls_json)
+    return {c["id"] for c in calls if isinstance(c, dict) and isinstance(c.get("id"), str)}
+
+
+def check_answers(messages: Iterable[Message], opened: Iterable[str] = (),
+                  field: str = "messages") -> set[str]:
+    """Every "tool" message answers a call of the message before it: the
+    last non-tool message before it is an assistant message with a tool
+    call of that id, which no tool message answered already. ``opened``: the
+    calls still open where ``messages`` go (``open_calls``). Returns the
+    calls open after them. An OpenAI-compatible backend refuses a transcript
+    with any other tool message, so each later turn of the session would
+    fail: such a message is refused INVALID_ARGUMENT naming it."""
+    pending = set(opened)
+    for i, m in enumerate(messages):
+        if m.role != "tool":
+            pending = _call_ids(m)
+        elif m.tool_call_id in pending:
+            pending.discard(m.tool_call_id)
+        elif not m.tool_call_id:
+            raise invalid(f"{field}[{i}].tool_call_id",
+                          "is required on a tool message: the id of the assistant tool call it answers")
+        else:
+            raise invalid(f"{field}[{i}].tool_call_id",
+                          f"{excerpt(m.tool_call_id)} answers no open tool call of the assistant"
+                          " message before it (a model backend refuses such a transcript)")
+    return pending
+
+
+def open_calls(uow: UnitOfWork, session_id: str) -> set[str]:
+    """The tool calls of the live transcript's last message that no tool
+    message after it answers: what a tool message appended next may answer."""
+    pending: set[str] = set()
+    for m in uow.messages.tail(session_id):
+        pending = _call_ids(m) if m.role != "tool" else pending - {m.tool_call_id}
+    return pending
+
+
+def check_appended(uow: UnitOfWork, session_id: str, messages: list[Message],
+                   opened: set[str] | None = None) -> set[str]:
+    """``check_answers`` for messages appended to a live transcript, whose
+    open calls (``opened`` when the caller knows them) are read only when
+    the first message is a tool one. Returns the calls open after them."""
+    if opened is None:
+        opened = open_calls(uow, session_id) if messages and messages[0].role == "tool" else set()
+    return check_answers(messages, opened)
 
 
 def append(uow: UnitOfWork, session_id: str, messages: Iterable[Message],
@@ -41,19 +93,41 @@ def append(uow: UnitOfWork, session_id: str, messages: Iterable[Message],
 
 
 def _append_messages_many(uow: UnitOfWork, calls: list[tuple]) -> list:
-    """Many AppendMessages calls as one append: one executemany for all."""
-    results = uow.messages.append([Append(sid, tuple(msgs)) for sid, msgs in calls])
-    return [r if isinstance(r, BaseException) else (r[0], r[1]) for r in results]
+    """Many AppendMessages calls as one append: one executemany for all.
+    Each call's tool messages are checked against the transcript as the
+    calls before it in the batch leave it; a refused call writes nothing."""
+    opened: dict[str, set[str]] = {}  # session id -> calls open after the batch's calls so far
+    refused: dict[int, BaseException] = {}
+    items = []
+    for n, (sid, msgs) in enumerate(calls):
+        try:
+            opened[sid] = check_appended(uow, sid, msgs, opened.get(sid))
+        except SidecarError as e:
+            refused[n] = e
+            continue
+        items.append(Append(sid, tuple(msgs)))
+    results = iter(uow.messages.append(items))
+    return [refused[n] if n in refused else _seqs(next(results)) for n in range(len(calls))]
+
+
+def _seqs(r: Any) -> Any:
+    return r if isinstance(r, BaseException) else (r[0], r[1])
 
 
 @batched(_append_messages_many)
 def append_messages(uow: UnitOfWork, session_id: str, messages: list[Message]) -> tuple[int, int]:
-    """AppendMessages: concurrent callers' appends share one statement."""
-    return append(uow, session_id, messages)
+    """AppendMessages: concurrent callers' appends share one statement; a
+    tool message must answer an open call (``check_answers``)."""
+    result = _append_messages_many(uow, [(session_id, messages)])[0]
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def rewrite(uow: UnitOfWork, session_id: str, messages: list[Message]) -> None:
-    """Full replacement: hide every live row (kept as audit trail), append the new."""
+    """Full replacement: hide every live row (kept as audit trail), append the
+    new, whose tool messages must answer calls among them (``check_answers``)."""
+    check_answers(messages)
     _require(uow, session_id)
     uow.messages.hide_live(session_id, "rewrite")
     uow.incarnations.bump_rev(session_id)

@@ -129,6 +129,11 @@ class MessageRepo(Protocol):
     def of_request(self, request_id: str) -> list[Message]:
         """The rows one turn wrote, in seq order."""
 
+    def tail(self, session_id: str) -> list[Message]:
+        """The live rows from the last live row that is not a "tool" one on,
+        in seq order: the message whose tool calls the tool rows after it
+        answer (sessions/transcripts.py ``open_calls``)."""
+
     def index_pending(self, limit: int | None = None) -> int:
         """Bring the full-text index up to date (at most ``limit`` rows); 0
         for a backend that indexes on insert."""

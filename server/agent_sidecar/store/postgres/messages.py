@@ -51,6 +51,11 @@ TURN_ROWS = ("SELECT m.seq, m.role, m.content, m.extra, m.created_at, m.active"
              " ON m.session_id = p.session_id AND m.seq >= coalesce(p.first_seq, 0)"
              " WHERE p.request_id = %(rid)s AND m.request_id = %(rid)s ORDER BY m.seq")
 
+# The live rows from the last live non-tool row on: as on SQLite.
+_TAIL = (rows.MESSAGE_SELECT + " WHERE session_id = %(sid)s AND active AND seq >= coalesce(("
+         "SELECT seq FROM messages WHERE session_id = %(sid)s AND active AND role <> 'tool'"
+         " ORDER BY seq DESC LIMIT 1), 0) ORDER BY seq")
+
 
 class PostgresMessages:
     def __init__(self, conn: psycopg.Connection):
@@ -125,6 +130,9 @@ class PostgresMessages:
 
     def of_request(self, request_id: str) -> list[Message]:
         return [rows.message(r) for r in self.conn.execute(TURN_ROWS, {"rid": request_id})]
+
+    def tail(self, session_id: str) -> list[Message]:
+        return [rows.message(r) for r in self.conn.execute(_TAIL, {"sid": session_id})]
 
     def index_pending(self, limit: int | None = None) -> int:
         return 0  # the tsvector column is computed on insert

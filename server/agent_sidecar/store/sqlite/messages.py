@@ -38,6 +38,11 @@ TURN_ROWS = ("SELECT m.seq, m.role, m.content, m.extra, m.created_at, m.active"
 _TAKE_SEQS = ("UPDATE incarnations SET next_seq = next_seq + ? WHERE session_id = ?"
               " RETURNING next_seq, session_key, rev")
 FTS_MARK = "fts_indexed_id"
+# The live rows from the last live non-tool row on (?1 the session id): the
+# subquery walks the (session_id, seq) index back from the end to that row.
+_TAIL = (rows.MESSAGE_SELECT + " WHERE session_id = ?1 AND active = 1 AND seq >= coalesce(("
+         "SELECT seq FROM messages WHERE session_id = ?1 AND active = 1 AND role <> 'tool'"
+         " ORDER BY seq DESC LIMIT 1), 0) ORDER BY seq")
 
 
 class SqliteMessages:
@@ -105,6 +110,9 @@ class SqliteMessages:
     def of_request(self, request_id: str) -> list[Message]:
         """Every row one turn wrote (in its ledger row's incarnation), in seq order."""
         return [rows.message(r) for r in self.conn.execute(TURN_ROWS, (request_id,))]
+
+    def tail(self, session_id: str) -> list[Message]:
+        return [rows.message(r) for r in self.conn.execute(_TAIL, (session_id,))]
 
     # -- the full-text index ---------------------------------------------------------------
 

@@ -224,7 +224,13 @@ export interface Message {
   role: string;
   /** The text; at most `limits.max_text_bytes` (default 256 KiB). */
   content: string;
-  /** On "tool" messages: the id of the assistant tool call this answers. */
+  /**
+   * On "tool" messages: the id of the assistant tool call this answers;
+   * required there. It must name a call in the tool_calls_json of the last
+   * non-tool message before it (in the request, or the live transcript an
+   * append goes to) that no other tool message answers, else
+   * INVALID_ARGUMENT: a model backend refuses a transcript with any other.
+   */
   toolCallId: string;
   /** On "tool" messages: the tool's dotted name. */
   toolName: string;

@@ -1,0 +1,92 @@
+"""A "tool" message must answer a tool call (sessions/transcripts.py
+``check_answers``): SeedSession, AppendMessages and RewriteTranscript refuse
+one that answers no open call of the assistant message before it,
+INVALID_ARGUMENT naming ``messages[i].tool_call_id``. Taken, it poisoned the
+session: an OpenAI-compatible backend refuses every later turn's transcript
+("messages with role 'tool' must be a response to a preceding message with
+'tool_calls'"). A call appended earlier is answerable by a later append."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+from helpers.ids import source
+from helpers.sessions import msg, rpc_error, seed, transcript
+
+from agent_sidecar.v1 import session_service_pb2 as pb
+
+BAD = grpc.StatusCode.INVALID_ARGUMENT
+CALLS = ('[{"id": "c1", "type": "function", "function": {"name": "t.x", "arguments": "{}"}},'
+         ' {"id": "c2", "type": "function", "function": {"name": "t.x", "arguments": "{}"}}]')
+
+
+@pytest.fixture(scope="module")
+def stub(shared_sidecar):
+    return shared_sidecar.sessions()
+
+
+def _calling(stub):
+    """A session whose transcript ends with an assistant message calling c1 and c2."""
+    return seed(stub, messages=[msg("user", "do it"), msg("assistant", "", tool_calls_json=CALLS)])
+
+
+def _append(stub, session_id: str, *messages):
+    return stub.AppendMessages(pb.AppendMessagesRequest(session_id=session_id, messages=messages),
+                               timeout=10)
+
+
+def test_seed_refuses_a_tool_message_without_its_call(stub):
+    src = source()
+    with rpc_error(BAD, "INVALID_ARGUMENT", "messages[1].tool_call_id"):
+        seed(stub, src, messages=[msg("user", "hi"), msg("tool", "{}", tool_call_id="nope")])
+    with rpc_error(BAD, "INVALID_ARGUMENT", "messages[1].tool_call_id"):
+        seed(stub, src, messages=[msg("user", "hi"), msg("tool", "{}")])
+    with rpc_error(BAD, "INVALID_ARGUMENT", "messages[3].tool_call_id"):  # a call not of the last assistant
+        seed(stub, src, messages=[msg("assistant", "", tool_calls_json=CALLS), msg("tool", "1", tool_call_id="c1"),
+                                  msg("user", "and?"), msg("tool", "2", tool_call_id="c2")])
+
+
+def test_append_answers_calls_of_the_transcript_once_each(stub):
+    s = _calling(stub)
+    _append(stub, s.session_id, msg("tool", "1", tool_call_id="c1"))
+    with rpc_error(BAD, "INVALID_ARGUMENT", "messages[0].tool_call_id"):
+        _append(stub, s.session_id, msg("tool", "again", tool_call_id="c1"))
+    _append(stub, s.session_id, msg("tool", "2", tool_call_id="c2"), msg("assistant", "done"))
+    with rpc_error(BAD, "INVALID_ARGUMENT", "messages[0].tool_call_id"):  # after a reply: no call open
+        _append(stub, s.session_id, msg("tool", "late", tool_call_id="c2"))
+    with rpc_error(BAD, "INVALID_ARGUMENT", "messages[0].tool_call_id"):
+        stub.SeedSession(pb.SeedSessionRequest(session_key=s.session_key, messages=[
+            msg("tool", "x", tool_call_id="c9")]), timeout=10)
+    got = transcript(stub, s.session_id)
+    assert [(m.role, m.tool_call_id) for m in got] == [
+        ("user", ""), ("assistant", ""), ("tool", "c1"), ("tool", "c2"), ("assistant", "")]
+
+
+def test_concurrent_answers_to_one_call_take_one(stub):
+    s = _calling(stub)
+
+    def answer(n: int) -> bool:
+        try:
+            _append(stub, s.session_id, msg("tool", str(n), tool_call_id="c1"))
+            return True
+        except grpc.RpcError as e:
+            assert e.code() == BAD, e.details()
+            return False
+    with ThreadPoolExecutor(8) as pool:
+        assert sum(pool.map(answer, range(16))) == 1
+    assert [m.tool_call_id for m in transcript(stub, s.session_id)].count("c1") == 1
+
+
+def test_rewrite_refuses_a_tool_message_without_its_call_and_keeps_the_transcript(stub):
+    s = _calling(stub)
+    with rpc_error(BAD, "INVALID_ARGUMENT", "messages[1].tool_call_id"):
+        stub.RewriteTranscript(pb.RewriteTranscriptRequest(session_id=s.session_id, messages=[
+            msg("user", "u"), msg("tool", "x", tool_call_id="c1")]), timeout=10)
+    assert len(transcript(stub, s.session_id)) == 2
+    stub.RewriteTranscript(pb.RewriteTranscriptRequest(session_id=s.session_id, messages=[
+        msg("user", "u"), msg("assistant", "", tool_calls_json=CALLS),
+        msg("tool", "1", tool_call_id="c1")]), timeout=10)
+    _append(stub, s.session_id, msg("tool", "2", tool_call_id="c2"))
+    assert [m.tool_call_id for m in transcript(stub, s.session_id)] == ["", "", "c1", "c2"]
