@@ -13,6 +13,7 @@ from helpers.ids import source, words
 from helpers.recovery import RESUME_PREFIX, restart
 from helpers.sessions import get_session, transcript
 from helpers.streams import PromptRun, kind_of, watch
+from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
 from agent_sidecar.v1 import common_pb2 as c
@@ -97,5 +98,29 @@ def test_auto_resume_off_resumes_nothing(tmp_path):
         assert s.resume_pending and s.resume_reason == "restart_interrupted", s
         assert _resumed(sc, sid) == []
         _assert_marked_and_silent(sc, *lanes["appended"], messages_before=1)
+    finally:
+        sc.stop()
+
+
+def test_undo_during_an_auto_resume_turn_takes_back_the_users_turn(tmp_path):
+    """RewindSession(n=1) while the continue turn runs: that turn is taken
+    back (failed CANCELLED) but is no user turn, so the rewind goes on to the
+    user message it was finishing. It counted as the user's turn: the rewind
+    hid only the system's note, reported the note as ``target_text`` and left
+    the user's message, which the next turn answered again."""
+    sc = Sidecar(tmp_path / "data", config=echo("main", 1000)).start()  # the note: a minute
+    try:
+        busy = PromptRun(sc.prompts(), text="book the flight " + words(5), src=source())
+        busy.wait_for("text_delta")
+        sc.kill9()
+        restart(sc)
+        sid = busy.session_id
+        wait_until(lambda: any(m.synthetic for m in transcript(sc.sessions(), sid)), 30,
+                   what="the continue turn's note")
+        r = sc.sessions().RewindSession(spb.RewindSessionRequest(session_id=sid, n=1), timeout=10)
+        assert (r.turns_undone, r.target_text) == (1, "book the flight " + words(5)), r
+        resumed = _resumed(sc, sid)
+        assert kind_of(resumed[-1]) == "failed" and resumed[-1].failed.reason == "CANCELLED", resumed[-1]
+        assert transcript(sc.sessions(), sid) == []
     finally:
         sc.stop()

@@ -14,6 +14,10 @@ sidecar holds but has not run yet are the newest the user sent, so
    steered ones included, and any reply);
 3. then the rest of ``n`` from the transcript, as before.
 
+An auto-resume turn (running or waiting) is no user turn: reached, it is taken
+back as the others, but it counts nothing, so ``n = 1`` during one takes back
+the user message of the turn it was finishing, not only the system's note.
+
 ``rewrite`` replaces the whole transcript, so it cancels the running turn the
 same way (the reply it would write answers a transcript that is gone); prompts
 that have not started are the user's newer messages and are kept: they run
@@ -68,15 +72,19 @@ async def rewind(m: TurnManager, key: str, session_id: str, n: int) -> dict[str,
             if _open(lane.running) and not lane.running.began:
                 waiting.append(lane.running)
             waiting.sort(key=lambda t: t.created_at, reverse=True)
-            for t in waiting[:n]:
+            for t in waiting:
+                if len(undone) == n:
+                    break
                 advance |= _drop(m, lane, t)
-                undone.append(t)
+                if not _resume(t):
+                    undone.append(t)
                 if t.start_in_flight:
                     wrote.append(t.rid)
         running = lane.running
         if len(undone) < n and _open(running) and running.began and running.sid == session_id:
             _take_back(m, running, REWOUND)
-            undone.append(running)
+            if not _resume(running):
+                undone.append(running)
             wrote.append(running.rid)
     job = under_lease(m, key, epoch, tx.rewind, session_id, n - len(undone), wrote)
     if advance and lane is not None:  # after the job is queued: a turn that starts now writes after the rewind
@@ -104,6 +112,13 @@ async def rewrite(m: TurnManager, key: str, session_id: str, messages: list) -> 
                 running.want_rollback()
                 m.close(running, "failed", E.CANCELLED, REWRITTEN)
     await under_lease(m, key, epoch, tx.rewrite, session_id, messages)
+
+
+def _resume(t: Turn) -> bool:
+    """An auto-resume turn: its note is the system's, no user turn. Taken
+    back with the user turn it finishes (the one before it), it counts
+    nothing itself, so the rewind goes on to that turn's user message."""
+    return "resume" in t.payload
 
 
 def _drop(m: TurnManager, lane: Lane, t: Turn) -> bool:
