@@ -1,15 +1,24 @@
 """The system prompt a turn runs with: the profile's prompt plus the session
 context section of seed 001 §9 (with PII redaction where configured).
 
-``SystemPrompts`` builds it once per incarnation and caches it: the context
-section depends only on the lane's origin and incarnation, which do not change
-from one turn to the next. What it needs of the lane (``LaneState``) comes
-with the store's answer to the turn's accept or start, read in the same job.
+``SystemPrompts`` caches it per incarnation and origin: the context section
+depends only on those, and the origin is the latest source a prompt or
+GetOrCreateSession gave the lane (sessions/lifecycle.py ``kept``), so a chat
+renamed (or retitled) mid-conversation gets a section naming it as it is now,
+the same text GetSessionContext renders for that source (seed 001 §9: where
+the current message came from). Keyed on the incarnation alone, the first
+turn's section stayed for the whole incarnation and disagreed with
+GetSessionContext and the Session's display name. A lane's origin rarely
+changes, so the model's prompt cache is kept across turns all the same. What
+it needs of the lane (``LaneState``) comes with the store's answer to the
+turn's accept or start, read in the same job.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+
+import orjson
 
 from ..config import Config, Profile
 from ..sessions.context import build_session_context_prompt
@@ -32,6 +41,16 @@ def system_prompt_for(cfg: Config, profile: Profile, key: str, lane: LaneState) 
     return f"{profile.system_prompt}\n\n{section}"
 
 
+def _origin_key(lane: LaneState) -> bytes:
+    """The lane's origin as a cache key, but for its ``message_id``: the
+    section never shows it (sessions/context.py), and most prompts carry a
+    new one, which would make each turn a miss."""
+    if not lane.origin:
+        return b""
+    return orjson.dumps({k: v for k, v in lane.origin.items() if k != "message_id"},
+                        option=orjson.OPT_SORT_KEYS)
+
+
 class SystemPrompts:
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -41,7 +60,7 @@ class SystemPrompts:
         """The turn's profile and system prompt in ``lane``."""
         profile = self.cfg.profile(turn.profile) or self.cfg.profile("main")
         assert profile is not None  # the config always has a "main" profile (config.load)
-        cache_key = (profile.name, turn.key, lane.session_id)
+        cache_key = (profile.name, turn.key, lane.session_id, lane.created_at, _origin_key(lane))
         text = self._cache.get(cache_key)
         if text is None:
             if len(self._cache) >= CACHE_MAX:
