@@ -159,7 +159,7 @@ class SessionService(pb_grpc.SessionServiceServicer):
         key = cv.scoped_key(request.session_key, principal, self.cfg)
         epoch = await lane_admin.claim(self.turns, key)
         entry = await lane_admin.under_lease(self.turns, key, epoch, life.suspend, key)
-        lane_admin.drop(self.turns, key)  # after the job: had the store refused it, the lane would go on
+        lane_admin.drop(self.turns, key, entry.session_id)  # after the job (see drop)
         return pb.SuspendSessionResponse(session=self._session(entry))
 
     @unary

@@ -83,15 +83,20 @@ async def clear_all(m: TurnManager) -> None:
     await until_ended(list(m.live.values()))
 
 
-def drop(m: TurnManager, key: str) -> None:
-    """The lane's queued prompts end superseded; its running turn is cancelled."""
+def drop(m: TurnManager, key: str, session_id: str | None = None) -> None:
+    """The lane's queued prompts end superseded; its running turn is
+    cancelled. With ``session_id``: only those accepted in that incarnation.
+    SuspendSession drops after its job (had the store refused it, the lane
+    would go on): a prompt whose accept came after the job committed went to
+    the next incarnation, which the /stop does not end, and must stay."""
     lane = m.lanes.get(key)
     if lane is None:
         return
     for turn in lane.waiting():
-        lane.detach(turn)
-        m.supersede(turn, "")
-    if lane.running is not None:
+        if session_id is None or turn.sid == session_id:
+            lane.detach(turn)
+            m.supersede(turn, "")
+    if lane.running is not None and (session_id is None or lane.running.sid == session_id):
         m.cancel_turn(lane.running, E.CANCELLED)
 
 
