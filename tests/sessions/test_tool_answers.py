@@ -1,19 +1,28 @@
-"""A "tool" message must answer a tool call (sessions/transcripts.py
+"""Tool calls and their results stay together (sessions/transcripts.py
 ``check_answers``): SeedSession, AppendMessages and RewriteTranscript refuse
-one that answers no open call of the assistant message before it,
-INVALID_ARGUMENT naming ``messages[i].tool_call_id``. Taken, it poisoned the
-session: an OpenAI-compatible backend refuses every later turn's transcript
-("messages with role 'tool' must be a response to a preceding message with
-'tool_calls'"). A call appended earlier is answerable by a later append."""
+a "tool" message that answers no open call of the assistant message before
+it (INVALID_ARGUMENT naming ``messages[i].tool_call_id``), and any other
+message while that assistant message's calls are unanswered (naming
+``messages[i]``), a running turn's call waiting on its tool host included.
+Taken, either poisoned the session: an OpenAI-compatible backend refuses
+every later turn's transcript ("messages with role 'tool' must be a response
+to a preceding message with 'tool_calls'"; "an assistant message with
+'tool_calls' must be followed by tool messages responding to each
+'tool_call_id'"). A call appended earlier is answerable by a later append."""
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
+from helpers.config import echo, scripted
 from helpers.ids import source
 from helpers.sessions import msg, rpc_error, seed, transcript
+from helpers.streams import PromptRun
+from helpers.tools import ToolHost
+from sidecar_proc import Sidecar
 
 from agent_sidecar.v1 import session_service_pb2 as pb
 
@@ -23,8 +32,17 @@ CALLS = ('[{"id": "c1", "type": "function", "function": {"name": "t.x", "argumen
 
 
 @pytest.fixture(scope="module")
-def stub(shared_sidecar):
-    return shared_sidecar.sessions()
+def sc(tmp_path_factory):
+    cfg = echo("main") + scripted("tools", [{"tool_calls": [{"name": "test.wait", "id": "w1"}]},
+                                            {"text": "done"}], tools=["test.*"])
+    s = Sidecar(tmp_path_factory.mktemp("answers") / "data", config=cfg).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def stub(sc):
+    return sc.sessions()
 
 
 def _calling(stub):
@@ -43,9 +61,10 @@ def test_seed_refuses_a_tool_message_without_its_call(stub):
         seed(stub, src, messages=[msg("user", "hi"), msg("tool", "{}", tool_call_id="nope")])
     with rpc_error(BAD, "INVALID_ARGUMENT", "messages[1].tool_call_id"):
         seed(stub, src, messages=[msg("user", "hi"), msg("tool", "{}")])
-    with rpc_error(BAD, "INVALID_ARGUMENT", "messages[3].tool_call_id"):  # a call not of the last assistant
+    with rpc_error(BAD, "INVALID_ARGUMENT", "messages[4].tool_call_id"):  # a call not of the last assistant
         seed(stub, src, messages=[msg("assistant", "", tool_calls_json=CALLS), msg("tool", "1", tool_call_id="c1"),
-                                  msg("user", "and?"), msg("tool", "2", tool_call_id="c2")])
+                                  msg("tool", "2", tool_call_id="c2"), msg("user", "and?"),
+                                  msg("tool", "2", tool_call_id="c2")])
 
 
 def test_append_answers_calls_of_the_transcript_once_each(stub):
@@ -90,3 +109,39 @@ def test_rewrite_refuses_a_tool_message_without_its_call_and_keeps_the_transcrip
         msg("tool", "1", tool_call_id="c1")]), timeout=10)
     _append(stub, s.session_id, msg("tool", "2", tool_call_id="c2"))
     assert [m.tool_call_id for m in transcript(stub, s.session_id)] == ["", "", "c1", "c2"]
+
+
+def test_no_other_message_comes_before_the_results_of_open_calls(stub):
+    with rpc_error(BAD, "INVALID_ARGUMENT", "messages[2]"):
+        seed(stub, messages=[msg("user", "do it"), msg("assistant", "", tool_calls_json=CALLS),
+                             msg("user", "well?")])
+    s = _calling(stub)
+    with rpc_error(BAD, "INVALID_ARGUMENT", "messages[1]"):  # c2 is still open
+        _append(stub, s.session_id, msg("tool", "1", tool_call_id="c1"), msg("user", "well?"))
+    with rpc_error(BAD, "INVALID_ARGUMENT", "messages[0]"):
+        _append(stub, s.session_id, msg("user", "well?"))
+    _append(stub, s.session_id, msg("tool", "1", tool_call_id="c1"), msg("tool", "2", tool_call_id="c2"),
+            msg("user", "well?"))
+    assert [m.role for m in transcript(stub, s.session_id)] == ["user", "assistant", "tool", "tool", "user"]
+
+
+def test_an_append_during_a_turns_tool_call_is_refused_not_wedged_in(sc, stub):
+    """A turn's call waits on its tool host; an adapter's note appended then
+    went between the call and its result."""
+    release = threading.Event()
+    host = ToolHost(sc.tools(), "test", [("test.wait", "waits", {"type": "object"})],
+                    handler=lambda inv: (release.wait(30), (True, '{"ok": 1}', ""))[1])
+    host.wait_registered()
+    try:
+        turn = PromptRun(sc.prompts(), text="go", src=source(), profile="tools")
+        turn.wait_for("tool_call")
+        assert host.on_invocation.wait(10)
+        with rpc_error(BAD, "INVALID_ARGUMENT", "messages[0]"):
+            _append(stub, turn.session_id, msg("user", "a note from the adapter"))
+        release.set()
+        assert turn.result(30).end == "completed", turn.kinds()
+    finally:
+        host.cancel()
+    _append(stub, turn.session_id, msg("user", "a note from the adapter"))
+    assert [(m.role, m.tool_call_id) for m in transcript(stub, turn.session_id)] == [
+        ("user", ""), ("assistant", ""), ("tool", "w1"), ("assistant", ""), ("user", "")]

@@ -41,16 +41,23 @@ def _call_ids(m: Message) -> set[str]:
 
 def check_answers(messages: Iterable[Message], opened: Iterable[str] = (),
                   field: str = "messages") -> set[str]:
-    """Every "tool" message answers a call of the message before it: the
-    last non-tool message before it is an assistant message with a tool
-    call of that id, which no tool message answered already. ``opened``: the
-    calls still open where ``messages`` go (``open_calls``). Returns the
-    calls open after them. An OpenAI-compatible backend refuses a transcript
-    with any other tool message, so each later turn of the session would
-    fail: such a message is refused INVALID_ARGUMENT naming it."""
+    """Tool calls and their results stay together, as a model backend
+    requires: every "tool" message answers a call of the last non-tool
+    message before it (an assistant message with a call of that id) that no
+    tool message answered already; and no other message comes while calls
+    of that message are still unanswered. ``opened``: the calls still open
+    where ``messages`` go (``open_calls``; a running turn's call waiting on
+    its tool host is one). Returns the calls open after them. An
+    OpenAI-compatible backend refuses a transcript breaking either rule, so
+    every later turn of the session would fail: the message is refused
+    INVALID_ARGUMENT naming it."""
     pending = set(opened)
     for i, m in enumerate(messages):
         if m.role != "tool":
+            if pending:
+                raise invalid(f"{field}[{i}]", f"comes before the results of tool calls"
+                              f" {excerpt(', '.join(sorted(pending)))} of the assistant message before it;"
+                              " their tool messages must come first (a model backend refuses any other order)")
             pending = _call_ids(m)
         elif m.tool_call_id in pending:
             pending.discard(m.tool_call_id)
@@ -66,7 +73,8 @@ def check_answers(messages: Iterable[Message], opened: Iterable[str] = (),
 
 def open_calls(uow: UnitOfWork, session_id: str) -> set[str]:
     """The tool calls of the live transcript's last message that no tool
-    message after it answers: what a tool message appended next may answer."""
+    message after it answers: what a tool message appended next may answer,
+    and what must be answered before any other message is."""
     pending: set[str] = set()
     for m in uow.messages.tail(session_id):
         pending = _call_ids(m) if m.role != "tool" else pending - {m.tool_call_id}
@@ -76,10 +84,10 @@ def open_calls(uow: UnitOfWork, session_id: str) -> set[str]:
 def check_appended(uow: UnitOfWork, session_id: str, messages: list[Message],
                    opened: set[str] | None = None) -> set[str]:
     """``check_answers`` for messages appended to a live transcript, whose
-    open calls (``opened`` when the caller knows them) are read only when
-    the first message is a tool one. Returns the calls open after them."""
+    open calls are ``opened`` when the caller knows them, else read. Returns
+    the calls open after them."""
     if opened is None:
-        opened = open_calls(uow, session_id) if messages and messages[0].role == "tool" else set()
+        opened = open_calls(uow, session_id) if messages else set()
     return check_answers(messages, opened)
 
 
@@ -94,7 +102,7 @@ def append(uow: UnitOfWork, session_id: str, messages: Iterable[Message],
 
 def _append_messages_many(uow: UnitOfWork, calls: list[tuple]) -> list:
     """Many AppendMessages calls as one append: one executemany for all.
-    Each call's tool messages are checked against the transcript as the
+    Each call is checked (``check_answers``) against the transcript as the
     calls before it in the batch leave it; a refused call writes nothing."""
     opened: dict[str, set[str]] = {}  # session id -> calls open after the batch's calls so far
     refused: dict[int, BaseException] = {}
@@ -106,7 +114,7 @@ def _append_messages_many(uow: UnitOfWork, calls: list[tuple]) -> list:
             refused[n] = e
             continue
         items.append(Append(sid, tuple(msgs)))
-    results = iter(uow.messages.append(items))
+    results = iter(uow.messages.append(items) if items else ())
     return [refused[n] if n in refused else _seqs(next(results)) for n in range(len(calls))]
 
 

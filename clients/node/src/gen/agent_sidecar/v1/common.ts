@@ -217,7 +217,12 @@ export interface Session {
 
 /**
  * Message is one transcript row. `seq` and `active` are set when read back;
- * `active` is false for rows hidden by rewind, rewrite or rollback.
+ * `active` is false for rows hidden by rewind, rewrite or rollback. Written
+ * (SeedSession, AppendMessages, RewriteTranscript), tool calls and their
+ * results stay together as a model backend requires: after an assistant
+ * message with tool calls, only "tool" messages answering them come until
+ * each is answered (a running turn's call waiting on its tool host too),
+ * else INVALID_ARGUMENT naming the message.
  */
 export interface Message {
   /** One of "system", "user", "assistant", "tool". */
