@@ -201,3 +201,62 @@ def test_a_start_the_database_refuses_connections_to_says_why(pg_server, tmp_pat
     out = r.stdout + r.stderr
     assert r.returncode == 1 and "Traceback" not in out, out
     assert "cannot start" in out and "too many connections" in out, out
+
+
+def _short_timeouts(pg_server, name: str) -> str:
+    """A database whose sessions get a lock_timeout and a statement_timeout
+    of a fraction of a second (as a role's ``ALTER ROLE … SET`` would give)."""
+    dsn = pg_server.database(name)
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+        db = conninfo_to_dict(dsn)["dbname"]
+        for setting in ("lock_timeout = '100ms'", "statement_timeout = '300ms'"):
+            conn.execute(f'ALTER DATABASE "{db}" SET {setting}')
+    return dsn
+
+
+def _hold_until_waited_for(holder: psycopg.Connection) -> None:
+    """Once another session waits for a lock ``holder``'s transaction holds,
+    hold it past either of ``_short_timeouts``' (the caller's commit lets go)."""
+    wait_until(lambda: holder.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone()[0] > 0,
+               30, what="another session waiting for the lock")
+    holder.execute("SELECT pg_sleep(0.5)")
+
+
+def test_the_role_s_timeouts_do_not_cut_a_start_s_wait_for_another_sidecar_s_migrations(pg_server, tmp_path):
+    """A sidecar starts while another holds the migrations' lock (it starts
+    at the same moment and migrates), on a database whose role or settings
+    give every session short lock and statement timeouts: the start waits
+    for it and serves. The wait used to be cut short, and the start ended
+    ``cannot reach the PostgreSQL store: canceling statement due to
+    statement timeout``."""
+    from agent_sidecar.store.postgres.schema import MIGRATION_LOCK
+    dsn = _short_timeouts(pg_server, "migrate_timeouts")
+    with psycopg.connect(dsn) as holder, ThreadPoolExecutor(1) as pool:
+        holder.execute("SET statement_timeout = 0")
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        starting = pool.submit(Sidecar(tmp_path / "data", dsn=dsn, workers=1).start, 60)
+        _hold_until_waited_for(holder)
+        holder.commit()
+        with starting.result() as sc:
+            assert run(sc.prompts(), prompt_req(text="after", source=source())).end == "completed"
+
+
+def test_the_role_s_timeouts_do_not_cut_doctor_s_rebuild_of_the_full_text_index(pg_server, tmp_path):
+    """``doctor --rebuild-fts`` on a database whose sessions get short
+    timeouts, while a transaction holds a lock the rebuild must wait for:
+    the rebuild waits and succeeds. It used to end in a traceback (the
+    wait, or on a big table the rebuild itself, cancelled by the timeout),
+    as did a plain ``doctor`` whose counts took longer than it."""
+    from helpers.cli import cli
+    dsn = _short_timeouts(pg_server, "doctor_timeouts")
+    env = {"AGENT_SIDECAR_STORE__BACKEND": "postgres", "AGENT_SIDECAR_STORE__DSN": dsn}
+    with psycopg.connect(dsn) as holder, ThreadPoolExecutor(1) as pool:
+        holder.execute("SET statement_timeout = 0")
+        holder.execute("LOCK TABLE messages IN SHARE UPDATE EXCLUSIVE MODE")
+        doctoring = pool.submit(cli, "doctor", "--data-dir", str(tmp_path / "data"), "--rebuild-fts", env=env)
+        _hold_until_waited_for(holder)
+        holder.commit()
+        r = doctoring.result()
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "Traceback" not in out, out
+    assert "rebuilt full-text index from 0 messages: ok" in out, out

@@ -120,6 +120,19 @@ def version_refused(server_version: int) -> str | None:
     return f"PostgreSQL {MIN_SERVER_VERSION // 10000} or later is needed; this server is {major} ({server_version})"
 
 
+def unbounded(conn: psycopg.Connection) -> None:
+    """No ``lock_timeout`` and no ``statement_timeout`` on ``conn``'s session,
+    whatever the role or the database sets (``ALTER ROLE … SET
+    statement_timeout``, common for application roles): the sessions that
+    call this wait by design (the writer for other sidecars' locks; the
+    migrations for the sidecar migrating before them, and a migration's DDL
+    for its table locks; ``doctor`` for its counts and a full-text index
+    rebuild as long as the table is big), and a wait cut short would fail
+    the write group, the start, or the repair."""
+    conn.execute("SET lock_timeout = 0")
+    conn.execute("SET statement_timeout = 0")
+
+
 def is_fault(e: BaseException) -> bool:
     return is_store_fault(e, DRIVER_FAULTS)
 

@@ -30,7 +30,7 @@ import psycopg
 
 from ..interface import StoreOpenError
 from ..statements import one
-from .connection import WRITER_APPLICATION, connect
+from .connection import WRITER_APPLICATION, connect, unbounded
 from .schema import FTS_INDEX, MIGRATIONS, migrate
 
 _INVALID_INDEXES = (
@@ -50,6 +50,7 @@ class PostgresMaintenance:
     def __init__(self, dsn: str):
         try:
             self.conn = connect(dsn, autocommit=True)
+            unbounded(self.conn)  # its counts and a rebuild take as long as the tables are big
             self._refuse_to_migrate_under_running_sidecars()
             migrate(self.conn)
         except psycopg.Error as e:

@@ -26,7 +26,7 @@ from ..records import FrameRecord, LeaseHolder, LedgerEntry, Message, SearchHit,
 from ..writer.backed import WriterBacked
 from ..writer.client import CommitStats, GroupCommitWriter
 from . import reads
-from .connection import CHANNEL, CONTROL_CHANNEL, connect, connect_async, read_announce, version_refused
+from .connection import CHANNEL, CONTROL_CHANNEL, connect, connect_async, read_announce, unbounded, version_refused
 from .pool import ReadPool
 from .schema import migrate
 
@@ -48,6 +48,7 @@ class PostgresStore(WriterBacked):
                 refused = version_refused(conn.info.server_version)
                 if refused is not None:
                     raise StoreOpenError(f"cannot open the PostgreSQL store: {refused}")
+                unbounded(conn)  # a migration waits for the sidecar migrating before it, whatever the role says
                 self.migrated = migrate(conn)
         except psycopg.OperationalError as e:
             raise StoreOpenError(f"cannot reach the PostgreSQL store: {e}") from None

@@ -31,7 +31,7 @@ from psycopg import errors as pgerr
 
 from ...logs import FaultEpisode
 from ..faults import CommitOutcomeUnknown
-from .connection import CHANNEL, WRITER_APPLICATION, aborted, connect, forget_prepared, is_fault, settle
+from .connection import CHANNEL, WRITER_APPLICATION, aborted, connect, forget_prepared, is_fault, settle, unbounded
 from .rows import sender
 
 if TYPE_CHECKING:
@@ -77,13 +77,11 @@ class PostgresWriter:
         # lease rows locked for ever: the server ends its session instead, and
         # a takeover waits at most this long (cluster/leases.py).
         self.conn.execute("SET idle_in_transaction_session_timeout = '5s'")
-        # Whatever the role or the database sets (ALTER ROLE … SET lock_timeout,
-        # statement_timeout): the writer waits for other sidecars' locks by
-        # design (the frames lock, a lease row), each held no longer than
-        # the holder's idle timeout above allows. A wait cut short failed the
-        # whole group as a store fault, and the sidecar ended every turn it ran.
-        self.conn.execute("SET lock_timeout = 0")
-        self.conn.execute("SET statement_timeout = 0")
+        # The writer waits for other sidecars' locks by design (the frames
+        # lock, a lease row), each held no longer than the holder's idle
+        # timeout above allows. A wait cut short by the role's timeouts failed
+        # the whole group as a store fault, and the sidecar ended every turn it ran.
+        unbounded(self.conn)
         # Every statement of the write path prepared once (after psycopg's
         # prepare_threshold uses), none evicted: they are fewer than this.
         self.conn.prepared_max = PREPARED_MAX
