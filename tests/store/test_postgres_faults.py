@@ -260,3 +260,24 @@ def test_the_role_s_timeouts_do_not_cut_doctor_s_rebuild_of_the_full_text_index(
     out = r.stdout + r.stderr
     assert r.returncode == 0 and "Traceback" not in out, out
     assert "rebuilt full-text index from 0 messages: ok" in out, out
+
+
+def test_a_start_and_doctor_on_a_server_that_takes_no_writes_say_so_and_how_to_reach_the_primary(
+        pg_server, tmp_path):
+    """The DSN leads to a server that takes no writes (a standby, a primary
+    come back as one; here ``default_transaction_read_only``, as a standby
+    answers): ``serve`` and ``doctor`` end, exit 1, in one line that says so
+    and names ``target_session_attrs=read-write``. They used to say "cannot
+    execute CREATE TABLE in a read-only transaction", the migrations'
+    first statement, with no word of the DSN."""
+    from helpers.cli import cli
+    dsn = pg_server.database("read_only_start")
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{conninfo_to_dict(dsn)["dbname"]}" SET default_transaction_read_only = on')
+    env = {"AGENT_SIDECAR_STORE__BACKEND": "postgres", "AGENT_SIDECAR_STORE__DSN": dsn}
+    for args in (["serve", "--workers", "1", "--log-format", "text"], ["doctor"]):
+        r = cli(*args, "--data-dir", str(tmp_path / "data"), env=env)
+        out = r.stdout + r.stderr
+        assert r.returncode == 1 and "Traceback" not in out, (args, out)
+        (line,) = [x for x in out.splitlines() if "cannot open the PostgreSQL store" in x]
+        assert "takes no writes" in line and "target_session_attrs=read-write" in line, (args, out)

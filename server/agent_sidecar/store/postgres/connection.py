@@ -120,6 +120,30 @@ def version_refused(server_version: int) -> str | None:
     return f"PostgreSQL {MIN_SERVER_VERSION // 10000} or later is needed; this server is {major} ({server_version})"
 
 
+_WRITABLE = "SELECT current_setting('transaction_read_only') = 'on', pg_is_in_recovery()"
+_TO_PRIMARY = ("point store.dsn at the primary (with several hosts, add target_session_attrs=read-write:"
+               " libpq then picks the one that takes writes)")
+
+
+def server_refused(conn: psycopg.Connection) -> str | None:
+    """Why the server ``conn`` reached cannot hold the store, or None when it
+    can: too old (``version_refused``), or taking no writes. A standby, or a
+    primary that came back as one after a failover, or a role or database
+    with ``default_transaction_read_only``: the migrations' first statement
+    failed there with "cannot execute CREATE TABLE in a read-only
+    transaction", which names neither the cause nor the DSN's remedy."""
+    refused = version_refused(conn.info.server_version)
+    if refused is not None:
+        return refused
+    read_only, standby = conn.execute(_WRITABLE).fetchone() or (False, False)
+    if standby:
+        return f"this server is a standby (in recovery) and takes no writes: {_TO_PRIMARY}"
+    if read_only:
+        return ("this server takes no writes (default_transaction_read_only is on for this role or database):"
+                f" {_TO_PRIMARY}")
+    return None
+
+
 def unbounded(conn: psycopg.Connection) -> None:
     """No ``lock_timeout`` and no ``statement_timeout`` on ``conn``'s session,
     whatever the role or the database sets (``ALTER ROLE … SET

@@ -30,7 +30,7 @@ import psycopg
 
 from ..interface import StoreOpenError
 from ..statements import one
-from .connection import WRITER_APPLICATION, connect, unbounded
+from .connection import WRITER_APPLICATION, connect, server_refused, unbounded
 from .schema import FTS_INDEX, MIGRATIONS, migrate
 
 _INVALID_INDEXES = (
@@ -50,6 +50,10 @@ class PostgresMaintenance:
     def __init__(self, dsn: str):
         try:
             self.conn = connect(dsn, autocommit=True)
+            refused = server_refused(self.conn)
+            if refused is not None:
+                self.conn.close()
+                raise StoreOpenError(f"cannot open the PostgreSQL store: {refused}")
             unbounded(self.conn)  # its counts and a rebuild take as long as the tables are big
             self._refuse_to_migrate_under_running_sidecars()
             migrate(self.conn)

@@ -26,7 +26,7 @@ from ..records import FrameRecord, LeaseHolder, LedgerEntry, Message, SearchHit,
 from ..writer.backed import WriterBacked
 from ..writer.client import CommitStats, GroupCommitWriter
 from . import reads
-from .connection import CHANNEL, CONTROL_CHANNEL, connect, connect_async, read_announce, unbounded, version_refused
+from .connection import CHANNEL, CONTROL_CHANNEL, connect, connect_async, read_announce, server_refused, unbounded
 from .pool import ReadPool
 from .schema import migrate
 
@@ -45,7 +45,7 @@ class PostgresStore(WriterBacked):
         self.dsn, self.node_id = dsn, node_id
         try:
             with connect(dsn, autocommit=True) as conn:
-                refused = version_refused(conn.info.server_version)
+                refused = server_refused(conn)
                 if refused is not None:
                     raise StoreOpenError(f"cannot open the PostgreSQL store: {refused}")
                 unbounded(conn)  # a migration waits for the sidecar migrating before it, whatever the role says
