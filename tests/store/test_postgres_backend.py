@@ -394,6 +394,54 @@ def test_doctor_rebuilds_a_missing_fts_index(tmp_path):
         assert [h.snippet for h in s.read("search", "zebra", "", 10)] == ["[zebra] crossing"]
 
 
+def _interrupted_rebuild(dsn: str) -> None:
+    """A ``REINDEX … CONCURRENTLY`` of the full-text index cancelled while it
+    waits for a writer's transaction (as an operator's Ctrl-C of doctor, or
+    its connection lost, would stop it): its invalid copy stays behind."""
+    from helpers.waiting import wait_until
+    with connect(dsn, autocommit=True) as admin, connect(dsn) as writer, connect(dsn, autocommit=True) as rebuild:
+        writer.execute("LOCK TABLE messages IN ROW EXCLUSIVE MODE")
+        pid, errors = rebuild.info.backend_pid, []
+
+        def reindex() -> None:
+            try:
+                rebuild.execute("REINDEX INDEX CONCURRENTLY messages_fts")
+            except Exception as e:  # the cancel, asserted below
+                errors.append(e)
+        stopped = threading.Thread(target=reindex)
+        stopped.start()
+        wait_until(lambda: admin.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                                         (pid,)).fetchone()[0], 30, what="the rebuild waiting for the writer")
+        admin.execute("SELECT pg_cancel_backend(%s)", (pid,))
+        stopped.join()
+        writer.rollback()
+        assert [type(e).__name__ for e in errors] == ["QueryCanceled"], errors
+
+
+def test_doctor_drops_what_an_interrupted_rebuild_left_and_rebuilds(tmp_path):
+    """A rebuild of the full-text index was interrupted and left its invalid
+    copy (``messages_fts_ccnew``): doctor says so and that ``--rebuild-fts``
+    mends it, which it does, and doctor is healthy again. The copy used to
+    fail every integrity check for ever: a rebuild left it where it was
+    (and added no repair hint)."""
+    from sidecar_proc import Sidecar
+    data = tmp_path / "data"
+    sc = Sidecar(data)
+    with local_store(sc) as s:
+        s.job(lambda uow: uow.incarnations.insert("s1", "k1", NOW))
+        s.job(lambda uow: uow.messages.append([Append("s1", (Message(role="user", content="zebra crossing"),))]))
+        _interrupted_rebuild(sc.store_dsn)
+        r = doctor(data, env=sc.store_env())
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "index messages_fts_ccnew is not valid (left by an interrupted rebuild: --rebuild-fts drops it)" \
+            in r.stdout, r.stdout + r.stderr
+        r = doctor(data, "--rebuild-fts", env=sc.store_env())
+        assert r.returncode == 0 and "integrity after rebuild: ok" in r.stdout, r.stdout + r.stderr
+        r = doctor(data, env=sc.store_env())
+        assert r.returncode == 0 and "integrity: ok" in r.stdout, r.stdout + r.stderr
+        assert [h.snippet for h in s.read("search", "zebra", "", 10)] == ["[zebra] crossing"]
+
+
 def test_prefix_lookups_and_retention_cut_exactly(tmp_path):
     """``ids_with_prefix`` is a LIKE on byte-ordered ids (no locale, wildcards
     in the prefix taken literally, any character after it); retention's cut

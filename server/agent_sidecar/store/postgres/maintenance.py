@@ -40,6 +40,13 @@ _INVALID_INDEXES = (
 _FTS_STATE = ("SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
               " JOIN pg_namespace n ON n.oid = c.relnamespace"
               " WHERE n.nspname = current_schema() AND c.relname = 'messages_fts'")
+# What an interrupted ``REINDEX … CONCURRENTLY`` of the index leaves behind
+# (cancelled, its connection lost, doctor stopped): invalid copies the planner
+# ignores and every later write still updates.
+_FTS_LEFTOVERS = ("SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                  " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                  " WHERE n.nspname = current_schema() AND NOT i.indisvalid"
+                  " AND c.relname ~ '^messages_fts_cc(new|old)[0-9]*$' ORDER BY 1")
 PROBES = 5
 # Other sessions on this database that are a sidecar's writer: one per running sidecar.
 _RUNNING_WRITERS = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
@@ -79,7 +86,10 @@ class PostgresMaintenance:
 
     def integrity(self) -> list[str]:
         """``["ok"]`` when every migration is recorded and every index valid."""
-        problems = [f"index {name} is not valid" for (name,) in self.conn.execute(_INVALID_INDEXES)]
+        leftovers = {name for (name,) in self.conn.execute(_FTS_LEFTOVERS)}
+        problems = [f"index {name} is not valid" + (" (left by an interrupted rebuild: --rebuild-fts drops it)"
+                                                    if name in leftovers else "")
+                    for (name,) in self.conn.execute(_INVALID_INDEXES)]
         done = {v for (v,) in self.conn.execute("SELECT version FROM schema_migrations")}
         problems += [f"migration {v} ({name}) not applied" for v, name, _ in MIGRATIONS if v not in done]
         return problems or ["ok"]
@@ -110,7 +120,12 @@ class PostgresMaintenance:
 
     def rebuild_fts(self, advance: Callable[[int], None] | None = None) -> int:
         """Rebuild the index from every message (concurrently with the
-        sidecars' writes); returns the rows indexed."""
+        sidecars' writes); returns the rows indexed. The invalid copies an
+        earlier rebuild left when it was interrupted are dropped first: they
+        made every later integrity check fail, and a new rebuild could not
+        mend that (it left its own copies beside them)."""
+        for (name,) in self.conn.execute(_FTS_LEFTOVERS).fetchall():
+            self.conn.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"')
         state = self.conn.execute(_FTS_STATE).fetchone()
         if state is not None and state[0]:
             self.conn.execute("REINDEX INDEX CONCURRENTLY messages_fts")
