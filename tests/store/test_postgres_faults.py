@@ -281,3 +281,23 @@ def test_a_start_and_doctor_on_a_server_that_takes_no_writes_say_so_and_how_to_r
         assert r.returncode == 1 and "Traceback" not in out, (args, out)
         (line,) = [x for x in out.splitlines() if "cannot open the PostgreSQL store" in x]
         assert "takes no writes" in line and "target_session_attrs=read-write" in line, (args, out)
+
+
+def test_doctor_whose_session_the_server_ends_midway_says_so_in_one_line(pg_server, tmp_path):
+    """The server ends doctor's session while its ``--rebuild-fts`` waits
+    for a lock (an operator's pg_terminate_backend, a restart, a failover):
+    doctor says the store failed and why, exit 1. It ended in a traceback."""
+    from helpers.cli import cli
+    dsn = pg_server.database("doctor_ended")
+    env = {"AGENT_SIDECAR_STORE__BACKEND": "postgres", "AGENT_SIDECAR_STORE__DSN": dsn}
+    with psycopg.connect(dsn) as holder, psycopg.connect(dsn, autocommit=True) as admin, \
+            ThreadPoolExecutor(1) as pool:
+        holder.execute("LOCK TABLE messages IN SHARE UPDATE EXCLUSIVE MODE")
+        doctoring = pool.submit(cli, "doctor", "--data-dir", str(tmp_path / "data"), "--rebuild-fts", env=env)
+        waiting = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        wait_until(lambda: admin.execute(waiting).fetchone() is not None, 30, what="doctor waiting for the lock")
+        admin.execute(f"SELECT pg_terminate_backend(pid) FROM ({waiting}) w")
+        r = doctoring.result()
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "Traceback" not in out, out
+    assert "agent-sidecar doctor: the store failed (terminating connection due to administrator command)" in out, out

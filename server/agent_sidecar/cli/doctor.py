@@ -44,6 +44,7 @@ def _open(args):
 
 def run(args) -> int:
     from ..config import ConfigError
+    from ..store.faults import StoreUnavailable
     from ..store.interface import StoreOpenError
     try:
         store = _open(args)
@@ -55,7 +56,7 @@ def run(args) -> int:
         return 1
     try:
         return _check(args, store)
-    except (StoreLocked, StoreDamaged) as e:
+    except (StoreLocked, StoreDamaged, StoreUnavailable) as e:
         print(f"agent-sidecar doctor: {e}", file=sys.stderr)
         return 1
     finally:

@@ -24,10 +24,13 @@ checked or changed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 
+from ..faults import unavailable
 from ..interface import StoreOpenError
 from ..statements import one
 from .connection import WRITER_APPLICATION, connect, server_refused, unbounded
@@ -51,6 +54,20 @@ PROBES = 5
 # Other sessions on this database that are a sidecar's writer: one per running sidecar.
 _RUNNING_WRITERS = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
                     " AND application_name = %s AND pid <> pg_backend_pid()")
+
+
+def _store_errors(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A check or repair whose statement the server fails midway (the
+    connection lost or ended, the server stopping) raises StoreUnavailable,
+    which doctor reports in one line with exit status 1; it ended in a
+    traceback."""
+    @functools.wraps(method)
+    def checked(self, *args: Any, **kw: Any) -> Any:
+        try:
+            return method(self, *args, **kw)
+        except psycopg.Error as e:
+            raise unavailable(e) from None
+    return checked
 
 
 class PostgresMaintenance:
@@ -84,6 +101,7 @@ class PostgresMaintenance:
                 f" {', '.join(map(str, pending))} of this one): nothing was checked or changed; restart them"
                 " as this release first, or use their own doctor")
 
+    @_store_errors
     def integrity(self) -> list[str]:
         """``["ok"]`` when every migration is recorded and every index valid."""
         leftovers = {name for (name,) in self.conn.execute(_FTS_LEFTOVERS)}
@@ -94,6 +112,7 @@ class PostgresMaintenance:
         problems += [f"migration {v} ({name}) not applied" for v, name, _ in MIGRATIONS if v not in done]
         return problems or ["ok"]
 
+    @_store_errors
     def fts_check(self) -> tuple[bool, str]:
         """The index exists, is valid, and finds (through the index alone) the
         newest live messages by a word of their own."""
@@ -115,9 +134,11 @@ class PostgresMaintenance:
                     return False, f"message {msg_id} is not found by its word {word!r}"
         return True, "ok"
 
+    @_store_errors
     def message_count(self) -> int:
         return one(self.conn.execute("SELECT count(*) FROM messages").fetchone())[0]
 
+    @_store_errors
     def rebuild_fts(self, advance: Callable[[int], None] | None = None) -> int:
         """Rebuild the index from every message (concurrently with the
         sidecars' writes); returns the rows indexed. The invalid copies an
@@ -141,6 +162,7 @@ class PostgresMaintenance:
         """The server checkpoints its own WAL."""
         return None
 
+    @_store_errors
     def summary(self) -> dict[str, int]:
         def count(table):
             return one(self.conn.execute(f"SELECT count(*) FROM {table}").fetchone())[0]
