@@ -301,3 +301,31 @@ def test_doctor_whose_session_the_server_ends_midway_says_so_in_one_line(pg_serv
     out = r.stdout + r.stderr
     assert r.returncode == 1 and "Traceback" not in out, out
     assert "agent-sidecar doctor: the store failed (terminating connection due to administrator command)" in out, out
+
+
+def test_an_operator_s_cancel_of_the_writer_s_statement_fails_no_turn(pg_server, tmp_path):
+    """An operator cancels the writer's statement (pg_cancel_backend of a
+    query seen waiting in pg_stat_activity; here for the frames lock another
+    sidecar's commit holds): the writer runs its group again and the prompt
+    completes. The cancel used to be a store fault: the prompt failed
+    UNAVAILABLE, health went NOT_SERVING and every running turn ended."""
+    from agent_sidecar.store.postgres.connection import FRAMES_LOCK, WRITER_APPLICATION
+    dsn = pg_server.database("writer_cancelled")
+    with Sidecar(tmp_path / "data", dsn=dsn, workers=1).start() as sc:
+        src = source()
+        assert run(sc.prompts(), prompt_req(text="before", source=src)).end == "completed"
+        with psycopg.connect(dsn) as holder, psycopg.connect(dsn, autocommit=True) as admin:
+            holder.execute("SELECT pg_advisory_xact_lock(%s)", (FRAMES_LOCK,))
+            waiting = PromptRun(sc.prompts(), prompt_req(text="behind the lock", source=src), timeout=30)
+            writer = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                      " AND application_name = %s AND wait_event_type = 'Lock'")
+            wait_until(lambda: admin.execute(writer, (WRITER_APPLICATION,)).fetchone() is not None, 10,
+                       what="the writer waiting for the frames lock")
+            assert admin.execute(f"SELECT pg_cancel_backend(pid) FROM ({writer}) w",
+                                 (WRITER_APPLICATION,)).fetchone() == (True,)
+            wait_until(lambda: admin.execute(writer, (WRITER_APPLICATION,)).fetchone() is not None, 10,
+                       what="the writer waiting for the frames lock again")
+        out = waiting.result(30)
+        assert out.code == grpc.StatusCode.OK, (out.code, out.details)
+        assert waiting.end == "completed"
+        assert "the store cannot write" not in sc.log()

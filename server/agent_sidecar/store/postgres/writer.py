@@ -39,8 +39,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agent_sidecar.store")
 
-# Transient conflicts between sidecars: the writer runs its group again.
-TRANSIENT = (pgerr.DeadlockDetected, pgerr.SerializationFailure, pgerr.LockNotAvailable)
+# Transient conflicts between sidecars: the writer runs its group again. A
+# statement cancelled on a live connection is one too: the writer's session
+# has no statement_timeout (``unbounded``), so only an operator's
+# pg_cancel_backend cancels it (of a statement waiting for a lock, as a rule):
+# taken for a store fault, it put the store in its failing state, and the
+# sidecar ended every turn it was running, for one cancelled statement.
+TRANSIENT = (pgerr.DeadlockDetected, pgerr.SerializationFailure, pgerr.LockNotAvailable, pgerr.QueryCanceled)
 PREPARED_MAX = 500
 # How often, and how far apart, one ``resolve`` asks about a transaction the
 # server still shows in progress before it gives up for now.
