@@ -144,17 +144,33 @@ def server_refused(conn: psycopg.Connection) -> str | None:
     return None
 
 
+# No lock or statement timeout, and no idle_session_timeout (PostgreSQL 14 and
+# later: on 13 the last statement finds no row and sets nothing).
+_UNBOUNDED = ("SET lock_timeout = 0", "SET statement_timeout = 0",
+              "SELECT set_config(name, '0', false) FROM pg_settings WHERE name = 'idle_session_timeout'")
+
+
 def unbounded(conn: psycopg.Connection) -> None:
-    """No ``lock_timeout`` and no ``statement_timeout`` on ``conn``'s session,
-    whatever the role or the database sets (``ALTER ROLE … SET
-    statement_timeout``, common for application roles): the sessions that
-    call this wait by design (the writer for other sidecars' locks; the
-    migrations for the sidecar migrating before them, and a migration's DDL
-    for its table locks; ``doctor`` for its counts and a full-text index
-    rebuild as long as the table is big), and a wait cut short would fail
-    the write group, the start, or the repair."""
-    conn.execute("SET lock_timeout = 0")
-    conn.execute("SET statement_timeout = 0")
+    """No ``lock_timeout``, ``statement_timeout`` or ``idle_session_timeout``
+    on ``conn``'s session, whatever the role or the database sets (``ALTER
+    ROLE … SET``, common for application roles). The sessions that call this
+    wait by design (the writer for other sidecars' locks; the migrations for
+    the sidecar migrating before them, and a migration's DDL for its table
+    locks; ``doctor`` for its counts and a full-text index rebuild as long as
+    the table is big), and a wait cut short would fail the write group, the
+    start, or the repair. And they idle by design while nothing happens (the
+    writer, the cluster tail's ``unbounded_async``): ended by the idle
+    timeout, the tail connected again and logged two lines each time (every
+    second with a one-second timeout), and a lone sidecar's writer said
+    "store connection lost" after every quiet spell."""
+    for statement in _UNBOUNDED:
+        conn.execute(statement)
+
+
+async def unbounded_async(conn: psycopg.AsyncConnection) -> None:
+    """``unbounded`` for an asyncio connection (the cluster tail's)."""
+    for statement in _UNBOUNDED:
+        await conn.execute(statement)
 
 
 def is_fault(e: BaseException) -> bool:

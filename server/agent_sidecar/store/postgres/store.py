@@ -26,7 +26,16 @@ from ..records import FrameRecord, LeaseHolder, LedgerEntry, Message, SearchHit,
 from ..writer.backed import WriterBacked
 from ..writer.client import CommitStats, GroupCommitWriter
 from . import reads
-from .connection import CHANNEL, CONTROL_CHANNEL, connect, connect_async, read_announce, server_refused, unbounded
+from .connection import (
+    CHANNEL,
+    CONTROL_CHANNEL,
+    connect,
+    connect_async,
+    read_announce,
+    server_refused,
+    unbounded,
+    unbounded_async,
+)
 from .pool import ReadPool
 from .schema import migrate
 
@@ -140,6 +149,7 @@ class PostgresStore(WriterBacked):
         except Exception as e:
             raise unavailable(e) from None
         try:
+            await unbounded_async(conn)  # it idles by design between notifications
             await conn.execute(f"LISTEN {CHANNEL}")
             await conn.execute(f"LISTEN {CONTROL_CHANNEL}")
             yield 0  # listening: whatever committed before is read by cursor

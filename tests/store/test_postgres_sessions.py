@@ -1,0 +1,58 @@
+"""The sessions a sidecar keeps open on PostgreSQL by design, under a role's
+(or a database's) ``idle_session_timeout``: its writer and its cluster tail's
+listening connection are not ended while they wait for work."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from helpers.cluster import Node
+from helpers.waiting import wait_until
+from psycopg.conninfo import conninfo_to_dict
+
+from agent_sidecar.store.postgres.connection import WRITER_APPLICATION
+from agent_sidecar.store.postgres.store import follower_name
+
+pytestmark = pytest.mark.postgres_only("PostgreSQL's per-session settings")
+
+
+def _pids(admin: psycopg.Connection, db: str) -> dict[str, int]:
+    """The sessions of ``db`` by application_name (the unnamed ones left out)."""
+    rows = admin.execute("SELECT application_name, pid FROM pg_stat_activity WHERE datname = %s"
+                         " AND application_name <> ''", (db,)).fetchall()
+    return dict(rows)
+
+
+def _idle_session_ended(admin: psycopg.Connection, dsn: str) -> None:
+    """Opens a session of its own on the database and returns once the
+    server has ended it for idling: the timeout has run out since."""
+    probe = psycopg.connect(dsn, autocommit=True)
+    pid = probe.info.backend_pid
+    try:
+        wait_until(lambda: admin.execute("SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = %s",
+                                         (pid,)).fetchone()[0], 30, what="an idle session ended by the server")
+    finally:
+        probe.close()
+
+
+def test_the_role_s_idle_session_timeout_ends_neither_the_writer_nor_the_cluster_tail(pg_server, tmp_path):
+    """With ``idle_session_timeout = '1s'`` on the database (as on a role, to
+    reap leaked sessions), a node whose writer and tail have nothing to do
+    keeps both sessions: the server ended them every second, the tail
+    connected again and logged two lines each time, and the writer of a
+    quiet sidecar said "store connection lost" at its next write."""
+    dsn = pg_server.database("idle_session_timeout")
+    db = conninfo_to_dict(dsn)["dbname"]
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
+        if admin.info.server_version < 140000:
+            pytest.skip("idle_session_timeout came with PostgreSQL 14")
+        admin.execute(f'ALTER DATABASE "{db}" SET idle_session_timeout = \'1s\'')
+        with Node(tmp_path / "a", "a", dsn, lease_ttl_s=30).start() as node:  # renewals 10 s apart
+            names = (WRITER_APPLICATION, follower_name("a"))
+            wait_until(lambda: set(names) <= set(_pids(admin, db)), 30, what="the writer and the tail connected")
+            before = {n: _pids(admin, db)[n] for n in names}
+            for _ in range(2):
+                _idle_session_ended(admin, dsn)
+            after = _pids(admin, db)
+            assert {n: after.get(n) for n in names} == before, (before, after)
+            assert "cluster tail: the store is out of reach" not in node.log()
