@@ -192,12 +192,19 @@ FTS_INDEX = "CREATE INDEX messages_fts ON messages USING gin (content_tsv)"
 def migrate(conn) -> list[int]:
     """Apply every migration not yet recorded (``conn``: a psycopg connection,
     not in a transaction); returns the versions applied now. A database with
-    migrations this release lacks raises StoreOpenError."""
+    migrations this release lacks raises StoreOpenError.
+
+    A database already migrated needs no right to create anything: a role
+    with only the rights to read and write the tables (the schema migrated
+    by its owner) starts. ``CREATE TABLE IF NOT EXISTS`` of the migrations'
+    own table is refused such a role even when the table exists ("permission
+    denied for schema public"), so it is only created when missing."""
     applied: list[int] = []
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-        conn.execute("CREATE TABLE IF NOT EXISTS schema_migrations ("
-                     " version integer PRIMARY KEY, name text NOT NULL, applied_at double precision NOT NULL)")
+        if conn.execute("SELECT to_regclass('schema_migrations')").fetchone() == (None,):
+            conn.execute("CREATE TABLE schema_migrations ("
+                         " version integer PRIMARY KEY, name text NOT NULL, applied_at double precision NOT NULL)")
         done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
         refuse_newer_schema(done, [v for v, _, _ in MIGRATIONS])
         for version, name, sql in MIGRATIONS:
