@@ -300,7 +300,8 @@ def test_doctor_whose_session_the_server_ends_midway_says_so_in_one_line(pg_serv
         r = doctoring.result()
     out = r.stdout + r.stderr
     assert r.returncode == 1 and "Traceback" not in out, out
-    assert "agent-sidecar doctor: the store failed (terminating connection due to administrator command)" in out, out
+    assert "agent-sidecar doctor: the PostgreSQL store failed: terminating connection due to administrator command" \
+        in out, out
 
 
 def test_an_operator_s_cancel_of_the_writer_s_statement_fails_no_turn(pg_server, tmp_path):

@@ -30,7 +30,7 @@ from typing import Any
 
 import psycopg
 
-from ..faults import unavailable
+from ..faults import StoreUnavailable
 from ..interface import StoreOpenError
 from ..statements import one
 from .connection import WRITER_APPLICATION, connect, server_refused, unbounded
@@ -60,13 +60,15 @@ def _store_errors(method: Callable[..., Any]) -> Callable[..., Any]:
     """A check or repair whose statement the server fails midway (the
     connection lost or ended, the server stopping) raises StoreUnavailable,
     which doctor reports in one line with exit status 1; it ended in a
-    traceback."""
+    traceback. The message is the server's own, not "retry later": what it
+    refused may need the operator (a rebuild by a role that does not own
+    the index: "must be owner of index messages_fts")."""
     @functools.wraps(method)
     def checked(self, *args: Any, **kw: Any) -> Any:
         try:
             return method(self, *args, **kw)
         except psycopg.Error as e:
-            raise unavailable(e) from None
+            raise StoreUnavailable(f"the PostgreSQL store failed: {e}") from None
     return checked
 
 
