@@ -151,6 +151,22 @@ def test_jobs_are_module_level_functions_with_plain_arguments(tmp_path):
     asyncio.run(go())
 
 
+@pytest.mark.sqlite_only("a store opened without its writer process (the PostgreSQL store's reads need it started)")
+def test_a_write_to_a_store_whose_writer_has_not_started_is_refused(tmp_path):
+    """A write before the writer's start finished (a sidecar whose start
+    failed elsewhere, a worker's, stops while its writer still starts) is
+    refused StoreClosed. It was queued for a channel that did not exist yet,
+    dropped, and its caller waited for ever: stop()'s last write hung the
+    sidecar after "cannot start", SIGTERM and all."""
+
+    async def go():
+        async with opened_store(tmp_path / "s.db") as store:  # the writer process not started
+            with pytest.raises(StoreClosed, match="the store writer is not running"):
+                store.write(life.suspend, "agent:main:t:dm:1")
+
+    asyncio.run(go())
+
+
 # -- one commit group: a job failing on the database fails alone ---------------------------------
 
 def _new_incarnation(uow, sid: str) -> str:

@@ -120,6 +120,12 @@ class GroupCommitWriter:
         while the store is failing (faults.py)."""
         if self._closed:
             raise StoreClosed("the store is closed")
+        if self._channel is None:
+            # Not started, or its start has not finished (a start that failed
+            # elsewhere, a worker's, is being undone): the job would go
+            # nowhere and its caller wait for ever (stop()'s last write hung
+            # the sidecar after "cannot start").
+            raise StoreClosed("the store writer is not running")
         if not retry:
             self.faults.refuse()
         loop = asyncio.get_running_loop()
