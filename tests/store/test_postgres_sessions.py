@@ -87,3 +87,41 @@ def test_a_role_that_may_only_read_and_write_the_tables_starts_on_a_migrated_dat
         with psycopg.connect(dsn, autocommit=True) as owner:
             owner.execute(f'DROP OWNED BY "{role}"')
             owner.execute(f'DROP ROLE "{role}"')
+
+
+def test_a_database_whose_transactions_default_to_repeatable_read_fails_no_write(pg_server, tmp_path):
+    """``default_transaction_isolation = 'repeatable read'`` (or
+    ``serializable``, which some organisations mandate) on the database:
+    another session updates a lane's row while the writer's transaction
+    waits for it, again at each of the writer's retries. The prompt waits
+    and completes: the writer's transactions are READ COMMITTED, which its
+    row locks are designed for. It used to fail UNAVAILABLE ("could not
+    serialize access due to concurrent update", three times, then a store
+    fault), and a two-node cluster under ``serializable`` failed about one
+    prompt in fifteen so."""
+    from helpers.ids import source
+    from helpers.sessions import create
+    from helpers.streams import PromptRun, prompt_req
+    from sidecar_proc import Sidecar
+    dsn = pg_server.database("repeatable_read")
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
+        admin.execute(f'''ALTER DATABASE "{conninfo_to_dict(dsn)['dbname']}"'''
+                      " SET default_transaction_isolation = 'repeatable read'")
+    with Sidecar(tmp_path / "data", dsn=dsn, workers=1).start() as sc, \
+            psycopg.connect(dsn) as other, psycopg.connect(dsn, autocommit=True) as watch:
+        src = source()
+        key = create(sc.sessions(), src)[0].session_key
+        touch = "UPDATE routing SET updated_at = updated_at WHERE session_key = %s"
+        waiting = "SELECT count(*) > 0 FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'"
+        other.isolation_level = psycopg.IsolationLevel.READ_COMMITTED  # another sidecar's writer
+        other.execute(touch, (key,))
+        prompt = PromptRun(sc.prompts(), prompt_req(text="behind another session's update", source=src),
+                           timeout=60)
+        for _ in range(3):  # the writer's first try and its two retries
+            wait_until(lambda: watch.execute(waiting).fetchone()[0] or prompt.done.is_set(), 30,
+                       what="the writer waiting for the lane's row")
+            other.commit()
+            other.execute(touch, (key,))
+        other.commit()
+        out = prompt.result(60)
+        assert out.code.name == "OK" and prompt.end == "completed", (out.code, out.details)

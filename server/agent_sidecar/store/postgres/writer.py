@@ -136,7 +136,12 @@ class PostgresWriter:
         stack = contextlib.ExitStack()
         pipeline = stack.enter_context(self.conn.pipeline())
         self._pipeline = stack
-        self.send("BEGIN")
+        # READ COMMITTED whatever the role or the database defaults to: the
+        # writer's isolation from the other sidecars is its row locks, whose
+        # waits read the row as its holder committed it (lanes.py). Under
+        # REPEATABLE READ or SERIALIZABLE such a wait failed "could not
+        # serialize access", and three in a row were a store fault.
+        self.send("BEGIN ISOLATION LEVEL READ COMMITTED")
         self._xact = self.conn.execute("SELECT pg_current_xact_id()::text")
         if self._uow is not None:
             self._uow.begin(pipeline)
