@@ -145,6 +145,26 @@ def test_health_over_tls_and_mtls_with_the_target_options(sc, certs):
     assert status.returncode == 0 and '"serving": true' in status.stdout, status
 
 
+def test_a_failed_handshake_is_one_line_from_every_command_that_talks_to_a_sidecar(sc, certs):
+    """The wrong CA: status, sessions and health each say why in their one
+    line, and nothing else reaches the terminal; before, status, sessions and
+    health printed the gRPC core's own handshake log line too (the bench was
+    quietened alone, bench_cmd.run)."""
+    base = ["--target", sc.tls_target, "--token", TOKEN, "--ca", str(certs.other_ca)]
+    status = cli("status", *base, "--timeout", "5")
+    assert status.returncode == 1 and status.stdout == "", status
+    (line,) = status.stderr.strip().splitlines()
+    assert line.startswith(f"{sc.tls_target}: UNAVAILABLE: ") and "CERTIFICATE_VERIFY_FAILED" in line, line
+    listed = cli("sessions", *base, "list")
+    assert listed.returncode == 1 and listed.stdout == "", listed
+    (line,) = listed.stderr.strip().splitlines()
+    assert "CERTIFICATE_VERIFY_FAILED" in line, line
+    health = cli("health", *base, "--timeout", "5")
+    assert health.returncode == 1 and health.stderr == "", health
+    (line,) = health.stdout.strip().splitlines()
+    assert line.startswith(f"{sc.tls_target}: UNAVAILABLE: ") and "CERTIFICATE_VERIFY_FAILED" in line, line
+
+
 def test_the_cli_refuses_a_token_in_cleartext_to_another_host_unless_told():
     # 192.0.2.1 is TEST-NET-1: nothing answers there; the refusal comes before any connection.
     r = cli("health", "--target", "192.0.2.1:50051", "--token", "t")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import sys
 from typing import TYPE_CHECKING
@@ -245,11 +244,6 @@ def _targets(args) -> tuple[Target, ...]:
 
 
 def run(args) -> int:
-    # gRPC's C core logs each failed TLS handshake of its retries to stderr at
-    # INFO (a dozen lines while the connection is waited for): the one line
-    # the bench prints says why (bench/target.py). Read when grpc first loads,
-    # here; the --clients processes inherit it.
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     if args.render:
         try:
             _check_render(args)

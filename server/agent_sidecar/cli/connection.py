@@ -13,6 +13,7 @@ and the shell's history, where ``--token`` puts it.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from ..tls import ClientMaterial, target_is_local
@@ -44,6 +45,19 @@ def add_target_arguments(parser: Any, default: str = DEFAULT_TARGET, target_help
                         help="the name to expect in the target's certificate (default: the target's host)")
     parser.add_argument("--insecure", action="store_true",
                         help="allow --token over plain TCP to a host that is not loopback (cleartext)")
+    parser.set_defaults(quiet_grpc=True)  # main() quietens gRPC's C core for these commands
+
+
+def quiet_grpc_core() -> None:
+    """Keep gRPC's C core from logging below ERROR, unless GRPC_VERBOSITY is
+    set: it logs each failed TLS handshake of a connection attempt to stderr
+    at INFO (one line per attempt, a dozen while a channel is waited for),
+    and the command's own line already says why (the CA, the name, no client
+    certificate). Read once, when grpc first loads: main() calls this
+    before any command that takes the target options runs, so sessions,
+    health, status and bench (and the bench's --clients processes, which
+    inherit the environment) are quiet alike."""
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 
 def token_file(path: str) -> str:

@@ -13,7 +13,7 @@ import sys
 
 from .. import __version__
 from .argtypes import non_negative, positive, utf8
-from .connection import add_target_arguments  # argparse only; grpc comes in when a command runs
+from .connection import add_target_arguments, quiet_grpc_core  # no grpc: it comes in when a command runs
 
 
 def _serve(args) -> int:
@@ -119,6 +119,8 @@ EXIT_BROKEN_PIPE = 141
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "quiet_grpc", False):  # a command that talks to a running sidecar
+        quiet_grpc_core()
     try:
         code = args.func(args) or 0
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
