@@ -138,20 +138,37 @@ def test_a_turn_timeout_past_what_grpc_can_count_is_no_timeout(sc):
         asyncio.run(connect(sc.target, call_timeout=float("nan"), wait_ready=False))
 
 
-@pytest.mark.parametrize("spelling", ["dns:///127.0.0.1:{port}", "dns:127.0.0.1:{port}", "{path}"])
+@pytest.mark.parametrize("spelling", ["dns:///127.0.0.1:{port}", "dns:127.0.0.1:{port}", "{path}",
+                                      "tcp:127.0.0.1:{port}", "tcp://localhost:{port}"])
 def test_a_local_sidecar_is_found_by_every_spelling_the_client_dials(sc, tmp_path, spelling):
     """A target the client dials as given (dns:[//authority/]host:port, a
-    bare socket path) is the local sidecar's: the bench finds its process
-    tree and reports CPU and memory; before, it read "not on this host"."""
+    bare socket path, tcp:host:port) is the local sidecar's: the bench finds
+    its process tree and reports CPU and memory; before, it read "not on
+    this host" (and a tcp: target was refused by --target, which did not
+    take every form the client dials)."""
     target = spelling.format(port=sc.tcp_port, path=sc.socket_path)
     out = tmp_path / "spelled.json"
-    token = ["--token", TOKEN] if target.startswith("dns:") else []
+    token = ["--token", TOKEN] if target.startswith(("dns:", "tcp:")) else []
     r = bench("--target", target, *token, "--concurrency", "1", "--turns", "2", "--warmup", "0", "--calibrate", "0",
               "--prompt-words", str(WORDS), "--json", str(out))
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     assert doc["local"] is True and doc["sidecar_pid"] == sc.proc.pid, (doc["local"], doc["sidecar_pid"])
     assert f"(local, pid {sc.proc.pid})" in r.stdout and doc["points"][0]["procs"]["processes"][0]["pid"] == sc.proc.pid
+
+
+@pytest.mark.parametrize("target", ["ipv4:127.0.0.1:1", "ipv6:[::1]:1", "unix-abstract:", "tcp:nohost"])
+def test_a_target_the_client_cannot_dial_is_a_bad_option(target):
+    """A --target in no form the Python client dials (gRPC's ipv4: and ipv6:
+    schemes, say) is refused with the other bad options (exit 2, naming
+    --target and the forms it takes) before anything runs; before, it
+    passed the option's check and ended the run as a failure to connect
+    (exit 1, "cannot connect to ...")."""
+    r = bench("--target", target, "--turns", "1")
+    assert r.returncode == 2 and r.stdout == "", r
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"agent-sidecar bench: error: --target {target!r}: target: "), last
+    assert "expected one of unix:PATH" in last and "tcp:HOST:PORT" in last, last
 
 
 @pytest.mark.parametrize("calibrate", ["2", "0"])

@@ -317,29 +317,18 @@ def pid_problem(pid: int, target: str) -> str | None:
 
 
 def unix_path(target: str) -> str | None:
-    if not target.startswith("unix:"):
-        return None
-    path = target[len("unix:"):]
-    if path.startswith("//"):
-        path = path[2:]
-    return os.path.abspath(path)
-
-
-def dialled(target: str) -> str:
-    """``target`` as ``unix:PATH`` or ``HOST:PORT``, however the client was
-    given it: a bare socket path (``/p``, ``./p``, ``../p``) is ``unix:``,
-    and ``dns:[//AUTHORITY/]HOST:PORT`` is ``HOST:PORT``. Read as they came,
-    both were "not on this host", and a local sidecar got no CPU figures."""
-    if target.startswith(("/", "./", "../")):
-        return "unix:" + target
-    if target.startswith("dns:"):
-        rest = target[len("dns:"):]
-        return rest[rest.find("/", 2) + 1:] if rest.startswith("//") else rest
-    return target
+    """The absolute socket path of a ``unix:PATH`` target (client.target_address's form), else None."""
+    return os.path.abspath(target[len("unix:"):]) if target.startswith("unix:") else None
 
 
 def _listening_inodes(target: str) -> set[str]:
-    target = dialled(target)
+    """The inodes of the sockets listening where ``target`` connects, read
+    as the client reads it (its target_address: a bare socket path is
+    ``unix:``, ``tcp:`` and ``dns:[//AUTHORITY/]`` forms are HOST:PORT);
+    read any other way, those were "not on this host", and a local sidecar
+    got no CPU figures."""
+    from agent_sidecar_client import target_address
+    target = target_address(target)
     path = unix_path(target)
     if path is not None:
         data = _read("/proc/net/unix") or ""

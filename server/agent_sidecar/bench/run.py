@@ -292,7 +292,7 @@ class _Run:
         if not opts.compare_bare:
             return
         self.timing = bare_timing(opts, self.calibration, len(opts.text.split()))
-        bare = self.bare = BareProcess(self.timing, unix=opts.target.address.startswith("unix:"))
+        bare = self.bare = BareProcess(self.timing, unix=opts.target.unix)
         address = await asyncio.get_running_loop().run_in_executor(None, bare.start)
         assert bare.proc is not None  # start() ran it
         target = opts.target.plain(address)

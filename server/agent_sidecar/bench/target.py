@@ -43,6 +43,12 @@ class Target:
     insecure: bool = False  # --insecure: the token over plain TCP to another host
     connect_timeout_s: float = 5.0
 
+    @property
+    def unix(self) -> bool:
+        """Whether the target is a Unix socket, however it is spelled (the client's target_address)."""
+        from agent_sidecar_client import target_address
+        return target_address(self.address).startswith(("unix:", "unix-abstract:"))
+
     def plain(self, address: str) -> Target:
         """The same settings towards a local server of the bench's own (the
         bare server): no token, no TLS."""

@@ -26,10 +26,11 @@ class TargetError(Exception):
     """Target options that cannot work together, or a file that cannot be read: one line."""
 
 
-def add_target_arguments(parser: Any, default: str = DEFAULT_TARGET, target_help: str = "the sidecar's address"
-                         ) -> None:
-    """The target options on ``parser`` (a parser or an argument group)."""
-    parser.add_argument("--target", type=target, default=default, help=f"{target_help} (default {default})")
+def add_target_arguments(parser: Any, default: str = DEFAULT_TARGET, target_help: str = "the sidecar's address",
+                         target_type: Any = target) -> None:
+    """The target options on ``parser`` (a parser or an argument group);
+    ``target_type`` checks ``--target`` (the bench checks each address later, by the client's rules)."""
+    parser.add_argument("--target", type=target_type, default=default, help=f"{target_help} (default {default})")
     given = parser.add_mutually_exclusive_group()
     given.add_argument("--token", type=token, default=None, help="bearer token (TCP; --token-file keeps it out of ps)")
     given.add_argument("--token-file", dest="token", type=token_file, metavar="FILE",

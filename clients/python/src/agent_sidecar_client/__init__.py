@@ -14,6 +14,7 @@ errors are the typed classes of ``errors`` (one per reason of docs/api.md).
 ``ErrorReason.Name(v)`` without the ``ERROR_REASON_`` prefix.
 """
 
+from agent_sidecar_client._args import normalize_target, target_address
 from agent_sidecar_client._frames import TERMINAL_KINDS, CursorFilter, SeqFilter, SequenceGap, frame_kind
 from agent_sidecar_client._proto.common_pb2 import Message, Session, SessionSource, SessionState, Usage
 from agent_sidecar_client._proto.error_reason_pb2 import ErrorReason
@@ -59,7 +60,7 @@ __all__ = [
     "DEFAULT_TARGET", "SidecarClient", "connect", "tls_credentials", "FrameStream", "ToolHost",
     "ActivityFrame", "Attachment", "DeliveryMode", "Message", "Session", "SessionSource", "SessionState",
     "ToolInvocation", "Usage", "ErrorReason", "TERMINAL_KINDS", "frame_kind", "SeqFilter", "CursorFilter",
-    "SequenceGap",
+    "SequenceGap", "normalize_target", "target_address",
     "SidecarError", "AgentBusy", "AgentTimeout", "LlmApiFailure", "MaxIterations", "ToolScopeViolation",
     "ToolInvokeFailed", "Cancelled", "SessionNotFound", "InvalidArgument", "Unauthenticated",
     "PermissionDenied", "WorkerCrashed", "DeadlineExceeded", "TurnFramesGone", "FailedPrecondition",

@@ -232,16 +232,31 @@ def normalize_target(target: object) -> str:
         _check_host_port(address, bad)
         return address
     if sep and scheme == "dns":
-        address = rest
-        if address.startswith("//"):
-            slash = address.find("/", 2)
-            address = "" if slash < 0 else address[slash + 1:]
-        _check_host_port(address, bad)
+        _check_host_port(_dns_address(rest), bad)
         return t
     if "://" in t or (sep and not rest[:1].isdigit() and not t.startswith("[")):
         raise bad("has a scheme this client does not dial")
     _check_host_port(t, bad)
     return t
+
+
+def target_address(target: object) -> str:
+    """Where a target in one of ``normalize_target``'s forms connects:
+    ``unix:PATH`` (``unix-abstract:NAME``) or ``HOST:PORT`` (``[V6]:PORT``),
+    its gRPC target with a ``dns:`` scheme and authority dropped. For a tool
+    that looks the address up (is it this host's, which process listens
+    there) rather than dials it, so it reads every form as the client does;
+    ValueError (TypeError) as normalize_target."""
+    t = normalize_target(target)
+    return _dns_address(t[len("dns:"):]) if t.startswith("dns:") else t
+
+
+def _dns_address(rest: str) -> str:
+    """``HOST:PORT`` of what follows ``dns:``: ``[//AUTHORITY/]HOST:PORT``."""
+    if rest.startswith("//"):
+        slash = rest.find("/", 2)
+        return "" if slash < 0 else rest[slash + 1:]
+    return rest
 
 
 def _check_host_port(address: str, bad: Any) -> None:
