@@ -106,7 +106,9 @@ def test_a_database_that_stops_answering_does_not_hold_up_status_or_a_scrape(pg_
     a database that hangs waits as long as it hangs. GetStatus and /metrics
     are how an operator sees the hang (the writer's NO ANSWER), so they answer
     without the size (within the status command's default 5 s and a
-    scraper's usual 10 s) rather than hang with it."""
+    scraper's usual 10 s) rather than hang with it, and say they are
+    unknown (before, the table said "0 B" and a backlog of 0 messages, as if
+    read)."""
     proxy = PgProxy(pg_server.database(f"status_hang_{os.getpid()}"))
     port = free_port()
     s = Sidecar(tmp_path / "data", config=echo("main") + metrics_config(port), dsn=proxy.dsn, workers=1).start()
@@ -120,12 +122,19 @@ def test_a_database_that_stops_answering_does_not_hold_up_status_or_a_scrape(pg_
             assert samples.value("agent_sidecar_store_writable") == 1
             table_out = cli("status", "--target", s.target)
             assert table_out.returncode == 0, table_out.stderr
+            assert "  postgres · size unknown · writable · full-text backlog unknown" in table_out.stdout, \
+                table_out.stdout
+        assert s.status().store.stats_unavailable
+        store = json.loads(cli("status", "--target", s.target, "--json").stdout)["store"]
+        assert store["size_bytes"] is None and store["fts_backlog"] is None, store
         wait_until(lambda: "NO ANSWER for" in cli("status", "--target", s.target).stdout, 15,
                    what="the status saying the writer does not answer")
         proxy.answer()
         assert turn.result(30).end == "completed"
         wait_until(lambda: scrape(port).value("agent_sidecar_store_size_bytes") > 0, 15,
                    what="the store size back in a scrape")
+        wait_until(lambda: not s.status().store.stats_unavailable, 15, what="the store size back in GetStatus")
+        assert json.loads(cli("status", "--target", s.target, "--json").stdout)["store"]["size_bytes"] > 0
     finally:
         proxy.answer()
         s.stop()

@@ -360,9 +360,11 @@ type StoreStatus struct {
 	// `sqlite` or `postgres`.
 	Backend string `protobuf:"bytes,1,opt,name=backend,proto3" json:"backend,omitempty"`
 	// What the store takes (SQLite: the database file and its WAL;
-	// PostgreSQL: the database). 0 when it could not be read.
+	// PostgreSQL: the database). 0 when it could not be read
+	// (`stats_unavailable`).
 	SizeBytes int64 `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
-	// Messages not in the full-text index yet.
+	// Messages not in the full-text index yet; 0 when it could not be read
+	// (`stats_unavailable`).
 	FtsBacklog int64 `protobuf:"varint,3,opt,name=fts_backlog,json=ftsBacklog,proto3" json:"fts_backlog,omitempty"`
 	// False while commits fail (STORE_UNAVAILABLE).
 	Writable bool `protobuf:"varint,4,opt,name=writable,proto3" json:"writable,omitempty"`
@@ -382,8 +384,14 @@ type StoreStatus struct {
 	// has stopped answering (a failing commit is an answer and turns
 	// `writable` false; a hung one is not).
 	WriterStalledSeconds float64 `protobuf:"fixed64,10,opt,name=writer_stalled_seconds,json=writerStalledSeconds,proto3" json:"writer_stalled_seconds,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// True when `size_bytes` and `fts_backlog` could not be read for this
+	// answer: the store is closed or failing, or did not answer within 1 s
+	// (a database that hangs; the answer does not wait for it). Both are 0
+	// then, which is no measurement: `agent-sidecar status` shows them as
+	// unknown.
+	StatsUnavailable bool `protobuf:"varint,11,opt,name=stats_unavailable,json=statsUnavailable,proto3" json:"stats_unavailable,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *StoreStatus) Reset() {
@@ -484,6 +492,13 @@ func (x *StoreStatus) GetWriterStalledSeconds() float64 {
 		return x.WriterStalledSeconds
 	}
 	return 0
+}
+
+func (x *StoreStatus) GetStatsUnavailable() bool {
+	if x != nil {
+		return x.StatsUnavailable
+	}
+	return false
 }
 
 // ClusterStatus is what one cluster node holds of the lanes and what it lost
@@ -597,7 +612,7 @@ const file_agent_sidecar_v1_status_service_proto_rawDesc = "" +
 	"\n" +
 	"QueueDepth\x12:\n" +
 	"\bdelivery\x18\x01 \x01(\x0e2\x1e.agent_sidecar.v1.DeliveryModeR\bdelivery\x12\x18\n" +
-	"\aprompts\x18\x02 \x01(\x05R\aprompts\"\xf3\x02\n" +
+	"\aprompts\x18\x02 \x01(\x05R\aprompts\"\xa0\x03\n" +
 	"\vStoreStatus\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x1d\n" +
 	"\n" +
@@ -612,7 +627,8 @@ const file_agent_sidecar_v1_status_service_proto_rawDesc = "" +
 	"\x13last_commit_seconds\x18\b \x01(\x01R\x11lastCommitSeconds\x12\x18\n" +
 	"\acommits\x18\t \x01(\x03R\acommits\x124\n" +
 	"\x16writer_stalled_seconds\x18\n" +
-	" \x01(\x01R\x14writerStalledSeconds\"\x9e\x01\n" +
+	" \x01(\x01R\x14writerStalledSeconds\x12+\n" +
+	"\x11stats_unavailable\x18\v \x01(\bR\x10statsUnavailable\"\x9e\x01\n" +
 	"\rClusterStatus\x12\x1d\n" +
 	"\n" +
 	"lanes_held\x18\x01 \x01(\x05R\tlanesHeld\x12(\n" +

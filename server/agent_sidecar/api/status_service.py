@@ -38,6 +38,7 @@ def to_proto(s: Any) -> pb.GetStatusResponse:
     st.backend = s.backend
     if s.store is not None:
         st.size_bytes, st.fts_backlog = s.store.size_bytes, s.store.fts_backlog
+    st.stats_unavailable = s.store is None
     if s.writer is not None:
         st.writer_pid, st.writer_rss_bytes = s.writer.pid, s.writer.rss_bytes
         st.writer_backlog, st.last_commit_seconds = s.writer.backlog, s.writer.last_commit_seconds

@@ -41,7 +41,9 @@ def run(args) -> int:
 
 
 def as_dict(r) -> dict[str, Any]:
-    """The response as plain JSON types (numbers as numbers, times in RFC 3339)."""
+    """The response as plain JSON types (numbers as numbers, times in RFC 3339;
+    the store's size and full-text backlog null when the sidecar could not
+    read them: its 0 then is no measurement)."""
     from ..delivery import MODE_NAMES
     started = datetime.fromtimestamp(r.started_at.ToNanoseconds() / 1e9, UTC)
     s, c = r.store, r.cluster
@@ -56,7 +58,8 @@ def as_dict(r) -> dict[str, Any]:
                      "restarts": w.restarts} for w in r.workers],
         "turns_in_flight": r.turns_in_flight, "prompts_admitted": r.prompts_admitted,
         "queues": {MODE_NAMES.get(q.delivery, str(q.delivery)): q.prompts for q in r.queues},
-        "store": {"backend": s.backend, "size_bytes": s.size_bytes, "fts_backlog": s.fts_backlog,
+        "store": {"backend": s.backend, "size_bytes": None if s.stats_unavailable else s.size_bytes,
+                  "fts_backlog": None if s.stats_unavailable else s.fts_backlog,
                   "writable": s.writable, "writer_pid": s.writer_pid,
                   "writer_rss_bytes": s.writer_rss_bytes, "writer_backlog": s.writer_backlog,
                   "last_commit_seconds": s.last_commit_seconds, "commits": s.commits,
@@ -96,9 +99,9 @@ def as_table(st: dict[str, Any]) -> str:
             "queued  " + "  ".join(f"{mode} {n}" for mode, n in st["queues"].items()), ""]
     s = st["store"]
     out += ["store",
-            f"  {s['backend']} · {_bytes(s['size_bytes'])} · "
-            + ("writable" if s["writable"] else "NOT WRITABLE")
-            + f" · full-text backlog {s['fts_backlog']} messages",
+            f"  {s['backend']} · " + ("size unknown" if s["size_bytes"] is None else _bytes(s["size_bytes"]))
+            + " · " + ("writable" if s["writable"] else "NOT WRITABLE") + " · full-text backlog "
+            + ("unknown" if s["fts_backlog"] is None else f"{s['fts_backlog']} messages"),
             f"  writer pid {s['writer_pid']} ({_bytes(s['writer_rss_bytes'])}) · backlog "
             f"{s['writer_backlog']} jobs · last commit {s['last_commit_seconds'] * 1e3:.2f} ms · "
             f"{s['commits']} commits"

@@ -67,7 +67,7 @@ class QueueDepth(_message.Message):
     def __init__(self, delivery: _Optional[_Union[_prompt_service_pb2.DeliveryMode, str]] = ..., prompts: _Optional[int] = ...) -> None: ...
 
 class StoreStatus(_message.Message):
-    __slots__ = ("backend", "size_bytes", "fts_backlog", "writable", "writer_pid", "writer_rss_bytes", "writer_backlog", "last_commit_seconds", "commits", "writer_stalled_seconds")
+    __slots__ = ("backend", "size_bytes", "fts_backlog", "writable", "writer_pid", "writer_rss_bytes", "writer_backlog", "last_commit_seconds", "commits", "writer_stalled_seconds", "stats_unavailable")
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     FTS_BACKLOG_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,7 @@ class StoreStatus(_message.Message):
     LAST_COMMIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     COMMITS_FIELD_NUMBER: _ClassVar[int]
     WRITER_STALLED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STATS_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
     backend: str
     size_bytes: int
     fts_backlog: int
@@ -88,7 +89,8 @@ class StoreStatus(_message.Message):
     last_commit_seconds: float
     commits: int
     writer_stalled_seconds: float
-    def __init__(self, backend: _Optional[str] = ..., size_bytes: _Optional[int] = ..., fts_backlog: _Optional[int] = ..., writable: _Optional[bool] = ..., writer_pid: _Optional[int] = ..., writer_rss_bytes: _Optional[int] = ..., writer_backlog: _Optional[int] = ..., last_commit_seconds: _Optional[float] = ..., commits: _Optional[int] = ..., writer_stalled_seconds: _Optional[float] = ...) -> None: ...
+    stats_unavailable: bool
+    def __init__(self, backend: _Optional[str] = ..., size_bytes: _Optional[int] = ..., fts_backlog: _Optional[int] = ..., writable: _Optional[bool] = ..., writer_pid: _Optional[int] = ..., writer_rss_bytes: _Optional[int] = ..., writer_backlog: _Optional[int] = ..., last_commit_seconds: _Optional[float] = ..., commits: _Optional[int] = ..., writer_stalled_seconds: _Optional[float] = ..., stats_unavailable: _Optional[bool] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
     __slots__ = ("lanes_held", "lanes_taken_over", "leases_lost", "fenced_writes")

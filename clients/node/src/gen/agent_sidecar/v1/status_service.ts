@@ -103,10 +103,14 @@ export interface StoreStatus {
   backend: string;
   /**
    * What the store takes (SQLite: the database file and its WAL;
-   * PostgreSQL: the database). 0 when it could not be read.
+   * PostgreSQL: the database). 0 when it could not be read
+   * (`stats_unavailable`).
    */
   sizeBytes: number;
-  /** Messages not in the full-text index yet. */
+  /**
+   * Messages not in the full-text index yet; 0 when it could not be read
+   * (`stats_unavailable`).
+   */
   ftsBacklog: number;
   /** False while commits fail (STORE_UNAVAILABLE). */
   writable: boolean;
@@ -128,6 +132,14 @@ export interface StoreStatus {
    * `writable` false; a hung one is not).
    */
   writerStalledSeconds: number;
+  /**
+   * True when `size_bytes` and `fts_backlog` could not be read for this
+   * answer: the store is closed or failing, or did not answer within 1 s
+   * (a database that hangs; the answer does not wait for it). Both are 0
+   * then, which is no measurement: `agent-sidecar status` shows them as
+   * unknown.
+   */
+  statsUnavailable: boolean;
 }
 
 /**
@@ -752,6 +764,7 @@ function createBaseStoreStatus(): StoreStatus {
     lastCommitSeconds: 0,
     commits: 0,
     writerStalledSeconds: 0,
+    statsUnavailable: false,
   };
 }
 
@@ -786,6 +799,9 @@ export const StoreStatus: MessageFns<StoreStatus> = {
     }
     if (message.writerStalledSeconds !== 0) {
       writer.uint32(81).double(message.writerStalledSeconds);
+    }
+    if (message.statsUnavailable !== false) {
+      writer.uint32(88).bool(message.statsUnavailable);
     }
     return writer;
   },
@@ -883,6 +899,14 @@ export const StoreStatus: MessageFns<StoreStatus> = {
             message.writerStalledSeconds = reader.double();
             continue;
           }
+          case 11: {
+            if (tag !== 88) {
+              break;
+            }
+
+            message.statsUnavailable = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -935,6 +959,11 @@ export const StoreStatus: MessageFns<StoreStatus> = {
         : isSet(object.writer_stalled_seconds)
         ? globalThis.Number(object.writer_stalled_seconds)
         : 0,
+      statsUnavailable: isSet(object.statsUnavailable)
+        ? globalThis.Boolean(object.statsUnavailable)
+        : isSet(object.stats_unavailable)
+        ? globalThis.Boolean(object.stats_unavailable)
+        : false,
     };
   },
 
@@ -970,6 +999,9 @@ export const StoreStatus: MessageFns<StoreStatus> = {
     if (message.writerStalledSeconds !== 0) {
       obj.writerStalledSeconds = floatToJson(message.writerStalledSeconds);
     }
+    if (message.statsUnavailable !== false) {
+      obj.statsUnavailable = message.statsUnavailable;
+    }
     return obj;
   },
 
@@ -988,6 +1020,7 @@ export const StoreStatus: MessageFns<StoreStatus> = {
     message.lastCommitSeconds = object.lastCommitSeconds ?? 0;
     message.commits = object.commits ?? 0;
     message.writerStalledSeconds = object.writerStalledSeconds ?? 0;
+    message.statsUnavailable = object.statsUnavailable ?? false;
     return message;
   },
 };
