@@ -17,17 +17,19 @@ import sys
 import zlib
 from pathlib import Path
 
+import grpc
 import pytest
 from helpers.certs import available as certs_available
 from helpers.certs import make_certs
 from helpers.cli import CLEAN_ENV, COMMAND, cli
 from helpers.config import echo, scripted
-from helpers.sessions import held
+from helpers.sessions import get_session, held, rpc_error
 from helpers.waiting import wait_until
 from sidecar_proc import ROOT, TOKEN, Sidecar, free_port
 
 from agent_sidecar.bench import procs, report, stats, text
 from agent_sidecar.bench.plot import SIZE_PX
+from agent_sidecar.v1 import session_service_pb2 as session_pb
 
 WORDS = 8
 TOOL_STEPS = [{"tool_calls": [{"name": "bench.echo", "arguments": {"text": "from the tool"}}]},
@@ -75,7 +77,7 @@ def png_size(path: Path) -> tuple[int, int]:
 def test_sweep_with_bare_writes_json_and_png_that_match_the_store(sc, tmp_path):
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     r = bench("--target", sc.target, "--sweep", "1,2", "--duration", "1.5", "--prompt-words", str(WORDS),
-              "--calibrate", "2", "--compare-bare", "--first-delta-slo", "60000", "--json", str(out),
+              "--keep-sessions", "--calibrate", "2", "--compare-bare", "--first-delta-slo", "60000", "--json", str(out),
               "--plot", str(png))
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
@@ -194,7 +196,7 @@ def check_client_bound_warning(doc: dict) -> None:
 def test_tool_load_over_tcp_counts_every_tool_call(sc, tmp_path, clients):
     out, png = tmp_path / "tools.json", tmp_path / "tools.png"
     r = bench("--target", sc.tcp_target, "--token", TOKEN, "--profile", "tooly", "--tools", "--concurrency", "2",
-              "--turns", "6", "--warmup", "0", "--calibrate", "0", "--prompt", "call the tool",
+              "--keep-sessions", "--turns", "6", "--warmup", "0", "--calibrate", "0", "--prompt", "call the tool",
               "--clients", clients, "--json", str(out), "--plot", str(png))
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
@@ -216,7 +218,7 @@ def test_clients_spread_the_load_and_every_turn_reaches_the_store(sc, tmp_path):
     exactly."""
     out = tmp_path / "clients.json"
     r = bench("--target", sc.tcp_target, "--token", TOKEN, "--clients", "2", "--sweep", "1,3", "--duration", "1.5",
-              "--prompt-words", str(WORDS), "--calibrate", "1", "--compare-bare", "--json", str(out))
+              "--keep-sessions", "--prompt-words", str(WORDS), "--calibrate", "1", "--compare-bare", "--json", str(out))
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     assert doc["options"]["clients"] == 2 and "2 client processes" in r.stdout
@@ -254,7 +256,7 @@ def test_prompts_absorbed_into_another_turn_are_no_turns(tmp_path, delivery, how
     try:
         r = bench("--target", slow.target, "--delivery", delivery, "--sessions", "1", "--concurrency", "3",
                   "--turns", "9", "--warmup", "0", "--ramp", "0", "--calibrate", "0", "--prompt-words", str(WORDS),
-                  "--json", str(out))
+                  "--keep-sessions", "--json", str(out))
         assert r.returncode == 0, r.stderr
         doc = json.loads(out.read_text())
         (point,) = doc["points"]
@@ -391,7 +393,7 @@ def test_ctrl_c_mid_sweep_keeps_the_points_that_finished(sc, tmp_path):
     out, png = tmp_path / "cut.json", tmp_path / "cut.png"
     code, stdout, stderr = bench_acting_after_first_level(
         lambda proc: proc.send_signal(signal.SIGINT), "--target", sc.target, "--sweep", "1,2,3,4", "--duration", "3",
-        "--calibrate", "1", "--prompt-words", str(WORDS), "--json", str(out), "--plot", str(png))
+        "--keep-sessions", "--calibrate", "1", "--prompt-words", str(WORDS), "--json", str(out), "--plot", str(png))
     assert code == 130, stderr
     assert "Traceback" not in stderr
     doc = json.loads(out.read_text())
@@ -408,6 +410,58 @@ def test_ctrl_c_mid_sweep_keeps_the_points_that_finished(sc, tmp_path):
     check_render(stdout, out, tmp_path / "again.png")  # the same report, the cut included, from the JSON
     wait_until(lambda: sc.status().turns_in_flight == 0, timeout=30, what="the cut point's turns to end")
     assert held(sc.sessions(), doc["sessions"]["keys"])[0] >= doc["totals"]["completed"] > 0
+
+
+def gone(sc: Sidecar, sessions: dict) -> bool:
+    """Whether the run deleted every one of its sessions: the document says
+    so, and the sidecar has none of them (GetSession: NOT_FOUND)."""
+    assert sessions["kept"] is False and sessions["left"] == 0 and sessions["error"] is None, sessions
+    assert sessions["deleted"] == sessions["count"] == len(sessions["keys"]) > 0, sessions
+    for key in sessions["keys"]:
+        with rpc_error(grpc.StatusCode.NOT_FOUND):
+            get_session(sc.sessions(), key)
+    return True
+
+
+def test_a_run_deletes_its_sessions_at_its_end_unless_told_to_keep_them(sc, tmp_path):
+    """The sessions a run made (and their transcripts) are deleted when it
+    ends, with --clients too (through this process's connection); before,
+    every run left its --sessions in the store, hundreds a sweep, in a
+    sidecar that may be production's. --keep-sessions keeps them, and the
+    header says which."""
+    out = tmp_path / "tidy.json"
+    r = bench("--target", sc.target, "--sessions", "5", "--concurrency", "2", "--turns", "4", "--calibrate", "1",
+              "--clients", "2", "--prompt-words", str(WORDS), "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert gone(sc, doc["sessions"]) and doc["totals"]["completed"] > 0
+    assert "5 sessions (deleted after the run) · " in r.stdout, r.stdout
+    assert bench("--render", str(out)).stdout == r.stdout
+
+    r = bench("--target", sc.target, "--keep-sessions", "--sessions", "3", "--concurrency", "1", "--turns", "2",
+              "--calibrate", "0", "--prompt-words", str(WORDS), "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["sessions"]["kept"] is True and "deleted" not in doc["sessions"]
+    assert held(sc.sessions(), doc["sessions"]["keys"])[0] == doc["totals"]["completed"] > 0
+    assert "3 sessions (kept: --keep-sessions) · " in r.stdout, r.stdout
+
+
+def test_sessions_made_before_a_failed_setup_are_deleted_too(sc, tmp_path):
+    """Two targets, the second of which refuses the token: the run ends in
+    one line before its first point, and the sessions it had made on the
+    first target are deleted all the same; before, they were left there
+    (only sessions that made it into the run's shares were deleted)."""
+    other = Sidecar(tmp_path / "other", config=CONFIG + '[[auth.tokens]]\ntoken = "another-token-0123456789"\n',
+                    tcp=True).start()
+    try:
+        r = bench("--target", f"{sc.tcp_target},{other.tcp_target}", "--token", TOKEN, "--platform", "setupfail",
+                  "--sessions", "6", "--concurrency", "2", "--turns", "2", "--calibrate", "0")
+    finally:
+        other.stop()
+    assert r.returncode == 1 and f"cannot create sessions on {other.tcp_target}: UNAUTHENTICATED" in r.stderr, r
+    left = sc.sessions().ListSessions(session_pb.ListSessionsRequest(platform="setupfail"), timeout=10).sessions
+    assert list(left) == []
 
 
 def test_sigterm_mid_sweep_keeps_the_points_that_finished_and_removes_the_bare_servers_dir(sc, tmp_path):
@@ -438,6 +492,7 @@ def test_sigterm_mid_sweep_keeps_the_points_that_finished_and_removes_the_bare_s
     assert doc["points"] and doc["points"][0]["concurrency"] == 1, doc["points"]
     assert f"INTERRUPTED at {cut['at']}, stopped by SIGTERM" in stdout and png_size(png) == SIZE_PX
     assert not bare_dirs[0].exists()
+    assert gone(sc, doc["sessions"]) and "sessions (deleted after the run)" in stdout  # the cut run's too
 
     for broken in ("series", "host"):
         doc = json.loads(out.read_text())
@@ -598,7 +653,7 @@ def test_several_targets_each_get_their_share_and_hold_their_turns(sc, tmp_path)
     try:
         out = tmp_path / "two.json"
         r = bench("--target", f"{sc.target},{other.target}", "--concurrency", "4", "--duration", "1.5",
-                  "--prompt-words", str(WORDS), "--calibrate", "1", "--json", str(out))
+                  "--keep-sessions", "--prompt-words", str(WORDS), "--calibrate", "1", "--json", str(out))
         assert r.returncode == 0, r.stderr
         doc = json.loads(out.read_text())
         assert doc["options"]["targets"] == [sc.target, other.target] and doc["options"]["clients"] == 2
@@ -803,7 +858,8 @@ def test_repeat_runs_the_sweep_again_and_reports_each_knee_and_the_median(sc, tm
     the plot draws the median, and every turn is in the store."""
     out, png = tmp_path / "repeat.json", tmp_path / "repeat.png"
     r = bench("--target", sc.target, "--sweep", "1,2", "--repeat", "2", "--turns", "3", "--prompt-words", str(WORDS),
-              "--calibrate", "1", "--ramp", "0", "--compare-bare", "--json", str(out), "--plot", str(png))
+              "--calibrate", "1", "--ramp", "0", "--compare-bare", "--json", str(out), "--plot", str(png),
+              "--keep-sessions")
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     assert [(p["round"], p["server"], p["concurrency"]) for p in doc["points"]] == [

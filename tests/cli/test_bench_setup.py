@@ -42,7 +42,7 @@ def test_the_calibration_runs_on_one_warm_session(sc, tmp_path):
     started, up to seven times), and the SLO and the knee with it."""
     out = tmp_path / "calibration.json"
     r = bench("--target", sc.target, "--sessions", "6", "--concurrency", "1", "--turns", "1", "--warmup", "0",
-              "--calibrate", "4", "--prompt-words", str(WORDS), "--json", str(out))
+              "--keep-sessions", "--calibrate", "4", "--prompt-words", str(WORDS), "--json", str(out))
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     calibration = doc["calibration"]
@@ -108,7 +108,7 @@ def test_a_tls_target_with_its_ca_and_client_certificate_is_benched(tls, tmp_pat
     certs, out = tls.certs, tmp_path / "mtls.json"
     r = bench("--target", tls.mtls_target, "--token", TOKEN, "--ca", str(certs.ca), "--cert", str(certs.client_cert),
               "--key", str(certs.client_key), "--concurrency", "2", "--turns", "4", "--calibrate", "1",
-              "--prompt-words", str(WORDS), "--json", str(out))
+              "--keep-sessions", "--prompt-words", str(WORDS), "--json", str(out))
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     assert doc["points"][0]["turns"] == 4 and doc["points"][0]["error_count"] == 0
@@ -228,7 +228,7 @@ def test_a_refusal_that_says_when_to_come_back_is_waited_out(sc, tmp_path):
     past the admission limits, thousands of OVERLOADED), the sidecar busy
     refusing while its admitted turns were measured."""
     out = tmp_path / "busy.json"
-    r = bench("--target", sc.target, "--profile", "slow", "--sessions", "1", "--concurrency", "3",
+    r = bench("--target", sc.target, "--keep-sessions", "--profile", "slow", "--sessions", "1", "--concurrency", "3",
               "--delivery", "reject_if_busy", "--duration", "1", "--warmup", "0", "--ramp", "0", "--calibrate", "0",
               "--prompt-words", str(WORDS), "--json", str(out))
     assert r.returncode == 0, r.stderr

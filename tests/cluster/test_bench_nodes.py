@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 
+import grpc
 from helpers.cli import cli
 from helpers.cluster import Cluster
 from helpers.config import echo
-from helpers.sessions import held
+from helpers.sessions import get_session, held, rpc_error
 
 WORDS = 8
 
@@ -20,7 +21,7 @@ def test_bench_across_two_nodes_runs_turns_on_both_and_the_database_holds_them_a
         a, b = cl.nodes
         out = tmp_path / "bench.json"
         r = cli("bench", "--target", f"{a.target},{b.target}", "--concurrency", "4", "--duration", "1.5",
-                "--prompt-words", str(WORDS), "--calibrate", "0", "--json", str(out), timeout=120)
+                "--keep-sessions", "--prompt-words", str(WORDS), "--calibrate", "0", "--json", str(out), timeout=120)
         assert r.returncode == 0, r.stderr
         doc = json.loads(out.read_text())
         assert doc["options"]["clients"] == 2 and doc["points"][0]["error_count"] == 0
@@ -29,3 +30,14 @@ def test_bench_across_two_nodes_runs_turns_on_both_and_the_database_holds_them_a
         completed, messages = held(a.sessions(), doc["sessions"]["keys"])  # one database: every node's
         totals = doc["totals"]
         assert totals["started"] == totals["completed"] == completed > 0 and messages == 2 * completed
+
+        # Without --keep-sessions each node deletes the sessions made through it, lanes it holds included.
+        r = cli("bench", "--target", f"{a.target},{b.target}", "--concurrency", "4", "--turns", "8",
+                "--prompt-words", str(WORDS), "--calibrate", "0", "--json", str(out), timeout=120)
+        assert r.returncode == 0, r.stderr
+        sessions = json.loads(out.read_text())["sessions"]
+        assert sessions["deleted"] == sessions["count"] == 4 and sessions["left"] == 0, sessions
+        for node in (a, b):
+            for key in sessions["keys"]:
+                with rpc_error(grpc.StatusCode.NOT_FOUND):
+                    get_session(node.sessions(), key)

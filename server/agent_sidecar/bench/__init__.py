@@ -15,6 +15,7 @@ nothing here is imported by ``serve``):
 * ``turns``  — a prompt sent, what became of it (a turn, absorbed, an error), a point's figures.
 * ``fleet``  — the same load from N client processes (``--clients N``, several targets).
 * ``tools``  — the bench's own tool host (``--tools``).
+* ``sessions`` — the run's sessions: made at its start, deleted at its end (unless kept).
 * ``run``    — one bench run: sessions, calibration, the sweep, sidecar vs bare.
 * ``report`` — the JSON document's judgement: the SLO, the knees (of several
   sweeps, their median), the ratios, the totals.

@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import load, procs, report
+from . import load, procs, report, sessions
 from .bare_process import BareProcess, bare_timing
 from .fleet import Fleet, deal
 from .target import BenchError, ClientLost, Target, TargetLost, check_answers, connect
@@ -84,6 +84,7 @@ class BenchOptions:
     pid: int | None = None
     turn_timeout_s: float = 300.0
     seed: int = 1
+    keep_sessions: bool = False  # leave the run's sessions in the target's store (bench/sessions.py)
 
     @property
     def target(self) -> Target:
@@ -98,26 +99,6 @@ class BenchOptions:
 
 
 Status = Callable[[str, "load.Point | None"], None]
-
-
-async def _sessions(client, opts: BenchOptions, n: int, prefix: str, where: str, parallel: int = 32) -> list[str]:
-    """``n`` fresh sessions (GetOrCreateSession with chat ids ``<prefix>-<i>``),
-    ``parallel`` calls at a time; their keys in order. BenchError (one line)
-    when ``where`` refuses."""
-    from agent_sidecar_client import SidecarError
-    sem = asyncio.Semaphore(parallel)
-
-    async def one(i: int) -> str:
-        async with sem:
-            session = await client.get_or_create_session(
-                {"platform": opts.platform, "chat_type": "dm", "chat_id": f"{prefix}-{i}",
-                 "user_id": f"{prefix}-u{i}"}, profile=opts.profile)
-            return session.session_key
-
-    try:
-        return list(await asyncio.gather(*(one(i) for i in range(n))))
-    except SidecarError as e:
-        raise BenchError(f"cannot create sessions on {where}: {e}") from None
 
 
 def ramp_for(opts: BenchOptions, calibration: dict | None) -> tuple[float, str]:
@@ -204,11 +185,13 @@ class _Run:
         self.ramp: tuple[float, str] = (DEFAULT_RAMP_S, "")
         self.timing: dict | None = None
         self.shares: list[tuple[Target, list[str]]] = []  # each bench client's target and sessions
+        self.made: dict[Target, list[str]] = {}  # every session made on each target, as it was made
         self.servers: list[_Server] = []
         self.fleets: list[Fleet] = []
         self.points: list[dict] = []
         self.running: str | None = None  # the point under way (or about to be), by its progress label
         self.interrupted: dict | None = None  # where and why the run ended early (run_bench)
+        self.cleanup: dict | None = None  # what became of the run's sessions (sessions.delete)
 
     @property
     def keys(self) -> list[str]:
@@ -242,7 +225,8 @@ class _Run:
         for t, (target, client) in enumerate(zip(opts.targets, self.mains)):
             prefix = self.run_id if t == 0 else f"{self.run_id}-t{t}"
             want = sum(count for where, count in shares if where == t)
-            made.append(iter(await _sessions(client, opts, want, prefix, target.address)))
+            made.append(iter(await sessions.create(client, opts.platform, opts.profile, want, prefix, target.address,
+                                                   self.made.setdefault(target, []))))
         return [(opts.targets[t], list(itertools.islice(made[t], count))) for t, count in shares]
 
     async def _host_tools(self, target: Target, client: SidecarClient) -> None:
@@ -297,7 +281,8 @@ class _Run:
         assert bare.proc is not None  # start() ran it
         target = opts.target.plain(address)
         self.bare_client = await connect(target)
-        keys = iter(await _sessions(self.bare_client, opts, len(self.keys), self.run_id, "the bare server"))
+        keys = iter(await sessions.create(self.bare_client, opts.platform, opts.profile, len(self.keys), self.run_id,
+                                          "the bare server"))
         shares = [(target, list(itertools.islice(keys, len(mine)))) for _, mine in self.shares]  # as many each
         self.servers.append(await self._server("bare", self.bare_client, shares,
                                                procs.process_tree(bare.proc.pid, "bare")))
@@ -367,6 +352,9 @@ class _Run:
             await fleet.close()
         for ctx in self.host_ctxs:
             await ctx.__aexit__(None, None, None)
+        if any(self.made.values()) and not self.opts.keep_sessions:  # after the clients' lanes have ended
+            self.cleanup = await sessions.delete([(t, c, self.made.get(t, [])) for t, c in zip(self.opts.targets,
+                                                  self.mains)], lambda text: self.status(text, None))
         for client in [self.bare_client, *self.mains]:
             if client is not None:
                 await client.close()
@@ -381,7 +369,7 @@ class _Run:
                 "options": report.options_dict(self.opts), "machine": report.machine(),
                 "sidecar_pid": self.pid, "local": self.tree is not None, "idle_memory": self.idle,
                 "sessions": {"platform": self.opts.platform, "count": len(self.keys), "keys": self.keys,
-                             "by_target": by_target},
+                             "by_target": by_target, "kept": self.opts.keep_sessions, **(self.cleanup or {})},
                 "calibration": self.calibration, "ramp": {"s": self.ramp[0], "source": self.ramp[1]},
                 "bare": self.timing, "points": self.points, "interrupted": self.interrupted,
                 "tool_invocations": sum(t.invocations for t in self.tool_hosts) if self.tool_hosts else None}

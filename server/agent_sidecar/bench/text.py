@@ -33,7 +33,7 @@ def header(doc: dict) -> list[str]:
     lines = [f"agent-sidecar bench · {o['target']} ({where}) · profile {o['profile'] or 'main'} · "
              f"prompt {o['prompt']['words']} words · delivery {o['delivery']}"
              + (" · tools" if o["tools"] else ""),
-             f"{doc['sessions']['count']} sessions · {per_point} · warm-up {warm} · "
+             f"{doc['sessions']['count']} sessions{sessions_fate(doc['sessions'])} · {per_point} · warm-up {warm} · "
              + (f"{o['clients']} client processes · " if o.get("clients", 1) > 1 else "")
              + f"{m['cpus']} CPUs · load avg {load}"]
     slo = doc["slo"]
@@ -50,6 +50,19 @@ def header(doc: dict) -> list[str]:
         if caveat:
             lines.append(caveat)
     return lines
+
+
+def sessions_fate(s: dict) -> str:
+    """What became of the run's sessions (bench/sessions.py): deleted at the
+    end, kept (--keep-sessions), or some left and why; nothing for a
+    document written before the bench deleted them."""
+    if s.get("kept"):
+        return " (kept: --keep-sessions)"
+    if "deleted" not in s:
+        return ""
+    if not s["left"]:
+        return " (deleted after the run)"
+    return f" ({s['left']:,} of them left in the store: {s['error']})"
 
 
 def bare_caveat(doc: dict) -> str | None:

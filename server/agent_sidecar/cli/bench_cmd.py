@@ -115,7 +115,10 @@ def _load_arguments(ld) -> None:
     ld.add_argument("--profile", default=None, help="the profile of the sessions and prompts (default main)")
     ld.add_argument("--platform", default="bench", help="the SessionSource platform, and the tools' namespace")
     ld.add_argument("--sessions", type=positive(int), default=None,
-                    help="sessions to create (default: the largest concurrency, or --find-knee's MAX)")
+                    help="sessions to create (default: the largest concurrency, or --find-knee's MAX); "
+                         "deleted when the run ends")
+    ld.add_argument("--keep-sessions", action="store_true",
+                    help="leave the run's sessions and their transcripts in the target's store")
     c = ld.add_mutually_exclusive_group()
     c.add_argument("--concurrency", type=positive(int), default=None, help="concurrent turns (default 10)")
     c.add_argument("--sweep", type=_levels, default=None, metavar="N,N,...",
@@ -175,7 +178,7 @@ def _measure_arguments(m) -> None:
 
 # What --render cannot use: options that shape a run, which it does not make.
 _RUN_ONLY = {"sweep": None, "concurrency": None, "duration": None, "turns": None, "compare_bare": False,
-             "find_knee": None, "repeat": 1, "clients": None, "tools": False}
+             "find_knee": None, "repeat": 1, "clients": None, "tools": False, "keep_sessions": False}
 
 
 def _check_render(args) -> None:
@@ -220,7 +223,8 @@ def options_from(args):
         compare_bare=args.compare_bare, bare_latency_ms=args.bare_latency_ms,
         bare_first_delay_ms=args.bare_first_delay_ms, ideal_s=args.ideal, slo=parse_slo(args.slo),
         first_delta_slo_ms=args.first_delta_slo,
-        calibrate=args.calibrate, pid=args.pid, turn_timeout_s=args.turn_timeout, seed=args.seed)
+        calibrate=args.calibrate, pid=args.pid, turn_timeout_s=args.turn_timeout, seed=args.seed,
+        keep_sessions=args.keep_sessions)
     if clients > opts.session_count:
         raise ValueError(f"--clients {clients} needs at least as many sessions (--sessions)")
     return opts
