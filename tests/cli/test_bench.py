@@ -27,7 +27,7 @@ from helpers.sessions import get_session, held, rpc_error
 from helpers.waiting import wait_until
 from sidecar_proc import ROOT, TOKEN, Sidecar, free_port
 
-from agent_sidecar.bench import procs, report, stats, text
+from agent_sidecar.bench import procs, report, sockets, stats, text
 from agent_sidecar.bench.plot import SIZE_PX
 from agent_sidecar.v1 import session_service_pb2 as session_pb
 
@@ -605,7 +605,7 @@ def test_the_listener_is_found_however_its_path_was_spelled(tmp_path):
         listener.bind("//" + str(path))
         listener.listen()
         for target in (f"unix:{path}", f"unix://{path}"):  # the second: unix:///tmp/...
-            assert procs.listening_pid(target) == os.getpid(), target
+            assert sockets.listening_pid(target) == os.getpid(), target
     finally:
         listener.close()
 
@@ -630,7 +630,7 @@ def test_a_target_at_one_of_this_hosts_own_addresses_is_local(tmp_path):
     address = _own_address()
     if address is None:
         pytest.skip("this host has no non-loopback address")
-    assert procs._is_local(address) and not procs._is_local("203.0.113.7")  # TEST-NET-3: no host's own
+    assert sockets._is_local(address) and not sockets._is_local("203.0.113.7")  # TEST-NET-3: no host's own
     port = free_port()
     lan = Sidecar(tmp_path / "data", config=CONFIG, tcp=True, extra_args=["--listen", f"0.0.0.0:{port}"]).start()
     out = tmp_path / "lan.json"
@@ -643,6 +643,40 @@ def test_a_target_at_one_of_this_hosts_own_addresses_is_local(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["local"] is True and doc["sidecar_pid"] == lan.proc.pid, (doc["local"], doc["sidecar_pid"])
     assert doc["points"][0]["procs"]["server_cpu_s"] > 0 and f"(local, pid {lan.proc.pid})" in r.stdout
+
+
+@pytest.mark.parametrize("via", ["unix", "tcp"])
+def test_a_sidecars_postgresql_backends_are_counted_as_theirs(pg_server, tmp_path, via):
+    """A sidecar on a PostgreSQL of this host: the backends serving its
+    connections, and only those (not another database's, not the bench's),
+    are counted on their own (``peers``, a ``postgres %`` column), whether
+    its DSN names the server's Unix socket directory or a TCP address;
+    before, their CPU, a large share of such a sidecar's, was "others"."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    dsn = pg_server.database(f"bench_peers_{via}_{os.getpid()}")
+    host = conninfo_to_dict(dsn).get("host", "")
+    if (via == "unix") != host.startswith("/"):
+        dsn = make_conninfo(dsn, host="127.0.0.1") if via == "tcp" else None
+        if dsn is None:
+            pytest.skip("the tests' PostgreSQL is reached over TCP only")
+    database = conninfo_to_dict(dsn)["dbname"]
+    out = tmp_path / "pg.json"
+    with Sidecar(tmp_path / "data", config=CONFIG, dsn=dsn, workers=1) as pgsc:
+        r = bench("--target", pgsc.target, "--concurrency", "2", "--turns", "20", "--warmup", "0", "--calibrate", "0",
+                  "--prompt-words", str(WORDS), "--json", str(out))
+        assert r.returncode == 0, r.stderr
+        with psycopg.connect(pg_server.dsn("postgres"), autocommit=True) as conn:
+            backends = {row[0] for row in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s", (database,))}
+        tree = {pid for _, pid in procs.process_tree(pgsc.proc.pid)}
+    used = json.loads(out.read_text())["points"][0]["procs"]
+    peers = used["peers"]
+    assert peers and {p["name"] for p in peers} == {"postgres"}, peers
+    assert {p["pid"] for p in peers} <= backends and not tree & backends, (peers, backends)
+    assert used["peers_cpu_s"] == sum(p["cpu_s"] for p in peers) > 0
+    assert "postgres %" in r.stdout and "postgres = the processes serving the server's own connections" in r.stdout
 
 
 def test_several_targets_each_get_their_share_and_hold_their_turns(sc, tmp_path):

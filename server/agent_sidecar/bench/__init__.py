@@ -4,8 +4,9 @@ Pieces, each importable on its own (none is on the server's import path, and
 nothing here is imported by ``serve``):
 
 * ``stats``  — percentiles, latency summaries, per-second series, the knee.
-* ``procs``  — CPU and RSS per process from /proc, finding a local sidecar's
-  process tree from its listening socket.
+* ``procs``  — CPU and RSS per process from /proc, a server's process tree.
+* ``sockets`` — which local processes hold a server's sockets: its listener
+  (a local sidecar found from the target), its PostgreSQL backends.
 * ``bare``   — the built-in bare gRPC server (``python -m agent_sidecar.bench.bare``):
   the same frames with the same timing as the echo model, no persistence.
 * ``bare_process`` — starting it beside the target, and its timing.

@@ -1,5 +1,6 @@
-"""CPU and memory per process from /proc (Linux), and finding a local
-sidecar's process tree from the address it listens on.
+"""CPU and memory per process from /proc (Linux): a server's process tree,
+its CPU over a window and its memory (which processes hold its sockets:
+sockets.py).
 
 Why from /proc and not from the sidecar: the bench must work against any
 sidecar, of any version, without an API for it; and the same accounting
@@ -11,16 +12,14 @@ another user, so a remote or foreign sidecar simply gets no CPU figures.
 from __future__ import annotations
 
 import os
-import socket
 import time
+from collections.abc import Callable, Collection
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-_LISTENING_TCP = "0A"
-_SO_ACCEPTCON = 0x10000
 
 
-def _read(path: str) -> str | None:
+def read_proc(path: str) -> str | None:
     try:
         with open(path, "rb") as f:
             return f.read().decode(errors="replace")
@@ -30,7 +29,7 @@ def _read(path: str) -> str | None:
 
 def exists(pid: int) -> bool:
     """Whether /proc shows process ``pid`` (False without /proc)."""
-    return _read(f"/proc/{pid}/stat") is not None
+    return read_proc(f"/proc/{pid}/stat") is not None
 
 
 def proc_cpu_seconds(pid: int, tid: int | None = None) -> float:
@@ -42,7 +41,7 @@ def proc_cpu_seconds(pid: int, tid: int | None = None) -> float:
 
 def read_cpu_seconds(pid: int, tid: int | None = None) -> float | None:
     """Like proc_cpu_seconds, None when the process (or thread) is gone."""
-    data = _read(f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat")
+    data = read_proc(f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat")
     if not data:
         return None
     fields = data[data.rindex(")") + 2:].split()
@@ -55,14 +54,14 @@ def tree_cpu_seconds(root: int) -> float:
     database server's backends come and go during a window."""
     total = 0.0
     for _, pid in process_tree(root):
-        data = _read(f"/proc/{pid}/stat")
+        data = read_proc(f"/proc/{pid}/stat")
         if data:
             total += sum(int(x) for x in data[data.rindex(")") + 2:].split()[11:15]) / CLK_TCK
     return total
 
 
 def parent_pid(pid: int) -> int | None:
-    data = _read(f"/proc/{pid}/stat")
+    data = read_proc(f"/proc/{pid}/stat")
     if not data:
         return None
     return int(data[data.rindex(")") + 2:].split()[1])
@@ -76,7 +75,7 @@ def children_of(pid: int) -> list[int]:
     except OSError:
         return out
     for tid in tids:
-        data = _read(f"/proc/{pid}/task/{tid}/children")
+        data = read_proc(f"/proc/{pid}/task/{tid}/children")
         if data:
             out.extend(int(x) for x in data.split())
     return out
@@ -84,26 +83,26 @@ def children_of(pid: int) -> list[int]:
 
 def proc_comm(pid: int) -> str:
     """A process's own name (``/proc/<pid>/comm``), which it may set itself."""
-    data = _read(f"/proc/{pid}/comm")
+    data = read_proc(f"/proc/{pid}/comm")
     return data.strip() if data is not None else "?"
 
 
 def proc_name(pid: int) -> str:
     """The command line, spaces for NULs ("?" when unreadable)."""
-    data = _read(f"/proc/{pid}/cmdline")
+    data = read_proc(f"/proc/{pid}/cmdline")
     return data.replace("\0", " ").strip() if data is not None else "?"
 
 
 def rss_bytes(pid: int) -> int | None:
     """Resident set size now, from /proc/<pid>/statm; None if unreadable."""
-    data = _read(f"/proc/{pid}/statm")
+    data = read_proc(f"/proc/{pid}/statm")
     return int(data.split()[1]) * PAGE if data else None
 
 
 def pss_bytes(pid: int) -> int | None:
     """Proportional set size (shared pages split among their users), from
     /proc/<pid>/smaps_rollup; None if unreadable."""
-    data = _read(f"/proc/{pid}/smaps_rollup")
+    data = read_proc(f"/proc/{pid}/smaps_rollup")
     if not data:
         return None
     for line in data.splitlines():
@@ -114,7 +113,7 @@ def pss_bytes(pid: int) -> int | None:
 
 def machine_cpu() -> tuple[float, float]:
     """(busy, total) CPU seconds of the whole machine, all cores, from /proc/stat."""
-    data = _read("/proc/stat")
+    data = read_proc("/proc/stat")
     if not data:
         return 0.0, 0.0
     vals = [int(x) for x in data.splitlines()[0].split()[1:]]
@@ -212,29 +211,48 @@ class TreeWindow:
     counts the CPU it had used when last sampled, never a negative delta, and
     is marked ``exited``; the tree is read again at the end, and a process
     that was not in it at the start (the worker's replacement) counts all the
-    CPU it has used (it began during the window), marked ``new``."""
+    CPU it has used (it began during the window), marked ``new``.
 
-    def __init__(self, tree: list[tuple[str, int]], clients: list[int] | None = None):
+    ``peers`` (sockets.peers_of, given where to look: None, everywhere)
+    finds the local processes serving the tree's own connections (a
+    sidecar's PostgreSQL backends), counted apart (``peers``,
+    ``peers_cpu_s``), neither the server's nor "others". They are looked for
+    everywhere when the window is made, before its point runs (that reads
+    every process's fds); when it starts and when it ends, while turns run,
+    only among the children of the processes found then (a connection
+    opened since is a new backend of the same server: all its CPU counts),
+    so the bench's event loop is not held up while it measures."""
+
+    def __init__(self, tree: list[tuple[str, int]], clients: list[int] | None = None,
+                 peers: Callable[[Collection[int] | None], list[tuple[str, int]]] | None = None):
         self.tree = tree
         self.bench = [os.getpid(), *(clients or [])]
         root_label, root = tree[0]
-        groups: dict[str, list] = {f"{root_label} loop thread": [(root, root)],
-                                   f"{root_label} other threads": [("rest", root, root)]}
+        self._groups: dict[str, list] = {f"{root_label} loop thread": [(root, root)],
+                                         f"{root_label} other threads": [("rest", root, root)]}
         for label, pid in tree[1:]:
-            groups[label] = [pid]
+            self._groups[label] = [pid]
         for i, pid in enumerate(self.bench):
-            groups[f"bench {i}"] = [pid]
+            self._groups[f"bench {i}"] = [pid]
+        self._find_peers = peers
+        self.peers: list[tuple[str, int]] = peers(None) if peers else []
+        self._servers = {ppid for _, pid in self.peers if (ppid := parent_pid(pid))}  # e.g. the postmaster
         self._seen: dict[int, float] = {}  # pid -> CPU seconds when last sampled
-        self._cpu = CpuWindow(groups, self._seen)
+        self._cpu = CpuWindow(self._groups, self._seen)
         self._rss_peak: dict[int, int] = {}
 
     def start(self) -> None:
         self._rss_peak.clear()
+        for _, pid in self.peers:
+            self._groups.pop(f"peer {pid}", None)
+        self.peers = self._peers_now()
+        for _, pid in self.peers:
+            self._groups[f"peer {pid}"] = [pid]
         self.sample()
         self._cpu.start()
 
     def sample(self) -> None:
-        for _, pid in self.tree:
+        for _, pid in [*self.tree, *self.peers]:
             rss = rss_bytes(pid)
             if rss is not None and rss > self._rss_peak.get(pid, 0):
                 self._rss_peak[pid] = rss
@@ -264,129 +282,34 @@ class TreeWindow:
                 seconds = proc_cpu_seconds(pid)
                 procs.append({**self._row(label, pid, seconds, wall), "new": True})
                 cpu[f"{label} (new)"] = cpu.get(f"{label} (new)", 0.0) + seconds
+        peers = self._peers_used(cpu, wall)
         server = sum(p["cpu_s"] for p in procs)
         return {"wall_s": usage["wall"], "processes": procs, "threads": cpu,
+                "peers": peers, "peers_cpu_s": sum(p["cpu_s"] for p in peers),
                 "server_cpu_s": server, "bench_cpu_s": sum(bench), "bench_busiest_cpu_s": max(bench),
                 "bench_processes": len(bench),
                 "others_cpu_s": usage["others"], "machine_busy_s": usage["machine_busy"],
                 "cores": usage["cores"]}
+
+    def _peers_used(self, cpu: dict[str, float], wall: float) -> list[dict]:
+        """The peers' rows (their groups taken out of ``cpu``), those new since the start included."""
+        rows: list[dict] = [{"name": name, "pid": pid, "cpu_s": cpu.pop(f"peer {pid}")} for name, pid in self.peers]
+        known = {pid for _, pid in self.peers}
+        for name, pid in self._peers_now():
+            if pid not in known:  # a connection opened during the window: a backend started in it
+                rows.append({"name": name, "pid": pid, "cpu_s": proc_cpu_seconds(pid), "new": True})
+        for row in rows:
+            row["cpu_pct"] = 100 * row["cpu_s"] / wall
+        return rows
+
+    def _peers_now(self) -> list[tuple[str, int]]:
+        """The peers now, looked for among the children of the servers of those found at first."""
+        if not self._find_peers or not self._servers:
+            return []
+        return self._find_peers([pid for server in self._servers for pid in children_of(server)])
 
     def _row(self, label: str, pid: int, seconds: float, wall: float) -> dict:
         rss = rss_bytes(pid)
         return {"name": label, "pid": pid, "cpu_s": seconds, "cpu_pct": 100 * seconds / wall,
                 "rss_mb": None if rss is None else rss / 2**20,
                 "rss_peak_mb": self._rss_peak.get(pid, 0) / 2**20 or None}
-
-
-# -- which local process listens on a target -------------------------------------------
-
-def listening_pid(target: str) -> int | None:
-    """The pid of the local process listening on a gRPC target
-    (``unix:PATH``, ``unix:///PATH``, ``HOST:PORT`` on a local address), the
-    topmost one when a process and its children share the socket; None when
-    the listener is remote, another user's, or not found."""
-    inodes = _listening_inodes(target)
-    if not inodes:
-        return None
-    holders = _socket_holders(inodes)
-    top = [pid for pid in holders if parent_pid(pid) not in holders]
-    return min(top) if top else None
-
-
-def pid_problem(pid: int, target: str) -> str | None:
-    """Why ``pid`` is not the sidecar at ``target`` (None: it is, or /proc
-    cannot tell). It is when it holds the target's listening socket, or is
-    the parent of the process that does and runs agent-sidecar (a wrapper:
-    tini, a shell, prlimit); when the listener is not found here (another
-    user's, or another host's), when its command line is agent-sidecar's.
-    Not any ancestor: pid 1 has every process below it."""
-    if not exists(pid):
-        return None  # the run says so (run._Run.setup)
-    name = proc_name(pid)
-    runs_sidecar = "agent-sidecar" in name or "agent_sidecar" in name
-    inodes = _listening_inodes(target)
-    holders = _socket_holders(inodes) if inodes else set()
-    if pid in holders or (runs_sidecar and any(parent_pid(h) == pid for h in holders)):
-        return None
-    if not holders and runs_sidecar:
-        return None
-    what = f"process {pid} ({name[:60] or proc_comm(pid)})"
-    if holders:
-        return f"{what} does not listen on {target} (process {min(holders)} does)"
-    return f"{what} is not an agent-sidecar process"
-
-
-def unix_path(target: str) -> str | None:
-    """The absolute socket path of a ``unix:PATH`` target (client.target_address's form), else None."""
-    return os.path.abspath(target[len("unix:"):]) if target.startswith("unix:") else None
-
-
-def _listening_inodes(target: str) -> set[str]:
-    """The inodes of the sockets listening where ``target`` connects, read
-    as the client reads it (its target_address: a bare socket path is
-    ``unix:``, ``tcp:`` and ``dns:[//AUTHORITY/]`` forms are HOST:PORT);
-    read any other way, those were "not on this host", and a local sidecar
-    got no CPU figures."""
-    from agent_sidecar_client import target_address
-    target = target_address(target)
-    path = unix_path(target)
-    if path is not None:
-        data = _read("/proc/net/unix") or ""
-        found = set()
-        for line in data.splitlines()[1:]:
-            parts = line.split()
-            # the path as bound: `unix:///p` binds "///p", which is /p
-            if len(parts) >= 8 and os.path.normpath(parts[7]) == path and int(parts[3], 16) & _SO_ACCEPTCON:
-                found.add(parts[6])
-        return found
-    host, _, port = target.rpartition(":")
-    host = host.strip("[]")
-    if not port.isdigit() or not _is_local(host):
-        return set()
-    found = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in (_read(table) or "").splitlines()[1:]:
-            parts = line.split()
-            if len(parts) > 9 and parts[3] == _LISTENING_TCP and int(parts[1].rsplit(":", 1)[1], 16) == int(port):
-                found.add(parts[9])
-    return found
-
-
-def _is_local(host: str) -> bool:
-    """Whether ``host`` is this machine: a loopback or wildcard name, or an
-    address this host can bind (any of its own, not only the one its name
-    resolves to: a target at the host's LAN address is local too)."""
-    if host in ("", "localhost", "0.0.0.0", "::", "::1") or host.startswith("127."):
-        return True
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError):
-        return False
-    for family, _, _, _, address in infos:
-        try:
-            with socket.socket(family, socket.SOCK_STREAM) as probe:
-                probe.bind((address[0], 0, *address[2:]))  # port 0: nothing is taken from anyone
-            return True
-        except OSError:  # EADDRNOTAVAIL: another host's address
-            continue
-    return False
-
-
-def _socket_holders(inodes: set[str]) -> set[int]:
-    wanted = {f"socket:[{i}]" for i in inodes}
-    holders = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fds = os.listdir(f"/proc/{entry}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(f"/proc/{entry}/fd/{fd}") in wanted:
-                    holders.add(int(entry))
-                    break
-            except OSError:
-                continue
-    return holders

@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import load, procs, report, sessions
+from . import load, procs, report, sessions, sockets
 from .bare_process import BareProcess, bare_timing
 from .fleet import Fleet, deal
 from .target import BenchError, ClientLost, Target, TargetLost, check_answers, connect
@@ -204,7 +204,7 @@ class _Run:
         for target in opts.targets:
             self.mains.append(await connect(target))
         if len(opts.targets) == 1:  # CPU and memory: one sidecar's tree
-            self.pid = opts.pid or procs.listening_pid(opts.target.address)
+            self.pid = opts.pid or sockets.listening_pid(opts.target.address)
             self.tree = procs.process_tree(self.pid, "sidecar") if self.pid else None
             self.idle = procs.memory_snapshot(self.tree) if self.tree else None
         n = opts.session_count
@@ -326,7 +326,7 @@ class _Run:
             tree = server.tree
             if tree:  # re-read per point: a crashed worker's replacement is a new pid
                 tree = procs.process_tree(tree[0][1], tree[0][0])
-            window = procs.TreeWindow(tree, server.bench_pids) if tree else None
+            window = procs.TreeWindow(tree, server.bench_pids, _peers_of(tree, server.bench_pids)) if tree else None
             result = await server.run_point(_spec(self.opts, level, self.ramp[0]),
                                             functools.partial(self.status, label), window)
             if server.name == "sidecar" and (result["totals"]["failed"] or result["totals"]["refused"]):
@@ -384,6 +384,15 @@ class _Server:
     run_point: Callable[..., Awaitable[dict]]
     tree: list[tuple[str, int]] | None
     bench_pids: list[int] = field(default_factory=list)
+
+
+def _peers_of(tree: list[tuple[str, int]], bench: list[int]) -> Callable[..., list[tuple[str, int]]]:
+    """What finds the processes serving ``tree``'s own connections (its
+    PostgreSQL backends), none of the bench's, given where to look
+    (sockets.peers_of's ``among``)."""
+    import os
+    pids, exclude = [pid for _, pid in tree], {os.getpid(), *bench}
+    return lambda among: sockets.peers_of(pids, exclude, among)
 
 
 def _brief(result: dict) -> str:

@@ -156,6 +156,10 @@ def error_lines(doc: dict) -> list[str]:
 
 
 def cpu_table(doc: dict) -> str | None:
+    """CPU and memory per point; with a column for the processes serving
+    the server's own connections (its PostgreSQL backends: bench/sockets.py)
+    when any point found some, named after them."""
+    peers = _peer_names(doc)
     rows = []
     for p in doc["points"]:
         u = p.get("procs")
@@ -166,15 +170,25 @@ def cpu_table(doc: dict) -> str | None:
         rss = sum(x["rss_mb"] or 0 for x in u["processes"])
         rows.append([*_lead(doc, p), 100 * u["server_cpu_s"] / wall,
                      p.get("server_cpu_us_per_delta"), p.get("server_cpu_us_per_word"), parts, rss,
+                     *([100 * u.get("peers_cpu_s", 0.0) / wall] if peers else []),
                      100 * u["bench_cpu_s"] / wall,
                      100 * u["others_cpu_s"] / wall])
     if not rows:
         return None
     cores = doc["machine"]["cpus"]
-    return table([*_lead_headers(doc), "CPU %", "µs/delta", "µs/word", "CPU % by process", "RSS MB", "bench %",
-                  "others %"],
+    served = f"; {peers} = the processes serving the server's own connections, in no other column" if peers else ""
+    return table([*_lead_headers(doc), "CPU %", "µs/delta", "µs/word", "CPU % by process", "RSS MB",
+                  *([f"{peers} %"] if peers else []), "bench %", "others %"],
                  rows, title=f"CPU and memory on this host during each measure window "
-                             f"(100% = one core of {cores}; bench = {_bench_is(doc)})")
+                             f"(100% = one core of {cores}; bench = {_bench_is(doc)}{served})")
+
+
+def _peer_names(doc: dict) -> str | None:
+    """The names of the peer processes any point found (``postgres``), or None."""
+    names = sorted({x["name"] for p in doc["points"] for x in (p.get("procs") or {}).get("peers", ())})
+    if not names:
+        return None
+    return "+".join(names) if len(names) <= 2 else "peers"
 
 
 def _bench_is(doc: dict) -> str:

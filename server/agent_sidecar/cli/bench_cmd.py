@@ -281,7 +281,7 @@ def run(args) -> int:
     except ValueError as e:
         args._parser.error(str(e))
     if opts.pid is not None:
-        from ..bench.procs import pid_problem
+        from ..bench.sockets import pid_problem
         problem = pid_problem(opts.pid, opts.target.address)
         if problem:  # its CPU and memory would be reported as the sidecar's
             print(f"agent-sidecar bench: --pid {opts.pid}: {problem}", file=sys.stderr)
