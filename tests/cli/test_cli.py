@@ -182,6 +182,9 @@ def test_sessions_list_limit_past_int32_is_capped_by_the_sidecar(sidecar):
     (("status", "--target", "unix:/x.sock", "--timeout", "inf"),
      "argument --timeout: 'inf' must be a finite number > 0"),
     (("status", "--target", "unix:/x.sock", "--timeout", "soon"), "argument --timeout: 'soon' is not a number"),
+    # past what gRPC can count as a deadline: it failed at once, DEADLINE_EXCEEDED, as a sidecar that did not answer
+    (("health", "--target", "unix:/x.sock", "--timeout", "1e10"), "argument --timeout: '1e10' must be > 0 and <= 6048"),
+    (("status", "--target", "unix:/x.sock", "--timeout", "1e300"), "argument --timeout: '1e300' must be > 0 and <= 60"),
     (("sessions", "--target", "unix:/x.sock", "show", "k\udcff"), "argument key: not valid UTF-8"),
     (("health", "--target", "unix:/tmp/\udcff"), "argument --target: not valid UTF-8"),
     (("health", "--target", "127.0.0.1:99999"), "argument --target: '127.0.0.1:99999': expected unix:PATH or"),
@@ -192,7 +195,8 @@ def test_sessions_list_limit_past_int32_is_capped_by_the_sidecar(sidecar):
     (("status", "--target", "unix:/x.sock", "--token", "sécret"), "argument --token: a bearer token is printable"),
 ])
 def test_an_argument_the_option_cannot_mean_is_refused_with_its_name(args, error):
-    """Before, NaN or 0 became a deadline and came back as DEADLINE_EXCEEDED; bytes that are not
+    """Before, NaN, 0 or 1e10 (past what a gRPC deadline can count) became a deadline and came back
+    as DEADLINE_EXCEEDED; bytes that are not
     UTF-8 (Python keeps them as surrogates) were tracebacks from the encoder; a token gRPC
     metadata cannot carry was INTERNAL "Invalid metadata". A token is never echoed."""
     r = run(*args)

@@ -12,7 +12,7 @@ import os
 import sys
 
 from .. import __version__
-from .argtypes import non_negative, positive, utf8
+from .argtypes import MAX_SECONDS, non_negative, positive, utf8
 from .connection import add_target_arguments, quiet_grpc_core  # no grpc: it comes in when a command runs
 
 
@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     h = sub.add_parser("health", help="ask a running sidecar's health service (exit 0 when SERVING)")
     add_target_arguments(h)
     h.add_argument("--service", default="", help="the service name to ask about (default: the server)")
-    h.add_argument("--timeout", type=positive(float), default=3.0, help="seconds to wait for the answer (default 3)")
+    h.add_argument("--timeout", type=positive(float, MAX_SECONDS), default=3.0,
+                   help="seconds to wait for the answer (default 3)")
     h.add_argument("--live", action="store_true",
                    help="exit 0 for any answer, NOT_SERVING too (a liveness probe: the process answers)")
     h.set_defaults(func=_health)
@@ -103,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="what a running sidecar is doing: workers, turns, queues, store")
     add_target_arguments(st)  # over TCP: an admin token
     st.add_argument("--json", action="store_true", help="one JSON object instead of the table")
-    st.add_argument("--timeout", type=positive(float), default=5.0, help="seconds to wait for the answer (default 5)")
+    st.add_argument("--timeout", type=positive(float, MAX_SECONDS), default=5.0,
+                    help="seconds to wait for the answer (default 5)")
     st.set_defaults(func=_status)
 
     from .config_cmd import add_arguments as add_config  # its imports: config, no grpc
