@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from ..tls import ClientMaterial, target_is_local
-from .argtypes import target, token
+from .argtypes import target, token, utf8
 
 DEFAULT_TARGET = "unix:./data/sidecar.sock"
 
@@ -42,7 +42,7 @@ def add_target_arguments(parser: Any, default: str = DEFAULT_TARGET, target_help
     parser.add_argument("--cert", dest="cert_file", default=None, metavar="FILE",
                         help="PEM client certificate, for a listener that requires one (mTLS; with --key)")
     parser.add_argument("--key", dest="key_file", default=None, metavar="FILE", help="PEM private key of --cert")
-    parser.add_argument("--server-name", "--tls-server-name", dest="server_name", default=None,
+    parser.add_argument("--server-name", "--tls-server-name", dest="server_name", type=utf8, default=None,
                         help="the name to expect in the target's certificate (default: the target's host)")
     parser.add_argument("--insecure", action="store_true",
                         help="allow --token over plain TCP to a host that is not loopback (cleartext)")

@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     h = sub.add_parser("health", help="ask a running sidecar's health service (exit 0 when SERVING)")
     add_target_arguments(h)
-    h.add_argument("--service", default="", help="the service name to ask about (default: the server)")
+    h.add_argument("--service", type=utf8, default="", help="the service name to ask about (default: the server)")
     h.add_argument("--timeout", type=positive(float, MAX_SECONDS), default=3.0,
                    help="seconds to wait for the answer (default 3)")
     h.add_argument("--live", action="store_true",
