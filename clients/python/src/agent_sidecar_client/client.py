@@ -29,6 +29,7 @@ from agent_sidecar_client._args import (
     check_resume_point,
     check_text,
 )
+from agent_sidecar_client._connect import connect_failure
 from agent_sidecar_client._frames import CursorFilter, SeqFilter
 from agent_sidecar_client._proto import prompt_service_pb2 as prompt_pb
 from agent_sidecar_client._proto import prompt_service_pb2_grpc as prompt_grpc
@@ -137,10 +138,13 @@ class SidecarClient(SessionCalls):
         return self.channel
 
     async def wait_ready(self, timeout: float = 10.0) -> None:
-        """Wait until the channel is connected (raises SidecarError UNAVAILABLE).
-        A cancellation of the caller always propagates (``asyncio.timeout``:
-        Python 3.11's ``wait_for`` drops one that lands as the channel turns
-        ready)."""
+        """Wait until the channel is connected, else raise SidecarError
+        UNAVAILABLE saying why, in gRPC's words: the last connection attempt's
+        failure (no such socket, connection refused, a certificate that failed
+        verification...; it is also the error's ``__cause__``), fetched by one
+        health check that takes at most half a second more. A cancellation
+        of the caller always propagates (``asyncio.timeout``: Python 3.11's
+        ``wait_for`` drops one that lands as the channel turns ready)."""
         if not (timeout >= 0 and math.isfinite(timeout)):  # NaN fails both
             raise ValueError(f"timeout: {timeout!r} is no wait; seconds >= 0")
         if self._closed:
@@ -149,8 +153,14 @@ class SidecarClient(SessionCalls):
             async with asyncio.timeout(timeout):
                 await self.channel.channel_ready()
         except TimeoutError:
-            raise errors.SidecarError(grpc.StatusCode.UNAVAILABLE, "",
-                                      f"no sidecar reachable at {self.target} within {timeout:g}s") from None
+            pass
+        else:
+            return
+        failure = await connect_failure(self.channel)
+        message = f"no sidecar reachable at {self.target} within {timeout:g}s"
+        if failure is not None:
+            message += f": {errors.from_rpc_error(failure).message}"
+        raise errors.SidecarError(grpc.StatusCode.UNAVAILABLE, "", message) from failure
 
     @property
     def closed(self) -> bool:
@@ -318,7 +328,8 @@ async def connect(target: str = DEFAULT_TARGET, token: str | None = None, *, wai
 
     ``token`` is sent as ``authorization: Bearer <token>`` metadata on every
     call. With ``wait_ready`` the call fails fast (SidecarError,
-    UNAVAILABLE) when nothing answers within ``timeout`` seconds.
+    UNAVAILABLE) when nothing answers within ``timeout`` seconds, saying why
+    (gRPC's reason for the last failed connection attempt).
     ``call_timeout`` is the deadline of each unary call (default 30 s; None
     for none); the idempotent reads are retried on UNAVAILABLE within it.
 
