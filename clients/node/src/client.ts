@@ -16,6 +16,7 @@ import {
   checkCleartext,
   checkTarget,
   checkToken,
+  connectFailure,
   openChannel,
   timeoutMsOf,
   type InFlight,
@@ -133,8 +134,11 @@ export class SidecarClient {
    * `timeoutMs` (>= 0; `Infinity` waits without limit, and so does anything
    * above setTimeout's ~24.8 days), with a SidecarError UNAVAILABLE without a
    * reason, as every failure of the client is typed (the closed error once
-   * {@link close} was called). Calls do not need it; it only turns "not up
-   * yet" into a clear wait.
+   * {@link close} was called), saying why: the last connection attempt's
+   * failure as grpc-js gives it (no such socket, connection refused, a
+   * certificate that failed verification...; the grpc-js error is its
+   * `cause`), fetched by one health check of at most half a second more.
+   * Calls do not need it; it only turns "not up yet" into a clear wait.
    */
   ready(timeoutMs = 10_000): Promise<void> {
     if (typeof timeoutMs !== "number") {
@@ -148,11 +152,15 @@ export class SidecarClient {
       this.raw.sessions.waitForReady(deadline, (err) => {
         if (!err) return resolve();
         if (this.shut) return reject(closedError());
-        reject(new SidecarError({
-          code: GrpcCode.UNAVAILABLE,
-          reason: "",
-          message: `sidecar at ${this.target} not ready within ${timeoutMs} ms: ${err.message}`,
-        }));
+        void connectFailure(this.raw.sessions).then((failure) => {
+          if (this.shut) return reject(closedError());
+          reject(new SidecarError({
+            code: GrpcCode.UNAVAILABLE,
+            reason: "",
+            message: `sidecar at ${this.target} not ready within ${timeoutMs} ms: ${failure?.details ?? err.message}`,
+            cause: failure,
+          }));
+        });
       }),
     );
   }

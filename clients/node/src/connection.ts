@@ -4,7 +4,9 @@
  */
 import {
   Channel,
+  type Client,
   credentials as grpcCredentials,
+  status as GrpcStatus,
   InterceptingCall,
   type CallOptions,
   type ChannelCredentials,
@@ -360,5 +362,27 @@ export function unary<Req, Res>(
       live?.delete(entry);
       throw err;
     }
+  });
+}
+
+/** How long {@link connectFailure}'s call may take: a channel in TRANSIENT_FAILURE answers at once. */
+const PROBE_MS = 500;
+
+/**
+ * Why `client`'s channel is not connected, in grpc-js's words: the error of a
+ * call that does not wait for the channel (the standard health check, served
+ * without a token), which carries the last connection attempt's failure
+ * ("connect ENOENT /x.sock", "ECONNREFUSED", "unable to verify the first
+ * certificate"...). `waitForReady` only says "Failed to connect before the
+ * deadline" whatever the cause. Undefined when the call got through or gave
+ * no reason within PROBE_MS (a channel still connecting).
+ */
+export function connectFailure(client: Client): Promise<ServiceError | undefined> {
+  const bytes = (b: Buffer) => b;
+  return new Promise((resolve) => {
+    client.makeUnaryRequest("/grpc.health.v1.Health/Check", bytes, bytes, Buffer.alloc(0), new GrpcMetadata(),
+      { deadline: Date.now() + PROBE_MS }, (err) => {
+        resolve(err && err.code === GrpcStatus.UNAVAILABLE && err.details ? err : undefined);
+      });
   });
 }
