@@ -107,7 +107,11 @@ func WithLazyConnect() Option { return func(o *options) { o.lazy = true } }
 // "tcp:host:port" (or "tcp://host:port") or "dns:///host:port". Any other
 // target (no port, another scheme, no socket path, an out-of-range port, a
 // malformed host) fails at once with ErrInvalidTarget. Unless WithLazyConnect is given it waits until the
-// connection is ready or ctx ends, so pass a context with a timeout.
+// connection is ready or ctx ends, so pass a context with a timeout. An error
+// for a connection not ready wraps ctx.Err() and, when grpc-go knows it, the
+// last connection attempt's failure as an *Error (Unavailable: no such
+// socket, connection refused, a certificate that failed verification...),
+// fetched by one health check of at most half a second more.
 func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 	o := options{resumeWindow: 30 * time.Second, idleTimeout: 45 * time.Second,
 		keepalive: keepalive.ClientParameters{Time: 20 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}}
@@ -178,7 +182,11 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 			return c, nil
 		}
 		if !conn.WaitForStateChange(ctx, s) {
+			why := connectFailure(conn) // say why, not only "not ready"
 			conn.Close()
+			if why != nil {
+				return nil, fmt.Errorf("sidecar: dial %s: not ready (%s): %w: %w", target, s, ctx.Err(), why)
+			}
 			return nil, fmt.Errorf("sidecar: dial %s: not ready (%s): %w", target, s, ctx.Err())
 		}
 	}
