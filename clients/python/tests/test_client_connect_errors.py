@@ -15,7 +15,7 @@ import agent_sidecar_client as asc
 
 pytest.importorskip("agent_sidecar")
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
-from helpers.certs import make_certs  # noqa: E402
+from helpers.certs import _CLIENT_EXT, _make, make_certs  # noqa: E402
 from sidecar_proc import Sidecar, free_port  # noqa: E402
 
 
@@ -54,3 +54,32 @@ def test_a_certificate_that_fails_verification_says_so(tmp_path):
     finally:
         sc.stop()
     assert error.code == grpc.StatusCode.UNAVAILABLE and "CERTIFICATE_VERIFY_FAILED" in str(error), error
+
+
+def test_an_mtls_listener_refusing_the_client_names_the_client_certificate(tmp_path):
+    """An mTLS listener turning a client away shows through gRPC only as
+    "Socket closed" at setup; the error says an mTLS listener refuses the TLS
+    handshake so and wants a client certificate of its CA, without one and
+    with one of another CA alike, from connect() and from a first call."""
+    certs = make_certs(tmp_path / "certs")
+    port = free_port()
+    config = (f'[[auth.tokens]]\ntoken = "tok"\nplatforms = ["*"]\n\n[[listen]]\naddress = "127.0.0.1:{port}"\n'
+              f'cert = "{certs.server_cert}"\nkey = "{certs.server_key}"\nclient_ca = "{certs.ca}"\n')
+    sc = Sidecar(tmp_path / "data", config=config, workers=1).start()
+    target = f"127.0.0.1:{port}"
+    # A client certificate of another CA than the listener's client_ca.
+    stranger = _make(certs.dir, "stranger", "stranger", _CLIENT_EXT, (certs.other_ca, certs.dir / "other-ca.key"))
+    try:
+        async def first_call(**tls) -> asc.SidecarError:
+            async with await asc.connect(target, "tok", ca_file=certs.ca, wait_ready=False, **tls) as client:
+                with pytest.raises(asc.SidecarError) as info:
+                    await client.get_or_create_session({"platform": "p", "chat_id": "c"})
+                return info.value
+
+        errors = [connect_error(target, "tok", ca_file=certs.ca), asyncio.run(asyncio.wait_for(first_call(), 20)),
+                  asyncio.run(asyncio.wait_for(first_call(cert_file=stranger[0], key_file=stranger[1]), 20))]
+    finally:
+        sc.stop()
+    for error in errors:
+        assert error.code == grpc.StatusCode.UNAVAILABLE and error.reason == "", error
+        assert "refuses the TLS handshake" in str(error) and "client certificate" in str(error), error

@@ -23,6 +23,8 @@ import grpc
 from google.protobuf import any_pb2, message
 from google.rpc import error_details_pb2, status_pb2
 
+from agent_sidecar_client._connect import explain
+
 DOMAIN = "agent-sidecar"
 _DETAILS_KEY = "grpc-status-details-bin"
 
@@ -341,7 +343,7 @@ def make_error(code: grpc.StatusCode, reason: str | None, message: str, **extra:
 def from_rpc_error(error: grpc.RpcError) -> SidecarError:
     """Convert a grpc error (sync or aio) into the typed error it carries."""
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
-    details = (error.details() if hasattr(error, "details") else None) or ""
+    details = explain((error.details() if hasattr(error, "details") else None) or "")
     trailers = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
     status = status_from_trailers(trailers)
     if status is not None:

@@ -39,6 +39,7 @@ import grpc
 
 from agent_sidecar_client import errors
 from agent_sidecar_client._args import check_text
+from agent_sidecar_client._connect import CLOSED_AT_SETUP_HINT
 from agent_sidecar_client._proto import tool_service_pb2 as tool_pb
 from agent_sidecar_client._stream import RESUMABLE_CODES, task_cancelling
 
@@ -322,11 +323,12 @@ async def _in_thread(func: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
 def _is_tls_failure(error: errors.SidecarError) -> bool:
     """A TLS handshake or certificate failure (a CA that did not sign the
     sidecar's certificate, TLS to a plain port): UNAVAILABLE like a refused
-    connection, told apart by gRPC's text, as the Go and Node hosts do. (An
-    mTLS listener refusing a client without a certificate only shows as a
-    closed socket.)"""
+    connection, told apart by gRPC's text, as the Go and Node hosts do. Not a
+    connection closed at setup (``_connect.explain``): an mTLS listener
+    refusing the client looks so, but so does a proxy whose sidecar is down,
+    which a wait mends; each attempt's error names the client certificate."""
     return (error.reason == "" and error.code == grpc.StatusCode.UNAVAILABLE
-            and _TLS_FAILURE.search(error.message) is not None)
+            and _TLS_FAILURE.search(error.message) is not None and CLOSED_AT_SETUP_HINT not in error.message)
 
 
 class _InvocationTimeout(Exception):
