@@ -24,7 +24,7 @@ import {
   unary,
   type UnaryMethod,
 } from "./connection";
-import { SidecarError } from "./errors";
+import { fromGrpcError, SidecarError } from "./errors";
 import { toMessages } from "./messages";
 import type { Message, Session, Usage } from "./gen/agent_sidecar/v1/common";
 import * as pv from "./gen/agent_sidecar/v1/prompt_service";
@@ -157,7 +157,7 @@ export class SidecarClient {
           reject(new SidecarError({
             code: GrpcCode.UNAVAILABLE,
             reason: "",
-            message: `sidecar at ${this.target} not ready within ${timeoutMs} ms: ${failure?.details ?? err.message}`,
+            message: `sidecar at ${this.target} not ready within ${timeoutMs} ms: ${failure ? fromGrpcError(failure).message : err.message}`,
             cause: failure,
           }));
         });

@@ -272,7 +272,7 @@ export function fromGrpcError(err: unknown): SidecarError {
     const message = err instanceof Error ? err.message : String(err);
     return new SidecarError({ code: GrpcCode.UNKNOWN, reason: "", message, cause: err });
   }
-  const message = err.details || err.message;
+  const message = explainConnectFailure(err.details || err.message);
   const raw = err.metadata instanceof Metadata ? err.metadata.get(STATUS_DETAILS_KEY) : [];
   const bin = raw.find((v): v is Buffer => Buffer.isBuffer(v));
   if (!bin) return makeSidecarError({ code: err.code, reason: "", message, cause: err });
@@ -292,6 +292,29 @@ export function fromGrpcError(err: unknown): SidecarError {
     fieldViolations: st.fieldViolations,
     cause: err,
   });
+}
+
+/**
+ * grpc-js's text for a connection closed as it was being set up, after TCP
+ * (and TLS) but before HTTP/2 began: it says no more than this.
+ */
+const CLOSED_AT_SETUP = /Last error: Failed to connect \(\d{4}-\d\d-\d\dT[\d:.]+Z\)/;
+export const CLOSED_AT_SETUP_HINT =
+  "; the connection was closed as it was set up: so an mTLS listener (one with a client_ca) refuses the TLS " +
+  "handshake of a client without a client certificate its client_ca signed (give certFile and keyFile), a TLS " +
+  "listener one without TLS (tls: true or caFile), and a proxy one it cannot forward (its sidecar is down)";
+
+/**
+ * `message` with the likely causes of a connection closed at setup spelt out.
+ * That is all an mTLS listener turning a client away (no client certificate,
+ * or one of another CA) shows through grpc-js, whose TLS 1.3 handshake is over
+ * on the client's side when the listener refuses it, and all a TLS listener
+ * reached without TLS shows. A proxy in front of a sidecar that is down
+ * (Docker's port forwarding, say) does the same, so it is no proof of a TLS
+ * failure: a ToolHost retries it.
+ */
+export function explainConnectFailure(message: string): string {
+  return CLOSED_AT_SETUP.test(message) && !message.includes(CLOSED_AT_SETUP_HINT) ? message + CLOSED_AT_SETUP_HINT : message;
 }
 
 /** The typed error for a `failed` frame (its reason picks the class and code). */

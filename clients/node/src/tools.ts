@@ -10,7 +10,7 @@
 import { status as GrpcCode, type ClientDuplexStream } from "@grpc/grpc-js";
 import { closedError, type SidecarClient } from "./client";
 import { typeOf } from "./connection";
-import { fromGrpcError, isSerializationError, SidecarError } from "./errors";
+import { CLOSED_AT_SETUP_HINT, fromGrpcError, isSerializationError, SidecarError } from "./errors";
 import { checkTexts, required, requireTexts, toValidText } from "./text";
 import {
   ServeToolsRequest,
@@ -74,12 +74,14 @@ export const RETRY_LOG_EVERY = 12;
 
 /**
  * A TLS handshake or certificate failure (a CA that did not sign the sidecar's
- * certificate, no client certificate for an mTLS listener, TLS to a plain
- * port): UNAVAILABLE like a refused connection, told apart by grpc-js's text
- * (it keeps OpenSSL's). No wait mends it: the host stops with it.
+ * certificate, TLS to a plain port): UNAVAILABLE like a refused connection,
+ * told apart by grpc-js's text (it keeps OpenSSL's). No wait mends it: the
+ * host stops with it. Not a connection closed at setup: an mTLS listener
+ * refusing the client looks so, but so does a proxy whose sidecar is down,
+ * which a wait mends (each attempt's error names the client certificate).
  */
 export function isTlsFailure(e: SidecarError): boolean {
-  if (e.reason !== "" || e.code !== GrpcCode.UNAVAILABLE) return false;
+  if (e.reason !== "" || e.code !== GrpcCode.UNAVAILABLE || e.message.includes(CLOSED_AT_SETUP_HINT)) return false;
   return /certificate|SSL routines|\bssl\b|\btls\b|handshake|self[- ]signed|unable to verify|alert/i.test(e.message);
 }
 
@@ -163,7 +165,7 @@ export class ToolHost {
    * sidecar is out of reach (not up yet) it waits and retries with backoff, as
    * the Python and Go hosts do; it rejects with the typed error when the sidecar
    * refuses the registration (an error with a reason) or on a TLS failure (a
-   * wrong CA, a missing client certificate: {@link isTlsFailure}). Each failed
+   * wrong CA: {@link isTlsFailure}). Each failed
    * attempt goes to `onRetry` (default: a warning, the 1st and every 12th). Later, if
    * the stream drops (a sidecar restart), the host re-opens it and registers
    * again with backoff, unless `reconnect: false`. After {@link close} it opens
