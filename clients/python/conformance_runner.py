@@ -357,11 +357,12 @@ class Runner:
         async with await asc.connect(target, self.args.token, wait_ready=False, **tls) as client:
             return (await client.get_or_create_session(source)).session_id
 
-    async def _refused(self, target: str, source: dict, code: str, **tls) -> None:
+    async def _refused(self, target: str, source: dict, code: str, matches: str = "", **tls) -> None:
         try:
             await self._tls_session(target, source, **tls)
         except asc.SidecarError as err:
             check(err.code.name == code, f"refused with {err.code.name}, not {code}: {err}")
+            check(re.search(matches, str(err), re.IGNORECASE) is not None, f"error does not match {matches!r}: {err}")
             return
         raise Failure(f"{target} accepted a client with {sorted(tls)}")
 
@@ -377,7 +378,23 @@ class Runner:
                                            cert_file=self.args.client_cert, key_file=self.args.client_key)
         check(via_mtls == via_unix.session_id, f"unix {via_unix.session_id} vs mtls {via_mtls}")
         await self._refused(self.args.mtls, s["source"], s["expect"]["without_client_cert_code"],
-                            ca_file=self.args.ca)
+                            s["expect"].get("without_client_cert_matches", ""), ca_file=self.args.ca)
+
+    async def connect_failure_reason(self, s: dict) -> None:
+        """connect() waits within_ms for the connection; its error says why there is none."""
+        expect, nobody = s["expect"], self.args.unix.rsplit("/", 1)[0] + "/nobody.sock"
+        cases = ((nobody, {}, expect["missing_socket_matches"]),
+                 (self.args.tls, {"ca_file": self.args.wrong_ca}, expect["wrong_ca_matches"]),
+                 (self.args.mtls, {"ca_file": self.args.ca}, expect["without_client_cert_matches"]))
+        for target, tls, pattern in cases:
+            try:
+                client = await asc.connect(target, self.args.token, timeout=s["within_ms"] / 1000, **tls)
+            except asc.SidecarError as err:
+                check(re.search(pattern, str(err), re.IGNORECASE) is not None,
+                      f"{target}: error does not match {pattern!r}: {err}")
+                continue
+            await client.close()
+            raise Failure(f"{target} connected with {sorted(tls)}")
 
     # -- driver -----------------------------------------------------------
 
@@ -408,7 +425,8 @@ class Runner:
 SCENARIOS = {name: getattr(Runner, name) for name in (
     "get_or_create_idempotent", "echo_prompt", "duplicate_request_id", "reject_if_busy", "queue_order",
     "stream_resume", "stream_stall", "prompt_outage", "watch_after_terminal", "tool_call", "tool_host_outage",
-    "client_deadline", "target_forms", "tool_scope_violation", "unix_and_tcp", "tls_custom_ca", "mtls_client_cert")}
+    "client_deadline", "target_forms", "tool_scope_violation", "unix_and_tcp", "tls_custom_ca", "mtls_client_cert",
+    "connect_failure_reason")}
 
 
 def main() -> int:

@@ -73,8 +73,12 @@ async function tlsSession(target: string, sc: Scenario, ctx: Ctx, opts: ConnectO
   }
 }
 
-/** A TLS listener refuses these connect options: the call fails with `code` (a name). */
-async function tlsRefused(target: string, sc: Scenario, ctx: Ctx, opts: ConnectOptions, code: string): Promise<void> {
+/**
+ * A TLS listener refuses these connect options: the call fails with `code` (a
+ * name), its text matching `matches` (a regular expression, case-insensitive).
+ */
+async function tlsRefused(target: string, sc: Scenario, ctx: Ctx, opts: ConnectOptions, code: string,
+  matches = ""): Promise<void> {
   let error: unknown;
   try {
     await tlsSession(target, sc, ctx, opts);
@@ -83,6 +87,23 @@ async function tlsRefused(target: string, sc: Scenario, ctx: Ctx, opts: ConnectO
   }
   check(error instanceof SidecarError, `${target} accepted a client with ${Object.keys(opts).join(", ")}`);
   check(error.codeName === code, `refused with ${error.codeName}, not ${code}: ${error.message}`);
+  check(new RegExp(matches, "i").test(error.message), `error does not match /${matches}/i: ${error.message}`);
+}
+
+/** `ready(withinMs)` fails for `target`, its text matching `matches` (case-insensitive). */
+async function readyRefused(target: string, ctx: Ctx, opts: ConnectOptions, withinMs: number,
+  matches: string): Promise<void> {
+  const c = connect(target, { token: ctx.token, ...opts });
+  try {
+    await c.ready(withinMs);
+  } catch (err) {
+    check(err instanceof SidecarError, `${target}: not a SidecarError: ${err}`);
+    check(new RegExp(matches, "i").test(err.message), `${target}: error does not match /${matches}/i: ${err.message}`);
+    return;
+  } finally {
+    c.close();
+  }
+  check(false, `${target} was ready with ${Object.keys(opts).join(", ")}`);
 }
 
 /** Match kinds against a pattern like ["accepted", "text_delta+", "usage?", "x*"]. */
@@ -499,6 +520,15 @@ export const HANDLERS: Record<string, Handler> = {
       keyFile: ctx.tls.clientKey,
     });
     check(viaMtls === viaUnix.sessionId, `session ids differ: ${viaUnix.sessionId} vs ${viaMtls}`);
-    await tlsRefused(ctx.tls.mtls, sc, ctx, { caFile: ctx.tls.ca }, sc.expect.without_client_cert_code);
+    await tlsRefused(ctx.tls.mtls, sc, ctx, { caFile: ctx.tls.ca }, sc.expect.without_client_cert_code,
+      sc.expect.without_client_cert_matches ?? "");
+  },
+
+  async connect_failure_reason(sc, ctx) {
+    check(ctx.tls, "scenario needs --tls and --mtls");
+    const nobody = ctx.unixTarget.replace(/[^/]*$/, "nobody.sock");
+    await readyRefused(nobody, ctx, {}, sc.within_ms, sc.expect.missing_socket_matches);
+    await readyRefused(ctx.tls.tls, ctx, { caFile: ctx.tls.wrongCa }, sc.within_ms, sc.expect.wrong_ca_matches);
+    await readyRefused(ctx.tls.mtls, ctx, { caFile: ctx.tls.ca }, sc.within_ms, sc.expect.without_client_cert_matches);
   },
 };

@@ -66,10 +66,14 @@ type expect struct {
 	TCPWithoutTokenReason string   `json:"tcp_without_token_reason"`
 	WrongCACode           string   `json:"wrong_ca_code"`
 	WithoutClientCertCode string   `json:"without_client_cert_code"`
-	AtTerminalKinds       []string `json:"at_terminal_kinds"`
-	BeforeTerminalKinds   []string `json:"before_terminal_kinds"`
-	Code                  string   `json:"code"`
-	Reason                *string  `json:"reason"`
+	// Regular expressions, matched case-insensitively against an error's text.
+	WithoutClientCertMatches string   `json:"without_client_cert_matches"`
+	MissingSocketMatches     string   `json:"missing_socket_matches"`
+	WrongCAMatches           string   `json:"wrong_ca_matches"`
+	AtTerminalKinds          []string `json:"at_terminal_kinds"`
+	BeforeTerminalKinds      []string `json:"before_terminal_kinds"`
+	Code                     string   `json:"code"`
+	Reason                   *string  `json:"reason"`
 }
 
 // source decodes the scenario's SessionSource (proto field names).
@@ -102,6 +106,7 @@ var scenarioFuncs = map[string]func(context.Context, *runner, *scenario) error{
 	"unix_and_tcp":             unixAndTCP,
 	"tls_custom_ca":            tlsCustomCA,
 	"mtls_client_cert":         mtlsClientCert,
+	"connect_failure_reason":   connectFailureReason,
 }
 
 func getOrCreateIdempotent(ctx context.Context, r *runner, sc *scenario) error {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
+	"time"
 	"unicode"
 
 	"github.com/agent-sidecar/agent-sidecar/clients/go/sidecar"
@@ -37,8 +39,9 @@ func tlsSession(ctx context.Context, r *runner, sc *scenario, target string, opt
 }
 
 // tlsRefused checks that the listener refuses a client with these options:
-// the call fails with the gRPC code named want (e.g. UNAVAILABLE).
-func tlsRefused(ctx context.Context, r *runner, sc *scenario, target, want string, opts ...sidecar.Option) error {
+// the call fails with the gRPC code named want (e.g. UNAVAILABLE), its text
+// matching the regular expression matches (case-insensitive).
+func tlsRefused(ctx context.Context, r *runner, sc *scenario, target, want, matches string, opts ...sidecar.Option) error {
 	_, err := tlsSession(ctx, r, sc, target, opts...)
 	if err == nil {
 		return fmt.Errorf("%s accepted the client", target)
@@ -49,6 +52,49 @@ func tlsRefused(ctx context.Context, r *runner, sc *scenario, target, want strin
 	}
 	if got := codeName(se.Code); got != want {
 		return fmt.Errorf("refused with %s, want %s: %v", got, want, err)
+	}
+	return errorMatches(err, matches)
+}
+
+// errorMatches checks err's text against the regular expression pattern, case-insensitively.
+func errorMatches(err error, pattern string) error {
+	re, cerr := regexp.Compile("(?i)" + pattern)
+	if cerr != nil {
+		return cerr
+	}
+	if !re.MatchString(err.Error()) {
+		return fmt.Errorf("error does not match /%s/i: %v", pattern, err)
+	}
+	return nil
+}
+
+// connectFailureReason: Dial waits within_ms for the connection; its error
+// says why there is none.
+func connectFailureReason(ctx context.Context, r *runner, sc *scenario) error {
+	a := r.tlsArgs
+	if a.tls == "" || a.mtls == "" {
+		return errors.New("no --tls or --mtls target given")
+	}
+	nobody := r.unixTarget[:strings.LastIndex(r.unixTarget, "/")+1] + "nobody.sock"
+	cases := []struct {
+		target, matches string
+		opts            []sidecar.Option
+	}{
+		{nobody, sc.Expect.MissingSocketMatches, nil},
+		{a.tls, sc.Expect.WrongCAMatches, []sidecar.Option{sidecar.WithCAFile(a.wrongCA)}},
+		{a.mtls, sc.Expect.WithoutClientCertMatches, []sidecar.Option{sidecar.WithCAFile(a.ca)}},
+	}
+	for _, c := range cases {
+		wait, cancel := context.WithTimeout(ctx, time.Duration(sc.WithinMS)*time.Millisecond)
+		client, err := sidecar.Dial(wait, c.target, append(c.opts, sidecar.WithToken(r.token))...)
+		cancel()
+		if err == nil {
+			client.Close()
+			return fmt.Errorf("%s: connected", c.target)
+		}
+		if err := errorMatches(err, c.matches); err != nil {
+			return fmt.Errorf("%s: %w", c.target, err)
+		}
 	}
 	return nil
 }
@@ -84,7 +130,7 @@ func tlsCustomCA(ctx context.Context, r *runner, sc *scenario) error {
 	if err := sameSession(ctx, r, sc, r.tlsArgs.tls, sidecar.WithCAFile(r.tlsArgs.ca)); err != nil {
 		return err
 	}
-	return tlsRefused(ctx, r, sc, r.tlsArgs.tls, sc.Expect.WrongCACode, sidecar.WithCAFile(r.tlsArgs.wrongCA))
+	return tlsRefused(ctx, r, sc, r.tlsArgs.tls, sc.Expect.WrongCACode, "", sidecar.WithCAFile(r.tlsArgs.wrongCA))
 }
 
 func mtlsClientCert(ctx context.Context, r *runner, sc *scenario) error {
@@ -95,7 +141,8 @@ func mtlsClientCert(ctx context.Context, r *runner, sc *scenario) error {
 	if err := sameSession(ctx, r, sc, a.mtls, sidecar.WithCAFile(a.ca), sidecar.WithClientCert(a.clientCert, a.clientKey)); err != nil {
 		return err
 	}
-	return tlsRefused(ctx, r, sc, a.mtls, sc.Expect.WithoutClientCertCode, sidecar.WithCAFile(a.ca))
+	return tlsRefused(ctx, r, sc, a.mtls, sc.Expect.WithoutClientCertCode, sc.Expect.WithoutClientCertMatches,
+		sidecar.WithCAFile(a.ca))
 }
 
 // codeName is a code as the protos spell it: Unavailable -> UNAVAILABLE,
