@@ -18,7 +18,7 @@ import agent_sidecar_client as asc
 pytest.importorskip("agent_sidecar")
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
 from helpers.certs import make_certs  # noqa: E402
-from sidecar_proc import Sidecar, free_port  # noqa: E402
+from sidecar_proc import TOKEN, Sidecar, free_port  # noqa: E402
 
 
 def test_a_refused_registration_leaves_no_task_behind(tmp_path):
@@ -250,3 +250,50 @@ def test_a_tls_failure_ends_serve_at_once(tmp_path):
         sc.stop()
     assert error.code == grpc.StatusCode.UNAVAILABLE and error.reason == "", error
     assert "CERTIFICATE_VERIFY_FAILED" in str(error), error
+
+
+def test_running_says_why_the_tools_are_not_registered(tmp_path):
+    """A host whose sidecar is out of reach: running() gives up after its
+    timeout naming the last attempt's failure (the missing socket), and the
+    attempts still go to on_retry. Before, only "not registered within 1s"."""
+    retries: list = []
+
+    async def run() -> asc.SidecarError:
+        async with await asc.connect(f"unix:{tmp_path}/nobody.sock", wait_ready=False) as client:
+            host = asc.ToolHost("t")
+            host.tool(lambda: 1, name="t.x")
+            with pytest.raises(asc.SidecarError) as info:
+                async with host.running(client, timeout=1, on_retry=lambda *a: retries.append(a)):
+                    pass
+            return info.value
+
+    error = asyncio.run(asyncio.wait_for(run(), 20))
+    assert error.code == grpc.StatusCode.DEADLINE_EXCEEDED, error
+    assert "not registered within 1s; last attempt:" in str(error) and "nobody.sock" in str(error), error
+    assert isinstance(error.__cause__, asc.SidecarError) and retries, (error.__cause__, retries)
+
+
+def test_serve_failing_inside_running_ends_the_block_with_its_error(tmp_path):
+    """serve ends for good while the block runs (the sidecar comes back with
+    another token, so the host's registration after the reconnect is refused):
+    the block is cancelled and running() raises serve's error. Before, the block
+    went on as if the tools were served, and the error was dropped at its end."""
+    sc = Sidecar(tmp_path / "data", tcp=True, workers=1).start()
+
+    async def run() -> BaseException:
+        async with await asc.connect(sc.tcp_target, TOKEN) as client:
+            host = asc.ToolHost("t")
+            host.tool(lambda: 1, name="t.x")
+            with pytest.raises(BaseException) as info:
+                async with host.running(client):
+                    await asyncio.to_thread(sc.stop)
+                    sc.config_text = '[[auth.tokens]]\ntoken = "another"\nadmin = true\n'
+                    await asyncio.to_thread(sc.start)
+                    await asyncio.Event().wait()  # the adapter's own work, for good
+            return info.value
+
+    try:
+        error = asyncio.run(asyncio.wait_for(run(), 30))
+    finally:
+        sc.stop()
+    assert isinstance(error, asc.Unauthenticated), repr(error)

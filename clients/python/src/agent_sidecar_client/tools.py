@@ -267,23 +267,77 @@ class ToolHost:
     @contextlib.asynccontextmanager
     async def running(self, client: Any, timeout: float = 10.0,
                       on_retry: Callable[[int, errors.SidecarError], Any] | None = None) -> AsyncIterator[ToolHost]:
-        """Serve in the background; the block starts once the tools are registered."""
-        task = asyncio.create_task(self.serve(client, on_retry=on_retry))
-        waiter = asyncio.create_task(self._registered_event.wait())
+        """Serve in the background; the block starts once the tools are registered.
+
+        Not registered within ``timeout``: SidecarError DEADLINE_EXCEEDED naming
+        the last failed attempt's error (its ``__cause__``), so a sidecar out of
+        reach says why. ``serve`` ending for good inside the block (a TLS
+        failure, a refused registration after a reconnect) cancels the block,
+        as a TaskGroup does, and ``running`` raises serve's error: the block
+        never goes on as if its tools were served. (The client's ``close()``
+        ends serve without cancelling the block.)"""
+        last: list[errors.SidecarError] = []
+
+        def retried(attempt: int, error: errors.SidecarError) -> None:
+            last[:] = [error]
+            self._retrying(attempt, error, on_retry)
+
+        task = asyncio.create_task(self.serve(client, on_retry=retried))
         try:
-            done, _ = await asyncio.wait({task, waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            if task in done:
-                task.result()  # raises the refusal
-                raise errors.SidecarError(grpc.StatusCode.UNAVAILABLE, "", "ServeTools ended before registration")
-            if waiter not in done:
-                raise errors.SidecarError(grpc.StatusCode.DEADLINE_EXCEEDED, "",
-                                          f"tools of {self.namespace} not registered within {timeout:g}s")
-            yield self
+            await self._until_registered(task, timeout, last)
+            async with _cancelled_if_it_fails(task, client):
+                yield self
         finally:
-            waiter.cancel()
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, errors.SidecarError):
                 await task
+
+    async def _until_registered(self, task: asyncio.Task[None], timeout: float,
+                                last: list[errors.SidecarError]) -> None:
+        """Wait for the registration; raise serve's error if it ends first."""
+        waiter = asyncio.create_task(self._registered_event.wait())
+        try:
+            done, _ = await asyncio.wait({task, waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if task in done:
+            task.result()  # raises the refusal
+            raise errors.SidecarError(grpc.StatusCode.UNAVAILABLE, "", "ServeTools ended before registration")
+        if waiter not in done:
+            message = f"tools of {self.namespace} not registered within {timeout:g}s"
+            raise errors.SidecarError(grpc.StatusCode.DEADLINE_EXCEEDED, "",
+                                      f"{message}; last attempt: {last[0]}" if last else message) \
+                from (last[0] if last else None)
+
+
+@contextlib.asynccontextmanager
+async def _cancelled_if_it_fails(task: asyncio.Task[None], client: Any) -> AsyncIterator[None]:
+    """The block runs while ``task`` (a ToolHost's serve) does: if it fails
+    (but for the client's close()), the block's task is cancelled and the
+    failure is raised at the block's end, in place of the cancellation (a
+    cancellation of the block's task from elsewhere still propagates)."""
+    body = asyncio.current_task()
+    assert body is not None
+    failed = False
+
+    def on_done(t: asyncio.Task[None]) -> None:
+        nonlocal failed
+        if not t.cancelled() and t.exception() is not None and not getattr(client, "closed", False):
+            failed = True
+            body.cancel()
+
+    task.add_done_callback(on_done)
+    try:
+        yield
+    except asyncio.CancelledError:
+        if not failed or body.uncancel() > 0:
+            raise
+        raise task.exception() from None  # type: ignore[misc]
+    finally:
+        task.remove_done_callback(on_done)
+    if failed:  # the block swallowed the cancellation
+        body.uncancel()
+        raise task.exception()  # type: ignore[misc]
 
 
 async def _in_thread(func: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
