@@ -3,7 +3,10 @@ tests/sidecar_proc.py): a registration the sidecar refuses raises its typed
 error and leaves nothing running behind it."""
 
 import asyncio
+import contextlib
 import logging
+import re
+import socket
 import sys
 import threading
 import time
@@ -297,3 +300,45 @@ def test_serve_failing_inside_running_ends_the_block_with_its_error(tmp_path):
     finally:
         sc.stop()
     assert isinstance(error, asc.Unauthenticated), repr(error)
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_a_connection_closed_at_setup_is_retried_not_raised(tmp_path, tls):
+    """A peer that accepts and closes every connection (a proxy whose sidecar
+    is down, as Docker's port forwarding does) is an outage: the host keeps
+    trying. Over TLS, gRPC words it "Handshake read failed (Socket closed)"
+    (or "(... Connection reset by peer)"), which the host took for a TLS
+    failure no wait mends, and raised at once: a host behind such a proxy
+    stopped for good at the first outage."""
+    closer = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def close_each() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                conn, _ = closer.accept()
+                conn.close()
+
+    threading.Thread(target=close_each, daemon=True).start()
+    retries: list = []
+
+    async def run() -> None:
+        target = f"127.0.0.1:{closer.getsockname()[1]}"
+        ca = {"ca_file": make_certs(tmp_path / "certs").ca} if tls else {}
+        async with await asc.connect(target, wait_ready=False, **ca) as client:
+            host = asc.ToolHost("t")
+            host.tool(lambda: 1, name="t.x")
+            task = asyncio.create_task(host.serve(client, on_retry=lambda *a: retries.append(a)))
+            while not retries and not task.done():  # on_retry: serve chose to retry, not raise
+                await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    try:
+        asyncio.run(asyncio.wait_for(run(), 30))
+    finally:
+        stop.set()
+        closer.close()
+    assert [a for a, _ in retries] == [1], retries
+    assert re.search("Socket closed|Connection reset", str(retries[0][1])), retries[0][1]  # (a race of the close)

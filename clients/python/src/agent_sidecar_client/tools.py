@@ -39,7 +39,6 @@ import grpc
 
 from agent_sidecar_client import errors
 from agent_sidecar_client._args import check_text
-from agent_sidecar_client._connect import CLOSED_AT_SETUP_HINT
 from agent_sidecar_client._proto import tool_service_pb2 as tool_pb
 from agent_sidecar_client._stream import RESUMABLE_CODES, task_cancelling
 
@@ -49,6 +48,8 @@ log = logging.getLogger("agent_sidecar_client")
 # as the Go and Node hosts do (each attempt first waits up to 30 s for the channel).
 RETRY_LOG_EVERY = 12
 _TLS_FAILURE = re.compile(r"handshake|SSL_ERROR|CERTIFICATE_VERIFY|certificate verify|TSI_", re.IGNORECASE)
+# A connection the peer closed (during the handshake or right after it): an outage, not a TLS failure.
+_CLOSED = re.compile(r"Socket closed|Connection reset", re.IGNORECASE)
 
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 
@@ -378,11 +379,13 @@ def _is_tls_failure(error: errors.SidecarError) -> bool:
     """A TLS handshake or certificate failure (a CA that did not sign the
     sidecar's certificate, TLS to a plain port): UNAVAILABLE like a refused
     connection, told apart by gRPC's text, as the Go and Node hosts do. Not a
-    connection closed at setup (``_connect.explain``): an mTLS listener
-    refusing the client looks so, but so does a proxy whose sidecar is down,
-    which a wait mends; each attempt's error names the client certificate."""
+    connection the peer closed, during the handshake ("Handshake read failed
+    (Socket closed)") or as it was set up (``_connect.explain``): a proxy
+    whose sidecar is down closes them so, and a wait mends that. (An mTLS
+    listener refusing the client looks the same, so it is retried too; each
+    attempt's error names the client certificate.)"""
     return (error.reason == "" and error.code == grpc.StatusCode.UNAVAILABLE
-            and _TLS_FAILURE.search(error.message) is not None and CLOSED_AT_SETUP_HINT not in error.message)
+            and _TLS_FAILURE.search(error.message) is not None and _CLOSED.search(error.message) is None)
 
 
 class _InvocationTimeout(Exception):
