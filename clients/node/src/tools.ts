@@ -73,15 +73,24 @@ export interface ServeOptions {
 export const RETRY_LOG_EVERY = 12;
 
 /**
+ * Node's text for a connection the peer closed or reset during the TLS
+ * handshake: a proxy whose sidecar is down (Docker's port forwarding, say)
+ * does that to every connection, and a wait mends it.
+ */
+const CLOSED_IN_HANDSHAKE = /socket disconnected before secure TLS connection was established|ECONNRESET/i;
+
+/**
  * A TLS handshake or certificate failure (a CA that did not sign the sidecar's
  * certificate, TLS to a plain port): UNAVAILABLE like a refused connection,
  * told apart by grpc-js's text (it keeps OpenSSL's). No wait mends it: the
- * host stops with it. Not a connection closed at setup: an mTLS listener
- * refusing the client looks so, but so does a proxy whose sidecar is down,
- * which a wait mends (each attempt's error names the client certificate).
+ * host stops with it. Not a connection the peer closed, during the handshake
+ * or as it was set up: an mTLS listener refusing the client looks so, but so
+ * does a proxy whose sidecar is down, which a wait mends (each attempt's error
+ * names the client certificate).
  */
 export function isTlsFailure(e: SidecarError): boolean {
   if (e.reason !== "" || e.code !== GrpcCode.UNAVAILABLE || e.message.includes(CLOSED_AT_SETUP_HINT)) return false;
+  if (CLOSED_IN_HANDSHAKE.test(e.message)) return false;
   return /certificate|SSL routines|\bssl\b|\btls\b|handshake|self[- ]signed|unable to verify|alert/i.test(e.message);
 }
 

@@ -6,6 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { mkdtempSync, rmSync } from "node:fs";
+import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
@@ -93,4 +94,30 @@ test("a TLS failure ends serve() with the error instead of retrying", { ...T, sk
   await host.serve(client);
   host.close();
   client.close();
+});
+
+test("a connection closed at setup is an outage: the host retries it, with TLS or without", { ...T, skip: !certs && "needs openssl" }, async () => {
+  // A proxy whose sidecar is down (Docker's port forwarding, say): it accepts
+  // and closes every connection. Over TLS, Node words it "Client network socket
+  // disconnected before secure TLS connection was established" (or ECONNRESET),
+  // which the host took for a TLS failure and stopped with, for good.
+  const closer = createServer((socket) => socket.destroy());
+  await new Promise<void>((resolve) => closer.listen(0, "127.0.0.1", resolve));
+  const target = `127.0.0.1:${(closer.address() as { port: number }).port}`;
+  try {
+    for (const opts of [{ caFile: certs!.ca }, {}]) {
+      const client = connect(target, opts);
+      const host = new ToolHost("t").tool("echo", "", {}, () => "ok");
+      let retried!: (e: SidecarError) => void;
+      const first = new Promise<SidecarError>((r) => (retried = r));
+      const serving = host.serve(client, { maxBackoffMs: 50, onRetry: (e) => retried(e) });
+      const outcome = await Promise.race([first, serving.then(() => "resolved", (e: unknown) => `rejected: ${e}`)]);
+      host.close();
+      await serving.catch(() => {});
+      client.close();
+      assert.ok(outcome instanceof SidecarError && outcome.code === GrpcCode.UNAVAILABLE, `[${Object.keys(opts)}] ${outcome}`);
+    }
+  } finally {
+    closer.close();
+  }
 });
