@@ -190,3 +190,45 @@ func makeLeaf(t *testing.T, ca *x509.Certificate, caKey *ecdsa.PrivateKey) tls.C
 	}
 	return cert
 }
+
+// A peer that accepts and closes every connection (a proxy whose sidecar is
+// down, as Docker's port forwarding does) is an outage: the host retries it.
+// Over TLS grpc-go words it "authentication handshake failed: EOF", which the
+// host took for a TLS failure and stopped with, for good.
+func TestToolHostRetriesAConnectionClosedInTheHandshake(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conn.Close()
+		}
+	}()
+	_, _, caFile := makeCA(t, t.TempDir(), "ca")
+	c, err := Dial(context.Background(), l.Addr().String(), WithCAFile(caFile), WithLazyConnect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	host := NewToolHost("t")
+	retries := make(chan error, 100)
+	host.OnRetry = func(_ int, err error) { retries <- err }
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	served := make(chan error, 1)
+	go func() { served <- host.Serve(ctx, c) }()
+	select {
+	case err := <-retries:
+		t.Logf("retried after %v", err)
+	case err := <-served:
+		t.Fatalf("Serve = %v: it stopped instead of retrying", err)
+	}
+	cancel()
+	<-served
+}
