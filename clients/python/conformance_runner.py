@@ -244,6 +244,31 @@ class Runner:
                                          s["within_ms"] / 1000)
             check(kinds_of(got) == want, f"watch after_seq={after}: {kinds_of(got)}, expected {want}")
 
+    async def watch_too_slow(self, s: dict) -> None:
+        """A platform watch left unread is cut STREAM_TOO_SLOW and resumes by itself."""
+        producer = await self.client("unix")
+        source, platform = dict(s["source"]), s["source"]["platform"]
+        text = " ".join("x" * s["word_chars"] + str(i) for i in range(s["words"]))
+        first = await producer.prompt("before", source=source, profile=s["profile"]).collect()
+        small_window = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]
+        async with await asc.connect(self.args.unix, options=small_window) as watcher:
+            stream = watcher.watch(platform=platform, after_cursor=first[-2].cursor)
+            async with stream:
+                check((await anext(stream)).cursor == first[-1].cursor, "the watch did not start after its cursor")
+                published: list[int] = []
+                for i in range(s["turns"]):  # the watch is not read meanwhile
+                    source["chat_id"] = f"{s['source']['chat_id']}-{i}"
+                    frames = await producer.prompt(text, source=source, profile=s["profile"]).collect()
+                    published += [f.cursor for f in frames]
+                await asyncio.sleep(s["pause_ms"] / 1000)
+                got: list[int] = []
+                async for frame in stream:
+                    got.append(frame.cursor)
+                    if frame.cursor >= published[-1]:
+                        break
+        check(got == published, f"{len(got)} frames read, {len(published)} published: a gap, a repeat or disorder")
+        check(stream.resumes >= 1, "the watch was never reopened: the sidecar did not cut it")
+
     async def tool_host_outage(self, s: dict) -> None:
         await self.proxy("down")
         spec = s["tool"]
@@ -424,9 +449,9 @@ class Runner:
 
 SCENARIOS = {name: getattr(Runner, name) for name in (
     "get_or_create_idempotent", "echo_prompt", "duplicate_request_id", "reject_if_busy", "queue_order",
-    "stream_resume", "stream_stall", "prompt_outage", "watch_after_terminal", "tool_call", "tool_host_outage",
-    "client_deadline", "target_forms", "tool_scope_violation", "unix_and_tcp", "tls_custom_ca", "mtls_client_cert",
-    "connect_failure_reason")}
+    "stream_resume", "stream_stall", "prompt_outage", "watch_after_terminal", "watch_too_slow", "tool_call",
+    "tool_host_outage", "client_deadline", "target_forms", "tool_scope_violation", "unix_and_tcp", "tls_custom_ca",
+    "mtls_client_cert", "connect_failure_reason")}
 
 
 def main() -> int:

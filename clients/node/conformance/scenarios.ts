@@ -343,6 +343,36 @@ export const HANDLERS: Record<string, Handler> = {
     }
   },
 
+  async watch_too_slow(sc, ctx) {
+    const source = toSource(sc.source);
+    const text = Array.from({ length: sc.words }, (_, i) => "x".repeat(sc.word_chars) + i).join(" ");
+    const first = await ctx.unix.prompt({ source, profile: sc.profile, text: "before" }).collect();
+    // Its own connection, whose 64 KB HTTP/2 window flow control fills.
+    const watcher = connect(ctx.unixTarget, { channelOptions: { "grpc-node.flow_control_window": 65535 } });
+    try {
+      const stream = watcher.watch({ platform: sc.source.platform, afterCursor: first[first.length - 2].cursor });
+      const it = stream[Symbol.asyncIterator]();
+      const opened = await it.next();
+      check(!opened.done && opened.value.cursor === first[first.length - 1].cursor, "the watch did not start after its cursor");
+      const published: number[] = [];
+      for (let i = 0; i < sc.turns; i++) { // the watch is not read meanwhile
+        const src = { ...source, chatId: `${sc.source.chat_id}-${i}` };
+        for (const f of await ctx.unix.prompt({ source: src, profile: sc.profile, text }).collect()) published.push(f.cursor);
+      }
+      await new Promise((resolve) => setTimeout(resolve, sc.pause_ms));
+      const got: number[] = [];
+      for (let r = await it.next(); !r.done; r = await it.next()) {
+        got.push(r.value.cursor);
+        if (r.value.cursor >= published[published.length - 1]) break;
+      }
+      check(isDeepStrictEqual(got, published),
+        `${got.length} frames read, ${published.length} published: a gap, a repeat or disorder`);
+      check(stream.resumes >= 1, "the watch was never reopened: the sidecar did not cut it");
+    } finally {
+      watcher.close();
+    }
+  },
+
   async watch_after_terminal(sc, ctx) {
     const c = client(sc, ctx);
     const frames = await c.prompt({ source: toSource(sc.source), profile: sc.profile, text: sc.text }).collect();

@@ -32,6 +32,10 @@ type scenario struct {
 	ResumeWindowMS int             `json:"resume_window_ms"`
 	WithinMS       int             `json:"within_ms"`
 	CallTimeoutMS  int             `json:"call_timeout_ms"`
+	Turns          int             `json:"turns"`
+	Words          int             `json:"words"`
+	WordChars      int             `json:"word_chars"`
+	PauseMS        int             `json:"pause_ms"`
 	Forms          []string        `json:"forms"`
 	Invalid        []string        `json:"invalid"`
 	Accepted       []string        `json:"accepted"`
@@ -106,6 +110,7 @@ var scenarioFuncs = map[string]func(context.Context, *runner, *scenario) error{
 	"unix_and_tcp":             unixAndTCP,
 	"tls_custom_ca":            tlsCustomCA,
 	"mtls_client_cert":         mtlsClientCert,
+	"watch_too_slow":           watchTooSlow,
 	"connect_failure_reason":   connectFailureReason,
 }
 
