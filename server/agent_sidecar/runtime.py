@@ -208,7 +208,7 @@ class Sidecar:
         from .cluster.leases import ClusterLeases
         self._forward = Forwarder(self.cfg, self.cfg.limits.max_request_bytes)
         assert self.store is not None  # opened just before
-        return ClusterLeases(self.cfg, self.store), self._forward
+        return ClusterLeases(self.cfg, cast("SharedStore", self.store)), self._forward  # the PostgreSQL store
 
     async def _start_metrics(self) -> None:
         """The Prometheus endpoint (obs/): imported only when configured."""

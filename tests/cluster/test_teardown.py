@@ -124,3 +124,29 @@ def test_delete_session_on_one_node_is_forgotten_on_every_node(cl):
     with rpc_error(grpc.StatusCode.NOT_FOUND):
         get_session(b.sessions(), first.key)
     assert_runs_anew(b, req, first)
+
+
+def test_a_delete_made_while_the_turns_node_is_stalled_past_its_lease_ends_that_turn_cancelled(tmp_path, cluster_dsn):
+    """b runs a turn waiting for a tool's result and stalls (SIGSTOP) for longer
+    than it trusts its lease; meanwhile a deletes the session (b's lease ran
+    out: a takes the lane and deletes it there). When b goes on, its sweeper
+    finds the lease untrusted before anything else runs: the turn must still
+    end as a deleted session's does, CANCELLED, not LANE_MOVED (which an
+    adapter retries, running the prompt again in a fresh session)."""
+    config = scripted("main", [{"tool_calls": [{"name": "calc.add", "arguments": {"a": 2, "b": 3}}]},
+                               {"text": "never reached"}], tools=["calc.*"])
+    with Cluster(tmp_path, cluster_dsn, n=2, config=config) as c:
+        a, b = c["a"], c["b"]
+        with ToolHost(b.tools(), "calc", [("calc.add", "Add two numbers", AB_SCHEMA)]) as host:  # answers none
+            busy = PromptRun(b.prompts(), text="add", src=source())
+            assert host.on_invocation.wait(30), busy.kinds()
+            store = StoreView(a)
+            b.pause()
+            try:
+                wait_until(lambda: store.lease_holder(busy.key) is None, timeout=30, what="b's lease run out")
+                assert a.sessions().DeleteSession(spb.DeleteSessionRequest(session_key=busy.key),
+                                                  timeout=10).deleted
+            finally:
+                b.resume()
+            busy.result(30)
+        assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), (busy.kinds(), busy.details)

@@ -18,7 +18,9 @@ Guarantees, and why:
   monotonic clock from when the renewal was *sent*, so a slow answer only
   shortens it) is dropped here before its lease can run out in the database,
   where expiry is judged on the database's clock: the node stops running the
-  lane before anyone else may start it.
+  lane before anyone else may start it (``distrusted``). Its turns' streams
+  end LANE_MOVED, or CANCELLED when the store says a delete revoked the lease
+  meanwhile (a retry would run the prompt anew in a fresh session).
 * A lane idle here for a TTL is let go, so the next prompt can land on any
   node without waiting; a clean stop lets every lane go (except those whose
   turn its drain cut off: left to run out, for a continue turn elsewhere)
@@ -41,23 +43,31 @@ from typing import TYPE_CHECKING
 from ..config import Config
 from ..errors import CANCELLED, LANE_MOVED, SidecarError
 from ..logs import FaultEpisode
-from ..store import Store, StoreUnavailable
+from ..store import StoreUnavailable
+from ..store.interface import SharedStore
 from ..store.records import LeaseHolder
 from ..turns import supervision
-from ..turns.leasing import LaneElsewhere
+from ..turns.leasing import LaneElsewhere, LeaseLost
 from . import jobs
 
 if TYPE_CHECKING:
     from ..turns.manager import TurnManager
+    from ..turns.subscriber import Subscriber
 
 log = logging.getLogger("agent_sidecar.cluster")
 
 SAFE = 0.8  # of the TTL: how long a confirmed lease is trusted here
 SWEEP_EVERY = 0.1  # of the TTL: the longest a lane may be run past its trust
+VERDICT_S = 2.0  # the longest a distrusted lane's streams wait for the store to say why
+
+
+def _deleted() -> SidecarError:
+    """How a turn's stream ends when its session was deleted under it."""
+    return SidecarError(CANCELLED, "the session was deleted while this prompt was in flight")
 
 
 class ClusterLeases:
-    def __init__(self, cfg: Config, store: Store):
+    def __init__(self, cfg: Config, store: SharedStore):
         self.cfg, self.store = cfg, store
         self.node_id = cfg.node_id()
         self.address = cfg.cluster.advertise
@@ -74,6 +84,7 @@ class ClusterLeases:
         self._reaping: asyncio.Future | None = None  # a reaper's take and adoption under way
         self._manager: TurnManager | None = None
         self._tasks: list[asyncio.Task] = []  # the keeper and the sweeper
+        self._telling: set[asyncio.Task] = set()  # distrusted lanes' streams waiting for the store's word
 
     def attach(self, manager: TurnManager) -> None:
         self._manager = manager
@@ -103,7 +114,7 @@ class ClusterLeases:
             self.idle_since.pop(key, None)  # in use: not let go as idle under the caller
             return epoch
         if epoch:  # its renewal is overdue: this node stops running it, then takes it anew
-            self.lost([key])
+            self.distrusted([key])
         taking = self._taking.get(key)
         if taking is None:
             if self._reaping is not None:
@@ -160,6 +171,44 @@ class ClusterLeases:
             if self._manager is not None:
                 supervision.abandon(self._manager, key)
 
+    def distrusted(self, keys: Iterable[str]) -> None:
+        """Lanes whose lease this node no longer trusts (its renewal was not
+        confirmed in time: a stalled store, or this node itself stalled, a
+        SIGSTOP, a long pause): their turns stop at once, writing nothing more,
+        before anyone else may start the lane. How their streams end waits for
+        the store's word (``_tell``): a lane deleted meanwhile (its lease
+        revoked) ends them CANCELLED as ``cleared`` does, since a retry would
+        run the prompt anew in a fresh session; any other, or one the store
+        does not answer for within ``VERDICT_S``, LANE_MOVED as ``lost``."""
+        m = self._manager
+        streams = {}
+        for key in keys:
+            self._forget(key)
+            streams[key] = supervision.stop_lane(m, key, LANE_MOVED) if m is not None else []
+        if streams:
+            task = asyncio.get_running_loop().create_task(self._tell(streams))
+            self._telling.add(task)
+            task.add_done_callback(self._telling.discard)
+
+    async def _tell(self, streams: dict[str, list[Subscriber]]) -> None:
+        """End the streams of lanes ``distrusted`` stopped, each as the store
+        says its lane went: deleted (CANCELLED) or lost (LANE_MOVED, counted)."""
+        revoked: AbstractSet[str] = frozenset()
+        try:
+            async with asyncio.timeout(VERDICT_S):
+                revoked = await self.store.revoked_leases(list(streams))
+        except (StoreUnavailable, TimeoutError):
+            pass  # no word: the lease may well have moved
+        finally:
+            deleted = _deleted()
+            for key, subs in streams.items():
+                if key not in revoked:
+                    self.leases_lost += 1
+                    log.warning("lane lease lost", extra={"key": key})
+                error = deleted if key in revoked else LeaseLost({key: 0})
+                for sub in subs:
+                    sub.push(error)
+
     def cleared(self, keys: Iterable[str] | None = None) -> None:
         """These lanes (None: every lane) were deleted (DeleteSession,
         ClearAllSessions, run here or on another node), and the delete's job
@@ -176,7 +225,7 @@ class ClusterLeases:
                 gone |= set(m.lanes) | {t.key for t in m.live.values()}
         else:
             gone = set(keys)
-        error = SidecarError(CANCELLED, "the session was deleted while this prompt was in flight")
+        error = _deleted()
         for key in gone:
             self._forget(key)
             if m is not None:
@@ -280,7 +329,7 @@ class ClusterLeases:
         loop = asyncio.get_running_loop()
         while True:
             now = loop.time()
-            self.lost([k for k, t in self.trusted_until.items() if t <= now])
+            self.distrusted([k for k, t in self.trusted_until.items() if t <= now])
             first = min(self.trusted_until.values(), default=now + self.ttl)
             await asyncio.sleep(min(first - now, self.ttl * SWEEP_EVERY))
 

@@ -185,7 +185,8 @@ class TranscriptReader(Protocol):
 
 class SharedStore(Store, Protocol):
     """A store several sidecars write at once (PostgreSQL): what a sidecar's
-    cluster tail (cluster/tail.py) asks of it besides the reads of ``Store``."""
+    cluster tail (cluster/tail.py) and leases (cluster/leases.py) ask of it
+    besides the reads of ``Store``."""
 
     def follow_cluster(self, idle_s: float) -> AsyncGenerator[int | ClusterOp, None]:
         """What every sidecar commits, as it commits: an int > 0 is the highest
@@ -194,3 +195,7 @@ class SharedStore(Store, Protocol):
         and again after every ``idle_s`` of silence, a safety net); a
         ``ClusterOp`` is an announce. Raises ``StoreUnavailable`` when the
         connection is lost; the caller follows again and catches up."""
+
+    async def revoked_leases(self, keys: list[str]) -> set[str]:
+        """Of these lanes, those whose lease a delete revoked (DeleteSession,
+        ClearAllSessions) and nobody took since."""

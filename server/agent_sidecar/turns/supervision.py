@@ -26,6 +26,7 @@ from .leasing import LeaseLost
 
 if TYPE_CHECKING:
     from .manager import TurnManager
+    from .subscriber import Subscriber
 
 log = logging.getLogger("agent_sidecar.turns")
 
@@ -272,18 +273,29 @@ def abandon(m: TurnManager, key: str, error: E.SidecarError | None = None) -> No
     over closes or reruns them from the ledger. Their streams end with
     LANE_MOVED: a retry with the same request id follows the turn there.
     ``error``: another end for their streams (the lane was deleted)."""
-    lane = m.lanes.pop(key, None)
     if error is None:
         error = LeaseLost({key: 0})
+    for sub in stop_lane(m, key, error.reason):
+        sub.push(error)
+
+
+def stop_lane(m: TurnManager, key: str, reason: str) -> list[Subscriber]:
+    """The lane's turns here stop at once (``reason``: why, to their workers
+    and traces), writing nothing more, and the lane is dropped; returns their
+    streams' subscribers, not yet told how they end (``abandon`` tells them at
+    once; a lane whose lease lost its trust here tells them once the store
+    says why: cluster/leases.py)."""
+    lane = m.lanes.pop(key, None)
+    streams: list[Subscriber] = []
     for turn in [t for t in m.live.values() if t.key == key]:
         del m.live[turn.rid]
         if turn.began and turn.worker is not None and not turn.finished:
-            turn.worker.send(wire.cancel(turn.rid, error.reason))
+            turn.worker.send(wire.cancel(turn.rid, reason))
         turn.drop()
-        tracing.turn_left(turn, error.reason)
-        for sub in turn.subscribers:
-            sub.push(error)
+        tracing.turn_left(turn, reason)
+        streams.extend(turn.subscribers)
         turn.subscribers.clear()
     m.bus.forget(key)
     if lane is not None and m.pool is not None:
         m.pool.slot_for(key).send(wire.evict(key))
+    return streams

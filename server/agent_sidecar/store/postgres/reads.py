@@ -150,6 +150,12 @@ async def lease_holder(conn, key: str) -> LeaseHolder | None:
     return LeaseHolder(key, row[0], row[1], row[2], row[3]) if row else None
 
 
+async def revoked_leases(conn, keys: list[str]) -> set[str]:
+    """Of these lanes, those whose lease a delete revoked (and nobody took since)."""
+    return {r[0] for r in await _all(conn, "SELECT session_key FROM leases WHERE session_key = ANY(%s)"
+                                           " AND node_id = ''", (keys,))}
+
+
 async def database_size(conn) -> int:
     row = await _one(conn, "SELECT pg_database_size(current_database())")
     return int(row[0]) if row else 0

@@ -112,6 +112,9 @@ class PostgresStore(WriterBacked):
     async def lease_holder(self, key: str) -> LeaseHolder | None:
         return await self._read(reads.lease_holder, key)
 
+    async def revoked_leases(self, keys: list[str]) -> set[str]:
+        return await self._read(reads.revoked_leases, keys)
+
     async def recent_requests(self, since: float, limit: int) -> list[tuple[str, float, str]]:
         return await self._read(reads.recent_requests, since, limit)
 
