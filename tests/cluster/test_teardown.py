@@ -9,6 +9,8 @@ deleted one). Two real sidecars on one real PostgreSQL database."""
 
 from __future__ import annotations
 
+import contextlib
+
 import grpc
 import psycopg
 import pytest
@@ -20,6 +22,7 @@ from helpers.store import StoreView
 from helpers.streams import QUEUE, PromptRun, assert_well_formed, prompt_req, run, watch
 from helpers.tools import AB_SCHEMA, ToolHost
 from helpers.waiting import wait_until
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from agent_sidecar.api.session_service import CLEAR_ALL_CONFIRM
 from agent_sidecar.errors import CANCELLED
@@ -150,3 +153,40 @@ def test_a_delete_made_while_the_turns_node_is_stalled_past_its_lease_ends_that_
                 b.resume()
             busy.result(30)
         assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), (busy.kinds(), busy.details)
+
+
+@contextlib.contextmanager
+def not_listening(c: Cluster, node_id: str):
+    """The node's listening connection cut, and no new connection to the
+    cluster's database let in until the block ends (the node's follower
+    retries, refused): whatever is announced meanwhile never reaches it.
+    Then, once its follower listens again."""
+    db = conninfo_to_dict(c.dsn)["dbname"]
+    with psycopg.connect(make_conninfo(c.dsn, dbname="postgres"), autocommit=True) as admin:
+        def followers() -> int:
+            return admin.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+                                 " AND datname = %s", (follower_name(node_id), db)).fetchone()[0]
+        admin.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS false')
+        try:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                          " WHERE application_name = %s AND datname = %s", (follower_name(node_id), db))
+            wait_until(lambda: followers() == 0, timeout=10, what=f"{node_id} not listening")
+            yield
+        finally:
+            admin.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS true')
+        wait_until(lambda: followers() == 1, timeout=30, what=f"{node_id} listening again")
+
+
+def test_a_node_that_missed_a_clear_all_while_not_listening_forgets_its_request_ids(cl):
+    """b ran a turn, then its listening connection was down while a cleared
+    every session: the announce is not replayed. Once b listens again, the
+    turn's request id (its ledger row deleted) runs a new turn on b, as after
+    a delete b heard of, instead of REQUEST_NOT_FOUND for the dedup window."""
+    a, b = cl["a"], cl["b"]
+    req = prompt_req(text="a session run on b", source=source())
+    first = run(b.prompts(), req)
+    assert_well_formed(first)
+    with not_listening(cl, "b"):
+        r = a.sessions().ClearAllSessions(spb.ClearAllSessionsRequest(confirm=CLEAR_ALL_CONFIRM), timeout=10)
+        assert r.sessions_deleted == 1
+    assert_runs_anew(b, req, first)

@@ -30,6 +30,9 @@ path: notifications wake the tail as each commit lands.
 A ``ClusterOp`` from another node (ClearAll, DeleteSession, Prune it ran) is
 mirrored here as this node's own call would act before its job: its lanes'
 turns end, cached agents leave the workers, request ids leave the dedup index.
+Announces are not replayed: those sent while the listening connection was
+down are caught up on from the tables when it listens again
+(``forget_deleted``).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from ..turns.supervision import until_ended
 log = logging.getLogger("agent_sidecar.cluster")
 
 PAGE = 1000  # frames per read while catching up
+KNOWN_CHUNK = 10_000  # request ids per read when catching up on missed deletes
 CATCH_UP_EVERY_S = 10.0  # the safety net's period: a catch-up after this long without one
 RETRY_MIN_S, RETRY_MAX_S = 0.05, 2.0  # following again after a lost connection
 
@@ -65,7 +69,8 @@ class FrameTail:
         self.cursor = 0  # every frame up to here was delivered (or nobody watched it)
         self.by_request: dict[str, set[Subscriber]] = {}
         self._task: asyncio.Task | None = None
-        self._mirrors: set[asyncio.Task] = set()
+        self._mirrors: set[asyncio.Task] = set()  # other nodes' deletes mirrored here, and catch-ups
+        self._listened = False  # whether the follower listened before (a reconnect: catch up on deletes)
 
     async def start(self) -> None:
         """From the newest committed frame on; the bus stops feeding the watchers."""
@@ -99,9 +104,15 @@ class FrameTail:
     async def _run(self) -> None:
         delay = RETRY_MIN_S
         while True:
+            listening = False
             try:
                 async with contextlib.aclosing(self.store.follow_cluster(self.idle_s)) as notes:
                     async for note in notes:
+                        if not listening:  # the first note: listening, again after a lost connection
+                            listening = True
+                            if self._listened:  # what was announced meanwhile is not replayed
+                                self._spawn(forget_deleted(self.store, self.turns))
+                            self._listened = True
                         if isinstance(note, ClusterOp):
                             self._mirror(note)
                         elif note == 0 or note > self.cursor:
@@ -158,7 +169,10 @@ class FrameTail:
     def _mirror(self, op: ClusterOp) -> None:
         if op.origin == self.node_id:  # ours: done before the job ran
             return
-        task = asyncio.get_running_loop().create_task(mirror(self.turns, op))
+        self._spawn(mirror(self.turns, op))
+
+    def _spawn(self, work) -> None:
+        task = asyncio.get_running_loop().create_task(work)
         self._mirrors.add(task)
         task.add_done_callback(self._mirrors.discard)
 
@@ -199,3 +213,34 @@ async def mirror(turns: Any, op: ClusterOp) -> None:
         log.warning("could not mirror another node's delete", extra={"op": op.op, "error": e.message})
     except Exception:
         log.exception("could not mirror another node's delete", extra={"op": op.op})
+
+
+async def forget_deleted(store: SharedStore, turns: Any) -> None:
+    """After the listening connection came back: the deletes announced while it
+    was down are not replayed (NOTIFY reaches connected listeners only), so
+    what their mirror does to this node's memory is done from the tables. The
+    request ids this node remembers whose ledger rows are gone are forgotten
+    (a reuse runs a new turn instead of answering REQUEST_NOT_FOUND for the
+    whole dedup window), and their sessions' cached agents leave the workers
+    where no turn runs. The missed delete's lanes are its lease renewal's to
+    find, within a third of a TTL (cluster/leases.py: their turns end
+    CANCELLED); a missed prune only leaves cached agents, which age out."""
+    remembered = turns.recent.snapshot()
+    rids = list(remembered)
+    try:
+        known: set[str] = set()
+        for i in range(0, len(rids), KNOWN_CHUNK):
+            known |= await store.known_requests(rids[i:i + KNOWN_CHUNK])
+    except StoreUnavailable as e:
+        log.warning("cluster tail: could not catch up on deletes missed while not listening",
+                    extra={"error": e.message})
+        return
+    gone = {rid: e for rid, e in remembered.items() if rid not in known and rid not in turns.live}
+    if not gone:
+        return
+    turns.recent.forget_ids(gone)
+    busy = turns.busy_keys()
+    for key in {key for _, key in gone.values()} - busy:
+        if turns.pool is not None:
+            turns.pool.slot_for(key).send(wire.evict(key))
+    log.info("cluster tail: forgot request ids deleted while not listening", extra={"ids": len(gone)})

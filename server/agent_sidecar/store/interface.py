@@ -196,6 +196,9 @@ class SharedStore(Store, Protocol):
         ``ClusterOp`` is an announce. Raises ``StoreUnavailable`` when the
         connection is lost; the caller follows again and catches up."""
 
+    async def known_requests(self, request_ids: list[str]) -> set[str]:
+        """Of these request ids, those the ledger holds (a delete removed the others)."""
+
     async def revoked_leases(self, keys: list[str]) -> set[str]:
         """Of these lanes, those whose lease a delete revoked (DeleteSession,
         ClearAllSessions) and nobody took since."""

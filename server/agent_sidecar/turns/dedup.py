@@ -69,6 +69,17 @@ class RecentRequests:
                 break
             del self._at[oldest]
 
+    def snapshot(self) -> dict[str, tuple[float, str]]:
+        """The ids held now: rid -> (accepted at, session key)."""
+        return dict(self._at)
+
+    def forget_ids(self, gone: dict[str, tuple[float, str]]) -> None:
+        """Drop these ids (a ``snapshot``'s entries whose ledger rows were
+        deleted), unless an id was accepted again since (its entry changed)."""
+        for rid, entry in gone.items():
+            if self._at.get(rid) == entry:
+                del self._at[rid]
+
     def forget(self, key: str | None) -> None:
         """Drop the ids of session ``key`` (every id for None): their ledger
         rows were deleted. A scan: deletes are rare, lookups are not."""

@@ -150,6 +150,12 @@ async def lease_holder(conn, key: str) -> LeaseHolder | None:
     return LeaseHolder(key, row[0], row[1], row[2], row[3]) if row else None
 
 
+async def known_requests(conn, request_ids: list[str]) -> set[str]:
+    """Of these request ids, those the ledger holds."""
+    return {r[0] for r in await _all(conn, "SELECT request_id FROM prompts WHERE request_id = ANY(%s)",
+                                     (request_ids,))}
+
+
 async def revoked_leases(conn, keys: list[str]) -> set[str]:
     """Of these lanes, those whose lease a delete revoked (and nobody took since)."""
     return {r[0] for r in await _all(conn, "SELECT session_key FROM leases WHERE session_key = ANY(%s)"

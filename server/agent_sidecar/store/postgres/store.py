@@ -112,6 +112,9 @@ class PostgresStore(WriterBacked):
     async def lease_holder(self, key: str) -> LeaseHolder | None:
         return await self._read(reads.lease_holder, key)
 
+    async def known_requests(self, request_ids: list[str]) -> set[str]:
+        return await self._read(reads.known_requests, request_ids)
+
     async def revoked_leases(self, keys: list[str]) -> set[str]:
         return await self._read(reads.revoked_leases, keys)
 
