@@ -190,3 +190,28 @@ def test_a_node_that_missed_a_clear_all_while_not_listening_forgets_its_request_
         r = a.sessions().ClearAllSessions(spb.ClearAllSessionsRequest(confirm=CLEAR_ALL_CONFIRM), timeout=10)
         assert r.sessions_deleted == 1
     assert_runs_anew(b, req, first)
+
+
+def test_a_prompt_fenced_by_a_delete_its_node_missed_ends_the_deleted_lanes_turns_cancelled(tmp_path, cluster_dsn):
+    """b runs a turn waiting for a tool's result; its listening connection is
+    down while a clears every session (and b's next lease renewal is far off:
+    a long TTL). A follow-up on b then meets the revoked lease at its accept,
+    which the fence refuses: b learns of the delete there, and the running
+    turn must end as a deleted session's does, CANCELLED, not LANE_MOVED
+    (which an adapter retries, running the prompt again in a fresh session)."""
+    config = scripted("main", [{"tool_calls": [{"name": "calc.add", "arguments": {"a": 2, "b": 3}}]},
+                               {"text": "never reached"}], tools=["calc.*"])
+    with Cluster(tmp_path, cluster_dsn, n=2, config=config, lease_ttl_s=60.0) as c:
+        a, b = c["a"], c["b"]
+        with ToolHost(b.tools(), "calc", [("calc.add", "Add two numbers", AB_SCHEMA)]) as host:  # answers none
+            src = source()
+            busy = PromptRun(b.prompts(), text="add", src=src)
+            assert host.on_invocation.wait(30), busy.kinds()
+            with not_listening(c, "b"):
+                r = a.sessions().ClearAllSessions(spb.ClearAllSessionsRequest(confirm=CLEAR_ALL_CONFIRM),
+                                                  timeout=10)
+                assert r.sessions_deleted == 1
+                follow = PromptRun(b.prompts(), prompt_req(text="and then?", source=src))
+                busy.result(30)
+                follow.result(30)
+        assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), (busy.kinds(), busy.details)

@@ -251,7 +251,8 @@ class TurnManager:
         """A prompt refused before its accept committed leaves no trace; a twin
         call following it gets the same answer (see PromptService._follow)."""
         if isinstance(error, LeaseLost) and self.leases is not None:
-            self.leases.refused(error.epochs, 1)  # the lane's turns here end, this one too
+            # The lane's turns here end, this one too: CANCELLED when a delete revoked its lease.
+            self.leases.refused(error.epochs, 1, error.revoked)
             return
         if self.live.get(turn.rid) is turn:
             del self.live[turn.rid]
