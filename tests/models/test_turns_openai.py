@@ -9,7 +9,8 @@ import grpc
 import pytest
 from helpers.config import profile
 from helpers.fake_openai import FakeOpenAI
-from helpers.sessions import get_session, transcript
+from helpers.ids import source
+from helpers.sessions import get_session, msg, seed, transcript
 from helpers.streams import assert_failed, assert_well_formed, prompt_req, run
 from sidecar_proc import Sidecar
 
@@ -23,6 +24,7 @@ SCRIPTS = {
     "endless_error": [{"status": 500, "content_type": "text/plain", "prefix": "overloaded ", "endless": "x"}],
     "bad_call_id": [{"raw": 'data: {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": 7}]}}]}\n\n'
                             'data: {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]}\n\ndata: [DONE]\n\n'}],
+    "paired": [{"text": "noted"}],
     "cached": [{"text": "cached answer", "usage": {
         "prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110,
         "prompt_tokens_details": {"cached_tokens": 80}}}],
@@ -148,3 +150,24 @@ def test_a_call_id_that_is_not_a_string_fails_the_turn_naming_it(sc):
     out = run(sc.prompts(), prompt_req(text="call something", profile="bad_call_id"))
     assert_failed(out, "LLM_API_FAILURE", grpc.StatusCode.UNAVAILABLE)
     assert "tool_calls[0].id is a JSON integer (7), expected string" in out.last.failed.message
+
+
+def test_calls_a_transcript_leaves_unanswered_reach_the_model_answered(sc, fakes):
+    """A transcript may end on tool calls nobody answered (an adapter seeded or
+    appended them) or hold a tool message answering no call (a store written
+    before the transcript RPCs checked). Sent as they are, an OpenAI-compatible
+    backend refuses every later turn of the session; the model gets each call
+    answered (an error result) before the next message, and the store keeps
+    what was written."""
+    calls = [{"id": "c1", "type": "function", "function": {"name": "t__x", "arguments": "{}"}},
+             {"id": "c2", "type": "function", "function": {"name": "t__y", "arguments": "{}"}}]
+    session = seed(sc.sessions(), src=source(), profile="paired", messages=[
+        msg("user", "do it"), msg("assistant", "", tool_calls_json=json.dumps(calls))])
+    out = run(sc.prompts(), prompt_req(text="and now?", session_key=session.session_key, profile="paired"))
+    assert out.last.completed.final_text == "noted", out.kinds()
+    sent = [m for m in fakes["paired"].requests[-1]["messages"] if m["role"] != "system"]
+    assert [(m["role"], m.get("tool_call_id")) for m in sent] == [
+        ("user", None), ("assistant", None), ("tool", "c1"), ("tool", "c2"), ("user", None)], sent
+    assert all("no result" in m["content"] for m in sent if m["role"] == "tool")
+    assert [m.role for m in transcript(sc.sessions(), session.session_id)] == ["user", "assistant", "user",
+                                                                                "assistant"]

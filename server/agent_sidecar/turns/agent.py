@@ -87,6 +87,58 @@ def _tool_message(call_id: str, name: str, content: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
 
 
+# The result a model reads for a tool call its transcript holds no result of.
+NO_RESULT = orjson.dumps({"error": "no result of this tool call was recorded"}).decode()
+
+
+def paired_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` (a transcript in model shape, as the store holds it) with
+    every tool call answered before the next other message, as a model
+    backend requires: a call without a result gets ``NO_RESULT``, and a tool
+    message answering no open call is left out. The sidecar's own turns never
+    write such a transcript, and the transcript RPCs refuse one, but an
+    adapter may still end a transcript on calls it never answered (an
+    assistant message with tool calls, then a Prompt), and a store written
+    before those RPCs checked may hold either: sent as it is, an
+    OpenAI-compatible backend refused every later turn of the session. The
+    store keeps what was written; only the model's input is mended. Returns
+    ``messages`` itself when nothing needs mending (the usual case)."""
+    out: list[dict[str, Any]] | None = None  # the mended copy, once it differs
+    pending: dict[str, str] = {}  # the calls still open: id -> tool name
+    for i, m in enumerate(messages):
+        if m.get("role") == "tool":
+            if m.get("tool_call_id") in pending:
+                del pending[m["tool_call_id"]]
+                if out is not None:
+                    out.append(m)
+            elif out is None:  # answers no open call: left out
+                out = messages[:i]
+            continue
+        if pending:
+            out = messages[:i] if out is None else out
+            out.extend(_tool_message(cid, name, NO_RESULT) for cid, name in pending.items())
+        pending = _calls_of(m)
+        if out is not None:
+            out.append(m)
+    if pending:
+        out = list(messages) if out is None else out
+        out.extend(_tool_message(cid, name, NO_RESULT) for cid, name in pending.items())
+    return out if out is not None else messages
+
+
+def _calls_of(m: dict[str, Any]) -> dict[str, str]:
+    """An assistant message's tool calls, id -> tool name (none for any other)."""
+    calls = m.get("tool_calls") if m.get("role") == "assistant" else None
+    if not isinstance(calls, list):
+        return {}
+    named = {}
+    for c in calls:
+        if isinstance(c, dict) and isinstance(c.get("id"), str):
+            fn = c.get("function")
+            named[c["id"]] = str(fn.get("name", "")) if isinstance(fn, dict) else ""
+    return named
+
+
 def _assistant_with_calls(text: str, calls: list[ToolCallRequest]) -> dict[str, Any]:
     return {"role": "assistant", "content": text, "tool_calls": [
         {"id": c.call_id, "type": "function",

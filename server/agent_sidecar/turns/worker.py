@@ -31,7 +31,7 @@ from ..children import Channel, open_channel, tune_gc
 from ..logs import bind_turn, forward
 from ..models.registry import load_backend
 from . import wire
-from .agent import Agent, ToolRefused, TurnFailed, TurnSpec, run_turn
+from .agent import Agent, ToolRefused, TurnFailed, TurnSpec, paired_calls, run_turn
 from .cache import AgentCache
 from .model_trace import TracedBackend
 
@@ -282,7 +282,7 @@ class Worker:
             return agent, True, 0
         # Miss (or the store moved on): rebuild from the committed transcript,
         # which already holds this turn's user messages.
-        msgs = self.transcripts().load_for_model(m["session_id"])
+        msgs = paired_calls(self.transcripts().load_for_model(m["session_id"]))
         if len(msgs) > 1:
             log.debug("agent rebuilt from store", extra={"key": key, "messages": len(msgs)})
         agent = Agent(key, m["session_id"], m["rev"], m["base_seq"] + len(texts), msgs,
