@@ -154,6 +154,19 @@ def _reflect(channel):
     return list(reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(iter([req]), timeout=10))
 
 
+def _reopen(held: list, opening) -> None:
+    """Waits until ``opening()`` opens a stream again (a stream just ended gave
+    its place back), refused OVERLOADED until then; the stream joins ``held``."""
+    def reopened():
+        try:
+            held.append(opening())
+            return True
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+            return False
+    wait_until(reopened, what="the cancelled stream's place to be free again")
+
+
 def test_callers_without_a_token_hold_a_bounded_number_of_streams_open(sc):
     """Health and reflection need no token, so a caller without one could open
     their streams until the sidecar's memory ran out (some 15-20 KB each). Past
@@ -177,15 +190,7 @@ def test_callers_without_a_token_hold_a_bounded_number_of_streams_open(sc):
         _watch(sc.channel()).cancel()
         assert _reflect(sc.channel())
         held.pop().cancel()
-
-        def reopened():
-            try:
-                held.append(_watch(tcp))
-                return True
-            except grpc.RpcError as e:
-                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
-                return False
-        wait_until(reopened, what="the cancelled watch's place to be free again")
+        _reopen(held, lambda: _watch(tcp))
     finally:
         for call in held:
             call.cancel()
@@ -295,15 +300,7 @@ def test_a_credential_holds_a_bounded_number_of_streams_open(tmp_path):
         _platform_watch(tcp, bearer("adm")).cancel()  # another credential
         _platform_watch(sc.prompts()).cancel()  # the Unix socket
         held.pop().cancel()
-
-        def reopened():
-            try:
-                held.append(_platform_watch(tcp, tg))
-                return True
-            except grpc.RpcError as e:
-                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
-                return False
-        wait_until(reopened, what="the cancelled watch's place to be free again")
+        _reopen(held, lambda: _platform_watch(tcp, tg))
     finally:
         for call in held:
             call.cancel()
