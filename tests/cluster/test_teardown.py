@@ -90,6 +90,23 @@ def test_clear_all_on_one_node_clears_every_node(cl):
         assert again.key == busy.key and again.session_id != busy.session_id
 
 
+# b's turn calls a tool whose host never answers: it waits, writing nothing.
+WAITING_ON_A_TOOL = scripted("main", [{"tool_calls": [{"name": "calc.add", "arguments": {"a": 2, "b": 3}}]},
+                                      {"text": "never reached"}], tools=["calc.*"])
+
+
+@contextlib.contextmanager
+def _turn_waiting_on_b(tmp_path, dsn: str, **cluster_kw):
+    """A cluster of a and b, b running a turn that waits for a tool result
+    its host never sends: (the cluster, the turn's stream, its source)."""
+    with Cluster(tmp_path, dsn, n=2, config=WAITING_ON_A_TOOL, **cluster_kw) as c:
+        with ToolHost(c["b"].tools(), "calc", [("calc.add", "Add two numbers", AB_SCHEMA)]) as host:
+            src = source()
+            busy = PromptRun(c["b"].prompts(), text="add", src=src)
+            assert host.on_invocation.wait(30), busy.kinds()
+            yield c, busy, src
+
+
 def test_a_delete_a_node_learns_of_at_its_lease_renewal_still_ends_its_turn_cancelled(tmp_path, cluster_dsn):
     """b's listening connection is cut just before a ClearAllSessions on a, so
     b misses the delete's notification (it is not replayed), and b's turn,
@@ -97,22 +114,16 @@ def test_a_delete_a_node_learns_of_at_its_lease_renewal_still_ends_its_turn_canc
     learns of the delete at its next lease renewal, which finds the lease
     revoked. Its turn ends as a deleted session's does, CANCELLED, not as a
     lane taken from it (LANE_MOVED, which an adapter would retry)."""
-    config = scripted("main", [{"tool_calls": [{"name": "calc.add", "arguments": {"a": 2, "b": 3}}]},
-                               {"text": "never reached"}], tools=["calc.*"])
-    with Cluster(tmp_path, cluster_dsn, n=2, config=config) as c:
-        a, b = c["a"], c["b"]
-        with ToolHost(b.tools(), "calc", [("calc.add", "Add two numbers", AB_SCHEMA)]) as host:  # answers none
-            busy = PromptRun(b.prompts(), text="add", src=source())
-            assert host.on_invocation.wait(30), busy.kinds()
-            with psycopg.connect(c.dsn, autocommit=True) as conn:
-                cut = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                                   " WHERE application_name = %s AND datname = current_database()",
-                                   (follower_name("b"),)).fetchone()[0]
-            assert cut == 1
-            r = a.sessions().ClearAllSessions(spb.ClearAllSessionsRequest(confirm=CLEAR_ALL_CONFIRM), timeout=10)
-            assert r.sessions_deleted == 1
-            busy.result(30)
-        assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), busy.kinds()
+    with _turn_waiting_on_b(tmp_path, cluster_dsn) as (c, busy, _):
+        with psycopg.connect(c.dsn, autocommit=True) as conn:
+            cut = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                               " WHERE application_name = %s AND datname = current_database()",
+                               (follower_name("b"),)).fetchone()[0]
+        assert cut == 1
+        r = c["a"].sessions().ClearAllSessions(spb.ClearAllSessionsRequest(confirm=CLEAR_ALL_CONFIRM), timeout=10)
+        assert r.sessions_deleted == 1
+        busy.result(30)
+    assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), busy.kinds()
 
 
 def test_delete_session_on_one_node_is_forgotten_on_every_node(cl):
@@ -136,23 +147,18 @@ def test_a_delete_made_while_the_turns_node_is_stalled_past_its_lease_ends_that_
     finds the lease untrusted before anything else runs: the turn must still
     end as a deleted session's does, CANCELLED, not LANE_MOVED (which an
     adapter retries, running the prompt again in a fresh session)."""
-    config = scripted("main", [{"tool_calls": [{"name": "calc.add", "arguments": {"a": 2, "b": 3}}]},
-                               {"text": "never reached"}], tools=["calc.*"])
-    with Cluster(tmp_path, cluster_dsn, n=2, config=config) as c:
+    with _turn_waiting_on_b(tmp_path, cluster_dsn) as (c, busy, _):
         a, b = c["a"], c["b"]
-        with ToolHost(b.tools(), "calc", [("calc.add", "Add two numbers", AB_SCHEMA)]) as host:  # answers none
-            busy = PromptRun(b.prompts(), text="add", src=source())
-            assert host.on_invocation.wait(30), busy.kinds()
-            store = StoreView(a)
-            b.pause()
-            try:
-                wait_until(lambda: store.lease_holder(busy.key) is None, timeout=30, what="b's lease run out")
-                assert a.sessions().DeleteSession(spb.DeleteSessionRequest(session_key=busy.key),
-                                                  timeout=10).deleted
-            finally:
-                b.resume()
-            busy.result(30)
-        assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), (busy.kinds(), busy.details)
+        store = StoreView(a)
+        b.pause()
+        try:
+            wait_until(lambda: store.lease_holder(busy.key) is None, timeout=30, what="b's lease run out")
+            assert a.sessions().DeleteSession(spb.DeleteSessionRequest(session_key=busy.key),
+                                              timeout=10).deleted
+        finally:
+            b.resume()
+        busy.result(30)
+    assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), (busy.kinds(), busy.details)
 
 
 @contextlib.contextmanager
@@ -199,19 +205,12 @@ def test_a_prompt_fenced_by_a_delete_its_node_missed_ends_the_deleted_lanes_turn
     which the fence refuses: b learns of the delete there, and the running
     turn must end as a deleted session's does, CANCELLED, not LANE_MOVED
     (which an adapter retries, running the prompt again in a fresh session)."""
-    config = scripted("main", [{"tool_calls": [{"name": "calc.add", "arguments": {"a": 2, "b": 3}}]},
-                               {"text": "never reached"}], tools=["calc.*"])
-    with Cluster(tmp_path, cluster_dsn, n=2, config=config, lease_ttl_s=60.0) as c:
-        a, b = c["a"], c["b"]
-        with ToolHost(b.tools(), "calc", [("calc.add", "Add two numbers", AB_SCHEMA)]) as host:  # answers none
-            src = source()
-            busy = PromptRun(b.prompts(), text="add", src=src)
-            assert host.on_invocation.wait(30), busy.kinds()
-            with not_listening(c, "b"):
-                r = a.sessions().ClearAllSessions(spb.ClearAllSessionsRequest(confirm=CLEAR_ALL_CONFIRM),
-                                                  timeout=10)
-                assert r.sessions_deleted == 1
-                follow = PromptRun(b.prompts(), prompt_req(text="and then?", source=src))
-                busy.result(30)
-                follow.result(30)
-        assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), (busy.kinds(), busy.details)
+    with _turn_waiting_on_b(tmp_path, cluster_dsn, lease_ttl_s=60.0) as (c, busy, src):
+        with not_listening(c, "b"):
+            r = c["a"].sessions().ClearAllSessions(spb.ClearAllSessionsRequest(confirm=CLEAR_ALL_CONFIRM),
+                                                   timeout=10)
+            assert r.sessions_deleted == 1
+            follow = PromptRun(c["b"].prompts(), prompt_req(text="and then?", source=src))
+            busy.result(30)
+            follow.result(30)
+    assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), (busy.kinds(), busy.details)
