@@ -33,11 +33,6 @@ from agent_sidecar.api.server import SERVICE_NAMES
 pytestmark = pytest.mark.skipif(not available(), reason="the openssl command is not installed")
 
 
-def listener(address: str, certs, client_ca: bool = False) -> str:
-    text = f'\n[[listen]]\naddress = "{address}"\ncert = "{certs.server_cert}"\nkey = "{certs.server_key}"\n'
-    return text + (f'client_ca = "{certs.ca}"\n' if client_ca else "")
-
-
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory):
     return make_certs(tmp_path_factory.mktemp("certs"))
@@ -47,7 +42,7 @@ def certs(tmp_path_factory):
 def sc(tmp_path_factory, certs):
     tls, mtls = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     config = (f'[[auth.tokens]]\ntoken = "{TOKEN}"\nadmin = true\n'
-              + listener(tls, certs) + listener(mtls, certs, client_ca=True))
+              + certs.listener(tls) + certs.listener(mtls, client_ca=True))
     s = Sidecar(tmp_path_factory.mktemp("tls") / "data", config=config, workers=1)
     s.tls_target, s.mtls_target = tls, mtls
     s.start()
@@ -193,7 +188,7 @@ def test_the_sidecar_warns_about_a_plain_tcp_listener_open_to_the_network(tmp_pa
     """The log line is the behaviour under test: the operator's only signal."""
     wide, local, secure = f"0.0.0.0:{free_port()}", f"127.0.0.1:{free_port()}", f"0.0.0.0:{free_port()}"
     config = f'[[auth.tokens]]\ntoken = "{TOKEN}"\n[[listen]]\naddress = "{wide}"\n' \
-        f'[[listen]]\naddress = "{local}"\n' + listener(secure, certs)
+        f'[[listen]]\naddress = "{local}"\n' + certs.listener(secure)
     s = Sidecar(tmp_path / "data", config=config, workers=1).start()
     try:
         warned = [line["listen"] for line in log_lines(s) if line["level"] == "warning"

@@ -68,9 +68,7 @@ def tls(tmp_path_factory):
     certs = make_certs(tmp_path_factory.mktemp("certs"))
     plain, mutual = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     config = f'[[auth.tokens]]\ntoken = "{TOKEN}"\nadmin = true\n' + echo("main", 1)
-    for address, client_ca in ((plain, ""), (mutual, f'client_ca = "{certs.ca}"\n')):
-        config += (f'[[listen]]\naddress = "{address}"\ncert = "{certs.server_cert}"\n'
-                   f'key = "{certs.server_key}"\n{client_ca}')
+    config += certs.listener(plain) + certs.listener(mutual, client_ca=True)
     s = Sidecar(tmp_path_factory.mktemp("bench-tls") / "data", config=config, workers=1).start()
     s.tls_target, s.mtls_target, s.certs = plain, mutual, certs
     yield s

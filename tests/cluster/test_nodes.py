@@ -51,8 +51,7 @@ def test_calls_between_nodes_go_over_mtls_when_the_cluster_has_a_ca(tmp_path, cl
     metrics_port = free_port()  # a's /metrics
     for name in ("a", "b"):
         port = free_port()  # the mTLS listener each node advertises to the other
-        listen = (f'[[listen]]\naddress = "127.0.0.1:{port}"\ncert = "{c.server_cert}"\n'
-                  f'key = "{c.server_key}"\nclient_ca = "{c.ca}"\n')
+        listen = c.listener(f"127.0.0.1:{port}", client_ca=True)
         if name == "a":
             listen += metrics_config(metrics_port)
         made.append(Node(tmp_path / name, name, cluster_dsn, echo(latency_ms=5) + listen,

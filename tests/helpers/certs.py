@@ -38,6 +38,12 @@ class Certs:
     client_key: Path
     other_ca: Path
 
+    def listener(self, address: str, client_ca: bool = False) -> str:
+        """A ``[[listen]]`` table serving TLS on ``address`` with the server
+        certificate; with ``client_ca``, mTLS (clients of ``ca``)."""
+        text = f'\n[[listen]]\naddress = "{address}"\ncert = "{self.server_cert}"\nkey = "{self.server_key}"\n'
+        return text + (f'client_ca = "{self.ca}"\n' if client_ca else "")
+
 
 def available() -> bool:
     return shutil.which("openssl") is not None
