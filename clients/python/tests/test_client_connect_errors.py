@@ -19,11 +19,13 @@ from helpers.certs import _CLIENT_EXT, _make, make_certs  # noqa: E402
 from sidecar_proc import Sidecar, free_port  # noqa: E402
 
 
-def connect_error(target: str, token: str | None = None, **tls) -> asc.SidecarError:
-    """What ``connect()`` raises when the channel does not become ready within 1 s."""
+def connect_error(target: str, token: str | None = None, timeout: float = 1, **tls) -> asc.SidecarError:
+    """What ``connect()`` raises when the channel does not become ready within
+    ``timeout`` (a TLS handshake needs more on a loaded machine: one that
+    runs out of time reads "timed out before receiving SETTINGS frame")."""
     async def run() -> asc.SidecarError:
         with pytest.raises(asc.SidecarError) as info:
-            await asc.connect(target, token, timeout=1, **tls)
+            await asc.connect(target, token, timeout=timeout, **tls)
         return info.value
     return asyncio.run(asyncio.wait_for(run(), 20))
 
@@ -46,11 +48,10 @@ def test_a_refused_port_says_refused():
 def test_a_certificate_that_fails_verification_says_so(tmp_path):
     certs = make_certs(tmp_path / "certs")
     port = free_port()
-    config = (f'[[auth.tokens]]\ntoken = "tok"\nplatforms = ["*"]\n\n[[listen]]\n'
-              f'address = "127.0.0.1:{port}"\ncert = "{certs.server_cert}"\nkey = "{certs.server_key}"\n')
+    config = '[[auth.tokens]]\ntoken = "tok"\nplatforms = ["*"]\n' + certs.listener(f"127.0.0.1:{port}")
     sc = Sidecar(tmp_path / "data", config=config, workers=1).start()
     try:
-        error = connect_error(f"127.0.0.1:{port}", "tok", ca_file=certs.other_ca)
+        error = connect_error(f"127.0.0.1:{port}", "tok", timeout=3, ca_file=certs.other_ca)
     finally:
         sc.stop()
     assert error.code == grpc.StatusCode.UNAVAILABLE and "CERTIFICATE_VERIFY_FAILED" in str(error), error
@@ -76,7 +77,8 @@ def test_an_mtls_listener_refusing_the_client_names_the_client_certificate(tmp_p
                     await client.get_or_create_session({"platform": "p", "chat_id": "c"})
                 return info.value
 
-        errors = [connect_error(target, "tok", ca_file=certs.ca), asyncio.run(asyncio.wait_for(first_call(), 20)),
+        errors = [connect_error(target, "tok", timeout=3, ca_file=certs.ca),
+                  asyncio.run(asyncio.wait_for(first_call(), 20)),
                   asyncio.run(asyncio.wait_for(first_call(cert_file=stranger[0], key_file=stranger[1]), 20))]
     finally:
         sc.stop()

@@ -203,7 +203,7 @@ def test_a_host_that_cannot_reach_its_sidecar_reports_each_retry(tmp_path, caplo
             host.tool(lambda: 1, name="t.x")
             task = asyncio.create_task(host.serve(client, on_retry=on_retry))
             if on_retry is None:
-                while not caplog.records:
+                while not _ours(caplog.records):
                     await asyncio.sleep(0.05)
             else:
                 await reported.wait()
@@ -226,7 +226,13 @@ def test_a_host_that_cannot_reach_its_sidecar_reports_each_retry(tmp_path, caplo
 
     caplog.set_level(logging.WARNING, logger="agent_sidecar_client")
     asyncio.run(asyncio.wait_for(run(), 20))
-    assert "ToolHost 't': ServeTools failed (attempt 1), retrying" in caplog.records[0].getMessage()
+    assert "ToolHost 't': ServeTools failed (attempt 1), retrying" in _ours(caplog.records)[0].getMessage()
+
+
+def _ours(records: list) -> list:
+    """The client's own log records (asyncio's may come too: gRPC's poller of
+    a loop an earlier test closed complains in the next one)."""
+    return [r for r in records if r.name.startswith("agent_sidecar_client")]
 
 
 def test_a_tls_failure_ends_serve_at_once(tmp_path):
@@ -235,8 +241,7 @@ def test_a_tls_failure_ends_serve_at_once(tmp_path):
     retrying in silence for good."""
     certs = make_certs(tmp_path / "certs")
     port = free_port()
-    config = (f'[[auth.tokens]]\ntoken = "tok"\nplatforms = ["*"]\n\n[[listen]]\n'
-              f'address = "127.0.0.1:{port}"\ncert = "{certs.server_cert}"\nkey = "{certs.server_key}"\n')
+    config = '[[auth.tokens]]\ntoken = "tok"\nplatforms = ["*"]\n' + certs.listener(f"127.0.0.1:{port}")
     sc = Sidecar(tmp_path / "data", config=config, workers=1).start()
     try:
         async def run():
