@@ -17,9 +17,11 @@ Adapters read most streams at once, some slowly, and walk away from some
 after a few frames to come back with the same request id (``Reader``).
 
 What every acknowledged request must show afterwards (``Report.violations``
-lists each one that does not): its frames from seq 1 without a gap, exactly one
-terminal frame, at most one ``started``; no two turns of one lane overlap; and
-every tool call in a tool lane's transcript has its result right after it.
+lists each one that does not; helpers/soak_audit.py checks): its frames from
+seq 1 without a gap, exactly one terminal frame, at most one ``started``; no
+two turns of one lane overlap, auto-resume turns included, neither in time
+nor in the transcript (each turn's rows in one run); and every tool call in a
+tool lane's transcript has its result right after it.
 Along the way no call may end ``INTERNAL`` or ``UNKNOWN``, and no refusal may
 come without the ErrorInfo reason the API promises.
 
@@ -53,8 +55,9 @@ from .disk import SmallDisk
 from .faults import Faults
 from .ids import rid, source
 from .sessions import transcript
-from .streams import TERMINAL, PromptRun, kind_of, watch
-from .tools import AB_SCHEMA, ToolHost, call_ids, tool_calls_answered, unanswered_calls
+from .soak_audit import audit
+from .streams import TERMINAL, PromptRun, kind_of
+from .tools import AB_SCHEMA, ToolHost, call_ids, unanswered_calls
 
 MODES = [ppb.DeliveryMode.Value(f"DELIVERY_MODE_{m}")
          for m in ("QUEUE", "FOLLOW_UP", "INTERRUPT", "ROLLBACK", "STEER", "REJECT_IF_BUSY")]
@@ -89,6 +92,7 @@ class Report:
     acknowledged: int = 0
     calls: int = 0
     tool_calls: int = 0  # in the tool lanes' transcripts, checked answered
+    resumed: int = 0  # auto-resume turns, checked with the acknowledged requests
     faults: list[str] = field(default_factory=list)
     ends: Counter = field(default_factory=Counter)
     refusals: Counter = field(default_factory=Counter)
@@ -97,7 +101,7 @@ class Report:
 
     def __repr__(self) -> str:
         lines = [f"seed {self.seed}: {self.acknowledged} acknowledged of {self.calls} calls, "
-                 f"{self.tool_calls} tool calls in transcripts",
+                 f"{self.tool_calls} tool calls in transcripts, {self.resumed} auto-resume turns",
                  f"faults: {', '.join(self.faults)}", f"ends: {dict(self.ends)}",
                  f"refusals: {dict(self.refusals)}", f"admin calls: {dict(self.admin)}",
                  f"violations ({len(self.violations)}):", *self.violations[:30]]
@@ -141,7 +145,7 @@ class Soak:
                              drop_host=self._drop_host, server=server, disk=disk)
         self.sources = [source("telegram") for _ in range(lanes)]
         self.acked: dict[str, int] = {}  # request id -> lane
-        self.tool_sessions: dict[str, str] = {}  # incarnations of the tool lanes: their lane
+        self.sessions: dict[str, str] = {}  # incarnations the audit saw: their lane's key
         self.incarnations: dict[int, set[str]] = {lane: set() for lane in range(lanes)}  # seen by admin calls
         self.hosts: dict[int, ToolHost] = {}  # each node's tool host now
         self.lock = threading.Lock()
@@ -166,8 +170,7 @@ class Soak:
                 self._violation(f"{t.name} still running 120 s after the soak ended")
         self.faults.all_up()
         self.report.acknowledged = len(self.acked)
-        self._check_ends()
-        self._check_tool_calls_answered()
+        audit(self)
         for channel in self.channels:
             channel.close()
         return self.report
@@ -319,68 +322,6 @@ class Soak:
     def _drop_host(self, i: int) -> None:
         if i in self.hosts:
             self.hosts[i].cancel()
-
-    # -- the check ----------------------------------------------------------------
-
-    def _check_ends(self) -> None:
-        """Every acknowledged request's frames, read back through one node."""
-        reader = self._prompts(0)
-        deadline = time.monotonic() + 120
-        turns: dict[int, list[tuple[float, float, str]]] = {}
-        for request_id, lane in self.acked.items():
-            frames = self._frames_to_end(reader, request_id, deadline)
-            self._check_frames(request_id, frames, turns.setdefault(lane, []))
-            if self._profile(lane) == "tools":
-                self.tool_sessions.update((f.session_id, f.session_key) for f in frames if f.session_id)
-        for lane_turns in turns.values():
-            lane_turns.sort()
-            for (_, end, first), (start, _, second) in zip(lane_turns, lane_turns[1:]):
-                if end > start:
-                    self._violation(f"{first} and {second} ran at once on one lane ({end - start:.3f} s)")
-
-    def _check_tool_calls_answered(self) -> None:
-        """Every tool call in the tool lanes' transcripts has its result right
-        after it (a turn cut off mid-call got a synthetic one): what the next
-        model call needs."""
-        sessions = spb_grpc.SessionServiceStub(self.channels[0])
-        for session_id, key in sorted(self.tool_sessions.items()):
-            messages = transcript(sessions, session_id)
-            self.report.tool_calls += len(tool_calls_answered(messages)[0])
-            unanswered = unanswered_calls(messages)
-            if unanswered:
-                self._violation(f"session {session_id} of {key}: tool calls without a result {unanswered}"
-                                f" in {_shape(messages)}")
-
-    @staticmethod
-    def _frames_to_end(reader, request_id: str, deadline: float) -> list:
-        while True:
-            frames = watch(reader, request_id=request_id, timeout=CALL_TIMEOUT).frames
-            if any(kind_of(f) in TERMINAL for f in frames) or time.monotonic() > deadline:
-                return frames
-            time.sleep(0.5)
-
-    def _check_frames(self, request_id: str, frames: list, lane_turns: list) -> None:
-        kinds = [kind_of(f) for f in frames]
-        ends = [f for f in frames if kind_of(f) in TERMINAL]
-        if [f.seq for f in frames] != list(range(1, len(frames) + 1)) or len(ends) != 1 \
-                or kinds.count("started") > 1:
-            self._violation(f"{request_id}: frames {kinds} seqs {[f.seq for f in frames]}")
-            return
-        end = ends[0]
-        self.report.ends[f"failed/{end.failed.reason}" if kind_of(end) == "failed" else kind_of(end)] += 1
-        started = [f for f in frames if kind_of(f) == "started"]
-        if started:
-            lane_turns.append((started[0].at.ToNanoseconds() / 1e9, end.at.ToNanoseconds() / 1e9,
-                               request_id))
-
-
-def _shape(messages) -> str:
-    """A transcript in brief: seq, role, and the tool call ids of each message."""
-    def one(m) -> str:
-        ids = call_ids(m) + ([m.tool_call_id] if m.tool_call_id else [])
-        return f"{m.seq} {m.role}" + "".join(f" {x}" for x in ids)
-    return "[" + ", ".join(one(m) for m in messages) + "]"
-
 
 def _answered_prefix(messages) -> list:
     """A transcript up to its first assistant message whose tool calls are not

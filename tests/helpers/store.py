@@ -164,6 +164,19 @@ class StoreView:
         """The transcript rows one turn wrote (hidden ones too), in seq order."""
         return self._uow(lambda uow: uow.messages.of_request(request_id))
 
+    def turns_rows(self, request_ids: list[str]) -> dict[str, tuple[str, list[Message]]]:
+        """For many turns at once (one connection): per request id the ledger
+        holds, the incarnation its turn ran in and the rows it wrote there
+        (hidden ones too), in seq order."""
+        def read(uow) -> dict[str, tuple[str, list[Message]]]:
+            out = {}
+            for rid in request_ids:
+                entry = uow.ledger.get(rid)
+                if entry is not None:
+                    out[rid] = (entry.session_id, uow.messages.of_request(rid))
+            return out
+        return self._uow(read)
+
     def user_rows(self, request_id: str) -> int:
         return sum(m.role == "user" for m in self.turn_rows(request_id))
 
