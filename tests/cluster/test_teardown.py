@@ -161,6 +161,35 @@ def test_a_delete_made_while_the_turns_node_is_stalled_past_its_lease_ends_that_
     assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), (busy.kinds(), busy.details)
 
 
+def test_a_delete_and_a_new_turn_on_the_lane_while_the_turns_node_is_stalled_end_that_turn_cancelled(
+        tmp_path, cluster_dsn):
+    """As above, and before b goes on, a new prompt on the lane runs on a:
+    the lease names a now, not nobody, though the session b's turn ran in
+    was deleted. Its turn must still end CANCELLED, as a deleted session's
+    does: its request is gone from the ledger, so the LANE_MOVED an adapter
+    retries would run the prompt again, in a fresh session."""
+    config = scripted("main", [{"tool_calls": [{"name": "calc.add", "arguments": {"a": 2, "b": 3}}]},
+                               {"text": "done"}], tools=["calc.*"])
+    with Cluster(tmp_path, cluster_dsn, n=2, config=config) as c:
+        a, b = c["a"], c["b"]
+        with ToolHost(b.tools(), "calc", [("calc.add", "Add two numbers", AB_SCHEMA)]) as host:  # answers none
+            src = source()
+            busy = PromptRun(b.prompts(), text="add", src=src)
+            assert host.on_invocation.wait(30), busy.kinds()
+            store = StoreView(a)
+            b.pause()
+            try:
+                wait_until(lambda: store.lease_holder(busy.key) is None, timeout=30, what="b's lease run out")
+                assert a.sessions().DeleteSession(spb.DeleteSessionRequest(session_key=busy.key),
+                                                  timeout=10).deleted
+                assert_well_formed(run(a.prompts(), prompt_req(text="anew", source=src)))  # a took the lane
+                assert store.status(busy.request_id) is None  # the deleted turn's row went with its session
+            finally:
+                b.resume()
+            busy.result(30)
+        assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), (busy.kinds(), busy.details)
+
+
 @contextlib.contextmanager
 def not_listening(c: Cluster, node_id: str):
     """The node's listening connection cut, and no new connection to the

@@ -19,8 +19,10 @@ Guarantees, and why:
   shortens it) is dropped here before its lease can run out in the database,
   where expiry is judged on the database's clock: the node stops running the
   lane before anyone else may start it (``distrusted``). Its turns' streams
-  end LANE_MOVED, or CANCELLED when the store says a delete revoked the lease
-  meanwhile (a retry would run the prompt anew in a fresh session).
+  end LANE_MOVED, or CANCELLED when the store says the session was deleted
+  meanwhile (the lease revoked, or the turn's request gone from the ledger,
+  whoever took the lane since): a retry would run the prompt anew in a fresh
+  session.
 * A lane idle here for a TTL is let go, so the next prompt can land on any
   node without waiting; a clean stop lets every lane go (except those whose
   turn its drain cut off: left to run out, for a continue turn elsewhere)
@@ -52,7 +54,6 @@ from . import jobs
 
 if TYPE_CHECKING:
     from ..turns.manager import TurnManager
-    from ..turns.subscriber import Subscriber
 
 log = logging.getLogger("agent_sidecar.cluster")
 
@@ -163,51 +164,65 @@ class ClusterLeases:
         return self.held.pop(key, None) is not None
 
     def lost(self, keys: Iterable[str]) -> None:
-        """Lanes this node may no longer run: their turns here stop, unwritten."""
+        """Lanes this node may no longer run, as the store said (a write of
+        theirs fenced, a renewal refused): their turns here stop at once,
+        unwritten; their streams end as ``_tell`` finds."""
+        keys = list(keys)
         for key in keys:
             if self._forget(key):
                 self.leases_lost += 1
                 log.warning("lane lease lost", extra={"key": key})
-            if self._manager is not None:
-                supervision.abandon(self._manager, key)
+        self._stop(keys, counted=True)
 
     def distrusted(self, keys: Iterable[str]) -> None:
         """Lanes whose lease this node no longer trusts (its renewal was not
         confirmed in time: a stalled store, or this node itself stalled, a
         SIGSTOP, a long pause): their turns stop at once, writing nothing more,
-        before anyone else may start the lane. How their streams end waits for
-        the store's word (``_tell``): a lane deleted meanwhile (its lease
-        revoked) ends them CANCELLED as ``cleared`` does, since a retry would
-        run the prompt anew in a fresh session; any other, or one the store
-        does not answer for within ``VERDICT_S``, LANE_MOVED as ``lost``."""
-        m = self._manager
-        streams = {}
+        before anyone else may start the lane; their streams end as ``_tell``
+        finds (counted as lost unless the lane was deleted)."""
+        keys = list(keys)
         for key in keys:
             self._forget(key)
-            streams[key] = supervision.stop_lane(m, key, LANE_MOVED) if m is not None else []
+        self._stop(keys, counted=False)
+
+    def _stop(self, keys: list[str], counted: bool) -> None:
+        m = self._manager
+        streams = {key: supervision.stop_lane(m, key, LANE_MOVED) for key in keys} if m is not None else {}
+        if counted:  # nothing to tell of a lane without turns here
+            streams = {key: stopped for key, stopped in streams.items() if stopped}
         if streams:
-            task = asyncio.get_running_loop().create_task(self._tell(streams))
+            task = asyncio.get_running_loop().create_task(self._tell(streams, counted))
             self._telling.add(task)
             task.add_done_callback(self._telling.discard)
 
-    async def _tell(self, streams: dict[str, list[Subscriber]]) -> None:
-        """End the streams of lanes ``distrusted`` stopped, each as the store
-        says its lane went: deleted (CANCELLED) or lost (LANE_MOVED, counted)."""
+    async def _tell(self, streams: dict[str, list[supervision.Stopped]], counted: bool) -> None:
+        """End the streams of turns a lost lane stopped, each as the store says
+        it went: deleted (CANCELLED, as ``cleared`` does: a retry would run the
+        prompt anew in a fresh session) when its lane's lease was revoked or
+        its request, acknowledged, is gone from the ledger (the session was
+        deleted, whoever took the lane since); else LANE_MOVED, which a retry
+        with the same request id follows to the lane's new holder. With no
+        word from the store within ``VERDICT_S``: LANE_MOVED."""
         revoked: AbstractSet[str] = frozenset()
+        known: AbstractSet[str] | None = None
+        acked = [s.request_id for stopped in streams.values() for s in stopped if s.acked]
         try:
             async with asyncio.timeout(VERDICT_S):
                 revoked = await self.store.revoked_leases(list(streams))
+                known = await self.store.known_requests(acked) if acked else frozenset()
         except (StoreUnavailable, TimeoutError):
             pass  # no word: the lease may well have moved
         finally:
             deleted = _deleted()
-            for key, subs in streams.items():
-                if key not in revoked:
+            for key, stopped in streams.items():
+                if not counted and key not in revoked:
                     self.leases_lost += 1
                     log.warning("lane lease lost", extra={"key": key})
-                error = deleted if key in revoked else LeaseLost({key: 0})
-                for sub in subs:
-                    sub.push(error)
+                for s in stopped:
+                    gone = key in revoked or (s.acked and known is not None and s.request_id not in known)
+                    error = deleted if gone else LeaseLost({key: 0})
+                    for sub in s.subscribers:
+                        sub.push(error)
 
     def cleared(self, keys: Iterable[str] | None = None) -> None:
         """These lanes (None: every lane) were deleted (DeleteSession,

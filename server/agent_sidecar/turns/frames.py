@@ -246,7 +246,7 @@ class FrameBus:
 
     def forget(self, key: str) -> None:
         """Drop what is queued (not sent) for lane ``key``: this node lost its
-        lease (TurnManager.abandon); the store would refuse it anyway."""
+        lease (supervision.stop_lane); the store would refuse it anyway."""
         gone = lambda turn: turn.key == key  # noqa: E731
         self._frames, self._writes, self._thens, self._owners = _without(
             gone, self._frames, self._writes, self._thens, self._owners)[:4]

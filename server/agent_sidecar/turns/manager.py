@@ -142,7 +142,7 @@ class TurnManager:
         to it, or None when the request id is already known (the caller
         replays it). The subscriber hears the turn's frames, or why it ended
         here: a lane lost or deleted while the accept committed lets go of
-        the turn's subscribers, after telling them (supervision.abandon).
+        the turn's subscribers, after telling them (cluster/leases.py).
         ``internal``: a restore's resume turn, written under ``epoch``, the
         lease its restore was taken at (whatever became of it meanwhile)."""
         if not internal and not self.ready.is_set():

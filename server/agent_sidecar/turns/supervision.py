@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import errors as E
@@ -22,7 +23,6 @@ from ..sessions import lifecycle as life
 from ..store import StoreUnavailable
 from . import wire
 from .lanes import Turn
-from .leasing import LeaseLost
 
 if TYPE_CHECKING:
     from .manager import TurnManager
@@ -267,35 +267,41 @@ def end_streams(m: TurnManager, err: BaseException) -> None:
         turn.subscribers.clear()
 
 
-def abandon(m: TurnManager, key: str, error: E.SidecarError | None = None) -> None:
-    """This node lost the lane's lease: its turns here stop at once, writing
-    nothing more (the store would refuse it); the node that took the lane
-    over closes or reruns them from the ledger. Their streams end with
-    LANE_MOVED: a retry with the same request id follows the turn there.
-    ``error``: another end for their streams (the lane was deleted)."""
-    if error is None:
-        error = LeaseLost({key: 0})
-    for sub in stop_lane(m, key, error.reason):
-        sub.push(error)
+@dataclass
+class Stopped:
+    """A turn ``stop_lane`` stopped, with its streams, not yet told how it ended."""
+
+    request_id: str
+    acked: bool  # its accept had committed: the ledger held it
+    subscribers: list[Subscriber]
 
 
-def stop_lane(m: TurnManager, key: str, reason: str) -> list[Subscriber]:
+def abandon(m: TurnManager, key: str, error: E.SidecarError) -> None:
+    """This node must stop the lane's turns at once, writing nothing more, and
+    knows how their streams end (``error``: the lane was deleted, CANCELLED)."""
+    for stopped in stop_lane(m, key, error.reason):
+        for sub in stopped.subscribers:
+            sub.push(error)
+
+
+def stop_lane(m: TurnManager, key: str, reason: str) -> list[Stopped]:
     """The lane's turns here stop at once (``reason``: why, to their workers
-    and traces), writing nothing more, and the lane is dropped; returns their
-    streams' subscribers, not yet told how they end (``abandon`` tells them at
-    once; a lane whose lease lost its trust here tells them once the store
-    says why: cluster/leases.py)."""
+    and traces), writing nothing more (the store would refuse it: the node
+    that took the lane over closes or reruns them from the ledger), and the
+    lane is dropped; returns them with their streams' subscribers, not yet
+    told how they end (``abandon`` tells them at once; a lane lost here tells
+    them once the store says why: cluster/leases.py)."""
     lane = m.lanes.pop(key, None)
-    streams: list[Subscriber] = []
+    stopped: list[Stopped] = []
     for turn in [t for t in m.live.values() if t.key == key]:
         del m.live[turn.rid]
         if turn.began and turn.worker is not None and not turn.finished:
             turn.worker.send(wire.cancel(turn.rid, reason))
         turn.drop()
         tracing.turn_left(turn, reason)
-        streams.extend(turn.subscribers)
+        stopped.append(Stopped(turn.rid, turn.acked, list(turn.subscribers)))
         turn.subscribers.clear()
     m.bus.forget(key)
     if lane is not None and m.pool is not None:
         m.pool.slot_for(key).send(wire.evict(key))
-    return streams
+    return stopped
