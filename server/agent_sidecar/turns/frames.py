@@ -113,7 +113,8 @@ class FrameBus:
         self._writes: list[tuple] = []  # (FN, (fn, args) or None) or (MSG, append_many item)
         self._thens: list[Callable | None] = []  # one per write: run after commit
         self._owners: list = []  # one per write: its turn (its lane and lease epoch)
-        self._lanes: set[str] = set()  # the lanes of what is queued (a superset: see holds)
+        self._lanes: set[str] = set()  # the lanes of what is queued (a superset: see unsettled)
+        self._sent_lanes: dict[int, set[str]] = {}  # flush number -> its lanes, until it commits
         self._scheduled = False
         self._flights: deque = deque()  # sent, not answered yet: (no, frames, writes, thens)
         self._undone: list[tuple] = []  # answered without committing, to send again
@@ -182,11 +183,14 @@ class FrameBus:
         submitted right after it commits after it (turns/undo.py)."""
         self._flush()
 
-    def holds(self, key: str) -> bool:
-        """Whether anything of lane ``key`` may be queued here, not yet handed
-        to the store's writer (a turn's last messages and its end, say). O(1);
-        after ``forget`` it may say yes for nothing, which costs a flush."""
-        return key in self._lanes
+    def unsettled(self, key: str) -> bool:
+        """Whether anything of lane ``key`` published here may not have
+        committed yet: queued, in flight, or refused and waiting to be sent
+        again. A job written to the store now, beside the bus, commits after
+        what is in flight only if that commits: a flush refused (another
+        lane's epoch moved, a flush before it failed) is sent again behind
+        it. O(flushes in flight); after ``forget`` it may say yes for nothing."""
+        return key in self._lanes or any(key in lanes for lanes in self._sent_lanes.values())
 
     def _flush(self) -> None:
         self._scheduled = False
@@ -207,12 +211,13 @@ class FrameBus:
                 # Not again for turns dropped meanwhile (their lane's lease was lost).
                 self._requeue(*_without(_dropped, frames, writes, thens, owners)[:4])
             self._undone.clear()
+            self._sent_lanes.clear()  # every flush answered; what was undone is queued again
             self._sent_no = self._committed_no
         if not self._frames and not self._writes:
             return
         frames, writes, thens, owners = self._frames, self._writes, self._thens, self._owners
         self._frames, self._writes, self._thens, self._owners = [], [], [], []
-        self._lanes = set()
+        lanes, self._lanes = self._lanes, set()
         no = self._sent_no + 1
         flight = (no, frames, writes, thens, owners)
         fence = _fence(frames, owners) if self.on_fenced is not None else None
@@ -222,6 +227,7 @@ class FrameBus:
         except StoreUnavailable:
             self._requeue(frames, writes, thens, owners)
             return
+        self._sent_lanes[no] = lanes
         self.store.flush()  # this loop iteration's frames are gathered: no need to wait for the next
         # Run in a context of its own: a flush carries many turns' frames, so
         # its callbacks are none of them (logs.TURN, the current span).
@@ -281,6 +287,7 @@ class FrameBus:
             self._send(retry=False)
             return
         self._committed_no = flight[0]
+        self._sent_lanes.pop(flight[0], None)
         _, frames, writes, thens, _ = flight
         results, first_id = fut.result()
         moved = started_in(writes, results)  # as run_flush stored them

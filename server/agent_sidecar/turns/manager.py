@@ -179,8 +179,14 @@ class TurnManager:
         # restore's resume turns: their starts (and system prompts) should not
         # hold up SERVING, so they start after their accept, through the bus.
         start_now = slot is None and lane.running is turn and not internal
-        if start_now and self.bus.holds(key):  # the lane's last turn just ended: its last messages
-            self.bus.flush_now()  # and end commit first (jobs run in the order written), then this start
+        if start_now and self.bus.unsettled(key):
+            # What the lane's last turn sent (its last messages, its end) has not
+            # committed: it goes to the writer first, and this turn starts after
+            # it, through the bus. Started by its accept, its user message could
+            # land between them: a flush refused meanwhile (another lane's epoch
+            # moved) is sent again behind the jobs written after it.
+            self.bus.flush_now()
+            start_now = False
         accepted = self.store.write(jobs.accept, jobs.AcceptRequest(
             turn.record(), source, self.cfg.dedup_window_s, slot, position, start_now,
             {key: epoch} if epoch else None))
