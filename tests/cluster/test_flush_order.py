@@ -15,16 +15,13 @@ would: one real sidecar on a real PostgreSQL database."""
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
 
-import psycopg
-from helpers.cluster import Cluster
+from helpers.cluster import Cluster, FramesLock, lock_waiters
 from helpers.config import echo, scripted
 from helpers.ids import source, words
 from helpers.metrics import metrics_config, scrape
 from helpers.pg import free_port
 from helpers.sessions import transcript
-from helpers.store import local_store
 from helpers.streams import PromptRun, assert_well_formed, prompt_req
 from helpers.tools import AB_SCHEMA, ToolHost
 from helpers.waiting import wait_until
@@ -33,39 +30,6 @@ STEPS = [{"tool_calls": [{"name": "calc.add", "arguments": {"a": 2, "b": 3}}]}, 
 CONFIG = scripted("tools", STEPS, tools=["calc.*"]) + echo("slow", 20)
 MODEL_CALLS = "agent_sidecar_model_call_duration_seconds_count"  # reported with a turn's end
 ADMITTED = "agent_sidecar_prompts_admitted_bytes"  # the prompts placed and not ended
-
-
-class FramesLock:
-    """A transaction of the test's own on the cluster's database that moves
-    ``key``'s lease to a new epoch (as another node's take would; here a
-    revoke, which needs no expiry) and so holds the frames lock every job of
-    the node's writer takes first, until ``release()`` commits it."""
-
-    def __init__(self, dsn: str, key: str):
-        self.held, self.go = threading.Event(), threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(dsn, key), daemon=True)
-        self._thread.start()
-        assert self.held.wait(30), "the frames lock was not taken"
-
-    def _run(self, dsn: str, key: str) -> None:
-        def hold(uow) -> None:
-            uow.leases.revoke([key])
-            self.held.set()
-            self.go.wait(60)
-        with local_store(SimpleNamespace(store_dsn=dsn)) as s:
-            s.job(hold)
-
-    def release(self) -> None:
-        self.go.set()
-        self._thread.join(30)
-
-
-def lock_waiters(dsn: str) -> int:
-    """Sessions of the database waiting for an advisory lock (the node's writer, behind ours)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-                            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-                            ).fetchone()[0]
 
 
 def test_a_prompt_on_an_idle_lane_writes_after_what_its_last_turn_sent_though_that_flush_was_refused(

@@ -16,20 +16,29 @@ Per node: ``start``/``stop`` (SIGTERM, clean), ``kill9`` (a crash),
 too), ``restart``; stubs with ``prompts()``, ``sessions()``, ``tools()`` (Unix
 socket; ``tcp=True`` for the TCP listener, with ``metadata()`` as the call's
 credentials). ``with Cluster(...) as cl:`` starts every node (in parallel)
-and stops them all at the end, resuming paused ones first."""
+and stops them all at the end, resuming paused ones first.
+
+``FramesLock(dsn, key)``: the frames lock every node's writer takes first,
+held by a transaction of the test's own (so the nodes' writes queue up behind
+it), that may also move a lane to a new epoch; ``lock_waiters(dsn)`` counts
+the sessions waiting for it."""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import psycopg
 from sidecar_proc import TOKEN, Sidecar
 
 from .config import table
+from .store import local_store
 
 CLUSTER_TOKEN = "test-cluster-token"
 NAMES = "abcdefghij"
@@ -145,3 +154,38 @@ class Cluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class FramesLock:
+    """A transaction of the test's own on the cluster's database that holds
+    the frames lock every node's writer takes first (in each job that writes
+    frames, fences or leases: the nodes' writes queue up behind it), until
+    ``release()`` commits it; with ``key``, it also moves that lane's lease to
+    a new epoch (as another node's take would; here a revoke, which needs no
+    expiry), so the flushes held up that carry the lane are refused."""
+
+    def __init__(self, dsn: str, key: str = ""):
+        self.held, self.go = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(dsn, key), daemon=True)
+        self._thread.start()
+        assert self.held.wait(30), "the frames lock was not taken"
+
+    def _run(self, dsn: str, key: str) -> None:
+        def hold(uow) -> None:
+            uow.leases.revoke([key] if key else [])  # the lock first, always
+            self.held.set()
+            self.go.wait(60)
+        with local_store(SimpleNamespace(store_dsn=dsn)) as s:
+            s.job(hold)
+
+    def release(self) -> None:
+        self.go.set()
+        self._thread.join(30)
+
+
+def lock_waiters(dsn: str) -> int:
+    """Sessions of the database waiting for an advisory lock (the node's writer, behind ours)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                            ).fetchone()[0]

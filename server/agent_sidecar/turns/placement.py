@@ -31,6 +31,14 @@ async def place_busy(m: TurnManager, lane: Lane, turn: Turn) -> str | None:
     if mode == STEER:
         if await steer(m, lane, turn):
             return None
+        if turn.dropped:
+            # Its lane's lease was lost while it waited (its turns here were
+            # stopped, this one too): placed in a lane this node took anew
+            # since, it would be accepted under the old epoch, refused by the
+            # fence, and left there as the lane's next turn, never to start,
+            # with every later prompt of the lane queued behind it.
+            raise E.SidecarError(E.LANE_MOVED, "the session's lane was lost while this STEER waited; retry",
+                                 retry_after_s=0.2)
         # While it waited the lane may have ended (and been dropped): place
         # the turn in the key's lane as it is now; an idle one runs it.
         lane = m.lane(turn.key)
