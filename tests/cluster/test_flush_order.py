@@ -26,10 +26,13 @@ from helpers.streams import PromptRun, assert_well_formed, prompt_req
 from helpers.tools import AB_SCHEMA, ToolHost
 from helpers.waiting import wait_until
 
+from agent_sidecar.v1 import session_service_pb2 as spb
+
 STEPS = [{"tool_calls": [{"name": "calc.add", "arguments": {"a": 2, "b": 3}}]}, {"text": "five"}]
 CONFIG = scripted("tools", STEPS, tools=["calc.*"]) + echo("slow", 20)
 MODEL_CALLS = "agent_sidecar_model_call_duration_seconds_count"  # reported with a turn's end
 ADMITTED = "agent_sidecar_prompts_admitted_bytes"  # the prompts placed and not ended
+BACKLOG = "agent_sidecar_store_writer_backlog_jobs"  # jobs handed to the writer, not answered
 
 
 def test_a_prompt_on_an_idle_lane_writes_after_what_its_last_turn_sent_though_that_flush_was_refused(
@@ -76,3 +79,41 @@ def test_a_prompt_on_an_idle_lane_writes_after_what_its_last_turn_sent_though_th
         assert [(m.role, m.content) for m in messages] == [
             ("user", "add them"), ("assistant", ""), ("tool", '{"sum": 5}'), ("assistant", "five"),
             ("user", "once more"), ("assistant", ""), ("tool", '{"sum": 5}'), ("assistant", "five")], messages
+
+
+def test_a_rewind_right_after_a_turn_hides_all_of_it_though_the_flush_carrying_its_end_was_refused(
+        tmp_path, cluster_dsn):
+    """As above, with RewindSession(n=1) in place of the new prompt: its job
+    must run after the turn's last writes, hiding the whole turn, not leave
+    its tool result and reply live without their call and user message."""
+    port = free_port()
+    with Cluster(tmp_path, cluster_dsn, n=1, config=CONFIG + metrics_config(port), lease_ttl_s=60.0) as c:
+        node = c["a"]
+        with ToolHost(node.tools(), "calc", [("calc.add", "Add two numbers", AB_SCHEMA)]) as host:  # answers when told
+            first = PromptRun(node.prompts(), text="add them", src=source(), profile="tools")
+            wait_until(lambda: len(host.invocations) == 1, timeout=30, what="the first turn's tool call")
+            other = PromptRun(node.prompts(), text="add those", src=source(), profile="tools")
+            wait_until(lambda: len(host.invocations) == 2, timeout=30, what="the other turn's tool call")
+            session_id = first.wait_for("accepted").session_id
+            reported = scrape(port).total(MODEL_CALLS)
+            lock = FramesLock(c.dsn, other.key)
+            try:
+                host.answer(host.invocations[1], True, '{"sum": 5}')  # the other lane's flush waits for the lock
+                wait_until(lambda: lock_waiters(c.dsn) > 0, timeout=30, what="the node's writer behind the lock")
+                host.answer(host.invocations[0], True, '{"sum": 5}')  # the first turn's last writes queue behind
+                wait_until(lambda: scrape(port).total(MODEL_CALLS) >= reported + 4, timeout=30,
+                           what="both turns' ends (their model calls reported)")
+                backlog = scrape(port).value(BACKLOG)
+                rewound = {}
+                rewind = threading.Thread(target=lambda: rewound.update(r=node.sessions().RewindSession(
+                    spb.RewindSessionRequest(session_id=session_id, n=1), timeout=60)))
+                rewind.start()
+                wait_until(lambda: scrape(port).value(BACKLOG) > backlog, timeout=30,
+                           what="the rewind's job handed to the writer")
+            finally:
+                lock.release()
+            rewind.join(60)
+            first.result(60)
+        assert_well_formed(first)
+        assert rewound["r"].rewound_count == 4, rewound
+        assert list(transcript(node.sessions(), session_id)) == []

@@ -73,6 +73,11 @@ class ToolHost:
         finally:
             self.ended.set()
 
+    def answer(self, inv, ok: bool, result: str, error: str = "") -> None:
+        """Answer an invocation the handler left unanswered, now."""
+        self._out.put(tpb.ServeToolsRequest(result=tpb.ToolInvocationResult(
+            invocation_id=inv.invocation_id, ok=ok, result_json=result, error=error)))
+
     def wait_registered(self, timeout: float = 10) -> ToolHost:
         assert self.registered.wait(timeout), f"not registered: {self.error}"
         return self

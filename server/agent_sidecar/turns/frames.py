@@ -73,9 +73,15 @@ def _fence(frames: list[tuple], owners: list) -> dict[str, int]:
 
 
 def _without(gone: Callable[[Any], bool], frames, writes, thens, owners) -> tuple:
-    """A flush's items minus those whose turn is ``gone``, and how many were dropped."""
+    """A flush's items minus those whose turn is ``gone``, and how many were
+    dropped. An owner that waits for its write's answer (a session
+    operation's, turns/lane_admin.py) is told it was dropped."""
     kept_frames = [f for f in frames if not gone(f[1])]
     keep = [i for i, turn in enumerate(owners) if not gone(turn)]
+    for i in set(range(len(owners))) - set(keep):
+        told = getattr(owners[i], "on_dropped", None)
+        if told is not None:
+            told()
     dropped = len(frames) - len(kept_frames) + len(owners) - len(keep)
     return (kept_frames, [writes[i] for i in keep], [thens[i] for i in keep], [owners[i] for i in keep],
             dropped)

@@ -45,12 +45,45 @@ def under_lease(m: TurnManager, key: str, epoch: int, job, *args) -> asyncio.Fut
     and fenced at the epoch ``claim`` gave: should the lane have moved to
     another node meanwhile, the job is refused (LANE_MOVED: a retry goes to
     the new holder) instead of committing under that node's running turn,
-    and the lane stops here, as for a turn's fenced write."""
-    m.bus.flush_now()
+    and the lane stops here, as for a turn's fenced write. While what the
+    lane's turns sent has not all committed, the job rides the frame bus
+    behind it (a flush refused meanwhile is sent again behind the jobs
+    written after it: a rewind would then miss the rows it should hide)."""
+    if m.bus.unsettled(key):
+        return _on_the_bus(m, key, epoch, job, *args)
     fut = m.store.write(jobs.fenced, {key: epoch} if epoch else None, job, *args)
     if epoch and m.leases is not None:
         fut.add_done_callback(functools.partial(_fenced, m.leases))
     return fut
+
+
+class _Operation:
+    """A session operation's job as the frame bus carries it: its lane and
+    epoch fence the flush it goes in; dropped (the lane lost or moved on),
+    it fails LANE_MOVED, as ``under_lease`` does."""
+
+    dropped = False
+
+    def __init__(self, key: str, epoch: int, fut: asyncio.Future):
+        self.key, self.epoch, self.fut = key, epoch, fut
+
+    def answered(self, result) -> None:
+        if self.fut.done():
+            return
+        if isinstance(result, BaseException):
+            self.fut.set_exception(result)
+        else:
+            self.fut.set_result(result)
+
+    def on_dropped(self) -> None:
+        self.answered(LeaseLost({self.key: self.epoch}))
+
+
+def _on_the_bus(m: TurnManager, key: str, epoch: int, job, *args) -> asyncio.Future:
+    op = _Operation(key, epoch, asyncio.get_running_loop().create_future())
+    m.bus.write(op, job, *args, then=op.answered)
+    m.bus.flush_now()
+    return op.fut
 
 
 def _fenced(leases, fut: asyncio.Future) -> None:
