@@ -260,11 +260,16 @@ def end_streams(m: TurnManager, err: BaseException) -> None:
     """Nothing more will commit in this process (the store's writer died, or
     the sidecar stops while the store cannot write): the turns' streams end
     now with ``err`` (UNAVAILABLE, STORE_UNAVAILABLE) instead of waiting for
-    frames that will never come; the next start's restore closes the turns."""
+    frames that will never come; the next start's restore closes the turns.
+    A STEER waiting for a worker's answer gets no, so its call ends the same
+    way (its fallback's accept fails) rather than cut by the server's stop."""
     for turn in list(m.live.values()):
         for sub in turn.subscribers:
             sub.push(err)
         turn.subscribers.clear()
+    for fut, _ in list(m.steer_waits.values()):  # STEERs waiting for a worker's answer: none is
+        if not fut.done():  # awaited now; each falls back, and its accept fails as every write does
+            fut.set_result(False)
 
 
 @dataclass
