@@ -238,8 +238,9 @@ class Soak:
         with self.lock:
             self.report.refusals[f"{run.code.name}/{run.reason}"] += 1
         if run.reason != "AGENT_BUSY":  # REJECT_IF_BUSY's refusal: anything else is wrong
+            debug = run.error.debug_error_string() if run.error is not None else ""  # whose status it is
             self._violation(f"{request_id}: ended {run.code.name} / {run.reason}: {run.details} "
-                            f"after {run.kinds()}")
+                            f"after {run.kinds()} ({debug})")
 
     # -- admin calls --------------------------------------------------------------
 
