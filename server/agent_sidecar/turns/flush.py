@@ -17,6 +17,7 @@ import functools
 import logging
 from typing import Any
 
+from ..errors import SidecarError
 from ..store import UnitOfWork
 from ..store.records import Append
 from ..store.writer.process import at_end
@@ -72,7 +73,8 @@ def run_flush(uow: UnitOfWork, order: tuple[int, int], rows: list[tuple],
     except Exception as e:
         if uow.is_fault(e):
             raise
-        log.exception("a write queued with frames failed; replaying the batch write by write")
+        if not isinstance(e, SidecarError):  # a refusal (a session operation's) is its write's answer
+            log.exception("a write queued with frames failed; replaying the batch write by write")
         results = _run_writes(uow, writes, isolate=True)
     moved = started_in(writes, results)
     if moved:  # a ``started`` frame names the incarnation its start job chose
@@ -131,5 +133,6 @@ def _guarded(uow: UnitOfWork, isolate: bool, fn, args: tuple, count: int, many: 
     except Exception as e:
         if uow.is_fault(e):
             raise
-        log.exception("a write queued with frames failed")
+        if not isinstance(e, SidecarError):  # a refusal goes to its caller; anything else is a defect
+            log.exception("a write queued with frames failed")
         return [e] * count
