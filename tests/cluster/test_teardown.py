@@ -148,17 +148,24 @@ def test_a_delete_made_while_the_turns_node_is_stalled_past_its_lease_ends_that_
     end as a deleted session's does, CANCELLED, not LANE_MOVED (which an
     adapter retries, running the prompt again in a fresh session)."""
     with _turn_waiting_on_b(tmp_path, cluster_dsn) as (c, busy, _):
-        a, b = c["a"], c["b"]
-        store = StoreView(a)
-        b.pause()
-        try:
-            wait_until(lambda: store.lease_holder(busy.key) is None, timeout=30, what="b's lease run out")
-            assert a.sessions().DeleteSession(spb.DeleteSessionRequest(session_key=busy.key),
-                                              timeout=10).deleted
-        finally:
-            b.resume()
+        _stalled_through_a_delete(c, busy)
         busy.result(30)
     assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), (busy.kinds(), busy.details)
+
+
+def _stalled_through_a_delete(c: Cluster, busy: PromptRun, meanwhile=None) -> None:
+    """b stalled (SIGSTOP) until its lease on ``busy``'s lane has run out, a
+    deleting the session there, then ``meanwhile()``; b goes on after."""
+    store = StoreView(c["a"])
+    c["b"].pause()
+    try:
+        wait_until(lambda: store.lease_holder(busy.key) is None, timeout=30, what="b's lease run out")
+        assert c["a"].sessions().DeleteSession(spb.DeleteSessionRequest(session_key=busy.key),
+                                               timeout=10).deleted
+        if meanwhile is not None:
+            meanwhile()
+    finally:
+        c["b"].resume()
 
 
 def test_a_delete_and_a_new_turn_on_the_lane_while_the_turns_node_is_stalled_end_that_turn_cancelled(
@@ -168,26 +175,13 @@ def test_a_delete_and_a_new_turn_on_the_lane_while_the_turns_node_is_stalled_end
     was deleted. Its turn must still end CANCELLED, as a deleted session's
     does: its request is gone from the ledger, so the LANE_MOVED an adapter
     retries would run the prompt again, in a fresh session."""
-    config = scripted("main", [{"tool_calls": [{"name": "calc.add", "arguments": {"a": 2, "b": 3}}]},
-                               {"text": "done"}], tools=["calc.*"])
-    with Cluster(tmp_path, cluster_dsn, n=2, config=config) as c:
-        a, b = c["a"], c["b"]
-        with ToolHost(b.tools(), "calc", [("calc.add", "Add two numbers", AB_SCHEMA)]) as host:  # answers none
-            src = source()
-            busy = PromptRun(b.prompts(), text="add", src=src)
-            assert host.on_invocation.wait(30), busy.kinds()
-            store = StoreView(a)
-            b.pause()
-            try:
-                wait_until(lambda: store.lease_holder(busy.key) is None, timeout=30, what="b's lease run out")
-                assert a.sessions().DeleteSession(spb.DeleteSessionRequest(session_key=busy.key),
-                                                  timeout=10).deleted
-                assert_well_formed(run(a.prompts(), prompt_req(text="anew", source=src)))  # a took the lane
-                assert store.status(busy.request_id) is None  # the deleted turn's row went with its session
-            finally:
-                b.resume()
-            busy.result(30)
-        assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), (busy.kinds(), busy.details)
+    with _turn_waiting_on_b(tmp_path, cluster_dsn) as (c, busy, src):
+        def a_takes_the_lane():
+            assert_well_formed(run(c["a"].prompts(), prompt_req(text="anew", source=src)))
+            assert StoreView(c["a"]).status(busy.request_id) is None  # the deleted turn's row went with it
+        _stalled_through_a_delete(c, busy, a_takes_the_lane)
+        busy.result(30)
+    assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), (busy.kinds(), busy.details)
 
 
 @contextlib.contextmanager
