@@ -19,6 +19,7 @@ from .lanes import Lane, Phase, Turn
 
 if TYPE_CHECKING:
     from .manager import TurnManager
+    from .pool import WorkerHandle
 
 async def place_busy(m: TurnManager, lane: Lane, turn: Turn) -> str | None:
     """Put a prompt for a busy lane where its delivery mode says; returns its
@@ -177,3 +178,13 @@ async def steer(m: TurnManager, lane: Lane, turn: Turn) -> bool:
             m.cancel_turn(host, E.CANCELLED)  # cancelled while the worker took its text in
         return True
     return False
+
+
+def steers_answered_no(m: TurnManager, worker: WorkerHandle | None = None) -> None:
+    """The steers waiting for ``worker``'s answer (None: any worker's) are
+    told no, as the worker would answer them (``steer``): no answer will
+    come (it died; the store's writer died and nothing more commits), so
+    each falls back at once instead of after the whole wait."""
+    for fut, asked in list(m.steer_waits.values()):
+        if (worker is None or asked is worker) and not fut.done():
+            fut.set_result(False)

@@ -21,7 +21,7 @@ from ..obs import tracing
 from ..recovery.startup import INTERRUPTED, RestoredPrompt, RestorePlan
 from ..sessions import lifecycle as life
 from ..store import StoreUnavailable
-from . import wire
+from . import placement, wire
 from .lanes import Turn
 
 if TYPE_CHECKING:
@@ -267,9 +267,7 @@ def end_streams(m: TurnManager, err: BaseException) -> None:
         for sub in turn.subscribers:
             sub.push(err)
         turn.subscribers.clear()
-    for fut, _ in list(m.steer_waits.values()):  # STEERs waiting for a worker's answer: none is
-        if not fut.done():  # awaited now; each falls back, and its accept fails as every write does
-            fut.set_result(False)
+    placement.steers_answered_no(m)  # each falls back, and its accept fails as every write does now
 
 
 @dataclass

@@ -19,7 +19,7 @@ from ..logs import TURN
 from ..obs import tracing
 from ..sessions import lifecycle as life
 from ..tools.scope import in_scope
-from . import jobs, wire
+from . import jobs, placement, wire
 from .lanes import Turn
 from .pool import WorkerHandle
 
@@ -217,9 +217,7 @@ def on_exit(m: TurnManager, h: WorkerHandle) -> None:
                 continue
             m.bus.write(turn, life.mark_resume_pending, turn.key, "worker_crashed")
             m.end(turn, "failed", E.WORKER_CRASHED, "the worker process running the turn died")
-    for fut, asked in m.steer_waits.values():  # a dead worker takes no steer: they fall back now
-        if asked is h and not fut.done():
-            fut.set_result(False)
+    placement.steers_answered_no(m, h)  # a dead worker takes no steer: they fall back now
 
 
 def _close_dangling_tool_calls(m: TurnManager, turn: Turn, why: str) -> None:
