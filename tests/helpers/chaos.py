@@ -228,7 +228,14 @@ class Soak:
                     self.acked[request_id] = lane
             if kinds and kinds[-1] in TERMINAL:
                 return
-            if run.code not in RETRY and not reader.walked_away:
+            if run.code == grpc.StatusCode.CANCELLED and run.reason is None and not reader.walked_away:
+                # gRPC's, not the sidecar's: the call reached the server as it
+                # stopped, before a handler took it (grpc/grpc#41785). Sent
+                # again with its id, as docs/semantics.md ("Errors") tells
+                # adapters and the three clients do.
+                with self.lock:
+                    self.report.refusals["CANCELLED/None (gRPC's, sent again)"] += 1
+            elif run.code not in RETRY and not reader.walked_away:
                 self._refused(request_id, run)
                 return
             time.sleep(0.2)
