@@ -34,6 +34,13 @@ def test_a_token_may_go_plain_where_nothing_leaves_the_machine(target):
     open_client(target)
 
 
+@pytest.mark.parametrize("flag", ["insecure", "tls"])
+def test_a_flag_that_is_no_bool_is_refused_naming_it(flag):
+    # insecure="false" is truthy: it sent the token in cleartext to another host
+    with pytest.raises(ValueError, match=f"^{flag}: 'false'; True or False"):
+        open_client("10.1.2.3:50051", **{flag: "false"})
+
+
 def test_a_client_certificate_needs_its_key():
     with pytest.raises(ValueError, match="cert_file and key_file go together"):
         open_client("127.0.0.1:1", cert_file=b"-----BEGIN CERTIFICATE-----")

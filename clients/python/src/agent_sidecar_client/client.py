@@ -89,6 +89,9 @@ class SidecarClient(SessionCalls):
                  insecure: bool = False,
                  stream_idle_timeout: float | None = DEFAULT_STREAM_IDLE_TIMEOUT) -> None:
         given, target = target, _args.normalize_target(target)
+        for flag, value in (("tls", tls), ("insecure", insecure)):
+            if not isinstance(value, bool):  # "false" is truthy: it would send the token in cleartext
+                raise ValueError(f"{flag}: {value!r}; True or False")
         if stream_idle_timeout is not None and not (stream_idle_timeout > 0 and math.isfinite(stream_idle_timeout)):
             raise ValueError(f"stream_idle_timeout: {stream_idle_timeout!r}; seconds > 0, or None for none")
         if credentials is None and (tls or ca_file is not None or cert_file is not None or key_file is not None):
