@@ -18,7 +18,7 @@ import {
 } from "../src/gen/agent_sidecar/v1/prompt_service";
 import { type ServeToolsRequest, type ServeToolsResponse, ToolServiceService } from "../src/gen/agent_sidecar/v1/tool_service";
 import { ToolHost } from "../src/tools";
-import { frame, fullTurn, listenUnix, sleep, type TestServer } from "./helpers";
+import { frame, fullTurn, listenUnix, type TestServer } from "./helpers";
 
 const T = { timeout: 20_000 };
 
@@ -109,7 +109,13 @@ after(async () => {
   await srv?.stop();
 });
 
-test("a consumer slower than the idle timeout over a frame is no stall: the call is not cut", T, async () => {
+test("a consumer slower than the idle timeout over a frame is no stall: the call is not cut", T, async (t) => {
+  // The clock is the test's: setTimeout (the watchdog's timer) fires only when
+  // the test moves it. So the sidecar's frames may take as long as a loaded
+  // machine makes them take, and the caller's work on a frame (three idle
+  // timeouts of the clock, moved while it holds the frame) is all the time
+  // that passes: a watchdog that counted it would cut the call.
+  t.mock.timers.enable({ apis: ["setTimeout"] });
   const idleMs = 200;
   const client = await start(idleMs);
   const [p0, w0] = [prompts, watches.length];
@@ -117,7 +123,7 @@ test("a consumer slower than the idle timeout over a frame is no stall: the call
   const seqs: number[] = [];
   for await (const f of stream) {
     seqs.push(f.seq);
-    if (f.seq <= 2) await sleep(3 * idleMs); // the caller's own work on a frame
+    if (f.seq <= 2) t.mock.timers.tick(3 * idleMs); // the caller's own work on a frame
   }
   assert.deepEqual(seqs, [1, 2, 3, 4, 5, 6]);
   assert.equal(stream.resumes, 0);
