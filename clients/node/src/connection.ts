@@ -19,6 +19,7 @@ import {
 import { Metadata as GrpcMetadata } from "@grpc/grpc-js";
 import { readFileSync, statSync } from "node:fs";
 import { isIP } from "node:net";
+import type { ConnectionOptions } from "node:tls";
 import { fromGrpcError } from "./errors";
 import serviceConfig from "./service_config.json";
 
@@ -253,13 +254,37 @@ export interface TlsFiles {
   keyFile?: string;
 }
 
-/** Channel credentials for a TLS listener of the sidecar, from PEM files. */
+/**
+ * Channel credentials for a TLS listener of the sidecar, from PEM files. An IP
+ * target's address is not sent as the TLS server name (see {@link withoutIpServerName}).
+ */
 export function tlsCredentials(files: TlsFiles = {}): ChannelCredentials {
   if ((files.certFile === undefined) !== (files.keyFile === undefined)) {
     throw new TypeError("certFile and keyFile go together (the client certificate and its key)");
   }
   const read = (path?: string) => (path === undefined ? null : readFileSync(path));
-  return grpcCredentials.createSsl(read(files.caFile), read(files.keyFile), read(files.certFile));
+  return withoutIpServerName(grpcCredentials.createSsl(read(files.caFile), read(files.keyFile), read(files.certFile)));
+}
+
+/**
+ * `creds`, whose TLS connections send no IP address as their server name (SNI).
+ * grpc-js gives Node's tls.connect the target's host as `servername` whatever it
+ * is, and for an IP (127.0.0.1:50051) Node prints a DeprecationWarning (DEP0123:
+ * RFC 6066 allows only host names there) on the process's stderr. Verification is
+ * unchanged: without a server name Node checks the certificate against `host`,
+ * the same IP (and a `serverName` option checks its own name in any case).
+ * grpc-js keeps the options in its connector's `connectionOptions`; a grpc-js
+ * without them is left as it is (it warns again, nothing else changes).
+ */
+function withoutIpServerName(creds: ChannelCredentials): ChannelCredentials {
+  const create = creds._createSecureConnector.bind(creds);
+  creds._createSecureConnector = (target, options, callCredentials) => {
+    const connector = create(target, options, callCredentials);
+    const tls = (connector as { connectionOptions?: ConnectionOptions }).connectionOptions;
+    if (tls?.servername !== undefined && isIP(tls.servername) !== 0) delete tls.servername;
+    return connector;
+  };
+  return creds;
 }
 
 /**
