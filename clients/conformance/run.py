@@ -254,7 +254,8 @@ class Sidecar:
         c = self.certs
         return ["--proxy", self.proxy.target, "--proxy-control", self.proxy.control,
                 "--tls", self.tls, "--mtls", self.mtls, "--ca", str(c.ca), "--wrong-ca", str(c.other_ca),
-                "--client-cert", str(c.client_cert), "--client-key", str(c.client_key)]
+                "--client-cert", str(c.client_cert), "--client-key", str(c.client_key),
+                "--foreign-cert", str(c.foreign_cert), "--foreign-key", str(c.foreign_key)]
 
     def start(self, timeout: float) -> None:
         with open(self.log, "wb") as log:

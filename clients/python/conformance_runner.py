@@ -404,6 +404,9 @@ class Runner:
         check(via_mtls == via_unix.session_id, f"unix {via_unix.session_id} vs mtls {via_mtls}")
         await self._refused(self.args.mtls, s["source"], s["expect"]["without_client_cert_code"],
                             s["expect"].get("without_client_cert_matches", ""), ca_file=self.args.ca)
+        await self._refused(self.args.mtls, s["source"], s["expect"]["without_client_cert_code"],
+                            s["expect"]["foreign_client_cert_matches"], ca_file=self.args.ca,
+                            cert_file=self.args.foreign_cert, key_file=self.args.foreign_key)
 
     async def connect_failure_reason(self, s: dict) -> None:
         """connect() waits within_ms for the connection; its error says why there is none."""
@@ -468,6 +471,8 @@ def main() -> int:
     parser.add_argument("--wrong-ca", required=True, help="PEM CA that signed nothing here")
     parser.add_argument("--client-cert", required=True)
     parser.add_argument("--client-key", required=True)
+    parser.add_argument("--foreign-cert", required=True, help="PEM client certificate of --wrong-ca (refused)")
+    parser.add_argument("--foreign-key", required=True)
     parser.add_argument("--scenarios", required=True)
     parser.add_argument("--only", default="", help="comma-separated scenario ids (debugging)")
     args = parser.parse_args()

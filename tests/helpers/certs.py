@@ -4,7 +4,9 @@ Python dependency, so the conformance harness can use it too):
 * ``ca``: a CA that signs the two below;
 * ``server_cert``/``server_key``: for ``localhost``, 127.0.0.1 and ::1;
 * ``client_cert``/``client_key``: a client certificate (mTLS);
-* ``other_ca``: a CA that signed nothing here ("the wrong CA").
+* ``other_ca``: a CA that signed nothing but the next ("the wrong CA");
+* ``foreign_cert``/``foreign_key``: a client certificate of ``other_ca``, which
+  an mTLS listener taking clients of ``ca`` refuses.
 
 EC P-256 keys, valid for two days: a set is made in well under a second.
 """
@@ -37,6 +39,8 @@ class Certs:
     client_cert: Path
     client_key: Path
     other_ca: Path
+    foreign_cert: Path
+    foreign_key: Path
 
     def listener(self, address: str, client_ca: bool = False) -> str:
         """A ``[[listen]]`` table serving TLS on ``address`` with the server
@@ -68,7 +72,8 @@ def make_certs(out: Path) -> Certs:
     """A fresh set in ``out`` (created if missing)."""
     out.mkdir(parents=True, exist_ok=True)
     ca = _make(out, "ca", "agent-sidecar test CA", _CA_EXT, None)
-    other_ca, _ = _make(out, "other-ca", "another CA", _CA_EXT, None)
+    other_ca = _make(out, "other-ca", "another CA", _CA_EXT, None)
     server_cert, server_key = _make(out, "server", "localhost", _SERVER_EXT, ca)
     client_cert, client_key = _make(out, "client", "test client", _CLIENT_EXT, ca)
-    return Certs(out, ca[0], server_cert, server_key, client_cert, client_key, other_ca)
+    foreign_cert, foreign_key = _make(out, "foreign-client", "a client of another CA", _CLIENT_EXT, other_ca)
+    return Certs(out, ca[0], server_cert, server_key, client_cert, client_key, other_ca[0], foreign_cert, foreign_key)

@@ -96,17 +96,9 @@ func (t tlsOptions) transportCredentials() (credentials.TransportCredentials, er
 	if t.serverName != "" {
 		cfg.ServerName = t.serverName
 	}
-	if len(cfg.Certificates) == 0 && cfg.GetClientCertificate == nil {
-		// A sidecar asks for a client certificate only on an mTLS listener (a
-		// client_ca), which requires one: fail the handshake here, saying so.
-		// Without this, TLS 1.3 completes the client's handshake and the
-		// listener's refusal comes later, often as a bare "broken pipe",
-		// indistinguishable from a sidecar going away.
-		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			return nil, ErrNoClientCert
-		}
-	}
-	return credentials.NewTLS(cfg), nil
+	// A listener asking for a client certificate gets one, or ErrNoClientCert;
+	// one refusing it says ErrClientCertRefused (mtls.go).
+	return newMTLSCredentials(cfg), nil
 }
 
 // IsLocalTarget reports whether target only reaches this machine: a Unix

@@ -235,7 +235,8 @@ func (h *ToolHost) retrying(attempt int, err error) {
 // isTLSFailure reports whether err is a TLS handshake or certificate failure
 // (grpc-go reports them UNAVAILABLE, as it does a refused connection): a CA
 // that did not sign the sidecar's certificate, no client certificate for an
-// mTLS listener, TLS to a plain listener. grpc-go keeps only the text. Not a
+// mTLS listener or one it refused (ErrClientCertRefused: it asked for one,
+// then closed the connection), TLS to a plain listener. grpc-go keeps only the text. Not a
 // connection the peer closed or reset during the handshake ("authentication
 // handshake failed: EOF"): a proxy whose sidecar is down (Docker's port
 // forwarding, say) does that to every connection, and a wait mends it.
@@ -243,6 +244,9 @@ func isTLSFailure(err error) bool {
 	e, ok := FromError(err)
 	if !ok || e.Reason != "" || e.Code != codes.Unavailable {
 		return false
+	}
+	if strings.Contains(e.Message, ErrClientCertRefused.Error()) {
+		return true
 	}
 	m := strings.TrimSuffix(e.Message, `"`) // grpc-go quotes the cause: desc = "..."
 	if strings.HasSuffix(m, ": EOF") || strings.HasSuffix(m, "connection reset by peer") {

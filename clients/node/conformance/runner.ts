@@ -5,6 +5,7 @@
  *     node dist/conformance/runner.js --lang node --unix unix:/p/sidecar.sock \
  *       --tcp 127.0.0.1:PORT --token TOKEN --tls 127.0.0.1:PORT --mtls 127.0.0.1:PORT \
  *       --ca CA.pem --wrong-ca OTHER.pem --client-cert C.pem --client-key C.key \
+ *       --foreign-cert F.pem --foreign-key F.key \
  *       --scenarios clients/conformance/scenarios.json
  *
  * Runs every scenario in file order with `{lang}` replaced, and prints one JSON
@@ -55,6 +56,8 @@ async function main(): Promise<number> {
       "wrong-ca": { type: "string" },
       "client-cert": { type: "string" },
       "client-key": { type: "string" },
+      "foreign-cert": { type: "string" },
+      "foreign-key": { type: "string" },
       scenarios: { type: "string", default: "clients/conformance/scenarios.json" },
       only: { type: "string", multiple: true },
     },
@@ -71,8 +74,11 @@ async function main(): Promise<number> {
   const tcp = values.tcp ? connect(values.tcp, { token: values.token || undefined }) : undefined;
   const v = values;
   const tls =
-    v.tls && v.mtls && v.ca && v["wrong-ca"] && v["client-cert"] && v["client-key"]
-      ? { tls: v.tls, mtls: v.mtls, ca: v.ca, wrongCa: v["wrong-ca"], clientCert: v["client-cert"], clientKey: v["client-key"] }
+    v.tls && v.mtls && v.ca && v["wrong-ca"] && v["client-cert"] && v["client-key"] && v["foreign-cert"] && v["foreign-key"]
+      ? {
+          tls: v.tls, mtls: v.mtls, ca: v.ca, wrongCa: v["wrong-ca"], clientCert: v["client-cert"],
+          clientKey: v["client-key"], foreignCert: v["foreign-cert"], foreignKey: v["foreign-key"],
+        }
       : undefined;
   const ctx: Ctx = {
     lang,

@@ -30,7 +30,7 @@ export interface Ctx {
   tls?: TlsArgs;
 }
 
-/** --tls, --mtls, --ca, --wrong-ca, --client-cert, --client-key. */
+/** --tls, --mtls, --ca, --wrong-ca, --client-cert, --client-key, --foreign-cert, --foreign-key. */
 export interface TlsArgs {
   tls: string;
   mtls: string;
@@ -38,6 +38,9 @@ export interface TlsArgs {
   wrongCa: string;
   clientCert: string;
   clientKey: string;
+  /** A client certificate of wrongCa, which the mTLS listener refuses. */
+  foreignCert: string;
+  foreignKey: string;
 }
 
 type Handler = (sc: Scenario, ctx: Ctx) => Promise<void>;
@@ -552,6 +555,8 @@ export const HANDLERS: Record<string, Handler> = {
     check(viaMtls === viaUnix.sessionId, `session ids differ: ${viaUnix.sessionId} vs ${viaMtls}`);
     await tlsRefused(ctx.tls.mtls, sc, ctx, { caFile: ctx.tls.ca }, sc.expect.without_client_cert_code,
       sc.expect.without_client_cert_matches ?? "");
+    await tlsRefused(ctx.tls.mtls, sc, ctx, { caFile: ctx.tls.ca, certFile: ctx.tls.foreignCert, keyFile: ctx.tls.foreignKey },
+      sc.expect.without_client_cert_code, sc.expect.foreign_client_cert_matches);
   },
 
   async connect_failure_reason(sc, ctx) {

@@ -269,7 +269,7 @@ export function namesField(field: string, why: RegExp = /./, label = field) {
   };
 }
 
-/** The PEM files of tests/helpers/certs.py (a CA, server and client certificates, a wrong CA). */
+/** The PEM files of tests/helpers/certs.py (a CA, server and client certificates, a wrong CA and a client of it). */
 export interface Certs {
   ca: string;
   serverCert: string;
@@ -277,6 +277,8 @@ export interface Certs {
   clientCert: string;
   clientKey: string;
   otherCa: string;
+  foreignCert: string;
+  foreignKey: string;
 }
 
 /**
@@ -305,6 +307,8 @@ export function makeCerts(dir: string): Certs | undefined {
     clientCert: f("client.pem"),
     clientKey: f("client.key"),
     otherCa: f("other-ca.pem"),
+    foreignCert: f("foreign-client.pem"),
+    foreignKey: f("foreign-client.key"),
   };
 }
 

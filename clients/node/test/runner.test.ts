@@ -31,6 +31,8 @@ before(async () => {
     wrongCa: certs.otherCa,
     clientCert: certs.clientCert,
     clientKey: certs.clientKey,
+    foreignCert: certs.foreignCert,
+    foreignKey: certs.foreignKey,
   };
   ctx = { lang: "node", unix, tcp, tcpTarget: fake.tcpTarget, token: fake.token, tls, unixTarget: fake.unixTarget };
 });

@@ -5,6 +5,7 @@
 //	conformance --lang go --unix unix:/tmp/d/sidecar.sock --tcp 127.0.0.1:PORT \
 //	    --token TOKEN --tls 127.0.0.1:PORT --mtls 127.0.0.1:PORT --ca CA.pem \
 //	    --wrong-ca OTHER.pem --client-cert C.pem --client-key C.key \
+//	    --foreign-cert F.pem --foreign-key F.key \
 //	    --scenarios clients/conformance/scenarios.json
 //
 // It exits 0 once every scenario has run, whatever their outcome.
@@ -57,6 +58,8 @@ func main() {
 	flag.StringVar(&r.tlsArgs.wrongCA, "wrong-ca", "", "PEM CA that signed nothing here")
 	flag.StringVar(&r.tlsArgs.clientCert, "client-cert", "", "PEM client certificate for --mtls")
 	flag.StringVar(&r.tlsArgs.clientKey, "client-key", "", "PEM key of --client-cert")
+	flag.StringVar(&r.tlsArgs.foreignCert, "foreign-cert", "", "PEM client certificate of --wrong-ca (refused)")
+	flag.StringVar(&r.tlsArgs.foreignKey, "foreign-key", "", "PEM key of --foreign-cert")
 	flag.StringVar(&path, "scenarios", "clients/conformance/scenarios.json", "scenarios file")
 	flag.Parse()
 	if r.unixTarget == "" {

@@ -16,7 +16,7 @@ import (
 // tlsArgs are the TLS scenarios' listeners and PEM files
 // (clients/conformance/README.md).
 type tlsArgs struct {
-	tls, mtls, ca, wrongCA, clientCert, clientKey string
+	tls, mtls, ca, wrongCA, clientCert, clientKey, foreignCert, foreignKey string
 }
 
 // tlsSession returns the scenario source's session id over a TLS listener.
@@ -141,8 +141,15 @@ func mtlsClientCert(ctx context.Context, r *runner, sc *scenario) error {
 	if err := sameSession(ctx, r, sc, a.mtls, sidecar.WithCAFile(a.ca), sidecar.WithClientCert(a.clientCert, a.clientKey)); err != nil {
 		return err
 	}
-	return tlsRefused(ctx, r, sc, a.mtls, sc.Expect.WithoutClientCertCode, sc.Expect.WithoutClientCertMatches,
-		sidecar.WithCAFile(a.ca))
+	if err := tlsRefused(ctx, r, sc, a.mtls, sc.Expect.WithoutClientCertCode, sc.Expect.WithoutClientCertMatches,
+		sidecar.WithCAFile(a.ca)); err != nil {
+		return fmt.Errorf("without a client certificate: %w", err)
+	}
+	if err := tlsRefused(ctx, r, sc, a.mtls, sc.Expect.WithoutClientCertCode, sc.Expect.ForeignClientCertMatches,
+		sidecar.WithCAFile(a.ca), sidecar.WithClientCert(a.foreignCert, a.foreignKey)); err != nil {
+		return fmt.Errorf("with a client certificate of another CA: %w", err)
+	}
+	return nil
 }
 
 // codeName is a code as the protos spell it: Unavailable -> UNAVAILABLE,
