@@ -12,8 +12,6 @@ import {
 } from "@grpc/grpc-js";
 import {
   bearerInterceptor,
-  channelCredentials,
-  checkCleartext,
   checkTarget,
   checkToken,
   connectFailure,
@@ -25,6 +23,7 @@ import {
   type UnaryMethod,
 } from "./connection";
 import { fromGrpcError, SidecarError } from "./errors";
+import { channelCredentials, checkCleartext } from "./tls";
 import { toMessages } from "./messages";
 import type { Message, Session, Usage } from "./gen/agent_sidecar/v1/common";
 import * as pv from "./gen/agent_sidecar/v1/prompt_service";
@@ -89,7 +88,7 @@ export class SidecarClient {
     this.resume = resumePolicy(options.resume);
     const creds = channelCredentials(options);
     // _isSecure() is grpc-js's own answer for any credentials (public in its typings).
-    checkCleartext(target, options.token, creds._isSecure(), options.insecure ?? false);
+    checkCleartext(target, options.token, creds._isSecure(), options.insecure);
     const channelOptions: ChannelOptions = { ...(options.channelOptions ?? {}) };
     if (options.serverName) {
       channelOptions["grpc.ssl_target_name_override"] = options.serverName;

@@ -19,7 +19,6 @@ import {
 import { Metadata as GrpcMetadata } from "@grpc/grpc-js";
 import { readFileSync, statSync } from "node:fs";
 import { isIP } from "node:net";
-import type { ConnectionOptions } from "node:tls";
 import { fromGrpcError } from "./errors";
 import serviceConfig from "./service_config.json";
 
@@ -243,95 +242,6 @@ export const DEFAULT_CHANNEL_OPTIONS: ChannelOptions = {
   // connection went silent must not be handed the same connection.
   "grpc.use_local_subchannel_pool": 1,
 };
-
-/** Where the TLS material of {@link tlsCredentials} comes from: PEM file paths. */
-export interface TlsFiles {
-  /** CA certificates that verify the sidecar's certificate (default: the system's roots). */
-  caFile?: string;
-  /** A client certificate, for a listener with a `client_ca` (mTLS); with `keyFile`. */
-  certFile?: string;
-  /** The private key of `certFile`. */
-  keyFile?: string;
-}
-
-/**
- * Channel credentials for a TLS listener of the sidecar, from PEM files. An IP
- * target's address is not sent as the TLS server name (see {@link withoutIpServerName}).
- */
-export function tlsCredentials(files: TlsFiles = {}): ChannelCredentials {
-  if ((files.certFile === undefined) !== (files.keyFile === undefined)) {
-    throw new TypeError("certFile and keyFile go together (the client certificate and its key)");
-  }
-  const read = (path?: string) => (path === undefined ? null : readFileSync(path));
-  return withoutIpServerName(grpcCredentials.createSsl(read(files.caFile), read(files.keyFile), read(files.certFile)));
-}
-
-/**
- * `creds`, whose TLS connections send no IP address as their server name (SNI).
- * grpc-js gives Node's tls.connect the target's host as `servername` whatever it
- * is, and for an IP (127.0.0.1:50051) Node prints a DeprecationWarning (DEP0123:
- * RFC 6066 allows only host names there) on the process's stderr. Verification is
- * unchanged: without a server name Node checks the certificate against `host`,
- * the same IP (and a `serverName` option checks its own name in any case).
- * grpc-js keeps the options in its connector's `connectionOptions`; a grpc-js
- * without them is left as it is (it warns again, nothing else changes).
- */
-function withoutIpServerName(creds: ChannelCredentials): ChannelCredentials {
-  const create = creds._createSecureConnector.bind(creds);
-  creds._createSecureConnector = (target, options, callCredentials) => {
-    const connector = create(target, options, callCredentials);
-    const tls = (connector as { connectionOptions?: ConnectionOptions }).connectionOptions;
-    if (tls?.servername !== undefined && isIP(tls.servername) !== 0) delete tls.servername;
-    return connector;
-  };
-  return creds;
-}
-
-/**
- * The channel credentials connect's options ask for: `credentials` as given,
- * TLS when any of `tls`, `caFile`, `certFile`, `keyFile` is set, else plain.
- */
-export function channelCredentials(o: TlsFiles & { tls?: boolean; credentials?: ChannelCredentials }): ChannelCredentials {
-  if (o.credentials) return o.credentials;
-  if (o.tls || o.caFile || o.certFile || o.keyFile) {
-    return tlsCredentials({ caFile: o.caFile, certFile: o.certFile, keyFile: o.keyFile });
-  }
-  return grpcCredentials.createInsecure();
-}
-
-/**
- * Whether `target` only reaches this machine: a Unix socket, or a TCP address
- * whose host is `localhost` or a loopback IP (127.0.0.0/8, ::1).
- */
-export function isLocalTarget(target: string): boolean {
-  let t = normalizeTarget(target);
-  if (t.startsWith("unix:") || t.startsWith("unix-abstract:")) return true;
-  for (const scheme of ["dns:///", "dns:", "ipv4:", "ipv6:"]) {
-    if (t.startsWith(scheme)) {
-      t = t.slice(scheme.length);
-      break;
-    }
-  }
-  const cut = t.lastIndexOf(":");
-  const host = (cut >= 0 ? t.slice(0, cut) : t).replace(/^\[|\]$/g, "").toLowerCase();
-  if (host === "localhost" || host.endsWith(".localhost")) return true;
-  if (isIP(host) === 4) return host.startsWith("127.");
-  if (isIP(host) === 6) return host === "::1" || host === "0:0:0:0:0:0:0:1";
-  return false;
-}
-
-/**
- * Refuse to send `token` in cleartext to another machine: a token on a plain
- * channel to a host that is not loopback throws unless `insecure` is set.
- */
-export function checkCleartext(target: string, token: string | undefined, secure: boolean, insecure: boolean): void {
-  if (token && !secure && !insecure && !isLocalTarget(target)) {
-    throw new Error(
-      `refusing to send the bearer token in cleartext to ${target}: connect with TLS ` +
-        "(tls: true, caFile: ...) to a TLS listener, or pass insecure: true to send it anyway",
-    );
-  }
-}
 
 /** Open one channel to `target` (insecure unless `creds` is given). */
 export function openChannel(target: string, creds?: ChannelCredentials, options?: ChannelOptions): Channel {

@@ -22,13 +22,11 @@ export {
 export {
   bearerInterceptor,
   DEFAULT_CHANNEL_OPTIONS,
-  isLocalTarget,
   normalizeTarget,
   SERVICE_CONFIG,
   TARGET_FORMS,
-  tlsCredentials,
-  type TlsFiles,
 } from "./connection";
+export { isLocalTarget, tlsCredentials, type TlsFiles } from "./tls";
 export {
   AgentBusy,
   AgentTimeout,
