@@ -359,8 +359,14 @@ func failedError(fl *pb.ActivityFrame_Failed, recv recvFunc) error {
 	return failedFrameError(fl.GetReason(), fl.GetMessage())
 }
 
-// resumable reports whether a broken stream should be resumed: the
-// connection dropped (UNAVAILABLE, INTERNAL, UNKNOWN or CANCELLED without a
+// resumable reports whether a broken Prompt or Watch stream should be
+// resumed: resuming is on (WithResumeWindow above 0) and the connection broke.
+func (c *Client) resumable(ctx context.Context, err error) bool {
+	return c.resumeWindow > 0 && c.connectionBroke(ctx, err)
+}
+
+// connectionBroke reports whether a call failed because the connection broke:
+// it dropped (UNAVAILABLE, INTERNAL, UNKNOWN or CANCELLED without a
 // sidecar reason, an I/O error, an early end of stream, a seq gap), and
 // neither ctx nor the Client has ended. These are the codes the Python
 // client resumes on too (RESUMABLE_CODES). grpc-go reports an HTTP/2 stream
@@ -376,8 +382,9 @@ func failedError(fl *pb.ActivityFrame_Failed, recv recvFunc) error {
 // closing" while ctx is alive), and the failures raised on this side (a
 // message it cannot encode, an unprintable header, reported as INTERNAL),
 // which streamErrors marks local: those would fail the same way every time.
-func (c *Client) resumable(ctx context.Context, err error) bool {
-	if ctx.Err() != nil || c.resumeWindow <= 0 || c.closed() {
+// A ToolHost re-registers after it whatever the resume window.
+func (c *Client) connectionBroke(ctx context.Context, err error) bool {
+	if ctx.Err() != nil || c.closed() {
 		return false
 	}
 	var g gapError

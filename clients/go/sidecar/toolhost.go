@@ -193,7 +193,7 @@ func (h *ToolHost) Serve(ctx context.Context, c *Client) (err error) {
 		// Not past a TLS failure (a wrong CA, no client certificate for an
 		// mTLS listener, TLS to a plain port): no wait will mend that. A
 		// refusal after the stream registered is of a result, not of the host.
-		if !(c.resumable(ctx, err) && !isTLSFailure(err) || registered && refusedResult(ctx, c, err)) {
+		if !(c.connectionBroke(ctx, err) && !isTLSFailure(err) || registered && refusedResult(ctx, c, err)) {
 			return err
 		}
 		attempt++

@@ -30,10 +30,18 @@ import (
 
 // A ToolHost whose sidecar is not there (not started yet, or a wrong port)
 // keeps trying, as an adapter started first must, and says so: OnRetry gets
-// every failed attempt with its error.
+// every failed attempt with its error. The client's resume window is for
+// Prompt and Watch streams: with resuming off (WithResumeWindow(0)) the host
+// still waits; it returned the first failure, and stopped at a sidecar's restart.
 func TestToolHostReportsEachRetry(t *testing.T) {
+	for _, opts := range [][]Option{{}, {WithResumeWindow(0)}} {
+		toolHostReportsEachRetry(t, opts...)
+	}
+}
+
+func toolHostReportsEachRetry(t *testing.T, opts ...Option) {
 	target := "unix:" + filepath.Join(t.TempDir(), "nobody.sock")
-	c, err := Dial(context.Background(), target, WithLazyConnect())
+	c, err := Dial(context.Background(), target, append(opts, WithLazyConnect())...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +57,12 @@ func TestToolHostReportsEachRetry(t *testing.T) {
 	served := make(chan error, 1)
 	go func() { served <- host.Serve(ctx, c) }()
 	for want := 1; want <= 2; want++ {
-		r := <-retries
+		var r retry
+		select {
+		case r = <-retries:
+		case err := <-served:
+			t.Fatalf("Serve returned before retry %d: %v", want, err)
+		}
 		var e *Error
 		if r.attempt != want || !errors.As(r.err, &e) || e.Code != codes.Unavailable {
 			t.Fatalf("retry %d: attempt %d, err %v", want, r.attempt, r.err)
