@@ -413,7 +413,8 @@ class Runner:
         expect, nobody = s["expect"], self.args.unix.rsplit("/", 1)[0] + "/nobody.sock"
         cases = ((nobody, {}, expect["missing_socket_matches"]),
                  (self.args.tls, {"ca_file": self.args.wrong_ca}, expect["wrong_ca_matches"]),
-                 (self.args.mtls, {"ca_file": self.args.ca}, expect["without_client_cert_matches"]))
+                 (self.args.mtls, {"ca_file": self.args.ca}, expect["without_client_cert_matches"]),
+                 (self.args.tls, {}, expect["plain_on_tls_matches"]))
         for target, tls, pattern in cases:
             try:
                 client = await asc.connect(target, self.args.token, timeout=s["within_ms"] / 1000, **tls)

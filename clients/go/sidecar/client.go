@@ -128,7 +128,8 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 		return nil, fmt.Errorf("sidecar: WithToken: the token has a character a gRPC header does not allow "+
 			"at byte %d (only printable ASCII, 0x20-0x7E: no newline, control character or non-ASCII letter)", i)
 	}
-	conns := &connSet{live: map[net.Conn]struct{}{}}
+	// A plain TCP connection the peer closes at setup is explained (ErrClosedAtSetup).
+	conns := &connSet{live: map[net.Conn]struct{}{}, plain: !o.tls.enabled}
 	dialOpts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithKeepaliveParams(o.keepalive),
@@ -300,9 +301,10 @@ func localError(ctx context.Context, err error) error {
 // kill the fresh connection the others have just resumed on (as the Python and
 // Node clients replace a silent channel only once).
 type connSet struct {
-	mu   sync.Mutex
-	gen  uint64
-	live map[net.Conn]struct{}
+	mu    sync.Mutex
+	gen   uint64
+	live  map[net.Conn]struct{}
+	plain bool // no TLS of this package's: a TCP connection closed at setup says ErrClosedAtSetup
 }
 
 // dial is grpc-go's context dialer: "unix://ABS", "unix:REL" (as grpc-go
@@ -321,6 +323,9 @@ func (s *connSet) dial(ctx context.Context, addr string) (net.Conn, error) {
 	conn, err := d.DialContext(ctx, network, address)
 	if err != nil {
 		return nil, err
+	}
+	if s.plain && network == "tcp" {
+		conn = &setupConn{Conn: conn, why: func(err error) error { return fmt.Errorf("%w (%w)", ErrClosedAtSetup, err) }}
 	}
 	s.mu.Lock()
 	s.live[conn] = struct{}{}

@@ -5,10 +5,8 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"sync/atomic"
-	"syscall"
 
 	"google.golang.org/grpc/credentials"
 )
@@ -53,7 +51,7 @@ func (m *mtlsCredentials) ClientHandshake(ctx context.Context, authority string,
 	case err != nil || !asked.Load():
 		return conn, info, err
 	}
-	return &certRefusalConn{Conn: conn}, info, nil
+	return &setupConn{Conn: conn, why: func(err error) error { return fmt.Errorf("%w (%w)", ErrClientCertRefused, err) }}, info, nil
 }
 
 // Clone copies the credentials (grpc-go clones them per ClientConn).
@@ -84,42 +82,4 @@ func clientCertificate(base *tls.Config, asked *atomic.Bool) func(*tls.Certifica
 		}
 		return new(tls.Certificate), nil
 	}
-}
-
-// certRefusalConn is a TLS connection on which the listener asked for a
-// client certificate. Until the sidecar's first byte arrives, the connection
-// ending (EOF, a reset, a broken pipe, a TLS alert) is the listener refusing
-// the certificate: Read and Write then fail with ErrClientCertRefused,
-// wrapping what they saw. After it, they are the connection's own.
-type certRefusalConn struct {
-	net.Conn
-	answered atomic.Bool
-}
-
-func (c *certRefusalConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	if n > 0 {
-		c.answered.Store(true)
-	}
-	return n, c.refusal(err)
-}
-
-func (c *certRefusalConn) Write(p []byte) (int, error) {
-	n, err := c.Conn.Write(p)
-	return n, c.refusal(err)
-}
-
-func (c *certRefusalConn) refusal(err error) error {
-	if err == nil || c.answered.Load() || !closedByPeer(err) {
-		return err
-	}
-	return fmt.Errorf("%w (%w)", ErrClientCertRefused, err)
-}
-
-// closedByPeer reports whether err is the peer ending the connection: EOF, a
-// reset, a broken pipe, or a TLS alert it sent ("remote error: tls: ...").
-func closedByPeer(err error) bool {
-	var op *net.OpError
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
-		errors.Is(err, syscall.EPIPE) || errors.As(err, &op) && op.Op == "remote error"
 }

@@ -238,15 +238,19 @@ func (h *ToolHost) retrying(attempt int, err error) {
 // mTLS listener or one it refused (ErrClientCertRefused: it asked for one,
 // then closed the connection), TLS to a plain listener. grpc-go keeps only the text. Not a
 // connection the peer closed or reset during the handshake ("authentication
-// handshake failed: EOF"): a proxy whose sidecar is down (Docker's port
+// handshake failed: EOF") or, without TLS, before its first byte
+// (ErrClosedAtSetup): a proxy whose sidecar is down (Docker's port
 // forwarding, say) does that to every connection, and a wait mends it.
 func isTLSFailure(err error) bool {
 	e, ok := FromError(err)
 	if !ok || e.Reason != "" || e.Code != codes.Unavailable {
 		return false
 	}
-	if strings.Contains(e.Message, ErrClientCertRefused.Error()) {
+	switch {
+	case strings.Contains(e.Message, ErrClientCertRefused.Error()):
 		return true
+	case strings.Contains(e.Message, ErrClosedAtSetup.Error()):
+		return false // a proxy whose sidecar is down, or a TLS listener: no telling which
 	}
 	m := strings.TrimSuffix(e.Message, `"`) // grpc-go quotes the cause: desc = "..."
 	if strings.HasSuffix(m, ": EOF") || strings.HasSuffix(m, "connection reset by peer") {

@@ -565,5 +565,6 @@ export const HANDLERS: Record<string, Handler> = {
     await readyRefused(nobody, ctx, {}, sc.within_ms, sc.expect.missing_socket_matches);
     await readyRefused(ctx.tls.tls, ctx, { caFile: ctx.tls.wrongCa }, sc.within_ms, sc.expect.wrong_ca_matches);
     await readyRefused(ctx.tls.mtls, ctx, { caFile: ctx.tls.ca }, sc.within_ms, sc.expect.without_client_cert_matches);
+    await readyRefused(ctx.tls.tls, ctx, {}, sc.within_ms, sc.expect.plain_on_tls_matches);
   },
 };

@@ -73,6 +73,7 @@ type expect struct {
 	// Regular expressions, matched case-insensitively against an error's text.
 	WithoutClientCertMatches string   `json:"without_client_cert_matches"`
 	ForeignClientCertMatches string   `json:"foreign_client_cert_matches"`
+	PlainOnTLSMatches        string   `json:"plain_on_tls_matches"`
 	MissingSocketMatches     string   `json:"missing_socket_matches"`
 	WrongCAMatches           string   `json:"wrong_ca_matches"`
 	AtTerminalKinds          []string `json:"at_terminal_kinds"`

@@ -83,6 +83,7 @@ func connectFailureReason(ctx context.Context, r *runner, sc *scenario) error {
 		{nobody, sc.Expect.MissingSocketMatches, nil},
 		{a.tls, sc.Expect.WrongCAMatches, []sidecar.Option{sidecar.WithCAFile(a.wrongCA)}},
 		{a.mtls, sc.Expect.WithoutClientCertMatches, []sidecar.Option{sidecar.WithCAFile(a.ca)}},
+		{a.tls, sc.Expect.PlainOnTLSMatches, nil},
 	}
 	for _, c := range cases {
 		wait, cancel := context.WithTimeout(ctx, time.Duration(sc.WithinMS)*time.Millisecond)
