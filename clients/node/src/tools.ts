@@ -116,6 +116,8 @@ export class ToolHost {
   private endError?: SidecarError;
   private readonly waiters: Array<() => void> = [];
   private readonly inFlight = new Map<string, AbortController>();
+  /** Ends the waits between attempts (close). */
+  private readonly wakers = new Set<() => void>();
 
   /**
    * A namespace that is absent (undefined, null), not a string or holds a lone
@@ -208,10 +210,10 @@ export class ToolHost {
         if (!this.reconnect || !this.retryable(e)) throw e;
         this.retrying(e);
       }
-      await new Promise((r) => setTimeout(r, delay));
+      await this.pause(delay);
       delay = Math.min(delay * 2, this.maxBackoffMs);
       if (this.closing) return [];
-      await this.client!.ready(this.maxBackoffMs).catch(() => {});
+      await this.pause(this.maxBackoffMs, this.client!.ready(this.maxBackoffMs));
       if (this.closing) return [];
     }
   }
@@ -244,10 +246,15 @@ export class ToolHost {
     });
   }
 
-  /** Stop hosting: end the stream and abort the handlers still running. */
+  /**
+   * Stop hosting: end the stream and abort the handlers still running. A wait
+   * between attempts ends at once (serve() resolves with `[]`), leaving no
+   * timer to keep the process alive.
+   */
   close(): void {
     if (this.closing) return;
     this.closing = true;
+    for (const wake of [...this.wakers]) wake();
     this.abortInFlight();
     const call = this.call;
     if (call) {
@@ -303,7 +310,7 @@ export class ToolHost {
   private async reopen(): Promise<void> {
     let delay = 100;
     while (!this.closing) {
-      await new Promise((r) => setTimeout(r, delay));
+      await this.pause(delay);
       if (this.closing) break;
       try {
         await this.open();
@@ -318,6 +325,24 @@ export class ToolHost {
       }
     }
     this.finish();
+  }
+
+  /**
+   * Wait `ms`, or until `until` settles when given, whichever comes first; or
+   * until close(), which ends every such wait at once, its timer cleared.
+   */
+  private pause(ms: number, until?: Promise<unknown>): Promise<void> {
+    if (this.closing) return Promise.resolve();
+    return new Promise<void>((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        this.wakers.delete(done);
+        resolve();
+      };
+      const timer = setTimeout(done, ms);
+      this.wakers.add(done);
+      until?.then(done, done);
+    });
   }
 
   private abortInFlight(): void {

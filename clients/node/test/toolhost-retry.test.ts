@@ -51,6 +51,20 @@ test("a host with nobody listening keeps retrying and reports every attempt with
   for (const [, err] of seen) assert.equal(err.code, GrpcCode.UNAVAILABLE);
 });
 
+test("close() ends the wait between attempts at once: serve() resolves with []", T, async (t) => {
+  // The clock is the test's and never moves: a wait close() did not end would never end.
+  t.mock.timers.enable({ apis: ["setTimeout"] });
+  const client = connect(`unix:${join(dir, "nobody.sock")}`);
+  const host = new ToolHost("t").tool("echo", "", {}, () => "ok");
+  try {
+    const serving = host.serve(client, { onRetry: (_, attempt) => attempt === 1 && host.close() });
+    assert.deepEqual(await serving, []);
+    await host.wait();
+  } finally {
+    client.close();
+  }
+});
+
 test("without onRetry the host warns of its first failed attempt, with the error", T, async () => {
   const client = connect(`unix:${join(dir, "nobody.sock")}`);
   const host = new ToolHost("quiet").tool("echo", "", {}, () => "ok");
