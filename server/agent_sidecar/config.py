@@ -67,7 +67,8 @@ class Profile:
     name: str = key("", internal=True)
     model: str = key("echo", nonempty=True,
                      doc="model backend: `echo`, `scripted`, `openai` or an installed entry point")
-    model_options: dict[str, Any] = key({}, doc="the backend's options (the backend checks them)")
+    model_options: dict[str, Any] = key({}, doc="the backend's options (a built-in backend's are checked at "
+                                                "load, a third-party one's when a worker builds it)")
     system_prompt: str = key(DEFAULT_SYSTEM_PROMPT, doc="the profile's system prompt")
     tools: list[str] = key([], nonempty=True, doc="tool subtrees the model may call, e.g. `[\"local.*\"]`")
     max_iterations: int = key(25, ge=1, doc="model calls per turn at most")
@@ -422,10 +423,22 @@ def load_config(path: str | None = None, environ: Mapping[str, str] | None = Non
 
 
 def _check_models(cfg: Config, loader: Loader) -> None:
-    """Every profile's model names a backend this install has."""
-    from .models.registry import backend_names
+    """Every profile's model names a backend this install has, and a built-in
+    backend takes the profile's ``model_options``: it is built here once, as a
+    worker builds it (its constructor checks them, and reads the variable an
+    ``api_key_env`` names), so a missing ``model``, an unknown option or a value
+    of the wrong kind is a config error at start, never an LLM_API_FAILURE of
+    every turn of that profile. A third-party backend is built only in the
+    workers: building one here could import into the parent what only a worker
+    should hold."""
+    from .models.registry import BUILTINS, backend_names, load_backend
     known = set(backend_names())
     for name, p in cfg.profiles.items():
         if p.model and p.model not in known:
             loader.out.add(f"profiles.{name}.model",
                            f"unknown model backend (known: {', '.join(sorted(known))})", p.model)
+        elif p.model in BUILTINS and not loader.out.reported(f"profiles.{name}.model_options"):
+            try:
+                load_backend(p.model, p.model_options)
+            except ValueError as exc:  # the message names the option, never a header's value
+                loader.out.add(f"profiles.{name}.model_options", str(exc))

@@ -211,6 +211,12 @@ class Problems:
             line += f" [from {source}]"
         self.lines.append(line)
 
+    def reported(self, where: str) -> bool:
+        """Whether a problem was reported at ``where`` or inside it (a value
+        already refused is not checked again as a whole)."""
+        return any(line.startswith((f"config error: {where}: ", f"config error: {where}.",
+                                    f"config error: {where}[")) for line in self.lines)
+
     def shape(self, where: str, what: str, got: Any) -> None:
         """A value of the wrong kind where a table or an array belongs. Its
         kind is shown, never the value: what a table holds may be a secret

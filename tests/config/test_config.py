@@ -246,6 +246,7 @@ def test_environment_values_take_the_keys_types(tmp_path):
            "AGENT_SIDECAR_AGENT__AGENT_CACHE__MEMORY_HIGH_MB": "off",
            "AGENT_SIDECAR_PROFILES__MAIN__TOOLS": '["local.*"]',
            "AGENT_SIDECAR_PROFILES__GPT__MODEL": "openai",
+           "AGENT_SIDECAR_PROFILES__GPT__MODEL_OPTIONS": '{ model = "gpt-4o-mini" }',
            "AGENT_SIDECAR_PLATFORMS__MYPLUGIN__PII_SAFE": "true"}
     cfg = load(tmp_path, "[profiles.Main]\nmodel = \"echo\"\n", env)
     assert (cfg.workers, cfg.gateway_timeout, cfg.data_dir) == (4, 60.0, "/var/lib/agent sidecar")

@@ -41,7 +41,7 @@ def test_version():
 def test_config_check_accepts_a_good_file_in_one_line(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('[sidecar]\nlisten = ["127.0.0.1:50051"]\n[[auth.tokens]]\ntoken_env = "T"\n'
-                    '[profiles.gpt]\nmodel = "openai"\n')
+                    '[profiles.gpt]\nmodel = "openai"\nmodel_options = { model = "gpt-4o-mini" }\n')
     r = cli("config", "check", str(path), env={"T": "x"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("\n") == 1 and r.stdout.startswith(f"{path}: ok (2 profile(s): gpt, main; 1 token(s)")
@@ -80,16 +80,43 @@ def test_config_check_reports_every_problem_and_exits_2(tmp_path):
     assert r.returncode == 2 and "missing.toml" in r.stderr
 
 
-def test_config_show_prints_what_loads_back_with_secrets_masked(tmp_path):
+def test_a_built_in_backends_bad_options_are_config_errors_not_failed_turns(tmp_path):
+    """model_options a built-in backend refuses (openai without its model, an
+    option it does not know, a value of the wrong kind, a key variable that is
+    not set) stop `config check` and `serve` with exit 2, naming the profile,
+    before anything starts: each used to load, and every turn of the profile
+    then failed LLM_API_FAILURE."""
+    path = tmp_path / "c.toml"
+    path.write_text('[profiles.a]\nmodel = "openai"\n'
+                    '[profiles.b]\nmodel = "openai"\nmodel_options = { model = "m", tempreature = 0.2 }\n'
+                    '[profiles.c]\nmodel = "echo"\nmodel_options = { token_latency_ms = "slow" }\n'
+                    '[profiles.d]\nmodel = "scripted"\nmodel_options = { steps = [{ txt = "hi" }] }\n'
+                    '[profiles.e]\nmodel = "openai"\nmodel_options = { model = "m", api_key_env = "NO_SUCH_KEY" }\n'
+                    '[profiles.ok]\nmodel = "openai"\nmodel_options = { model = "m", api_key_env = "THE_KEY" }\n')
+    data = tmp_path / "data"
+    for args in (("config", "check", str(path)), ("serve", "--config", str(path), "--data-dir", str(data))):
+        r = cli(*args, env={"THE_KEY": "sk-test"})
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
+        lines = r.stderr.splitlines()
+        assert [line.split(": ")[1] for line in lines] == [
+            f"profiles.{p}.model_options" for p in "abcde"], lines
+        assert "option 'model' is required" in lines[0] and "['tempreature']" in lines[1]
+        assert "token_latency_ms must be a number" in lines[2] and "['txt']" in lines[3]
+        assert "'NO_SUCH_KEY' (api_key_env) is not set" in lines[4]
+    assert not data.exists()  # refused before the store was made
+
+
+def test_config_show_prints_what_loads_back_with_secrets_masked(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_KEY", "sk-test")  # the backend, built at load, reads it
     secret = tmp_path / "token"
     secret.write_text("hunter2\n")
     path = tmp_path / "c.toml"
     path.write_text(f'[[auth.tokens]]\ntoken_file = "{secret}"\nplatforms = ["Slack"]\n'
                     '[sidecar]\nhome_channels = { telegram = { chat_id = "-1", name = "Home" } }\n'
-                    '[profiles.gpt]\nmodel = "openai"\nmodel_options = { base_url = "http://h/v1",'
+                    '[profiles.gpt]\nmodel = "openai"\nmodel_options = { model = "m", base_url = "http://h/v1",'
                     ' api_key_env = "OPENAI_KEY", extra_headers = { Authorization = "Bearer sk-live-1",'
                     ' X-Org = "org-2" } }\n')
-    r = cli("config", "show", str(path), env={"AGENT_SIDECAR_SIDECAR__WORKERS": "3"})
+    r = cli("config", "show", str(path), env={"AGENT_SIDECAR_SIDECAR__WORKERS": "3", "OPENAI_KEY": "sk-test"})
     assert r.returncode == 0, r.stderr
     assert "hunter2" not in r.stdout and 'token = "***"' in r.stdout
     # A model's options: headers masked (any may be a credential), where a key lives shown.
@@ -166,7 +193,8 @@ def _example() -> str:
     return re.search(r"## A complete file\n.*?```toml\n(.*?)```", doc, re.S).group(1)
 
 
-def test_the_complete_example_loads_and_sets_every_key(tmp_path):
+def test_the_complete_example_loads_and_sets_every_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")  # its gpt profile's api_key_env
     from helpers.certs import available, make_certs
     if not available():
         pytest.skip("the openssl command is not installed (the example's [[listen]] files)")
@@ -189,7 +217,8 @@ def test_the_complete_example_loads_and_sets_every_key(tmp_path):
     assert tree(Config)  # the schema is what the loader walks
 
 
-def test_the_readme_example_loads(tmp_path):
+def test_the_readme_example_loads(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")  # its gpt profile's api_key_env
     readme = (ROOT / "README.md").read_text()
     section = readme.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
     path = tmp_path / "readme.toml"

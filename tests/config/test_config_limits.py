@@ -108,8 +108,8 @@ def test_integers_beyond_64_bits_are_refused_naming_the_key(tmp_path):
                                     "profiles.main.model_options.x", "profiles.main.model_options.y[1].z",
                                     "sidecar.home_channels.t.id"], lines
     assert all("must fit in 64 bits" in line for line in lines), lines
-    cfg = load(tmp_path, "[profiles.main]\nmax_iterations = 9223372036854775807\n"
-                         "model_options = { a = -9223372036854775808 }\n")
+    cfg = load(tmp_path, "[profiles.main]\nmax_iterations = 9223372036854775807\nmodel = \"scripted\"\n"
+                         "model_options = { steps = [{ usage = { input_tokens = -9223372036854775808 } }] }\n")
     assert cfg.profiles["main"].max_iterations == 2**63 - 1
 
 
