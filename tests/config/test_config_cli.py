@@ -249,3 +249,44 @@ def test_reference_write_to_what_it_cannot_rewrite_is_one_line_and_exit_2(tmp_pa
     r = cli("config", "reference", "--write", str(path))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and str(path) in r.stderr, r.stderr
+
+
+def _doc_examples() -> list[tuple[str, int, str]]:
+    """Every ```toml block of README.md and docs/*.md: (file, line, text)."""
+    out = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        for m in re.finditer(r"```toml\n(.*?)```", text, re.S):
+            out.append((doc.name, text.count("\n", 0, m.start()) + 1, m.group(1)))
+    return out
+
+
+def test_every_toml_example_of_the_docs_loads(tmp_path, monkeypatch):
+    """A reader copies a block of the docs, sets the variables and files it
+    names, and `config check` takes it: the README's cluster block lacked the
+    [[auth.tokens]] entry its cluster token must be, its TLS block the token
+    every TCP listener needs, and each was refused."""
+    from helpers.certs import available, make_certs
+    if not available():
+        pytest.skip("the openssl command is not installed (the examples' [[listen]] files)")
+    certs = make_certs(tmp_path / "tls")
+    secret = tmp_path / "sidecar-token"
+    secret.write_text("s3cret\n")
+    files = {"/etc/agent-sidecar/tls/server.pem": certs.server_cert,
+             "/etc/agent-sidecar/tls/server.key": certs.server_key,
+             "/etc/agent-sidecar/tls/clients-ca.pem": certs.ca, "/etc/agent-sidecar/tls/ca.pem": certs.ca,
+             "/etc/agent-sidecar/tls/client.pem": certs.client_cert,
+             "/etc/agent-sidecar/tls/client.key": certs.client_key, "/run/secrets/sidecar-token": secret}
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")  # what the examples' gpt profiles name
+    env = {"SIDECAR_TOKEN": "t", "SIDECAR_CLUSTER_TOKEN": "c", "SIDECAR_PG_DSN": "host=/nowhere"}
+    examples = _doc_examples()
+    assert len(examples) >= 9
+    for name, line, text in examples:
+        for path, real in files.items():
+            text = text.replace(path, str(real))
+        path = tmp_path / "example.toml"
+        path.write_text(text)
+        try:
+            load_config(str(path), environ=env)
+        except Exception as exc:
+            pytest.fail(f"{name}:{line}: {exc}")
