@@ -34,6 +34,8 @@ def backup(db_path: str, dest: str) -> dict[str, int]:
     returns what the copy holds (sessions, messages, frames, bytes)."""
     if not os.path.isfile(db_path):
         raise BackupError(f"no store at {db_path}")
+    if not dest or dest.endswith(os.sep):
+        raise BackupError(f"{dest!r} names no file: give the copy's file name")
     if os.path.lexists(dest):
         raise BackupError(f"{dest} exists; give a new file name")
     partial = dest + ".partial"
@@ -43,13 +45,17 @@ def backup(db_path: str, dest: str) -> dict[str, int]:
         raise BackupError(f"cannot write {partial}: {e.strerror}") from None
     os.fchmod(fd, 0o600)  # a stale .partial of another mode is reused with this one
     os.close(fd)
+    renamed = False
     try:
         counts = _copy(db_path, partial)
         _fsync(partial)
         os.rename(partial, dest)
+        renamed = True
         _fsync(os.path.dirname(os.path.abspath(dest)))
-    except BaseException:
-        _unlink(partial)
+    except BaseException as e:
+        _unlink(dest if renamed else partial)  # nothing left at FILE: a copy whose rename is not durable
+        if isinstance(e, OSError):  # an fsync's EIO, a rename refused: the command's one line, exit 1
+            raise BackupError(f"cannot write {dest}: {e.strerror or e}") from None
         raise
     counts["bytes"] = os.path.getsize(dest)
     return counts
