@@ -53,9 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run the sidecar")
-    s.add_argument("--data-dir", default=None, help="where sidecar.db and sidecar.sock live (default ./data)")
+    s.add_argument("--data-dir", default=None, help="where sidecar.db and sidecar.sock live (default: the "
+                                                   "config's [sidecar] data_dir, else ./data)")
     s.add_argument("--listen", action="append", default=None, metavar="unix:PATH|HOST:PORT",
-                   help="listen address; repeat for several (default unix:DATA_DIR/sidecar.sock)")
+                   help="listen address; repeat for several, in place of the config's [sidecar] listen "
+                        "([[listen]] entries are bound too; with neither, unix:DATA_DIR/sidecar.sock)")
     s.add_argument("--config", default=None, help="TOML config file")
     s.add_argument("--workers", type=int, default=None,
                    help="worker processes (default: one per CPU it may use: affinity, cgroup limit)")
