@@ -92,6 +92,7 @@ def test_a_built_in_backends_bad_options_are_config_errors_not_failed_turns(tmp_
                     '[profiles.c]\nmodel = "echo"\nmodel_options = { token_latency_ms = "slow" }\n'
                     '[profiles.d]\nmodel = "scripted"\nmodel_options = { steps = [{ txt = "hi" }] }\n'
                     '[profiles.e]\nmodel = "openai"\nmodel_options = { model = "m", api_key_env = "NO_SUCH_KEY" }\n'
+                    '[profiles.f]\nmodel = "openai"\nmodel_options = { model = "m", temperature = "warm" }\n'
                     '[profiles.ok]\nmodel = "openai"\nmodel_options = { model = "m", api_key_env = "THE_KEY" }\n')
     data = tmp_path / "data"
     for args in (("config", "check", str(path)), ("serve", "--config", str(path), "--data-dir", str(data))):
@@ -99,10 +100,11 @@ def test_a_built_in_backends_bad_options_are_config_errors_not_failed_turns(tmp_
         assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
         lines = r.stderr.splitlines()
         assert [line.split(": ")[1] for line in lines] == [
-            f"profiles.{p}.model_options" for p in "abcde"], lines
+            f"profiles.{p}.model_options" for p in "abcdef"], lines
         assert "option 'model' is required" in lines[0] and "['tempreature']" in lines[1]
         assert "token_latency_ms must be a number" in lines[2] and "['txt']" in lines[3]
         assert "'NO_SUCH_KEY' (api_key_env) is not set" in lines[4]
+        assert "temperature must be a number >= 0, got 'warm'" in lines[5]
     assert not data.exists()  # refused before the store was made
 
 

@@ -341,6 +341,11 @@ def test_openai_api_key_and_extra_headers(monkeypatch):
         OpenAIModel({})
     with pytest.raises(ValueError, match="max_retries must be a number"):
         OpenAIModel({"model": "m", "max_retries": "lots"})
+    with pytest.raises(ValueError, match="temperature must be a number >= 0, got 'hot'"):
+        OpenAIModel({"model": "m", "temperature": "hot"})
+    with pytest.raises(ValueError, match="base_url must be an http:// or https:// URL, got 'api.openai.com/v1'"):
+        OpenAIModel({"model": "m", "base_url": "api.openai.com/v1"})
+    assert OpenAIModel({"model": "m", "temperature": 0}).temperature == 0.0
 
 
 def test_openai_connect_error_retries_then_fails():

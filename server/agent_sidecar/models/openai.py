@@ -83,8 +83,12 @@ class OpenAIModel:
         if not isinstance(options.get("model"), str) or not options["model"]:
             raise ValueError("openai backend: option 'model' is required")
         self.model: str = options["model"]
-        self.url = str(options.get("base_url") or "https://api.openai.com/v1").rstrip("/") + "/chat/completions"
-        self.temperature = options.get("temperature")
+        base_url = options.get("base_url") or "https://api.openai.com/v1"
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"openai backend: base_url must be an http:// or https:// URL, got {base_url!r}")
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        # Sent as given; a string or a negative number would fail every call with the endpoint's HTTP 400.
+        self.temperature = None if options.get("temperature") is None else _number(options, "temperature", 0)
         self.max_retries = int(_number(options, "max_retries", 4))
         self.backoff_initial_s = _number(options, "backoff_initial_s", 0.5)
         self.backoff_max_s = _number(options, "backoff_max_s", 8)
