@@ -440,5 +440,5 @@ def _check_models(cfg: Config, loader: Loader) -> None:
         elif p.model in BUILTINS and not loader.out.reported(f"profiles.{name}.model_options"):
             try:
                 load_backend(p.model, p.model_options)
-            except ValueError as exc:  # the message names the option, never a header's value
+            except (ValueError, TypeError) as exc:  # the message names the option, never a header's value
                 loader.out.add(f"profiles.{name}.model_options", str(exc))

@@ -108,6 +108,24 @@ def test_a_built_in_backends_bad_options_are_config_errors_not_failed_turns(tmp_
     assert not data.exists()  # refused before the store was made
 
 
+@pytest.mark.parametrize("model, options, error", [
+    ("openai", '{ model = "m", api_key_env = 5 }', "openai backend: api_key_env must be the name of an environment"),
+    ("scripted", "{ steps_file = 5 }", "scripted backend: steps_file must be a file name, got 5"),
+    ("scripted", "{ steps = [{ sleep_ms = nan }] }", "step 0: sleep_ms must be a finite number >= 0"),
+    ("echo", "{ token_latency_ms = inf }", "echo backend: token_latency_ms must be a finite number >= 0"),
+])
+def test_options_of_the_wrong_kind_are_one_config_error_never_a_traceback(tmp_path, model, options, error):
+    """Options a backend's constructor met with a TypeError (a number where a
+    name belongs) were a traceback of `config check`; an infinite latency
+    passed, and every turn of the profile waited for its timeout."""
+    path = tmp_path / "c.toml"
+    path.write_text(f'[profiles.x]\nmodel = "{model}"\nmodel_options = {options}\n')
+    r = cli("config", "check", str(path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.splitlines() == [f"config error: profiles.x.model_options: {r.stderr.split(': ', 2)[2].strip()}"]
+    assert error in r.stderr, r.stderr
+
+
 def test_config_show_prints_what_loads_back_with_secrets_masked(tmp_path, monkeypatch):
     monkeypatch.setenv("OPENAI_KEY", "sk-test")  # the backend, built at load, reads it
     secret = tmp_path / "token"

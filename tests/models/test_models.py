@@ -186,7 +186,7 @@ def test_scripted_usage_override_and_steps_file(tmp_path):
     ({"steps": [{"txt": "x"}]}, r"step 0 has unknown key\(s\) \['txt'\]"),
     ({"steps": ["ok", 5]}, "step 1 must be a dict"),
     ({"steps": [{"text": "a", "echo_input": True}]}, "only one of"),
-    ({"steps": [{"sleep_ms": -1}]}, "sleep_ms must be a number"),
+    ({"steps": [{"sleep_ms": -1}]}, "sleep_ms must be a finite number"),
     ({"steps": [{"kill": "everyone"}]}, "kill must be"),
     ({"steps": [{"times": 2}]}, "times only applies to error"),
     ({"steps": [{"tool_calls": [{"arguments": {}}]}]}, "needs a non-empty string 'name'"),

@@ -12,6 +12,7 @@ TextDelta and one UsageReport.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -36,8 +37,8 @@ class EchoModel:
             latency_ms = float(options.get("token_latency_ms", 0) or 0)
         except (TypeError, ValueError):
             raise ValueError("echo backend: token_latency_ms must be a number") from None
-        if latency_ms < 0:
-            raise ValueError("echo backend: token_latency_ms must be >= 0")
+        if not 0 <= latency_ms < math.inf:  # NaN and infinity too: a turn would never end
+            raise ValueError("echo backend: token_latency_ms must be a finite number >= 0")
         prefix = options.get("prefix", "") or ""
         if not isinstance(prefix, str):
             raise ValueError("echo backend: prefix must be a string")

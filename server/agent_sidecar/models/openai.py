@@ -97,6 +97,9 @@ class OpenAIModel:
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
                         "Accept-Encoding": body_io.ACCEPT_ENCODING}
         key_env = options.get("api_key_env")
+        if key_env is not None and not isinstance(key_env, str):
+            raise ValueError(f"openai backend: api_key_env must be the name of an environment variable, "
+                             f"got {key_env!r}")
         if key_env:
             key = os.environ.get(key_env)
             if not key:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -74,8 +75,9 @@ def _validate_step(i: int, step: Any) -> dict[str, Any]:
     if "text" in step and not isinstance(step["text"], str):
         raise ValueError(f"{where}: text must be a string")
     for key in _MS_KEYS:
-        if key in step and (isinstance(step[key], bool) or not isinstance(step[key], (int, float)) or step[key] < 0):
-            raise ValueError(f"{where}: {key} must be a number >= 0")
+        if key in step and (isinstance(step[key], bool) or not isinstance(step[key], (int, float))
+                            or not 0 <= step[key] < math.inf):
+            raise ValueError(f"{where}: {key} must be a finite number >= 0")
     if "error" in step and not isinstance(step["error"], str):
         raise ValueError(f"{where}: error must be a string (the message)")
     if "times" in step:
@@ -120,6 +122,8 @@ def load_steps(options: dict[str, Any]) -> list[dict[str, Any]]:
     if ("steps" in options) == ("steps_file" in options):
         raise ValueError("scripted backend: give exactly one of 'steps' or 'steps_file'")
     if "steps_file" in options:
+        if not isinstance(options["steps_file"], str) or not options["steps_file"]:
+            raise ValueError(f"scripted backend: steps_file must be a file name, got {options['steps_file']!r}")
         path = Path(options["steps_file"])
         try:
             steps = json.loads(path.read_text(encoding="utf-8"))
