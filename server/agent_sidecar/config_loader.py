@@ -81,7 +81,9 @@ def read_toml(path: str | None) -> dict[str, Any]:
         return tomllib.loads(read_file(path, MAX_CONFIG_BYTES, regular=False).decode("utf-8"))
     except RecursionError:
         raise ConfigError(f"config error: cannot read config {path}: nested too deeply") from None
-    except (OSError, ValueError) as e:  # ValueError: TOMLDecodeError, UnicodeDecodeError, an integer's digits
+    except OSError as e:  # its strerror: str() names the file again, or (read through an fd) its number
+        raise ConfigError(f"config error: cannot read config {path}: {e.strerror or e}") from e
+    except ValueError as e:  # TOMLDecodeError, UnicodeDecodeError, an integer's digits
         raise ConfigError(f"config error: cannot read config {path}: {e}") from e
 
 

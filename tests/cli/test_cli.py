@@ -137,6 +137,9 @@ def test_serve_unreadable_config_exit_2(tmp_path):
     bad.write_text("this is = = not toml")
     r = run("serve", "--data-dir", str(tmp_path / "d"), "--config", str(bad))
     assert r.returncode == 2 and "bad.toml" in r.stderr
+    # A directory: the reason in words, not "[Errno 21] Is a directory: 3" (the fd it was read through).
+    r = run("serve", "--data-dir", str(tmp_path / "d"), "--config", str(tmp_path))
+    assert r.returncode == 2 and r.stderr == f"config error: cannot read config {tmp_path}: Is a directory\n", r.stderr
 
 
 def test_serve_tcp_needs_tokens(tmp_path):
