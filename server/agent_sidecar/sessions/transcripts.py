@@ -74,7 +74,12 @@ def check_answers(messages: Iterable[Message], opened: Iterable[str] = (),
 def open_calls(uow: UnitOfWork, session_id: str) -> set[str]:
     """The tool calls of the live transcript's last message that no tool
     message after it answers: what a tool message appended next may answer,
-    and what must be answered before any other message is."""
+    and what must be answered before any other message is. Read under the
+    incarnation's lock (``MessageRepo.lock``, which the caller may have taken
+    already), held to the commit: another sidecar's writer checking an
+    append to it at the same moment reads it after this job's append, so two
+    answers to one call cannot both pass."""
+    uow.messages.lock([session_id])
     pending: set[str] = set()
     for m in uow.messages.tail(session_id):
         pending = _call_ids(m) if m.role != "tool" else pending - {m.tool_call_id}
@@ -106,6 +111,7 @@ def _append_messages_many(uow: UnitOfWork, calls: list[tuple]) -> list:
     calls before it in the batch leave it; a refused call writes nothing."""
     opened: dict[str, set[str]] = {}  # session id -> calls open after the batch's calls so far
     refused: dict[int, BaseException] = {}
+    uow.messages.lock(sorted({sid for sid, _ in calls}))  # all at once, in order: no deadlock with another writer's
     items = []
     for n, (sid, msgs) in enumerate(calls):
         try:
@@ -137,6 +143,7 @@ def rewrite(uow: UnitOfWork, session_id: str, messages: list[Message]) -> None:
     new, whose tool messages must answer calls among them (``check_answers``)."""
     check_answers(messages)
     _require(uow, session_id)
+    uow.messages.lock([session_id])  # an append checked on another node commits before this hides, or after
     uow.messages.hide_live(session_id, "rewrite")
     uow.incarnations.bump_rev(session_id)
     append(uow, session_id, messages)
@@ -148,6 +155,7 @@ def rewind(uow: UnitOfWork, session_id: str, n: int, taken: Iterable[str] = ()) 
     lane already took back (turns/undo.py): what they wrote is hidden first, so
     it is neither counted nor left behind."""
     _require(uow, session_id)
+    uow.messages.lock([session_id])  # as rewrite: no append checked elsewhere lands between the hides
     hidden = sum(uow.messages.hide_request(session_id, rid, "rewind") for rid in taken)
     users = uow.messages.last_user(session_id, n) if n > 0 else []
     count = 0

@@ -129,10 +129,19 @@ class MessageRepo(Protocol):
     def of_request(self, request_id: str) -> list[Message]:
         """The rows one turn wrote, in seq order."""
 
+    def lock(self, session_ids: Sequence[str]) -> None:
+        """Hold these incarnations' transcripts against every other writer's
+        appends and hides until the transaction ends, so what a job reads of
+        them after this (``tail``) is still so when it commits. PostgreSQL:
+        their rows ``FOR UPDATE``, in session-id order (as ``append`` takes
+        them), in a statement of its own: a read after it sees what the
+        writer before it committed. SQLite: nothing, its one writer is alone."""
+
     def tail(self, session_id: str) -> list[Message]:
         """The live rows from the last live row that is not a "tool" one on,
         in seq order: the message whose tool calls the tool rows after it
-        answer (sessions/transcripts.py ``open_calls``)."""
+        answer (sessions/transcripts.py ``open_calls``). Read after ``lock``
+        where an append is checked against it."""
 
     def index_pending(self, limit: int | None = None) -> int:
         """Bring the full-text index up to date (at most ``limit`` rows); 0

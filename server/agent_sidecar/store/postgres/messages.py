@@ -131,6 +131,12 @@ class PostgresMessages:
     def of_request(self, request_id: str) -> list[Message]:
         return [rows.message(r) for r in self.conn.execute(TURN_ROWS, {"rid": request_id})]
 
+    def lock(self, session_ids: Sequence[str]) -> None:
+        # Its own statement, answered: a READ COMMITTED read after it takes a
+        # snapshot with the commit of whoever held the lock before.
+        self.conn.execute("SELECT 1 FROM incarnations WHERE session_id = ANY(%s) ORDER BY session_id"
+                          " FOR UPDATE", (list(session_ids),)).fetchall()
+
     def tail(self, session_id: str) -> list[Message]:
         return [rows.message(r) for r in self.conn.execute(_TAIL, {"sid": session_id})]
 

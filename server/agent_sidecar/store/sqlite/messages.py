@@ -111,6 +111,9 @@ class SqliteMessages:
         """Every row one turn wrote (in its ledger row's incarnation), in seq order."""
         return [rows.message(r) for r in self.conn.execute(TURN_ROWS, (request_id,))]
 
+    def lock(self, session_ids: Sequence[str]) -> None:
+        pass  # the store's one writer: no other append can come between a read and this commit
+
     def tail(self, session_id: str) -> list[Message]:
         return [rows.message(r) for r in self.conn.execute(_TAIL, (session_id,))]
 
