@@ -19,10 +19,8 @@ Guarantees, and why:
   shortens it) is dropped here before its lease can run out in the database,
   where expiry is judged on the database's clock: the node stops running the
   lane before anyone else may start it (``distrusted``). Its turns' streams
-  end LANE_MOVED, or CANCELLED when the store says the session was deleted
-  meanwhile (the lease revoked, or the turn's request gone from the ledger,
-  whoever took the lane since): a retry would run the prompt anew in a fresh
-  session.
+  end as the store says the lane went (cluster/verdict.py): LANE_MOVED, or
+  CANCELLED when the session was deleted meanwhile.
 * A lane idle here for a TTL is let go, so the next prompt can land on any
   node without waiting; a clean stop lets every lane go (except those whose
   turn its drain cut off: left to run out, for a continue turn elsewhere)
@@ -43,14 +41,14 @@ from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING
 
 from ..config import Config
-from ..errors import CANCELLED, LANE_MOVED, SidecarError
+from ..errors import LANE_MOVED, SidecarError
 from ..logs import FaultEpisode
 from ..store import StoreUnavailable
 from ..store.interface import SharedStore
 from ..store.records import LeaseHolder
 from ..turns import supervision
-from ..turns.leasing import LaneElsewhere, LeaseLost
-from . import jobs
+from ..turns.leasing import LaneElsewhere
+from . import jobs, verdict
 
 if TYPE_CHECKING:
     from ..turns.manager import TurnManager
@@ -59,12 +57,6 @@ log = logging.getLogger("agent_sidecar.cluster")
 
 SAFE = 0.8  # of the TTL: how long a confirmed lease is trusted here
 SWEEP_EVERY = 0.1  # of the TTL: the longest a lane may be run past its trust
-VERDICT_S = 2.0  # the longest a distrusted lane's streams wait for the store to say why
-
-
-def _deleted() -> SidecarError:
-    """How a turn's stream ends when its session was deleted under it."""
-    return SidecarError(CANCELLED, "the session was deleted while this prompt was in flight")
 
 
 class ClusterLeases:
@@ -196,33 +188,16 @@ class ClusterLeases:
             task.add_done_callback(self._telling.discard)
 
     async def _tell(self, streams: dict[str, list[supervision.Stopped]], counted: bool) -> None:
-        """End the streams of turns a lost lane stopped, each as the store says
-        it went: deleted (CANCELLED, as ``cleared`` does: a retry would run the
-        prompt anew in a fresh session) when its lane's lease was revoked or
-        its request, acknowledged, is gone from the ledger (the session was
-        deleted, whoever took the lane since); else LANE_MOVED, which a retry
-        with the same request id follows to the lane's new holder. With no
-        word from the store within ``VERDICT_S``: LANE_MOVED."""
+        """End the streams of turns a lost lane stopped as the store says it
+        went (cluster/verdict.py); a distrusted lane not deleted counts as lost."""
         revoked: AbstractSet[str] = frozenset()
-        known: AbstractSet[str] | None = None
-        acked = [s.request_id for stopped in streams.values() for s in stopped if s.acked]
         try:
-            async with asyncio.timeout(VERDICT_S):
-                revoked = await self.store.revoked_leases(list(streams))
-                known = await self.store.known_requests(acked) if acked else frozenset()
-        except (StoreUnavailable, TimeoutError):
-            pass  # no word: the lease may well have moved
+            revoked = await verdict.tell(self.store, streams)
         finally:
-            deleted = _deleted()
-            for key, stopped in streams.items():
+            for key in streams:
                 if not counted and key not in revoked:
                     self.leases_lost += 1
                     log.warning("lane lease lost", extra={"key": key})
-                for s in stopped:
-                    gone = key in revoked or (s.acked and known is not None and s.request_id not in known)
-                    error = deleted if gone else LeaseLost({key: 0})
-                    for sub in s.subscribers:
-                        sub.push(error)
 
     def cleared(self, keys: Iterable[str] | None = None) -> None:
         """These lanes (None: every lane) were deleted (DeleteSession,
@@ -240,7 +215,7 @@ class ClusterLeases:
                 gone |= set(m.lanes) | {t.key for t in m.live.values()}
         else:
             gone = set(keys)
-        error = _deleted()
+        error = verdict.deleted()
         for key in gone:
             self._forget(key)
             if m is not None:

@@ -1,0 +1,58 @@
+"""How the streams of turns end when this node stopped running their lane
+because its lease moved on, or was no longer trusted here: as the store says
+the lane went (cluster/leases.py stops the turns at once, then asks).
+
+Guarantees, and why:
+
+* A turn whose session was deleted meanwhile (the lane's lease revoked, or
+  its acknowledged request gone from the ledger, whoever took the lane
+  since) ends CANCELLED, as on a node that hears of the delete: a LANE_MOVED
+  an adapter retries would run the prompt anew in a fresh session.
+* Any other ends LANE_MOVED (``LeaseLost``), whose retry with the same
+  request id follows the turn to the lane's new holder.
+* With no word from the store within ``VERDICT_S`` (a stalled or
+  unreachable store): LANE_MOVED, the lease may well have moved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Set as AbstractSet
+
+from ..errors import CANCELLED, SidecarError
+from ..store import StoreUnavailable
+from ..store.interface import SharedStore
+from ..turns.leasing import LeaseLost
+from ..turns.supervision import Stopped
+
+VERDICT_S = 2.0  # the longest a stopped lane's streams wait for the store to say why
+
+
+def deleted() -> SidecarError:
+    """How a turn's stream ends when its session was deleted under it."""
+    return SidecarError(CANCELLED, "the session was deleted while this prompt was in flight")
+
+
+async def tell(store: SharedStore, streams: dict[str, list[Stopped]]) -> AbstractSet[str]:
+    """End the streams of the turns stopped on these lanes, each as the
+    store says its lane went; returns the lanes whose lease a delete revoked
+    (nothing to count as lost there). The streams are told even when this
+    is cancelled (the node's stop)."""
+    revoked: AbstractSet[str] = frozenset()
+    known: AbstractSet[str] | None = None
+    acked = [s.request_id for stopped in streams.values() for s in stopped if s.acked]
+    try:
+        async with asyncio.timeout(VERDICT_S):
+            revoked = await store.revoked_leases(list(streams))
+            known = await store.known_requests(acked) if acked else frozenset()
+    except (StoreUnavailable, TimeoutError):
+        pass  # no word: the lease may well have moved
+    finally:
+        gone = deleted()
+        for key, stopped in streams.items():
+            for s in stopped:
+                was_deleted = key in revoked or (s.acked and known is not None and s.request_id not in known)
+                error = gone if was_deleted else LeaseLost({key: 0})
+                for sub in s.subscribers:
+                    sub.push(error)
+    return revoked
