@@ -15,6 +15,11 @@ Script entries (dicts):
   as a real model would. Combine with ``text`` for text first.
 - ``"usage": {...}``: override the usage chunk (default derived from words);
   ``"usage": None`` sends none.
+- ``{"hold": True}``: start a stream (its first chunk) and send nothing more
+  until the client hangs up; ``.holding`` is set once it is held,
+  ``.hung_up`` once the client closed it.
+- ``"wait_for": threading.Event``: answer once the test sets it (``.holding``
+  is set when the request has come).
 - ``"delay_s": N``: wait before answering; ``"truncate": True``: close the
   stream after the text without finish_reason or [DONE] (a broken connection).
 - ``{"status": 302, "body": "", "headers": {"Location": ...}}``: any status
@@ -61,6 +66,7 @@ class FakeOpenAI:
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.arrivals: list[float] = []  # monotonic arrival time of each request
+        self.holding, self.hung_up = threading.Event(), threading.Event()  # a "hold" entry's stream
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -135,6 +141,11 @@ class FakeOpenAI:
         entry = self._next_entry(body, {k.lower(): v for k, v in h.headers.items()})
         if entry.get("delay_s"):
             time.sleep(entry["delay_s"])
+        if entry.get("hold"):
+            return self._hold(h)
+        if "wait_for" in entry:
+            self.holding.set()
+            entry["wait_for"].wait(120)
         if {"raw", "endless", "gzip_mb"} & entry.keys():
             return self._hostile(h, entry)
         if entry.get("status", 200) != 200 or "body" in entry:
@@ -178,6 +189,20 @@ class FakeOpenAI:
                 h.wfile.write(piece)
         except OSError:  # the client hung up: what an endless answer waits for
             pass
+
+    def _hold(self, h: BaseHTTPRequestHandler) -> None:
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.end_headers()
+        h.wfile.write(self._chunk({"role": "assistant", "content": ""}))
+        h.wfile.flush()
+        self.holding.set()
+        try:
+            while h.rfile.read(1):  # nothing more comes from a client but its hang-up
+                pass
+        except OSError:
+            pass
+        self.hung_up.set()
 
     def _usage(self, entry: dict[str, Any]) -> dict[str, Any] | None:
         if "usage" in entry:

@@ -20,7 +20,11 @@ Guarantees, and why:
   where expiry is judged on the database's clock: the node stops running the
   lane before anyone else may start it (``distrusted``). Its turns' streams
   end as the store says the lane went (cluster/verdict.py): LANE_MOVED, or
-  CANCELLED when the session was deleted meanwhile.
+  CANCELLED when the session was deleted meanwhile. A node that stalls
+  itself cannot stop them: each turn's worker stops it by itself at
+  ``stop_at`` (a renewal moves it on, ``supervision.trust``), between the end of
+  the trust and that of the lease, and a tool call it sent meanwhile is not
+  made (turns/worker_events.py).
 * A lane idle here for a TTL is let go, so the next prompt can land on any
   node without waiting; a clean stop lets every lane go (except those whose
   turn its drain cut off: left to run out, for a continue turn elsewhere)
@@ -36,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING
@@ -86,6 +91,13 @@ class ClusterLeases:
 
     def epoch(self, key: str) -> int:
         return self.held.get(key, 0)
+
+    def trusted(self, key: str) -> bool:
+        return key in self.held and self.trusted_until[key] > asyncio.get_running_loop().time()
+
+    def stop_at(self, key: str) -> float:
+        left = self.trusted_until.get(key, 0.0) - asyncio.get_running_loop().time()
+        return time.monotonic() + left + self.ttl * SWEEP_EVERY  # the sweeper's longest delay past it
 
     async def route(self, key: str) -> None:
         if key in self.held:
@@ -325,17 +337,21 @@ class ClusterLeases:
 
     async def _renew(self, sent: float) -> None:
         """Extend every lease held here, and the node's heartbeat (with no
-        lane held too). A lane whose lease a delete revoked stops as deleted
-        (``cleared``: its turns end CANCELLED), one taken from this node as
-        lost."""
+        lane held too), and tell the workers of the renewed lanes' turns how
+        long they may run now. A lane whose lease a delete revoked stops as
+        deleted (``cleared``: its turns end CANCELLED), one taken from this
+        node as lost."""
         keys = list(self.held)
         kept, revoked = await self.store.write(jobs.renew, keys, self.ttl)
-        gone = []
+        gone, trusted = [], set()
         for key in keys:
             if key in self.held and kept.get(key) == self.held[key]:
                 self.trusted_until[key] = sent + self.ttl * SAFE
+                trusted.add(key)
             elif key in self.held:
                 gone.append(key)
+        if self._manager is not None and trusted:
+            supervision.trust(self._manager, trusted, self.stop_at)
         self.cleared([k for k in gone if k in revoked])
         self.lost([k for k in gone if k not in revoked])
 

@@ -44,6 +44,21 @@ class LaneLeases(Protocol):
         """Raise LaneElsewhere when another live node holds the lane (a read:
         no lease is taken)."""
 
+    def trusted(self, key: str) -> bool:
+        """Whether this node may run the lane now: its lease confirmed within
+        the time it is trusted (past it the lane stops here, ``distrusted``)."""
+
+    def stop_at(self, key: str) -> float:
+        """When a worker stops the lane's turn by itself (time.monotonic(), the
+        host's one clock; wire.Run ``stop_at``) should this node fail to: a
+        little after its trust in the lease ends, before the lease can run out
+        in the database."""
+
+    def distrusted(self, keys: Iterable[str]) -> None:
+        """These lanes' leases are no longer trusted here: their turns stop at
+        once, writing nothing more; their streams end as the store says the
+        lane went."""
+
     def refused(self, epochs: dict[str, int], writes: int, revoked: AbstractSet[str] = frozenset()) -> None:
         """The store refused ``writes`` writes of these lanes at these epochs
         (their epoch moved; ``revoked``: the lane was deleted): the lanes stop

@@ -311,6 +311,8 @@ class TurnManager:
                        turn.timeout_s)
         if tracing.ACTIVE is not None:  # its model calls' HTTP requests carry it on
             msg["traceparent"] = tracing.ACTIVE.traceparent(turn)
+        if self.leases is not None:  # it stops by itself should this node stall past its lease
+            msg["stop_at"] = self.leases.stop_at(turn.key)
         if h.ready.is_set():
             h.send(msg)
         else:
@@ -325,6 +327,8 @@ class TurnManager:
             self.end(turn, "failed", turn.cancel_reason, "the turn was cancelled")
             return
         turn.worker_gen = h.generation
+        if self.leases is not None:  # as long as the lease is trusted now, not when it began to wait
+            msg["stop_at"] = self.leases.stop_at(turn.key)
         h.send(msg)
 
     def cancel_turn(self, turn: Turn, reason: str) -> bool:

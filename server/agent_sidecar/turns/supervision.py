@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import errors as E
 from ..delivery import INTERRUPT, ROLLBACK
@@ -268,6 +270,18 @@ def end_streams(m: TurnManager, err: BaseException) -> None:
             sub.push(err)
         turn.subscribers.clear()
     placement.steers_answered_no(m)  # each falls back, and its accept fails as every write does now
+
+
+def trust(m: TurnManager, keys: AbstractSet[str], stop_at: Callable[[str], float]) -> None:
+    """A cluster node renewed these lanes' leases: the workers running their
+    turns are told how long each may run now (``stop_at(key)``: wire.Run's
+    ``stop_at``, when a worker stops a turn its stalled node did not)."""
+    told: dict[Any, dict[str, float]] = {}
+    for turn in m.live.values():
+        if turn.key in keys and turn.worker is not None and turn.in_flight:
+            told.setdefault(turn.worker, {})[turn.rid] = stop_at(turn.key)
+    for worker, stops in told.items():
+        worker.send(wire.trust(stops))
 
 
 @dataclass

@@ -7,7 +7,7 @@ below; both sides build them with the constructors here and read them with
 stay dicts on the wire (orjson writes and reads them without a class in
 between: a busy sidecar sends tens of thousands a second).
 
-Parent → worker: run, cancel, steer, tool_result, ack, evict, clear, stop.
+Parent → worker: run, cancel, trust, steer, tool_result, ack, evict, clear, stop.
 Worker → parent: hello, frame, message, tool_call, tool_refused, steered, done, evicted, log,
 model_call.
 
@@ -43,12 +43,23 @@ class Run(TypedDict):
     # Tracing on: the turn span's W3C traceparent; each model call's HTTP
     # request carries one naming a child span, reported back as a ModelCall.
     traceparent: NotRequired[str]
+    # A cluster node: the time.monotonic() (one clock for every process of
+    # the host) at which the worker stops the turn by itself, LANE_MOVED, its
+    # lane's lease no longer trusted and its parent not stopping it (stalled).
+    stop_at: NotRequired[float]
 
 
 class Cancel(TypedDict):
     type: Literal["cancel"]
     request_id: str
     reason: str
+
+
+class Trust(TypedDict):
+    """The lanes' leases were renewed: these turns (request id -> stop_at, as
+    Run's) may run on until then."""
+    type: Literal["trust"]
+    stop_at: dict[str, float]
 
 
 class Steer(TypedDict):
@@ -91,6 +102,10 @@ def run(request_id: str, session_key: str, session_id: str, rev: int, base_seq: 
 
 def cancel(request_id: str, reason: str) -> Cancel:
     return {"type": "cancel", "request_id": request_id, "reason": reason}
+
+
+def trust(stop_at: dict[str, float]) -> Trust:
+    return {"type": "trust", "stop_at": stop_at}
 
 
 def steer(request_id: str, steer_id: str, text: str, expires: float) -> Steer:

@@ -48,6 +48,9 @@ from .model_trace import TracedBackend
 # for (a tool call, a steer's answer) is never paced.
 WRITE_PACE_S = 0.010
 WRITE_QUIET_S = 0.001
+# A turn's stop time (wire.Run ``stop_at``) passed: the worker looks at its
+# pipe once more, this long later, before it stops the turn by itself.
+LOOK_AGAIN_S = 0.010
 
 # Its lines go to the parent, which logs them as its own (logs.forward).
 log = logging.getLogger("agent_sidecar.turns")
@@ -150,6 +153,7 @@ class Worker:
         self.turns: dict[str, tuple[asyncio.Task, _TurnIO | None]] = {}
         self.early_steers: dict[str, list[str]] = {}  # steers taken in before their turn's task started
         self.cancel_reasons: dict[str, str] = {}
+        self.stop_timers: dict[str, asyncio.TimerHandle] = {}  # a cluster node's turns: when they stop by themselves
         self.backends: dict[str, tuple[bytes, Any]] = {}
         self._transcripts = None  # the store's TranscriptReader, opened on the first miss
         self.channel: Channel | None = None
@@ -215,11 +219,14 @@ class Worker:
                 task = asyncio.get_running_loop().create_task(self._turn(msg))
                 task.add_done_callback(functools.partial(self._never_ran, rid))
                 self.turns[rid] = (task, None)
+                if "stop_at" in msg:
+                    self._stop_at(rid, msg["stop_at"])
             case "cancel":
-                entry = self.turns.get(msg["request_id"])
-                if entry:
-                    self.cancel_reasons[msg["request_id"]] = msg["reason"]
-                    entry[0].cancel()
+                self._cancel(msg["request_id"], msg["reason"])
+            case "trust":
+                for rid, at in msg["stop_at"].items():
+                    if rid in self.turns:
+                        self._stop_at(rid, at)
             case "steer":
                 self._steer(msg)
             case "tool_result":
@@ -235,6 +242,40 @@ class Worker:
                 self.cache.remove(msg["session_key"])
             case "clear":
                 self.cache.clear()
+
+    def _cancel(self, rid: str, reason: str) -> None:
+        entry = self.turns.get(rid)
+        if entry:
+            self.cancel_reasons[rid] = reason
+            entry[0].cancel()
+
+    def _stop_at(self, rid: str, at: float) -> None:
+        """A cluster node's turn stops by itself at ``at`` (time.monotonic(),
+        the host's one clock), LANE_MOVED, unless a renewal of its lane's
+        lease moves it on (``trust``). Its parent stops it first while it runs
+        (that deadline is later than the parent's trust in the lease, earlier
+        than the lease's end in the database); a parent that stalls (SIGSTOP,
+        a long pause) cannot, and this keeps its model and tool calls from
+        going on beside the lane's next holder's."""
+        old = self.stop_timers.pop(rid, None)
+        if old is not None:
+            old.cancel()
+        self.stop_timers[rid] = asyncio.get_running_loop().call_later(
+            max(0.0, at - time.monotonic()), self._lapsed, rid)
+
+    def _lapsed(self, rid: str, looked: bool = False) -> None:
+        """Its stop time passed. Once this loop has read its pipe since (a
+        renewal's ``trust`` may wait there unread: this worker stalled, or a
+        blocking backend held its loop, not its parent), it stops the turn."""
+        self.stop_timers.pop(rid, None)
+        if rid not in self.turns or rid in self.cancel_reasons:
+            return
+        if not looked:  # the pipe is read before a timer set now is due
+            self.stop_timers[rid] = asyncio.get_running_loop().call_later(LOOK_AGAIN_S, self._lapsed, rid, True)
+            return
+        log.warning("turn stopped: its lane's lease is no longer trusted and the sidecar did not stop it",
+                    extra={"request_id": rid})
+        self._cancel(rid, E.LANE_MOVED)
 
     def _steer(self, msg: wire.Steer) -> None:
         """Take a steer's text into its running turn, or refuse it; answer
@@ -259,8 +300,12 @@ class Worker:
         self.send(wire.steered(rid, msg["steer_id"], ok), soon=True)
 
     def _never_ran(self, rid: str, task: asyncio.Task) -> None:
-        """A cancel that arrived with its run (same read) cancels the task
-        before its coroutine starts, so _turn never reports: report here."""
+        """A turn's task is done: its stop timer goes. A cancel that arrived
+        with its run (same read) cancels the task before its coroutine
+        starts, so _turn never reports: report here."""
+        timer = self.stop_timers.pop(rid, None)
+        if timer is not None:
+            timer.cancel()
         if task.cancelled() and rid in self.turns:
             self.turns.pop(rid, None)
             self.early_steers.pop(rid, None)

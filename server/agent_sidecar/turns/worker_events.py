@@ -72,6 +72,10 @@ def _on_turn_message(m: TurnManager, h: WorkerHandle, turn: Turn, msg: Any) -> N
             _frame(m, turn, msg)
         case "message":
             _message(m, h, turn, msg["message"])
+        case "tool_call" if m.leases is not None and not m.leases.trusted(turn.key):
+            # Its lease is no longer trusted (this node stalled; its sweeper
+            # has not run yet): the lane stops here now, the call unmade.
+            m.leases.distrusted([turn.key])
         case "tool_call":
             m.spawn(_run_tool(m, h, turn, msg))  # the task inherits the turn's log context
         case "done":
@@ -110,7 +114,11 @@ def _message(m: TurnManager, h: WorkerHandle, turn: Turn, message: dict) -> None
 
 
 def _done(m: TurnManager, turn: Turn, msg: wire.Done) -> None:
-    if turn.taken_back:  # even if it finished first: its reply was refused
+    if not msg["ok"] and msg.get("reason") == E.LANE_MOVED and m.leases is not None:
+        # Its worker stopped it by itself (wire.Run stop_at): this node, stalled,
+        # did not in time. The lane stops here, its end written by its next holder.
+        m.leases.distrusted([turn.key])
+    elif turn.taken_back:  # even if it finished first: its reply was refused
         m.end(turn, "failed", E.CANCELLED, turn.taken_back)
     elif turn.cancel_reason == E.RESOURCE_EXHAUSTED:  # frames were dropped, even if it then finished
         m.end(turn, "failed", E.RESOURCE_EXHAUSTED,
