@@ -148,22 +148,37 @@ def test_a_delete_made_while_the_turns_node_is_stalled_past_its_lease_ends_that_
     end as a deleted session's does, CANCELLED, not LANE_MOVED (which an
     adapter retries, running the prompt again in a fresh session)."""
     with _turn_waiting_on_b(tmp_path, cluster_dsn) as (c, busy, _):
-        _stalled_through_a_delete(c, busy)
+        _stalled_through(c, busy, _delete)
         busy.result(30)
     assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), (busy.kinds(), busy.details)
 
 
-def _stalled_through_a_delete(c: Cluster, busy: PromptRun, meanwhile=None) -> None:
-    """b stalled (SIGSTOP) until its lease on ``busy``'s lane has run out, a
-    deleting the session there, then ``meanwhile()``; b goes on after."""
+def test_a_reset_made_while_the_turns_node_is_stalled_past_its_lease_ends_that_turn_cancelled(tmp_path, cluster_dsn):
+    """As for a delete: a ResetSession made on a while b, running the lane's
+    turn, stalls past its lease (a takes the lane, which closes the turn as
+    cut off, then resets it). On one sidecar a reset cancels the running
+    turn: its stream must end CANCELLED here too, not LANE_MOVED."""
+    def reset(c: Cluster, key: str) -> None:
+        c["a"].sessions().ResetSession(spb.ResetSessionRequest(session_key=key), timeout=10)
+    with _turn_waiting_on_b(tmp_path, cluster_dsn) as (c, busy, _):
+        _stalled_through(c, busy, reset)
+        busy.result(30)
+    assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), (busy.kinds(), busy.details)
+
+
+def _delete(c: Cluster, key: str) -> None:
+    assert c["a"].sessions().DeleteSession(spb.DeleteSessionRequest(session_key=key), timeout=10).deleted
+
+
+def _stalled_through(c: Cluster, busy: PromptRun, *calls) -> None:
+    """b stalled (SIGSTOP) until its lease on ``busy``'s lane has run out, each
+    of ``calls(c, key)`` made meanwhile; b goes on after."""
     store = StoreView(c["a"])
     c["b"].pause()
     try:
         wait_until(lambda: store.lease_holder(busy.key) is None, timeout=30, what="b's lease run out")
-        assert c["a"].sessions().DeleteSession(spb.DeleteSessionRequest(session_key=busy.key),
-                                               timeout=10).deleted
-        if meanwhile is not None:
-            meanwhile()
+        for call in calls:
+            call(c, busy.key)
     finally:
         c["b"].resume()
 
@@ -176,10 +191,10 @@ def test_a_delete_and_a_new_turn_on_the_lane_while_the_turns_node_is_stalled_end
     does: its request is gone from the ledger, so the LANE_MOVED an adapter
     retries would run the prompt again, in a fresh session."""
     with _turn_waiting_on_b(tmp_path, cluster_dsn) as (c, busy, src):
-        def a_takes_the_lane():
+        def a_takes_the_lane(c: Cluster, key: str):
             assert_well_formed(run(c["a"].prompts(), prompt_req(text="anew", source=src)))
             assert StoreView(c["a"]).status(busy.request_id) is None  # the deleted turn's row went with it
-        _stalled_through_a_delete(c, busy, a_takes_the_lane)
+        _stalled_through(c, busy, _delete, a_takes_the_lane)
         busy.result(30)
     assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), (busy.kinds(), busy.details)
 

@@ -8,6 +8,9 @@ Guarantees, and why:
   its acknowledged request gone from the ledger, whoever took the lane
   since) ends CANCELLED, as on a node that hears of the delete: a LANE_MOVED
   an adapter retries would run the prompt anew in a fresh session.
+* A turn whose session was reset meanwhile (ResetSession on the node that
+  took the lane, which ended the turn's incarnation) ends CANCELLED, as a
+  reset's cancel of the running turn does on one sidecar.
 * Any other ends LANE_MOVED (``LeaseLost``), whose retry with the same
   request id follows the turn to the lane's new holder.
 * With no word from the store within ``VERDICT_S`` (a stalled or
@@ -33,6 +36,10 @@ def deleted() -> SidecarError:
     return SidecarError(CANCELLED, "the session was deleted while this prompt was in flight")
 
 
+def _reset() -> SidecarError:
+    return SidecarError(CANCELLED, "the session was reset while this prompt was in flight")
+
+
 async def tell(store: SharedStore, streams: dict[str, list[Stopped]]) -> AbstractSet[str]:
     """End the streams of the turns stopped on these lanes, each as the
     store says its lane went; returns the lanes whose lease a delete revoked
@@ -40,19 +47,29 @@ async def tell(store: SharedStore, streams: dict[str, list[Stopped]]) -> Abstrac
     is cancelled (the node's stop)."""
     revoked: AbstractSet[str] = frozenset()
     known: AbstractSet[str] | None = None
+    reset: AbstractSet[str] = frozenset()
     acked = [s.request_id for stopped in streams.values() for s in stopped if s.acked]
     try:
         async with asyncio.timeout(VERDICT_S):
             revoked = await store.revoked_leases(list(streams))
-            known = await store.known_requests(acked) if acked else frozenset()
+            if acked:
+                known = await store.known_requests(acked)
+                reset = await store.reset_requests(acked)
+            else:
+                known = frozenset()
     except (StoreUnavailable, TimeoutError):
         pass  # no word: the lease may well have moved
     finally:
-        gone = deleted()
         for key, stopped in streams.items():
             for s in stopped:
-                was_deleted = key in revoked or (s.acked and known is not None and s.request_id not in known)
-                error = gone if was_deleted else LeaseLost({key: 0})
+                error = _end(key in revoked or (s.acked and known is not None and s.request_id not in known),
+                             s.request_id in reset, key)
                 for sub in s.subscribers:
                     sub.push(error)
     return revoked
+
+
+def _end(was_deleted: bool, was_reset: bool, key: str) -> SidecarError:
+    if was_deleted:
+        return deleted()
+    return _reset() if was_reset else LeaseLost({key: 0})

@@ -199,6 +199,9 @@ class SharedStore(Store, Protocol):
     async def known_requests(self, request_ids: list[str]) -> set[str]:
         """Of these request ids, those the ledger holds (a delete removed the others)."""
 
+    async def reset_requests(self, request_ids: list[str]) -> set[str]:
+        """Of these request ids, those whose incarnation a ResetSession ended."""
+
     async def revoked_leases(self, keys: list[str]) -> set[str]:
         """Of these lanes, those whose lease a delete revoked (DeleteSession,
         ClearAllSessions) and nobody took since."""

@@ -156,6 +156,13 @@ async def known_requests(conn, request_ids: list[str]) -> set[str]:
                                      (request_ids,))}
 
 
+async def reset_requests(conn, request_ids: list[str]) -> set[str]:
+    """Of these request ids, those whose incarnation a ResetSession ended."""
+    return {r[0] for r in await _all(conn, "SELECT p.request_id FROM prompts p JOIN incarnations i"
+                                           " ON i.session_id = p.session_id WHERE p.request_id = ANY(%s)"
+                                           " AND i.end_reason = 'reset'", (request_ids,))}
+
+
 async def revoked_leases(conn, keys: list[str]) -> set[str]:
     """Of these lanes, those whose lease a delete revoked (and nobody took since)."""
     return {r[0] for r in await _all(conn, "SELECT session_key FROM leases WHERE session_key = ANY(%s)"

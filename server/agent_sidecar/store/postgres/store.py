@@ -115,6 +115,9 @@ class PostgresStore(WriterBacked):
     async def known_requests(self, request_ids: list[str]) -> set[str]:
         return await self._read(reads.known_requests, request_ids)
 
+    async def reset_requests(self, request_ids: list[str]) -> set[str]:
+        return await self._read(reads.reset_requests, request_ids)
+
     async def revoked_leases(self, keys: list[str]) -> set[str]:
         return await self._read(reads.revoked_leases, keys)
 
