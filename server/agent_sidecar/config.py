@@ -150,7 +150,7 @@ class ClusterConfig:
     token: str = key("", secret=True, check=lambda t: _bearer(t),
                      doc="the bearer token sidecars present to each other "
                          "(an admin token of every sidecar's [[auth.tokens]])")
-    lease_ttl_s: float = key(10.0, gt=0, doc="a lane's lease lasts this long unless renewed "
+    lease_ttl_s: float = key(10.0, ge=1, le=86400, doc="a lane's lease lasts this long unless renewed "
                                              "(renewed every third of it)")
     ca_file: str = key("", check=lambda p: _pem_file(p),
                        doc="PEM CA certificates of the other sidecars' TLS listeners: calls forwarded "

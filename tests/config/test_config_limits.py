@@ -211,6 +211,19 @@ def test_an_advertised_address_is_host_and_a_port_others_can_reach(tmp_path):
     assert load(tmp_path, node + 'advertise = "[::1]:5"\n').cluster.advertise == "[::1]:5"
 
 
+def test_a_lease_ttl_no_database_or_keeper_can_keep_is_refused(tmp_path):
+    """A lease ends at the database's now() plus the TTL (1e300 s: 'timestamp
+    out of range', every prompt INTERNAL) and is renewed every third of it
+    (a few milliseconds: the keeper hammers the database, and HTTP/2 pings
+    to a holder are floored at a second)."""
+    pg = '[store]\nbackend = "postgres"\ndsn = "postgresql://db/sidecar"\n'
+    for ttl in ("1e300", "1e7", "0.01", "0.5"):
+        lines = problems(tmp_path, pg + f"[cluster]\nlease_ttl_s = {ttl}\n")
+        assert names(lines) == ["cluster.lease_ttl_s"], lines
+    for ttl in ("1", "10", "86400"):
+        assert load(tmp_path, pg + f"[cluster]\nlease_ttl_s = {ttl}\n").cluster.lease_ttl_s == float(ttl)
+
+
 # -- the environment overlay -------------------------------------------------------------------------
 
 def test_an_environment_value_of_more_than_one_toml_value_is_refused(tmp_path):
