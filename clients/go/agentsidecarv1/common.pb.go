@@ -589,7 +589,8 @@ type Message struct {
 	// On "tool" messages: the id of the assistant tool call this answers;
 	// required there. It must name a call in the tool_calls_json of the last
 	// non-tool message before it (in the request, or the live transcript an
-	// append goes to) that no other tool message answers, else
+	// append goes to) that no other tool message answers, and not a call of
+	// the turn running in the session (its tool host answers it), else
 	// INVALID_ARGUMENT: a model backend refuses a transcript with any other.
 	ToolCallId string `protobuf:"bytes,3,opt,name=tool_call_id,json=toolCallId,proto3" json:"tool_call_id,omitempty"`
 	// On "tool" messages: the tool's dotted name.

@@ -40,25 +40,29 @@ def _call_ids(m: Message) -> set[str]:
 
 
 def check_answers(messages: Iterable[Message], opened: Iterable[str] = (),
-                  field: str = "messages") -> set[str]:
+                  field: str = "messages", turns: bool = False) -> set[str]:
     """Tool calls and their results stay together, as a model backend
     requires: every "tool" message answers a call of the last non-tool
     message before it (an assistant message with a call of that id) that no
     tool message answered already; and no other message comes while calls
     of that message are still unanswered. ``opened``: the calls still open
     where ``messages`` go (``open_calls``; a running turn's call waiting on
-    its tool host is one). Returns the calls open after them. An
+    its tool host is one); ``turns``: they are a running turn's, which its
+    tool host answers, so no message may. Returns the calls open after them. An
     OpenAI-compatible backend refuses a transcript breaking either rule, so
     every later turn of the session would fail: the message is refused
     INVALID_ARGUMENT naming it."""
-    pending = set(opened)
+    pending, theirs = set(opened), turns
     for i, m in enumerate(messages):
         if m.role != "tool":
             if pending:
                 raise invalid(f"{field}[{i}]", f"comes before the results of tool calls"
                               f" {excerpt(', '.join(sorted(pending)))} of the assistant message before it;"
                               " their tool messages must come first (a model backend refuses any other order)")
-            pending = _call_ids(m)
+            pending, theirs = _call_ids(m), False
+        elif m.tool_call_id in pending and theirs:
+            raise invalid(f"{field}[{i}].tool_call_id", f"{excerpt(m.tool_call_id)} is a call of the turn"
+                          " running in this session: its tool host answers it")
         elif m.tool_call_id in pending:
             pending.discard(m.tool_call_id)
         elif not m.tool_call_id:
@@ -89,11 +93,16 @@ def open_calls(uow: UnitOfWork, session_id: str) -> set[str]:
 def check_appended(uow: UnitOfWork, session_id: str, messages: list[Message],
                    opened: set[str] | None = None) -> set[str]:
     """``check_answers`` for messages appended to a live transcript, whose
-    open calls are ``opened`` when the caller knows them, else read. Returns
-    the calls open after them."""
+    open calls are ``opened`` when the caller knows them, else read (with
+    whether a running turn made them: the message it wrote last is its, and
+    the ledger says it runs). Returns the calls open after them."""
+    turns = False
     if opened is None:
         opened = open_calls(uow, session_id) if messages else set()
-    return check_answers(messages, opened)
+        rid = uow.messages.tail_request(session_id) if opened else None
+        entry = uow.ledger.get(rid) if rid else None
+        turns = entry is not None and entry.status == "running"
+    return check_answers(messages, opened, turns=turns)
 
 
 def append(uow: UnitOfWork, session_id: str, messages: Iterable[Message],

@@ -143,6 +143,10 @@ class MessageRepo(Protocol):
         answer (sessions/transcripts.py ``open_calls``). Read after ``lock``
         where an append is checked against it."""
 
+    def tail_request(self, session_id: str) -> str | None:
+        """The request id of the turn that wrote the live transcript's last
+        row that is not a "tool" one (None: no turn wrote it, or no row)."""
+
     def index_pending(self, limit: int | None = None) -> int:
         """Bring the full-text index up to date (at most ``limit`` rows); 0
         for a backend that indexes on insert."""

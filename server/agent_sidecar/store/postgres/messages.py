@@ -140,6 +140,11 @@ class PostgresMessages:
     def tail(self, session_id: str) -> list[Message]:
         return [rows.message(r) for r in self.conn.execute(_TAIL, {"sid": session_id})]
 
+    def tail_request(self, session_id: str) -> str | None:
+        row = self.conn.execute("SELECT request_id FROM messages WHERE session_id = %s AND active"
+                                " AND role <> 'tool' ORDER BY seq DESC LIMIT 1", (session_id,)).fetchone()
+        return row[0] if row else None
+
     def index_pending(self, limit: int | None = None) -> int:
         return 0  # the tsvector column is computed on insert
 

@@ -117,6 +117,11 @@ class SqliteMessages:
     def tail(self, session_id: str) -> list[Message]:
         return [rows.message(r) for r in self.conn.execute(_TAIL, (session_id,))]
 
+    def tail_request(self, session_id: str) -> str | None:
+        row = self.conn.execute("SELECT request_id FROM messages WHERE session_id = ? AND active = 1"
+                                " AND role <> 'tool' ORDER BY seq DESC LIMIT 1", (session_id,)).fetchone()
+        return row[0] if row else None
+
     # -- the full-text index ---------------------------------------------------------------
 
     def index_pending(self, limit: int | None = None) -> int:

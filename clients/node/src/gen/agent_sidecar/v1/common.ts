@@ -233,7 +233,8 @@ export interface Message {
    * On "tool" messages: the id of the assistant tool call this answers;
    * required there. It must name a call in the tool_calls_json of the last
    * non-tool message before it (in the request, or the live transcript an
-   * append goes to) that no other tool message answers, else
+   * append goes to) that no other tool message answers, and not a call of
+   * the turn running in the session (its tool host answers it), else
    * INVALID_ARGUMENT: a model backend refuses a transcript with any other.
    */
   toolCallId: string;
