@@ -30,7 +30,7 @@ import psycopg
 from psycopg import errors as pgerr
 
 from ...logs import FaultEpisode
-from ..faults import CommitOutcomeUnknown
+from ..faults import CommitOutcomeUnknown, StoreUnavailable, unavailable
 from .connection import CHANNEL, WRITER_APPLICATION, aborted, connect, forget_prepared, is_fault, settle, unbounded
 from .rows import sender
 
@@ -256,6 +256,9 @@ class PostgresWriter:
 
     def is_fault(self, e: BaseException) -> bool:
         return is_fault(e)
+
+    def unavailable(self, e: BaseException) -> StoreUnavailable:
+        return unavailable(e)
 
     def transient(self, e: BaseException) -> bool:
         return isinstance(e, TRANSIENT)

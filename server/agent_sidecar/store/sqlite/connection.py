@@ -8,7 +8,8 @@ import os
 
 import apsw
 
-from ..faults import is_store_fault
+from ..faults import StoreUnavailable, is_store_fault
+from ..faults import unavailable as store_failed
 
 # A writer that finds the database locked (doctor running, a reader checkpointing)
 # waits this long before "database is locked" could surface; it never should.
@@ -68,6 +69,21 @@ def is_fault(e: BaseException) -> bool:
     return is_store_fault(e, DRIVER_FAULTS)
 
 
+# What a caller is told when another process keeps the file locked past the busy
+# timeout (DECISIONS.md: "database is locked" never reaches a user; the writer
+# process logs the driver's own text with its "store commit failed" line).
+BUSY = (f"the store is busy: another process has held the SQLite write lock for over"
+        f" {BUSY_TIMEOUT_MS // 1000} s; retry later")
+
+
+def unavailable(e: BaseException) -> StoreUnavailable:
+    """A store fault of this backend as callers get it (faults.unavailable),
+    a lock held past the busy timeout in the product's words."""
+    if isinstance(e, apsw.BusyError):
+        return StoreUnavailable(BUSY)
+    return store_failed(e)
+
+
 def check_headroom(path: str) -> None:
     """A small commit can succeed on a full disk (into WAL space a failed
     commit had allocated), and a store called writable again while the next
@@ -115,6 +131,9 @@ class SqliteWriter:
 
     def is_fault(self, e: BaseException) -> bool:
         return is_fault(e)
+
+    def unavailable(self, e: BaseException) -> StoreUnavailable:
+        return unavailable(e)
 
     def transient(self, e: BaseException) -> bool:
         return False  # one writer: nothing to conflict with

@@ -21,14 +21,13 @@ from typing import Any
 
 import apsw
 
-from ..faults import unavailable
 from ..interface import StoreOpenError
 from ..jobs import index_messages
 from ..records import FrameRecord, LedgerEntry, Message, SearchHit, SessionEntry, StoreStats
 from ..writer.backed import WriterBacked
 from ..writer.client import CommitStats, GroupCommitWriter
 from . import reads
-from .connection import DAMAGE, is_fault, open_reader, open_writer
+from .connection import DAMAGE, is_fault, open_reader, open_writer, unavailable
 from .schema import migrate
 
 

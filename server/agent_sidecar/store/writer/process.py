@@ -48,7 +48,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ...logs import FaultEpisode
-from ..faults import CommitOutcomeUnknown, StoreUnavailable, unavailable
+from ..faults import CommitOutcomeUnknown, StoreUnavailable
 
 log = logging.getLogger("agent_sidecar.store")
 
@@ -79,6 +79,9 @@ class WriterBackend(Protocol):
     def rollback_to(self) -> None: ...
     def unit_of_work(self) -> Any: ...
     def is_fault(self, e: BaseException) -> bool: ...
+    def unavailable(self, e: BaseException) -> StoreUnavailable:
+        """A fault (``is_fault``) as callers are told it (faults.unavailable,
+        in the backend's words where the driver's would confuse a user)."""
     def transient(self, e: BaseException) -> bool:
         """A conflict with another writer of the database (a deadlock, a
         serialization failure): the whole group runs again."""
@@ -328,7 +331,7 @@ def _failed(db: WriterBackend, error: BaseException) -> None:
 
 
 def _answers(db: WriterBackend, out: list[tuple[int, bool, Any]]) -> list[tuple[int, bool, Any]]:
-    return [(jid, ok, unavailable(v) if not ok and db.is_fault(v) else v) for jid, ok, v in out]
+    return [(jid, ok, db.unavailable(v) if not ok and db.is_fault(v) else v) for jid, ok, v in out]
 
 
 RESOLVE_EVERY_S = 0.5  # while idle with a group's outcome unknown: ask the backend this often
@@ -383,7 +386,7 @@ class _Unknown:
             results = _answers(db, self.out)
         else:
             _failed(db, self.error.cause)
-            error = unavailable(self.error.cause)
+            error = db.unavailable(self.error.cause)
             results = [(jid, False, error) for jid, _, _ in self.out]
         pipe.send_bytes(_encode_results(results, time.perf_counter() - self.t0))
 
