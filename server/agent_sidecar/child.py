@@ -4,8 +4,9 @@ first, and its blocking end of the pipe. children.py is the parent's side.
 A child is a fresh interpreter (never a fork: grpcio is not fork-safe)
 started as ``python -c BOOT FD`` (children.spawn): ``main`` reads one
 message from the socket FD — the parent's ``sys.path`` and the target,
-``"module:function"`` with its arguments — and calls ``function(pipe,
-*args)`` with a ``Pipe`` on that socket. Nothing else is imported on the way:
+``"module:function"`` with its arguments, the child's name and the parent's
+log format — and calls ``function(pipe, *args)`` with a ``Pipe`` on that
+socket. If that fails, the child says why in one log line and to the parent. Nothing else is imported on the way:
 no multiprocessing (whose spawn also starts a resource-tracker process and
 imports its whole package into every child), no asyncio (the store writer
 blocks on its pipe and never needs an event loop). A child imports what its
@@ -101,14 +102,61 @@ class Pipe:
             self.fd = -1
 
 
+# The first byte of a child's last word to the parent (``_failed``): no codec's
+# message starts with it (a JSON text starts with "{" or "[", a pickle with 0x80).
+FAILED = b"\x00"
+
+
 def main(fd: int) -> None:
-    """The child's entry (children.BOOT): read the target, run it, exit."""
+    """The child's entry (children.BOOT): read the target, run it, exit. An
+    exception that escapes (an import that fails, a target that raises) is
+    one line on stderr in the parent's log format, and the parent hears
+    why (``_failed``), instead of a bare traceback in no format."""
     pipe = Pipe(fd)
-    path, target, args = pickle.loads(pipe.recv_bytes())
-    sys.path[:] = path
-    module, _, fn = target.partition(":")
-    __import__(module)
-    getattr(sys.modules[module], fn)(pipe, *args)
+    name, log_format = "agent-sidecar child", None  # until the parent said
+    try:
+        path, target, args, name, log_format = pickle.loads(pipe.recv_bytes())
+        sys.path[:] = path
+        module, _, fn = target.partition(":")
+        __import__(module)
+        getattr(sys.modules[module], fn)(pipe, *args)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:  # a Ctrl-C before become_child ignores it: the parent stops too
+        os._exit(1)
+    except BaseException as e:
+        _failed(pipe, name, log_format, e)
+        os._exit(1)
+
+
+def _failed(pipe: Pipe, name: str, log_format: str | None, e: BaseException) -> None:
+    """Say why this child ends: one line on stderr (the parent's format, or a
+    plain line when it is not known or cannot be made), and the same error
+    to the parent (``FAILED``, then its text), which names the child."""
+    error = f"{type(e).__name__}: {e}"
+    fields = {"child": name, "pid": os.getpid(), "error": error, "where": _where(e)}
+    try:
+        from .logs import line_in
+        line = line_in(log_format, "ERROR", "agent_sidecar.children", "child process failed", fields)
+    except BaseException:  # the logging module is what failed to import
+        line = None
+    if line is None:
+        line = f"agent-sidecar: {name} (pid {fields['pid']}) failed: {error} (at {fields['where']})"
+    try:
+        os.write(2, (line + "\n").encode("utf-8", "replace"))
+    except OSError:
+        pass
+    try:
+        pipe.send_bytes(FAILED + error.encode("utf-8", "replace"))
+    except OSError:  # the parent is gone
+        pass
+
+
+def _where(e: BaseException) -> str:
+    """Where ``e`` was raised: its innermost frame outside the import machinery."""
+    import traceback
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith("<frozen ")]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
 
 
 def _prctl(option: int, arg) -> None:

@@ -31,9 +31,10 @@ from typing import Any
 
 import orjson
 
-from .child import CHILD_NICE, TITLE_PREFIX, become_child, frame, set_title, tune_gc
+from .child import CHILD_NICE, FAILED, TITLE_PREFIX, become_child, frame, set_title, tune_gc
 from .child import LEN as _LEN
 from .child import LEN_LONG as _LEN_LONG
+from .logs import installed_format
 
 __all__ = ["CHILD_NICE", "TITLE_PREFIX", "Channel", "ChildProcess", "become_child", "frame", "open_channel",
            "set_title", "spawn", "tune_gc"]
@@ -57,7 +58,7 @@ class Channel(asyncio.Protocol):
     def __init__(self, on_message: Callable[[Any], Any], on_lost: Callable[[], Any],
                  loads: Callable[[bytes | bytearray], Any] = orjson.loads,
                  dumps: Callable[[Any], bytes] = orjson.dumps, pace_s: float = 0.0,
-                 quiet_s: float = 0.0):
+                 quiet_s: float = 0.0, on_failed: Callable[[str], Any] | None = None):
         self.on_message, self.on_lost = on_message, on_lost
         self.loads, self.dumps = loads, dumps
         self.pace_s, self.quiet_s = pace_s, quiet_s
@@ -67,6 +68,8 @@ class Channel(asyncio.Protocol):
         self._scheduled = False
         self._soon = False  # a flush at the end of this loop iteration is due
         self._written_at = 0.0  # loop time of the last write (with pace_s)
+        # A child's last word (child.FAILED, then why it ends), parent side (spawn).
+        self.on_failed = on_failed
 
     # -- sending ------------------------------------------------------------------
 
@@ -126,6 +129,10 @@ class Channel(asyncio.Protocol):
                 break
             pos = start + n
             try:
+                if n and buf[start] == FAILED[0]:
+                    if self.on_failed is not None:
+                        self.on_failed(bytes(buf[start + 1:pos]).decode("utf-8", "replace"))
+                    continue
                 self.on_message(self.loads(buf[start:pos]))
             except Exception:
                 log.exception("handling a message failed")
@@ -140,7 +147,8 @@ class Channel(asyncio.Protocol):
 async def open_channel(fileno: int, on_message: Callable[[Any], Any], on_lost: Callable[[], Any],
                        **codec) -> Channel:
     """Wrap one end of a child's socketpair in a Channel (``codec``: its
-    ``loads``/``dumps``, orjson by default, ``pace_s`` and ``quiet_s``)."""
+    ``loads``/``dumps``, orjson by default, ``pace_s`` and ``quiet_s``, and
+    on the parent's side ``on_failed``, there from the first byte read)."""
     sock = socket.socket(fileno=os.dup(fileno))
     sock.setblocking(False)
     _, channel = await asyncio.get_running_loop().create_unix_connection(
@@ -156,12 +164,17 @@ BOOT = ("import sys; sys.path.insert(0, sys.argv[2]); "
 
 class ChildProcess:
     """A spawned child (what ``spawn`` returns): its pid, whether it lives,
-    its exit code (negative: the signal that ended it), waiting for it and
-    killing it."""
+    its exit code (negative: the signal that ended it), why it failed if it
+    said so (``failure``, child.FAILED), waiting for it and killing it."""
 
     def __init__(self, popen: subprocess.Popen):
         self._popen = popen
         self.pid = popen.pid
+        self.failure: str | None = None
+
+    def failed(self, why: str) -> None:
+        """The child's last word: why it ends (its Channel's ``on_failed``)."""
+        self.failure = why
 
     @property
     def exitcode(self) -> int | None:
@@ -182,9 +195,11 @@ class ChildProcess:
             self._popen.kill()
 
 
-def start_child(target: str, args: tuple) -> tuple[ChildProcess, socket.socket]:
+def start_child(target: str, args: tuple, name: str) -> tuple[ChildProcess, socket.socket]:
     """Start ``target`` ("module:function") as ``function(pipe, *args)`` in a
-    new interpreter (child.main); returns it and our end of its socketpair."""
+    new interpreter (child.main); returns it and our end of its socketpair.
+    ``name`` and this process's log format are the child's for the line it
+    writes if it fails before it logs."""
     ours, theirs = socket.socketpair()
     try:
         popen = subprocess.Popen(
@@ -199,7 +214,8 @@ def start_child(target: str, args: tuple) -> tuple[ChildProcess, socket.socket]:
     finally:
         theirs.close()
     # The first message: where to import from, and what to run (child.main reads it).
-    ours.sendall(frame(pickle.dumps((list(sys.path), target, args), protocol=pickle.HIGHEST_PROTOCOL)))
+    boot = (list(sys.path), target, args, name, installed_format())
+    ours.sendall(frame(pickle.dumps(boot, protocol=pickle.HIGHEST_PROTOCOL)))
     return ChildProcess(popen), ours
 
 
@@ -210,8 +226,11 @@ async def spawn(target: str, args: tuple, name: str, on_message: Callable[[Any],
     a child process and return (process, channel, hello) once its first
     message, the hello, arrived. ``on_message`` gets every later message;
     ``on_lost`` runs when the child's end of the pipe closes (before the hello
-    too, which then fails). ``name`` names the child in errors."""
-    proc, ours = start_child(target, args)
+    too). A child that ends without a hello (it failed, it was killed), or
+    does not say it within ``timeout`` seconds, is a ConnectionError naming
+    it (``name``), its pid and why; it is killed and reaped before that is
+    raised, and so when the start is cancelled: no child outlives its start."""
+    proc, ours = start_child(target, args, name)
     hello: asyncio.Future = asyncio.get_running_loop().create_future()
 
     def first_then_on(msg: Any) -> None:
@@ -222,19 +241,33 @@ async def spawn(target: str, args: tuple, name: str, on_message: Callable[[Any],
 
     def lost() -> None:
         if not hello.done():
-            hello.set_exception(ConnectionError(f"{name} exited before saying hello"))
+            hello.set_exception(ConnectionError("ended"))
         on_lost()
 
     try:
-        channel = await open_channel(ours.fileno(), first_then_on, lost, **codec)
+        channel = await open_channel(ours.fileno(), first_then_on, lost, on_failed=proc.failed, **codec)
+    except BaseException:
+        _end(proc)
+        raise
     finally:
         ours.close()
     try:
         async with asyncio.timeout(timeout):
             said = await hello
-    except BaseException:
+    except BaseException as e:
         channel.close()
-        proc.kill()
+        _end(proc)
+        if isinstance(e, ConnectionError):  # it ended first
+            why = proc.failure or f"exit status {proc.exitcode}"
+            raise ConnectionError(f"{name} (pid {proc.pid}) ended before saying hello: {why}") from None
+        if isinstance(e, TimeoutError):
+            raise ConnectionError(f"{name} (pid {proc.pid}) did not say hello within {timeout:g} s") from None
         raise
     channel.on_message = on_message  # from now on straight to it (a child says a lot)
     return proc, channel, said
+
+
+def _end(proc: ChildProcess) -> None:
+    """Kill a child whose start failed, and reap it (a killed process exits at once)."""
+    proc.kill()
+    proc.join(5)

@@ -328,6 +328,23 @@ def relog(msg: dict, **extra: object) -> None:
                extra={**extra, **fields})
 
 
+def installed_format() -> str | None:
+    """The format setup() installed ("json", "text"), None before it: what a
+    spawned child writes its one line in if it fails before it logs (child.py)."""
+    if _HANDLER is None:
+        return None
+    return "json" if isinstance(_HANDLER.formatter, JsonFormatter) else "text"
+
+
+def line_in(fmt: str | None, level: str, logger: str, msg: str, fields: dict) -> str | None:
+    """One line in format ``fmt`` ("json", "text"), now, without logging set
+    up; None for no known format."""
+    if fmt not in ("json", "text"):
+        return None
+    formatter = JsonFormatter() if fmt == "json" else TextFormatter()
+    return formatter.line(time.time(), level, logger, msg, fields)
+
+
 def setup(fmt: str = "json", level: str = "info") -> None:
     global _HANDLER
     _write_pending()

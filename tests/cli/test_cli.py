@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import stat
@@ -16,6 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from helpers import child_hooks
+from helpers.cli import cli
 from helpers.ids import source as src
 from helpers.sessions import create, rpc_error, seed, turns
 from sidecar_proc import ROOT, TOKEN
@@ -362,6 +365,32 @@ def test_serve_on_a_file_that_is_no_store(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode == 1 and "Traceback" not in out, out
     assert "cannot start" in out and "cannot open the store" in out and "retry" not in out, out
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_a_worker_that_cannot_start_says_why_in_one_line_and_the_start_names_it(tmp_path, fmt):
+    """A worker process whose import fails (a broken install) before its pipe
+    to the parent opens: its one line says which child failed and why, in the
+    configured format, and the start ends "cannot start" naming the worker
+    and its error. The child used to print a bare Python traceback, and the
+    parent said only that it "exited before saying hello"."""
+    r = cli("serve", "--data-dir", str(tmp_path / "data"), "--workers", "2", "--log-format", fmt,
+            env=child_hooks.env(broken="agent_sidecar.turns.worker"))
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "Traceback" not in out, out
+    error = "ImportError: agent_sidecar.turns.worker is broken (test hook)"
+    if fmt == "json":
+        lines = [json.loads(line) for line in out.splitlines()]  # every line is one JSON object
+        failed = [d for d in lines if d["msg"] == "child process failed"]
+        assert failed and all(d["error"] == error and d["child"].startswith("agent-sidecar-worker-")
+                              for d in failed), out
+        (start,) = [d for d in lines if d["msg"] == "cannot start"]
+        assert start["error"].startswith("agent-sidecar-worker-") and start["error"].endswith(
+            "ended before saying hello: " + error), start
+    else:
+        assert "agent_sidecar.children: child process failed child=agent-sidecar-worker-" in out, out
+        assert re.search(r"cannot start error=agent-sidecar-worker-\d \(pid \d+\) ended before saying hello: "
+                         + re.escape(error), out), out
 
 
 def test_serve_with_a_data_dir_that_is_a_file(tmp_path):

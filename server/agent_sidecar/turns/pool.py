@@ -92,7 +92,8 @@ class WorkerPool:
         if h.channel is channel:
             h.channel = None
         await asyncio.get_running_loop().run_in_executor(None, proc.join, 5)
-        log.error("worker died", extra={"index": h.index, "pid": h.pid, "exitcode": proc.exitcode})
+        said = {"error": proc.failure} if proc.failure else {}  # why, if it could say (child.py)
+        log.error("worker died", extra={"index": h.index, "pid": h.pid, "exitcode": proc.exitcode, **said})
         h.restarts += 1
         try:
             self.on_exit(h)
