@@ -26,7 +26,7 @@ import pickle
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -37,7 +37,7 @@ from .child import LEN_LONG as _LEN_LONG
 from .logs import installed_format
 
 __all__ = ["CHILD_NICE", "TITLE_PREFIX", "Channel", "ChildProcess", "become_child", "frame", "open_channel",
-           "set_title", "spawn", "tune_gc"]
+           "set_title", "spawn", "start_together", "tune_gc"]
 
 log = logging.getLogger("agent_sidecar.children")
 
@@ -265,6 +265,22 @@ async def spawn(target: str, args: tuple, name: str, on_message: Callable[[Any],
         raise
     channel.on_message = on_message  # from now on straight to it (a child says a lot)
     return proc, channel, said
+
+
+async def start_together(*starts: Awaitable[Any]) -> None:
+    """Run child starts (``spawn``s, or what awaits them) at once. If one
+    fails, the others are cancelled and awaited before its error is raised:
+    a cancelled spawn has killed and reaped its child, so a failed start
+    leaves no child running behind the caller (asyncio.gather would let
+    the others go on, and end up alive after the caller has given up)."""
+    tasks = [asyncio.ensure_future(s) for s in starts]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _end(proc: ChildProcess) -> None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, cast
 from . import __version__, data_dir_lock
 from . import errors as E
 from .api.request_budget import RequestBudget
-from .children import tune_gc
+from .children import start_together, tune_gc
 from .config import Config
 from .heap import return_large_blocks
 from .obs import tracing
@@ -177,8 +177,9 @@ class Sidecar:
         self.turns = TurnManager(self.cfg, self.store, tools, leases)
         if leases is not None:
             leases.attach(self.turns)
-        # Spawned before any gRPC thread exists, the writer and the workers in parallel.
-        await asyncio.gather(self.store.start(), self.turns.start_workers())
+        # Spawned before any gRPC thread exists, the writer and the workers in parallel;
+        # if one cannot start, the others' starts are undone before stop() runs.
+        await start_together(self.store.start(), self.turns.start_workers())
         tracing.configure(__version__)  # after the spawns: its export thread is not theirs
         return_large_blocks()  # the memory of a large request goes back once it is gone
         if self.cfg.clustered:  # every node's frames to this node's watchers

@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from helpers import child_hooks
+from helpers import child_hooks, procs
 from helpers.cli import cli
 from helpers.ids import source as src
 from helpers.sessions import create, rpc_error, seed, turns
@@ -391,6 +391,25 @@ def test_a_worker_that_cannot_start_says_why_in_one_line_and_the_start_names_it(
         assert "agent_sidecar.children: child process failed child=agent-sidecar-worker-" in out, out
         assert re.search(r"cannot start error=agent-sidecar-worker-\d \(pid \d+\) ended before saying hello: "
                          + re.escape(error), out), out
+
+
+def test_a_start_that_fails_undoes_the_starts_still_going_on(tmp_path):
+    """The workers cannot start while the store writer's start is still
+    going on (here it never ends): the writer's start is undone (its process
+    killed and reaped) before the sidecar stops, and the stop has nothing of
+    it to close or write. The writer's start used to go on in the background
+    while stop() found no writer ("store writer closing", "final full-text
+    indexing skipped"), its process alive after the sidecar's "stopped"."""
+    pidfile = tmp_path / "writer.pid"
+    r = cli("serve", "--data-dir", str(tmp_path / "data"), "--workers", "2", "--log-format", "json",
+            env=child_hooks.env(broken="agent_sidecar.turns.worker", held="agent_sidecar.store.writer.process",
+                                pidfile=pidfile))
+    lines = [json.loads(line) for line in (r.stdout + r.stderr).splitlines()]
+    said = [d["msg"] for d in lines if d["logger"] != "agent_sidecar.children"]
+    assert r.returncode == 1 and said[-3:] == ["cannot start", "stopping", "stopped"], lines
+    assert not any(d["level"] == "warning" or "store writer" in d["msg"] for d in lines), lines
+    if pidfile.exists():  # the writer got as far as its held import before its start was undone
+        assert not procs.alive(int(pidfile.read_text())), "the writer outlived its sidecar"
 
 
 def test_serve_with_a_data_dir_that_is_a_file(tmp_path):

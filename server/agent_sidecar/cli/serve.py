@@ -43,6 +43,7 @@ def serve(args) -> int:
             await sidecar.start()
         except (RuntimeError, OSError, SidecarError) as e:  # e.g. another sidecar, a file that is no store, a full disk
             logging.getLogger("agent_sidecar").error("cannot start", extra={"error": str(e)})
+            sidecar.exit_code = 1  # nothing was served: no final write, no marker
             await sidecar.stop()
             return 1
         await sidecar.run_until_stopped()

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..children import Channel, ChildProcess, spawn
+from ..children import Channel, ChildProcess, spawn, start_together
 from . import wire
 
 log = logging.getLogger("agent_sidecar.workers")
@@ -69,7 +69,9 @@ class WorkerPool:
         return self.handles[rendezvous(key, len(self.handles))]
 
     async def start(self) -> None:
-        await asyncio.gather(*(self._spawn(h) for h in self.handles))
+        """Every worker up and answering; if one cannot start, none is left
+        starting (those up already are the caller's to stop)."""
+        await start_together(*(self._spawn(h) for h in self.handles))
 
     async def _spawn(self, h: WorkerHandle, timeout: float = 60.0) -> None:
         lost = asyncio.Event()

@@ -237,10 +237,12 @@ class GroupCommitWriter:
         """Commit everything queued, checkpoint and truncate the WAL, stop."""
         if self._closed:
             return
-        log.info("store writer closing", extra={"commits": self.commits, "jobs": self.jobs})
-        self._send()  # anything submitted in this loop iteration goes first
         self._closed = True
         self.faults.closed()
+        if self._process is None:  # never started (its start failed or was undone): nothing to close
+            return
+        log.info("store writer closing", extra={"commits": self.commits, "jobs": self.jobs})
+        self._send()  # anything submitted in this loop iteration goes first
         if self._channel is not None:
             self._channel.send(CLOSE, now=True)
             assert self._done is not None  # set by start(), which opened the channel
