@@ -274,6 +274,10 @@ class Config:
     log_format: str = key("json", choices=("json", "text"), toml="sidecar.log_format", doc="as `--log-format`")
     log_level: str = key("info", fold="lower", choices=LOG_LEVELS, toml="sidecar.log_level",
                          doc="as `--log-level`")
+    library_log_level: str = key(
+        "warning", fold="lower", choices=LOG_LEVELS, toml="sidecar.library_log_level",
+        doc="the lines of the libraries the sidecar and its model backends use (httpx, gRPC, psycopg, "
+            "a plugin's: every logger outside `agent_sidecar`) from this level, never below `log_level`")
     workers: int = key(0, ge=0, le=256, toml="sidecar.workers",
                        doc="worker processes (0: one per CPU the sidecar may use: its CPU affinity, "
                            "capped by its cgroup's CPU limit)")

@@ -299,16 +299,43 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
         "category": category.__name__, "warning": str(message), "where": f"{filename}:{lineno}"})
 
 
-def forward(level: int) -> _Forward:
-    """In a worker process: every record at ``level`` or above goes to the
-    parent, which logs it as its own, at that level, in the configured
-    format (``relog``); ``open(send)`` on the result once the pipe is open.
-    A worker writes nothing to stderr itself: a library's warning (a model
-    backend's, httpx's) would reach it as a bare line in no format."""
-    handler = _Forward(level)
+# The sidecar's own loggers (Python's warnings are its processes' too): at the
+# configured level. Every other logger is a library's (httpx, gRPC, psycopg, a
+# model backend plugin's): at ``library_log_level`` (default warning), never
+# below the configured level. At debug a library's own lines (a dozen of
+# httpcore's per model call, gRPC's per call) would bury the sidecar's.
+OWN_LOGGERS = ("agent_sidecar", "py.warnings")
+
+
+def _set_levels(level: int | str, library_level: int | str) -> None:
+    own = _level(level)
+    logging.getLogger().setLevel(max(own, _level(library_level)))
+    for name in OWN_LOGGERS:
+        logging.getLogger(name).setLevel(own)
+
+
+def _level(level: int | str) -> int:
+    return level if isinstance(level, int) else logging.getLevelNamesMapping()[level.upper()]
+
+
+def levels() -> tuple[int, int]:
+    """(the sidecar's level, the libraries') as this process logs: what its
+    workers log at (``forward``)."""
+    return logging.getLogger(OWN_LOGGERS[0]).getEffectiveLevel(), logging.getLogger().getEffectiveLevel()
+
+
+def forward(level: int | str, library_level: int | str = logging.WARNING) -> _Forward:
+    """In a worker process: every record at its logger's level (``level``
+    for the sidecar's, ``library_level`` for a library's, see OWN_LOGGERS)
+    goes to the parent, which logs it as its own, at that level, in the
+    configured format (``relog``); ``open(send)`` on the result once the
+    pipe is open. A worker writes nothing to stderr itself: a library's
+    warning (a model backend's, httpx's) would reach it as a bare line in
+    no format."""
+    handler = _Forward(logging.NOTSET)
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    _set_levels(level, library_level)
     warnings.showwarning = _show_warning
     return handler
 
@@ -345,13 +372,15 @@ def line_in(fmt: str | None, level: str, logger: str, msg: str, fields: dict) ->
     return formatter.line(time.time(), level, logger, msg, fields)
 
 
-def setup(fmt: str = "json", level: str = "info") -> None:
+def setup(fmt: str = "json", level: str = "info", library_level: str = "warning") -> None:
+    """Log to stderr in ``fmt``: the sidecar's lines from ``level``, the
+    libraries' from ``library_level`` or ``level``, the higher (OWN_LOGGERS)."""
     global _HANDLER
     _write_pending()
     handler = _Handler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    _set_levels(level, library_level)
     _HANDLER = handler
     warnings.showwarning = _show_warning

@@ -171,7 +171,8 @@ class Sidecar:
         self.store = open_store(sc.backend, path=self.cfg.db_path, synchronous=self.cfg.synchronous,
                                 dsn=sc.dsn, node_id=self.cfg.node_id(), pool_size=sc.pool_size,
                                 preload=JOB_MODULES, log_format=self.cfg.log_format,
-                                log_level=self.cfg.log_level, on_lost=self._store_lost)
+                                log_level=self.cfg.log_level, library_log_level=self.cfg.library_log_level,
+                                on_lost=self._store_lost)
         tools = self.tools = ToolRegistry(max_result_bytes=self.cfg.limits.max_text_bytes)
         leases, forward = self._cluster()
         self.turns = TurnManager(self.cfg, self.store, tools, leases)

@@ -326,3 +326,26 @@ def test_a_python_warning_is_a_log_line(tmp_path):
     assert "noisy_backend.py:" in line["where"] and line["request_id"] == out.request_id
     assert "never awaited" not in "".join(x for x in sc.log_path.read_text().splitlines()
                                           if not x.startswith("{")), "a bare line"
+
+
+def test_at_debug_a_librarys_lines_below_warning_come_only_when_asked_for(tmp_path):
+    """At --log-level debug the workers forwarded every library's lines (a
+    dozen of httpcore's debug lines and httpx's info line per model call) and
+    the parent logged gRPC's: the sidecar's own debug lines were buried in
+    them. The libraries' lines now come from ``[sidecar] library_log_level``
+    (default warning) while the sidecar's own keep ``log_level``; asked for
+    at debug, a worker's library lines come again, as the worker logged them."""
+    with FakeOpenAI([{"text": "hello there"}]) as fake:
+        model = profile("main", "openai", {"base_url": fake.url, "model": "gpt-test", "max_retries": 0})
+        for asked in ("", "debug"):
+            config = model + (table("sidecar", library_log_level=asked) if asked else "")
+            with Sidecar(tmp_path / (asked or "default"), config=config, workers=1) as sc:  # at debug
+                out = run(sc.prompts(), prompt_req(text="hi"))
+                assert out.end == "completed", out.kinds()
+                wait_until(lambda: log_lines(sc, "rpc"), what="the sidecar's own debug line")
+            libraries = [x for x in log_lines(sc) if not x["logger"].startswith(("agent_sidecar", "py.warnings"))]
+            if not asked:
+                assert not libraries, libraries
+            else:
+                assert any(x["logger"].startswith("httpcore") and x["level"] == "debug" and x["worker"] == 0
+                           for x in libraries), libraries

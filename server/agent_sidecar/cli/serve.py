@@ -30,7 +30,7 @@ def serve(args) -> int:
         print(f"agent-sidecar: --data-dir {cfg.data_dir}: for its socket (sidecar.sock in it), {socket_problem};"
               " choose a shorter data dir, or --listen", file=sys.stderr)
         return 2
-    logs.setup(cfg.log_format, cfg.log_level)
+    logs.setup(cfg.log_format, cfg.log_level, cfg.library_log_level)
     set_title(f"main (data {cfg.data_dir})")
     import uvloop
 

@@ -16,11 +16,13 @@ __all__ = ["Store", "StoreOpenError", "StoreClosed", "StoreUnavailable", "UnitOf
 
 def open_store(backend: str = "sqlite", *, path: str = "", synchronous: str = "FULL",
                dsn: str = "", node_id: str = "", pool_size: int = 4, preload: tuple[str, ...] = (),
-               log_format: str = "json", log_level: str = "info", on_lost=None) -> Store:
+               log_format: str = "json", log_level: str = "info", library_log_level: str = "warning",
+               on_lost=None) -> Store:
     """The configured backend, not started yet (``await store.start()``):
     ``sqlite`` on the file ``path``, or ``postgres`` on ``dsn`` (its driver is
     imported only then)."""
-    common = dict(preload=preload, log_format=log_format, log_level=log_level, on_lost=on_lost)
+    common = dict(preload=preload, log_format=log_format, log_level=log_level,
+                  library_log_level=library_log_level, on_lost=on_lost)
     if backend == "postgres":
         from .postgres.store import PostgresStore
         return PostgresStore(dsn, node_id=node_id, pool_size=pool_size, **common)

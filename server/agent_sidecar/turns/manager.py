@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import os
 from collections.abc import Callable
 from typing import Any
 
 from .. import errors as E
+from .. import logs
 from ..config import Config
 from ..delivery import FOLLOW_UP
 from ..obs import tracing
@@ -68,7 +68,7 @@ class TurnManager:
         n = self.cfg.worker_count()
         c = self.cfg.agent_cache
         settings = {"reader": self.store.reader_spec(), "parent_pid": os.getpid(),
-                    "log_level": logging.getLogger().getEffectiveLevel(),
+                    "log_levels": logs.levels(),  # the sidecar's level, the libraries' level
                     "coalesce_ms": self.cfg.stream.coalesce_ms,
                     "max_reply_chars": self.cfg.limits.max_reply_chars,
                     "cache": {

@@ -140,8 +140,8 @@ class _TurnIO:
 class Worker:
     def __init__(self, fileno: int, index: int, settings: dict[str, Any]):
         self.fileno, self.index, self.settings = fileno, index, settings
-        # The parent's level: a line below it would cost the parent's loop for nothing.
-        self.logs = forward(int(settings.get("log_level", logging.INFO)))
+        # The parent's levels: a line below them would cost the parent's loop for nothing.
+        self.logs = forward(*settings.get("log_levels", (logging.INFO, logging.WARNING)))
         self.coalesce_s = float(settings.get("coalesce_ms", 0)) / 1000
         self.max_reply_chars = int(settings["max_reply_chars"])  # limits.max_reply_chars, always given
         c = settings.get("cache", {})

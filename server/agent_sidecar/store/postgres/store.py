@@ -50,7 +50,7 @@ class PostgresStore(WriterBacked):
 
     def __init__(self, dsn: str, *, node_id: str = "", pool_size: int = 4,
                  preload: tuple[str, ...] = (), log_format: str = "json", log_level: str = "info",
-                 on_lost: Callable[[], None] | None = None):
+                 library_log_level: str = "warning", on_lost: Callable[[], None] | None = None):
         self.dsn, self.node_id = dsn, node_id
         try:
             with connect(dsn, autocommit=True) as conn:
@@ -65,7 +65,7 @@ class PostgresStore(WriterBacked):
             raise StoreOpenError(f"cannot open the PostgreSQL store: {e}") from None
         self.writer = GroupCommitWriter(
             ("agent_sidecar.store.postgres.writer:open_backend", (dsn, node_id)),
-            preload, log_format, log_level, on_lost)
+            preload, log_format, log_level, library_log_level, on_lost)
         self._pool = ReadPool(dsn, pool_size, lambda: self.fault is not None)
         self.watch_faults(self._writes_changed)
 

@@ -36,7 +36,7 @@ class SqliteStore(WriterBacked):
 
     def __init__(self, path: str, synchronous: str = "FULL", *, preload: tuple[str, ...] = (),
                  read_threads: int = 4, log_format: str = "json", log_level: str = "info",
-                 on_lost: Callable[[], None] | None = None):
+                 library_log_level: str = "warning", on_lost: Callable[[], None] | None = None):
         self.path = os.fspath(path)
         try:
             conn = open_writer(self.path, synchronous)
@@ -50,7 +50,7 @@ class SqliteStore(WriterBacked):
             raise StoreOpenError(f"cannot open the store {self.path}: {e}") from None
         self.writer = GroupCommitWriter(
             ("agent_sidecar.store.sqlite.connection:open_backend", (self.path, synchronous)),
-            preload, log_format, log_level, on_lost)
+            preload, log_format, log_level, library_log_level, on_lost)
         self._local = threading.local()
         self._pool = ThreadPoolExecutor(max_workers=read_threads, thread_name_prefix="store-read")
         self._readers: list[apsw.Connection] = []

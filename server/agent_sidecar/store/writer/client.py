@@ -73,9 +73,10 @@ class GroupCommitWriter:
     args)``, see process.writer_main); ``preload`` the modules jobs live in."""
 
     def __init__(self, backend: tuple, preload: tuple[str, ...] = (), log_format: str = "json",
-                 log_level: str = "info", on_lost: Callable[[], None] | None = None):
+                 log_level: str = "info", library_log_level: str = "warning",
+                 on_lost: Callable[[], None] | None = None):
         self.backend, self.preload = backend, preload
-        self.log_format, self.log_level = log_format, log_level
+        self.log = (log_format, log_level, library_log_level)  # logs.setup's, in the writer process
         self.on_lost = on_lost
         self.pid = 0
         self.info: dict[str, Any] = {}
@@ -102,7 +103,7 @@ class GroupCommitWriter:
         self._done = asyncio.get_running_loop().create_future()
         self._process, self._channel, self.info = await spawn(
             "agent_sidecar.store.writer.process:writer_main",
-            (self.backend, os.getpid(), self.log_format, self.log_level, self.preload),
+            (self.backend, os.getpid(), self.log, self.preload),
             "agent-sidecar-store-writer", self._on_message, self._on_lost, timeout,
             loads=pickle.loads, dumps=_dumps)
         if "error" in self.info:  # it could not open the store, and has ended

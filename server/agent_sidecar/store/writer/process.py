@@ -88,7 +88,7 @@ class WriterBackend(Protocol):
     def close(self) -> None: ...
 
 
-def writer_main(pipe, backend: tuple, parent_pid: int, log_format: str, log_level: str,
+def writer_main(pipe, backend: tuple, parent_pid: int, log: tuple[str, str, str],
                 preload: tuple[str, ...] = ()) -> None:
     """The spawn target (children.spawn). ``pipe`` is our end of the pipe (child.Pipe);
     ``backend`` is ``("module:function", args)``, the function opening the
@@ -98,7 +98,7 @@ def writer_main(pipe, backend: tuple, parent_pid: int, log_format: str, log_leve
     from ...child import become_child, tune_gc
     become_child("sidecar-writer", parent_pid)
     from ... import logs
-    logs.setup(log_format, log_level)
+    logs.setup(*log)  # format, level, the libraries' level
     for name in preload:
         importlib.import_module(name)
     opener, args = backend
