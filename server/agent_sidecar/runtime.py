@@ -59,6 +59,11 @@ JOB_MODULES = ("agent_sidecar.recovery.housekeeping", "agent_sidecar.recovery.st
 _DSN_SECRETS = frozenset(("password", "sslpassword"))
 
 
+class StoppedWhileStarting(Exception):
+    """A stop signal came while the writer and the workers were being
+    spawned: their starts were undone, and nothing was written or served."""
+
+
 def store_description(cfg: Config) -> str:
     """What the store is, for the log: the SQLite file, or PostgreSQL and its
     DSN without its secrets (the log must never hold one)."""
@@ -180,7 +185,7 @@ class Sidecar:
             leases.attach(self.turns)
         # Spawned before any gRPC thread exists, the writer and the workers in parallel;
         # if one cannot start, the others' starts are undone before stop() runs.
-        await start_together(self.store.start(), self.turns.start_workers())
+        await self._unless_stopped(start_together(self.store.start(), self.turns.start_workers()))
         tracing.configure(__version__)  # after the spawns: its export thread is not theirs
         return_large_blocks()  # the memory of a large request goes back once it is gone
         if self.cfg.clustered:  # every node's frames to this node's watchers
@@ -191,6 +196,26 @@ class Sidecar:
         else:  # where a live watch starts before any frame is handed out (frames.py watch_head)
             self.turns.bus.watch_head = await self.store.last_frame_cursor()
         return forward
+
+    async def _unless_stopped(self, starts) -> None:
+        """Await ``starts`` unless a stop is requested first: then they are
+        cancelled (their children killed and reaped) and StoppedWhileStarting
+        is raised. Nothing is written before the restore that comes after
+        them (the clean-shutdown marker of the last stop is still there), so
+        a stop signal need not wait for a child that is slow to start (up to
+        its 60 s hello timeout) before the supervisor's stop timeout kills us."""
+        task = asyncio.ensure_future(starts)
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait((task, stop), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if task.cancelled():
+            raise StoppedWhileStarting("the sidecar was stopped while it started")
+        task.result()
 
     def _check_advertise(self) -> None:
         """A node the others cannot reach where it advertises itself fails
@@ -236,8 +261,9 @@ class Sidecar:
 
     def stop_on_signals(self) -> None:
         """SIGTERM, SIGINT and SIGHUP stop the sidecar cleanly (drained, the
-        marker written), from before ``start``: one that comes while it starts
-        stops it as soon as it is up. SIGHUP is a closed terminal or an
+        marker written), from before ``start``: one that comes while its
+        children start undoes their start (``_unless_stopped``), one during
+        the startup restore stops it as soon as it is up. SIGHUP is a closed terminal or an
         operator's habit; there is no reload, and its default action would
         kill the process mid-turn. A second one during the drain cuts it short:
         the turns still running end as a drain timeout ends them (marked, and
@@ -290,7 +316,7 @@ class Sidecar:
         if self.tail is not None:
             await self.tail.stop()
         if self.store is not None:
-            if not self.exit_code:
+            if graceful:
                 try:  # the full-text index complete on disk, as a clean stop should leave it
                     await self.store.write(index_messages)
                 except StoreUnavailable as e:

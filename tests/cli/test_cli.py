@@ -18,11 +18,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import child_hooks, procs
-from helpers.cli import cli
+from helpers.cli import CLEAN_ENV, cli
 from helpers.ids import source as src
 from helpers.sessions import create, rpc_error, seed, turns
-from sidecar_proc import ROOT, TOKEN
+from helpers.waiting import wait_until
+from sidecar_proc import ROOT, TOKEN, Sidecar
 
+from agent_sidecar.recovery.startup import MARKER
 from agent_sidecar.v1 import session_service_pb2 as pb
 
 EXE = ROOT / ".venv" / "bin" / "agent-sidecar"
@@ -106,6 +108,34 @@ def test_serve_text_logs_and_sigterm(tmp_path):
             proc.kill()
             proc.wait()
     assert err.strip() and not err.lstrip().startswith("{")
+
+
+def test_sigterm_while_a_worker_is_slow_to_start_stops_at_once_and_keeps_the_last_marker(tmp_path):
+    """SIGTERM while a worker takes long to start (here it never would): the
+    starts are undone and the sidecar exits 0 at once, its children gone,
+    the last clean stop's marker still there (nothing was restored or
+    served). The signal used to wait for the start, up to the worker's 60 s
+    hello timeout (past a supervisor's stop timeout), then exit 1 "cannot
+    start"."""
+    data, pidfile = tmp_path / "data", tmp_path / "worker.pid"
+    with Sidecar(data, workers=1) as sc:  # a clean stop leaves the marker
+        pass
+    assert (data / MARKER).exists()
+    hooks = child_hooks.env(held="agent_sidecar.turns.worker", pidfile=pidfile)
+    proc = subprocess.Popen(CLI + ["serve", "--data-dir", str(data), "--workers", "1"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**CLEAN_ENV, **sc.store_env(), **hooks})
+    try:
+        wait_until(lambda: pidfile.exists() and pidfile.read_text(), what="the worker in its held import")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert not procs.alive(int(pidfile.read_text())), "the worker outlived its sidecar"
+    assert (data / MARKER).exists(), err
 
 
 @pytest.mark.parametrize("text,key", [

@@ -34,13 +34,17 @@ def serve(args) -> int:
     set_title(f"main (data {cfg.data_dir})")
     import uvloop
 
-    from ..runtime import Sidecar
+    from ..runtime import Sidecar, StoppedWhileStarting
 
     async def main() -> int:
         sidecar = Sidecar(cfg)
         sidecar.stop_on_signals()
         try:
             await sidecar.start()
+        except StoppedWhileStarting:  # asked to: nothing was served, the last stop's marker stands
+            logging.getLogger("agent_sidecar").info("start abandoned: stop requested before serving")
+            await sidecar.stop()
+            return 0
         except (RuntimeError, OSError, SidecarError) as e:  # e.g. another sidecar, a file that is no store, a full disk
             logging.getLogger("agent_sidecar").error("cannot start", extra={"error": str(e)})
             sidecar.exit_code = 1  # nothing was served: no final write, no marker
