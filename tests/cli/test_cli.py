@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sqlite3
 import stat
 import subprocess
@@ -440,6 +441,24 @@ def test_a_start_that_fails_undoes_the_starts_still_going_on(tmp_path):
     assert not any(d["level"] == "warning" or "store writer" in d["msg"] for d in lines), lines
     if pidfile.exists():  # the writer got as far as its held import before its start was undone
         assert not procs.alive(int(pidfile.read_text())), "the writer outlived its sidecar"
+
+
+def test_a_listener_whose_port_another_process_holds_says_why_it_cannot_listen(tmp_path):
+    """The port of ``--listen`` is taken: the start ends "cannot start" saying
+    which address and why. It said gRPC's words alone, "Failed to bind to
+    address ...; set GRPC_VERBOSITY=debug environment variable to see
+    detailed error message", the reason only in a line of gRPC's format."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[[auth.tokens]]\ntoken = "{TOKEN}"\nadmin = true\n')
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = run("serve", "--data-dir", str(tmp_path / "data"), "--config", str(cfg), "--workers", "1",
+                "--listen", f"127.0.0.1:{port}", "--log-format", "text")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "Traceback" not in out, out
+    assert f"cannot start error=cannot listen on 127.0.0.1:{port}: Address already in use" in out, out
 
 
 def test_serve_with_a_data_dir_that_is_a_file(tmp_path):

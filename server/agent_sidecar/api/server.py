@@ -25,6 +25,7 @@ import os
 import socket
 import stat
 import threading
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -214,9 +215,9 @@ def bind_listeners(server: grpc.aio.Server, cfg: Config) -> list[str]:
         if not cfg.tokens:
             raise RuntimeError(f"listening on TCP ({target}) needs [[auth.tokens]] in the config")
         if listener.tls:
-            port = server.add_secure_port(target, server_credentials(listener))
+            port = _add_port(server.add_secure_port, target, server_credentials(listener))
         else:
-            port = server.add_insecure_port(target)
+            port = _add_port(server.add_insecure_port, target)
         address = f"{target.rsplit(':', 1)[0]}:{port}"
         if not listener.tls and not is_loopback(host_of(target)):
             # Tokens reach this port from other machines in cleartext.
@@ -227,13 +228,50 @@ def bind_listeners(server: grpc.aio.Server, cfg: Config) -> list[str]:
     return bound
 
 
+def _add_port(add, target: str, *args) -> int:
+    """``add(target, *args)`` (the server's add_insecure_port or
+    add_secure_port); when gRPC cannot bind, a RuntimeError that says why
+    (``_bind_problem``) instead of gRPC's own, which says only that it failed
+    (its C core prints the reason in a line of its own format)."""
+    try:
+        return add(target, *args)
+    except RuntimeError:
+        raise RuntimeError(f"cannot listen on {target}: {_bind_problem(target)}") from None
+
+
+def _bind_problem(target: str) -> str:
+    """Why the system refuses to bind ``target`` (an address in use or not of
+    this machine, a read-only directory), asked with a plain socket, which
+    is closed (and a socket file it made removed) at once."""
+    addresses: list[tuple[Any, ...]]
+    if target.startswith("unix:"):
+        addresses = [(socket.AF_UNIX, socket.SOCK_STREAM, 0, "", target[5:])]
+    else:
+        try:
+            addresses = socket.getaddrinfo(host_of(target), int(target.rsplit(":", 1)[1]),
+                                           type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except OSError as e:
+            return str(e.strerror or e)
+    problem = "gRPC could not bind it (GRPC_VERBOSITY=debug says why)"
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as s:
+            try:
+                s.bind(address)
+            except OSError as e:
+                problem = e.strerror or str(e)
+            else:
+                if family == socket.AF_UNIX:
+                    os.unlink(address)
+    return problem
+
+
 def _bind_unix(server: grpc.aio.Server, target: str) -> None:
     path = target[5:]
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     _prepare_unix(path)
     old = os.umask(0o177)  # the socket is born 0600: only our own user
     try:
-        server.add_insecure_port(target)
+        _add_port(server.add_insecure_port, target)
     finally:
         os.umask(old)
 
