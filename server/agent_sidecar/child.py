@@ -131,24 +131,31 @@ def main(fd: int) -> None:
 
 def _failed(pipe: Pipe, name: str, log_format: str | None, e: BaseException) -> None:
     """Say why this child ends: one line on stderr (the parent's format, or a
-    plain line when it is not known or cannot be made), and the same error
-    to the parent (``FAILED``, then its text), which names the child."""
+    plain line when it is not known or cannot be made; none when the parent
+    said "quiet": it retries a replacement that keeps failing and has the
+    first one's line), and the same error to the parent (``FAILED``, then
+    its text), which names the child."""
     error = f"{type(e).__name__}: {e}"
-    fields = {"child": name, "pid": os.getpid(), "error": error, "where": _where(e)}
+    if log_format != "quiet":  # the parent's respawn that keeps failing said it once
+        _say(name, log_format, {"child": name, "pid": os.getpid(), "error": error, "where": _where(e)})
+    try:
+        pipe.send_bytes(FAILED + error.encode("utf-8", "replace"))
+    except OSError:  # the parent is gone
+        pass
+
+
+def _say(name: str, log_format: str | None, fields: dict) -> None:
+    """The failure's one line on stderr: in ``log_format``, or plain."""
     try:
         from .logs import line_in
         line = line_in(log_format, "ERROR", "agent_sidecar.children", "child process failed", fields)
     except BaseException:  # the logging module is what failed to import
         line = None
     if line is None:
-        line = f"agent-sidecar: {name} (pid {fields['pid']}) failed: {error} (at {fields['where']})"
+        line = f"agent-sidecar: {name} (pid {fields['pid']}) failed: {fields['error']} (at {fields['where']})"
     try:
         os.write(2, (line + "\n").encode("utf-8", "replace"))
     except OSError:
-        pass
-    try:
-        pipe.send_bytes(FAILED + error.encode("utf-8", "replace"))
-    except OSError:  # the parent is gone
         pass
 
 

@@ -195,11 +195,11 @@ class ChildProcess:
             self._popen.kill()
 
 
-def start_child(target: str, args: tuple, name: str) -> tuple[ChildProcess, socket.socket]:
+def start_child(target: str, args: tuple, name: str, quiet: bool = False) -> tuple[ChildProcess, socket.socket]:
     """Start ``target`` ("module:function") as ``function(pipe, *args)`` in a
     new interpreter (child.main); returns it and our end of its socketpair.
     ``name`` and this process's log format are the child's for the line it
-    writes if it fails before it logs."""
+    writes if it fails before it logs (none if ``quiet``)."""
     ours, theirs = socket.socketpair()
     try:
         popen = subprocess.Popen(
@@ -214,13 +214,13 @@ def start_child(target: str, args: tuple, name: str) -> tuple[ChildProcess, sock
     finally:
         theirs.close()
     # The first message: where to import from, and what to run (child.main reads it).
-    boot = (list(sys.path), target, args, name, installed_format())
+    boot = (list(sys.path), target, args, name, "quiet" if quiet else installed_format())
     ours.sendall(frame(pickle.dumps(boot, protocol=pickle.HIGHEST_PROTOCOL)))
     return ChildProcess(popen), ours
 
 
 async def spawn(target: str, args: tuple, name: str, on_message: Callable[[Any], Any],
-                on_lost: Callable[[], Any], timeout: float = 60.0,
+                on_lost: Callable[[], Any], timeout: float = 60.0, quiet: bool = False,
                 **codec) -> tuple[ChildProcess, Channel, Any]:
     """Start ``target(child_end, *args)`` (``target``: "module:function") in
     a child process and return (process, channel, hello) once its first
@@ -229,8 +229,10 @@ async def spawn(target: str, args: tuple, name: str, on_message: Callable[[Any],
     too). A child that ends without a hello (it failed, it was killed), or
     does not say it within ``timeout`` seconds, is a ConnectionError naming
     it (``name``), its pid and why; it is killed and reaped before that is
-    raised, and so when the start is cancelled: no child outlives its start."""
-    proc, ours = start_child(target, args, name)
+    raised, and so when the start is cancelled: no child outlives its start.
+    ``quiet``: a child that fails writes no line of its own (the caller
+    logs the error, and the child's line once already)."""
+    proc, ours = start_child(target, args, name, quiet)
     hello: asyncio.Future = asyncio.get_running_loop().create_future()
 
     def first_then_on(msg: Any) -> None:

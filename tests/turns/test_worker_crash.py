@@ -11,8 +11,10 @@ import signal
 
 import grpc
 import pytest
+from helpers import child_hooks
 from helpers.config import scripted, slow_echo
 from helpers.ids import source, words
+from helpers.logs import log_lines
 from helpers.procs import grpc_loaded, worker_pid
 from helpers.sessions import get_session, transcript
 from helpers.streams import start
@@ -121,3 +123,28 @@ def test_dangling_tool_call_gets_a_synthetic_result(sc):
     nxt = start(sc.prompts(), text="again", key=victim.session_key).result(20)
     assert nxt.end == "completed" and nxt.final_text == "recovered", (nxt.kinds(), nxt.error)
     assert unanswered_calls(transcript(sc.sessions(), victim.session_id)) == []
+
+
+RESPAWN_FAILED = "respawning worker failed; retrying"
+
+
+def test_a_replacement_that_keeps_failing_is_one_warning_and_the_slot_comes_back(tmp_path):
+    """A dead worker whose replacements cannot start (a broken install) was
+    retried every half second, each try two error lines (the child's bare
+    traceback among them, later its line) and the parent's traceback. Now the
+    first failure is one warning and the child's own line, the retries (at
+    growing intervals) debug lines without a traceback; once the install is
+    mended the slot takes turns again."""
+    broken = tmp_path / "broken"
+    env = child_hooks.env(broken="agent_sidecar.turns.worker", broken_while=broken)
+    with Sidecar(tmp_path / "data", workers=1, env=env) as sc:
+        broken.touch()
+        os.kill(live_worker(sc, 0), signal.SIGKILL)
+        tries = wait_until(lambda: lines if len(lines := log_lines(sc, RESPAWN_FAILED)) >= 3 else None,
+                           timeout=30, what="three failed replacements")
+        assert [x["level"] for x in tries] == ["warning"] + ["debug"] * (len(tries) - 1), tries
+        assert all("ImportError" in x["error"] and "exc" not in x for x in tries), tries
+        assert len(log_lines(sc, "child process failed")) == 1, sc.log()
+        broken.unlink()
+        out = start(sc.prompts(), text="back", src=source()).result(timeout=60)
+        assert out.end == "completed" and out.final_text == "back", out.kinds()

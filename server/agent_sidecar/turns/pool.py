@@ -16,10 +16,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..children import Channel, ChildProcess, spawn, start_together
+from ..logs import FaultEpisode
 from . import wire
 
 log = logging.getLogger("agent_sidecar.workers")
 WORKER_MAIN = "agent_sidecar.turns.worker:worker_main"  # what a worker process runs
+RESPAWN_FIRST_S, RESPAWN_MAX_S = 0.5, 5.0  # a failed replacement's retry: doubling, at most this
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -73,11 +75,11 @@ class WorkerPool:
         starting (those up already are the caller's to stop)."""
         await start_together(*(self._spawn(h) for h in self.handles))
 
-    async def _spawn(self, h: WorkerHandle, timeout: float = 60.0) -> None:
+    async def _spawn(self, h: WorkerHandle, timeout: float = 60.0, quiet: bool = False) -> None:
         lost = asyncio.Event()
         proc, channel, info = await spawn(
             WORKER_MAIN, (h.index, self.settings), f"agent-sidecar-worker-{h.index}",
-            functools.partial(self.on_message, h), lost.set, timeout)
+            functools.partial(self.on_message, h), lost.set, timeout, quiet=quiet)
         h.process, h.channel, h.pid, h.info = proc, channel, info["pid"], info
         h.generation += 1
         h.ready.set()
@@ -101,13 +103,23 @@ class WorkerPool:
             self.on_exit(h)
         except Exception:
             log.exception("cleaning up after a dead worker failed")
+        await self._respawn(h)
+
+    async def _respawn(self, h: WorkerHandle) -> None:
+        """Replace the worker of slot ``h`` until one starts, waiting longer
+        after each failure (RESPAWN_FIRST_S doubling to RESPAWN_MAX_S). A
+        replacement that keeps failing (a broken install) is one warning, the
+        first child's own line and the rest at debug: not two error lines, a
+        traceback and a new process every half second for as long as it lasts."""
+        episode, wait = FaultEpisode(log, "respawning worker failed; retrying"), RESPAWN_FIRST_S
         while not self._stopping:
             try:
-                await self._spawn(h)
+                await self._spawn(h, quiet=episode.failing)
                 return
-            except Exception:
-                log.exception("respawning worker failed; retrying")
-                await asyncio.sleep(0.5)
+            except Exception as e:
+                episode.failed(index=h.index, error=str(e) or type(e).__name__, retry_in_s=wait)
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, RESPAWN_MAX_S)
 
     def broadcast(self, msg: dict) -> None:
         for h in self.handles:

@@ -3,7 +3,8 @@ every Python process, and in a sidecar's spawned child (``python -c`` with
 children.BOOT) it makes one import go wrong, as a broken install or a
 stalled start would, before the child has said anything to its parent.
 
-- ``BREAK_IMPORT=module``: importing ``module`` raises ImportError.
+- ``BREAK_IMPORT=module``: importing ``module`` raises ImportError (with
+  ``BREAK_WHILE=path``, only while ``path`` exists).
 - ``HOLD_IMPORT=module`` with ``HOLD_PIDFILE=path``: importing ``module``
   writes this process's pid to ``path`` and then never returns.
 
@@ -19,9 +20,10 @@ import time
 class _Hook:
     def __init__(self, broken: str | None, held: str | None, pidfile: str | None) -> None:
         self.broken, self.held, self.pidfile = broken, held, pidfile
+        self.while_path = os.environ.get("BREAK_WHILE")
 
     def find_spec(self, name, path=None, target=None):
-        if name == self.broken:
+        if name == self.broken and (not self.while_path or os.path.exists(self.while_path)):
             raise ImportError(f"{name} is broken (test hook)")
         if name == self.held and self.pidfile:
             with open(self.pidfile, "w") as f:
