@@ -12,16 +12,17 @@ import signal
 import grpc
 import pytest
 from helpers import child_hooks
-from helpers.config import scripted, slow_echo
+from helpers.config import scripted, slow_echo, table
 from helpers.ids import source, words
 from helpers.logs import log_lines
-from helpers.procs import grpc_loaded, worker_pid
+from helpers.procs import alive, grpc_loaded, worker_pid
 from helpers.sessions import get_session, transcript
 from helpers.streams import start
 from helpers.tools import ToolHost, tool_calls_answered, unanswered_calls
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
+from agent_sidecar.recovery.startup import MARKER
 from agent_sidecar.turns.pool import rendezvous
 from agent_sidecar.v1 import session_service_pb2 as spb
 
@@ -148,3 +149,20 @@ def test_a_replacement_that_keeps_failing_is_one_warning_and_the_slot_comes_back
         broken.unlink()
         out = start(sc.prompts(), text="back", src=source()).result(timeout=60)
         assert out.end == "completed" and out.final_text == "back", out.kinds()
+
+
+def test_workers_stuck_at_a_stop_share_one_wait_then_are_killed_and_named(tmp_path):
+    """Every worker's loop is stuck (stopped, as a backend blocking it would
+    leave it) when the sidecar stops: they had 5 s each, one after the other
+    (a minute and more on a large machine, past a supervisor's stop timeout),
+    and were killed without a word. Now they share the 5 s, then are killed
+    and named; the stop is still clean."""
+    with Sidecar(tmp_path / "data", workers=3, config=table("sidecar", drain_timeout=1)) as sc:
+        pids = [live_worker(sc, i) for i in range(3)]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        assert sc.stop() == 0, sc.log()
+    (line,) = log_lines(sc, "workers did not stop in time; killed")  # the line is the behaviour
+    assert line["workers"] == [0, 1, 2], line
+    assert not any(alive(pid) for pid in pids)
+    assert (sc.data_dir / MARKER).exists()

@@ -12,6 +12,7 @@ import asyncio
 import functools
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -126,13 +127,27 @@ class WorkerPool:
             h.send(msg)
 
     async def stop(self, timeout: float = 5.0) -> None:
+        """Ask every worker to stop and give them ``timeout`` seconds in all
+        (not each: a pool of stuck workers, their loops blocked, would keep
+        the stop 5 s per worker, past a supervisor's stop timeout on a large
+        machine); those still running then are killed, and named."""
         self._stopping = True
         self.broadcast(wire.STOP)
         loop = asyncio.get_running_loop()
-        for h in self.handles:
-            if h.process is not None:
-                await loop.run_in_executor(None, h.process.join, timeout)
-                if h.process.is_alive():
-                    h.process.kill()
+        procs = {h.index: h.process for h in self.handles if h.process is not None}
+        await loop.run_in_executor(None, _join_all, list(procs.values()), timeout)
+        stuck = {index: p for index, p in procs.items() if p.is_alive()}
+        if stuck:
+            log.warning("workers did not stop in time; killed", extra={"workers": list(stuck), "timeout_s": timeout})
+            for p in stuck.values():
+                p.kill()
+            await loop.run_in_executor(None, _join_all, list(stuck.values()), timeout)  # reaped
         for t in self._readers:
             t.cancel()
+
+
+def _join_all(procs: list[ChildProcess], timeout: float) -> None:
+    """Wait for every process to exit, ``timeout`` seconds at most in all."""
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
