@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # imported where used: the gRPC layer loads after the workers
 
 log = logging.getLogger("agent_sidecar")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+HURRIED_CLOSE_S = 2.0  # the store writer's time to confirm its close after a second stop signal
 
 # Where the store jobs live: the writer process imports them while the workers
 # start, not when the first job (the startup restore) arrives.
@@ -316,35 +317,61 @@ class Sidecar:
         if self.tail is not None:
             await self.tail.stop()
         if self.store is not None:
-            if graceful:
-                try:  # the full-text index complete on disk, as a clean stop should leave it
-                    await self.store.write(index_messages)
-                except StoreUnavailable as e:
-                    log.warning("final full-text indexing skipped", extra={"error": e.message})
-                except Exception:
-                    log.exception("final full-text indexing failed")
-            # Held by the bus, or (the store cannot write) turns whose end never came.
-            unsaved = self.turns is not None and (not self.turns.bus.idle() or (
-                self.store.fault is not None and self.turns.open_turns() > 0))
-            error: str | None
-            if unsaved and self.store.fault is not None:
-                error = f"frames of turns were not saved: {self.store.fault.message}"
-            else:
-                error = "frames of turns were not saved" if unsaved else None
-            if graceful and not self.exit_code and error is None and self.turns is not None \
-                    and self.turns.leases is not None:
-                await self._leave_cluster()
-            if self.metrics is not None:
-                await self.metrics.close()
-            await self.store.close()
-            if graceful and not self.exit_code:
-                self._mark_clean(error)
+            await self._close_store(graceful)
         # The spans still buffered go out last: a collector that hangs (the exporter's
         # timeout, 10 s) must not hold back the store's last write and the marker.
         await asyncio.to_thread(tracing.shutdown)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
         log.info("stopped", extra={"clean": graceful and not self.exit_code, "drained": drained})
+
+    async def _close_store(self, graceful: bool) -> None:
+        """The stop's last writes (the full-text index; on a cluster, leaving
+        it), the store closed, and the marker when everything is saved. A
+        write the store does not answer (its writer stalled) is given up after
+        a while (supervision.answered): the stop then ends without the marker.
+        After a second stop signal the writer has HURRIED_CLOSE_S to confirm
+        its close."""
+        assert self.store is not None  # stop() checked
+        # Answered, the last write says every write before it is committed too.
+        error = self._unsaved(answered=graceful and await self._final_index())
+        if graceful and not self.exit_code and error is None and self.turns is not None \
+                and self.turns.leases is not None:
+            await self._leave_cluster()
+        if self.metrics is not None:
+            await self.metrics.close()
+        await self.store.close(HURRIED_CLOSE_S if self._hurry.is_set() else 30.0)
+        if graceful and not self.exit_code:
+            self._mark_clean(error)
+
+    async def _final_index(self) -> bool:
+        """The full-text index complete on disk, as a clean stop should leave
+        it; whether the store answered in time (supervision.answered)."""
+        from .turns.supervision import answered
+        assert self.store is not None  # stop() checked
+        try:
+            if await answered(self.store.write(index_messages)):
+                return True
+            log.warning("final full-text indexing skipped", extra={"error": "the store did not answer"})
+        except StoreUnavailable as e:
+            log.warning("final full-text indexing skipped", extra={"error": e.message})
+        except Exception:
+            log.exception("final full-text indexing failed")
+        return False
+
+    def _unsaved(self, answered: bool) -> str | None:
+        """What acknowledged work may not be on disk, None when all of it is:
+        frames the bus holds, turns whose end never came while the store
+        cannot write, writes its writer left unanswered (unless ``answered``:
+        a last write answered says the ones before it are committed)."""
+        assert self.store is not None  # stop() checked
+        fault = self.store.fault
+        unanswered = 0 if answered else self.store.commit_stats.backlog
+        if self.turns is not None and (not self.turns.bus.idle() or (fault is not None and self.turns.open_turns())):
+            return f"frames of turns were not saved: {fault.message}" if fault else "frames of turns were not saved"
+        if unanswered:
+            return f"the store did not answer {unanswered} writes"
+        return None
 
     async def _leave_cluster(self) -> None:
         """A clean stop of a cluster node: its lanes let go (the other nodes

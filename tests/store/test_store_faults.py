@@ -29,7 +29,7 @@ from helpers.config import slow_echo
 from helpers.disk import SmallDisk
 from helpers.ids import source, words
 from helpers.logs import log_lines
-from helpers.sessions import create, msg
+from helpers.sessions import create, msg, transcript
 from helpers.store import writes_held
 from helpers.streams import PromptRun, run_retrying, watch
 from helpers.waiting import wait_until
@@ -402,6 +402,32 @@ def test_calls_in_flight_when_the_writer_dies_answer_unavailable(tmp_path):
         assert not bad, bad
     finally:
         sc.stop()
+
+
+def test_a_stop_with_a_stalled_writer_ends_without_the_marker_and_the_next_start_recovers(tmp_path):
+    """The store's writer stops answering (stopped, as a hung disk or
+    database leaves it) and the sidecar is asked to stop, then again: the
+    stop gives up on what the writer does not answer after a while (the
+    second signal shortens the wait for its close) and ends, exit 1, without
+    the clean-shutdown marker; the next start recovers and the turn
+    acknowledged before is there. The stop used to wait for the writer for
+    ever, second signal or not, until the supervisor's SIGKILL."""
+    sc = Sidecar(tmp_path / "data", workers=1).start()
+    writer = child_pids(sc)["writer"]
+    try:
+        done = PromptRun(sc.prompts(), text="kept", src=source()).result(timeout=30)
+        assert done.end == "completed", done.kinds()
+        os.kill(writer, signal.SIGSTOP)
+        sc.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: log_lines(sc, "stopping"), what="the stop under way")
+        sc.proc.send_signal(signal.SIGTERM)
+        assert sc.proc.wait(120) == 1, sc.log()
+    finally:
+        os.kill(writer, signal.SIGCONT)  # (killed with its parent, or already gone)
+        sc.stop()
+    assert not (sc.data_dir / ".clean_shutdown").exists()
+    with sc.restart():
+        assert [m.content for m in transcript(sc.sessions(), done.session_id)] == ["kept", "kept"], sc.log()
 
 
 # -- item 12: private files ---------------------------------------------------------------------

@@ -89,7 +89,10 @@ class Store(Protocol):
 
     async def start(self) -> None: ...
 
-    async def close(self) -> None: ...
+    async def close(self, timeout: float = 30.0) -> None:
+        """Commit what is queued, close, stop the writer: it has ``timeout``
+        seconds to confirm, then it is killed (what it had not answered is
+        not known to be saved)."""
 
     def write(self, job: Job[R], *args: Any, retry: bool = False) -> asyncio.Future[R]:
         """``job(uow, *args)``; ``retry``: taken even while the store is failing

@@ -155,7 +155,8 @@ async def drain(m: TurnManager, timeout: float, cut: asyncio.Event | None = None
     still = sorted(m.busy_keys())
     if still:
         try:
-            await m.store.write(life.mark_resume_pending_many, still, "shutdown_timeout")
+            if not await answered(m.store.write(life.mark_resume_pending_many, still, "shutdown_timeout")):
+                return _unanswered(m)
         except StoreUnavailable:
             return _undrained(m)
         log.warning("drain cut short" if cut is not None and cut.is_set() else "drain timed out",
@@ -174,10 +175,44 @@ async def drain(m: TurnManager, timeout: float, cut: asyncio.Event | None = None
     while not m.bus.idle() and m.store.fault is None and loop.time() < end:
         await asyncio.sleep(0.01)
     try:
-        await m.store.barrier()
+        if not await answered(m.store.barrier()):
+            return _unanswered(m)
     except StoreUnavailable:
         return _undrained(m)
     return not still and m.bus.idle()
+
+
+# How long a stop waits for one answer from the store's writer (drain, final writes).
+STOP_WRITE_WAIT_S = 10.0
+
+
+async def answered(write, within: float = STOP_WRITE_WAIT_S) -> bool:
+    """Whether the store answered ``write`` (a store write's awaitable) within
+    ``within`` seconds; it raises what the write raises. A writer that stalls
+    (a hung disk or database, a stopped process) answers nothing: a stop
+    waiting on it waited for ever, a second stop signal or not, until the
+    supervisor's SIGKILL. Unanswered, the write is given up (not undone: it
+    may still commit before the writer is closed), and the stop is not clean.
+    A second signal does not shorten the wait: a healthy store answers in
+    far less, and its answers are what make a cut drain a clean stop."""
+    task = asyncio.ensure_future(write)
+    try:
+        done, _ = await asyncio.wait((task,), timeout=within)
+    finally:
+        if not task.done():
+            task.cancel()
+    if task not in done:
+        return False
+    task.result()
+    return True
+
+
+def _unanswered(m: TurnManager) -> bool:
+    """The store's writer did not answer: the drain stops waiting (what it
+    has not answered is not known to be saved: no clean-shutdown marker)."""
+    log.error("the store did not answer: stopping without finishing the drain",
+              extra={"busy_sessions": sorted(m.busy_keys()), "unanswered_writes": m.store.commit_stats.backlog})
+    return False
 
 
 def _undrained(m: TurnManager) -> bool:

@@ -178,9 +178,9 @@ class PostgresStore(WriterBacked):
         finally:
             await conn.close()
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = 30.0) -> None:
         await self._pool.close()
-        await self.writer.close()
+        await self.writer.close(timeout)
 
 
 def follower_name(node_id: str) -> str:

@@ -147,7 +147,7 @@ class SqliteStore(WriterBacked):
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = 30.0) -> None:
         self._pool.shutdown(wait=True)
         with self._readers_lock:
             for conn in self._readers:
@@ -156,4 +156,4 @@ class SqliteStore(WriterBacked):
                 except apsw.Error:
                     pass
             self._readers.clear()
-        await self.writer.close()
+        await self.writer.close(timeout)
