@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from collections.abc import Callable
 
 from ..config_schema import host_port, metadata_safe, unix_path
@@ -61,34 +60,21 @@ def utf8(text: str) -> str:
 
 
 def target(text: str) -> str:
-    """``--target`` of health, sessions and status, read as the clients and
-    the bench read theirs: ``unix:PATH`` or a bare socket path (``/abs``,
-    ``./rel``, ``../rel``), ``HOST:PORT`` or ``tcp:HOST:PORT`` (port 1 to
-    65535: gRPC would wrap 99999 to another port), or what gRPC takes as it
-    is (a host alone: port 443; ``dns:``, ``ipv4:``, ``ipv6:``,
-    ``unix-abstract:``). Returns the gRPC target. A bare path used to reach
-    gRPC as a host name to look up, and a data dir as a socket: each failed
-    every call as if the sidecar were down (a health probe never passed);
-    now the path is the socket, and a directory a bad option."""
-    address = utf8(text).strip()
-    if address.startswith(("/", "./", "../")):
-        address = "unix:" + address
-    elif address.startswith("tcp:"):
-        address = address[len("tcp://"):] if address.startswith("tcp://") else address[len("tcp:"):]
-        if ":" not in address:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected tcp:HOST:PORT")
-    if address.startswith("unix:"):
-        path = address[len("unix:"):]
-        why = unix_path(path)
-        if not why and os.path.isdir(path):
-            why = f"{path} is a directory, not a socket (a sidecar listens on sidecar.sock in its data dir)"
+    """``--target``: ``unix:PATH``, ``HOST:PORT`` (checked as the config checks
+    a listener's, port 1 to 65535: gRPC would wrap 99999 to another port), or
+    what gRPC takes as it is (a host alone: port 443; a ``dns:``, ``ipv4:``,
+    ``ipv6:`` or ``unix-abstract:`` target); several comma-separated for the
+    bench (an empty one is refused later, by name)."""
+    for address in utf8(text).split(","):
+        address = address.strip()
+        why = unix_path(address[5:]) if address.startswith("unix:") else None
         if why:
             raise argparse.ArgumentTypeError(f"{address[:60]!r}: {why}")
-    elif ":" in address and not address.startswith(("unix-abstract:", "dns:", "ipv4:", "ipv6:")):
-        why = host_port(address, port0=False)
-        if why:
-            raise argparse.ArgumentTypeError(f"{address!r}: expected unix:PATH, a socket path or HOST:PORT ({why})")
-    return address
+        if ":" in address and not address.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")):
+            why = host_port(address, port0=False)
+            if why:
+                raise argparse.ArgumentTypeError(f"{address!r}: expected unix:PATH or HOST:PORT ({why})")
+    return text
 
 
 def token(text: str) -> str:

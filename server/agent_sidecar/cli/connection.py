@@ -26,9 +26,7 @@ class TargetError(Exception):
     """Target options that cannot work together, or a file that cannot be read: one line."""
 
 
-def add_target_arguments(parser: Any, default: str = DEFAULT_TARGET,
-                         target_help: str = "the sidecar's address: unix:PATH, a socket path, HOST:PORT or "
-                                            "tcp:HOST:PORT",
+def add_target_arguments(parser: Any, default: str = DEFAULT_TARGET, target_help: str = "the sidecar's address",
                          target_type: Any = target) -> None:
     """The target options on ``parser`` (a parser or an argument group);
     ``target_type`` checks ``--target`` (the bench checks each address later, by the client's rules)."""
