@@ -508,6 +508,38 @@ def test_sigterm_mid_sweep_keeps_the_points_that_finished_and_removes_the_bare_s
         assert f"{bad} is not an agent-sidecar bench --json document this version can plot (KeyError: " in lines[0]
 
 
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_while_the_runs_sessions_are_deleted_exits_as_that_signal_says(sc, tmp_path, sig, code):
+    """SIGTERM (or Ctrl-C) while the bench deletes its sessions, after every
+    point finished: the deletion stops, the report and JSON say so (the
+    sessions left, ``signal`` naming it) and the exit status is the
+    signal's, 143 (130); it was 0, as if the run had ended by itself, so
+    `timeout 600 agent-sidecar bench` in a script looked like a clean run.
+    The sidecar is stopped (SIGSTOP) before the signal is sent: the
+    deletion, which starts right after the last point's line, cannot end
+    first."""
+    out = tmp_path / "sig.json"
+
+    def stop_sidecar_then_signal(proc: subprocess.Popen) -> None:
+        os.kill(sc.proc.pid, signal.SIGSTOP)
+        proc.send_signal(sig)
+
+    try:
+        got, stdout, stderr = bench_acting_after_first_level(
+            stop_sidecar_then_signal, "--target", sc.target, "--platform", "sigdel", "--sessions", "600",
+            "--concurrency", "1", "--turns", "2", "--calibrate", "0", "--prompt-words", str(WORDS), "--json", str(out))
+    finally:
+        os.kill(sc.proc.pid, signal.SIGCONT)
+    assert got == code, stderr
+    assert "Traceback" not in stderr
+    doc = json.loads(out.read_text())
+    name = signal.Signals(sig).name
+    assert doc["interrupted"] is None and doc["points"], doc["interrupted"]
+    fate = doc["sessions"]
+    assert fate["signal"] == name and fate["error"] == f"stopped by {name}" and fate["left"] > 0, fate
+    assert f"{fate['left']:,} of them left in the store: stopped by {name}" in stdout, stdout
+
+
 def test_a_target_killed_mid_sweep_ends_the_run_with_the_points_that_finished(tmp_path):
     """kill -9 of the sidecar once the sweep's first level is done, in its
     last point: the point under way ends with its turns failed (each gives

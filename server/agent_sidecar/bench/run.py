@@ -140,7 +140,7 @@ async def run_bench(opts: BenchOptions, status: Status,
     the finished points, its ``interrupted`` saying where and why (a point
     cut short is in no figure): a long sweep stopped early keeps what it
     measured. Before any point has finished, both are raised."""
-    run = _Run(opts, status)
+    run = _Run(opts, status, stopped_by)
     try:
         await run.setup()
         await run.calibrate()
@@ -169,8 +169,8 @@ async def run_bench(opts: BenchOptions, status: Status,
 class _Run:
     """The state of one run, so each step is a short method."""
 
-    def __init__(self, opts: BenchOptions, status: Status):
-        self.opts, self.status = opts, status
+    def __init__(self, opts: BenchOptions, status: Status, stopped_by: Callable[[], str]):
+        self.opts, self.status, self.stopped_by = opts, status, stopped_by
         self.started = time.time()
         self.run_id = uuid.uuid4().hex[:8]
         self.mains: list[SidecarClient] = []  # this process's client of each target
@@ -354,7 +354,8 @@ class _Run:
             await ctx.__aexit__(None, None, None)
         if any(self.made.values()) and not self.opts.keep_sessions:  # after the clients' lanes have ended
             self.cleanup = await sessions.delete([(t, c, self.made.get(t, [])) for t, c in zip(self.opts.targets,
-                                                  self.mains)], lambda text: self.status(text, None))
+                                                  self.mains)], lambda text: self.status(text, None),
+                                           self.stopped_by)
         for client in [self.bare_client, *self.mains]:
             if client is not None:
                 await client.close()

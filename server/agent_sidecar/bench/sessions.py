@@ -55,7 +55,7 @@ async def create(client: SidecarClient, platform: str, profile: str | None, n: i
 
 
 async def delete(targets: list[tuple[Target, SidecarClient, list[str]]],
-                 status: Callable[[str], None]) -> dict[str, Any]:
+                 status: Callable[[str], None], stopped_by: Callable[[], str]) -> dict[str, Any]:
     """Delete every target's sessions (DeleteSession, PARALLEL at a time),
     reporting progress through ``status``; what became of them, for the
     run's document: ``deleted``, ``left`` (not deleted) and why (``error``:
@@ -64,7 +64,9 @@ async def delete(targets: list[tuple[Target, SidecarClient, list[str]]],
     timeout). A session already gone counts as deleted. Never raises for
     the sidecar's sake: the run's figures are worth more than its
     tidying. Cancelled (SIGTERM, or a signal during the deletion), it stops
-    and says so: the report still follows."""
+    and says so, ``signal`` naming it (``stopped_by()``): the report still
+    follows, and the command exits as that signal says (130, 143), not 0
+    as a run that ended by itself."""
     total = sum(len(keys) for _, _, keys in targets)
     done, errors = [0], []
     last = [0.0]
@@ -84,7 +86,8 @@ async def delete(targets: list[tuple[Target, SidecarClient, list[str]]],
         task = asyncio.current_task()
         if task is not None:
             task.uncancel()
-        errors.append("stopped by a signal")
+        by = stopped_by()
+        return {"deleted": done[0], "left": total - done[0], "error": f"stopped by {by}", "signal": by}
     return {"deleted": done[0], "left": total - done[0], "error": errors[0] if errors else None}
 
 

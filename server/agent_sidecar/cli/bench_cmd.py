@@ -307,10 +307,13 @@ def run(args) -> int:
     written = write_outputs(doc, args)  # first: stdout may be a pipe that is gone (`| head -1`)
     print(text.render(doc), flush=True)
     cut = doc["interrupted"]
-    if written or cut is None:
+    if written:
         return written
-    if cut["reason"] in EXIT_BY_SIGNAL:
-        return EXIT_BY_SIGNAL[cut["reason"]]
+    signalled = cut["reason"] if cut and cut["reason"] in EXIT_BY_SIGNAL else doc["sessions"].get("signal")
+    if signalled:  # a run, or the deletion of its sessions, stopped by a signal: a shell sees which
+        return EXIT_BY_SIGNAL[signalled]
+    if cut is None:
+        return 0
     print(f"agent-sidecar bench: {cut['message']} {cut.get('when', 'during')} {cut['at']}; the report holds the points "
           f"that finished", file=sys.stderr)
     return 1
