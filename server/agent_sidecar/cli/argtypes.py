@@ -25,8 +25,8 @@ MAX_SECONDS = 7 * 24 * 3600.0
 
 def _number(kind: type, *, zero_ok: bool, at_most: float | None = None) -> Callable[[str], float]:
     rule = ">= 0" if zero_ok else "> 0"
-    if at_most is not None:
-        rule += f" and <= {at_most:g}"
+    if at_most is not None:  # as a number is written: 1000000, not 1e+06
+        rule += f" and <= {int(at_most) if float(at_most).is_integer() else at_most}"
 
     def parse(text: str):
         try:

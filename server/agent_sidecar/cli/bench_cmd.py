@@ -17,71 +17,25 @@ import sys
 from typing import TYPE_CHECKING
 
 from .argtypes import MAX_SECONDS, non_negative, positive, utf8
+from .bench_args import (
+    DELIVERIES,
+    MAX_CALIBRATE,
+    MAX_CLIENTS,
+    MAX_LANES,
+    MAX_POINT_SECONDS,
+    MAX_REPEAT,
+    MAX_SESSIONS,
+    MAX_TURNS,
+    levels,
+    prompt_of,
+    prompt_words,
+    seconds_or_auto,
+)
 from .bench_output import check_outputs, write_outputs
 from .connection import DEFAULT_TARGET, TargetError, add_target_arguments, tls_material
 
 if TYPE_CHECKING:  # the bench is imported when the command runs
     from ..bench.target import Target
-
-# Common words, cycled to build --prompt-words N: a prompt a tokenizer and a
-# model treat as ordinary text, and the echo model answers word for word.
-_VOCABULARY = ("the quick brown fox jumps over a lazy dog while seven bright stars shine above "
-               "quiet hills and every river runs down to the sea where old ships wait for morning "
-               "light to carry them home again").split()
-DELIVERIES = ("queue", "follow_up", "reject_if_busy", "interrupt", "rollback", "steer")
-
-
-# The sidecar's default cap on a prompt's text (limits.max_text_bytes): a longer
-# --prompt-words is refused by every sidecar left at its defaults (--prompt
-# carries a longer text for one whose cap was raised).
-MAX_PROMPT_BYTES = 256 * 1024
-
-
-def prompt_of(words: int) -> str:
-    return " ".join(_VOCABULARY[i % len(_VOCABULARY)] for i in range(words))
-
-
-def max_prompt_words() -> int:
-    """The most words of prompt_of whose text fits MAX_PROMPT_BYTES."""
-    cycle = len(" ".join(_VOCABULARY)) + 1  # the bytes of one round of the vocabulary, with its space
-    words, size = len(_VOCABULARY) * (MAX_PROMPT_BYTES // cycle), (MAX_PROMPT_BYTES // cycle) * cycle - 1
-    while size + 1 + len(_VOCABULARY[words % len(_VOCABULARY)]) <= MAX_PROMPT_BYTES:
-        size += 1 + len(_VOCABULARY[words % len(_VOCABULARY)])
-        words += 1
-    return words
-
-
-def _prompt_words(text: str) -> int:
-    """``--prompt-words``: above 0, and no more than a prompt can carry."""
-    words = int(positive(int)(text))
-    most = max_prompt_words()
-    if words > most:
-        raise argparse.ArgumentTypeError(
-            f"{words} words are more than a prompt carries: at most {most} (the sidecar's default text cap, "
-            f"limits.max_text_bytes, is {MAX_PROMPT_BYTES // 1024} KiB; --prompt takes a longer text)")
-    return words
-
-
-def _levels(text: str) -> list[int]:
-    try:
-        levels = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: a comma-separated list of integers") from None
-    if not levels or levels[0] < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: every level must be >= 1")
-    return levels
-
-
-def _seconds_or_auto(text: str) -> float | None:
-    """``--warmup`` and ``--ramp``: seconds (>= 0), or ``auto`` (None)."""
-    if text == "auto":
-        return None
-    try:
-        float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: seconds, or 'auto'") from None
-    return non_negative(float, MAX_SECONDS)(text)
-
 
 def add_arguments(sub) -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="load a running sidecar and report throughput, latency, CPU",
@@ -114,38 +68,42 @@ def add_arguments(sub) -> argparse.ArgumentParser:
 def _load_arguments(ld) -> None:
     ld.add_argument("--profile", default=None, help="the profile of the sessions and prompts (default main)")
     ld.add_argument("--platform", default="bench", help="the SessionSource platform, and the tools' namespace")
-    ld.add_argument("--sessions", type=positive(int), default=None,
-                    help="sessions to create (default: the largest concurrency, or --find-knee's MAX); "
-                         "deleted when the run ends")
+    ld.add_argument("--sessions", type=positive(int, MAX_SESSIONS), default=None,
+                    help="sessions to create (default: the largest concurrency, or --find-knee's MAX; "
+                         f"at most {MAX_SESSIONS:,}); deleted when the run ends")
     ld.add_argument("--keep-sessions", action="store_true",
                     help="leave the run's sessions and their transcripts in the target's store")
     c = ld.add_mutually_exclusive_group()
-    c.add_argument("--concurrency", type=positive(int), default=None, help="concurrent turns (default 10)")
-    c.add_argument("--sweep", type=_levels, default=None, metavar="N,N,...",
-                   help="run one point per concurrency level, e.g. 25,50,100,200,400, and find the knee")
+    c.add_argument("--concurrency", type=positive(int, MAX_LANES), default=None,
+                   help=f"concurrent turns (default 10; at most {MAX_LANES:,}, the streams a sidecar at its default "
+                        "limits takes from one credential)")
+    c.add_argument("--sweep", type=levels, default=None, metavar="N,N,...",
+                   help="run one point per concurrency level, e.g. 25,50,100,200,400, and find the knee "
+                        f"(each at most {MAX_LANES:,})")
     d = ld.add_mutually_exclusive_group()
-    d.add_argument("--duration", type=positive(float, MAX_SECONDS), default=None,
-                   help="seconds measured per point (default 10)")
-    d.add_argument("--turns", type=positive(int), default=None, help="turns measured per point")
+    d.add_argument("--duration", type=positive(float, MAX_POINT_SECONDS), default=None,
+                   help=f"seconds measured per point (default 10; at most {MAX_POINT_SECONDS:.0f})")
+    d.add_argument("--turns", type=positive(int, MAX_TURNS), default=None,
+                   help=f"turns measured per point (at most {MAX_TURNS:,})")
     p = ld.add_mutually_exclusive_group()
     p.add_argument("--prompt", default=None, help="the prompt text")
-    p.add_argument("--prompt-words", type=_prompt_words, default=None,
+    p.add_argument("--prompt-words", type=prompt_words, default=None,
                    help="a prompt of N words (default 200; at most what fits the sidecar's default 256 KiB text cap)")
     ld.add_argument("--delivery", choices=DELIVERIES, default="queue", help="delivery mode (default queue)")
     ld.add_argument("--tools", action="store_true",
                     help="host <platform>.echo and <platform>.sleep tools here, for a profile that calls them")
-    ld.add_argument("--warmup", type=_seconds_or_auto, default=None, metavar="SECONDS|auto",
+    ld.add_argument("--warmup", type=seconds_or_auto, default=None, metavar="SECONDS|auto",
                     help="warm-up per point, with --duration at least until every lane has started (default auto: "
                          "until every lane has finished one turn)")
-    ld.add_argument("--ramp", type=_seconds_or_auto, default=None, metavar="SECONDS|auto",
+    ld.add_argument("--ramp", type=seconds_or_auto, default=None, metavar="SECONDS|auto",
                     help="spread the lanes' first turns over S seconds (default auto: one ideal turn, so "
                          "that turns start evenly over time, not in a burst per turn)")
     ld.add_argument("--turn-timeout", type=positive(float, MAX_SECONDS), default=300.0,
                     help="seconds per turn (default 300)")
-    ld.add_argument("--clients", type=positive(int), default=None, metavar="N",
+    ld.add_argument("--clients", type=positive(int, MAX_CLIENTS), default=None, metavar="N",
                     help="drive the points from N client processes, each with its own connection and share "
                          "of the lanes and sessions, for servers faster than one Python client can read "
-                         "(default: this process alone; with several targets, one each)")
+                         f"(default: this process alone; with several targets, one each; at most {MAX_CLIENTS})")
     ld.add_argument("--seed", type=int, default=1)
 
 
@@ -154,19 +112,19 @@ def _measure_arguments(m) -> None:
     m.add_argument("--first-delta-slo", type=positive(float, MAX_SECONDS * 1000), default=None, metavar="MS",
                    help="also bound the p99 time to the first text delta, in ms (how soon a chat shows "
                         "text): a point, and so the knee, must meet both")
-    m.add_argument("--find-knee", type=positive(int), default=None, metavar="MAX",
+    m.add_argument("--find-knee", type=positive(int, MAX_LANES), default=None, metavar="MAX",
                    help="with --sweep: past its last level, add levels (each about 1.5x the last) for each "
                         "server that met the SLO at every point so far, until one fails or the next level "
                         "would pass MAX; sessions default to MAX")
-    m.add_argument("--repeat", type=positive(int), default=1, metavar="N",
+    m.add_argument("--repeat", type=positive(int, MAX_REPEAT), default=1, metavar="N",
                    help="with --sweep: run the whole sweep N times, one after another, and report each "
                         "sweep's knee and their median (on a busy or noisy machine one sweep can put a knee "
-                        "a level off) (default 1)")
+                        f"a level off) (default 1; at most {MAX_REPEAT})")
     m.add_argument("--ideal", type=positive(float, MAX_SECONDS), default=None,
                    help="the ideal turn in seconds (default: the median calibration turn)")
-    m.add_argument("--calibrate", type=non_negative(int), default=3,
+    m.add_argument("--calibrate", type=non_negative(int, MAX_CALIBRATE), default=3,
                    help="turns run one at a time on one session (after a warm-up there) before the points, for the "
-                        "ideal and the bare timing (default 3)")
+                        f"ideal and the bare timing (default 3; at most {MAX_CALIBRATE:,})")
     m.add_argument("--compare-bare", action="store_true",
                    help="run the same load against a built-in bare gRPC server and print the ratios")
     m.add_argument("--bare-latency-ms", type=non_negative(float, MAX_SECONDS * 1000), default=None,
