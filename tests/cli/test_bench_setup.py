@@ -165,7 +165,7 @@ def test_a_target_the_client_cannot_dial_is_a_bad_option(target):
     r = bench("--target", target, "--turns", "1")
     assert r.returncode == 2 and r.stdout == "", r
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"agent-sidecar bench: error: --target {target!r}: target: "), last
+    assert last.startswith(f"agent-sidecar bench: error: argument --target: {target!r} "), last
     assert "expected one of unix:PATH" in last and "tcp:HOST:PORT" in last, last
 
 

@@ -31,6 +31,7 @@ import socket
 import struct
 from collections.abc import Collection
 
+from .. import targets
 from .procs import exists, parent_pid, proc_comm, proc_name, read_proc
 
 _ESTABLISHED, _LISTEN = "01", "0A"  # /proc/net/tcp states
@@ -185,18 +186,17 @@ def pid_problem(pid: int, target: str) -> str | None:
 
 
 def unix_path(target: str) -> str | None:
-    """The absolute socket path of a ``unix:PATH`` target (client.target_address's form), else None."""
+    """The absolute socket path of a ``unix:PATH`` target (targets.address's form), else None."""
     return os.path.abspath(target[len("unix:"):]) if target.startswith("unix:") else None
 
 
 def _listening_inodes(target: str) -> set[str]:
     """The inodes of the sockets listening where ``target`` connects, read
-    as the client reads it (its target_address: a bare socket path is
+    as every command reads a target (targets.address: a bare socket path is
     ``unix:``, ``tcp:`` and ``dns:[//AUTHORITY/]`` forms are HOST:PORT);
     read any other way, those were "not on this host", and a local sidecar
     got no CPU figures."""
-    from agent_sidecar_client import target_address
-    target = target_address(target)
+    target = targets.address(target)
     path = unix_path(target)
     if path is not None:
         data = read_proc("/proc/net/unix") or ""

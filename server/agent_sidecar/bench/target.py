@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..targets import is_unix
 from ..tls import ClientMaterial
 
 if TYPE_CHECKING:  # the client is the bench extra's: imported where used
@@ -45,9 +46,8 @@ class Target:
 
     @property
     def unix(self) -> bool:
-        """Whether the target is a Unix socket, however it is spelled (the client's target_address)."""
-        from agent_sidecar_client import target_address
-        return target_address(self.address).startswith(("unix:", "unix-abstract:"))
+        """Whether the target is a Unix socket, however it is spelled (targets.is_unix)."""
+        return is_unix(self.address)
 
     def plain(self, address: str) -> Target:
         """The same settings towards a local server of the bench's own (the

@@ -5,7 +5,8 @@ status 2, the option named), not passed on: NaN and infinity pass a ``< 0``
 check and would come back later as a traceback from the event loop's timers
 or as a DEADLINE_EXCEEDED that hides the typo; text that is not UTF-8 as a
 traceback from the request's encoder; a token gRPC metadata cannot carry as
-INTERNAL "Invalid metadata"; a port past 65535 as a connection to another port.
+INTERNAL "Invalid metadata"; a target in no client's form (a port past 65535,
+a socket path gRPC looks up as a host name) as a connection that fails later.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import argparse
 import math
 from collections.abc import Callable
 
-from ..config_schema import host_port, metadata_safe, unix_path
+from ..config_schema import metadata_safe
 from ..config_schema import utf8 as is_utf8
+from ..targets import address, dial
 
 # The longest a time option of a command may be: past it a value is a typo
 # (milliseconds given as seconds, an exponent), and waiting it out would look
@@ -60,21 +62,27 @@ def utf8(text: str) -> str:
 
 
 def target(text: str) -> str:
-    """``--target``: ``unix:PATH``, ``HOST:PORT`` (checked as the config checks
-    a listener's, port 1 to 65535: gRPC would wrap 99999 to another port), or
-    what gRPC takes as it is (a host alone: port 443; a ``dns:``, ``ipv4:``,
-    ``ipv6:`` or ``unix-abstract:`` target); several comma-separated for the
-    bench (an empty one is refused later, by name)."""
-    for address in utf8(text).split(","):
-        address = address.strip()
-        why = unix_path(address[5:]) if address.startswith("unix:") else None
-        if why:
-            raise argparse.ArgumentTypeError(f"{address[:60]!r}: {why}")
-        if ":" in address and not address.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")):
-            why = host_port(address, port0=False)
-            if why:
-                raise argparse.ArgumentTypeError(f"{address!r}: expected unix:PATH or HOST:PORT ({why})")
+    """``--target``: one address in a form every client takes (targets.py:
+    a socket path, ``unix:PATH``, ``HOST:PORT``, ``tcp:``, ``dns:``...),
+    kept as given; the command dials ``targets.dial`` of it."""
+    try:
+        dial(utf8(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     return text
+
+
+def target_list(text: str) -> list[str]:
+    """The bench's ``--target``: one address or several, comma-separated,
+    each read as ``target`` reads one, none given twice (however spelled)."""
+    addresses = [a.strip() for a in utf8(text).split(",")]
+    if len(addresses) > 1 and not all(addresses):
+        raise argparse.ArgumentTypeError(f"{text[:120]!r}: an empty address")
+    for a in addresses:
+        target(a)
+    if len({address(a) for a in addresses}) < len(addresses):
+        raise argparse.ArgumentTypeError(f"{text[:120]!r}: an address given twice")
+    return addresses
 
 
 def token(text: str) -> str:

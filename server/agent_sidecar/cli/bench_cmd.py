@@ -16,7 +16,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from .argtypes import MAX_SECONDS, non_negative, positive, utf8
+from .argtypes import MAX_SECONDS, non_negative, positive, target_list
 from .bench_args import (
     DELIVERIES,
     MAX_CALIBRATE,
@@ -32,7 +32,7 @@ from .bench_args import (
     seconds_or_auto,
 )
 from .bench_output import check_outputs, write_outputs
-from .connection import DEFAULT_TARGET, TargetError, add_target_arguments, tls_material
+from .connection import DEFAULT_TARGET, TARGET_HELP, TargetError, add_target_arguments, tls_material
 
 if TYPE_CHECKING:  # the bench is imported when the command runs
     from ..bench.target import Target
@@ -42,10 +42,9 @@ def add_arguments(sub) -> argparse.ArgumentParser:
                        description="Drive a running sidecar with concurrent turns and report throughput, "
                                    "latency, errors and (on this host) CPU and memory.")
     t = b.add_argument_group("target")
-    add_target_arguments(t, DEFAULT_TARGET, target_help="the sidecar's address in a form the Python client dials "
-                         "(unix:PATH, a socket path, HOST:PORT, tcp:HOST:PORT, dns:HOST:PORT), or several, "
-                         "comma-separated (a cluster's nodes, or separate sidecars: one client process or more each)",
-                         target_type=utf8)  # each address is checked by the client's rules: _targets
+    add_target_arguments(t, DEFAULT_TARGET, target_help=TARGET_HELP + "; or several, comma-separated (a "
+                         "cluster's nodes, or separate sidecars: one client process or more each)",
+                         target_type=target_list)
     t.add_argument("--connect-timeout", type=positive(float, MAX_SECONDS), default=5.0,
                    help="seconds a target may take to connect: at the start, before each point, and for a "
                         "turn whose stream broke to resume (default 5)")
@@ -189,34 +188,15 @@ def options_from(args):
 
 
 def _targets(args) -> tuple[Target, ...]:
-    """A bench.target.Target per address of ``--target`` (comma-separated),
-    each with the token and TLS options (checked for each address).
-
-    Each address is one of the Python client's forms (its normalize_target:
-    the load runs through it), ``tcp:HOST:PORT`` and bare socket paths
-    included; one it cannot dial (gRPC's ``ipv4:``, ``ipv6:``) is a bad
-    option, exit status 2. Checked by the other commands' rule, it passed
-    and failed the run as a connection (exit 1), and ``tcp:`` was refused.
-    Checked here, not by argparse: the client loads grpc, which must not
-    load before main() has quietened it."""
-    from agent_sidecar_client import normalize_target, target_address
-
+    """A bench.target.Target per address of ``--target`` (argparse read each
+    as every command reads one: argtypes.target_list), each with the token
+    and TLS options, checked for each address where it connects: a tcp:
+    target on loopback may carry the token, a socket path takes no TLS."""
     from ..bench.target import Target
-    addresses = [a.strip() for a in args.target.split(",")]
-    if not all(addresses):
-        raise ValueError(f"--target {args.target!r}: an empty address")
-    for address in addresses:
-        try:
-            normalize_target(address)
-        except ValueError as e:
-            raise ValueError(f"--target {address!r}: {e}") from None
-    if len({target_address(a) for a in addresses}) < len(addresses):
-        raise ValueError(f"--target {args.target!r}: an address given twice")
     targets = []
-    for address in addresses:
-        try:  # checked where it connects: a tcp: target on loopback may carry the token, a socket path no TLS
-            tls, channel_options = tls_material(argparse.Namespace(**{**vars(args),
-                                                                      "target": target_address(address)}))
+    for address in args.target:
+        try:
+            tls, channel_options = tls_material(argparse.Namespace(**{**vars(args), "target": address}))
         except TargetError as e:
             raise ValueError(str(e)) from None
         targets.append(Target(address, args.token, tls, channel_options, args.insecure, args.connect_timeout))

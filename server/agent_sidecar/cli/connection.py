@@ -16,6 +16,7 @@ import argparse
 import os
 from typing import Any
 
+from ..targets import address, dial, is_unix
 from ..tls import ClientMaterial, target_is_local
 from .argtypes import target, token, utf8
 
@@ -26,10 +27,14 @@ class TargetError(Exception):
     """Target options that cannot work together, or a file that cannot be read: one line."""
 
 
-def add_target_arguments(parser: Any, default: str = DEFAULT_TARGET, target_help: str = "the sidecar's address",
+TARGET_HELP = ("the sidecar's address: a socket path, unix:PATH, HOST:PORT, [IPV6]:PORT, tcp:HOST:PORT or "
+               "dns:[//AUTHORITY/]HOST:PORT, as every client takes (docs/configuration.md)")
+
+
+def add_target_arguments(parser: Any, default: str = DEFAULT_TARGET, target_help: str = TARGET_HELP,
                          target_type: Any = target) -> None:
     """The target options on ``parser`` (a parser or an argument group);
-    ``target_type`` checks ``--target`` (the bench checks each address later, by the client's rules)."""
+    ``target_type`` reads ``--target`` (one address; the bench's, several: argtypes.target_list)."""
     parser.add_argument("--target", type=target_type, default=default, help=f"{target_help} (default {default})")
     given = parser.add_mutually_exclusive_group()
     given.add_argument("--token", type=token, default=None, help="bearer token (TCP; --token-file keeps it out of ps)")
@@ -96,11 +101,11 @@ def tls_material(args: argparse.Namespace) -> tuple[ClientMaterial | None, tuple
     if bool(args.cert_file) != bool(args.key_file):
         raise TargetError("--cert and --key go together")
     if not uses_tls(args):
-        if args.token and not args.insecure and not target_is_local(args.target):
+        if args.token and not args.insecure and not target_is_local(address(args.target)):
             raise TargetError(f"refusing to send --token in cleartext to {args.target}: use --tls "
                               "(and --ca) for a TLS listener, or --insecure to send it anyway")
         return None, ()
-    if args.target.startswith("unix:"):
+    if is_unix(args.target):
         raise TargetError("TLS is for TCP targets (HOST:PORT), not a Unix socket")
     try:
         roots, cert, key = (_read(path) for path in (args.ca_file, args.cert_file, args.key_file))
@@ -118,12 +123,13 @@ def _read(path: str | None) -> bytes | None:
 
 
 def open_channel(args: argparse.Namespace) -> Any:
-    """A blocking grpc.Channel to ``args.target`` as the target options say."""
+    """A blocking grpc.Channel to ``args.target`` (read by targets.dial, as
+    every command reads it) as the target options say."""
     import grpc
     creds, options = credentials(args)
     if creds is None:
-        return grpc.insecure_channel(args.target)
-    return grpc.secure_channel(args.target, creds, options=options)
+        return grpc.insecure_channel(dial(args.target))
+    return grpc.secure_channel(dial(args.target), creds, options=options)
 
 
 def call_metadata(args: argparse.Namespace) -> list[tuple[str, str]] | None:
