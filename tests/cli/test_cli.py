@@ -334,6 +334,16 @@ def test_a_token_from_a_file_stays_out_of_the_command_line(shared_sidecar, tmp_p
         assert r.returncode == 2 and error in r.stderr and TOKEN not in r.stderr, r.stderr
 
 
+def test_a_token_file_past_64_kib_is_refused_as_the_configs_is(tmp_path):
+    """A --token-file larger than a config's token_file may be (64 KiB) is a
+    bad option; it was read whole for its first line, so /dev/zero, a line
+    that never ends, grew the command by a GB a second until it was killed."""
+    big = tmp_path / "big"
+    big.write_text("x" * (64 * 1024 + 1))
+    r = run("health", "--target", "unix:/x.sock", "--token-file", str(big))
+    assert r.returncode == 2 and f"argument --token-file: {big} is larger than 64 KiB" in r.stderr, r.stderr
+
+
 # -- bad data dirs and stores: one clear line and a non-zero exit, never a traceback -------------
 
 @pytest.mark.parametrize("kind", ["file", "symlink"])

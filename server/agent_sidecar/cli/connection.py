@@ -16,6 +16,7 @@ import argparse
 import os
 from typing import Any
 
+from ..config_loader import MAX_SECRET_BYTES, read_file
 from ..targets import address, dial, is_unix
 from ..tls import ClientMaterial, target_is_local
 from .argtypes import target, token, utf8
@@ -67,12 +68,16 @@ def quiet_grpc_core() -> None:
 
 
 def token_file(path: str) -> str:
-    """The token in the file ``path``: its first line, which must be a token."""
+    """The token in the file ``path``: its first line, which must be a token.
+    Read as the config reads a ``token_file`` (config_loader.read_file), at
+    most 64 KiB: ``/dev/zero`` or a log given by mistake is refused, where a
+    line without end was read into memory until the machine ran out. A pipe
+    is read too (``--token-file <(pass show sidecar)``)."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            first = f.readline().strip()
+        data = read_file(path, MAX_SECRET_BYTES, regular=False)
     except OSError as e:
-        raise argparse.ArgumentTypeError(f"cannot read {path}: {e.strerror}") from None
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {e.strerror}" if e.strerror else str(e)) from None
+    first = data.decode("utf-8", errors="replace").split("\n", 1)[0].strip()
     if not first:
         raise argparse.ArgumentTypeError(f"{path} holds no token (its first line is empty)")
     return token(first)
