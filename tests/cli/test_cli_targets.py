@@ -12,9 +12,13 @@ commands in subprocesses against a real sidecar."""
 from __future__ import annotations
 
 import json
+import signal
+import socket
+import subprocess
+import sys
 
 import pytest
-from helpers.cli import cli
+from helpers.cli import CLEAN_ENV, cli
 from sidecar_proc import ROOT, TOKEN, Sidecar
 
 _TABLE = json.loads((ROOT / "clients" / "conformance" / "scenarios.json").read_text())
@@ -81,3 +85,28 @@ def test_a_form_taken_without_a_sidecar_there_is_dialled_not_refused(form):
     r = cli("health", "--target", form, "--timeout", "1")
     assert r.returncode == 1 and r.stdout.startswith(f"{form}: "), (form, r.stdout, r.stderr)
 
+
+@pytest.mark.parametrize("command", [["health", "--timeout", "60"], ["status", "--timeout", "60"],
+                                     ["sessions", "list"]])
+def test_ctrl_c_while_a_command_waits_for_its_answer_is_one_line_and_exit_130(command):
+    """Ctrl-C while the command waits for a sidecar that took the connection
+    and does not answer: one line and exit status 130; it was Python's
+    traceback from inside gRPC's wait. The command starts with Ctrl-C's
+    default handling (a test run may start it with SIGINT ignored)."""
+    with socket.create_server(("127.0.0.1", 0)) as mute:
+        target = f"127.0.0.1:{mute.getsockname()[1]}"
+        with_ctrl_c = [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, "
+                       "signal.default_int_handler); from agent_sidecar.cli.main import main; sys.exit(main())"]
+        name, rest = command[0], command[1:]
+        proc = subprocess.Popen([*with_ctrl_c, name, "--target", target, *rest], cwd=ROOT, env=CLEAN_ENV,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            mute.settimeout(30)
+            conn, _ = mute.accept()  # the command is connected, and waits for the answer it will not get
+            proc.send_signal(signal.SIGINT)
+            stdout, stderr = proc.communicate(timeout=30)
+            conn.close()
+        finally:
+            proc.kill()
+    assert proc.returncode == 130 and stdout == "", (proc.returncode, stdout, stderr)
+    assert stderr.strip() == f"agent-sidecar {name}: interrupted", stderr

@@ -119,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # A shell's status for a command killed by SIGPIPE (128 + 13): what `cmd | head -1` reports.
 EXIT_BROKEN_PIPE = 141
+EXIT_INTERRUPTED = 130  # 128 + SIGINT's 2: a command stopped by Ctrl-C
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,6 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = args.func(args) or 0
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+    except KeyboardInterrupt:
+        # Ctrl-C while a command waits (a sidecar that does not answer, a long doctor or backup):
+        # what the user asked for, so one line, not Python's traceback from inside gRPC's wait.
+        # (What a command must undo it undoes as the exception passes: backup's FILE.partial.)
+        print(f"agent-sidecar {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # stdout's reader is gone (`agent-sidecar ... | head -1`): the rest is unwanted, not an
         # error; point stdout at /dev/null so nothing more (the exit's own flush) tries to write it.
