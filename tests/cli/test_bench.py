@@ -746,10 +746,17 @@ def test_several_targets_each_get_their_share_and_hold_their_turns(sc, tmp_path)
     ("{not json", "document this version can read (JSONDecodeError"),
     ('{"version": 1, "points": []}', "document this version can read (KeyError: 'options')"),
     ("[1, 2]", "document this version can read (ValueError: no version 1)"),
+    # nested past what the parser recurses into: it was a traceback
+    ("[" * 100_000 + "]" * 100_000, "document this version can read (RecursionError: "),
+    # larger than any run writes (a sparse file): it was read whole, /dev/zero into memory without end
+    (256 * 1024 * 1024 + 1, "{path} is larger than 256 MiB: no bench document is"),
 ])
 def test_render_of_what_is_not_a_bench_document_is_one_line_and_exit_1(tmp_path, content, error):
     path = tmp_path / "doc.json"
-    if content is not None:
+    if isinstance(content, int):
+        with open(path, "wb") as f:
+            f.truncate(content)
+    elif content is not None:
         path.write_text(content)
     r = bench("--render", str(path))
     assert r.returncode == 1 and r.stdout == ""

@@ -16,6 +16,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
+from ..config_loader import read_file
 from .argtypes import MAX_SECONDS, non_negative, positive, target_list
 from .bench_args import (
     DELIVERIES,
@@ -282,6 +283,13 @@ async def _run_stoppable(opts, status):
         loop.remove_signal_handler(signal.SIGTERM)
 
 
+# The largest --render document: a run at every bound (bench_args) stays well
+# under it. Read with a cap, as the config is, so that a file given by mistake
+# (a log, /dev/zero) is one line, not a read into memory that does not end;
+# JSON nested past what the parser recurses into is one line too (RecursionError).
+MAX_DOCUMENT_BYTES = 256 * 1024 * 1024
+
+
 def _render(args) -> int:
     """``--render``: an earlier run's document, analysed again (report.analyse
     is pure: it judges the recorded points), printed, and plotted with --plot."""
@@ -291,15 +299,15 @@ def _render(args) -> int:
         print(f"agent-sidecar bench: {problem}", file=sys.stderr)
         return 1
     try:
-        with open(args.render) as f:
-            doc = json.load(f)
+        doc = json.loads(read_file(args.render, MAX_DOCUMENT_BYTES, regular=False))
         if not isinstance(doc, dict) or doc.get("version") != 1:
             raise ValueError("no version 1")
         out = text.render(report.analyse(doc))
     except OSError as e:
-        print(f"agent-sidecar bench: cannot read {args.render}: {e.strerror}", file=sys.stderr)
+        print(f"agent-sidecar bench: cannot read {args.render}: {e.strerror}" if e.strerror
+              else f"agent-sidecar bench: {e}: no bench document is", file=sys.stderr)
         return 1
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as e:
         print(f"agent-sidecar bench: {args.render} is not an agent-sidecar bench --json document this version "
               f"can read ({type(e).__name__}: {e})", file=sys.stderr)
         return 1
