@@ -793,6 +793,8 @@ def test_render_of_what_is_not_a_bench_document_is_one_line_and_exit_1(tmp_path,
     (("--warmup", "soon"), "argument --warmup: 'soon': seconds, or 'auto'"),
     (("--compare-bare", "--bare-latency-ms", "nan"), "argument --bare-latency-ms: 'nan' must be a finite number >= 0"),
     (("--calibrate", "-1"), "argument --calibrate: '-1' must be >= 0"),
+    (("--slo", "1e400%"), "--slo: '1e400%' must be a finite number above 0"),  # it said "above 0" alone
+    (("--slo", "0"), "--slo: '0' must be a finite number above 0"),
     (("--plot", "out.txt"), "--plot out.txt: name a .png file (or .svg, .pdf)"),
     (("--prompt-words", "300000"), "argument --prompt-words: 300000 words are more than a prompt carries: at most "
                                    "50517 (the sidecar's default text cap, limits.max_text_bytes, is 256 KiB"),

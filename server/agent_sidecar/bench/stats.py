@@ -49,7 +49,7 @@ def parse_slo(text: str) -> float:
     except ValueError:
         raise ValueError(f"--slo: {text!r} is not a fraction (0.1) or a percentage (10%)") from None
     if not value > 0 or math.isinf(value):  # NaN fails the comparison too
-        raise ValueError(f"--slo: {text!r} must be above 0")
+        raise ValueError(f"--slo: {text!r} must be a finite number above 0")
     return value
 
 
