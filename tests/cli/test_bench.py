@@ -570,6 +570,33 @@ def test_a_target_killed_mid_sweep_ends_the_run_with_the_points_that_finished(tm
     assert f"INTERRUPTED at {cut['at']}, {victim.target} stopped answering" in stdout, stdout
 
 
+@pytest.mark.parametrize("clients", ["1", "2"])
+def test_a_target_killed_in_a_point_of_turns_ends_the_run_there(tmp_path, clients):
+    """kill -9 of the sidecar in a point of --turns (here a million): the
+    run ends within its connect timeout, one line naming the target lost,
+    exit 1. The bench asked for the connection only before a point and after
+    one with failed turns, so the point went on failing its turns one at a
+    time against nothing until all million had: days."""
+    victim = Sidecar(tmp_path / "victim", config=CONFIG).start()
+    try:
+        proc = subprocess.Popen([*COMMAND, "bench", "--target", victim.target, "--concurrency", "2",
+                                 "--clients", clients, "--turns", "1000000", "--calibrate", "0",
+                                 "--connect-timeout", "1", "--prompt-words", str(WORDS)],
+                                cwd=ROOT, env=CLEAN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_until(lambda: sum(w.turns_run for w in victim.status().workers) >= 10, timeout=60,
+                       what="the point's turns")
+            victim.kill9()
+            stdout, stderr = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+    finally:
+        victim.stop()
+    last = stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and "Traceback" not in stderr, stderr
+    assert last.startswith(f"agent-sidecar bench: {victim.target} stopped answering (no connection within 1s"), last
+
+
 def test_a_client_process_killed_after_a_point_keeps_the_points_that_finished(sc, tmp_path):
     """kill -9 of a --clients process once the sweep's first level is done:
     the run ends in the next point, as for a target lost, with the report

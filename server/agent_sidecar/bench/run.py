@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # the client is the bench extra's: imported where used
     from agent_sidecar_client import SidecarClient
 
 DEFAULT_RAMP_S = 1.0  # --ramp auto with no ideal turn known (no --ideal, no calibration)
+WATCH_S = 1.0  # how often the targets are asked for their connection while a point of theirs runs
 INTERRUPTED_BY_SIGNAL = "SIGINT"  # the document's interrupted.reason after a Ctrl-C
 # interrupted.reason and .message per signal that stops a run (SIGTERM: `timeout 60 agent-sidecar bench`)
 STOPPED_BY = {"SIGINT": "stopped by Ctrl-C (SIGINT)", "SIGTERM": "stopped by SIGTERM"}
@@ -267,8 +268,8 @@ class _Run:
                              ramp_s=0, delivery=opts.delivery, profile=opts.profile,
                              turn_timeout_s=opts.turn_timeout_s, resume_timeout_s=opts.target.connect_timeout_s)
         pool = load.SessionPool(self.shares[0][1][:1], opts.seed)
-        self.calibration = await load.run_point(self.mains[0], pool, spec,
-                                                lambda p: self.status("calibrating", p))
+        self.calibration = await self._watched(load.run_point(self.mains[0], pool, spec,
+                                                              lambda p: self.status("calibrating", p)))
         check_refused(self.calibration, "the calibration")
 
     async def start_bare(self) -> None:
@@ -327,8 +328,9 @@ class _Run:
             if tree:  # re-read per point: a crashed worker's replacement is a new pid
                 tree = procs.process_tree(tree[0][1], tree[0][0])
             window = procs.TreeWindow(tree, server.bench_pids, _peers_of(tree, server.bench_pids)) if tree else None
-            result = await server.run_point(_spec(self.opts, level, self.ramp[0]),
-                                            functools.partial(self.status, label), window)
+            point = server.run_point(_spec(self.opts, level, self.ramp[0]), functools.partial(self.status, label),
+                                     window)
+            result = await (self._watched(point) if server.name == "sidecar" else point)
             if server.name == "sidecar" and (result["totals"]["failed"] or result["totals"]["refused"]):
                 await self._check_targets(during=True)
                 if not any(p["server"] == "sidecar" for p in self.points):
@@ -336,6 +338,22 @@ class _Run:
             self.running = None
             self.points.append({"server": server.name, "concurrency": level, "round": r, **result})
             self.status(f"done {label}: {_brief(result)}", None)
+
+    async def _watched(self, point: Awaitable[dict]) -> dict:
+        """``point`` (of the targets, or the calibration), each target asked
+        every WATCH_S for its connection: one lost ends it, TargetLost (during
+        it); a point of --turns went on failing its turns against a dead one."""
+        task = asyncio.ensure_future(point)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=WATCH_S)
+                if done:
+                    return task.result()
+                await self._check_targets(during=True)
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     async def _check_targets(self, during: bool = False) -> None:
         """TargetLost when a target does not answer (``during``: the point
