@@ -233,6 +233,7 @@ def test_sessions_list_limit_past_int32_is_capped_by_the_sidecar(sidecar):
     (("sessions", "--target", "unix:/x.sock", "--token", "se\ncret", "list"),
      "argument --token: a bearer token is printable ASCII"),
     (("status", "--target", "unix:/x.sock", "--token", "sécret"), "argument --token: a bearer token is printable"),
+    (("backup", "", "--data-dir", "/nonexistent"), "argument FILE: an empty file name"),  # a traceback
 ])
 def test_an_argument_the_option_cannot_mean_is_refused_with_its_name(args, error):
     """Before, NaN, 0 or 1e10 (past what a gRPC deadline can count) became a deadline and came back

@@ -85,6 +85,15 @@ def target_list(text: str) -> list[str]:
     return addresses
 
 
+def file_name(text: str) -> str:
+    """A file to create: a name, not nothing (``backup ''`` copied the whole
+    store to ``.partial`` in the working directory, then failed renaming it
+    to '' with a traceback)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty file name")
+    return text
+
+
 def token(text: str) -> str:
     """A bearer token gRPC metadata can carry: printable ASCII. The value is
     never echoed (it is a password)."""

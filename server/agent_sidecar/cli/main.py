@@ -12,7 +12,7 @@ import os
 import sys
 
 from .. import __version__
-from .argtypes import MAX_SECONDS, non_negative, positive, utf8
+from .argtypes import MAX_SECONDS, file_name, non_negative, positive, utf8
 from .connection import add_target_arguments, quiet_grpc_core  # no grpc: it comes in when a command runs
 
 
@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_doctor)
 
     b = sub.add_parser("backup", help="copy the SQLite store to FILE, safely while the sidecar runs")
-    b.add_argument("file", metavar="FILE", help="the copy (a new file; FILE.partial until it is complete)")
+    b.add_argument("file", metavar="FILE", type=file_name,
+                   help="the copy (a new file; FILE.partial until it is complete)")
     b.add_argument("--data-dir", default=None,
                    help="the sidecar's data dir (default: the config's [sidecar] data_dir, else ./data)")
     b.add_argument("--config", default=None, help="the sidecar's TOML config (its data_dir and [store] backend)")
