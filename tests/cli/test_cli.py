@@ -233,7 +233,14 @@ def test_sessions_list_limit_past_int32_is_capped_by_the_sidecar(sidecar):
     (("sessions", "--target", "unix:/x.sock", "--token", "se\ncret", "list"),
      "argument --token: a bearer token is printable ASCII"),
     (("status", "--target", "unix:/x.sock", "--token", "sécret"), "argument --token: a bearer token is printable"),
-    (("backup", "", "--data-dir", "/nonexistent"), "argument FILE: an empty file name"),  # a traceback
+    # an empty file name read as none: backup '' was a traceback, serve ran on the defaults, config check said ok,
+    # bench --render '' ran a bench, --json '' wrote nothing, --ca '' dropped TLS
+    (("backup", "", "--data-dir", "/nonexistent"), "argument FILE: an empty file name"),
+    (("serve", "--config", "", "--data-dir", "/dev/null"), "argument --config: an empty file name"),
+    (("config", "check", ""), "argument file: an empty file name"),
+    (("bench", "--render", ""), "argument --render: an empty file name"),
+    (("bench", "--target", "unix:/x.sock", "--json", ""), "argument --json: an empty file name"),
+    (("health", "--target", "127.0.0.1:1", "--ca", ""), "argument --ca/--ca-cert: an empty file name"),
 ])
 def test_an_argument_the_option_cannot_mean_is_refused_with_its_name(args, error):
     """Before, NaN, 0 or 1e10 (past what a gRPC deadline can count) became a deadline and came back

@@ -86,9 +86,11 @@ def target_list(text: str) -> list[str]:
 
 
 def file_name(text: str) -> str:
-    """A file to create: a name, not nothing (``backup ''`` copied the whole
-    store to ``.partial`` in the working directory, then failed renaming it
-    to '' with a traceback)."""
+    """A file an option names: a name, not nothing. An empty one (``--config
+    "$UNSET"``) read as no option at all: serve ran on the defaults, config
+    check said ok, --json and --plot wrote nothing, --render '' ran a bench,
+    --ca '' dropped TLS; ``backup ''`` copied the whole store to
+    ``.partial`` here, then failed renaming it to '' with a traceback."""
     if not text:
         raise argparse.ArgumentTypeError("an empty file name")
     return text

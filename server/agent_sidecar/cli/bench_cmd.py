@@ -17,7 +17,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from ..config_loader import read_file
-from .argtypes import MAX_SECONDS, non_negative, positive, target_list
+from .argtypes import MAX_SECONDS, file_name, non_negative, positive, target_list
 from .bench_args import (
     DELIVERIES,
     MAX_CALIBRATE,
@@ -55,10 +55,10 @@ def add_arguments(sub) -> argparse.ArgumentParser:
     _load_arguments(b.add_argument_group("load"))
     _measure_arguments(b.add_argument_group("measure and compare"))
     o = b.add_argument_group("output")
-    o.add_argument("--json", default=None, metavar="FILE", help="write every figure as JSON")
-    o.add_argument("--plot", default=None, metavar="FILE.png",
+    o.add_argument("--json", type=file_name, default=None, metavar="FILE", help="write every figure as JSON")
+    o.add_argument("--plot", type=file_name, default=None, metavar="FILE.png",
                    help="write the plot: a PNG, or an SVG or PDF by the file name (needs matplotlib)")
-    o.add_argument("--render", default=None, metavar="FILE.json",
+    o.add_argument("--render", type=file_name, default=None, metavar="FILE.json",
                    help="run nothing: print the report of an earlier run's --json file, judged as this version "
                         "judges it (with --plot, draw it; on another machine, say, with matplotlib)")
     b.set_defaults(func=run, _parser=b)

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..config import Config, ConfigError, load_config
 from ..config_schema import ENV_PREFIX, Slot, describe, is_array, is_named, is_table, tree
+from .argtypes import file_name
 
 BEGIN, END = "<!-- config-keys:begin (agent-sidecar config reference) -->", "<!-- config-keys:end -->"
 MASK = "***"
@@ -26,11 +27,11 @@ def add_arguments(sub) -> None:
     c = sub.add_parser("config", help="check a config file, show the effective config, print the key reference")
     c_sub = c.add_subparsers(dest="action", required=True)
     chk = c_sub.add_parser("check", help="check FILE (and the AGENT_SIDECAR_* environment): exit 0 or 2")
-    chk.add_argument("file")
+    chk.add_argument("file", type=file_name)
     show = c_sub.add_parser("show", help="print the effective config as TOML, secrets masked")
-    show.add_argument("file", nargs="?", default=None)
+    show.add_argument("file", nargs="?", type=file_name, default=None)
     ref = c_sub.add_parser("reference", help="print the key reference (Markdown)")
-    ref.add_argument("--write", metavar="PATH", default=None,
+    ref.add_argument("--write", metavar="PATH", type=file_name, default=None,
                      help="replace the reference between its markers in PATH instead")
     c.set_defaults(func=run)
 

@@ -19,7 +19,7 @@ from typing import Any
 from ..config_loader import MAX_SECRET_BYTES, read_file
 from ..targets import address, dial, is_unix
 from ..tls import ClientMaterial, target_is_local
-from .argtypes import target, token, utf8
+from .argtypes import file_name, target, token, utf8
 
 DEFAULT_TARGET = "unix:./data/sidecar.sock"
 
@@ -43,11 +43,12 @@ def add_target_arguments(parser: Any, default: str = DEFAULT_TARGET, target_help
                        help="read the bearer token from FILE (its first line)")
     parser.add_argument("--tls", action="store_true",
                         help="TLS to the target (the system's roots unless --ca)")
-    parser.add_argument("--ca", "--ca-cert", dest="ca_file", default=None, metavar="FILE",
+    parser.add_argument("--ca", "--ca-cert", dest="ca_file", type=file_name, default=None, metavar="FILE",
                         help="PEM CA certificates that verify the target's certificate (implies --tls)")
-    parser.add_argument("--cert", dest="cert_file", default=None, metavar="FILE",
+    parser.add_argument("--cert", dest="cert_file", type=file_name, default=None, metavar="FILE",
                         help="PEM client certificate, for a listener that requires one (mTLS; with --key)")
-    parser.add_argument("--key", dest="key_file", default=None, metavar="FILE", help="PEM private key of --cert")
+    parser.add_argument("--key", dest="key_file", type=file_name, default=None, metavar="FILE",
+                        help="PEM private key of --cert")
     parser.add_argument("--server-name", "--tls-server-name", dest="server_name", type=utf8, default=None,
                         help="the name to expect in the target's certificate (default: the target's host)")
     parser.add_argument("--insecure", action="store_true",

@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--listen", action="append", default=None, metavar="unix:PATH|HOST:PORT",
                    help="listen address; repeat for several, in place of the config's [sidecar] listen "
                         "([[listen]] entries are bound too; with neither, unix:DATA_DIR/sidecar.sock)")
-    s.add_argument("--config", default=None, help="TOML config file")
+    s.add_argument("--config", type=file_name, default=None, help="TOML config file")
     s.add_argument("--workers", type=int, default=None,
                    help="worker processes (default: one per CPU it may use: affinity, cgroup limit)")
     s.add_argument("--log-format", choices=("json", "text"), default=None)
@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--data-dir", default=None,
                    help="the sidecar's data dir (default: the config's [sidecar] data_dir, else ./data)")
     d.add_argument("--rebuild-fts", action="store_true", help="drop and rebuild the full-text index")
-    d.add_argument("--config", default=None, help="the sidecar's TOML config (its data_dir, [store] backend and dsn)")
+    d.add_argument("--config", type=file_name, default=None,
+                   help="the sidecar's TOML config (its data_dir, [store] backend and dsn)")
     d.set_defaults(func=_doctor)
 
     b = sub.add_parser("backup", help="copy the SQLite store to FILE, safely while the sidecar runs")
@@ -92,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the copy (a new file; FILE.partial until it is complete)")
     b.add_argument("--data-dir", default=None,
                    help="the sidecar's data dir (default: the config's [sidecar] data_dir, else ./data)")
-    b.add_argument("--config", default=None, help="the sidecar's TOML config (its data_dir and [store] backend)")
+    b.add_argument("--config", type=file_name, default=None,
+                   help="the sidecar's TOML config (its data_dir and [store] backend)")
     b.set_defaults(func=_backup)
 
     h = sub.add_parser("health", help="ask a running sidecar's health service (exit 0 when SERVING)")
