@@ -592,9 +592,12 @@ def test_a_target_killed_in_a_point_of_turns_ends_the_run_there(tmp_path, client
             proc.kill()
     finally:
         victim.stop()
-    last = stderr.strip().splitlines()[-1]
+    lines = stderr.strip().splitlines()
     assert proc.returncode == 1 and "Traceback" not in stderr, stderr
-    assert last.startswith(f"agent-sidecar bench: {victim.target} stopped answering (no connection within 1s"), last
+    lost = f"{victim.target} stopped answering (no connection within 1s"
+    assert lines[-2].startswith(f"agent-sidecar bench: {lost}"), lines  # and its sessions, left there:
+    assert lines[-1].startswith("agent-sidecar bench: 2 of the run's sessions (platform 'bench') are left in the "
+                                f"target's store: {lost}"), lines
 
 
 def test_a_client_process_killed_after_a_point_keeps_the_points_that_finished(sc, tmp_path):

@@ -14,7 +14,10 @@ from helpers.certs import make_certs
 from helpers.cli import CLEAN_ENV, COMMAND, cli
 from helpers.config import echo, scripted
 from helpers.sessions import get_session, held
+from helpers.waiting import wait_until
 from sidecar_proc import ROOT, TOKEN, Sidecar, free_port
+
+from agent_sidecar.v1 import session_service_pb2 as session_pb
 
 WORDS = 4
 BROKEN = "the upstream refused the API key (401)"
@@ -271,3 +274,45 @@ def test_a_prompt_the_client_refuses_to_send_is_one_line_and_exit_1(sc, clients)
     assert r.returncode == 1 and "Traceback" not in stderr, stderr
     (line,) = stderr.strip().splitlines()
     assert "the client refuses to send the prompt: INVALID_ARGUMENT: text: has a lone surrogate" in line, line
+
+
+def _sessions_of(sc: Sidecar, platform: str) -> int:
+    """How many sessions of ``platform`` the sidecar holds (ListSessions, page by page)."""
+    n, token = 0, ""
+    while True:
+        page = sc.sessions().ListSessions(session_pb.ListSessionsRequest(platform=platform, page_size=1000,
+                                                                          page_token=token), timeout=30)
+        n += len(page.sessions)
+        token = page.next_page_token
+        if not token:
+            return n
+
+
+def test_sessions_a_target_lost_while_they_were_made_kept_are_named(tmp_path):
+    """kill -9 of the sidecar while the run makes its sessions: the run ends
+    in one line saying why, and a last line saying how many of its sessions
+    its teardown could not delete and on which platform (the sidecar, back,
+    holds them); before, nothing said so, as no report follows such an end."""
+    victim = Sidecar(tmp_path / "victim", config=echo("main", 1)).start()
+    try:
+        proc = subprocess.Popen([*COMMAND, "bench", "--target", victim.target, "--platform", "lost", "--sessions",
+                                 "20000", "--concurrency", "1", "--turns", "1", "--calibrate", "0",
+                                 "--connect-timeout", "1"],
+                                cwd=ROOT, env=CLEAN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_until(lambda: _sessions_of(victim, "lost") >= 100, timeout=60, what="the run's first sessions")
+            victim.kill9()
+            _, stderr = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+        kept = _sessions_of(victim.restart(), "lost")
+    finally:
+        victim.stop()
+    lines = stderr.strip().splitlines()
+    assert proc.returncode == 1 and "Traceback" not in stderr, stderr
+    assert lines[-2].startswith(f"agent-sidecar bench: cannot create sessions on {victim.target}: "), lines
+    note = lines[-1].removeprefix("agent-sidecar bench: ")
+    left = int(note.split(" ", 1)[0].replace(",", ""))
+    assert note.startswith(f"{left:,} of the run's sessions (platform 'lost') are left in the target's store: "
+                           f"{victim.target} stopped answering"), note
+    assert left <= kept <= left + 32, (left, kept)  # and the creations in flight when it died, answered or not

@@ -140,8 +140,24 @@ async def run_bench(opts: BenchOptions, status: Status,
     finished, it stops there, tears down as usual and returns the document of
     the finished points, its ``interrupted`` saying where and why (a point
     cut short is in no figure): a long sweep stopped early keeps what it
-    measured. Before any point has finished, both are raised."""
+    measured. Before any point has finished, both are raised, with a note
+    of the run's sessions its teardown could not delete (no report follows
+    to say so: a target lost while they were made leaves them in its store)."""
     run = _Run(opts, status, stopped_by)
+    try:
+        await _steps(run, stopped_by)
+    except BaseException as e:
+        await run.teardown()
+        if run.cleanup and run.cleanup["left"]:
+            e.add_note(f"{run.cleanup['left']:,} of the run's sessions (platform {opts.platform!r}) are left in "
+                       f"the target's store: {run.cleanup['error']}")
+        raise
+    await run.teardown()
+    return report.analyse(run.document())
+
+
+async def _steps(run: _Run, stopped_by: Callable[[], str]) -> None:
+    """The run's steps; an end that leaves finished points is the run's end (run.interrupted), not an error."""
     try:
         await run.setup()
         await run.calibrate()
@@ -162,9 +178,6 @@ async def run_bench(opts: BenchOptions, status: Status,
         before = isinstance(e, TargetLost) and not e.during
         run.interrupted = {"at": run.running or "between points", "reason": "TARGET_LOST" if lost else "CLIENT_LOST",
                            "message": str(e), "when": "before" if before else "during"}
-    finally:
-        await run.teardown()
-    return report.analyse(run.document())
 
 
 class _Run:

@@ -236,11 +236,11 @@ def run(args) -> int:
         doc = uvloop.run(_run_stoppable(opts, StatusView(line, opts.duration_s, opts.turns)))
     except BenchError as e:
         line.close()
-        print(f"agent-sidecar bench: {e}", file=sys.stderr)
+        _say(str(e), *getattr(e, "__notes__", ()))
         return 1
     except (KeyboardInterrupt, asyncio.CancelledError) as e:  # before any point finished, or a second signal
         line.close()
-        print("agent-sidecar bench: interrupted", file=sys.stderr)
+        _say("interrupted", *getattr(e, "__notes__", ()))  # (asyncio.Runner's KeyboardInterrupt has none)
         return EXIT_BY_SIGNAL["SIGINT" if isinstance(e, KeyboardInterrupt) else "SIGTERM"]
     line.close()
     written = write_outputs(doc, args)  # first: stdout may be a pipe that is gone (`| head -1`)
@@ -256,6 +256,11 @@ def run(args) -> int:
     print(f"agent-sidecar bench: {cut['message']} {cut.get('when', 'during')} {cut['at']}; the report holds the points "
           f"that finished", file=sys.stderr)
     return 1
+
+
+def _say(*lines: str) -> None:
+    for text in lines:
+        print(f"agent-sidecar bench: {text}", file=sys.stderr)
 
 
 EXIT_BY_SIGNAL = {"SIGINT": 130, "SIGTERM": 143}  # 128 + the signal's number, as a shell reports it
