@@ -68,13 +68,12 @@ def test_backup_refuses_an_existing_file_and_a_missing_store(tmp_path):
 
 
 def test_a_file_name_that_names_no_file_is_one_line_and_exit_1(tmp_path):
-    """`backup ""` copied the whole store to `.partial` in the working
-    directory, then failed its rename with a traceback; a name ending in a
-    slash (a directory meant as the place) was refused in words about
-    another file (`… exists`, `cannot write …/.partial`). Each is now one
-    line saying what is wrong, before anything is written."""
+    """A name ending in a slash (a directory meant as the place) was refused
+    in words about another file (`… exists`, `cannot write …/.partial`). It
+    is now one line saying what is wrong, before anything is written. (An
+    empty name is the command line's refusal, exit 2: tests/cli.)"""
     with Sidecar(tmp_path / "data", config=echo("main")).start() as sc:
-        for dest in ("", str(tmp_path) + "/", str(tmp_path / "missing") + "/"):
+        for dest in (str(tmp_path) + "/", str(tmp_path / "missing") + "/"):
             r = cli("backup", "--data-dir", str(sc.data_dir), dest)
             assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr, (dest, r.stderr)
             assert r.stderr == f"agent-sidecar backup: {dest!r} names no file: give the copy's file name\n"
