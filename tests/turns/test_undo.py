@@ -18,6 +18,7 @@ from helpers.sessions import transcript
 from helpers.store import writes_held
 from helpers.streams import D, PromptRun, get_queue, kind_of, start, watch
 from helpers.tools import ToolHost
+from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
 from agent_sidecar.v1 import common_pb2 as c
@@ -224,3 +225,55 @@ def test_rewrite_during_a_turn_cancels_it_and_keeps_the_waiting_prompts(stubs):
     assert after.result(10).final_text == "after"
     assert said(sessions, first.session_id) == [
         ("user", "summary please"), ("assistant", "summary"), ("user", "after"), ("assistant", "after")]
+
+
+def _starting_after_a_switch(sc, prompts, sessions, operation):
+    """A prompt accepted in incarnation S2 whose start is on its way to the
+    store after SwitchSession moved the lane back to S1 (so it begins in S1),
+    and ``operation(S1)`` called while that start is held. Returns (S1, the
+    prompt)."""
+    first = hello(prompts)
+    s1 = first.session_id
+    sessions.ResetSession(spb.ResetSessionRequest(session_key=first.key), timeout=10)
+    busy = start(prompts, text=words(10, "busy"), key=first.key)
+    busy.wait_for("started")
+    nxt = start(prompts, text="next", key=first.key)
+    sessions.SwitchSession(spb.SwitchSessionRequest(session_key=first.key, target_session_id=s1), timeout=10)
+    answer: list = []
+    with writes_held(sc):  # the busy turn's end and the next one's start wait for the store
+        wait_until(lambda: not get_queue(prompts, first.key).HasField("pending"), 10,
+                   what="the next prompt to start")
+        op = threading.Thread(target=lambda: answer.append(operation(s1)))
+        op.start()
+        time.sleep(0.5)  # it reaches the lane while the start is held
+    op.join(10)
+    assert answer, "the operation did not answer"
+    assert busy.result(10).end == "completed"
+    return s1, nxt
+
+
+def test_rewrite_takes_back_a_turn_starting_in_the_incarnation_a_switch_moved_to(sc, stubs):
+    """The turn's start follows the switch into S1, so RewriteTranscript(S1)
+    must take it back: it ends CANCELLED and no reply lands in the rewritten
+    transcript. It used to be compared by the incarnation it was accepted in
+    (S2), ran on, and wrote a reply after the rewrite without its user message."""
+    prompts, sessions = stubs
+    s1, nxt = _starting_after_a_switch(sc, prompts, sessions, lambda sid: sessions.RewriteTranscript(
+        spb.RewriteTranscriptRequest(session_id=sid, messages=[
+            c.Message(role="user", content="summary please"), c.Message(role="assistant", content="summary")]),
+        timeout=10))
+    nxt.result(10)
+    assert (nxt.end, nxt.reason) == ("failed", "CANCELLED"), nxt.kinds()
+    assert nxt.last.session_id == s1
+    assert said(sessions, s1) == [("user", "summary please"), ("assistant", "summary")]
+
+
+def test_undo_takes_back_a_turn_starting_in_the_incarnation_a_switch_moved_to(sc, stubs):
+    """RewindSession(S1, 1) during that start takes the turn back as the
+    newest user turn; it used to take back its user message from the
+    transcript and let it write its reply there."""
+    prompts, sessions = stubs
+    s1, nxt = _starting_after_a_switch(sc, prompts, sessions, lambda sid: rewind(sessions, sid))
+    nxt.result(10)
+    assert (nxt.end, nxt.reason) == ("failed", "CANCELLED"), nxt.kinds()
+    assert said(sessions, s1) == [("user", "hello"), ("assistant", "hello")]

@@ -296,10 +296,10 @@ class TurnManager:
             reason = res.reason if isinstance(res, E.SidecarError) else E.UNAVAILABLE
             self.end(turn, "failed", reason, f"could not start the turn: {res}")
             return
-        if turn.cancel_reason:
+        turn.sid = res.session_id  # a switch may have moved the lane while it waited
+        if turn.cancel_reason:  # its end (and a rollback's hiding) goes where its start wrote
             self.end(turn, "failed", turn.cancel_reason, "the turn was cancelled")
             return
-        turn.sid = res.session_id  # a switch may have moved the lane while it waited
         profile, system_prompt = self.prompts.for_turn(turn, res.lane)
         assert self.pool is not None  # start_workers ran before any turn
         h = self.pool.slot_for(turn.key)

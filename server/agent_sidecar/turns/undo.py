@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 from .. import errors as E
 from ..sessions import transcripts as tx
 from .lane_admin import claim, under_lease
-from .lanes import Lane, Turn
+from .lanes import Lane, Phase, Turn
 
 if TYPE_CHECKING:
     from .manager import TurnManager
@@ -81,7 +81,7 @@ async def rewind(m: TurnManager, key: str, session_id: str, n: int) -> dict[str,
                 if t.start_in_flight:
                     wrote.append(t.rid)
         running = lane.running
-        if len(undone) < n and _open(running) and running.began and running.sid == session_id:
+        if len(undone) < n and _open(running) and running.began and _writes_in(running, entry) == session_id:
             _take_back(m, running, REWOUND)
             if not _resume(running):
                 undone.append(running)
@@ -102,16 +102,28 @@ async def rewrite(m: TurnManager, key: str, session_id: str, messages: list) -> 
     still in flight: its user message would land in the replaced transcript);
     prompts that have not started stay and run after."""
     epoch = await claim(m, key)
+    entry = await m.store.entry(key)  # before the lane is read: no await from here on
     lane = m.lanes.get(key)
     if lane is not None:
         running = lane.running
-        if _open(running) and running.sid == session_id:
+        if _open(running) and _writes_in(running, entry) == session_id:
             if running.began:
                 _take_back(m, running, REWRITTEN)
             elif running.start_in_flight:  # it ends once its accept commits, then the lane moves on
                 running.want_rollback()
                 m.close(running, "failed", E.CANCELLED, REWRITTEN)
     await under_lease(m, key, epoch, tx.rewrite, session_id, messages)
+
+
+def _writes_in(t: Turn, entry) -> str:
+    """The incarnation the lane's running turn writes in. Its own once it
+    runs; while its start job is on its way to the store (STARTING), the
+    lane's as it is now: that job, queued before the operation's, begins the
+    turn in the lane's incarnation as it then is, and a switch may have moved
+    the lane since the turn was accepted (its ``sid`` is that older one)."""
+    if t.phase is Phase.STARTING and entry is not None:
+        return entry.session_id
+    return t.sid
 
 
 def _resume(t: Turn) -> bool:
