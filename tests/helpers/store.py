@@ -368,3 +368,39 @@ def query(where, sql: str, args: tuple = ()) -> list[tuple]:
     from contextlib import closing
     with closing(sqlite3.connect(db_path(where), timeout=10)) as conn:
         return conn.execute(sql, args).fetchall()
+
+
+@contextlib.contextmanager
+def frames_refused(where, like: str):
+    """The store refuses every frame whose body (its JSON text) is ``LIKE``
+    the pattern ``like`` (no quotes in it): a trigger
+    on the frames table raises (SQLite's RAISE(ABORT), PostgreSQL's RAISE
+    EXCEPTION), an error that is no store fault, so the frame bus's flush
+    carrying such a frame fails whole and for good. Dropped on exit."""
+    dsn = store_dsn(where)
+    if dsn:
+        from agent_sidecar.store.postgres.connection import connect
+        with connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE FUNCTION test_refuse_frame() RETURNS trigger LANGUAGE plpgsql AS $$"
+                         f" BEGIN IF NEW.body::text LIKE '{like}' THEN"
+                         " RAISE EXCEPTION 'this frame is refused'; END IF; RETURN NEW; END $$")
+            conn.execute("CREATE TRIGGER test_refuse_frame BEFORE INSERT ON frames"
+                         " FOR EACH ROW EXECUTE FUNCTION test_refuse_frame()")
+        try:
+            yield
+        finally:
+            with connect(dsn, autocommit=True) as conn:
+                conn.execute("DROP TRIGGER test_refuse_frame ON frames")
+                conn.execute("DROP FUNCTION test_refuse_frame()")
+        return
+    import sqlite3
+    from contextlib import closing
+    with closing(sqlite3.connect(db_path(where), timeout=10, isolation_level=None)) as db:
+        db.execute("CREATE TRIGGER test_refuse_frame BEFORE INSERT ON frames"
+                   f" WHEN CAST(NEW.body AS TEXT) LIKE '{like}'"
+                   " BEGIN SELECT RAISE(ABORT, 'this frame is refused'); END")
+    try:
+        yield
+    finally:
+        with closing(sqlite3.connect(db_path(where), timeout=10, isolation_level=None)) as db:
+            db.execute("DROP TRIGGER test_refuse_frame")

@@ -14,7 +14,10 @@ Flushes are numbered and each names its predecessor; the writer runs a flush
 only right after its predecessor (jobs.run_flush), so the ones already in
 flight behind a failed flush fail too (FlushOutOfOrder) and are re-sent
 behind it. Seqs stay gapless, nothing acknowledged is lost or reordered, and
-nothing is delivered before it is durable.
+nothing is delivered before it is durable. A flush the store refuses for
+good (a row it will not take, a bug: no retry would cure it) leaves nobody
+waiting: its writes' callbacks hear the error and its turns end failed
+INTERNAL, their streams still gapless (flights.py).
 """
 
 from __future__ import annotations
@@ -30,19 +33,20 @@ from typing import Any
 
 import orjson
 
+from ..errors import SidecarError
 from ..obs import turnlog
 from ..sessions import transcripts as tx
 from ..store import StoreUnavailable
 from ..store.records import Append, FrameRecord
 from ..v1 import prompt_service_pb2 as ppb
+from . import flights
+from .flights import TERMINAL, LostTurns
 from .flush import FN, MSG, FlushOutOfOrder, run_flush, started_in
 from .leasing import LeaseLost
 from .stats import TurnStats
 from .subscriber import StreamedFrame, Subscriber
 
 log = logging.getLogger("agent_sidecar.frames")
-
-TERMINAL = frozenset(("completed", "failed", "superseded"))
 
 
 def build_frame(rid: str, key: str, sid: str, seq: int, at: float, cursor: int, kind: str,
@@ -61,60 +65,27 @@ def frame_from_record(r: FrameRecord) -> ppb.ActivityFrame:
     return build_frame(r.request_id, r.session_key, r.session_id, r.seq, r.at, r.cursor, r.kind, r.body)
 
 
-def _fence(frames: list[tuple], owners: list) -> dict[str, int]:
-    """The lease epochs a flush is written under: per lane, the oldest epoch
-    among its items (a lane's items of two epochs: the older is refused first)."""
-    fence: dict[str, int] = {}
-    for turn in [f[1] for f in frames] + owners:
-        key, epoch = turn.key, turn.epoch
-        if epoch and (key not in fence or epoch < fence[key]):
-            fence[key] = epoch
-    return fence
-
-
-def _without(gone: Callable[[Any], bool], frames, writes, thens, owners) -> tuple:
-    """A flush's items minus those whose turn is ``gone``, and how many were
-    dropped. An owner that waits for its write's answer (a session
-    operation's, turns/lane_admin.py) is told it was dropped."""
-    kept_frames = [f for f in frames if not gone(f[1])]
-    keep = [i for i, turn in enumerate(owners) if not gone(turn)]
-    for i in set(range(len(owners))) - set(keep):
-        told = getattr(owners[i], "on_dropped", None)
-        if told is not None:
-            told()
-    dropped = len(frames) - len(kept_frames) + len(owners) - len(keep)
-    return (kept_frames, [writes[i] for i in keep], [thens[i] for i in keep], [owners[i] for i in keep],
-            dropped)
-
-
-def _dropped(turn) -> bool:
-    return turn.dropped
-
-
-def _flight_no(flight: tuple) -> int:
-    """A flush's number, in the order it was sent."""
-    return flight[0]
-
-
-def _fenced_by(epochs: dict[str, int]) -> Callable[[Any], bool]:
-    """Items of a turn written under a refused epoch (or an older one)."""
-    return lambda turn: turn.key in epochs and turn.epoch <= epochs[turn.key]
-
-
 class FrameBus:
     """``on_fenced(epochs, count, revoked)`` (a cluster, turns/leasing.py): every
     frame and write carries its turn's lane and lease epoch, each flush is
     fenced on them in the store, and a flush refused because lanes moved is
     sent again without those lanes' items, which are reported here (with the
-    lanes among them that were deleted)."""
+    lanes among them that were deleted).
+
+    ``on_lost(turn, error, ended)``: a flush the store refused for good took
+    ``turn``'s items with it (flights.py); the turn is to end with ``error``
+    (``ended``: its terminal frame was among them, and is to be published
+    again). Its next seq is already back at its first lost frame's."""
 
     def __init__(self, store, buffer_frames: int = 10_000, buffer_bytes: int = 8 << 20,
                  stats: TurnStats | None = None,
-                 on_fenced: Callable[[dict[str, int], int, frozenset[str]], None] | None = None):
+                 on_fenced: Callable[[dict[str, int], int, frozenset[str]], None] | None = None,
+                 on_lost: Callable[[Any, SidecarError, bool], None] | None = None):
         self.store = store
         self.stats = stats or TurnStats()  # frames persisted, turns ended (turns/stats.py)
         self.buffer_frames, self.buffer_bytes = buffer_frames, buffer_bytes  # per Subscriber
-        self.on_fenced = on_fenced
+        self.on_fenced, self.on_lost = on_fenced, on_lost
+        self._lost_turns = LostTurns()  # of flushes lost for good, until what was refused is re-sent
         self._frames: list[tuple] = []  # (row, turn, kind, body)
         self._writes: list[tuple] = []  # (FN, (fn, args) or None) or (MSG, append_many item)
         self._thens: list[Callable | None] = []  # one per write: run after commit
@@ -213,10 +184,15 @@ class FrameBus:
             self._resync = False
             # In flight order, not answer order: a writer that holds a group whose
             # commit outcome is unknown refuses the groups behind it first.
-            for _, frames, writes, thens, owners in sorted(self._undone, key=_flight_no, reverse=True):
-                # Not again for turns dropped meanwhile (their lane's lease was lost).
-                self._requeue(*_without(_dropped, frames, writes, thens, owners)[:4])
+            told: list = []
+            for _, frames, writes, thens, owners in sorted(self._undone, key=flights.flight_no, reverse=True):
+                # Not again for turns dropped meanwhile (their lane's lease was lost),
+                # nor for those a lost flush took (flights.py).
+                f, w, t, o = flights.without(flights.dropped, frames, writes, thens, owners)[:4]
+                self._requeue(*self._lost_turns.take(f, w, t, o, told) if self._lost_turns else (f, w, t, o))
             self._undone.clear()
+            flights.tell(told, self._lost_turns.error)
+            self._lost_turns.clear()
             self._sent_lanes.clear()  # every flush answered; what was undone is queued again
             self._sent_no = self._committed_no
         if not self._frames and not self._writes:
@@ -226,7 +202,7 @@ class FrameBus:
         lanes, self._lanes = self._lanes, set()
         no = self._sent_no + 1
         flight = (no, frames, writes, thens, owners)
-        fence = _fence(frames, owners) if self.on_fenced is not None else None
+        fence = flights.fence(frames, owners) if self.on_fenced is not None else None
         try:
             fut = self.store.write(run_flush, (no, self._sent_no), [item[0] for item in frames],
                                    writes, fence, retry=retry)
@@ -260,9 +236,9 @@ class FrameBus:
         """Drop what is queued (not sent) for lane ``key``: this node lost its
         lease (supervision.stop_lane); the store would refuse it anyway."""
         gone = lambda turn: turn.key == key  # noqa: E731
-        self._frames, self._writes, self._thens, self._owners = _without(
+        self._frames, self._writes, self._thens, self._owners = flights.without(
             gone, self._frames, self._writes, self._thens, self._owners)[:4]
-        self._undone = [(no, *_without(gone, *rest)[:4]) for no, *rest in self._undone]
+        self._undone = [(no, *flights.without(gone, *rest)[:4]) for no, *rest in self._undone]
 
     def idle(self) -> bool:
         """Nothing published is waiting for its commit (queued or in flight)."""
@@ -282,14 +258,16 @@ class FrameBus:
             self._resync = True
             if isinstance(value, LeaseLost):  # sent again without the moved lanes' items
                 no, *rest = flight
-                *kept, dropped = _without(_fenced_by(value.epochs), *rest)
+                *kept, dropped = flights.without(flights.fenced_by(value.epochs), *rest)
                 self._undone.append((no, *kept))
                 assert self.on_fenced is not None  # frames are fenced (so LeaseLost) only with one
                 self.on_fenced(value.epochs, dropped, value.revoked)
             elif isinstance(value, (StoreUnavailable, FlushOutOfOrder)):  # kept, in order
                 self._undone.append(flight)
             else:  # not the store's fault: a retry would fail the same way
+                assert isinstance(value, BaseException)  # not ok: the future's exception
                 log.error("frame flush failed", exc_info=value)
+                self._lost(flight, value)
             self._send(retry=False)
             return
         self._committed_no = flight[0]
@@ -309,6 +287,33 @@ class FrameBus:
                     then(result)
                 except Exception:
                     log.exception("post-commit callback failed")
+
+    def _lost(self, flight: tuple, error: BaseException) -> None:
+        """A flush the store refused for good (flights.py): it, and whatever
+        else its turns have queued or refused behind it, is taken out; each
+        turn's next seq goes back to its first frame taken; ``on_lost`` ends
+        the turns (first, so an end their thens cause comes with the
+        rollback it sets), then every write taken hears the error."""
+        _, frames, writes, thens, owners = flight
+        err = flights.refusal(error)
+        lost = self._lost_turns
+        lost.add(flights.turns_of(frames, owners), err)
+        told: list = []
+        first_seq: dict[int, int] = {}
+        ended: set[int] = set()
+        lost.take(frames, writes, thens, owners, told, first_seq, ended)
+        self._frames, self._writes, self._thens, self._owners = lost.take(
+            self._frames, self._writes, self._thens, self._owners, told, first_seq, ended)
+        self._undone = [(no, *lost.take(f, w, t, o, told, first_seq, ended)) for no, f, w, t, o in self._undone]
+        for _, f, w, t, o in self._flights:  # refused behind this one, they are taken when they come back
+            lost.take(f, w, t, o, None, first_seq, ended)
+        for key, turn in lost.turns.items():
+            if key in first_seq:
+                turn.next_seq = min(turn.next_seq, first_seq[key])
+        if self.on_lost is not None:
+            for key, turn in list(lost.turns.items()):
+                self.on_lost(turn, err, key in ended)
+        flights.tell(told, err)
 
     def _deliver(self, turn, frame, kind: str) -> None:
         """Hand a committed frame to the turn's streams and to the watchers of

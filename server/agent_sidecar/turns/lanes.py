@@ -87,6 +87,7 @@ class Turn:
     cancel_reason: str = ""
     rollback: bool = False
     taken_back: str = ""  # why RewindSession/RewriteTranscript took it back (undo.py)
+    lost: bool = False  # a flush the store refused for good took some of its activity (flights.py)
     deferred_end: tuple | None = None  # (status, reason, text) decided while RESERVED
     acked: bool = False  # its accept committed (its ``accepted`` frame is durable)
     began: bool = False  # its start was decided (it has, or will have, user messages)

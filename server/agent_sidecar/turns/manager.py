@@ -32,7 +32,7 @@ from ..tools.registry import ToolRegistry
 from . import admission, burst, dedup, jobs, placement, supervision, wire, worker_events
 from .context import SystemPrompts
 from .frames import FrameBus, build_frame
-from .lanes import Lane, Turn
+from .lanes import Lane, Phase, Turn
 from .leasing import LaneLeases, LeaseLost
 from .memory import budget_per_worker
 from .pool import WorkerHandle, WorkerPool
@@ -47,7 +47,8 @@ class TurnManager:
         self.leases = leases  # a cluster's lane leases (turns/leasing.py); None: every lane is ours
         self.stats = TurnStats()  # for the metrics endpoint (turns/stats.py)
         self.bus = FrameBus(store, cfg.limits.stream_buffer_frames, cfg.limits.stream_buffer_bytes,
-                            self.stats, on_fenced=leases.refused if leases is not None else None)
+                            self.stats, on_fenced=leases.refused if leases is not None else None,
+                            on_lost=self._lost)
         self.lanes: dict[str, Lane] = {}
         self.recent = dedup.RecentRequests(cfg.dedup_window_s)  # the dedup window's request ids
         self.prompts = SystemPrompts(cfg)
@@ -384,6 +385,11 @@ class TurnManager:
             if turn.deferred_end is None:  # the first end decided is the one
                 turn.defer_end(status, reason, text)
             return
+        turn.ending()
+        self._publish_end(turn, status, reason, text)
+
+    def _publish_end(self, turn: Turn, status: str, reason: str, text: str) -> None:
+        """The terminal frame of an ENDING turn, with the ledger's end job."""
         if status == "completed":
             kind, body = "completed", {"final_text": text}
         elif status == "superseded":
@@ -401,9 +407,35 @@ class TurnManager:
                                                 turn.next_seq, turn.rollback, lane_idle, state),))
         else:
             write = (jobs.close_unstarted, (turn.rid, status, reason, turn.next_seq))
-        turn.ending()
+        # Out of ``live`` once its end committed (a lost flush's refusal is no end: lost()).
         self.bus.publish(turn, kind, body, write=write,
-                         then=lambda _: self.live.pop(turn.rid, None) if self.live.get(turn.rid) is turn else None)
+                         then=lambda _: self.live.pop(turn.rid, None)
+                         if turn.finished and self.live.get(turn.rid) is turn else None)
+
+    def _lost(self, turn, error: E.SidecarError, ended: bool) -> None:
+        """A flush the store refused for good took the turn's activity with it
+        (turns/flights.py): it ends failed with the error, nothing it wrote
+        kept (rolled back). A running turn refuses its further writes and its
+        worker is told to stop; one whose terminal frame was lost gets it
+        again, failed, once: lost again (the store refuses every frame), its
+        streams end with the error and it leaves ``live`` unended in the store,
+        for the next start's restore to close, rather than be sent for ever."""
+        if not isinstance(turn, Turn) or turn.dropped or turn.finished:
+            return  # a session operation's stand-in: its then hears the error
+        again, turn.lost = turn.lost, True
+        if not turn.closing:
+            turn.take_back(error.message)
+            self.cancel_turn(turn, error.reason)
+        elif ended and turn.phase is Phase.ENDING and not again:
+            turn.want_rollback()
+            self._publish_end(turn, "failed", error.reason, error.message)
+        elif ended and turn.phase is Phase.ENDING:
+            for sub in turn.subscribers:
+                sub.push(error)
+            turn.subscribers.clear()
+            turn.ended(None)
+            if self.live.get(turn.rid) is turn:
+                del self.live[turn.rid]
 
     def advance(self, lane: Lane) -> None:
         """An idle lane starts its next turn (or is dropped when it has none)."""

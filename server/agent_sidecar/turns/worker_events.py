@@ -119,7 +119,7 @@ def _done(m: TurnManager, turn: Turn, msg: wire.Done) -> None:
         # did not in time. The lane stops here, its end written by its next holder.
         m.leases.distrusted([turn.key])
     elif turn.taken_back:  # even if it finished first: its reply was refused
-        m.end(turn, "failed", E.CANCELLED, turn.taken_back)
+        m.end(turn, "failed", turn.cancel_reason or E.CANCELLED, turn.taken_back)
     elif turn.cancel_reason == E.RESOURCE_EXHAUSTED:  # frames were dropped, even if it then finished
         m.end(turn, "failed", E.RESOURCE_EXHAUSTED,
               f"the turn reached limits.max_frames_per_turn ({m.cfg.limits.max_frames_per_turn} frames)")
