@@ -3,14 +3,15 @@
 It accepts prompts (ledger first, then the ``accepted`` frame), keeps each
 session's lane (running turn, interrupt slot, follow-up slot, FIFO), starts
 turns on the session's worker, ends them, and cleans up after cancels.
-Beside it, functions over a TurnManager: worker_events.py turns what workers
-say into frames and transcript rows (and handles dead workers), placement.py
-puts a prompt for a busy lane where its delivery mode says, lane_admin.py
-ends a lane's turns before a reset, suspend or delete (undo.py: before a
-rewind or rewrite), supervision.py restores, drains and watches; dedup.py
-answers "seen this request id?", context.py builds system prompts. Every
-decision about a lane is made synchronously on the event loop, so lanes need
-no locks; the store mirrors them for recovery.
+Beside it, functions over a TurnManager: dispatch.py hands a starting turn
+to its worker, worker_events.py turns what workers say into frames and
+transcript rows (and handles dead workers), placement.py puts a prompt for
+a busy lane where its delivery mode says, lane_admin.py ends a lane's turns
+before a reset, suspend or delete (undo.py: before a rewind or rewrite),
+supervision.py restores, drains and watches; dedup.py answers "seen this
+request id?", context.py builds system prompts. Every decision about a lane
+is made synchronously on the event loop, so lanes need no locks; the store
+mirrors them for recovery.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ..obs import tracing
 from ..sessions.source import SessionSource
 from ..store import Store
 from ..tools.registry import ToolRegistry
-from . import admission, burst, dedup, jobs, placement, supervision, wire, worker_events
+from . import admission, burst, dedup, dispatch, jobs, placement, supervision, wire, worker_events
 from .context import SystemPrompts
 from .frames import FrameBus, build_frame
 from .lanes import Lane, Phase, Turn
@@ -248,11 +249,11 @@ class TurnManager:
             if deferred:  # ended (cancelled, superseded) before the commit came back
                 self.end(turn, *deferred)  # it kept its lane: the next turn starts after its end
             else:
-                self._dispatch(turn, started)
+                dispatch.dispatch(self, turn, started)
         elif deferred:  # not started by its accept (a resume turn): it too kept its lane
             self.end(turn, *deferred)
         elif turn.host is None and lane.running is turn and not turn.began:
-            self._start(turn)
+            dispatch.start(self, turn)
 
     def _unreserve(self, lane: Lane, turn: Turn, error: BaseException) -> None:
         """A prompt refused before its accept committed leaves no trace; a twin
@@ -273,64 +274,7 @@ class TurnManager:
         turn.subscribers.clear()
         self.advance(lane)
 
-    # -- running turns --------------------------------------------------------------------
-
-    def _start(self, turn: Turn) -> None:
-        """A turn that waited in its lane starts (one accepted on an idle lane
-        was started by its accept job): its start job commits with its
-        ``started`` frame, then the worker gets it; one whose Prompt call's
-        deadline passed while it waited ends AGENT_TIMEOUT without running."""
-        turn.timeout_s = turn.time_left()
-        if turn.timeout_s <= 0:
-            self.end(turn, "failed", E.AGENT_TIMEOUT, "the Prompt call's deadline passed while it waited")
-            return
-        turn.begin()
-        req = jobs.StartRequest(turn.rid, turn.key, tuple(turn.user_texts()), turn.queued,
-                                "resume" in turn.payload)  # an auto-resume note is synthetic
-        self.bus.publish(turn, "started", write=(jobs.start, (req,)),
-                         then=lambda res: self._dispatch(turn, res))
-
-    def _dispatch(self, turn: Turn, res: jobs.Started | BaseException) -> None:
-        if turn.closing:
-            return
-        if isinstance(res, BaseException):
-            reason = res.reason if isinstance(res, E.SidecarError) else E.UNAVAILABLE
-            self.end(turn, "failed", reason, f"could not start the turn: {res}")
-            return
-        turn.sid = res.session_id  # a switch may have moved the lane while it waited
-        if turn.cancel_reason:  # its end (and a rollback's hiding) goes where its start wrote
-            self.end(turn, "failed", turn.cancel_reason, "the turn was cancelled")
-            return
-        profile, system_prompt = self.prompts.for_turn(turn, res.lane)
-        assert self.pool is not None  # start_workers ran before any turn
-        h = self.pool.slot_for(turn.key)
-        h.turns_run += 1
-        turn.run_on(h)
-        turn.worker_gen = h.generation if h.ready.is_set() else -1
-        msg = wire.run(turn.rid, turn.key, turn.sid, res.rev, res.base_seq, turn.user_texts(),
-                       profile.wire, system_prompt, self.tools.specs_for(profile.tools, turn.platform),
-                       turn.timeout_s)
-        if tracing.ACTIVE is not None:  # its model calls' HTTP requests carry it on
-            msg["traceparent"] = tracing.ACTIVE.traceparent(turn)
-        if self.leases is not None:  # it stops by itself should this node stall past its lease
-            msg["stop_at"] = self.leases.stop_at(turn.key)
-        if h.ready.is_set():
-            h.send(msg)
-        else:
-            self.spawn(self._send_when_ready(h, turn, msg))
-        turn.deadline = asyncio.get_running_loop().time() + turn.timeout_s + supervision.WATCHDOG_GRACE_S
-
-    async def _send_when_ready(self, h: WorkerHandle, turn: Turn, msg: wire.Run) -> None:
-        await h.ready.wait()
-        if turn.closing:
-            return
-        if turn.cancel_reason:  # cancelled while it waited for the worker
-            self.end(turn, "failed", turn.cancel_reason, "the turn was cancelled")
-            return
-        turn.worker_gen = h.generation
-        if self.leases is not None:  # as long as the lease is trusted now, not when it began to wait
-            msg["stop_at"] = self.leases.stop_at(turn.key)
-        h.send(msg)
+    # -- running turns (dispatch.py starts them on their workers) ---------------------------
 
     def cancel_turn(self, turn: Turn, reason: str) -> bool:
         """A turn not started leaves its lane and ends at once; one whose
@@ -448,4 +392,4 @@ class TurnManager:
             return
         lane.running = nxt
         if nxt.accepted:
-            self._start(nxt)
+            dispatch.start(self, nxt)
