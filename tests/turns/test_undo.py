@@ -277,3 +277,28 @@ def test_undo_takes_back_a_turn_starting_in_the_incarnation_a_switch_moved_to(sc
     nxt.result(10)
     assert (nxt.end, nxt.reason) == ("failed", "CANCELLED"), nxt.kinds()
     assert said(sessions, s1) == [("user", "hello"), ("assistant", "hello")]
+
+
+def test_rewrite_takes_back_a_prompt_whose_accept_starts_it(sc, stubs):
+    """RewriteTranscript reaching a prompt whose accept (which also starts it,
+    on the idle lane) has not committed: it ends CANCELLED and its reply never
+    lands. It had no incarnation yet, so the rewrite passed it by; the accept
+    wrote its user message, the rewrite replaced it, and the reply landed
+    after the rewritten messages without it."""
+    prompts, sessions = stubs
+    first = hello(prompts)
+    answer: list = []
+    with writes_held(sc):  # the accept waits for the store while the rewrite arrives
+        doomed = PromptRun(prompts, text="doomed", key=first.key)
+        time.sleep(0.5)  # it reaches the lane before the rewrite does
+        rewrite = threading.Thread(target=lambda: answer.append(sessions.RewriteTranscript(
+            spb.RewriteTranscriptRequest(session_id=first.session_id, messages=[
+                c.Message(role="user", content="summary please"), c.Message(role="assistant", content="summary")]),
+            timeout=10)))
+        rewrite.start()
+        time.sleep(0.5)
+    rewrite.join(10)
+    assert answer, "RewriteTranscript did not answer"
+    doomed.result(10)
+    assert (doomed.end, doomed.reason) == ("failed", "CANCELLED"), doomed.kinds()
+    assert said(sessions, first.session_id) == [("user", "summary please"), ("assistant", "summary")]

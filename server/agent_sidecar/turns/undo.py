@@ -117,11 +117,16 @@ async def rewrite(m: TurnManager, key: str, session_id: str, messages: list) -> 
 
 def _writes_in(t: Turn, entry) -> str:
     """The incarnation the lane's running turn writes in. Its own once it
-    runs; while its start job is on its way to the store (STARTING), the
-    lane's as it is now: that job, queued before the operation's, begins the
-    turn in the lane's incarnation as it then is, and a switch may have moved
-    the lane since the turn was accepted (its ``sid`` is that older one)."""
-    if t.phase is Phase.STARTING and entry is not None:
+    runs. While its start is on its way to the store, the lane's as it is
+    now (``entry``), for the job that starts it, queued before the
+    operation's, takes that: a start job (STARTING) begins the turn in the
+    lane's incarnation as it then is (a switch may have moved the lane since
+    the turn was accepted: its ``sid`` is that older one); an accept that
+    starts it (``start_in_flight``, no ``sid`` yet) too, unless the lane is
+    suspended, where it begins a new one."""
+    if entry is None:
+        return t.sid
+    if t.phase is Phase.STARTING or (t.start_in_flight and not entry.suspended):
         return entry.session_id
     return t.sid
 
