@@ -1,6 +1,6 @@
 """SuspendSession (/stop) ends only what it stops, through a real sidecar: the
-running turn (failed CANCELLED) and the prompts waiting in the suspended
-incarnation. A prompt whose accept commits after the suspend's job goes to
+running turn (failed CANCELLED) and the prompts accepted before it, also
+those accepted before a SwitchSession moved the lane. A prompt whose accept commits after the suspend's job goes to
 the next incarnation (seed 001 §2: suspended → a new id) and runs there. The
 lane was dropped whole after the job, so such a prompt, acknowledged, ended
 ``superseded`` and was lost. The store's write lock is held while the calls
@@ -14,8 +14,9 @@ import time
 import pytest
 from helpers.config import slow_echo
 from helpers.ids import source, words
+from helpers.sessions import transcript
 from helpers.store import writes_held
-from helpers.streams import PromptRun
+from helpers.streams import QUEUE, PromptRun, start
 from sidecar_proc import Sidecar
 
 from agent_sidecar.v1 import session_service_pb2 as pb
@@ -68,3 +69,24 @@ def test_a_prompt_accepted_after_the_suspend_of_an_idle_lane_is_not_cancelled(sc
     after.result(30)
     assert after.session_id != first.session_id
     assert after.end == "completed" and after.final_text == "after the stop", (after.kinds(), after.reason)
+
+
+def test_a_stop_after_a_switch_ends_the_turns_accepted_before_it(sc):
+    """Accepted in incarnation S2, a running turn and a queued prompt; then
+    SwitchSession back to S1 and /stop. Both end: the running one CANCELLED,
+    the queued one superseded. They were told apart by incarnation (S2 is not
+    the one suspended), so the turn ran on and the queued prompt then ran in
+    the suspended S1, writing its exchange there."""
+    prompts, sessions = sc.prompts(), sc.sessions()
+    first = PromptRun(prompts, text="hello", src=source()).result(30)
+    s1 = first.session_id
+    sessions.ResetSession(pb.ResetSessionRequest(session_key=first.key), timeout=10)
+    busy = start(prompts, text=words(200), key=first.key)
+    busy.wait_for("text_delta")
+    queued = start(prompts, text="queued", key=first.key, delivery=QUEUE)
+    sessions.SwitchSession(pb.SwitchSessionRequest(session_key=first.key, target_session_id=s1), timeout=10)
+    stopped = sessions.SuspendSession(pb.SuspendSessionRequest(session_key=first.key), timeout=30).session
+    assert stopped.session_id == s1 and stopped.suspended
+    assert busy.result(30).reason == "CANCELLED", busy.kinds()
+    assert queued.result(30).kinds() == ["accepted", "superseded"], queued.kinds()
+    assert [m.content for m in transcript(sessions, s1)] == ["hello", "hello"]

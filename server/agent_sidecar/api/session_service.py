@@ -158,8 +158,9 @@ class SessionService(pb_grpc.SessionServiceServicer):
     async def SuspendSession(self, request, context, principal):
         key = cv.scoped_key(request.session_key, principal, self.cfg)
         epoch = await lane_admin.claim(self.turns, key)
+        before = lane_admin.present(self.turns, key)  # accepted before the job (see drop)
         entry = await lane_admin.under_lease(self.turns, key, epoch, life.suspend, key)
-        lane_admin.drop(self.turns, key, entry.session_id)  # after the job (see drop)
+        lane_admin.drop(self.turns, key, before, entry.session_id)  # after the job (see drop)
         return pb.SuspendSessionResponse(session=self._session(entry))
 
     @unary

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from .. import errors as E
 from . import jobs, wire
+from .lanes import Turn
 from .leasing import LeaseLost
 from .supervision import until_ended
 
@@ -116,20 +117,37 @@ async def clear_all(m: TurnManager) -> None:
     await until_ended(list(m.live.values()))
 
 
-def drop(m: TurnManager, key: str, session_id: str | None = None) -> None:
+def present(m: TurnManager, key: str) -> frozenset:
+    """The lane's turns now, running and waiting: for SuspendSession, taken
+    right before its job is written, so every one of them was accepted before
+    the job (its accept was written first) and none accepted after it."""
+    lane = m.lanes.get(key)
+    if lane is None:
+        return frozenset()
+    return frozenset([*lane.waiting(), *([lane.running] if lane.running is not None else [])])
+
+
+def drop(m: TurnManager, key: str, before: frozenset | None = None, session_id: str = "") -> None:
     """The lane's queued prompts end superseded; its running turn is
-    cancelled. With ``session_id``: only those accepted in that incarnation.
-    SuspendSession drops after its job (had the store refused it, the lane
-    would go on): a prompt whose accept came after the job committed went to
-    the next incarnation, which the /stop does not end, and must stay."""
+    cancelled. With ``before`` (``present``) and ``session_id``: only the
+    turns accepted before SuspendSession's job, which drops after it (had the
+    store refused it, the lane would go on): those present when it was
+    written, and those whose accept committed ahead of it all the same (its
+    job rode the frame bus) in the incarnation it suspends. One accepted
+    after the job went to the next incarnation, which the /stop does not end,
+    and must stay. Not by incarnation alone: a turn accepted in an older one,
+    before a SwitchSession, runs in the one the /stop suspends."""
     lane = m.lanes.get(key)
     if lane is None:
         return
+
+    def stopped(turn: Turn) -> bool:
+        return before is None or turn in before or (bool(session_id) and turn.sid == session_id)
     for turn in lane.waiting():
-        if session_id is None or turn.sid == session_id:
+        if stopped(turn):
             lane.detach(turn)
             m.supersede(turn, "")
-    if lane.running is not None and (session_id is None or lane.running.sid == session_id):
+    if lane.running is not None and stopped(lane.running):
         m.cancel_turn(lane.running, E.CANCELLED)
 
 
