@@ -240,6 +240,16 @@ class FrameBus:
             gone, self._frames, self._writes, self._thens, self._owners)[:4]
         self._undone = [(no, *flights.without(gone, *rest)[:4]) for no, *rest in self._undone]
 
+    def end_operations(self, err: BaseException) -> None:
+        """Nothing more will commit here (supervision.end_streams): every
+        session operation riding the bus (lane_admin.py), its write queued,
+        refused or in flight, hears ``err`` now, not the server's bare stop."""
+        for owners in [self._owners, *(f[4] for f in self._undone), *(f[4] for f in self._flights)]:
+            for owner in owners:
+                answered = getattr(owner, "answered", None)
+                if answered is not None:
+                    answered(err)
+
     def idle(self) -> bool:
         """Nothing published is waiting for its commit (queued or in flight)."""
         return not self._flights and not self._undone and not self._frames and not self._writes

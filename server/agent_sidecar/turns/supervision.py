@@ -299,12 +299,14 @@ def end_streams(m: TurnManager, err: BaseException) -> None:
     now with ``err`` (UNAVAILABLE, STORE_UNAVAILABLE) instead of waiting for
     frames that will never come; the next start's restore closes the turns.
     A STEER waiting for a worker's answer gets no, so its call ends the same
-    way (its fallback's accept fails) rather than cut by the server's stop."""
+    way (its fallback's accept fails) rather than cut by the server's stop; a
+    session operation riding the frame bus gets ``err``."""
     for turn in list(m.live.values()):
         for sub in turn.subscribers:
             sub.push(err)
         turn.subscribers.clear()
     placement.steers_answered_no(m)  # each falls back, and its accept fails as every write does now
+    m.bus.end_operations(err)
 
 
 def trust(m: TurnManager, keys: AbstractSet[str], stop_at: Callable[[str], float]) -> None:
