@@ -201,7 +201,7 @@ async def mirror(turns: Any, op: ClusterOp) -> None:
             for key in op.keys:
                 turns.recent.forget(key)
                 lane_admin.evict(turns, key)
-            await until_ended([t for t in turns.live.values() if t.key in op.keys])
+            await until_ended(turns, [t for t in turns.live.values() if t.key in op.keys])
         elif op.op == "prune":
             busy = turns.busy_keys()
             for key in op.keys:

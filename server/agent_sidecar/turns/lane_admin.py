@@ -103,7 +103,7 @@ async def delete(m: TurnManager, key: str) -> None:
     """Before the delete job: the lane's turns end and their ends commit."""
     await claim(m, key)
     evict(m, key)
-    await until_ended([t for t in m.live.values() if t.key == key])
+    await until_ended(m, [t for t in m.live.values() if t.key == key])
 
 
 async def clear_all(m: TurnManager) -> None:
@@ -114,7 +114,7 @@ async def clear_all(m: TurnManager) -> None:
         drop(m, key)
     if m.pool is not None:
         m.pool.broadcast(wire.CLEAR)
-    await until_ended(list(m.live.values()))
+    await until_ended(m, list(m.live.values()))
 
 
 def present(m: TurnManager, key: str) -> frozenset:

@@ -59,6 +59,7 @@ class TurnManager:
         self.ready = asyncio.Event()  # set when startup restore is done
         self.accepting = True
         self.draining = False
+        self.cannot_commit: BaseException | None = None  # why nothing more commits here (end_streams)
         self.steer_waits: dict[str, tuple[asyncio.Future, WorkerHandle]] = {}  # placement.steer
         self.watchdog_wake = asyncio.Event()  # a turn's deadline came nearer (supervision.watchdog)
         self._tasks: set[asyncio.Task] = set()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
@@ -224,14 +225,20 @@ def _undrained(m: TurnManager) -> bool:
     return False
 
 
-async def until_ended(turns, timeout: float = 10.0) -> None:
+async def until_ended(m: TurnManager, turns, timeout: float = 10.0) -> None:
     """Wait (bounded) until these turns' terminal frames have committed, so a
     DeleteSession or ClearAllSessions that follows removes their last writes
-    (the terminal frame, the turn-state row) instead of racing them."""
+    (the terminal frame, the turn-state row) instead of racing them. Once
+    nothing more can commit here (``end_streams``: the writer died, the
+    sidecar stops while the store cannot write) those ends will not come:
+    it raises that error, which the caller's job would meet too, rather than
+    wait on until the server's stop cuts the call with no ErrorInfo."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     pending = [t for t in turns if not t.finished]
     while pending and loop.time() < end:
+        if m.cannot_commit is not None:
+            raise copy.copy(m.cannot_commit)
         await asyncio.sleep(0.02)
         pending = [t for t in pending if not t.finished]
     if pending:
@@ -300,7 +307,9 @@ def end_streams(m: TurnManager, err: BaseException) -> None:
     frames that will never come; the next start's restore closes the turns.
     A STEER waiting for a worker's answer gets no, so its call ends the same
     way (its fallback's accept fails) rather than cut by the server's stop; a
-    session operation riding the frame bus gets ``err``."""
+    session operation riding the frame bus gets ``err``, and so does a delete
+    waiting for its turns' ends (``until_ended``)."""
+    m.cannot_commit = err
     for turn in list(m.live.values()):
         for sub in turn.subscribers:
             sub.push(err)
