@@ -309,6 +309,8 @@ class Sidecar:
             from .turns.supervision import end_streams  # their ends cannot commit now
             end_streams(self.turns, StoreUnavailable(self.store.fault.message))
         if self.turns is not None:  # before gRPC's stop cancels the calls bare
+            from .turns.supervision import end_queued_streams
+            end_queued_streams(self.turns)
             self.turns.bus.end_watches(E.SidecarError(E.UNAVAILABLE, "the sidecar is shutting down; retry"))
         if self.server is not None:
             await self.server.stop(grace=1)

@@ -95,6 +95,9 @@ def test_clean_restart_with_queued_prompt_runs_it_without_resume(tmp_path):
         queued.wait_for("accepted")
         assert sc.stop() == 0 and marker(sc)
         assert run.kinds()[-1] == "completed"
+        # Its call ends saying the sidecar stops (it was cut with no ErrorInfo).
+        assert (queued.result(10).code, queued.reason) == (grpc.StatusCode.UNAVAILABLE, "UNAVAILABLE"), (
+            queued.code, queued.details)
         store = StoreView(sc)
         assert store.status(queued.request_id) == "queued"
         restart(sc)

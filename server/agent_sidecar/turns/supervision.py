@@ -330,6 +330,22 @@ def trust(m: TurnManager, keys: AbstractSet[str], stop_at: Callable[[str], float
         worker.send(wire.trust(stops))
 
 
+def end_queued_streams(m: TurnManager) -> None:
+    """The sidecar stops, drained, with prompts still waiting in their lanes
+    (persisted: they run after the restart): the Prompt calls and request
+    watches following them end UNAVAILABLE now, saying so, instead of being
+    cut with no ErrorInfo by the server's stop. A turn that began or is
+    ending is not one of them: its end commits with the drain."""
+    for turn in list(m.live.values()):
+        if turn.began or turn.closing or not turn.subscribers:
+            continue
+        err = E.SidecarError(E.UNAVAILABLE, "the sidecar is shutting down; the prompt stays queued and runs"
+                                            " after the restart: follow it with WatchActivity(request_id)")
+        for sub in turn.subscribers:
+            sub.push(err)
+        turn.subscribers.clear()
+
+
 @dataclass
 class Stopped:
     """A turn ``stop_lane`` stopped, with its streams, not yet told how it ended."""
