@@ -147,8 +147,38 @@ def test_a_replacement_that_keeps_failing_is_one_warning_and_the_slot_comes_back
         assert all("ImportError" in x["error"] and "exc" not in x for x in tries), tries
         assert len(log_lines(sc, "child process failed")) == 1, sc.log()
         broken.unlink()
-        out = start(sc.prompts(), text="back", src=source()).result(timeout=60)
-        assert out.end == "completed" and out.final_text == "back", out.kinds()
+        assert slot_back(sc).final_text == "back"
+
+
+def test_a_turn_whose_worker_cannot_be_replaced_ends_unavailable_then_the_slot_takes_turns_again(tmp_path):
+    """A turn for a slot whose worker died and whose replacement fails to
+    start (a broken install) waited for that worker until its timeout, half
+    an hour by default: the Prompt got `accepted`, `started`, then nothing.
+    Now it ends UNAVAILABLE naming the worker and why, whether it came while
+    the replacement was starting or after it failed; once the install is
+    mended the slot runs turns again."""
+    broken = tmp_path / "broken"
+    env = child_hooks.env(broken="agent_sidecar.turns.worker", broken_while=broken)
+    with Sidecar(tmp_path / "data", workers=1, env=env) as sc:
+        broken.touch()
+        os.kill(live_worker(sc, 0), signal.SIGKILL)
+        for text in ("while it is replaced", "after its replacement failed"):
+            out = start(sc.prompts(), text=text, src=source()).result(timeout=30)
+            assert out.end == "failed" and out.reason == "UNAVAILABLE", (out.kinds(), out.error)
+            assert "worker 0 cannot be started" in out.details and "ImportError" in out.details, out.details
+        broken.unlink()
+        assert slot_back(sc).final_text == "back"
+
+
+def slot_back(sc: Sidecar):
+    """The first prompt that completes once the install is mended: until a
+    replacement starts (retried at growing intervals) the slot's turns end
+    UNAVAILABLE."""
+    def completed():
+        run = start(sc.prompts(), text="back", src=source()).result(timeout=30)
+        assert run.end == "completed" or run.reason == "UNAVAILABLE", (run.kinds(), run.error)
+        return run if run.end == "completed" else None
+    return wait_until(completed, timeout=60, what="the slot's worker back")
 
 
 def test_workers_stuck_at_a_stop_share_one_wait_then_are_killed_and_named(tmp_path):

@@ -55,6 +55,9 @@ def dispatch(m: TurnManager, turn: Turn, res: jobs.Started | BaseException) -> N
     profile, system_prompt = m.prompts.for_turn(turn, res.lane)
     assert m.pool is not None  # start_workers ran before any turn
     h = m.pool.slot_for(turn.key)
+    if not h.ready.is_set() and h.failure is not None:
+        _no_worker(m, turn, h)
+        return
     h.turns_run += 1
     turn.run_on(h)
     turn.worker_gen = h.generation if h.ready.is_set() else -1
@@ -74,14 +77,38 @@ def dispatch(m: TurnManager, turn: Turn, res: jobs.Started | BaseException) -> N
 
 async def _send_when_ready(m: TurnManager, h: WorkerHandle, turn: Turn, msg: wire.Run) -> None:
     """A worker being (re)started gets the run once it is ready, unless the
-    turn ended or was cancelled while it waited."""
-    await h.ready.wait()
+    turn ended or was cancelled while it waited, or the worker's start failed
+    (the turn then ends UNAVAILABLE: a replacement that keeps failing may
+    never come)."""
+    if not h.ready.is_set():
+        await _first(h.ready.wait(), h.failing.wait())
     if turn.closing:
         return
     if turn.cancel_reason:  # cancelled while it waited for the worker
         m.end(turn, "failed", turn.cancel_reason, "the turn was cancelled")
         return
+    if not h.ready.is_set():
+        _no_worker(m, turn, h)
+        return
     turn.worker_gen = h.generation
     if m.leases is not None:  # as long as the lease is trusted now, not when it began to wait
         msg["stop_at"] = m.leases.stop_at(turn.key)
     h.send(msg)
+
+
+def _no_worker(m: TurnManager, turn: Turn, h: WorkerHandle) -> None:
+    """The turn's worker slot has no worker and its replacement failed to
+    start: the turn ends now, UNAVAILABLE, where it waited out its timeout
+    (the profile's, half an hour by default) for a worker that may never come."""
+    m.end(turn, "failed", E.UNAVAILABLE,
+          f"could not start the turn: worker {h.index} cannot be started ({h.failure}); see the sidecar's log")
+
+
+async def _first(*waits) -> None:
+    """Until the first of ``waits`` is done; the others are cancelled."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()

@@ -49,6 +49,11 @@ class WorkerHandle:
         self.generation = 0
         self.turns_run = 0  # turns dispatched to this slot, every incarnation
         self.restarts = 0  # deaths of this slot's worker (each is replaced)
+        # Why the slot's replacement worker failed to start, while it keeps
+        # failing (a broken install); ``failing`` is set meanwhile, so turns
+        # waiting for the slot end instead of waiting out their timeout.
+        self.failure: str | None = None
+        self.failing = asyncio.Event()
 
     def send(self, msg: Mapping[str, Any]) -> None:
         if self.channel is not None:
@@ -83,6 +88,8 @@ class WorkerPool:
             functools.partial(self.on_message, h), lost.set, timeout, quiet=quiet)
         h.process, h.channel, h.pid, h.info = proc, channel, info["pid"], info
         h.generation += 1
+        h.failure = None
+        h.failing.clear()
         h.ready.set()
         log.info("worker ready", extra={"index": h.index, "pid": h.pid,
                                         "grpc_loaded": info.get("grpc_loaded")})
@@ -118,7 +125,9 @@ class WorkerPool:
                 await self._spawn(h, quiet=episode.failing)
                 return
             except Exception as e:
-                episode.failed(index=h.index, error=str(e) or type(e).__name__, retry_in_s=wait)
+                h.failure = str(e) or type(e).__name__
+                h.failing.set()
+                episode.failed(index=h.index, error=h.failure, retry_in_s=wait)
             await asyncio.sleep(wait)
             wait = min(wait * 2, RESPAWN_MAX_S)
 
