@@ -1,6 +1,7 @@
 """Reading a config: the TOML file, the environment overlay and the
 command-line flags merged into one table (defaults < file < environment <
-flags), then every key of it checked against the schema (config_schema).
+flags), then every key of it checked against the schema (config_schema.py
+declares the keys, config_checks.py checks a value against one).
 
 The environment overlay: ``AGENT_SIDECAR_`` followed by the key's dotted TOML
 path in upper case with ``__`` between its parts names one key —
@@ -30,23 +31,8 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from .config_schema import (
-    BAD,
-    ENV_PREFIX,
-    SECRET_FORMS,
-    ConfigError,
-    Problems,
-    Slot,
-    check_free,
-    check_scalar,
-    describe,
-    is_named,
-    is_table,
-    matches,
-    members_of,
-    tree,
-    utf8,
-)
+from .config_checks import BAD, Problems, check_free, check_scalar, matches, utf8
+from .config_schema import ENV_PREFIX, SECRET_FORMS, ConfigError, Slot, describe, is_named, is_table, members_of, tree
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # the config file itself
 MAX_SECRET_BYTES = 64 * 1024  # a token_file, dsn_file

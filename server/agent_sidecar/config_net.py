@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .config_schema import host_port, key, metadata_safe, unix_path
+from .config_checks import host_port, metadata_safe, unix_path
+from .config_schema import key
 
 
 def listen_address(value: str) -> str | None:

@@ -23,7 +23,7 @@ import ipaddress
 import os
 import urllib.parse
 
-from .config_schema import UNIX_PATH_MAX
+from .config_checks import UNIX_PATH_MAX
 
 FORMS = ("unix:PATH, unix:///ABS/PATH, a bare socket path (/abs/path, ./rel/path, ../rel/path), "
          "HOST:PORT, [IPV6]:PORT, tcp:HOST:PORT (or tcp://HOST:PORT), dns:[//AUTHORITY/]HOST:PORT")

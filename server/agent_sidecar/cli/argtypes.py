@@ -15,8 +15,8 @@ import argparse
 import math
 from collections.abc import Callable
 
-from ..config_schema import metadata_safe
-from ..config_schema import utf8 as is_utf8
+from ..config_checks import metadata_safe
+from ..config_checks import utf8 as is_utf8
 from ..targets import address, dial
 
 # The longest a time option of a command may be: past it a value is a typo

@@ -10,7 +10,7 @@ import sys
 from .. import logs
 from ..children import set_title
 from ..config import ConfigError, load_config
-from ..config_schema import unix_path
+from ..config_checks import unix_path
 from ..errors import SidecarError
 
 
