@@ -21,6 +21,7 @@ from . import __version__, data_dir_lock
 from . import errors as E
 from .api.request_budget import RequestBudget
 from .children import start_together, tune_gc
+from .clean_stop import final_index, leave_cluster, mark_clean, unsaved
 from .config import Config
 from .heap import return_large_blocks
 from .obs import tracing
@@ -28,7 +29,6 @@ from .obs.live import Live
 from .rlimits import raise_open_files
 from .sdnotify import notify
 from .store import Store, StoreUnavailable, open_store
-from .store.jobs import index_messages
 
 if TYPE_CHECKING:  # imported where used: the gRPC layer loads after the workers spawn
     import grpc
@@ -329,76 +329,19 @@ class Sidecar:
 
     async def _close_store(self, graceful: bool) -> None:
         """The stop's last writes (the full-text index; on a cluster, leaving
-        it), the store closed, and the marker when everything is saved. A
-        write the store does not answer (its writer stalled) is given up after
-        a while (supervision.answered): the stop then ends without the marker.
-        After a second stop signal the writer has HURRIED_CLOSE_S to confirm
-        its close."""
+        it), the store closed, and the marker when everything is saved
+        (clean_stop.py). A write the store does not answer (its writer
+        stalled) is given up after a while (supervision.answered): the stop
+        then ends without the marker, exit status 1. After a second stop
+        signal the writer has HURRIED_CLOSE_S to confirm its close."""
         assert self.store is not None  # stop() checked
         # Answered, the last write says every write before it is committed too.
-        error = self._unsaved(answered=graceful and await self._final_index())
+        error = unsaved(self.store, self.turns, answered=graceful and await final_index(self.store))
         if graceful and not self.exit_code and error is None and self.turns is not None \
                 and self.turns.leases is not None:
-            await self._leave_cluster()
+            await leave_cluster(self.turns.leases, self._forward)
         if self.metrics is not None:
             await self.metrics.close()
         await self.store.close(HURRIED_CLOSE_S if self._hurry.is_set() else 30.0)
-        if graceful and not self.exit_code:
-            self._mark_clean(error)
-
-    async def _final_index(self) -> bool:
-        """The full-text index complete on disk, as a clean stop should leave
-        it; whether the store answered in time (supervision.answered)."""
-        from .turns.supervision import answered
-        assert self.store is not None  # stop() checked
-        try:
-            if await answered(self.store.write(index_messages)):
-                return True
-            log.warning("final full-text indexing skipped", extra={"error": "the store did not answer"})
-        except StoreUnavailable as e:
-            log.warning("final full-text indexing skipped", extra={"error": e.message})
-        except Exception:
-            log.exception("final full-text indexing failed")
-        return False
-
-    def _unsaved(self, answered: bool) -> str | None:
-        """What acknowledged work may not be on disk, None when all of it is:
-        frames the bus holds, turns whose end never came while the store
-        cannot write, writes its writer left unanswered (unless ``answered``:
-        a last write answered says the ones before it are committed)."""
-        assert self.store is not None  # stop() checked
-        fault = self.store.fault
-        unanswered = 0 if answered else self.store.commit_stats.backlog
-        if self.turns is not None and (not self.turns.bus.idle() or (fault is not None and self.turns.open_turns())):
-            return f"frames of turns were not saved: {fault.message}" if fault else "frames of turns were not saved"
-        if unanswered:
-            return f"the store did not answer {unanswered} writes"
-        return None
-
-    async def _leave_cluster(self) -> None:
-        """A clean stop of a cluster node: its lanes let go (the other nodes
-        take their queued prompts at once), its marker row written."""
-        assert self.turns is not None and self.turns.leases is not None  # stop() checked
-        try:
-            await self.turns.leases.stop()
-        except StoreUnavailable as e:
-            log.warning("leaving the cluster failed; its leases run out instead", extra={"error": e.message})
-        if self._forward is not None:
-            await self._forward.close()
-
-    def _mark_clean(self, error: str | None) -> None:
-        """The marker, only when everything acknowledged is on disk. When
-        the store could not write it all (frames held for a full disk) or the
-        marker itself cannot be written, no marker and exit status 1: the next
-        start treats this stop as a crash (its restore closes the turns whose
-        ends did not commit), and the log says why."""
-        from .recovery.startup import write_marker
-        if error is None:
-            try:
-                write_marker(self.cfg.data_dir)
-                return
-            except OSError as e:
-                error = f"cannot write the marker: {e.strerror or e}"
-        log.error("stopped without a clean-shutdown marker", extra={
-            "error": error, "next_start": "recovers as after a crash"})
-        self.exit_code = 1
+        if graceful and not self.exit_code and not mark_clean(self.cfg.data_dir, error):
+            self.exit_code = 1
