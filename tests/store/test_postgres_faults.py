@@ -1,5 +1,5 @@
 """The PostgreSQL writer backend (store/postgres/writer.py) under the
-process's commit loop (store/writer/process.commit), on a real server, when
+process's commit loop (store/writer/group.commit), on a real server, when
 the database refuses its writes: every answer is a store fault
 (StoreUnavailable: UNAVAILABLE, STORE_UNAVAILABLE for the callers), and the
 writer commits again once the database takes writes, without a new
@@ -25,7 +25,7 @@ from sidecar_proc import Sidecar
 
 from agent_sidecar.store.faults import StoreUnavailable, probe
 from agent_sidecar.store.postgres.writer import PostgresWriter
-from agent_sidecar.store.writer import process
+from agent_sidecar.store.writer import group
 from agent_sidecar.v1 import session_service_pb2 as spb
 
 pytestmark = pytest.mark.postgres_only("the PostgreSQL backend's connections and schema")
@@ -34,7 +34,7 @@ SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.Health
 
 def _group(db: PostgresWriter, uow, jobs: int) -> list[tuple[bool, object]]:
     """One group commit of ``jobs`` probe jobs: (ok, result or error) per job."""
-    return [(ok, value) for _, ok, value in process.commit(db, uow, [([i], probe, [()]) for i in range(jobs)])]
+    return [(ok, value) for _, ok, value in group.commit(db, uow, [([i], probe, [()]) for i in range(jobs)])]
 
 
 @pytest.mark.parametrize("uses", range(8))

@@ -1,4 +1,4 @@
-"""The store's writer process (store/writer_process.py): a named child without
+"""The store's writer process (store/writer/process.py): a named child without
 grpc, that never outlives the sidecar, whose death stops the sidecar instead of
 leaving it unable to persist; and jobs that must be module-level functions.
 Also how the sidecar's processes and threads are scheduled around its event

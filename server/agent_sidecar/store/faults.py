@@ -6,7 +6,7 @@ writer process, from a job or from COMMIT. For a client they are one condition
 (nothing can be made durable now; retry later), so they become one error,
 ``StoreUnavailable``: a SidecarError with reason STORE_UNAVAILABLE and a
 RetryInfo delay, which the API layer sends as UNAVAILABLE. The mapping happens
-in ONE place, the writer process (writer/process.py asks its backend which
+in ONE place, the writer process (writer/group.py asks its backend which
 exceptions are faults), so handlers never see a driver's error and never
 answer INTERNAL for one. ``StoreClosed`` (the writer gone) is a
 ``StoreUnavailable`` too.

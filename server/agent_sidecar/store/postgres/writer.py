@@ -12,7 +12,7 @@ of its own), and when COMMIT's connection is lost the writer raises
 ``CommitOutcomeUnknown``, whose ``resolve`` connects again and asks the
 server (``pg_xact_status``): committed, aborted, or not known yet (the
 server cannot be reached; the process asks again later, see
-writer/process.py). A transaction still open on the server, its client gone
+writer/group.py). A transaction still open on the server, its client gone
 unnoticed, is ended first (``pg_terminate_backend``: a backend inside its
 commit finishes it before it acts on the signal), so the answer is final.
 """

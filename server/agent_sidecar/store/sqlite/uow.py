@@ -3,7 +3,7 @@ writer process's one connection.
 
 Atomicity and isolation come from the writer process: one job at a time on
 one connection, inside the group's ``BEGIN IMMEDIATE`` transaction and the
-job's own savepoint (store/writer/process.py). ``routing.get`` needs no row
+job's own savepoint (store/writer/group.py). ``routing.get`` needs no row
 lock: nothing else writes while a job runs.
 """
 
