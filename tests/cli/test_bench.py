@@ -1152,7 +1152,7 @@ def test_ramp_spreads_the_first_turns_over_one_ideal_turn():
     """--ramp auto (the default): one ideal turn, so each lane's turns keep an
     even place in the cycle; the ideal is --ideal, else the calibration's
     median turn; with neither, 1 s. A given --ramp wins."""
-    from agent_sidecar.bench.run import DEFAULT_RAMP_S, BenchOptions, ramp_for
+    from agent_sidecar.bench.options import DEFAULT_RAMP_S, BenchOptions, ramp_for
     from agent_sidecar.bench.target import Target
 
     calibration = {"turn_ms": {"p50": 4020.0, "n": 3}}  # as load.run_point summarizes it

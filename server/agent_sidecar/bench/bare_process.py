@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from .target import BenchError
 
 if TYPE_CHECKING:
-    from .run import BenchOptions
+    from .options import BenchOptions
 
 FIRST_DELAY_FLOOR_MS = 25.0
 ONE_DELTA_FLOOR_MS = 5.0  # one delta per turn: below this its wait is overhead, not latency

@@ -10,7 +10,7 @@ then turns share sessions and ``delivery`` decides what happens to them.
 
 A point has three phases. **Warm-up**: lanes start, spread evenly over
 ``ramp_s`` so they do not stream in lockstep (the bench spreads them over one
-turn, run.ramp_for: a lane's later turns keep its first one's place in the
+turn, options.ramp_for: a lane's later turns keep its first one's place in the
 cycle, so the prompts then arrive evenly); it ends after ``warmup_s``, or
 by default ("auto") once every lane has finished one turn, so the pipeline is
 full and caches are warm. **Measure**: ``duration_s`` seconds, or until

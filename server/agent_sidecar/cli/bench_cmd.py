@@ -149,7 +149,7 @@ def _check_render(args) -> None:
 
 def options_from(args):
     """BenchOptions from parsed arguments; ValueError for combinations argparse cannot check."""
-    from ..bench.run import BenchOptions
+    from ..bench.options import BenchOptions
     from ..bench.stats import parse_slo
 
     if args.tools and args.compare_bare:
