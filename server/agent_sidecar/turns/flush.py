@@ -20,7 +20,7 @@ from typing import Any
 from ..errors import SidecarError
 from ..store import UnitOfWork
 from ..store.records import Append
-from ..store.writer.process import at_end
+from ..store.writer.group import at_end
 from .jobs import Started
 from .leasing import check_fence
 

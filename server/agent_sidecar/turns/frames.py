@@ -257,7 +257,7 @@ class FrameBus:
     def _committed(self, flight: tuple, fut: asyncio.Future) -> None:
         """A flush's answer: in the order sent, except that the groups behind
         one whose commit outcome the writer must first ask for are refused
-        before it is answered (store/writer/process.py)."""
+        before it is answered (store/writer/group.py)."""
         ok = not fut.cancelled() and fut.exception() is None
         value = fut.result() if ok else (fut.exception() if not fut.cancelled() else StoreUnavailable("cancelled"))
         if self._flights and self._flights[0] is flight:

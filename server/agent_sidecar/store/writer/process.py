@@ -39,7 +39,7 @@ import pickle
 import sys
 import time
 
-from .group import RESOLVE_EVERY_S, Unknown, WriterBackend, at_end, commit, encode_results, runs_of
+from .group import RESOLVE_EVERY_S, Unknown, WriterBackend, commit, encode_results, runs_of
 
 # Upper bound on jobs per transaction: keeps one commit's latency bounded when a
 # flood arrives, while still amortising the fsync over hundreds of writes.
@@ -149,5 +149,4 @@ def _receive(pipe, pace: _Pace) -> list | None:
     return messages
 
 
-# at_end is group.py's; jobs import it as the writer process's (turns/flush.py).
-__all__ = ["CLOSE", "at_end", "writer_main"]
+__all__ = ["CLOSE", "writer_main"]
