@@ -142,9 +142,10 @@ class SqliteWriter:
         import logging
         try:
             self.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
-        except apsw.Error:
+        except apsw.Error as e:  # another connection still reading, or writing (its lock past the busy timeout)
             logging.getLogger("agent_sidecar.store").warning(
-                "final WAL checkpoint incomplete (a reader was open)")
+                "final WAL checkpoint incomplete: another connection held the database",
+                extra={"error": str(e)})
         self.conn.close()
 
 
