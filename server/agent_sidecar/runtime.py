@@ -278,8 +278,12 @@ class Sidecar:
         if not self._stopping.is_set():
             log.info("stop requested", extra={"signal": sig.name})
         elif not self._hurry.is_set():
-            log.warning("stop requested again: the drain is cut short, turns still running are resumed"
-                        " at the next start", extra={"signal": sig.name})
+            if self.turns is not None and self.turns.ready.is_set():
+                log.warning("stop requested again: the drain is cut short, turns still running are resumed"
+                            " at the next start", extra={"signal": sig.name})
+            else:  # nothing to drain yet: the start (its restore) ends first, then the stop
+                log.warning("stop requested again: the sidecar stops as soon as its start is done",
+                            extra={"signal": sig.name})
             self._hurry.set()
         self.request_stop()
 
