@@ -12,6 +12,7 @@ to a preceding message with 'tool_calls'"; "an assistant message with
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -128,20 +129,9 @@ def test_no_other_message_comes_before_the_results_of_open_calls(stub):
 def test_an_append_during_a_turns_tool_call_is_refused_not_wedged_in(sc, stub):
     """A turn's call waits on its tool host; an adapter's note appended then
     went between the call and its result."""
-    release = threading.Event()
-    host = ToolHost(sc.tools(), "test", [("test.wait", "waits", {"type": "object"})],
-                    handler=lambda inv: (release.wait(30), (True, '{"ok": 1}', ""))[1])
-    host.wait_registered()
-    try:
-        turn = PromptRun(sc.prompts(), text="go", src=source(), profile="tools")
-        turn.wait_for("tool_call")
-        assert host.on_invocation.wait(10)
+    with turn_on_its_call(sc) as turn:
         with rpc_error(BAD, "INVALID_ARGUMENT", "messages[0]"):
             _append(stub, turn.session_id, msg("user", "a note from the adapter"))
-        release.set()
-        assert turn.result(30).end == "completed", turn.kinds()
-    finally:
-        host.cancel()
     _append(stub, turn.session_id, msg("user", "a note from the adapter"))
     assert [(m.role, m.tool_call_id) for m in transcript(stub, turn.session_id)] == [
         ("user", ""), ("assistant", ""), ("tool", "w1"), ("assistant", ""), ("user", "")]
@@ -151,6 +141,17 @@ def test_an_answer_to_a_running_turns_call_is_refused_its_host_answers_it(sc, st
     """A turn's call waits on its tool host; an adapter's tool message
     answering it was taken, then the turn wrote its host's result: the call
     answered twice."""
+    with turn_on_its_call(sc) as turn:
+        with rpc_error(BAD, "INVALID_ARGUMENT", "messages[0].tool_call_id"):
+            _append(stub, turn.session_id, msg("tool", "mine", tool_call_id="w1"))
+    assert [(m.role, m.tool_call_id, m.content) for m in transcript(stub, turn.session_id)][2:] == [
+        ("tool", "w1", '{"ok": 1}'), ("assistant", "", "done")]
+
+
+@contextlib.contextmanager
+def turn_on_its_call(sc):
+    """A "tools" turn waiting on its call w1, which the test's tool host
+    holds until the block ends; then the host answers and the turn completes."""
     release = threading.Event()
     host = ToolHost(sc.tools(), "test", [("test.wait", "waits", {"type": "object"})],
                     handler=lambda inv: (release.wait(30), (True, '{"ok": 1}', ""))[1])
@@ -159,11 +160,8 @@ def test_an_answer_to_a_running_turns_call_is_refused_its_host_answers_it(sc, st
         turn = PromptRun(sc.prompts(), text="go", src=source(), profile="tools")
         turn.wait_for("tool_call")
         assert host.on_invocation.wait(10)
-        with rpc_error(BAD, "INVALID_ARGUMENT", "messages[0].tool_call_id"):
-            _append(stub, turn.session_id, msg("tool", "mine", tool_call_id="w1"))
+        yield turn
         release.set()
         assert turn.result(30).end == "completed", turn.kinds()
     finally:
         host.cancel()
-    assert [(m.role, m.tool_call_id, m.content) for m in transcript(stub, turn.session_id)][2:] == [
-        ("tool", "w1", '{"ok": 1}'), ("assistant", "", "done")]

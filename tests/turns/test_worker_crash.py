@@ -5,6 +5,7 @@ other worker's turns go on untouched."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -136,11 +137,7 @@ def test_a_replacement_that_keeps_failing_is_one_warning_and_the_slot_comes_back
     first failure is one warning and the child's own line, the retries (at
     growing intervals) debug lines without a traceback; once the install is
     mended the slot takes turns again."""
-    broken = tmp_path / "broken"
-    env = child_hooks.env(broken="agent_sidecar.turns.worker", broken_while=broken)
-    with Sidecar(tmp_path / "data", workers=1, env=env) as sc:
-        broken.touch()
-        os.kill(live_worker(sc, 0), signal.SIGKILL)
+    with broken_slot(tmp_path) as (sc, broken):
         tries = wait_until(lambda: lines if len(lines := log_lines(sc, RESPAWN_FAILED)) >= 3 else None,
                            timeout=30, what="three failed replacements")
         assert [x["level"] for x in tries] == ["warning"] + ["debug"] * (len(tries) - 1), tries
@@ -157,17 +154,25 @@ def test_a_turn_whose_worker_cannot_be_replaced_ends_unavailable_then_the_slot_t
     Now it ends UNAVAILABLE naming the worker and why, whether it came while
     the replacement was starting or after it failed; once the install is
     mended the slot runs turns again."""
-    broken = tmp_path / "broken"
-    env = child_hooks.env(broken="agent_sidecar.turns.worker", broken_while=broken)
-    with Sidecar(tmp_path / "data", workers=1, env=env) as sc:
-        broken.touch()
-        os.kill(live_worker(sc, 0), signal.SIGKILL)
+    with broken_slot(tmp_path) as (sc, broken):
         for text in ("while it is replaced", "after its replacement failed"):
             out = start(sc.prompts(), text=text, src=source()).result(timeout=30)
             assert out.end == "failed" and out.reason == "UNAVAILABLE", (out.kinds(), out.error)
             assert "worker 0 cannot be started" in out.details and "ImportError" in out.details, out.details
         broken.unlink()
         assert slot_back(sc).final_text == "back"
+
+
+@contextlib.contextmanager
+def broken_slot(tmp_path):
+    """A one-worker sidecar whose worker was killed while its install is
+    broken (its replacements fail to start until ``broken`` is removed)."""
+    broken = tmp_path / "broken"
+    env = child_hooks.env(broken="agent_sidecar.turns.worker", broken_while=broken)
+    with Sidecar(tmp_path / "data", workers=1, env=env) as sc:
+        broken.touch()
+        os.kill(live_worker(sc, 0), signal.SIGKILL)
+        yield sc, broken
 
 
 def slot_back(sc: Sidecar):
