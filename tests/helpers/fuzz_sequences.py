@@ -326,12 +326,30 @@ def run(nodes: list[Sidecar], seed: int, steps: int) -> None:
             COUNTS[name, e.code().name] += 1
             check_error(where, e)
             if before is not None and w.quiet():
-                assert w.snapshot() == before, f"{where}: refused ({e.code().name}) but changed the sessions"
+                after = w.snapshot()
+                assert after == before, (f"{where}: refused ({e.code().name}) but changed the sessions: "
+                                         f"{changes(w.keys, before, after)}")
     for s in w.streams:
         s.result(CALL_TIMEOUT + 5)
         COUNTS["Prompt", s.code.name, s.kinds()[-1] if s.frames else ""] += 1
         if s.error is not None:
             check_error(f"seed {seed} Prompt {s.request_id}", s.error)
+
+
+def changes(keys: list[str], before: list, after: list) -> list[str]:
+    """What differs between two snapshots, per session: the Session fields
+    that changed and whether its transcript did, for a failure to say."""
+    out = []
+    for key, b, a in zip(keys, before, after):
+        if a == b:
+            continue
+        if not (isinstance(a[0], bytes) and isinstance(b[0], bytes)):
+            out.append(f"{key}: {b[0]} -> {a[0]}")
+            continue
+        old, new = c.Session.FromString(b[0]), c.Session.FromString(a[0])
+        fields = [f.name for f in c.Session.DESCRIPTOR.fields if getattr(old, f.name) != getattr(new, f.name)]
+        out.append(f"{key}: {fields}" + ("" if a[1] == b[1] else f", transcript {len(b[1])} -> {len(a[1])}"))
+    return out
 
 
 def assert_clean(nodes: list[Sidecar]) -> None:
