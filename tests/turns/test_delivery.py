@@ -163,9 +163,11 @@ def test_twenty_queued_prompts_run_in_order(stubs):
 def test_a_queue_too_large_for_a_client_comes_with_its_longest_texts_cut(stubs):
     """30 queued prompts of 250 KB would be a 7.5 MB answer, past the 4 MiB a
     gRPC client reads by default: the long texts come cut to an equal share at a
-    character boundary, marked, with their whole size; a short one stays whole."""
+    character boundary, marked, with their whole size; a short one stays whole.
+    The running turn is long (~40 s, ended by the reset) so that none of the 30
+    starts while they are sent, however slow the machine."""
     prompts, sessions = stubs
-    first = busy(prompts, 40)
+    first = busy(prompts, 400)
     long_text = "é" * 125_000  # 250,000 bytes: an odd share cuts inside a character
     queued = [start(prompts, text=long_text, key=first.key, delivery=D.DELIVERY_MODE_QUEUE)
               for _ in range(30)]
