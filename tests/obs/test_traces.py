@@ -266,6 +266,37 @@ def test_a_collector_that_refuses_exports_is_logged_once_per_episode(tmp_path):
     assert len(log_lines(sc, "trace export works again")) == 1
 
 
+def test_a_full_span_queue_is_told_once_while_the_collector_hangs(tmp_path):
+    """A collector that takes connections and never answers holds the SDK's
+    export thread, so its span queue fills and every span after is dropped.
+    The SDK said so with a warning of its own (``Queue full, dropping Span.``,
+    carrying the ids of whichever turn ended a span then) once every 20 s
+    for as long as it lasted (probed: three a minute, for hours), beside
+    the one ``trace export failing`` line of the episode. Now the full queue
+    is told once per episode, as the failing export is: the window of the
+    SDK's own repeat filter is crossed here before the last turn."""
+    import socket
+    import time
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(512)  # the kernel completes the handshakes; nobody reads
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{mute.getsockname()[1]}",
+               "OTEL_EXPORTER_OTLP_TIMEOUT": "2", "OTEL_BSP_MAX_QUEUE_SIZE": "1",
+               "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "1", "OTEL_BSP_SCHEDULE_DELAY": "50"}
+        sc = Sidecar(tmp_path / "data", config=profile("main", "echo"), env=env, workers=1).start()
+        try:
+            window = time.time() // 20  # the SDK repeats a line in each new 20 s window
+            while time.time() // 20 == window:
+                assert start(sc.prompts(), text="traced", src=source()).result().end == "completed"
+            for _ in range(3):  # spans into a queue that is still full, in the next window
+                assert start(sc.prompts(), text="traced", src=source()).result().end == "completed"
+        finally:
+            assert sc.stop(timeout=15) == 0
+    told = [x for x in log_lines(sc) if "Queue full" in x["msg"] or x["msg"].startswith("trace span queue full")]
+    assert len(told) == 1, told
+    assert "request_id" not in told[0], told[0]  # no one turn's doing
+
+
 @pytest.mark.parametrize("setting, refused", [
     ({"OTEL_PROPAGATORS": "tracecontxt"}, "Propagator tracecontxt not found"),
     ({"OTEL_BSP_MAX_QUEUE_SIZE": "100"}, "max_export_batch_size must be less than or equal to max_queue_size"),

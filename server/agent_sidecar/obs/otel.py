@@ -27,6 +27,7 @@ the propagators (``OTEL_PROPAGATORS``).
 
 from __future__ import annotations
 
+import contextvars
 import importlib.metadata
 import logging
 import os
@@ -89,6 +90,52 @@ def _resource(version: str) -> Resource:
     return Resource.create(attrs)
 
 
+# The SDK's loggers of a full span queue: 1.33 and later (the shared batch
+# processor, ``Queue full, dropping Span.``), and before it the span processor's.
+_QUEUE_LOGGERS = ("opentelemetry.sdk._shared_internal", "opentelemetry.sdk.trace.export")
+
+
+class _QueueFull(logging.Filter):
+    """A full span queue, told once per episode.
+
+    While the exporter is slower than the spans come (a collector that hangs
+    holds the export thread up to its timeout per batch), the batch processor
+    drops every span past its queue, and the SDK warns ``Queue full, dropping
+    Span.`` once every 20 s for as long as that lasts, with the ids of
+    whichever turn happened to end a span then. First among its logger's
+    filters, this sees each such line, drops it, and tells the first of an
+    episode as a line of its own, outside any turn's context (a full queue is
+    no one turn's doing). The episode ends with an export that works with no
+    span dropped since the one before it (``exported``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.told = False  # an episode is on: its line was written
+        self.dropped = False  # a span was dropped since the last export that worked
+
+    def install(self) -> None:
+        for name in _QUEUE_LOGGERS:
+            logging.getLogger(name).filters.insert(0, self)  # before the SDK's repeat filter
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(("Queue full", "Queue is full")):
+            return True
+        self.dropped = True
+        if not self.told:
+            self.told = True
+            contextvars.Context().run(log.warning, "trace span queue full: spans are dropped until the"
+                                      " exporter keeps up")
+        return False
+
+    def exported(self) -> None:
+        """An export worked (on the processor's thread)."""
+        if self.dropped:
+            self.dropped = False
+        elif self.told:
+            self.told = False
+            log.info("trace span queue keeps up again")
+
+
 class _Episodes(SpanExporter):
     """An exporter whose failures are told once per episode.
 
@@ -100,8 +147,8 @@ class _Episodes(SpanExporter):
     episode lasts, and ``trace export works again`` ends it (logs.FaultEpisode
     keeps the sidecar's other repeating failures to one line the same way)."""
 
-    def __init__(self, inner: SpanExporter, name: str):
-        self.inner, self.name = inner, name
+    def __init__(self, inner: SpanExporter, name: str, queue: _QueueFull):
+        self.inner, self.name, self.queue = inner, name, queue
         self.failing = False
         for cls in type(inner).__mro__:  # the exporter's modules log its failures
             if cls.__module__.startswith("opentelemetry.exporter"):
@@ -113,6 +160,7 @@ class _Episodes(SpanExporter):
     def export(self, spans: Any) -> SpanExportResult:
         result = self.inner.export(spans)
         if result is SpanExportResult.SUCCESS:
+            self.queue.exported()
             if self.failing:
                 self.failing = False
                 log.info("trace export works again", extra={"exporter": self.name})
@@ -151,13 +199,15 @@ class Tracer:
     @classmethod
     def from_env(cls, names: list[str], version: str) -> Tracer | None:
         exporters = []
+        queue = _QueueFull()
         for name in names:
             try:
-                exporters.append(_Episodes(_exporter_class(name)(), name))
+                exporters.append(_Episodes(_exporter_class(name)(), name, queue))
             except Exception as e:  # a bad exporter name or setting: no traces, still serving
                 log.error("trace exporter not available", extra={"exporter": name, "error": str(e)})
         if not exporters:
             return None
+        queue.install()
         ids = _Ids()
         provider = TracerProvider(resource=_resource(version), id_generator=ids)
         for exporter in exporters:
