@@ -79,7 +79,8 @@ def test_a_writer_that_stops_answering_takes_the_sidecar_out_of_rotation_until_i
     refused), but a prompt sent now waits as long as the hang: past ``[store]
     stall_not_serving_s`` health says NOT_SERVING, and SERVING again once the
     writer answers. GetStatus and the status table show how long jobs have
-    waited with no answer."""
+    waited with no answer, and GetStatus's ``serving`` is health's: it said
+    true all through the hang (its proto says it is what health reports)."""
     config = echo("main") + table("store", stall_not_serving_s=2)
     with Sidecar(tmp_path / "data", config=config, workers=1) as s:
         writer = children(s)["sidecar-writer"]
@@ -92,13 +93,16 @@ def test_a_writer_that_stops_answering_takes_the_sidecar_out_of_rotation_until_i
             wait_until(lambda: health(s.target) == "NOT_SERVING", 15, what="health NOT_SERVING")
             st = s.status()
             assert st.store.writable and st.store.writer_backlog >= 1 and st.store.writer_stalled_seconds >= 2
+            assert not st.serving
             out = cli("status", "--target", s.target)
             assert out.returncode == 0 and " · NO ANSWER for " in out.stdout, out.stdout
+            assert "NOT SERVING" in out.stdout, out.stdout
         finally:
             os.kill(writer, signal.SIGCONT)
         assert turn.result(30).end == "completed"
         wait_until(lambda: health(s.target) == "SERVING", 15, what="health SERVING again")
         wait_until(lambda: s.status().store.writer_stalled_seconds == 0, 15, what="the writer answering again")
+        assert s.status().serving
 
 
 def test_a_database_that_stops_answering_does_not_hold_up_status_or_a_scrape(pg_server, tmp_path):

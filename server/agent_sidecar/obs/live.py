@@ -96,9 +96,13 @@ class Live:
         return self.runtime.requests.held
 
     def serving(self) -> bool:
-        turns = self.turns
+        """What health says (api/readiness.py): the restore done, no drain,
+        the store writable and its writer not stalled past ``[store]
+        stall_not_serving_s``."""
+        turns, readiness = self.turns, self.runtime.readiness
         return bool(turns is not None and turns.ready.is_set() and turns.accepting
-                    and not turns.draining and self.store_writable())
+                    and not turns.draining and self.store_writable()
+                    and not (readiness is not None and readiness.stalled))
 
     def store_writable(self) -> bool:
         store = self.runtime.store
