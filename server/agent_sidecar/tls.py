@@ -11,13 +11,22 @@ check`` and ``serve`` refuse such a listener before anything starts, naming
 the key (``listen[1].key``). A PEM file is read only when it is a regular
 file of at most MAX_PEM_BYTES (config_loader.read_file): ``/dev/zero`` or a
 FIFO is refused, never read without end.
+
+What every client would refuse (an expired certificate) or what exposes the
+key (a key file other users may read) is a warning when the server reads the
+files (``warn_serving_problems``).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
+import os
+import time
 
 from .config_loader import file_problem, read_file
+
+log = logging.getLogger("agent_sidecar.tls")
 
 _CERT = b"-----BEGIN CERTIFICATE-----"
 _KEY = b"PRIVATE KEY-----"
@@ -137,3 +146,52 @@ def target_is_local(target: str) -> bool:
             target = target[len(scheme):]
             break
     return is_loopback(host_of(target))
+
+
+def _validity(path: str) -> tuple[float, float] | None:
+    """(not before, not after) of the file's first certificate, the leaf, in
+    Unix time; None when it cannot be read. The standard library decodes it
+    (a private helper of ``ssl``, present since 3.4: without it, no check)."""
+    import ssl
+    decode = getattr(ssl._ssl, "_test_decode_cert", None)  # type: ignore[attr-defined]
+    if decode is None:
+        return None
+    try:
+        d = decode(path)
+        return ssl.cert_time_to_seconds(d["notBefore"]), ssl.cert_time_to_seconds(d["notAfter"])
+    except (ssl.SSLError, OSError, KeyError, ValueError):
+        return None
+
+
+def serving_problems(cert: str, key: str) -> list[tuple[str, str]]:
+    """(key name, problem) for files that load as a pair but that no client
+    would take, or that expose the key: a certificate expired or not valid
+    yet (every client verifying it refuses the handshake: UNAVAILABLE, with
+    nothing in the sidecar's own log), a key file other users may read."""
+    out: list[tuple[str, str]] = []
+    validity, now = _validity(cert), time.time()
+    if validity is not None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(validity[1] if now > validity[1] else validity[0]))
+        if now > validity[1]:
+            out.append(("cert", f"expired at {stamp}: clients refuse it"))
+        elif now < validity[0]:
+            out.append(("cert", f"not valid before {stamp}: clients refuse it"))
+    try:
+        mode = os.stat(key).st_mode
+    except OSError:
+        return out
+    if mode & 0o004:
+        out.append(("key", f"readable by every user (mode {mode & 0o777:04o}): chmod o-r, or 0600"))
+    return out
+
+
+# The warning for each kind of problem serving_problems finds.
+_SERVING_PROBLEM = {"cert": "a TLS listener's certificate is not valid now: clients refuse it",
+                    "key": "a TLS listener's private key is readable by every user"}
+
+
+def warn_serving_problems(address: str, cert: str, key: str) -> None:
+    """A warning for each of serving_problems, naming the listener and the file."""
+    for name, problem in serving_problems(cert, key):
+        log.warning(_SERVING_PROBLEM[name], extra={"listen": address, name: cert if name == "cert" else key,
+                                                   "problem": problem})

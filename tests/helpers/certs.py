@@ -42,6 +42,21 @@ class Certs:
     foreign_cert: Path
     foreign_key: Path
 
+    def reissue(self, dest: Path, days: int) -> Path:
+        """A new certificate of ``server_key`` (the names of ``server_cert``),
+        signed by ``ca``, valid ``days`` days from now (0: it expires as it is
+        made), written to ``dest``: a renewal, or an expired certificate."""
+        ext = self.dir / "reissue.ext"
+        ext.write_text(_SERVER_EXT + "\n")
+        csr = self.dir / "reissue.csr"
+        run = dict(check=True, capture_output=True, timeout=30)
+        subprocess.run(["openssl", "req", "-new", "-key", str(self.server_key), "-subj", "/CN=localhost",
+                        "-out", str(csr)], **run)
+        subprocess.run(["openssl", "x509", "-req", "-in", str(csr), "-CA", str(self.ca), "-CAkey",
+                        str(self.dir / "ca.key"), "-extfile", str(ext), "-days", str(days), "-out", str(dest)],
+                       **run)
+        return dest
+
     def listener(self, address: str, client_ca: bool = False) -> str:
         """A ``[[listen]]`` table serving TLS on ``address`` with the server
         certificate; with ``client_ca``, mTLS (clients of ``ca``)."""
