@@ -12,9 +12,11 @@ the key (``listen[1].key``). A PEM file is read only when it is a regular
 file of at most MAX_PEM_BYTES (config_loader.read_file): ``/dev/zero`` or a
 FIFO is refused, never read without end.
 
-What every client would refuse (an expired certificate) or what exposes the
-key (a key file other users may read) is a warning when the server reads the
-files (``warn_serving_problems``).
+A bound listener follows its files (``ServerFiles``): a renewed certificate
+(certbot, cert-manager, a mesh's short-lived ones) is served from the next
+connection on, without the restart and drain it used to need; what every
+client would refuse (an expired certificate) or what exposes the key (a key
+file other users may read) is a warning when the files are read.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import ipaddress
 import logging
 import os
 import time
+from typing import Any
 
 from .config_loader import file_problem, read_file
 
@@ -195,3 +198,68 @@ def warn_serving_problems(address: str, cert: str, key: str) -> None:
     for name, problem in serving_problems(cert, key):
         log.warning(_SERVING_PROBLEM[name], extra={"listen": address, name: cert if name == "cert" else key,
                                                    "problem": problem})
+
+
+def _stamp(paths: tuple[str, ...]) -> tuple[Any, ...]:
+    """What tells a file was replaced or rewritten (a symlink swapped, as
+    Kubernetes updates a mounted Secret, included): its inode, size and mtime."""
+    out: list[Any] = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            out.append(None)
+        else:
+            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+class ServerFiles:
+    """A TLS listener's certificate, key and client CA, as gRPC's credentials
+    that read them again when they change.
+
+    gRPC asks ``fetch`` before each new connection's handshake: it answers
+    None (keep what is served) unless a file changed since it was last read,
+    a few ``stat`` calls. A changed set is checked as at load (check_pair);
+    one that does not load as a pair (a key renewed after its certificate, a
+    file half written) is told once and the previous one stays until the
+    files change again. Connections open keep the certificate of their
+    handshake."""
+
+    def __init__(self, address: str, cert: str, key: str, client_ca: str):
+        self.address, self.cert, self.key, self.client_ca = address, cert, key, client_ca
+        self._paths = (cert, key, client_ca) if client_ca else (cert, key)
+        self._seen = _stamp(self._paths)
+
+    def credentials(self) -> Any:
+        import grpc
+        return grpc.dynamic_ssl_server_credentials(self._configuration(), self.fetch,
+                                                   require_client_authentication=bool(self.client_ca))
+
+    def _configuration(self) -> Any:
+        import grpc
+        warn_serving_problems(self.address, self.cert, self.key)
+        roots = read_pem(self.client_ca) if self.client_ca else None
+        return grpc.ssl_server_certificate_configuration([(read_pem(self.key), read_pem(self.cert))],
+                                                         root_certificates=roots)
+
+    def fetch(self) -> Any:
+        """The configuration to serve from this connection on, or None for
+        no change. Never raises: a failure here would fail the handshake."""
+        try:
+            stamp = _stamp(self._paths)
+            if stamp == self._seen:
+                return None
+            self._seen = stamp
+            problems = check_pair(self.cert, self.key, self.client_ca)
+            if problems:
+                log.warning("renewed TLS files do not load: the previous certificate is still served",
+                            extra={"listen": self.address, "problems": dict(problems)})
+                return None
+            config = self._configuration()
+            log.info("TLS certificate reloaded", extra={"listen": self.address, "cert": self.cert})
+            return config
+        except Exception as e:  # a file gone between the stat and the read
+            log.warning("renewed TLS files do not load: the previous certificate is still served",
+                        extra={"listen": self.address, "problems": {"error": f"{type(e).__name__}: {e}"}})
+            return None

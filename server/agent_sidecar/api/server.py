@@ -34,7 +34,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from ..cluster.forward import PING_FLOOR_MS
 from ..config import Config, Listener
 from ..obs.rpc import interceptors
-from ..tls import host_of, is_loopback, read_pem, warn_serving_problems
+from ..tls import ServerFiles, host_of, is_loopback
 from ..v1 import (
     prompt_service_pb2,
     prompt_service_pb2_grpc,
@@ -277,14 +277,10 @@ def _bind_unix(server: grpc.aio.Server, target: str) -> None:
 
 
 def server_credentials(listener: Listener) -> grpc.ServerCredentials:
-    """The listener's TLS credentials (its files were checked at load: tls.py;
-    what clients would refuse, or a key open to others, is a warning now);
-    with a client CA, a client without a certificate it signed is refused in
-    the handshake."""
-    warn_serving_problems(listener.address, listener.cert, listener.key)
-    roots = read_pem(listener.client_ca) if listener.client_ca else None
-    return grpc.ssl_server_credentials([(read_pem(listener.key), read_pem(listener.cert))],
-                                       root_certificates=roots, require_client_auth=roots is not None)
+    """The listener's TLS credentials (its files were checked at load, and are
+    read again when they change: tls.ServerFiles); with a client CA, a client
+    without a certificate it signed is refused in the handshake."""
+    return ServerFiles(listener.address, listener.cert, listener.key, listener.client_ca).credentials()
 
 
 def calm_grpc_threads() -> int:
