@@ -44,7 +44,8 @@ from .flights import TERMINAL, LostTurns
 from .flush import FN, MSG, FlushOutOfOrder, run_flush, started_in
 from .leasing import LeaseLost
 from .stats import TurnStats
-from .subscriber import StreamedFrame, Subscriber
+from .subscriber import StreamedFrame
+from .watchers import Watchers
 
 log = logging.getLogger("agent_sidecar.frames")
 
@@ -65,7 +66,7 @@ def frame_from_record(r: FrameRecord) -> ppb.ActivityFrame:
     return build_frame(r.request_id, r.session_key, r.session_id, r.seq, r.at, r.cursor, r.kind, r.body)
 
 
-class FrameBus:
+class FrameBus(Watchers):
     """``on_fenced(epochs, count, revoked)`` (a cluster, turns/leasing.py): every
     frame and write carries its turn's lane and lease epoch, each flush is
     fenced on them in the store, and a flush refused because lanes moved is
@@ -83,7 +84,7 @@ class FrameBus:
                  on_lost: Callable[[Any, SidecarError, bool], None] | None = None):
         self.store = store
         self.stats = stats or TurnStats()  # frames persisted, turns ended (turns/stats.py)
-        self.buffer_frames, self.buffer_bytes = buffer_frames, buffer_bytes  # per Subscriber
+        Watchers.__init__(self, buffer_frames, buffer_bytes)
         self.on_fenced, self.on_lost = on_fenced, on_lost
         self._lost_turns = LostTurns()  # of flushes lost for good, until what was refused is re-sent
         self._frames: list[tuple] = []  # (row, turn, kind, body)
@@ -98,16 +99,6 @@ class FrameBus:
         self._sent_no = 0  # the number of the last flush sent
         self._committed_no = 0  # the number of the last flush that committed
         self._resync = False  # a flush failed: wait for those in flight, then send again
-        self.by_key: dict[str, set[Subscriber]] = {}
-        self.by_platform: dict[str, set[Subscriber]] = {}
-        # [cluster] False when several sidecars share the store: the cluster tail
-        # (cluster/tail.py) feeds by_key/by_platform every node's frames, this
-        # node's too, in cursor order; the bus then serves only turns' own streams.
-        self.feeds_watchers = True
-        # The highest cursor handed to watchers (in a cluster, read past by the
-        # tail): where a live watch starts, told to its client (PromptService._watch).
-        self.watch_head = 0
-        self._watches_ended: BaseException | None = None  # end_watches
         store.add_retrier(self._retry)
         store.watch_faults(self._store_changed)
 
@@ -345,55 +336,6 @@ class FrameBus:
             stats.turn_ended(turn, kind, frame.failed.reason if kind == "failed" else "")
             turnlog.finished(turn, frame)
 
-    def to_watchers(self, item: StreamedFrame, key: str, platform: str) -> None:
-        """Hand a committed frame to the watchers of its key and platform
-        (every frame passes here: with nobody watching it is two lookups)."""
-        if item.frame.cursor > self.watch_head:
-            self.watch_head = item.frame.cursor
-        subs = self.by_key.get(key)
-        if subs:
-            self._push(subs, self.by_key, key, item)
-        subs = self.by_platform.get(platform)
-        if subs:
-            self._push(subs, self.by_platform, platform, item)
-
-    def _push(self, subs: set[Subscriber], index: dict[str, set[Subscriber]], name: str,
-              item: StreamedFrame) -> None:
-        for sub in tuple(subs):
-            if not sub.push(item):
-                self.unwatch(index, name, sub)
-
     def deliver_committed(self, turn, frame, kind: str) -> None:
         """For frames written by a job of their own (``accepted``)."""
         self._deliver(turn, frame, kind)
-
-    # -- watching by key or platform --------------------------------------------
-
-    def subscriber(self) -> Subscriber:
-        """A new stream's queue, with the configured bounds."""
-        return Subscriber(self.buffer_frames, self.buffer_bytes)
-
-    def watch(self, index: dict[str, set[Subscriber]], name: str) -> Subscriber:
-        sub = self.subscriber()
-        if self._watches_ended is not None:  # the sidecar stops: no new watch waits on it
-            sub.push(self._watches_ended)
-        index.setdefault(name, set()).add(sub)
-        return sub
-
-    def end_watches(self, err: BaseException) -> None:
-        """The sidecar stops (after its drain): every watch by key or
-        platform, and any opened from now on, ends with ``err`` (UNAVAILABLE,
-        with its reason), not with gRPC's bare cancel at the server's stop."""
-        self._watches_ended = err
-        for index in (self.by_key, self.by_platform):
-            for subs in index.values():
-                for sub in subs:
-                    sub.push(err)
-
-    def unwatch(self, index: dict[str, set[Subscriber]], name: str, sub: Subscriber) -> None:
-        subs = index.get(name)
-        if subs is not None:
-            subs.discard(sub)
-            if not subs:
-                del index[name]
-
