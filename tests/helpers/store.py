@@ -371,18 +371,20 @@ def query(where, sql: str, args: tuple = ()) -> list[tuple]:
 
 
 @contextlib.contextmanager
-def frames_refused(where, like: str):
+def frames_refused(where, like: str, request_id: str = ""):
     """The store refuses every frame whose body (its JSON text) is ``LIKE``
-    the pattern ``like`` (no quotes in it): a trigger
+    the pattern ``like`` (no quotes in it), of request ``request_id`` only if
+    given: a trigger
     on the frames table raises (SQLite's RAISE(ABORT), PostgreSQL's RAISE
     EXCEPTION), an error that is no store fault, so the frame bus's flush
     carrying such a frame fails whole and for good. Dropped on exit."""
+    only = f" AND NEW.request_id = '{request_id}'" if request_id else ""
     dsn = store_dsn(where)
     if dsn:
         from agent_sidecar.store.postgres.connection import connect
         with connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE FUNCTION test_refuse_frame() RETURNS trigger LANGUAGE plpgsql AS $$"
-                         f" BEGIN IF NEW.body::text LIKE '{like}' THEN"
+                         f" BEGIN IF NEW.body::text LIKE '{like}'{only} THEN"
                          " RAISE EXCEPTION 'this frame is refused'; END IF; RETURN NEW; END $$")
             conn.execute("CREATE TRIGGER test_refuse_frame BEFORE INSERT ON frames"
                          " FOR EACH ROW EXECUTE FUNCTION test_refuse_frame()")
@@ -397,7 +399,7 @@ def frames_refused(where, like: str):
     from contextlib import closing
     with closing(sqlite3.connect(db_path(where), timeout=10, isolation_level=None)) as db:
         db.execute("CREATE TRIGGER test_refuse_frame BEFORE INSERT ON frames"
-                   f" WHEN CAST(NEW.body AS TEXT) LIKE '{like}'"
+                   f" WHEN CAST(NEW.body AS TEXT) LIKE '{like}'{only}"
                    " BEGIN SELECT RAISE(ABORT, 'this frame is refused'); END")
     try:
         yield

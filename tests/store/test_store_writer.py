@@ -15,7 +15,7 @@ import pytest
 from helpers.ids import source
 from helpers.logs import log_lines
 from helpers.procs import alive, children, cmdline, comm, grpc_loaded, mapped, niceness, sched_policy
-from helpers.store import opened_store
+from helpers.store import frames_refused, opened_store
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
@@ -232,3 +232,40 @@ def test_a_frame_flush_with_a_refused_write_replays_it_alone_and_keeps_its_frame
             assert [m.content for m in await store.transcript("chat")] == ["hi"]
 
     asyncio.run(go())
+
+
+def test_a_frame_flush_whose_row_of_one_session_the_store_refuses_commits_the_others(tmp_path):
+    """A flush carries many sessions' items; the store refuses a frame of one
+    (a trigger): the flush runs again session by session, that session's
+    items (its write too) are refused alone, the others commit, and the
+    flushes sent behind it are refused until the bus sends again from it (a
+    refused session's later items must not land after its gap)."""
+    from agent_sidecar.store.records import Append, Message
+    from agent_sidecar.turns.flush import FN, MSG, FlushOutOfOrder, LanesRefused, run_flush
+
+    good, bad = "agent:main:t:dm:good", "agent:main:t:dm:bad"
+    rows = [("rg", 1, good, "good", "t", 1.0, "text_delta", b'{"text":"fine"}'),
+            ("rb", 1, bad, "bad", "t", 1.0, "text_delta", b'{"text":"poisoned"}'),
+            ("rg", 2, good, "good", "t", 1.0, "text_delta", b'{"text":"also fine"}')]
+    writes = [(MSG, Append("good", (Message("user", "hi"),), "rg")), (FN, (_new_incarnation, ("bad-write",)))]
+
+    async def go():
+        async with opened_store(tmp_path / "s.db", writes=True, log_format="text") as store:
+            await store.write(_new_incarnation, "good")
+            with frames_refused(tmp_path / "s.db", "%poisoned%"):
+                results, split = await store.write(run_flush, (1, 0), rows, writes, None, [good, bad])
+                assert isinstance(split, LanesRefused) and split.lanes == {bad}, split
+                assert results[0][:2] == (1, 1) and isinstance(results[1], Exception), results
+                with pytest.raises(FlushOutOfOrder):
+                    await store.write(run_flush, (2, 1), rows[:1], [], None, [])
+            committed = await store.frames_after(0, platform="t")
+            assert [(f.request_id, f.seq) for f in committed] == [("rg", 1), ("rg", 2)]
+            assert sorted(split.cursors) == [f.cursor for f in committed]
+            assert [m.content for m in await store.transcript("good")] == ["hi"]
+            assert await store.write(_exists, ["bad-write"]) == [False]
+            again = [("rg", 3, good, "good", "t", 1.0, "text_delta", b'{"text":"on"}')]
+            _, cursor = await store.write(run_flush, (1, 0), again, [], None, [])
+            assert cursor > max(split.cursors)
+
+    asyncio.run(go())
+

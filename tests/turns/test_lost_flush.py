@@ -8,13 +8,18 @@ post-commit callbacks never ran, and the turn's Prompt call waited for ever."""
 
 from __future__ import annotations
 
+import os
+import signal
+
 import grpc
 import pytest
 from helpers.config import echo
 from helpers.ids import source, words
+from helpers.procs import worker_pid
 from helpers.sessions import transcript
 from helpers.store import frames_refused
 from helpers.streams import PromptRun, assert_failed, kind_of, run, start, watch
+from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
 
 POISON = "poisoned"
@@ -62,3 +67,27 @@ def test_a_turn_whose_every_frame_the_store_refuses_ends_its_stream_and_is_not_s
     again = run(prompts, text="again", key=busy.key)
     assert again.final_text == "again", again.kinds()
     assert [m.content for m in transcript(sessions, busy.session_id)][-2:] == ["again", "again"]
+
+
+def test_a_refused_row_of_one_session_fails_only_that_sessions_turn(sc):
+    """Two sessions' turns end in one flush (their worker is killed: both
+    turns' ``failed`` frames are published together) and the store refuses
+    the row of one of them: that turn ends INTERNAL, the other ends as it
+    would have, WORKER_CRASHED, its stream gapless. The whole flush used to
+    be lost, and with it every turn that had an item in it."""
+    prompts = sc.prompts()
+    bad, good = (start(prompts, text=words(200, name), src=source()) for name in ("bad", "good"))
+    bad.wait_for("text_delta")
+    good.wait_for("text_delta")
+    with frames_refused(sc, "%WORKER_CRASHED%", request_id=bad.request_id):
+        os.kill(worker_pid(sc, 0), signal.SIGKILL)
+        bad.result(30)
+        good.result(30)
+    assert_failed(bad, "INTERNAL", grpc.StatusCode.INTERNAL)
+    assert (good.end, good.last.failed.reason, good.reason) == ("failed", "WORKER_CRASHED", "WORKER_CRASHED"), \
+        (good.kinds(), good.details)
+    for out in (bad, good):
+        replay = watch(prompts, request_id=out.request_id)
+        assert [(f.seq, kind_of(f)) for f in replay.frames] == [(f.seq, kind_of(f)) for f in out.frames]
+        assert [f.seq for f in out.frames] == list(range(1, len(out.frames) + 1))
+    wait_until(lambda: worker_pid(sc, 0) is not None, 30, what="a new worker in the slot")

@@ -8,13 +8,15 @@ stand-in, turns/lane_admin.py), all in publish order.
 A flush the store refused for good must leave nobody waiting for it. That
 is a refusal that is not the store's fault (a full disk), not the flush's
 order and not a lane's fence: a row the store will not take (a constraint, a
-trigger), a bug. Nothing of that flush committed, and sent again it would
-fail the same way, so the bus settles it (FrameBus._lost):
+trigger), a bug. The writer runs such a flush again lane by lane (flush.py),
+so only the lanes whose items it refuses are lost (``split``; all of them,
+when nothing committed). Sent again they would fail the same way, so the
+bus settles them (FrameBus._lost):
 
-* every write's ``then`` is called with the error, as for a write that failed
+* every lost write's ``then`` is called with the error, as for a write that failed
   alone (a session operation's caller gets it, a turn's start ends the turn,
   a transcript message's ack is sent);
-* every turn with an item in it loses the rest of what it has queued, or in
+* every turn with a lost item loses the rest of what it has queued, or in
   flight behind it, too (those thens are told as well): nothing of it may land
   after the gap, such as a reply whose user message was lost;
 * its next seq goes back to its first lost frame's, so its streams stay
@@ -59,6 +61,19 @@ def without(gone: Callable[[Any], bool], frames, writes, thens, owners) -> tuple
     dropped = len(frames) - len(kept_frames) + len(owners) - len(keep)
     return (kept_frames, [writes[i] for i in keep], [thens[i] for i in keep], [owners[i] for i in keep],
             dropped)
+
+
+def split(lanes: frozenset[str], frames: list, writes: list, thens: list, owners: list,
+          results: list) -> tuple[tuple, tuple]:
+    """A flush's items apart (flush.LanesRefused): ``(frames, writes, thens,
+    results)`` of the lanes not in ``lanes``, and ``(frames, writes, thens,
+    owners)`` of those in it, each in publish order."""
+    keep = [i for i, owner in enumerate(owners) if owner.key not in lanes]
+    gone = [i for i, owner in enumerate(owners) if owner.key in lanes]
+    return (([f for f in frames if f[1].key not in lanes], [writes[i] for i in keep], [thens[i] for i in keep],
+             [results[i] for i in keep]),
+            ([f for f in frames if f[1].key in lanes], [writes[i] for i in gone], [thens[i] for i in gone],
+             [owners[i] for i in gone]))
 
 
 def dropped(turn) -> bool:

@@ -9,18 +9,23 @@ Flushes are numbered. The bus keeps several in flight; if one does not commit
 or seqs would skip and transcript rows swap. So a flush runs only right after
 its predecessor (checked here, in the writer process, which sees every flush
 in order), else raises FlushOutOfOrder, and the bus sends it again behind it.
+
+One flush carries many sessions' items. A row the store refuses for good (a
+constraint, a trigger) must fail only its own session's, so a flush that
+fails so runs again lane by lane (``LanesRefused``).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SidecarError
 from ..store import UnitOfWork
 from ..store.records import Append
-from ..store.writer.group import at_end
+from ..store.writer.group import at_end, transient
 from .jobs import Started
 from .leasing import check_fence
 
@@ -49,40 +54,114 @@ def _flush_undone() -> None:
     _FlushOrder.ran = _FlushOrder.committed
 
 
+@dataclass(frozen=True)
+class LanesRefused:
+    """A flush run lane by lane (run_flush): it committed but for the items
+    of ``lanes`` (maybe none), which the store refused for good (``error``,
+    the first such lane's). ``cursors`` holds each committed frame's cursor,
+    in publish order: a lane's frames are numbered together, so cursors need
+    not grow across lanes. Until the bus has heard of it, the flushes sent
+    behind it are refused (FlushOutOfOrder): they may hold more of a refused
+    lane's items, which must not land after its gap."""
+    lanes: frozenset[str]
+    cursors: list[int]
+    error: BaseException
+
+
 def run_flush(uow: UnitOfWork, order: tuple[int, int], rows: list[tuple],
-              writes: list[tuple], fence: dict[str, int] | None = None) -> tuple[list, int]:
+              writes: list[tuple], fence: dict[str, int] | None = None,
+              lanes: list[str] | None = None) -> tuple[list, int | LanesRefused]:
     """One flush: ``order`` is (this flush's number, the one before it);
     ``writes`` holds ``(FN, (job, args) or None)`` and ``(MSG, Append)``;
-    ``rows`` the frames (records.NewFrame). Returns each write's result (an
-    exception for one that failed) and the first frame's cursor.
+    ``rows`` the frames (records.NewFrame); ``lanes`` each write's lane.
+    Returns each write's result (an exception for one that failed) and the
+    first frame's cursor.
 
-    The fast path runs the writes bare; if one raises, everything is undone to
-    a savepoint and replayed with a savepoint per write, so one bad write fails
-    alone and the batch's frames still land. Not so a store fault (a full
-    disk): it fails the whole flush, which the bus keeps and retries — a frame
-    must never commit without the writes queued before it. In a cluster
-    ``fence`` holds each lane's lease epoch: a lane that moved refuses the
-    whole flush (LeaseLost), which the bus sends again without that lane."""
+    The fast path runs the writes bare, then inserts the frames, in one
+    savepoint. If that raises, it is undone and run again with a savepoint
+    per write, so one bad write fails alone and the batch's frames still
+    land. If that raises too (a frame the store refuses for good: a
+    constraint, a trigger), it runs lane by lane, each lane in a savepoint
+    of its own: only the lanes whose items fail are refused
+    (``LanesRefused``); if every lane's fails, the flush raises and nothing
+    of it committed. Not so a store fault (a full disk) or a conflict with
+    another writer: it fails the whole flush, which the bus keeps and
+    retries — a frame must never commit without the writes queued before
+    it. In a cluster ``fence`` holds each lane's lease epoch: a lane that
+    moved refuses the whole flush (LeaseLost), which the bus sends again
+    without that lane."""
     no, prev = order
     if prev != _FlushOrder.ran:
         raise FlushOutOfOrder(f"flush {no} follows {prev}, but {_FlushOrder.ran} ran last")
     check_fence(uow, fence)
+    first: int | LanesRefused
     try:
         with uow.savepoint():
-            results = _run_writes(uow, writes, isolate=False)
+            results, first = _run_lane(uow, rows, writes, isolate=False)
     except Exception as e:
-        if uow.is_fault(e):
+        if uow.is_fault(e) or transient(e):
             raise
         if not isinstance(e, SidecarError):  # a refusal (a session operation's) is its write's answer
             log.exception("a write queued with frames failed; replaying the batch write by write")
-        results = _run_writes(uow, writes, isolate=True)
-    moved = started_in(writes, results)
-    if moved:  # a ``started`` frame names the incarnation its start job chose
-        rows = [(*r[:3], moved[r[0]], *r[4:]) if r[6] == "started" and r[0] in moved else r for r in rows]
-    first = uow.frames.insert(rows) if rows else 0
+        try:
+            with uow.savepoint():
+                results, first = _run_lane(uow, rows, writes, isolate=True)
+        except Exception as e:
+            if uow.is_fault(e) or transient(e) or lanes is None or len(_lanes_of(rows, lanes)) < 2:
+                raise
+            results, first = _by_lane(uow, rows, writes, lanes, e)
+    if isinstance(first, LanesRefused) and first.lanes:  # those sent behind it wait for the bus (FlushOutOfOrder)
+        at_end(functools.partial(_flush_committed, prev), _flush_undone)
+        return results, first
     _FlushOrder.ran = no
     at_end(functools.partial(_flush_committed, no), _flush_undone)
     return results, first
+
+
+def _run_lane(uow: UnitOfWork, rows: list[tuple], writes: list[tuple], isolate: bool) -> tuple[list, int]:
+    """Writes, then frames: each write's result and the first frame's cursor."""
+    results = _run_writes(uow, writes, isolate)
+    moved = started_in(writes, results)
+    if moved:  # a ``started`` frame names the incarnation its start job chose
+        rows = [(*r[:3], moved[r[0]], *r[4:]) if r[6] == "started" and r[0] in moved else r for r in rows]
+    return results, (uow.frames.insert(rows) if rows else 0)
+
+
+def _lanes_of(rows: list[tuple], lanes: list[str]) -> list[str]:
+    """A flush's lanes, in order of first appearance (frames, then writes)."""
+    return list(dict.fromkeys([r[2] for r in rows] + lanes))
+
+
+def _by_lane(uow: UnitOfWork, rows: list[tuple], writes: list[tuple], lanes: list[str],
+             error: BaseException) -> tuple[list, LanesRefused]:
+    """The flush again lane by lane (a lane's items keep their order), each
+    lane in a savepoint of its own: a lane whose items fail is refused alone,
+    its writes' results are its error. Raises ``error`` if every lane fails."""
+    log.error("the store refused a frame flush; running it again session by session", exc_info=error)
+    results: list = [None] * len(writes)
+    cursors: dict[int, int] = {}
+    refused: dict[str, BaseException] = {}
+    keys = _lanes_of(rows, lanes)
+    for key in keys:
+        mine = [i for i, lane in enumerate(lanes) if lane == key]
+        frames = [i for i, r in enumerate(rows) if r[2] == key]
+        try:
+            with uow.savepoint():
+                got, first = _run_lane(uow, [rows[i] for i in frames], [writes[i] for i in mine], isolate=True)
+        except Exception as e:
+            if uow.is_fault(e) or transient(e):
+                raise
+            log.error("the store refused a session's items of a frame flush", extra={"key": key}, exc_info=e)
+            refused[key] = e
+            got, first = [e] * len(mine), 0
+        for i, result in zip(mine, got):
+            results[i] = result
+        if first:
+            cursors.update((i, first + n) for n, i in enumerate(frames))
+    if len(refused) == len(keys):
+        raise error
+    return results, LanesRefused(frozenset(refused), [cursors[i] for i in sorted(cursors)],
+                                 next(iter(refused.values()), error))
 
 
 def started_in(writes: list[tuple], results: list) -> dict[str, str]:

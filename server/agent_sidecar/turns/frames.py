@@ -15,9 +15,10 @@ only right after its predecessor (jobs.run_flush), so the ones already in
 flight behind a failed flush fail too (FlushOutOfOrder) and are re-sent
 behind it. Seqs stay gapless, nothing acknowledged is lost or reordered, and
 nothing is delivered before it is durable. A flush the store refuses for
-good (a row it will not take, a bug: no retry would cure it) leaves nobody
-waiting: its writes' callbacks hear the error and its turns end failed
-INTERNAL, their streams still gapless (flights.py).
+good (a row it will not take, a bug: no retry would cure it) is run again
+session by session (flush.py): the rest commits, and of the sessions
+refused nobody waits: their writes' callbacks hear the error and their
+turns end failed INTERNAL, their streams still gapless (flights.py).
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
@@ -41,7 +43,7 @@ from ..store.records import Append, FrameRecord
 from ..v1 import prompt_service_pb2 as ppb
 from . import flights
 from .flights import TERMINAL, LostTurns
-from .flush import FN, MSG, FlushOutOfOrder, run_flush, started_in
+from .flush import FN, MSG, FlushOutOfOrder, LanesRefused, run_flush, started_in
 from .leasing import LeaseLost
 from .stats import TurnStats
 from .subscriber import StreamedFrame
@@ -196,7 +198,7 @@ class FrameBus(Watchers):
         fence = flights.fence(frames, owners) if self.on_fenced is not None else None
         try:
             fut = self.store.write(run_flush, (no, self._sent_no), [item[0] for item in frames],
-                                   writes, fence, retry=retry)
+                                   writes, fence, [owner.key for owner in owners], retry=retry)
         except StoreUnavailable:
             self._requeue(frames, writes, thens, owners)
             return
@@ -271,23 +273,44 @@ class FrameBus(Watchers):
                 self._lost(flight, value)
             self._send(retry=False)
             return
+        results, first = fut.result()
+        if isinstance(first, LanesRefused) and first.lanes:
+            self._lanes_refused(flight, results, first)
+            return
         self._committed_no = flight[0]
         self._sent_lanes.pop(flight[0], None)
         _, frames, writes, thens, _ = flight
-        results, first_id = fut.result()
+        self._settle(frames, writes, thens, results, first.cursors if isinstance(first, LanesRefused) else first)
+
+    def _settle(self, frames: list, writes: list, thens: list, results: list, cursors: int | list[int]) -> None:
+        """Committed: deliver the frames, then run the writes' thens.
+        ``cursors``: the first frame's (the rest follow it), or each frame's;
+        delivered in cursor order, so a watcher resuming after the last
+        cursor it saw misses none."""
         moved = started_in(writes, results)  # as run_flush stored them
-        cursor = first_id
-        for row, turn, kind, body in frames:
+        numbered: Iterable[tuple[int, tuple]] = zip(itertools.count(cursors), frames) if isinstance(cursors, int) \
+            else sorted(zip(cursors, frames), key=lambda item: item[0])
+        for cursor, (row, turn, kind, body) in numbered:
             sid = moved.get(row[0], row[3]) if moved and kind == "started" else row[3]
-            frame = build_frame(row[0], row[2], sid, row[1], row[5], cursor, kind, body)
-            cursor += 1
-            self._deliver(turn, frame, kind)
+            self._deliver(turn, build_frame(row[0], row[2], sid, row[1], row[5], cursor, kind, body), kind)
         for then, result in zip(thens, results):
             if then is not None:
                 try:
                     then(result)
                 except Exception:
                     log.exception("post-commit callback failed")
+
+    def _lanes_refused(self, flight: tuple, results: list, refused: LanesRefused) -> None:
+        """A flush whose items of some lanes the store refused for good, and
+        committed the rest (flush.py): the rest is delivered, the refused
+        lanes' part is lost (``_lost``), and the flushes sent behind it, which
+        the writer refuses, are sent again without the lost turns' items."""
+        no, frames, writes, thens, owners = flight
+        (frames, writes, thens, results), gone = flights.split(refused.lanes, frames, writes, thens, owners, results)
+        self._resync = True
+        self._settle(frames, writes, thens, results, refused.cursors)
+        self._lost((no, *gone), refused.error)
+        self._send(retry=False)
 
     def _lost(self, flight: tuple, error: BaseException) -> None:
         """A flush the store refused for good (flights.py): it, and whatever

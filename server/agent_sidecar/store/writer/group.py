@@ -63,6 +63,17 @@ def at_end(on_commit: Callable[[], None], on_rollback: Callable[[], None]) -> No
     _at_end.append((on_commit, on_rollback))
 
 
+# The writer process's backend, from its first group on (``transient``).
+_running: list[WriterBackend] = []
+
+
+def transient(e: BaseException) -> bool:
+    """Whether ``e``, met by a job of the group running now, is a conflict
+    with another writer of the database (the backend's ``transient``): the
+    whole group runs again, so a job that catches errors must let it through."""
+    return bool(_running) and _running[0].transient(e)
+
+
 def _ended(hooks: list, committed: bool) -> None:
     for on_commit, on_rollback in hooks:
         try:
@@ -163,6 +174,7 @@ def _commit_once(db: WriterBackend, uow, runs, last: bool) -> list[tuple[int, bo
     out: list[tuple[int, bool, Any]] = []
     fault: BaseException | None = None  # the first store fault a job met
     _at_end.clear()
+    _running[:] = [db]
     try:
         db.begin()
         for jids, fn, args in runs:
