@@ -10,6 +10,7 @@ import asyncio
 import os
 import pickle
 import signal
+import threading
 
 import pytest
 from helpers.ids import source
@@ -24,6 +25,7 @@ from agent_sidecar.errors import SidecarError
 from agent_sidecar.sessions import lifecycle as life
 from agent_sidecar.sessions.source import SessionSource
 from agent_sidecar.store import StoreClosed
+from agent_sidecar.store.writer.answers import JobError
 from agent_sidecar.v1 import session_service_pb2 as spb
 
 
@@ -269,3 +271,52 @@ def test_a_frame_flush_whose_row_of_one_session_the_store_refuses_commits_the_ot
 
     asyncio.run(go())
 
+
+class _Unpicklable(Exception):
+    """An error that will not pickle: it holds a lock."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+class _Unrebuildable(Exception):
+    """An error that pickles but will not unpickle: its class takes two arguments."""
+
+    def __init__(self, what: str, why: str):
+        super().__init__(f"{what}: {why}")
+
+
+def _raise(uow, kind: str) -> None:
+    uow.incarnations.insert(kind, f"agent:main:t:dm:{kind}", 1.0)
+    raise _Unpicklable("cannot pickle me") if kind == "unpicklable" else _Unrebuildable("cannot", "rebuild me")
+
+
+@pytest.mark.parametrize("kind", ["unpicklable", "unrebuildable"])
+def test_a_committed_flush_whose_write_failed_with_an_error_that_cannot_travel_is_answered_committed(
+        tmp_path, kind):
+    """A write of a flush fails with an error that cannot be sent to the
+    parent as it is: the flush committed (its frames, its other writes), and
+    it is answered so, the error named by its type and text. It was answered
+    as failed (an error that would not pickle), so the bus took its committed
+    frames for lost; or, for an error that pickles but does not unpickle, not
+    answered at all (the parent could not read the answer): every job of the
+    group waited for ever."""
+    from agent_sidecar.turns.flush import FN, run_flush
+
+    key = "agent:main:t:dm:chat"
+    rows = [("r1", 1, key, "chat", "t", 1.0, "text_delta", b'{"text":"hi"}')]
+    writes = [(FN, (_new_incarnation, ("first",))), (FN, (_raise, (kind,)))]
+
+    async def go():
+        async with opened_store(tmp_path / "s.db", writes=True, log_format="text") as store:
+            flushed = store.write(run_flush, (1, 0), rows, writes, None, [key, key])
+            other = store.write(_new_incarnation, "other")
+            results, cursor = await asyncio.wait_for(flushed, 30)
+            assert await asyncio.wait_for(other, 30) == "other"
+            assert results[0] == "first" and isinstance(results[1], JobError), results
+            assert str(results[1]).startswith(f"_{kind.capitalize()}: "), results[1]  # its type and text
+            assert [(f.request_id, f.cursor) for f in await store.frames_after(0, platform="t")] == [("r1", cursor)]
+            assert await store.write(_exists, ["first", kind, "other"]) == [True, False, True]
+
+    asyncio.run(go())

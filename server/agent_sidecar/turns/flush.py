@@ -25,6 +25,7 @@ from typing import Any
 from ..errors import SidecarError
 from ..store import UnitOfWork
 from ..store.records import Append
+from ..store.writer.answers import sendable
 from ..store.writer.group import at_end, transient
 from .jobs import Started
 from .leasing import check_fence
@@ -161,7 +162,7 @@ def _by_lane(uow: UnitOfWork, rows: list[tuple], writes: list[tuple], lanes: lis
     if len(refused) == len(keys):
         raise error
     return results, LanesRefused(frozenset(refused), [cursors[i] for i in sorted(cursors)],
-                                 next(iter(refused.values()), error))
+                                 sendable(next(iter(refused.values()), error)))
 
 
 def started_in(writes: list[tuple], results: list) -> dict[str, str]:

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from ...logs import FaultEpisode
 from ..faults import CommitOutcomeUnknown, StoreUnavailable
+from .answers import encode_results
 
 log = logging.getLogger("agent_sidecar.store")
 
@@ -272,20 +273,3 @@ class Unknown:
             error = db.unavailable(self.error.cause)
             results = [(jid, False, error) for jid, _, _ in self.out]
         pipe.send_bytes(encode_results(results, time.perf_counter() - self.t0))
-
-
-def encode_results(results: list[tuple[int, bool, Any]], seconds: float) -> bytes:
-    """One group's answer: ``(seconds the group took to run and commit, results)``;
-    the parent's metrics take the time (store/writer/client.py)."""
-    try:
-        return pickle.dumps((seconds, results), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # some result will not pickle: send that one as an error
-        safe = []
-        for jid, ok, value in results:
-            try:
-                pickle.dumps(value)
-            except Exception as e:
-                ok, value = False, RuntimeError(f"store job result could not be sent: {e!r} ({value!r:.200})")
-            safe.append((jid, ok, value))
-        return pickle.dumps((seconds, safe), protocol=pickle.HIGHEST_PROTOCOL)
-

@@ -39,7 +39,8 @@ import pickle
 import sys
 import time
 
-from .group import RESOLVE_EVERY_S, Unknown, WriterBackend, commit, encode_results, runs_of
+from .answers import encode_results
+from .group import RESOLVE_EVERY_S, Unknown, WriterBackend, commit, runs_of
 
 # Upper bound on jobs per transaction: keeps one commit's latency bounded when a
 # flood arrives, while still amortising the fsync over hundreds of writes.
