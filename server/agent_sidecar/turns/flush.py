@@ -103,7 +103,7 @@ def run_flush(uow: UnitOfWork, order: tuple[int, int], rows: list[tuple],
         if uow.is_fault(e) or transient(e):
             raise
         if not isinstance(e, SidecarError):  # a refusal (a session operation's) is its write's answer
-            log.exception("a write queued with frames failed; replaying the batch write by write")
+            log.exception("a frame flush failed; running it again write by write")
         try:
             with uow.savepoint():
                 results, first = _run_lane(uow, rows, writes, isolate=True)

@@ -138,6 +138,15 @@ class PostgresFrames:
         self.written = 0
         self.ordered = False
 
+    def mark(self) -> tuple[int, bool]:
+        """What ``undone`` needs to go back to (at a savepoint)."""
+        return self.written, self.ordered
+
+    def undone(self, mark: tuple[int, bool]) -> None:
+        """Rolled back to the savepoint ``mark`` was taken at: FRAMES_LOCK, if
+        taken since, was released with it and is taken again at the next insert."""
+        self.written, self.ordered = mark
+
     def order(self) -> None:
         """Take FRAMES_LOCK for the rest of the transaction (once): frame
         cursors then commit in order. Lease rows are locked only after it

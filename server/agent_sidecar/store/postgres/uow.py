@@ -60,9 +60,14 @@ class PostgresUnitOfWork:
         the end, so the block's errors are raised inside the block (psycopg's
         nested transaction() syncs on the way in and out: four round trips)."""
         pipeline = self.pipeline
+        mark = self.frames.mark()
         if pipeline is None:
-            with self.conn.transaction():
-                yield
+            try:
+                with self.conn.transaction():
+                    yield
+            except BaseException:
+                self.frames.undone(mark)
+                raise
             return
         self._savepoints += 1
         name = f"uow_{self._savepoints}"
@@ -72,6 +77,7 @@ class PostgresUnitOfWork:
             self.send(f"RELEASE SAVEPOINT {name}")
             pipeline.sync()
         except BaseException:
+            self.frames.undone(mark)
             settle(pipeline)
             failed = aborted(self.conn)
             self.send(f"ROLLBACK TO SAVEPOINT {name}")

@@ -72,6 +72,7 @@ class PostgresWriter:
         self._loss = FaultEpisode(log, "store connection lost; connecting again")
         self._open()
         self._uow: PostgresUnitOfWork | None = None
+        self._frames_mark = (0, False)  # the frames' state at the open job's savepoint
         self._pipeline: contextlib.ExitStack | None = None
         self._xact: psycopg.Cursor | None = None  # the open transaction's id, asked for at BEGIN
 
@@ -231,6 +232,8 @@ class PostgresWriter:
             pass  # the rollback that follows undoes whatever failed
 
     def savepoint(self) -> None:
+        if self._uow is not None:
+            self._frames_mark = self._uow.frames.mark()
         self.send("SAVEPOINT job")
 
     def release(self) -> None:
@@ -242,6 +245,8 @@ class PostgresWriter:
             settle(self._uow.pipeline)
         failed = aborted(self.conn)
         self.send("ROLLBACK TO SAVEPOINT job")
+        if self._uow is not None:
+            self._uow.frames.undone(self._frames_mark)
         if failed:
             forget_prepared(self.conn)
 
