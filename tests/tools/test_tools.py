@@ -327,6 +327,49 @@ def test_bad_schema_is_invalid_argument(sc):
     assert error_info(host.error) == ("INVALID_ARGUMENT", "register.tools[0].parameters_json_schema")
 
 
+@pytest.mark.parametrize("schema, where", [
+    ({"type": "string"}, "type"),
+    ({"type": 5}, "type"),
+    ({"properties": []}, "properties"),
+    ({"type": "object", "properties": {"a": {"type": "nope"}}}, "properties.a.type"),
+    ({"type": "object", "properties": {"a": 7}}, "properties.a"),
+    ({"type": "object", "required": "a"}, "required"),
+    ({"type": "object", "properties": {"l": {"type": "array", "items": {"type": ["string", "string"]}}}},
+     "properties.l.items.type"),
+    ({"type": "object", "anyOf": []}, "anyOf"),
+    ({"type": "object", "description": {"x": 1}}, "description"),
+])
+def test_a_schema_that_is_no_json_schema_of_an_object_is_invalid_argument(sc, schema, where):
+    """A model API refuses a request whose function schema is no JSON Schema of an
+    arguments object (OpenAI's answers 400): before, such a schema registered, and
+    every turn offered the tool, of every session in scope, failed at its model."""
+    host = ToolHost(sc.tools(), "test", [("test.add", "", schema)])
+    assert host.ended.wait(10)
+    assert not host.registered.is_set()
+    assert error_info(host.error) == ("INVALID_ARGUMENT", "register.tools[0].parameters_json_schema")
+    assert f"parameters_json_schema: {where}: " in host.error.details(), host.error.details()
+
+
+RICH_SCHEMA = {"type": "object", "title": "add", "$defs": {"n": {"type": ["number", "null"]}},
+               "properties": {"a": {"$ref": "#/$defs/n"}, "b": {"anyOf": [{"type": "number"}, True]},
+                              "opts": {"type": "array", "items": {"enum": [1, "x", None]}, "minItems": 0},
+                              "my_keyword": {"x-vendor": [1, {"type": 5}], "default": {"type": 5}}},
+               "required": ["a", "b"], "additionalProperties": False}
+
+
+def test_a_json_schema_with_the_keywords_models_take_is_offered_and_called(sc):
+    """The check is of shapes JSON Schema gives its keywords: a schema using many of
+    them, with a keyword of its own and values that only look like schemas, registers."""
+    host = ToolHost(sc.tools(), "test", [("test.add", "", RICH_SCHEMA)], adder)
+    try:
+        host.wait_registered()
+        p = start(sc.prompts(), text="add 2 and 3", src=source(), profile="tadd").result(15)
+        assert p.end == "completed", (p.kinds(), p.error)
+        assert json.loads(p.final_text) == {"sum": 5}
+    finally:
+        host.close()
+
+
 @pytest.mark.parametrize("how", ["cancel", "interrupt", "timeout"])
 def test_turn_ended_during_a_tool_call_leaves_a_valid_transcript(sc, how):
     first = []

@@ -27,6 +27,7 @@ import orjson
 
 from .. import errors as E
 from ..tools.registry import ToolHost, ToolSpec
+from ..tools.schema import schema_problem
 from ..v1 import tool_service_pb2 as pb
 from ..v1 import tool_service_pb2_grpc as pb_grpc
 from .convert import check_json_depth
@@ -117,6 +118,9 @@ class ToolService(pb_grpc.ToolServiceServicer):
         if not isinstance(params, dict):
             raise E.invalid(f"register.tools[{i}].parameters_json_schema", "must be a JSON object (a schema)")
         check_json_depth(params, f"register.tools[{i}].parameters_json_schema")
+        problem = schema_problem(params)  # else every turn offered the tool fails at its model
+        if problem is not None:
+            raise E.invalid(f"register.tools[{i}].parameters_json_schema", problem)
         if not t.name.startswith(ns + "."):
             raise E.invalid(f"register.tools[{i}].name",
                             f"must start with the namespace {E.excerpt(ns)}")
