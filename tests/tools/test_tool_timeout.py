@@ -31,3 +31,23 @@ def test_a_call_waits_its_profiles_tool_timeout_then_the_turn_goes_on(tmp_path):
             assert host.invocations[1].timeout_ms == 60_000  # the default
     finally:
         sc.stop()
+
+
+def test_a_tool_timeout_of_ages_is_sent_as_the_largest_every_client_reads(tmp_path):
+    """A profile may wait for its tools as long as it likes (any finite number):
+    before, one past int64 milliseconds could not be put in an invocation, and
+    the host's stream was given up with every tool it served (its later calls,
+    of every session: "no tool host serves"), while the host went on unaware."""
+    answered = [{"text_from_last_tool_result": True}]
+    sc = Sidecar(tmp_path / "data", workers=1,
+                 config=scripted("ages", STEPS[:1] + answered, tools=["test.*"], tool_timeout_s=1e17)
+                 + scripted("usual", STEPS[:1] + answered, tools=["test.*"])).start()
+    try:
+        with ToolHost(sc.tools(), "test", [("test.hang", "answers", {"type": "object"})],
+                      lambda inv: (True, '{"at": "once"}', "")) as host:
+            for profile in ("ages", "usual"):
+                p = start(sc.prompts(), text="call it", src=source(), profile=profile).result(30)
+                assert p.end == "completed" and p.final_text == '{"at": "once"}', (profile, p.final_text)
+            assert [inv.timeout_ms for inv in host.invocations] == [2**53 - 1, 60_000]
+    finally:
+        sc.stop()

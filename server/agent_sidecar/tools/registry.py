@@ -44,6 +44,12 @@ log = logging.getLogger("agent_sidecar.tools")
 ENTRY_POINT_GROUP = "agent_sidecar.tools"
 SPECS_CACHE_MAX = 1024  # (scopes, platform) pairs whose offered specs are kept
 MAX_UNSENT = 256  # invocations queued for one host, not yet written to its stream
+# An invocation's timeout_ms, at most: the largest integer every client reads
+# exactly (a JavaScript number's; the Node client refuses a larger int64), and
+# within the int64 field. A profile's tool_timeout_s may be any finite number:
+# past int64 the invocation could not be built, and the host's stream was
+# given up, all its tools with it.
+MAX_TIMEOUT_MS = 2**53 - 1
 
 
 @dataclass
@@ -227,7 +233,8 @@ class ToolRegistry:
         fut = asyncio.get_running_loop().create_future()
         host.pending[inv_id] = fut
         await host.outbox.put({"invocation_id": inv_id, "tool_name": name,
-                               "arguments_json": arguments_json, "timeout_ms": int(timeout * 1000),
+                               "arguments_json": arguments_json,
+                               "timeout_ms": min(int(timeout * 1000), MAX_TIMEOUT_MS),
                                **meta})
         try:
             async with asyncio.timeout(timeout):
