@@ -26,6 +26,8 @@ CONFIG = (slow_echo("main")
           + scripted("steer", [{"text": "first answer", "token_latency_ms": 500}, {"echo_input": True}])
           + scripted("steerslow", [{"text": "first answer", "token_latency_ms": 500},
                                    {"echo_input": True, "token_latency_ms": 1000}])
+          + scripted("steerlong", [{"text": "a first answer that streams for a good while", "token_latency_ms": 500},
+                                   {"echo_input": True}])
           + scripted("steerlast", [{"text": "first answer", "token_latency_ms": 500}, {"echo_input": True}],
                      max_iterations=1)
           + slow_echo("capped", queue_cap=2)
@@ -314,6 +316,33 @@ def test_steer_during_the_last_allowed_model_call_becomes_a_follow_up(stubs):
     msgs = [(m.role, m.content) for m in transcript(sessions, host.session_id)]
     assert msgs[:3] == [("user", "hello"), ("assistant", "first answer"), ("user", "bananas")], msgs
     assert msgs[-1][0] == "assistant" and len(msgs) == 4, msgs
+
+
+def test_a_steer_whose_caller_left_while_the_worker_took_it_in_is_not_taken_twice(tmp_path):
+    """A STEER whose call ends (here its deadline) while the running turn's
+    worker is taking its text in goes on without its caller: the retry a client
+    sends with the same request id (it saw no frame) follows it. Before, the
+    caller leaving dropped the prompt while the worker took the text anyway,
+    and the retry steered it in a second time: the model read it twice."""
+    with Sidecar(tmp_path / "data", config=CONFIG, workers=1) as one:
+        prompts, sessions = one.prompts(), one.sessions()
+        host = start(prompts, text="hello", src=source(), profile="steerlong")
+        host.wait_for("text_delta")  # its first model call streams for 4 s, 500 ms a token
+        stopped = worker_pid(one, 0)
+        os.kill(stopped, signal.SIGSTOP)  # the steer waits for its answer
+        try:
+            left = PromptRun(prompts, text="steered text", key=host.key, delivery=D.DELIVERY_MODE_STEER,
+                             timeout=1.5).result(15)
+        finally:
+            os.kill(stopped, signal.SIGCONT)  # within agent.steer_timeout_s: the worker takes it in
+        assert left.frames == [] and left.code == grpc.StatusCode.DEADLINE_EXCEEDED, left.kinds()
+        retry = PromptRun(prompts, text="steered text", key=host.key, delivery=D.DELIVERY_MODE_STEER,
+                          request_id=left.request_id).result(30)
+        assert host.result(30).end == "completed", host.kinds()
+        assert retry.kinds() == ["accepted", "completed"], (retry.kinds(), retry.details)
+        assert retry.final_text == host.final_text == "steered text"
+        users = [m.content for m in transcript(sessions, host.session_id) if m.role == "user"]
+        assert users == ["hello", "steered text"]
 
 
 def test_steer_on_an_idle_session_is_a_normal_turn(stubs):

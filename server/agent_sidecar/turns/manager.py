@@ -25,7 +25,7 @@ from typing import Any
 from .. import errors as E
 from .. import logs
 from ..config import Config
-from ..delivery import FOLLOW_UP
+from ..delivery import FOLLOW_UP, STEER
 from ..obs import tracing
 from ..sessions.source import SessionSource
 from ..store import Store
@@ -171,6 +171,26 @@ class TurnManager:
         sub = self.bus.subscriber()
         if not internal:  # nobody streams a restore's resume turn (a WatchActivity may)
             turn.subscribers.append(sub)
+        placing = self._place_and_accept(turn, source, internal)
+        lane = self.lanes.get(key)
+        try:
+            if turn.delivery == STEER and lane is not None and lane.running is not None:
+                # Placed once the running turn's worker answers, which may be taking its text in: a
+                # task its caller going away does not stop (a retry would steer the text in again).
+                task = asyncio.ensure_future(placing)
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())  # read, caller or not
+                accepted = await asyncio.shield(task)
+            else:  # placed at once; a caller going away leaves the accept to commit
+                accepted = await placing
+        except asyncio.CancelledError:
+            if sub in turn.subscribers:
+                turn.subscribers.remove(sub)
+            raise
+        return (turn, sub) if accepted else None
+
+    async def _place_and_accept(self, turn: Turn, source: SessionSource | None, internal: bool) -> bool:
+        """Place a reserved turn, then accept it; False: the store knew its request id (a twin)."""
+        key, epoch, payload = turn.key, turn.epoch, turn.payload
         slot, lane = await self._place(turn)
         if turn.deferred_end:  # cancelled while a steer waited: accepted, then ended, never run
             lane.detach(turn)
@@ -196,14 +216,10 @@ class TurnManager:
         # Registered before anyone awaits it: runs first, as the accept commits.
         accepted.add_done_callback(functools.partial(self._accepted, turn, lane, internal))
         try:
-            await asyncio.shield(accepted)  # a caller going away must not cancel the accept
+            await asyncio.shield(accepted)  # its commit is the store's to answer, whatever comes
         except jobs.DuplicateRequest:
-            return None
-        except asyncio.CancelledError:  # the caller went away; the turn goes on without it
-            if sub in turn.subscribers:
-                turn.subscribers.remove(sub)
-            raise
-        return turn, sub
+            return False
+        return True
 
     async def _place(self, turn: Turn) -> tuple[str | None, Lane]:
         """Into its lane: runs now on an idle one, else where its delivery mode
