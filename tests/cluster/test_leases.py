@@ -244,6 +244,23 @@ def test_a_twin_sent_to_another_node_gets_the_original_turns_frames(nodes):
     assert [kind_of(f) for f in _frames(b, req.request_id)].count("started") == 1
 
 
+def test_one_request_id_sent_at_once_for_two_sessions_runs_one_and_refuses_the_other(nodes):
+    """A request id belongs to the session it was accepted for (turns/dedup.py): sent
+    at once for two sessions, one call runs its turn and the other is INVALID_ARGUMENT.
+    Before, a node that took the second one's lease meanwhile saw the first placed and
+    streamed it the first one's turn: another session's frames and text."""
+    (node,) = nodes(1, echo(), ttl=CALM_TTL)
+    for i in range(10):
+        shared = rid("shared")
+        both = [PromptRun(node.prompts(), text=f"{who} {i}", src=source(), request_id=shared)
+                for who in ("one", "two")]
+        ran = [p for p in (p.result(30) for p in both) if p.frames]
+        assert len(ran) == 1, [(p.kinds(), p.key) for p in both if p.frames]
+        refused = next(p for p in both if p is not ran[0])
+        assert (refused.reason, refused.field) == ("INVALID_ARGUMENT", "request_id"), refused.details
+        assert ran[0].final_text in (f"one {i}", f"two {i}")
+
+
 def test_a_restarted_node_takes_its_lanes_back_and_runs_what_was_queued(nodes):
     # The queued prompt runs after the lane's resume turn (its ~60-word note
     # echoed at this pace); the cut-off turn would take 4.5 s.

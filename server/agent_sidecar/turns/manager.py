@@ -160,7 +160,10 @@ class TurnManager:
         if not internal:
             admission.check(self.live, self.cfg.limits)
         epoch = await self.own(key) if not internal else epoch
-        if self.live.get(rid) is not None:  # a twin placed while this one took the lease
+        placed = self.live.get(rid)
+        if placed is not None:  # placed while this one took the lease: a twin, or another lane's
+            if placed.key != key:
+                raise jobs.request_id_reused(rid)
             return None
         turn = Turn(rid=rid, key=key, platform=platform, profile=profile, text=text,
                     delivery=delivery or FOLLOW_UP, timeout_s=timeout_s, payload=payload,
