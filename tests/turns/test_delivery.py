@@ -10,7 +10,7 @@ import signal
 
 import grpc
 import pytest
-from helpers.config import scripted, slow_echo
+from helpers.config import scripted, slow_echo, table
 from helpers.ids import source, words
 from helpers.logs import log_lines
 from helpers.procs import worker_pid
@@ -343,6 +343,35 @@ def test_a_steer_whose_caller_left_while_the_worker_took_it_in_is_not_taken_twic
         assert retry.final_text == host.final_text == "steered text"
         users = [m.content for m in transcript(sessions, host.session_id) if m.role == "user"]
         assert users == ["hello", "steered text"]
+
+
+def test_a_steer_cancelled_while_it_waits_takes_no_pending_prompt_with_it(tmp_path):
+    """A STEER cancelled while it waits for the running turn's worker (stopped
+    here, so it falls back to FOLLOW_UP) is accepted and ends CANCELLED without
+    running; the pending follow-up stays pending and runs. Before, the steer took
+    the pending slot, absorbing that acknowledged prompt, and ended: the follow-up
+    ended superseded by a turn that never ran, its text never seen."""
+    config = CONFIG + table("agent", steer_timeout_s=2)
+    with Sidecar(tmp_path / "data", config=config, workers=1) as one:
+        prompts, sessions = one.prompts(), one.sessions()
+        host = start(prompts, text="hello", src=source(), profile="steerlong")
+        host.wait_for("text_delta")
+        pending = start(prompts, text="pending follow-up", key=host.key)
+        stopped = worker_pid(one, 0)
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            st = PromptRun(prompts, text="steered text", key=host.key, delivery=D.DELIVERY_MODE_STEER)
+            cancel = ppb.CancelRequest(request_id=st.request_id)
+            wait_until(lambda: prompts.Cancel(cancel, timeout=10).cancelled, what="the steer cancelled as it waits")
+            st.result(30)
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+        assert st.kinds() == ["accepted", "failed"] and st.reason == "CANCELLED", (st.kinds(), st.details)
+        assert pending.result(30).end == "completed", pending.kinds()
+        assert "started" in pending.kinds(), pending.kinds()
+        assert host.result(30).end == "completed"
+        users = [m.content for m in transcript(sessions, host.session_id) if m.role == "user"]
+        assert users == ["hello", "pending follow-up"]
 
 
 def test_steer_on_an_idle_session_is_a_normal_turn(stubs):

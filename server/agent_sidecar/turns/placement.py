@@ -46,6 +46,11 @@ async def place_busy(m: TurnManager, lane: Lane, turn: Turn) -> str | None:
         if not lane.busy():
             lane.running = turn
             return None
+        if turn.deferred_end is not None:
+            # Cancelled while it waited: accepted, it ends at once without running
+            # (manager._place_and_accept), so it takes no place in the lane, least of
+            # all the pending prompt's: absorbed, that one's text would end with it.
+            return "fifo"
         mode = FOLLOW_UP
     # The cap bounds how deep the queue gets: a follow-up that only
     # replaces the pending one does not deepen it.
@@ -157,6 +162,8 @@ async def steer(m: TurnManager, lane: Lane, turn: Turn) -> bool:
     falls back at once, instead of after the whole wait."""
     host = lane.running
     if host is None or not host.began or host.finished or host.worker is None:
+        return False
+    if turn.deferred_end is not None:  # cancelled before it was asked (its placement is a task)
         return False
     h = host.worker
     if not h.ready.is_set() or host.worker_gen != h.generation:
