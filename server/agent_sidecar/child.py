@@ -12,6 +12,14 @@ imports its whole package into every child), no asyncio (the store writer
 blocks on its pipe and never needs an event loop). A child imports what its
 target imports, and only that.
 
+The stop signals (``STOP_SIGNALS``) are the parent's to act on: a child
+ignores them from its first instruction to its end. The parent spawns it
+with them blocked (children.start_child), and ``main`` ignores them before
+it unblocks them, so a Ctrl-C, a closed terminal's SIGHUP or ``timeout``'s
+SIGTERM reaching the whole process group while children start or run kills
+none of them: the parent decides when they stop, and a stop it was asked
+for ends as one, not as a child's death (exit 1, no clean-shutdown marker).
+
 ``become_child``: take a name ``top``/``ps -o comm`` shows and a title ``ps -o
 args`` shows, die with the parent, and step back in CPU priority. Dying with
 the parent matters most for the store writer: a writer that outlived a ``kill
@@ -37,6 +45,10 @@ import select
 import signal
 import struct
 import sys
+
+# SIGTERM (a supervisor), SIGINT (Ctrl-C), SIGHUP (a closed terminal): each stops the sidecar
+# cleanly (runtime.py); the children ignore them all (see the module docstring).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
@@ -112,6 +124,7 @@ def main(fd: int) -> None:
     exception that escapes (an import that fails, a target that raises) is
     one line on stderr in the parent's log format, and the parent hears
     why (``_failed``), instead of a bare traceback in no format."""
+    ignore_stop_signals()
     pipe = Pipe(fd)
     name, log_format = "agent-sidecar child", None  # until the parent said
     try:
@@ -122,11 +135,17 @@ def main(fd: int) -> None:
         getattr(sys.modules[module], fn)(pipe, *args)
     except SystemExit:
         raise
-    except KeyboardInterrupt:  # a Ctrl-C before become_child ignores it: the parent stops too
-        os._exit(1)
     except BaseException as e:
         _failed(pipe, name, log_format, e)
         os._exit(1)
+
+
+def ignore_stop_signals() -> None:
+    """Ignore the stop signals, then unblock them: one that came while they
+    were blocked (since the parent's spawn) is discarded, not delivered."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 def _failed(pipe: Pipe, name: str, log_format: str | None, e: BaseException) -> None:
@@ -207,15 +226,13 @@ def _role(name: str) -> str:
 def become_child(name: str, parent_pid: int, title: str | None = None, nice: int = CHILD_NICE) -> None:
     """Name this process (``comm``, at most 15 bytes are kept) and title it
     (``agent-sidecar: TITLE``; default: the role its name says), ask the
-    kernel for SIGKILL when the parent dies, ignore SIGINT/SIGTERM (a Ctrl-C
-    reaches the whole process group, and the parent decides when children
-    stop), and lower our CPU priority by ``nice`` (a load generator's
-    children keep the parent's: they are the load, not work behind it)."""
+    kernel for SIGKILL when the parent dies (the stop signals ``main``
+    ignores already), and lower our CPU priority by ``nice`` (a load
+    generator's children keep the parent's: they are the load, not work
+    behind it)."""
     set_title(title or _role(name))
     _prctl(_PR_SET_NAME, name.encode()[:15])
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         if nice:
             os.nice(nice)

@@ -23,6 +23,7 @@ import asyncio
 import logging
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from .child import CHILD_NICE, FAILED, TITLE_PREFIX, become_child, frame, set_title, tune_gc
+from .child import CHILD_NICE, FAILED, STOP_SIGNALS, TITLE_PREFIX, become_child, frame, set_title, tune_gc
 from .child import LEN as _LEN
 from .child import LEN_LONG as _LEN_LONG
 from .logs import installed_format
@@ -201,6 +202,9 @@ def start_child(target: str, args: tuple, name: str, quiet: bool = False) -> tup
     ``name`` and this process's log format are the child's for the line it
     writes if it fails before it logs (none if ``quiet``)."""
     ours, theirs = socket.socketpair()
+    # Spawned with the stop signals blocked (the mask is inherited; ours is back at once, a
+    # signal that came meanwhile delivered then): the child ignores them before it unblocks them.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         popen = subprocess.Popen(
             # the interpreter's own flags (-X, -W, -B ...), as multiprocessing passes them
@@ -212,6 +216,7 @@ def start_child(target: str, args: tuple, name: str, quiet: bool = False) -> tup
         ours.close()
         raise
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         theirs.close()
     # The first message: where to import from, and what to run (child.main reads it).
     boot = (list(sys.path), target, args, name, "quiet" if quiet else installed_format())

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, cast
 from . import __version__, data_dir_lock
 from . import errors as E
 from .api.request_budget import RequestBudget
+from .child import STOP_SIGNALS
 from .children import start_together, tune_gc
 from .clean_stop import final_index, leave_cluster, mark_clean, unsaved
 from .config import Config
@@ -44,7 +45,6 @@ if TYPE_CHECKING:  # imported where used: the gRPC layer loads after the workers
     from .turns.manager import TurnManager
 
 log = logging.getLogger("agent_sidecar")
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 HURRIED_CLOSE_S = 2.0  # the store writer's time to confirm its close after a second stop signal
 
 # Where the store jobs live: the writer process imports them while the workers

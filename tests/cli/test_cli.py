@@ -139,6 +139,38 @@ def test_sigterm_while_a_worker_is_slow_to_start_stops_at_once_and_keeps_the_las
     assert (data / MARKER).exists(), err
 
 
+def test_a_stop_signal_a_child_gets_while_it_starts_leaves_it_starting(tmp_path):
+    """Ctrl-C (SIGINT), a closed terminal's SIGHUP and ``timeout``'s SIGTERM
+    reach the whole process group: a child that gets one while it starts
+    goes on starting, and the parent alone decides when its children stop
+    (here it was not asked to: the sidecar comes up with that worker). A
+    child that got one before its start was done died, and the sidecar
+    with it ('cannot start', exit 1), which made a Ctrl-C at start exit 0
+    or 1 by which process acted first."""
+    data, pidfile, hold = tmp_path / "data", tmp_path / "worker.pid", tmp_path / "hold"
+    hold.touch()
+    hooks = child_hooks.env(held="agent_sidecar.turns.worker", pidfile=pidfile, held_while=hold)
+    proc = subprocess.Popen(CLI + ["serve", "--data-dir", str(data), "--workers", "1"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**CLEAN_ENV, **hooks})
+    try:
+        wait_until(lambda: pidfile.exists() and pidfile.read_text(), what="the worker in its held import")
+        worker = int(pidfile.read_text())
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            os.kill(worker, sig)
+        hold.unlink()
+        wait_socket_serving(data / "sidecar.sock", proc)
+        assert procs.alive(worker), "the worker that got the signals is the one serving"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert (data / MARKER).exists(), err
+
+
 @pytest.mark.parametrize("text,key", [
     ("bogus_key = 1\n", "bogus_key"),
     ("[sidecar]\nredact_pi = true\n", "sidecar.redact_pi"),

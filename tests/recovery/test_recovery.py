@@ -86,6 +86,26 @@ def test_sighup_drains_and_stops_as_sigterm_does(tmp_path):
         sc.stop()
 
 
+def test_sighup_to_the_process_group_drains_and_stops_cleanly(tmp_path):
+    """A closed terminal: SIGHUP reaches the sidecar and its children (the
+    whole process group, as a shell's hangup does). The sidecar drains and
+    stops cleanly; its store writer and workers, killed by the signal's
+    default action, used to end the drain: the turn cut off, exit 1, no
+    marker."""
+    sc = Sidecar(tmp_path / "data", config=echo("slow", 100), workers=1,
+                 wrapper=["setsid"]).start()  # its own process group, as under a terminal
+    try:
+        run = PromptRun(sc.prompts(), text=words(15), src=source(), profile="slow")
+        run.wait_for("started")
+        os.killpg(sc.proc.pid, signal.SIGHUP)
+        assert sc.proc.wait(30) == 0, sc.log()
+        run.done.wait(5)
+        assert run.kinds()[-1] == "completed", (run.kinds(), run.error)
+        assert marker(sc), "a clean stop writes the marker"
+    finally:
+        sc.stop()
+
+
 def test_clean_restart_with_queued_prompt_runs_it_without_resume(tmp_path):
     sc = Sidecar(tmp_path / "data", config=echo("slow", 100), workers=1).start()
     try:

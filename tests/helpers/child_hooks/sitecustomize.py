@@ -6,7 +6,8 @@ stalled start would, before the child has said anything to its parent.
 - ``BREAK_IMPORT=module``: importing ``module`` raises ImportError (with
   ``BREAK_WHILE=path``, only while ``path`` exists).
 - ``HOLD_IMPORT=module`` with ``HOLD_PIDFILE=path``: importing ``module``
-  writes this process's pid to ``path`` and then never returns.
+  writes this process's pid to ``path`` and then never returns (with
+  ``HOLD_WHILE=path``, returns once ``path`` is gone).
 
 helpers.child_hooks.env(...) builds the environment."""
 
@@ -21,6 +22,7 @@ class _Hook:
     def __init__(self, broken: str | None, held: str | None, pidfile: str | None) -> None:
         self.broken, self.held, self.pidfile = broken, held, pidfile
         self.while_path = os.environ.get("BREAK_WHILE")
+        self.hold_while = os.environ.get("HOLD_WHILE")
 
     def find_spec(self, name, path=None, target=None):
         if name == self.broken and (not self.while_path or os.path.exists(self.while_path)):
@@ -28,8 +30,8 @@ class _Hook:
         if name == self.held and self.pidfile:
             with open(self.pidfile, "w") as f:
                 f.write(str(os.getpid()))
-            while True:
-                time.sleep(60)
+            while not self.hold_while or os.path.exists(self.hold_while):
+                time.sleep(0.05 if self.hold_while else 60)
         return None
 
 
