@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import stat
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, cast
 
 from . import __version__, data_dir_lock
@@ -134,6 +135,8 @@ class Sidecar:
         from .api.tool_service import ToolService
         from .obs.status import snapshot
 
+        if self._stopping.is_set():  # a stop signal before the start (stop_on_signals)
+            raise StoppedWhileStarting("the sidecar was stopped before it started")
         self._private_data_dir()
         self._lock_data_dir()
         open_files = raise_open_files()  # every connection is a file: as many as the hard limit allows
@@ -260,7 +263,7 @@ class Sidecar:
     def request_stop(self) -> None:
         self._stopping.set()
 
-    def stop_on_signals(self) -> None:
+    def stop_on_signals(self, held: Iterable[signal.Signals] = ()) -> None:
         """SIGTERM, SIGINT and SIGHUP stop the sidecar cleanly (drained, the
         marker written), from before ``start``: one that comes while its
         children start undoes their start (``_unless_stopped``), one during
@@ -269,10 +272,14 @@ class Sidecar:
         kill the process mid-turn. A second one during the drain cuts it short:
         the turns still running end as a drain timeout ends them (marked, and
         resumed at the next start), so an operator's repeated Ctrl-C stops the
-        sidecar at once and loses nothing acknowledged."""
+        sidecar at once and loses nothing acknowledged. ``held``: the ones
+        that came before (cli/serve.py held them), acted on now: ``start``
+        then begins nothing."""
         loop = asyncio.get_running_loop()
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, sig)
+        for sig in held:
+            self._on_signal(sig)
 
     def _on_signal(self, sig: signal.Signals) -> None:
         if not self._stopping.is_set():

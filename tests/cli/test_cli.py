@@ -139,6 +139,42 @@ def test_sigterm_while_a_worker_is_slow_to_start_stops_at_once_and_keeps_the_las
     assert (data / MARKER).exists(), err
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stop_signal_before_the_sidecar_has_its_handlers_abandons_the_start(tmp_path, sig):
+    """A stop signal in the start's first moments (here: while it reads its
+    config, a FIFO that has no writer yet) ends the start as one during the
+    children's spawn does: exit 0, nothing begun, the last stop's marker kept.
+    SIGTERM and SIGHUP killed the process there without a word (exit 143,
+    129), Ctrl-C was 'agent-sidecar serve: interrupted' (exit 130)."""
+    data, fifo = tmp_path / "data", tmp_path / "config.toml"
+    with Sidecar(data, workers=1) as sc:  # a clean stop leaves the marker
+        pass
+    os.mkfifo(fifo)
+    proc = subprocess.Popen(CLI + ["serve", "--data-dir", str(data), "--config", str(fifo), "--workers", "1"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**CLEAN_ENV, **sc.store_env()})
+    try:
+        writer = wait_until(lambda: _fifo_writer(fifo), 30, what="the sidecar reading its config")
+        proc.send_signal(sig)
+        with os.fdopen(writer, "w") as f:  # the config, once the signal is on its way
+            f.write("[sidecar]\n")
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and "Traceback" not in err, (proc.returncode, err)
+    assert (data / MARKER).exists(), err
+
+
+def _fifo_writer(fifo: Path) -> int | None:
+    """The FIFO opened for writing once a reader has it open, else None."""
+    try:
+        return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # ENXIO: no reader yet
+        return None
+
+
 def test_a_stop_signal_a_child_gets_while_it_starts_leaves_it_starting(tmp_path):
     """Ctrl-C (SIGINT), a closed terminal's SIGHUP and ``timeout``'s SIGTERM
     reach the whole process group: a child that gets one while it starts

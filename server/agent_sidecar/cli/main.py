@@ -1,8 +1,9 @@
 """``agent-sidecar``: serve, sessions, doctor, backup, health, status, config, bench; ``--version``.
 
 It imports nothing heavy at module level (grpc and the server come in
-inside the commands), so ``agent-sidecar --help`` and the small commands
-start fast.
+inside the commands, the argument types when the parser is built), so
+``agent-sidecar --help`` and the small commands start fast, and ``serve``
+holds a stop signal from its first lines (cli/serve.py).
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import os
 import sys
 
 from .. import __version__
-from .argtypes import MAX_SECONDS, file_name, non_negative, positive, utf8
-from .connection import add_target_arguments, quiet_grpc_core  # no grpc: it comes in when a command runs
 
 
 def _serve(args) -> int:
@@ -47,6 +46,8 @@ def _status(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .argtypes import MAX_SECONDS, file_name, non_negative, positive, utf8
+    from .connection import add_target_arguments  # no grpc: it comes in when a command runs
     p = argparse.ArgumentParser(prog="agent-sidecar",
                                 description="A gRPC session runtime for chat-bot agents.")
     p.add_argument("--version", action="version", version=f"agent-sidecar {__version__}")
@@ -126,8 +127,12 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT's 2: a command stopped by Ctrl-C
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["serve"]:  # before any slow import (cli/serve.py)
+        from .serve import hold_stop_signals
+        hold_stop_signals()
     args = build_parser().parse_args(argv)
     if getattr(args, "quiet_grpc", False):  # a command that talks to a running sidecar
+        from .connection import quiet_grpc_core
         quiet_grpc_core()
     try:
         code = args.func(args) or 0
