@@ -106,6 +106,8 @@ class PgProxy:
     def close(self) -> None:
         self._closed = True
         self._flowing.set()
+        with contextlib.suppress(OSError):  # wakes the accept under way: no connection passes after this
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         with self._lock:
             sockets = list(self._sockets)
@@ -117,6 +119,9 @@ class PgProxy:
             try:
                 client, _ = self._listener.accept()
             except OSError:
+                return
+            if self._closed:
+                _close(client)
                 return
             if time.monotonic() < self._refuse_until:
                 _close(client)

@@ -21,7 +21,7 @@ from helpers.sessions import create
 from helpers.streams import PromptRun, prompt_req, run
 from helpers.waiting import wait_until
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from sidecar_proc import Sidecar
+from sidecar_proc import Sidecar, error_info
 
 from agent_sidecar.store.faults import StoreUnavailable, probe
 from agent_sidecar.store.postgres.writer import PostgresWriter
@@ -99,9 +99,11 @@ def _health(sc) -> int:
 
 def test_a_table_renamed_by_hand_is_a_store_fault_until_it_is_back(pg_server, tmp_path):
     """An operator renames a table of the store: a prompt is refused
-    UNAVAILABLE / STORE_UNAVAILABLE naming the missing table, and health says
-    NOT_SERVING until the table is back; then prompts run again, without a
-    restart. It used to answer INTERNAL while health said SERVING."""
+    UNAVAILABLE / STORE_UNAVAILABLE naming the missing table (in the
+    product's words: the server's, with the statement it failed, stay in the
+    log), and health says NOT_SERVING until the table is back; then prompts
+    run again, without a restart. It used to answer INTERNAL while health
+    said SERVING."""
     dsn = pg_server.database("schema_damaged")
     with Sidecar(tmp_path / "data", dsn=dsn, workers=1).start() as sc:
         src = source()
@@ -111,12 +113,41 @@ def test_a_table_renamed_by_hand_is_a_store_fault_until_it_is_back(pg_server, tm
         out = run(sc.prompts(), prompt_req(text="while it is gone", source=src), timeout=10)
         assert (out.code, out.reason) == (grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE"), \
             (out.code, out.details)
-        assert 'relation "frames" does not exist' in out.details, out.details
+        assert out.details == ('the store is unavailable: the store\'s PostgreSQL schema is damaged:'
+                               ' table "frames" is missing; retry later'), out.details
         wait_until(lambda: _health(sc) == NOT_SERVING, 10, what="health NOT_SERVING")
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("ALTER TABLE frames_moved RENAME TO frames")
         wait_until(lambda: _health(sc) == SERVING, 10, what="health SERVING again")
         assert run(sc.prompts(), prompt_req(text="after", source=src)).end == "completed"
+
+
+def test_a_database_out_of_reach_is_said_in_the_product_s_words(pg_server, tmp_path):
+    """The database cannot be reached (here its address refuses every
+    connection): a write and a read are refused UNAVAILABLE /
+    STORE_UNAVAILABLE saying so in the product's words. They said it in
+    psycopg's ('the store failed (connection failed: connection to server at
+    "127.0.0.1", port N failed: Connection refused ...)'), the database's
+    address included."""
+    from helpers.pgproxy import PgProxy
+    proxy = PgProxy(pg_server.database("out_of_reach"))
+    sc = Sidecar(tmp_path / "data", dsn=proxy.dsn, workers=1).start()
+    try:
+        create(sc.sessions())
+        proxy.close()  # the connections cut, the address refusing new ones
+        for call in (lambda: create(sc.sessions()),
+                     lambda: sc.sessions().ListSessions(spb.ListSessionsRequest(), timeout=10)):
+            with pytest.raises(grpc.RpcError) as ei:
+                call()
+            err = ei.value
+            assert (err.code(), error_info(err)[0]) == (grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE"), \
+                (err.code(), err.details())
+            said = err.details()
+            assert said.startswith("the store is unavailable: ") and "PostgreSQL" in said, said
+            assert "127.0.0.1" not in said and str(proxy.port) not in said, said
+    finally:
+        sc.stop()
+        proxy.close()
 
 
 def _end_writer_session(dsn: str) -> None:

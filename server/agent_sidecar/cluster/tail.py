@@ -125,7 +125,7 @@ class FrameTail:
             except StoreUnavailable as e:  # one line per outage, not one per attempt
                 log.log(logging.WARNING if delay == RETRY_MIN_S else logging.DEBUG,
                         "cluster tail: the store is out of reach; following again",
-                        extra={"error": e.message, "retry_in_s": delay})
+                        extra={"error": e.message, "cause": e.cause or None, "retry_in_s": delay})
             except Exception:
                 log.exception("cluster tail failed; following again")
             await asyncio.sleep(delay)

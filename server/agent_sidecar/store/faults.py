@@ -43,13 +43,17 @@ _ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
 
 
 class StoreUnavailable(SidecarError):
-    """The store cannot write now; retry after ``retry_after_s``."""
+    """The store cannot write now; retry after ``retry_after_s``. ``message``
+    is what callers are told, in the product's words; ``cause`` the driver's
+    own text, for the log lines only (it can name the database's host, socket
+    or role, which a client has no business seeing)."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, cause: str = ""):
         super().__init__(STORE_UNAVAILABLE, message, retry_after_s=RETRY_AFTER_S)
+        self.cause = cause
 
     def __reduce__(self):
-        return (type(self), (self.message,))
+        return (type(self), (self.message, self.cause))
 
 
 def is_store_fault(e: BaseException, driver_faults: tuple[type, ...] = ()) -> bool:
@@ -121,7 +125,7 @@ class FaultMonitor:
     def refuse(self) -> None:
         """Raise (a fresh copy of) the fault while the store is failing."""
         if self.fault is not None:
-            raise StoreUnavailable(self.fault.message)
+            raise StoreUnavailable(self.fault.message, self.fault.cause)
 
     # -- what the writer tells us ----------------------------------------------------------
 
@@ -155,7 +159,7 @@ class FaultMonitor:
             return
         self.fault, self.since = fault, time.monotonic()
         log.error("the store cannot write; refusing writes until it can",
-                  extra={"error": fault.message})
+                  extra={"error": fault.message, "cause": fault.cause or None})
         self._tell(fault)
         if not self._closed:
             import asyncio

@@ -29,7 +29,7 @@ from psycopg import errors as pgerr
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
-from ..faults import is_store_fault
+from ..faults import StoreUnavailable, is_store_fault
 from ..records import ClusterOp
 from .codec import configure
 
@@ -175,6 +175,56 @@ async def unbounded_async(conn: psycopg.AsyncConnection) -> None:
 
 def is_fault(e: BaseException) -> bool:
     return is_store_fault(e, DRIVER_FAULTS)
+
+
+# What a caller is told of a fault, by the server's SQLSTATE: the product's words, never the
+# driver's (which can name the server's host, socket, role or database); the log keeps those.
+_SAID = {
+    "53100": "PostgreSQL's disk is full",
+    "53200": "PostgreSQL is out of memory",
+    "53000": "PostgreSQL is out of resources",
+    "53300": "PostgreSQL takes no more connections (too many connections)",
+    "57014": "a PostgreSQL statement was cancelled (statement_timeout, or an operator's cancel)",
+    "55P03": "a PostgreSQL lock was not granted in time (lock_timeout)",
+    "57P01": "PostgreSQL ended the connection (the server shuts down, or an operator ended the session)",
+    "57P02": "PostgreSQL ended the connection (the server crashed)",
+    "57P03": "PostgreSQL takes no connections now (it is starting or shutting down)",
+    "25006": "PostgreSQL takes no writes (a read-only server: a standby?)",
+    "42501": "PostgreSQL refuses the sidecar's role a right on the store's schema",
+}
+_MISSING = {"42P01": "table", "42703": "column", "42883": "function", "3F000": "schema"}  # DAMAGE's kinds
+UNREACHABLE = "PostgreSQL cannot be reached (the connection was lost or refused)"
+_REFUSED = (("too many connections", _SAID["53300"]),
+            ("the database system is", _SAID["57P03"]),
+            ("authentication failed", "PostgreSQL refuses the sidecar's login"))
+
+
+def said(e: BaseException) -> str:
+    """What went wrong, in the product's words (``unavailable``)."""
+    state = getattr(e, "sqlstate", None)
+    if state in _SAID:
+        return _SAID[state]
+    if state in _MISSING:  # the schema changed by hand: name what is missing, no more of the server's text
+        names = _QUOTED.findall(getattr(getattr(e, "diag", None), "message_primary", None) or "")
+        missing = f'{_MISSING[state]} "{names[0]}"' if names else f"a {_MISSING[state]}"
+        return f"the store's PostgreSQL schema is damaged: {missing} is missing"
+    if isinstance(e, TimeoutError):
+        return "PostgreSQL did not answer in time"
+    text = str(e)  # a connection refused has no SQLSTATE: libpq's words (English servers') say why
+    for words, what in _REFUSED:
+        if words in text:
+            return what
+    return UNREACHABLE
+
+
+def unavailable(e: BaseException, what: str | None = None) -> StoreUnavailable:
+    """A store fault of this backend as callers get it: what went wrong in
+    the product's words (``what``, else ``said``), and the driver's text as
+    the error's ``cause``, for the log lines."""
+    if isinstance(e, StoreUnavailable):
+        return e
+    return StoreUnavailable(f"the store is unavailable: {what or said(e)}; retry later",
+                            cause=f"{type(e).__name__}: {e}")
 
 
 def announce_payload(op: str, keys: list[str], origin: str) -> str:

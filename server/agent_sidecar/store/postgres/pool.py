@@ -41,11 +41,12 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from ..faults import unavailable
 from .codec import configure
-from .connection import connect_kwargs, is_fault
+from .connection import connect_kwargs, is_fault, unavailable
 
 log = logging.getLogger("agent_sidecar.store")
+# A read that waited out its time for a connection: an outage, or every connection busy.
+NO_CONNECTION = "no PostgreSQL connection came in time (the database out of reach, or every connection busy)"
 
 WAIT_S = 5.0  # the longest wait for a free read connection while the database answers
 WAIT_DOWN_S = 0.5  # ... while it is out of reach: time enough to connect, when it is back
@@ -94,7 +95,7 @@ class ReadPool:
                 if last or not stale:
                     if not waited or self._failing():  # a wait alone may be a busy pool, not an outage
                         self._went_down(e)
-                    raise unavailable(e) from None
+                    raise unavailable(e, NO_CONNECTION if waited and not self.down else None) from None
                 continue  # a connection lost since its last use: again, on another
             if self.down:
                 log.info("store reads answer again")

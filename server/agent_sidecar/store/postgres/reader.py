@@ -11,13 +11,15 @@ model failure."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import psycopg
 
-from ..faults import unavailable
 from . import reads
-from .connection import connect, is_fault
+from .connection import connect, is_fault, unavailable
+
+log = logging.getLogger("agent_sidecar.store")
 
 
 class PostgresTranscriptReader:
@@ -35,6 +37,7 @@ class PostgresTranscriptReader:
                 fresh = self._conn is None
                 self.close()
                 if last or fresh:  # a new connection failed too: the database is out of reach
+                    log.warning("store read failed", extra={"error": f"{type(e).__name__}: {e}"})
                     raise unavailable(e) from None
         raise AssertionError("unreachable")
 

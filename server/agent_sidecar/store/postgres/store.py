@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg_pool import PoolTimeout
 
-from ..faults import StoreUnavailable, unavailable
+from ..faults import StoreUnavailable
 from ..interface import StoreOpenError
 from ..records import FrameRecord, LeaseHolder, LedgerEntry, Message, SearchHit, SessionEntry, StoreStats
 from ..writer.backed import WriterBacked
@@ -33,6 +33,7 @@ from .connection import (
     connect_async,
     read_announce,
     server_refused,
+    unavailable,
     unbounded,
     unbounded_async,
 )

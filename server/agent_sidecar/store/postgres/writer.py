@@ -30,8 +30,18 @@ import psycopg
 from psycopg import errors as pgerr
 
 from ...logs import FaultEpisode
-from ..faults import CommitOutcomeUnknown, StoreUnavailable, unavailable
-from .connection import CHANNEL, WRITER_APPLICATION, aborted, connect, forget_prepared, is_fault, settle, unbounded
+from ..faults import CommitOutcomeUnknown, StoreUnavailable
+from .connection import (
+    CHANNEL,
+    WRITER_APPLICATION,
+    aborted,
+    connect,
+    forget_prepared,
+    is_fault,
+    settle,
+    unavailable,
+    unbounded,
+)
 from .rows import sender
 
 if TYPE_CHECKING:

@@ -251,7 +251,8 @@ class Unknown:
         return None
 
     def refuse(self, runs: list[tuple[list[int], Callable, list[tuple]]]) -> list[tuple[int, bool, Any]]:
-        error = StoreUnavailable(f"the store lost its connection during a commit ({self.error}); retry later")
+        error = StoreUnavailable("the store is unavailable: its connection was lost during a commit whose"
+                                 " outcome is not known yet; retry later", cause=str(self.error))
         return [(jid, False, error) for jids, _, _ in runs for jid in jids]
 
     def give_up(self, pipe, db: WriterBackend) -> None:
