@@ -137,6 +137,8 @@ def test_turns_end_once_and_the_store_recovers_when_the_disk_fills(disk, tmp_pat
         disk.fill()
         err = append_until_refused(sessions, spare.session_id)
         assert_store_unavailable(err)
+        # In the product's words: SQLite's ("database or disk is full") stay in the log.
+        assert err.details() == "the store is unavailable: its disk is full; retry later", err.details()
         wait_until(lambda: every_health(sc) == {health_pb2.HealthCheckResponse.NOT_SERVING},
                    what="NOT_SERVING while the store cannot write, for every service name")
         # The health command: not ready (exit 1), but alive for a liveness probe (--live).

@@ -159,7 +159,7 @@ class FaultMonitor:
             return
         self.fault, self.since = fault, time.monotonic()
         log.error("the store cannot write; refusing writes until it can",
-                  extra={"error": fault.message, "cause": fault.cause or None})
+                  extra={"error": fault.message, **({"cause": fault.cause} if fault.cause else {})})
         self._tell(fault)
         if not self._closed:
             import asyncio

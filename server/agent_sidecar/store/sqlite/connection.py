@@ -76,12 +76,30 @@ BUSY = (f"the store is busy: another process has held the SQLite write lock for 
         f" {BUSY_TIMEOUT_MS // 1000} s; retry later")
 
 
+# What a caller is told of the other faults: the product's words, never SQLite's ("database
+# or disk is full", "disk I/O error", "database disk image is malformed"); the log keeps those.
+_FULL, _IO = "its disk is full", "its disk failed to read or write (an I/O error)"
+_SAID = ((apsw.FullError, _FULL), (apsw.IOError, _IO), (apsw.ReadOnlyError, "its file cannot be written (read-only)"),
+         (apsw.CantOpenError, "its file cannot be opened"),
+         (DAMAGE, "its file is damaged (agent-sidecar doctor says what is damaged and how to recover)"))
+_SAID_ERRNO = {errno.ENOSPC: _FULL, errno.EDQUOT: "its disk quota is used up", errno.EIO: _IO,
+               errno.EROFS: "its file cannot be written (a read-only filesystem)"}
+
+
 def unavailable(e: BaseException) -> StoreUnavailable:
-    """A store fault of this backend as callers get it (faults.unavailable),
-    a lock held past the busy timeout in the product's words."""
+    """A store fault of this backend as callers get it: in the product's
+    words (a lock held past the busy timeout, a full disk, an I/O error, a
+    damaged file), SQLite's own text as the error's ``cause``, for the log."""
+    if isinstance(e, StoreUnavailable):
+        return e
+    cause = f"{type(e).__name__}: {e}"
     if isinstance(e, apsw.BusyError):
-        return StoreUnavailable(BUSY)
-    return store_failed(e)
+        return StoreUnavailable(BUSY, cause)
+    what = _SAID_ERRNO.get(e.errno) if isinstance(e, OSError) and e.errno is not None else None
+    for kind, words in _SAID:
+        if what is None and isinstance(e, kind):
+            what = words
+    return StoreUnavailable(f"the store is unavailable: {what}; retry later", cause) if what else store_failed(e)
 
 
 def check_headroom(path: str) -> None:
