@@ -347,6 +347,24 @@ def test_a_store_locked_past_the_busy_timeout_is_busy_in_the_products_words(tmp_
         assert run_retrying(sc.prompts(), src=source(), text="again").final_text == "again"
 
 
+@pytest.mark.sqlite_only("the SQLite file past the process's file size limit")
+def test_a_final_checkpoint_the_disk_refuses_says_so_not_that_another_connection_held_it(tmp_path):
+    """The store's files cannot grow (here: the process's file size limit,
+    RLIMIT_FSIZE, as a quota would stop them): writes are refused, and the
+    stop's final WAL checkpoint fails. Its log line says it failed and why
+    (the operator's line is the behaviour); it said "another connection held
+    the database", sending the operator after a process that was not there."""
+    limit = 300_000  # past a new store's file; below it plus the new pages its WAL holds once refused
+    with Sidecar(tmp_path / "data", workers=1, wrapper=["prlimit", f"--fsize={limit}", "--"]).start() as sc:
+        session = create(sc.sessions())[0]
+        with pytest.raises(grpc.RpcError) as refused:
+            for _ in range(10):
+                big_append(sc.sessions(), session.session_id, 100_000)
+        assert_store_unavailable(refused.value)
+    assert log_lines(sc, "final WAL checkpoint failed"), sc.log()
+    assert not log_lines(sc, "final WAL checkpoint incomplete: another connection held the database"), sc.log()
+
+
 # -- a writer that dies -----------------------------------------------------------------------
 
 def test_calls_in_flight_when_the_writer_dies_answer_unavailable(tmp_path):

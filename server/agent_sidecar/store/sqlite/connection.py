@@ -157,13 +157,19 @@ class SqliteWriter:
         return False  # one writer: nothing to conflict with
 
     def close(self) -> None:
+        """The WAL checkpointed into the file and truncated, as a clean stop
+        leaves it; when that cannot be done the log says why (what the WAL
+        holds is durable: the next start's checkpoint takes it)."""
         import logging
         try:
             self.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
-        except apsw.Error as e:  # another connection still reading, or writing (its lock past the busy timeout)
+        except (apsw.BusyError, apsw.LockedError) as e:  # another connection reading, or writing past the busy timeout
             logging.getLogger("agent_sidecar.store").warning(
                 "final WAL checkpoint incomplete: another connection held the database",
                 extra={"error": str(e)})
+        except apsw.Error as e:  # the disk: full, failing, read-only, a file size limit
+            logging.getLogger("agent_sidecar.store").warning(
+                "final WAL checkpoint failed", extra={"error": f"{type(e).__name__}: {e}"})
         self.conn.close()
 
 
