@@ -320,6 +320,35 @@ def test_search_speaks_one_syntax_on_both_backends(stub):
         assert sorted(h.seq for h in hits) == seqs, query
 
 
+# Words as both backends find them: letters and digits between punctuation,
+# whatever the punctuation makes of them (a URL, an e-mail address, a dotted
+# number, a name with underscores); a NUL separates words too.
+WORDY = ["see https://github.com/agent-sidecar/agent-sidecar", "write to bob.smith@example.com",
+         "pi is 3.14159", "call make_session_key", "hello\x00world", "left \ufdd0 \ufdd1 right",
+         "un café crème, thé ou chocolat"]
+WORDS_FOUND = {"github": [1], "https": [1], "sidecar": [1], "agent-sidecar": [1], "example": [2],
+               "bob": [2], "example.com": [2], "14159": [3], "3.14159": [3], "session": [4],
+               "session_key": [4], "world": [5], "hello": [5], "right": [6], "CRÈME": [7]}
+
+
+def test_search_finds_words_within_urls_addresses_and_numbers_on_both_backends(stub):
+    """PostgreSQL's parser read "https://github.com/x" as a URL, a host and a
+    path, "bob@example.com" as one address, "3.14159" as one number, and the
+    escape of a NUL as part of the next word: SearchMessages found "github",
+    "example", "14159" or "world" there on SQLite only. And its snippet took
+    the message's own U+FDD0 and U+FDD1 for its highlight marks."""
+    w = uniq("wordy")
+    s = seed(stub, src(), [msg("user", f"{w} {t}") for t in WORDY])
+
+    def hits(query):
+        return stub.SearchMessages(pb.SearchMessagesRequest(query=f"{w} {query}", session_key=s.session_key),
+                                   timeout=10).hits
+    for query, seqs in WORDS_FOUND.items():
+        assert sorted(h.seq for h in hits(query)) == seqs, query
+    assert [h.snippet for h in hits("github")] == [f"[{w}] see https://[github].com/agent-sidecar/agent-sidecar"]
+    assert [h.snippet for h in hits("right")] == [f"[{w}] left \ufdd0 \ufdd1 [right]"]
+
+
 @pytest.mark.parametrize("query", ["-x", "-apple or banana", '-"a b"'])
 def test_search_that_only_excludes_is_refused(stub, query):
     with rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", "query"):

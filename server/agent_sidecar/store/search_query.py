@@ -23,6 +23,7 @@ cannot search for "everything without x").
 from __future__ import annotations
 
 import re
+import string
 from dataclasses import dataclass
 
 from ..errors import invalid
@@ -96,14 +97,23 @@ def to_fts5(groups: list[list[Term]]) -> str:
     return " OR ".join(out)
 
 
+# What PostgreSQL's full-text index reads as spaces (its schema's
+# ``search_text``): ASCII punctuation, the escape mark (of NUL and of itself,
+# store/postgres/codec.py) and the snippet marks. A query's words are read
+# the same way, so "a.b@c.de" is the phrase of a, b, c and de on both
+# backends, as SQLite reads it in the text and in the query.
+_PG_READING = str.maketrans(dict.fromkeys(string.punctuation + "\ufdd0\ufdd1\uffff", " "))
+
+
 def to_tsquery(groups: list[list[Term]]) -> str:
     """The parsed query as ``to_tsquery`` input, the same structure as
-    ``to_fts5``: each term a phrase (``<->``) of its words, each word a quoted
-    lexeme (its text split into lexemes as ``phraseto_tsquery`` splits it,
-    never read as tsquery syntax), a group's terms ANDed with ``!`` for the
+    ``to_fts5``: each term a phrase (``<->``) of its words, each word split
+    where the index splits text (``_PG_READING``) and each part a quoted lexeme
+    (never read as tsquery syntax), a group's terms ANDed with ``!`` for the
     excluded ones, the groups ORed."""
     def phrase(t: Term) -> str:
-        inner = " <-> ".join("'" + w.replace("\\", "\\\\").replace("'", "''") + "'" for w in t.words)
+        parts = [p for w in t.words for p in w.translate(_PG_READING).split() if _has_token(p)]
+        inner = " <-> ".join("'" + p.replace("\\", "\\\\").replace("'", "''") + "'" for p in parts)
         return f"!({inner})" if t.negated else f"({inner})"
     return " | ".join("(" + " & ".join(phrase(t) for t in g) + ")" for g in groups)
 

@@ -10,7 +10,7 @@ from typing import Any
 from .. import search_query
 from ..records import FrameRecord, LeaseHolder, LedgerEntry, Message, SearchHit, SessionEntry
 from ..statements import ENTRY_SELECT, entries_page
-from . import rows
+from . import codec, rows
 
 
 async def _all(conn, sql: str, params: Any = ()) -> list[tuple]:
@@ -54,32 +54,51 @@ async def transcript(conn, session_id: str, include_rewound: bool, after_seq: in
 
 # A snippet as SQLite's snippet() makes it: about 12 words from the best match
 # on, the matches in [brackets], "…" where the message goes on before or after.
-# ts_headline marks the matches with two Unicode noncharacters (never meant to
-# be in text), which become the brackets once the plain headline has been
-# compared with the message's start and end for the "…".
+# ts_headline reads the text as the index does (schema.py ``search_text``: the
+# same characters at the same places, punctuation as spaces) and marks the
+# matches with two Unicode noncharacters, which that text never holds (they
+# are spaces there too, so a message's own are never taken for marks); the
+# snippet is then the message's own characters at the headline's place, with
+# brackets for the marks (``_snippet``).
 START, STOP = "\ufdd0", "\ufdd1"
 _HEADLINE = f"MaxWords=12, MinWords=11, StartSel={START}, StopSel={STOP}"
 _SEARCH = (
-    "SELECT session_key, session_id, seq, role,"
-    " CASE WHEN starts_with(content, plain) THEN '' ELSE '…' END"
-    " || replace(replace(hl, %(start)s, '['), %(stop)s, ']')"
-    " || CASE WHEN right(content, length(plain)) = plain THEN '' ELSE '…' END, created_at"
+    "SELECT session_key, session_id, seq, role, hl,"
+    " CASE WHEN pos > 0 THEN convert_to(substr(content, pos, length(plain)), 'UTF8') END,"
+    " starts_with(st, plain), right(st, length(plain)) = plain, created_at"
     " FROM (SELECT i.session_key, m.session_id, m.seq, m.role, m.content, m.created_at, m.id,"
     " ts_rank(m.content_tsv, q) AS rank, q"
     " FROM messages m JOIN incarnations i ON i.session_id = m.session_id,"
     " to_tsquery('simple', %(q)s) q WHERE m.content_tsv @@ q AND m.active{key}"
     " ORDER BY rank DESC, m.id LIMIT %(limit)s) top,"
-    " LATERAL (SELECT ts_headline('simple', top.content, top.q, %(opts)s) AS hl) h,"
-    " LATERAL (SELECT replace(replace(h.hl, %(start)s, ''), %(stop)s, '') AS plain) p"
+    " LATERAL (SELECT search_text(top.content) AS st) t,"
+    " LATERAL (SELECT ts_headline('simple', t.st, top.q, %(opts)s) AS hl) h,"
+    " LATERAL (SELECT replace(replace(h.hl, %(start)s, ''), %(stop)s, '') AS plain) p,"
+    " LATERAL (SELECT strpos(t.st, p.plain) AS pos) o"
     " ORDER BY rank DESC, id")
+
+
+def _snippet(hl: str, region: bytes | None, at_start: bool, at_end: bool) -> str:
+    """The hit's snippet: the headline ``hl`` with the message's own
+    characters in place of the index's reading of them (``region``: the
+    stored text there, raw, so its escapes are undone here, after the marks
+    went in: a mark stands next to a word, never inside an escape), the
+    marks as brackets, "…" where the message goes on."""
+    if region is None:  # not found again (not expected): the headline's reading of the text
+        text = hl.replace(START, "[").replace(STOP, "]")
+    else:
+        own = iter(region.decode())
+        text = codec.unescape("".join("[" if ch == START else "]" if ch == STOP else next(own, "")
+                                      for ch in hl))
+    return ("" if at_start else "…") + text + ("" if at_end else "…")
 
 
 async def search(conn, query: str, session_key: str, limit: int) -> list[SearchHit]:
     """The query parsed once (search_query.py: quotes, or, -word, the parse
     SQLite's search is written from too) and written as ``to_tsquery`` input:
     both backends search for the same words in the same structure, and refuse
-    alike one that only excludes words. NUL and other control characters
-    separate words."""
+    alike one that only excludes words. NUL, punctuation and other control
+    characters separate words, in the text as in the query."""
     groups = search_query.parse(query)
     if not groups:
         return []
@@ -87,7 +106,9 @@ async def search(conn, query: str, session_key: str, limit: int) -> list[SearchH
     key = ""
     if session_key:
         key, params["key"] = " AND i.session_key = %(key)s", session_key
-    return [SearchHit(*r) for r in await _all(conn, _SEARCH.format(key=key), params)]
+    return [SearchHit(key_, sid, seq, role, _snippet(hl, region, first, last), at)
+            for key_, sid, seq, role, hl, region, first, last, at
+            in await _all(conn, _SEARCH.format(key=key), params)]
 
 
 async def ledger(conn, request_id: str) -> LedgerEntry | None:
