@@ -61,6 +61,25 @@ def test_force_new_gives_new_id(stub):
     assert _get(stub, s.session_key).session_id == s2.session_id
 
 
+def test_a_new_incarnation_is_named_as_the_chat_is_now(stub):
+    """A chat renamed, then force_new or /stop and the next access: the new
+    incarnation's display_name is the source's chat name, as a kept lane's
+    is (it kept the old name while origin.chat_name had the new one)."""
+    first = src(chat_name="Before")
+    s, _ = create(stub, first)
+    renamed = c.SessionSource(platform=first.platform, chat_id=first.chat_id, chat_name="After")
+    fresh, created = create(stub, renamed, force_new=True)
+    assert created and (fresh.display_name, fresh.origin.chat_name) == ("After", "After")
+    assert _get(stub, s.session_key).display_name == "After"
+    stub.SuspendSession(pb.SuspendSessionRequest(session_key=s.session_key), timeout=10)
+    again = c.SessionSource(platform=first.platform, chat_id=first.chat_id, chat_name="Later")
+    restarted, created = create(stub, again)
+    assert created and restarted.auto_reset_reason == "suspended"
+    assert (restarted.display_name, _get(stub, s.session_key).display_name) == ("Later", "Later")
+    unnamed, _ = create(stub, c.SessionSource(platform=first.platform, chat_id=first.chat_id), force_new=True)
+    assert unnamed.display_name == "Later"  # a source without a chat name keeps the one there is
+
+
 def test_suspended_beats_resume_pending(stub):
     source = src()
     s, _ = create(stub, source)

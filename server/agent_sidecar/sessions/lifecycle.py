@@ -84,13 +84,17 @@ def get_or_create(uow: UnitOfWork, key: str, source: SessionSource, profile: str
             uow.incarnations.insert(new.session_id, key, now)
             return new, True
         entry = require_entry(uow, key)  # another writer created it meanwhile
+    # A new incarnation takes the source's chat name as the lane's display
+    # name, as keeping the lane does (``kept``): a chat renamed before a
+    # force_new or a /stop is shown by the name it has now.
     if force_new:
         return _replace_incarnation(uow, entry, "force_new", now, was_auto_reset=False,
-                                    auto_reset_reason="", is_fresh_reset=False, origin=origin), True
+                                    auto_reset_reason="", is_fresh_reset=False, origin=origin,
+                                    display_name=source.chat_name), True
     if entry.suspended:
         return _replace_incarnation(uow, entry, "suspended", now, was_auto_reset=True,
                                     auto_reset_reason="suspended", is_fresh_reset=False,
-                                    origin=origin), True
+                                    origin=origin, display_name=source.chat_name), True
     if entry.resume_pending:
         return entry, False  # soft recovery: same id, flag cleared by the next good turn
     uow.routing.patch(key, kept(source, now))
