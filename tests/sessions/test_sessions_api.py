@@ -355,7 +355,9 @@ def test_search_finds_words_within_urls_addresses_and_numbers_on_both_backends(s
     path, "bob@example.com" as one address, "3.14159" as one number, and the
     escape of a NUL as part of the next word: SearchMessages found "github",
     "example", "14159" or "world" there on SQLite only. And its snippet took
-    the message's own U+FDD0 and U+FDD1 for its highlight marks."""
+    the message's own U+FDD0 and U+FDD1 for its highlight marks. Its
+    snippets marked each word of a phrase on its own, also outside the
+    phrase and in an excluded one, where SQLite marks the phrase."""
     w = uniq("wordy")
     s = seed(stub, src(), [msg("user", f"{w} {t}") for t in WORDY])
 
@@ -366,6 +368,12 @@ def test_search_finds_words_within_urls_addresses_and_numbers_on_both_backends(s
         assert sorted(h.seq for h in hits(query)) == seqs, query
     assert [h.snippet for h in hits("github")] == [f"[{w}] see https://[github].com/agent-sidecar/agent-sidecar"]
     assert [h.snippet for h in hits("right")] == [f"[{w}] left \ufdd0 \ufdd1 [right]"]
+    # Marked as SQLite marks them: a phrase (also one the punctuation makes) as one span, each of its
+    # instances, never an excluded word.
+    assert [h.snippet for h in hits("bob.smith")] == [f"[{w}] write to [bob.smith]@example.com"]
+    assert [h.snippet for h in hits("agent-sidecar")] == \
+        [f"[{w}] see https://github.com/[agent-sidecar]/[agent-sidecar]"]
+    assert [h.snippet for h in hits('thé -"thé vert"')] == [f"[{w}] un café crème, [thé] ou chocolat"]
 
 
 @pytest.mark.parametrize("query", ["-x", "-apple or banana", '-"a b"'])

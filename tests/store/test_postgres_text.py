@@ -73,7 +73,7 @@ def test_search_is_websearch_syntax_with_snippets(tmp_path):
         def snippets(q):
             return sorted(h.snippet for h in s.read("search", q, "", 10))
         assert snippets("quick") == ["[quick] thinking saves the day", "the [quick] brown fox"]
-        assert snippets('"brown fox"') == ["the quick [brown] [fox]"]
+        assert snippets('"brown fox"') == ["the quick [brown fox]"]  # a phrase as one span, as on SQLite
         assert snippets("quick -fox") == ["[quick] thinking saves the day"]
         assert snippets("dog or day") == ["a lazy [dog] sleeps", "quick thinking saves the [day]"]
         (long,) = snippets("needle")

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 from ..errors import invalid
 
+# A word as the tokenizers read one: letters and digits.
+WORD = re.compile(r"[^\W_]+")
 # A quoted phrase (the closing quote may be missing), or a run of other text.
 _CHUNK = re.compile(r'"([^"]*)"?|([^\s"]+)')
 
@@ -112,10 +114,23 @@ def to_tsquery(groups: list[list[Term]]) -> str:
     (never read as tsquery syntax), a group's terms ANDed with ``!`` for the
     excluded ones, the groups ORed."""
     def phrase(t: Term) -> str:
-        parts = [p for w in t.words for p in w.translate(_PG_READING).split() if _has_token(p)]
-        inner = " <-> ".join("'" + p.replace("\\", "\\\\").replace("'", "''") + "'" for p in parts)
+        inner = " <-> ".join("'" + p.replace("\\", "\\\\").replace("'", "''") + "'" for p in _pg_parts(t))
         return f"!({inner})" if t.negated else f"({inner})"
     return " | ".join("(" + " & ".join(phrase(t) for t in g) + ")" for g in groups)
+
+
+def marked(groups: list[list[Term]]) -> list[tuple[str, ...]]:
+    """What a snippet marks, as SQLite's snippet() does: every instance of
+    each term searched for (of every alternative, never an excluded one), a
+    phrase as one span; each term as the lower-case parts PostgreSQL's index
+    reads in it (``to_tsquery``), split into WORDs."""
+    return [tuple(w.lower() for p in _pg_parts(t) for w in WORD.findall(p))
+            for g in groups for t in g if not t.negated]
+
+
+def _pg_parts(t: Term) -> list[str]:
+    """A term's words as PostgreSQL's index reads them (``_PG_READING``)."""
+    return [p for w in t.words for p in w.translate(_PG_READING).split() if _has_token(p)]
 
 
 def _has_token(word: str) -> bool:

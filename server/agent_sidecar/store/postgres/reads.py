@@ -54,16 +54,15 @@ async def transcript(conn, session_id: str, include_rewound: bool, after_seq: in
 
 # A snippet as SQLite's snippet() makes it: about 12 words from the best match
 # on, the matches in [brackets], "…" where the message goes on before or after.
-# ts_headline reads the text as the index does (schema.py ``search_text``: the
-# same characters at the same places, punctuation as spaces) and marks the
-# matches with two Unicode noncharacters, which that text never holds (they
-# are spaces there too, so a message's own are never taken for marks); the
-# snippet is then the message's own characters at the headline's place, with
-# brackets for the marks (``_snippet``).
+# ts_headline chooses the words, reading the text as the index does
+# (schema.py ``search_text``: the same characters at the same places,
+# punctuation as spaces); its marks are two Unicode noncharacters that text
+# never holds (they are spaces there too). The snippet is the message's own
+# characters at that place, bracketed as SQLite brackets them (``_snippet``).
 START, STOP = "\ufdd0", "\ufdd1"
 _HEADLINE = f"MaxWords=12, MinWords=11, StartSel={START}, StopSel={STOP}"
 _SEARCH = (
-    "SELECT session_key, session_id, seq, role, hl,"
+    "SELECT session_key, session_id, seq, role, plain,"
     " CASE WHEN pos > 0 THEN convert_to(substr(content, pos, length(plain)), 'UTF8') END,"
     " starts_with(st, plain), right(st, length(plain)) = plain, created_at"
     " FROM (SELECT i.session_key, m.session_id, m.seq, m.role, m.content, m.created_at, m.id,"
@@ -78,18 +77,38 @@ _SEARCH = (
     " ORDER BY rank DESC, id")
 
 
-def _snippet(hl: str, region: bytes | None, at_start: bool, at_end: bool) -> str:
-    """The hit's snippet: the headline ``hl`` with the message's own
-    characters in place of the index's reading of them (``region``: the
-    stored text there, raw, so its escapes are undone here, after the marks
-    went in: a mark stands next to a word, never inside an escape), the
-    marks as brackets, "…" where the message goes on."""
-    if region is None:  # not found again (not expected): the headline's reading of the text
-        text = hl.replace(START, "[").replace(STOP, "]")
-    else:
-        own = iter(region.decode())
-        text = codec.unescape("".join("[" if ch == START else "]" if ch == STOP else next(own, "")
-                                      for ch in hl))
+def _marks(plain: str, terms: list[tuple[str, ...]]) -> list[tuple[int, int]]:
+    """The spans of ``plain`` (the index's reading of the snippet's text) a
+    snippet brackets: each instance of each term's words, in order (a phrase
+    as one span, what stands between its words included); overlapping
+    spans as one."""
+    words = [(m.start(), m.end(), m.group().lower()) for m in search_query.WORD.finditer(plain)]
+    spans = sorted((words[i][0], words[i + len(t) - 1][1]) for t in terms if t
+                   for i in range(len(words) - len(t) + 1)
+                   if all(words[i + j][2] == part for j, part in enumerate(t)))
+    merged: list[tuple[int, int]] = []
+    for s, e in spans:
+        if merged and s < merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(e, merged[-1][1]))
+        else:
+            merged.append((s, e))
+    return merged
+
+
+def _snippet(plain: str, region: bytes | None, at_start: bool, at_end: bool,
+             terms: list[tuple[str, ...]]) -> str:
+    """The hit's snippet: the message's own characters where the headline
+    ``plain`` read them (``region``: the stored text there, raw, so its escapes
+    are undone here, after the brackets went in: a bracket stands next to a
+    word, never inside an escape), the marks in brackets, "…" where the
+    message goes on."""
+    own = region.decode() if region is not None else plain  # None: not found again (not expected)
+    parts, at = [], 0
+    for s, e in _marks(plain, terms):
+        parts += [own[at:s], "[", own[s:e], "]"]
+        at = e
+    parts.append(own[at:])
+    text = codec.unescape("".join(parts)) if region is not None else "".join(parts)
     return ("" if at_start else "…") + text + ("" if at_end else "…")
 
 
@@ -106,8 +125,9 @@ async def search(conn, query: str, session_key: str, limit: int) -> list[SearchH
     key = ""
     if session_key:
         key, params["key"] = " AND i.session_key = %(key)s", session_key
-    return [SearchHit(key_, sid, seq, role, _snippet(hl, region, first, last), at)
-            for key_, sid, seq, role, hl, region, first, last, at
+    terms = search_query.marked(groups)
+    return [SearchHit(key_, sid, seq, role, _snippet(plain, region, first, last, terms), at)
+            for key_, sid, seq, role, plain, region, first, last, at
             in await _all(conn, _SEARCH.format(key=key), params)]
 
 
