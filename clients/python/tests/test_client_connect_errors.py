@@ -57,31 +57,63 @@ def test_a_certificate_that_fails_verification_says_so(tmp_path):
     assert error.code == grpc.StatusCode.UNAVAILABLE and "CERTIFICATE_VERIFY_FAILED" in str(error), error
 
 
-def test_an_mtls_listener_refusing_the_client_names_the_client_certificate(tmp_path):
+@pytest.fixture(scope="module")
+def mtls(tmp_path_factory):
+    """(certs, port) of a sidecar with an mTLS listener on 127.0.0.1:port (clients of certs.ca)."""
+    tmp_path = tmp_path_factory.mktemp("mtls")
+    certs = make_certs(tmp_path / "certs")
+    port = free_port()
+    config = '[[auth.tokens]]\ntoken = "tok"\nplatforms = ["*"]\n' + certs.listener(f"127.0.0.1:{port}", client_ca=True)
+    sc = Sidecar(tmp_path / "data", config=config, workers=1).start()
+    yield certs, port
+    sc.stop()
+
+
+def names_the_client_certificate(error: asc.SidecarError) -> None:
+    assert error.code == grpc.StatusCode.UNAVAILABLE and error.reason == "", error
+    assert "refuses the TLS handshake" in str(error) and "client certificate" in str(error), error
+
+
+def test_an_mtls_listener_refusing_the_client_names_the_client_certificate(mtls):
     """An mTLS listener turning a client away shows through gRPC only as
     "Socket closed" at setup; the error says an mTLS listener refuses the TLS
     handshake so and wants a client certificate of its CA, without one and
     with one of another CA alike, from connect() and from a first call."""
-    certs = make_certs(tmp_path / "certs")
-    port = free_port()
-    config = (f'[[auth.tokens]]\ntoken = "tok"\nplatforms = ["*"]\n\n[[listen]]\naddress = "127.0.0.1:{port}"\n'
-              f'cert = "{certs.server_cert}"\nkey = "{certs.server_key}"\nclient_ca = "{certs.ca}"\n')
-    sc = Sidecar(tmp_path / "data", config=config, workers=1).start()
+    certs, port = mtls
     target = f"127.0.0.1:{port}"
     # A client certificate of another CA than the listener's client_ca.
     stranger = _make(certs.dir, "stranger", "stranger", _CLIENT_EXT, (certs.other_ca, certs.dir / "other-ca.key"))
-    try:
-        async def first_call(**tls) -> asc.SidecarError:
-            async with await asc.connect(target, "tok", ca_file=certs.ca, wait_ready=False, **tls) as client:
-                with pytest.raises(asc.SidecarError) as info:
-                    await client.get_or_create_session({"platform": "p", "chat_id": "c"})
-                return info.value
 
-        errors = [connect_error(target, "tok", timeout=3, ca_file=certs.ca),
-                  asyncio.run(asyncio.wait_for(first_call(), 20)),
-                  asyncio.run(asyncio.wait_for(first_call(cert_file=stranger[0], key_file=stranger[1]), 20))]
-    finally:
-        sc.stop()
+    async def first_call(**tls) -> asc.SidecarError:
+        async with await asc.connect(target, "tok", ca_file=certs.ca, wait_ready=False, **tls) as client:
+            with pytest.raises(asc.SidecarError) as info:
+                await client.get_or_create_session({"platform": "p", "chat_id": "c"})
+            return info.value
+
+    errors = [connect_error(target, "tok", timeout=3, ca_file=certs.ca),
+              asyncio.run(asyncio.wait_for(first_call(), 20)),
+              asyncio.run(asyncio.wait_for(first_call(cert_file=stranger[0], key_file=stranger[1]), 20))]
     for error in errors:
-        assert error.code == grpc.StatusCode.UNAVAILABLE and error.reason == "", error
-        assert "refuses the TLS handshake" in str(error) and "client certificate" in str(error), error
+        names_the_client_certificate(error)
+
+
+def test_localhost_names_the_client_certificate_not_the_address_that_refused(mtls):
+    """``localhost`` is ::1 and 127.0.0.1 to gRPC, which reports the last
+    address it tried: a listener on 127.0.0.1 alone made connect() say
+    "ipv6:[::1]:PORT: Connection refused" as often as not, with no word of
+    the client certificate 127.0.0.1 had refused. Several connects at once,
+    as each one's last address is gRPC's to choose, and every one names the
+    client certificate."""
+    certs, port = mtls
+
+    async def refusal() -> asc.SidecarError:
+        with pytest.raises(asc.SidecarError) as info:
+            await asc.connect(f"localhost:{port}", "tok", timeout=1, ca_file=certs.ca)
+        return info.value
+
+    async def all_of_them() -> list[asc.SidecarError]:
+        return await asyncio.gather(*(refusal() for _ in range(8)))
+
+    for error in asyncio.run(asyncio.wait_for(all_of_them(), 30)):
+        names_the_client_certificate(error)
+        assert "within 1s" in str(error), error

@@ -11,7 +11,12 @@ unauthenticated (the standard health check), fetches it.
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import re
+import socket
+from collections.abc import Sequence
+from typing import Any
 
 import grpc
 
@@ -36,6 +41,51 @@ async def connect_failure(channel: grpc.aio.Channel) -> grpc.aio.AioRpcError | N
         if exc.code() == grpc.StatusCode.UNAVAILABLE and exc.details():
             return exc
     return None
+
+
+# At most this many of a name's addresses are asked on their own (telling_failure).
+_MAX_ADDRESSES = 4
+
+
+async def telling_failure(failure: grpc.aio.AioRpcError, address: str,
+                          credentials: grpc.ChannelCredentials | None,
+                          options: Sequence[tuple[str, Any]]) -> grpc.aio.AioRpcError:
+    """The failure that says most about why ``address`` (``HOST:PORT``) is out
+    of reach: ``failure`` (the channel's last one), unless HOST is a name and
+    ``failure`` one of its addresses refusing the connection while another
+    got further. gRPC reports only the last address it tried,
+    so ``localhost`` of a sidecar listening on 127.0.0.1 alone said "::1:
+    Connection refused" as often as not, where 127.0.0.1's listener had
+    turned the client away in the TLS handshake (an mTLS listener refusing
+    its certificate). Each address is then asked once on a channel of its
+    own (as ``channel`` would be, its certificate checked against HOST), and
+    the first failure that is no refusal is returned."""
+    if "Connection refused" not in (failure.details() or ""):
+        return failure
+    host, _, port = address.rpartition(":")
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return failure  # one address: its failure is the reason
+    except ValueError:
+        pass
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except OSError:
+        return failure
+    # Every address of the name as this host resolves it: gRPC's resolver may
+    # give more (localhost: ::1 as well), and the one that refused is among them.
+    ips = list(dict.fromkeys(str(info[4][0]) for info in infos))[:_MAX_ADDRESSES]
+    if credentials is not None and not any(name == "grpc.ssl_target_name_override" for name, _ in options):
+        options = (*options, ("grpc.ssl_target_name_override", host))
+    for ip in ips:
+        target = f"ipv6:[{ip}]:{port}" if ":" in ip else f"ipv4:{ip}:{port}"
+        channel = (grpc.aio.insecure_channel(target, options=options) if credentials is None
+                   else grpc.aio.secure_channel(target, credentials, options=options))
+        async with channel:
+            own = await connect_failure(channel)
+        if own is not None and "Connection refused" not in (own.details() or ""):
+            return own
+    return failure
 
 
 # gRPC's text for a connection closed as it was being set up, after TCP (and

@@ -29,7 +29,7 @@ from agent_sidecar_client._args import (
     check_resume_point,
     check_text,
 )
-from agent_sidecar_client._connect import connect_failure
+from agent_sidecar_client._connect import connect_failure, telling_failure
 from agent_sidecar_client._frames import CursorFilter, SeqFilter
 from agent_sidecar_client._proto import prompt_service_pb2 as prompt_pb
 from agent_sidecar_client._proto import prompt_service_pb2_grpc as prompt_grpc
@@ -145,7 +145,10 @@ class SidecarClient(SessionCalls):
         UNAVAILABLE saying why, in gRPC's words: the last connection attempt's
         failure (no such socket, connection refused, a certificate that failed
         verification...; it is also the error's ``__cause__``), fetched by one
-        health check that takes at most half a second more. A cancellation
+        health check that takes at most half a second more; when that is one
+        address of a host name refusing the connection, each of the name's
+        addresses is asked too, half a second at most each (_connect.
+        telling_failure: another may have got further). A cancellation
         of the caller always propagates (``asyncio.timeout``: Python 3.11's
         ``wait_for`` drops one that lands as the channel turns ready)."""
         if not (timeout >= 0 and math.isfinite(timeout)):  # NaN fails both
@@ -160,6 +163,10 @@ class SidecarClient(SessionCalls):
         else:
             return
         failure = await connect_failure(self.channel)
+        if failure is not None:
+            target, credentials, options = self._channel_args
+            if not target.startswith(("unix:", "unix-abstract:")):
+                failure = await telling_failure(failure, _args.target_address(target), credentials, options)
         message = f"no sidecar reachable at {self.target} within {timeout:g}s"
         if failure is not None:
             message += f": {errors.from_rpc_error(failure).message}"
