@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import urllib.parse
 
 from .config_checks import UNIX_PATH_MAX
@@ -115,3 +116,29 @@ def _check_host_port(hostport: str, bad) -> None:
             raise bad("has no valid host (host:port)")
     if not (port.isdigit() and port.isascii() and 1 <= int(port) <= 65535):
         raise bad(f"has port {port!r}; a port is 1..65535")
+
+
+# gRPC's text for a TCP connection closed as it was set up, after TCP (and
+# TLS) but before HTTP/2 began: all gRPC says (a Unix socket has no TLS).
+_CLOSED_AT_SETUP = re.compile(r"last error: \w+: ipv[46]:\S+: Socket closed$")
+_CLOSED = "; the connection was closed as it was set up: "
+_PROXY = ", and a proxy in front of a sidecar that is down closes every connection"
+
+
+def setup_hint(details: str, tls: bool, client_cert: bool) -> str:
+    """What a command adds to gRPC's ``details`` of a failed connection:
+    the likely causes, in its options' words, when the connection was closed
+    as it was set up (else ""). That is all a TLS listener dialled without
+    TLS shows through gRPC, and all an mTLS listener turning a client away
+    (no client certificate, or one its client_ca did not sign) shows: its
+    TLS 1.3 handshake is over on the client's side when it refuses. ``tls``:
+    the command dialled with TLS; ``client_cert``: with --cert and --key."""
+    if not _CLOSED_AT_SETUP.search(details):
+        return ""
+    if not tls:
+        return _CLOSED + "a TLS listener closes a client without TLS so (use --tls, or --ca)" + _PROXY
+    if client_cert:
+        return (_CLOSED + "an mTLS listener (one with a client_ca) refuses so a client certificate its "
+                "client_ca did not sign (check --cert)" + _PROXY)
+    return (_CLOSED + "an mTLS listener (one with a client_ca) refuses so a client without a client "
+            "certificate (give --cert and --key)" + _PROXY)

@@ -160,6 +160,26 @@ def test_a_failed_handshake_is_one_line_from_every_command_that_talks_to_a_sidec
     assert line.startswith(f"{sc.tls_target}: UNAVAILABLE: ") and "CERTIFICATE_VERIFY_FAILED" in line, line
 
 
+def test_every_command_names_the_cause_of_a_connection_closed_at_setup(sc, certs):
+    """A TLS listener dialled without TLS and an mTLS listener refusing the
+    client certificate show through gRPC only as "Socket closed"; each
+    command's line names the option to fix, as the clients' errors do. Before,
+    health, status, sessions and bench gave gRPC's bare text."""
+    tls, mtls, ca = sc.tls_target, sc.mtls_target, ["--ca", str(certs.ca)]
+    foreign = ["--cert", str(certs.foreign_cert), "--key", str(certs.foreign_key)]
+    for command, tail in (("health", ["--timeout", "5"]), ("status", ["--timeout", "5"]), ("sessions", ["list"])):
+        for options, hint in (([tls], "a TLS listener closes a client without TLS so (use --tls, or --ca)"),
+                              ([mtls, *ca], "refuses so a client without a client certificate (give --cert and --key)"),
+                              ([mtls, *ca, *foreign], "refuses so a client certificate its client_ca did not sign "
+                                                      "(check --cert)")):
+            r = cli(command, "--target", *options, "--token", TOKEN, *tail)
+            assert r.returncode == 1 and "Socket closed; the connection was closed as it was set up" in \
+                r.stdout + r.stderr and hint in r.stdout + r.stderr, (command, options, r)
+    bench = cli("bench", "--target", mtls, *ca, "--token", TOKEN, "--connect-timeout", "2", "--duration", "1")
+    assert bench.returncode == 1 and bench.stderr.startswith(f"agent-sidecar bench: no sidecar reachable at {mtls}") \
+        and "(give --cert and --key)" in bench.stderr, bench
+
+
 def test_the_cli_refuses_a_token_in_cleartext_to_another_host_unless_told():
     # 192.0.2.1 is TEST-NET-1: nothing answers there; the refusal comes before any connection.
     r = cli("health", "--target", "192.0.2.1:50051", "--token", "t")

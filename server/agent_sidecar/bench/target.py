@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..targets import is_unix
+from ..targets import is_unix, setup_hint
 from ..tls import ClientMaterial
 
 if TYPE_CHECKING:  # the client is the bench extra's: imported where used
@@ -72,11 +72,10 @@ async def connect(target: Target) -> SidecarClient:
         raise BenchError(f"cannot connect to {target.address}: {e}") from None
     try:
         await client.wait_ready(target.connect_timeout_s)
-    except SidecarError:
-        why = await _why_unreachable(client)
+    except SidecarError as e:
         await client.close()
         raise BenchError(f"no sidecar reachable at {target.address} within "
-                         f"{target.connect_timeout_s:g}s{why}") from None
+                         f"{target.connect_timeout_s:g}s{_why_unreachable(target, e)}") from None
     return client
 
 
@@ -87,26 +86,22 @@ async def check_answers(target: Target, client: SidecarClient) -> None:
     from agent_sidecar_client import SidecarError
     try:
         await client.wait_ready(target.connect_timeout_s)
-    except SidecarError:
-        why = await _why_unreachable(client)
+    except SidecarError as e:
         raise TargetLost(f"{target.address} stopped answering (no connection within "
-                         f"{target.connect_timeout_s:g}s{why})") from None
+                         f"{target.connect_timeout_s:g}s{_why_unreachable(target, e)})") from None
 
 
-async def _why_unreachable(client: SidecarClient) -> str:
+def _why_unreachable(target: Target, error: Exception) -> str:
     """``": <reason>"``: gRPC's account of the channel's last connection
     attempt (refused, no such socket, a TLS handshake that failed and why:
-    the CA, the name, no client certificate), which waiting for the channel
-    does not give; "" when there is none. Without it every one of those
-    read "no sidecar reachable", so a TLS mistake looked like a sidecar that
-    is down. A health check that does not wait for the connection fails
-    with it at once."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-    try:
-        await health_pb2_grpc.HealthStub(client.channel).Check(
-            health_pb2.HealthCheckRequest(), metadata=client.metadata, timeout=5, wait_for_ready=False)
-    except grpc.RpcError as e:
-        details = (e.details() or "").strip()
-        return f": {details.rsplit('last error: ', 1)[-1]}" if details else ""
-    return ""
+    the CA, the name, no client certificate), which the client's wait_ready
+    fetched and kept as its error's cause; "" when there is none. Without it
+    every one of those read "no sidecar reachable", so a TLS mistake looked
+    like a sidecar that is down. A connection closed as it was set up gets
+    the likely causes in the bench's options' words (targets.setup_hint)."""
+    details = getattr(error.__cause__, "details", lambda: "")
+    details = (details() or "").strip()
+    if not details:
+        return ""
+    hint = setup_hint(details, target.tls is not None, target.tls is not None and target.tls[2] is not None)
+    return f": {details.rsplit('last error: ', 1)[-1]}{hint}"

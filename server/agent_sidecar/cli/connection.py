@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from ..config_loader import MAX_SECRET_BYTES, read_file
-from ..targets import address, dial, is_unix
+from ..targets import address, dial, is_unix, setup_hint
 from ..tls import ClientMaterial, target_is_local
 from .argtypes import file_name, target, token, utf8
 
@@ -140,3 +140,13 @@ def open_channel(args: argparse.Namespace) -> Any:
 
 def call_metadata(args: argparse.Namespace) -> list[tuple[str, str]] | None:
     return [("authorization", f"Bearer {args.token}")] if args.token else None
+
+
+def failure(args: argparse.Namespace, error: Any) -> str:
+    """``CODE: details`` of a failed call (a grpc.RpcError) on the channel of
+    the target options, with the likely causes spelt out in the options'
+    words when the connection was closed as it was set up (a TLS listener
+    dialled without --tls, an mTLS listener refusing the client certificate:
+    targets.setup_hint), where gRPC says only "Socket closed"."""
+    details = error.details() or ""
+    return f"{error.code().name}: {details}{setup_hint(details, uses_tls(args), bool(args.cert_file))}"

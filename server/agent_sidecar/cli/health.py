@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 
-from .connection import TargetError, call_metadata, open_channel
+from .connection import TargetError, call_metadata, failure, open_channel
 
 
 def run(args) -> int:
@@ -35,7 +35,7 @@ def run(args) -> int:
                 health_pb2.HealthCheckRequest(service=args.service), metadata=metadata,
                 timeout=args.timeout, wait_for_ready=False)
         except grpc.RpcError as e:
-            print(f"{args.target}: {e.code().name}: {e.details()}")
+            print(f"{args.target}: {failure(args, e)}")
             return 1
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
     print(f"{args.target}: {status}")

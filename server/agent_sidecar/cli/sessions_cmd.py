@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from datetime import UTC, datetime
 
-from .connection import TargetError, call_metadata, open_channel
+from .connection import TargetError, call_metadata, failure, open_channel
 
 _INT32_MAX = 2**31 - 1  # ListSessionsRequest.page_size is an int32
 _MAX_PAGE = 1000  # the sidecar's largest page by default (limits.max_page_size); it caps a larger one
@@ -54,7 +54,7 @@ def run(args) -> int:
                 print("deleted" if r.deleted else "not found")
                 return 0 if r.deleted else 1
         except grpc.RpcError as e:
-            print(f"agent-sidecar: {e.code().name}: {e.details()}", file=sys.stderr)
+            print(f"agent-sidecar: {failure(args, e)}", file=sys.stderr)
             return 1
     return 0
 

@@ -13,7 +13,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from .connection import TargetError, call_metadata, open_channel
+from .connection import TargetError, call_metadata, failure, open_channel
 
 
 def run(args) -> int:
@@ -33,7 +33,7 @@ def run(args) -> int:
             response = pb_grpc.StatusServiceStub(channel).GetStatus(
                 pb.GetStatusRequest(), metadata=metadata, timeout=args.timeout)
         except grpc.RpcError as e:
-            print(f"{args.target}: {e.code().name}: {e.details()}", file=sys.stderr)
+            print(f"{args.target}: {failure(args, e)}", file=sys.stderr)
             return 1
     status = as_dict(response)
     print(json.dumps(status, indent=2) if args.json else as_table(status))
