@@ -16,8 +16,10 @@ import (
 type tlsOptions struct {
 	enabled    bool
 	caFile     string
+	caGiven    bool // WithCAFile was given: an empty name is an error, not the system's roots
 	certFile   string
 	keyFile    string
+	certGiven  bool // WithClientCert was given: empty names are an error, not no certificate
 	serverName string
 	config     *tls.Config
 }
@@ -28,14 +30,18 @@ func WithTLS() Option { return func(o *options) { o.tls.enabled = true } }
 
 // WithCAFile verifies the sidecar's certificate with the CA certificates of
 // this PEM file (a private CA) instead of the system's roots; implies WithTLS.
+// An empty path fails Dial (an unset variable would otherwise trust every
+// CA of the system's roots without a word).
 func WithCAFile(path string) Option {
-	return func(o *options) { o.tls.enabled, o.tls.caFile = true, path }
+	return func(o *options) { o.tls.enabled, o.tls.caFile, o.tls.caGiven = true, path, true }
 }
 
 // WithClientCert presents this PEM certificate and key, which a listener with
-// a client_ca requires (mTLS); implies WithTLS.
+// a client_ca requires (mTLS); implies WithTLS. Empty paths fail Dial.
 func WithClientCert(certFile, keyFile string) Option {
-	return func(o *options) { o.tls.enabled, o.tls.certFile, o.tls.keyFile = true, certFile, keyFile }
+	return func(o *options) {
+		o.tls.enabled, o.tls.certFile, o.tls.keyFile, o.tls.certGiven = true, certFile, keyFile, true
+	}
 }
 
 // WithServerName expects this name in the sidecar's certificate (default: the
@@ -71,6 +77,14 @@ func (t tlsOptions) transportCredentials() (credentials.TransportCredentials, er
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if t.config != nil {
 		cfg = t.config.Clone()
+	}
+	if t.caGiven && t.caFile == "" {
+		return nil, errors.New("sidecar: WithCAFile: an empty file name (give the CA's PEM file; " +
+			"WithTLS alone verifies with the system's roots)")
+	}
+	if t.certGiven && t.certFile == "" && t.keyFile == "" {
+		return nil, errors.New("sidecar: WithClientCert: empty file names (give the client certificate's " +
+			"PEM file and its key's)")
 	}
 	if t.caFile != "" {
 		pem, err := os.ReadFile(t.caFile)

@@ -61,4 +61,14 @@ func TestTLSFilesMustLoad(t *testing.T) {
 		!strings.Contains(err.Error(), "certificate and its key") {
 		t.Errorf("a certificate without its key: %v", err)
 	}
+	// Empty names (an unset variable): before, WithCAFile("") verified with the
+	// system's roots and WithClientCert("", "") presented no certificate, silently.
+	if err := dialLazy(t, "127.0.0.1:1", WithCAFile("")); err == nil ||
+		!strings.Contains(err.Error(), "WithCAFile: an empty file name") {
+		t.Errorf("an empty CA file name: %v", err)
+	}
+	if err := dialLazy(t, "127.0.0.1:1", WithClientCert("", "")); err == nil ||
+		!strings.Contains(err.Error(), "WithClientCert: empty file names") {
+		t.Errorf("empty client certificate names: %v", err)
+	}
 }
