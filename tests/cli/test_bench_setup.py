@@ -104,6 +104,17 @@ def test_a_target_that_cannot_be_reached_says_why_in_one_line(tls, case, reason)
     assert reason in line, line
 
 
+def test_a_socket_that_does_not_exist_fails_at_once_in_one_line(tmp_path):
+    """No file at the socket path: one line saying so, without waiting out
+    --connect-timeout (an hour here, past the command's own timeout); before,
+    the bench retried the connection until then and said "no sidecar
+    reachable ... No such file or directory"."""
+    target = f"unix:{tmp_path}/nobody.sock"
+    r = bench("--target", target, "--connect-timeout", "3600", "--turns", "1")
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        f"agent-sidecar bench: no sidecar at {target}: the socket {tmp_path}/nobody.sock does not exist"], r.stderr
+
+
 def test_a_tls_target_with_its_ca_and_client_certificate_is_benched(tls, tmp_path):
     """The same mTLS listener, given what it asks for, runs the point."""
     certs, out = tls.certs, tmp_path / "mtls.json"

@@ -8,11 +8,15 @@ channels to the same place, with the same token and TLS, as the bench's own.
 from __future__ import annotations
 
 import dataclasses
+import os
+import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .. import targets
 from ..targets import is_unix, setup_hint
 from ..tls import ClientMaterial
+from .sockets import unix_path
 
 if TYPE_CHECKING:  # the client is the bench extra's: imported where used
     from agent_sidecar_client import SidecarClient
@@ -70,6 +74,10 @@ async def connect(target: Target) -> SidecarClient:
                                       call_timeout=60.0, insecure=target.insecure)
     except Exception as e:  # a malformed target, bad TLS material...
         raise BenchError(f"cannot connect to {target.address}: {e}") from None
+    missing = _missing_socket(target.address)
+    if missing:  # no wait: nothing will listen there within the connect timeout but a sidecar starting
+        await client.close()
+        raise BenchError(f"no sidecar at {target.address}: the socket {missing} does not exist")
     try:
         await client.wait_ready(target.connect_timeout_s)
     except SidecarError as e:
@@ -77,6 +85,17 @@ async def connect(target: Target) -> SidecarClient:
         raise BenchError(f"no sidecar reachable at {target.address} within "
                          f"{target.connect_timeout_s:g}s{_why_unreachable(target, e)}") from None
     return client
+
+
+def _missing_socket(address: str) -> str | None:
+    """The path of ``address``'s Unix socket when there is no file there
+    (else None: a TCP target, an abstract socket, a file that exists). gRPC
+    would say "No such file or directory" only once the connect timeout is
+    over, retrying a connection that cannot succeed until then."""
+    path = unix_path(targets.address(address))
+    if path is None or os.path.lexists(path) or os.path.lexists(urllib.parse.unquote(path)):
+        return None
+    return path
 
 
 async def check_answers(target: Target, client: SidecarClient) -> None:
