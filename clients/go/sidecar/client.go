@@ -325,7 +325,7 @@ func (s *connSet) dial(ctx context.Context, addr string) (net.Conn, error) {
 		return nil, err
 	}
 	if s.plain && network == "tcp" {
-		conn = &setupConn{Conn: conn, why: func(err error) error { return fmt.Errorf("%w (%w)", ErrClosedAtSetup, err) }}
+		conn = newSetupConn(conn, func(err error) error { return fmt.Errorf("%w (%w)", ErrClosedAtSetup, err) })
 	}
 	s.mu.Lock()
 	s.live[conn] = struct{}{}

@@ -40,18 +40,58 @@ func newMTLSCredentials(cfg *tls.Config) credentials.TransportCredentials {
 // for one. A listener that asked, and then ends the connection before its
 // first byte (in the handshake under TLS 1.2, after it under TLS 1.3), refused
 // the certificate: the error says so.
+//
+// A listener that accepted the certificate sends its session tickets at once
+// (a sidecar does, after the client's Finished, before its first frame): a
+// connection that ends after one arrived was not refused (a sidecar killed
+// between the handshake and its first frame), and its error stays its own.
 func (m *mtlsCredentials) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	cfg := m.cfg.Clone()
 	asked := new(atomic.Bool)
 	cfg.GetClientCertificate = clientCertificate(m.cfg, asked)
+	tickets := &ticketWatch{base: m.cfg.ClientSessionCache}
+	if !cfg.SessionTicketsDisabled {
+		cfg.ClientSessionCache = tickets
+	}
+	refused := func(err error) error {
+		if tickets.got.Load() {
+			return err
+		}
+		return fmt.Errorf("%w (%w)", ErrClientCertRefused, err)
+	}
 	conn, info, err := credentials.NewTLS(cfg).ClientHandshake(ctx, authority, raw)
 	switch {
 	case err != nil && asked.Load() && closedByPeer(err):
-		return nil, nil, fmt.Errorf("%w (%w)", ErrClientCertRefused, err)
+		return nil, nil, refused(err)
 	case err != nil || !asked.Load():
 		return conn, info, err
 	}
-	return &setupConn{Conn: conn, why: func(err error) error { return fmt.Errorf("%w (%w)", ErrClientCertRefused, err) }}, info, nil
+	return newSetupConn(conn, refused), info, nil
+}
+
+// ticketWatch is the session cache of one connection: it notes that the
+// listener sent a session ticket (a TLS 1.3 listener sends it only once it
+// has accepted the handshake, the client certificate included), and passes
+// everything on to the configuration's own cache, if any.
+type ticketWatch struct {
+	base tls.ClientSessionCache
+	got  atomic.Bool
+}
+
+func (w *ticketWatch) Get(key string) (*tls.ClientSessionState, bool) {
+	if w.base == nil {
+		return nil, false
+	}
+	return w.base.Get(key)
+}
+
+func (w *ticketWatch) Put(key string, cs *tls.ClientSessionState) {
+	if cs != nil {
+		w.got.Store(true)
+	}
+	if w.base != nil {
+		w.base.Put(key, cs)
+	}
 }
 
 // Clone copies the credentials (grpc-go clones them per ClientConn).

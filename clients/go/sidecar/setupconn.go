@@ -4,8 +4,10 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // ErrClosedAtSetup: a plain TCP connection ended before the sidecar's first
@@ -22,10 +24,25 @@ var ErrClosedAtSetup = errors.New("the connection was closed before the sidecar'
 // arrives, the peer ending it (EOF, a reset, a broken pipe, a TLS alert)
 // makes Read and Write fail with why(what they saw); after it, their errors
 // are the connection's own.
+//
+// A write can fail on the peer's close before the reader (grpc-go's, which
+// reads from the start) has taken in what the peer sent before it (an mTLS
+// listener's session tickets: it had accepted the certificate). So a write
+// failing so waits, at most readSettle, for the reader's own end, and why
+// is asked only then.
 type setupConn struct {
 	net.Conn
-	why      func(error) error
-	answered atomic.Bool
+	why       func(error) error
+	answered  atomic.Bool
+	readEnded chan struct{} // closed when a Read fails
+	endOnce   sync.Once
+}
+
+// readSettle bounds a failed write's wait for the reader (setupConn).
+const readSettle = time.Second
+
+func newSetupConn(conn net.Conn, why func(error) error) *setupConn {
+	return &setupConn{Conn: conn, why: why, readEnded: make(chan struct{})}
 }
 
 func (c *setupConn) Read(p []byte) (int, error) {
@@ -33,11 +50,20 @@ func (c *setupConn) Read(p []byte) (int, error) {
 	if n > 0 {
 		c.answered.Store(true)
 	}
+	if err != nil {
+		defer c.endOnce.Do(func() { close(c.readEnded) })
+	}
 	return n, c.explain(err)
 }
 
 func (c *setupConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
+	if err != nil && !c.answered.Load() && closedByPeer(err) {
+		select {
+		case <-c.readEnded:
+		case <-time.After(readSettle):
+		}
+	}
 	return n, c.explain(err)
 }
 
