@@ -53,6 +53,9 @@ def dial(target: str) -> str:
     if sep and scheme == "dns":
         _check_host_port(_dns_address(rest), bad)
         return t
+    if sep and scheme.lower() in ("ipv4", "ipv6"):  # gRPC's own: read as host "ipv4", it was told of brackets
+        raise bad(f"has gRPC's {scheme}: scheme, which no client dials: give the address alone "
+                  "(HOST:PORT, [IPV6]:PORT)")
     if "://" in t or (sep and not rest[:1].isdigit() and not t.startswith("[")):
         raise bad("has a scheme no client dials")
     _check_host_port(t, bad)

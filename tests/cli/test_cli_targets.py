@@ -64,6 +64,16 @@ def test_a_target_in_no_clients_form_is_refused_naming_it(bad):
     _refused("health", bad)
 
 
+@pytest.mark.parametrize("bad, scheme", [("ipv4:127.0.0.1:1", "ipv4"), ("ipv6:[::1]:1", "ipv6")])
+def test_grpcs_own_address_schemes_are_named_as_such(bad, scheme):
+    """gRPC's ipv4:/ipv6: targets are named as a scheme no client dials; before,
+    ipv4:127.0.0.1:1 (the host read as "ipv4") was told that an IPv6 address
+    goes in brackets."""
+    r = cli("health", "--target", bad, timeout=30)
+    assert r.returncode == 2 and f"{bad!r} has gRPC's {scheme}: scheme, which no client dials: give the " \
+        "address alone (HOST:PORT, [IPV6]:PORT)" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("name", ["status", "sessions"])
 def test_the_other_commands_refuse_them_alike(name):
     for bad in ("127.0.0.1", "relative/sidecar.sock", "127.0.0.1:0", "unix:"):

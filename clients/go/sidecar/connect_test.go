@@ -53,3 +53,15 @@ func TestDialSaysWhyTheSidecarIsOutOfReach(t *testing.T) {
 		t.Fatalf("the refusal is not named: %v", err)
 	}
 }
+
+// gRPC's own ipv4:/ipv6: targets are named as a scheme the client does not
+// dial; before, ipv4:127.0.0.1:1 (its host read as "ipv4") was told that an
+// IPv6 address goes in brackets.
+func TestGRPCAddressSchemesAreNamed(t *testing.T) {
+	for _, target := range []string{"ipv4:127.0.0.1:1", "ipv6:[::1]:1"} {
+		_, err := Dial(context.Background(), target, WithLazyConnect())
+		if err == nil || !strings.Contains(err.Error(), "scheme, which this client does not dial: give the address alone") {
+			t.Errorf("%s: %v", target, err)
+		}
+	}
+}

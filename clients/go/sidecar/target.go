@@ -69,6 +69,11 @@ func normalizeTarget(target string) (string, error) {
 		}
 		return t, checkAddr(addr)
 	}
+	if sep && (strings.EqualFold(scheme, "ipv4") || strings.EqualFold(scheme, "ipv6")) {
+		// gRPC's own scheme: read as the host "ipv4", it was told of brackets.
+		return "", fmt.Errorf("gRPC's %s: scheme, which this client does not dial: give the address alone "+
+			"(host:port, [v6]:port)", scheme)
+	}
 	if strings.Contains(t, "://") || (sep && !(rest != "" && rest[0] >= '0' && rest[0] <= '9') && !strings.HasPrefix(t, "[")) {
 		return "", fmt.Errorf("a scheme this client does not dial (%s)", TargetForms)
 	}

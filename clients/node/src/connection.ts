@@ -105,6 +105,10 @@ export function checkTarget(target: unknown): asserts target is string {
     }
     return checkHostPort(target, address);
   }
+  if (colon >= 0 && /^ipv[46]$/i.test(scheme)) {
+    // gRPC's own scheme: read as the host "ipv4", it was told of brackets.
+    bad(`has gRPC's ${scheme}: scheme, which this client does not dial: give the address alone (host:port, [v6]:port)`);
+  }
   if (t.includes("://") || (colon >= 0 && !/^[0-9]/.test(rest) && !t.startsWith("["))) {
     bad("has a scheme this client does not dial");
   }

@@ -268,6 +268,10 @@ test("a malformed target fails at connect, naming target", T, () => {
   for (const target of bad) {
     assert.throws(() => connect(target as any), (e: unknown) => e instanceof Error && /^target: /.test(e.message), String(target));
   }
+  // gRPC's own address schemes are named as such (before, ipv4:127.0.0.1:1 was told of IPv6 brackets).
+  for (const target of ["ipv4:127.0.0.1:1", "ipv6:[::1]:1"]) {
+    assert.throws(() => connect(target), /has gRPC's ipv[46]: scheme, which this client does not dial: give the address alone/);
+  }
   const good = ["unix:/tmp/x.sock", "unix:///tmp/x.sock", "unix:rel.sock", "./x.sock", "/x.sock", "localhost:50051",
     "[::1]:50051", "dns:///localhost:50051", "example.com:443", "tcp:127.0.0.1:1", "tcp://127.0.0.1:1",
     "../x.sock",

@@ -80,3 +80,15 @@ def test_a_directory_is_refused_at_once_naming_it(tmp_path, form, via_connect):
         make(form.format(tmp_path), via_connect=via_connect)
     assert str(e.value).startswith(f"target: {tmp_path} is a directory, not a socket"), str(e.value)
     assert time.monotonic() - start < 2
+
+
+@pytest.mark.parametrize("target, scheme", [("ipv4:127.0.0.1:1", "ipv4"), ("ipv6:[::1]:1", "ipv6"),
+                                            ("IPv4:127.0.0.1:1", "IPv4")])
+def test_grpcs_own_address_schemes_are_named_as_such(target, scheme):
+    """gRPC's ipv4:/ipv6: targets: a scheme the client does not dial, said so;
+    before, ipv4:127.0.0.1:1 (its host read as "ipv4") was told that an IPv6
+    address goes in brackets."""
+    with pytest.raises(ValueError) as e:
+        asc.SidecarClient(target)
+    assert str(e.value).startswith(f"target: {target!r} has gRPC's {scheme}: scheme, which this client does "
+                                   "not dial: give the address alone (host:port, [v6]:port)"), str(e.value)

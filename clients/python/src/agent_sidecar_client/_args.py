@@ -234,6 +234,9 @@ def normalize_target(target: object) -> str:
     if sep and scheme == "dns":
         _check_host_port(_dns_address(rest), bad)
         return t
+    if sep and scheme.lower() in ("ipv4", "ipv6"):  # gRPC's own: read as host "ipv4", it was told of brackets
+        raise bad(f"has gRPC's {scheme}: scheme, which this client does not dial: give the address alone "
+                  "(host:port, [v6]:port)")
     if "://" in t or (sep and not rest[:1].isdigit() and not t.startswith("[")):
         raise bad("has a scheme this client does not dial")
     _check_host_port(t, bad)
