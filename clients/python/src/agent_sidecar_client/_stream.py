@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -158,23 +159,17 @@ class FrameStream:
         return frames
 
     async def _run(self) -> AsyncGenerator[Any, None]:
+        """The frames of the first call, then of each resume (the module's
+        docstring says when a call is resumed and when the stream ends)."""
         if self._client_closed():
             raise errors.client_closed()
         call = self._open_first()
-        loop = asyncio.get_running_loop()
-        stalled_since: float | None = None  # when the current outage began
-        failures = 0
-        seen_any = False  # a frame was admitted since the stream began
-        by_request = isinstance(self._filter, SeqFilter)
+        outage = _Outage()
         idle = _IdleWatchdog(self._idle_timeout)
         while True:
             idle.fired = False
             self._call = call
-            cut = False  # this side ends the call (a gap, an idle stream)
-            clean_end = False
-            retry_after = 0.0  # the sidecar's RetryInfo delay
-            last_error: errors.SidecarError | None = None
-            problem = "stream ended before its terminal frame"
+            end = _CallEnd()
             try:
                 while True:
                     # The idle watchdog cancels the call itself: a call on a stalled
@@ -183,98 +178,133 @@ class FrameStream:
                     response = await call.read()
                     idle.disarm()  # the time the caller takes over a frame is not the connection's
                     if response is grpc.aio.EOF:
-                        clean_end = True
+                        end.clean = True
                         break
                     frame = response.frame
                     try:
                         admitted = self._filter.admit(frame)
                     except SequenceGap as exc:
-                        cut, problem = True, str(exc)
+                        end.cut, end.problem = True, str(exc)
                         break
                     if not admitted:
                         continue
-                    stalled_since, failures, seen_any = None, 0, True
+                    outage.progress()
                     yield frame
                     if self._filter.done:
                         await self._after_terminal(call, frame)
                         return
-            except asyncio.CancelledError:
-                if self._closed and not task_cancelling():
-                    return  # aclose() from another task cancelled the call: the loop ends
-                if self._client_closed() and not task_cancelling():
-                    raise errors.client_closed() from None
-                if not (self._drop_requested or idle.fired) or task_cancelling():
-                    raise
-                problem = idle.problem if idle.fired else "stream dropped"
+            except asyncio.CancelledError as exc:
+                if self._cancel_ends_stream(exc, idle):
+                    return
+                end.problem = idle.problem if idle.fired else "stream dropped"
             except grpc.RpcError as exc:
-                code = exc.code() if hasattr(exc, "code") else None
                 if self._closed:
                     return
-                if self._client_closed():
-                    raise errors.client_closed() from exc
-                if idle.fired:
-                    problem = idle.problem
-                elif errors.has_error_info(exc):
-                    error = errors.from_rpc_error(exc)
-                    if error.reason not in self._retry_reasons:
-                        raise error from exc
-                    # Nothing was lost: carry on with the same request id, or a feed
-                    # from its cursor, after the sidecar's delay (STREAM_TOO_SLOW: from
-                    # the last frame seen, never past the after_seq or after_cursor its
-                    # message names).
-                    last_error, retry_after, problem = error, error.retry_delay or 0.0, str(error)
-                elif code not in RESUMABLE_CODES:
-                    raise errors.from_rpc_error(exc) from exc
-                else:
-                    problem = f"{code.name}: {exc.details() if hasattr(exc, 'details') else exc}"
+                self._take_broken_call(exc, idle, end)
             finally:
                 idle.disarm()
-                if self._closed or cut:
+                if self._closed or end.cut:
                     call.cancel()
             if self._closed:
                 return
             if idle.fired and self._on_idle is not None:
                 self._channel = self._on_idle(self._channel)
-            if clean_end and by_request and not self._drop_requested and not idle.fired:
-                # The sidecar ends a request's stream OK only once the turn is over.
-                if self._own_watch and not seen_any:
-                    return  # the caller's watch: nothing after its after_seq
-                raise errors.TurnFramesGone(
-                    None, None,
-                    f"the turn of request {self.request_id or '-'} is over but its frames after seq "
-                    f"{self.last_seq} are gone (deleted or past retention): the rest of the turn cannot be read")
+            if end.clean and not self._drop_requested and not idle.fired and self._over_without_end(outage):
+                return
             self._drop_requested = False
-            now = loop.time()
-            stalled_since = now if stalled_since is None else stalled_since
-            failures += 1
-            pause = retry_after
-            if failures > 1:  # back off only when reopening itself keeps failing
-                pause = max(pause, min(0.05 * 2 ** (failures - 2), 1.0))
-            if pause > 0:
-                left = stalled_since + self._resume_timeout - loop.time()
-                turn_left = self._turn_left()
-                await asyncio.sleep(max(0.0, min(pause, left, turn_left if turn_left is not None else pause)))
-            remaining = stalled_since + self._resume_timeout - loop.time()
-            turn_left = self._turn_left()
-            wait = remaining if turn_left is None else min(remaining, turn_left)
-            if wait <= 0 or not await self._wait_ready(wait):
-                if turn_left is not None and turn_left <= remaining:
-                    raise errors.DeadlineExceeded(
-                        None, None,
-                        f"turn deadline of {self._deadline.timeout:g}s passed while resuming the stream "
-                        f"(request {self.request_id or '-'}, resume point {self.last_seq}): {problem}")
-                if last_error is not None:
-                    raise last_error
-                raise errors.SidecarError(
-                    grpc.StatusCode.UNAVAILABLE, "",
-                    f"stream lost and not resumed within {self._resume_timeout:g}s "
-                    f"(request {self.request_id or '-'}, resume point {self.last_seq}): {problem}")
+            await self._wait_to_resume(outage, end)
             if self._client_closed():
                 raise errors.client_closed()
             if self.closed:  # aclose() while it waited to resume
                 return
             self.resumes += 1
             call = self._open_resume()
+
+    def _cancel_ends_stream(self, exc: asyncio.CancelledError, idle: _IdleWatchdog) -> bool:
+        """Whether the call's cancellation ends the stream quietly: True when
+        aclose() from another task cancelled it. It is resumed (False) when
+        drop() or the idle watchdog cut it; else it is raised, as
+        errors.client_closed() when the client's close() cancelled it, as
+        itself when the task is cancelled."""
+        if self._closed and not task_cancelling():
+            return True
+        if self._client_closed() and not task_cancelling():
+            raise errors.client_closed() from None
+        if not (self._drop_requested or idle.fired) or task_cancelling():
+            raise exc
+        return False
+
+    def _take_broken_call(self, exc: grpc.RpcError, idle: _IdleWatchdog, end: _CallEnd) -> None:
+        """Note in ``end`` why the call broke when it is to be resumed (the
+        idle watchdog cut it; a transport code without the sidecar's
+        ErrorInfo; a refusal whose reason says the same call may be made
+        again, after its RetryInfo delay); else raise: the client was
+        closed, or the sidecar's typed error."""
+        code = exc.code() if hasattr(exc, "code") else None
+        if self._client_closed():
+            raise errors.client_closed() from exc
+        if idle.fired:
+            end.problem = idle.problem
+        elif errors.has_error_info(exc):
+            error = errors.from_rpc_error(exc)
+            if error.reason not in self._retry_reasons:
+                raise error from exc
+            # Nothing was lost: carry on with the same request id, or a feed
+            # from its cursor, after the sidecar's delay (STREAM_TOO_SLOW: from
+            # the last frame seen, never past the after_seq or after_cursor its
+            # message names).
+            end.last_error, end.retry_after, end.problem = error, error.retry_delay or 0.0, str(error)
+        elif code not in RESUMABLE_CODES:
+            raise errors.from_rpc_error(exc) from exc
+        else:
+            end.problem = f"{code.name}: {exc.details() if hasattr(exc, 'details') else exc}"
+
+    def _over_without_end(self, outage: _Outage) -> bool:
+        """A call that ended OK, not cut by this side: a feed's is reopened
+        (False). A request's stream the sidecar ends OK only once the turn is
+        over: True for the caller's own watch that saw nothing (nothing after
+        its after_seq), else TurnFramesGone (the rest was deleted)."""
+        if not isinstance(self._filter, SeqFilter):
+            return False
+        if self._own_watch and not outage.seen_any:
+            return True
+        raise errors.TurnFramesGone(
+            None, None,
+            f"the turn of request {self.request_id or '-'} is over but its frames after seq "
+            f"{self.last_seq} are gone (deleted or past retention): the rest of the turn cannot be read")
+
+    async def _wait_to_resume(self, outage: _Outage, end: _CallEnd) -> None:
+        """Pause (the sidecar's RetryInfo delay; a backoff once reopening
+        itself keeps failing), then wait for the channel to be ready, within
+        what is left of resume_timeout since the outage began and of the
+        turn's deadline; raise when either runs out first (DeadlineExceeded
+        for the turn's, else the last refusal or UNAVAILABLE naming the
+        problem)."""
+        loop = asyncio.get_running_loop()
+        stalled_since = outage.failed(loop.time())
+        pause = end.retry_after
+        if outage.failures > 1:  # back off only when reopening itself keeps failing
+            pause = max(pause, min(0.05 * 2 ** (outage.failures - 2), 1.0))
+        if pause > 0:
+            left = stalled_since + self._resume_timeout - loop.time()
+            turn_left = self._turn_left()
+            await asyncio.sleep(max(0.0, min(pause, left, turn_left if turn_left is not None else pause)))
+        remaining = stalled_since + self._resume_timeout - loop.time()
+        turn_left = self._turn_left()
+        wait = remaining if turn_left is None else min(remaining, turn_left)
+        if wait > 0 and await self._wait_ready(wait):
+            return
+        if turn_left is not None and turn_left <= remaining:
+            raise errors.DeadlineExceeded(
+                None, None,
+                f"turn deadline of {self._deadline.timeout:g}s passed while resuming the stream "
+                f"(request {self.request_id or '-'}, resume point {self.last_seq}): {end.problem}")
+        if end.last_error is not None:
+            raise end.last_error
+        raise errors.SidecarError(
+            grpc.StatusCode.UNAVAILABLE, "",
+            f"stream lost and not resumed within {self._resume_timeout:g}s "
+            f"(request {self.request_id or '-'}, resume point {self.last_seq}): {end.problem}")
 
     def _turn_left(self) -> float | None:
         """Seconds left before the turn's deadline (<= 0 once passed); None without one."""
@@ -313,6 +343,40 @@ class FrameStream:
         if error is None or error.reason != frame.failed.reason:
             error = errors.from_failed_frame(frame.failed.reason, frame.failed.message)
         raise error
+
+
+@dataclass
+class _CallEnd:
+    """How one call of a stream ended: ``clean`` (OK, no terminal frame),
+    ``cut`` by this side (a seq gap), the sidecar's ``retry_after`` delay and
+    refusal (``last_error``) when it may be made again, and the ``problem``
+    an error names when the stream is not resumed."""
+
+    clean: bool = False
+    cut: bool = False
+    retry_after: float = 0.0
+    last_error: errors.SidecarError | None = None
+    problem: str = "stream ended before its terminal frame"
+
+
+@dataclass
+class _Outage:
+    """A stream's run of failed calls: when it began (resume_timeout counts
+    from there), how many calls failed in it, and whether any frame was
+    admitted since the stream began. A frame admitted ends the outage."""
+
+    since: float | None = None
+    failures: int = 0
+    seen_any: bool = False
+
+    def progress(self) -> None:
+        self.since, self.failures, self.seen_any = None, 0, True
+
+    def failed(self, now: float) -> float:
+        """Count one more failed call; the outage's start."""
+        self.since = now if self.since is None else self.since
+        self.failures += 1
+        return self.since
 
 
 class _IdleWatchdog:
