@@ -149,7 +149,8 @@ def test_a_failed_handshake_is_one_line_from_every_command_that_talks_to_a_sidec
     status = cli("status", *base, "--timeout", "5")
     assert status.returncode == 1 and status.stdout == "", status
     (line,) = status.stderr.strip().splitlines()
-    assert line.startswith(f"{sc.tls_target}: UNAVAILABLE: ") and "CERTIFICATE_VERIFY_FAILED" in line, line
+    assert line.startswith(f"agent-sidecar status: {sc.tls_target}: UNAVAILABLE: ") \
+        and "CERTIFICATE_VERIFY_FAILED" in line, line
     listed = cli("sessions", *base, "list")
     assert listed.returncode == 1 and listed.stdout == "", listed
     (line,) = listed.stderr.strip().splitlines()

@@ -232,6 +232,26 @@ def test_serve_bad_config_exit_2(tmp_path, text, key):
     assert not (tmp_path / "x.sock").exists()
 
 
+def test_every_command_says_each_config_problem_after_its_name(tmp_path):
+    """One convention (cli/report.py): every line a command prints about its
+    failure starts "agent-sidecar COMMAND: ". Before, serve and config check
+    printed a config's problems bare ("config error: ..."), doctor and backup
+    prefixed the first line only, and sessions said "agent-sidecar:"."""
+    cfg = tmp_path / "config.toml"
+    cfg.write_text("[sidecar]\nbogus = 1\n[agent]\nbogus_too = 2\n")
+    d = str(tmp_path / "d")
+    for name, args in (("serve", ["serve", "--data-dir", d, "--config", str(cfg)]),
+                       ("config", ["config", "check", str(cfg)]),
+                       ("doctor", ["doctor", "--data-dir", d, "--config", str(cfg)]),
+                       ("backup", ["backup", str(tmp_path / "copy.db"), "--data-dir", d, "--config", str(cfg)])):
+        r = run(*args)
+        lines = r.stderr.splitlines()
+        assert r.returncode == 2 and len(lines) == 2, (name, r.stderr)
+        assert all(line.startswith(f"agent-sidecar {name}: config error: ") for line in lines), (name, lines)
+    r = run("sessions", "--target", "10.1.2.3:50051", "--token", "t", "list")
+    assert r.returncode == 2 and r.stderr.startswith("agent-sidecar sessions: refusing to send --token"), r.stderr
+
+
 def test_serve_unreadable_config_exit_2(tmp_path):
     r = run("serve", "--data-dir", str(tmp_path / "d"), "--config", str(tmp_path / "missing.toml"))
     assert r.returncode == 2 and "missing.toml" in r.stderr
@@ -241,7 +261,8 @@ def test_serve_unreadable_config_exit_2(tmp_path):
     assert r.returncode == 2 and "bad.toml" in r.stderr
     # A directory: the reason in words, not "[Errno 21] Is a directory: 3" (the fd it was read through).
     r = run("serve", "--data-dir", str(tmp_path / "d"), "--config", str(tmp_path))
-    assert r.returncode == 2 and r.stderr == f"config error: cannot read config {tmp_path}: Is a directory\n", r.stderr
+    assert r.returncode == 2 and r.stderr == \
+        f"agent-sidecar serve: config error: cannot read config {tmp_path}: Is a directory\n", r.stderr
 
 
 def test_serve_tcp_needs_tokens(tmp_path):

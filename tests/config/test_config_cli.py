@@ -60,8 +60,9 @@ def test_postgres_without_its_driver_is_a_config_error_not_a_traceback(tmp_path)
                                                    "--data-dir", str(tmp_path / "data"))):
         r = cli(*args, env={"PYTHONPATH": str(hide)})
         assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
-        assert r.stderr.splitlines() == ["config error: store.backend: \"postgres\" needs its driver, which is"
-                                         " not installed: pip install 'agent-sidecar[postgres]' (got \"postgres\")"]
+        assert r.stderr.splitlines() == [f"agent-sidecar {args[0]}: config error: store.backend: \"postgres\" needs "
+                                         "its driver, which is not installed: pip install 'agent-sidecar[postgres]' "
+                                         "(got \"postgres\")"]
 
 
 def test_config_check_reports_every_problem_and_exits_2(tmp_path):
@@ -71,8 +72,8 @@ def test_config_check_reports_every_problem_and_exits_2(tmp_path):
     r = cli("config", "check", str(path), env={"AGENT_SIDECAR_SIDECAR__WORKERS": "-2"})
     assert r.returncode == 2 and r.stdout == ""
     lines = r.stderr.splitlines()
-    assert all(line.startswith("config error: ") for line in lines), lines
-    assert [line.split(": ")[1] for line in lines] == [
+    assert all(line.startswith("agent-sidecar config: config error: ") for line in lines), lines
+    assert [line.split(": ")[2] for line in lines] == [
         "sidecar.listen[0]", "sidecar.workers", "profiles.main.tools[0]", "profiles.main.tools[1]",
         "profiles.main.max_iterations", "agent.agent_cache.max_size", "profiles.main.model"]
     assert lines[1].endswith("[from AGENT_SIDECAR_SIDECAR__WORKERS]")
@@ -99,7 +100,7 @@ def test_a_built_in_backends_bad_options_are_config_errors_not_failed_turns(tmp_
         r = cli(*args, env={"THE_KEY": "sk-test"})
         assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
         lines = r.stderr.splitlines()
-        assert [line.split(": ")[1] for line in lines] == [
+        assert [line.split(": ")[2] for line in lines] == [
             f"profiles.{p}.model_options" for p in "abcdef"], lines
         assert "option 'model' is required" in lines[0] and "['tempreature']" in lines[1]
         assert "token_latency_ms must be a number" in lines[2] and "['txt']" in lines[3]
@@ -122,7 +123,8 @@ def test_options_of_the_wrong_kind_are_one_config_error_never_a_traceback(tmp_pa
     path.write_text(f'[profiles.x]\nmodel = "{model}"\nmodel_options = {options}\n')
     r = cli("config", "check", str(path))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert r.stderr.splitlines() == [f"config error: profiles.x.model_options: {r.stderr.split(': ', 2)[2].strip()}"]
+    assert r.stderr.splitlines() == ["agent-sidecar config: config error: profiles.x.model_options: "
+                                     + r.stderr.split(": ", 3)[3].strip()]
     assert error in r.stderr, r.stderr
 
 

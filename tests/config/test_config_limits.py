@@ -45,8 +45,10 @@ _CAPPED = ("import os, resource, shutil, sys; resource.setrlimit(resource.RLIMIT
 def refused(r: subprocess.CompletedProcess) -> list[str]:
     """The problems of a check that refused the config, each one line."""
     assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stderr[-2000:])
-    lines = r.stderr.splitlines()
-    assert lines and all(line.startswith("config error: ") for line in lines), lines
+    said = r.stderr.splitlines()  # each line after its command's prefix (cli/report.py)
+    assert said and all(line.startswith(("agent-sidecar config: ", "agent-sidecar serve: ")) for line in said), said
+    lines = [line.split(": ", 1)[1] for line in said]
+    assert all(line.startswith("config error: ") for line in lines), lines
     return lines
 
 

@@ -9,7 +9,7 @@ a config it cannot use or a PostgreSQL store."""
 
 from __future__ import annotations
 
-import sys
+from .report import error
 
 
 def run(args) -> int:
@@ -18,16 +18,16 @@ def run(args) -> int:
     try:
         cfg = load_config(args.config, data_dir=args.data_dir)
     except ConfigError as e:
-        print(f"agent-sidecar backup: {e}", file=sys.stderr)
+        error("backup", e)
         return 2
     if cfg.store.backend != "sqlite":
-        print(f"agent-sidecar backup: the store is {cfg.store.backend}: back it up with its own tools"
-              " (pg_dump; docs/operations.md)", file=sys.stderr)
+        error("backup", f"the store is {cfg.store.backend}: back it up with its own tools (pg_dump; "
+              "docs/operations.md)")
         return 2
     try:
         counts = backup(cfg.db_path, args.file)
     except BackupError as e:
-        print(f"agent-sidecar backup: {e}", file=sys.stderr)
+        error("backup", e)
         return 1
     print(f"{cfg.db_path} -> {args.file}: {counts['routing']} session(s), {counts['messages']} message(s),"
           f" {counts['frames']} frame(s), {counts['bytes']:,} bytes; quick check ok")

@@ -34,6 +34,7 @@ from .bench_args import (
 )
 from .bench_output import check_outputs, write_outputs
 from .connection import DEFAULT_TARGET, TARGET_HELP, TargetError, add_target_arguments, tls_material
+from .report import error
 
 if TYPE_CHECKING:  # the bench is imported when the command runs
     from ..bench.target import Target
@@ -260,7 +261,7 @@ def run(args) -> int:
 
 def _say(*lines: str) -> None:
     for text in lines:
-        print(f"agent-sidecar bench: {text}", file=sys.stderr)
+        error("bench", text)
 
 
 EXIT_BY_SIGNAL = {"SIGINT": 130, "SIGTERM": 143}  # 128 + the signal's number, as a shell reports it

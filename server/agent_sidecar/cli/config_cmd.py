@@ -18,6 +18,7 @@ from typing import Any
 from ..config import Config, ConfigError, load_config
 from ..config_schema import ENV_PREFIX, Slot, describe, is_array, is_named, is_table, tree
 from .argtypes import file_name
+from .report import error
 
 BEGIN, END = "<!-- config-keys:begin (agent-sidecar config reference) -->", "<!-- config-keys:end -->"
 MASK = "***"
@@ -42,7 +43,7 @@ def run(args) -> int:
     try:
         cfg = load_config(args.file)
     except ConfigError as e:
-        print(e, file=sys.stderr)
+        error("config", e)
         return 2
     if args.action == "show":
         sys.stdout.write(to_toml(as_table(cfg, Config)))
@@ -254,10 +255,10 @@ def _reference(path: str | None) -> int:
         with open(path, "w", encoding="utf-8") as f:
             f.write(head + BEGIN + "\n" + reference() + END + tail)
     except OSError as e:
-        print(f"agent-sidecar: cannot rewrite {path}: {e.strerror or e}", file=sys.stderr)
+        error("config", f"cannot rewrite {path}: {e.strerror or e}")
         return 2
     except ValueError:  # not UTF-8 (UnicodeDecodeError), or no markers
-        print(f"agent-sidecar: {path} is no UTF-8 text with the {BEGIN} ... {END} markers", file=sys.stderr)
+        error("config", f"{path} is no UTF-8 text with the {BEGIN} ... {END} markers")
         return 2
     return 0
 

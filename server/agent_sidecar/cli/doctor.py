@@ -16,10 +16,10 @@ store/postgres/maintenance.py: no file, no WAL checkpoint of its own).
 from __future__ import annotations
 
 import os
-import sys
 
 from ..store.sqlite.maintenance import NotAStore, SqliteMaintenance, StoreDamaged, StoreLocked
 from .progress import Progress
+from .report import error
 
 
 def _say(msg: str) -> None:
@@ -49,15 +49,15 @@ def run(args) -> int:
     try:
         store = _open(args)
     except ConfigError as e:
-        print(f"agent-sidecar doctor: {e}", file=sys.stderr)
+        error("doctor", e)
         return 2
     except (StoreLocked, NotAStore, StoreOpenError) as e:
-        print(f"agent-sidecar doctor: {e}", file=sys.stderr)
+        error("doctor", e)
         return 1
     try:
         return _check(args, store)
     except (StoreLocked, StoreDamaged, StoreUnavailable) as e:
-        print(f"agent-sidecar doctor: {e}", file=sys.stderr)
+        error("doctor", e)
         return 1
     finally:
         store.close()

@@ -14,9 +14,8 @@ command's (connection.py).
 
 from __future__ import annotations
 
-import sys
-
 from .connection import TargetError, call_metadata, failure, open_channel
+from .report import error
 
 
 def run(args) -> int:
@@ -26,7 +25,7 @@ def run(args) -> int:
     try:
         channel = open_channel(args)
     except TargetError as e:
-        print(f"agent-sidecar health: {e}", file=sys.stderr)
+        error("health", e)
         return 2
     metadata = call_metadata(args)
     with channel:

@@ -13,6 +13,7 @@ import os
 import sys
 
 from .. import __version__
+from .report import error
 
 
 def _serve(args) -> int:
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         # Ctrl-C while a command waits (a sidecar that does not answer, a long doctor or backup):
         # what the user asked for, so one line, not Python's traceback from inside gRPC's wait.
         # (What a command must undo it undoes as the exception passes: backup's FILE.partial.)
-        print(f"agent-sidecar {args.command}: interrupted", file=sys.stderr)
+        error(args.command, "interrupted")
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         # stdout's reader is gone (`agent-sidecar ... | head -1`): the rest is unwanted, not an

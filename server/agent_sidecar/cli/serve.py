@@ -17,9 +17,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 
 from ..child import STOP_SIGNALS
+from .report import error
 
 _held: list[signal.Signals] = []  # stop signals that came before the sidecar's handlers
 
@@ -54,15 +54,15 @@ def serve(args) -> int:
                           workers=args.workers, log_format=args.log_format,
                           log_level=args.log_level)
     except ConfigError as e:
-        print(e, file=sys.stderr)
+        error("serve", e)
         return 2
     if os.path.exists(cfg.data_dir) and not os.path.isdir(cfg.data_dir):
-        print(f"agent-sidecar: --data-dir {cfg.data_dir} is not a directory", file=sys.stderr)
+        error("serve", f"--data-dir {cfg.data_dir} is not a directory")
         return 2
     socket_problem = unix_path(cfg.default_socket[5:])
     if socket_problem and not (cfg.listen or cfg.listeners):  # its socket would fail to bind, in gRPC's words
-        print(f"agent-sidecar: --data-dir {cfg.data_dir}: for its socket (sidecar.sock in it), {socket_problem};"
-              " choose a shorter data dir, or --listen", file=sys.stderr)
+        error("serve", f"--data-dir {cfg.data_dir}: for its socket (sidecar.sock in it), {socket_problem};"
+              " choose a shorter data dir, or --listen")
         return 2
     logs.setup(cfg.log_format, cfg.log_level, cfg.library_log_level)
     set_title(f"main (data {cfg.data_dir})")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 from datetime import UTC, datetime
 
 from .connection import TargetError, call_metadata, failure, open_channel
+from .report import error
 
 _INT32_MAX = 2**31 - 1  # ListSessionsRequest.page_size is an int32
 _MAX_PAGE = 1000  # the sidecar's largest page by default (limits.max_page_size); it caps a larger one
@@ -26,7 +26,7 @@ def run(args) -> int:
     try:
         channel = open_channel(args)
     except TargetError as e:
-        print(f"agent-sidecar: {e}", file=sys.stderr)
+        error("sessions", e)
         return 2
     metadata = call_metadata(args)
     with channel:
@@ -54,7 +54,7 @@ def run(args) -> int:
                 print("deleted" if r.deleted else "not found")
                 return 0 if r.deleted else 1
         except grpc.RpcError as e:
-            print(f"agent-sidecar: {failure(args, e)}", file=sys.stderr)
+            error("sessions", failure(args, e))
             return 1
     return 0
 

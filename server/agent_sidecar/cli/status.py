@@ -9,11 +9,11 @@ cannot work (connection.py); the reason goes to stderr.
 from __future__ import annotations
 
 import json
-import sys
 from datetime import UTC, datetime
 from typing import Any
 
 from .connection import TargetError, call_metadata, failure, open_channel
+from .report import error
 
 
 def run(args) -> int:
@@ -25,7 +25,7 @@ def run(args) -> int:
     try:
         channel = open_channel(args)
     except TargetError as e:
-        print(f"agent-sidecar status: {e}", file=sys.stderr)
+        error("status", e)
         return 2
     metadata = call_metadata(args)
     with channel:
@@ -33,7 +33,7 @@ def run(args) -> int:
             response = pb_grpc.StatusServiceStub(channel).GetStatus(
                 pb.GetStatusRequest(), metadata=metadata, timeout=args.timeout)
         except grpc.RpcError as e:
-            print(f"{args.target}: {failure(args, e)}", file=sys.stderr)
+            error("status", f"{args.target}: {failure(args, e)}")
             return 1
     status = as_dict(response)
     print(json.dumps(status, indent=2) if args.json else as_table(status))
