@@ -44,3 +44,13 @@ def test_a_flag_that_is_no_bool_is_refused_naming_it(flag):
 def test_a_client_certificate_needs_its_key():
     with pytest.raises(ValueError, match="cert_file and key_file go together"):
         open_client("127.0.0.1:1", cert_file=b"-----BEGIN CERTIFICATE-----")
+
+
+@pytest.mark.parametrize("option", ["ca_file", "cert_file"])
+def test_an_empty_path_is_refused_naming_its_option(option):
+    """An unset variable gives "": before, FileNotFoundError "No such file or
+    directory: ''" named no option (the Go client's WithCAFile("") fell back
+    to the system's roots; the Node client refuses it naming caFile)."""
+    files = {"ca_file": ""} if option == "ca_file" else {"cert_file": "", "key_file": ""}
+    with pytest.raises(ValueError, match=f"^{option}: an empty path"):
+        open_client("127.0.0.1:1", **files)

@@ -21,9 +21,14 @@ import grpc
 PemSource = Union[str, "os.PathLike[str]", bytes]
 
 
-def _pem(source: PemSource | None) -> bytes | None:
+def _pem(name: str, source: PemSource | None) -> bytes | None:
+    """The PEM bytes of ``source`` (read from its path); ValueError naming
+    ``name`` for an empty path, which an unset variable gives: it read as
+    "No such file or directory: ''", naming no option."""
     if source is None or isinstance(source, bytes):
         return source
+    if os.fspath(source) == "":
+        raise ValueError(f"{name}: an empty path (give the PEM file's path, or its content as bytes)")
     with open(source, "rb") as f:
         return f.read()
 
@@ -36,8 +41,8 @@ def tls_credentials(ca_file: PemSource | None = None, cert_file: PemSource | Non
     client CA requires (mTLS), both or neither. Paths, or PEM bytes."""
     if (cert_file is None) != (key_file is None):
         raise ValueError("cert_file and key_file go together (the client certificate and its key)")
-    return grpc.ssl_channel_credentials(root_certificates=_pem(ca_file), private_key=_pem(key_file),
-                                        certificate_chain=_pem(cert_file))
+    roots, chain, key = _pem("ca_file", ca_file), _pem("cert_file", cert_file), _pem("key_file", key_file)
+    return grpc.ssl_channel_credentials(root_certificates=roots, private_key=key, certificate_chain=chain)
 
 
 def is_local_target(target: str) -> bool:
