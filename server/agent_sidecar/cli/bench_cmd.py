@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import json
 import signal
-import sys
 from typing import TYPE_CHECKING
 
 from ..config_loader import read_file
@@ -214,7 +213,7 @@ def run(args) -> int:
         return _render(args)
     problem = _missing_extras(args)  # first: the targets are read by the client's rules
     if problem:
-        print(f"agent-sidecar bench: {problem}", file=sys.stderr)
+        error("bench", problem)
         return 1
     try:
         opts = options_from(args)
@@ -224,7 +223,7 @@ def run(args) -> int:
         from ..bench.sockets import pid_problem
         problem = pid_problem(opts.pid, opts.target.address)
         if problem:  # its CPU and memory would be reported as the sidecar's
-            print(f"agent-sidecar bench: --pid {opts.pid}: {problem}", file=sys.stderr)
+            error("bench", f"--pid {opts.pid}: {problem}")
             return 2
     import uvloop
 
@@ -254,8 +253,8 @@ def run(args) -> int:
         return EXIT_BY_SIGNAL[signalled]
     if cut is None:
         return 0
-    print(f"agent-sidecar bench: {cut['message']} {cut.get('when', 'during')} {cut['at']}; the report holds the points "
-          f"that finished", file=sys.stderr)
+    error("bench", f"{cut['message']} {cut.get('when', 'during')} {cut['at']}; the report holds the points "
+          f"that finished")
     return 1
 
 
@@ -302,7 +301,7 @@ def _render(args) -> int:
     from ..bench import report, text
     problem = _missing_extras(args, client=False)  # nothing is run: no client needed
     if problem:
-        print(f"agent-sidecar bench: {problem}", file=sys.stderr)
+        error("bench", problem)
         return 1
     try:
         doc = json.loads(read_file(args.render, MAX_DOCUMENT_BYTES, regular=False))
@@ -310,18 +309,18 @@ def _render(args) -> int:
             raise ValueError("no version 1")
         out = text.render(report.analyse(doc))
     except OSError as e:
-        print(f"agent-sidecar bench: cannot read {args.render}: {e.strerror}" if e.strerror
-              else f"agent-sidecar bench: {e}: no bench document is", file=sys.stderr)
+        error("bench", f"cannot read {args.render}: {e.strerror}" if e.strerror
+              else f"{e}: no bench document is")
         return 1
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as e:
-        print(f"agent-sidecar bench: {args.render} is not an agent-sidecar bench --json document this version "
-              f"can read ({type(e).__name__}: {e})", file=sys.stderr)
+        error("bench", f"{args.render} is not an agent-sidecar bench --json document this version "
+              f"can read ({type(e).__name__}: {e})")
         return 1
     try:
         written = write_outputs(doc, args)
     except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:  # the plot reads more of it
-        print(f"agent-sidecar bench: {args.render} is not an agent-sidecar bench --json document this version "
-              f"can plot ({type(e).__name__}: {e})", file=sys.stderr)
+        error("bench", f"{args.render} is not an agent-sidecar bench --json document this version "
+              f"can plot ({type(e).__name__}: {e})")
         return 1
     print(out, flush=True)
     return written

@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+from .report import error
+
 
 def check_outputs(args) -> None:
     """ValueError for a --json or --plot file that cannot be written, before
@@ -53,7 +55,7 @@ def _write(path: str, write) -> int:
     try:
         write()
     except OSError as e:
-        print(f"agent-sidecar bench: cannot write {e.filename or path}: {e.strerror}", file=sys.stderr)
+        error("bench", f"cannot write {e.filename or path}: {e.strerror}")
         return 1
     print(f"wrote {path}", file=sys.stderr)
     return 0
