@@ -315,7 +315,7 @@ class Lane:
     def starting(self, turn: Turn) -> bool:
         """``turn`` is this lane's running turn and its accept, in flight,
         starts it: ended now, it keeps the lane until that commit (its end
-        comes right after it, TurnManager._accepted), then the lane moves on."""
+        comes right after it, accept._accepted), then the lane moves on."""
         return self.running is turn and turn.start_in_flight
 
     def next_position(self) -> int:

@@ -3,7 +3,8 @@
 It accepts prompts (ledger first, then the ``accepted`` frame), keeps each
 session's lane (running turn, interrupt slot, follow-up slot, FIFO), starts
 turns on the session's worker, ends them, and cleans up after cancels.
-Beside it, functions over a TurnManager: dispatch.py hands a starting turn
+Beside it, functions over a TurnManager: accept.py places a prompt in its
+lane and commits its accept, dispatch.py hands a starting turn
 to its worker, worker_events.py turns what workers say into frames and
 transcript rows (and handles dead workers), placement.py puts a prompt for
 a busy lane where its delivery mode says, lane_admin.py ends a lane's turns
@@ -30,11 +31,11 @@ from ..obs import tracing
 from ..sessions.source import SessionSource
 from ..store import Store
 from ..tools.registry import ToolRegistry
-from . import admission, burst, dedup, dispatch, jobs, placement, supervision, wire, worker_events
+from . import accept, admission, dedup, dispatch, jobs, supervision, wire, worker_events
 from .context import SystemPrompts
-from .frames import FrameBus, build_frame
+from .frames import FrameBus
 from .lanes import Lane, Phase, Turn
-from .leasing import LaneLeases, LeaseLost
+from .leasing import LaneLeases
 from .memory import budget_per_worker
 from .pool import WorkerHandle, WorkerPool
 from .stats import TurnStats
@@ -174,7 +175,7 @@ class TurnManager:
         sub = self.bus.subscriber()
         if not internal:  # nobody streams a restore's resume turn (a WatchActivity may)
             turn.subscribers.append(sub)
-        placing = self._place_and_accept(turn, source, internal)
+        placing = accept.place_and_accept(self, turn, source, internal)
         lane = self.lanes.get(key)
         try:
             if turn.delivery == STEER and lane is not None and lane.running is not None:
@@ -190,109 +191,6 @@ class TurnManager:
                 turn.subscribers.remove(sub)
             raise
         return (turn, sub) if accepted else None
-
-    async def _place_and_accept(self, turn: Turn, source: SessionSource | None, internal: bool) -> bool:
-        """Place a reserved turn, then accept it; False: the store knew its request id (a twin)."""
-        key, epoch, payload = turn.key, turn.epoch, turn.payload
-        slot, lane = await self._place(turn)
-        if turn.deferred_end:  # cancelled while a steer waited: accepted, then ended, never run
-            lane.detach(turn)
-        payload["queue_position"] = placement.position(lane, turn)
-        position = lane.next_position()
-        if tracing.ACTIVE is not None:  # placed: a turn (refused by its delivery mode, it is none)
-            tracing.ACTIVE.turn_began(turn)  # a child of the Prompt RPC's span
-        # An idle lane: accept and start in one transaction. Not for the startup
-        # restore's resume turns: their starts (and system prompts) should not
-        # hold up SERVING, so they start after their accept, through the bus.
-        start_now = slot is None and lane.running is turn and not internal
-        if start_now and self.bus.unsettled(key):
-            # What the lane's last turn sent (its last messages, its end) has not
-            # committed: it goes to the writer first, and this turn starts after
-            # it, through the bus. Started by its accept, its user message could
-            # land between them: a flush refused meanwhile (another lane's epoch
-            # moved) is sent again behind the jobs written after it.
-            self.bus.flush_now()
-            start_now = False
-        accepted = self.store.write(jobs.accept, jobs.AcceptRequest(
-            turn.record(), source, self.cfg.dedup_window_s, slot, position, start_now,
-            {key: epoch} if epoch else None))
-        # Registered before anyone awaits it: runs first, as the accept commits.
-        accepted.add_done_callback(functools.partial(self._accepted, turn, lane, internal))
-        try:
-            await asyncio.shield(accepted)  # its commit is the store's to answer, whatever comes
-        except jobs.DuplicateRequest:
-            return False
-        return True
-
-    async def _place(self, turn: Turn) -> tuple[str | None, Lane]:
-        """Into its lane: runs now on an idle one, else where its delivery mode
-        says (placement.py). Returns its queue slot (None: runs now or joined
-        the running turn) and the lane (a steer's wait may have seen the lane
-        end and a new one begin). A refusal leaves no trace."""
-        lane = self.lane(turn.key)
-        try:
-            if not lane.busy():
-                lane.running = turn
-                return None, lane
-            slot = await placement.place_busy(self, lane, turn)
-        except BaseException as e:
-            self._unreserve(self.lanes.get(turn.key, lane), turn, e)
-            raise
-        turn.queued = slot is not None
-        return slot, self.lanes.get(turn.key, lane)
-
-    def _accepted(self, turn: Turn, lane: Lane, internal: bool, fut: asyncio.Future) -> None:
-        """The accept job's answer, run as it commits (in commit order with the
-        bus's frames, so watchers by key or platform see cursors in order)."""
-        if turn.dropped:  # its lane's lease was lost meanwhile: the lane is not ours now
-            return
-        error = fut.exception() if not fut.cancelled() else E.SidecarError(E.UNAVAILABLE, "cancelled")
-        if error is not None:
-            self._unreserve(lane, turn, error)
-            return
-        result: jobs.Accepted = fut.result()
-        rid, key, sid, started = turn.rid, turn.key, result.session_id, result.started
-        turn.sid = sid
-        turn.accept()
-        self.recent.remember(rid, turn.created_at, key)
-        frame = build_frame(rid, key, sid, 1, turn.created_at, result.cursor, "accepted",
-                            {"queue_position": turn.payload["queue_position"]})
-        self.bus.deliver_committed(turn, frame, "accepted")
-        if result.absorbed is not None:
-            burst.committed(self, turn, result.absorbed)
-        deferred = turn.deferred_end
-        if started is not None and not turn.closing:  # the accept job started it too
-            turn.begin()
-            turn.next_seq = 3
-            frame = build_frame(rid, key, sid, 2, started.at, started.cursor, "started", {})
-            self.bus.deliver_committed(turn, frame, "started")
-            if deferred:  # ended (cancelled, superseded) before the commit came back
-                self.end(turn, *deferred)  # it kept its lane: the next turn starts after its end
-            else:
-                dispatch.dispatch(self, turn, started)
-        elif deferred:  # not started by its accept (a resume turn): it too kept its lane
-            self.end(turn, *deferred)
-        elif turn.host is None and lane.running is turn and not turn.began:
-            dispatch.start(self, turn)
-
-    def _unreserve(self, lane: Lane, turn: Turn, error: BaseException) -> None:
-        """A prompt refused before its accept committed leaves no trace; a twin
-        call following it gets the same answer (see PromptService._follow)."""
-        if isinstance(error, LeaseLost) and self.leases is not None:
-            # The lane's turns here end, this one too: CANCELLED when a delete revoked its lease.
-            self.leases.refused(error.epochs, 1, error.revoked)
-            return
-        if self.live.get(turn.rid) is turn:
-            del self.live[turn.rid]
-        tracing.turn_left(turn, getattr(error, "reason", E.UNAVAILABLE))
-        lane.detach(turn)
-        burst.reinstate(self, turn)
-        if not isinstance(error, (E.SidecarError, jobs.DuplicateRequest)):
-            error = E.SidecarError(E.UNAVAILABLE, "the prompt with this request id was not accepted; retry")
-        for sub in turn.subscribers:
-            sub.push(error)
-        turn.subscribers.clear()
-        self.advance(lane)
 
     # -- running turns (dispatch.py starts them on their workers) ---------------------------
 

@@ -48,7 +48,7 @@ async def place_busy(m: TurnManager, lane: Lane, turn: Turn) -> str | None:
             return None
         if turn.deferred_end is not None:
             # Cancelled while it waited: accepted, it ends at once without running
-            # (manager._place_and_accept), so it takes no place in the lane, least of
+            # (accept.place_and_accept), so it takes no place in the lane, least of
             # all the pending prompt's: absorbed, that one's text would end with it.
             return "fifo"
         mode = FOLLOW_UP
