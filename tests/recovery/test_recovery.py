@@ -19,7 +19,7 @@ from helpers.procs import worker_pid
 from helpers.recovery import RESUMED_MS, health, marker, restart
 from helpers.sessions import get_session, transcript
 from helpers.store import StoreView, raw_sql
-from helpers.streams import D, PromptRun, Stream, Watcher, kind_of, watch
+from helpers.streams import D, PromptRun, Stream, Watcher, kind_of, run, watch
 from helpers.tools import ToolHost
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar
@@ -128,6 +128,30 @@ def test_clean_restart_with_queued_prompt_runs_it_without_resume(tmp_path):
         s = get_session(sc.sessions(), run.key)  # marked at the restore, before the queued prompt ran
         assert not s.resume_pending and s.last_resume_marked_at.seconds == 0, s.resume_reason
         assert store.resume_turns(run.session_id) == [], "nothing was interrupted: no resume turn"
+    finally:
+        sc.stop()
+
+
+def test_a_queued_prompt_whose_profile_left_the_config_runs_with_mains_after_the_restart(tmp_path):
+    """Acknowledged, it runs rather than being dropped: with ``main``'s model
+    (echo here, where its own profile answered a fixed text), while a new
+    prompt naming the profile is refused (docs/semantics.md, Recovery)."""
+    gone = scripted("gone", [{"text": "one two three four five six", "token_latency_ms": 300}])
+    sc = Sidecar(tmp_path / "data", config=echo("main") + gone, workers=1).start()
+    try:
+        running = PromptRun(sc.prompts(), text="first", src=source(), profile="gone")
+        running.wait_for("started")
+        queued = PromptRun(sc.prompts(), text="stays queued", key=running.key, delivery=QUEUE)
+        queued.wait_for("accepted")
+        assert sc.stop() == 0
+        assert running.result(10).end == "completed" and running.final_text == "one two three four five six"
+        sc.config_text = echo("main")
+        restart(sc)
+        w = watch(sc.prompts(), request_id=queued.request_id, timeout=20)
+        assert w.kinds()[-1] == "completed" and w.frames[-1].completed.final_text == "stays queued", w.kinds()
+        refused = run(sc.prompts(), text="new", key=running.key, profile="gone")
+        assert (refused.code, refused.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"), (
+            refused.code, refused.details)
     finally:
         sc.stop()
 
