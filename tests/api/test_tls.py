@@ -201,6 +201,7 @@ def test_health_answers_for_each_service_by_name(sc):
     with pytest.raises(grpc.RpcError) as e:
         stub.Check(health_pb2.HealthCheckRequest(service="agent_sidecar.v1.NoSuchService"), timeout=5)
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "NoSuchService" in e.value.details() and "agent_sidecar.v1.PromptService" in e.value.details()
 
 
 # -- the sidecar's warning ----------------------------------------------------------------------------

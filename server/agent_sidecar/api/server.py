@@ -198,6 +198,15 @@ class SidecarHealth(health.aio.HealthServicer):
             for name in SERVICE_NAMES:
                 await super().set(name, status)
 
+    async def Check(self, request, context):
+        """As grpc's, but an unknown name's NOT_FOUND says which names it knows
+        (grpc's comes with no details: a probe printed ``NOT_FOUND:`` alone)."""
+        if request.service and request.service not in SERVICE_NAMES:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"service: no health status for {request.service!r}; the sidecar answers for "
+                                f"'' (the server) and {', '.join(SERVICE_NAMES)}")
+        return await super().Check(request, context)
+
 
 def bind_listeners(server: grpc.aio.Server, cfg: Config) -> list[str]:
     """Every listener of the config, bound: the one place a listener is added
