@@ -184,6 +184,19 @@ class ChildProcess:
     def is_alive(self) -> bool:
         return self._popen.poll() is None
 
+    def ending(self) -> dict[str, object]:
+        """How it ended, for a log line: ``exitcode`` and, when a signal
+        ended it (a negative code), ``signal`` by name ("SIGKILL": the OOM
+        killer, or an operator). An exit not reaped yet is ``exitcode``
+        None."""
+        code = self._popen.poll()
+        if code is not None and code < 0:
+            try:
+                return {"exitcode": code, "signal": signal.Signals(-code).name}
+            except ValueError:
+                pass
+        return {"exitcode": code}
+
     def join(self, timeout: float | None = None) -> None:
         """Wait for it to exit (and reap it), at most ``timeout`` seconds."""
         try:

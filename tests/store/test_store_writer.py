@@ -119,7 +119,8 @@ def test_sidecar_stops_when_its_writer_dies(tmp_path):
         sc.proc.wait(30)
         assert sc.proc.returncode == 1, sc.log()
         # the log line is the behaviour here: it tells the operator why the sidecar stopped
-        assert any(x.get("msg") == "the store writer process died" for x in log_lines(sc))
+        died = [x for x in log_lines(sc) if x.get("msg") == "the store writer process died"]
+        assert [(x.get("exitcode"), x.get("signal")) for x in died] == [(-9, "SIGKILL")], died
         assert not (data / ".clean_shutdown").exists()
     finally:
         sc.stop()

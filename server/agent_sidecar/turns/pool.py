@@ -105,7 +105,7 @@ class WorkerPool:
             h.channel = None
         await asyncio.get_running_loop().run_in_executor(None, proc.join, 5)
         said = {"error": proc.failure} if proc.failure else {}  # why, if it could say (child.py)
-        log.error("worker died", extra={"index": h.index, "pid": h.pid, "exitcode": proc.exitcode, **said})
+        log.error("worker died", extra={"index": h.index, "pid": h.pid, **proc.ending(), **said})
         h.restarts += 1
         try:
             self.on_exit(h)

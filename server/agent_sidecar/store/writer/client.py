@@ -227,8 +227,11 @@ class GroupCommitWriter:
         self._channel = None
         self.faults.closed()
         if not was_closing:
-            code = self._process.exitcode if self._process is not None else None
-            log.critical("the store writer process died", extra={"pid": self.pid, "exitcode": code})
+            ending: dict = {}
+            if self._process is not None:  # its pipe closed as it died: reaped in a moment (blocking
+                self._process.join(1.0)  # the loop, which only stops now), so its exit status is known
+                ending = self._process.ending()
+            log.critical("the store writer process died", extra={"pid": self.pid, **ending})
             if self.on_lost is not None:
                 self.on_lost()
 
