@@ -149,6 +149,15 @@ def test_a_result_that_is_no_json_is_a_failed_call_naming_the_field(sc, result_j
     assert result.ok is False and json.loads(result.result_json)["error"].startswith("result_json: "), result
 
 
+def test_a_result_nested_past_what_parsers_read_is_a_failed_call_saying_so(sc):
+    """JSON nested 5,000 levels deep: valid, but no parser on its way reads
+    it; the error said "is not JSON", which sent the host's author looking
+    for a syntax error."""
+    result = _tool_result_of_a_host_answering(sc, "[" * 5000 + "]" * 5000)
+    error = json.loads(result.result_json)["error"]
+    assert result.ok is False and error.startswith("result_json: ") and "nested too deeply" in error, error
+
+
 # JSON that a tool host's own encoder writes (JSON.stringify, json.dumps) for a
 # string cut in the middle of an emoji (a lone surrogate, escaped), and a number
 # too large for a double: valid JSON, though orjson refuses both.

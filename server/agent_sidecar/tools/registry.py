@@ -277,30 +277,36 @@ class ToolRegistry:
         without ending its stream, and with it every tool it serves."""
         fut = host.pending.get(invocation_id)
         if fut is not None and not fut.done():
-            if ok and not _is_json(result_json):
-                ok, error = False, f"result_json: the tool host's result is not JSON (got {E.excerpt(result_json)})"
+            problem = _json_problem(result_json) if ok else None
+            if problem:
+                ok, error = False, f"result_json: the tool host's result {problem} (got {E.excerpt(result_json)})"
             result = result_json if ok else orjson.dumps({"error": error or result_json or "tool failed"}).decode()
             fut.set_result((ok, result))
 
 
-def _is_json(text: str) -> bool:
-    """Whether ``text`` is JSON (RFC 8259). orjson answers at once for almost
-    all; what it refuses is read again by the standard library, since orjson
-    is stricter than JSON: an escaped lone surrogate (``"\\ud83d"``, what
-    JSON.stringify and json.dumps write for a string cut in the middle of an
-    emoji) or a number past a double's range (``1e400``) is valid JSON, and a
-    tool's result is passed on as text, never decoded here. NaN and Infinity,
-    which the standard library would take, are not JSON."""
+def _json_problem(text: str) -> str | None:
+    """None when ``text`` is JSON (RFC 8259), else what is wrong with it.
+    orjson answers at once for almost all; what it refuses is read again by
+    the standard library, since orjson is stricter than JSON: an escaped
+    lone surrogate (``"\\ud83d"``, what JSON.stringify and json.dumps write
+    for a string cut in the middle of an emoji) or a number past a double's
+    range (``1e400``) is valid JSON, and a tool's result is passed on as
+    text, never decoded here. NaN and Infinity, which the standard library
+    would take, are not JSON. JSON nested deeper than either parser goes
+    (orjson stops at 1,024 levels) is refused as such: the adapters and
+    models it would go to could not read it either."""
     try:
         orjson.loads(text)
-        return True
+        return None
     except orjson.JSONDecodeError:
         pass
     try:
         json.loads(text, parse_constant=_not_json)
-    except (ValueError, RecursionError):
-        return False
-    return True
+    except RecursionError:
+        return "is nested too deeply (at most 1,024 levels of arrays and objects)"
+    except ValueError:
+        return "is not JSON"
+    return None
 
 
 def _not_json(name: str) -> None:
