@@ -30,10 +30,11 @@ from helpers.streams import QUEUE, PromptRun, kind_of, watch
 from helpers.waiting import wait_until
 
 from agent_sidecar.cluster import jobs
-from agent_sidecar.recovery.startup import INTERRUPTED
+from agent_sidecar.recovery.startup import INTERRUPTED, STUCK_LOOP_RESTARTS
 from agent_sidecar.sessions import lifecycle as life
 from agent_sidecar.sessions.source import SessionSource
 from agent_sidecar.store.records import RoutingPatch
+from agent_sidecar.turns import jobs as turn_jobs
 
 CUT_OFF = echo("main") + echo("slow", 20) + table("sidecar", drain_timeout=0.5)
 # A lease the node keeps through the test machine's load: at the default 2 s
@@ -199,6 +200,49 @@ def test_a_lane_cut_off_is_an_orphan_once_per_holder_that_went_away(cluster_dsn,
         # c lets it go (idle): not an orphan any more, whatever its mark says.
         as_node("c", jobs.release, [(key, again[0].lease.epoch)])
         assert as_node("a", lambda uow: uow.leases.orphaned()) == []
+
+
+def test_a_stuck_loops_suspension_at_a_takeover_is_told_apart_from_a_suspend_session(cluster_dsn):
+    """What a node stalled through its lane's takeover ends its turn with
+    (cluster/verdict.py): CANCELLED for a SuspendSession (/stop) made
+    meanwhile, as on one sidecar; LANE_MOVED when the stuck-loop guard
+    suspended the lane as it was taken over (the lane was in flight at three
+    takeovers in a row), even once the lane has been taken again since."""
+    how = jobs.Restoring(3600, "off")
+    with local_store(SimpleNamespace(store_dsn=cluster_dsn)) as s:
+        def as_node(node: str, fn, *args):
+            s.uow.node_id = node
+            return s.job(fn, *args)
+
+        def told_stopped(rid: str) -> bool:
+            return rid in s.read("stopped_requests", [rid], STUCK_LOOP_RESTARTS)
+
+        def cut_off(key: str, takeovers: int) -> str:
+            """A turn running on the lane at each of ``takeovers`` takeovers (its
+            holder gone each time, node n<i> by n<i+1>); the last one's request id."""
+            src = SessionSource("telegram", chat_id=key)
+            s.job(life.get_or_create, key, src, "main")
+            epoch = as_node("n0", jobs.take_lane, key, "addr", 60.0, how).lease.epoch
+            for n in range(takeovers):
+                rid = uniq("cut")
+                prompt = turn_jobs.PromptRecord(rid, key, "telegram", "main", 2, "hi", {}, time.time())
+                as_node(f"n{n}", turn_jobs.accept,
+                        turn_jobs.AcceptRequest(prompt, src, 300.0, None, 0, True, {key: epoch}))
+                as_node(f"n{n}", lambda uow, node, held: uow.leases.expire(key, node, held), f"n{n}", epoch)
+                epoch = as_node(f"n{n + 1}", jobs.take_lane, key, "addr", 60.0, how).lease.epoch
+            return rid
+
+        stopped_key, stuck_key = (f"agent:main:telegram:dm:{uniq()}" for _ in range(2))
+        stopped = cut_off(stopped_key, 1)
+        s.job(life.suspend, stopped_key)
+        assert told_stopped(stopped)
+
+        stuck = cut_off(stuck_key, STUCK_LOOP_RESTARTS)
+        assert s.read("entry", stuck_key).suspended and not told_stopped(stuck)
+        last = f"n{STUCK_LOOP_RESTARTS}"
+        as_node(last, jobs.release, [(stuck_key, s.read("lease_holder", stuck_key).epoch)])
+        as_node("again", jobs.take_lane, stuck_key, "addr", 60.0, how)  # nothing in flight this time
+        assert s.read("entry", stuck_key).suspended and not told_stopped(stuck)
 
 
 def test_work_a_sidecar_left_running_alone_on_the_database_is_taken_over_when_it_joins_a_cluster(

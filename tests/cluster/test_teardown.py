@@ -166,6 +166,23 @@ def test_a_reset_made_while_the_turns_node_is_stalled_past_its_lease_ends_that_t
     assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), (busy.kinds(), busy.details)
 
 
+def test_a_suspend_made_while_the_turns_node_is_stalled_past_its_lease_ends_that_turn_cancelled(
+        tmp_path, cluster_dsn):
+    """As for a reset: a SuspendSession (/stop) made on a while b, running the
+    lane's turn, stalls past its lease. On one sidecar a /stop cancels the
+    running turn: its stream must end CANCELLED here too, not LANE_MOVED
+    (the stuck-loop guard's suspension, which also comes with a takeover,
+    is told apart: test_resume.py)."""
+    def suspend(c: Cluster, key: str) -> None:
+        assert c["a"].sessions().SuspendSession(spb.SuspendSessionRequest(session_key=key),
+                                                timeout=10).session.suspended
+    with _turn_waiting_on_b(tmp_path, cluster_dsn) as (c, busy, _):
+        _stalled_through(c, busy, suspend)
+        busy.result(30)
+    assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), (busy.kinds(), busy.details)
+    assert "suspended" in busy.details
+
+
 def _delete(c: Cluster, key: str) -> None:
     assert c["a"].sessions().DeleteSession(spb.DeleteSessionRequest(session_key=key), timeout=10).deleted
 

@@ -10,7 +10,11 @@ Guarantees, and why:
   an adapter retries would run the prompt anew in a fresh session.
 * A turn whose session was reset meanwhile (ResetSession on the node that
   took the lane, which ended the turn's incarnation) ends CANCELLED, as a
-  reset's cancel of the running turn does on one sidecar.
+  reset's cancel of the running turn does on one sidecar; so does one whose
+  session was suspended by a SuspendSession (/stop) meanwhile, as a /stop's
+  cancel does. A lane the stuck-loop guard suspended as it was taken over
+  is not a /stop: its turn ends LANE_MOVED (the store tells the two apart
+  by the restart count the guard leaves, recovery/startup.py).
 * Any other ends LANE_MOVED (``LeaseLost``), whose retry with the same
   request id follows the turn to the lane's new holder.
 * With no word from the store within ``VERDICT_S`` (a stalled or
@@ -23,6 +27,7 @@ import asyncio
 from collections.abc import Set as AbstractSet
 
 from ..errors import CANCELLED, SidecarError
+from ..recovery.startup import STUCK_LOOP_RESTARTS
 from ..store import StoreUnavailable
 from ..store.interface import SharedStore
 from ..turns.leasing import LeaseLost
@@ -40,6 +45,10 @@ def _reset() -> SidecarError:
     return SidecarError(CANCELLED, "the session was reset while this prompt was in flight")
 
 
+def _stopped() -> SidecarError:
+    return SidecarError(CANCELLED, "the session was suspended (/stop) while this prompt was in flight")
+
+
 async def tell(store: SharedStore, streams: dict[str, list[Stopped]]) -> AbstractSet[str]:
     """End the streams of the turns stopped on these lanes, each as the
     store says its lane went; returns the lanes whose lease a delete revoked
@@ -48,6 +57,7 @@ async def tell(store: SharedStore, streams: dict[str, list[Stopped]]) -> Abstrac
     revoked: AbstractSet[str] = frozenset()
     known: AbstractSet[str] | None = None
     reset: AbstractSet[str] = frozenset()
+    suspended: AbstractSet[str] = frozenset()
     acked = [s.request_id for stopped in streams.values() for s in stopped if s.acked]
     try:
         async with asyncio.timeout(VERDICT_S):
@@ -55,6 +65,7 @@ async def tell(store: SharedStore, streams: dict[str, list[Stopped]]) -> Abstrac
             if acked:
                 known = await store.known_requests(acked)
                 reset = await store.reset_requests(acked)
+                suspended = await store.stopped_requests(acked, STUCK_LOOP_RESTARTS)
             else:
                 known = frozenset()
     except (StoreUnavailable, TimeoutError):
@@ -63,13 +74,15 @@ async def tell(store: SharedStore, streams: dict[str, list[Stopped]]) -> Abstrac
         for key, stopped in streams.items():
             for s in stopped:
                 error = _end(key in revoked or (s.acked and known is not None and s.request_id not in known),
-                             s.request_id in reset, key)
+                             s.request_id in reset, s.request_id in suspended, key)
                 for sub in s.subscribers:
                     sub.push(error)
     return revoked
 
 
-def _end(was_deleted: bool, was_reset: bool, key: str) -> SidecarError:
+def _end(was_deleted: bool, was_reset: bool, was_stopped: bool, key: str) -> SidecarError:
     if was_deleted:
         return deleted()
-    return _reset() if was_reset else LeaseLost({key: 0})
+    if was_reset:
+        return _reset()
+    return _stopped() if was_stopped else LeaseLost({key: 0})

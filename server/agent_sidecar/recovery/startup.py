@@ -134,12 +134,18 @@ def close_with_frame(uow: UnitOfWork, e: LedgerEntry, status: str, reason: str,
 def _count_restarts(uow: UnitOfWork, in_flight: list[str], now: float, plan: RestorePlan,
                     keys: Sequence[str] | None) -> None:
     """Stuck loops: consecutive restarts with the lane in flight; a lane that
-    was not in flight this time starts again from zero."""
+    was not in flight this time starts again from zero. A lane a cluster node
+    takes while it is suspended keeps its count: nothing runs on it before a
+    new incarnation starts the count anew (lifecycle._replace_incarnation),
+    and a count at STUCK_LOOP_RESTARTS is how the nodes tell the guard's
+    suspension from a SuspendSession (cluster/verdict.py)."""
     if keys is None:
         uow.restarts.keep_only(in_flight)
     else:
         for key in set(keys) - set(in_flight):
-            uow.restarts.reset(key)
+            entry = uow.routing.get(key)
+            if entry is None or not entry.suspended:
+                uow.restarts.reset(key)
     for key in in_flight:
         if uow.restarts.increment(key, now) >= STUCK_LOOP_RESTARTS:
             life.suspend(uow, key)

@@ -205,6 +205,11 @@ class SharedStore(Store, Protocol):
     async def reset_requests(self, request_ids: list[str]) -> set[str]:
         """Of these request ids, those whose incarnation a ResetSession ended."""
 
+    async def stopped_requests(self, request_ids: list[str], stuck_after: int) -> set[str]:
+        """Of these request ids, those whose incarnation a SuspendSession
+        suspended (not the stuck-loop guard: it leaves the lane's restart
+        count at ``stuck_after``, recovery/startup.py)."""
+
     async def revoked_leases(self, keys: list[str]) -> set[str]:
         """Of these lanes, those whose lease a delete revoked (DeleteSession,
         ClearAllSessions) and nobody took since."""

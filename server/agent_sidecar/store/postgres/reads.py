@@ -204,6 +204,17 @@ async def reset_requests(conn, request_ids: list[str]) -> set[str]:
                                            " AND i.end_reason = 'reset'", (request_ids,))}
 
 
+async def stopped_requests(conn, request_ids: list[str], stuck_after: int) -> set[str]:
+    """Of these request ids, those whose incarnation a SuspendSession (/stop)
+    suspended: their lane points at it, suspended, and not by the stuck-loop
+    guard, whose suspension leaves the lane's restart count at ``stuck_after``."""
+    return {r[0] for r in await _all(conn, "SELECT p.request_id FROM prompts p JOIN routing r"
+                                           " ON r.session_key = p.session_key AND r.session_id = p.session_id"
+                                           " WHERE p.request_id = ANY(%s) AND r.suspended AND NOT EXISTS"
+                                           " (SELECT 1 FROM restart_counts c WHERE c.session_key = p.session_key"
+                                           " AND c.count >= %s)", (request_ids, stuck_after))}
+
+
 async def revoked_leases(conn, keys: list[str]) -> set[str]:
     """Of these lanes, those whose lease a delete revoked (and nobody took since)."""
     return {r[0] for r in await _all(conn, "SELECT session_key FROM leases WHERE session_key = ANY(%s)"

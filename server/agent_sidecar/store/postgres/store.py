@@ -119,6 +119,9 @@ class PostgresStore(WriterBacked):
     async def reset_requests(self, request_ids: list[str]) -> set[str]:
         return await self._read(reads.reset_requests, request_ids)
 
+    async def stopped_requests(self, request_ids: list[str], stuck_after: int) -> set[str]:
+        return await self._read(reads.stopped_requests, request_ids, stuck_after)
+
     async def revoked_leases(self, keys: list[str]) -> set[str]:
         return await self._read(reads.revoked_leases, keys)
 
