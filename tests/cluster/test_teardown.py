@@ -19,13 +19,13 @@ from helpers.config import echo, scripted
 from helpers.ids import source, words
 from helpers.sessions import get_session, rpc_error, transcript
 from helpers.store import StoreView
-from helpers.streams import QUEUE, PromptRun, assert_well_formed, prompt_req, run, watch
+from helpers.streams import QUEUE, TERMINAL, PromptRun, assert_well_formed, kind_of, prompt_req, run, watch
 from helpers.tools import AB_SCHEMA, ToolHost
 from helpers.waiting import wait_until
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from agent_sidecar.api.session_service import CLEAR_ALL_CONFIRM
-from agent_sidecar.errors import CANCELLED
+from agent_sidecar.errors import CANCELLED, LANE_MOVED
 from agent_sidecar.store.postgres.store import follower_name
 from agent_sidecar.v1 import session_service_pb2 as spb
 
@@ -153,34 +153,39 @@ def test_a_delete_made_while_the_turns_node_is_stalled_past_its_lease_ends_that_
     assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), (busy.kinds(), busy.details)
 
 
-def test_a_reset_made_while_the_turns_node_is_stalled_past_its_lease_ends_that_turn_cancelled(tmp_path, cluster_dsn):
-    """As for a delete: a ResetSession made on a while b, running the lane's
-    turn, stalls past its lease (a takes the lane, which closes the turn as
-    cut off, then resets it). On one sidecar a reset cancels the running
-    turn: its stream must end CANCELLED here too, not LANE_MOVED."""
-    def reset(c: Cluster, key: str) -> None:
-        c["a"].sessions().ResetSession(spb.ResetSessionRequest(session_key=key), timeout=10)
-    with _turn_waiting_on_b(tmp_path, cluster_dsn) as (c, busy, _):
-        _stalled_through(c, busy, reset)
-        busy.result(30)
-    assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), (busy.kinds(), busy.details)
+def _reset(c: Cluster, key: str) -> None:
+    c["a"].sessions().ResetSession(spb.ResetSessionRequest(session_key=key), timeout=10)
 
 
-def test_a_suspend_made_while_the_turns_node_is_stalled_past_its_lease_ends_that_turn_cancelled(
-        tmp_path, cluster_dsn):
-    """As for a reset: a SuspendSession (/stop) made on a while b, running the
-    lane's turn, stalls past its lease. On one sidecar a /stop cancels the
-    running turn: its stream must end CANCELLED here too, not LANE_MOVED
-    (the stuck-loop guard's suspension, which also comes with a takeover,
-    is told apart: test_resume.py)."""
-    def suspend(c: Cluster, key: str) -> None:
-        assert c["a"].sessions().SuspendSession(spb.SuspendSessionRequest(session_key=key),
-                                                timeout=10).session.suspended
-    with _turn_waiting_on_b(tmp_path, cluster_dsn) as (c, busy, _):
-        _stalled_through(c, busy, suspend)
+def _suspend(c: Cluster, key: str) -> None:
+    assert c["a"].sessions().SuspendSession(spb.SuspendSessionRequest(session_key=key), timeout=10).session.suspended
+
+
+@pytest.mark.parametrize("op, said", [(_reset, "reset"), (_suspend, "suspended (/stop)")])
+def test_a_reset_or_suspend_made_while_the_turns_node_is_stalled_past_its_lease_ends_as_on_one_sidecar(
+        tmp_path, cluster_dsn, op, said):
+    """As for a delete: a ResetSession or a SuspendSession (/stop) made on a
+    while b, running the lane's turn with a prompt waiting behind it, stalls
+    past its lease (a takes the lane, which closes the turn as cut off and
+    takes the waiting prompt over, then resets or suspends it). On one
+    sidecar either cancels the running turn and ends the waiting prompts
+    superseded. The running turn's stream must end CANCELLED here too, not
+    LANE_MOVED. The waiting prompt's must not: a took it over with the lane
+    and ended it there (superseded, or as it ran: the takeover may start it
+    before the call's drop), so its stream ends LANE_MOVED and a retry with
+    its request id gets that end (the stuck-loop guard's suspension is told
+    apart from a /stop: test_resume.py)."""
+    with _turn_waiting_on_b(tmp_path, cluster_dsn) as (c, busy, src):
+        waiting = PromptRun(c["b"].prompts(), text="after", src=src, delivery=QUEUE)
+        waiting.wait_for("accepted")
+        _stalled_through(c, busy, op)
         busy.result(30)
+        waiting.result(30)
+        ended = watch(c["a"].prompts(), request_id=waiting.request_id).frames[-1]
     assert (busy.code, busy.reason) == (grpc.StatusCode.CANCELLED, CANCELLED), (busy.kinds(), busy.details)
-    assert "suspended" in busy.details
+    assert busy.details == f"the session was {said} while this prompt was in flight"
+    assert (waiting.code, waiting.reason) == (grpc.StatusCode.UNAVAILABLE, LANE_MOVED), waiting.details
+    assert kind_of(ended) in TERMINAL, ended
 
 
 def _delete(c: Cluster, key: str) -> None:

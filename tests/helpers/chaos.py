@@ -244,7 +244,12 @@ class Soak:
     def _refused(self, request_id: str, run: PromptRun) -> None:
         with self.lock:
             self.report.refusals[f"{run.code.name}/{run.reason}"] += 1
-        if run.reason != "AGENT_BUSY":  # REJECT_IF_BUSY's refusal: anything else is wrong
+        # A running turn whose node stalled or lost the store while another node
+        # reset or suspended the lane ends CANCELLED, as that call cancels it on
+        # one sidecar (docs/cluster.md); a prompt still waiting never does.
+        cancelled = run.reason == "CANCELLED" and "started" in run.kinds() and run.details.startswith(
+            ("the session was reset", "the session was suspended"))
+        if run.reason != "AGENT_BUSY" and not cancelled:  # REJECT_IF_BUSY's refusal: anything else is wrong
             debug = run.error.debug_error_string() if run.error is not None else ""  # whose status it is
             self._violation(f"{request_id}: ended {run.code.name} / {run.reason}: {run.details} "
                             f"after {run.kinds()} ({debug})")

@@ -12,9 +12,13 @@ Guarantees, and why:
   took the lane, which ended the turn's incarnation) ends CANCELLED, as a
   reset's cancel of the running turn does on one sidecar; so does one whose
   session was suspended by a SuspendSession (/stop) meanwhile, as a /stop's
-  cancel does. A lane the stuck-loop guard suspended as it was taken over
-  is not a /stop: its turn ends LANE_MOVED (the store tells the two apart
-  by the restart count the guard leaves, recovery/startup.py).
+  cancel does. Not a prompt whose start had not committed: the node that
+  took the lane took it over too, and the reset or /stop ended it there
+  (``superseded``, or cancelled had it begun there first): LANE_MOVED, whose
+  retry with its request id gets that end. A lane the stuck-loop guard
+  suspended as it was taken over is not a /stop: its turn ends LANE_MOVED
+  (the store tells the two apart by the restart count the guard leaves,
+  recovery/startup.py).
 * Any other ends LANE_MOVED (``LeaseLost``), whose retry with the same
   request id follows the turn to the lane's new holder.
 * With no word from the store within ``VERDICT_S`` (a stalled or
@@ -74,7 +78,7 @@ async def tell(store: SharedStore, streams: dict[str, list[Stopped]]) -> Abstrac
         for key, stopped in streams.items():
             for s in stopped:
                 error = _end(key in revoked or (s.acked and known is not None and s.request_id not in known),
-                             s.request_id in reset, s.request_id in suspended, key)
+                             s.started and s.request_id in reset, s.started and s.request_id in suspended, key)
                 for sub in s.subscribers:
                     sub.push(error)
     return revoked

@@ -353,6 +353,7 @@ class Stopped:
     request_id: str
     acked: bool  # its accept had committed: the ledger held it
     subscribers: list[Subscriber]
+    started: bool = False  # its start had committed (it was given to its worker): not a waiting prompt
 
 
 def abandon(m: TurnManager, key: str, error: E.SidecarError) -> None:
@@ -378,7 +379,7 @@ def stop_lane(m: TurnManager, key: str, reason: str) -> list[Stopped]:
             turn.worker.send(wire.cancel(turn.rid, reason))
         turn.drop()
         tracing.turn_left(turn, reason)
-        stopped.append(Stopped(turn.rid, turn.acked, list(turn.subscribers)))
+        stopped.append(Stopped(turn.rid, turn.acked, list(turn.subscribers), turn.worker is not None))
         turn.subscribers.clear()
     m.bus.forget(key)
     if lane is not None and m.pool is not None:
