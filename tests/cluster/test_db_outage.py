@@ -19,6 +19,8 @@ stopped with ``pg_ctl -m fast`` (every session told, AdminShutdown) or
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import time
 
 import grpc
@@ -26,16 +28,19 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import pg
 from helpers.cluster import Cluster
-from helpers.config import echo
+from helpers.config import echo, table
 from helpers.ids import source, words
+from helpers.procs import worker_pid
 from helpers.sessions import get_session, transcript
 from helpers.streams import QUEUE, PromptRun, Watcher, kind_of, prompt_req, run, watch
 from helpers.waiting import wait_until
 from sidecar_proc import Sidecar, error_info
 
 from agent_sidecar.v1 import common_pb2 as c
+from agent_sidecar.v1 import prompt_service_pb2 as ppb
 from agent_sidecar.v1 import session_service_pb2 as spb
 
+STEER = ppb.DeliveryMode.Value("DELIVERY_MODE_STEER")
 pytestmark = pytest.mark.postgres_only("a PostgreSQL server stopped and started again under the sidecars")
 
 CONFIG = echo("main", 100)  # a turn of 60 words runs for ~6 s: in flight when the server stops
@@ -199,3 +204,40 @@ def test_a_cluster_rides_out_a_database_outage_longer_than_its_leases(own_pg, tm
         assert [kind_of(f) for f in tail.frames_of(later.request_id, timeout=20)][-1] == "completed"
         tail.close()
         assert a.running and b.running, cl.logs()
+
+
+def test_a_prompt_refused_as_the_store_failed_while_it_was_being_placed_leaves_no_turn_behind(own_pg, tmp_path):
+    """A STEER waits for the running turn's worker (stopped: it never
+    answers) while the server goes away; when the wait ends, the prompt
+    falls back to a follow-up, and its accept is refused at once, the store
+    failing (UNAVAILABLE). It must leave nothing behind: a retry with its
+    request id, once the server is back, places it anew. The turn it was
+    had stayed reserved in the lane, never accepted: every retry followed
+    it and waited for frames that never came (DEADLINE_EXCEEDED, on every
+    node of a cluster), and the lane ran nothing more."""
+    cfg = echo("main", 100) + table("agent", steer_timeout_s=1.0)
+    sc = Sidecar(tmp_path / "s", config=cfg, dsn=own_pg.database("placed"), workers=1).start()
+    try:
+        src = source()
+        busy = PromptRun(sc.prompts(), text=words(60), src=src)
+        busy.wait_for("text_delta")
+        worker = worker_pid(sc, 0)
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            steer = PromptRun(sc.prompts(), prompt_req(text="also this", source=src, delivery=STEER))
+            with outage(own_pg, "immediate"):
+                # A commit fails: the store is failing when the steer's wait ends.
+                wait_until(lambda: run(sc.prompts(), prompt_req(text="hi"), timeout=DEADLINE_S).reason
+                           == "STORE_UNAVAILABLE", timeout=30, what="the store failing")
+                steer.result(30)
+                assert (steer.code, steer.reason) == (grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE"), \
+                    (steer.kinds(), steer.details)
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        wait_until(lambda: run(sc.prompts(), prompt_req(text="hi"), timeout=DEADLINE_S).code == grpc.StatusCode.OK,
+                   timeout=60, what="the store writing again")
+        again = run(sc.prompts(), prompt_req(steer.request_id, text="also this", source=src, delivery=QUEUE),
+                    timeout=30)
+        assert again.end == "completed", (again.code, again.kinds(), again.details)
+    finally:
+        sc.stop()

@@ -51,9 +51,13 @@ async def place_and_accept(m: TurnManager, turn: Turn, source: SessionSource | N
         # moved) is sent again behind the jobs written after it.
         m.bus.flush_now()
         start_now = False
-    accepted = m.store.write(jobs.accept, jobs.AcceptRequest(
-        turn.record(), source, m.cfg.dedup_window_s, slot, position, start_now,
-        {key: epoch} if epoch else None))
+    try:  # refused at once if the store began to fail since check_writable
+        accepted = m.store.write(jobs.accept, jobs.AcceptRequest(
+            turn.record(), source, m.cfg.dedup_window_s, slot, position, start_now,
+            {key: epoch} if epoch else None))
+    except BaseException as e:  # reserved above: a turn never accepted must leave no trace
+        unreserve(m, lane, turn, e)
+        raise
     # Registered before anyone awaits it: runs first, as the accept commits.
     accepted.add_done_callback(functools.partial(_accepted, m, turn, lane, internal))
     try:
