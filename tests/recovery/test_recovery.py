@@ -13,6 +13,7 @@ import os
 import signal
 
 import grpc
+import pytest
 from helpers.config import echo, scripted, table
 from helpers.ids import source, words
 from helpers.procs import worker_pid
@@ -69,35 +70,23 @@ def test_sigterm_drain_in_time_writes_marker_and_marks_nothing(tmp_path):
         sc.stop()
 
 
-def test_sighup_drains_and_stops_as_sigterm_does(tmp_path):
+@pytest.mark.parametrize("group", [False, True], ids=["to_the_sidecar", "to_its_process_group"])
+def test_sighup_drains_and_stops_as_sigterm_does(tmp_path, group):
     """A closed terminal or an operator's ``kill -HUP``: its default action
     killed the sidecar mid-turn (exit status 129, the turn cut off, no
-    marker). It stops cleanly now, the turn in flight drained."""
-    sc = Sidecar(tmp_path / "data", config=echo("slow", 100), workers=1).start()
-    try:
-        run = PromptRun(sc.prompts(), text=words(15), src=source(), profile="slow")
-        run.wait_for("started")
-        sc.proc.send_signal(signal.SIGHUP)
-        assert sc.proc.wait(30) == 0, sc.log()
-        run.done.wait(5)
-        assert run.kinds()[-1] == "completed", (run.kinds(), run.error)
-        assert marker(sc), "a clean stop writes the marker"
-    finally:
-        sc.stop()
-
-
-def test_sighup_to_the_process_group_drains_and_stops_cleanly(tmp_path):
-    """A closed terminal: SIGHUP reaches the sidecar and its children (the
-    whole process group, as a shell's hangup does). The sidecar drains and
-    stops cleanly; its store writer and workers, killed by the signal's
-    default action, used to end the drain: the turn cut off, exit 1, no
-    marker."""
+    marker). It stops cleanly now, the turn in flight drained. A terminal's
+    hangup reaches the whole process group, the store writer and workers
+    too: killed by the signal's default action, they used to end the drain
+    (the turn cut off, exit 1, no marker)."""
     sc = Sidecar(tmp_path / "data", config=echo("slow", 100), workers=1,
-                 wrapper=["setsid"]).start()  # its own process group, as under a terminal
+                 wrapper=["setsid"] if group else None).start()  # its own process group, as under a terminal
     try:
         run = PromptRun(sc.prompts(), text=words(15), src=source(), profile="slow")
         run.wait_for("started")
-        os.killpg(sc.proc.pid, signal.SIGHUP)
+        if group:
+            os.killpg(sc.proc.pid, signal.SIGHUP)
+        else:
+            sc.proc.send_signal(signal.SIGHUP)
         assert sc.proc.wait(30) == 0, sc.log()
         run.done.wait(5)
         assert run.kinds()[-1] == "completed", (run.kinds(), run.error)

@@ -304,9 +304,10 @@ def test_a_schema_nested_past_the_cap_is_invalid_argument(sc):
     assert error_info(deep.error) == ("INVALID_ARGUMENT", "register.tools[0].parameters_json_schema")
 
 
-def test_a_schema_nested_to_the_cap_is_offered_and_called(sc):
-    """At the cap, a turn that offers the tool runs to its end."""
-    host = ToolHost(sc.tools(), "test", [("test.add", "", nested(64))], adder)
+def offered_and_called(sc, schema: dict) -> None:
+    """A host registers test.add with ``schema``; a turn that offers it calls
+    it and runs to its end."""
+    host = ToolHost(sc.tools(), "test", [("test.add", "", schema)], adder)
     try:
         host.wait_registered()
         p = start(sc.prompts(), text="add 2 and 3", src=source(), profile="tadd").result(15)
@@ -314,6 +315,11 @@ def test_a_schema_nested_to_the_cap_is_offered_and_called(sc):
         assert json.loads(p.final_text) == {"sum": 5}
     finally:
         host.close()
+
+
+def test_a_schema_nested_to_the_cap_is_offered_and_called(sc):
+    """At the cap, a turn that offers the tool runs to its end."""
+    offered_and_called(sc, nested(64))
 
 
 def test_a_second_namespace_on_one_stream_is_invalid_argument(sc):
@@ -369,14 +375,7 @@ RICH_SCHEMA = {"type": "object", "title": "add", "$defs": {"n": {"type": ["numbe
 def test_a_json_schema_with_the_keywords_models_take_is_offered_and_called(sc):
     """The check is of shapes JSON Schema gives its keywords: a schema using many of
     them, with a keyword of its own and values that only look like schemas, registers."""
-    host = ToolHost(sc.tools(), "test", [("test.add", "", RICH_SCHEMA)], adder)
-    try:
-        host.wait_registered()
-        p = start(sc.prompts(), text="add 2 and 3", src=source(), profile="tadd").result(15)
-        assert p.end == "completed", (p.kinds(), p.error)
-        assert json.loads(p.final_text) == {"sum": 5}
-    finally:
-        host.close()
+    offered_and_called(sc, RICH_SCHEMA)
 
 
 @pytest.mark.parametrize("how", ["cancel", "interrupt", "timeout"])
