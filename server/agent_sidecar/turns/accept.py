@@ -66,6 +66,7 @@ async def place_and_accept(m: TurnManager, turn: Turn, source: SessionSource | N
         return False
     return True
 
+
 async def _place(m: TurnManager, turn: Turn) -> tuple[str | None, Lane]:
     """Into its lane: runs now on an idle one, else where its delivery mode
     says (placement.py). Returns its queue slot (None: runs now or joined
@@ -82,6 +83,7 @@ async def _place(m: TurnManager, turn: Turn) -> tuple[str | None, Lane]:
         raise
     turn.queued = slot is not None
     return slot, m.lanes.get(turn.key, lane)
+
 
 def _accepted(m: TurnManager, turn: Turn, lane: Lane, internal: bool, fut: asyncio.Future) -> None:
     """The accept job's answer, run as it commits (in commit order with the
@@ -116,6 +118,7 @@ def _accepted(m: TurnManager, turn: Turn, lane: Lane, internal: bool, fut: async
         m.end(turn, *deferred)
     elif turn.host is None and lane.running is turn and not turn.began:
         dispatch.start(m, turn)
+
 
 def unreserve(m: TurnManager, lane: Lane, turn: Turn, error: BaseException) -> None:
     """A prompt refused before its accept committed leaves no trace; a twin
