@@ -195,12 +195,12 @@ SELECT setval('frames_id_seq', 1) WHERE NOT (SELECT is_called FROM frames_id_seq
 -- in "https://github.com", "bob" in "bob@example.com", "world" after a NUL.
 -- (regexp_replace: translate reads its list of characters again for each
 -- character of the text, which made a long message's insert slow.)
-CREATE FUNCTION search_text(content text) RETURNS text
+CREATE OR REPLACE FUNCTION search_text(content text) RETURNS text
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
 SELECT regexp_replace(replace(replace(content, E'\uFFFF\uFFFF', '  '), E'\uFFFF0', '  '),
                       E'[!-/:-@[-`{-~\uFDD0\uFDD1]', ' ', 'g')
 $$;
-ALTER TABLE messages DROP COLUMN content_tsv;
+ALTER TABLE messages DROP COLUMN IF EXISTS content_tsv;  -- its index with it
 ALTER TABLE messages ADD COLUMN content_tsv tsvector
     GENERATED ALWAYS AS (to_tsvector('simple', search_text(content))) STORED;
 CREATE INDEX messages_fts ON messages USING gin (content_tsv);  -- FTS_INDEX
