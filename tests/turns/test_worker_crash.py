@@ -172,6 +172,8 @@ def broken_slot(tmp_path):
     with Sidecar(tmp_path / "data", workers=1, env=env) as sc:
         broken.touch()
         os.kill(live_worker(sc, 0), signal.SIGKILL)
+        # Its death seen: a prompt sent before could go to the dying worker (WORKER_CRASHED).
+        wait_until(lambda: sc.status().workers[0].restarts >= 1, 30, what="worker 0's death seen")
         yield sc, broken
 
 
