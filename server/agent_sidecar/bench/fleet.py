@@ -238,8 +238,13 @@ def client_main(pipe, target: Target, keys: list[str], seed: int, parent_pid: in
 
 async def _serve(pipe, target: Target, keys: list[str], seed: int) -> None:
     inbox: asyncio.Queue[tuple] = asyncio.Queue()
-    channel = await open_channel(pipe.fileno(), inbox.put_nowait, lambda: inbox.put_nowait(("close",)),
-                                 loads=pickle.loads, dumps=_dumps)
+    gone = asyncio.Event()  # the coordinator closed our pipe (it ends the run, or it died)
+
+    def closed() -> None:
+        inbox.put_nowait(("close",))
+        gone.set()
+
+    channel = await open_channel(pipe.fileno(), inbox.put_nowait, closed, loads=pickle.loads, dumps=_dumps)
     pipe.close()
     try:
         client = await connect(target)
@@ -251,7 +256,7 @@ async def _serve(pipe, target: Target, keys: list[str], seed: int) -> None:
     pool = load.SessionPool(keys, seed)
     try:
         while (msg := await inbox.get())[0] == "point":
-            channel.send(("result", await _point(channel, inbox, client, pool, *msg[1:])), now=True)
+            channel.send(("result", await _point(channel, inbox, gone, client, pool, *msg[1:])), now=True)
     except _Closing:  # the coordinator ends the run (or is gone) in the middle of a point
         pass
     except Exception as e:  # a bug or a broken channel: the coordinator ends the run with it
@@ -261,9 +266,13 @@ async def _serve(pipe, target: Target, keys: list[str], seed: int) -> None:
         channel.close()
 
 
-async def _point(channel: Channel, inbox: asyncio.Queue, client: Any, pool: load.SessionPool,
-                 spec: load.LoadSpec, lanes: list[int], t0: float) -> dict:
-    """This client's share of one point (the module docstring's steps)."""
+async def _point(channel: Channel, inbox: asyncio.Queue, gone: asyncio.Event, client: Any,
+                 pool: load.SessionPool, spec: load.LoadSpec, lanes: list[int], t0: float) -> dict:
+    """This client's share of one point (the module docstring's steps). It
+    ends with ``_Closing`` as soon as the coordinator closes the pipe, in
+    every phase: a point of turns reads no message after its warm-up, and
+    against a lost target its turns fail one at a time for as long as it
+    has turns, so the coordinator's close went unseen until it killed us."""
     point = load.Point(spec, lanes=len(lanes), t0=t0)
     tasks = load.start_lanes(client, pool, spec, point, lanes)
     ticker = asyncio.create_task(_ticks(channel, point))
@@ -274,13 +283,17 @@ async def _point(channel: Channel, inbox: asyncio.Queue, client: Any, pool: load
             channel.send(("warm",), now=True)
         await _expect(inbox, "measure")
 
+    driving = asyncio.ensure_future(load.drive(point, tasks, warmed, functools.partial(_expect, inbox, "stop")))
+    watching = asyncio.ensure_future(gone.wait())
     try:
-        await load.drive(point, tasks, warmed, functools.partial(_expect, inbox, "stop"))
+        await asyncio.wait((driving, watching), return_when=asyncio.FIRST_COMPLETED)
+        if not driving.done():
+            raise _Closing()
+        driving.result()  # what the point raised (_Closing, from a close read in its turn), raised here
     finally:
-        ticker.cancel()
-        for t in tasks:
+        for t in (driving, watching, ticker, *tasks):
             t.cancel()
-        await asyncio.gather(ticker, *tasks, return_exceptions=True)
+        await asyncio.gather(driving, watching, ticker, *tasks, return_exceptions=True)
     return point.tally()
 
 
