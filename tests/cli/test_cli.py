@@ -3,6 +3,7 @@ errors, SIGTERM) and `sessions list|show|delete` against a running sidecar."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -57,11 +59,23 @@ def wait_socket_serving(sock: Path, proc: subprocess.Popen, timeout: float = 30)
 
 # -- serve -----------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def serving(*args: str, env: dict[str, str] | None = None, stdout=subprocess.DEVNULL) -> Iterator[subprocess.Popen]:
+    """``agent-sidecar serve ARGS`` as a process (stderr piped, as text), killed
+    at the end if the test left it running."""
+    proc = subprocess.Popen(CLI + ["serve", *args], cwd=ROOT, stdout=stdout, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_serve_default_socket_0600_db_and_sigterm(tmp_path):
     data = tmp_path / "data"
-    proc = subprocess.Popen(CLI + ["serve", "--data-dir", str(data), "--workers", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    try:
+    with serving("--data-dir", str(data), "--workers", "1", stdout=subprocess.PIPE) as proc:
         sock = data / "sidecar.sock"
         wait_socket_serving(sock, proc)
         st = os.stat(sock)
@@ -79,10 +93,6 @@ def test_serve_default_socket_0600_db_and_sigterm(tmp_path):
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     # Structured logs: one JSON object a line on stderr.
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines
@@ -94,20 +104,14 @@ def test_serve_default_socket_0600_db_and_sigterm(tmp_path):
 
 def test_serve_text_logs_and_sigterm(tmp_path):
     sock = tmp_path / "s.sock"
-    proc = subprocess.Popen(CLI + ["serve", "--data-dir", str(tmp_path / "d"), "--listen",
-                                   f"unix:{sock}", "--log-format", "text", "--workers", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    try:
+    with serving("--data-dir", str(tmp_path / "d"), "--listen", f"unix:{sock}", "--log-format", "text",
+                 "--workers", "1", stdout=subprocess.PIPE) as proc:
         wait_socket_serving(sock, proc)
         assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
         assert (tmp_path / "d" / "sidecar.db").is_file()
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert err.strip() and not err.lstrip().startswith("{")
 
 
@@ -123,17 +127,10 @@ def test_sigterm_while_a_worker_is_slow_to_start_stops_at_once_and_keeps_the_las
         pass
     assert (data / MARKER).exists()
     hooks = child_hooks.env(held="agent_sidecar.turns.worker", pidfile=pidfile)
-    proc = subprocess.Popen(CLI + ["serve", "--data-dir", str(data), "--workers", "1"], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**CLEAN_ENV, **sc.store_env(), **hooks})
-    try:
+    with serving("--data-dir", str(data), "--workers", "1", env={**CLEAN_ENV, **sc.store_env(), **hooks}) as proc:
         wait_until(lambda: pidfile.exists() and pidfile.read_text(), what="the worker in its held import")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0 and "Traceback" not in err, err
     assert not procs.alive(int(pidfile.read_text())), "the worker outlived its sidecar"
     assert (data / MARKER).exists(), err
@@ -150,19 +147,13 @@ def test_a_stop_signal_before_the_sidecar_has_its_handlers_abandons_the_start(tm
     with Sidecar(data, workers=1) as sc:  # a clean stop leaves the marker
         pass
     os.mkfifo(fifo)
-    proc = subprocess.Popen(CLI + ["serve", "--data-dir", str(data), "--config", str(fifo), "--workers", "1"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**CLEAN_ENV, **sc.store_env()})
-    try:
+    with serving("--data-dir", str(data), "--config", str(fifo), "--workers", "1",
+                 env={**CLEAN_ENV, **sc.store_env()}) as proc:
         writer = wait_until(lambda: _fifo_writer(fifo), 30, what="the sidecar reading its config")
         proc.send_signal(sig)
         with os.fdopen(writer, "w") as f:  # the config, once the signal is on its way
             f.write("[sidecar]\n")
         _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0 and "Traceback" not in err, (proc.returncode, err)
     assert (data / MARKER).exists(), err
 
@@ -186,10 +177,7 @@ def test_a_stop_signal_a_child_gets_while_it_starts_leaves_it_starting(tmp_path)
     data, pidfile, hold = tmp_path / "data", tmp_path / "worker.pid", tmp_path / "hold"
     hold.touch()
     hooks = child_hooks.env(held="agent_sidecar.turns.worker", pidfile=pidfile, held_while=hold)
-    proc = subprocess.Popen(CLI + ["serve", "--data-dir", str(data), "--workers", "1"], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**CLEAN_ENV, **hooks})
-    try:
+    with serving("--data-dir", str(data), "--workers", "1", env={**CLEAN_ENV, **hooks}) as proc:
         wait_until(lambda: pidfile.exists() and pidfile.read_text(), what="the worker in its held import")
         worker = int(pidfile.read_text())
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -199,10 +187,6 @@ def test_a_stop_signal_a_child_gets_while_it_starts_leaves_it_starting(tmp_path)
         assert procs.alive(worker), "the worker that got the signals is the one serving"
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, err
     assert (data / MARKER).exists(), err
 
